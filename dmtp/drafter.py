@@ -1,0 +1,252 @@
+"""DFlash block-diffusion drafter in the public DFlash checkpoint layout, with a pluggable injection variant.
+
+Checkpoint: Qwen3-style `config.json` (+ `block_size`, `num_target_layers`,
+`dflash_config: {target_layer_ids, mask_token_id}`, and our `dmtp_config: {variant, ...}`), weights
+`layers.N.*` (Qwen3 decoder layers), `fc` (K*H -> H, no bias), `hidden_norm`, `norm`; injection weights under
+`injection.*`. No embedding or LM head: the target's are used, frozen.
+
+Context feature f_i = hidden_norm(fc([h^{l_1}_i ; ... ; h^{l_K}_i])) (a variant may change it). Every layer attends
+with queries from block slots only; keys/values are [k_proj(f_ctx) ; k_proj(block)] with k_norm + RoPE at absolute
+positions. Visibility: `attention.visible`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import attend
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int  # must equal the target's hidden size (shares its embedding and LM head)
+    vocab_size: int  # the target's vocabulary
+    num_hidden_layers: int = 1  # drafter depth (paper: 5)
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 4
+    head_dim: int = 64
+    intermediate_size: int = 1024
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    num_target_layers: int = 4  # depth of the target (to place the taps)
+    target_layer_ids: list[int] = field(default_factory=list)  # tapped target layers; empty -> default spread
+    mask_token_id: int = 0  # token whose (frozen) target embedding fills MASK slots
+    block_size: int = 8  # slots of a DFlash block: 7 candidates + the anchor
+    window: int = 4096  # context positions visible before the anchor, measured from the anchor
+    variant: str = "dflash"  # injection variant (registry name)
+    lowrank_rank: int = 64  # rank r of the low-rank MLP in t1_residual / mask_residual
+    attn_backend: str = "sdpa"  # "sdpa" (dense mask, CPU/GPU), "flex" (GPU), "flash" (flash-attn, optional)
+
+    def __post_init__(self):
+        if not self.target_layer_ids:
+            self.target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
+        self.target_layer_ids = [int(x) for x in self.target_layer_ids]
+
+    @property
+    def num_candidates(self) -> int:
+        return self.block_size - 1
+
+    # public DFlash config.json <-> dataclass
+    def to_hf_dict(self) -> dict:
+        d = asdict(self)
+        out = {k: d[k] for k in ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
+                                 "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
+                                 "rope_theta", "max_position_embeddings", "block_size", "num_target_layers")}
+        out.update(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_act="silu", attention_bias=False,
+                   tie_word_embeddings=False,
+                   dflash_config={"target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id},
+                   dmtp_config={"variant": self.variant, "window": self.window, "lowrank_rank": self.lowrank_rank})
+        return out
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "DrafterConfig":
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        dc = d.get("dflash_config", {})
+        kw["target_layer_ids"] = dc.get("target_layer_ids", d.get("target_layer_ids", []))
+        kw["mask_token_id"] = dc.get("mask_token_id", d.get("mask_token_id", 0))
+        kw.update({k: v for k, v in d.get("dmtp_config", {}).items() if k in known})
+        if "rope_parameters" in d and "rope_theta" not in d:
+            kw["rope_theta"] = d["rope_parameters"].get("rope_theta", cls.rope_theta)
+        return cls(**kw)
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """K = drafter depth taps spread evenly from layer 1 to L-3; one tap -> the middle layer."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+class RMSNorm(nn.Module):
+    """Qwen3 convention: x / rms(x) * w, w initialised to 1."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.float()
+        return (self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype))
+
+
+def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float, dtype):
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim))
+    f = pos.float()[..., None] * inv  # [..., dim/2]
+    emb = torch.cat([f, f], -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):  # x [B, H, T, D], cos/sin [B, T, D]
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def kv(self, x, cos, sin):
+        """x [B, T, H] -> k, v [B, Hkv, T, D] (k normed and rotated at its absolute positions)."""
+        B, T, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(B, T, -1, self.c.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, -1, self.c.head_dim).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_end, slots):
+        B, Q, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, Q, -1, self.c.head_dim)).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        bk, bv = self.kv(x, cos, sin)
+        k, v = torch.cat([ctx_k, bk], 2), torch.cat([ctx_v, bv], 2)
+        o = attend(q, k, v, ctx_end, slots, ctx_k.shape[2], self.c.window, self.c.attn_backend)
+        return self.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_end, slots):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_end, slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Drafter(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        from .variants import get_variant
+
+        self.config = c
+        K = len(c.target_layer_ids)
+        self.layers = nn.ModuleList([Layer(c) for _ in range(c.num_hidden_layers)])
+        self.fc = nn.Linear(K * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.injection = get_variant(c.variant)(c)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear) and not name.startswith("injection"):
+                nn.init.normal_(m.weight, std=0.02)
+        self.injection.reset_parameters()
+
+    # --- the block ------------------------------------------------------------------------------------------------
+    @property
+    def layout(self):
+        return self.injection.layout(self.config.num_candidates)
+
+    def context(self, taps, g):
+        """Context features f [B, T, H] from tapped target states (and, for some variants, MTP hiddens g)."""
+        return self.injection.context(self, taps, g)
+
+    def context_kv(self, f, pos):
+        """Per-layer (k, v) of context rows f [B, T, H] at absolute positions pos [B, T]."""
+        cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, f.dtype)
+        return [layer.self_attn.kv(f, cos, sin) for layer in self.layers]
+
+    def forward(self, block, block_pos, ctx_kv, ctx_end):
+        """block [B, N*S, H] embeddings of N blocks of S slots at absolute positions block_pos [B, N*S];
+        ctx_kv from `context_kv` (rows = absolute positions 0..C-1); ctx_end [B, N] = anchor position a of each
+        block. Returns normed hidden states [B, N*S, H] (apply the target's LM head for logits)."""
+        slots = block.shape[1] // ctx_end.shape[1]
+        cos, sin = rope_cos_sin(block_pos, self.config.head_dim, self.config.rope_theta, block.dtype)
+        x = block
+        for layer, (ck, cv) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, ck, cv, ctx_end, slots)
+        return self.norm(x)
+
+    # --- checkpoint I/O in the public DFlash format ------------------------------------------------------------------
+    def save(self, path: str | Path):
+        from safetensors.torch import save_file
+
+        from .io import atomic_dir
+
+        with atomic_dir(path) as tmp:
+            (tmp / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2))
+            sd = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+            save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def load(cls, path: str | Path, device="cpu", dtype=torch.float32, **overrides) -> "Drafter":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"no drafter checkpoint at {path} (config.json missing)")
+        d = json.loads((path / "config.json").read_text())
+        c = DrafterConfig.from_hf_dict(d)
+        for k, v in overrides.items():
+            setattr(c, k, v)
+        m = cls(c)
+        sd = load_file(str(path / "model.safetensors"))
+        missing, unexpected = m.load_state_dict(sd, strict=False)
+        # A plain DFlash checkpoint has no injection weights: the variant keeps its own initialisation
+        # (zero_init_residual then starts exactly as the double-anchor token-only drafter).
+        missing = [k for k in missing if not k.startswith("injection.")]
+        if missing or unexpected:
+            raise ValueError(f"drafter checkpoint {path}: missing {missing[:6]}, unexpected {unexpected[:6]}")
+        return m.to(device=device, dtype=dtype)
+
+
+def check_compatible(drafter: Drafter, target) -> None:
+    c = drafter.config
+    if c.hidden_size != target.hidden_size:
+        raise ValueError(f"drafter hidden_size {c.hidden_size} != target hidden_size {target.hidden_size}")
+    if c.vocab_size != target.vocab_size:
+        raise ValueError(f"drafter vocab_size {c.vocab_size} != target vocab_size {target.vocab_size}")
+    if max(c.target_layer_ids) >= target.num_layers - 1:
+        raise ValueError(f"drafter taps {c.target_layer_ids} exceed the target's {target.num_layers} layers")

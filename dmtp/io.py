@@ -1,0 +1,102 @@
+"""Artifacts: atomic writes (temp file/dir + rename) and the meta.json that travels with every result."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temp file path beside `path`; rename onto it only if the block finishes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path):
+    """Yield a temp directory beside `path`; it replaces `path` only if the block finishes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text(path, text: str):
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def write_jsonl(path, rows):
+    write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
+def read_jsonl(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def git_sha() -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if sha.returncode == 0 else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def environment() -> dict:
+    import torch
+
+    env = {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
+           "device": "cpu", "git_sha": os.environ.get("DMTP_GIT_SHA") or git_sha()}
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except Exception:
+        pass
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name(0)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def write_meta(path, config: dict, wall_s: float | None = None, **extra):
+    meta = {"config": config, "env": environment(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if wall_s is not None:
+        meta["wall_s"] = round(wall_s, 3)
+    meta.update(extra)
+    write_json(path, meta)
