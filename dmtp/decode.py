@@ -150,7 +150,7 @@ class DrafterMethod(Method):
         h = self.mtp.h if self.var.t1 else None
         e_t1 = tgt.embed(self.mtp.t1) if self.var.t1 else None
         e_mask = tgt.embed(torch.tensor([d.config.mask_token_id], device=st.lens.device))[0]
-        block = self.var.block(tgt.embed(st.anchor), e_t1, h, e_mask, self.k)  # [B, S, H]
+        block = d.block(tgt.embed(st.anchor), e_t1, h, e_mask)  # [B, S, H]
         bpos = st.lens[:, None] + self.offsets.to(st.lens.device)
         ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
         hid = d(block, bpos, ctx, st.lens[:, None])

@@ -189,9 +189,21 @@ class Drafter(nn.Module):
     def layout(self):
         return self.injection.layout(self.config.num_candidates)
 
+    @property
+    def dtype(self):
+        return self.norm.weight.dtype
+
+    def _cast(self, x):
+        return None if x is None else x.to(self.dtype)
+
     def context(self, taps, g):
         """Context features f [B, T, H] from tapped target states (and, for some variants, MTP hiddens g)."""
-        return self.injection.context(self, taps, g)
+        return self.injection.context(self, self._cast(taps), self._cast(g))
+
+    def block(self, e_anchor, e_t1, h_mtp, e_mask):
+        """Block input embeddings [..., S, H] for this drafter's variant (inputs in the target's dtype)."""
+        c = self._cast
+        return self.injection.block(c(e_anchor), c(e_t1), c(h_mtp), c(e_mask), self.config.num_candidates)
 
     def context_kv(self, f, pos):
         """Per-layer (k, v) of context rows f [B, T, H] at absolute positions pos [B, T]."""

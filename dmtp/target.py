@@ -69,7 +69,7 @@ class Target(nn.Module):
         return self.body.embed_tokens(ids)
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(h).float()
+        return self.model.lm_head(h.to(self.dtype)).float()
 
     def rope(self, x: torch.Tensor, pos: torch.Tensor):
         """(cos, sin) for absolute positions pos [B, q], in the target's convention (mrope for qwen3_5)."""

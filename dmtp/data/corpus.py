@@ -1,0 +1,207 @@
+"""Pretraining corpus: the Python source files (`*.py`) of the running interpreter, deterministic and resumable.
+
+    python -c "from dmtp.data import build_corpus; print(build_corpus('runs/data/corpus', 20_000_000))"
+    python -c "from dmtp.data import build_corpus; build_corpus('/tmp/c', 200_000, roots=['dmtp'])"   # tiny, CPU
+
+Output dir: `train.jsonl` / `heldout.jsonl` (one {"path", "sha256", "text"} per line, so document boundaries
+survive), `manifest.csv` (path, sha256, bytes, split) and `DONE` (JSON stats, written last). Nothing whose path
+or text mentions HumanEval goes in: that benchmark is our evaluation set.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import json
+import os
+import sysconfig
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from dmtp.io import atomic_path
+
+FILES = ("train.jsonl", "heldout.jsonl", "manifest.csv")
+_BANNED = ("human_eval", "humaneval")  # lowercase; matched against paths and document text
+
+
+def default_roots() -> list[str]:
+    """The interpreter's stdlib and every site-packages directory (duplicates/missing ones dropped)."""
+    import site
+
+    paths = sysconfig.get_paths()
+    roots = [paths["stdlib"], paths["purelib"], paths["platlib"]]
+    roots += site.getsitepackages() + [site.getusersitepackages()]
+    out = []
+    for r in roots:
+        r = os.path.realpath(r)
+        if os.path.isdir(r) and r not in out:
+            out.append(r)
+    return out
+
+
+def _banned(s: str) -> bool:
+    s = s.lower()
+    return any(b in s for b in _BANNED)
+
+
+def _split(sha: str, heldout_frac: float) -> str:
+    # the split is a pure function of the content hash: stable across machines, roots and max_bytes
+    return "heldout" if int(sha[:8], 16) % 10000 < heldout_frac * 10000 else "train"
+
+
+def _scan(roots, max_file_bytes: int, progress: bool):
+    """Hash every eligible `*.py` under `roots` -> ({sha256: path}, skip counts). First path (sorted walk) wins."""
+    by_hash, skipped = {}, {"too_big": 0, "not_utf8": 0, "humaneval": 0, "duplicate": 0, "empty": 0}
+    bar = tqdm(desc="scan *.py", unit=" files", disable=not progress)
+    for root in roots:
+        for d, dirs, files in os.walk(root):
+            dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+            for f in sorted(files):
+                if not f.endswith(".py"):
+                    continue
+                p = os.path.join(d, f)
+                bar.update()
+                if _banned(p):
+                    skipped["humaneval"] += 1
+                    continue
+                try:
+                    size = os.path.getsize(p)
+                    if size > max_file_bytes:
+                        skipped["too_big"] += 1  # generated tables, vendored test data
+                        continue
+                    raw = Path(p).read_bytes()
+                except OSError:
+                    continue
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    skipped["not_utf8"] += 1
+                    continue
+                if not text.strip():
+                    skipped["empty"] += 1
+                    continue
+                if _banned(text):
+                    skipped["humaneval"] += 1
+                    continue
+                sha = hashlib.sha256(raw).hexdigest()
+                if sha in by_hash:
+                    skipped["duplicate"] += 1
+                else:
+                    by_hash[sha] = (p, len(raw))
+    bar.close()
+    return by_hash, skipped
+
+
+def _write(out_dir: Path, docs, heldout_frac: float, config: dict, extra: dict, progress: bool) -> dict:
+    """Write (path, sha256, text) docs into the two JSONL splits + manifest, atomically, then the DONE marker."""
+    stats = {"n_train": 0, "n_heldout": 0, "train_bytes": 0, "heldout_bytes": 0}
+    with contextlib.ExitStack() as stack:
+        tmp = {name: stack.enter_context(atomic_path(out_dir / name)) for name in FILES}
+        # the handles close (LIFO) before any temp file is renamed into place
+        fh = {name: stack.enter_context(open(tmp[name], "w", encoding="utf-8", newline="")) for name in FILES}
+        manifest = csv.writer(fh["manifest.csv"])
+        manifest.writerow(["path", "sha256", "bytes", "split"])
+        for path, sha, text in tqdm(docs, desc="write corpus", unit=" docs", disable=not progress):
+            split, nbytes = _split(sha, heldout_frac), len(text.encode("utf-8"))
+            fh[f"{split}.jsonl"].write(json.dumps({"path": path, "sha256": sha, "text": text}, ensure_ascii=False) + "\n")
+            manifest.writerow([path, sha, nbytes, split])
+            stats[f"n_{split}"] += 1
+            stats[f"{split}_bytes"] += nbytes
+    done = {"config": config, **stats, **extra}
+    with atomic_path(out_dir / "DONE") as t:
+        t.write_text(json.dumps(done, indent=2) + "\n")
+    return done
+
+
+def _resume(out_dir: Path, config: dict) -> dict | None:
+    if not (out_dir / "DONE").exists() or not all((out_dir / f).exists() for f in FILES):
+        return None
+    done = json.loads((out_dir / "DONE").read_text())
+    if done.get("config") != config:
+        raise ValueError(f"{out_dir} holds a corpus built with {done.get('config')}, not {config}; "
+                         f"delete it or choose another out_dir")
+    return done
+
+
+def _result(out_dir: Path, done: dict, resumed: bool) -> dict:
+    return {**done, "out_dir": str(out_dir), "train": str(out_dir / "train.jsonl"),
+            "heldout": str(out_dir / "heldout.jsonl"), "manifest": str(out_dir / "manifest.csv"), "resumed": resumed}
+
+
+def build_corpus(out_dir, max_bytes: int, max_file_bytes: int = 200_000, heldout_frac: float = 0.02,
+                 roots=None, progress=True) -> dict:
+    """Collect the interpreter's `*.py` files into `out_dir` (see module docstring); returns stats and paths.
+
+    Files are de-duplicated by sha256 of content and visited in sorted hash order, so which files fill the
+    `max_bytes` budget (UTF-8 bytes of text) is deterministic. Skips non-UTF-8 files, files over
+    `max_file_bytes`, and anything mentioning HumanEval. If `out_dir` already holds a finished corpus (a `DONE`
+    marker) built with the same settings it is returned untouched (`"resumed": True`); different settings raise.
+    """
+    out_dir = Path(out_dir)
+    roots = [os.path.realpath(r) for r in (roots if roots is not None else default_roots())]
+    config = {"source": "python-files", "max_bytes": max_bytes, "max_file_bytes": max_file_bytes,
+              "heldout_frac": heldout_frac}
+    if (done := _resume(out_dir, config)) is not None:
+        return _result(out_dir, done, resumed=True)
+    by_hash, skipped = _scan(roots, max_file_bytes, progress)
+    chosen, total = [], 0
+    for sha in sorted(by_hash):
+        path, nbytes = by_hash[sha]
+        if total + nbytes > max_bytes:
+            continue  # a smaller file further on may still fit
+        chosen.append(sha)
+        total += nbytes
+    docs = ((by_hash[s][0], s, Path(by_hash[s][0]).read_bytes().decode("utf-8")) for s in chosen)
+    extra = {"roots": roots, "n_candidates": len(by_hash), "skipped": skipped}
+    return _result(out_dir, _write(out_dir, docs, heldout_frac, config, extra, progress), resumed=False)
+
+
+def iter_documents(path):
+    """Yield the {"path", "sha256", "text"} dicts of a corpus JSONL file, one document at a time."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def from_hf_dataset(name: str, split: str, text_field: str, out_dir, max_bytes: int | None = None,
+                    heldout_frac: float = 0.02, data_files=None, progress=True) -> dict:
+    """Same output as `build_corpus`, from `datasets.load_dataset(name, split=split)[text_field]`.
+
+    Documents are taken in dataset order (streamed), de-duplicated by sha256, HumanEval mentions dropped, until
+    `max_bytes`. Offline, use a local copy: `from_hf_dataset('json', 'train', 'content', out, data_files='x.jsonl')`.
+    """
+    out_dir = Path(out_dir)
+    config = {"source": f"hf:{name}:{split}:{text_field}:{data_files}", "max_bytes": max_bytes,
+              "heldout_frac": heldout_frac}
+    if (done := _resume(out_dir, config)) is not None:
+        return _result(out_dir, done, resumed=True)
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, split=split, data_files=data_files, streaming=True)
+    except Exception as e:
+        raise RuntimeError(
+            f"could not load dataset {name!r} (split {split!r}): {type(e).__name__}: {e}\n"
+            f"No hub access? Copy the data here and load it locally: from_hf_dataset('json', {split!r}, "
+            f"{text_field!r}, out_dir, data_files='path/to/{name.split('/')[-1]}.jsonl') (that is "
+            f"datasets.load_dataset('json', data_files=...)), or use build_corpus(out_dir, max_bytes).") from e
+
+    def docs():
+        seen, total = set(), 0
+        for i, row in enumerate(ds):
+            text = row[text_field]
+            if not text or not text.strip() or _banned(text):
+                continue
+            raw = text.encode("utf-8")
+            sha = hashlib.sha256(raw).hexdigest()
+            if sha in seen:
+                continue
+            if max_bytes is not None and total + len(raw) > max_bytes:
+                break
+            seen.add(sha)
+            total += len(raw)
+            yield f"{name}/{split}/{i}", sha, text
+
+    return _result(out_dir, _write(out_dir, docs(), heldout_frac, config, {}, progress), resumed=False)

@@ -1,0 +1,145 @@
+"""Acceptance metrics as pure functions over raw counts (SPEC §7). No torch; numpy only.
+
+A verify round accepts L in 0..K draft candidates (K = 7 for DFlash/DMTP, 4 for MTP415, 0 for AR) and always
+commits one more token of the target's own (correction, or bonus when L = K). Everything derives from
+    hist[j] = number of verify rounds with exactly j accepted candidates, j = 0..K
+    per_verify  tau = 1 + sum_j j*hist[j] / sum_j hist[j]        (tokens per verify round, incl. the bonus)
+    first_token     = 1 - hist[0] / sum_j hist[j]                 (P(L >= 1), excludes the bonus)
+    cumulative  S_k = P(L >= k) = sum_{j>=k} hist[j] / sum hist   k = 1..K
+    conditional c_k = P(L >= k | L >= k-1) = S_k / S_{k-1}        (S_0 = 1)
+    tau = 1 + sum_k S_k = 1 + sum_k prod_{j<=k} c_j
+Per-request acceptance length is each request's own tau averaged over requests (MT-Bench: over turns).
+
+    >>> per_verify(histogram([0, 7, 3], k=7))
+    4.333333333333333
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+NAN = float("nan")
+
+
+def histogram(accepted: Sequence[int], k: int) -> list[int]:
+    """hist[j] = #rounds with exactly j accepted candidates, j = 0..k."""
+    h = [0] * (k + 1)
+    for a in accepted:
+        if not 0 <= a <= k:
+            raise ValueError(f"accepted count {a} outside 0..{k}")
+        h[a] += 1
+    return h
+
+
+def per_verify(hist: Sequence[float]) -> float:
+    """tau = 1 + sum_j j*h[j] / sum_j h[j]; nan when there are no rounds."""
+    n = sum(hist)
+    return 1 + sum(j * h for j, h in enumerate(hist)) / n if n else NAN
+
+
+def acceptance_length(accepted: Sequence[int]) -> float:
+    """One request's own per-verify tau = 1 + mean(accepted); nan for a request with no rounds."""
+    return 1 + sum(accepted) / len(accepted) if len(accepted) else NAN
+
+
+def per_request(accepted_lists: Sequence[Sequence[int]]) -> float:
+    """mean over requests of acceptance_length(request); requests with zero rounds are skipped."""
+    vals = [acceptance_length(a) for a in accepted_lists if len(a)]
+    return sum(vals) / len(vals) if vals else NAN
+
+
+def first_token(hist: Sequence[float]) -> float:
+    """P(L >= 1) = 1 - h[0] / sum h; nan when there are no rounds."""
+    n = sum(hist)
+    return 1 - hist[0] / n if n else NAN
+
+
+def cumulative(hist: Sequence[float]) -> list[float]:
+    """[P(L >= k) for k = 1..K], P(L >= k) = sum_{j>=k} h[j] / sum h."""
+    n = sum(hist)
+    tail = np.cumsum(list(hist)[::-1])[::-1]  # tail[k] = sum_{j>=k} h[j]
+    return [float(t / n) if n else NAN for t in tail[1:]]
+
+
+def conditional(hist: Sequence[float]) -> list[float]:
+    """[P(L >= k | L >= k-1) for k = 1..K] = tail[k] / tail[k-1]; nan when tail[k-1] = 0."""
+    tail = np.cumsum(list(hist)[::-1])[::-1]
+    return [float(tail[k] / tail[k - 1]) if tail[k - 1] else NAN for k in range(1, len(tail))]
+
+
+def hist_from_conditional(cond: Sequence[float], n_rounds: float, percent: bool = True) -> list[float]:
+    """Invert conditional(): S_k = prod_{j<=k} c_j, h[k] = n*(S_k - S_{k+1}) with S_0 = 1, S_{K+1} = 0.
+
+    `cond` is a conditional row c_1..c_K, in percent by default (as the blog prints it). Returns floats."""
+    c = np.asarray(cond, float) / (100.0 if percent else 1.0)
+    s = np.concatenate([[1.0], np.cumprod(c), [0.0]])
+    return [float(n_rounds * (s[k] - s[k + 1])) for k in range(len(c) + 1)]
+
+
+def tau_from_conditional(cond: Sequence[float], percent: bool = False) -> float:
+    """Per-verify tau = 1 + sum_k prod_{j<=k} c_j (fractions by default; percent=True for blog rows)."""
+    c = np.asarray(cond, float) / (100.0 if percent else 1.0)
+    return float(1 + np.cumprod(c).sum())
+
+
+# --- uncertainty over requests -----------------------------------------------------------------------------------
+def bootstrap_ci(values, stat_fn: Callable | None = None, n_boot: int = 2000, seed: int = 0,
+                 alpha: float = 0.05) -> tuple[float, float, float]:
+    """Percentile bootstrap over requests: draw n of the n items with replacement n_boot times, take stat_fn of
+    each draw, return (stat_fn(all), lo, hi) with lo/hi the alpha/2 and 1-alpha/2 percentiles of the draws.
+
+    values: per-request numbers (stat_fn None -> mean, vectorised), or per-request items of any kind (records,
+    histogram rows) with stat_fn(draw) -> float, where draw is values[idx] for a numpy array and a list otherwise.
+    """
+    n = len(values)
+    if n == 0:
+        return NAN, NAN, NAN
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    if stat_fn is None:
+        v = np.asarray(values, float)
+        point, boots = float(v.mean()), v[idx].mean(1)
+    else:
+        take = (lambda i: values[i]) if isinstance(values, np.ndarray) else (lambda i: [values[j] for j in i])
+        point, boots = float(stat_fn(values)), np.array([stat_fn(take(i)) for i in idx], float)
+    lo, hi = np.nanpercentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return point, float(lo), float(hi)
+
+
+def record_acceptance(record: dict) -> float:
+    """Per-request acceptance length of one artifact record (a JSONL line with an `accepted` list)."""
+    return acceptance_length(record["accepted"])
+
+
+def paired_diff(a_records: Sequence[dict], b_records: Sequence[dict], value_fn: Callable = record_acceptance,
+                n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, key: str = "id") -> dict:
+    """Paired comparison of method a vs b over the requests both ran (matched by record[key]).
+
+    d_i = value_fn(a_i) - value_fn(b_i) (default: per-request acceptance length; pairs with a nan side dropped).
+    diff = mean d_i; [lo, hi] = percentile bootstrap CI of the mean over pairs;
+    p = two-sided paired sign-flip permutation test of H0 "d_i symmetric around 0":
+        p = #{s in {-1,+1}^n : |mean(s*d)| >= |mean(d)|} / 2^n, exact for n <= 12, else Monte Carlo with n_boot
+        random sign vectors (p = (1 + hits) / (1 + n_boot)).
+    Returns {diff, lo, hi, p, n}."""
+    b_by = {r[key]: r for r in b_records}
+    d = np.array([value_fn(r) - value_fn(b_by[r[key]]) for r in a_records if r[key] in b_by], float)
+    d = d[~np.isnan(d)]
+    n = len(d)
+    if n == 0:
+        return {"diff": NAN, "lo": NAN, "hi": NAN, "p": NAN, "n": 0}
+    diff, lo, hi = bootstrap_ci(d, n_boot=n_boot, seed=seed, alpha=alpha)
+    obs = abs(d.mean()) - 1e-12  # tolerance so ties with the observed statistic count as extreme
+    if n <= 12:
+        signs = np.array(list(itertools.product([-1.0, 1.0], repeat=n)))
+        p = float((np.abs(signs @ d / n) >= obs).mean())
+    else:
+        signs = np.random.default_rng(seed + 1).choice([-1.0, 1.0], size=(n_boot, n))
+        p = float((1 + (np.abs(signs @ d / n) >= obs).sum()) / (1 + n_boot))
+    return {"diff": diff, "lo": lo, "hi": hi, "p": p, "n": n}
+
+
+def rel(x: float, ref: float) -> float:
+    """Relative change x/ref - 1 (nan when ref is 0 or nan)."""
+    return x / ref - 1 if ref and not math.isnan(ref) else NAN

@@ -1,0 +1,61 @@
+"""Tiny random targets in the real HF layouts (Qwen3 dense, Qwen3.5 text) with a native MTP head, for tests and
+dry runs. Real checkpoints load through exactly the same `Target.load` / `MTPHead.load` path."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def target_config(arch: str = "qwen3_5", vocab: int = 96, hidden: int = 64, layers: int = 4, heads: int = 4,
+                  kv_heads: int = 2, head_dim: int = 16, intermediate: int = 128, max_pos: int = 4096, eos: int = 1):
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                  max_position_embeddings=max_pos, tie_word_embeddings=False, eos_token_id=eos,
+                  pad_token_id=0, bos_token_id=None)
+    if arch == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(**common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if arch == "qwen3_5":
+        from transformers import Qwen3_5TextConfig
+
+        rot = int(head_dim * 0.25) // 2  # rotary half-dim, split over the 3 mrope sections (text: all equal)
+        sec = [rot - 2 * (rot // 3), rot // 3, rot // 3]
+        return Qwen3_5TextConfig(**common, layer_types=["full_attention"] * layers, mtp_num_hidden_layers=1,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                  "partial_rotary_factor": 0.25, "mrope_section": sec,
+                                                  "mrope_interleaved": True})
+    raise ValueError(f"unknown tiny architecture {arch!r} (qwen3, qwen3_5)")
+
+
+def build(arch: str = "qwen3_5", seed: int = 0, dtype=torch.float32, std: float = 0.3, **kw):
+    """(Target, MTPHead) with random weights; std > HF's 0.02 so the tiny model has peaked, non-trivial logits."""
+    from transformers import AutoModelForCausalLM
+
+    from .mtp import MTPHead
+    from .target import Target
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(target_config(arch, **kw), dtype=dtype, attn_implementation="sdpa")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, std / max(1.0, p.shape[-1] / 64) ** 0.5)
+    tgt = Target(model)
+    mtp = MTPHead(tgt)
+    with torch.no_grad():
+        for n, p in mtp.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, std / max(1.0, p.shape[-1] / 64) ** 0.5)
+    return tgt, mtp.requires_grad_(False).eval()
+
+
+def save(tgt, mtp, path: str | Path, with_mtp: bool = True):
+    from .mtp import save_target_with_mtp
+
+    if with_mtp:
+        save_target_with_mtp(tgt.model, mtp, path)
+    else:
+        tgt.model.save_pretrained(path)
+    return Path(path)

@@ -1,0 +1,161 @@
+"""Losslessness of the single decode loop, for every method, against HF `generate` as an independent reference."""
+import random
+
+import pytest
+import torch
+
+from conftest import hf_greedy, make_drafter
+from dmtp.decode import DrafterMethod, MTPMethod, build_method, generate
+from dmtp.variants import NAMES
+
+METHODS = ["ar", "mtp"] + NAMES
+PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
+
+
+def method_for(name, tgt, mtp, k=4):
+    d = make_drafter(tgt, name) if name not in ("ar", "mtp") else None
+    return build_method(name, tgt, drafter=d, mtp=mtp, mtp_steps=k)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_lossless_greedy_batched(models, name):
+    tgt, mtp = models
+    ref = [hf_greedy(tgt, p, 19) for p in PROMPTS]  # 19: max tokens lands inside a block
+    res = generate(tgt, method_for(name, tgt, mtp), PROMPTS, 0.0, 19)
+    assert [r.output_ids for r in res] == ref
+    for r in res:
+        k = 4 if name == "mtp" else 0 if name == "ar" else 7
+        assert all(0 <= a <= k for a in r.accepted)
+
+
+@pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual", "mtp_context"])
+def test_lossless_with_eos_inside_block(models, name):
+    tgt, mtp = models
+    prompt = PROMPTS[0]
+    free = hf_greedy(tgt, prompt, 30)
+    eos = free[6]  # first occurs at or before index 6: generation must stop right there
+    ref = hf_greedy(tgt, prompt, 30, eos=eos)
+    assert ref[-1] == eos and len(ref) <= 7
+    res = generate(tgt, method_for(name, tgt, mtp), [prompt, PROMPTS[2]], 0.0, 30, eos_ids=[eos])
+    assert res[0].output_ids == ref
+    assert res[1].output_ids == hf_greedy(tgt, PROMPTS[2], 30, eos=eos)
+
+
+class Oracle:
+    """Wraps a method: runs its real proposal (so every state update happens), records it, then substitutes the
+    target's true continuation corrupted at random positions, so rounds accept 0..k candidates."""
+
+    def __init__(self, inner, truth, p_keep=0.8, seed=0):
+        self.inner, self.truth, self.p_keep = inner, truth, p_keep
+        self.rng = random.Random(seed)
+        self.k, self.taps, self.name = inner.k, inner.taps, inner.name
+        self.log = []
+
+    def prefill(self, st, ids, plen, out):
+        self.plen = plen.tolist()
+        self.inner.prefill(st, ids, plen, out)
+
+    def propose(self, st):
+        real = self.inner.propose(st)
+        mtp = getattr(self.inner, "mtp", None)
+        self.log.append((st.lens.clone(), st.done.clone(), real.clone(),
+                         None if mtp is None else (mtp.t1.clone(), mtp.h.clone())))
+        c = real.clone()
+        for b, a in enumerate(st.lens.tolist()):
+            start = a - self.plen[b] + 1  # output index of T1 (output 0 is the anchor of round one)
+            for j in range(self.k):
+                t = self.truth[b][start + j] if start + j < len(self.truth[b]) else 0
+                c[b, j] = t if self.rng.random() < self.p_keep else (t + 1) % 96
+        return c
+
+    def commit(self, st, out, emitted, n_acc):
+        self.inner.commit(st, out, emitted, n_acc)
+
+
+@pytest.mark.parametrize("name", ["mtp", "dflash", "token_only", "zero_init_residual", "context_fusion",
+                                  "mtp_context", "mask_residual"])
+def test_state_matches_recomputation(models, name):
+    """With many accepted candidates, the cached MTP hidden / T1 and the drafter's proposals at every round equal a
+    from-scratch recomputation on the final sequence (the training-time feature path)."""
+    from dmtp.train import Features, extract
+
+    tgt, mtp = models
+    prompts = PROMPTS[:3]
+    truth = [hf_greedy(tgt, p, 40) for p in prompts]
+    inner = method_for(name, tgt, mtp)
+    om = Oracle(inner, truth)
+    res = generate(tgt, om, prompts, 0.0, 40)
+    assert [r.output_ids for r in res] == truth
+    acc = [a for r in res for a in r.accepted]
+    assert max(acc) == om.k and min(acc) == 0 and len(set(acc)) >= 3  # the oracle exercised many accept counts
+    for b, p in enumerate(prompts):
+        seq = torch.tensor([p + truth[b]])
+        d = getattr(inner, "drafter", None)
+        taps = d.config.target_layer_ids if d is not None else None
+        feats = extract(tgt, mtp, seq, torch.tensor([seq.shape[1]]), taps, need_g=True)
+        for lens, done, real, m in om.log:
+            a = int(lens[b])
+            if done[b] or a + 8 > seq.shape[1]:
+                continue
+            g = feats.g[0, a - 1]
+            if m is not None:
+                torch.testing.assert_close(m[1][b], g, rtol=1e-4, atol=1e-4)
+                assert int(m[0][b]) == int(tgt.lm_head(g).argmax())
+            if d is None:
+                continue
+            var = d.injection
+            t1 = m[0][b:b + 1] if var.t1 else None
+            block = d.block(tgt.embed(seq[:, a]), tgt.embed(t1) if var.t1 else None,
+                            g[None] if var.t1 else None, tgt.embed(torch.tensor([2]))[0])
+            lay = var.layout(d.config.num_candidates)
+            pos = a + torch.tensor(lay.offsets)[None]
+            f = d.context(feats.taps, feats.g)
+            ctx = d.context_kv(f, torch.arange(seq.shape[1])[None])
+            hid = d(block, pos, ctx, torch.tensor([[a]]))
+            pred = tgt.lm_head(hid[0, list(lay.predict)]).argmax(-1)
+            assert pred.tolist() == real[b, (1 if var.t1 else 0):].tolist()
+
+
+def test_sampling_matches_target_distribution(models):
+    """T = 1: the joint law of the first 3 generated tokens matches the target's, for speculative methods (chi-square
+    against exact probabilities enumerated from the target)."""
+    from scipy.stats import chisquare
+
+    tgt, mtp = models
+    prompt = [5, 7, 9]
+    V = tgt.vocab_size
+    # exact distribution over the first 3 tokens, restricted to the most likely sequences
+    with torch.no_grad():
+        p1 = torch.softmax(tgt.model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    top1 = p1.topk(4).indices.tolist()
+    exact = {}
+    for t1 in top1:
+        with torch.no_grad():
+            p2 = torch.softmax(tgt.model(torch.tensor([prompt + [t1]])).logits[0, -1].float(), -1)
+        for t2 in p2.topk(4).indices.tolist():
+            with torch.no_grad():
+                p3 = torch.softmax(tgt.model(torch.tensor([prompt + [t1, t2]])).logits[0, -1].float(), -1)
+            for t3 in p3.topk(3).indices.tolist():
+                exact[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
+    N = 1500
+    for name in ["dflash", "mtp", "zero_init_residual"]:
+        res = generate(tgt, method_for(name, tgt, mtp, k=3), [prompt] * N, 1.0, 3, seed=123)
+        seqs = [tuple(r.output_ids) for r in res]
+        keys = sorted(exact, key=exact.get, reverse=True)[:12]
+        obs = [sum(s == k for s in seqs) for k in keys] + [sum(s not in keys for s in seqs)]
+        exp = [exact[k] * N for k in keys]
+        exp.append(N - sum(exp))
+        stat, pval = chisquare(obs, exp)
+        assert pval > 1e-3, (name, obs, [round(e) for e in exp])
+
+
+def test_unknown_method_and_missing_pieces(models):
+    tgt, mtp = models
+    with pytest.raises(KeyError, match="unknown variant 'nope'"):
+        build_method("nope", tgt)
+    with pytest.raises(ValueError, match="needs --drafter"):
+        build_method("dflash", tgt)
+    with pytest.raises(ValueError, match="native MTP"):
+        build_method("mtp", tgt, mtp=None)
+    with pytest.raises(ValueError, match="not 'fusion'"):
+        build_method("fusion", tgt, drafter=make_drafter(tgt, "dflash"), mtp=mtp)
