@@ -10,13 +10,12 @@ commits one more token of the target's own (correction, or bonus when L = K). Ev
     tau = 1 + sum_k S_k = 1 + sum_k prod_{j<=k} c_j
 Per-request acceptance length is each request's own tau averaged over requests (MT-Bench: over turns).
 
-    >>> per_verify(histogram([0, 7, 3], k=7))
-    4.333333333333333
+    >>> per_verify(histogram([0, 7, 3], k=7)), per_request([[0, 7], [3]]), first_token(histogram([0, 7, 3], 7))
+    (4.333333333333334, 4.25, 0.6666666666666667)
 """
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -139,7 +138,3 @@ def paired_diff(a_records: Sequence[dict], b_records: Sequence[dict], value_fn: 
         p = float((1 + (np.abs(signs @ d / n) >= obs).sum()) / (1 + n_boot))
     return {"diff": diff, "lo": lo, "hi": hi, "p": p, "n": n}
 
-
-def rel(x: float, ref: float) -> float:
-    """Relative change x/ref - 1 (nan when ref is 0 or nan)."""
-    return x / ref - 1 if ref and not math.isnan(ref) else NAN

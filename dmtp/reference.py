@@ -66,8 +66,8 @@ def blog_method(method: str) -> str:
 
 
 def blog_value(name: str, dataset: str, method: str) -> float:
-    """Acceptance length the blog reports for (our dataset, our method) in table `main` or `open_repro`; nan
-    when the blog has no such number."""
+    """The number the blog reports for (our dataset, our method) in table `main` or `open_repro` (acceptance
+    length; `method` may also name another column, e.g. dmtp_vs_dflash_pct); nan when the blog has none."""
     key = workload(dataset) if name == "main" else open_dataset(dataset)
     t, m = table(name), blog_method(method)
     col = t.columns[0]
@@ -76,9 +76,10 @@ def blog_value(name: str, dataset: str, method: str) -> float:
     return float(t.loc[t[col] == key, m].iloc[0])
 
 
-def ablation_value(method: str) -> float:
+def ablation_value(method: str, column: str = "acceptance_length") -> float:
+    """The blog's Code-ablation number for our method (acceptance_length or rel_to_token_only_pct), else nan."""
     t = table("ablation").set_index("method")
-    return float(t.loc[method, "acceptance_length"]) if method in t.index else math.nan
+    return float(t.loc[method, column]) if method in t.index else math.nan
 
 
 def conditional_row(dataset: str, method: str) -> tuple[list[float], int] | None:

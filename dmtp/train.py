@@ -150,7 +150,7 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     ce = F.cross_entropy(logits, labels[sel], reduction="none")
     loss = (ce * w[sel]).sum() / w[sel].sum().clamp(min=1e-6)
     acc = (logits.argmax(-1) == labels[sel]).float().mean()
-    return loss, {"loss": float(loss), "acc": float(acc)}
+    return loss, {"loss": float(loss.detach()), "acc": float(acc)}
 
 
 def lr_at(step, cfg: TrainConfig):

@@ -104,7 +104,8 @@ def _write(out_dir: Path, docs, heldout_frac: float, config: dict, extra: dict, 
         manifest.writerow(["path", "sha256", "bytes", "split"])
         for path, sha, text in tqdm(docs, desc="write corpus", unit=" docs", disable=not progress):
             split, nbytes = _split(sha, heldout_frac), len(text.encode("utf-8"))
-            fh[f"{split}.jsonl"].write(json.dumps({"path": path, "sha256": sha, "text": text}, ensure_ascii=False) + "\n")
+            row = {"path": path, "sha256": sha, "text": text}
+            fh[f"{split}.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
             manifest.writerow([path, sha, nbytes, split])
             stats[f"n_{split}"] += 1
             stats[f"{split}_bytes"] += nbytes

@@ -64,18 +64,20 @@ def read_runs(root: Path) -> pd.DataFrame:
 
 def summarize(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
     """One row per (experiment, dataset, temperature, method): pooled histogram `hist` (counts), per-request
-    acceptance length with its bootstrap 95% CI (al_lo, al_hi), per-verify tau, first-token acceptance with its
-    bootstrap CI over requests (ft_lo, ft_hi), n_requests (with >= 1 round), n_rounds."""
+    acceptance length with its bootstrap 95% CI over requests (acceptance_length_lo/_hi), per-verify tau,
+    first-token acceptance with its bootstrap CI over requests (first_token_lo/_hi), n_requests (>= 1 round),
+    n_rounds, output_tokens."""
     out = []
     for key, g in runs.groupby(KEYS, sort=True):
         K = int(g.k.max())
-        H = np.array([h + [0] * (K + 1 - len(h)) for h in g.hist], float)  # [requests, K+1]
+        H = np.array([h + [0] * (K + 1 - len(h)) for h in g["hist"]], float)  # [requests, K+1]
         hist = H.sum(0)
-        al, al_lo, al_hi = M.bootstrap_ci(g.acceptance_length.dropna().to_numpy(), n_boot=n_boot)
-        ft, ft_lo, ft_hi = M.bootstrap_ci(H, lambda h: M.first_token(h.sum(0)), n_boot=n_boot)
+        al = M.bootstrap_ci(g.acceptance_length.dropna().to_numpy(), n_boot=n_boot)
+        ft = M.bootstrap_ci(H, lambda h: M.first_token(h.sum(0)), n_boot=n_boot)
         out.append(dict(zip(KEYS, key), k=K, n_requests=int((g.n_rounds > 0).sum()), n_rounds=int(hist.sum()),
-                        hist=[int(x) for x in hist], acceptance_length=al, al_lo=al_lo, al_hi=al_hi,
-                        per_verify=M.per_verify(hist), first_token=ft, ft_lo=ft_lo, ft_hi=ft_hi,
+                        hist=[int(x) for x in hist], per_verify=M.per_verify(hist),
+                        **dict(zip(["acceptance_length", "acceptance_length_lo", "acceptance_length_hi"], al)),
+                        **dict(zip(["first_token", "first_token_lo", "first_token_hi"], ft)),
                         output_tokens=int(g.output_tokens.sum())))
     df = pd.DataFrame(out)
     if len(df):

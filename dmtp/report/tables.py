@@ -23,8 +23,11 @@ OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2
 
 
 def pct(x: float, ref: float) -> float:
-    """100 * (x / ref - 1)."""
-    return 100 * M.rel(x, ref)
+    """100 * (x / ref - 1), elementwise; nan where ref is 0 or nan."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = 100 * (np.asarray(x, float) / np.asarray(ref, float) - 1)
+    r = np.where(np.isfinite(r), r, np.nan)
+    return float(r) if r.ndim == 0 else r
 
 
 def blog_acceptance(dataset: str, temperature: float, method: str) -> float:
@@ -42,18 +45,27 @@ def blog_first_token(dataset: str, temperature: float, method: str) -> float:
 
 
 def fmt(v, col: str) -> str:
-    if isinstance(v, (float, np.floating)):
-        if math.isnan(v):
-            return "—"
-        if col == "p" or col.endswith("_p"):
-            return f"{v:.3g}"
-        return f"{v:+.2f}" if col.endswith("pct") or col.startswith("rel") else f"{v:.3f}"
-    return str(v)
+    """p-values 3 significant digits, percentages 2 decimals (signed for gains/differences), else 3 decimals."""
+    if not isinstance(v, (float, np.floating)):
+        return str(v)
+    if math.isnan(v):
+        return "—"
+    if col == "temperature":
+        return f"{v:g}"
+    if col.endswith("_p"):
+        return f"{v:.3g}"
+    signed = any(w in col for w in ("rel", "vs_", "gain", "diff"))
+    return f"{v:{'+' if signed else ''}.{2 if 'pct' in col or col.startswith('rel') else 3}f}"
 
 
 def to_markdown(df: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(fmt(v, c) for c, v in zip(df.columns, row)) + " |" for row in df.itertuples(False)]
+    """Markdown table; a column c with c_lo and c_hi beside it is printed as one cell "c [lo, hi]"."""
+    cols = [c for c in df.columns if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)]
+    ci = {c for c in cols if c + "_lo" in df.columns and c + "_hi" in df.columns}
+    cell = lambda row, c: fmt(row[c], c) + (f" [{fmt(row[c + '_lo'], c)}, {fmt(row[c + '_hi'], c)}]"
+                                            if c in ci and not pd.isna(row[c]) else "")
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(row, c) for c in cols) + " |" for _, row in df.iterrows()]
     return "\n".join(lines) + "\n"
 
 
@@ -68,14 +80,18 @@ def skip(what: str):
     print(f"[report] skip {what}: no data")
 
 
-def _with_ci(row, prefix: str) -> dict:
-    return {prefix: row.acceptance_length, f"{prefix}_lo": row.al_lo, f"{prefix}_hi": row.al_hi}
+def _ci(row, col: str, name: str | None = None) -> dict:
+    """{name: row[col], name_lo: row[col_lo], name_hi: row[col_hi]}."""
+    name = name or col
+    return {name: row[col], f"{name}_lo": row[f"{col}_lo"], f"{name}_hi": row[f"{col}_hi"]}
 
 
 def _paired(art, key, a: str, b: str, prefix: str) -> dict:
+    """Paired difference a - b of per-request acceptance length over shared request ids: prefix, _lo, _hi, _p."""
     exp, ds, t = key
-    r = M.paired_diff(records(art, exp, ds, t, a), records(art, exp, ds, t, b))
-    return {f"{prefix}_diff": r["diff"], f"{prefix}_lo": r["lo"], f"{prefix}_hi": r["hi"], f"{prefix}_p": r["p"]}
+    r = M.paired_diff(records(art, exp, ds, t, a), records(art, exp, ds, t, b)) if a != b else {}
+    return {prefix: r.get("diff", math.nan), f"{prefix}_lo": r.get("lo", math.nan),
+            f"{prefix}_hi": r.get("hi", math.nan), f"{prefix}_p": r.get("p", math.nan)}
 
 
 # --- tables ------------------------------------------------------------------------------------------------------
@@ -91,21 +107,21 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
         rows = []
         for (t,), gt in g.groupby(["temperature"]):
             ref = gt.set_index("method").acceptance_length.get("token_only", math.nan)
-            for r in gt.itertuples():
+            for _, r in gt.iterrows():
                 blog = R.ablation_value(r.method)
-                rows.append({"method": r.method, "temperature": t, "acceptance_length": r.acceptance_length,
-                             "al_lo": r.al_lo, "al_hi": r.al_hi, "per_verify": r.per_verify,
-                             "first_token": r.first_token, "ft_lo": r.ft_lo, "ft_hi": r.ft_hi,
+                rows.append({"method": r.method, "temperature": t, **_ci(r, "acceptance_length"),
+                             "per_verify": r.per_verify, **_ci(r, "first_token"),
                              "rel_to_token_only": pct(r.acceptance_length, ref), "n_requests": r.n_requests,
-                             "n_rounds": r.n_rounds, "blog_value": blog, "blog_rel_pct": pct(blog, R.ablation_value("token_only")),
+                             "n_rounds": r.n_rounds, "blog_value": blog, "blog_rel_pct": R.ablation_value(r.method, "rel_to_token_only_pct"),
                              "table": "main" if r.method in ABLATION_MAIN else "supplementary",
                              **_paired(art, ("ablation", ds, t), r.method, "token_only", "vs_token_only"),
                              **_paired(art, ("ablation", ds, t), r.method, "dflash", "vs_dflash")})
         df = pd.DataFrame(rows)
         df = df.iloc[np.lexsort((df.temperature, df.method.map(method_rank), df.table != "main"))]
-        note = ("acceptance_length = per-request mean incl. bonus, [al_lo, al_hi] bootstrap 95% CI over requests; "
-                "rel_to_token_only in percent; vs_* = paired mean difference of per-request acceptance length "
-                "with bootstrap CI and sign-flip permutation p. blog_value: the blog's Code ablation (8 inputs).")
+        note = ("acceptance_length = per-request mean incl. bonus; [lo, hi] = bootstrap 95% CI over requests; "
+                "rel_to_token_only in percent; vs_* = paired (by request id) mean difference of per-request "
+                "acceptance length with bootstrap CI, vs_*_p = sign-flip permutation p. "
+                "blog_value: the blog's Code ablation (8 inputs).")
         out.append(save(art, f"ablation_{ds}", df.reset_index(drop=True), f"Code ablation — {ds}", note))
     return out
 
@@ -123,12 +139,12 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
         by = g.set_index("method")
         row = dict(zip(["experiment", "dataset", "temperature"], key))
         for col, m in MAIN.items():
-            row.update(_with_ci(by.loc[m], col) if m in by.index else {col: math.nan})
+            row.update(_ci(by.loc[m], "acceptance_length", col) if m in by.index else {col: math.nan})
         row["gain_pct"] = pct(row["dmtp"], row["dflash"])
         row.update(_paired(art, key, R.DMTP_MAIN, "dflash", "dmtp_vs_dflash"))
         for col, m in MAIN.items():
             row[f"blog_{col}"] = blog_acceptance(key[1], key[2], m)
-        row["blog_gain_pct"] = pct(row["blog_dmtp"], row["blog_dflash"])
+        row["blog_gain_pct"] = blog_acceptance(key[1], key[2], "dmtp_vs_dflash_pct")  # as the blog prints it
         rows.append(row)
     if not rows:
         return skip("main acceptance table")
@@ -145,8 +161,8 @@ def first_token(art: Artifacts) -> pd.DataFrame | None:
     if s.empty:
         return skip("first-token table")
     df = s[["experiment", "dataset", "temperature", "method"]].copy()
-    df["first_token_pct"] = 100 * s.first_token
-    df["ft_lo_pct"], df["ft_hi_pct"] = 100 * s.ft_lo, 100 * s.ft_hi
+    for c in ("first_token", "first_token_lo", "first_token_hi"):
+        df[c.replace("first_token", "first_token_pct")] = 100 * s[c]
     df["n_rounds"] = s.n_rounds
     df["blog_pct"] = [blog_first_token(d, t, m) for d, t, m in zip(s.dataset, s.temperature, s.method)]
     return save(art, "first_token", df.reset_index(drop=True), "First-token acceptance (%)",
@@ -163,9 +179,9 @@ def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     base = s[["experiment", "dataset", "temperature", "method", "n_rounds"]].reset_index(drop=True)
     K = 7
     pad = lambda v: (list(v) + [math.nan] * K)[:K]
-    cum = pd.concat([base, pd.DataFrame([pad(100 * np.array(M.cumulative(h))) for h in s.hist],
+    cum = pd.concat([base, pd.DataFrame([pad(100 * np.array(M.cumulative(h))) for h in s["hist"]],
                                         columns=[f"k{k}" for k in range(1, K + 1)])], axis=1)
-    cond = pd.concat([base, pd.DataFrame([pad(100 * np.array(M.conditional(h))) for h in s.hist],
+    cond = pd.concat([base, pd.DataFrame([pad(100 * np.array(M.conditional(h))) for h in s["hist"]],
                                          columns=[f"c{k}" for k in range(1, K + 1)])], axis=1)
     cond.insert(0, "source", "ours")
     blog = R.table("conditional")
@@ -244,7 +260,7 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
         row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
         row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
         for c, m in OPEN.items():
-            row[f"blog_{c}"] = R.blog_value("open_repro", key[1], m)
+            row[f"blog_{c}"] = R.blog_value("open_repro", key[1], m) if key[2] == 0 else math.nan  # blog: T=0
         rows.append(row)
     if not rows:
         return skip("open-reproduction table")

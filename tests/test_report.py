@@ -1,0 +1,180 @@
+"""Renderers on hand-made artifacts in tmp_path (known answers), the synthetic demo, and the reference numbers."""
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from dmtp import reference as R
+from dmtp.report import figures, load, render_report, tables
+from dmtp.report.__main__ import main as cli
+from dmtp.report.synthetic import write_synthetic
+
+
+def write(root, exp, method, ds, temp, accepted: dict, k=None):
+    """One artifact file; accepted = {request id: per-round accepted counts}."""
+    path = root / "runs" / exp / method / f"{ds}_T{temp:g}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": i, "method": method, "temperature": temp, "prompt_tokens": 4, "accepted": acc, "wall_s": 0.1,
+             "output_ids": list(range(sum(acc) + len(acc))), **({"n_candidates": k} if k is not None else {})}
+            for i, acc in accepted.items()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def hand(tmp_path):
+    root = tmp_path / "hand"
+    # ablation, HumanEval first 8 (two here), T = 0
+    write(root, "ablation", "token_only", "humaneval8", 0, {"a": [7, 7], "b": [0, 0]}, k=7)  # 8, 1 -> 4.5
+    write(root, "ablation", "dflash", "humaneval8", 0, {"a": [3, 3], "b": [1]})  # 4, 2 -> 3.0; per-verify 10/3
+    write(root, "ablation", "zero_init_residual", "humaneval8", 0, {"a": [7, 7], "b": [7]})  # 8
+    write(root, "ablation", "mtp", "humaneval8", 0, {"a": [4, 0]})  # k = 4 by default
+    write(root, "main", "dflash", "gsm8k", 0, {"a": [1, 1], "b": [3]})  # 2, 4 -> 3
+    write(root, "main", "zero_init_residual", "gsm8k", 0, {"a": [3, 3], "b": [5]})  # 4, 6 -> 5
+    return tmp_path
+
+
+def csv(tmp_path, name, profile="hand"):
+    return pd.read_csv(tmp_path / profile / "tables" / f"{name}.csv")
+
+
+def test_load_and_summary(hand):
+    art = load("hand", hand, n_boot=200)
+    s = art.summary.set_index(["experiment", "method"])
+    assert s.loc[("ablation", "mtp"), "hist"] == [1, 0, 0, 0, 1] and s.loc[("ablation", "mtp"), "k"] == 4
+    assert s.loc[("ablation", "dflash"), "acceptance_length"] == pytest.approx(3.0)
+    assert s.loc[("ablation", "dflash"), "per_verify"] == pytest.approx(1 + 7 / 3)
+    assert s.loc[("ablation", "token_only"), "first_token"] == pytest.approx(0.5)
+    assert s.loc[("ablation", "token_only"), "n_rounds"] == 4
+    for _, r in art.summary.iterrows():
+        assert r.acceptance_length_lo <= r.acceptance_length <= r.acceptance_length_hi
+        assert r.first_token_lo <= r.first_token <= r.first_token_hi
+
+
+def test_tables(hand, capsys):
+    art = load("hand", hand, n_boot=200)
+    tables.render(art)
+    ab = csv(hand, "ablation_humaneval8")
+    assert list(ab.columns[:10]) == ["method", "temperature", "acceptance_length", "acceptance_length_lo",
+                                     "acceptance_length_hi", "per_verify", "first_token", "first_token_lo",
+                                     "first_token_hi", "rel_to_token_only"]
+    assert {"n_requests", "n_rounds", "blog_value", "vs_token_only", "vs_token_only_p", "vs_dflash"} <= set(ab)
+    assert list(ab.method) == ["dflash", "token_only", "zero_init_residual"]  # mtp is not an ablation row
+    ab = ab.set_index("method")
+    assert ab.loc["dflash", "rel_to_token_only"] == pytest.approx(100 * (3 / 4.5 - 1))
+    assert ab.loc["dflash", "blog_value"] == 3.360 and ab.loc["token_only", "rel_to_token_only"] == 0
+    assert math.isnan(ab.loc["zero_init_residual", "blog_value"])
+    assert ab.loc["dflash", "vs_token_only"] == pytest.approx(-1.5)  # (4-8 + 2-1) / 2
+    assert ab.loc["dflash", "vs_token_only_p"] == 1  # two pairs, exact sign flip
+    assert ab.loc["zero_init_residual", "vs_dflash"] == pytest.approx(5.0)  # (8-4 + 8-2) / 2
+    assert ab.loc["dflash", "per_verify"] == pytest.approx(1 + 7 / 3)
+    assert ab.loc["dflash", "n_requests"] == 2 and ab.loc["dflash", "n_rounds"] == 3
+
+    main = csv(hand, "main_acceptance").set_index(["experiment", "dataset"])
+    g = main.loc[("main", "gsm8k")]
+    assert (g.dflash, g.dmtp, g.gain_pct) == pytest.approx((3, 5, 100 * (5 / 3 - 1)))
+    assert (g.blog_dflash, g.blog_dmtp, g.blog_gain_pct) == (4.318, 5.074, 17.50)  # T=0 -> open reproduction
+    assert g.dmtp_vs_dflash == pytest.approx(2)
+
+    ft = csv(hand, "first_token").set_index(["experiment", "method"])
+    assert ft.loc[("ablation", "dflash"), "first_token_pct"] == pytest.approx(100)
+    assert ft.loc[("ablation", "token_only"), "first_token_pct"] == pytest.approx(50)
+    assert ft.loc[("ablation", "dflash"), "blog_pct"] == 90.47  # HumanEval DFlash at T=0
+
+    cond = csv(hand, "conditional")
+    tok = cond[(cond.source == "ours") & (cond.method == "token_only")].iloc[0]
+    assert [tok[f"c{k}"] for k in range(1, 8)] == pytest.approx([50] + [100] * 6)
+    blog = cond[(cond.source == "blog") & (cond.method == "dmtp")]
+    assert set(blog.dataset) == {"Code", "Math"} and 434780 in set(blog.n_rounds)
+    cum = csv(hand, "cumulative")
+    mtp = cum[cum.method == "mtp"].iloc[0]
+    assert [mtp[f"k{k}"] for k in range(1, 5)] == pytest.approx([50] * 4) and math.isnan(mtp.k5)
+
+    pr = csv(hand, "per_request_vs_verify").set_index(["experiment", "method"])
+    assert pr.loc[("ablation", "dflash"), ["per_request", "per_verify"]].tolist() == pytest.approx([3, 1 + 7 / 3])
+
+    op = csv(hand, "open_repro").set_index("dataset")
+    assert op.loc["gsm8k", "dmtp_d"] == 5 and op.loc["gsm8k", "blog_dmtp_d2"] == 5.371
+    assert math.isnan(op.loc["gsm8k", "dflash2"])
+
+    md = (hand / "hand" / "tables" / "ablation_humaneval8.md").read_text()
+    assert "| dflash | 0 | 3.000 [" in md
+    assert tables.throughput(art) is None and tables.overhead(art) is None
+    assert "skip throughput" in capsys.readouterr().out
+
+
+def test_bench_tables_and_figure(hand):
+    bench = hand / "hand" / "bench"
+    bench.mkdir(parents=True)
+    pd.DataFrame([("dflash", 0, 32, "humaneval", 1000, 2.0, 500.0), ("zero_init_residual", 0, 32, "humaneval",
+                                                                      1200, 2.0, 600.0),
+                  ("dflash", 0, 8, "humaneval", 400, 2.0, 200.0)],
+                 columns=["method", "temperature", "batch_cap", "dataset", "output_tokens", "wall_s", "tok_per_s"]
+                 ).to_csv(bench / "throughput.csv", index=False)
+    pd.DataFrame([("dflash", "drafter", 0.4), ("dflash", "round", 9.0), ("zero_init_residual", "drafter", 0.4),
+                  ("zero_init_residual", "mtp", 0.2), ("zero_init_residual", "round", 9.5)],
+                 columns=["method", "stage", "ms_per_round"]).to_csv(bench / "overhead.csv", index=False)
+    art = load("hand", hand, n_boot=50)
+    tp = tables.throughput(art).set_index("batch_cap")
+    assert tp.loc[32, "gain_pct"] == pytest.approx(20) and tp.loc[32, "blog_dmtp"] == 6564.08
+    assert math.isnan(tp.loc[8, "zero_init_residual"])
+    ov = tables.overhead(art).set_index("method")
+    assert ov.loc["zero_init_residual", "round_vs_dflash_ms"] == pytest.approx(0.5)
+    assert ov.loc["blog:Code:dmtp", "round"] == 9.318
+    (png,) = figures.throughput(art)
+    assert png.stat().st_size > 1000
+
+
+def test_figures_and_report(hand):
+    art = load("hand", hand, n_boot=100)
+    report = render_report("hand", hand, art)
+    figs = {p.name: p.stat().st_size for p in (hand / "hand" / "figures").glob("*.png")}
+    for name in ("main_acceptance_T0", "first_token_T0", "cumulative_T0", "conditional_T0"):
+        assert figs[f"{name}.png"] > 1000
+    assert "throughput_T0.png" not in figs and "open_repro_T0.png" not in figs  # no bench, no dflash2
+    text = report.read_text()
+    assert "![main_acceptance_T0](figures/main_acceptance_T0.png)" in text
+    assert "### Code ablation — humaneval8" in text and "Per-request vs per-verify" in text
+
+
+def test_empty_profile_skips(tmp_path, capsys):
+    cli(["report", "--profile", "none", "--results", str(tmp_path)])
+    assert "No run artifacts found" in (tmp_path / "none" / "REPORT.md").read_text()
+    assert "skip" in capsys.readouterr().out
+
+
+def test_synthetic_demo_end_to_end(tmp_path):
+    write_synthetic(tmp_path, "demo", n=4, temps=(0,), methods=["mtp", "dflash", "token_only", "zero_init_residual",
+                                                                "dflash2", "dmtp_d2"])
+    cli(["tables", "--profile", "demo", "--results", str(tmp_path)])
+    assert (tmp_path / "demo" / "tables" / "throughput.md").exists()
+    render_report("demo", tmp_path, load("demo", tmp_path, n_boot=50))
+    figs = sorted(p.name for p in (tmp_path / "demo" / "figures").glob("*.png"))
+    assert figs == ["conditional_T0.png", "cumulative_T0.png", "first_token_T0.png", "main_acceptance_T0.png",
+                    "open_repro_T0.png", "throughput_T0.png"]
+
+
+def test_reference_transcription_is_self_consistent():
+    m = R.table("main")
+    assert len(m) == 6 and m.set_index("workload").loc["Agent", "dmtp"] == 5.369
+    for r in m.itertuples():  # the blog's rel % come from unrounded values: agree to rounding
+        assert 100 * (r.dmtp / r.dflash - 1) == pytest.approx(r.dmtp_vs_dflash_pct, abs=0.03)
+    ab = R.table("ablation").set_index("method")
+    for meth, r in ab.iterrows():
+        assert 100 * (r.acceptance_length / ab.loc["token_only", "acceptance_length"] - 1) == \
+            pytest.approx(r.rel_to_token_only_pct, abs=0.03)
+    op = R.table("open_repro")
+    for r in op.itertuples():
+        assert 100 * (r.dmtp / r.dflash - 1) == pytest.approx(r.dmtp_vs_dflash_pct, abs=0.03)
+        assert 100 * (r.dmtp_d2 / r.dflash2 - 1) == pytest.approx(r.dmtp_d2_vs_dflash2_pct, abs=0.03)
+    for r in R.table("first_token").itertuples():
+        assert r.dmtp - r.dflash == pytest.approx(r.gap_pts, abs=0.015)
+    tp = R.table("throughput").set_index(["workload", "method"]).tok_per_s
+    assert 100 * (tp["Agent", "dmtp"] / tp["Agent", "dflash"] - 1) == pytest.approx(23.75, abs=0.01)
+    ov = R.table("overhead").set_index(["workload", "method", "stage"]).ms_per_round
+    assert ov["SWE", "dmtp", "round"] - ov["SWE", "dflash", "round"] == pytest.approx(0.550)
+    assert R.table("conditional").n_rounds.tolist() == [523201, 434780, 473538, 404689, 54479, 41259, 22213, 17371,
+                                                         4795, 3836, 2919, 2798]
+    assert R.blog_value("main", "mt_bench", "zero_init_residual") == 3.406
+    assert R.blog_value("open_repro", "MT-Bench", "dmtp_d2") == 4.052
+    assert math.isnan(R.blog_value("open_repro", "agent", "dflash"))

@@ -1,0 +1,135 @@
+"""Every injection variant: one interface, forward + backward, frozen parts stay frozen, zero-init identity."""
+import pytest
+import torch
+
+from conftest import make_drafter
+from dmtp.attention import dense_mask
+from dmtp.train import drafter_loss, extract, sample_anchors
+from dmtp.variants import NAMES, REGISTRY, get_variant
+
+NINE = ["dflash", "token_only", "t1_residual", "mask_residual", "context_fusion", "mtp_context", "fusion",
+        "double_anchor_fusion", "zero_init_residual"]
+
+
+def test_registry_has_exactly_the_nine_variants():
+    assert NAMES == NINE
+    assert all(REGISTRY[n].description for n in NAMES)
+    with pytest.raises(KeyError, match="unknown variant 'fuse'"):
+        get_variant("fuse")
+
+
+def test_layouts():
+    lay = {n: get_variant(n).layout(get_variant(n), 7) for n in NAMES}
+    assert lay["dflash"].kinds == ("A",) + ("M",) * 7 and lay["dflash"].offsets == tuple(range(8))
+    assert lay["token_only"].kinds == ("T1",) + ("M",) * 6 and lay["token_only"].offsets == tuple(range(1, 8))
+    assert lay["zero_init_residual"].kinds == ("A", "T1") + ("M",) * 6
+    assert lay["zero_init_residual"].offsets == tuple(range(8))
+    for n in NAMES:  # every variant proposes 7 candidates in total
+        t1 = 1 if get_variant(n).t1 else 0
+        assert len(lay[n].predict) + t1 == 7
+
+
+def _batch(tgt, mtp, drafter, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, tgt.vocab_size, (2, 40), generator=g)
+    lengths = torch.tensor([40, 31])
+    anchors, valid = sample_anchors(lengths, 6, g)
+    feats = extract(tgt, mtp, ids, lengths, drafter.config.target_layer_ids, need_g=True)
+    return feats, anchors, valid
+
+
+@pytest.mark.parametrize("name", NINE)
+def test_forward_backward_and_frozen(models, name):
+    tgt, mtp = models
+    d = make_drafter(tgt, name).train()
+    feats, anchors, valid = _batch(tgt, mtp, d)
+    loss, stats = drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)
+    assert torch.isfinite(loss) and loss.item() > 0
+    loss.backward()
+    for n, p in d.named_parameters():
+        if n.startswith("fc.") and name == "mtp_context":
+            continue  # mtp_context replaces the target-feature projection
+        assert p.grad is not None, f"{name}: no gradient for {n}"
+    inj = [p for n, p in d.named_parameters() if n.startswith("injection.")]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in inj)
+    frozen = list(tgt.parameters()) + list(mtp.parameters())
+    assert all(not p.requires_grad and p.grad is None for p in frozen)
+
+
+def test_zero_init_residual_is_double_anchor_token_only(models):
+    tgt, mtp = models
+    torch.manual_seed(3)
+    from dmtp.drafter import Drafter
+
+    d = Drafter(make_drafter(tgt, "zero_init_residual").config)  # fresh: W initialised to zero
+    assert d.injection.fuse.proj.weight.abs().sum() == 0
+    eA, eT, h, eM = (torch.randn(3, tgt.hidden_size) for _ in range(4))
+    blk = d.block(eA, eT, h, eM[0])
+    expect = torch.stack([eA, eT] + [eM[0].expand(3, -1)] * 6, dim=1)
+    assert torch.equal(blk, expect)
+    # ... and it can continue from a DFlash checkpoint: identical outputs to that DFlash drafter fed [A, T1, M x6]
+    feats, anchors, valid = _batch(tgt, mtp, d)
+    df = make_drafter(tgt, "dflash")
+    d.load_state_dict({k: v for k, v in df.state_dict().items()}, strict=False)
+    f = d.context(feats.taps, None)
+    ctx = d.context_kv(f, torch.arange(40)[None].expand(2, 40))
+    pos = anchors[:, :1] + torch.arange(8)
+    blk = d.block(tgt.embed(feats.ids[:, 0]), tgt.embed(feats.ids[:, 1]), torch.randn(2, tgt.hidden_size),
+                  tgt.embed(torch.tensor([2]))[0])
+    out_z = d(blk, pos, ctx, anchors[:, :1])
+    out_d = df(blk, pos, df.context_kv(df.context(feats.taps, None), torch.arange(40)[None].expand(2, 40)),
+               anchors[:, :1])
+    torch.testing.assert_close(out_z, out_d)
+
+
+def reference_mask(ctx_end, slots, ctx_len, window):
+    """SPEC §5 by loops: block query sees context kv < a within `window` of a, and its own block, nothing else."""
+    B, N = ctx_end.shape
+    m = torch.zeros(B, N * slots, ctx_len + N * slots, dtype=torch.bool)
+    for b in range(B):
+        for n in range(N):
+            a = int(ctx_end[b, n])
+            for s in range(slots):
+                q = n * slots + s
+                for j in range(ctx_len):
+                    m[b, q, j] = a - window <= j < a
+                for r in range(slots):
+                    m[b, q, ctx_len + n * slots + r] = True
+    return m
+
+
+@pytest.mark.parametrize("window", [4096, 5, 1])
+def test_training_mask_matches_reference(window):
+    ctx_end = torch.tensor([[1, 4, 9, 17], [2, 3, 11, 12]])
+    got = dense_mask(ctx_end, 8, 20, window)[:, 0]
+    assert torch.equal(got, reference_mask(ctx_end, 8, 20, window))
+
+
+def test_flex_mask_matches_dense_when_available():
+    if not torch.cuda.is_available():
+        pytest.skip("flex attention backend runs on CUDA")
+    from dmtp.attention import attend
+
+    q = torch.randn(2, 4, 32, 16, device="cuda")
+    k = torch.randn(2, 4, 20 + 32, 16, device="cuda")
+    v = torch.randn_like(k)
+    ce = torch.tensor([[1, 4, 9, 17], [2, 3, 11, 12]], device="cuda")
+    a = attend(q, k, v, ce, 8, 20, 5, "sdpa")
+    b = attend(q, k, v, ce, 8, 20, 5, "flex")
+    torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_position_decayed_loss_weights(models):
+    from dmtp.train import block_inputs
+
+    tgt, mtp = models
+    for name, first in [("dflash", 1), ("zero_init_residual", 2), ("token_only", 2)]:
+        d = make_drafter(tgt, name)
+        feats, anchors, valid = _batch(tgt, mtp, d)
+        block, pos, labels, w = block_inputs(d, tgt, feats, anchors, valid, gamma=4.0)
+        S = d.injection.layout(7).slots
+        row_w, row_l, row_p = w[0, :S], labels[0, :S], pos[0, :S]
+        ks = [k for k in range(1, 8) if k >= first]
+        expect = torch.tensor([torch.exp(torch.tensor(-(k - 1) / 4.0)) for k in ks])
+        torch.testing.assert_close(row_w[row_w > 0], expect)
+        assert torch.equal(row_l[labels[0, :S] >= 0], feats.ids[0, row_p[labels[0, :S] >= 0]])
