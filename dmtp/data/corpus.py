@@ -51,7 +51,7 @@ def _split(sha: str, heldout_frac: float) -> str:
 
 
 def _scan(roots, max_file_bytes: int, progress: bool):
-    """Hash every eligible `*.py` under `roots` -> ({sha256: path}, skip counts). First path (sorted walk) wins."""
+    """Hash every eligible `*.py` under `roots` -> ({sha256: (path, bytes)}, skip counts). First path (sorted walk) wins."""
     by_hash, skipped = {}, {"too_big": 0, "not_utf8": 0, "humaneval": 0, "duplicate": 0, "empty": 0}
     bar = tqdm(desc="scan *.py", unit=" files", disable=not progress)
     for root in roots:
