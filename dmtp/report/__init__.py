@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from . import figures, tables
 from .data import Artifacts, load
 
@@ -48,6 +50,10 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += ["## Artifacts", "", tables.to_markdown(s[cols])]
     else:
         out += ["No run artifacts found.", ""]
+    lossless = art.tables / "lossless_T0.csv"  # written by the pipeline: T=0 outputs identical to `ar`
+    if lossless.exists():
+        out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "",
+                tables.to_markdown(pd.read_csv(lossless).fillna(""))]
     for title, tabs, figs in SECTIONS:
         mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"))]
         pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"))]

@@ -85,6 +85,13 @@ def summarize(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def pooled_throughput(tp: pd.DataFrame) -> pd.DataFrame:
+    """tok/s per (dataset, temperature, batch_cap, method) = total output tokens / total wall time of its rows."""
+    t = tp.groupby(["dataset", "temperature", "batch_cap", "method"], as_index=False)[["output_tokens", "wall_s"]].sum()
+    t["tok_per_s"] = t.output_tokens / t.wall_s
+    return t
+
+
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
     root = Path(results) / profile
     runs = read_runs(root)

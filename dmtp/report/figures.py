@@ -14,7 +14,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from .. import metrics as M  # noqa: E402
 from .. import reference as R  # noqa: E402
 from . import tables as T  # noqa: E402
-from .data import ORDER, Artifacts  # noqa: E402
+from .data import ORDER, Artifacts, pooled_throughput  # noqa: E402
 
 COLORS = {"ar": "#7f7f7f", "mtp": "#1f77b4", "dflash": "#ff7f0e", "token_only": "#bcbd22", "t1_residual": "#2ca02c",
           "double_anchor_fusion": "#9467bd", "fusion": "#17becf", "zero_init_residual": "#d62728",
@@ -113,8 +113,9 @@ def open_repro(art: Artifacts) -> list[Path]:
         print("[report] skip open-reproduction figure: no dflash2/dmtp_d2 runs")
         return []
     labels = {m: T.OPEN_LABEL[c] for c, m in T.OPEN.items()}
-    return _bar_figure(art, s, list(T.OPEN.values()), "open_repro", "Open-reproduction layout",
-                       lambda d, t, m: R.blog_value("open_repro", d, m) if t == 0 else math.nan, "per-request acceptance length", labels)
+    blog = lambda d, t, m: R.blog_value("open_repro", d, m) if t == 0 else math.nan  # the blog's table is T=0
+    return _bar_figure(art, s, list(T.OPEN.values()), "open_repro", "Open-reproduction layout", blog,
+                       "per-request acceptance length", labels)
 
 
 def first_token(art: Artifacts) -> list[Path]:
@@ -169,14 +170,15 @@ def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
                 if row:
                     c = np.array(row[0]) / 100
                     y = 100 * (np.cumprod(c) if kind == "cumulative" else c)
-                    ax.plot(range(1, 8), y, "--", color=color(m), alpha=0.6, label=f"blog {R.blog_method(m)} (35B, T=1)")
-            ax.set(title=_label(e, d, multi), xlabel="k", ylim=(0, 100), xticks=range(1, 8))
+                    ax.plot(range(1, 8), y, "--", color=color(m), alpha=0.6,
+                            label=f"blog {R.blog_method(m)} (35B, T=1)")
+            ax.set(title=f"{_label(e, d, multi)} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
             legend.update(zip(*ax.get_legend_handles_labels()[::-1]))
         for ax in axes[len(panels):]:
             ax.set_visible(False)
-        axes[0].set_ylabel("P(L>=k) (%)" if kind == "cumulative" else "P(L>=k | L>=k-1) (%)")
+        for ax in axes[::ncol]:
+            ax.set_ylabel("cumulative P(L>=k) (%)" if kind == "cumulative" else "conditional P(L>=k | L>=k-1) (%)")
         fig.legend(legend.values(), legend.keys(), loc="outside right upper", fontsize=7)
-        fig.suptitle(f"{kind.capitalize()} acceptance per position (T={t:g})")
         paths.append(_save(art, fig, f"{kind}_T{t:g}"))
     return paths
 
@@ -191,8 +193,7 @@ def throughput(art: Artifacts) -> list[Path]:
     if tp is None or tp.empty:
         print("[report] skip throughput figure: no bench/throughput.csv")
         return []
-    tp = tp.groupby(["dataset", "temperature", "batch_cap", "method"], as_index=False)[["output_tokens", "wall_s"]].sum()
-    tp["tok_per_s"] = tp.output_tokens / tp.wall_s
+    tp = pooled_throughput(tp)
     blog = R.table("throughput")
     paths = []
     for t, g in tp.groupby("temperature"):

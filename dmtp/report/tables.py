@@ -7,15 +7,17 @@ the internal 35B table (T = 1); our dataset names map onto the blog's via dmtp.r
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .. import metrics as M
 from .. import reference as R
-from .data import Artifacts, method_rank, records
+from .data import Artifacts, load, method_rank, pooled_throughput, records
 
-ABLATION_MAIN = ["dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual"]
+ABLATION_MAIN = ["dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual",
+                 "zero_init_residual_from_dflash"]
 ABLATION_SUPP = ["mask_residual", "context_fusion", "mtp_context"]
 MAIN = {"dflash": "dflash", "mtp": "mtp", "dmtp": R.DMTP_MAIN}  # column -> our method
 OPEN = {"mtp": "mtp", "dflash": "dflash", "dmtp_d": R.DMTP_MAIN, "dflash2": "dflash2", "dmtp_d2": "dmtp_d2"}
@@ -108,11 +110,11 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
         for (t,), gt in g.groupby(["temperature"]):
             ref = gt.set_index("method").acceptance_length.get("token_only", math.nan)
             for _, r in gt.iterrows():
-                blog = R.ablation_value(r.method)
                 rows.append({"method": r.method, "temperature": t, **_ci(r, "acceptance_length"),
                              "per_verify": r.per_verify, **_ci(r, "first_token"),
                              "rel_to_token_only": pct(r.acceptance_length, ref), "n_requests": r.n_requests,
-                             "n_rounds": r.n_rounds, "blog_value": blog, "blog_rel_pct": R.ablation_value(r.method, "rel_to_token_only_pct"),
+                             "n_rounds": r.n_rounds, "blog_value": R.ablation_value(r.method),
+                             "blog_rel_pct": R.ablation_value(r.method, "rel_to_token_only_pct"),
                              "table": "main" if r.method in ABLATION_MAIN else "supplementary",
                              **_paired(art, ("ablation", ds, t), r.method, "token_only", "vs_token_only"),
                              **_paired(art, ("ablation", ds, t), r.method, "dflash", "vs_dflash")})
@@ -216,10 +218,8 @@ def throughput(art: Artifacts) -> pd.DataFrame | None:
     """tok/s per (dataset, temperature, batch cap) and method, DMTP gain over DFlash, blog B32 beside."""
     if art.throughput is None or art.throughput.empty:
         return skip("throughput table (bench/throughput.csv)")
-    t = art.throughput.groupby(["dataset", "temperature", "batch_cap", "method"], as_index=False)[
-        ["output_tokens", "wall_s"]].sum()
-    t["tok_per_s"] = t.output_tokens / t.wall_s  # total output tokens / wall time of the request group
-    df = t.pivot_table(index=["dataset", "temperature", "batch_cap"], columns="method", values="tok_per_s")
+    df = pooled_throughput(art.throughput).pivot_table(index=["dataset", "temperature", "batch_cap"],
+                                                       columns="method", values="tok_per_s")
     df = df[sorted(df.columns, key=method_rank)].reset_index()
     df.columns.name = None
     if {"dflash", R.DMTP_MAIN} <= set(df.columns):
@@ -275,3 +275,11 @@ ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, 
 def render(art: Artifacts) -> None:
     for fn in ALL:
         fn(art)
+
+
+def render_all(root: str | Path) -> Artifacts:
+    """Every table of the profile folder results/<profile> (the pipeline's `tables` stage calls this)."""
+    root = Path(root)
+    art = load(root.name, root.parent)
+    render(art)
+    return art
