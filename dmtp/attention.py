@@ -26,37 +26,41 @@ def dense_mask(ctx_end: torch.Tensor, slots: int, ctx_len: int, window: int) -> 
     q_block = torch.arange(N * slots, device=dev) // slots  # [Q]
     kv_idx = torch.arange(ctx_len + N * slots, device=dev)  # [K]
     kv_block = torch.arange(N * slots, device=dev) // slots
-    out = []
-    for b in range(B):
-        out.append(visible(q_block[:, None], kv_idx[None, :], ctx_len, ctx_end[b], kv_block, window))
-    return torch.stack(out)[:, None]
+    end = ctx_end[:, q_block][:, :, None]  # [B, Q, 1]
+    is_ctx = kv_idx < ctx_len
+    ctx_ok = is_ctx & (kv_idx < end) & (kv_idx >= end - window)
+    blk_ok = (~is_ctx) & (kv_block[(kv_idx - ctx_len).clamp(min=0)] == q_block[:, None])
+    return (ctx_ok | blk_ok)[:, None]
 
 
-def attend(q, k, v, ctx_end, slots, ctx_len, window, backend="sdpa", scale=None):
-    """q [B, Hq, N*S, D]; k, v [B, Hkv, C+N*S, D] -> [B, Hq, N*S, D]."""
+def build_mask(ctx_end, slots, ctx_len, window, backend="sdpa", n_kv=None):
+    """The visibility rule for one drafter forward, built once and shared by all its layers."""
+    if backend == "flex" and ctx_end.is_cuda:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        B, N = ctx_end.shape
+        Q = N * slots
+        kv_block = torch.arange(Q, device=ctx_end.device) // slots
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return visible(q_idx // slots, kv_idx, ctx_len, ctx_end[b], kv_block, window)
+
+        return create_block_mask(mask_mod, B, None, Q, ctx_len + Q, device=ctx_end.device)
+    return dense_mask(ctx_end, slots, ctx_len, window)
+
+
+_flex_fn = []
+
+
+def attend(q, k, v, mask, scale=None):
+    """q [B, Hq, Q, D]; k, v [B, Hkv, C+Q, D]; mask from `build_mask` -> [B, Hq, Q, D]."""
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    if backend == "flex" and q.is_cuda:
-        return _flex(q, k, v, ctx_end, slots, ctx_len, window, scale)
-    mask = dense_mask(ctx_end, slots, ctx_len, window)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if isinstance(mask, torch.Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    from torch.nn.attention.flex_attention import flex_attention
 
-
-_flex_cache = {}
-
-
-def _flex(q, k, v, ctx_end, slots, ctx_len, window, scale):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    if "fn" not in _flex_cache:
-        _flex_cache["fn"] = torch.compile(flex_attention, dynamic=False)
-    B, _, Q, _ = q.shape
-    Kn = k.shape[2]
-    kv_block = torch.arange(Q, device=q.device) // slots
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return visible(q_idx // slots, kv_idx, ctx_len, ctx_end[b], kv_block, window)
-
-    bm = create_block_mask(mask_mod, B, None, Q, Kn, device=q.device)
-    return _flex_cache["fn"](q, k, v, block_mask=bm, scale=scale)
+    if not _flex_fn:
+        _flex_fn.append(torch.compile(flex_attention, dynamic=False))
+    return _flex_fn[0](q, k, v, block_mask=mask, scale=scale)

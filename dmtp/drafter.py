@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import attend
+from .attention import attend, build_mask
 
 
 @dataclass
@@ -130,13 +130,13 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, -1, self.c.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_end, slots):
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
         B, Q, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, Q, -1, self.c.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         bk, bv = self.kv(x, cos, sin)
         k, v = torch.cat([ctx_k, bk], 2), torch.cat([ctx_v, bv], 2)
-        o = attend(q, k, v, ctx_end, slots, ctx_k.shape[2], self.c.window, self.c.attn_backend)
+        o = attend(q, k, v, mask)
         return self.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
 
 
@@ -159,8 +159,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_end, slots):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_end, slots)
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -216,9 +216,11 @@ class Drafter(nn.Module):
         block. Returns normed hidden states [B, N*S, H] (apply the target's LM head for logits)."""
         slots = block.shape[1] // ctx_end.shape[1]
         cos, sin = rope_cos_sin(block_pos, self.config.head_dim, self.config.rope_theta, block.dtype)
+        c = self.config
+        mask = build_mask(ctx_end, slots, ctx_kv[0][0].shape[2], c.window, c.attn_backend)
         x = block
         for layer, (ck, cv) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, ck, cv, ctx_end, slots)
+            x = layer(x, cos, sin, ck, cv, mask)
         return self.norm(x)
 
     # --- checkpoint I/O in the public DFlash format ------------------------------------------------------------------

@@ -228,6 +228,25 @@ def st_eval(c: Ctx):
         acc = [x for r in recs for x in r["accepted"]]
         tau = 1 + sum(acc) / max(1, len(acc))
         c.log(f"eval {m:<32} {ds:<10} T={temp:g}  per-verify tau {tau:.3f}  ({len(acc)} rounds, {wall:.1f}s)")
+    write_subsets(c)
+
+
+def write_subsets(c: Ctx):
+    """`humaneval8` = the first 8 records of the `humaneval` run (same prompts, decoded in the same batch)."""
+    from .io import read_jsonl, write_json, write_jsonl
+
+    runs = c.res / "runs" / "ablation"
+    for name, (src, n) in c.p.eval_subsets.items():
+        for mdir in sorted(p for p in runs.iterdir() if p.is_dir()):
+            for f in sorted(mdir.glob(f"{src}_T*.jsonl")):
+                out = mdir / f.name.replace(src, name, 1)
+                if out.exists():
+                    continue
+                recs = [dict(r, dataset=name) for r in read_jsonl(f)[:n]]
+                write_jsonl(out, recs)
+                meta = json.loads(f.with_suffix(".meta.json").read_text())
+                meta["derived_from"] = {"file": f.name, "first": n}
+                write_json(out.with_suffix(".meta.json"), meta)
 
 
 def lossless_check(c: Ctx):
@@ -269,6 +288,7 @@ def lossless_check(c: Ctx):
 
 
 def st_tables(c: Ctx):
+    write_subsets(c)
     lossless_check(c)
     from .report import tables as T
 

@@ -32,8 +32,10 @@ class Profile:
     drafter_intermediate: int = 384
     train: TrainConfig = field(default_factory=TrainConfig)
     continue_steps: int = 100  # zero_init_residual continued from the trained dflash drafter
-    eval_sets: dict = field(default_factory=lambda: {"humaneval8": 8, "humaneval": 164})  # dataset -> #prompts
-    eval_all_methods_on: tuple = ("humaneval8",)  # every method here; the main methods everywhere
+    eval_sets: dict = field(default_factory=lambda: {"humaneval": 164})  # dataset -> #prompts (first n)
+    eval_all_methods_on: tuple = ("humaneval",)  # every method here; the main methods everywhere
+    # views written from a run's first n records (same prompts, same batch): name -> (dataset, n)
+    eval_subsets: dict = field(default_factory=lambda: {"humaneval8": ("humaneval", 8)})
     eval_temperatures: tuple = (0.0, 1.0)
     eval_new_tokens: int = 128
     eval_batch: int = 32
@@ -62,7 +64,7 @@ def tiny() -> Profile:
         pretrain=PretrainConfig(tokens=1_500_000, seq_len=256, batch_size=16, lr=3e-3),
         train=TrainConfig(steps=150, batch_size=8, max_len=224, anchors_per_seq=32, save_every=50),
         continue_steps=50,
-        eval_sets={"humaneval8": 8, "humaneval": 24},
+        eval_sets={"humaneval": 24},
         eval_new_tokens=64,
     )
 
@@ -76,7 +78,8 @@ def smoke() -> Profile:
         pretrain=PretrainConfig(tokens=40_000, seq_len=64, batch_size=8),
         data_prompts=16, data_new_tokens=24, data_batch=16,
         train=TrainConfig(steps=6, batch_size=4, max_len=96, anchors_per_seq=8, save_every=3, log_every=2),
-        continue_steps=3, eval_sets={"humaneval8": 3, "humaneval": 4}, eval_new_tokens=12, eval_batch=8,
+        continue_steps=3, eval_sets={"humaneval": 4}, eval_subsets={"humaneval8": ("humaneval", 3)},
+        eval_new_tokens=12, eval_batch=8,
         drafter_intermediate=128,
     )
 
@@ -88,12 +91,12 @@ def mini() -> Profile:
         arch=TargetArch(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
                         head_dim=64, intermediate_size=1280),
         pretrain=PretrainConfig(tokens=100_000_000, seq_len=512, batch_size=96, lr=2e-3),
-        data_prompts=6144, data_prompt_tokens=128, data_new_tokens=256, data_batch=768,
+        data_prompts=6144, data_prompt_tokens=128, data_new_tokens=256, data_batch=2048,
         drafter_layers=2, drafter_heads=8, drafter_kv_heads=2, drafter_intermediate=1408,
         train=TrainConfig(steps=1000, batch_size=32, max_len=384, anchors_per_seq=64, save_every=500,
                           log_every=25),
         continue_steps=300,
-        eval_sets={"humaneval8": 8, "humaneval": 164}, eval_all_methods_on=("humaneval8", "humaneval"),
+        eval_sets={"humaneval": 164},
         eval_new_tokens=256, eval_batch=164,
     )
 

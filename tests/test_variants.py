@@ -108,14 +108,14 @@ def test_training_mask_matches_reference(window):
 def test_flex_mask_matches_dense_when_available():
     if not torch.cuda.is_available():
         pytest.skip("flex attention backend runs on CUDA")
-    from dmtp.attention import attend
+    from dmtp.attention import attend, build_mask
 
     q = torch.randn(2, 4, 32, 16, device="cuda")
     k = torch.randn(2, 4, 20 + 32, 16, device="cuda")
     v = torch.randn_like(k)
     ce = torch.tensor([[1, 4, 9, 17], [2, 3, 11, 12]], device="cuda")
-    a = attend(q, k, v, ce, 8, 20, 5, "sdpa")
-    b = attend(q, k, v, ce, 8, 20, 5, "flex")
+    a = attend(q, k, v, build_mask(ce, 8, 20, 5, "sdpa"))
+    b = attend(q, k, v, build_mask(ce, 8, 20, 5, "flex"))
     torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
 
 
