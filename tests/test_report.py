@@ -54,12 +54,13 @@ def test_load_and_summary(hand):
 def test_tables(hand, capsys):
     art = load("hand", hand, n_boot=200)
     tables.render(art)
-    ab = csv(hand, "ablation_humaneval8")
+    ab = csv(hand, "ablation_code")
     assert list(ab.columns[:10]) == ["method", "temperature", "acceptance_length", "acceptance_length_lo",
                                      "acceptance_length_hi", "per_verify", "first_token", "first_token_lo",
                                      "first_token_hi", "rel_to_token_only"]
     assert {"n_requests", "n_rounds", "blog_value", "vs_token_only", "vs_token_only_p", "vs_dflash"} <= set(ab)
-    assert list(ab.method) == ["dflash", "token_only", "zero_init_residual"]  # mtp is not an ablation row
+    assert list(ab.method) == ["mtp", "dflash", "token_only", "zero_init_residual"]  # mtp: a baseline row
+    assert list(ab.table) == ["baseline", "main", "main", "main"]
     ab = ab.set_index("method")
     assert ab.loc["dflash", "rel_to_token_only"] == pytest.approx(100 * (3 / 4.5 - 1))
     assert ab.loc["dflash", "blog_value"] == 3.360 and ab.loc["token_only", "rel_to_token_only"] == 0
@@ -97,7 +98,7 @@ def test_tables(hand, capsys):
     assert op.loc["gsm8k", "dmtp_d"] == 5 and op.loc["gsm8k", "blog_dmtp_d2"] == 5.371
     assert math.isnan(op.loc["gsm8k", "dflash2"])
 
-    md = (hand / "hand" / "tables" / "ablation_humaneval8.md").read_text()
+    md = (hand / "hand" / "tables" / "ablation_code.md").read_text()
     assert "| dflash | 0 | 3.000 [" in md
     assert tables.throughput(art) is None and tables.overhead(art) is None
     assert "skip throughput" in capsys.readouterr().out
@@ -149,7 +150,7 @@ def test_synthetic_demo(tmp_path):
     art = load("demo", tmp_path, n_boot=50)
     tables.render(art)
     names = sorted(p.stem for p in (tmp_path / "demo" / "tables").glob("*.csv"))
-    assert names == ["ablation_humaneval8", "conditional", "cumulative", "first_token", "main_acceptance",
+    assert names == ["ablation_code", "conditional", "cumulative", "first_token", "main_acceptance",
                      "open_repro", "overhead", "per_request_vs_verify", "throughput"]
     op = csv(tmp_path, "open_repro", "demo").query("experiment == 'main'")
     assert len(op) == 2 and op[["mtp", "dflash", "dmtp_d", "dflash2", "dmtp_d2"]].notna().all().all()

@@ -73,7 +73,8 @@ def summarize(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
         H = np.array([h + [0] * (K + 1 - len(h)) for h in g["hist"]], float)  # [requests, K+1]
         hist = H.sum(0)
         al = M.bootstrap_ci(g.acceptance_length.dropna().to_numpy(), n_boot=n_boot)
-        ft = M.bootstrap_ci(H, lambda h: M.first_token(h.sum(0)), n_boot=n_boot)
+        # no candidates (ar): first-token acceptance is undefined, not 0
+        ft = M.bootstrap_ci(H, lambda h: M.first_token(h.sum(0)), n_boot=n_boot) if K > 0 else (np.nan,) * 3
         out.append(dict(zip(KEYS, key), k=K, n_requests=int((g.n_rounds > 0).sum()), n_rounds=int(hist.sum()),
                         hist=[int(x) for x in hist], per_verify=M.per_verify(hist),
                         **dict(zip(["acceptance_length", "acceptance_length_lo", "acceptance_length_hi"], al)),
