@@ -8,7 +8,7 @@ PROFILE ?= $(if $(HAS_CUDA),mini,tiny)
 WORK ?= work
 RESULTS ?= results
 
-.PHONY: venv test ablation-code tables figures report corpus tokenizer target data drafters eval clean-work
+.PHONY: venv test ablation-code bench tables figures report corpus tokenizer target data drafters eval clean-work
 
 # CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
 $(VENV)/.installed: pyproject.toml
@@ -29,6 +29,12 @@ ablation-code: $(VENV)/.installed
 # single stages (each resumes / skips finished work)
 corpus tokenizer target data drafters eval: $(VENV)/.installed
 	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage $@
+
+# benchmarks (GPU for meaningful numbers): stage overhead, throughput per batch cap, our loop vs a plain HF loop
+bench: $(VENV)/.installed
+	$(PY) -m dmtp.bench --target $(WORK)/$(PROFILE)/target --drafters $(WORK)/$(PROFILE)/drafters \
+		--out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
+	$(PY) -m dmtp.report report --profile $(PROFILE) --results $(RESULTS)
 
 tables figures report: $(VENV)/.installed
 	$(PY) -m dmtp.report $@ --profile $(PROFILE) --results $(RESULTS)

@@ -13,6 +13,7 @@ greedy output and at T > 0 it is distributed exactly as the target's samples (ta
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -36,18 +37,24 @@ class State:
 
 
 # --- native MTP state -------------------------------------------------------------------------------------------
+def no_timer(stage: str):
+    """Stage timer hook (`bench.StageTimer` replaces it): a context manager per named stage."""
+    return contextlib.nullcontext()
+
+
 class MTPState:
     """Private MTP KV cache; after each commit, caches h_MTP (the g that predicts the next T1) and T1 = argmax."""
 
-    def __init__(self, head, batch, capacity):
-        self.head, self.cache = head, KVCache(batch, capacity)
+    def __init__(self, head, batch, capacity, timer=no_timer):
+        self.head, self.cache, self.timer = head, KVCache(batch, capacity), timer
         self.h = None  # [B, H] g at position a-1
         self.t1 = None  # [B]
 
     def _set_next(self, g_rows, row):
-        b = torch.arange(g_rows.shape[0], device=g_rows.device)
-        self.h = g_rows[b, row]
-        self.t1 = self.head.target.lm_head(self.h).argmax(-1)
+        with self.timer("t1_prep"):  # T1 head: the LM head over the cached MTP hidden
+            b = torch.arange(g_rows.shape[0], device=g_rows.device)
+            self.h = g_rows[b, row]
+            self.t1 = self.head.target.lm_head(self.h).argmax(-1)
 
     @torch.no_grad()
     def prefill(self, ids, plen, anchor, hidden):
@@ -66,7 +73,8 @@ class MTPState:
         scratch (overwritten before anything can see them). Returns g [B, k+1, H]."""
         r = emitted.shape[1]
         pos = lens[:, None] + torch.arange(r, device=lens.device)
-        g = self.head(self.head.target.embed(emitted), hidden, pos, self.cache)
+        with self.timer("mtp"):
+            g = self.head(self.head.target.embed(emitted), hidden, pos, self.cache)
         self._set_next(g, n_acc)
         return g
 
@@ -87,6 +95,7 @@ class Method:
     name = "ar"
     k = 0  # candidates per round
     taps = None  # target layers the method needs
+    timer = staticmethod(no_timer)  # stage timer (benchmarks set it)
 
     def prefill(self, st: State, ids, plen, out):
         pass
@@ -103,11 +112,12 @@ class MTPMethod(Method):
         self.name, self.k, self.head = "mtp", k, head
 
     def prefill(self, st, ids, plen, out):
-        self.mtp = MTPState(self.head, ids.shape[0], st.capacity)
+        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.timer)
         self.mtp.prefill(ids, plen, st.anchor, out.hidden)
 
     def propose(self, st):
-        return self.mtp.chain(st.lens, self.k)
+        with self.timer("drafter"):  # the chained MTP is this method's drafter
+            return self.mtp.chain(st.lens, self.k)
 
     def commit(self, st, out, emitted, n_acc):
         self.mtp.advance(st.lens, emitted, out.hidden, n_acc)
@@ -140,28 +150,32 @@ class DrafterMethod(Method):
         self.ctx = KVCache(B, st.capacity)
         g = None
         if self.var.needs_mtp:
-            self.mtp = MTPState(self.head, B, st.capacity)
+            self.mtp = MTPState(self.head, B, st.capacity, self.timer)
             g = self.mtp.prefill(ids, plen, st.anchor, out.hidden)
         self._write_ctx(out.taps, g, torch.arange(T, device=ids.device)[None].expand(B, T))
 
     @torch.no_grad()
     def propose(self, st):
         d, tgt = self.drafter, self.drafter_target
-        h = self.mtp.h if self.var.t1 else None
-        e_t1 = tgt.embed(self.mtp.t1) if self.var.t1 else None
-        e_mask = tgt.embed(torch.tensor([d.config.mask_token_id], device=st.lens.device))[0]
-        block = d.block(tgt.embed(st.anchor), e_t1, h, e_mask)  # [B, S, H]
-        bpos = st.lens[:, None] + self.offsets.to(st.lens.device)
-        ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
-        hid = d(block, bpos, ctx, st.lens[:, None])
-        pred = tgt.lm_head(hid[:, self.predict.to(hid.device)]).argmax(-1)  # [B, #mask slots]
+        with self.timer("t1_prep"):  # embeddings + the variant's fusion of E(T1) and h_MTP
+            h = self.mtp.h if self.var.t1 else None
+            e_t1 = tgt.embed(self.mtp.t1) if self.var.t1 else None
+            e_mask = tgt.embed(torch.tensor([d.config.mask_token_id], device=st.lens.device))[0]
+            block = d.block(tgt.embed(st.anchor), e_t1, h, e_mask)  # [B, S, H]
+        with self.timer("drafter"):
+            bpos = st.lens[:, None] + self.offsets.to(st.lens.device)
+            ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
+            hid = d(block, bpos, ctx, st.lens[:, None])
+            hid = hid[:, self.predict.to(hid.device)]  # predicting slots -> argmax, or the DFlash2 path from A / T1
+            pred = d.select(tgt.lm_head(hid), hid, self.mtp.t1 if self.var.t1 else st.anchor)  # [B, #mask slots]
         return torch.cat([self.mtp.t1[:, None], pred], 1) if self.var.t1 else pred
 
     @torch.no_grad()
     def commit(self, st, out, emitted, n_acc):
         g = self.mtp.advance(st.lens, emitted, out.hidden, n_acc) if self.var.needs_mtp else None
         pos = st.lens[:, None] + torch.arange(emitted.shape[1], device=st.lens.device)
-        self._write_ctx(out.taps, g, pos)
+        with self.timer("drafter_ctx"):
+            self._write_ctx(out.taps, g, pos)
 
 
 def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4) -> Method:
@@ -218,7 +232,7 @@ def generate(target, method: Method, prompts: list[list[int]], temperature: floa
 
     cache = KVCache(B, cap)
     pos = torch.arange(T, device=dev)[None].expand(B, T)
-    out = target.forward(ids, pos, cache, taps=method.taps)
+    out = target.forward(ids, pos, cache, taps=method.taps, lengths=plen)  # lengths: padding stays out of GDN states
     first = _pick(out.logits[torch.arange(B, device=dev), plen - 1], temperature, gen)
     st = State(lens=plen.clone(), anchor=first, done=torch.zeros(B, dtype=torch.bool, device=dev))
     st.capacity = cap
@@ -230,28 +244,32 @@ def generate(target, method: Method, prompts: list[list[int]], temperature: floa
     method.prefill(st, ids, plen, out)
 
     ar = torch.arange(method.k + 1, device=dev)
+    timer = method.timer
     while not bool(st.done.all()):
-        live = ~st.done  # finished requests keep riding along (their rows are ignored) until the batch ends
-        cands = method.propose(st)  # [B, k]
-        out = target.forward(torch.cat([st.anchor[:, None], cands], 1), st.lens[:, None] + ar, cache,
-                             taps=method.taps)
-        y = _pick(out.logits, temperature, gen)  # [B, k+1]: the target's token after each prefix
-        n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
-        now = time.perf_counter() - t0
-        for b, (n, row, done) in enumerate(zip(n_acc.tolist(), y.tolist(), st.done.tolist())):
-            if done:
-                continue
-            r = results[b]
-            r.accepted.append(n)
-            for tok in row[: n + 1]:
-                r.output_ids.append(tok)
-                if tok in eos or len(r.output_ids) >= max_new_tokens:
-                    st.done[b] = True
-                    r.wall_s = now
-                    break
-        method.commit(st, out, y, n_acc)
-        st.anchor = y[torch.arange(B, device=dev), n_acc]
-        st.lens = torch.where(live, st.lens + n_acc + 1, st.lens)
-        if progress is not None:
-            progress(int(st.done.sum()))
+        with timer("round"):
+            live = ~st.done  # finished requests keep riding along (their rows are ignored) until the batch ends
+            cands = method.propose(st)  # [B, k]
+            with timer("verify"):
+                out = target.forward(torch.cat([st.anchor[:, None], cands], 1), st.lens[:, None] + ar, cache,
+                                     taps=method.taps)
+                y = _pick(out.logits, temperature, gen)  # [B, k+1]: the target's token after each prefix
+                n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
+            now = time.perf_counter() - t0
+            for b, (n, row, done) in enumerate(zip(n_acc.tolist(), y.tolist(), st.done.tolist())):
+                if done:
+                    continue
+                r = results[b]
+                r.accepted.append(n)
+                for tok in row[: n + 1]:
+                    r.output_ids.append(tok)
+                    if tok in eos or len(r.output_ids) >= max_new_tokens:
+                        st.done[b] = True
+                        r.wall_s = now
+                        break
+            cache.commit(n_acc + 1)  # hybrid targets: linear-attention states after A + accepted drafts (cache.py)
+            method.commit(st, out, y, n_acc)
+            st.anchor = y[torch.arange(B, device=dev), n_acc]
+            st.lens = torch.where(live, st.lens + n_acc + 1, st.lens)
+            if progress is not None:
+                progress(int(st.done.sum()))
     return results

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import hf_greedy, make_drafter
-from dmtp.decode import DrafterMethod, MTPMethod, build_method, generate
+from dmtp.decode import Method, build_method, generate
 from dmtp.variants import NAMES
 
 METHODS = ["ar", "mtp"] + NAMES
@@ -41,7 +41,7 @@ def test_lossless_with_eos_inside_block(models, name):
     assert res[1].output_ids == hf_greedy(tgt, PROMPTS[2], 30, eos=eos)
 
 
-class Oracle:
+class Oracle(Method):
     """Wraps a method: runs its real proposal (so every state update happens), records it, then substitutes the
     target's true continuation corrupted at random positions, so rounds accept 0..k candidates."""
 
