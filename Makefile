@@ -14,7 +14,7 @@ RESULTS ?= results
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || python3 -m venv $(if $(HAS_CUDA),--system-site-packages,) $(VENV)
 	$(if $(HAS_CUDA),,$(PY) -m pip install -q torch==2.13.0)
-	$(PY) -m pip install -q -e '.[dev,eval]'
+	$(PY) -m pip install -q -e '.[dev,eval]' -c constraints.txt
 	touch $@
 
 venv: $(VENV)/.installed
