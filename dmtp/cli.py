@@ -149,7 +149,8 @@ def cmd_train(a):
     cfg = TrainConfig(steps=a.steps, batch_size=a.batch_size, max_len=a.max_len, lr=a.lr, gamma=a.gamma,
                       seed=a.seed)
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
-                num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed)
+                num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
+                **({"backbone": a.backbone} if a.backbone else {}))
     init = dict(x.split("=", 1) for x in a.init_from.split(",")) if a.init_from else {}
     drafters = new_drafters(tgt, variants, base, init)
     train_drafters(tgt, mtp, drafters, load_sequences(a.data, cfg.max_len), cfg, a.out)
@@ -185,6 +186,7 @@ def main(argv=None):
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--max-len", type=int, default=512)
     t.add_argument("--layers", type=int, default=1)
+    t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone, SPEC §9 (default: dflash)")
     t.add_argument("--lr", type=float, default=6e-4)
     t.add_argument("--gamma", type=float, default=4.0)
     t.add_argument("--mask-token-id", type=int, default=1)

@@ -3,7 +3,8 @@
 Checkpoint: Qwen3-style `config.json` (+ `block_size`, `num_target_layers`,
 `dflash_config: {target_layer_ids, mask_token_id}`, and our `dmtp_config: {variant, ...}`), weights
 `layers.N.*` (Qwen3 decoder layers), `fc` (K*H -> H, no bias), `hidden_norm`, `norm`; injection weights under
-`injection.*`. No embedding or LM head: the target's are used, frozen.
+`injection.*`; the DFlash2 backbone's (`backbone="dflash2"`, see `dflash2.py`) under `layers.N.conv_attn.*`,
+`layers.N.conv_mlp.*` and `selector.*`. No embedding or LM head: the target's are used, frozen.
 
 Context feature f_i = hidden_norm(fc([h^{l_1}_i ; ... ; h^{l_K}_i])) (a variant may change it). Every layer attends
 with queries from block slots only; keys/values are [k_proj(f_ctx) ; k_proj(block)] with k_norm + RoPE at absolute
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -43,8 +45,15 @@ class DrafterConfig:
     variant: str = "dflash"  # injection variant (registry name)
     lowrank_rank: int = 64  # rank r of the low-rank MLP in t1_residual / mask_residual
     attn_backend: str = "sdpa"  # "sdpa" (dense mask, CPU/GPU), "flex" (GPU), "flash" (flash-attn, optional)
+    backbone: str = "dflash"  # "dflash" | "dflash2" (block conv + path selector, SPEC §9); orthogonal to `variant`
+    conv_groups: int = 16  # dflash2: channel groups of the two-tap dynamic conv (one predicted tap per group)
+    selector_topk: int = 16  # dflash2: LM-head candidates per slot that the path selector rescores
+    selector_dim: int = 256  # dflash2: width d of the transition codebooks A, B [V, d] and of W_h: H -> d
+    selector_loss_weight: float = 0.1  # dflash2: weight of the selector's top-k cross-entropy in the loss
 
     def __post_init__(self):
+        if self.backbone not in BACKBONES:
+            raise ValueError(f"unknown backbone {self.backbone!r}; known: {', '.join(BACKBONES)}")
         if not self.target_layer_ids:
             self.target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
         self.target_layer_ids = [int(x) for x in self.target_layer_ids]
@@ -62,7 +71,11 @@ class DrafterConfig:
         out.update(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_act="silu", attention_bias=False,
                    tie_word_embeddings=False,
                    dflash_config={"target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id},
-                   dmtp_config={"variant": self.variant, "window": self.window, "lowrank_rank": self.lowrank_rank})
+                   dmtp_config={"variant": self.variant, "window": self.window, "lowrank_rank": self.lowrank_rank,
+                                "backbone": self.backbone})
+        if self.backbone == "dflash2":
+            out["dmtp_config"].update({k: d[k] for k in ("conv_groups", "selector_topk", "selector_dim",
+                                                         "selector_loss_weight")})
         return out
 
     @classmethod
@@ -76,6 +89,9 @@ class DrafterConfig:
         if "rope_parameters" in d and "rope_theta" not in d:
             kw["rope_theta"] = d["rope_parameters"].get("rope_theta", cls.rope_theta)
         return cls(**kw)
+
+
+BACKBONES = ("dflash", "dflash2")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -159,7 +175,7 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, slots=None):  # slots: used by dflash2.Layer2
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -171,7 +187,12 @@ class Drafter(nn.Module):
 
         self.config = c
         K = len(c.target_layer_ids)
-        self.layers = nn.ModuleList([Layer(c) for _ in range(c.num_hidden_layers)])
+        layer, self.selector = Layer, None
+        if c.backbone == "dflash2":
+            from .dflash2 import Layer2, Selector
+
+            layer, self.selector = Layer2, Selector(c)
+        self.layers = nn.ModuleList([layer(c) for _ in range(c.num_hidden_layers)])
         self.fc = nn.Linear(K * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -183,6 +204,10 @@ class Drafter(nn.Module):
             if isinstance(m, nn.Linear) and not name.startswith("injection"):
                 nn.init.normal_(m.weight, std=0.02)
         self.injection.reset_parameters()
+        if self.selector is not None:  # DFlash2 parts last: the base weights equal a same-seed dflash drafter's
+            from .dflash2 import reset_parameters
+
+            reset_parameters(self)
 
     # --- the block ------------------------------------------------------------------------------------------------
     @property
@@ -220,8 +245,13 @@ class Drafter(nn.Module):
         mask = build_mask(ctx_end, slots, ctx_kv[0][0].shape[2], c.window, c.attn_backend)
         x = block
         for layer, (ck, cv) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, ck, cv, mask)
+            x = layer(x, cos, sin, ck, cv, mask, slots)
         return self.norm(x)
+
+    def select(self, logits, hid, prev_token):
+        """Candidates [B, P] from LM-head logits [B, P, V] at the P predicting slots: argmax (dflash) or the DFlash2
+        path selector walked from prev_token [B] (the block's last given token: A, or T1 for DMTP variants)."""
+        return logits.argmax(-1) if self.selector is None else self.selector(logits, hid, prev_token)
 
     # --- checkpoint I/O in the public DFlash format ------------------------------------------------------------------
     def save(self, path: str | Path):
@@ -249,8 +279,10 @@ class Drafter(nn.Module):
         sd = load_file(str(path / "model.safetensors"))
         missing, unexpected = m.load_state_dict(sd, strict=False)
         # A plain DFlash checkpoint has no injection weights: the variant keeps its own initialisation
-        # (zero_init_residual then starts exactly as the double-anchor token-only drafter).
-        missing = [k for k in missing if not k.startswith("injection.")]
+        # (zero_init_residual then starts exactly as the double-anchor token-only drafter); nor DFlash2 conv/selector
+        # weights: they keep their identity initialisation (a dflash2 drafter then starts as that DFlash drafter).
+        missing = [k for k in missing if not k.startswith(("injection.", "selector."))
+                   and not re.match(r"layers\.\d+\.conv_(attn|mlp)\.", k)]
         if missing or unexpected:
             raise ValueError(f"drafter checkpoint {path}: missing {missing[:6]}, unexpected {unexpected[:6]}")
         return m.to(device=device, dtype=dtype)

@@ -150,7 +150,7 @@ def _drafter_base(c: Ctx, tgt, tok):
 def st_drafters(c: Ctx):
     from dataclasses import replace
 
-    from ablations.code import CONTINUED, VARIANTS
+    from ablations.code import BACKBONES, CONTINUED, VARIANTS
 
     from .io import write_meta
     from .train import load_sequences, new_drafters, train_drafters
@@ -162,9 +162,9 @@ def st_drafters(c: Ctx):
     base = _drafter_base(c, tgt, tok)
     cfg = replace(c.p.train, amp_bf16=c.dev == "cuda")
     t0 = time.time()
-    todo = [v for v in VARIANTS if not (out / v / "DONE").exists()]
+    todo = [v for v in VARIANTS + list(BACKBONES) if not (out / v / "DONE").exists()]
     if todo:
-        train_drafters(tgt, mtp, new_drafters(tgt, todo, base), seqs, cfg, out, log=c.log)
+        train_drafters(tgt, mtp, new_drafters(tgt, todo, base, backbones=BACKBONES), seqs, cfg, out, log=c.log)
     for name, (variant, src) in CONTINUED.items():
         if not (out / name / "DONE").exists():
             d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"})
@@ -180,11 +180,11 @@ def st_drafters(c: Ctx):
 
 
 def eval_plan(c: Ctx):
-    from ablations.code import BASELINES, CONTINUED, MAIN_TABLE, VARIANTS
+    from ablations.code import BACKBONES, BASELINES, CONTINUED, MAIN_TABLE, VARIANTS
 
-    every = BASELINES + VARIANTS + list(CONTINUED)
+    every = BASELINES + VARIANTS + list(CONTINUED) + list(BACKBONES)
     for ds, n in c.p.eval_sets.items():
-        methods = every if ds in c.p.eval_all_methods_on else MAIN_TABLE
+        methods = every if ds in c.p.eval_all_methods_on else MAIN_TABLE + list(BACKBONES)
         for temp in c.p.eval_temperatures:
             for m in methods:
                 yield ds, n, temp, m

@@ -150,7 +150,15 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     ce = F.cross_entropy(logits, labels[sel], reduction="none")
     loss = (ce * w[sel]).sum() / w[sel].sum().clamp(min=1e-6)
     acc = (logits.argmax(-1) == labels[sel]).float().mean()
-    return loss, {"loss": float(loss.detach()), "acc": float(acc)}
+    stats = {"acc": float(acc)}
+    if drafter.selector is not None:  # DFlash2: + CE over the top-k set, teacher-forced previous token
+        from .dflash2 import selector_loss
+
+        prev = torch.gather(feats.ids.to(dev), 1, (pos - 1).clamp(0, T - 1))[sel]
+        sl, st = selector_loss(drafter.selector, logits, hid[sel], prev, labels[sel], w[sel])
+        loss = loss + drafter.config.selector_loss_weight * sl
+        stats.update(st)
+    return loss, {"loss": float(loss.detach()), **stats}
 
 
 def lr_at(step, cfg: TrainConfig):
@@ -236,19 +244,24 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     return hist
 
 
-def new_drafters(target, variants: list[str], base: dict, init_from: dict | None = None) -> dict[str, Drafter]:
-    """Fresh drafters (same seed for every variant) or continued from a DFlash-format checkpoint."""
+def new_drafters(target, variants: list[str], base: dict, init_from: dict | None = None,
+                 backbones: dict | None = None) -> dict[str, Drafter]:
+    """Fresh drafters (same seed for every variant) or continued from a DFlash-format checkpoint. `backbones` maps
+    further names to (variant, backbone), e.g. {"dmtp_d2": ("zero_init_residual", "dflash2")}; other names use
+    base["backbone"] (default: the config's)."""
     out = {}
     for v in variants:
         name = v
+        variant, backbone = (backbones or {}).get(v, (v, base.get("backbone")))
+        over = dict(variant=variant, **({"backbone": backbone} if backbone else {}))
         src = (init_from or {}).get(v)
         if src:
-            variant = base.get("variant_of", {}).get(v, v)
-            d = Drafter.load(src, device=target.device, dtype=torch.float32, variant=variant)
+            over["variant"] = base.get("variant_of", {}).get(v, variant)
+            d = Drafter.load(src, device=target.device, dtype=torch.float32, **over)
         else:
             torch.manual_seed(base.get("seed", 0))
-            cfg = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__},
-                                variant=v)
+            cfg = DrafterConfig(**{k: x for k, x in base.items()
+                                   if k in DrafterConfig.__dataclass_fields__ and k not in over}, **over)
             d = Drafter(cfg).to(target.device)
         out[name] = d
     return out

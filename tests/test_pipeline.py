@@ -24,9 +24,9 @@ def test_every_stage_writes_its_artifacts(run):
     res = root / "results" / "smoke"
     ev = json.loads((res / "target" / "heldout.json").read_text())
     assert ev["target_loss"] > 0 and 0 <= ev["mtp_top1"] <= 1
-    from ablations.code import BASELINES, CONTINUED, VARIANTS
+    from ablations.code import BACKBONES, BASELINES, CONTINUED, VARIANTS
 
-    for m in BASELINES + VARIANTS + list(CONTINUED):
+    for m in BASELINES + VARIANTS + list(CONTINUED) + list(BACKBONES):
         for t in ("T0", "T1"):
             recs = read_jsonl(res / "runs" / "ablation" / m / f"humaneval8_{t}.jsonl")
             assert len(recs) == 3
