@@ -1,17 +1,62 @@
-"""Preallocated KV cache shared by the target, the MTP head and the drafter context.
+"""Preallocated KV cache shared by the target, the MTP head and the drafter context; linear-attention states too.
 
-Each request b owns rows [0, cap) of every layer's buffer. A forward writes its q new rows at the positions given in
-`write_pos` ([B, q]); what is *committed* is tracked outside the cache as a length per request, so rolling back
-rejected candidates is just not advancing that length: stale rows are overwritten by the next forward before any
-query can see them, because every mask below only exposes key positions <= the query's own position (or < anchor).
+Full attention. Each request b owns rows [0, cap) of every layer's buffer. A forward writes its q new rows at the
+positions given in `write_pos` ([B, q]); what is *committed* is tracked outside the cache as a length per request, so
+rolling back rejected candidates is just not advancing that length: stale rows are overwritten by the next forward
+before any query can see them, because every mask below only exposes key positions <= the query's own position (or
+< anchor).
+
+Linear attention (Gated DeltaNet layers of hybrid Qwen3.5/3.6 targets). A GDN layer keeps, per request, a
+recurrent state S [Hv, dk, dv] and the last K inputs of its causal depthwise conv; both fold in every token they see,
+so they cannot be cropped like KV rows. Our choice: *record, then select* (no replay, no recomputation).
+  - Before a cached forward of q rows, `Target` sets `cuts`: the row counts after which a state may be kept. The GDN
+    layers run their q rows segment by segment between cuts (HF's own kernels: chunked for long segments, the
+    recurrent one for single tokens) and call `cut(layer, c)` after each, so the cache sees the exact state after c
+    rows of every request.
+  - Verify ([A, T1..Tk], acceptance unknown): cuts = 1..q; every intermediate state is kept until `commit(n)` picks,
+    per request, the state after its n committed rows (A + accepted drafts; requests differ in n). Memory: q states
+    per linear layer and request for the duration of one round (SGLang keeps the same "intermediate SSM states").
+  - Prefill (right-padded prompts of different lengths, `keep` = prompt lengths known up front): cuts = the distinct
+    prompt lengths; at cut c the rows whose prompt ends at c save their state, so padding never reaches a request's
+    state, and no history is held.
+Full-attention rows written for rejected candidates are harmless as above. A target with full attention only never
+sets `cuts`, and `commit` is a no-op: the fast path is untouched.
 """
 from __future__ import annotations
 
 import torch
 
 
+class _LinearLayerView:
+    """What HF's GatedDeltaNet reads through `cache.layers[i]` (transformers 5.17): `record_past`, `conv_states[0]`,
+    `recurrent_states[0]`. `record_past = True` keeps HF off its in-place single-token conv update, so every state
+    change goes through `update_conv_state` / `update_recurrent_state` below."""
+
+    record_past = True
+
+    def __init__(self, cache: "KVCache", layer: int):
+        self.cache, self.layer = cache, layer
+
+    @property
+    def conv_states(self):
+        return {0: self.cache.conv.get(self.layer)}
+
+    @property
+    def recurrent_states(self):
+        return {0: self.cache.rec.get(self.layer)}
+
+
+class _LayerViews:
+    def __init__(self, cache):
+        self.cache = cache
+
+    def __getitem__(self, i):
+        return _LinearLayerView(self.cache, i)
+
+
 class KVCache:
-    """Duck-types the part of `transformers.Cache` that HF attention layers call (`update`)."""
+    """Duck-types the part of `transformers.Cache` that HF attention layers (`update`) and Gated DeltaNet layers
+    (`has_previous_state`, `update_conv_state`, `update_recurrent_state`, `layers[i]`) call."""
 
     is_compileable = False
 
@@ -20,6 +65,14 @@ class KVCache:
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         self.write_pos: torch.Tensor | None = None  # [B, q] absolute positions of the rows being written
+        # linear attention (hybrid targets only)
+        self.conv: dict[int, torch.Tensor] = {}  # layer -> [B, C, K] the last K conv inputs
+        self.rec: dict[int, torch.Tensor] = {}  # layer -> [B, Hv, dk, dv] recurrent state
+        self.cuts: list[int] | None = None  # row counts after which GDN layers report their state (see docstring)
+        self._keep: torch.Tensor | None = None  # [B] rows to keep, when known before the forward (prefill)
+        self._saved: dict[int, list[torch.Tensor]] = {}  # layer -> [conv, rec] saved at each row's own cut
+        self._hist: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # layer -> state after cut 1..q
+        self.layers = _LayerViews(self)
 
     def _buffers(self, layer: int, like: torch.Tensor):
         if layer not in self.k:
@@ -41,6 +94,67 @@ class KVCache:
         kb[bi, :, pos] = k.transpose(1, 2).to(kb.dtype)
         vb[bi, :, pos] = v.transpose(1, 2).to(vb.dtype)
         return kb, vb
+
+    # --- linear attention: the calls HF's Qwen3_5GatedDeltaNet makes ----------------------------------------------
+    def has_previous_state(self, layer_idx: int | None = None, state_idx: int = 0) -> bool:
+        return layer_idx in self.rec
+
+    def update_conv_state(self, x: torch.Tensor, layer_idx: int, state_idx: int = 0, conv_kernel_size=None, **kw):
+        """x [B, C, s] new conv inputs -> [B, C, K + s] (previous K inputs, zeros at the start, then x); keeps the
+        last K. HF convolves the result causally and keeps the last s outputs."""
+        K = int(conv_kernel_size)
+        prev = self.conv.get(layer_idx)
+        if prev is None:
+            prev = x.new_zeros(*x.shape[:2], K)
+        full = torch.cat([prev, x.to(prev.dtype)], -1)
+        self.conv[layer_idx] = full[..., -K:].contiguous()
+        return full
+
+    def update_recurrent_state(self, s: torch.Tensor, layer_idx: int, state_idx: int = 0, **kw):
+        self.rec[layer_idx] = s
+        return s
+
+    # --- linear attention: record, then select ------------------------------------------------------------------
+    def begin(self, q: int, keep: torch.Tensor | None = None):
+        """Called by `Target.forward` before a cached forward of q rows on a hybrid target. keep [B] (rows each
+        request keeps) known -> states are saved at each request's own cut; None -> every cut is recorded for
+        `commit`."""
+        self._hist, self._saved = {}, {}
+        if keep is None:
+            self._keep, self.cuts = None, list(range(1, q + 1))
+        else:
+            self._keep = keep
+            self.cuts = sorted(set(int(c) for c in keep.tolist()) | {q})
+
+    def cut(self, layer: int, c: int):
+        """A GDN layer has consumed the first c rows of this forward (called by the layer wrapper in `target.py`)."""
+        conv, rec = self.conv[layer], self.rec[layer]
+        if self._keep is None:
+            self._hist.setdefault(layer, []).append((conv, rec.clone()))  # clone: a fused kernel may write in place
+            return
+        saved = self._saved.setdefault(layer, [torch.empty_like(conv), torch.empty_like(rec)])
+        rows = self._keep == c
+        saved[0][rows], saved[1][rows] = conv[rows], rec[rows]
+        if c == self.cuts[-1]:  # every request has reached its own cut: its saved state is the state
+            self.conv[layer], self.rec[layer] = saved
+
+    def end(self):
+        self.cuts = None
+
+    def commit(self, n: torch.Tensor):
+        """Keep the state after the first n[b] rows of the last verify forward (n >= 1); no-op without linear layers
+        (full-attention rollback is the caller's length bookkeeping)."""
+        if not self._hist:
+            return
+        idx = (n - 1).to(torch.long)
+        for layer, hist in self._hist.items():
+            conv, rec = hist[0]
+            for i, (c, r) in enumerate(hist[1:], start=1):
+                m = idx == i
+                conv = torch.where(m.view(-1, 1, 1), c, conv)
+                rec = torch.where(m.view(-1, *([1] * (r.dim() - 1))), r, rec)
+            self.conv[layer], self.rec[layer] = conv, rec
+        self._hist = {}
 
     # HF helpers that some code paths query
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -103,24 +103,65 @@ class MTPHead(nn.Module):
 
 
 def _unfuse_experts(sd, want):
-    """Accept MoE experts stored per expert (`experts.N.gate_proj`) when the layer holds them fused, and vice versa."""
-    if all(k in want for k in sd):
+    """Match MoE expert weights to the layout the MTP layer holds (transformers 5.17 `Qwen3_5MoeExperts`:
+    `mlp.experts.gate_up_proj` [E, 2I, H] with the gate rows first, `mlp.experts.down_proj` [E, H, I]).
+
+    Checkpoints store them either per expert (`mlp.experts.N.gate_proj.weight` [I, H], `.up_proj.weight` [I, H],
+    `.down_proj.weight` [H, I]: the Qwen3.5/3.6-MoE and Qwen3-Next layout, which HF itself fuses on load for the main
+    layers through its `qwen2_moe` conversion mapping, but never for the `mtp.*` keys it ignores) or fused, possibly
+    transposed ([E, H, 2I] / [E, I, H], the Qwen3-VL-MoE convention). A layer that holds experts per expert gets
+    fused checkpoints split the same way."""
+    if all(k in want and sd[k].shape == want[k].shape for k in sd) and all(k in sd for k in want):
         return sd
     out = dict(sd)
+
+    def fused(key, parts):  # parts(e) -> tensors to concatenate for expert e
+        n = want[key].shape[0]
+        try:
+            t = torch.stack([torch.cat(parts(e), 0) for e in range(n)])
+        except KeyError as err:
+            raise ValueError(f"MTP expert weights incomplete: {err.args[0]} missing (layer wants {n} experts)")
+        return t
+
     for key in list(want):
+        shape = want[key].shape
         if key in out:
+            if out[key].shape != shape and out[key].dim() == 3 and out[key].transpose(1, 2).shape == shape:
+                out[key] = out[key].transpose(1, 2).contiguous()  # fused, stored [E, in, out]
             continue
-        # fused `experts.gate_up_proj` [E, 2I, H] from per-expert gate/up [I, H]
         if key.endswith("experts.gate_up_proj"):
             base = key[: -len("gate_up_proj")]
-            n = want[key].shape[0]
-            gates = [out.pop(f"{base}{e}.gate_proj.weight") for e in range(n)]
-            ups = [out.pop(f"{base}{e}.up_proj.weight") for e in range(n)]
-            out[key] = torch.stack([torch.cat([g, u], 0) for g, u in zip(gates, ups)])
+            out[key] = fused(key, lambda e: [out.pop(f"{base}{e}.gate_proj.weight"), out.pop(f"{base}{e}.up_proj.weight")])
         elif key.endswith("experts.down_proj"):
             base = key[: -len("down_proj")]
-            n = want[key].shape[0]
-            out[key] = torch.stack([out.pop(f"{base}{e}.down_proj.weight") for e in range(n)])
+            out[key] = fused(key, lambda e: [out.pop(f"{base}{e}.down_proj.weight")])
+    # the other way round: the layer holds per-expert Linear weights, the checkpoint is fused
+    for key in [k for k in out if k.endswith(("experts.gate_up_proj", "experts.down_proj")) and k not in want]:
+        base, t = key.rsplit(".", 1)[0] + ".", out.pop(key)
+        for e in range(t.shape[0]):
+            if key.endswith("gate_up_proj"):
+                g, u = t[e].chunk(2, 0)
+                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = g, u
+            else:
+                out[f"{base}{e}.down_proj.weight"] = t[e]
+    return out
+
+
+def split_experts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fused expert tensors -> the per-expert checkpoint layout (`experts.N.{gate,up,down}_proj.weight`)."""
+    out = {}
+    for k, t in sd.items():
+        if k.endswith("experts.gate_up_proj"):
+            base = k[: -len("gate_up_proj")]
+            for e in range(t.shape[0]):
+                g, u = t[e].chunk(2, 0)
+                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = g.clone(), u.clone()
+        elif k.endswith("experts.down_proj"):
+            base = k[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].clone()
+        else:
+            out[k] = t
     return out
 
 
@@ -145,8 +186,10 @@ def read_prefixed_tensors(path: str | Path, prefix: str) -> dict[str, torch.Tens
     return out
 
 
-def save_target_with_mtp(model: nn.Module, mtp: MTPHead, path: str | Path, max_shard_size: str = "15MB"):
-    """save_pretrained + the `mtp.*` keys in a shard of their own, listed in the index like real Qwen3.5 checkpoints."""
+def save_target_with_mtp(model: nn.Module, mtp: MTPHead, path: str | Path, max_shard_size: str = "15MB",
+                         experts: str = "fused"):
+    """save_pretrained + the `mtp.*` keys in a shard of their own, listed in the index like real Qwen3.5 checkpoints.
+    experts: "fused" (as the module holds them) or "per_expert" (the Qwen3.5/3.6-MoE checkpoint layout)."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -161,6 +204,10 @@ def save_target_with_mtp(model: nn.Module, mtp: MTPHead, path: str | Path, max_s
         with safe_open(str(path / "model.safetensors"), framework="pt") as fh:
             index["weight_map"] = {k: "model.safetensors" for k in fh.keys()}
     sd = {k: v.cpu() for k, v in mtp.mtp_state_dict().items()}
+    if experts == "per_expert":
+        sd = split_experts(sd)
+    elif experts != "fused":
+        raise ValueError(f"experts must be 'fused' or 'per_expert', not {experts!r}")
     save_file(sd, str(path / "model-mtp.safetensors"), metadata={"format": "pt"})
     index["weight_map"].update({k: "model-mtp.safetensors" for k in sd})
     index_path.write_text(json.dumps(index, indent=2))

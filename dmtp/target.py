@@ -1,7 +1,9 @@
 """Target adapter: any HF causal LM (Qwen3 dense, Qwen3.5/3.6 `qwen3_5[_text]`, `qwen3_5_moe`), frozen.
 
 The HF decoder layers do the math; we only hand them our own KV cache (`cache.KVCache`) and our own 4-D masks, so
-the same code serves every architecture HF ships and a rejected candidate costs nothing to roll back.
+the same code serves every architecture HF ships and a rejected candidate costs nothing to roll back. Hybrid targets
+(Gated DeltaNet linear-attention layers) additionally run each GDN layer segment by segment so the cache can keep the
+exact recurrent state after any committed row (`cache.py` explains the scheme); `cache.commit(n)` selects it.
 
     tgt = Target.load("path/to/ckpt", dtype=torch.float32, device="cpu")
     out = tgt.forward(ids, pos, cache, taps=[1, 3])     # logits, post-norm last hidden h^L, tapped layer outputs
@@ -40,10 +42,14 @@ class Target(nn.Module):
         self.num_layers = self.config.num_hidden_layers
         self.vocab_size = self.config.vocab_size
         self.layer_types = list(getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers)
-        if any(t not in ("full_attention",) for t in self.layer_types):
-            raise NotImplementedError(
-                f"target has layer types {sorted(set(self.layer_types))}; the decode loop supports full-attention "
-                "layers only (linear-attention state rollback is not implemented)")
+        unknown = set(self.layer_types) - {"full_attention", "linear_attention"}
+        if unknown:
+            raise NotImplementedError(f"target has layer types {sorted(unknown)}; supported: full_attention, "
+                                      "linear_attention (Gated DeltaNet)")
+        self.hybrid = "linear_attention" in self.layer_types
+        for layer, t in zip(self.body.layers, self.layer_types):
+            if t == "linear_attention":
+                _segmented(layer.linear_attn)
 
     # --- loading -----------------------------------------------------------------------------------------------
     @classmethod
@@ -83,13 +89,14 @@ class Target(nn.Module):
 
     # --- forwards ------------------------------------------------------------------------------------------------
     def _run(self, ids, pos, mask, cache, taps):
+        # linear-attention layers get no mask: padding is kept out of their states by `cache.begin(q, keep)`
         if taps and max(taps) >= self.num_layers - 1:
             raise ValueError(f"tap layer ids must be < {self.num_layers - 1} (HF replaces the last layer's output "
                              f"with the post-norm state), got {list(taps)}")
         out = self.body(
             input_ids=ids,
             position_ids=pos,
-            attention_mask={t: mask for t in ("full_attention", "sliding_attention", "linear_attention")},
+            attention_mask={"full_attention": mask, "sliding_attention": mask, "linear_attention": None},
             past_key_values=cache,
             use_cache=cache is not None,
             output_hidden_states=True,
@@ -100,10 +107,19 @@ class Target(nn.Module):
         return TargetOut(self.lm_head(h), h, tapped)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, taps=None) -> TargetOut:
-        """Cached step: ids/pos [B, q]; rows are written at `pos` and see cache rows <= their own position."""
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, taps=None,
+                lengths: torch.Tensor | None = None) -> TargetOut:
+        """Cached step: ids/pos [B, q]; rows are written at `pos` and see cache rows <= their own position.
+        lengths [B]: real rows per request when known up front (prefill of right-padded prompts); otherwise a hybrid
+        target's linear states wait for `cache.commit(n)` (full attention needs nothing)."""
         cache.write_pos = pos
-        return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps)
+        if not self.hybrid:
+            return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps)
+        cache.begin(ids.shape[1], lengths)
+        try:
+            return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps)
+        finally:
+            cache.end()
 
     @torch.no_grad()
     def features(self, ids: torch.Tensor, taps=None) -> TargetOut:
@@ -112,3 +128,26 @@ class Target(nn.Module):
         pos = torch.arange(T, device=ids.device)[None].expand(B, T)
         mask = causal_mask(pos, T)
         return self._run(ids, pos, mask, None, taps)
+
+
+def _segmented(gdn: nn.Module):
+    """Wrap a Gated DeltaNet layer (instance-level, weights and state_dict untouched): with a cache that sets `cuts`,
+    run rows [0, c1), [c1, c2), ... through HF's own forward and report the state after each cut (`KVCache.cut`).
+    Every other caller (HF `generate`, uncached feature passes) gets the original forward."""
+    if getattr(gdn, "_dmtp_segmented", False):
+        return
+    orig = gdn.forward
+
+    def forward(hidden_states, cache_params=None, attention_mask=None, **kw):
+        cuts = getattr(cache_params, "cuts", None)
+        if not cuts:
+            return orig(hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kw)
+        outs, start = [], 0
+        for c in cuts:
+            outs.append(orig(hidden_states[:, start:c], cache_params=cache_params, attention_mask=None, **kw))
+            cache_params.cut(gdn.layer_idx, c)
+            start = c
+        return torch.cat(outs, 1)
+
+    gdn.forward = forward
+    gdn._dmtp_segmented = True
