@@ -3,6 +3,7 @@
     dmtp variants
     dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \
         --max-new-tokens 128 --out out.jsonl
+    dmtp generate --target PATH --method mtp --dataset gsm8k [--data-path FILE] --out gsm8k.jsonl
     dmtp train --target PATH --data tokens.jsonl --variants dflash,zero_init_residual --out DIR --steps 200
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
 """
@@ -110,14 +111,28 @@ def cmd_generate(a):
     from .decode import build_method
     from .io import write_jsonl, write_meta
 
+    if bool(a.prompts) == bool(a.dataset):
+        raise ValueError("give exactly one of --prompts FILE and --dataset NAME")
     dev = _device(a.device)
     tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, _dtype(a.dtype))
     tok = load_tokenizer(a.target)
     method = build_method(a.method, tgt, drafter=drafter, mtp=mtp, mtp_steps=a.mtp_steps)
-    prompts = read_prompts(a.prompts, tok)
+    if a.dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
+        from .data.datasets import load_prompts, mtbench_generate, spec
+
+        if tok is None:
+            raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
+        prompts = load_prompts(a.dataset, tok, a.n, a.data_path)
+    else:
+        prompts = read_prompts(a.prompts, tok)[: a.n]
     eos = [int(e) for e in (a.eos.split(",") if a.eos else [])] or _eos_ids(tgt, tok)
     t0 = time.time()
-    recs = run_generate(tgt, method, prompts, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed, tok)
+    if a.dataset and spec(a.dataset)[0] == "mtbench":  # two turns, the second on the model's own first answer
+        recs = mtbench_generate(tgt, method, tok, prompts, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed)
+    else:
+        recs = run_generate(tgt, method, prompts, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed, tok)
+        for r, p in zip(recs, prompts) if a.dataset else ():  # prompt + output: on-policy training sequences
+            r.update(dataset=p["dataset"], prompt_ids=p["prompt_ids"])
     write_jsonl(a.out, recs)
     write_meta(str(a.out) + ".meta.json", vars(a), wall_s=time.time() - t0)
     acc = [x for r in recs for x in r["accepted"]]
@@ -165,7 +180,12 @@ def main(argv=None):
     g.add_argument("--target", required=True)
     g.add_argument("--drafter")
     g.add_argument("--method", required=True, help="ar | mtp | a variant name (see `dmtp variants`)")
-    g.add_argument("--prompts", required=True, help="JSONL with `id` and `prompt` (text) or `prompt_ids`")
+    g.add_argument("--prompts", help="JSONL with `id` and `prompt` (text) or `prompt_ids`")
+    g.add_argument("--dataset", help="instead of --prompts: gsm8k | math500 | humaneval | alpaca | mtbench (two turns) "
+                   "| openperfectblend, chat template applied (dmtp/data/datasets.py)")
+    g.add_argument("--data-path", help="local copy of --dataset (.json/.jsonl/.parquet or a folder); default "
+                   "$DMTP_DATA_<NAME>, else the HF cache (offline)")
+    g.add_argument("--n", type=int, help="only the first N prompts")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--mtp-steps", type=int, default=4, help="chained MTP steps for method mtp (MTP415: 4)")

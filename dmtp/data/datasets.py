@@ -1,0 +1,266 @@
+"""Prompt sets of the open reproduction (SPEC §8) in their real formats: OpenPerfectBlend (drafter training prompts),
+GSM8K, MATH500, HumanEval, Alpaca, MT-Bench (two turns).
+
+    from dmtp.data.datasets import load_prompts
+    rows = load_prompts("gsm8k", tok, n=100)          # [{"id", "dataset", "turns", "text", "prompt_ids"}]
+    dmtp generate --target T --method mtp --dataset gsm8k --data-path /data/gsm8k/test.parquet --out g.jsonl
+    DMTP_DATA_MTBENCH=/data/mt_bench/question.jsonl dmtp generate ... --dataset mtbench    # two turns
+
+Where a set is read from (first that applies): `path=` (CLI `--data-path`), the env var `DMTP_DATA_<NAME>`
+(`DMTP_DATA_GSM8K`, ...), else the hub id through `datasets.load_dataset` in OFFLINE mode (the local HF cache only,
+so nothing ever waits on the network); `download=True` or `DMTP_DATA_DOWNLOAD=1` lets it fetch. A local copy is a
+.json / .jsonl(.gz) / .parquet file, or a folder holding such files (a hub snapshot; files naming the split win) or
+a `save_to_disk` folder, with the dataset's own column names (table below).
+
+Prompt text per set (the z-lab DFlash benchmark's formats, so numbers are comparable to the DFlash/DMTP tables):
+    gsm8k, math500  "{question|problem}\\nPlease reason step by step, and put your final answer within \\boxed{}."
+    humaneval       "Write a solution to the following problem and make sure that it passes the tests:\\n```python\\n{prompt}\\n```"
+    alpaca          "{instruction}" (+ "\\n\\nInput:\\n{input}" when there is one)
+    mtbench         the two user turns as given; turn 2 follows the model's own turn-1 answer
+    openperfectblend the first user turn of each conversation (drafter training prompts; responses are regenerated
+                    on-policy by the target)
+Each user turn goes through the tokenizer's chat template with `enable_thinking=False` (DFlash drafters are trained
+and evaluated with thinking off); without a chat template the turns (and answers) are joined by blank lines.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+_MATH = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass(frozen=True)
+class Spec:
+    hub: tuple  # `datasets.load_dataset` positional args: (repo id[, config])
+    split: str  # the split used (evaluation sets: their test split)
+    columns: tuple  # columns that must exist (the real format); a file without them is rejected
+    turns: Callable[[dict], list[str]]  # row -> the user turns (one for single-turn sets)
+    id: Callable[[dict, int], str]  # row, index -> stable id
+
+
+def _first_user(row):
+    conv = row.get("conversations") or row.get("messages") or []
+    for m in conv:
+        role, text = m.get("from", m.get("role")), m.get("value", m.get("content"))
+        if role in ("human", "user") and text:
+            return [text]
+    return []
+
+
+def _mt_turns(row):
+    turns = row.get("prompt", row.get("turns"))
+    return [str(t) for t in turns]
+
+
+SPECS: dict[str, Spec] = {
+    "openperfectblend": Spec(("mlabonne/open-perfectblend",), "train", ("conversations",), _first_user,
+                             lambda r, i: f"opb-{i}"),
+    "gsm8k": Spec(("openai/gsm8k", "main"), "test", ("question", "answer"), lambda r: [r["question"] + _MATH],
+                  lambda r, i: f"gsm8k-{i}"),
+    "math500": Spec(("HuggingFaceH4/MATH-500",), "test", ("problem",), lambda r: [r["problem"] + _MATH],
+                    lambda r, i: str(r.get("unique_id") or f"math500-{i}")),
+    "humaneval": Spec(("openai/openai_humaneval",), "test", ("task_id", "prompt"),
+                      lambda r: ["Write a solution to the following problem and make sure that it passes the "
+                                 f"tests:\n```python\n{r['prompt']}\n```"],
+                      lambda r, i: r["task_id"]),
+    "alpaca": Spec(("tatsu-lab/alpaca",), "train", ("instruction", "input"),
+                   lambda r: [r["instruction"] + (f"\n\nInput:\n{r['input']}" if r.get("input") else "")],
+                   lambda r, i: f"alpaca-{i}"),
+    # HF `HuggingFaceH4/mt_bench_prompts` (`prompt`: [q1, q2], `prompt_id`, `category`) or FastChat's
+    # `question.jsonl` (`turns`, `question_id`, `category`)
+    "mtbench": Spec(("HuggingFaceH4/mt_bench_prompts",), "train", ("category",), _mt_turns,
+                    lambda r, i: str(r.get("question_id", r.get("prompt_id", i)))),
+}
+ALIASES = {"mt-bench": "mtbench", "mt_bench": "mtbench", "math-500": "math500", "open-perfectblend": "openperfectblend",
+           "perfectblend": "openperfectblend"}
+
+
+def spec(name: str) -> tuple[str, Spec]:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in SPECS:
+        raise KeyError(f"unknown dataset {name!r}; known: {', '.join(SPECS)}")
+    return key, SPECS[key]
+
+
+def env_var(name: str) -> str:
+    return f"DMTP_DATA_{spec(name)[0].upper()}"
+
+
+class DatasetUnavailable(FileNotFoundError):
+    pass
+
+
+def _unavailable(name, why):
+    key, s = spec(name)
+    return DatasetUnavailable(
+        f"dataset {key!r} ({s.hub[0]}, split {s.split!r}) is not available: {why}. Point the suite at a local copy "
+        f"(.json/.jsonl/.parquet or a folder, in the dataset's own columns {list(s.columns)}) with --data-path PATH "
+        f"or {env_var(key)}=PATH, or allow a download with DMTP_DATA_DOWNLOAD=1 on a machine with network access")
+
+
+# --- reading ----------------------------------------------------------------------------------------------------
+def _plain(v):
+    """numpy arrays / pyarrow scalars from parquet -> plain Python lists / dicts."""
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        v = v.tolist()
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _read_file(path: Path) -> list[dict]:
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        import pandas as pd
+
+        return [{k: _plain(v) for k, v in r.items()} for r in pd.read_parquet(path).to_dict("records")]
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    s = text.lstrip()
+    if s.startswith("["):  # a JSON array of records
+        return json.loads(s)
+    if s.startswith("{") and name.endswith(".json"):
+        try:  # one JSON object: {"data": [...]} / {"train": [...]}, or a single record / JSON lines
+            obj = json.loads(s)
+            lists = [v for v in obj.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
+            if len(lists) == 1:
+                return lists[0]
+            return [obj]
+        except json.JSONDecodeError:
+            pass
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+_EXTS = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
+
+
+def _read_local(path: Path, split: str) -> list[dict]:
+    if path.is_file():
+        return _read_file(path)
+    if (path / "state.json").exists() or (path / "dataset_dict.json").exists():  # datasets.save_to_disk
+        import datasets
+
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[split] if split in ds else next(iter(ds.values()))
+        return [dict(r) for r in ds]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(_EXTS)
+                   and not p.name.startswith("."))
+    if not files:
+        raise FileNotFoundError(f"{path}: no {'/'.join(_EXTS)} files")
+    named = [p for p in files if split in p.name.lower() or split in p.parent.name.lower()]
+    rows = []
+    for p in named or files:
+        rows += _read_file(p)
+    return rows
+
+
+@contextlib.contextmanager
+def _offline():
+    """Hub access off for the duration (datasets and huggingface_hub read these flags at call time)."""
+    import datasets.config as dc
+    import huggingface_hub.constants as hc
+
+    saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
+    dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = saved
+
+
+def load_rows(name: str, path: str | Path | None = None, download: bool | None = None) -> list[dict]:
+    """The raw rows of a set, in its own column format (see the module docstring for where they come from)."""
+    key, s = spec(name)
+    path = path or os.environ.get(env_var(key))
+    if path:
+        path = Path(path)
+        if not path.exists():
+            raise _unavailable(key, f"{path} does not exist")
+        rows = _read_local(path, s.split)
+    else:
+        if download is None:
+            download = os.environ.get("DMTP_DATA_DOWNLOAD", "") not in ("", "0")
+        import datasets
+
+        try:
+            with contextlib.nullcontext() if download else _offline():
+                rows = [dict(r) for r in datasets.load_dataset(*s.hub, split=s.split)]
+        except Exception as e:  # offline / not cached / no network
+            raise _unavailable(key, f"not in the local HF cache ({type(e).__name__})"
+                               if not download else f"download failed ({type(e).__name__}: {e})") from e
+    if not rows:
+        raise _unavailable(key, f"{path} holds no rows")
+    missing = [c for c in s.columns if c not in rows[0]]
+    if key == "mtbench" and not ({"prompt", "turns"} & set(rows[0])):
+        missing.append("prompt|turns")
+    if missing:
+        raise ValueError(f"dataset {key!r} from {path or s.hub[0]}: columns {missing} missing (found "
+                         f"{sorted(rows[0])}); expected the dataset's own format")
+    return rows
+
+
+# --- prompts ----------------------------------------------------------------------------------------------------
+def chat_text(tok, messages: list[dict]) -> str:
+    """Render a conversation up to the next assistant turn: the chat template (thinking off) when the tokenizer has
+    one, else the contents joined by blank lines (plain text for base / embedded-default models)."""
+    if getattr(tok, "chat_template", None):
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    return "\n\n".join(m["content"] for m in messages) + ("\n\n" if len(messages) > 1 else "")
+
+
+def encode(tok, text: str) -> list[int]:
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def load_prompts(name: str, tok, n: int | None = None, path=None, download: bool | None = None) -> list[dict]:
+    """First-turn prompts of a set, templated and tokenized: [{"id", "dataset", "turns", "text", "prompt_ids"}] (the
+    `dmtp generate` prompt schema plus the raw turns; MT-Bench's second turn is built by `mtbench_generate`)."""
+    key, s = spec(name)
+    out = []
+    for i, r in enumerate(load_rows(key, path, download)):
+        turns = s.turns(r)
+        if not turns:
+            continue
+        text = chat_text(tok, [{"role": "user", "content": turns[0]}])
+        out.append({"id": s.id(r, i), "dataset": key, "turns": turns, "text": text, "prompt_ids": encode(tok, text)})
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def mtbench_generate(tgt, method, tok, questions: list[dict], temperature: float, max_new_tokens: int, eos_ids,
+                     batch_size: int, seed: int = 0) -> list[dict]:
+    """MT-Bench, two turns, through the one decode loop (`dmtp.cli.run_generate`): turn 1 on q1; turn 2 on
+    template(q1, the model's own answer 1, q2). One record per (question, turn) with `turn` and `question_id`;
+    `id` = "<question_id>:t<turn>" so per-request acceptance is per turn."""
+    from dmtp.cli import run_generate
+
+    recs = []
+    history = {q["id"]: [{"role": "user", "content": q["turns"][0]}] for q in questions}
+    for turn in (1, 2):
+        prompts = []
+        for q in questions:
+            if len(q["turns"]) < turn:
+                continue
+            msgs = history[q["id"]]
+            if turn > 1:
+                msgs.append({"role": "user", "content": q["turns"][turn - 1]})
+            prompts.append({"id": f"{q['id']}:t{turn}", "qid": q["id"], "prompt_ids": encode(tok, chat_text(tok, msgs))})
+        got = run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size,
+                           seed=seed + 1000 * turn, tok=tok, desc=f"mtbench turn {turn}", extra={"turn": turn})
+        for p, r in zip(prompts, got):
+            r.update(question_id=p["qid"], dataset="mtbench", prompt_ids=p["prompt_ids"])
+            answer = tok.decode([t for t in r["output_ids"] if t not in set(eos_ids)], skip_special_tokens=True)
+            history[p["qid"]].append({"role": "assistant", "content": answer})
+        recs += got
+    return recs
