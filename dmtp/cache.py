@@ -95,6 +95,17 @@ class KVCache:
         vb[bi, :, pos] = v.transpose(1, 2).to(vb.dtype)
         return kb, vb
 
+    def copy_rows(self, other: "KVCache", dst: torch.Tensor, src: torch.Tensor):
+        """Rows `src` of another cache (same capacity) into rows `dst` of this one: KV and linear-attention states
+        (dynamic batching moves freshly prefilled requests into free slots this way)."""
+        if other.capacity != self.capacity:
+            raise ValueError(f"cache capacities differ ({other.capacity} vs {self.capacity})")
+        for mine, theirs in ((self.k, other.k), (self.v, other.v), (self.conv, other.conv), (self.rec, other.rec)):
+            for layer, t in theirs.items():
+                if layer not in mine:
+                    mine[layer] = t.new_zeros((self.batch, *t.shape[1:]))
+                mine[layer][dst] = t[src]
+
     # --- linear attention: the calls HF's Qwen3_5GatedDeltaNet makes ----------------------------------------------
     def has_previous_state(self, layer_idx: int | None = None, state_idx: int = 0) -> bool:
         return layer_idx in self.rec

@@ -14,6 +14,7 @@ greedy output and at T > 0 it is distributed exactly as the target's samples (ta
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -78,6 +79,10 @@ class MTPState:
         self._set_next(g, n_acc)
         return g
 
+    def absorb(self, dst, other: "MTPState", src):
+        self.cache.copy_rows(other.cache, dst, src)
+        self.h[dst], self.t1[dst] = other.h[src], other.t1[src]
+
     @torch.no_grad()
     def chain(self, lens, k):
         """MTP-k: T1 from the cache, then k-1 chained steps feeding g back as the hidden (tentative rows at a..)."""
@@ -106,6 +111,9 @@ class Method:
     def commit(self, st: State, out, emitted, n_acc):
         pass
 
+    def absorb(self, dst, other: "Method", src):
+        """Take rows `src` of another batch's state of this method into rows `dst` (dynamic batching)."""
+
 
 class MTPMethod(Method):
     def __init__(self, head, k=4):
@@ -121,6 +129,9 @@ class MTPMethod(Method):
 
     def commit(self, st, out, emitted, n_acc):
         self.mtp.advance(st.lens, emitted, out.hidden, n_acc)
+
+    def absorb(self, dst, other, src):
+        self.mtp.absorb(dst, other.mtp, src)
 
 
 class DrafterMethod(Method):
@@ -177,6 +188,11 @@ class DrafterMethod(Method):
         with self.timer("drafter_ctx"):
             self._write_ctx(out.taps, g, pos)
 
+    def absorb(self, dst, other, src):
+        self.ctx.copy_rows(other.ctx, dst, src)
+        if self.var.needs_mtp:
+            self.mtp.absorb(dst, other.mtp, src)
+
 
 def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4) -> Method:
     if name == "ar":
@@ -212,64 +228,131 @@ def _pick(logits, temperature, gen):
     return torch.multinomial(flat, 1, generator=gen).reshape(probs.shape[:-1])
 
 
+class Batch:
+    """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`.
+    `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling newcomers as a batch of their
+    own and moving their rows into the free slots (`absorb`)."""
+
+    @torch.no_grad()
+    def __init__(self, target, method: Method, prompts, temperature, max_new_tokens, eos, gen, capacity=None,
+                 t0=None):
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        dev = self.dev = target.device
+        self.target, self.method = target, copy.copy(method)  # the copy holds this batch's MTP / drafter state
+        self.temperature, self.max_new_tokens, self.eos, self.gen = temperature, max_new_tokens, eos, gen
+        self.t0 = time.perf_counter() if t0 is None else t0
+        B = len(prompts)
+        plen = torch.tensor([len(p) for p in prompts], device=dev)
+        T = int(plen.max())
+        ids = torch.zeros(B, T, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, : len(p)] = torch.tensor(p, device=dev)
+        cap = capacity or T + max_new_tokens + 2 * (method.k + 1)
+        self.cache = KVCache(B, cap)
+        pos = torch.arange(T, device=dev)[None].expand(B, T)
+        out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen)  # lengths: padding stays out
+        first = _pick(out.logits[torch.arange(B, device=dev), plen - 1], temperature, gen)  # of GDN states
+        st = self.st = State(lens=plen.clone(), anchor=first, done=torch.zeros(B, dtype=torch.bool, device=dev))
+        st.capacity = cap
+        self.results = [Result([int(t)]) for t in first.tolist()]
+        for b, r in enumerate(self.results):
+            if r.output_ids[-1] in eos or max_new_tokens <= 1:
+                st.done[b] = True
+                r.wall_s = time.perf_counter() - self.t0
+        self.method.prefill(st, ids, plen, out)
+        self.ar = torch.arange(method.k + 1, device=dev)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.st.done.all())
+
+    @torch.no_grad()
+    def step(self):
+        """One round for every live request (finished ones ride along; their rows are ignored)."""
+        st, method, timer, B = self.st, self.method, self.method.timer, len(self.results)
+        with timer("round"):
+            live = ~st.done
+            cands = method.propose(st)  # [B, k]
+            with timer("verify"):
+                out = self.target.forward(torch.cat([st.anchor[:, None], cands], 1), st.lens[:, None] + self.ar,
+                                          self.cache, taps=method.taps)
+                y = _pick(out.logits, self.temperature, self.gen)  # [B, k+1]: the target's token after each prefix
+                n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
+            now = time.perf_counter() - self.t0
+            for b, (n, row, done) in enumerate(zip(n_acc.tolist(), y.tolist(), st.done.tolist())):
+                if done:
+                    continue
+                r = self.results[b]
+                r.accepted.append(n)
+                for tok in row[: n + 1]:
+                    r.output_ids.append(tok)
+                    if tok in self.eos or len(r.output_ids) >= self.max_new_tokens:
+                        st.done[b] = True
+                        r.wall_s = now
+                        break
+            self.cache.commit(n_acc + 1)  # hybrid targets: linear-attention states after A + accepted drafts
+            method.commit(st, out, y, n_acc)
+            st.anchor = y[torch.arange(B, device=self.dev), n_acc]
+            st.lens = torch.where(live, st.lens + n_acc + 1, st.lens)
+
+    def absorb(self, slots: list[int], other: "Batch"):
+        """Move `other`'s requests (all of its rows, in order) into this batch's `slots` (same capacity)."""
+        dst = torch.tensor(slots, device=self.dev)
+        src = torch.arange(len(slots), device=self.dev)
+        self.cache.copy_rows(other.cache, dst, src)
+        for f in ("lens", "anchor", "done"):
+            getattr(self.st, f)[dst] = getattr(other.st, f)[src]
+        self.method.absorb(dst, other.method, src)
+        for s, r in zip(slots, other.results):
+            self.results[s] = r
+
+
 @torch.no_grad()
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
              max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None) -> list[Result]:
     """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    dev = target.device
-    B = len(prompts)
-    plen = torch.tensor([len(p) for p in prompts], device=dev)
-    T = int(plen.max())
-    ids = torch.zeros(B, T, dtype=torch.long, device=dev)
-    for b, p in enumerate(prompts):
-        ids[b, : len(p)] = torch.tensor(p, device=dev)
-    cap = T + max_new_tokens + 2 * (method.k + 1)
-    gen = torch.Generator(device=dev).manual_seed(seed)
+    gen = torch.Generator(device=target.device).manual_seed(seed)
+    batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen)
+    while not batch.finished:
+        batch.step()
+        if progress is not None:
+            progress(int(batch.st.done.sum()))
+    return batch.results
+
+
+@torch.no_grad()
+def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
+          max_new_tokens: int = 128, eos_ids=(), seed: int = 0) -> list[Result]:
+    """Dynamic batching: at most `cap` requests in flight; as soon as requests finish, the next ones in arrival
+    order are prefilled together and take their slots. `wall_s` of a result counts from the start of the group
+    (queueing included)."""
+    if cap < 1:
+        raise ValueError("batch cap must be >= 1")
+    gen = torch.Generator(device=target.device).manual_seed(seed)
     eos = set(int(e) for e in eos_ids)
+    capacity = max(len(p) for p in prompts) + max_new_tokens + 2 * (method.k + 1)
     t0 = time.perf_counter()
-
-    cache = KVCache(B, cap)
-    pos = torch.arange(T, device=dev)[None].expand(B, T)
-    out = target.forward(ids, pos, cache, taps=method.taps, lengths=plen)  # lengths: padding stays out of GDN states
-    first = _pick(out.logits[torch.arange(B, device=dev), plen - 1], temperature, gen)
-    st = State(lens=plen.clone(), anchor=first, done=torch.zeros(B, dtype=torch.bool, device=dev))
-    st.capacity = cap
-    results = [Result([int(t)]) for t in first.tolist()]
-    for b, r in enumerate(results):
-        if r.output_ids[-1] in eos or max_new_tokens <= 1:
-            st.done[b] = True
-            r.wall_s = time.perf_counter() - t0
-    method.prefill(st, ids, plen, out)
-
-    ar = torch.arange(method.k + 1, device=dev)
-    timer = method.timer
-    while not bool(st.done.all()):
-        with timer("round"):
-            live = ~st.done  # finished requests keep riding along (their rows are ignored) until the batch ends
-            cands = method.propose(st)  # [B, k]
-            with timer("verify"):
-                out = target.forward(torch.cat([st.anchor[:, None], cands], 1), st.lens[:, None] + ar, cache,
-                                     taps=method.taps)
-                y = _pick(out.logits, temperature, gen)  # [B, k+1]: the target's token after each prefix
-                n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
-            now = time.perf_counter() - t0
-            for b, (n, row, done) in enumerate(zip(n_acc.tolist(), y.tolist(), st.done.tolist())):
-                if done:
-                    continue
-                r = results[b]
-                r.accepted.append(n)
-                for tok in row[: n + 1]:
-                    r.output_ids.append(tok)
-                    if tok in eos or len(r.output_ids) >= max_new_tokens:
-                        st.done[b] = True
-                        r.wall_s = now
-                        break
-            cache.commit(n_acc + 1)  # hybrid targets: linear-attention states after A + accepted drafts (cache.py)
-            method.commit(st, out, y, n_acc)
-            st.anchor = y[torch.arange(B, device=dev), n_acc]
-            st.lens = torch.where(live, st.lens + n_acc + 1, st.lens)
-            if progress is not None:
-                progress(int(st.done.sum()))
-    return results
+    queue = list(range(len(prompts)))
+    out: list[Result | None] = [None] * len(prompts)
+    first, queue = queue[:cap], queue[cap:]
+    batch = Batch(target, method, [prompts[i] for i in first], temperature, max_new_tokens, eos, gen, capacity, t0)
+    owner = list(first)  # slot -> request index (None: free)
+    while True:
+        free = []
+        for s, done in enumerate(batch.st.done.tolist()):
+            if done and owner[s] is not None:
+                out[owner[s]], owner[s] = batch.results[s], None
+            if owner[s] is None:
+                free.append(s)
+        if queue and free:
+            join, queue = queue[: len(free)], queue[len(free):]
+            nb = Batch(target, method, [prompts[i] for i in join], temperature, max_new_tokens, eos, gen, capacity,
+                       t0)
+            batch.absorb(free[: len(join)], nb)
+            for s, i in zip(free, join):
+                owner[s] = i
+            continue  # newcomers may already be finished (EOS as the first token)
+        if all(o is None for o in owner):
+            return out
+        batch.step()
