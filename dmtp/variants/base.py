@@ -108,6 +108,19 @@ class LowRank(nn.Module):
         return self.up(torch.nn.functional.silu(self.down(x)))
 
 
+class LowRankVariant(Variant):
+    """Single-anchor variants that inject LowRank(sg h_MTP) into one kind of slot."""
+
+    anchor, t1 = False, True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.lowrank = LowRank(cfg.hidden_size, cfg.lowrank_rank)
+
+    def reset_parameters(self):
+        self.lowrank.reset_parameters()
+
+
 class Fuse(nn.Module):
     """W [RMS_e(E(T1)) ; RMS_m(h_MTP)], W: 2H -> H."""
 

@@ -1,20 +1,12 @@
-from .base import LowRank, Variant, register
+from .base import LowRankVariant, register
 
 
 @register
-class T1Residual(Variant):
+class T1Residual(LowRankVariant):
     """[E(T1) + LowRank(sg h_MTP), M x6]."""
 
     name = "t1_residual"
     description = "single anchor, T1 slot = E(T1) + LowRank(sg h_MTP)"
-    anchor, t1 = False, True
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        self.lowrank = LowRank(cfg.hidden_size, cfg.lowrank_rank)
-
-    def reset_parameters(self):
-        self.lowrank.reset_parameters()
 
     def t1_embed(self, e_t1, h_mtp):
         return e_t1 + self.lowrank(h_mtp)
