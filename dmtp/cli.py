@@ -5,7 +5,9 @@
         --max-new-tokens 128 --out out.jsonl
     dmtp generate --target PATH --method mtp --dataset gsm8k [--data-path FILE] --out gsm8k.jsonl
     dmtp train --target PATH --data tokens.jsonl --variants dflash,zero_init_residual --out DIR --steps 200
+    dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
+    dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
 """
 from __future__ import annotations
 
@@ -154,6 +156,7 @@ def cmd_train(a):
     from .target import Target
     from .train import TrainConfig, load_sequences, new_drafters, train_drafters
 
+    prof = _train_profile(a)
     dev = _device(a.device)
     tgt = Target.load(a.target, dtype=_dtype(a.dtype), device=dev)
     variants = a.variants.split(",")
@@ -161,14 +164,46 @@ def cmd_train(a):
 
     need_mtp = any(get_variant(v).needs_mtp for v in variants)
     mtp = MTPHead.load(tgt, a.target) if need_mtp else None
-    cfg = TrainConfig(steps=a.steps, batch_size=a.batch_size, max_len=a.max_len, lr=a.lr, gamma=a.gamma,
-                      seed=a.seed)
+    from dataclasses import replace
+
+    cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
+                  lr=a.lr, gamma=a.gamma, seed=a.seed)
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
                 **({"backbone": a.backbone} if a.backbone else {}))
+    if prof is not None:  # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...)
+        paper = bool(prof.scale.target_config)
+        base.update(num_attention_heads=prof.drafter_heads, num_key_value_heads=prof.drafter_kv_heads,
+                    head_dim=prof.scale.drafter_head_dim if paper else prof.arch.head_dim,
+                    intermediate_size=prof.drafter_intermediate, block_size=prof.scale.block_size,
+                    window=prof.scale.window,
+                    rope_theta=(getattr(tgt.config, "rope_parameters", None) or {}).get("rope_theta", 1e6))
     init = dict(x.split("=", 1) for x in a.init_from.split(",")) if a.init_from else {}
     drafters = new_drafters(tgt, variants, base, init)
     train_drafters(tgt, mtp, drafters, load_sequences(a.data, cfg.max_len), cfg, a.out)
+
+
+_TRAIN_DEFAULTS = dict(steps=200, batch_size=8, max_len=512, layers=1, lr=6e-4, gamma=4.0, mask_token_id=1,
+                       dtype="fp32")
+
+
+def _train_profile(a):
+    """`dmtp train --profile NAME`: the profile's recipe fills every flag not given explicitly."""
+    prof = None
+    d = dict(_TRAIN_DEFAULTS)
+    if a.profile:
+        from experiments.profiles import get_profile
+
+        prof = get_profile(a.profile)
+        t, sc = prof.train, prof.scale
+        d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter_layers, lr=t.lr,
+                 gamma=t.gamma)
+        if sc.target_config:
+            d.update(mask_token_id=sc.mask_token_id, dtype=sc.dtype)
+    for k, v in d.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    return prof
 
 
 def main(argv=None):
@@ -202,17 +237,19 @@ def main(argv=None):
     t.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`)")
     t.add_argument("--variants", default="dflash")
     t.add_argument("--out", required=True)
-    t.add_argument("--steps", type=int, default=200)
-    t.add_argument("--batch-size", type=int, default=8)
-    t.add_argument("--max-len", type=int, default=512)
-    t.add_argument("--layers", type=int, default=1)
+    t.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
+                   "explicit flags override it")
+    t.add_argument("--steps", type=int, help="optimizer steps (default 200)")
+    t.add_argument("--batch-size", type=int, help="sequences per step (default 8)")
+    t.add_argument("--max-len", type=int, help="sequences cut to this many tokens (default 512)")
+    t.add_argument("--layers", type=int, help="drafter layers (default 1)")
     t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone, SPEC §9 (default: dflash)")
-    t.add_argument("--lr", type=float, default=6e-4)
-    t.add_argument("--gamma", type=float, default=4.0)
-    t.add_argument("--mask-token-id", type=int, default=1)
+    t.add_argument("--lr", type=float, help="peak learning rate (default 6e-4)")
+    t.add_argument("--gamma", type=float, help="loss decay over candidates (default 4)")
+    t.add_argument("--mask-token-id", type=int, help="MASK slot token (default 1)")
     t.add_argument("--init-from", help="variant=PATH,... continue from DFlash-format checkpoints")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    t.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
     t.add_argument("--device")
     t.set_defaults(fn=cmd_train)
 
@@ -222,6 +259,13 @@ def main(argv=None):
     pl.add_argument("--work", default="work", help="where checkpoints and intermediate data go")
     pl.add_argument("--results", default="results")
     pl.set_defaults(fn=lambda a: __import__("dmtp.pipeline", fromlist=["main"]).main(a))
+
+    dr = sub.add_parser("dryrun", help="paper-scale profile: target (config only), MTP head and every drafter on the "
+                        "meta device; shape checks and a parameter summary, no weights")
+    dr.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b")
+    dr.add_argument("--target", help="checkpoint whose config.json to check (default: the profile's env var, else "
+                    "the profile's config)")
+    dr.set_defaults(fn=lambda a: sys.exit(__import__("dmtp.dryrun", fromlist=["main"]).main(a)))
 
     a = p.parse_args(argv)
     try:

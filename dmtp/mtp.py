@@ -131,7 +131,8 @@ def _unfuse_experts(sd, want):
             continue
         if key.endswith("experts.gate_up_proj"):
             base = key[: -len("gate_up_proj")]
-            out[key] = fused(key, lambda e: [out.pop(f"{base}{e}.gate_proj.weight"), out.pop(f"{base}{e}.up_proj.weight")])
+            out[key] = fused(key, lambda e: [out.pop(f"{base}{e}.gate_proj.weight"),
+                                             out.pop(f"{base}{e}.up_proj.weight")])
         elif key.endswith("experts.down_proj"):
             base = key[: -len("down_proj")]
             out[key] = fused(key, lambda e: [out.pop(f"{base}{e}.down_proj.weight")])

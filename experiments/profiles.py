@@ -3,6 +3,7 @@
     dmtp pipeline --profile tiny     # 2-core CPU, <= 15 min
     dmtp pipeline --profile mini     # one H200, ~15-20 min (two device commands: `--stage target`, then the rest)
     dmtp pipeline --profile smoke    # CI: the same stages, seconds
+    dmtp dryrun --profile qwen3.6-27b  # paper scale: target (config only), MTP head, every drafter on the meta device
 """
 from __future__ import annotations
 
@@ -10,6 +11,24 @@ from dataclasses import dataclass, field, fields, replace
 
 from dmtp.pretrain import PretrainConfig, TargetArch
 from dmtp.train import TrainConfig
+
+
+@dataclass
+class PaperScale:
+    """Paper-scale settings: an external target checkpoint instead of the embedded default (empty for tiny/mini)."""
+    target_env: str = ""  # env var holding the target checkpoint path (`--target` overrides)
+    target_config: dict = field(default_factory=dict)  # the target's HF text config (what `dmtp dryrun` builds)
+    assumptions: tuple = ()  # target_config keys NOT stated by the model card (documented guesses; checked on load)
+    mask_token_id: int = -1  # token whose target embedding fills MASK slots (model family, see MASK_TOKENS)
+    drafter_head_dim: int = 128  # drafter attention head size
+    window: int = 4096  # context positions visible before the anchor (SPEC 3.3)
+    block_size: int = 8  # DFlash block: 7 candidates + the anchor
+    max_seq_len: int = 2048  # training sequences are cut here (open reproduction: dynamic length up to 2K)
+    global_batch: int = 128  # sequences per optimizer step over all GPUs (per-GPU batch x GPUs x accumulation)
+    epochs: int = 3  # passes over the on-policy training set
+    dtype: str = "bf16"  # target + drafter precision (training autocast, evaluation weights)
+    train_set: str = "openperfectblend"  # training prompts; responses regenerated on-policy by the target
+    train_prompts: int = 0  # prompts in train_set (sets train.steps = ceil(epochs * n / global_batch))
 
 
 @dataclass
@@ -40,6 +59,7 @@ class Profile:
     eval_new_tokens: int = 128
     eval_batch: int = 32
     mtp_steps: int = 4  # MTP415 baseline: 4 chained steps, 4 candidates
+    scale: PaperScale = field(default_factory=PaperScale)  # paper-scale target/drafter/training (empty: embedded)
 
     def __post_init__(self):
         for f in fields(self):
@@ -108,3 +128,81 @@ def get_profile(name: str) -> Profile:
     if name not in PROFILES:
         raise KeyError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
     return PROFILES[name]()
+
+
+# --- paper scale (SPEC 8, open reproduction) -----------------------------------------------------------------------
+# MASK token per model family: the id the public DFlash drafters of that family use. Qwen3.5/3.6 (vocab 248320,
+# padded): 248070, as in z-lab's Qwen3.6 DFlash drafters' `dflash_config.mask_token_id`; Qwen3 (vocab 151936):
+# 151669, the `<|MASK|>` token DFlash adds to the tokenizer. Both ids lie inside the target's embedding matrix.
+MASK_TOKENS = {"qwen3": 151669, "qwen3_5": 248070}
+
+# OpenPerfectBlend (mlabonne/open-perfectblend) conversations: the training prompt count used to size `train.steps`
+# (assumption: ~1.42 M rows; re-derive from the real count with `PaperScale.train_prompts`).
+OPEN_PERFECTBLEND_ROWS = 1_420_909
+
+
+def _paper_steps(epochs: int, n: int, global_batch: int) -> int:
+    return -(-epochs * n // global_batch)
+
+
+def qwen3_6_27b() -> Profile:
+    """Qwen3.6-27B target (dense hybrid: 48 Gated DeltaNet + 16 full-attention layers), 5-layer drafters.
+
+    Target config from the model card (hidden 5120, 64 layers as 16 x (3 GDN + 1 attention), attention 24 q / 4 kv
+    heads of 256, rotary dim 64, GDN 48 v / 16 qk heads of 128, FFN 17408, vocab 248320 padded, native 262144
+    context, MTP) and its config.json (rope_theta 1e7); `assumptions` lists what is neither. Drafter width follows
+    z-lab's Qwen3.6-27B DFlash drafter (32 heads of 128, 8 kv heads, FFN 17408), at the paper's 5 layers.
+    The target checkpoint: $DMTP_TARGET_QWEN3_6_27B or --target. Global batch 128 = e.g. 8 GPUs x 16."""
+    scale = PaperScale(
+        target_env="DMTP_TARGET_QWEN3_6_27B",
+        target_config=dict(
+            model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, num_hidden_layers=64,
+            layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)],
+            num_attention_heads=24, num_key_value_heads=4, head_dim=256, intermediate_size=17408,
+            linear_num_value_heads=48, linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+            linear_conv_kernel_dim=4, max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                             "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+            mtp_num_hidden_layers=1),
+        assumptions=("linear_conv_kernel_dim=4 (transformers' Qwen3.5 default)", "rms_norm_eps=1e-6",
+                     "mrope_section=[11, 11, 10] (Qwen3.5 release configs)",
+                     "mtp_num_hidden_layers=1 (card: 'MTP: trained with multi-steps')"),
+        mask_token_id=MASK_TOKENS["qwen3_5"], train_prompts=OPEN_PERFECTBLEND_ROWS)
+    return derive(
+        Profile(name="paper"), "qwen3.6-27b",
+        drafter_layers=5, drafter_heads=32, drafter_kv_heads=8, drafter_intermediate=17408,
+        train=TrainConfig(steps=_paper_steps(scale.epochs, scale.train_prompts, scale.global_batch), batch_size=16,
+                          max_len=scale.max_seq_len, anchors_per_seq=512, lr=6e-4, warmup_frac=0.04, clip=1.0,
+                          gamma=4.0, save_every=1000, log_every=50, amp_bf16=True),
+        continue_steps=0, target_dtype="bf16",
+        # first n rows of each set (alpaca: the spec gives no count; 500 of its 52K rows)
+        eval_sets={"gsm8k": 1319, "math500": 500, "humaneval": 164, "alpaca": 500, "mtbench": 80},
+        eval_all_methods_on=("gsm8k", "humaneval", "math500", "alpaca", "mtbench"), eval_subsets={},
+        eval_temperatures=(0.0,), eval_new_tokens=2048, eval_batch=32, mtp_steps=4, scale=scale,
+    )
+
+
+def qwen3_6_35b_a3b() -> Profile:
+    """Qwen3.6-35B-A3B target (hybrid MoE: 30 GDN + 10 full-attention layers, 256 experts, 8 routed + 1 shared),
+    the blog's main model; 5-layer drafters at its width 2048 (heads as z-lab's Qwen3.6-35B-A3B DFlash drafter:
+    32 of 128, 4 kv, FFN 6144). Model card: hidden 2048, 40 layers as 10 x (3 GDN + 1 attention), attention 16 q /
+    2 kv heads of 256, rotary dim 64, GDN 32 v / 16 qk heads of 128, experts of 512. $DMTP_TARGET_QWEN3_6_35B_A3B."""
+    base = qwen3_6_27b()
+    scale = replace(
+        base.scale, target_env="DMTP_TARGET_QWEN3_6_35B_A3B",
+        target_config=dict(
+            model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
+            layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)],
+            num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+            num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+            linear_num_value_heads=32, linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+            linear_conv_kernel_dim=4, max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                             "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+            mtp_num_hidden_layers=1),
+        assumptions=base.scale.assumptions + ("rope_theta=1e7 (as Qwen3.6-27B)",))
+    return derive(base, "qwen3.6-35b-a3b", drafter_heads=32, drafter_kv_heads=4, drafter_intermediate=6144,
+                  scale=scale)
+
+
+PROFILES.update({"qwen3.6-27b": qwen3_6_27b, "qwen3.6-35b-a3b": qwen3_6_35b_a3b})

@@ -44,7 +44,8 @@ def write_fixtures(root):
     # openai/gsm8k (main): hub snapshot folder main/{train,test}-00000-of-00001.parquet
     (root / "gsm8k" / "main").mkdir(parents=True)
     pd.DataFrame({"question": ["Tom has 3 apples and buys 2. How many?", "What is 6 times 7?"],
-                  "answer": ["3 + 2 = 5\n#### 5", "#### 42"]}).to_parquet(root / "gsm8k/main/test-00000-of-00001.parquet")
+                  "answer": ["3 + 2 = 5\n#### 5", "#### 42"]}).to_parquet(
+        root / "gsm8k/main/test-00000-of-00001.parquet")
     pd.DataFrame({"question": ["TRAIN SPLIT"], "answer": ["#### 0"]}).to_parquet(
         root / "gsm8k/main/train-00000-of-00001.parquet")
     f["gsm8k"] = root / "gsm8k"

@@ -14,7 +14,8 @@ a `save_to_disk` folder, with the dataset's own column names (table below).
 
 Prompt text per set (the z-lab DFlash benchmark's formats, so numbers are comparable to the DFlash/DMTP tables):
     gsm8k, math500  "{question|problem}\\nPlease reason step by step, and put your final answer within \\boxed{}."
-    humaneval       "Write a solution to the following problem and make sure that it passes the tests:\\n```python\\n{prompt}\\n```"
+    humaneval       "Write a solution to the following problem and make sure that it passes the tests:\\n"
+                    "```python\\n{prompt}\\n```"
     alpaca          "{instruction}" (+ "\\n\\nInput:\\n{input}" when there is one)
     mtbench         the two user turns as given; turn 2 follows the model's own turn-1 answer
     openperfectblend the first user turn of each conversation (drafter training prompts; responses are regenerated
@@ -255,7 +256,8 @@ def mtbench_generate(tgt, method, tok, questions: list[dict], temperature: float
             msgs = history[q["id"]]
             if turn > 1:
                 msgs.append({"role": "user", "content": q["turns"][turn - 1]})
-            prompts.append({"id": f"{q['id']}:t{turn}", "qid": q["id"], "prompt_ids": encode(tok, chat_text(tok, msgs))})
+            ids = encode(tok, chat_text(tok, msgs))
+            prompts.append({"id": f"{q['id']}:t{turn}", "qid": q["id"], "prompt_ids": ids})
         got = run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size,
                            seed=seed + 1000 * turn, tok=tok, desc=f"mtbench turn {turn}", extra={"turn": turn})
         for p, r in zip(prompts, got):

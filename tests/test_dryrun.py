@@ -1,0 +1,88 @@
+"""Paper-scale profiles: the dry run builds the target from its config, the MTP head and every drafter on the meta
+device (no weights) and checks that the pieces fit."""
+import json
+
+import pytest
+
+from dmtp.dryrun import dryrun, render
+from experiments.profiles import MASK_TOKENS, PaperScale, get_profile
+
+
+@pytest.mark.parametrize("name,billions,mtp_b", [("qwen3.6-27b", (26.5, 27.5), (0.3, 0.6)),
+                                                 ("qwen3.6-35b-a3b", (34, 36), (0.6, 1.0))])
+def test_paper_profile_dry_run(name, billions, mtp_b):
+    r = dryrun(name)
+    assert r["ok"], [c for c in r["checks"] if not c[1]]
+    p, sc, P = r["profile"], r["profile"].scale, r["params"]
+    assert billions[0] < P["target"] / 1e9 < billions[1] and mtp_b[0] < P["mtp"] / 1e9 < mtp_b[1]
+    assert len(P["drafters"]) == 18  # 9 variants x 2 backbones
+    assert p.drafter_layers == 5 and sc.block_size == 8 and sc.window == 4096 and sc.max_seq_len == 2048
+    assert sc.global_batch == 128 and sc.epochs == 3 and sc.dtype == "bf16" and p.train.amp_bf16
+    assert sc.mask_token_id == MASK_TOKENS["qwen3_5"] and p.train.max_len == 2048
+    L = r["config"].num_hidden_layers
+    assert r["taps"] == ([1, 16, 31, 46, 61] if L == 64 else [1, 10, 19, 28, 37])
+    assert r["config"].layer_types.count("full_attention") == L // 4
+    text = render(r)
+    assert "checks: 78/78 ok" in text and "assumptions" in text and sc.target_env in text
+
+
+def test_dry_run_against_a_checkpoint_config(tmp_path, capsys):
+    """--target: the checkpoint's own config.json (nested text_config, as Qwen3.6 ships) is built and compared."""
+    from transformers import AutoConfig
+
+    from dmtp.cli import main
+
+    prof = get_profile("qwen3.6-27b")
+    kw = dict(prof.scale.target_config)
+    text = AutoConfig.for_model(kw.pop("model_type"), **kw).to_dict()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "architectures":
+                                                  ["Qwen3_5ForConditionalGeneration"], "text_config": text}))
+    with pytest.raises(SystemExit) as e:
+        main(["dryrun", "--profile", "qwen3.6-27b", "--target", str(ckpt)])
+    assert e.value.code == 0 and "checks: 78/78 ok" in capsys.readouterr().out
+    text["linear_conv_kernel_dim"] = 3
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
+    with pytest.raises(SystemExit) as e:
+        main(["dryrun", "--profile", "qwen3.6-27b", "--target", str(ckpt)])
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "FAILED config matches profile: linear_conv_kernel_dim: profile 4 != 3" in out
+
+
+def test_embedded_profiles_have_no_paper_scale():
+    for name in ("tiny", "mini", "smoke"):
+        assert get_profile(name).scale == PaperScale()
+    with pytest.raises(ValueError, match="no paper-scale target config"):
+        dryrun("tiny")
+
+
+def test_train_takes_the_recipe_from_a_profile(tmp_path):
+    """`dmtp train --profile P`: the profile fills every flag not given (here the smoke profile on a tiny target)."""
+    import argparse
+
+    from dmtp import tiny
+    from dmtp.cli import _train_profile, main
+    from dmtp.drafter import Drafter
+
+    a = argparse.Namespace(profile="qwen3.6-27b", steps=None, batch_size=None, max_len=None, layers=None, lr=None,
+                           gamma=None, mask_token_id=None, dtype=None)
+    _train_profile(a)
+    assert (a.layers, a.max_len, a.mask_token_id, a.dtype, a.lr) == (5, 2048, 248070, "bf16", 6e-4)
+    a = argparse.Namespace(profile=None, steps=None, batch_size=3, max_len=None, layers=None, lr=None, gamma=None,
+                           mask_token_id=None, dtype=None)
+    _train_profile(a)
+    assert (a.steps, a.batch_size, a.layers, a.mask_token_id, a.dtype) == (200, 3, 1, 1, "fp32")  # the old defaults
+
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    path = tiny.save(tgt, mtp, tmp_path / "t")
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"ids": list(range(3, 40))}) + "\n" for _ in range(8)))
+    main(["train", "--profile", "smoke", "--target", str(path), "--data", str(data), "--variants",
+          "zero_init_residual", "--out", str(tmp_path / "dr"), "--steps", "2"])
+    d = Drafter.load(next((tmp_path / "dr").rglob("config.json")).parent)
+    smoke = get_profile("smoke")
+    assert (d.config.num_hidden_layers, d.config.num_attention_heads, d.config.intermediate_size) == (
+        smoke.drafter_layers, smoke.drafter_heads, smoke.drafter_intermediate)
+    hist = json.loads(next((tmp_path / "dr").rglob("history.json")).read_text())
+    assert hist[-1]["step"] == 2  # --steps overrides the profile's 6
