@@ -157,3 +157,28 @@ def test_lossless_greedy_with_rollback(hybrid, name):
         for lens, done, h in om.h:
             if not done[b]:
                 torch.testing.assert_close(h[b], g[int(lens[b]) - 1], rtol=1e-3, atol=2e-3)  # kernel-path noise
+
+
+def test_vlm_checkpoint_layout(tmp_path):
+    """Qwen3.5/3.6 ship as `Qwen3_5ForConditionalGeneration` (model_type qwen3_5, nested text_config, vision tower,
+    `model.language_model.*` keys, `mtp.*` beside them): `Target.load` takes the text model, `MTPHead.load` the head."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from dmtp.mtp import save_target_with_mtp
+
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  temporal_patch_size=2, spatial_merge_size=2)
+    torch.manual_seed(0)
+    vlm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=tiny.target_config("qwen3_5_hybrid").to_dict(),
+                                                        vision_config=vision)).eval()
+    tgt0 = Target(vlm)
+    mtp = MTPHead(tgt0)
+    save_target_with_mtp(vlm, mtp, tmp_path / "vlm")
+    assert any(k.startswith("model.language_model.layers.0.linear_attn") for k in _keys(tmp_path / "vlm"))
+    tgt = Target.load(tmp_path / "vlm")
+    assert tgt.hybrid and tgt.model.config.model_type == "qwen3_5_text"
+    ids = torch.randint(3, tgt.vocab_size, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(tgt.features(ids).logits, vlm(input_ids=ids).logits.float())
+    h = tgt.features(ids).hidden
+    torch.testing.assert_close(MTPHead.load(tgt, tmp_path / "vlm").teacher_forced(ids, h), mtp.teacher_forced(ids, h))
