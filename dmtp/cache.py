@@ -141,9 +141,13 @@ class KVCache:
         """A GDN layer has consumed the first c rows of this forward (called by the layer wrapper in `target.py`)."""
         conv, rec = self.conv[layer], self.rec[layer]
         if self._keep is None:
-            self._hist.setdefault(layer, []).append((conv, rec.clone()))  # clone: a fused kernel may write in place
+            # references suffice: HF's kernels (torch and FLA) return fresh state tensors, and `record_past` keeps HF
+            # off its in-place conv update, so nothing writes into a recorded state afterwards
+            self._hist.setdefault(layer, []).append((conv, rec))
             return
-        saved = self._saved.setdefault(layer, [torch.empty_like(conv), torch.empty_like(rec)])
+        if layer not in self._saved:
+            self._saved[layer] = [torch.empty_like(conv), torch.empty_like(rec)]
+        saved = self._saved[layer]
         rows = self._keep == c
         saved[0][rows], saved[1][rows] = conv[rows], rec[rows]
         if c == self.cuts[-1]:  # every request has reached its own cut: its saved state is the state
@@ -154,16 +158,20 @@ class KVCache:
 
     def commit(self, n: torch.Tensor):
         """Keep the state after the first n[b] rows of the last verify forward (n >= 1); no-op without linear layers
-        (full-attention rollback is the caller's length bookkeeping)."""
+        (full-attention rollback is the caller's length bookkeeping). Reads each kept state once: rows that kept
+        fewer than all rows are copied over the final state, grouped by their count."""
         if not self._hist:
             return
-        idx = (n - 1).to(torch.long)
+        groups: dict[int, list[int]] = {}
+        for b, i in enumerate((n - 1).tolist()):
+            groups.setdefault(int(i), []).append(b)
         for layer, hist in self._hist.items():
-            conv, rec = hist[0]
-            for i, (c, r) in enumerate(hist[1:], start=1):
-                m = idx == i
-                conv = torch.where(m.view(-1, 1, 1), c, conv)
-                rec = torch.where(m.view(-1, *([1] * (r.dim() - 1))), r, rec)
+            conv, rec = hist[-1]  # the state after all q rows (a tensor of our own: overwritten in place below)
+            for i, rows in groups.items():
+                if i != len(hist) - 1:
+                    r = torch.tensor(rows, device=conv.device)
+                    conv.index_copy_(0, r, hist[i][0].index_select(0, r))
+                    rec.index_copy_(0, r, hist[i][1].index_select(0, r))
             self.conv[layer], self.rec[layer] = conv, rec
         self._hist = {}
 
