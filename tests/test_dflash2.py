@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import hf_greedy, make_drafter
-from dmtp.decode import build_method, generate
+from dmtp.decode import Batch, build_method
 from dmtp.dflash2 import BlockConv, Selector, selector_loss
 from dmtp.drafter import Drafter, DrafterConfig
 from dmtp.train import drafter_loss, extract, new_drafters, sample_anchors
@@ -252,11 +252,15 @@ def test_lossless_greedy_with_dflash2(models, variant):
 
     def spy(logits, hid, prev):
         out = inner(logits, hid, prev)
-        calls.append((out, logits.argmax(-1), prev.clone(), m.mtp.t1.clone() if d.injection.t1 else None))
+        t1 = batch.method.mtp.t1.clone() if d.injection.t1 else None  # the batch's own copy of the method state
+        calls.append((out, logits.argmax(-1), prev.clone(), t1))
         return out
 
     d.select = spy
-    res = generate(tgt, m, PROMPTS, 0.0, 13)  # 13: max tokens lands inside a block
+    batch = Batch(tgt, m, PROMPTS, 0.0, 13, set(), torch.Generator().manual_seed(0))  # 13: max tokens in a block
+    while not batch.finished:
+        batch.step()
+    res = batch.results
     assert [r.output_ids for r in res] == [hf_greedy(tgt, p, 13) for p in PROMPTS]
     assert calls and any(not torch.equal(path, am) for path, am, _, _ in calls)  # the selector changed proposals
     if d.injection.t1:
