@@ -1,7 +1,10 @@
+import random
+
 import pytest
 import torch
 
 from dmtp import tiny
+from dmtp.decode import Method
 from dmtp.drafter import Drafter, DrafterConfig
 
 torch.set_num_threads(2)
@@ -35,3 +38,34 @@ def hf_greedy(tgt, prompt, max_new, eos=None):
     out = tgt.model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
                              pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+class Oracle(Method):
+    """Wraps a method: runs its real proposal (so every state update happens), records it, then substitutes the
+    target's true continuation corrupted at random positions, so rounds accept 0..k candidates."""
+
+    def __init__(self, inner, truth, p_keep=0.8, seed=0):
+        self.inner, self.truth, self.p_keep = inner, truth, p_keep
+        self.rng = random.Random(seed)
+        self.k, self.taps, self.name = inner.k, inner.taps, inner.name
+        self.log = []
+
+    def prefill(self, st, ids, plen, out):
+        self.plen = plen.tolist()
+        self.inner.prefill(st, ids, plen, out)
+
+    def propose(self, st):
+        real = self.inner.propose(st)
+        mtp = getattr(self.inner, "mtp", None)
+        self.log.append((st.lens.clone(), st.done.clone(), real.clone(),
+                         None if mtp is None else (mtp.t1.clone(), mtp.h.clone())))
+        c = real.clone()
+        for b, a in enumerate(st.lens.tolist()):
+            start = a - self.plen[b] + 1  # output index of T1 (output 0 is the anchor of round one)
+            for j in range(self.k):
+                t = self.truth[b][start + j] if start + j < len(self.truth[b]) else 0
+                c[b, j] = t if self.rng.random() < self.p_keep else (t + 1) % 96
+        return c
+
+    def commit(self, st, out, emitted, n_acc):
+        self.inner.commit(st, out, emitted, n_acc)

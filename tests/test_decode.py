@@ -1,11 +1,9 @@
 """Losslessness of the single decode loop, for every method, against HF `generate` as an independent reference."""
-import random
-
 import pytest
 import torch
 
-from conftest import hf_greedy, make_drafter
-from dmtp.decode import Method, build_method, generate, serve
+from conftest import Oracle, hf_greedy, make_drafter
+from dmtp.decode import build_method, generate, serve
 from dmtp.variants import NAMES
 
 METHODS = ["ar", "mtp"] + NAMES
@@ -39,37 +37,6 @@ def test_lossless_with_eos_inside_block(models, name):
     res = generate(tgt, method_for(name, tgt, mtp), [prompt, PROMPTS[2]], 0.0, 30, eos_ids=[eos])
     assert res[0].output_ids == ref
     assert res[1].output_ids == hf_greedy(tgt, PROMPTS[2], 30, eos=eos)
-
-
-class Oracle(Method):
-    """Wraps a method: runs its real proposal (so every state update happens), records it, then substitutes the
-    target's true continuation corrupted at random positions, so rounds accept 0..k candidates."""
-
-    def __init__(self, inner, truth, p_keep=0.8, seed=0):
-        self.inner, self.truth, self.p_keep = inner, truth, p_keep
-        self.rng = random.Random(seed)
-        self.k, self.taps, self.name = inner.k, inner.taps, inner.name
-        self.log = []
-
-    def prefill(self, st, ids, plen, out):
-        self.plen = plen.tolist()
-        self.inner.prefill(st, ids, plen, out)
-
-    def propose(self, st):
-        real = self.inner.propose(st)
-        mtp = getattr(self.inner, "mtp", None)
-        self.log.append((st.lens.clone(), st.done.clone(), real.clone(),
-                         None if mtp is None else (mtp.t1.clone(), mtp.h.clone())))
-        c = real.clone()
-        for b, a in enumerate(st.lens.tolist()):
-            start = a - self.plen[b] + 1  # output index of T1 (output 0 is the anchor of round one)
-            for j in range(self.k):
-                t = self.truth[b][start + j] if start + j < len(self.truth[b]) else 0
-                c[b, j] = t if self.rng.random() < self.p_keep else (t + 1) % 96
-        return c
-
-    def commit(self, st, out, emitted, n_acc):
-        self.inner.commit(st, out, emitted, n_acc)
 
 
 @pytest.mark.parametrize("name", ["mtp", "dflash", "token_only", "zero_init_residual", "context_fusion",

@@ -1,16 +1,14 @@
 """Hybrid targets (Gated DeltaNet + full attention, Qwen3.5/3.6 layout) and MoE targets (Qwen3.5/3.6-MoE layout):
 checkpoints with the native MTP head, tapped features, exact linear-state rollback, lossless decoding vs HF."""
-import random
-
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import hf_greedy, make_drafter
+from conftest import Oracle, hf_greedy, make_drafter
 from dmtp import tiny
 from dmtp.cache import KVCache
-from dmtp.decode import Method, build_method, generate
+from dmtp.decode import build_method, generate
 from dmtp.mtp import MTPHead, safetensor_files
 from dmtp.target import Target
 
@@ -107,36 +105,6 @@ def test_linear_states_ragged_prefill_and_commit(hybrid):
             torch.testing.assert_close(cache.rec[l][b], ref.rec[l][0], rtol=1e-4, atol=1e-4)
 
 
-class Oracle(Method):
-    """Runs the method's real proposal (every state update happens), then substitutes the target's true continuation
-    corrupted at random positions, so rounds accept 0..k candidates and the linear states are rolled back a lot."""
-
-    def __init__(self, inner, truth, p_keep=0.8, seed=0):
-        self.inner, self.truth, self.p_keep, self.rng = inner, truth, p_keep, random.Random(seed)
-        self.k, self.taps, self.name = inner.k, inner.taps, inner.name
-        self.h = []  # (lens, h_MTP) before each round
-
-    def prefill(self, st, ids, plen, out):
-        self.plen = plen.tolist()
-        self.inner.prefill(st, ids, plen, out)
-
-    def propose(self, st):
-        real = self.inner.propose(st)
-        m = getattr(self.inner, "mtp", None)
-        if m is not None:
-            self.h.append((st.lens.clone(), st.done.clone(), m.h.clone()))
-        c = real.clone()
-        for b, a in enumerate(st.lens.tolist()):
-            start = a - self.plen[b] + 1  # output index of T1
-            for j in range(self.k):
-                t = self.truth[b][start + j] if start + j < len(self.truth[b]) else 0
-                c[b, j] = t if self.rng.random() < self.p_keep else (t + 1) % 96
-        return c
-
-    def commit(self, st, out, emitted, n_acc):
-        self.inner.commit(st, out, emitted, n_acc)
-
-
 @pytest.mark.parametrize("name", ["mtp", "dflash", "zero_init_residual"])
 def test_lossless_greedy_with_rollback(hybrid, name):
     from dmtp.train import extract
@@ -154,9 +122,9 @@ def test_lossless_greedy_with_rollback(hybrid, name):
     for b, p in enumerate(PROMPTS):
         seq = torch.tensor([p + ref[b]])
         g = extract(tgt, mtp, seq, torch.tensor([seq.shape[1]]), None, need_g=True).g[0]
-        for lens, done, h in om.h:
-            if not done[b]:
-                torch.testing.assert_close(h[b], g[int(lens[b]) - 1], rtol=1e-3, atol=2e-3)  # kernel-path noise
+        for lens, done, _, m in om.log:
+            if m is not None and not done[b]:
+                torch.testing.assert_close(m[1][b], g[int(lens[b]) - 1], rtol=1e-3, atol=2e-3)  # kernel-path noise
 
 
 def test_vlm_checkpoint_layout(tmp_path):
