@@ -253,7 +253,7 @@ def lossless_check(c: Ctx):
     """At T = 0 every method's output_ids must equal `ar`'s; report divergences with the target's top-2 gap."""
     from .io import read_jsonl, write_text
 
-    rows = []
+    rows, flips = [], []
     runs = c.res / "runs" / "ablation"
     for ds in c.p.eval_sets:
         ref_path = runs / "ar" / f"{ds}_T0.jsonl"
@@ -271,6 +271,8 @@ def lossless_check(c: Ctx):
                 if a != b:
                     i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
                     div.append(f"{r['id']}@{i}")
+                    flips.append({"method": mdir.name, "dataset": ds, "id": r["id"], "position": i,
+                                  "ar_token": a[i] if i < len(a) else None, "token": b[i] if i < len(b) else None})
             rows.append({"method": mdir.name, "dataset": ds, "n": len(recs), "identical": len(recs) - len(div),
                          "divergent": ";".join(div)})
     import csv
@@ -281,10 +283,37 @@ def lossless_check(c: Ctx):
     w.writeheader()
     w.writerows(rows)
     write_text(c.res / "tables" / "lossless_T0.csv", buf.getvalue())
+    if flips:
+        top2_gaps(c, flips)
+        import pandas as pd
+
+        write_text(c.res / "tables" / "lossless_divergences.csv", pd.DataFrame(flips).to_csv(index=False))
     bad = [r for r in rows if r["identical"] != r["n"]]
     c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset runs identical to ar"
           + (f"; divergent: {bad}" if bad else ""))
     return rows
+
+
+def top2_gaps(c: Ctx, flips: list[dict]):
+    """The target's top-2 logit gap where a method's T = 0 output first left `ar`'s (a near-tie flipped by the
+    numerics of a different batch/verify shape, e.g. in bf16)."""
+    from .data.humaneval import humaneval_prompts
+
+    tgt, _ = c.target()
+    tok = c.tok
+    prompts = {p["id"]: tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in humaneval_prompts()}
+    ar = {}
+    for f in flips:
+        key = (f["dataset"], f["id"])
+        if key not in ar:
+            from .io import read_jsonl
+
+            ar.update({(f["dataset"], r["id"]): r["output_ids"]
+                       for r in read_jsonl(c.res / "runs" / "ablation" / "ar" / f"{f['dataset']}_T0.jsonl")})
+        seq = prompts[f["id"]] + ar[key][: f["position"]]
+        logits = tgt.features(torch.tensor([seq], device=tgt.device)).logits[0, -1]
+        top = logits.topk(2).values
+        f["top2_gap"] = float(top[0] - top[1])
 
 
 def st_tables(c: Ctx):

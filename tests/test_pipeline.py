@@ -46,3 +46,27 @@ def test_rerun_skips_finished_stages(run):
     assert p.returncode == 0, p.stderr[-2000:]
     assert rec.stat().st_mtime_ns == before
     assert "resumed" not in p.stdout  # finished drafters are not retrained
+
+
+def test_divergence_is_reported_with_position_and_top2_gap(run, tmp_path):
+    """A method whose T = 0 output leaves `ar`'s is named with the position and the target's top-2 logit gap there."""
+    import shutil
+
+    from dmtp.io import write_jsonl
+
+    root, cmd, _ = run
+    res = tmp_path / "results"
+    shutil.copytree(root / "results", res)
+    f = res / "smoke" / "runs" / "ablation" / "dflash" / "humaneval_T0.jsonl"
+    recs = read_jsonl(f)
+    recs[1]["output_ids"] = recs[1]["output_ids"][:1] + [(recs[1]["output_ids"][1] + 1) % 100] \
+        if len(recs[1]["output_ids"]) > 1 else recs[1]["output_ids"] + [7]
+    write_jsonl(f, recs)
+    (res / "smoke" / "runs" / "ablation" / "dflash" / "humaneval8_T0.jsonl").unlink()
+    p = subprocess.run(cmd[:-2] + ["--results", str(res), "--stage", "tables"], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    div = (res / "smoke" / "tables" / "lossless_divergences.csv").read_text().strip().splitlines()
+    head, row = div[0].split(","), div[1].split(",")
+    assert head == ["method", "dataset", "id", "position", "ar_token", "token", "top2_gap"]
+    assert row[0] == "dflash" and row[3] == "1" and float(row[-1]) >= 0
