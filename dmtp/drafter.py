@@ -44,7 +44,7 @@ class DrafterConfig:
     window: int = 4096  # context positions visible before the anchor, measured from the anchor
     variant: str = "dflash"  # injection variant (registry name)
     lowrank_rank: int = 64  # rank r of the low-rank MLP in t1_residual / mask_residual
-    attn_backend: str = "sdpa"  # "sdpa" (dense mask, CPU/GPU), "flex" (GPU), "flash" (flash-attn, optional)
+    attn_backend: str = "sdpa"  # "sdpa" (dense boolean mask, CPU/GPU) or "flex" (flex-attention block mask, CUDA)
     backbone: str = "dflash"  # "dflash" | "dflash2" (block conv + path selector, SPEC §9); orthogonal to `variant`
     conv_groups: int = 16  # dflash2: channel groups of the two-tap dynamic conv (one predicted tap per group)
     selector_topk: int = 16  # dflash2: LM-head candidates per slot that the path selector rescores
@@ -54,6 +54,9 @@ class DrafterConfig:
     def __post_init__(self):
         if self.backbone not in BACKBONES:
             raise ValueError(f"unknown backbone {self.backbone!r}; known: {', '.join(BACKBONES)}")
+        if self.attn_backend not in ("sdpa", "flex"):
+            raise ValueError(f"unknown attn_backend {self.attn_backend!r}: 'sdpa' or 'flex' (a flash-attn path is "
+                             "not implemented: the anchor-window + own-block mask needs per-block KV gathering)")
         if not self.target_layer_ids:
             self.target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
         self.target_layer_ids = [int(x) for x in self.target_layer_ids]

@@ -90,3 +90,9 @@ def test_default_taps():
     assert default_target_layer_ids(64, 5) == [1, 16, 31, 46, 61]
     assert default_target_layer_ids(36, 1) == [18]
     assert default_target_layer_ids(8, 2) == [1, 5]
+
+
+def test_unknown_attention_backend_is_a_clear_error(models):
+    tgt, _ = models
+    with pytest.raises(ValueError, match="unknown attn_backend 'flash'"):
+        make_drafter(tgt, "dflash", attn_backend="flash")
