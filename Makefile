@@ -26,9 +26,14 @@ ablation-code: $(VENV)/.installed
 	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS)
 	$(PY) -m dmtp.report report --profile $(PROFILE) --results $(RESULTS)
 
-# single stages (each resumes / skips finished work)
-corpus tokenizer target data drafters eval: $(VENV)/.installed
+# single stages (each resumes / skips finished work); `make drafters NGPU=2` trains data-parallel under torchrun
+NGPU ?= 1
+corpus tokenizer target data eval: $(VENV)/.installed
 	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage $@
+
+drafters: $(VENV)/.installed
+	$(if $(filter 1,$(NGPU)),$(PY),$(PY) -m torch.distributed.run --nproc_per_node=$(NGPU)) -m dmtp.cli pipeline \
+		--profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage drafters
 
 # benchmarks (GPU for meaningful numbers): stage overhead, throughput per batch cap, our loop vs a plain HF loop
 bench: $(VENV)/.installed

@@ -156,8 +156,11 @@ def cmd_train(a):
     from .target import Target
     from .train import TrainConfig, load_sequences, new_drafters, train_drafters
 
+    from . import dist
+
     prof = _train_profile(a)
-    dev = _device(a.device)
+    _, _, rank_dev = dist.init()  # torchrun: one process per GPU, data-parallel over the global batch
+    dev = rank_dev or _device(a.device)
     tgt = Target.load(a.target, dtype=_dtype(a.dtype), device=dev)
     variants = a.variants.split(",")
     from .variants import get_variant

@@ -170,6 +170,10 @@ def st_drafters(c: Ctx):
             d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"})
             ccfg = replace(cfg, steps=c.p.continue_steps, seed=cfg.seed + 1)
             train_drafters(tgt, mtp, {name: d[variant]}, seqs, ccfg, out, log=c.log)
+    from .dist import is_main
+
+    if not is_main():
+        return
     write_meta(c.res / "drafters" / "meta.json", {"train": asdict(c.p.train), "drafter": base,
                                                   "continue_steps": c.p.continue_steps}, wall_s=time.time() - t0)
     hist = {n.name: json.loads((n / "history.json").read_text()) for n in sorted(out.iterdir())
@@ -329,8 +333,15 @@ RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "dat
 
 
 def main(a):
+    from . import dist
+
+    rank, world, rank_dev = dist.init()
     c = Ctx(a)
+    if rank_dev:
+        c.dev = rank_dev
     stages = STAGES if a.stage == "all" else a.stage.split(",")
+    if world > 1 and stages != ["drafters"]:
+        raise ValueError("under torchrun only `--stage drafters` runs data-parallel; run the other stages alone")
     for s in stages:
         if s not in RUN:
             raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")

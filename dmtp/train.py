@@ -148,7 +148,12 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     sel = labels >= 0
     logits = target.lm_head(hid[sel])
     ce = F.cross_entropy(logits, labels[sel], reduction="none")
-    loss = (ce * w[sel]).sum() / w[sel].sum().clamp(min=1e-6)
+    # normalised by the GLOBAL weight mass (summed over data-parallel ranks, x world since gradients are averaged),
+    # so N ranks compute exactly the 1-rank gradient of the same global batch
+    from .dist import all_sum, rank_world
+
+    world = rank_world()[1]
+    loss = (ce * w[sel]).sum() / all_sum(w[sel].sum().detach()).clamp(min=1e-6) * world
     acc = (logits.argmax(-1) == labels[sel]).float().mean()
     stats = {"acc": float(acc)}
     if drafter.selector is not None:  # DFlash2: + CE over the top-k set, teacher-forced previous token
@@ -174,10 +179,15 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     """Train every drafter in `drafters` on the same batches; checkpoints under out_dir/<name>/ (resumable)."""
     from tqdm import tqdm
 
+    from .dist import all_sum, average_grads, barrier, rank_world
     from .io import atomic_path, write_json
 
     out_dir = Path(out_dir)
     dev = target.device
+    rank, world = rank_world()  # under torchrun each rank trains on rows rank::world of every global batch
+    if cfg.batch_size % world:
+        raise ValueError(f"global batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
+    main = rank == 0
     opts, start, hist = {}, {}, {}
     for name, d in drafters.items():
         d.train()
@@ -207,11 +217,11 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         _, lengths = next(it)
         sample_anchors(lengths, cfg.anchors_per_seq, gen)
     t0 = time.time()
-    bar = tqdm(range(first, cfg.steps), desc=f"train {','.join(todo)}"[:60], dynamic_ncols=True)
+    bar = tqdm(range(first, cfg.steps), desc=f"train {','.join(todo)}"[:60], dynamic_ncols=True, disable=not main)
     for step in bar:
         ids, lengths = next(it)
-        anchors, valid = sample_anchors(lengths, cfg.anchors_per_seq, gen)
-        ids, lengths, anchors, valid = ids.to(dev), lengths.to(dev), anchors.to(dev), valid.to(dev)
+        anchors, valid = sample_anchors(lengths, cfg.anchors_per_seq, gen)  # of the global batch, on every rank
+        ids, lengths, anchors, valid = (x[rank::world].to(dev) for x in (ids, lengths, anchors, valid))
         feats = extract(target, mtp, ids, lengths, taps, need_g)
         post = {}
         for name, d in todo.items():
@@ -225,22 +235,26 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
                 loss, stats = drafter_loss(d, target, ft, anchors, valid, cfg.gamma)
             opts[name].zero_grad(set_to_none=True)
             loss.backward()
+            average_grads(d.parameters())  # no-op on one rank
+            stats["loss"] = float(all_sum(loss.detach())) / world
             gn = torch.nn.utils.clip_grad_norm_(d.parameters(), cfg.clip)
             opts[name].step()
             stats.update(step=step + 1, lr=lr_at(step, cfg), grad_norm=float(gn))
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
                 hist[name].append(stats)
             post[name] = f"{stats['loss']:.3f}"
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                d.save(out_dir / name / "drafter")
+            if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps) and main:
+                d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
                 with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
                     torch.save({"model": d.state_dict(), "opt": opts[name].state_dict(), "step": step + 1,
                                 "history": hist[name]}, tmp)
         bar.set_postfix(post)
-    for name in todo:
+    barrier()
+    for name in todo if main else []:
         write_json(out_dir / name / "history.json", hist[name])
-        (out_dir / name / "DONE").write_text(f"{cfg.steps} steps, {time.time() - t0:.1f}s\n")
+        (out_dir / name / "DONE").write_text(f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)\n")
         (out_dir / name / "trainer_state.pt").unlink(missing_ok=True)
+    barrier()
     return hist
 
 

@@ -1,0 +1,54 @@
+"""Data-parallel drafter training under torchrun (gloo on CPU): 2 ranks follow 1 rank at the same global batch."""
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from dmtp import tiny
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddp")
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    tiny.save(tgt, mtp, root / "target")
+    rng = random.Random(0)
+    with open(root / "data.jsonl", "w") as f:
+        for i in range(16):
+            f.write(json.dumps({"ids": [rng.randrange(3, 96) for _ in range(rng.randrange(20, 40))]}) + "\n")
+    return root
+
+
+def _train(root, out, nproc, steps, extra=()):
+    args = ["-m", "dmtp.cli", "train", "--target", str(root / "target"), "--data", str(root / "data.jsonl"),
+            "--variants", "dflash,zero_init_residual", "--out", str(out), "--steps", str(steps),
+            "--batch-size", "4", "--max-len", "40", "--mask-token-id", "2", *extra]
+    if nproc == 1:
+        cmd = [sys.executable, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--master_port={_free_port()}", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_two_ranks_match_one(setup):
+    root = setup
+    _train(root, root / "one", 1, 4)
+    _train(root, root / "two", 2, 4)
+    for v in ("dflash", "zero_init_residual"):
+        h1 = json.loads((root / "one" / v / "history.json").read_text())
+        h2 = json.loads((root / "two" / v / "history.json").read_text())
+        assert [round(h["loss"], 4) for h in h1] == pytest.approx([round(h["loss"], 4) for h in h2], abs=2e-4)
+        assert "2 rank(s)" in (root / "two" / v / "DONE").read_text()
