@@ -216,9 +216,6 @@ def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4) 
     return m
 
 
-METHODS_BASE = ("ar", "mtp")
-
-
 # --- the loop ---------------------------------------------------------------------------------------------------
 def _pick(logits, temperature, gen):
     if temperature <= 0:

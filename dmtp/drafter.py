@@ -13,7 +13,6 @@ positions. Visibility: `attention.visible`.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path

@@ -40,7 +40,6 @@ def test_norm_convention_follows_target(models):
     tgt, mtp = models
     zero_centred = tgt.config.model_type.startswith("qwen3_5")
     # Qwen3.5 norms compute x * (1 + w) with w initialised at 0; Qwen3 norms x * w with w at 1
-    w = mtp.pre_fc_norm_hidden.weight
     assert type(mtp.norm) is tgt.norm_class()
     fresh = MTPHead(tgt)
     assert torch.all(fresh.norm.weight == (0.0 if zero_centred else 1.0))

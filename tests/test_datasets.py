@@ -6,7 +6,6 @@ import time
 
 import pandas as pd
 import pytest
-import torch
 
 from dmtp.data import datasets as D
 

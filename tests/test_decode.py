@@ -44,7 +44,7 @@ def test_lossless_with_eos_inside_block(models, name):
 def test_state_matches_recomputation(models, name):
     """With many accepted candidates, the cached MTP hidden / T1 and the drafter's proposals at every round equal a
     from-scratch recomputation on the final sequence (the training-time feature path)."""
-    from dmtp.train import Features, extract
+    from dmtp.train import extract
 
     tgt, mtp = models
     prompts = PROMPTS[:3]
@@ -90,7 +90,6 @@ def test_sampling_matches_target_distribution(models):
 
     tgt, mtp = models
     prompt = [5, 7, 9]
-    V = tgt.vocab_size
     # exact distribution over the first 3 tokens, restricted to the most likely sequences
     with torch.no_grad():
         p1 = torch.softmax(tgt.model(torch.tensor([prompt])).logits[0, -1].float(), -1)
