@@ -169,7 +169,7 @@ def cmd_train(a):
     from dataclasses import replace
 
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
-                  lr=a.lr, gamma=a.gamma, seed=a.seed)
+                  lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after)
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
                 **({"backbone": a.backbone} if a.backbone else {}))
@@ -251,6 +251,7 @@ def main(argv=None):
     t.add_argument("--mask-token-id", type=int, help="MASK slot token (default 1)")
     t.add_argument("--init-from", help="variant=PATH,... continue from DFlash-format checkpoints")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--stop-after", type=int, default=0, help="checkpoint and stop after this step (resume later)")
     t.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
     t.add_argument("--device")
     t.set_defaults(fn=cmd_train)

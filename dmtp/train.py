@@ -37,6 +37,7 @@ class TrainConfig:
     log_every: int = 10
     amp_bf16: bool = False  # autocast the drafter in bf16 on GPU
     init_from: dict = field(default_factory=dict)  # variant -> drafter checkpoint to continue from
+    stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
 
 
 # --- data -------------------------------------------------------------------------------------------------------
@@ -243,12 +244,17 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
                 hist[name].append(stats)
             post[name] = f"{stats['loss']:.3f}"
-            if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps) and main:
+            stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps
+            if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop) and main:
                 d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
                 with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
                     torch.save({"model": d.state_dict(), "opt": opts[name].state_dict(), "step": step + 1,
                                 "history": hist[name]}, tmp)
         bar.set_postfix(post)
+        if cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps:
+            barrier()
+            log(f"[train] stopped after step {step + 1} (resumable)")
+            return hist
     barrier()
     for name in todo if main else []:
         write_json(out_dir / name / "history.json", hist[name])

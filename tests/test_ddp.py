@@ -52,3 +52,19 @@ def test_two_ranks_match_one(setup):
         h2 = json.loads((root / "two" / v / "history.json").read_text())
         assert [round(h["loss"], 4) for h in h1] == pytest.approx([round(h["loss"], 4) for h in h2], abs=2e-4)
         assert "2 rank(s)" in (root / "two" / v / "DONE").read_text()
+
+
+def test_resume_on_another_world_size(setup):
+    """Stopped after step 2 on 2 ranks, finished on 1 rank: the same losses as an uninterrupted 1-rank run."""
+    root = setup
+    if not (root / "one" / "dflash" / "history.json").exists():
+        _train(root, root / "one", 1, 4)
+    _train(root, root / "split", 2, 4, ["--stop-after", "2"])
+    assert (root / "split" / "dflash" / "trainer_state.pt").exists()
+    assert not (root / "split" / "dflash" / "DONE").exists()
+    _train(root, root / "split", 1, 4)
+    for v in ("dflash", "zero_init_residual"):
+        h1 = json.loads((root / "one" / v / "history.json").read_text())
+        h2 = json.loads((root / "split" / v / "history.json").read_text())
+        assert [h["step"] for h in h2] == [h["step"] for h in h1]
+        assert [h["loss"] for h in h2] == pytest.approx([h["loss"] for h in h1], abs=2e-4)
