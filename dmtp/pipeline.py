@@ -5,7 +5,8 @@
     dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r     # CI smoke, seconds
 
 Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
-and is skipped when its output exists, so a re-run resumes where a killed one stopped.
+and is skipped when its output exists (evaluation runs: and is newer than the checkpoint they measure, so results
+checked out from another run are redone), so a re-run resumes where a killed one stopped.
 """
 from __future__ import annotations
 
@@ -183,6 +184,11 @@ def st_drafters(c: Ctx):
     write_json(c.res / "drafters" / "train_history.json", hist)
 
 
+def fresh(path: Path, dep: Path) -> bool:
+    """`path` exists and was written after `dep` (the checkpoint or run it is derived from)."""
+    return path.exists() and (not dep.exists() or path.stat().st_mtime >= dep.stat().st_mtime)
+
+
 def eval_plan(c: Ctx):
     from ablations.code import BACKBONES, BASELINES, CONTINUED, MAIN_TABLE, VARIANTS
 
@@ -208,7 +214,8 @@ def st_eval(c: Ctx):
     hp = humaneval_prompts()
     for ds, n, temp, m in eval_plan(c):
         path = c.res / "runs" / "ablation" / m / f"{ds}_T{temp:g}.jsonl"
-        if path.exists():
+        dep = (c.work / "target" / "DONE") if m in ("ar", "mtp") else (drafters_dir / m / "DONE")
+        if fresh(path, dep):  # done after the model it measures (a checked-out result of another run is redone)
             continue
         if m in ("ar", "mtp"):
             method = build_method(m, tgt, mtp=mtp, mtp_steps=c.p.mtp_steps)
@@ -244,7 +251,7 @@ def write_subsets(c: Ctx):
         for mdir in sorted(p for p in runs.iterdir() if p.is_dir()):
             for f in sorted(mdir.glob(f"{src}_T*.jsonl")):
                 out = mdir / f.name.replace(src, name, 1)
-                if out.exists():
+                if fresh(out, f):
                     continue
                 recs = [dict(r, dataset=name) for r in read_jsonl(f)[:n]]
                 write_jsonl(out, recs)

@@ -70,3 +70,18 @@ def test_divergence_is_reported_with_position_and_top2_gap(run, tmp_path):
     head, row = div[0].split(","), div[1].split(",")
     assert head == ["method", "dataset", "id", "position", "ar_token", "token", "top2_gap"]
     assert row[0] == "dflash" and row[3] == "1" and float(row[-1]) >= 0
+
+
+def test_results_older_than_their_model_are_redone(run):
+    """A run file written before the drafter it measures (e.g. checked out from another run) is evaluated again."""
+    import os
+
+    root, cmd, _ = run
+    rec = root / "results" / "smoke" / "runs" / "ablation" / "dflash" / "humaneval_T0.jsonl"
+    done = root / "work" / "smoke" / "drafters" / "dflash" / "DONE"
+    os.utime(rec, (done.stat().st_mtime - 100, done.stat().st_mtime - 100))
+    other = root / "results" / "smoke" / "runs" / "ablation" / "token_only" / "humaneval_T0.jsonl"
+    before = other.stat().st_mtime_ns
+    p = subprocess.run(cmd + ["--stage", "eval"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert rec.stat().st_mtime >= done.stat().st_mtime and other.stat().st_mtime_ns == before
