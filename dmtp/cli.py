@@ -76,12 +76,12 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
     """Batched generation over prompt dicts -> output records in the `dmtp generate` schema."""
     from tqdm import tqdm
 
+    from .decode import generate
+
     recs = []
     bar = tqdm(total=len(prompts), desc=desc[:40], dynamic_ncols=True, leave=False)
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i: i + batch_size]
-        from .decode import generate
-
         res = generate(tgt, method, [p["prompt_ids"] for p in chunk], temperature, max_new_tokens, eos_ids,
                        seed=seed + i)
         for p, r in zip(chunk, res):

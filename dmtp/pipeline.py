@@ -264,13 +264,13 @@ def lossless_check(c: Ctx):
     """At T = 0 every method's output_ids must equal `ar`'s; report divergences with the target's top-2 gap."""
     from .io import read_jsonl, write_text
 
-    rows, flips = [], []
+    rows, flips, refs = [], [], {}
     runs = c.res / "runs" / "ablation"
     for ds in c.p.eval_sets:
         ref_path = runs / "ar" / f"{ds}_T0.jsonl"
         if not ref_path.exists():
             continue
-        ref = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
+        ref = refs[ds] = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
         for mdir in sorted(runs.iterdir()):
             p = mdir / f"{ds}_T0.jsonl"
             if mdir.name == "ar" or not p.exists():
@@ -286,18 +286,12 @@ def lossless_check(c: Ctx):
                                   "ar_token": a[i] if i < len(a) else None, "token": b[i] if i < len(b) else None})
             rows.append({"method": mdir.name, "dataset": ds, "n": len(recs), "identical": len(recs) - len(div),
                          "divergent": ";".join(div)})
-    import csv
-    import io as _io
+    import pandas as pd
 
-    buf = _io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=["method", "dataset", "n", "identical", "divergent"])
-    w.writeheader()
-    w.writerows(rows)
-    write_text(c.res / "tables" / "lossless_T0.csv", buf.getvalue())
+    write_text(c.res / "tables" / "lossless_T0.csv",
+               pd.DataFrame(rows, columns=["method", "dataset", "n", "identical", "divergent"]).to_csv(index=False))
     if flips:
-        top2_gaps(c, flips)
-        import pandas as pd
-
+        top2_gaps(c, flips, refs)
         write_text(c.res / "tables" / "lossless_divergences.csv", pd.DataFrame(flips).to_csv(index=False))
     bad = [r for r in rows if r["identical"] != r["n"]]
     c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset runs identical to ar"
@@ -305,23 +299,16 @@ def lossless_check(c: Ctx):
     return rows
 
 
-def top2_gaps(c: Ctx, flips: list[dict]):
-    """The target's top-2 logit gap where a method's T = 0 output first left `ar`'s (a near-tie flipped by the
-    numerics of a different batch/verify shape, e.g. in bf16)."""
+def top2_gaps(c: Ctx, flips: list[dict], refs: dict):
+    """The target's top-2 logit gap where a method's T = 0 output first left `ar`'s (`refs`: dataset -> id -> ar
+    output ids), i.e. how near a tie the numerics of another batch/verify shape (e.g. bf16) flipped."""
     from .data.humaneval import humaneval_prompts
 
     tgt, _ = c.target()
     tok = c.tok
     prompts = {p["id"]: tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in humaneval_prompts()}
-    ar = {}
     for f in flips:
-        key = (f["dataset"], f["id"])
-        if key not in ar:
-            from .io import read_jsonl
-
-            ar.update({(f["dataset"], r["id"]): r["output_ids"]
-                       for r in read_jsonl(c.res / "runs" / "ablation" / "ar" / f"{f['dataset']}_T0.jsonl")})
-        seq = prompts[f["id"]] + ar[key][: f["position"]]
+        seq = prompts[f["id"]] + refs[f["dataset"]][f["id"]][: f["position"]]
         logits = tgt.features(torch.tensor([seq], device=tgt.device)).logits[0, -1]
         top = logits.topk(2).values
         f["top2_gap"] = float(top[0] - top[1])
