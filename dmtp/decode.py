@@ -9,25 +9,40 @@ A round (SPEC §6), for a batch of requests each at its own anchor position a (A
 Every emitted token is the target's own choice given the committed prefix, so at T = 0 the output is the target's
 greedy output and at T > 0 it is distributed exactly as the target's samples (target-only verification).
 
+The engine (docs/DESIGN.md, "Decode engine"):
+  - caches are preallocated (`cache.KVCache`); rejecting candidates is not advancing a length, never a copy;
+  - the MTP has a private KV cache; its advance always runs k+1 rows at a..a+k (the committed stream's first n+1
+    rows plus scratch rows that the next advance overwrites before anything can see them) — a fixed shape;
+  - the drafter's context K/V lives in one cache with a row per absolute position; the 4096-position anchor window
+    is a mask over it, not a copy;
+  - outputs, accept counts, EOS and length checks are kept on the device; the host learns which requests finished
+    from a pinned copy of the done flags that it reads a round or two later without waiting (no synchronisation per
+    round in steady state);
+  - on CUDA, the stages of a round — drafter, MTP advance, T1 head + embedding + fusion, verification, drafter
+    context — are CUDA graphs captured per batch (serve: per batch cap) on first use (`graphs.py`).
+
     results = generate(target, build_method("zero_init_residual", target, drafter=d, mtp=m), prompts, 0.0, 128)
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
+import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from .cache import KVCache
+from .graphs import Graphs
 
 
 @dataclass
 class Result:
     output_ids: list[int]
     accepted: list[int] = field(default_factory=list)  # accepted draft count of every verify round
-    wall_s: float = 0.0  # from the batch's start until this request finished
+    wall_s: float = 0.0  # from the batch's start until the host saw this request finish
 
 
 @dataclass
@@ -35,27 +50,29 @@ class State:
     lens: torch.Tensor  # [B] positions the target has processed (= anchor position a)
     anchor: torch.Tensor  # [B] A, the last committed token
     done: torch.Tensor  # [B] bool
+    capacity: int = 0  # cache rows per request
 
 
-# --- native MTP state -------------------------------------------------------------------------------------------
 def no_timer(stage: str):
     """Stage timer hook (`bench.StageTimer` replaces it): a context manager per named stage."""
     return contextlib.nullcontext()
 
 
+# --- native MTP state -------------------------------------------------------------------------------------------
 class MTPState:
-    """Private MTP KV cache; after each commit, caches h_MTP (the g that predicts the next T1) and T1 = argmax."""
+    """Private MTP KV cache and h = the MTP hidden g at position a-1 (the one that predicts the next T1), kept in
+    place. T1 = argmax LMHead(h) is computed where it is used (`t1_head`), and kept in `t1`."""
 
-    def __init__(self, head, batch, capacity, timer=no_timer):
-        self.head, self.cache, self.timer = head, KVCache(batch, capacity), timer
-        self.h = None  # [B, H] g at position a-1
+    def __init__(self, head, batch, capacity, screen=None):
+        self.head, self.cache, self.screen = head, KVCache(batch, capacity), screen
+        self.h = None  # [B, H]
         self.t1 = None  # [B]
 
-    def _set_next(self, g_rows, row):
-        with self.timer("t1_prep"):  # T1 head: the LM head over the cached MTP hidden
-            b = torch.arange(g_rows.shape[0], device=g_rows.device)
-            self.h = g_rows[b, row]
-            self.t1 = self.head.target.lm_head(self.h).argmax(-1)
+    def t1_head(self, h):
+        """T1 from h: the target's LM head and argmax, or the screened head (`screen.T1Screen`) when set."""
+        t1 = self.head.target.lm_head(h).argmax(-1) if self.screen is None else self.screen(h)
+        self.t1.copy_(t1)
+        return self.t1
 
     @torch.no_grad()
     def prefill(self, ids, plen, anchor, hidden):
@@ -65,18 +82,18 @@ class MTPState:
         nxt[torch.arange(B), plen - 1] = anchor
         pos = torch.arange(T, device=ids.device)[None].expand(B, T)
         g = self.head(self.head.target.embed(nxt), hidden, pos, self.cache)
-        self._set_next(g, plen - 1)
+        self.h = g[torch.arange(B, device=g.device), plen - 1].clone()
+        self.t1 = anchor.clone()
         return g
 
     @torch.no_grad()
     def advance(self, lens, emitted, hidden, n_acc):
         """Rows at a..a+k consume the committed stream x_{a+1..} = y_0..y_k and h^L_a..h^L_{a+k}; rows past n are
-        scratch (overwritten before anything can see them). Returns g [B, k+1, H]."""
+        scratch (overwritten before anything can see them). Keeps h = g at row n. Returns g [B, k+1, H]."""
         r = emitted.shape[1]
         pos = lens[:, None] + torch.arange(r, device=lens.device)
-        with self.timer("mtp"):
-            g = self.head(self.head.target.embed(emitted), hidden, pos, self.cache)
-        self._set_next(g, n_acc)
+        g = self.head(self.head.target.embed(emitted), hidden, pos, self.cache)
+        self.h.copy_(g[torch.arange(g.shape[0], device=g.device), n_acc])
         return g
 
     def absorb(self, dst, other: "MTPState", src):
@@ -85,8 +102,9 @@ class MTPState:
 
     @torch.no_grad()
     def chain(self, lens, k):
-        """MTP-k: T1 from the cache, then k-1 chained steps feeding g back as the hidden (tentative rows at a..)."""
-        cands, g, tok = [self.t1], self.h, self.t1
+        """MTP-k: T1 from h, then k-1 chained steps feeding g back as the hidden (tentative rows at a..)."""
+        tok = self.t1_head(self.h)
+        cands, g = [tok.clone()], self.h
         for j in range(1, k):
             pos = (lens + j - 1)[:, None]
             g = self.head(self.head.target.embed(tok[:, None]), g[:, None], pos, self.cache)[:, 0]
@@ -97,13 +115,26 @@ class MTPState:
 
 # --- methods ----------------------------------------------------------------------------------------------------
 class Method:
+    """A drafting method. The loop calls prefill once, then propose / commit every round. Work that should be timed
+    or captured as a CUDA graph goes through `self.run(stage, fn, *tensors)` (see `graphs.py` for what a stage may
+    do); the batch that owns the method's state replaces `run` with its timed, graphed version."""
     name = "ar"
     k = 0  # candidates per round
     taps = None  # target layers the method needs
     timer = staticmethod(no_timer)  # stage timer (benchmarks set it)
+    graphable = True  # every stage obeys graphs.py's rules (a wrapper that inspects state on the host: False)
+
+    def run(self, stage, fn, *inputs):
+        with self.timer(stage):
+            return fn(*inputs)
 
     def prefill(self, st: State, ids, plen, out):
         pass
+
+    def buffers(self) -> list[torch.Tensor]:
+        """State tensors (after prefill) that live as long as the batch and are only updated in place."""
+        mtp = getattr(self, "mtp", None)
+        return [mtp.h, mtp.t1] if mtp is not None else []
 
     def propose(self, st: State) -> torch.Tensor:
         return st.lens.new_zeros(st.lens.shape[0], 0)
@@ -116,19 +147,18 @@ class Method:
 
 
 class MTPMethod(Method):
-    def __init__(self, head, k=4):
-        self.name, self.k, self.head = "mtp", k, head
+    def __init__(self, head, k=4, screen=None):
+        self.name, self.k, self.head, self.screen = "mtp", k, head, screen
 
     def prefill(self, st, ids, plen, out):
-        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.timer)
+        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen)
         self.mtp.prefill(ids, plen, st.anchor, out.hidden)
 
-    def propose(self, st):
-        with self.timer("drafter"):  # the chained MTP is this method's drafter
-            return self.mtp.chain(st.lens, self.k)
+    def propose(self, st):  # the chained MTP is this method's drafter
+        return self.run("drafter", lambda lens: self.mtp.chain(lens, self.k), st.lens)
 
     def commit(self, st, out, emitted, n_acc):
-        self.mtp.advance(st.lens, emitted, out.hidden, n_acc)
+        self.run("mtp", self.mtp.advance, st.lens, emitted, out.hidden, n_acc)
 
     def absorb(self, dst, other, src):
         self.mtp.absorb(dst, other.mtp, src)
@@ -137,8 +167,8 @@ class MTPMethod(Method):
 class DrafterMethod(Method):
     """DFlash and every DMTP variant: the variant decides the block and whether the MTP is involved."""
 
-    def __init__(self, drafter, head=None):
-        self.drafter, self.head = drafter, head
+    def __init__(self, drafter, head=None, screen=None):
+        self.drafter, self.head, self.screen = drafter, head, screen
         self.var = drafter.injection
         self.name = self.var.name
         self.k = drafter.config.num_candidates
@@ -148,8 +178,11 @@ class DrafterMethod(Method):
         lay = self.var.layout(self.k)
         self.offsets = torch.tensor(lay.offsets)
         self.predict = torch.tensor(lay.predict)
+        # flex attention builds its block mask with torch.compile: not inside a CUDA graph
+        self.graphable = drafter.config.attn_backend == "sdpa"
 
-    def _write_ctx(self, taps, g, pos):
+    def _write_ctx(self, taps, g, lens):
+        pos = lens[:, None] + torch.arange(taps.shape[1], device=lens.device)
         f = self.drafter.context(taps, g)
         self.ctx.write_pos = pos
         for i, (k, v) in enumerate(self.drafter.context_kv(f, pos)):
@@ -158,35 +191,44 @@ class DrafterMethod(Method):
     @torch.no_grad()
     def prefill(self, st, ids, plen, out):
         B, T = ids.shape
+        dev = ids.device
         self.ctx = KVCache(B, st.capacity)
+        self.offsets, self.predict = self.offsets.to(dev), self.predict.to(dev)
+        self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
         g = None
         if self.var.needs_mtp:
-            self.mtp = MTPState(self.head, B, st.capacity, self.timer)
+            self.mtp = MTPState(self.head, B, st.capacity, self.screen)
             g = self.mtp.prefill(ids, plen, st.anchor, out.hidden)
-        self._write_ctx(out.taps, g, torch.arange(T, device=ids.device)[None].expand(B, T))
+        self._write_ctx(out.taps, g, torch.zeros_like(plen))
+
+    def _block(self, anchor, h=None):
+        """Block embeddings [B, S, H]; DMTP variants: T1 head + embeddings + the variant's fusion of E(T1), h."""
+        tgt, d = self.drafter_target, self.drafter
+        e_t1 = tgt.embed(self.mtp.t1_head(h)) if self.var.t1 else None
+        return d.block(tgt.embed(anchor), e_t1, h if self.var.t1 else None, tgt.embed(self.mask_id)[0])
+
+    def _draft(self, block, lens, prev):
+        d, tgt = self.drafter, self.drafter_target
+        bpos = lens[:, None] + self.offsets
+        ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
+        hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
+        return d.select(tgt.lm_head(hid), hid, prev)  # argmax, or the DFlash2 path walked from A / T1
 
     @torch.no_grad()
     def propose(self, st):
-        d, tgt = self.drafter, self.drafter_target
-        with self.timer("t1_prep"):  # embeddings + the variant's fusion of E(T1) and h_MTP
-            h = self.mtp.h if self.var.t1 else None
-            e_t1 = tgt.embed(self.mtp.t1) if self.var.t1 else None
-            e_mask = tgt.embed(torch.tensor([d.config.mask_token_id], device=st.lens.device))[0]
-            block = d.block(tgt.embed(st.anchor), e_t1, h, e_mask)  # [B, S, H]
-        with self.timer("drafter"):
-            bpos = st.lens[:, None] + self.offsets.to(st.lens.device)
-            ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
-            hid = d(block, bpos, ctx, st.lens[:, None])
-            hid = hid[:, self.predict.to(hid.device)]  # predicting slots -> argmax, or the DFlash2 path from A / T1
-            pred = d.select(tgt.lm_head(hid), hid, self.mtp.t1 if self.var.t1 else st.anchor)  # [B, #mask slots]
-        return torch.cat([self.mtp.t1[:, None], pred], 1) if self.var.t1 else pred
+        if not self.var.t1:  # DFlash: the block (A + mask embeddings) is built inside the drafter stage
+            return self.run("drafter", lambda a, lens: self._draft(self._block(a), lens, a), st.anchor, st.lens)
+        block = self.run("t1_prep", self._block, st.anchor, self.mtp.h)
+        pred = self.run("drafter", self._draft, block, st.lens, self.mtp.t1)
+        return torch.cat([self.mtp.t1[:, None], pred], 1)
 
     @torch.no_grad()
     def commit(self, st, out, emitted, n_acc):
-        g = self.mtp.advance(st.lens, emitted, out.hidden, n_acc) if self.var.needs_mtp else None
-        pos = st.lens[:, None] + torch.arange(emitted.shape[1], device=st.lens.device)
-        with self.timer("drafter_ctx"):
-            self._write_ctx(out.taps, g, pos)
+        g = self.run("mtp", self.mtp.advance, st.lens, emitted, out.hidden, n_acc) if self.var.needs_mtp else None
+        if g is None:
+            self.run("drafter_ctx", lambda taps, lens: self._write_ctx(taps, None, lens), out.taps, st.lens)
+        else:
+            self.run("drafter_ctx", self._write_ctx, out.taps, g, st.lens)
 
     def absorb(self, dst, other, src):
         self.ctx.copy_rows(other.ctx, dst, src)
@@ -194,13 +236,14 @@ class DrafterMethod(Method):
             self.mtp.absorb(dst, other.mtp, src)
 
 
-def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4) -> Method:
+def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4, screen=None) -> Method:
+    """`screen`: an optional `screen.T1Screen` replacing the full LM head for T1 (MTP and DMTP methods)."""
     if name == "ar":
         return Method()
     if name == "mtp":
         if mtp is None:
             raise ValueError("method 'mtp' needs the target's native MTP head")
-        return MTPMethod(mtp, mtp_steps)
+        return MTPMethod(mtp, mtp_steps, screen)
     from .variants import get_variant
 
     get_variant(name)  # unknown names fail here with the list of known ones
@@ -211,98 +254,185 @@ def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4) 
     from .drafter import check_compatible
 
     check_compatible(drafter, target)
-    m = DrafterMethod(drafter, mtp)
+    m = DrafterMethod(drafter, mtp, screen)
     m.drafter_target = target
     return m
 
 
 # --- the loop ---------------------------------------------------------------------------------------------------
 def _pick(logits, temperature, gen):
+    """The target's token: argmax, or a sample by the exponential race (argmax p/E, E ~ Exp(1) i.i.d. is distributed
+    as Categorical(p)) — no host synchronisation, unlike torch.multinomial's checks."""
     if temperature <= 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, -1)
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=gen).reshape(probs.shape[:-1])
+    race = torch.empty_like(probs).exponential_(generator=gen)
+    return (probs / race).argmax(-1)
+
+
+def use_graphs(target, method: Method) -> bool:
+    """CUDA graphs on CUDA for full-attention targets (hybrid targets keep a per-round history of linear states whose
+    selection is host-side) unless DMTP_CUDA_GRAPHS=0."""
+    return (target.device.type == "cuda" and not target.hybrid and method.graphable
+            and os.environ.get("DMTP_CUDA_GRAPHS", "1") != "0")
 
 
 class Batch:
-    """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`.
-    `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling newcomers as a batch of their
-    own and moving their rows into the free slots (`absorb`)."""
+    """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`, and the
+    device-side record of outputs. `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling
+    newcomers as a batch of their own and moving their rows into the free slots (`absorb`)."""
 
     @torch.no_grad()
     def __init__(self, target, method: Method, prompts, temperature, max_new_tokens, eos, gen, capacity=None,
-                 t0=None):
+                 t0=None, graphs: bool | None = None):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         dev = self.dev = target.device
         self.target, self.method = target, copy.copy(method)  # the copy holds this batch's MTP / drafter state
-        self.temperature, self.max_new_tokens, self.eos, self.gen = temperature, max_new_tokens, eos, gen
+        self.temperature, self.max_new_tokens, self.gen = temperature, max_new_tokens, gen
         self.t0 = time.perf_counter() if t0 is None else t0
-        B = len(prompts)
+        B, k = len(prompts), method.k
         plen = torch.tensor([len(p) for p in prompts], device=dev)
-        T = int(plen.max())
+        T = max(len(p) for p in prompts)
+        need = T + max_new_tokens + 2 * (k + 1)
+        cap = capacity or need
+        if cap < need:
+            raise ValueError(f"cache capacity {cap} < longest prompt {T} + {max_new_tokens} new tokens + 2 blocks")
         ids = torch.zeros(B, T, dtype=torch.long, device=dev)
         for b, p in enumerate(prompts):
             ids[b, : len(p)] = torch.tensor(p, device=dev)
-        cap = capacity or T + max_new_tokens + 2 * (method.k + 1)
         self.cache = KVCache(B, cap)
         pos = torch.arange(T, device=dev)[None].expand(B, T)
         out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen)  # lengths: padding stays out
         first = _pick(out.logits[torch.arange(B, device=dev), plen - 1], temperature, gen)  # of GDN states
-        st = self.st = State(lens=plen.clone(), anchor=first, done=torch.zeros(B, dtype=torch.bool, device=dev))
-        st.capacity = cap
-        self.results = [Result([int(t)]) for t in first.tolist()]
-        for b, r in enumerate(self.results):
-            if r.output_ids[-1] in eos or max_new_tokens <= 1:
-                st.done[b] = True
-                r.wall_s = time.perf_counter() - self.t0
+        self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
+        done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
+        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap)
+        # device-side record: output tokens, count, accept count of every round
+        self.out = torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev)
+        self.out[:, 0] = first
+        self.n_out = torch.ones(B, dtype=torch.long, device=dev)
+        self.acc = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
+        self.n_rounds = torch.zeros(B, dtype=torch.long, device=dev)
+        self.ar = torch.arange(k + 1, device=dev)
         self.method.prefill(st, ids, plen, out)
-        self.ar = torch.arange(method.k + 1, device=dev)
+        self.graphs = Graphs(use_graphs(target, self.method) if graphs is None else graphs)
+        self.graphs.persistent(st.lens, st.anchor, st.done, *self.method.buffers())
+        self.method.run = self._run
+        # what the host knows: done flags as of some earlier round (pinned copies, read without waiting)
+        self.wall: list[float | None] = [None] * B
+        self._seen = torch.zeros(B, dtype=torch.bool)
+        self._pending: collections.deque = collections.deque()
+        self._ring: list[torch.Tensor] = []  # pinned landing buffers, made on the first round (newcomers never step)
+        self._turn = 0
+        self._see(done.cpu())
+
+    def _run(self, stage, fn, *inputs):
+        with self.method.timer(stage):
+            return self.graphs(stage, fn, *inputs)
+
+    # --- what the host knows --------------------------------------------------------------------------------------
+    def _see(self, done_host: torch.Tensor):
+        new = done_host & ~self._seen
+        if new.any():
+            now = time.perf_counter() - self.t0
+            for b in new.nonzero().flatten().tolist():
+                self.wall[b] = now
+        self._seen = done_host.clone()
+
+    def _publish(self):
+        """Queue a copy of the done flags to the host (no wait). At most 2 stay in flight: the host then waits for the
+        round before last while the GPU runs the last one."""
+        if self.dev.type != "cuda":
+            self._see(self.st.done.cpu())
+            return
+        if not self._ring:
+            self._ring = [torch.zeros(self.st.done.shape, dtype=torch.bool, pin_memory=True) for _ in range(4)]
+        buf = self._ring[self._turn % len(self._ring)]
+        self._turn += 1
+        buf.copy_(self.st.done, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._pending.append((ev, buf))
+
+    def poll(self, wait: bool = False) -> torch.Tensor:
+        """Done flags [B] (host) as of the newest round whose copy has arrived; `wait` = as of the last round."""
+        while self._pending and (wait or len(self._pending) > 2 or self._pending[0][0].query()):
+            ev, buf = self._pending.popleft()
+            ev.synchronize()
+            self._see(buf)
+        return self._seen
 
     @property
     def finished(self) -> bool:
-        return bool(self.st.done.all())
+        return bool(self.poll().all())
+
+    def result(self, b: int) -> Result:
+        n, r = int(self.n_out[b]), int(self.n_rounds[b])
+        return Result(self.out[b, :n].tolist(), self.acc[b, :r].tolist(), self.wall[b] or 0.0)
+
+    @property
+    def results(self) -> list[Result]:
+        self.poll(wait=True)
+        n_out, n_rounds = self.n_out.tolist(), self.n_rounds.tolist()
+        out, acc = self.out.cpu(), self.acc.cpu()
+        return [Result(out[b, : n_out[b]].tolist(), acc[b, : n_rounds[b]].tolist(),
+                       self.wall[b] if self.wall[b] is not None else time.perf_counter() - self.t0)
+                for b in range(len(n_out))]
+
+    # --- one round ------------------------------------------------------------------------------------------------
+    def _verify(self, anchor, cands, lens):
+        out = self.target.forward(torch.cat([anchor[:, None], cands], 1), lens[:, None] + self.ar, self.cache,
+                                  taps=self.method.taps)
+        return out, (out.logits.argmax(-1) if self.temperature <= 0 else None)
 
     @torch.no_grad()
     def step(self):
         """One round for every live request (finished ones ride along; their rows are ignored)."""
-        st, method, timer, B = self.st, self.method, self.method.timer, len(self.results)
-        with timer("round"):
-            live = ~st.done
+        st, method = self.st, self.method
+        with method.timer("round"):
             cands = method.propose(st)  # [B, k]
-            with timer("verify"):
-                out = self.target.forward(torch.cat([st.anchor[:, None], cands], 1), st.lens[:, None] + self.ar,
-                                          self.cache, taps=method.taps)
+            out, y = self._run("verify", self._verify, st.anchor, cands, st.lens)
+            if y is None:
                 y = _pick(out.logits, self.temperature, self.gen)  # [B, k+1]: the target's token after each prefix
-                n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
-            now = time.perf_counter() - self.t0
-            for b, (n, row, done) in enumerate(zip(n_acc.tolist(), y.tolist(), st.done.tolist())):
-                if done:
-                    continue
-                r = self.results[b]
-                r.accepted.append(n)
-                for tok in row[: n + 1]:
-                    r.output_ids.append(tok)
-                    if tok in self.eos or len(r.output_ids) >= self.max_new_tokens:
-                        st.done[b] = True
-                        r.wall_s = now
-                        break
-            self.cache.commit(n_acc + 1)  # hybrid targets: linear-attention states after A + accepted drafts
+            n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
+            live = ~st.done
+            self._record(y, n_acc, live)
+            if self.target.hybrid:
+                self.cache.commit(n_acc + 1)  # linear-attention states after A + accepted drafts
             method.commit(st, out, y, n_acc)
-            st.anchor = y[torch.arange(B, device=self.dev), n_acc]
-            st.lens = torch.where(live, st.lens + n_acc + 1, st.lens)
+            st.anchor.copy_(y.gather(1, n_acc[:, None])[:, 0])
+            st.lens.copy_(torch.where(live, st.lens + n_acc + 1, st.lens))
+        self._publish()
+
+    def _record(self, y, n_acc, live):
+        """Device-side: append y_0..y_n (cut at the first EOS and at max_new_tokens) and n to each live request."""
+        emit = self.ar[None] <= n_acc[:, None]
+        hit = emit & torch.isin(y, self.eos)
+        first = torch.where(hit.any(1), hit.int().argmax(1), y.shape[1])  # index of the first emitted EOS
+        cnt = torch.minimum(torch.minimum(n_acc + 1, first + 1), self.max_new_tokens - self.n_out)
+        self.out.scatter_(1, (self.n_out[:, None] + self.ar).clamp(max=self.out.shape[1] - 1), y)
+        self.acc.scatter_(1, self.n_rounds.clamp(max=self.acc.shape[1] - 1)[:, None], n_acc[:, None])
+        self.n_rounds += live.long()
+        self.n_out += torch.where(live, cnt, 0)
+        self.st.done |= live & ((first < cnt) | (self.n_out >= self.max_new_tokens))
 
     def absorb(self, slots: list[int], other: "Batch"):
         """Move `other`'s requests (all of its rows, in order) into this batch's `slots` (same capacity)."""
+        self.poll(wait=True)  # copies still in flight describe the slots' previous occupants
         dst = torch.tensor(slots, device=self.dev)
         src = torch.arange(len(slots), device=self.dev)
         self.cache.copy_rows(other.cache, dst, src)
         for f in ("lens", "anchor", "done"):
             getattr(self.st, f)[dst] = getattr(other.st, f)[src]
+        for f in ("out", "n_out", "acc", "n_rounds"):
+            getattr(self, f)[dst] = getattr(other, f)[src]
         self.method.absorb(dst, other.method, src)
-        for s, r in zip(slots, other.results):
-            self.results[s] = r
+        seen = self._seen.clone()
+        for s, b in zip(slots, range(len(slots))):
+            self.wall[s] = other.wall[b]
+            seen[s] = bool(other._seen[b])
+        self._seen = seen
 
 
 @torch.no_grad()
@@ -314,16 +444,16 @@ def generate(target, method: Method, prompts: list[list[int]], temperature: floa
     while not batch.finished:
         batch.step()
         if progress is not None:
-            progress(int(batch.st.done.sum()))
+            progress(int(batch.poll().sum()))
     return batch.results
 
 
 @torch.no_grad()
 def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
           max_new_tokens: int = 128, eos_ids=(), seed: int = 0) -> list[Result]:
-    """Dynamic batching: at most `cap` requests in flight; as soon as requests finish, the next ones in arrival
-    order are prefilled together and take their slots. `wall_s` of a result counts from the start of the group
-    (queueing included)."""
+    """Dynamic batching: at most `cap` requests in flight; as soon as the host sees requests finished, the next ones
+    in arrival order are prefilled together and take their slots. `wall_s` of a result counts from the start of the
+    group (queueing included)."""
     if cap < 1:
         raise ValueError("batch cap must be >= 1")
     gen = torch.Generator(device=target.device).manual_seed(seed)
@@ -336,16 +466,17 @@ def serve(target, method: Method, prompts: list[list[int]], cap: int, temperatur
     batch = Batch(target, method, [prompts[i] for i in first], temperature, max_new_tokens, eos, gen, capacity, t0)
     owner = list(first)  # slot -> request index (None: free)
     while True:
+        done = batch.poll()
         free = []
-        for s, done in enumerate(batch.st.done.tolist()):
-            if done and owner[s] is not None:
-                out[owner[s]], owner[s] = batch.results[s], None
+        for s in range(len(owner)):
+            if owner[s] is not None and done[s]:
+                out[owner[s]], owner[s] = batch.result(s), None
             if owner[s] is None:
                 free.append(s)
         if queue and free:
             join, queue = queue[: len(free)], queue[len(free):]
             nb = Batch(target, method, [prompts[i] for i in join], temperature, max_new_tokens, eos, gen, capacity,
-                       t0)
+                       t0, graphs=False)
             batch.absorb(free[: len(join)], nb)
             for s, i in zip(free, join):
                 owner[s] = i
