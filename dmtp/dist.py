@@ -1,8 +1,10 @@
-"""Data parallelism under torchrun (one process per GPU; gloo on CPU): ranks take interleaved rows of every global
-batch and average gradients with one all-reduce per drafter step, so N ranks follow the 1-rank run at the same
-global batch.
+"""Data parallelism under torchrun (one process per GPU; nccl on CUDA, gloo on CPU). Training (target pretraining,
+drafters) takes interleaved rows of every global batch and averages gradients with one all-reduce per step, so N
+ranks follow the 1-rank run at the same global batch; generation deals whole batches of prompts to the ranks and
+gathers the records in prompt order.
 
     torchrun --nproc_per_node=2 -m dmtp.cli train --target T --data D --variants dflash --out O --batch-size 32
+    torchrun --nproc_per_node=2 -m dmtp.cli pipeline --profile mini --stage target,data,drafters
 """
 from __future__ import annotations
 
@@ -38,6 +40,20 @@ def is_main() -> bool:
 def barrier():
     if dist.is_initialized():
         dist.barrier()
+
+
+def destroy():
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_gather_objects(obj) -> list:
+    """Every rank's `obj` (picklable), in rank order, on every rank ([obj] on one process)."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def all_sum(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+import json
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 
 from dmtp.pretrain import PretrainConfig, TargetArch
 from dmtp.train import TrainConfig
@@ -128,6 +129,43 @@ def get_profile(name: str) -> Profile:
     if name not in PROFILES:
         raise KeyError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
     return PROFILES[name]()
+
+
+def override(p: Profile, assignments: list[str]) -> Profile:
+    """`KEY=VALUE` assignments (`pretrain.tokens=20000000`, `data_batch=4`) applied to a profile. A value is read as
+    its field's current type (bool: true/false; tuple and dict: JSON), so a typo fails instead of training on a
+    string; the name stays, so the work and results folders are the profile's."""
+    for a in assignments:
+        key, eq, raw = a.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--set {a!r}: expected KEY=VALUE, e.g. pretrain.tokens=20000000")
+        p = _assign(p, key.split("."), raw, key)
+    return p
+
+
+def _assign(obj, path: list[str], raw: str, key: str):
+    names = {f.name for f in fields(obj)} if is_dataclass(obj) else set()
+    if path[0] not in names or path[0] == "name":
+        raise KeyError(f"--set {key}: {type(obj).__name__} has no field {path[0]!r}"
+                       + (f" (fields: {', '.join(sorted(names - {'name'}))})" if names else ""))
+    cur = getattr(obj, path[0])
+    if len(path) > 1:
+        return replace(obj, **{path[0]: _assign(cur, path[1:], raw, key)})
+    try:
+        if isinstance(cur, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError("expected true or false")
+            val = raw.lower() in ("true", "1")
+        elif isinstance(cur, (int, float, str)):
+            val = type(cur)(raw)
+        else:
+            val = json.loads(raw)
+            val = tuple(val) if isinstance(cur, tuple) else val
+            if not isinstance(val, type(cur)):
+                raise ValueError(f"expected JSON for a {type(cur).__name__}")
+    except ValueError as e:
+        raise ValueError(f"--set {key}={raw}: {e}") from None
+    return replace(obj, **{path[0]: val})
 
 
 # --- paper scale (SPEC 8, open reproduction) -----------------------------------------------------------------------
