@@ -72,15 +72,22 @@ def read_prompts(path, tok=None):
 
 
 def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size, seed=0, tok=None,
-                 desc="generate", extra=None):
-    """Batched generation over prompt dicts -> output records in the `dmtp generate` schema."""
+                 desc="generate", extra=None, shard=False):
+    """Batched generation over prompt dicts -> output records in the `dmtp generate` schema. Batch i (prompts
+    i*B..) is seeded with `seed + i*B`. `shard=True` under torchrun: rank r decodes batches r, r+W, ... and the
+    records come back in prompt order on every rank, so the result does not depend on the number of ranks."""
     from tqdm import tqdm
 
     from .decode import generate
+    from .dist import all_gather_objects, rank_world
 
+    rank, world = rank_world() if shard else (0, 1)
+    starts = list(range(0, len(prompts), batch_size))
+    mine = starts[rank::world]
     recs = []
-    bar = tqdm(total=len(prompts), desc=desc[:40], dynamic_ncols=True, leave=False)
-    for i in range(0, len(prompts), batch_size):
+    bar = tqdm(total=sum(len(prompts[i: i + batch_size]) for i in mine), desc=desc[:40], dynamic_ncols=True,
+               leave=False, disable=rank != 0)
+    for i in mine:
         chunk = prompts[i: i + batch_size]
         res = generate(tgt, method, [p["prompt_ids"] for p in chunk], temperature, max_new_tokens, eos_ids,
                        seed=seed + i)
@@ -94,7 +101,14 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
             recs.append(rec)
         bar.update(len(chunk))
     bar.close()
-    return recs
+    if world == 1:
+        return recs
+    parts, out = all_gather_objects(recs), []
+    for b, i in enumerate(starts):  # batch b was decoded by rank b % world, in order
+        part, n = parts[b % world], len(prompts[i: i + batch_size])
+        out += part[:n]
+        parts[b % world] = part[n:]
+    return out
 
 
 def load_tokenizer(path):
@@ -261,6 +275,8 @@ def main(argv=None):
     pl.add_argument("--stage", default="all")
     pl.add_argument("--work", default="work", help="where checkpoints and intermediate data go")
     pl.add_argument("--results", default="results")
+    pl.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a profile field, e.g. pretrain.tokens=20000000 or data_batch=512 (repeatable)")
     pl.set_defaults(fn=lambda a: __import__("dmtp.pipeline", fromlist=["main"]).main(a))
 
     dr = sub.add_parser("dryrun", help="paper-scale profile: target (config only), MTP head and every drafter on the "

@@ -7,10 +7,14 @@
 Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
 and is skipped when its output exists (evaluation runs: and is newer than the checkpoint they measure, so results
 checked out from another run are redone), so a re-run resumes where a killed one stopped.
+
+Under torchrun (`make target|data|drafters NGPU=2`) the stages target, data and drafters run data-parallel, one
+process per GPU; rank 0 alone writes. `--set pretrain.tokens=20000000` (repeatable) overrides a profile field.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,21 +22,25 @@ from pathlib import Path
 import torch
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "tables"]
+PARALLEL = ["target", "data", "drafters"]  # the stages that run under torchrun (the others: one process)
 
 
 class Ctx:
     def __init__(self, a):
-        from experiments.profiles import get_profile
+        from experiments.profiles import get_profile, override
 
         name = a.profile or ("mini" if torch.cuda.is_available() else "tiny")
-        self.p = get_profile(name)
+        self.p = override(get_profile(name), getattr(a, "set", None) or [])
         self.work = Path(a.work) / name
         self.res = Path(a.results) / name
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.p.target_dtype]
 
     def log(self, msg):
-        print(f"[{self.p.name}] {msg}", flush=True)
+        from .dist import is_main
+
+        if is_main():
+            print(f"[{self.p.name}] {msg}", flush=True)
 
     def done(self, path: Path) -> bool:
         return (path / "DONE").exists() if path.is_dir() or not path.suffix else path.exists()
@@ -73,9 +81,12 @@ def st_tokenizer(c: Ctx):
 
 
 def st_target(c: Ctx):
+    """Pretrain target + MTP (data-parallel under torchrun); rank 0 evaluates and writes the checkpoint. Returns
+    False when `pretrain.stop_after` stopped it (resumable, on any number of ranks)."""
     import numpy as np
 
-    from .io import write_json, write_meta
+    from .dist import barrier, is_main
+    from .io import atomic_dir, write_json, write_meta
     from .mtp import save_target_with_mtp
     from .pretrain import build_target, evaluate, pretrain
 
@@ -84,7 +95,7 @@ def st_target(c: Ctx):
         return
     tok = c.tok
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    torch.manual_seed(c.p.pretrain.seed)
+    torch.manual_seed(c.p.pretrain.seed)  # the same initial weights on every rank
     tgt, mtp = build_target(c.p.arch, len(tok), eos)
     tgt.model.to(c.dev)
     mtp.to(c.dev)
@@ -93,31 +104,38 @@ def st_target(c: Ctx):
     train = np.load(c.work / "tokens" / "train.npy", mmap_mode="r")
     held = np.load(c.work / "tokens" / "heldout.npy", mmap_mode="r")
     t0 = time.time()
-    hist = pretrain(tgt, mtp, train, c.p.pretrain, c.work / "target_state", log=c.log)
+    hist, info = pretrain(tgt, mtp, train, c.p.pretrain, c.work / "target_state", log=c.log)
+    if not info["finished"]:
+        return False
     wall = time.time() - t0
-    ev = evaluate(tgt, mtp, np.asarray(held), c.p.pretrain.seq_len, c.p.pretrain.eval_tokens)
-    ev.update(parameters=n_params, mtp_parameters=sum(p.numel() for p in mtp.parameters()),
-              train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall,
-              tokens_per_s=(hist[-1]["tokens"] / wall) if hist and wall > 0 else None)
-    c.log(f"target held-out: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()})}")
-    tgt.model.to(torch.bfloat16 if c.p.name == "mini" else torch.float32)
-    mtp.to(torch.bfloat16 if c.p.name == "mini" else torch.float32)
-    from .io import atomic_dir
-
-    with atomic_dir(out) as tmp:
-        save_target_with_mtp(tgt.model, mtp, tmp)
-        tok.save_pretrained(tmp)
-        (tmp / "DONE").write_text("ok\n")
-    write_json(c.res / "target" / "pretrain_history.json", hist)
-    write_json(c.res / "target" / "heldout.json", ev)
-    write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.arch), "pretrain": asdict(c.p.pretrain)},
-               wall_s=wall)
+    if is_main():
+        ev = evaluate(tgt, mtp, np.asarray(held), c.p.pretrain.seq_len, c.p.pretrain.eval_tokens)
+        ev.update(parameters=n_params, mtp_parameters=sum(p.numel() for p in mtp.parameters()),
+                  train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall, world=info["world"],
+                  tokens_per_s=info["tokens_trained"] / info["train_s"] if info["train_s"] > 0 else None)
+        c.log(f"target held-out: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()})}")
+        tgt.model.to(torch.bfloat16 if c.p.name == "mini" else torch.float32)
+        mtp.to(torch.bfloat16 if c.p.name == "mini" else torch.float32)
+        with atomic_dir(out) as tmp:
+            save_target_with_mtp(tgt.model, mtp, tmp)
+            tok.save_pretrained(tmp)
+            (tmp / "DONE").write_text("ok\n")
+        write_json(c.res / "target" / "pretrain_history.json", hist)
+        write_json(c.res / "target" / "heldout.json", ev)
+        write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.arch), "pretrain": asdict(c.p.pretrain)},
+                   wall_s=wall, world=info["world"], resumed_at_step=info["start_step"])
+    barrier()  # the next stage reads the checkpoint
 
 
 def st_data(c: Ctx):
+    """On-policy data: the target answers the corpus prompts. Under torchrun whole generation batches (of
+    `data_batch` prompts, each seeded by its offset) are dealt to the ranks, so every prompt is decoded in the same
+    batch with the same seed as on one process: the file is the same for any number of ranks, at any temperature
+    (up to the kernels' determinism)."""
     from .cli import run_generate
     from .data.prompts import code_prompts
     from .decode import build_method
+    from .dist import barrier, is_main, rank_world
     from .io import write_jsonl, write_meta
 
     out = c.work / "data" / "train.jsonl"
@@ -131,13 +149,18 @@ def st_data(c: Ctx):
     rows = [r for r in rows if r["prompt_ids"]]
     t0 = time.time()
     recs = run_generate(tgt, build_method("ar", tgt), rows, c.p.data_temperature, c.p.data_new_tokens,
-                        [tok.eos_token_id], c.p.data_batch, seed=1, desc="on-policy data")
-    for r, p in zip(recs, rows):
-        r["prompt_ids"] = p["prompt_ids"]
-    write_jsonl(out, recs)
-    write_meta(out.with_suffix(".meta.json"), {"n": len(recs), "temperature": c.p.data_temperature},
-               wall_s=time.time() - t0)
-    c.log(f"data: {len(recs)} sequences, {sum(len(r['output_ids']) for r in recs)} generated tokens")
+                        [tok.eos_token_id], c.p.data_batch, seed=1, desc="on-policy data", shard=True)
+    world = rank_world()[1]
+    if is_main():
+        for r, p in zip(recs, rows):
+            r["prompt_ids"] = p["prompt_ids"]
+        write_jsonl(out, recs)
+        write_meta(out.with_suffix(".meta.json"), {"n": len(recs), "temperature": c.p.data_temperature,
+                                                    "batch": c.p.data_batch, "seed": "1 + the batch's offset"},
+                   wall_s=time.time() - t0, world=world)
+        c.log(f"data: {len(recs)} sequences, {sum(len(r['output_ids']) for r in recs)} generated tokens "
+              f"({world} rank(s))")
+    barrier()
 
 
 def _drafter_base(c: Ctx, tgt, tok):
@@ -329,18 +352,24 @@ RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "dat
 def main(a):
     from . import dist
 
+    stages = STAGES if a.stage == "all" else a.stage.split(",")
+    for s in stages:
+        if s not in RUN:
+            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not set(stages) <= set(PARALLEL):
+        raise ValueError(f"under torchrun only the stages {','.join(PARALLEL)} run (data-parallel); run "
+                         f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
     if rank_dev:
         c.dev = rank_dev
-    stages = STAGES if a.stage == "all" else a.stage.split(",")
-    if world > 1 and stages != ["drafters"]:
-        raise ValueError("under torchrun only `--stage drafters` runs data-parallel; run the other stages alone")
-    for s in stages:
-        if s not in RUN:
-            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
+    if world > 1:
+        c.log(f"{world} data-parallel ranks ({'nccl' if rank_dev.startswith('cuda') else 'gloo'})")
     for s in stages:
         t0 = time.time()
         c.log(f"stage {s} ...")
-        RUN[s](c)
+        if RUN[s](c) is False:
+            c.log(f"stage {s} stopped early (resumable); later stages not run")
+            break
         c.log(f"stage {s} done in {time.time() - t0:.1f}s")
+    dist.destroy()

@@ -44,6 +44,9 @@ class PretrainConfig:
     seed: int = 0
     bf16: bool = True  # autocast on CUDA
     eval_tokens: int = 200_000  # held-out tokens for the report
+    log_every: int = 20  # a history record (loss averaged over ranks) every N steps
+    save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
+    stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
 
 
 def build_target(arch: TargetArch, vocab_size: int, eos_id: int, dtype=torch.float32):
@@ -82,10 +85,12 @@ def joint_loss(tgt, mtp, x, lam):
     return ce_main + lam * ce_mtp, ce_main, ce_mtp, acc, acc_m
 
 
-def _windows(tokens: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator):
+def _windows(tokens: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator, rank: int = 0, world: int = 1):
+    """Endless [batch / world, seq_len] batches: every rank draws the starts of the whole global batch from the same
+    RNG stream (so the stream does not depend on the world size) and keeps rows rank::world."""
     n = len(tokens) - seq_len - 1
     while True:
-        starts = rng.integers(0, n, size=batch)
+        starts = rng.integers(0, n, size=batch)[rank::world]
         yield torch.from_numpy(np.stack([tokens[s: s + seq_len] for s in starts]).astype(np.int64))
 
 
@@ -108,15 +113,26 @@ def evaluate(tgt, mtp, tokens: np.ndarray, seq_len: int, max_tokens: int, batch:
             "mtp_top1": m[3]}
 
 
-def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str | Path, log=print) -> list[dict]:
-    """Train target + MTP jointly; resumable from out/pretrain_state.pt. Returns the loss history."""
+def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str | Path, log=print) \
+        -> tuple[list[dict], dict]:
+    """Train target + MTP jointly; resumable from out/pretrain_state.pt. Returns (loss history, run info).
+
+    Under torchrun each rank takes rows rank::world of every global batch and gradients are averaged over ranks
+    (one all-reduce per step), so N ranks compute the 1-rank gradient of the same global batch. The resumable state
+    (model, MTP, optimizer, step, history, the data RNG's state) holds nothing rank-specific and only rank 0 writes
+    it, so a run stopped on N ranks (`stop_after`) resumes on any number of ranks."""
     from tqdm import tqdm
 
+    from .dist import all_sum, average_grads, barrier, rank_world
     from .io import atomic_path
 
     out = Path(out)
     dev = tgt.device
-    params = [p for p in list(tgt.model.parameters()) + list(mtp.parameters())]
+    rank, world = rank_world()
+    if cfg.batch_size % world:
+        raise ValueError(f"pretraining batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
+    main = rank == 0
+    params = list({id(p): p for p in list(tgt.model.parameters()) + list(mtp.parameters())}.values())
     for p in params:
         p.requires_grad_(True)
     decay = [p for p in params if p.dim() >= 2]
@@ -124,24 +140,32 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
                             fused=dev.type == "cuda")
-    steps = max(1, cfg.tokens // (cfg.seq_len * cfg.batch_size))
+    step_tokens = cfg.seq_len * cfg.batch_size
+    steps = max(1, cfg.tokens // step_tokens)
     warm = max(1, int(cfg.warmup_frac * steps))
     state_path = out / "pretrain_state.pt"
     start, hist = 0, []
+    rng = np.random.default_rng(cfg.seed)  # window starts: the only randomness of a step
     if state_path.exists():
         s = torch.load(state_path, map_location=dev, weights_only=False)
         tgt.model.load_state_dict(s["model"])
         mtp.load_state_dict(s["mtp"])
         opt.load_state_dict(s["opt"])
         start, hist = s["step"], s["history"]
-        log(f"[pretrain] resumed at step {start}/{steps}")
-    rng = np.random.default_rng(cfg.seed + start)
-    it = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng)
+        if "rng" in s:
+            rng.bit_generator.state = s["rng"]
+        else:  # a state written before the RNG was saved
+            rng = np.random.default_rng(cfg.seed + start)
+        if main:
+            log(f"[pretrain] resumed at step {start}/{steps} (state written by {s.get('world', 1)} rank(s), "
+                f"now {world})")
+    it = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng, rank, world)
     tgt.model.train()
     mtp.train()
     t0 = time.time()
-    bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True)
-    save_every = max(50, steps // 10)
+    bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True, disable=not main)
+    save_every = cfg.save_every or max(50, steps // 10)
+    info = {"start_step": start, "steps": steps, "world": world, "finished": True, "step": steps}
     for step in bar:
         lr = cfg.lr * (step + 1) / warm if step < warm else \
             cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
@@ -153,19 +177,34 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
             loss, ce, ce_m, acc, acc_m = joint_loss(tgt, mtp, x, lam)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        average_grads(params)  # every rank holds the same number of rows: the mean of rank means is the batch mean
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
-        if step % 20 == 0 or step == steps - 1:
-            rec = {"step": step, "lr": lr, "loss": ce.item(), "mtp_loss": ce_m.item(), "acc": acc.item(),
-                   "mtp_acc": acc_m.item(), "tokens": (step + 1) * cfg.seq_len * cfg.batch_size,
-                   "elapsed_s": time.time() - t0}
+        if step % cfg.log_every == 0 or step == steps - 1:
+            m = (all_sum(torch.stack([ce, ce_m, acc, acc_m]).detach().float()) / world).tolist()
+            rec = {"step": step, "lr": lr, "loss": m[0], "mtp_loss": m[1], "acc": m[2], "mtp_acc": m[3],
+                   "tokens": (step + 1) * step_tokens, "elapsed_s": time.time() - t0}
             hist.append(rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", mtp=f"{rec['mtp_loss']:.3f}")
-        if (step + 1) % save_every == 0 and step + 1 < steps:
-            with atomic_path(state_path) as tmp:
-                torch.save({"model": tgt.model.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
-                            "step": step + 1, "history": hist}, tmp)
-    tgt.model.eval().requires_grad_(False)
-    mtp.eval().requires_grad_(False)
-    state_path.unlink(missing_ok=True)
-    return hist
+        stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < steps
+        if ((step + 1) % save_every == 0 and step + 1 < steps) or stop:
+            if main:
+                with atomic_path(state_path) as tmp:
+                    torch.save({"model": tgt.model.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
+                                "step": step + 1, "history": hist, "rng": rng.bit_generator.state,
+                                "world": world}, tmp)
+            if stop:
+                barrier()
+                info.update(finished=False, step=step + 1)
+                break
+    info.update(train_s=time.time() - t0, tokens_trained=(info["step"] - start) * step_tokens)
+    if not info["finished"]:
+        if main:
+            log(f"[pretrain] stopped after step {info['step']}/{steps} (resumable from {state_path})")
+    else:
+        tgt.model.eval().requires_grad_(False)
+        mtp.eval().requires_grad_(False)
+        barrier()
+        if main:
+            state_path.unlink(missing_ok=True)
+    return hist, info
