@@ -1,0 +1,162 @@
+"""Target pretraining and on-policy data regeneration under torchrun (gloo, 2 CPU ranks), and `dmtp.dpcheck`:
+2 ranks follow 1 rank at the same global batch, a pretraining run stopped on 2 ranks finishes on 1 with the weights
+of an uninterrupted run, and regenerated data is the same on 1 and 2 ranks."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dmtp.io import read_jsonl
+
+# 19 pretraining steps of 8 x 64 tokens, a history point per step; greedy data in batches of 4 (4 batches: 2 a rank)
+SETS = ["pretrain.tokens=10000", "pretrain.log_every=1", "data_temperature=0", "data_batch=4", "data_new_tokens=16"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """Corpus (a few stdlib packages), tokenizer and token files of the smoke profile, built in-process."""
+    import email
+    import json as json_pkg
+    import logging
+    from pathlib import Path
+
+    from dmtp.data.corpus import build_corpus
+    from dmtp.data.tokenizer import encode_corpus, load_tokenizer, train_tokenizer
+
+    root = tmp_path_factory.mktemp("dp")
+    w = root / "work" / "smoke"
+    build_corpus(w / "corpus", max_bytes=300_000, heldout_frac=0.2, progress=False,
+                 roots=[str(Path(m.__file__).parent) for m in (email, json_pkg, logging)])
+    train_tokenizer(w / "corpus" / "train.jsonl", w / "tokenizer", vocab_size=512, max_bytes=150_000, progress=False)
+    tok = load_tokenizer(w / "tokenizer")
+    for split in ("train", "heldout"):
+        encode_corpus(w / "corpus" / f"{split}.jsonl", tok, w / "tokens" / f"{split}.npy", progress=False)
+    return root
+
+
+def _scratch(root, name, target=None):
+    """A work folder sharing the corpus, tokenizer and tokens (and optionally a finished target)."""
+    w = root / name / "work" / "smoke"
+    w.mkdir(parents=True)
+    for d in ("corpus", "tokenizer", "tokens"):
+        (w / d).symlink_to(root / "work" / "smoke" / d, target_is_directory=True)
+    if target is not None:
+        (w / "target").symlink_to(target, target_is_directory=True)
+    return root / name
+
+
+def _pipeline(d, nproc, stage, sets=SETS):
+    launch = [sys.executable] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd = launch + ["-m", "dmtp.cli", "pipeline", "--profile", "smoke", "--work", str(d / "work"), "--results",
+                    str(d / "results"), "--stage", stage] + [x for s in sets for x in ("--set", s)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+@pytest.fixture(scope="module")
+def dpcheck(work):
+    out = work / "dpcheck_out"
+    cmd = [sys.executable, "-m", "dmtp.dpcheck", "--profile", "smoke", "--work", str(work / "work"), "--tokens",
+           "10000", "--nproc", "2", "--out", str(out)] + [x for s in SETS for x in ("--set", s)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out, work / "work" / "smoke" / "dpcheck"
+
+
+def test_dpcheck_two_ranks_follow_one(dpcheck):
+    """dpcheck end to end; its 2-rank pretraining losses match the 1-rank ones step by step."""
+    out, _ = dpcheck
+    s = json.loads((out / "summary.json").read_text())
+    assert s["nproc"] == 2 and s["backend"] == "gloo" and s["steps"] == 19
+    assert set(s["runs"]) == {"1", "2"} and all(r["tokens_per_s"] > 0 and r["wall_s"] > 0 for r in s["runs"].values())
+    assert s["loss_difference"]["points"] == 19 and s["loss_difference"]["max_rel"] < 1e-3
+    assert s["heldout_loss_difference"] == pytest.approx(0, abs=1e-3 * s["runs"]["1"]["heldout_loss"])
+    rows = (out / "curves.csv").read_text().splitlines()
+    assert rows[0] == "step,loss,mtp_loss,world" and len(rows) == 1 + 2 * 19
+    curve = {w: [float(r.split(",")[1]) for r in rows[1:] if r.endswith(f",{w}")] for w in "12"}
+    assert curve["2"] == pytest.approx(curve["1"], rel=1e-3)
+    assert (out / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_input_is_refused(work, tmp_path, capsys):
+    """Clear errors: dpcheck without a corpus/tokenizer or with too few tokens; non-parallel stages under torchrun."""
+    from dmtp import dpcheck, pipeline
+
+    for args, msg in [(["--work", str(tmp_path)], "--stage corpus,tokenizer` first"),
+                      (["--work", str(work / "work"), "--tokens", "100"], "less than two steps"),
+                      (["--work", str(work / "work"), "--set", "pretrain.tokenz=1"], "no field 'tokenz'")]:
+        with pytest.raises(SystemExit):
+            dpcheck.main(["--profile", "smoke", "--tokens", "10000", "--out", str(tmp_path / "o"), *args])
+        assert msg in capsys.readouterr().err
+
+    os.environ["WORLD_SIZE"] = "2"
+    try:
+        with pytest.raises(ValueError, match="run corpus,tokenizer in one process"):
+            pipeline.main(type("A", (), {"stage": "corpus,tokenizer,target"})())
+    finally:
+        del os.environ["WORLD_SIZE"]
+
+
+@pytest.fixture(scope="module")
+def split(work):
+    """Pretraining stopped after step 8 on 2 ranks, finished on 1 (then the greedy on-policy data, 1 rank)."""
+    d = _scratch(work, "split")
+    p = _pipeline(d, 2, "target", SETS + ["pretrain.stop_after=8"])
+    assert "stopped after step 8/19" in p.stdout
+    assert (d / "work" / "smoke" / "target_state" / "pretrain_state.pt").exists()
+    assert not (d / "work" / "smoke" / "target").exists()
+    from argparse import Namespace
+
+    from dmtp import pipeline
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks (OMP_NUM_THREADS=1): the greedy data must match bit for bit
+    try:  # in-process: one process start less
+        pipeline.main(Namespace(profile="smoke", work=str(d / "work"), results=str(d / "results"),
+                                stage="target,data", set=SETS))
+    finally:
+        torch.set_num_threads(threads)
+    meta = json.loads((d / "results" / "smoke" / "target" / "meta.json").read_text())
+    assert meta["resumed_at_step"] == 8 and meta["world"] == 1
+    return d
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def test_target_resumes_on_another_world_size(dpcheck, split):
+    """2 ranks (steps 1-8) then 1 rank (9-19): the losses and final weights of an uninterrupted 1-rank run."""
+    ref = dpcheck[1] / "world1"
+    a, b = _weights(ref / "work" / "smoke" / "target"), _weights(split / "work" / "smoke" / "target")
+    assert a.keys() == b.keys() and any(k.startswith("mtp.") for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-4, msg=k)
+    h1 = json.loads((ref / "results" / "smoke" / "target" / "pretrain_history.json").read_text())
+    h2 = json.loads((split / "results" / "smoke" / "target" / "pretrain_history.json").read_text())
+    assert [h["step"] for h in h2] == [h["step"] for h in h1]
+    assert [h["loss"] for h in h2] == pytest.approx([h["loss"] for h in h1], rel=1e-3)
+
+
+def test_data_two_ranks_identical(work, split):
+    """Greedy on-policy data regenerated by 2 ranks (2 batches each) is the 1-rank file, record for record."""
+    d = _scratch(work, "data2", target=split / "work" / "smoke" / "target")
+    _pipeline(d, 2, "data")
+    one = read_jsonl(split / "work" / "smoke" / "data" / "train.jsonl")
+    two = read_jsonl(d / "work" / "smoke" / "data" / "train.jsonl")
+    assert len(one) == 16 and any(r["output_ids"] for r in one)
+    key = lambda r: (r["id"], r["prompt_ids"], r["output_ids"], r["accepted"])  # noqa: E731
+    assert [key(r) for r in two] == [key(r) for r in one]
+    meta = json.loads((d / "work" / "smoke" / "data" / "train.meta.json").read_text())
+    assert meta["world"] == 2 and meta["config"]["batch"] == 4
