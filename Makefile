@@ -8,7 +8,8 @@ PROFILE ?= $(if $(HAS_CUDA),mini,tiny)
 WORK ?= work
 RESULTS ?= results
 
-.PHONY: venv test ablation-code bench tables figures report corpus tokenizer target data drafters eval clean-work
+.PHONY: venv test ablation-code bench tables figures report corpus tokenizer target data drafters eval dpcheck \
+	clean-work
 
 # CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
 $(VENV)/.installed: pyproject.toml
@@ -26,14 +27,22 @@ ablation-code: $(VENV)/.installed
 	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS)
 	$(PY) -m dmtp.report report --profile $(PROFILE) --results $(RESULTS)
 
-# single stages (each resumes / skips finished work); `make drafters NGPU=2` trains data-parallel under torchrun
+# single stages (each resumes / skips finished work); `make target|data|drafters NGPU=2` runs data-parallel under
+# torchrun, one process per GPU (corpus, tokenizer and eval run in one process)
 NGPU ?= 1
-corpus tokenizer target data eval: $(VENV)/.installed
+corpus tokenizer eval: $(VENV)/.installed
 	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage $@
 
-drafters: $(VENV)/.installed
+target data drafters: $(VENV)/.installed
 	$(if $(filter 1,$(NGPU)),$(PY),$(PY) -m torch.distributed.run --nproc_per_node=$(NGPU)) -m dmtp.cli pipeline \
-		--profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage drafters
+		--profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage $@
+
+# 1 process vs NGPU (at least 2) processes pretraining the target on TOKENS tokens -> results/<profile>/multigpu;
+# needs the corpus and tokenizer stages
+TOKENS ?= 20000000
+dpcheck: $(VENV)/.installed
+	$(PY) -m dmtp.dpcheck --profile $(PROFILE) --work $(WORK) --tokens $(TOKENS) \
+		--nproc $(if $(filter 1,$(NGPU)),2,$(NGPU)) --out $(RESULTS)/$(PROFILE)/multigpu
 
 # benchmarks (GPU for meaningful numbers): stage overhead, throughput per batch cap, our loop vs a plain HF loop
 bench: $(VENV)/.installed
