@@ -171,7 +171,7 @@ def main(argv=None):
 
     from .cli import load_tokenizer
     from .data.humaneval import humaneval_prompts
-    from .decode import build_method, generate, serve
+    from .decode import Server, build_method, generate
     from .drafter import Drafter
     from .io import write_meta, write_text
     from .mtp import MTPHead
@@ -261,11 +261,15 @@ def main(argv=None):
     if "throughput" in parts:  # 2. throughput at each batch cap with dynamic batching, natural EOS
         rows = []
         reqs = prompts[: a.prompts]
+        capacity = max(len(p) for p in reqs) + a.max_new_tokens + 16
         for temp in [float(t) for t in a.temperatures.split(",")]:
             for name in methods:
                 m = method(name)
                 for cap in [int(c) for c in a.caps.split(",")]:
-                    res, wall = timed(dev, lambda: serve(tgt, m, reqs, cap, temp, a.max_new_tokens, eos, seed=0))
+                    # a server per cap; its first group (cap requests) captures the graphs, as at server start-up
+                    srv = Server(tgt, m, cap, capacity, temp, a.max_new_tokens, eos, seed=0)
+                    srv.run(reqs[:cap])
+                    res, wall = timed(dev, lambda: srv.run(reqs))
                     n_out = sum(len(r.output_ids) for r in res)
                     acc = [x for r in res for x in r.accepted]
                     rows.append({"method": name, "temperature": temp, "batch_cap": cap, "dataset": "humaneval",
@@ -274,6 +278,7 @@ def main(argv=None):
                                  "per_verify": 1 + sum(acc) / max(1, len(acc))})
                     print(f"[bench] throughput {name} T={temp:g} B{cap}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f})")
+                    del srv
         tp = pd.DataFrame(rows)
         write_text(out / "throughput.csv", tp.to_csv(index=False))
         for temp, g in tp.groupby("temperature"):
@@ -288,14 +293,18 @@ def main(argv=None):
     if "hf" in parts:  # 3. the engine vs a plain HF loop, batch 1, T = 0
         rows = []
         bound = a.bandwidth / read_bytes_per_token(tgt)
-        ms = {name: method(name) for name in methods}
-        for i, pr in enumerate(prompts[: a.hf_prompts]):
+        hf_prompts = prompts[: a.hf_prompts]
+        capacity = max(len(p) for p in hf_prompts) + a.max_new_tokens + 16
+        servers = {}
+        for name in methods:  # batch-1 servers, graphs captured on a warm-up request
+            servers[name] = Server(tgt, method(name), 1, capacity, 0.0, a.max_new_tokens, eos)
+            servers[name].run(hf_prompts[:1])
+        for i, pr in enumerate(hf_prompts):
             ref, t_hf = timed(dev, lambda: tgt.model.generate(
                 torch.tensor([pr], device=dev), max_new_tokens=a.max_new_tokens, do_sample=False,
                 eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)[0, len(pr):].tolist())
-            for name, m in ms.items():
-                generate(tgt, m, [pr], 0.0, 8, eos)  # first call of a shape: capture, allocator warm-up
-                res, t = timed(dev, lambda: generate(tgt, m, [pr], 0.0, a.max_new_tokens, eos)[0])
+            for name, srv in servers.items():
+                res, t = timed(dev, lambda: srv.run([pr])[0])
                 rows.append({"prompt": i, "method": name, "tokens": len(res.output_ids),
                              "ours_tok_per_s": len(res.output_ids) / t, "hf_ar_tok_per_s": len(ref) / t_hf,
                              "speedup_vs_hf_ar": (len(res.output_ids) / t) / (len(ref) / t_hf),

@@ -448,39 +448,63 @@ def generate(target, method: Method, prompts: list[list[int]], temperature: floa
     return batch.results
 
 
+class Server:
+    """Dynamic batching over persistent slots: at most `cap` requests in flight; as soon as the host sees requests
+    finished, the next ones in arrival order are prefilled together and take their slots. The slots (caches, state,
+    CUDA graphs) outlive a `run`, so a server captures its graphs once — as a serving engine does at start-up — and
+    later request groups replay them. Slots = the first group's size, at most `cap`; `capacity` bounds prompt +
+    `max_new_tokens` (+ 2 blocks) of every request."""
+
+    def __init__(self, target, method: Method, cap: int, capacity: int, temperature: float = 0.0,
+                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0):
+        if cap < 1:
+            raise ValueError("batch cap must be >= 1")
+        self.target, self.method, self.cap, self.capacity = target, method, cap, capacity
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.eos = set(int(e) for e in eos_ids)
+        self.gen = torch.Generator(device=target.device).manual_seed(seed)
+        self.batch: Batch | None = None
+
+    def _new(self, prompts, t0, graphs=None):
+        return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,
+                     self.capacity, t0, graphs)
+
+    @torch.no_grad()
+    def run(self, prompts: list[list[int]]) -> list[Result]:
+        """Decode a group of requests; `wall_s` of a result counts from the start of the group (queueing included)."""
+        t0 = time.perf_counter()
+        queue = list(range(len(prompts)))
+        out: list[Result | None] = [None] * len(prompts)
+        if self.batch is None:
+            first, queue = queue[: self.cap], queue[self.cap:]
+            self.batch = self._new([prompts[i] for i in first], t0)
+            owner = list(first)  # slot -> request index (None: free)
+        else:
+            self.batch.t0 = t0
+            owner = [None] * len(self.batch.wall)
+        batch = self.batch
+        while True:
+            done = batch.poll()
+            free = []
+            for s in range(len(owner)):
+                if owner[s] is not None and done[s]:
+                    out[owner[s]], owner[s] = batch.result(s), None
+                if owner[s] is None:
+                    free.append(s)
+            if queue and free:
+                join, queue = queue[: len(free)], queue[len(free):]
+                batch.absorb(free[: len(join)], self._new([prompts[i] for i in join], t0, graphs=False))
+                for s, i in zip(free, join):
+                    owner[s] = i
+                continue  # newcomers may already be finished (EOS as the first token)
+            if all(o is None for o in owner):
+                return out
+            batch.step()
+
+
 @torch.no_grad()
 def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
           max_new_tokens: int = 128, eos_ids=(), seed: int = 0) -> list[Result]:
-    """Dynamic batching: at most `cap` requests in flight; as soon as the host sees requests finished, the next ones
-    in arrival order are prefilled together and take their slots. `wall_s` of a result counts from the start of the
-    group (queueing included)."""
-    if cap < 1:
-        raise ValueError("batch cap must be >= 1")
-    gen = torch.Generator(device=target.device).manual_seed(seed)
-    eos = set(int(e) for e in eos_ids)
+    """Dynamic batching of one request group (a `Server` used once)."""
     capacity = max(len(p) for p in prompts) + max_new_tokens + 2 * (method.k + 1)
-    t0 = time.perf_counter()
-    queue = list(range(len(prompts)))
-    out: list[Result | None] = [None] * len(prompts)
-    first, queue = queue[:cap], queue[cap:]
-    batch = Batch(target, method, [prompts[i] for i in first], temperature, max_new_tokens, eos, gen, capacity, t0)
-    owner = list(first)  # slot -> request index (None: free)
-    while True:
-        done = batch.poll()
-        free = []
-        for s in range(len(owner)):
-            if owner[s] is not None and done[s]:
-                out[owner[s]], owner[s] = batch.result(s), None
-            if owner[s] is None:
-                free.append(s)
-        if queue and free:
-            join, queue = queue[: len(free)], queue[len(free):]
-            nb = Batch(target, method, [prompts[i] for i in join], temperature, max_new_tokens, eos, gen, capacity,
-                       t0, graphs=False)
-            batch.absorb(free[: len(join)], nb)
-            for s, i in zip(free, join):
-                owner[s] = i
-            continue  # newcomers may already be finished (EOS as the first token)
-        if all(o is None for o in owner):
-            return out
-        batch.step()
+    return Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed).run(prompts)

@@ -6,7 +6,7 @@ import torch
 
 from conftest import make_drafter
 from dmtp import tiny
-from dmtp.decode import Batch, build_method, generate, serve
+from dmtp.decode import Batch, Server, build_method, generate, serve
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
@@ -109,3 +109,14 @@ def test_flex_backend_proposes_what_sdpa_proposes(gpu_models):
         runs.append(([r.output_ids for r in res], [r.accepted for r in res]))
     assert runs[0] == runs[1]
     assert runs[0][0] == [hf(tgt, p, 30) for p in PROMPTS]
+
+
+def test_server_captures_once(gpu_models):
+    tgt, mtp = gpu_models
+    srv = Server(tgt, method("zero_init_residual", tgt, mtp), cap=2, capacity=80, max_new_tokens=30)
+    srv.run(PROMPTS[:2])
+    graphs = dict(srv.batch.graphs.graphs)
+    assert set(graphs) == {"t1_prep", "drafter", "verify", "mtp", "drafter_ctx"}
+    got = srv.run(PROMPTS)
+    assert [r.output_ids for r in got] == [hf(tgt, p, 30) for p in PROMPTS]
+    assert all(srv.batch.graphs.graphs[k] is graphs[k] for k in graphs)

@@ -138,3 +138,17 @@ def test_dynamic_batching_is_lossless(models, name):
         res = serve(tgt, method_for(name, tgt, mtp), prompts, cap, 0.0, 25, eos_ids=[eos])
         assert [r.output_ids for r in res] == ref
         assert all(r.wall_s > 0 for r in res)
+
+
+@pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
+def test_server_slots_outlive_a_request_group(models, name):
+    """A Server keeps its slots (and, on CUDA, its graphs) between groups: a second group decodes losslessly in them."""
+    from dmtp.decode import Server
+
+    tgt, mtp = models
+    groups = [PROMPTS[:3], [[7, 7, 7], [12, 13, 14, 15], [60], PROMPTS[3], PROMPTS[0]]]
+    srv = Server(tgt, method_for(name, tgt, mtp), cap=2, capacity=64, max_new_tokens=20)
+    for g in groups:
+        assert [r.output_ids for r in srv.run(g)] == [hf_greedy(tgt, p, 20) for p in g]
+    with pytest.raises(ValueError, match="capacity 64"):
+        srv.run([list(range(3, 60))])
