@@ -240,8 +240,11 @@ def main(argv=None):
         return m
 
     methods = a.methods.split(",")
-    parts = set(a.parts.split(","))
+    parts = a.parts.split(",")
     new = []
+
+    def save_ratios():  # after every part: a run cut short keeps what it measured
+        write_text(ratios_path, json.dumps(keep(new), indent=2))
     if "overhead" in parts:  # 1. per-round stage breakdown at batch `--batch`, fixed length, EOS ignored
         rows = []
         for name in methods:
@@ -258,6 +261,7 @@ def main(argv=None):
         if ("dflash", "round") in by and (a.dmtp, "round") in by:
             q = by[(a.dmtp, "round")] / by[("dflash", "round")]
             new.append(ratio(f"mini {a.dmtp} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
+    save_ratios()
     if "throughput" in parts:  # 2. throughput at each batch cap with dynamic batching, natural EOS
         rows = []
         reqs = prompts[: a.prompts]
@@ -290,6 +294,7 @@ def main(argv=None):
                 new.append(ratio(f"mini T={temp:g} B{cap} throughput gain / per-verify gain ({a.dmtp} vs dflash)",
                                  gain / tau if tau > 0 else float("nan"), ">= 0.95", tau > 0 and gain / tau >= 0.95,
                                  f"throughput {gain:+.1%}, per-verify {tau:+.1%}"))
+    save_ratios()
     if "hf" in parts:  # 3. the engine vs a plain HF loop, batch 1, T = 0
         rows = []
         bound = a.bandwidth / read_bytes_per_token(tgt)
@@ -321,6 +326,7 @@ def main(argv=None):
         if a.dmtp in mean.index:
             new.append(ratio(f"mini engine {a.dmtp} / HF AR loop, batch 1", mean.loc[a.dmtp, "speedup_vs_hf_ar"],
                              ">= 10", mean.loc[a.dmtp, "speedup_vs_hf_ar"] >= 10))
+    save_ratios()
     if "screen" in parts and a.dmtp in methods:  # 4. the screened T1 head on the real (trained) target
         rows = []
         reqs = prompts[: a.prompts]
@@ -339,7 +345,7 @@ def main(argv=None):
             r["t1_agreement"] = agree if "+screen" in r["method"] else 1.0
         write_text(out / "screen.csv", pd.DataFrame(rows).to_csv(index=False))
         print(pd.DataFrame(rows))
-    write_text(ratios_path, json.dumps(keep(new), indent=2))
+    save_ratios()
     write_meta(out / "meta.json", vars(a))
 
 
