@@ -282,6 +282,7 @@ def main(argv=None):
                                  "per_verify": 1 + sum(acc) / max(1, len(acc))})
                     print(f"[bench] throughput {name} T={temp:g} B{cap}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f})")
+                    write_text(out / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
                     del srv
         tp = pd.DataFrame(rows)
         write_text(out / "throughput.csv", tp.to_csv(index=False))
