@@ -1,5 +1,6 @@
 """Target pretraining and on-policy data regeneration under torchrun (gloo, 2 CPU ranks), and `dmtp.dpcheck`:
-2 ranks follow 1 rank at the same global batch, a pretraining run stopped on 2 ranks finishes on 1 with the weights
+2 ranks follow 1 rank at the same global batch (and the control runs give the noise floor and its verdict; --replot
+recomputes the statistics from curves.csv), a pretraining run stopped on 2 ranks finishes on 1 with the weights
 of an uninterrupted run, and regenerated data is the same on 1 and 2 ranks."""
 import json
 import os
@@ -61,9 +62,10 @@ def _pipeline(d, nproc, stage, sets=SETS):
 
 @pytest.fixture(scope="module")
 def dpcheck(work):
+    """dpcheck 1 vs 2 ranks with the control: the 1-rank run repeated."""
     out = work / "dpcheck_out"
     cmd = [sys.executable, "-m", "dmtp.dpcheck", "--profile", "smoke", "--work", str(work / "work"), "--tokens",
-           "10000", "--nproc", "2", "--out", str(out)] + [x for s in SETS for x in ("--set", s)]
+           "10000", "--nproc", "2", "--out", str(out), "--control"] + [x for s in SETS for x in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert p.returncode == 0, p.stderr[-3000:]
     return out, work / "work" / "smoke" / "dpcheck"
@@ -74,14 +76,64 @@ def test_dpcheck_two_ranks_follow_one(dpcheck):
     out, _ = dpcheck
     s = json.loads((out / "summary.json").read_text())
     assert s["nproc"] == 2 and s["backend"] == "gloo" and s["steps"] == 19
-    assert set(s["runs"]) == {"1", "2"} and all(r["tokens_per_s"] > 0 and r["wall_s"] > 0 for r in s["runs"].values())
+    assert set(s["runs"]) == {"1", "2", "1-control"}
+    assert all(r["tokens_per_s"] > 0 and r["wall_s"] > 0 for r in s["runs"].values())
     assert s["loss_difference"]["points"] == 19 and s["loss_difference"]["max_rel"] < 1e-3
+    assert [q["steps"] for q in s["loss_difference"]["quarters"]] == [[0, 4], [5, 9], [10, 14], [15, 18]]
     assert s["heldout_loss_difference"] == pytest.approx(0, abs=1e-3 * s["runs"]["1"]["heldout_loss"])
     rows = (out / "curves.csv").read_text().splitlines()
-    assert rows[0] == "step,loss,mtp_loss,world" and len(rows) == 1 + 2 * 19
-    curve = {w: [float(r.split(",")[1]) for r in rows[1:] if r.endswith(f",{w}")] for w in "12"}
+    assert rows[0] == "step,loss,mtp_loss,world" and len(rows) == 1 + 3 * 19
+    curve = {}
+    for r in rows[1:]:
+        curve.setdefault(r.split(",")[3], []).append(float(r.split(",")[1]))
+    assert set(curve) == {"1", "2", "1-control"}  # the worlds written as before, the control labelled
     assert curve["2"] == pytest.approx(curve["1"], rel=1e-3)
     assert (out / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dpcheck_control_noise_floor(dpcheck):
+    """On CPU the 1-rank repeat is bit-identical (control difference 0) and 2 ranks are "within noise" (they differ
+    from 1 rank by float rounding only, under NOISE_ATOL)."""
+    s = json.loads((dpcheck[0] / "summary.json").read_text())
+    rep = s["control_loss_difference"]["1-control"]
+    assert rep["max_abs"] == 0 and rep["mean_abs"] == 0 and s["control_heldout_loss_difference"]["1-control"] == 0
+    assert s["runs"]["1-control"]["control"] == "repeat" and s["runs"]["1-control"]["seed"] == s["seed"] == 0
+    n = s["noise"]
+    assert s["verdict"] == n["verdict"] == "within noise" and n["reference"] == "1-control"
+    assert n["controls"]["1-control"]["ratio_max"] is None  # a zero control: no ratio
+
+
+def test_noise_verdict_rule():
+    """within noise iff max and mean are both <= 1.5 x the reference control's (+ 1e-3); the seed control decides."""
+    from dmtp.dpcheck import verdict
+
+    d = lambda mx, mn: {"max_abs": mx, "mean_abs": mn}  # noqa: E731
+    assert verdict({"2": d(0.05, 0.04)}, 2) is None
+    assert verdict({"2": d(0.05, 0.04), "1-control": d(0.04, 0.03)}, 2)["verdict"] == "within noise"
+    assert verdict({"2": d(0.07, 0.04), "1-control": d(0.04, 0.03)}, 2)["verdict"] == "outside noise"
+    assert verdict({"2": d(0.05, 0.05), "1-control": d(0.04, 0.03)}, 2)["verdict"] == "outside noise"
+    v = verdict({"2": d(0.07, 0.05), "1-control": d(0.001, 0.001), "1-control-seed7": d(0.2, 0.1)}, 2)
+    assert v["verdict"] == "within noise" and v["reference"] == "1-control-seed7"
+    assert v["controls"]["1-control"]["verdict"] == "outside noise"
+
+
+def test_dpcheck_replot(dpcheck, tmp_path):
+    """--replot (no training, no work folder) recomputes the run's difference statistics from its curves.csv."""
+    from dmtp import dpcheck as dp
+
+    out = dpcheck[0]
+    s = json.loads((out / "summary.json").read_text())
+    r = dp.main(["--profile", "smoke", "--work", str(tmp_path / "none"), "--replot", str(out / "curves.csv"),
+                 "--out", str(tmp_path / "re")]) or json.loads((tmp_path / "re" / "summary_from_curves.json").read_text())
+    assert r["source"].startswith("recomputed from curves.csv") and "runs" not in r and "speedup_wall" not in r
+    assert r["nproc"] == 2 and r["smooth_window_points"] == s["smooth_window_points"]
+    for a, b in [(r["loss_difference"], s["loss_difference"])] + \
+            [(r["control_loss_difference"][k], v) for k, v in s["control_loss_difference"].items()]:
+        for k in ("points", "max_abs", "mean_abs", "mean_signed"):  # curves.csv keeps 6 decimals
+            assert a[k] == pytest.approx(b[k], abs=1e-5), k
+        assert [q["steps"] for q in a["quarters"]] == [q["steps"] for q in b["quarters"]]
+    assert r["verdict"] == s["verdict"] and set(r["control_loss_difference"]) == set(s["control_loss_difference"])
+    assert (tmp_path / "re" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bad_input_is_refused(work, tmp_path, capsys):
