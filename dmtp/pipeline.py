@@ -284,8 +284,10 @@ def write_subsets(c: Ctx):
 
 
 def lossless_check(c: Ctx):
-    """At T = 0 every method's output_ids must equal `ar`'s; report divergences with the target's top-2 gap."""
+    """At T = 0 every method's output must equal `ar`'s; report divergences with the target's top-2 gap."""
+    from .data.humaneval import humaneval_prompts
     from .io import read_jsonl, write_text
+    from .lossless import compare, top2_gap
 
     rows, flips, refs = [], [], {}
     runs = c.res / "runs" / "ablation"
@@ -298,43 +300,24 @@ def lossless_check(c: Ctx):
             p = mdir / f"{ds}_T0.jsonl"
             if mdir.name == "ar" or not p.exists():
                 continue
-            recs = read_jsonl(p)
-            div = []
-            for r in recs:
-                a, b = ref[r["id"]], r["output_ids"]
-                if a != b:
-                    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                    div.append(f"{r['id']}@{i}")
-                    flips.append({"method": mdir.name, "dataset": ds, "id": r["id"], "position": i,
-                                  "ar_token": a[i] if i < len(a) else None, "token": b[i] if i < len(b) else None})
-            rows.append({"method": mdir.name, "dataset": ds, "n": len(recs), "identical": len(recs) - len(div),
-                         "divergent": ";".join(div)})
+            row, f = compare(ref, read_jsonl(p), mdir.name, ds)
+            rows.append(row)
+            flips += f
     import pandas as pd
 
     write_text(c.res / "tables" / "lossless_T0.csv",
                pd.DataFrame(rows, columns=["method", "dataset", "n", "identical", "divergent"]).to_csv(index=False))
-    if flips:
-        top2_gaps(c, flips, refs)
+    if flips:  # how near a tie each flip was (HumanEval prompt ids; other sets have no top-2 gap here)
+        tgt, _ = c.target()
+        prompts = {p["id"]: c.tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in humaneval_prompts()}
+        for f in flips:
+            if f["id"] in prompts:
+                f["top2_gap"] = top2_gap(tgt, prompts[f["id"]] + refs[f["dataset"]][f["id"]][: f["position"]])
         write_text(c.res / "tables" / "lossless_divergences.csv", pd.DataFrame(flips).to_csv(index=False))
     bad = [r for r in rows if r["identical"] != r["n"]]
     c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset runs identical to ar"
           + (f"; divergent: {bad}" if bad else ""))
     return rows
-
-
-def top2_gaps(c: Ctx, flips: list[dict], refs: dict):
-    """The target's top-2 logit gap where a method's T = 0 output first left `ar`'s (`refs`: dataset -> id -> ar
-    output ids), i.e. how near a tie the numerics of another batch/verify shape (e.g. bf16) flipped."""
-    from .data.humaneval import humaneval_prompts
-
-    tgt, _ = c.target()
-    tok = c.tok
-    prompts = {p["id"]: tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in humaneval_prompts()}
-    for f in flips:
-        seq = prompts[f["id"]] + refs[f["dataset"]][f["id"]][: f["position"]]
-        logits = tgt.features(torch.tensor([seq], device=tgt.device)).logits[0, -1]
-        top = logits.topk(2).values
-        f["top2_gap"] = float(top[0] - top[1])
 
 
 def st_tables(c: Ctx):
