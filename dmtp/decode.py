@@ -303,8 +303,9 @@ class Batch:
             ids[b, : len(p)] = torch.tensor(p, device=dev)
         self.cache = KVCache(B, cap)
         pos = torch.arange(T, device=dev)[None].expand(B, T)
-        out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen)  # lengths: padding stays out
-        first = _pick(out.logits[torch.arange(B, device=dev), plen - 1], temperature, gen)  # of GDN states
+        # lengths: padding stays out of GDN states; logits only at each prompt's last position
+        out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen, logits_at=plen - 1)
+        first = _pick(out.logits[:, 0], temperature, gen)
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
         st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap)

@@ -88,7 +88,7 @@ class Target(nn.Module):
         return type(self.body.norm)
 
     # --- forwards ------------------------------------------------------------------------------------------------
-    def _run(self, ids, pos, mask, cache, taps):
+    def _run(self, ids, pos, mask, cache, taps, logits_at=None):
         # linear-attention layers get no mask: padding is kept out of their states by `cache.begin(q, keep)`
         if taps and max(taps) >= self.num_layers - 1:
             raise ValueError(f"tap layer ids must be < {self.num_layers - 1} (HF replaces the last layer's output "
@@ -104,20 +104,24 @@ class Target(nn.Module):
         hs = out.hidden_states  # embeddings, layer 0 .. layer L-1 (last entry replaced by the post-norm state)
         tapped = torch.cat([hs[l + 1] for l in taps], dim=-1) if taps else None
         h = out.last_hidden_state
+        if logits_at is not None:  # one row per request: a prefill needs only the last prompt position's logits
+            rows = h[torch.arange(h.shape[0], device=h.device), logits_at][:, None]
+            return TargetOut(self.lm_head(rows), h, tapped)
         return TargetOut(self.lm_head(h), h, tapped)
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, taps=None,
-                lengths: torch.Tensor | None = None) -> TargetOut:
+                lengths: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> TargetOut:
         """Cached step: ids/pos [B, q]; rows are written at `pos` and see cache rows <= their own position.
         lengths [B]: real rows per request when known up front (prefill of right-padded prompts); otherwise a hybrid
-        target's linear states wait for `cache.commit(n)` (full attention needs nothing)."""
+        target's linear states wait for `cache.commit(n)` (full attention needs nothing). logits_at [B]: logits of
+        that row only ([B, 1, V]; a long prefill would otherwise materialise [B, T, V])."""
         cache.write_pos = pos
         if not self.hybrid:
-            return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps)
+            return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps, logits_at)
         cache.begin(ids.shape[1], lengths)
         try:
-            return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps)
+            return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps, logits_at)
         finally:
             cache.end()
 
