@@ -124,6 +124,8 @@ def test_bench_tables_and_figure(hand):
     assert ov.loc["blog:Code:dmtp", "round"] == 9.318
     (png,) = figures.throughput(art)
     assert png.stat().st_size > 1000
+    (png,) = figures.overhead(art)
+    assert png.name == "overhead.png" and png.stat().st_size > 1000
 
 
 def test_figures_and_report(hand):
@@ -133,6 +135,7 @@ def test_figures_and_report(hand):
     for name in ("main_acceptance_T0", "first_token_T0", "cumulative_T0", "conditional_T0"):
         assert figs[f"{name}.png"] > 1000
     assert "throughput_T0.png" not in figs and "open_repro_T0.png" not in figs  # no bench, no dflash2
+    assert "overhead.png" not in figs
     text = report.read_text()
     assert "![main_acceptance_T0](figures/main_acceptance_T0.png)" in text
     assert "### Code ablation — humaneval8" in text and "Per-request vs per-verify" in text

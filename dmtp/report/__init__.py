@@ -21,7 +21,7 @@ SECTIONS = [
     ("First-token acceptance", ["first_token"], ["first_token_T*"]),
     ("Acceptance per position", ["cumulative", "conditional"], ["cumulative_T*", "conditional_T*"]),
     ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
-    ("Throughput and per-round overhead", ["throughput", "overhead"], ["throughput_T*"]),
+    ("Throughput and per-round overhead", ["throughput", "overhead"], ["throughput_T*", "overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
 ]
 
@@ -62,6 +62,14 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += [f"## {title}", ""]
         out += [f"![{p.stem}](figures/{p.name})\n" for p in pngs]
         out += [p.read_text() for p in mds]
+    ratios = art.root / "bench" / "ratios.json"  # written by `dmtp.bench`: each engine target, met or missed
+    if ratios.exists():
+        import json
+
+        r = pd.DataFrame(json.loads(ratios.read_text()))
+        if len(r):
+            out += ["## Engine targets (bench/ratios.json; misses explained in LOG.md)", "",
+                    tables.to_markdown(r[["target", "value", "goal", "met", "note"]].fillna(""))]
     path = art.root / "REPORT.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))

@@ -218,7 +218,49 @@ def throughput(art: Artifacts) -> list[Path]:
     return paths
 
 
-ALL = [main_acceptance, first_token, position, conditional, throughput, open_repro]
+STAGES = ["drafter", "mtp", "t1_prep", "drafter_ctx", "verify"]
+STAGE_COLORS = {"drafter": "#ff7f0e", "mtp": "#1f77b4", "t1_prep": "#d62728", "drafter_ctx": "#bcbd22",
+                "verify": "#7f7f7f", "other": "#dddddd"}
+
+
+def overhead(art: Artifacts) -> list[Path]:
+    """Blog §6.5 as bars: ms per round split by stage, one panel per setup (ours: `mini`, the 8b-shape timing run;
+    the blog's Code/SWE rows), DFlash beside DMTP. `other` = round minus the timed stages (acceptance,
+    bookkeeping; for the blog, everything it does not break out, verification included)."""
+    ov = art.overhead
+    if ov is None or ov.empty:
+        print("[report] skip overhead figure: no bench/overhead.csv")
+        return []
+    blog = R.table("overhead").assign(method=lambda b: "blog " + b.workload + ":" + b.method)
+    df = ov.pivot_table(index="method", columns="stage", values="ms_per_round")
+    df = df.combine_first(blog.pivot_table(index="method", columns="stage", values="ms_per_round"))
+    setup = {m: (m.rpartition(":")[0] or "mini") for m in df.index}
+    groups = sorted(set(setup.values()), key=lambda g: (g.startswith("blog"), g != "mini", g))
+    fig = Figure(figsize=(4.2 * len(groups), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(groups), squeeze=False).ravel()
+    for ax, grp in zip(axes, groups):
+        rows = sorted([m for m in df.index if setup[m] == grp], key=lambda m: T.method_rank(m.rpartition(":")[2]))
+        for i, m in enumerate(rows):
+            left = 0.0
+            for st in STAGES + ["other"]:
+                v = df.loc[m].get(st, math.nan) if st != "other" else \
+                    df.loc[m, "round"] - np.nansum([df.loc[m].get(x, math.nan) for x in STAGES])
+                if v is None or not np.isfinite(v) or v <= 0:
+                    continue
+                ax.barh(i, v, left=left, color=STAGE_COLORS[st], label=st)
+                left += v
+            ax.text(left, i, f" {df.loc[m, 'round']:.2f}", va="center", fontsize=7)
+        ax.set_yticks(range(len(rows)), [m.rpartition(":")[2] for m in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set(title=grp, xlabel="ms per round")
+        ax.margins(x=0.15)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+    fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncol=6, fontsize=7)
+    fig.suptitle("Per-round time by stage, batch 8 (blog §6.5 setting)")
+    return [_save(art, fig, "overhead")]
+
+
+ALL = [main_acceptance, first_token, position, conditional, throughput, overhead, open_repro]
 
 
 def render(art: Artifacts) -> list[Path]:
