@@ -188,8 +188,7 @@ def main(argv=None):
 
     from .cli import load_tokenizer
     from .data.humaneval import humaneval_prompts
-    from .decode import Server, build_method, generate
-    from .drafter import Drafter
+    from .decode import Server, generate, load_method
     from .io import write_meta, write_text
     from .mtp import MTPHead
     from .screen import T1Screen
@@ -248,16 +247,12 @@ def main(argv=None):
     prompts = [tok(x["prompt"], add_special_tokens=False)["input_ids"] for x in humaneval_prompts()]
     screen = None
 
-    def method(name):
+    def method(name):  # a run name, optionally with "+screen" (the screened T1 head)
         nonlocal screen
         base, _, extra = name.partition("+")
-        d = None
-        if base not in ("ar", "mtp"):
-            d = Drafter.load(Path(a.drafters) / base / "drafter", device=dev, dtype=dtype).eval()
         if extra == "screen" and screen is None:
             screen = T1Screen(tgt, rank=a.screen_rank, topk=a.screen_topk)
-        m = build_method(d.config.variant if d else base, tgt, drafter=d, mtp=mtp,
-                         screen=screen if extra == "screen" else None)
+        m = load_method(base, tgt, mtp, a.drafters, screen=screen if extra == "screen" else None)
         m.name = name
         return m
 

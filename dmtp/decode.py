@@ -259,6 +259,23 @@ def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4, 
     return m
 
 
+def load_method(name: str, target, mtp=None, drafters=None, mtp_steps: int = 4, screen=None) -> Method:
+    """A method by its run name: `ar`, `mtp`, or the name of a trained drafter's folder `<drafters>/<name>/drafter`
+    (e.g. `zero_init_residual_from_dflash`; its config says the variant), loaded in the target's precision."""
+    if name in ("ar", "mtp"):
+        return build_method(name, target, mtp=mtp, mtp_steps=mtp_steps, screen=screen)
+    if drafters is None:
+        raise ValueError(f"method {name!r} needs a drafters folder (<drafters>/{name}/drafter)")
+    from pathlib import Path
+
+    from .drafter import Drafter
+
+    d = Drafter.load(Path(drafters) / name / "drafter", device=target.device, dtype=target.dtype).eval()
+    m = build_method(d.config.variant, target, drafter=d, mtp=mtp, screen=screen)
+    m.name = name
+    return m
+
+
 # --- the loop ---------------------------------------------------------------------------------------------------
 def _pick(logits, temperature, gen):
     """The target's token: argmax, or a sample by the exponential race (argmax p/E, E ~ Exp(1) i.i.d. is distributed

@@ -48,8 +48,7 @@ def main(argv=None):
 
     from .cli import load_tokenizer, run_generate
     from .data.humaneval import humaneval_prompts
-    from .decode import build_method
-    from .drafter import Drafter
+    from .decode import load_method
     from .io import write_meta, write_text
     from .mtp import MTPHead
     from .target import Target
@@ -77,12 +76,7 @@ def main(argv=None):
                for x in humaneval_prompts(n=a.n)]
     rows, flips, ref = [], [], None
     for name in methods:
-        d = None
-        if name not in ("ar", "mtp"):
-            if not a.drafters:
-                raise SystemExit(f"method {name!r} needs --drafters")
-            d = Drafter.load(Path(a.drafters) / name / "drafter", device=dev, dtype=dtype).eval()
-        m = build_method(d.config.variant if d else name, tgt, drafter=d, mtp=mtp)
+        m = load_method(name, tgt, mtp, a.drafters)
         recs = run_generate(tgt, m, prompts, 0.0, a.max_new_tokens, [tok.eos_token_id], a.batch_size, desc=name)
         if ref is None:
             ref = {r["id"]: r["output_ids"] for r in recs}

@@ -226,8 +226,7 @@ def eval_plan(c: Ctx):
 def st_eval(c: Ctx):
     from .cli import run_generate
     from .data.humaneval import humaneval_prompts
-    from .decode import build_method
-    from .drafter import Drafter
+    from .decode import load_method
     from .io import write_jsonl, write_meta
 
     tgt, mtp = c.target()
@@ -240,14 +239,9 @@ def st_eval(c: Ctx):
         dep = (c.work / "target" / "DONE") if m in ("ar", "mtp") else (drafters_dir / m / "DONE")
         if fresh(path, dep):  # done after the model it measures (a checked-out result of another run is redone)
             continue
-        if m in ("ar", "mtp"):
-            method = build_method(m, tgt, mtp=mtp, mtp_steps=c.p.mtp_steps)
-        else:
-            if m not in cache:
-                cache[m] = Drafter.load(drafters_dir / m / "drafter", device=c.dev, dtype=c.dtype).eval()
-            d = cache[m]
-            method = build_method(d.config.variant, tgt, drafter=d, mtp=mtp)
-            method.name = m
+        if m not in cache:  # a method object is reusable: each decode batch works on a copy
+            cache[m] = load_method(m, tgt, mtp, drafters_dir, c.p.mtp_steps)
+        method = cache[m]
         rows = [{"id": p["id"], "prompt_ids": tok(p["prompt"], add_special_tokens=False)["input_ids"]}
                 for p in hp[:n]]
         t0 = time.time()
