@@ -188,7 +188,7 @@ def main(argv=None):
 
     from .cli import load_tokenizer
     from .data.humaneval import humaneval_prompts
-    from .decode import Server, generate, load_method
+    from .decode import Server, capacity_for, generate, load_method
     from .io import write_meta, write_text
     from .mtp import MTPHead
     from .screen import T1Screen
@@ -282,10 +282,10 @@ def main(argv=None):
     if "throughput" in parts:  # 2. throughput at each batch cap with dynamic batching, natural EOS
         rows = []
         reqs = prompts[: a.prompts]
-        capacity = max(len(p) for p in reqs) + a.max_new_tokens + 16
         for temp in [float(t) for t in a.temperatures.split(",")]:
             for name in methods:
                 m = method(name)
+                capacity = capacity_for(reqs, a.max_new_tokens, m.k)
                 for cap in [int(c) for c in a.caps.split(",")]:
                     # a server per cap; its first group (cap requests) captures the graphs, as at server start-up
                     srv = Server(tgt, m, cap, capacity, temp, a.max_new_tokens, eos, seed=0)
@@ -309,10 +309,11 @@ def main(argv=None):
         rows = []
         bound = a.bandwidth / read_bytes_per_token(tgt)
         hf_prompts = prompts[: a.hf_prompts]
-        capacity = max(len(p) for p in hf_prompts) + a.max_new_tokens + 16
         servers = {}
         for name in methods:  # batch-1 servers, graphs captured on a warm-up request
-            servers[name] = Server(tgt, method(name), 1, capacity, 0.0, a.max_new_tokens, eos)
+            m = method(name)
+            servers[name] = Server(tgt, m, 1, capacity_for(hf_prompts, a.max_new_tokens, m.k), 0.0,
+                                   a.max_new_tokens, eos)
             servers[name].run(hf_prompts[:1])
         for i, pr in enumerate(hf_prompts):
             ref, t_hf = timed(dev, lambda: tgt.model.generate(

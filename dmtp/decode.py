@@ -294,6 +294,12 @@ def use_graphs(target, method: Method) -> bool:
             and os.environ.get("DMTP_CUDA_GRAPHS", "1") != "0")
 
 
+def capacity_for(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
+    """Cache rows per request: the longest prompt, the new tokens, and two blocks of k+1 rows (a verify may write a
+    whole block past the last committed row; a finished request rides along for one more)."""
+    return max(len(p) for p in prompts) + max_new_tokens + 2 * (k + 1)
+
+
 class Batch:
     """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`, and the
     device-side record of outputs. `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling
@@ -311,7 +317,7 @@ class Batch:
         B, k = len(prompts), method.k
         plen = torch.tensor([len(p) for p in prompts], device=dev)
         T = max(len(p) for p in prompts)
-        need = T + max_new_tokens + 2 * (k + 1)
+        need = capacity_for(prompts, max_new_tokens, k)
         cap = capacity or need
         if cap < need:
             raise ValueError(f"cache capacity {cap} < longest prompt {T} + {max_new_tokens} new tokens + 2 blocks")
@@ -524,5 +530,5 @@ class Server:
 def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
           max_new_tokens: int = 128, eos_ids=(), seed: int = 0) -> list[Result]:
     """Dynamic batching of one request group (a `Server` used once)."""
-    capacity = max(len(p) for p in prompts) + max_new_tokens + 2 * (method.k + 1)
+    capacity = capacity_for(prompts, max_new_tokens, method.k)
     return Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed).run(prompts)
