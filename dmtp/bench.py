@@ -114,7 +114,20 @@ def ratio(name, value, target, ok, note=""):
     return r
 
 
-def throughput_ratios(tp, dmtp: str) -> list[dict]:
+def merge_overhead(path: Path, rows: list[dict]):
+    """Write overhead rows, keeping stored rows of the other setup (`8b-shape:<name>` vs plain names)."""
+    import pandas as pd
+
+    from .io import write_text
+
+    new = pd.DataFrame(rows)
+    paper = new.method.str.startswith("8b-shape:").any()
+    old = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=new.columns)
+    old = old[old.method.str.startswith("8b-shape:") != paper]
+    write_text(path, pd.concat([old, new] if paper else [new, old]).to_csv(index=False))
+
+
+def throughput_ratios(tp, dmtp: str, label: str) -> list[dict]:
     """At the largest batch cap measured for both: DMTP's throughput gain over DFlash / its per-verify gain."""
     out = []
     for temp, g in tp.groupby("temperature"):
@@ -125,7 +138,7 @@ def throughput_ratios(tp, dmtp: str) -> list[dict]:
         cap = caps[-1]
         gain = g.loc[(dmtp, cap), "tok_per_s"] / g.loc[("dflash", cap), "tok_per_s"] - 1
         tau = g.loc[(dmtp, cap), "per_verify"] / g.loc[("dflash", cap), "per_verify"] - 1
-        out.append(ratio(f"mini T={temp:g} B{cap} throughput gain / per-verify gain ({dmtp} vs dflash)",
+        out.append(ratio(f"{label} T={temp:g} B{cap} throughput gain / per-verify gain ({dmtp} vs dflash)",
                          gain / tau if tau > 0 else float("nan"), ">= 0.95", bool(tau > 0 and gain / tau >= 0.95),
                          f"throughput {gain:+.1%}, per-verify {tau:+.1%}"))
     return out
@@ -173,10 +186,11 @@ def paper_shape(a, dev) -> tuple[list[dict], list[dict]]:
         ratios.append(ratio(f"8b-shape {name} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
     # AR at batch 1 against the HBM bound
     res, wall = timed(dev, lambda: generate(tgt, build_method("ar", tgt), prompts[:1], 0.0, a.tokens))
-    bound = a.bandwidth / read_bytes_per_token(tgt)
+    nbytes = read_bytes_per_token(tgt)
+    bound = a.bandwidth / nbytes
     tps = len(res[0].output_ids) / wall
     ratios.append(ratio("8b-shape AR batch-1 tok/s / HBM bound", tps / bound, "report", True,
-                        f"{tps:.1f} tok/s vs {bound:.1f} (weights {read_bytes_per_token(tgt) / 1e9:.2f} GB / "
+                        f"{tps:.1f} tok/s vs {bound:.1f} (weights {nbytes / 1e9:.2f} GB / "
                         f"{a.bandwidth / 1e12:.1f} TB/s)"))
     return rows, ratios
 
@@ -226,19 +240,17 @@ def main(argv=None):
 
     if a.paper_shape:
         rows, new = paper_shape(a, dev)
-        old = pd.read_csv(out / "overhead.csv") if (out / "overhead.csv").exists() else pd.DataFrame()
-        if not old.empty:
-            old = old[~old.method.str.startswith("8b-shape:")]
-        write_text(out / "overhead.csv", pd.concat([old, pd.DataFrame(rows)]).to_csv(index=False))
+        merge_overhead(out / "overhead.csv", rows)
         write_text(ratios_path, json.dumps(keep(new), indent=2))
         write_meta(out / "meta_paper_shape.json", vars(a))
         return
     if a.parts == "ratios":
-        new = throughput_ratios(pd.read_csv(out / "throughput.csv"), a.dmtp)
+        new = throughput_ratios(pd.read_csv(out / "throughput.csv"), a.dmtp, out.parent.name)
         write_text(ratios_path, json.dumps(keep(new), indent=2))
         return
     if not a.target:
         p.error("--target is required (or --paper-shape)")
+    label = Path(a.target).parent.name  # the profile: work/<profile>/target
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     tgt = Target.load(a.target, dtype=dtype, device=dev)
     mtp = MTPHead.load(tgt, a.target)
@@ -270,14 +282,11 @@ def main(argv=None):
                       "rounds": len(res[0].accepted), "device": torch.cuda.get_device_name() if dev == "cuda" else dev}
                      for s, v in ms.items()]
             print(f"[bench] overhead {name}: " + ", ".join(f"{s} {v:.3f}" for s, v in ms.items()))
-        old = pd.read_csv(out / "overhead.csv") if (out / "overhead.csv").exists() else pd.DataFrame()
-        if not old.empty:
-            old = old[old.method.str.startswith("8b-shape:")]
-        write_text(out / "overhead.csv", pd.concat([pd.DataFrame(rows), old]).to_csv(index=False))
+        merge_overhead(out / "overhead.csv", rows)
         by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
         if ("dflash", "round") in by and (a.dmtp, "round") in by:
             q = by[(a.dmtp, "round")] / by[("dflash", "round")]
-            new.append(ratio(f"mini {a.dmtp} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
+            new.append(ratio(f"{label} {a.dmtp} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
     save_ratios()
     if "throughput" in parts:  # 2. throughput at each batch cap with dynamic batching, natural EOS
         rows = []
@@ -301,9 +310,7 @@ def main(argv=None):
                           f"(tau/verify {rows[-1]['per_verify']:.2f})")
                     write_text(out / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
                     del srv
-        tp = pd.DataFrame(rows)
-        write_text(out / "throughput.csv", tp.to_csv(index=False))
-        new += throughput_ratios(tp, a.dmtp)
+        new += throughput_ratios(pd.DataFrame(rows), a.dmtp, label)  # throughput.csv: written after every cap
     save_ratios()
     if "hf" in parts:  # 3. the engine vs a plain HF loop, batch 1, T = 0
         rows = []
@@ -330,12 +337,12 @@ def main(argv=None):
         mean = df.groupby("method")[["ours_tok_per_s", "hf_ar_tok_per_s", "speedup_vs_hf_ar", "identical"]].mean()
         print(mean)
         if "ar" in mean.index:
-            new.append(ratio("mini engine AR / HF AR loop, batch 1", mean.loc["ar", "speedup_vs_hf_ar"], ">= 10",
+            new.append(ratio(f"{label} engine AR / HF AR loop, batch 1", mean.loc["ar", "speedup_vs_hf_ar"], ">= 10",
                              mean.loc["ar", "speedup_vs_hf_ar"] >= 10))
-            new.append(ratio("mini AR batch-1 tok/s / HBM bound", mean.loc["ar", "ours_tok_per_s"] / bound, "report",
+            new.append(ratio(f"{label} AR batch-1 tok/s / HBM bound", mean.loc["ar", "ours_tok_per_s"] / bound, "report",
                              True, f"{mean.loc['ar', 'ours_tok_per_s']:.0f} tok/s vs {bound:.0f} tok/s"))
         if a.dmtp in mean.index:
-            new.append(ratio(f"mini engine {a.dmtp} / HF AR loop, batch 1", mean.loc[a.dmtp, "speedup_vs_hf_ar"],
+            new.append(ratio(f"{label} engine {a.dmtp} / HF AR loop, batch 1", mean.loc[a.dmtp, "speedup_vs_hf_ar"],
                              ">= 10", mean.loc[a.dmtp, "speedup_vs_hf_ar"] >= 10))
     save_ratios()
     if "screen" in parts and a.dmtp in methods:  # 4. the screened T1 head on the real (trained) target
