@@ -452,11 +452,9 @@ class Batch:
         for f in ("out", "n_out", "acc", "n_rounds"):
             getattr(self, f)[dst] = getattr(other, f)[src]
         self.method.absorb(dst, other.method, src)
-        seen = self._seen.clone()
-        for s, b in zip(slots, range(len(slots))):
+        for b, s in enumerate(slots):
             self.wall[s] = other.wall[b]
-            seen[s] = bool(other._seen[b])
-        self._seen = seen
+        self._seen[slots] = other._seen[: len(slots)]  # `_see` replaces `_seen`, never writes into it
 
 
 @torch.no_grad()
