@@ -5,7 +5,9 @@ N ranks should follow the 1-rank loss curve (same global batch, same data) in le
     dmtp pipeline --profile mini --stage corpus,tokenizer          # once (skipped when present)
     python -m dmtp.dpcheck --profile mini --tokens 20000000 --out results/mini/multigpu    # N = the GPUs (>= 2)
     python -m dmtp.dpcheck ... --control --control-seed 1          # + a noise floor: two more 1-process runs
+    python -m dmtp.dpcheck ... --split 60                          # + N processes to step 60, then 1 resumes
     python -m dmtp.dpcheck --profile mini --replot results/mini/multigpu/curves.csv --out results/mini/multigpu
+    python -m dmtp.dpcheck --profile mini --pool run1/curves.csv run2/curves.csv --out results/mini/multigpu
 
 Writes into --out, atomically: curves.csv (step, loss, mtp_loss, world: the training history, averaged over ranks),
 summary.json (wall seconds, training tokens/s per world size, speed-up, max and mean |loss difference| between the
@@ -22,6 +24,20 @@ float rounding: 2 CPU ranks differ from 1 by ~1e-7), else "outside noise". The r
 control when there is one, else the repeat; every control's own verdict is listed too. "Within noise" means the
 N-process curve is no further from the 1-process one than a control run is; it cannot exclude a smaller bias (the
 signed mean difference, per quarter of the run, shows whether a difference keeps one sign).
+
+Resume. --split K adds a run of N processes stopped after step K (the resumable state) and finished by 1 process
+(world "Nto1@K"): a checkpoint resumed on another world size. Its curve is compared with the 1-process one like a
+control's (summary.json "split"); on CPU it equals the 1-process curve, on GPU it should sit inside the noise floor.
+
+Speed. The headline speed-up is the steady training rate (tokens/s from 10 % of the run to its end): the whole-run
+rate includes start-up, and the first run of a fresh machine starts slower (on 2xH200 its pretraining took 14.5 s where
+the same run repeated took 11.3 s, at the same steady rate).
+
+--pool A/curves.csv B/curves.csv ... pools several dpcheck runs of one configuration (folders name the runs): every
+pair of runs is compared as above, grouped into same-seed 1-process repeats ("1 vs 1": the nondeterminism floor), "N vs
+1", "N vs N" and "seed S vs 1"; pool.json and pool.png, verdict "within noise" when the mean over the N-vs-1 pairs of
+max and mean |smoothed difference| are both <= NOISE_FACTOR x the 1-vs-1 means + NOISE_ATOL. One repeat is a thin
+floor; pooling runs from separate invocations (another machine start, same code) thickens it.
 
 --replot CURVES_CSV rebuilds loss_curves.png and summary_from_curves.json (the loss-difference statistics and the
 verdict only, no timings) from an existing curves.csv with the same code, without training or a work folder.
@@ -51,15 +67,22 @@ def seed_label(seed: int) -> str:
     return f"{REPEAT}-seed{seed}"
 
 
-def run_world(world: int, prof, work: Path, scratch: Path, sets: list[str], label=None) -> dict:
-    """One fresh `pipeline --stage target` run on `world` processes; returns its wall time, history and held-out."""
+def split_label(n: int, k: int) -> str:
+    return f"{n}to1@{k}"
+
+
+def run_world(world: int, prof, work: Path, scratch: Path, sets: list[str], label=None, fresh: bool = True,
+              collect: bool = True) -> dict | None:
+    """One `pipeline --stage target` run on `world` processes in scratch/world<label> (fresh: from nothing; else
+    resuming what is there); returns its wall time, history and held-out (collect), or None (a stopped first part)."""
     label = world if label is None else label
     d = scratch / f"world{label}"
-    shutil.rmtree(d, ignore_errors=True)
     wdir = d / "work" / prof.name
-    wdir.mkdir(parents=True)
-    for name in ("tokenizer", "tokens"):  # the shared inputs, read-only
-        (wdir / name).symlink_to((work / prof.name / name).resolve(), target_is_directory=True)
+    if fresh:
+        shutil.rmtree(d, ignore_errors=True)
+        wdir.mkdir(parents=True)
+        for name in ("tokenizer", "tokens"):  # the shared inputs, read-only
+            (wdir / name).symlink_to((work / prof.name / name).resolve(), target_is_directory=True)
     launch = [sys.executable] if world == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
     cmd = launch + ["-m", "dmtp.cli", "pipeline", "--profile", prof.name, "--work", str(d / "work"),
@@ -70,6 +93,9 @@ def run_world(world: int, prof, work: Path, scratch: Path, sets: list[str], labe
     wall = time.time() - t0
     if p.returncode != 0:
         raise RuntimeError(f"the {label} run ({world} process(es)) failed (exit {p.returncode}); its output is above")
+    if not collect:
+        _log(f"world {label}: {world} process(es), {wall:.1f}s wall, stopped")
+        return None
     res = d / "results" / prof.name / "target"
     ev = json.loads((res / "heldout.json").read_text())
     _log(f"world {label}: {wall:.1f}s wall, {ev['tokens_per_s']:,.0f} training tokens/s, "
@@ -100,26 +126,27 @@ def _stats(diff, steps) -> dict:
             "mean_signed": float(diff.mean())}
 
 
-def compare(runs: dict, window: int) -> dict:
-    """|loss difference| of every other curve (N ranks, controls) against the 1-rank curve, after smoothing, at the
-    common steps: whole run and per quarter of the common steps; signed = other - 1 rank."""
+def pair_diff(ref: list[dict], other: list[dict], window: int) -> dict:
+    """|loss difference| of `other` against `ref` (two histories) after smoothing, at their common steps: whole run
+    and per quarter of the common steps; signed = other - ref."""
     import numpy as np
 
-    ref = {h["step"]: h["loss"] for h in runs[1]["history"]}
-    out = {}
-    for w, r in runs.items():
-        if w == 1:
-            continue
-        steps = [h["step"] for h in r["history"] if h["step"] in ref]
-        a = smooth([ref[s] for s in steps], window)
-        b = smooth([h["loss"] for h in r["history"] if h["step"] in ref], window)
-        diff = b - a
-        q = [i for i in np.array_split(np.arange(len(steps)), 4) if len(i)]
-        out[str(w)] = {"points": len(steps), **{k: v for k, v in _stats(diff, steps).items() if k != "steps"},
-                       "max_rel": float((np.abs(diff) / np.abs(a)).max()),
-                       "final_smoothed": [float(a[-1]), float(b[-1])],
-                       "quarters": [_stats(diff[i], [steps[j] for j in i]) for i in q]}
-    return out
+    r = {h["step"]: h["loss"] for h in ref}
+    steps = [h["step"] for h in other if h["step"] in r]
+    if not steps:
+        raise ValueError("two curves without a common step")
+    a = smooth([r[s] for s in steps], window)
+    b = smooth([h["loss"] for h in other if h["step"] in r], window)
+    diff = b - a
+    q = [i for i in np.array_split(np.arange(len(steps)), 4) if len(i)]
+    return {"points": len(steps), **{k: v for k, v in _stats(diff, steps).items() if k != "steps"},
+            "max_rel": float((np.abs(diff) / np.abs(a)).max()), "final_smoothed": [float(a[-1]), float(b[-1])],
+            "quarters": [_stats(diff[i], [steps[j] for j in i]) for i in q]}
+
+
+def compare(runs: dict, window: int) -> dict:
+    """Every other curve (N ranks, controls) against the 1-rank curve: `pair_diff` by run label."""
+    return {str(w): pair_diff(runs[1]["history"], r["history"], window) for w, r in runs.items() if w != 1}
 
 
 def verdict(diff: dict, n) -> dict | None:
@@ -149,6 +176,9 @@ def legend(w) -> str:
         return "1 process, repeat (control)"
     if isinstance(w, str) and w.startswith(REPEAT + "-seed"):
         return f"1 process, seed {w[len(REPEAT) + 5:]} (control)"
+    if isinstance(w, str) and "to1@" in w:
+        n, k = w.split("to1@")
+        return f"{n} processes to step {k}, then 1 (resumed)"
     return f"{w} process{'es' if w != 1 else ''}"
 
 
@@ -201,11 +231,17 @@ def main(argv=None):
                     help=f"also repeat the 1-process run (same seed): world {REPEAT!r}, the nondeterminism floor")
     ap.add_argument("--control-seed", type=int, metavar="S",
                     help=f"also a 1-process run with pretrain.seed=S: world '{REPEAT}-seedS', the seed-to-seed spread")
+    ap.add_argument("--split", type=int, metavar="K",
+                    help="also N processes to step K, then 1 process resuming to the end: world 'Nto1@K' (a "
+                         "checkpoint resumed on another world size)")
     ap.add_argument("--replot", metavar="CURVES_CSV", help="no training: loss_curves.png and summary_from_curves.json "
                                                            "into --out from this curves.csv")
+    ap.add_argument("--pool", nargs="+", metavar="CURVES_CSV",
+                    help="no training: pool the curves of several dpcheck runs (same profile, budget and seed) into "
+                         "--out/pool.json and pool.png, with the same-seed 1-process repeats as the noise floor")
     a = ap.parse_args(argv)
     try:
-        replot(a) if a.replot else run(a)
+        pool(a) if a.pool else replot(a) if a.replot else run(a)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
         print(f"dpcheck: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -215,12 +251,16 @@ def _title(prof, runs: dict, n, diff: dict, head: str, speed: str = "") -> str:
     t = f"{prof.name}: {head}, global batch {prof.pretrain.batch_size}\n{n} processes: {speed}max |smoothed loss " \
         f"diff| {diff[str(n)]['max_abs']:.3g}, mean {diff[str(n)]['mean_abs']:.3g}"
     c = [f"{'repeat' if w == REPEAT else 'seed ' + w[len(REPEAT) + 5:]} {diff[w]['max_abs']:.3g}, "
-         f"{diff[w]['mean_abs']:.3g}" for w in runs if isinstance(w, str)]
-    return t + ("\ncontrol 1-process runs (max, mean): " + "; ".join(c) if c else "")
+         f"{diff[w]['mean_abs']:.3g}" for w in runs if isinstance(w, str) and w.startswith(REPEAT)]
+    sp = [f"{w}: {diff[w]['max_abs']:.3g}, {diff[w]['mean_abs']:.3g}" for w in runs if isinstance(w, str)
+          and "to1@" in w]
+    return t + ("\ncontrol 1-process runs (max, mean): " + "; ".join(c) if c else "") + \
+        ("; resumed " + "; ".join(sp) if sp else "")
 
 
-def read_curves(path: Path) -> dict:
-    """curves.csv back into {world: {"history": [...]}} (world an int, or a control's label)."""
+def read_curves(path: Path, strict: bool = True) -> dict:
+    """curves.csv back into {world: {"history": [...]}} (world an int, or a control's label); strict: exactly the
+    curves of world 1 and one N > 1 (and any controls)."""
     import csv
 
     with open(path, newline="") as f:
@@ -233,7 +273,7 @@ def read_curves(path: Path) -> dict:
         runs.setdefault(w, {"history": []})["history"].append(
             {"step": int(r["step"]), "loss": float(r["loss"]), "mtp_loss": float(r["mtp_loss"])})
     worlds = [w for w in runs if isinstance(w, int) and w > 1]
-    if 1 not in runs or len(worlds) != 1:
+    if strict and (1 not in runs or len(worlds) != 1):
         raise ValueError(f"{path}: needs the curves of world 1 and of one N > 1, has {sorted(map(str, runs))}")
     return runs
 
@@ -274,6 +314,155 @@ def replot(a):
     return summary
 
 
+# --- pooled check over several dpcheck runs ------------------------------------------------------------------------
+def pool_groups(files: list[Path]) -> dict:
+    """The curves of several dpcheck runs (same profile, token budget and seed), labelled '<folder>:<world>' and
+    grouped: "1" (every same-seed 1-process run: world 1 and the repeat controls), "N" (the N-process runs) and
+    "seed S" (seed controls)."""
+    runs, ns = {}, set()
+    for f in files:
+        f = Path(f)
+        if not f.exists():
+            raise FileNotFoundError(f"{f}: no such curves.csv")
+        for w, r in read_curves(f, strict=False).items():
+            label = f"{f.parent.name}:{w}"
+            if label in runs:
+                raise ValueError(f"two runs labelled {label!r}: give curves.csv files in differently named folders")
+            if isinstance(w, int) and w > 1:
+                ns.add(w)
+            group = "1" if w in (1, REPEAT) else str(w) if isinstance(w, int) else \
+                "seed " + w[len(REPEAT) + 5:] if w.startswith(REPEAT + "-seed") else w
+            runs[label] = {"group": group, "history": r["history"]}
+    ones = [k for k, r in runs.items() if r["group"] == "1"]
+    if len(ns) != 1:
+        raise ValueError(f"--pool needs runs of exactly one N > 1 process count, found {sorted(ns) or 'none'}")
+    if len(ones) < 2:
+        raise ValueError(f"--pool needs at least two same-seed 1-process runs (the nondeterminism floor), found "
+                         f"{ones}: pool two dpcheck runs, or one run with --control")
+    return runs
+
+
+def pool_compare(runs: dict, window: int) -> dict:
+    """Pairwise smoothed loss differences, by kind of pair: "1 vs 1" (same-seed 1-process repeats: the noise floor),
+    "N vs 1", "N vs N", "seed S vs 1"; per kind the pairs and the mean, min and max of their max and mean |diff|."""
+    import itertools
+
+    n = next(r["group"] for r in runs.values() if r["group"].isdigit() and r["group"] != "1")
+    kinds = {}
+    for (ka, a), (kb, b) in itertools.combinations(runs.items(), 2):
+        ga, gb = a["group"], b["group"]
+        if ga != "1" and gb == "1":
+            (ka, a, ga), (kb, b, gb) = (kb, b, gb), (ka, a, ga)
+        if ga != "1" and ga != gb:
+            continue  # e.g. N vs a seed control: not a question the check asks
+        kind = f"{gb} vs {ga}"
+        d = pair_diff(a["history"], b["history"], window)
+        kinds.setdefault(kind, []).append({"ref": ka, "other": kb, **{k: d[k] for k in
+                                           ("points", "max_abs", "mean_abs", "mean_signed")}})
+    first = ("1 vs 1", f"{n} vs 1", f"{n} vs {n}")
+    order = lambda k: first.index(k) if k in first else 3 if k.startswith("seed") else 4  # noqa: E731
+    out = {}
+    for kind, pairs in sorted(kinds.items(), key=lambda kv: (order(kv[0]), kv[0])):
+        agg = {f"{s}_{k}": f([p[k] for p in pairs]) for k in ("max_abs", "mean_abs")
+               for s, f in (("mean", lambda v: sum(v) / len(v)), ("min", min), ("max", max))}
+        out[kind] = {"pairs": pairs, "n_pairs": len(pairs), **agg}
+    floor, test = out["1 vs 1"], out[f"{n} vs 1"]
+    lim = {k: NOISE_FACTOR * floor[f"mean_{k}"] + NOISE_ATOL for k in ("max_abs", "mean_abs")}
+    v = "within noise" if all(test[f"mean_{k}"] <= lim[k] for k in lim) else "outside noise"
+    return {"nproc": int(n), "kinds": out, "verdict": v,
+            "rule": f"within noise iff the mean over the {n}-vs-1 pairs of max and of mean |smoothed loss diff| are "
+                    f"both <= {NOISE_FACTOR} x the same means over the same-seed 1-vs-1 pairs + {NOISE_ATOL}",
+            "ratio_max": test["mean_max_abs"] / floor["mean_max_abs"] if floor["mean_max_abs"] else None,
+            "ratio_mean": test["mean_mean_abs"] / floor["mean_mean_abs"] if floor["mean_mean_abs"] else None}
+
+
+def plot_pool(runs: dict, res: dict, window: int, path: Path, title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .io import atomic_path
+
+    fig, ax = plt.subplot_mosaic([["c", "p"], ["d", "p"]], figsize=(11, 6.5),
+                                 gridspec_kw={"width_ratios": [2.2, 1], "height_ratios": [3, 1.3]})
+    ones = [r for r in runs.values() if r["group"] == "1"]
+    common = sorted(set.intersection(*[{h["step"] for h in r["history"]} for r in ones]))
+    mean1 = np.mean([smooth([dict((h["step"], h["loss"]) for h in r["history"])[s] for s in common], window)
+                     for r in ones], axis=0)
+    ref = dict(zip(common, mean1))
+    colour = {"1": plt.cm.Blues, str(res["nproc"]): plt.cm.Oranges}
+    seen = {}
+    for label, r in runs.items():
+        g = r["group"]
+        i = seen[g] = seen.get(g, -1) + 1
+        c = colour[g](0.45 + 0.5 * i / max(1, len(runs))) if g in colour else "0.5"
+        ls = "--" if g.startswith("seed") else "-." if "to1@" in g else "-"
+        c = "C2" if "to1@" in g else c
+        steps = [h["step"] for h in r["history"]]
+        y = smooth([h["loss"] for h in r["history"]], window)
+        name = f"{label} ({'1 process' if g == '1' else g + ' processes' if g.isdigit() else g})"
+        ax["c"].plot(steps, y, color=c, ls=ls, lw=1.2, label=name)
+        keep = [j for j, s in enumerate(steps) if s in ref]
+        ax["d"].plot([steps[j] for j in keep], [y[j] - ref[steps[j]] for j in keep], color=c, ls=ls, lw=1)
+    ax["c"].set_ylabel("training loss (main CE), smoothed")
+    ax["c"].legend(fontsize=7)
+    ax["c"].set_title(title, fontsize=9)
+    ax["d"].axhline(0, color="k", lw=0.5)
+    ax["d"].set_xlabel("step (same global batch)")
+    ax["d"].set_ylabel("run - mean of the\n1-process runs")
+    kinds = list(res["kinds"])
+    for x, kind in enumerate(kinds):
+        for p in res["kinds"][kind]["pairs"]:
+            ax["p"].plot(x - 0.1, p["max_abs"], "v", color="C3", alpha=0.7)
+            ax["p"].plot(x + 0.1, p["mean_abs"], "o", color="C0", alpha=0.7)
+    ax["p"].plot([], [], "v", color="C3", label="max |diff| of a pair")
+    ax["p"].plot([], [], "o", color="C0", label="mean |diff| of a pair")
+    ax["p"].set_xticks(range(len(kinds)), kinds, rotation=20, fontsize=8)
+    ax["p"].set_ylabel("smoothed loss difference (nats)")
+    ax["p"].set_title(f"pairs of runs: {res['verdict']}", fontsize=9)
+    ax["p"].legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def pool(a):
+    import hashlib
+
+    from experiments.profiles import get_profile, override
+
+    from .io import write_json
+
+    prof = get_profile(a.profile)
+    override(prof, a.set)
+    files = [Path(f) for f in a.pool]
+    runs = pool_groups(files)
+    first = next(iter(runs.values()))["history"]
+    window = a.smooth or max(1, len(first) // 20)
+    res = pool_compare(runs, window)
+    out = Path(a.out)
+    summary = {"source": "pooled from the curves.csv files below (no training)", "profile": prof.name,
+               "curves_csv": {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files},
+               "runs": {k: r["group"] for k, r in runs.items()}, "smooth_window_points": window, **res}
+    write_json(out / "pool.json", summary)
+    n = res["nproc"]
+    k1, kn = res["kinds"]["1 vs 1"], res["kinds"][f"{n} vs 1"]
+    plot_pool(runs, res, window, out / "pool.png",
+              f"{prof.name}: {len(runs)} runs from {len(files)} dpcheck run(s); mean over pairs of max / mean "
+              f"|smoothed diff|\nsame-seed 1 vs 1: {k1['mean_max_abs']:.3g} / {k1['mean_mean_abs']:.3g} "
+              f"({k1['n_pairs']} pairs); {n} vs 1: {kn['mean_max_abs']:.3g} / {kn['mean_mean_abs']:.3g} "
+              f"({kn['n_pairs']} pairs)")
+    for kind, v in res["kinds"].items():
+        _log(f"{kind}: {v['n_pairs']} pair(s), max |smoothed diff| mean {v['mean_max_abs']:.3g} (range "
+             f"{v['min_max_abs']:.3g}-{v['max_max_abs']:.3g}), mean |smoothed diff| mean {v['mean_mean_abs']:.3g} "
+             f"(range {v['min_mean_abs']:.3g}-{v['max_mean_abs']:.3g})")
+    _log(f"{n} vs 1 process: {res['verdict']} against the same-seed 1-process repeats; wrote {out}")
+    return summary
+
+
 def run(a):
     import torch
 
@@ -301,6 +490,8 @@ def run(a):
     if steps < 2:
         raise ValueError(f"--tokens {a.tokens}: less than two steps of {step_tokens} tokens "
                          f"({prof.pretrain.batch_size} x {prof.pretrain.seq_len})")
+    if a.split is not None and not 0 < a.split < steps:
+        raise ValueError(f"--split {a.split}: the switch step must lie inside the run's {steps} steps")
     if prof.pretrain.batch_size % n:
         raise ValueError(f"the profile's global batch {prof.pretrain.batch_size} is not divisible by {n} processes")
     sets = [f"pretrain.tokens={a.tokens}"] + a.set
@@ -319,6 +510,10 @@ def run(a):
          f"({'nccl, ' + str(gpus) + ' GPU(s)' if gpus else 'gloo, CPU'})"
          + (f", controls {', '.join(str(w) for w, _, _ in plan[2:])}" if plan[2:] else "") + f"; scratch {scratch}")
     runs = {w: run_world(world, prof, work, scratch, s, label=w) for w, world, s in plan}
+    split = split_label(n, a.split) if a.split else None
+    if split:  # n processes to step K (resumable state), then 1 process resumes to the end
+        run_world(n, prof, work, scratch, sets + [f"pretrain.stop_after={a.split}"], label=split, collect=False)
+        runs[split] = run_world(1, prof, work, scratch, sets, label=split, fresh=False)
 
     window = a.smooth or max(1, len(runs[1]["history"]) // 20)
     diff = compare(runs, window)
@@ -331,6 +526,9 @@ def run(a):
                     "pretrain_wall_s": r["heldout"]["wall_s"], "train_tokens": r["heldout"]["train_tokens"],
                     "heldout_loss": r["heldout"]["target_loss"], "heldout_mtp_loss": r["heldout"]["mtp_loss"],
                     "heldout_tokens": r["heldout"]["heldout_tokens"]} for w, r in runs.items()}
+    if split:  # its speed is the resumed part's only: not a rate of the whole run
+        per[split].update(tokens_per_s=None, steady_tokens_per_s=None, first_world=n, switch_step=a.split,
+                          then_world=1)
     for w, _, _ in plan[2:]:
         per[w].update(control="repeat" if w == REPEAT else "seed",
                       seed=seed if w == REPEAT else a.control_seed)
@@ -348,17 +546,25 @@ def run(a):
                "control_heldout_loss_difference": {w: per[w]["heldout_loss"] - per["1"]["heldout_loss"]
                                                    for w, _, _ in plan[2:]},
                "noise": noise, "verdict": noise["verdict"] if noise else None,
+               "split": {"label": split, "loss_difference": diff[split],
+                         "heldout_loss_difference": per[split]["heldout_loss"] - per["1"]["heldout_loss"]}
+               if split else None,
                "scratch": str(scratch), "env": environment()}
     write_json(out / "summary.json", summary)
+    steady = summary["speedup_steady_tokens_per_s"]
     plot(runs, window, out / "loss_curves.png",
          _title(prof, runs, n, diff, f"{a.tokens / 1e6:g} M tokens",
-                f"x{summary['speedup_tokens_per_s']:.2f} tokens/s, "))
-    _log(f"speed-up x{summary['speedup_tokens_per_s']:.2f} (training tokens/s), x{summary['speedup_wall']:.2f} "
+                f"x{steady:.2f} steady tokens/s, " if steady else f"x{summary['speedup_tokens_per_s']:.2f} tokens/s, "))
+    _log((f"speed-up x{steady:.2f} (steady training tokens/s), " if steady else "speed-up ")
+         + f"x{summary['speedup_tokens_per_s']:.2f} (training tokens/s incl. start-up), x{summary['speedup_wall']:.2f} "
          f"(wall); |smoothed loss difference| max {diff[str(n)]['max_abs']:.2e} mean {diff[str(n)]['mean_abs']:.2e}; "
          f"held-out {per['1']['heldout_loss']:.4f} vs {per[str(n)]['heldout_loss']:.4f}; wrote {out}")
     for w, _, _ in plan[2:]:
         _log(f"control {w}: |smoothed loss difference| vs 1 process max {diff[w]['max_abs']:.2e} mean "
              f"{diff[w]['mean_abs']:.2e}; held-out {per[w]['heldout_loss']:.4f}")
+    if split:
+        _log(f"{split} ({n} processes to step {a.split}, then 1 resumes): |smoothed loss difference| vs 1 process max "
+             f"{diff[split]['max_abs']:.2e} mean {diff[split]['mean_abs']:.2e}; held-out {per[split]['heldout_loss']:.4f}")
     if noise:
         _log(f"{n} vs 1 process: {noise['verdict']} (reference {noise['reference']}: x{NOISE_FACTOR} + {NOISE_ATOL})")
     return summary

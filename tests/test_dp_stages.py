@@ -62,10 +62,11 @@ def _pipeline(d, nproc, stage, sets=SETS):
 
 @pytest.fixture(scope="module")
 def dpcheck(work):
-    """dpcheck 1 vs 2 ranks with the control: the 1-rank run repeated."""
+    """dpcheck 1 vs 2 ranks with the control (the 1-rank run repeated) and a split run (2 ranks to step 8, then 1)."""
     out = work / "dpcheck_out"
     cmd = [sys.executable, "-m", "dmtp.dpcheck", "--profile", "smoke", "--work", str(work / "work"), "--tokens",
-           "10000", "--nproc", "2", "--out", str(out), "--control"] + [x for s in SETS for x in ("--set", s)]
+           "10000", "--nproc", "2", "--out", str(out), "--control", "--split", "8"] + \
+        [x for s in SETS for x in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert p.returncode == 0, p.stderr[-3000:]
     return out, work / "work" / "smoke" / "dpcheck"
@@ -76,18 +77,26 @@ def test_dpcheck_two_ranks_follow_one(dpcheck):
     out, _ = dpcheck
     s = json.loads((out / "summary.json").read_text())
     assert s["nproc"] == 2 and s["backend"] == "gloo" and s["steps"] == 19
-    assert set(s["runs"]) == {"1", "2", "1-control"}
-    assert all(r["tokens_per_s"] > 0 and r["wall_s"] > 0 for r in s["runs"].values())
+    assert set(s["runs"]) == {"1", "2", "1-control", "2to1@8"}
+    assert all(r["tokens_per_s"] > 0 and r["wall_s"] > 0 for k, r in s["runs"].items() if k != "2to1@8")
     assert s["loss_difference"]["points"] == 19 and s["loss_difference"]["max_rel"] < 1e-3
     assert [q["steps"] for q in s["loss_difference"]["quarters"]] == [[0, 4], [5, 9], [10, 14], [15, 18]]
     assert s["heldout_loss_difference"] == pytest.approx(0, abs=1e-3 * s["runs"]["1"]["heldout_loss"])
     rows = (out / "curves.csv").read_text().splitlines()
-    assert rows[0] == "step,loss,mtp_loss,world" and len(rows) == 1 + 3 * 19
+    assert rows[0] == "step,loss,mtp_loss,world" and len(rows) == 1 + 4 * 19
     curve = {}
     for r in rows[1:]:
         curve.setdefault(r.split(",")[3], []).append(float(r.split(",")[1]))
-    assert set(curve) == {"1", "2", "1-control"}  # the worlds written as before, the control labelled
+    assert set(curve) == {"1", "2", "1-control", "2to1@8"}  # the worlds written as before, the others labelled
     assert curve["2"] == pytest.approx(curve["1"], rel=1e-3)
+    # resumed on another world size: the whole history, equal to the uninterrupted 1-rank run
+    assert curve["2to1@8"] == pytest.approx(curve["1"], rel=1e-3)
+    sp = s["runs"]["2to1@8"]
+    assert (sp["first_world"], sp["switch_step"], sp["then_world"], sp["tokens_per_s"]) == (2, 8, 1, None)
+    assert s["split"]["label"] == "2to1@8" and s["split"]["loss_difference"]["max_rel"] < 1e-3
+    assert "control" not in sp and "2to1@8" not in s["control_heldout_loss_difference"]
+    meta = json.loads((dpcheck[1] / "world2to1@8" / "results" / "smoke" / "target" / "meta.json").read_text())
+    assert meta["resumed_at_step"] == 8 and meta["world"] == 1
     assert (out / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -212,3 +221,55 @@ def test_data_two_ranks_identical(work, split):
     assert [key(r) for r in two] == [key(r) for r in one]
     meta = json.loads((d / "work" / "smoke" / "data" / "train.meta.json").read_text())
     assert meta["world"] == 2 and meta["config"]["batch"] == 4
+
+
+def _curves(path, curves: dict):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = ["step,loss,mtp_loss,world"] + [f"{s},{y:.6f},{y:.6f},{w}" for w, ys in curves.items()
+                                           for s, y in enumerate(ys)]
+    path.write_text("\n".join(rows) + "\n")
+
+
+def test_pool_of_runs(tmp_path):
+    """--pool: pairs grouped by kind, constant offsets measured exactly, the verdict against the same-seed repeats."""
+    import numpy as np
+
+    from dmtp import dpcheck as dp
+
+    base = list(np.linspace(9, 5, 40) + 0.05 * np.sin(np.arange(40)))
+    off = lambda c: [y + c for y in base]  # noqa: E731
+    _curves(tmp_path / "a" / "curves.csv", {1: off(0), 2: off(0.05)})
+    _curves(tmp_path / "b" / "curves.csv", {1: off(0.04), 2: off(0.01), "1-control-seed1": off(0.3)})
+    dp.main(["--profile", "smoke", "--out", str(tmp_path / "o"), "--pool", str(tmp_path / "a" / "curves.csv"),
+             str(tmp_path / "b" / "curves.csv")])
+    s = json.loads((tmp_path / "o" / "pool.json").read_text())
+    assert s["runs"] == {"a:1": "1", "a:2": "2", "b:1": "1", "b:2": "2", "b:1-control-seed1": "seed 1"}
+    k = s["kinds"]
+    assert list(k) == ["1 vs 1", "2 vs 1", "2 vs 2", "seed 1 vs 1"]
+    assert k["1 vs 1"]["n_pairs"] == 1 and k["1 vs 1"]["mean_max_abs"] == pytest.approx(0.04, abs=1e-5)
+    # 2 vs 1: |0.05-0|, |0.05-0.04|, |0.01-0|, |0.01-0.04| -> mean 0.025, signed against the 1-process run
+    assert k["2 vs 1"]["n_pairs"] == 4 and k["2 vs 1"]["mean_mean_abs"] == pytest.approx(0.025, abs=1e-5)
+    assert sorted(round(p["mean_signed"], 4) for p in k["2 vs 1"]["pairs"]) == [-0.03, 0.01, 0.01, 0.05]
+    assert all(p["ref"].endswith(":1") for p in k["2 vs 1"]["pairs"])
+    assert k["seed 1 vs 1"]["min_max_abs"] == pytest.approx(0.26, abs=1e-5)
+    assert s["verdict"] == "within noise" and s["ratio_mean"] == pytest.approx(0.625, abs=1e-3)
+    assert (tmp_path / "o" / "pool.png").read_bytes()[:4] == b"\x89PNG"
+
+    _curves(tmp_path / "c" / "curves.csv", {1: off(0), 2: off(0.2)})  # far off the 0.04 floor
+    dp.main(["--profile", "smoke", "--out", str(tmp_path / "o2"), "--pool", str(tmp_path / "a" / "curves.csv"),
+             str(tmp_path / "b" / "curves.csv"), str(tmp_path / "c" / "curves.csv")])
+    assert json.loads((tmp_path / "o2" / "pool.json").read_text())["verdict"] == "outside noise"
+
+
+def test_pool_refuses_a_thin_or_mixed_pool(tmp_path, capsys):
+    from dmtp import dpcheck as dp
+
+    _curves(tmp_path / "a" / "curves.csv", {1: [3, 2, 1], 2: [3, 2, 1]})
+    _curves(tmp_path / "b" / "curves.csv", {1: [3, 2, 1], 4: [3, 2, 1]})
+    _curves(tmp_path / "x" / "a" / "curves.csv", {1: [3, 2, 1], 2: [3, 2, 1]})
+    for files, msg in [(["a"], "at least two same-seed 1-process runs"), (["a", "b"], "exactly one N > 1"),
+                       (["a", "x/a"], "two runs labelled 'a:1'"), (["nope"], "no such curves.csv")]:
+        with pytest.raises(SystemExit):
+            dp.main(["--profile", "smoke", "--out", str(tmp_path / "o"), "--pool",
+                     *[str(tmp_path / f / "curves.csv") for f in files]])
+        assert msg in capsys.readouterr().err
