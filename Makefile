@@ -8,7 +8,7 @@ PROFILE ?= $(if $(HAS_CUDA),mini,tiny)
 WORK ?= work
 RESULTS ?= results
 
-.PHONY: venv test ablation-code bench tables figures report corpus tokenizer target data drafters eval dpcheck \
+.PHONY: venv test ablation-code bench tables figures report corpus tokenizer target data drafters eval dpcheck dppool \
 	clean-work
 
 # CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
@@ -37,12 +37,18 @@ target data drafters: $(VENV)/.installed
 	$(if $(filter 1,$(NGPU)),$(PY),$(PY) -m torch.distributed.run --nproc_per_node=$(NGPU)) -m dmtp.cli pipeline \
 		--profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage $@
 
-# 1 process vs NGPU (at least 2) processes pretraining the target on TOKENS tokens -> results/<profile>/multigpu;
-# needs the corpus and tokenizer stages
+# 1 process vs NGPU (at least 2) processes pretraining the target on TOKENS tokens, with a repeated 1-process run
+# as a control -> results/<profile>/multigpu/$(DPRUN); needs the corpus and tokenizer stages. dppool pools every
+# run folder there (results/<profile>/multigpu/pool.json, pool.png): one repeat is a thin noise floor.
 TOKENS ?= 20000000
+DPRUN ?= run
+DPFLAGS ?= --control
 dpcheck: $(VENV)/.installed
-	$(PY) -m dmtp.dpcheck --profile $(PROFILE) --work $(WORK) --tokens $(TOKENS) \
-		--nproc $(if $(filter 1,$(NGPU)),2,$(NGPU)) --out $(RESULTS)/$(PROFILE)/multigpu
+	$(PY) -m dmtp.dpcheck --profile $(PROFILE) --work $(WORK) --tokens $(TOKENS) $(DPFLAGS) \
+		--nproc $(if $(filter 1,$(NGPU)),2,$(NGPU)) --out $(RESULTS)/$(PROFILE)/multigpu/$(DPRUN)
+dppool: $(VENV)/.installed
+	$(PY) -m dmtp.dpcheck --profile $(PROFILE) --out $(RESULTS)/$(PROFILE)/multigpu \
+		--pool $(wildcard $(RESULTS)/$(PROFILE)/multigpu/*/curves.csv)
 
 # benchmarks (GPU for meaningful numbers): stage overhead, throughput per batch cap, our loop vs a plain HF loop
 bench: $(VENV)/.installed

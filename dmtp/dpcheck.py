@@ -255,7 +255,7 @@ def _title(prof, runs: dict, n, diff: dict, head: str, speed: str = "") -> str:
     sp = [f"{w}: {diff[w]['max_abs']:.3g}, {diff[w]['mean_abs']:.3g}" for w in runs if isinstance(w, str)
           and "to1@" in w]
     return t + ("\ncontrol 1-process runs (max, mean): " + "; ".join(c) if c else "") + \
-        ("; resumed " + "; ".join(sp) if sp else "")
+        ("\nresumed on 1 process (max, mean): " + "; ".join(sp) if sp else "")
 
 
 def read_curves(path: Path, strict: bool = True) -> dict:
@@ -365,6 +365,7 @@ def pool_compare(runs: dict, window: int) -> dict:
     for kind, pairs in sorted(kinds.items(), key=lambda kv: (order(kv[0]), kv[0])):
         agg = {f"{s}_{k}": f([p[k] for p in pairs]) for k in ("max_abs", "mean_abs")
                for s, f in (("mean", lambda v: sum(v) / len(v)), ("min", min), ("max", max))}
+        agg["mean_mean_signed"] = sum(p["mean_signed"] for p in pairs) / len(pairs)  # a bias keeps one sign
         out[kind] = {"pairs": pairs, "n_pairs": len(pairs), **agg}
     floor, test = out["1 vs 1"], out[f"{n} vs 1"]
     lim = {k: NOISE_FACTOR * floor[f"mean_{k}"] + NOISE_ATOL for k in ("max_abs", "mean_abs")}
@@ -458,7 +459,7 @@ def pool(a):
     for kind, v in res["kinds"].items():
         _log(f"{kind}: {v['n_pairs']} pair(s), max |smoothed diff| mean {v['mean_max_abs']:.3g} (range "
              f"{v['min_max_abs']:.3g}-{v['max_max_abs']:.3g}), mean |smoothed diff| mean {v['mean_mean_abs']:.3g} "
-             f"(range {v['min_mean_abs']:.3g}-{v['max_mean_abs']:.3g})")
+             f"(range {v['min_mean_abs']:.3g}-{v['max_mean_abs']:.3g}), signed mean {v['mean_mean_signed']:+.3g}")
     _log(f"{n} vs 1 process: {res['verdict']} against the same-seed 1-process repeats; wrote {out}")
     return summary
 

@@ -251,6 +251,7 @@ def test_pool_of_runs(tmp_path):
     assert k["2 vs 1"]["n_pairs"] == 4 and k["2 vs 1"]["mean_mean_abs"] == pytest.approx(0.025, abs=1e-5)
     assert sorted(round(p["mean_signed"], 4) for p in k["2 vs 1"]["pairs"]) == [-0.03, 0.01, 0.01, 0.05]
     assert all(p["ref"].endswith(":1") for p in k["2 vs 1"]["pairs"])
+    assert k["2 vs 1"]["mean_mean_signed"] == pytest.approx(0.01, abs=1e-5)
     assert k["seed 1 vs 1"]["min_max_abs"] == pytest.approx(0.26, abs=1e-5)
     assert s["verdict"] == "within noise" and s["ratio_mean"] == pytest.approx(0.625, abs=1e-3)
     assert (tmp_path / "o" / "pool.png").read_bytes()[:4] == b"\x89PNG"
