@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One H200 command (<= 10 min): mini corpus + tokenizer, on-policy data, the dflash and zero_init_residual drafters
-# (2 GPUs when present), then the end-to-end throughput benchmark (dynamic batching, caps 1..32, T = 0 and 1).
+# (2 GPUs when present), then the end-to-end throughput benchmark (dynamic batching, caps 1..32, T = 0 and 1;
+# env METHODS, PROMPTS, TEMPS narrow it).
 set -uo pipefail
 OUT=${OUT:-results/mini}; P=mini; W=work/$P; PY=python3
 NG=$($PY -c "import torch; print(torch.cuda.device_count())")
@@ -16,5 +17,6 @@ for v in [*VARIANTS, *BACKBONES, *CONTINUED]:
         (Path('$W/drafters') / v).mkdir(parents=True, exist_ok=True); (Path('$W/drafters') / v / 'DONE').write_text('skipped')"
 t drafters; $RUN -m dmtp.cli pipeline --profile $P --stage drafters 2>&1 | grep -a "done" | tail -2
 t throughput; CUDA_VISIBLE_DEVICES=0 $PY -m dmtp.bench --target $W/target --drafters $W/drafters --out $OUT/bench \
-  --parts throughput --methods ${METHODS:-ar,mtp,dflash,zero_init_residual} --prompts ${PROMPTS:-40} 2>&1 | grep -a "\[bench\]"
+  --parts throughput --methods ${METHODS:-ar,mtp,dflash,zero_init_residual} --prompts ${PROMPTS:-40} \
+  --temperatures ${TEMPS:-0,1} 2>&1 | grep -a "\[bench\]"
 t end
