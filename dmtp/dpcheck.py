@@ -564,8 +564,9 @@ def run(a):
         _log(f"control {w}: |smoothed loss difference| vs 1 process max {diff[w]['max_abs']:.2e} mean "
              f"{diff[w]['mean_abs']:.2e}; held-out {per[w]['heldout_loss']:.4f}")
     if split:
+        d = diff[split]
         _log(f"{split} ({n} processes to step {a.split}, then 1 resumes): |smoothed loss difference| vs 1 process max "
-             f"{diff[split]['max_abs']:.2e} mean {diff[split]['mean_abs']:.2e}; held-out {per[split]['heldout_loss']:.4f}")
+             f"{d['max_abs']:.2e} mean {d['mean_abs']:.2e}; held-out {per[split]['heldout_loss']:.4f}")
     if noise:
         _log(f"{n} vs 1 process: {noise['verdict']} (reference {noise['reference']}: x{NOISE_FACTOR} + {NOISE_ATOL})")
     return summary

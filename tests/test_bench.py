@@ -1,4 +1,5 @@
 """The stage timer sees every stage of a round, once per round, through the one decode loop."""
+import pytest
 from conftest import make_drafter
 from dmtp.bench import StageTimer
 from dmtp.decode import build_method, generate
@@ -15,3 +16,27 @@ def test_stage_timer_covers_every_stage(models):
     assert {"round", "verify", "drafter", "mtp", "t1_prep", "drafter_ctx"} <= set(ms)
     assert all(v > 0 for v in ms.values())
     assert ms["round"] >= ms["verify"] + ms["drafter"]  # stages nest inside the round
+
+
+def test_ratios_recomputed_from_throughput_csv(tmp_path):
+    """`--parts ratios`: throughput gain / per-verify gain at the largest cap both methods have; a rerun replaces the
+    entry of the same profile and temperature measured at another cap and keeps every other target."""
+    import json
+
+    from dmtp import bench
+
+    out = tmp_path / "prof" / "bench"  # the label is the profile folder's name
+    out.mkdir(parents=True)
+    rows = ["method,temperature,batch_cap,dataset,output_tokens,wall_s,tok_per_s,per_verify"]
+    for m, tok, tau in (("dflash", 100.0, 2.0), ("zero_init_residual", 130.0, 2.5)):
+        rows += [f"{m},0.0,1,humaneval,1,1,{tok / 2},{tau}", f"{m},0.0,32,humaneval,1,1,{tok},{tau}"]
+    (out / "throughput.csv").write_text("\n".join(rows) + "\n")
+    (out / "ratios.json").write_text(json.dumps([
+        {"target": "prof T=0 B1 throughput gain / per-verify gain (zero_init_residual vs dflash)",
+         "value": -1.0, "goal": ">= 0.95", "met": False},
+        {"target": "other", "value": 1.0, "goal": "", "met": True}]))
+    bench.main(["--parts", "ratios", "--out", str(out)])
+    r = {x["target"]: x for x in json.loads((out / "ratios.json").read_text())}
+    assert set(r) == {"other", "prof T=0 B32 throughput gain / per-verify gain (zero_init_residual vs dflash)"}
+    new = r["prof T=0 B32 throughput gain / per-verify gain (zero_init_residual vs dflash)"]
+    assert new["value"] == pytest.approx(1.2) and new["met"] and new["note"] == "throughput +30.0%, per-verify +25.0%"
