@@ -145,6 +145,43 @@ def throughput_ratios(tp, dmtp: str, label: str) -> list[dict]:
     return out
 
 
+def fuse_compare(tgt, others, method, names, prompts, tokens, label, dev, prefix="", dmtp="zero_init_residual"):
+    """Stage times of `names` with the target (and `others`: MTP head, drafters) fused by `fuse.fuse`, beside the same
+    methods unfused, in one process: overhead rows '<label>:<name>+fused' (eager rows: '<label>:<name>'), ratios
+    fused/eager round per method and fused DMTP / fused DFlash round, and whether each method's tokens are unchanged.
+    `method(name)` must build on the modules in `others` (they are the ones fused)."""
+    from .fuse import fuse
+
+    rows, ratios, eager = [], [], {}
+    for name in names:
+        ms, res = stage_times(tgt, method(name), prompts, tokens)
+        eager[name] = (ms, [r.output_ids for r in res])
+    with fuse(tgt, *others) as fusion:
+        print(f"[bench] {label}: {fusion}")
+        for name in names:
+            t0 = time.perf_counter()
+            stage_times(tgt, method(name), prompts[:1], 8, skip=0)  # compiles this method's new shapes
+            t_compile = time.perf_counter() - t0
+            ms, res = stage_times(tgt, method(name), prompts, tokens)
+            same = [r.output_ids for r in res] == eager[name][1]
+            for stage, v in ms.items():
+                rows.append({"method": f"{prefix}{name}+fused", "stage": stage, "ms_per_round": v,
+                             "batch": len(prompts), "rounds": tokens,
+                             "device": torch.cuda.get_device_name() if dev == "cuda" else dev})
+            q = ms["round"] / eager[name][0]["round"]
+            print(f"[bench] {label} {name}+fused (first call {t_compile:.1f}s, outputs "
+                  f"{'identical' if same else 'DIFFER'}): " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
+            ratios.append(ratio(f"{label} {name} fused round / unfused round (batch {len(prompts)})", q, "report",
+                                True, f"{eager[name][0]['round']:.3f} -> {ms['round']:.3f} ms; outputs "
+                                      f"{'identical' if same else 'differ'}"))
+    by = {r["method"]: r["ms_per_round"] for r in rows if r["stage"] == "round"}
+    if f"{prefix}{dmtp}+fused" in by and f"{prefix}dflash+fused" in by:
+        q = by[f"{prefix}{dmtp}+fused"] / by[f"{prefix}dflash+fused"]
+        ratios.append(ratio(f"{label} fused {dmtp} round / fused dflash round (batch {len(prompts)})", q, "<= 1.04",
+                            q <= 1.04))
+    return rows, ratios
+
+
 def paper_shape(a, dev) -> tuple[list[dict], list[dict]]:
     """Timing only: a Qwen3-8B-sized dense target (random bf16 weights), one MTP layer, 5-layer drafters, batch
     `--batch`; every round accepts ~nothing, so each emits one token — what matters is the time per stage."""
@@ -166,21 +203,29 @@ def paper_shape(a, dev) -> tuple[list[dict], list[dict]]:
     prompts = torch.randint(1000, 100000, (a.batch, 256), generator=torch.Generator().manual_seed(0)).tolist()
     rows, ratios = [], []
     screen = T1Screen(tgt, rank=a.screen_rank, topk=a.screen_topk)
-    for name in ["ar", "dflash", "zero_init_residual", "zero_init_residual+screen"]:
+    drafters = {}
+    for v in ("dflash", "zero_init_residual"):
+        c = DrafterConfig(hidden_size=4096, vocab_size=151936, num_hidden_layers=5, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, intermediate_size=12288, num_target_layers=36,
+                          variant=v, mask_token_id=151669)
+        drafters[v] = Drafter(c).to(device=dev, dtype=torch.bfloat16).eval()
+
+    def method(name):
         variant = name.split("+")[0]
-        d = None
-        if name != "ar":
-            c = DrafterConfig(hidden_size=4096, vocab_size=151936, num_hidden_layers=5, num_attention_heads=32,
-                              num_key_value_heads=8, head_dim=128, intermediate_size=12288, num_target_layers=36,
-                              variant=variant, mask_token_id=151669)
-            d = Drafter(c).to(device=dev, dtype=torch.bfloat16).eval()
-        m = build_method(variant, tgt, drafter=d, mtp=mtp, screen=screen if "+screen" in name else None)
-        ms, _ = stage_times(tgt, m, prompts, a.tokens)
+        return build_method(variant, tgt, drafter=drafters.get(variant), mtp=mtp,
+                            screen=screen if "+screen" in name else None)
+    names = ["ar", "dflash", "zero_init_residual", "zero_init_residual+screen"]
+    for name in names:
+        ms, _ = stage_times(tgt, method(name), prompts, a.tokens)
         for stage, v in ms.items():
             rows.append({"method": f"8b-shape:{name}", "stage": stage, "ms_per_round": v, "batch": a.batch,
                          "rounds": a.tokens, "device": torch.cuda.get_device_name() if dev == "cuda" else dev})
         print(f"[bench] 8b-shape {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
-        del d, m
+    if a.fuse:
+        f_rows, f_ratios = fuse_compare(tgt, [mtp, *drafters.values()], method, names[:3], prompts, a.tokens,
+                                        "8b-shape", dev, prefix="8b-shape:")
+        rows += f_rows
+        ratios += f_ratios
     by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
     for name in ["zero_init_residual", "zero_init_residual+screen"]:
         q = by[(f"8b-shape:{name}", "round")] / by[("8b-shape:dflash", "round")]
@@ -229,6 +274,9 @@ def main(argv=None):
     p.add_argument("--screen-rank", type=int, default=256)
     p.add_argument("--screen-topk", type=int, default=64)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--fuse", action="store_true",
+                   help="overhead part and --paper-shape: also time every method with its layers' small pieces "
+                        "compiled (dmtp.fuse), beside the unfused run")
     a = p.parse_args(argv)
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -284,11 +332,18 @@ def main(argv=None):
                       "rounds": len(res[0].accepted), "device": torch.cuda.get_device_name() if dev == "cuda" else dev}
                      for s, v in ms.items()]
             print(f"[bench] overhead {name}: " + ", ".join(f"{s} {v:.3f}" for s, v in ms.items()))
-        merge_overhead(out / "overhead.csv", rows)
         by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
         if ("dflash", "round") in by and (a.dmtp, "round") in by:
             q = by[(a.dmtp, "round")] / by[("dflash", "round")]
             new.append(ratio(f"{label} {a.dmtp} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
+        if a.fuse:  # the same methods (the same module objects) unfused and fused, side by side
+            built = {name: method(name) for name in methods}
+            f_rows, f_ratios = fuse_compare(tgt, [mtp] + [getattr(m, "drafter", None) for m in built.values()],
+                                            built.__getitem__, methods, prompts[: a.batch], a.tokens, label, dev,
+                                            dmtp=a.dmtp)
+            rows += f_rows
+            new += f_ratios
+        merge_overhead(out / "overhead.csv", rows)
     save_ratios()
     if "throughput" in parts:  # 2. throughput at each batch cap with dynamic batching, natural EOS
         rows = []

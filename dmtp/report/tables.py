@@ -248,9 +248,12 @@ def overhead(art: Artifacts) -> pd.DataFrame | None:
     df = pd.concat([ours.loc[sorted(ours.index, key=method_rank)], blog])
     df = df[[c for c in stages if c in df.columns]].reset_index()
     df.columns.name = None
-    if "round" in df:  # against the DFlash row of the same setup ("8b-shape:" rows: random weights, timing only)
-        setup = df.method.str.rpartition(":")[0]
-        ref = {s: r for s, m, r in zip(setup, df.method.str.rpartition(":")[2], df["round"]) if m == "dflash"}
+    if "round" in df:  # against the DFlash row of the same setup ("8b-shape:" rows: random weights, timing only;
+        # "+fused" rows: layers fused by dmtp.fuse, against DFlash fused)
+        setup = [(p, m.endswith("+fused")) for p, m in zip(df.method.str.rpartition(":")[0],
+                                                             df.method.str.rpartition(":")[2])]
+        ref = {s: r for s, m, r in zip(setup, df.method.str.rpartition(":")[2], df["round"])
+               if m in ("dflash", "dflash+fused")}
         df["round_vs_dflash_ms"] = [r - ref.get(s, math.nan) for s, r in zip(setup, df["round"])]
         df["round_vs_dflash"] = [r / ref.get(s, math.nan) for s, r in zip(setup, df["round"])]
         df.loc[df.method.str.startswith("blog:"), ["round_vs_dflash_ms", "round_vs_dflash"]] = math.nan
