@@ -11,7 +11,8 @@ Triton kernels. Attention and the KV cache stay as they are, so nothing about ca
     ...decode as usual (CUDA graphs capture the fused kernels)...
     fusion.undo()                              # back to the eager modules and functions
 
-Shapes are dynamic (`dynamic=True`): prefill lengths and batch sizes do not recompile. The outputs are the same
+Shapes are dynamic (`dynamic=True`): prefill lengths do not recompile; the few specialisations dynamo still makes
+(size 1 vs > 1, rank-3 hidden states vs rank-4 q/k heads through one norm class) fit under a raised recompile limit. The outputs are the same
 computation with a different kernel schedule: in fp32 decoding stays token-identical to the unfused target (tested);
 in bf16 a near-tie can round the other way, as between any two kernel schedules. `bench --fuse` measures the effect
 side by side with the unfused engine in one run.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+RECOMPILE_LIMIT = 64  # one norm class serves rank-3 hidden states and rank-4 q/k heads, batch 1 and B, q = 1 and k+1
 PIECES = ("RMSNorm", "MLP")  # module class-name suffixes that are pure functions of their input
 ROTARY = {"apply_rotary_pos_emb", "apply_rope"}  # module-level helpers looked up by name at call time
 
@@ -32,13 +34,17 @@ ROTARY = {"apply_rotary_pos_emb", "apply_rope"}  # module-level helpers looked u
 class Fusion:
     modules: list[nn.Module] = field(default_factory=list)
     functions: list[tuple[object, str, object]] = field(default_factory=list)  # (python module, name, original)
+    limit: int | None = None  # dynamo's recompile limit before fusing
+
 
     def undo(self):
         for m in self.modules:
             m._compiled_call_impl = None  # what nn.Module.compile set
         for mod, name, orig in self.functions:
             setattr(mod, name, orig)
-        self.modules, self.functions = [], []
+        if self.limit is not None:
+            torch._dynamo.config.recompile_limit = self.limit
+        self.modules, self.functions, self.limit = [], [], None
 
     def __enter__(self):
         return self
@@ -55,7 +61,8 @@ class Fusion:
 def fuse(*models: nn.Module | None, mode: str | None = None) -> Fusion:
     """Compile the fusable pieces of `models` (any of them None: skipped) in place; returns the handle to undo it.
     mode: torch.compile's mode (default: Inductor's default, no CUDA graphs of its own — the decode loop has them)."""
-    f = Fusion()
+    f = Fusion(limit=torch._dynamo.config.recompile_limit)
+    torch._dynamo.config.recompile_limit = max(f.limit, RECOMPILE_LIMIT)
     seen_mods, seen_fns = set(), set()
     for model in models:
         if model is None:
