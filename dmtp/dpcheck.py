@@ -71,6 +71,20 @@ def split_label(n: int, k: int) -> str:
     return f"{n}to1@{k}"
 
 
+def run_kind(w) -> tuple[str, str | None]:
+    """What a run label (curves.csv `world`) names: ("1", None), ("N", "<n>"), ("repeat", None), ("seed", "<S>") or
+    ("split", "<n>to1@<K>")."""
+    if isinstance(w, int):
+        return ("1", None) if w == 1 else ("N", str(w))
+    if w == REPEAT:
+        return "repeat", None
+    if w.startswith(REPEAT + "-seed"):
+        return "seed", w[len(REPEAT) + 5:]
+    if "to1@" in w:
+        return "split", w
+    raise ValueError(f"unknown run label {w!r}")
+
+
 def run_world(world: int, prof, work: Path, scratch: Path, sets: list[str], label=None, fresh: bool = True,
               collect: bool = True) -> dict | None:
     """One `pipeline --stage target` run on `world` processes in scratch/world<label> (fresh: from nothing; else
@@ -172,12 +186,13 @@ def verdict(diff: dict, n) -> dict | None:
 
 
 def legend(w) -> str:
-    if w == REPEAT:
+    kind, arg = run_kind(w)
+    if kind == "repeat":
         return "1 process, repeat (control)"
-    if isinstance(w, str) and w.startswith(REPEAT + "-seed"):
-        return f"1 process, seed {w[len(REPEAT) + 5:]} (control)"
-    if isinstance(w, str) and "to1@" in w:
-        n, k = w.split("to1@")
+    if kind == "seed":
+        return f"1 process, seed {arg} (control)"
+    if kind == "split":
+        n, k = arg.split("to1@")
         return f"{n} processes to step {k}, then 1 (resumed)"
     return f"{w} process{'es' if w != 1 else ''}"
 
@@ -250,10 +265,10 @@ def main(argv=None):
 def _title(prof, runs: dict, n, diff: dict, head: str, speed: str = "") -> str:
     t = f"{prof.name}: {head}, global batch {prof.pretrain.batch_size}\n{n} processes: {speed}max |smoothed loss " \
         f"diff| {diff[str(n)]['max_abs']:.3g}, mean {diff[str(n)]['mean_abs']:.3g}"
-    c = [f"{'repeat' if w == REPEAT else 'seed ' + w[len(REPEAT) + 5:]} {diff[w]['max_abs']:.3g}, "
-         f"{diff[w]['mean_abs']:.3g}" for w in runs if isinstance(w, str) and w.startswith(REPEAT)]
-    sp = [f"{w}: {diff[w]['max_abs']:.3g}, {diff[w]['mean_abs']:.3g}" for w in runs if isinstance(w, str)
-          and "to1@" in w]
+    kinds = {w: run_kind(w) for w in runs}
+    c = [f"{'repeat' if k == 'repeat' else 'seed ' + arg} {diff[w]['max_abs']:.3g}, {diff[w]['mean_abs']:.3g}"
+         for w, (k, arg) in kinds.items() if k in ("repeat", "seed")]
+    sp = [f"{w}: {diff[w]['max_abs']:.3g}, {diff[w]['mean_abs']:.3g}" for w, (k, _) in kinds.items() if k == "split"]
     return t + ("\ncontrol 1-process runs (max, mean): " + "; ".join(c) if c else "") + \
         ("\nresumed on 1 process (max, mean): " + "; ".join(sp) if sp else "")
 
@@ -315,10 +330,10 @@ def replot(a):
 
 
 # --- pooled check over several dpcheck runs ------------------------------------------------------------------------
-def pool_groups(files: list[Path]) -> dict:
+def pool_groups(files: list[Path]) -> tuple[dict, int]:
     """The curves of several dpcheck runs (same profile, token budget and seed), labelled '<folder>:<world>' and
-    grouped: "1" (every same-seed 1-process run: world 1 and the repeat controls), "N" (the N-process runs) and
-    "seed S" (seed controls)."""
+    grouped: "1" (every same-seed 1-process run: world 1 and the repeat controls), "<N>" (the N-process runs), "seed
+    S" (seed controls) and "<N>to1@<K>" (split runs); and N."""
     runs, ns = {}, set()
     for f in files:
         f = Path(f)
@@ -328,26 +343,25 @@ def pool_groups(files: list[Path]) -> dict:
             label = f"{f.parent.name}:{w}"
             if label in runs:
                 raise ValueError(f"two runs labelled {label!r}: give curves.csv files in differently named folders")
-            if isinstance(w, int) and w > 1:
+            kind, arg = run_kind(w)
+            if kind == "N":
                 ns.add(w)
-            group = "1" if w in (1, REPEAT) else str(w) if isinstance(w, int) else \
-                "seed " + w[len(REPEAT) + 5:] if w.startswith(REPEAT + "-seed") else w
-            runs[label] = {"group": group, "history": r["history"]}
+            group = "1" if kind in ("1", "repeat") else "seed " + arg if kind == "seed" else arg
+            runs[label] = {"group": group, "kind": kind, "history": r["history"]}
     ones = [k for k, r in runs.items() if r["group"] == "1"]
     if len(ns) != 1:
         raise ValueError(f"--pool needs runs of exactly one N > 1 process count, found {sorted(ns) or 'none'}")
     if len(ones) < 2:
         raise ValueError(f"--pool needs at least two same-seed 1-process runs (the nondeterminism floor), found "
                          f"{ones}: pool two dpcheck runs, or one run with --control")
-    return runs
+    return runs, ns.pop()
 
 
-def pool_compare(runs: dict, window: int) -> dict:
+def pool_compare(runs: dict, n: int, window: int) -> dict:
     """Pairwise smoothed loss differences, by kind of pair: "1 vs 1" (same-seed 1-process repeats: the noise floor),
     "N vs 1", "N vs N", "seed S vs 1"; per kind the pairs and the mean, min and max of their max and mean |diff|."""
     import itertools
 
-    n = next(r["group"] for r in runs.values() if r["group"].isdigit() and r["group"] != "1")
     kinds = {}
     for (ka, a), (kb, b) in itertools.combinations(runs.items(), 2):
         ga, gb = a["group"], b["group"]
@@ -370,7 +384,7 @@ def pool_compare(runs: dict, window: int) -> dict:
     floor, test = out["1 vs 1"], out[f"{n} vs 1"]
     lim = {k: NOISE_FACTOR * floor[f"mean_{k}"] + NOISE_ATOL for k in ("max_abs", "mean_abs")}
     v = "within noise" if all(test[f"mean_{k}"] <= lim[k] for k in lim) else "outside noise"
-    return {"nproc": int(n), "kinds": out, "verdict": v,
+    return {"nproc": n, "kinds": out, "verdict": v,
             "rule": f"within noise iff the mean over the {n}-vs-1 pairs of max and of mean |smoothed loss diff| are "
                     f"both <= {NOISE_FACTOR} x the same means over the same-seed 1-vs-1 pairs + {NOISE_ATOL}",
             "ratio_max": test["mean_max_abs"] / floor["mean_max_abs"] if floor["mean_max_abs"] else None,
@@ -399,11 +413,11 @@ def plot_pool(runs: dict, res: dict, window: int, path: Path, title: str):
         g = r["group"]
         i = seen[g] = seen.get(g, -1) + 1
         c = colour[g](0.45 + 0.5 * i / max(1, len(runs))) if g in colour else "0.5"
-        ls = "--" if g.startswith("seed") else "-." if "to1@" in g else "-"
-        c = "C2" if "to1@" in g else c
+        ls = {"seed": "--", "split": "-."}.get(r["kind"], "-")
+        c = "C2" if r["kind"] == "split" else c
         steps = [h["step"] for h in r["history"]]
         y = smooth([h["loss"] for h in r["history"]], window)
-        name = f"{label} ({'1 process' if g == '1' else g + ' processes' if g.isdigit() else g})"
+        name = f"{label} ({'1 process' if g == '1' else g + ' processes' if r['kind'] == 'N' else g})"
         ax["c"].plot(steps, y, color=c, ls=ls, lw=1.2, label=name)
         keep = [j for j, s in enumerate(steps) if s in ref]
         ax["d"].plot([steps[j] for j in keep], [y[j] - ref[steps[j]] for j in keep], color=c, ls=ls, lw=1)
@@ -440,16 +454,15 @@ def pool(a):
     prof = get_profile(a.profile)
     override(prof, a.set)
     files = [Path(f) for f in a.pool]
-    runs = pool_groups(files)
+    runs, n = pool_groups(files)
     first = next(iter(runs.values()))["history"]
     window = a.smooth or max(1, len(first) // 20)
-    res = pool_compare(runs, window)
+    res = pool_compare(runs, n, window)
     out = Path(a.out)
     summary = {"source": "pooled from the curves.csv files below (no training)", "profile": prof.name,
                "curves_csv": {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files},
                "runs": {k: r["group"] for k, r in runs.items()}, "smooth_window_points": window, **res}
     write_json(out / "pool.json", summary)
-    n = res["nproc"]
     k1, kn = res["kinds"]["1 vs 1"], res["kinds"][f"{n} vs 1"]
     plot_pool(runs, res, window, out / "pool.png",
               f"{prof.name}: {len(runs)} runs from {len(files)} dpcheck run(s); mean over pairs of max / mean "
