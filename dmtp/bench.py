@@ -145,24 +145,23 @@ def throughput_ratios(tp, dmtp: str, label: str) -> list[dict]:
     return out
 
 
-def fuse_compare(tgt, others, method, names, prompts, tokens, label, dev, prefix="", dmtp="zero_init_residual"):
-    """Stage times of `names` with the target (and `others`: MTP head, drafters) fused by `fuse.fuse`, beside the same
-    methods unfused, in one process: overhead rows '<label>:<name>+fused' (eager rows: '<label>:<name>'), ratios
-    fused/eager round per method and fused DMTP / fused DFlash round, and whether each method's tokens are unchanged.
-    `method(name)` must build on the modules in `others` (they are the ones fused)."""
+def fuse_compare(tgt, others, methods: dict, eager: dict, prompts, tokens, label, dev, prefix="",
+                 dmtp="zero_init_residual"):
+    """Stage times of `methods` (name -> Method) with the target (and `others`: MTP head, drafters) fused by
+    `fuse.fuse`, beside their unfused times measured earlier in the same process (`eager`: name -> (stage_times ms,
+    output ids)): overhead rows '<prefix><name>+fused', ratios fused/unfused round per method and fused DMTP / fused
+    DFlash round, and whether each method's tokens are unchanged. The methods must be built on the modules in
+    `others` (they are the ones fused)."""
     from .fuse import fuse
 
-    rows, ratios, eager = [], [], {}
-    for name in names:
-        ms, res = stage_times(tgt, method(name), prompts, tokens)
-        eager[name] = (ms, [r.output_ids for r in res])
+    rows, ratios = [], []
     with fuse(tgt, *others) as fusion:
         print(f"[bench] {label}: {fusion}")
-        for name in names:
+        for name, m in methods.items():
             t0 = time.perf_counter()
-            stage_times(tgt, method(name), prompts[:1], 8, skip=0)  # compiles this method's new shapes
+            stage_times(tgt, m, prompts[:1], 8, skip=0)  # compiles this method's new shapes
             t_compile = time.perf_counter() - t0
-            ms, res = stage_times(tgt, method(name), prompts, tokens)
+            ms, res = stage_times(tgt, m, prompts, tokens)
             same = [r.output_ids for r in res] == eager[name][1]
             for stage, v in ms.items():
                 rows.append({"method": f"{prefix}{name}+fused", "stage": stage, "ms_per_round": v,
@@ -215,15 +214,17 @@ def paper_shape(a, dev) -> tuple[list[dict], list[dict]]:
         return build_method(variant, tgt, drafter=drafters.get(variant), mtp=mtp,
                             screen=screen if "+screen" in name else None)
     names = ["ar", "dflash", "zero_init_residual", "zero_init_residual+screen"]
+    eager = {}
     for name in names:
-        ms, _ = stage_times(tgt, method(name), prompts, a.tokens)
+        ms, res = stage_times(tgt, method(name), prompts, a.tokens)
+        eager[name] = (ms, [r.output_ids for r in res])
         for stage, v in ms.items():
             rows.append({"method": f"8b-shape:{name}", "stage": stage, "ms_per_round": v, "batch": a.batch,
                          "rounds": a.tokens, "device": torch.cuda.get_device_name() if dev == "cuda" else dev})
         print(f"[bench] 8b-shape {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
     if a.fuse:
-        f_rows, f_ratios = fuse_compare(tgt, [mtp, *drafters.values()], method, names[:3], prompts, a.tokens,
-                                        "8b-shape", dev, prefix="8b-shape:")
+        f_rows, f_ratios = fuse_compare(tgt, [mtp, *drafters.values()], {n: method(n) for n in names[:3]}, eager,
+                                        prompts, a.tokens, "8b-shape", dev, prefix="8b-shape:")
         rows += f_rows
         ratios += f_ratios
     by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
@@ -325,9 +326,12 @@ def main(argv=None):
     def save_ratios():  # after every part: a run cut short keeps what it measured
         write_text(ratios_path, json.dumps(keep(new), indent=2))
     if "overhead" in parts:  # 1. per-round stage breakdown at batch `--batch`, fixed length, EOS ignored
-        rows = []
+        rows, built, eager = [], {}, {}  # built, eager: kept for --fuse
         for name in methods:
-            ms, res = stage_times(tgt, method(name), prompts[: a.batch], a.tokens)
+            m = method(name)
+            ms, res = stage_times(tgt, m, prompts[: a.batch], a.tokens)
+            if a.fuse:
+                built[name], eager[name] = m, (ms, [r.output_ids for r in res])
             rows += [{"method": name, "stage": s, "ms_per_round": v, "batch": a.batch,
                       "rounds": len(res[0].accepted), "device": torch.cuda.get_device_name() if dev == "cuda" else dev}
                      for s, v in ms.items()]
@@ -336,11 +340,9 @@ def main(argv=None):
         if ("dflash", "round") in by and (a.dmtp, "round") in by:
             q = by[(a.dmtp, "round")] / by[("dflash", "round")]
             new.append(ratio(f"{label} {a.dmtp} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
-        if a.fuse:  # the same methods (the same module objects) unfused and fused, side by side
-            built = {name: method(name) for name in methods}
+        if a.fuse:  # the same methods (the same module objects) unfused above, fused now
             f_rows, f_ratios = fuse_compare(tgt, [mtp] + [getattr(m, "drafter", None) for m in built.values()],
-                                            built.__getitem__, methods, prompts[: a.batch], a.tokens, label, dev,
-                                            dmtp=a.dmtp)
+                                            built, eager, prompts[: a.batch], a.tokens, label, dev, dmtp=a.dmtp)
             rows += f_rows
             new += f_ratios
         merge_overhead(out / "overhead.csv", rows)

@@ -49,13 +49,16 @@ def test_nothing_to_fuse_is_an_error():
 
 def test_bench_fuse_compare_rows_and_ratios():
     """bench's side-by-side: unfused then fused stage times of the same method objects, '+fused' rows, ratios."""
-    from dmtp.bench import fuse_compare
+    from dmtp.bench import fuse_compare, stage_times
 
     tgt, mtp = tiny.build("qwen3", seed=0)
     drafters = {v: make_drafter(tgt, v) for v in ("dflash", "zero_init_residual")}
     built = {n: build_method(n, tgt, drafter=drafters.get(n), mtp=mtp) for n in ("dflash", "zero_init_residual")}
-    rows, ratios = fuse_compare(tgt, [mtp, *drafters.values()], built.__getitem__, list(built), PROMPTS, 20, "tiny",
-                                "cpu")
+    eager = {}
+    for n, m in built.items():
+        ms, res = stage_times(tgt, m, PROMPTS, 20)
+        eager[n] = (ms, [r.output_ids for r in res])
+    rows, ratios = fuse_compare(tgt, [mtp, *drafters.values()], built, eager, PROMPTS, 20, "tiny", "cpu")
     assert {r["method"] for r in rows} == {"dflash+fused", "zero_init_residual+fused"}
     assert {"round", "verify", "drafter"} <= {r["stage"] for r in rows}
     by = {r["target"]: r for r in ratios}
