@@ -13,9 +13,9 @@ Triton kernels. Attention and the KV cache stay as they are, so nothing about ca
 
 Shapes are dynamic (`dynamic=True`): prefill lengths do not recompile; the few specialisations dynamo still makes
 (size 1 vs > 1, rank-3 hidden states vs rank-4 q/k heads through one norm class) fit under a raised recompile limit.
-The outputs are the same computation with a different kernel schedule: in fp32 decoding stays token-identical to the unfused target (tested);
-in bf16 a near-tie can round the other way, as between any two kernel schedules. `bench --fuse` measures the effect
-side by side with the unfused engine in one run.
+The outputs are the same computation with a different kernel schedule: in fp32 decoding stays token-identical to
+the unfused target (tested); in bf16 a near-tie can round the other way, as between any two kernel schedules.
+`bench --fuse` measures the effect side by side with the unfused engine in one run.
 """
 from __future__ import annotations
 
