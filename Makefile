@@ -25,7 +25,7 @@ test: $(VENV)/.installed
 
 ablation-code: $(VENV)/.installed
 	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS)
-	$(PY) -m dmtp.report report --profile $(PROFILE) --results $(RESULTS)
+	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 
 # single stages (each resumes / skips finished work); `make target|data|drafters NGPU=2` runs data-parallel under
 # torchrun, one process per GPU (corpus, tokenizer and eval run in one process)
@@ -44,20 +44,20 @@ TOKENS ?= 20000000
 DPRUN ?= run
 DPFLAGS ?= --control
 dpcheck: $(VENV)/.installed
-	$(PY) -m dmtp.dpcheck --profile $(PROFILE) --work $(WORK) --tokens $(TOKENS) $(DPFLAGS) \
+	$(PY) -m experiments.dpcheck --profile $(PROFILE) --work $(WORK) --tokens $(TOKENS) $(DPFLAGS) \
 		--nproc $(if $(filter 1,$(NGPU)),2,$(NGPU)) --out $(RESULTS)/$(PROFILE)/multigpu/$(DPRUN)
 dppool: $(VENV)/.installed
-	$(PY) -m dmtp.dpcheck --profile $(PROFILE) --out $(RESULTS)/$(PROFILE)/multigpu \
+	$(PY) -m experiments.dpcheck --profile $(PROFILE) --out $(RESULTS)/$(PROFILE)/multigpu \
 		--pool $(wildcard $(RESULTS)/$(PROFILE)/multigpu/*/curves.csv)
 
 # benchmarks (GPU for meaningful numbers): stage overhead, throughput per batch cap, our loop vs a plain HF loop
 bench: $(VENV)/.installed
-	$(PY) -m dmtp.bench --target $(WORK)/$(PROFILE)/target --drafters $(WORK)/$(PROFILE)/drafters \
+	$(PY) -m dmtp.cli.bench --target $(WORK)/$(PROFILE)/target --drafters $(WORK)/$(PROFILE)/drafters \
 		--out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
-	$(PY) -m dmtp.report report --profile $(PROFILE) --results $(RESULTS)
+	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 
 tables figures report: $(VENV)/.installed
-	$(PY) -m dmtp.report $@ --profile $(PROFILE) --results $(RESULTS)
+	$(PY) -m dmtp.cli.report $@ --profile $(PROFILE) --results $(RESULTS)
 
 clean-work:
 	rm -rf $(WORK)/$(PROFILE)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 
-from dmtp.pretrain import PretrainConfig, TargetArch
-from dmtp.train import TrainConfig
+from dmtp.training.drafters import TrainConfig
+from dmtp.training.pretrain import PretrainConfig, TargetArch
 
 
 @dataclass

@@ -3,9 +3,9 @@ import random
 import pytest
 import torch
 
-from dmtp import tiny
-from dmtp.decode import Method
-from dmtp.drafter import Drafter, DrafterConfig
+from dmtp.engine.decode import Method
+from dmtp.models import tiny
+from dmtp.models.drafter import Drafter, DrafterConfig
 
 torch.set_num_threads(2)
 

@@ -1,8 +1,9 @@
 """The stage timer sees every stage of a round, once per round, through the one decode loop."""
 import pytest
 from conftest import make_drafter
-from dmtp.bench import StageTimer
-from dmtp.decode import build_method, generate
+
+from dmtp.cli.bench import StageTimer
+from dmtp.engine.decode import build_method, generate
 
 
 def test_stage_timer_covers_every_stage(models):
@@ -23,7 +24,7 @@ def test_ratios_recomputed_from_throughput_csv(tmp_path):
     entry of the same profile and temperature measured at another cap and keeps every other target."""
     import json
 
-    from dmtp import bench
+    from dmtp.cli import bench
 
     out = tmp_path / "prof" / "bench"  # the label is the profile folder's name
     out.mkdir(parents=True)

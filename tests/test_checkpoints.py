@@ -4,13 +4,13 @@ import json
 
 import pytest
 import torch
+from conftest import make_drafter
 from safetensors import safe_open
 
-from conftest import make_drafter
-from dmtp import tiny
-from dmtp.drafter import Drafter, check_compatible, default_target_layer_ids
-from dmtp.mtp import MTPHead, safetensor_files
-from dmtp.target import Target
+from dmtp.models import tiny
+from dmtp.models.drafter import Drafter, check_compatible, default_target_layer_ids
+from dmtp.models.mtp import MTPHead, safetensor_files
+from dmtp.models.target import Target
 
 
 def test_mtp_round_trip(models, tmp_path):

@@ -3,10 +3,10 @@ state never synchronises with the host, hybrid targets decode losslessly, and th
 proposes what the dense-mask backend proposes."""
 import pytest
 import torch
-
 from conftest import make_drafter
-from dmtp import tiny
-from dmtp.decode import Batch, Server, build_method, generate, serve
+
+from dmtp.engine.decode import Batch, Server, build_method, generate, serve
+from dmtp.models import tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
@@ -124,9 +124,9 @@ def test_server_captures_once(gpu_models):
 
 @pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual"])
 def test_fused_graphed_rounds_are_lossless(name, monkeypatch):
-    """dmtp.fuse's Triton kernels captured in the decode loop's CUDA graphs: fp32 outputs equal HF greedy, and
+    """dmtp.engine.fuse's Triton kernels captured in the decode loop's CUDA graphs: fp32 outputs equal HF greedy, and
     graphed equals eager (accept counts included) with the fusion on."""
-    from dmtp.fuse import fuse
+    from dmtp.engine.fuse import fuse
 
     tgt, mtp = on_cuda("qwen3")
     ref = [hf(tgt, p, 37) for p in PROMPTS]

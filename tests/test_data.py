@@ -7,8 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from dmtp.data import (build_corpus, code_prompts, encode_corpus, humaneval_prompts, iter_documents, load_tokenizer,
-                       train_tokenizer)
+from dmtp.data import (
+    build_corpus,
+    code_prompts,
+    encode_corpus,
+    humaneval_prompts,
+    iter_documents,
+    load_tokenizer,
+    train_tokenizer,
+)
 from dmtp.data.tokenizer import encode_text
 
 SRC = '''import math

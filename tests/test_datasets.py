@@ -151,15 +151,16 @@ def test_env_var_and_clear_offline_error(files, tok, tmp_path, monkeypatch):
 
 def test_mtbench_two_turns_through_the_decode_loop(files, tok, tmp_path):
     """Turn 2 is prompted with template(q1, the model's own answer 1, q2); records carry `turn`; CLI path too."""
-    from dmtp import tiny
-    from dmtp.cli import main
-    from dmtp.decode import build_method
+    from dmtp.cli.main import main
+    from dmtp.engine.decode import build_method
+    from dmtp.engine.runner import mtbench_generate
     from dmtp.io import read_jsonl
+    from dmtp.models import tiny
 
     tgt, mtp = tiny.build("qwen3", vocab=len(tok), layers=2)
     qs = D.load_prompts("mtbench", tok, path=files["mtbench"])
     eos = sorted({tgt.config.eos_token_id, tok.eos_token_id})  # what `dmtp generate` uses
-    recs = D.mtbench_generate(tgt, build_method("mtp", tgt, mtp=mtp), tok, qs, 0.0, 6, eos, 16)
+    recs = mtbench_generate(tgt, build_method("mtp", tgt, mtp=mtp), tok, qs, 0.0, 6, eos, 16)
     assert [(r["id"], r["turn"]) for r in recs] == [("11:t1", 1), ("22:t1", 1), ("11:t2", 2), ("22:t2", 2)]
     assert all(r["question_id"] in ("11", "22") and r["accepted"] for r in recs)
     for q, r1, r2 in zip(qs, recs[:2], recs[2:]):

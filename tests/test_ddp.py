@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dmtp import tiny
+from dmtp.models import tiny
 
 
 def _free_port():
@@ -30,7 +30,7 @@ def setup(tmp_path_factory):
 
 
 def _train(root, out, nproc, steps, extra=()):
-    args = ["-m", "dmtp.cli", "train", "--target", str(root / "target"), "--data", str(root / "data.jsonl"),
+    args = ["-m", "dmtp.cli.main", "train", "--target", str(root / "target"), "--data", str(root / "data.jsonl"),
             "--variants", "dflash,zero_init_residual", "--out", str(out), "--steps", str(steps),
             "--batch-size", "4", "--max-len", "40", "--mask-token-id", "2", *extra]
     if nproc == 1:

@@ -1,10 +1,10 @@
 """Losslessness of the single decode loop, for every method, against HF `generate` as an independent reference."""
 import pytest
 import torch
-
 from conftest import Oracle, hf_greedy, make_drafter
-from dmtp.decode import build_method, generate, serve
-from dmtp.variants import NAMES
+
+from dmtp.engine.decode import build_method, generate, serve
+from dmtp.models.variants import NAMES
 
 METHODS = ["ar", "mtp"] + NAMES
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
@@ -44,7 +44,7 @@ def test_lossless_with_eos_inside_block(models, name):
 def test_state_matches_recomputation(models, name):
     """With many accepted candidates, the cached MTP hidden / T1 and the drafter's proposals at every round equal a
     from-scratch recomputation on the final sequence (the training-time feature path)."""
-    from dmtp.train import extract
+    from dmtp.training.drafters import extract
 
     tgt, mtp = models
     prompts = PROMPTS[:3]
@@ -143,7 +143,7 @@ def test_dynamic_batching_is_lossless(models, name):
 @pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
 def test_server_slots_outlive_a_request_group(models, name):
     """A Server keeps its slots (and, on CUDA, its graphs) between groups: a second group decodes losslessly in them."""
-    from dmtp.decode import Server
+    from dmtp.engine.decode import Server
 
     tgt, mtp = models
     groups = [PROMPTS[:3], [[7, 7, 7], [12, 13, 14, 15], [60], PROMPTS[3], PROMPTS[0]]]

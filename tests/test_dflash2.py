@@ -5,12 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import hf_greedy, make_drafter
-from dmtp.decode import Batch, build_method
-from dmtp.dflash2 import BlockConv, Selector, selector_loss
-from dmtp.drafter import Drafter, DrafterConfig
-from dmtp.train import drafter_loss, extract, new_drafters, sample_anchors
+
+from dmtp.engine.decode import Batch, build_method
+from dmtp.models.dflash2 import BlockConv, Selector, selector_loss
+from dmtp.models.drafter import Drafter, DrafterConfig
+from dmtp.training.drafters import drafter_loss, extract, new_drafters, sample_anchors
 
 
 def dflash2(tgt, variant, perturb=True, seed=1):
@@ -269,7 +269,7 @@ def test_lossless_greedy_with_dflash2(models, variant):
 
 def test_pipeline_trains_and_evaluates_the_backbone_methods():
     from ablations.code import BACKBONES
-    from dmtp.pipeline import eval_plan
+    from dmtp.cli.pipeline import eval_plan
     from experiments.profiles import get_profile
 
     assert BACKBONES == {"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")}

@@ -1,4 +1,4 @@
-"""Target pretraining and on-policy data regeneration under torchrun (gloo, 2 CPU ranks), and `dmtp.dpcheck`:
+"""Target pretraining and on-policy data regeneration under torchrun (gloo, 2 CPU ranks), and `experiments.dpcheck`:
 2 ranks follow 1 rank at the same global batch (and the control runs give the noise floor and its verdict; --replot
 recomputes the statistics from curves.csv), a pretraining run stopped on 2 ranks finishes on 1 with the weights
 of an uninterrupted run, and regenerated data is the same on 1 and 2 ranks."""
@@ -53,7 +53,7 @@ def _scratch(root, name, target=None):
 def _pipeline(d, nproc, stage, sets=SETS):
     launch = [sys.executable] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd = launch + ["-m", "dmtp.cli", "pipeline", "--profile", "smoke", "--work", str(d / "work"), "--results",
+    cmd = launch + ["-m", "dmtp.cli.main", "pipeline", "--profile", "smoke", "--work", str(d / "work"), "--results",
                     str(d / "results"), "--stage", stage] + [x for s in sets for x in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -64,7 +64,7 @@ def _pipeline(d, nproc, stage, sets=SETS):
 def dpcheck(work):
     """dpcheck 1 vs 2 ranks with the control (the 1-rank run repeated) and a split run (2 ranks to step 8, then 1)."""
     out = work / "dpcheck_out"
-    cmd = [sys.executable, "-m", "dmtp.dpcheck", "--profile", "smoke", "--work", str(work / "work"), "--tokens",
+    cmd = [sys.executable, "-m", "experiments.dpcheck", "--profile", "smoke", "--work", str(work / "work"), "--tokens",
            "10000", "--nproc", "2", "--out", str(out), "--control", "--split", "8"] + \
         [x for s in SETS for x in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
@@ -114,7 +114,7 @@ def test_dpcheck_control_noise_floor(dpcheck):
 
 def test_noise_verdict_rule():
     """within noise iff max and mean are both <= 1.5 x the reference control's (+ 1e-3); the seed control decides."""
-    from dmtp.dpcheck import verdict
+    from experiments.dpcheck import verdict
 
     d = lambda mx, mn: {"max_abs": mx, "mean_abs": mn}  # noqa: E731
     assert verdict({"2": d(0.05, 0.04)}, 2) is None
@@ -128,7 +128,7 @@ def test_noise_verdict_rule():
 
 def test_dpcheck_replot(dpcheck, tmp_path):
     """--replot (no training, no work folder) recomputes the run's difference statistics from its curves.csv."""
-    from dmtp import dpcheck as dp
+    from experiments import dpcheck as dp
 
     out = dpcheck[0]
     s = json.loads((out / "summary.json").read_text())
@@ -147,7 +147,8 @@ def test_dpcheck_replot(dpcheck, tmp_path):
 
 def test_bad_input_is_refused(work, tmp_path, capsys):
     """Clear errors: dpcheck without a corpus/tokenizer or with too few tokens; non-parallel stages under torchrun."""
-    from dmtp import dpcheck, pipeline
+    from dmtp.cli import pipeline
+    from experiments import dpcheck
 
     for args, msg in [(["--work", str(tmp_path)], "--stage corpus,tokenizer` first"),
                       (["--work", str(work / "work"), "--tokens", "100"], "less than two steps"),
@@ -174,7 +175,7 @@ def split(work):
     assert not (d / "work" / "smoke" / "target").exists()
     from argparse import Namespace
 
-    from dmtp import pipeline
+    from dmtp.cli import pipeline
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks (OMP_NUM_THREADS=1): the greedy data must match bit for bit
@@ -234,7 +235,7 @@ def test_pool_of_runs(tmp_path):
     """--pool: pairs grouped by kind, constant offsets measured exactly, the verdict against the same-seed repeats."""
     import numpy as np
 
-    from dmtp import dpcheck as dp
+    from experiments import dpcheck as dp
 
     base = list(np.linspace(9, 5, 40) + 0.05 * np.sin(np.arange(40)))
     off = lambda c: [y + c for y in base]  # noqa: E731
@@ -263,7 +264,7 @@ def test_pool_of_runs(tmp_path):
 
 
 def test_pool_refuses_a_thin_or_mixed_pool(tmp_path, capsys):
-    from dmtp import dpcheck as dp
+    from experiments import dpcheck as dp
 
     _curves(tmp_path / "a" / "curves.csv", {1: [3, 2, 1], 2: [3, 2, 1]})
     _curves(tmp_path / "b" / "curves.csv", {1: [3, 2, 1], 4: [3, 2, 1]})

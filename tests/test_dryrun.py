@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dmtp.dryrun import dryrun, render
+from dmtp.cli.dryrun import dryrun, render
 from experiments.profiles import MASK_TOKENS, PaperScale, get_profile
 
 
@@ -30,7 +30,7 @@ def test_dry_run_against_a_checkpoint_config(tmp_path, capsys):
     """--target: the checkpoint's own config.json (nested text_config, as Qwen3.6 ships) is built and compared."""
     from transformers import AutoConfig
 
-    from dmtp.cli import main
+    from dmtp.cli.main import main
 
     prof = get_profile("qwen3.6-27b")
     kw = dict(prof.scale.target_config)
@@ -61,9 +61,9 @@ def test_train_takes_the_recipe_from_a_profile(tmp_path):
     """`dmtp train --profile P`: the profile fills every flag not given (here the smoke profile on a tiny target)."""
     import argparse
 
-    from dmtp import tiny
-    from dmtp.cli import _train_profile, main
-    from dmtp.drafter import Drafter
+    from dmtp.cli.main import _train_profile, main
+    from dmtp.models import tiny
+    from dmtp.models.drafter import Drafter
 
     a = argparse.Namespace(profile="qwen3.6-27b", steps=None, batch_size=None, max_len=None, layers=None, lr=None,
                            gamma=None, mask_token_id=None, dtype=None)

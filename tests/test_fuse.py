@@ -1,12 +1,12 @@
-"""dmtp.fuse: the layers' small pure pieces compiled in place; decoding stays token-identical in fp32 and undo
+"""dmtp.engine.fuse: the layers' small pure pieces compiled in place; decoding stays token-identical in fp32 and undo
 restores the eager modules. (CPU: Inductor's C++ backend; the GPU tests run the Triton one under CUDA graphs.)"""
 import pytest
 import torch
 from conftest import make_drafter
 
-from dmtp import tiny
-from dmtp.decode import build_method, generate
-from dmtp.fuse import fuse
+from dmtp.engine.decode import build_method, generate
+from dmtp.engine.fuse import fuse
+from dmtp.models import tiny
 
 PROMPTS = [[5, 7, 9, 11], [4, 8, 1, 2, 3, 6, 9]]
 METHODS = ["ar", "mtp", "dflash", "zero_init_residual"]
@@ -31,13 +31,13 @@ def test_fused_decoding_is_token_identical(arch):
         assert any(k.endswith("RMSNorm") and k != "RMSNorm" for k in kinds)  # the target's
         assert all(m._compiled_call_impl is not None for m in f.modules)
         names = {f"{m.__name__}.{n}" for m, n, _ in f.functions}
-        assert "dmtp.drafter.apply_rope" in names and any(n.endswith(".apply_rotary_pos_emb") for n in names)
+        assert "dmtp.models.layers.apply_rope" in names and any(n.endswith(".apply_rotary_pos_emb") for n in names)
         # every module counted once although the MTP head shares the target's classes
         assert len(f.modules) == len({id(m) for m in f.modules})
         assert _decode(tgt, mtp, drafters) == ref
         fused = list(f.modules)
     assert all(m._compiled_call_impl is None for m in fused)
-    import dmtp.drafter as dd
+    import dmtp.models.layers as dd
 
     assert not hasattr(dd.apply_rope, "_torchdynamo_orig_callable") and mq.apply_rotary_pos_emb is rope
 
@@ -49,7 +49,7 @@ def test_nothing_to_fuse_is_an_error():
 
 def test_bench_fuse_compare_rows_and_ratios():
     """bench's side-by-side: unfused then fused stage times of the same method objects, '+fused' rows, ratios."""
-    from dmtp.bench import fuse_compare, stage_times
+    from dmtp.cli.bench import fuse_compare, stage_times
 
     tgt, mtp = tiny.build("qwen3", seed=0)
     drafters = {v: make_drafter(tgt, v) for v in ("dflash", "zero_init_residual")}

@@ -2,15 +2,15 @@
 checkpoints with the native MTP head, tapped features, exact linear-state rollback, lossless decoding vs HF."""
 import pytest
 import torch
+from conftest import Oracle, hf_greedy, make_drafter
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import Oracle, hf_greedy, make_drafter
-from dmtp import tiny
-from dmtp.cache import KVCache
-from dmtp.decode import build_method, generate
-from dmtp.mtp import MTPHead, safetensor_files
-from dmtp.target import Target
+from dmtp.engine.decode import build_method, generate
+from dmtp.models import tiny
+from dmtp.models.cache import KVCache
+from dmtp.models.mtp import MTPHead, safetensor_files
+from dmtp.models.target import Target
 
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90]]
 NEW = 20
@@ -107,7 +107,7 @@ def test_linear_states_ragged_prefill_and_commit(hybrid):
 
 @pytest.mark.parametrize("name", ["mtp", "dflash", "zero_init_residual"])
 def test_lossless_greedy_with_rollback(hybrid, name):
-    from dmtp.train import extract
+    from dmtp.training.drafters import extract
 
     arch, tgt, mtp, ref = hybrid
     if arch == "qwen3_5_moe" and name == "dflash":
@@ -132,7 +132,7 @@ def test_vlm_checkpoint_layout(tmp_path):
     `model.language_model.*` keys, `mtp.*` beside them): `Target.load` takes the text model, `MTPHead.load` the head."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    from dmtp.mtp import save_target_with_mtp
+    from dmtp.models.mtp import save_target_with_mtp
 
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                   temporal_patch_size=2, spatial_merge_size=2)

@@ -1,8 +1,8 @@
 """The losslessness check: divergence positions and the target's top-2 gap where outputs first differ."""
 import torch
 
-from dmtp import tiny
-from dmtp.lossless import compare, first_divergence, top2_gap
+from dmtp.analysis.lossless import compare, first_divergence, top2_gap
+from dmtp.models import tiny
 
 
 def test_first_divergence_and_compare():

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from dmtp import metrics as M
-from dmtp import reference as R
+from dmtp.analysis import metrics as M
+from dmtp.analysis import reference as R
 
 FLAT = [1] * 8  # one round with each of 0..7 accepted
 

@@ -6,7 +6,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-from dmtp.report.synthetic import write_synthetic  # noqa: E402
+from dmtp.analysis.report.synthetic import write_synthetic  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

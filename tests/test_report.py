@@ -5,10 +5,10 @@ import math
 import pandas as pd
 import pytest
 
-from dmtp import reference as R
-from dmtp.report import figures, load, render_report, tables
-from dmtp.report.__main__ import main as cli
-from dmtp.report.synthetic import write_synthetic
+from dmtp.analysis import reference as R
+from dmtp.analysis.report import figures, load, render_report, tables
+from dmtp.analysis.report.synthetic import write_synthetic
+from dmtp.cli.report import main as cli
 
 
 def write(root, exp, method, ds, temp, accepted: dict, k=None):

@@ -1,9 +1,9 @@
 """Dynamic batching on a hybrid (Gated DeltaNet + full attention) target: linear states move with their request."""
 import pytest
-
 from conftest import hf_greedy, make_drafter
-from dmtp import tiny
-from dmtp.decode import build_method, serve
+
+from dmtp.engine.decode import build_method, serve
+from dmtp.models import tiny
 
 
 @pytest.mark.parametrize("name", ["mtp", "zero_init_residual"])

@@ -1,11 +1,11 @@
 """Every injection variant: one interface, forward + backward, frozen parts stay frozen, zero-init identity."""
 import pytest
 import torch
-
 from conftest import make_drafter
-from dmtp.attention import dense_mask
-from dmtp.train import drafter_loss, extract, sample_anchors
-from dmtp.variants import NAMES, REGISTRY, get_variant
+
+from dmtp.models.attention import dense_mask
+from dmtp.models.variants import NAMES, REGISTRY, get_variant
+from dmtp.training.drafters import drafter_loss, extract, sample_anchors
 
 NINE = ["dflash", "token_only", "t1_residual", "mask_residual", "context_fusion", "mtp_context", "fusion",
         "double_anchor_fusion", "zero_init_residual"]
@@ -59,7 +59,7 @@ def test_forward_backward_and_frozen(models, name):
 def test_zero_init_residual_is_double_anchor_token_only(models):
     tgt, mtp = models
     torch.manual_seed(3)
-    from dmtp.drafter import Drafter
+    from dmtp.models.drafter import Drafter
 
     d = Drafter(make_drafter(tgt, "zero_init_residual").config)  # fresh: W initialised to zero
     assert d.injection.fuse.proj.weight.abs().sum() == 0
@@ -108,7 +108,7 @@ def test_training_mask_matches_reference(window):
 def test_flex_mask_matches_dense_when_available():
     if not torch.cuda.is_available():
         pytest.skip("flex attention backend runs on CUDA")
-    from dmtp.attention import attend, build_mask
+    from dmtp.models.attention import attend, build_mask
 
     q = torch.randn(2, 4, 32, 16, device="cuda")
     k = torch.randn(2, 4, 20 + 32, 16, device="cuda")
@@ -120,7 +120,7 @@ def test_flex_mask_matches_dense_when_available():
 
 
 def test_position_decayed_loss_weights(models):
-    from dmtp.train import block_inputs
+    from dmtp.training.drafters import block_inputs
 
     tgt, mtp = models
     for name, first in [("dflash", 1), ("zero_init_residual", 2), ("token_only", 2)]:

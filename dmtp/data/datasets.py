@@ -237,32 +237,3 @@ def load_prompts(name: str, tok, n: int | None = None, path=None, download: bool
         if n is not None and len(out) == n:
             break
     return out
-
-
-def mtbench_generate(tgt, method, tok, questions: list[dict], temperature: float, max_new_tokens: int, eos_ids,
-                     batch_size: int, seed: int = 0) -> list[dict]:
-    """MT-Bench, two turns, through the one decode loop (`dmtp.cli.run_generate`): turn 1 on q1; turn 2 on
-    template(q1, the model's own answer 1, q2). One record per (question, turn) with `turn` and `question_id`;
-    `id` = "<question_id>:t<turn>" so per-request acceptance is per turn."""
-    from dmtp.cli import run_generate
-
-    recs = []
-    history = {q["id"]: [{"role": "user", "content": q["turns"][0]}] for q in questions}
-    for turn in (1, 2):
-        prompts = []
-        for q in questions:
-            if len(q["turns"]) < turn:
-                continue
-            msgs = history[q["id"]]
-            if turn > 1:
-                msgs.append({"role": "user", "content": q["turns"][turn - 1]})
-            ids = encode(tok, chat_text(tok, msgs))
-            prompts.append({"id": f"{q['id']}:t{turn}", "qid": q["id"], "prompt_ids": ids})
-        got = run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size,
-                           seed=seed + 1000 * turn, tok=tok, desc=f"mtbench turn {turn}", extra={"turn": turn})
-        for p, r in zip(prompts, got):
-            r.update(question_id=p["qid"], dataset="mtbench", prompt_ids=p["prompt_ids"])
-            answer = tok.decode([t for t in r["output_ids"] if t not in set(eos_ids)], skip_special_tokens=True)
-            history[p["qid"]].append({"role": "assistant", "content": answer})
-        recs += got
-    return recs

@@ -68,6 +68,18 @@ def load_tokenizer(path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def find_tokenizer(path):
+    """The tokenizer saved beside a checkpoint in `path`, or None when the folder holds no tokenizer files (a
+    tokenizer that is present but cannot be read is an error, never silently replaced)."""
+    path = Path(path)
+    if not any((path / f).exists() for f in TOKENIZER_FILES):
+        return None
+    return load_tokenizer(path)
+
+
 def backend(tok) -> Tokenizer:
     """The Rust `tokenizers.Tokenizer` behind an HF fast tokenizer (or `tok` itself)."""
     return tok if isinstance(tok, Tokenizer) else tok.backend_tokenizer

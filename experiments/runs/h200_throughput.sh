@@ -16,7 +16,7 @@ for v in [*VARIANTS, *BACKBONES, *CONTINUED]:
     if v not in ('dflash', 'zero_init_residual'):
         (Path('$W/drafters') / v).mkdir(parents=True, exist_ok=True); (Path('$W/drafters') / v / 'DONE').write_text('skipped')"
 t drafters; $RUN -m dmtp.cli pipeline --profile $P --stage drafters 2>&1 | grep -a "done" | tail -2
-t throughput; CUDA_VISIBLE_DEVICES=0 $PY -m dmtp.bench --target $W/target --drafters $W/drafters --out $OUT/bench \
+t throughput; CUDA_VISIBLE_DEVICES=0 $PY -m dmtp.cli.bench --target $W/target --drafters $W/drafters --out $OUT/bench \
   --parts throughput --methods ${METHODS:-ar,mtp,dflash,zero_init_residual} --prompts ${PROMPTS:-40} \
   --temperatures ${TEMPS:-0,1} 2>&1 | grep -a "\[bench\]"
 t end

@@ -10,10 +10,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dmtp.cli import load_tokenizer  # noqa: E402
-from dmtp.pipeline import _drafter_base  # noqa: E402
-from dmtp.target import Target  # noqa: E402
-from dmtp.train import new_drafters  # noqa: E402
+from dmtp.cli.pipeline import _drafter_base  # noqa: E402
+from dmtp.data.tokenizer import find_tokenizer  # noqa: E402
+from dmtp.models.target import Target  # noqa: E402
+from dmtp.training.drafters import new_drafters  # noqa: E402
 from experiments.profiles import get_profile  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -23,7 +23,7 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--variants", default="dflash,zero_init_residual")
 a = ap.parse_args()
 tgt = Target.load(a.target)
-tok = load_tokenizer(a.target)
+tok = find_tokenizer(a.target)
 if tok is None:
     sys.exit(f"{a.target}: no tokenizer (the mask token id comes from it)")
 base = _drafter_base(type("Ctx", (), {"p": get_profile(a.profile)}), tgt, tok)

@@ -1,0 +1,77 @@
+"""Render tables, figures and REPORT.md for one profile from its artifacts only (see data.py for the layout).
+
+    python -m dmtp.cli.report report --profile tiny            # tables + figures + results/tiny/REPORT.md
+    from dmtp.analysis.report import load, tables, figures           # notebooks: art = load("tiny"); figures.position(art)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from dmtp.analysis.report import figures, tables
+from dmtp.analysis.report.data import Artifacts, load
+
+__all__ = ["Artifacts", "load", "tables", "figures", "render_tables", "render_figures", "render_report"]
+
+# REPORT.md sections: (title, table files, figure-name prefixes)
+SECTIONS = [
+    ("Code ablation", ["ablation_*"], []),
+    ("Acceptance length: DFlash vs native MTP vs DMTP", ["main_acceptance"], ["main_acceptance_T*"]),
+    ("First-token acceptance", ["first_token"], ["first_token_T*"]),
+    ("Acceptance per position", ["cumulative", "conditional"], ["cumulative_T*", "conditional_T*"]),
+    ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
+    ("Throughput and per-round overhead", ["throughput", "overhead"], ["throughput_T*", "overhead"]),
+    ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
+]
+
+
+def render_tables(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Artifacts:
+    art = art or load(profile, results)
+    tables.render(art)
+    return art
+
+
+def render_figures(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Artifacts:
+    art = art or load(profile, results)
+    figures.render(art)
+    return art
+
+
+def render_report(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Path:
+    """Render every table and figure, then write results/<profile>/REPORT.md embedding them (relative paths)."""
+    art = render_figures(profile, results, render_tables(profile, results, art))
+    s = art.summary
+    out = [f"# DMTP report — profile `{profile}`", "",
+           f"Rendered from `{art.root}` by `python -m dmtp.cli.report report --profile {profile}`. "
+           "Acceptance lengths include the bonus token; CIs are 95% percentile bootstraps over requests.", ""]
+    if len(s):
+        cols = ["experiment", "dataset", "temperature", "method", "k", "n_requests", "n_rounds", "output_tokens"]
+        out += ["## Artifacts", "", tables.to_markdown(s[cols])]
+    else:
+        out += ["No run artifacts found.", ""]
+    lossless = art.tables / "lossless_T0.csv"  # written by the pipeline: T=0 outputs identical to `ar`
+    if lossless.exists():
+        out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "",
+                tables.to_markdown(pd.read_csv(lossless).fillna(""))]
+    for title, tabs, figs in SECTIONS:
+        mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"))]
+        pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"))]
+        if not mds and not pngs:
+            continue
+        out += [f"## {title}", ""]
+        out += [f"![{p.stem}](figures/{p.name})\n" for p in pngs]
+        out += [p.read_text() for p in mds]
+    ratios = art.root / "bench" / "ratios.json"  # written by `dmtp.cli.bench`: each engine target, met or missed
+    if ratios.exists():
+        import json
+
+        r = pd.DataFrame(json.loads(ratios.read_text()))
+        if len(r):
+            out += ["## Engine targets (bench/ratios.json; misses explained in LOG.md)", "",
+                    tables.to_markdown(r[["target", "value", "goal", "met", "note"]].fillna(""))]
+    path = art.root / "REPORT.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out))
+    print(f"[report] wrote {path}")
+    return path

@@ -1,0 +1,108 @@
+"""Load the artifacts of one profile (and nothing else) into tidy DataFrames.
+
+    results/<profile>/runs/<experiment>/<method>/<dataset>_T<temp>.jsonl   one JSON record per request
+    results/<profile>/bench/throughput.csv   method, temperature, batch_cap, dataset, output_tokens, wall_s, tok_per_s
+    results/<profile>/bench/overhead.csv     method, stage, ms_per_round   (stages drafter, mtp, t1_prep, verify, round)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dmtp.analysis import metrics as M
+
+DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
+KEYS = ["experiment", "dataset", "temperature", "method"]
+ORDER = ["ar", "mtp", "dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual",
+         "zero_init_residual_from_dflash", "mask_residual", "context_fusion", "mtp_context", "dflash2", "dmtp_d2"]
+
+
+def method_rank(m: str) -> int:
+    return ORDER.index(m) if m in ORDER else len(ORDER)
+
+
+@dataclass
+class Artifacts:
+    root: Path  # results/<profile>
+    runs: pd.DataFrame  # one row per request: KEYS + id, k, accepted, hist, n_rounds, acceptance_length, ...
+    summary: pd.DataFrame  # one row per KEYS group (see summarize)
+    throughput: pd.DataFrame | None  # bench/throughput.csv, None when absent
+    overhead: pd.DataFrame | None  # bench/overhead.csv, None when absent
+
+    @property
+    def tables(self) -> Path:
+        return self.root / "tables"
+
+    @property
+    def figures(self) -> Path:
+        return self.root / "figures"
+
+
+def read_runs(root: Path) -> pd.DataFrame:
+    rows = []
+    for path in sorted(Path(root, "runs").glob("*/*/*.jsonl")):
+        experiment, method = path.parent.parent.name, path.parent.name
+        dataset, _, temp = path.stem.rpartition("_T")
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            acc = [int(a) for a in r.get("accepted", [])]
+            k = int(r.get("n_candidates") or DEFAULT_K.get(method, 7))
+            rows.append({"experiment": experiment, "dataset": r.get("dataset", dataset),
+                         "temperature": float(r.get("temperature", temp)), "method": method, "id": r["id"], "k": k,
+                         "accepted": acc, "hist": M.histogram(acc, k), "n_rounds": len(acc),
+                         "acceptance_length": M.acceptance_length(acc),
+                         "output_tokens": len(r.get("output_ids", [])), "wall_s": float(r.get("wall_s", np.nan))})
+    cols = KEYS + ["id", "k", "accepted", "hist", "n_rounds", "acceptance_length", "output_tokens", "wall_s"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def summarize(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
+    """One row per (experiment, dataset, temperature, method): pooled histogram `hist` (counts), per-request
+    acceptance length with its bootstrap 95% CI over requests (acceptance_length_lo/_hi), per-verify tau,
+    first-token acceptance with its bootstrap CI over requests (first_token_lo/_hi), n_requests (>= 1 round),
+    n_rounds, output_tokens."""
+    out = []
+    for key, g in runs.groupby(KEYS, sort=True):
+        K = int(g.k.max())
+        H = np.array([h + [0] * (K + 1 - len(h)) for h in g["hist"]], float)  # [requests, K+1]
+        hist = H.sum(0)
+        al = M.bootstrap_ci(g.acceptance_length.dropna().to_numpy(), n_boot=n_boot)
+        # no candidates (ar): first-token acceptance is undefined, not 0
+        ft = M.bootstrap_ci(H, lambda h: M.first_token(h.sum(0)), n_boot=n_boot) if K > 0 else (np.nan,) * 3
+        out.append(dict(zip(KEYS, key), k=K, n_requests=int((g.n_rounds > 0).sum()), n_rounds=int(hist.sum()),
+                        hist=[int(x) for x in hist], per_verify=M.per_verify(hist),
+                        **dict(zip(["acceptance_length", "acceptance_length_lo", "acceptance_length_hi"], al)),
+                        **dict(zip(["first_token", "first_token_lo", "first_token_hi"], ft)),
+                        output_tokens=int(g.output_tokens.sum())))
+    df = pd.DataFrame(out)
+    if len(df):
+        df = df.iloc[np.lexsort((df.method.map(method_rank), df.temperature, df.dataset, df.experiment))]
+    return df.reset_index(drop=True)
+
+
+def pooled_throughput(tp: pd.DataFrame) -> pd.DataFrame:
+    """tok/s per (dataset, temperature, batch_cap, method) = total output tokens / total wall time of its rows."""
+    t = tp.groupby(["dataset", "temperature", "batch_cap", "method"], as_index=False)[["output_tokens", "wall_s"]].sum()
+    t["tok_per_s"] = t.output_tokens / t.wall_s
+    return t
+
+
+def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
+    root = Path(results) / profile
+    runs = read_runs(root)
+    bench = {n: (pd.read_csv(p) if (p := root / "bench" / f"{n}.csv").exists() else None)
+             for n in ("throughput", "overhead")}
+    return Artifacts(root, runs, summarize(runs, n_boot), bench["throughput"], bench["overhead"])
+
+
+def records(art: Artifacts, experiment: str, dataset: str, temperature: float, method: str) -> list[dict]:
+    """The per-request records of one group, as dicts (for metrics.paired_diff)."""
+    r = art.runs
+    g = r[(r.experiment == experiment) & (r.dataset == dataset) & (r.temperature == temperature) & (r.method == method)]
+    return g.to_dict("records")

@@ -1,0 +1,267 @@
+"""Figures: each renderer reads an Artifacts bundle, writes figures/<name>_T<temp>.png (one per temperature) and
+returns the paths written ([] with a printed note when its data is absent). Agg backend, object API only."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from dmtp.analysis import metrics as M  # noqa: E402
+from dmtp.analysis import reference as R  # noqa: E402
+from dmtp.analysis.report import tables as T  # noqa: E402
+from dmtp.analysis.report.data import ORDER, Artifacts, pooled_throughput  # noqa: E402
+
+COLORS = {"ar": "#7f7f7f", "mtp": "#1f77b4", "dflash": "#ff7f0e", "token_only": "#bcbd22", "t1_residual": "#2ca02c",
+          "double_anchor_fusion": "#9467bd", "fusion": "#17becf", "zero_init_residual": "#d62728",
+          "zero_init_residual_from_dflash": "#ff9896", "mask_residual": "#8c564b", "context_fusion": "#e377c2",
+          "mtp_context": "#aec7e8", "dflash2": "#ffbb78", "dmtp_d2": "#393b79"}
+
+
+def color(method: str):
+    return COLORS.get(method, "grey")
+
+
+def _save(art: Artifacts, fig: Figure, name: str) -> Path:
+    art.figures.mkdir(parents=True, exist_ok=True)
+    path = art.figures / f"{name}.png"
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _label(exp: str, ds: str, multi: bool) -> str:
+    return f"{exp}/{ds}" if multi else ds
+
+
+def _per_temp(s):
+    """Yield (temperature, summary rows, whether several experiments share the figure)."""
+    for t, g in s.groupby("temperature"):
+        yield t, g, g.experiment.nunique() > 1
+
+
+def grouped_bars(ax, groups: list[str], methods: list[str], ours: dict, blog: dict | None = None,
+                 labels: dict | None = None) -> dict:
+    """One packed group of bars per group name; ours[(group, method)] = (value, lo, hi) drawn with its CI. With
+    `blog`, a hatched bar labelled with the blog's value stands right of ours wherever blog[(group, method)] exists.
+    Returns {(group, method): x} of our bars."""
+    blog, labels, xs, x, ticks, seen = blog or {}, labels or {}, {}, 0.0, [], set()
+    for g in groups:
+        start = x
+        for m in methods:
+            if (g, m) not in ours:
+                continue
+            v, lo, hi = ours[(g, m)]
+            err = None if math.isnan(lo) else [[v - lo], [hi - v]]
+            ax.bar(x, v, 1, color=color(m), yerr=err, capsize=2, label=None if m in seen else labels.get(m, m))
+            seen.add(m)
+            xs[(g, m)], x = x, x + 1
+            if (g, m) in blog:
+                b = blog[(g, m)]
+                ax.bar(x, b, 1, color=color(m), alpha=0.35, hatch="//", edgecolor="k", linewidth=0.5)
+                ax.text(x, b, f"{b:.2f}", ha="center", va="bottom", fontsize=6, rotation=90)
+                x += 1
+        ticks.append((start + x - 1) / 2)
+        x += 1  # gap between groups
+    ax.set_xticks(ticks, groups)
+    ax.margins(y=0.12)  # room for the value labels
+    if blog:
+        ax.bar(0, 0, 0, facecolor="white", hatch="//", edgecolor="k", label="blog")  # legend entry only
+    return xs
+
+
+def _legend(fig: Figure, ax):
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=7)
+
+
+def _bar_figure(art, s, methods, name, title, blog_fn, ylabel, labels=None) -> list[Path]:
+    paths = []
+    for t, g, multi in _per_temp(s[s.method.isin(methods)]):
+        groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
+        present = [m for m in methods if m in set(g.method)]
+        ours = {(_label(r.experiment, r.dataset, multi), r.method):
+                (r.acceptance_length, r.acceptance_length_lo, r.acceptance_length_hi) for r in g.itertuples()}
+        blog = {(_label(r.experiment, r.dataset, multi), r.method): blog_fn(r.dataset, t, r.method)
+                for r in g.itertuples()}
+        blog = {k: v for k, v in blog.items() if not math.isnan(v)}
+        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(blog) + len(groups))), 3.6), layout="constrained")
+        ax = fig.subplots()
+        grouped_bars(ax, groups, present, ours, blog, labels)
+        _legend(fig, ax)
+        ax.set(ylabel=ylabel, title=f"{title} (T={t:g})")
+        paths.append(_save(art, fig, f"{name}_T{t:g}"))
+    return paths
+
+
+def main_acceptance(art: Artifacts) -> list[Path]:
+    """Grouped bars: DFlash / native MTP / DMTP per dataset, bootstrap 95% CI, blog values as hatched bars."""
+    s = art.summary
+    if s.empty or not s.method.isin(T.MAIN.values()).any():
+        print("[report] skip main acceptance figure: no data")
+        return []
+    return _bar_figure(art, s, list(T.MAIN.values()), "main_acceptance", "Acceptance length",
+                       T.blog_acceptance, "acceptance length (incl. bonus)", {R.DMTP_MAIN: f"dmtp ({R.DMTP_MAIN})"})
+
+
+def open_repro(art: Artifacts) -> list[Path]:
+    """Blog figure 8 layout: MTP415, DFlash, DMTP(D), DFlash2, DMTP(D2) per dataset."""
+    s = art.summary
+    if s.empty or not s.method.isin(["dflash2", "dmtp_d2"]).any():
+        print("[report] skip open-reproduction figure: no dflash2/dmtp_d2 runs")
+        return []
+    labels = {m: T.OPEN_LABEL[c] for c, m in T.OPEN.items()}
+    blog = lambda d, t, m: R.blog_value("open_repro", d, m) if t == 0 else math.nan  # the blog's table is T=0
+    return _bar_figure(art, s, list(T.OPEN.values()), "open_repro", "Open-reproduction layout", blog,
+                       "per-request acceptance length", labels)
+
+
+def first_token(art: Artifacts) -> list[Path]:
+    """First-token acceptance (%) per dataset and method with bootstrap CI; blog values as black diamonds."""
+    s = art.summary
+    s = s[s.k > 0] if len(s) else s
+    if s.empty:
+        print("[report] skip first-token figure: no data")
+        return []
+    paths = []
+    for t, g, multi in _per_temp(s):
+        groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
+        methods = sorted(set(g.method), key=lambda m: ORDER.index(m) if m in ORDER else 99)
+        ours = {(_label(r.experiment, r.dataset, multi), r.method):
+                (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi) for r in g.itertuples()}
+        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(groups))), 3.6), layout="constrained")
+        ax = fig.subplots()
+        xs = grouped_bars(ax, groups, methods, ours)
+        blog = [(xs[(_label(r.experiment, r.dataset, multi), r.method)], T.blog_first_token(r.dataset, t, r.method))
+                for r in g.itertuples()]
+        blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
+        if len(blog):
+            ax.plot(blog[:, 0], blog[:, 1], "kD", ms=4, label="blog")
+        _legend(fig, ax)
+        ax.set(ylabel="first-token acceptance (%)", title=f"P(L>=1) per verify round (T={t:g})", ylim=(0, 105))
+        paths.append(_save(art, fig, f"first_token_T{t:g}"))
+    return paths
+
+
+def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
+    """Per-position acceptance, k = 1..K, one panel per dataset: kind 'cumulative' P(L>=k) or 'conditional'
+    P(L>=k | L>=k-1). Blog curves (dashed, 35B T=1) are derived from its conditional rows where they exist."""
+    s = art.summary
+    s = s[s.k > 0] if len(s) else s
+    if s.empty:
+        print(f"[report] skip {kind} figure: no data")
+        return []
+    fn = M.cumulative if kind == "cumulative" else M.conditional
+    paths = []
+    for t, g, multi in _per_temp(s):
+        panels = list(dict.fromkeys(zip(g.experiment, g.dataset)))
+        ncol, nrow = min(3, len(panels)), math.ceil(len(panels) / 3)
+        fig = Figure(figsize=(3.4 * ncol + 1.8, 3.0 * nrow + 0.4), layout="constrained")
+        axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
+        legend = {}
+        for ax, (e, d) in zip(axes, panels):
+            for r in g[(g.experiment == e) & (g.dataset == d)].itertuples():
+                y = 100 * np.array(fn(r.hist))
+                ax.plot(range(1, len(y) + 1), y, "o-", ms=3, color=color(r.method), label=r.method)
+            for m in ("dflash", R.DMTP_MAIN):
+                row = R.conditional_row(d, m)
+                if row:
+                    c = np.array(row[0]) / 100
+                    y = 100 * (np.cumprod(c) if kind == "cumulative" else c)
+                    ax.plot(range(1, 8), y, "--", color=color(m), alpha=0.6,
+                            label=f"blog {R.blog_method(m)} (35B, T=1)")
+            ax.set(title=f"{_label(e, d, multi)} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
+            legend.update(zip(*ax.get_legend_handles_labels()[::-1]))
+        for ax in axes[len(panels):]:
+            ax.set_visible(False)
+        for ax in axes[::ncol]:
+            ax.set_ylabel("cumulative P(L>=k) (%)" if kind == "cumulative" else "conditional P(L>=k | L>=k-1) (%)")
+        fig.legend(legend.values(), legend.keys(), loc="outside right upper", fontsize=7)
+        paths.append(_save(art, fig, f"{kind}_T{t:g}"))
+    return paths
+
+
+def conditional(art: Artifacts) -> list[Path]:
+    return position(art, "conditional")
+
+
+def throughput(art: Artifacts) -> list[Path]:
+    """Blog figure 7: tok/s vs batch cap, one panel per dataset (own y axis), blog B32 numbers as text."""
+    tp = art.throughput
+    if tp is None or tp.empty:
+        print("[report] skip throughput figure: no bench/throughput.csv")
+        return []
+    tp = pooled_throughput(tp)
+    blog = R.table("throughput")
+    paths = []
+    for t, g in tp.groupby("temperature"):
+        ds = sorted(set(g.dataset))
+        fig = Figure(figsize=(4 * len(ds), 3.4), layout="constrained")
+        axes = fig.subplots(1, len(ds), squeeze=False).ravel()
+        for ax, d in zip(axes, ds):
+            for m, gm in g[g.dataset == d].groupby("method"):
+                gm = gm.sort_values("batch_cap")
+                ax.plot(gm.batch_cap, gm.tok_per_s, "o-", color=color(m), label=m)
+            b = blog[blog.workload == R.workload(d)].set_index("method").tok_per_s
+            if len(b) == 2:
+                ax.text(0.02, 0.98, f"blog B32 (4xH200): DFlash {b['dflash']:.0f}\n→ DMTP {b['dmtp']:.0f} tok/s "
+                        f"({T.pct(b['dmtp'], b['dflash']):+.2f}%)", transform=ax.transAxes, va="top", fontsize=7)
+            ax.set_xscale("log", base=2)
+            ax.set(title=d, xlabel="batch cap Bn", xticks=sorted(set(g.batch_cap)))
+            ax.set_xticklabels([f"B{int(b)}" for b in sorted(set(g.batch_cap))])
+            ax.legend(fontsize=7, loc="lower right")
+        axes[0].set_ylabel("tok/s")
+        fig.suptitle(f"End-to-end throughput (T={t:g})")
+        paths.append(_save(art, fig, f"throughput_T{t:g}"))
+    return paths
+
+
+STAGES = ["drafter", "mtp", "t1_prep", "drafter_ctx", "verify"]
+STAGE_COLORS = {"drafter": "#ff7f0e", "mtp": "#1f77b4", "t1_prep": "#d62728", "drafter_ctx": "#bcbd22",
+                "verify": "#7f7f7f", "other": "#dddddd"}
+
+
+def overhead(art: Artifacts) -> list[Path]:
+    """Blog §6.5 as bars: ms per round split by stage, one panel per setup (ours: `mini`, the 8b-shape timing run;
+    the blog's Code/SWE rows), DFlash beside DMTP. `other` = round minus the timed stages (acceptance,
+    bookkeeping; for the blog, everything it does not break out, verification included)."""
+    ov = art.overhead
+    if ov is None or ov.empty:
+        print("[report] skip overhead figure: no bench/overhead.csv")
+        return []
+    blog = R.table("overhead").assign(method=lambda b: "blog " + b.workload + ":" + b.method)
+    df = ov.pivot_table(index="method", columns="stage", values="ms_per_round")
+    df = df.combine_first(blog.pivot_table(index="method", columns="stage", values="ms_per_round"))
+    setup = {m: (m.rpartition(":")[0] or "mini") for m in df.index}
+    groups = sorted(set(setup.values()), key=lambda g: (g.startswith("blog"), g != "mini", g))
+    fig = Figure(figsize=(4.2 * len(groups), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(groups), squeeze=False).ravel()
+    for ax, grp in zip(axes, groups):
+        rows = sorted([m for m in df.index if setup[m] == grp], key=lambda m: T.method_rank(m.rpartition(":")[2]))
+        for i, m in enumerate(rows):
+            left = 0.0
+            for st in STAGES + ["other"]:
+                v = df.loc[m].get(st, math.nan) if st != "other" else \
+                    df.loc[m, "round"] - np.nansum([df.loc[m].get(x, math.nan) for x in STAGES])
+                if v is None or not np.isfinite(v) or v <= 0:
+                    continue
+                ax.barh(i, v, left=left, color=STAGE_COLORS[st], label=st)
+                left += v
+            ax.text(left, i, f" {df.loc[m, 'round']:.2f}", va="center", fontsize=7)
+        ax.set_yticks(range(len(rows)), [m.rpartition(":")[2] for m in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set(title=grp, xlabel="ms per round")
+        ax.margins(x=0.15)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+    fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncol=6, fontsize=7)
+    fig.suptitle("Per-round time by stage, batch 8 (blog §6.5 setting)")
+    return [_save(art, fig, "overhead")]
+
+
+ALL = [main_acceptance, first_token, position, conditional, throughput, overhead, open_repro]
+
+
+def render(art: Artifacts) -> list[Path]:
+    return [p for fn in ALL for p in fn(art)]

@@ -1,0 +1,418 @@
+"""Benchmarks through the one decode loop; artifacts under results/<profile>/bench/ (rendered by dmtp.analysis.report).
+
+    python -m dmtp.cli.bench --target work/mini/target --drafters work/mini/drafters --out results/mini/bench
+    python -m dmtp.cli.bench --paper-shape --out results/mini/bench      # random weights, Qwen3-8B shape: timing only
+    python -m dmtp.cli.bench --target work/tiny/target --drafters work/tiny/drafters --out /tmp/b \
+        --tokens 64 --caps 1,2 --prompts 8 --max-new-tokens 32   # CPU smoke run, ~1 min
+
+overhead.csv    ms per round by stage (drafter, mtp, t1_prep, drafter_ctx, verify, round) at batch `--batch`,
+                `--tokens` generated tokens ignoring EOS, the first 16 rounds excluded; with --paper-shape the same
+                at a Qwen3-8B-sized target with random weights (methods "8b-shape:<name>", timing only)
+throughput.csv  total output tokens / wall time of the whole request group at each batch cap (natural EOS), with
+                dynamic batching (`decode.serve`: a finished request's slot goes to the next one at once)
+hf.csv          the same requests, batch 1, T = 0: the engine vs a plain HF `generate` loop (DynamicCache, no graphs),
+                tokens/s, whether outputs are identical, and AR's HBM bound (bytes read per token / bandwidth)
+screen.csv      the screened T1 head (`screen.T1Screen`): T1 agreement with the exact head, first-token acceptance
+                and acceptance length with and without it
+ratios.json     the targets, each measured side by side in one run: DMTP round <= 1.04 x DFlash round (batch 8),
+                DMTP's B32 throughput gain >= 95 % of its per-verify gain, engine >= 10 x HF at batch 1, AR vs HBM
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.tokenizer import find_tokenizer
+from dmtp.engine.decode import Server, build_method, capacity_for, generate, load_method, no_timer
+from dmtp.engine.fuse import fuse
+from dmtp.io import write_meta, write_text
+from dmtp.models.drafter import Drafter, DrafterConfig
+from dmtp.models.mtp import MTPHead
+from dmtp.models.screen import T1Screen
+from dmtp.models.target import Target
+
+
+class StageTimer:
+    """Times named stages of every decode round (CUDA events on GPU — recorded without waiting —, perf_counter on
+    CPU). Stages outside a round (prefill) are not timed."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.rounds: list[dict[str, list]] = []  # per round: stage -> [(start, end)]
+        self._cur = None
+
+    def _mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, stage):
+        if stage == "round":
+            self._cur = defaultdict(list)
+            self.rounds.append(self._cur)
+        cur = self._cur
+        if cur is None:
+            yield
+            return
+        a = self._mark()
+        try:
+            yield
+        finally:
+            cur[stage].append((a, self._mark()))
+            if stage == "round":
+                self._cur = None
+
+    def ms_per_round(self, skip: int = 16) -> dict[str, float]:
+        """Mean ms per round of each stage (a stage run twice in a round counts both), the first `skip` rounds
+        excluded."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        tot, n = defaultdict(float), defaultdict(int)
+        for r in self.rounds[skip:]:
+            for stage, ev in r.items():
+                tot[stage] += sum((a.elapsed_time(b) if self.cuda else (b - a) * 1e3) for a, b in ev)
+                n[stage] += 1
+        return {s: tot[s] / n[s] for s in tot}
+
+
+def _sync(dev):
+    if str(dev).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def read_bytes_per_token(target) -> int:
+    """Weight bytes a decode step reads: every parameter except an untied input embedding (only rows are read)."""
+    emb = target.body.embed_tokens.weight
+    tied = emb.data_ptr() == target.model.lm_head.weight.data_ptr()
+    return sum(p.numel() * p.element_size() for p in target.model.parameters()) - (0 if tied else emb.numel()
+                                                                                    * emb.element_size())
+
+
+def stage_times(tgt, m, prompts, tokens, skip=16):
+    """ms per round by stage over `tokens` generated tokens (EOS ignored), first `skip` rounds excluded."""
+    m.timer = StageTimer(tgt.device.type == "cuda")
+    res = generate(tgt, m, prompts, 0.0, tokens, eos_ids=(), seed=0)
+    ms = m.timer.ms_per_round(skip)
+    m.timer = no_timer
+    return ms, res
+
+
+def timed(dev, fn):
+    _sync(dev)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(dev)
+    return out, time.perf_counter() - t0
+
+
+def ratio(name, value, target, ok, note=""):
+    r = {"target": name, "value": round(float(value), 4), "goal": target, "met": bool(ok), "note": note}
+    print(f"[bench] {'MET ' if ok else 'MISS'} {name}: {value:.3f} (goal {target}) {note}")
+    return r
+
+
+def merge_overhead(path: Path, rows: list[dict]):
+    """Write overhead rows, keeping stored rows of the other setup (`8b-shape:<name>` vs plain names)."""
+    import pandas as pd
+
+    new = pd.DataFrame(rows)
+    paper = new.method.str.startswith("8b-shape:").any()
+    old = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=new.columns)
+    old = old[old.method.str.startswith("8b-shape:") != paper]
+    write_text(path, pd.concat([old, new] if paper else [new, old]).to_csv(index=False))
+
+
+def throughput_ratios(tp, dmtp: str, label: str) -> list[dict]:
+    """At the largest batch cap measured for both: DMTP's throughput gain over DFlash / its per-verify gain."""
+    out = []
+    for temp, g in tp.groupby("temperature"):
+        g = g.set_index(["method", "batch_cap"])
+        caps = [c for c in sorted(set(g.index.get_level_values(1))) if ("dflash", c) in g.index and (dmtp, c) in g.index]
+        if not caps:
+            continue
+        cap = caps[-1]
+        gain = g.loc[(dmtp, cap), "tok_per_s"] / g.loc[("dflash", cap), "tok_per_s"] - 1
+        tau = g.loc[(dmtp, cap), "per_verify"] / g.loc[("dflash", cap), "per_verify"] - 1
+        out.append(ratio(f"{label} T={temp:g} B{cap} throughput gain / per-verify gain ({dmtp} vs dflash)",
+                         gain / tau if tau > 0 else float("nan"), ">= 0.95", bool(tau > 0 and gain / tau >= 0.95),
+                         f"throughput {gain:+.1%}, per-verify {tau:+.1%}"))
+    return out
+
+
+def fuse_compare(tgt, others, methods: dict, eager: dict, prompts, tokens, label, dev, prefix="",
+                 dmtp="zero_init_residual"):
+    """Stage times of `methods` (name -> Method) with the target (and `others`: MTP head, drafters) fused by
+    `fuse.fuse`, beside their unfused times measured earlier in the same process (`eager`: name -> (stage_times ms,
+    output ids)): overhead rows '<prefix><name>+fused', ratios fused/unfused round per method and fused DMTP / fused
+    DFlash round, and whether each method's tokens are unchanged. The methods must be built on the modules in
+    `others` (they are the ones fused)."""
+    rows, ratios = [], []
+    with fuse(tgt, *others) as fusion:
+        print(f"[bench] {label}: {fusion}")
+        for name, m in methods.items():
+            t0 = time.perf_counter()
+            stage_times(tgt, m, prompts[:1], 8, skip=0)  # compiles this method's new shapes
+            t_compile = time.perf_counter() - t0
+            ms, res = stage_times(tgt, m, prompts, tokens)
+            same = [r.output_ids for r in res] == eager[name][1]
+            for stage, v in ms.items():
+                rows.append({"method": f"{prefix}{name}+fused", "stage": stage, "ms_per_round": v,
+                             "batch": len(prompts), "rounds": tokens,
+                             "device": torch.cuda.get_device_name() if dev == "cuda" else dev})
+            q = ms["round"] / eager[name][0]["round"]
+            print(f"[bench] {label} {name}+fused (first call {t_compile:.1f}s, outputs "
+                  f"{'identical' if same else 'DIFFER'}): " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
+            ratios.append(ratio(f"{label} {name} fused round / unfused round (batch {len(prompts)})", q, "report",
+                                True, f"{eager[name][0]['round']:.3f} -> {ms['round']:.3f} ms; outputs "
+                                      f"{'identical' if same else 'differ'}"))
+    by = {r["method"]: r["ms_per_round"] for r in rows if r["stage"] == "round"}
+    if f"{prefix}{dmtp}+fused" in by and f"{prefix}dflash+fused" in by:
+        q = by[f"{prefix}{dmtp}+fused"] / by[f"{prefix}dflash+fused"]
+        ratios.append(ratio(f"{label} fused {dmtp} round / fused dflash round (batch {len(prompts)})", q, "<= 1.04",
+                            q <= 1.04))
+    return rows, ratios
+
+
+def paper_shape(a, dev) -> tuple[list[dict], list[dict]]:
+    """Timing only: a Qwen3-8B-sized dense target (random bf16 weights), one MTP layer, 5-layer drafters, batch
+    `--batch`; every round accepts ~nothing, so each emits one token — what matters is the time per stage."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                      tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    with torch.device(dev):
+        tgt = Target(AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa"))
+        mtp = MTPHead(tgt).eval()
+    prompts = torch.randint(1000, 100000, (a.batch, 256), generator=torch.Generator().manual_seed(0)).tolist()
+    rows, ratios = [], []
+    screen = T1Screen(tgt, rank=a.screen_rank, topk=a.screen_topk)
+    drafters = {}
+    for v in ("dflash", "zero_init_residual"):
+        c = DrafterConfig(hidden_size=4096, vocab_size=151936, num_hidden_layers=5, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, intermediate_size=12288, num_target_layers=36,
+                          variant=v, mask_token_id=151669)
+        drafters[v] = Drafter(c).to(device=dev, dtype=torch.bfloat16).eval()
+
+    def method(name):
+        variant = name.split("+")[0]
+        return build_method(variant, tgt, drafter=drafters.get(variant), mtp=mtp,
+                            screen=screen if "+screen" in name else None)
+    names = ["ar", "dflash", "zero_init_residual", "zero_init_residual+screen"]
+    eager = {}
+    for name in names:
+        ms, res = stage_times(tgt, method(name), prompts, a.tokens)
+        eager[name] = (ms, [r.output_ids for r in res])
+        for stage, v in ms.items():
+            rows.append({"method": f"8b-shape:{name}", "stage": stage, "ms_per_round": v, "batch": a.batch,
+                         "rounds": a.tokens, "device": torch.cuda.get_device_name() if dev == "cuda" else dev})
+        print(f"[bench] 8b-shape {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
+    if a.fuse:
+        f_rows, f_ratios = fuse_compare(tgt, [mtp, *drafters.values()], {n: method(n) for n in names[:3]}, eager,
+                                        prompts, a.tokens, "8b-shape", dev, prefix="8b-shape:")
+        rows += f_rows
+        ratios += f_ratios
+    by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
+    for name in ["zero_init_residual", "zero_init_residual+screen"]:
+        q = by[(f"8b-shape:{name}", "round")] / by[("8b-shape:dflash", "round")]
+        ratios.append(ratio(f"8b-shape {name} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
+    # AR at batch 1 against the HBM bound
+    res, wall = timed(dev, lambda: generate(tgt, build_method("ar", tgt), prompts[:1], 0.0, a.tokens))
+    nbytes = read_bytes_per_token(tgt)
+    bound = a.bandwidth / nbytes
+    tps = len(res[0].output_ids) / wall
+    ratios.append(ratio("8b-shape AR batch-1 tok/s / HBM bound", tps / bound, "report", True,
+                        f"{tps:.1f} tok/s vs {bound:.1f} (weights {nbytes / 1e9:.2f} GB / "
+                        f"{a.bandwidth / 1e12:.1f} TB/s)"))
+    return rows, ratios
+
+
+def main(argv=None):
+    import json
+
+    import pandas as pd
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--target", help="target checkpoint with the native MTP head (not needed with --paper-shape)")
+    p.add_argument("--drafters", help="directory of trained drafters (<name>/drafter)")
+    p.add_argument("--methods", default="ar,mtp,dflash,t1_residual,zero_init_residual")
+    p.add_argument("--dmtp", default="zero_init_residual", help="the DMTP method the ratio targets are about")
+    p.add_argument("--out", required=True)
+    p.add_argument("--parts", default="overhead,throughput,hf,screen",
+                   help="any of overhead,throughput,hf,screen; `ratios` alone recomputes ratios.json from the CSVs")
+    p.add_argument("--paper-shape", action="store_true", help="only the random-weight Qwen3-8B-shape timing run")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--caps", default="1,2,4,8,16,32")
+    p.add_argument("--prompts", type=int, default=164, help="HumanEval prompts for the throughput runs")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--hf-prompts", type=int, default=4)
+    p.add_argument("--bandwidth", type=float, default=4.3e12, help="HBM bytes/s for the AR bound (H200: ~4.3e12)")
+    p.add_argument("--screen-rank", type=int, default=256)
+    p.add_argument("--screen-topk", type=int, default=64)
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--fuse", action="store_true",
+                   help="overhead part and --paper-shape: also time every method with its layers' small pieces "
+                        "compiled (dmtp.engine.fuse), beside the unfused run")
+    a = p.parse_args(argv)
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    out = Path(a.out)
+    ratios_path = out / "ratios.json"
+    ratios = json.loads(ratios_path.read_text()) if ratios_path.exists() else []
+
+    def keep(new):  # a rerun replaces the targets it measures again (a throughput ratio: at whichever batch cap)
+        same = lambda t: re.sub(r" B\d+ throughput gain", " throughput gain", t)  # noqa: E731
+        return [r for r in ratios if same(r["target"]) not in {same(n["target"]) for n in new}] + new
+
+    if a.paper_shape:
+        rows, new = paper_shape(a, dev)
+        merge_overhead(out / "overhead.csv", rows)
+        write_text(ratios_path, json.dumps(keep(new), indent=2))
+        write_meta(out / "meta_paper_shape.json", vars(a))
+        return
+    if a.parts == "ratios":
+        new = throughput_ratios(pd.read_csv(out / "throughput.csv"), a.dmtp, out.parent.name)
+        write_text(ratios_path, json.dumps(keep(new), indent=2))
+        return
+    if not a.target:
+        p.error("--target is required (or --paper-shape)")
+    label = Path(a.target).parent.name  # the profile: work/<profile>/target
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+    tgt = Target.load(a.target, dtype=dtype, device=dev)
+    mtp = MTPHead.load(tgt, a.target)
+    tok = find_tokenizer(a.target)
+    eos = [tok.eos_token_id] if tok is not None else []
+    prompts = [tok(x["prompt"], add_special_tokens=False)["input_ids"] for x in humaneval_prompts()]
+    screen = None
+
+    def method(name):  # a run name, optionally with "+screen" (the screened T1 head)
+        nonlocal screen
+        base, _, extra = name.partition("+")
+        if extra == "screen" and screen is None:
+            screen = T1Screen(tgt, rank=a.screen_rank, topk=a.screen_topk)
+        m = load_method(base, tgt, mtp, a.drafters, screen=screen if extra == "screen" else None)
+        m.name = name
+        return m
+
+    methods = a.methods.split(",")
+    parts = a.parts.split(",")
+    new = []
+
+    def save_ratios():  # after every part: a run cut short keeps what it measured
+        write_text(ratios_path, json.dumps(keep(new), indent=2))
+    if "overhead" in parts:  # 1. per-round stage breakdown at batch `--batch`, fixed length, EOS ignored
+        rows, built, eager = [], {}, {}  # built, eager: kept for --fuse
+        for name in methods:
+            m = method(name)
+            ms, res = stage_times(tgt, m, prompts[: a.batch], a.tokens)
+            if a.fuse:
+                built[name], eager[name] = m, (ms, [r.output_ids for r in res])
+            rows += [{"method": name, "stage": s, "ms_per_round": v, "batch": a.batch,
+                      "rounds": len(res[0].accepted), "device": torch.cuda.get_device_name() if dev == "cuda" else dev}
+                     for s, v in ms.items()]
+            print(f"[bench] overhead {name}: " + ", ".join(f"{s} {v:.3f}" for s, v in ms.items()))
+        by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
+        if ("dflash", "round") in by and (a.dmtp, "round") in by:
+            q = by[(a.dmtp, "round")] / by[("dflash", "round")]
+            new.append(ratio(f"{label} {a.dmtp} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
+        if a.fuse:  # the same methods (the same module objects) unfused above, fused now
+            f_rows, f_ratios = fuse_compare(tgt, [mtp] + [getattr(m, "drafter", None) for m in built.values()],
+                                            built, eager, prompts[: a.batch], a.tokens, label, dev, dmtp=a.dmtp)
+            rows += f_rows
+            new += f_ratios
+        merge_overhead(out / "overhead.csv", rows)
+    save_ratios()
+    if "throughput" in parts:  # 2. throughput at each batch cap with dynamic batching, natural EOS
+        rows = []
+        reqs = prompts[: a.prompts]
+        for temp in [float(t) for t in a.temperatures.split(",")]:
+            for name in methods:
+                m = method(name)
+                capacity = capacity_for(reqs, a.max_new_tokens, m.k)
+                for cap in [int(c) for c in a.caps.split(",")]:
+                    # a server per cap; its first group (cap requests) captures the graphs, as at server start-up
+                    srv = Server(tgt, m, cap, capacity, temp, a.max_new_tokens, eos, seed=0)
+                    srv.run(reqs[:cap])
+                    res, wall = timed(dev, lambda: srv.run(reqs))
+                    n_out = sum(len(r.output_ids) for r in res)
+                    acc = [x for r in res for x in r.accepted]
+                    rows.append({"method": name, "temperature": temp, "batch_cap": cap, "dataset": "humaneval",
+                                 "batching": "dynamic", "requests": len(reqs), "output_tokens": n_out,
+                                 "wall_s": wall, "tok_per_s": n_out / wall,
+                                 "per_verify": 1 + sum(acc) / max(1, len(acc))})
+                    print(f"[bench] throughput {name} T={temp:g} B{cap}: {n_out / wall:.1f} tok/s "
+                          f"(tau/verify {rows[-1]['per_verify']:.2f})")
+                    write_text(out / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
+                    del srv
+        new += throughput_ratios(pd.DataFrame(rows), a.dmtp, label)  # throughput.csv: written after every cap
+    save_ratios()
+    if "hf" in parts:  # 3. the engine vs a plain HF loop, batch 1, T = 0
+        rows = []
+        bound = a.bandwidth / read_bytes_per_token(tgt)
+        hf_prompts = prompts[: a.hf_prompts]
+        servers = {}
+        for name in methods:  # batch-1 servers, graphs captured on a warm-up request
+            m = method(name)
+            servers[name] = Server(tgt, m, 1, capacity_for(hf_prompts, a.max_new_tokens, m.k), 0.0,
+                                   a.max_new_tokens, eos)
+            servers[name].run(hf_prompts[:1])
+        for i, pr in enumerate(hf_prompts):
+            ref, t_hf = timed(dev, lambda: tgt.model.generate(
+                torch.tensor([pr], device=dev), max_new_tokens=a.max_new_tokens, do_sample=False,
+                eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)[0, len(pr):].tolist())
+            for name, srv in servers.items():
+                res, t = timed(dev, lambda: srv.run([pr])[0])
+                rows.append({"prompt": i, "method": name, "tokens": len(res.output_ids),
+                             "ours_tok_per_s": len(res.output_ids) / t, "hf_ar_tok_per_s": len(ref) / t_hf,
+                             "speedup_vs_hf_ar": (len(res.output_ids) / t) / (len(ref) / t_hf),
+                             "identical": res.output_ids == ref, "ar_hbm_bound_tok_per_s": bound})
+        df = pd.DataFrame(rows)
+        write_text(out / "hf.csv", df.to_csv(index=False))
+        mean = df.groupby("method")[["ours_tok_per_s", "hf_ar_tok_per_s", "speedup_vs_hf_ar", "identical"]].mean()
+        print(mean)
+        if "ar" in mean.index:
+            new.append(ratio(f"{label} engine AR / HF AR loop, batch 1", mean.loc["ar", "speedup_vs_hf_ar"], ">= 10",
+                             mean.loc["ar", "speedup_vs_hf_ar"] >= 10))
+            new.append(ratio(f"{label} AR batch-1 tok/s / HBM bound", mean.loc["ar", "ours_tok_per_s"] / bound, "report",
+                             True, f"{mean.loc['ar', 'ours_tok_per_s']:.0f} tok/s vs {bound:.0f} tok/s"))
+        if a.dmtp in mean.index:
+            new.append(ratio(f"{label} engine {a.dmtp} / HF AR loop, batch 1", mean.loc[a.dmtp, "speedup_vs_hf_ar"],
+                             ">= 10", mean.loc[a.dmtp, "speedup_vs_hf_ar"] >= 10))
+    save_ratios()
+    if "screen" in parts and a.dmtp in methods:  # 4. the screened T1 head on the real (trained) target
+        rows = []
+        reqs = prompts[: a.prompts]
+        for name in [a.dmtp, a.dmtp + "+screen"]:
+            m = method(name)
+            res = generate(tgt, m, reqs, 0.0, a.max_new_tokens, eos)
+            acc = [x for r in res for x in r.accepted]
+            rows.append({"method": name, "rank": a.screen_rank, "topk": a.screen_topk, "rounds": len(acc),
+                         "first_token_acceptance": sum(x > 0 for x in acc) / len(acc),
+                         "per_verify": 1 + sum(acc) / len(acc)})
+        with torch.no_grad():  # T1 agreement over MTP hiddens of real text (the first 64 tokens of each prompt)
+            ids = torch.tensor([p[:64] for p in reqs if len(p) >= 64][:64], device=dev)
+            g = mtp.teacher_forced(ids, tgt.features(ids).hidden).reshape(-1, tgt.hidden_size)
+            agree = float((screen(g) == tgt.lm_head(g).argmax(-1)).float().mean())
+        for r in rows:
+            r["t1_agreement"] = agree if "+screen" in r["method"] else 1.0
+        write_text(out / "screen.csv", pd.DataFrame(rows).to_csv(index=False))
+        print(pd.DataFrame(rows))
+    save_ratios()
+    write_meta(out / "meta.json", vars(a))
+
+
+if __name__ == "__main__":
+    main()

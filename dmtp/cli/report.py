@@ -1,0 +1,31 @@
+"""Render tables / figures / REPORT.md of one profile from its artifacts (CPU only, no torch needed).
+
+    python -m dmtp.cli.report tables  --profile tiny [--results results]   # results/tiny/tables/*.csv + *.md
+    python -m dmtp.cli.report figures --profile tiny [--results results]   # results/tiny/figures/*.png
+    python -m dmtp.cli.report report  --profile tiny [--results results]   # both + results/tiny/REPORT.md
+    python -m dmtp.cli.report demo    --profile demo                       # synthetic artifacts, then the report
+"""
+import argparse
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from dmtp.analysis.report import render_figures, render_report, render_tables  # noqa: E402
+from dmtp.analysis.report.synthetic import write_synthetic  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m dmtp.analysis.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["tables", "figures", "report", "demo"])
+    ap.add_argument("--profile", required=True, help="results/<profile> holds the artifacts")
+    ap.add_argument("--results", default="results", help="results root folder")
+    a = ap.parse_args(argv)
+    if a.what == "demo":
+        write_synthetic(a.results, a.profile)
+    {"tables": render_tables, "figures": render_figures}.get(a.what, render_report)(a.profile, a.results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Native MTP head (Qwen3-Next / Qwen3.5 layout), frozen at decode time, trainable for the embedded default.
+
+Checkpoint keys (inside the target's safetensors; HF ignores them on load):
+    mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight, mtp.fc.weight [H, 2H],
+    mtp.layers.0.* (one decoder layer in the target's own format, full attention), mtp.norm.weight
+Forward at position i (predicts x_{i+2}):
+    u_i = fc([RMS_e(E(x_{i+1})) ; RMS_h(h^L_i)])         # embedding first, then hidden
+    g_i = norm(DecoderLayer(u_i; causal over the MTP's own history))
+    logits = LMHead(g_i)                                  # chained steps feed g back in place of h^L
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from dmtp.models.cache import KVCache, causal_mask
+
+MTP_PREFIX = "mtp."
+
+
+def mtp_num_layers(config) -> int:
+    for key in ("mtp_num_hidden_layers", "num_nextn_predict_layers"):
+        v = getattr(config, key, None)
+        if v:
+            return int(v)
+    return 0
+
+
+def _layer_config(config):
+    cfg = copy.deepcopy(config)
+    cfg.num_hidden_layers = 1
+    if hasattr(cfg, "layer_types"):
+        cfg.layer_types = ["full_attention"]
+    return cfg
+
+
+class MTPHead(nn.Module):
+    def __init__(self, target):
+        super().__init__()
+        cfg = target.config
+        H, eps = cfg.hidden_size, cfg.rms_norm_eps
+        Norm = target.norm_class()
+        layer_cls = type(target.body.layers[target.layer_types.index("full_attention")])
+        self.pre_fc_norm_embedding = Norm(H, eps=eps)
+        self.pre_fc_norm_hidden = Norm(H, eps=eps)
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.layers = nn.ModuleList([layer_cls(_layer_config(cfg), 0)])
+        self.norm = Norm(H, eps=eps)
+        self._target = [target]  # not a submodule: the target is frozen and saved separately
+        self.to(device=target.device, dtype=target.dtype)
+
+    @property
+    def target(self):
+        return self._target[0]
+
+    def forward(self, emb_next, hidden, pos, cache: KVCache | None = None, mask=None):
+        """emb_next = E(x_{i+1}), hidden = h^L_i (or the previous g when chaining); pos [B, q] absolute i."""
+        u = self.fc(torch.cat([self.pre_fc_norm_embedding(emb_next), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        if cache is not None:
+            cache.write_pos = pos
+            mask = causal_mask(pos, cache.capacity)
+        elif mask is None:
+            mask = causal_mask(pos, pos.shape[1])
+        x = self.layers[0](
+            u,
+            position_embeddings=self.target.rope(u, pos),
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=cache is not None,
+        )
+        x = x[0] if isinstance(x, tuple) else x
+        return self.norm(x)
+
+    def teacher_forced(self, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """g_i for every i < T-1 over whole sequences: ids [B, T], hidden = h^L [B, T, H] -> [B, T-1, H]."""
+        B, T = ids.shape
+        pos = torch.arange(T - 1, device=ids.device)[None].expand(B, T - 1)
+        return self.forward(self.target.embed(ids[:, 1:]), hidden[:, :-1], pos)
+
+    # --- checkpoint I/O ------------------------------------------------------------------------------------------
+    def mtp_state_dict(self) -> dict[str, torch.Tensor]:
+        return {MTP_PREFIX + k: v.detach().contiguous() for k, v in self.state_dict().items()}
+
+    @classmethod
+    def load(cls, target, path: str | Path) -> "MTPHead":
+        sd = read_prefixed_tensors(path, MTP_PREFIX)
+        if not sd:
+            raise ValueError(
+                f"checkpoint {path} has no `{MTP_PREFIX}*` weights: the target ships no native MTP head "
+                "(methods `mtp` and every DMTP variant need one; `ar` and `dflash` do not)")
+        head = cls(target)
+        sd = _unfuse_experts(sd, head.state_dict())
+        missing, unexpected = head.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"MTP weights in {path} do not match the target's layer format: "
+                             f"missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]}")
+        return head.requires_grad_(False).eval()
+
+
+def _unfuse_experts(sd, want):
+    """Match MoE expert weights to the layout the MTP layer holds (transformers 5.17 `Qwen3_5MoeExperts`:
+    `mlp.experts.gate_up_proj` [E, 2I, H] with the gate rows first, `mlp.experts.down_proj` [E, H, I]).
+
+    Checkpoints store them either per expert (`mlp.experts.N.gate_proj.weight` [I, H], `.up_proj.weight` [I, H],
+    `.down_proj.weight` [H, I]: the Qwen3.5/3.6-MoE and Qwen3-Next layout, which HF itself fuses on load for the main
+    layers through its `qwen2_moe` conversion mapping, but never for the `mtp.*` keys it ignores) or fused, possibly
+    transposed ([E, H, 2I] / [E, I, H], the Qwen3-VL-MoE convention). A layer that holds experts per expert gets
+    fused checkpoints split the same way."""
+    if all(k in want and sd[k].shape == want[k].shape for k in sd) and all(k in sd for k in want):
+        return sd
+    out = dict(sd)
+
+    def fused(key, parts):  # parts(e) -> tensors to concatenate for expert e
+        n = want[key].shape[0]
+        try:
+            t = torch.stack([torch.cat(parts(e), 0) for e in range(n)])
+        except KeyError as err:
+            raise ValueError(f"MTP expert weights incomplete: {err.args[0]} missing (layer wants {n} experts)")
+        return t
+
+    for key in list(want):
+        shape = want[key].shape
+        if key in out:
+            if out[key].shape != shape and out[key].dim() == 3 and out[key].transpose(1, 2).shape == shape:
+                out[key] = out[key].transpose(1, 2).contiguous()  # fused, stored [E, in, out]
+            continue
+        if key.endswith("experts.gate_up_proj"):
+            base = key[: -len("gate_up_proj")]
+            out[key] = fused(key, lambda e: [out.pop(f"{base}{e}.gate_proj.weight"),
+                                             out.pop(f"{base}{e}.up_proj.weight")])
+        elif key.endswith("experts.down_proj"):
+            base = key[: -len("down_proj")]
+            out[key] = fused(key, lambda e: [out.pop(f"{base}{e}.down_proj.weight")])
+    # the other way round: the layer holds per-expert Linear weights, the checkpoint is fused
+    for key in [k for k in out if k.endswith(("experts.gate_up_proj", "experts.down_proj")) and k not in want]:
+        base, t = key.rsplit(".", 1)[0] + ".", out.pop(key)
+        for e in range(t.shape[0]):
+            if key.endswith("gate_up_proj"):
+                g, u = t[e].chunk(2, 0)
+                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = g, u
+            else:
+                out[f"{base}{e}.down_proj.weight"] = t[e]
+    return out
+
+
+def split_experts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fused expert tensors -> the per-expert checkpoint layout (`experts.N.{gate,up,down}_proj.weight`)."""
+    out = {}
+    for k, t in sd.items():
+        if k.endswith("experts.gate_up_proj"):
+            base = k[: -len("gate_up_proj")]
+            for e in range(t.shape[0]):
+                g, u = t[e].chunk(2, 0)
+                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = g.clone(), u.clone()
+        elif k.endswith("experts.down_proj"):
+            base = k[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].clone()
+        else:
+            out[k] = t
+    return out
+
+
+def safetensor_files(path: str | Path) -> list[Path]:
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / f for f in files]
+    return sorted(path.glob("*.safetensors"))
+
+
+def read_prefixed_tensors(path: str | Path, prefix: str) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    out = {}
+    for f in safetensor_files(path):
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                if k.startswith(prefix):
+                    out[k[len(prefix):]] = fh.get_tensor(k)
+    return out
+
+
+def save_target_with_mtp(model: nn.Module, mtp: MTPHead, path: str | Path, max_shard_size: str = "15MB",
+                         experts: str = "fused"):
+    """save_pretrained + the `mtp.*` keys in a shard of their own, listed in the index like real Qwen3.5 checkpoints.
+    experts: "fused" (as the module holds them) or "per_expert" (the Qwen3.5/3.6-MoE checkpoint layout)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    model.save_pretrained(path, max_shard_size=max_shard_size)
+    index_path = path / "model.safetensors.index.json"
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+    else:  # single file: turn it into a one-shard index
+        index = {"metadata": {}, "weight_map": {}}
+        from safetensors import safe_open
+
+        with safe_open(str(path / "model.safetensors"), framework="pt") as fh:
+            index["weight_map"] = {k: "model.safetensors" for k in fh.keys()}
+    sd = {k: v.cpu() for k, v in mtp.mtp_state_dict().items()}
+    if experts == "per_expert":
+        sd = split_experts(sd)
+    elif experts != "fused":
+        raise ValueError(f"experts must be 'fused' or 'per_expert', not {experts!r}")
+    save_file(sd, str(path / "model-mtp.safetensors"), metadata={"format": "pt"})
+    index["weight_map"].update({k: "model-mtp.safetensors" for k in sd})
+    index_path.write_text(json.dumps(index, indent=2))
+    cfg_path = path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.setdefault("mtp_num_hidden_layers", 1)
+    cfg_path.write_text(json.dumps(cfg, indent=2))

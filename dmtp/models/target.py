@@ -1,0 +1,157 @@
+"""Target adapter: any HF causal LM (Qwen3 dense, Qwen3.5/3.6 `qwen3_5[_text]`, `qwen3_5_moe`), frozen.
+
+The HF decoder layers do the math; we only hand them our own KV cache (`cache.KVCache`) and our own 4-D masks, so
+the same code serves every architecture HF ships and a rejected candidate costs nothing to roll back. Hybrid targets
+(Gated DeltaNet linear-attention layers) additionally run each GDN layer segment by segment so the cache can keep the
+exact recurrent state after any committed row (`cache.py` explains the scheme); `cache.commit(n)` selects it.
+
+    tgt = Target.load("path/to/ckpt", dtype=torch.float32, device="cpu")
+    out = tgt.forward(ids, pos, cache, taps=[1, 3])     # logits, post-norm last hidden h^L, tapped layer outputs
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from dmtp.models.cache import KVCache, causal_mask
+
+
+@dataclass
+class TargetOut:
+    logits: torch.Tensor  # [B, q, V] float32
+    hidden: torch.Tensor  # [B, q, H]  h^L: the last hidden state after the final norm
+    taps: torch.Tensor | None  # [B, q, K*H]  outputs of the tapped decoder layers, concatenated in tap order
+
+
+def _text_model(model: nn.Module) -> nn.Module:
+    """The decoder stack (`embed_tokens`, `layers`, `norm`, `rotary_emb`) inside any supported causal LM."""
+    inner = model.model
+    return getattr(inner, "language_model", inner)
+
+
+class Target(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+        self.body = _text_model(model)
+        self.config = self.body.config
+        self.hidden_size = self.config.hidden_size
+        self.num_layers = self.config.num_hidden_layers
+        self.vocab_size = self.config.vocab_size
+        self.layer_types = list(getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers)
+        unknown = set(self.layer_types) - {"full_attention", "linear_attention"}
+        if unknown:
+            raise NotImplementedError(f"target has layer types {sorted(unknown)}; supported: full_attention, "
+                                      "linear_attention (Gated DeltaNet)")
+        self.hybrid = "linear_attention" in self.layer_types
+        for layer, t in zip(self.body.layers, self.layer_types):
+            if t == "linear_attention":
+                _segmented(layer.linear_attn)
+
+    # --- loading -----------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path, dtype=torch.float32, device="cpu", attn_implementation: str = "sdpa") -> "Target":
+        from transformers import AutoModelForCausalLM
+
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"no HF checkpoint at {path} (config.json missing)")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+        return cls(model.to(device))
+
+    @property
+    def device(self):
+        return self.body.embed_tokens.weight.device
+
+    @property
+    def dtype(self):
+        return self.body.embed_tokens.weight.dtype
+
+    # --- shared frozen pieces (also used by the MTP head and the drafter) ----------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.body.embed_tokens(ids)
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(h.to(self.dtype)).float()
+
+    def rope(self, x: torch.Tensor, pos: torch.Tensor):
+        """(cos, sin) for absolute positions pos [B, q], in the target's convention (mrope for qwen3_5)."""
+        rot = self.body.rotary_emb
+        if hasattr(rot, "mrope_section"):
+            pos = pos[None].expand(3, *pos.shape)
+        return rot(x, pos)
+
+    def norm_class(self):
+        return type(self.body.norm)
+
+    # --- forwards ------------------------------------------------------------------------------------------------
+    def _run(self, ids, pos, mask, cache, taps, logits_at=None):
+        # linear-attention layers get no mask: padding is kept out of their states by `cache.begin(q, keep)`
+        if taps and max(taps) >= self.num_layers - 1:
+            raise ValueError(f"tap layer ids must be < {self.num_layers - 1} (HF replaces the last layer's output "
+                             f"with the post-norm state), got {list(taps)}")
+        out = self.body(
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask={"full_attention": mask, "sliding_attention": mask, "linear_attention": None},
+            past_key_values=cache,
+            use_cache=cache is not None,
+            output_hidden_states=True,
+        )
+        hs = out.hidden_states  # embeddings, layer 0 .. layer L-1 (last entry replaced by the post-norm state)
+        tapped = torch.cat([hs[l + 1] for l in taps], dim=-1) if taps else None
+        h = out.last_hidden_state
+        if logits_at is not None:  # one row per request: a prefill needs only the last prompt position's logits
+            rows = h[torch.arange(h.shape[0], device=h.device), logits_at][:, None]
+            return TargetOut(self.lm_head(rows), h, tapped)
+        return TargetOut(self.lm_head(h), h, tapped)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, taps=None,
+                lengths: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> TargetOut:
+        """Cached step: ids/pos [B, q]; rows are written at `pos` and see cache rows <= their own position.
+        lengths [B]: real rows per request when known up front (prefill of right-padded prompts); otherwise a hybrid
+        target's linear states wait for `cache.commit(n)` (full attention needs nothing). logits_at [B]: logits of
+        that row only ([B, 1, V]; a long prefill would otherwise materialise [B, T, V])."""
+        cache.write_pos = pos
+        if not self.hybrid:
+            return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps, logits_at)
+        cache.begin(ids.shape[1], lengths)
+        try:
+            return self._run(ids, pos, causal_mask(pos, cache.capacity), cache, taps, logits_at)
+        finally:
+            cache.end()
+
+    @torch.no_grad()
+    def features(self, ids: torch.Tensor, taps=None) -> TargetOut:
+        """Uncached causal pass over whole sequences [B, T] (training features)."""
+        B, T = ids.shape
+        pos = torch.arange(T, device=ids.device)[None].expand(B, T)
+        mask = causal_mask(pos, T)
+        return self._run(ids, pos, mask, None, taps)
+
+
+def _segmented(gdn: nn.Module):
+    """Wrap a Gated DeltaNet layer (instance-level, weights and state_dict untouched): with a cache that sets `cuts`,
+    run rows [0, c1), [c1, c2), ... through HF's own forward and report the state after each cut (`KVCache.cut`).
+    Every other caller (HF `generate`, uncached feature passes) gets the original forward."""
+    if getattr(gdn, "_dmtp_segmented", False):
+        return
+    orig = gdn.forward
+
+    def forward(hidden_states, cache_params=None, attention_mask=None, **kw):
+        cuts = getattr(cache_params, "cuts", None)
+        if not cuts:
+            return orig(hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kw)
+        outs, start = [], 0
+        for c in cuts:
+            outs.append(orig(hidden_states[:, start:c], cache_params=cache_params, attention_mask=None, **kw))
+            cache_params.cut(gdn.layer_idx, c)
+            start = c
+        return torch.cat(outs, 1)
+
+    gdn.forward = forward
+    gdn._dmtp_segmented = True

@@ -1,0 +1,143 @@
+"""The one interface every injection variant implements (SPEC §4).
+
+A variant is an `nn.Module` stored as `drafter.injection` (its weights save under `injection.*`) and overrides at most
+three hooks: `t1_embed` (what goes into the T1 slot), `mask_embed` (what goes into MASK slots) and `context` (the
+context features). Two class flags give the block layout:
+    anchor=True  -> slot for A at position a          t1=True -> slot for T1 (from the MTP) at position a+1
+and MASK slots fill the rest up to `num_candidates` predicted-or-given candidates (7 by default).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from dmtp.models.layers import RMSNorm
+
+REGISTRY: dict[str, type["Variant"]] = {}
+
+
+def register(cls):
+    if cls.name in REGISTRY:
+        raise ValueError(f"variant {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_variant(name: str) -> type["Variant"]:
+    if name not in REGISTRY:
+        raise KeyError(f"unknown variant {name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+@dataclass(frozen=True)
+class Layout:
+    kinds: tuple[str, ...]  # per slot: "A" (last committed token), "T1" (MTP proposal) or "M" (MASK)
+    offsets: tuple[int, ...]  # slot position relative to the anchor position a
+
+    @property
+    def slots(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def predict(self) -> tuple[int, ...]:
+        """Slots whose output is a candidate: the MASK slots; slot with offset k predicts T_k = x_{a+k}."""
+        return tuple(i for i, k in enumerate(self.kinds) if k == "M")
+
+
+class Variant(nn.Module):
+    name: str = ""
+    description: str = ""
+    anchor: bool = True  # keep A in the block
+    t1: bool = False  # T1 from the MTP is given (DMTP); else the drafter proposes T1 itself
+    needs_mtp_context: bool = False  # context() reads the per-position MTP hidden g_i
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    @property
+    def needs_mtp(self) -> bool:
+        return self.t1 or self.needs_mtp_context
+
+    def layout(self, num_candidates: int) -> Layout:
+        kinds = (["A"] if self.anchor else []) + (["T1"] if self.t1 else [])
+        kinds += ["M"] * (num_candidates - (1 if self.t1 else 0))
+        first = 0 if self.anchor else 1
+        return Layout(tuple(kinds), tuple(range(first, first + len(kinds))))
+
+    def reset_parameters(self):
+        pass
+
+    # --- hooks ----------------------------------------------------------------------------------------------------
+    def t1_embed(self, e_t1: torch.Tensor, h_mtp: torch.Tensor) -> torch.Tensor:
+        """[..., H] input of the T1 slot; h_mtp is the (stop-gradiented) MTP hidden that predicted T1."""
+        return e_t1
+
+    def mask_embed(self, e_mask: torch.Tensor, h_mtp: torch.Tensor | None) -> torch.Tensor:
+        return e_mask
+
+    def context(self, drafter, taps: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor:
+        return drafter.hidden_norm(drafter.fc(taps))
+
+    # --- shared ---------------------------------------------------------------------------------------------------
+    def block(self, e_anchor, e_t1, h_mtp, e_mask, num_candidates: int) -> torch.Tensor:
+        """Block input embeddings [..., S, H] from E(A), E(T1), h_MTP (each [..., H]) and E(MASK) [H]."""
+        lay = self.layout(num_candidates)
+        ref = e_anchor if e_anchor is not None else e_t1
+        h = h_mtp.detach() if h_mtp is not None else None  # sg: no gradient reaches the MTP
+        m = self.mask_embed(e_mask.expand_as(ref), h)
+        parts = []
+        for kind in lay.kinds:
+            parts.append(e_anchor if kind == "A" else self.t1_embed(e_t1, h) if kind == "T1" else m)
+        return torch.stack(parts, dim=-2)
+
+
+class LowRank(nn.Module):
+    """H -> r -> H MLP; the up-projection starts at zero so the residual starts at zero."""
+
+    def __init__(self, hidden: int, rank: int):
+        super().__init__()
+        self.down = nn.Linear(hidden, rank, bias=False)
+        self.up = nn.Linear(rank, hidden, bias=False)
+
+    def reset_parameters(self):
+        nn.init.normal_(self.down.weight, std=0.02)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x):
+        return self.up(torch.nn.functional.silu(self.down(x)))
+
+
+class LowRankVariant(Variant):
+    """Single-anchor variants that inject LowRank(sg h_MTP) into one kind of slot."""
+    anchor, t1 = False, True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.lowrank = LowRank(cfg.hidden_size, cfg.lowrank_rank)
+
+    def reset_parameters(self):
+        self.lowrank.reset_parameters()
+
+
+class Fuse(nn.Module):
+    """W [RMS_e(E(T1)) ; RMS_m(h_MTP)], W: 2H -> H."""
+
+    def __init__(self, hidden: int, eps: float, zero_init: bool):
+        super().__init__()
+
+        self.norm_e = RMSNorm(hidden, eps)
+        self.norm_m = RMSNorm(hidden, eps)
+        self.proj = nn.Linear(2 * hidden, hidden, bias=False)
+        self.zero_init = zero_init
+
+    def reset_parameters(self):
+        if self.zero_init:
+            nn.init.zeros_(self.proj.weight)
+        else:
+            nn.init.normal_(self.proj.weight, std=0.02)
+
+    def forward(self, e, h):
+        return self.proj(torch.cat([self.norm_e(e), self.norm_m(h)], dim=-1))

@@ -1,0 +1,285 @@
+"""Drafter training (SPEC §5): frozen target + MTP features, anchor blocks per variant, position-decayed CE.
+
+Several variants train side by side on the SAME batches, anchors and seed (one target/MTP pass per step feeds all of
+them), which is what "identical data, hyper-parameters and budget" means for the ablation.
+
+    dmtp train --target runs/tiny/target --data runs/tiny/data/train.jsonl --variants dflash,zero_init_residual \
+        --out runs/tiny/drafters --steps 200          # tiny CPU run: a few minutes
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dmtp.dist import all_sum, average_grads, barrier, rank_world
+from dmtp.io import atomic_path, write_json
+from dmtp.models.dflash2 import selector_loss
+from dmtp.models.drafter import Drafter, DrafterConfig
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200  # optimizer steps per drafter
+    batch_size: int = 8  # sequences per step
+    max_len: int = 512  # sequences are cut to this many tokens
+    anchors_per_seq: int = 64  # anchors sampled per sequence (cap; uniform over valid positions)
+    lr: float = 6e-4  # AdamW peak learning rate (SpecForge DFlash recipe)
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.04  # linear warm-up fraction, then cosine to 0
+    clip: float = 1.0  # gradient-norm clip
+    gamma: float = 4.0  # loss weight of candidate T_k: exp(-(k-1)/gamma); 4 for 7 candidates, 7 for 15
+    seed: int = 0
+    save_every: int = 100  # checkpoint (weights + optimizer) every N steps; resumable
+    log_every: int = 10
+    amp_bf16: bool = False  # autocast the drafter in bf16 on GPU
+    init_from: dict = field(default_factory=dict)  # variant -> drafter checkpoint to continue from
+    stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
+
+
+# --- data -------------------------------------------------------------------------------------------------------
+def load_sequences(path: str | Path, max_len: int) -> list[list[int]]:
+    """Token file: JSONL, one object per line with `prompt_ids` + `output_ids` (the `dmtp generate` schema) or `ids`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"training token file {path} does not exist")
+    seqs = []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            ids = r["ids"] if "ids" in r else list(r["prompt_ids"]) + list(r["output_ids"])
+            if len(ids) >= 4:
+                seqs.append(ids[:max_len])
+    if not seqs:
+        raise ValueError(f"{path} holds no sequence of at least 4 tokens")
+    return seqs
+
+
+def batches(seqs, batch_size, seed):
+    """Endless shuffled epochs of padded [B, T] batches (pad 0) with lengths [B]."""
+    rng = random.Random(seed)
+    order = list(range(len(seqs)))
+    while True:
+        rng.shuffle(order)
+        for i in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1, batch_size):
+            chunk = [seqs[j] for j in order[i: i + batch_size]]
+            T = max(len(s) for s in chunk)
+            ids = torch.zeros(len(chunk), T, dtype=torch.long)
+            for b, s in enumerate(chunk):
+                ids[b, : len(s)] = torch.tensor(s)
+            yield ids, torch.tensor([len(s) for s in chunk])
+
+
+def sample_anchors(lengths: torch.Tensor, n_max: int, gen: torch.Generator):
+    """Anchor positions a, uniform without replacement over 1 <= a <= len-3 (A and T1 known, >= 1 label);
+    returns anchors [B, N] and valid [B, N] (rows with fewer positions are padded with invalid anchors)."""
+    B = lengths.shape[0]
+    out = torch.ones(B, n_max, dtype=torch.long)
+    valid = torch.zeros(B, n_max, dtype=torch.bool)
+    for b, L in enumerate(lengths.tolist()):
+        cand = torch.arange(1, max(L - 2, 1))
+        if len(cand) == 0:
+            continue
+        pick = cand[torch.randperm(len(cand), generator=gen)[:n_max]].sort().values
+        out[b, : len(pick)] = pick
+        valid[b, : len(pick)] = True
+    return out, valid
+
+
+@dataclass
+class Features:
+    ids: torch.Tensor  # [B, T]
+    lengths: torch.Tensor  # [B]
+    taps: torch.Tensor  # [B, T, K*H]
+    g: torch.Tensor | None  # [B, T, H]: g_i = MTP hidden at i (predicts x_{i+2}); zero at T-1
+
+
+@torch.no_grad()
+def extract(target, mtp, ids, lengths, taps, need_g: bool) -> Features:
+    out = target.features(ids, taps)
+    g = None
+    if need_g:
+        g = mtp.teacher_forced(ids, out.hidden)
+        g = torch.cat([g, torch.zeros_like(g[:, :1])], 1)
+    return Features(ids, lengths, out.taps, g)
+
+
+def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float):
+    """Build every anchor's block. Returns block embeddings [B, N*S, H], positions [B, N*S], labels [B, N*S]
+    (-100 where no loss) and loss weights [B, N*S]. T1 = data token x_{a+1}; h_MTP = g_{a-1} (predicts x_{a+1})."""
+    c, var = drafter.config, drafter.injection
+    lay = var.layout(c.num_candidates)
+    B, N = anchors.shape
+    S = lay.slots
+    ids, dev = feats.ids.to(anchors.device), anchors.device
+    T = ids.shape[1]
+    take = lambda t, idx: torch.gather(t, 1, idx.clamp(0, T - 1))  # noqa: E731
+    e = lambda t: target.embed(t)  # noqa: E731
+    A = take(ids, anchors)
+    T1 = take(ids, anchors + 1)
+    h = None
+    if var.t1:
+        h = torch.gather(feats.g, 1, (anchors - 1)[..., None].expand(B, N, feats.g.shape[-1]))
+    e_mask = target.embed(torch.tensor([c.mask_token_id], device=dev))[0]
+    block = drafter.block(e(A), e(T1) if var.t1 else None, h, e_mask)  # [B, N, S, H]
+    offs = torch.tensor(lay.offsets, device=dev)
+    pos = anchors[..., None] + offs  # [B, N, S]
+    labels = take(ids, pos.reshape(B, -1)).reshape(B, N, S)
+    pred = torch.zeros(S, dtype=torch.bool, device=dev)
+    pred[list(lay.predict)] = True
+    ok = pred & valid[..., None] & (pos < feats.lengths.to(dev)[:, None, None])
+    labels = torch.where(ok, labels, torch.full_like(labels, -100))
+    w = torch.exp(-(offs.float() - 1) / gamma).expand(B, N, S) * ok
+    return block.reshape(B, N * S, -1), pos.reshape(B, N * S), labels.reshape(B, N * S), w.reshape(B, N * S)
+
+
+def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float):
+    """Position-decayed CE, normalised by the weight mass; returns (loss, stats dict)."""
+    block, pos, labels, w = block_inputs(drafter, target, feats, anchors, valid, gamma)
+    B, T = feats.ids.shape
+    dev = block.device
+    f = drafter.context(feats.taps, feats.g)
+    ctx_kv = drafter.context_kv(f, torch.arange(T, device=dev)[None].expand(B, T))
+    hid = drafter(block, pos, ctx_kv, anchors)
+    sel = labels >= 0
+    logits = target.lm_head(hid[sel])
+    ce = F.cross_entropy(logits, labels[sel], reduction="none")
+    # normalised by the GLOBAL weight mass (summed over data-parallel ranks, x world since gradients are averaged),
+    # so N ranks compute exactly the 1-rank gradient of the same global batch
+
+    world = rank_world()[1]
+    loss = (ce * w[sel]).sum() / all_sum(w[sel].sum().detach()).clamp(min=1e-6) * world
+    acc = (logits.argmax(-1) == labels[sel]).float().mean()
+    stats = {"acc": float(acc)}
+    if drafter.selector is not None:  # DFlash2: + CE over the top-k set, teacher-forced previous token
+
+        prev = torch.gather(feats.ids.to(dev), 1, (pos - 1).clamp(0, T - 1))[sel]
+        sl, st = selector_loss(drafter.selector, logits, hid[sel], prev, labels[sel], w[sel])
+        loss = loss + drafter.config.selector_loss_weight * sl
+        stats.update(st)
+    return loss, {"loss": float(loss.detach()), **stats}
+
+
+def lr_at(step, cfg: TrainConfig):
+    warm = max(1, int(cfg.warmup_frac * cfg.steps))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    p = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
+
+
+def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainConfig, out_dir: str | Path,
+                   log=print) -> dict[str, list[dict]]:
+    """Train every drafter in `drafters` on the same batches; checkpoints under out_dir/<name>/ (resumable)."""
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    dev = target.device
+    rank, world = rank_world()  # under torchrun each rank trains on rows rank::world of every global batch
+    if cfg.batch_size % world:
+        raise ValueError(f"global batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
+    main = rank == 0
+    opts, start, hist = {}, {}, {}
+    for name, d in drafters.items():
+        d.train()
+        opts[name] = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=cfg.lr,
+                                       weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        state = out_dir / name / "trainer_state.pt"
+        start[name], hist[name] = 0, []
+        if (out_dir / name / "DONE").exists():
+            start[name] = cfg.steps
+        elif state.exists():
+            s = torch.load(state, map_location=dev, weights_only=False)
+            d.load_state_dict(s["model"])
+            opts[name].load_state_dict(s["opt"])
+            start[name], hist[name] = s["step"], s["history"]
+            log(f"[train] {name}: resumed at step {s['step']}")
+    todo = {n: d for n, d in drafters.items() if start[n] < cfg.steps}
+    if not todo:
+        return hist
+    need_g = any(d.injection.needs_mtp for d in todo.values())
+    taps = sorted({t for d in todo.values() for t in d.config.target_layer_ids})
+    tap_index = {t: i for i, t in enumerate(taps)}
+    H = target.hidden_size
+    it = batches(seqs, cfg.batch_size, cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    first = min(start[n] for n in todo)
+    for _ in range(first):  # replay the data stream to the resume point (cheap: no model work)
+        _, lengths = next(it)
+        sample_anchors(lengths, cfg.anchors_per_seq, gen)
+    t0 = time.time()
+    bar = tqdm(range(first, cfg.steps), desc=f"train {','.join(todo)}"[:60], dynamic_ncols=True, disable=not main)
+    for step in bar:
+        ids, lengths = next(it)
+        anchors, valid = sample_anchors(lengths, cfg.anchors_per_seq, gen)  # of the global batch, on every rank
+        ids, lengths, anchors, valid = (x[rank::world].to(dev) for x in (ids, lengths, anchors, valid))
+        feats = extract(target, mtp, ids, lengths, taps, need_g)
+        post = {}
+        for name, d in todo.items():
+            if step < start[name]:
+                continue
+            sel = [tap_index[t] for t in d.config.target_layer_ids]
+            ft = Features(ids, lengths, torch.cat([feats.taps[..., i * H:(i + 1) * H] for i in sel], -1), feats.g)
+            for gp in opts[name].param_groups:
+                gp["lr"] = lr_at(step, cfg)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp_bf16 and ids.is_cuda):
+                loss, stats = drafter_loss(d, target, ft, anchors, valid, cfg.gamma)
+            opts[name].zero_grad(set_to_none=True)
+            loss.backward()
+            average_grads(d.parameters())  # no-op on one rank
+            stats["loss"] = float(all_sum(loss.detach())) / world
+            gn = torch.nn.utils.clip_grad_norm_(d.parameters(), cfg.clip)
+            opts[name].step()
+            stats.update(step=step + 1, lr=lr_at(step, cfg), grad_norm=float(gn))
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+                hist[name].append(stats)
+            post[name] = f"{stats['loss']:.3f}"
+            stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps
+            if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop) and main:
+                d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
+                with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
+                    torch.save({"model": d.state_dict(), "opt": opts[name].state_dict(), "step": step + 1,
+                                "history": hist[name]}, tmp)
+        bar.set_postfix(post)
+        if cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps:
+            barrier()
+            log(f"[train] stopped after step {step + 1} (resumable)")
+            return hist
+    barrier()
+    for name in todo if main else []:
+        write_json(out_dir / name / "history.json", hist[name])
+        (out_dir / name / "DONE").write_text(f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)\n")
+        (out_dir / name / "trainer_state.pt").unlink(missing_ok=True)
+    barrier()
+    return hist
+
+
+def new_drafters(target, variants: list[str], base: dict, init_from: dict | None = None,
+                 backbones: dict | None = None) -> dict[str, Drafter]:
+    """Fresh drafters (same seed for every variant) or continued from a DFlash-format checkpoint. `backbones` maps
+    further names to (variant, backbone), e.g. {"dmtp_d2": ("zero_init_residual", "dflash2")}; other names use
+    base["backbone"] (default: the config's)."""
+    out = {}
+    for v in variants:
+        name = v
+        variant, backbone = (backbones or {}).get(v, (v, base.get("backbone")))
+        over = dict(variant=variant, **({"backbone": backbone} if backbone else {}))
+        src = (init_from or {}).get(v)
+        if src:
+            over["variant"] = base.get("variant_of", {}).get(v, variant)
+            d = Drafter.load(src, device=target.device, dtype=torch.float32, **over)
+        else:
+            torch.manual_seed(base.get("seed", 0))
+            cfg = DrafterConfig(**{k: x for k, x in base.items()
+                                   if k in DrafterConfig.__dataclass_fields__ and k not in over}, **over)
+            d = Drafter(cfg).to(target.device)
+        out[name] = d
+    return out

@@ -1,0 +1,209 @@
+"""Pretrain the embedded default target (Qwen3.5 text architecture, full attention) WITH its native MTP head.
+
+DeepSeek-V3-style joint loss, embedding and LM head shared:  L = CE(main logits_i, x_{i+1}) + lambda * CE(MTP_i, x_{i+2})
+The result is an HF checkpoint whose safetensors carry the `mtp.*` keys, loaded back through `Target` / `MTPHead`.
+
+    python -m dmtp.training.pretrain  # not a CLI of its own: `dmtp pipeline --profile tiny --stage target` runs it
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dmtp.dist import all_sum, average_grads, barrier, rank_world
+from dmtp.io import atomic_path
+from dmtp.models.mtp import MTPHead
+from dmtp.models.target import Target
+
+
+@dataclass
+class TargetArch:
+    hidden_size: int = 128  # model width (the drafter shares it)
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 384
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = True  # small Qwen3.5 models tie them; halves the hand-off checkpoint
+
+
+@dataclass
+class PretrainConfig:
+    tokens: int = 2_000_000  # training tokens (mini: >= 100M)
+    seq_len: int = 256
+    batch_size: int = 16  # sequences per step
+    lr: float = 2e-3
+    warmup_frac: float = 0.02
+    weight_decay: float = 0.1
+    mtp_lambda: float = 0.3  # DeepSeek-V3: 0.3 early (0.1 late)
+    mtp_lambda_late: float = 0.1  # used for the last `late_frac` of training
+    late_frac: float = 0.3
+    clip: float = 1.0
+    seed: int = 0
+    bf16: bool = True  # autocast on CUDA
+    eval_tokens: int = 200_000  # held-out tokens for the report
+    log_every: int = 20  # a history record (loss averaged over ranks) every N steps
+    save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
+    stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
+
+
+def build_target(arch: TargetArch, vocab_size: int, eos_id: int, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
+
+    rot = int(arch.head_dim * 0.25) // 2
+    cfg = Qwen3_5TextConfig(
+        vocab_size=vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_hidden_layers, num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim,
+        max_position_embeddings=arch.max_position_embeddings, tie_word_embeddings=arch.tie_word_embeddings,
+        layer_types=["full_attention"] * arch.num_hidden_layers, mtp_num_hidden_layers=1,
+        eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [rot - 2 * (rot // 3), rot // 3, rot // 3], "mrope_interleaved": True})
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    tgt = Target(model)
+    tgt.model.requires_grad_(True).train()
+    mtp = MTPHead(tgt)
+    return tgt, mtp
+
+
+def joint_loss(tgt, mtp, x, lam):
+    """x [B, T] -> (loss, main CE, MTP CE, main acc, MTP acc)."""
+    h = tgt.body(input_ids=x).last_hidden_state
+    logits = tgt.model.lm_head(h[:, :-1]).float()
+    ce_main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+    g = mtp.teacher_forced(x, h)  # [B, T-1, H], g_i predicts x_{i+2}
+    lm = tgt.model.lm_head(g[:, :-1]).float()
+    ce_mtp = F.cross_entropy(lm.reshape(-1, lm.shape[-1]), x[:, 2:].reshape(-1))
+    acc = (logits.argmax(-1) == x[:, 1:]).float().mean()
+    acc_m = (lm.argmax(-1) == x[:, 2:]).float().mean()
+    return ce_main + lam * ce_mtp, ce_main, ce_mtp, acc, acc_m
+
+
+def _windows(tokens: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator, rank: int = 0, world: int = 1):
+    """Endless [batch / world, seq_len] batches: every rank draws the starts of the whole global batch from the same
+    RNG stream (so the stream does not depend on the world size) and keeps rows rank::world."""
+    n = len(tokens) - seq_len - 1
+    while True:
+        starts = rng.integers(0, n, size=batch)[rank::world]
+        yield torch.from_numpy(np.stack([tokens[s: s + seq_len] for s in starts]).astype(np.int64))
+
+
+@torch.no_grad()
+def evaluate(tgt, mtp, tokens: np.ndarray, seq_len: int, max_tokens: int, batch: int = 16) -> dict:
+    tgt.model.eval()
+    dev = tgt.device
+    n = min(len(tokens) - 1, max_tokens) // seq_len
+    sums = np.zeros(4)
+    count = 0
+    for i in range(0, n, batch):
+        x = torch.from_numpy(np.stack([tokens[j * seq_len: (j + 1) * seq_len]
+                                       for j in range(i, min(n, i + batch))]).astype(np.int64)).to(dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+            _, a, b, c, d = joint_loss(tgt, mtp, x, 0.0)
+        sums += np.array([float(a), float(b), float(c), float(d)]) * x.shape[0]
+        count += x.shape[0]
+    m = sums / max(count, 1)
+    return {"heldout_tokens": count * seq_len, "target_loss": m[0], "mtp_loss": m[1], "target_top1": m[2],
+            "mtp_top1": m[3]}
+
+
+def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str | Path, log=print) \
+        -> tuple[list[dict], dict]:
+    """Train target + MTP jointly; resumable from out/pretrain_state.pt. Returns (loss history, run info).
+
+    Under torchrun each rank takes rows rank::world of every global batch and gradients are averaged over ranks
+    (one all-reduce per step), so N ranks compute the 1-rank gradient of the same global batch. The resumable state
+    (model, MTP, optimizer, step, history, the data RNG's state) holds nothing rank-specific and only rank 0 writes
+    it, so a run stopped on N ranks (`stop_after`) resumes on any number of ranks."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    dev = tgt.device
+    rank, world = rank_world()
+    if cfg.batch_size % world:
+        raise ValueError(f"pretraining batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
+    main = rank == 0
+    params = list({id(p): p for p in list(tgt.model.parameters()) + list(mtp.parameters())}.values())
+    for p in params:
+        p.requires_grad_(True)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
+                            fused=dev.type == "cuda")
+    step_tokens = cfg.seq_len * cfg.batch_size
+    steps = max(1, cfg.tokens // step_tokens)
+    warm = max(1, int(cfg.warmup_frac * steps))
+    state_path = out / "pretrain_state.pt"
+    start, hist = 0, []
+    rng = np.random.default_rng(cfg.seed)  # window starts: the only randomness of a step
+    if state_path.exists():
+        s = torch.load(state_path, map_location=dev, weights_only=False)
+        tgt.model.load_state_dict(s["model"])
+        mtp.load_state_dict(s["mtp"])
+        opt.load_state_dict(s["opt"])
+        start, hist = s["step"], s["history"]
+        if "rng" in s:
+            rng.bit_generator.state = s["rng"]
+        else:  # a state written before the RNG was saved
+            rng = np.random.default_rng(cfg.seed + start)
+        if main:
+            log(f"[pretrain] resumed at step {start}/{steps} (state written by {s.get('world', 1)} rank(s), "
+                f"now {world})")
+    it = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng, rank, world)
+    tgt.model.train()
+    mtp.train()
+    t0 = time.time()
+    bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True, disable=not main)
+    save_every = cfg.save_every or max(50, steps // 10)
+    info = {"start_step": start, "steps": steps, "world": world, "finished": True, "step": steps}
+    for step in bar:
+        lr = cfg.lr * (step + 1) / warm if step < warm else \
+            cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
+        for gp in opt.param_groups:
+            gp["lr"] = lr
+        lam = cfg.mtp_lambda if step < (1 - cfg.late_frac) * steps else cfg.mtp_lambda_late
+        x = next(it).to(dev, non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and x.is_cuda):
+            loss, ce, ce_m, acc, acc_m = joint_loss(tgt, mtp, x, lam)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        average_grads(params)  # every rank holds the same number of rows: the mean of rank means is the batch mean
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        if step % cfg.log_every == 0 or step == steps - 1:
+            m = (all_sum(torch.stack([ce, ce_m, acc, acc_m]).detach().float()) / world).tolist()
+            rec = {"step": step, "lr": lr, "loss": m[0], "mtp_loss": m[1], "acc": m[2], "mtp_acc": m[3],
+                   "tokens": (step + 1) * step_tokens, "elapsed_s": time.time() - t0}
+            hist.append(rec)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", mtp=f"{rec['mtp_loss']:.3f}")
+        stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < steps
+        if ((step + 1) % save_every == 0 and step + 1 < steps) or stop:
+            if main:
+                with atomic_path(state_path) as tmp:
+                    torch.save({"model": tgt.model.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
+                                "step": step + 1, "history": hist, "rng": rng.bit_generator.state,
+                                "world": world}, tmp)
+            if stop:
+                barrier()
+                info.update(finished=False, step=step + 1)
+                break
+    info.update(train_s=time.time() - t0, tokens_trained=(info["step"] - start) * step_tokens)
+    if not info["finished"]:
+        if main:
+            log(f"[pretrain] stopped after step {info['step']}/{steps} (resumable from {state_path})")
+    else:
+        tgt.model.eval().requires_grad_(False)
+        mtp.eval().requires_grad_(False)
+        barrier()
+        if main:
+            state_path.unlink(missing_ok=True)
+    return hist, info
