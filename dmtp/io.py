@@ -61,9 +61,32 @@ def write_jsonl(path, rows):
     write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
-def read_jsonl(path) -> list[dict]:
+def iter_jsonl(path):
+    """(line number, object) for every non-blank line of a JSONL file; a line that is not a JSON object is an error
+    naming the file and the line (1-based, counting blank lines)."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg}, column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{i}: expected a JSON object, got {type(row).__name__}")
+            yield i, row
+
+
+def read_jsonl(path) -> list[dict]:
+    return [row for _, row in iter_jsonl(path)]
+
+
+def append_jsonl(path, rows):
+    """Append rows and flush them to disk (a resumable run's progress: lines already written survive a kill)."""
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def git_sha() -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 
+from dmtp.checks import BadValue, at_least, check, each, number, one_of, require
+from dmtp.models.drafter import default_target_layer_ids
 from dmtp.training.drafters import TrainConfig
 from dmtp.training.pretrain import PretrainConfig, TargetArch
 
@@ -66,6 +68,30 @@ class Profile:
         for f in fields(self):
             if f.name not in {"name"} and getattr(self, f.name) is None:
                 raise ValueError(f"profile {self.name}: field {f.name} is None")
+        temperature = number(0)
+        check(self, corpus_bytes=at_least(1), vocab_size=at_least(258), tokenizer_bytes=at_least(1),
+              target_dtype=one_of("fp32", "bf16"), data_prompts=at_least(1), data_prompt_tokens=at_least(1),
+              data_new_tokens=at_least(1), data_temperature=temperature, data_batch=at_least(1),
+              drafter_layers=at_least(1), drafter_heads=at_least(1), drafter_kv_heads=at_least(1),
+              drafter_intermediate=at_least(1), continue_steps=at_least(0), eval_temperatures=each(temperature),
+              eval_new_tokens=at_least(1), eval_batch=at_least(1), mtp_steps=at_least(1))
+        # vocab_size >= 258: the byte-level BPE holds the 256 bytes and <|endoftext|>, <|mask|>
+        require(self.drafter_heads % self.drafter_kv_heads == 0, f"drafter_heads={self.drafter_heads} is not a "
+                f"multiple of drafter_kv_heads={self.drafter_kv_heads}")
+        for ds, n in self.eval_sets.items():
+            require(isinstance(ds, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 1,
+                    f"eval_sets={self.eval_sets}: expected dataset name -> number of prompts >= 1")
+        for name, sub in self.eval_subsets.items():
+            ok = isinstance(sub, (list, tuple)) and len(sub) == 2 and sub[0] in self.eval_sets and \
+                isinstance(sub[1], int) and 1 <= sub[1] <= self.eval_sets[sub[0]]
+            require(ok, f"eval_subsets[{name!r}]={sub}: expected [dataset of eval_sets, n <= its prompts]")
+        require(self.pretrain.seq_len <= self.arch.max_position_embeddings, f"pretrain.seq_len="
+                f"{self.pretrain.seq_len} exceeds arch.max_position_embeddings={self.arch.max_position_embeddings}")
+        if not self.scale.target_config:  # the embedded target: the drafter taps must exist
+            taps = default_target_layer_ids(self.arch.num_hidden_layers, self.drafter_layers)
+            require(max(taps) < self.arch.num_hidden_layers - 1 and min(taps) >= 0,
+                    f"drafter_layers={self.drafter_layers} taps target layers {taps}: expected layers below the last "
+                    f"of arch.num_hidden_layers={self.arch.num_hidden_layers}")
 
 
 def derive(base: Profile, name: str, **over) -> Profile:
@@ -139,7 +165,13 @@ def override(p: Profile, assignments: list[str]) -> Profile:
         key, eq, raw = a.partition("=")
         if not eq or not key:
             raise ValueError(f"--set {a!r}: expected KEY=VALUE, e.g. pretrain.tokens=20000000")
-        p = _assign(p, key.split("."), raw, key)
+        try:
+            p = _assign(p, key.split("."), raw, key)
+        except BadValue as e:  # the field's own check (dmtp.checks), or a cross-field rule
+            raise ValueError(f"--set {key}={raw}: expected {e.expected}" if e.name == key.split(".")[-1]
+                             else f"--set {key}={raw}: {e}") from None
+        except ValueError as e:
+            raise ValueError(str(e) if str(e).startswith("--set ") else f"--set {key}={raw}: {e}") from None
     return p
 
 

@@ -142,9 +142,29 @@ def test_figures_and_report(hand):
 
 
 def test_empty_profile_skips(tmp_path, capsys):
+    (tmp_path / "none" / "runs").mkdir(parents=True)  # a profile folder without any run yet
     cli(["report", "--profile", "none", "--results", str(tmp_path)])
     assert "No run artifacts found" in (tmp_path / "none" / "REPORT.md").read_text()
     assert "skip" in capsys.readouterr().out
+
+
+def test_unknown_profile_is_an_error(tmp_path, capsys):
+    """A --profile (or --results) naming no artifacts is a one-line error, not an empty report."""
+    with pytest.raises(SystemExit) as e:
+        cli(["report", "--profile", "typo", "--results", str(tmp_path)])
+    assert e.value.code == 2 and not (tmp_path / "typo").exists()
+    assert f"{tmp_path / 'typo'} holds no artifacts" in capsys.readouterr().err
+
+
+def test_missing_runs_are_listed(hand, capsys):
+    """A method whose runs are missing is named (stdout and REPORT.md), never dropped silently."""
+    (hand / "hand" / "runs" / "ablation" / "dflash" / "humaneval8_T0.jsonl").unlink()
+    write(hand / "hand", "ablation", "dflash", "humaneval8", 1, {"a": [1]})  # dflash at T = 1 only
+    cli(["report", "--profile", "hand", "--results", str(hand)])
+    out = capsys.readouterr().out
+    assert "missing runs: ablation/dflash/humaneval8_T0.jsonl" in out
+    assert "missing runs: ablation/token_only/humaneval8_T1.jsonl" in out
+    assert "- `runs/ablation/dflash/humaneval8_T0.jsonl`" in (hand / "hand" / "REPORT.md").read_text()
 
 
 def test_synthetic_demo(tmp_path):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from dmtp.cli.args import at_least, checkpoint, guard, listed, names, number, out_dir
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import Server, build_method, capacity_for, generate, load_method, no_timer
@@ -239,37 +240,45 @@ def paper_shape(a, dev) -> tuple[list[dict], list[dict]]:
 
 
 def main(argv=None):
-    import json
-
-    import pandas as pd
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--target", help="target checkpoint with the native MTP head (not needed with --paper-shape)")
     p.add_argument("--drafters", help="directory of trained drafters (<name>/drafter)")
-    p.add_argument("--methods", default="ar,mtp,dflash,t1_residual,zero_init_residual")
+    p.add_argument("--methods", type=names, default=names("ar,mtp,dflash,t1_residual,zero_init_residual"))
     p.add_argument("--dmtp", default="zero_init_residual", help="the DMTP method the ratio targets are about")
     p.add_argument("--out", required=True)
     p.add_argument("--parts", default="overhead,throughput,hf,screen",
                    help="any of overhead,throughput,hf,screen; `ratios` alone recomputes ratios.json from the CSVs")
     p.add_argument("--paper-shape", action="store_true", help="only the random-weight Qwen3-8B-shape timing run")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=512)
-    p.add_argument("--caps", default="1,2,4,8,16,32")
-    p.add_argument("--prompts", type=int, default=164, help="HumanEval prompts for the throughput runs")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--hf-prompts", type=int, default=4)
-    p.add_argument("--bandwidth", type=float, default=4.3e12, help="HBM bytes/s for the AR bound (H200: ~4.3e12)")
-    p.add_argument("--screen-rank", type=int, default=256)
-    p.add_argument("--screen-topk", type=int, default=64)
+    p.add_argument("--batch", type=at_least(1), default=8)
+    p.add_argument("--tokens", type=at_least(17), default=512, help="tokens per request in the overhead part (the "
+                   "first 16 rounds are excluded)")
+    p.add_argument("--caps", type=listed(at_least(1)), default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--prompts", type=at_least(1), default=164, help="HumanEval prompts for the throughput runs")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=256)
+    p.add_argument("--temperatures", type=listed(number(0)), default=[0.0, 1.0])
+    p.add_argument("--hf-prompts", type=at_least(1), default=4)
+    p.add_argument("--bandwidth", type=number(0, open_lo=True), default=4.3e12,
+                   help="HBM bytes/s for the AR bound (H200: ~4.3e12)")
+    p.add_argument("--screen-rank", type=at_least(1), default=256)
+    p.add_argument("--screen-topk", type=at_least(1), default=64)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--fuse", action="store_true",
                    help="overhead part and --paper-shape: also time every method with its layers' small pieces "
                         "compiled (dmtp.engine.fuse), beside the unfused run")
     a = p.parse_args(argv)
+    parts = set(a.parts.split(","))
+    if not (parts <= {"overhead", "throughput", "hf", "screen"} or parts == {"ratios"}):
+        p.error(f"argument --parts: expected overhead,throughput,hf,screen (any of them) or ratios, got {a.parts!r}")
+    guard("python -m dmtp.cli.bench", run, p, a)
+
+
+def run(p, a):
+    import json
+
+    import pandas as pd
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    out = Path(a.out)
+    out = out_dir(a.out)
     ratios_path = out / "ratios.json"
     ratios = json.loads(ratios_path.read_text()) if ratios_path.exists() else []
 
@@ -289,12 +298,22 @@ def main(argv=None):
         return
     if not a.target:
         p.error("--target is required (or --paper-shape)")
+    checkpoint(a.target, "--target", "target checkpoint")
+    for name in a.methods:
+        base = name.partition("+")[0]
+        if base not in ("ar", "mtp"):
+            if not a.drafters:
+                raise ValueError(f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")
+            checkpoint(Path(a.drafters) / base / "drafter", f"--methods {name}:", "drafter checkpoint")
+    tok = find_tokenizer(a.target)
+    if tok is None:
+        raise ValueError(f"--target {a.target}: no tokenizer files beside config.json (the HumanEval prompts are "
+                         "text)")
     label = Path(a.target).parent.name  # the profile: work/<profile>/target
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     tgt = Target.load(a.target, dtype=dtype, device=dev)
     mtp = MTPHead.load(tgt, a.target)
-    tok = find_tokenizer(a.target)
-    eos = [tok.eos_token_id] if tok is not None else []
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     prompts = [tok(x["prompt"], add_special_tokens=False)["input_ids"] for x in humaneval_prompts()]
     screen = None
 
@@ -307,7 +326,7 @@ def main(argv=None):
         m.name = name
         return m
 
-    methods = a.methods.split(",")
+    methods = a.methods
     parts = a.parts.split(",")
     new = []
 
@@ -338,11 +357,11 @@ def main(argv=None):
     if "throughput" in parts:  # 2. throughput at each batch cap with dynamic batching, natural EOS
         rows = []
         reqs = prompts[: a.prompts]
-        for temp in [float(t) for t in a.temperatures.split(",")]:
+        for temp in a.temperatures:
             for name in methods:
                 m = method(name)
                 capacity = capacity_for(reqs, a.max_new_tokens, m.k)
-                for cap in [int(c) for c in a.caps.split(",")]:
+                for cap in a.caps:
                     # a server per cap; its first group (cap requests) captures the graphs, as at server start-up
                     srv = Server(tgt, m, cap, capacity, temp, a.max_new_tokens, eos, seed=0)
                     srv.run(reqs[:cap])

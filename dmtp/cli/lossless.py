@@ -16,43 +16,64 @@ from pathlib import Path
 import torch
 
 from dmtp.analysis.lossless import compare, top2_gap
+from dmtp.cli.args import at_least, checkpoint, guard, names, out_dir
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import load_method
 from dmtp.engine.runner import run_generate
 from dmtp.io import write_meta, write_text
 from dmtp.models.mtp import MTPHead
-from dmtp.models.target import Target
+from dmtp.models.target import Target, read_config
 
 
 def main(argv=None):
-    import pandas as pd
-
     p = argparse.ArgumentParser(prog="python -m dmtp.cli.lossless", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
     p.add_argument("--drafters", help="directory of trained drafters (<name>/drafter) for drafter methods")
-    p.add_argument("--methods", default="ar,mtp")
+    p.add_argument("--methods", type=names, default=["ar", "mtp"], help="ar, mtp, or drafter folder names")
     p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
-    p.add_argument("--n", type=int, default=40, help="the first N HumanEval prompts")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=40)
+    p.add_argument("--n", type=at_least(1), default=40, help="the first N HumanEval prompts")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    p.add_argument("--batch-size", type=at_least(1), default=40)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    methods = a.methods.split(",")
-    if methods[0] != "ar":
-        methods = ["ar"] + [m for m in methods if m != "ar"]
+    guard("python -m dmtp.cli.lossless", run, a)
+
+
+def run(a):
+    import pandas as pd
+
+    methods = ["ar"] + [m for m in a.methods if m != "ar"]
+    # --- checked before any model is loaded ---
+    out = out_dir(a.out)
+    checkpoint(a.target, "--target", "target checkpoint")
+    for m in methods:
+        if m not in ("ar", "mtp"):
+            if not a.drafters:
+                raise ValueError(f"--methods {m}: a drafter method needs --drafters DIR (holding {m}/drafter)")
+            checkpoint(Path(a.drafters) / m / "drafter", f"--methods {m}:", "drafter checkpoint")
+    tok = find_tokenizer(a.target)
+    if tok is None:
+        raise ValueError(f"--target {a.target}: no tokenizer files beside config.json (the HumanEval prompts are "
+                         "text)")
+    eos = tok.eos_token_id if tok.eos_token_id is not None else read_config(a.target).eos_token_id
+    if eos is None:
+        raise ValueError(f"--target {a.target}: neither the tokenizer nor config.json names an end-of-text token")
+    eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    hp = humaneval_prompts(n=a.n)
+    if len(hp) < a.n:
+        raise ValueError(f"--n {a.n}: HumanEval has {len(hp)} problems")
+    # --- the work ---
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     tgt = Target.load(a.target, dtype=dtype, device=dev)
     mtp = MTPHead.load(tgt, a.target) if any(m != "ar" for m in methods) else None
-    tok = find_tokenizer(a.target)
-    prompts = [{"id": x["id"], "prompt_ids": tok(x["prompt"], add_special_tokens=False)["input_ids"]}
-               for x in humaneval_prompts(n=a.n)]
+    prompts = [{"id": x["id"], "prompt_ids": tok(x["prompt"], add_special_tokens=False)["input_ids"]} for x in hp]
     rows, flips, ref = [], [], None
     for name in methods:
         m = load_method(name, tgt, mtp, a.drafters)
-        recs = run_generate(tgt, m, prompts, 0.0, a.max_new_tokens, [tok.eos_token_id], a.batch_size, desc=name)
+        recs = run_generate(tgt, m, prompts, 0.0, a.max_new_tokens, eos, a.batch_size, desc=name)
         if ref is None:
             ref = {r["id"]: r["output_ids"] for r in recs}
             continue
@@ -63,7 +84,6 @@ def main(argv=None):
     ids = {x["id"]: x["prompt_ids"] for x in prompts}
     for f in flips:
         f["top2_gap"] = top2_gap(tgt, ids[f["id"]] + ref[f["id"]][: f["position"]])
-    out = Path(a.out)
     write_text(out / "lossless.csv", pd.DataFrame(rows).to_csv(index=False))
     write_text(out / "divergences.csv", pd.DataFrame(flips, columns=["method", "dataset", "id", "position", "ar_token",
                                                                       "token", "top2_gap"]).to_csv(index=False))

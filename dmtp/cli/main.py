@@ -17,24 +17,19 @@ import time
 from pathlib import Path
 
 from dmtp import dist
-from dmtp.cli import dryrun, pipeline
+from dmtp.checks import require
+from dmtp.cli import args, dryrun, pipeline, stages
 from dmtp.data.datasets import load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import build_method
 from dmtp.engine.runner import mtbench_generate, run_generate
-from dmtp.io import read_jsonl, write_jsonl, write_meta
-from dmtp.models.drafter import Drafter
+from dmtp.io import append_jsonl, iter_jsonl, read_jsonl, write_meta
+from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
-from dmtp.models.target import Target
+from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY, get_variant
 from dmtp.training.drafters import TrainConfig, load_sequences, new_drafters, train_drafters
 from experiments.profiles import get_profile
-
-
-def _device(arg):
-    import torch
-
-    return arg or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _dtype(name):
@@ -58,79 +53,205 @@ def load_models(target_path, drafter_path, method, device, dtype):
     return tgt, mtp, drafter
 
 
-def read_prompts(path, tok=None):
+def read_prompts(path, tok=None, vocab_size=None):
+    """Prompt dicts {id, prompt_ids} from a JSONL file of `id` + `prompt` (text) or `prompt_ids`. Every line is
+    checked (ids unique, token ids in [0, vocab_size), non-empty); an error names the file and line. Without any `id`
+    the line order numbers them (0, 1, ...)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"prompt file {path} does not exist")
-    rows = read_jsonl(path)
-    out = []
-    for i, r in enumerate(rows):
+    rows = list(iter_jsonl(path))
+    with_id = [i for i, r in rows if "id" in r]
+    if with_id and len(with_id) < len(rows):
+        line = next(i for i, r in rows if "id" not in r)
+        raise ValueError(f"{path}:{line}: no `id` while other lines have one (give every line an id, or none)")
+    out, seen = [], {}
+    for n, (i, r) in enumerate(rows):
+        rid = r.get("id", n)
+        if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+            raise ValueError(f"{path}:{i}: `id` must be a non-empty string or an integer, got {rid!r}")
+        rid = str(rid)
+        if rid in seen:
+            raise ValueError(f"{path}:{i}: id {rid!r} already used on line {seen[rid]}")
+        seen[rid] = i
         if "prompt_ids" in r:
-            ids = list(r["prompt_ids"])
+            ids = r["prompt_ids"]
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise ValueError(f"{path}:{i}: `prompt_ids` must be a list of integer token ids")
+            bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+            if bad:
+                raise ValueError(f"{path}:{i}: token id {bad[0]} outside the target's vocabulary [0, {vocab_size})")
         elif "prompt" in r:
+            if not isinstance(r["prompt"], str):
+                raise ValueError(f"{path}:{i}: `prompt` must be a string")
             if tok is None:
-                raise ValueError(f"{path}: line {i + 1} has a text prompt but the target has no tokenizer")
+                raise ValueError(f"{path}:{i}: a text prompt, but the target has no tokenizer files (give "
+                                 "`prompt_ids`)")
             ids = tok(r["prompt"], add_special_tokens=False)["input_ids"]
         else:
-            raise ValueError(f"{path}: line {i + 1} needs `prompt` (text) or `prompt_ids`")
-        out.append({"id": str(r.get("id", i)), "prompt_ids": ids})
+            raise ValueError(f"{path}:{i}: needs `prompt` (text) or `prompt_ids`")
+        if not ids:
+            raise ValueError(f"{path}:{i}: empty prompt (every prompt needs at least one token)")
+        out.append({"id": rid, "prompt_ids": list(ids), "line": i})
+    if not out:
+        raise ValueError(f"{path} holds no prompts")
     return out
+
+
+def eos_ids(flag, cfg, tok, vocab_size, target) -> list[int]:
+    """End-of-text ids: --eos (ids, or `none`), else the config's eos_token_id and the tokenizer's; never invented."""
+    if flag is not None:
+        if flag.strip().lower() == "none":
+            return []
+        try:
+            ids = [int(x) for x in flag.split(",")]
+        except ValueError:
+            raise ValueError(f"--eos {flag!r}: expected comma-separated token ids, or none") from None
+    else:
+        e = getattr(cfg, "eos_token_id", None)
+        ids = [e] if isinstance(e, int) else list(e or [])
+        if tok is not None and tok.eos_token_id is not None:
+            ids.append(tok.eos_token_id)
+        if not ids:
+            raise ValueError(f"no end-of-text id: {target}/config.json sets no eos_token_id and the folder has no "
+                             "tokenizer files; pass --eos ID[,ID] (or --eos none to always decode --max-new-tokens)")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"end-of-text id {bad[0]} ({'--eos' if flag else 'config.json'}) outside the vocabulary "
+                         f"[0, {vocab_size})")
+    return sorted(set(ids))
+
+
+def _modified(path) -> str:
+    """When a checkpoint's weights were last written (part of a run's fingerprint: retrained in place = changed)."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(f.stat().st_mtime for f in files))) if files else ""
+
+
+def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, dict]:
+    """Records already in `out` by id, when its meta says they come from the requested configuration. A line cut by
+    a kill (the last one, unterminated) is dropped. Another configuration: refused, or with force started afresh."""
+    if not out.exists() or out.stat().st_size == 0:
+        return {}
+    old = stages.recorded(stages.Unit(str(out), want, meta, [out]))
+    if old is None or old != want:
+        if not force:
+            why = f"made with another configuration ({', '.join(stages.differences(old, want)[:6])})" if old \
+                else f"exists without {meta.name} saying how it was made"
+            raise stages.StageMismatch(f"--out {out}: {why}; pass --force to start it afresh, or another --out")
+        out.unlink()
+        return {}
+    raw = out.read_bytes()
+    if not raw.endswith(b"\n"):  # a line cut by a kill: drop it
+        out.write_bytes(raw[: raw.rfind(b"\n") + 1])
+    return {r["id"]: r for _, r in iter_jsonl(out) if "id" in r}
 
 
 def cmd_generate(a):
     import torch
+    from tqdm import tqdm
 
     if bool(a.prompts) == bool(a.dataset):
         raise ValueError("give exactly one of --prompts FILE and --dataset NAME")
-    dev = _device(a.device)
-    tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, _dtype(a.dtype))
+    # --- everything checked before any model is loaded ---
+    out = args.out_file(a.out)
+    meta = Path(str(out) + ".meta.json")
+    dev = args.device(a.device)
+    args.checkpoint(a.target, "--target", "target checkpoint")
+    if a.method in ("ar", "mtp"):
+        if a.drafter:
+            raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
+    else:
+        get_variant(a.method)  # an unknown name fails with the known ones
+        if not a.drafter:
+            raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
+        args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")
+    dataset = spec(a.dataset)[0] if a.dataset else None
+    cfg = read_config(a.target)
     tok = find_tokenizer(a.target)
-    method = build_method(a.method, tgt, drafter=drafter, mtp=mtp, mtp_steps=a.mtp_steps)
-    if a.dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
-
+    eos = eos_ids(a.eos, cfg, tok, cfg.vocab_size, a.target)
+    if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
         if tok is None:
             raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
-        prompts = load_prompts(a.dataset, tok, a.n, a.data_path)
+        prompts = load_prompts(dataset, tok, a.n, a.data_path)
     else:
-        prompts = read_prompts(a.prompts, tok)[: a.n]
-    eos = [int(e) for e in (a.eos.split(",") if a.eos else [])] or _eos_ids(tgt, tok)
+        prompts = read_prompts(args.in_file(a.prompts, "--prompts"), tok, cfg.vocab_size)[: a.n]
+    limit = cfg.max_position_embeddings
+    for p in prompts:
+        if len(p["prompt_ids"]) + a.max_new_tokens > limit:
+            where = f"{a.prompts}:{p['line']}" if "line" in p else f"{dataset} prompt {p['id']}"
+            raise ValueError(f"{where}: {len(p['prompt_ids'])} prompt tokens + --max-new-tokens {a.max_new_tokens} "
+                             f"exceed the target's {limit} positions (max_position_embeddings)")
+    want = stages.fingerprint(dict(
+        target=str(Path(a.target).resolve()), target_modified=_modified(a.target), method=a.method,
+        drafter=str(Path(a.drafter).resolve()) if a.drafter else None,
+        drafter_modified=_modified(a.drafter) if a.drafter else None, temperature=a.temperature,
+        max_new_tokens=a.max_new_tokens, mtp_steps=a.mtp_steps if a.method == "mtp" else None,
+        batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset,
+        prompts=str(Path(a.prompts).resolve()) if a.prompts else None,
+        data_path=str(Path(a.data_path).resolve()) if a.data_path else None))
+    done = resume_records(out, meta, want, a.force)
+    config = {k: v for k, v in vars(a).items() if k != "fn"}
+    mtbench = dataset == "mtbench"  # two turns, the second on the model's own first answer
+    ids = lambda p: [f"{p['id']}:t{t + 1}" for t in range(len(p["turns"]))] if mtbench else [p["id"]]  # noqa: E731
+    todo = [i for i in range(0, len(prompts), a.batch_size)
+            if any(x not in done for p in prompts[i: i + a.batch_size] for x in ids(p))]
+    if not todo:  # (a kill after the last batch: the meta is marked finished now)
+        write_meta(meta, config, fingerprint=want, finished=True, records=len(done))
+        print(f"{a.method}: all {len(prompts)} prompts already in {out}")
+        return
+    # --- the work: batch i (prompts i..i+B-1, seeded seed + i) is appended as soon as it is decoded ---
+    tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, _dtype(a.dtype))
+    method = build_method(a.method, tgt, drafter=drafter, mtp=mtp, mtp_steps=a.mtp_steps)
+    write_meta(meta, config, fingerprint=want, finished=False)  # before the first record
     t0 = time.time()
-    if a.dataset and spec(a.dataset)[0] == "mtbench":  # two turns, the second on the model's own first answer
-        recs = mtbench_generate(tgt, method, tok, prompts, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed)
-    else:
-        recs = run_generate(tgt, method, prompts, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed, tok)
-        for r, p in zip(recs, prompts) if a.dataset else ():  # prompt + output: on-policy training sequences
-            r.update(dataset=p["dataset"], prompt_ids=p["prompt_ids"])
-    write_jsonl(a.out, recs)
-    write_meta(str(a.out) + ".meta.json", vars(a), wall_s=time.time() - t0)
+    bar = tqdm(total=len(prompts), initial=len(prompts) - sum(len(prompts[i: i + a.batch_size]) for i in todo),
+               desc=f"generate {a.method}", dynamic_ncols=True)
+    for i in todo:
+        chunk = prompts[i: i + a.batch_size]
+        if mtbench:
+            recs = mtbench_generate(tgt, method, tok, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size,
+                                    a.seed + i)
+        else:
+            recs = run_generate(tgt, method, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed + i,
+                                tok)
+            for r, p in zip(recs, chunk):  # prompt + output: a training sequence for `dmtp train --data`
+                r.update(prompt_ids=p["prompt_ids"], **({"dataset": p["dataset"]} if dataset else {}))
+        append_jsonl(out, [r for r in recs if r["id"] not in done])
+        bar.update(len(chunk))
+    bar.close()
+    recs = read_jsonl(out)
+    write_meta(meta, config, wall_s=time.time() - t0, fingerprint=want, finished=True, records=len(recs))
     acc = [x for r in recs for x in r["accepted"]]
     if acc:
         print(f"{a.method}: {len(recs)} requests, {len(acc)} rounds, per-verify tau {1 + sum(acc) / len(acc):.3f}")
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
-def _eos_ids(tgt, tok):
-    e = tgt.config.eos_token_id
-    ids = [e] if isinstance(e, int) else list(e or [])
-    if tok is not None and tok.eos_token_id is not None:
-        ids.append(tok.eos_token_id)
-    return sorted(set(ids))
-
-
 def cmd_train(a):
-    prof = _train_profile(a)
-    _, _, rank_dev = dist.init()  # torchrun: one process per GPU, data-parallel over the global batch
-    dev = rank_dev or _device(a.device)
-    tgt = Target.load(a.target, dtype=_dtype(a.dtype), device=dev)
-    variants = a.variants.split(",")
-
-    need_mtp = any(get_variant(v).needs_mtp for v in variants)
-    mtp = MTPHead.load(tgt, a.target) if need_mtp else None
     from dataclasses import replace
 
+    prof = _train_profile(a)
+    variants = a.variants
+    for v in variants:
+        get_variant(v)  # an unknown name fails with the known ones
+    # --- everything checked before the target is loaded ---
+    out = args.out_dir(a.out)
+    args.checkpoint(a.target, "--target", "target checkpoint")
+    cfg_t = read_config(a.target)
+    init = {}
+    for item in (a.init_from.split(",") if a.init_from else []):
+        v, eq, path = item.partition("=")
+        if not eq or v not in variants:
+            raise ValueError(f"--init-from {item!r}: expected VARIANT=PATH with VARIANT one of --variants "
+                             f"({','.join(variants)})")
+        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint"))
+    require(0 <= a.mask_token_id < cfg_t.vocab_size, f"--mask-token-id {a.mask_token_id}: expected a token id in "
+            f"[0, {cfg_t.vocab_size}) (the target's vocabulary)")
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
                   lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after)
-    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+    seqs = load_sequences(args.in_file(a.data, "--data"), cfg.max_len, vocab_size=cfg_t.vocab_size)
+    base = dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers,
                 num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
                 **({"backbone": a.backbone} if a.backbone else {}))
     if prof is not None:  # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...)
@@ -139,10 +260,34 @@ def cmd_train(a):
                     head_dim=prof.scale.drafter_head_dim if paper else prof.arch.head_dim,
                     intermediate_size=prof.drafter_intermediate, block_size=prof.scale.block_size,
                     window=prof.scale.window,
-                    rope_theta=(getattr(tgt.config, "rope_parameters", None) or {}).get("rope_theta", 1e6))
-    init = dict(x.split("=", 1) for x in a.init_from.split(",")) if a.init_from else {}
-    drafters = new_drafters(tgt, variants, base, init)
-    train_drafters(tgt, mtp, drafters, load_sequences(a.data, cfg.max_len), cfg, a.out)
+                    rope_theta=(getattr(cfg_t, "rope_parameters", None) or {}).get("rope_theta", 1e6))
+    units = []
+    for v in variants:
+        dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__}, variant=v)
+        require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
+                f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
+        data = {"path": str(Path(a.data).resolve()), "bytes": Path(a.data).stat().st_size}
+        want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), dtype=a.dtype, data=data,
+                                       target=str(Path(a.target).resolve()), target_modified=_modified(a.target)))
+        units.append(stages.Unit(str(out / v), want, out / v / "fingerprint.json", [out / v]))
+    if not a.force:
+        stages.preflight(units)  # a finished or half-trained drafter of another configuration: refused, all at once
+    _, _, rank_dev = dist.init()  # torchrun: one process per GPU, data-parallel over the global batch
+    dev = rank_dev or args.device(a.device)
+    for u in units:
+        if not stages.check(u, a.force):
+            stages.record(u)  # before training: a half-trained drafter is checked like a finished one
+    dist.barrier()
+    todo = [v for v in variants if not (out / v / "DONE").exists()]
+    if not todo:
+        print(f"nothing to train: {', '.join(variants)} already finished in {out} with this configuration")
+        return
+    # --- the work ---
+    tgt = Target.load(a.target, dtype=_dtype(a.dtype), device=dev)
+    need_mtp = any(get_variant(v).needs_mtp for v in todo)  # dflash alone needs no MTP head
+    mtp = MTPHead.load(tgt, a.target) if need_mtp else None
+    drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo})
+    train_drafters(tgt, mtp, drafters, seqs, cfg, out)
 
 
 _TRAIN_DEFAULTS = dict(steps=200, batch_size=8, max_len=512, layers=1, lr=6e-4, gamma=4.0, mask_token_id=1,
@@ -181,38 +326,43 @@ def main(argv=None):
                    "| openperfectblend, chat template applied (dmtp/data/datasets.py)")
     g.add_argument("--data-path", help="local copy of --dataset (.json/.jsonl/.parquet or a folder); default "
                    "$DMTP_DATA_<NAME>, else the HF cache (offline)")
-    g.add_argument("--n", type=int, help="only the first N prompts")
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--mtp-steps", type=int, default=4, help="chained MTP steps for method mtp (MTP415: 4)")
-    g.add_argument("--batch-size", type=int, default=16)
-    g.add_argument("--eos", help="comma-separated EOS ids (default: the target's)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--n", type=args.at_least(1), help="only the first N prompts")
+    g.add_argument("--temperature", type=args.number(0), default=0.0, help="0: greedy; > 0: sampling")
+    g.add_argument("--max-new-tokens", type=args.at_least(1), default=128)
+    g.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
+    g.add_argument("--batch-size", type=args.at_least(1), default=16)
+    g.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: the target's config and tokenizer)")
+    g.add_argument("--seed", type=args.at_least(0), default=0)
     g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    g.add_argument("--device")
-    g.add_argument("--out", required=True)
+    g.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
+    g.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
+    g.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "
+                   "configuration")
     g.set_defaults(fn=cmd_generate)
 
     t = sub.add_parser("train", help="train drafters (several variants on identical batches)")
     t.add_argument("--target", required=True)
     t.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`)")
-    t.add_argument("--variants", default="dflash")
+    t.add_argument("--variants", type=args.names, default=["dflash"], help="comma-separated (see `dmtp variants`)")
     t.add_argument("--out", required=True)
     t.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
                    "explicit flags override it")
-    t.add_argument("--steps", type=int, help="optimizer steps (default 200)")
-    t.add_argument("--batch-size", type=int, help="sequences per step (default 8)")
-    t.add_argument("--max-len", type=int, help="sequences cut to this many tokens (default 512)")
-    t.add_argument("--layers", type=int, help="drafter layers (default 1)")
+    t.add_argument("--steps", type=args.at_least(1), help="optimizer steps (default 200)")
+    t.add_argument("--batch-size", type=args.at_least(1), help="sequences per step (default 8)")
+    t.add_argument("--max-len", type=args.at_least(4), help="sequences cut to this many tokens (default 512)")
+    t.add_argument("--layers", type=args.at_least(1), help="drafter layers (default 1)")
     t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone, SPEC §9 (default: dflash)")
-    t.add_argument("--lr", type=float, help="peak learning rate (default 6e-4)")
-    t.add_argument("--gamma", type=float, help="loss decay over candidates (default 4)")
-    t.add_argument("--mask-token-id", type=int, help="MASK slot token (default 1)")
+    t.add_argument("--lr", type=args.number(0, open_lo=True), help="peak learning rate (default 6e-4)")
+    t.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
+    t.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default 1)")
     t.add_argument("--init-from", help="variant=PATH,... continue from DFlash-format checkpoints")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--stop-after", type=int, default=0, help="checkpoint and stop after this step (resume later)")
+    t.add_argument("--seed", type=args.at_least(0), default=0)
+    t.add_argument("--stop-after", type=args.at_least(0), default=0,
+                   help="checkpoint and stop after this step (resume later)")
     t.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
-    t.add_argument("--device")
+    t.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
+    t.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "
+                   "with another configuration")
     t.set_defaults(fn=cmd_train)
 
     pl = sub.add_parser("pipeline", help="embedded default end to end (corpus -> target -> drafters -> tables)")
@@ -222,6 +372,8 @@ def main(argv=None):
     pl.add_argument("--results", default="results")
     pl.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a profile field, e.g. pretrain.tokens=20000000 or data_batch=512 (repeatable)")
+    pl.add_argument("--force", action="store_true", help="redo finished or started stages whose recorded "
+                    "configuration differs from the requested one (default: refuse, naming the fields)")
     pl.set_defaults(fn=pipeline.main)
 
     dr = sub.add_parser("dryrun", help="paper-scale profile: target (config only), MTP head and every drafter on the "
@@ -232,11 +384,7 @@ def main(argv=None):
     dr.set_defaults(fn=lambda a: sys.exit(dryrun.main(a)))
 
     a = p.parse_args(argv)
-    try:
-        a.fn(a)
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"dmtp {a.cmd}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    args.guard(f"dmtp {a.cmd}", a.fn, a)
 
 
 if __name__ == "__main__":

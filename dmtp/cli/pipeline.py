@@ -6,7 +6,9 @@
 
 Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
 and is skipped when its output exists (evaluation runs: and is newer than the checkpoint they measure, so results
-checked out from another run are redone), so a re-run resumes where a killed one stopped.
+checked out from another run are redone), so a re-run resumes where a killed one stopped. Each output records the
+configuration it was made with (`stages.py`); a finished or half-done stage whose configuration differs from the
+requested one is refused before any work, naming the fields, unless `--force` redoes it.
 
 Under torchrun (`make target|data|drafters NGPU=2`) the stages target, data and drafters run data-parallel, one
 process per GPU; rank 0 alone writes. `--set pretrain.tokens=20000000` (repeatable) overrides a profile field.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +28,10 @@ from ablations.code import BACKBONES, BASELINES, CONTINUED, MAIN_TABLE, VARIANTS
 from dmtp import dist
 from dmtp.analysis.lossless import compare, top2_gap
 from dmtp.analysis.report import tables as T
+from dmtp.checks import require
+from dmtp.cli.stages import Unit, fingerprint, preflight
+from dmtp.cli.stages import check as stage_check
+from dmtp.cli.stages import record as stage_record
 from dmtp.data.corpus import build_corpus
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.prompts import code_prompts
@@ -51,13 +58,16 @@ class Ctx:
         self.res = Path(a.results) / name
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.p.target_dtype]
+        self.force = bool(getattr(a, "force", False))  # redo finished stages made with another configuration
 
     def log(self, msg):
         if is_main():
             print(f"[{self.p.name}] {msg}", flush=True)
 
-    def done(self, path: Path) -> bool:
-        return (path / "DONE").exists() if path.is_dir() or not path.suffix else path.exists()
+    def check(self, u: Unit) -> bool:
+        """True: `u` exists with the requested configuration (skip or resume); False: make it (after --force
+        removed a mismatch); a mismatch without --force raises."""
+        return stage_check(u, self.force, self.log)
 
     @property
     def tok(self):
@@ -69,12 +79,18 @@ class Ctx:
 
 
 def st_corpus(c: Ctx):
+    u, = units(c, "corpus")
+    if not c.check(u):
+        stage_record(u)  # tagged before the work: a half-built corpus is checked like a finished one
     info = build_corpus(c.work / "corpus", max_bytes=c.p.corpus_bytes)
     c.log(f"corpus: {json.dumps(info, default=str)[:300]}")
 
 
 def st_tokenizer(c: Ctx):
     out = c.work / "tokenizer"
+    u, = units(c, "tokenizer")
+    if not c.check(u):
+        stage_record(u)
     if not (out / "tokenizer.json").exists():
         train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.vocab_size,
                         max_bytes=c.p.tokenizer_bytes)
@@ -90,9 +106,15 @@ def st_target(c: Ctx):
     False when `pretrain.stop_after` stopped it (resumable, on any number of ranks)."""
     import numpy as np
 
-    out = c.work / "target"
-    if (out / "DONE").exists():
+    out, state = c.work / "target", c.work / "target_state"
+    u, = units(c, "target")
+    there = c.check(u)
+    if there and (out / "DONE").exists():
+        if state.exists() and is_main():  # a kill after the target was saved left the training state
+            shutil.rmtree(state, ignore_errors=True)
         return
+    if not there:
+        stage_record(u)  # in the resumable state: a half-trained target is checked like a finished one
     tok = c.tok
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(c.p.pretrain.seed)  # the same initial weights on every rank
@@ -103,8 +125,11 @@ def st_target(c: Ctx):
     c.log(f"target: {n_params / 1e6:.1f} M parameters (+ MTP {sum(p.numel() for p in mtp.parameters()) / 1e6:.1f} M)")
     train = np.load(c.work / "tokens" / "train.npy", mmap_mode="r")
     held = np.load(c.work / "tokens" / "heldout.npy", mmap_mode="r")
+    for name, toks, need in (("train", train, c.p.pretrain.seq_len + 2), ("heldout", held, c.p.pretrain.seq_len + 1)):
+        require(len(toks) >= need, f"{c.work / 'tokens' / name}.npy holds {len(toks)} tokens, fewer than "
+                f"pretrain.seq_len={c.p.pretrain.seq_len} needs ({need}); raise corpus_bytes or lower the seq_len")
     t0 = time.time()
-    hist, info = pretrain(tgt, mtp, train, c.p.pretrain, c.work / "target_state", log=c.log)
+    hist, info = pretrain(tgt, mtp, train, c.p.pretrain, state, log=c.log)
     if not info["finished"]:
         return False
     wall = time.time() - t0
@@ -119,11 +144,14 @@ def st_target(c: Ctx):
         with atomic_dir(out) as tmp:
             save_target_with_mtp(tgt.model, mtp, tmp)
             tok.save_pretrained(tmp)
+            if u.record.exists():
+                shutil.copy(u.record, tmp / u.record.name)
             (tmp / "DONE").write_text("ok\n")
         write_json(c.res / "target" / "pretrain_history.json", hist)
         write_json(c.res / "target" / "heldout.json", ev)
         write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.arch), "pretrain": asdict(c.p.pretrain)},
-                   wall_s=wall, world=info["world"], resumed_at_step=info["start_step"])
+                   wall_s=wall, world=info["world"], resumed_at_step=info["start_step"], fingerprint=u.want)
+        shutil.rmtree(state, ignore_errors=True)  # only now: a kill before the save resumes from the final state
     barrier()  # the next stage reads the checkpoint
 
 
@@ -133,7 +161,8 @@ def st_data(c: Ctx):
     batch with the same seed as on one process: the file is the same for any number of ranks, at any temperature
     (up to the kernels' determinism)."""
     out = c.work / "data" / "train.jsonl"
-    if out.exists():
+    u, = units(c, "data")
+    if c.check(u):
         return
     tgt, _ = c.target()
     tok = c.tok
@@ -148,10 +177,10 @@ def st_data(c: Ctx):
     if is_main():
         for r, p in zip(recs, rows):
             r["prompt_ids"] = p["prompt_ids"]
+        write_meta(u.record, {"n": len(recs), "temperature": c.p.data_temperature, "batch": c.p.data_batch,
+                              "seed": "1 + the batch's offset"}, wall_s=time.time() - t0, world=world,
+                   fingerprint=u.want)  # before the data: the file never exists without its record
         write_jsonl(out, recs)
-        write_meta(out.with_suffix(".meta.json"), {"n": len(recs), "temperature": c.p.data_temperature,
-                                                    "batch": c.p.data_batch, "seed": "1 + the batch's offset"},
-                   wall_s=time.time() - t0, world=world)
         c.log(f"data: {len(recs)} sequences, {sum(len(r['output_ids']) for r in recs)} generated tokens "
               f"({world} rank(s))")
     barrier()
@@ -169,17 +198,28 @@ def st_drafters(c: Ctx):
     from dataclasses import replace
 
     out = c.work / "drafters"
+    todo = []
+    for u in units(c, "drafters"):
+        name = u.outputs[0].name
+        if not c.check(u) and is_main():
+            u.outputs[0].mkdir(parents=True, exist_ok=True)
+            stage_record(u)  # before training: a half-trained drafter is checked like a finished one
+        if not (out / name / "DONE").exists():
+            todo.append(name)
+    barrier()
+    if not todo:
+        return
     tgt, mtp = c.target()
     tok = c.tok
-    seqs = load_sequences(c.work / "data" / "train.jsonl", c.p.train.max_len)
+    seqs = load_sequences(c.work / "data" / "train.jsonl", c.p.train.max_len, vocab_size=tgt.vocab_size)
     base = _drafter_base(c, tgt, tok)
     cfg = replace(c.p.train, amp_bf16=c.dev == "cuda")
     t0 = time.time()
-    todo = [v for v in VARIANTS + list(BACKBONES) if not (out / v / "DONE").exists()]
-    if todo:
-        train_drafters(tgt, mtp, new_drafters(tgt, todo, base, backbones=BACKBONES), seqs, cfg, out, log=c.log)
+    fresh_todo = [v for v in VARIANTS + list(BACKBONES) if v in todo]
+    if fresh_todo:
+        train_drafters(tgt, mtp, new_drafters(tgt, fresh_todo, base, backbones=BACKBONES), seqs, cfg, out, log=c.log)
     for name, (variant, src) in CONTINUED.items():
-        if not (out / name / "DONE").exists():
+        if name in todo:
             d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"})
             ccfg = replace(cfg, steps=c.p.continue_steps, seed=cfg.seed + 1)
             train_drafters(tgt, mtp, {name: d[variant]}, seqs, ccfg, out, log=c.log)
@@ -187,7 +227,8 @@ def st_drafters(c: Ctx):
     if not is_main():
         return
     write_meta(c.res / "drafters" / "meta.json", {"train": asdict(c.p.train), "drafter": base,
-                                                  "continue_steps": c.p.continue_steps}, wall_s=time.time() - t0)
+                                                  "continue_steps": c.p.continue_steps}, wall_s=time.time() - t0,
+               trained=todo, fingerprint=units(c, "drafters")[0].want)
     hist = {n.name: json.loads((n / "history.json").read_text()) for n in sorted(out.iterdir())
             if (n / "history.json").exists()}
 
@@ -210,17 +251,20 @@ def eval_plan(c: Ctx):
 
 
 def st_eval(c: Ctx):
-
-    tgt, mtp = c.target()
-    tok = c.tok
     drafters_dir = c.work / "drafters"
-    cache = {}
-    hp = humaneval_prompts()
-    for ds, n, temp, m in eval_plan(c):
-        path = c.res / "runs" / "ablation" / m / f"{ds}_T{temp:g}.jsonl"
+    cache, todo = {}, []
+    for (ds, n, temp, m), u in zip(eval_plan(c), units(c, "eval")):
+        path = u.outputs[0]
         dep = (c.work / "target" / "DONE") if m in ("ar", "mtp") else (drafters_dir / m / "DONE")
-        if fresh(path, dep):  # done after the model it measures (a checked-out result of another run is redone)
-            continue
+        # done with this configuration, after the model it measures (a checked-out result of another run is redone)
+        if not (c.check(u) and fresh(path, dep)):
+            todo.append((ds, n, temp, m, u))
+    if todo:
+        tgt, mtp = c.target()
+        tok = c.tok
+        hp = humaneval_prompts()
+    for ds, n, temp, m, u in todo:
+        path = u.outputs[0]
         if m not in cache:  # a method object is reusable: each decode batch works on a copy
             cache[m] = load_method(m, tgt, mtp, drafters_dir, c.p.mtp_steps)
         method = cache[m]
@@ -230,11 +274,10 @@ def st_eval(c: Ctx):
         recs = run_generate(tgt, method, rows, temp, c.p.eval_new_tokens, [tok.eos_token_id], c.p.eval_batch,
                             seed=0, desc=f"{m} {ds} T{temp:g}", extra={"dataset": ds})
         wall = time.time() - t0
+        write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "max_new_tokens": c.p.eval_new_tokens,
+                              "batch": c.p.eval_batch, "target_dtype": c.p.target_dtype}, wall_s=wall,
+                   fingerprint=u.want)  # before the records: a run file never exists without its record
         write_jsonl(path, recs)
-        write_meta(path.with_suffix(".meta.json"), {"method": m, "dataset": ds, "temperature": temp,
-                                                     "max_new_tokens": c.p.eval_new_tokens,
-                                                     "batch": c.p.eval_batch, "target_dtype": c.p.target_dtype},
-                   wall_s=wall)
         acc = [x for r in recs for x in r["accepted"]]
         tau = 1 + sum(acc) / max(1, len(acc))
         c.log(f"eval {m:<32} {ds:<10} T={temp:g}  per-verify tau {tau:.3f}  ({len(acc)} rounds, {wall:.1f}s)")
@@ -297,6 +340,72 @@ def st_tables(c: Ctx):
     T.render_all(c.res) if hasattr(T, "render_all") else None
 
 
+# --- what each stage's output depends on -------------------------------------------------------------------------
+def fingerprints(p) -> dict[str, dict]:
+    """Stage -> the settings its output depends on: its own and those of every stage it reads (keys as `--set`
+    names them), without run control (stop_after, save_every, log_every)."""
+    f = {"corpus": {"corpus_bytes": p.corpus_bytes}}
+    f["tokenizer"] = dict(f["corpus"], vocab_size=p.vocab_size, tokenizer_bytes=p.tokenizer_bytes)
+    f["target"] = dict(f["tokenizer"], arch=fingerprint(p.arch), pretrain=fingerprint(p.pretrain))
+    f["data"] = dict(f["target"], target_dtype=p.target_dtype, **{k: getattr(p, k) for k in (
+        "data_prompts", "data_prompt_tokens", "data_new_tokens", "data_temperature", "data_batch")})
+    f["drafters"] = dict(f["data"], train=fingerprint(p.train), **{k: getattr(p, k) for k in (
+        "drafter_layers", "drafter_heads", "drafter_kv_heads", "drafter_intermediate")})
+    return f
+
+
+FINGERPRINT = "fingerprint.json"
+
+
+def units(c: Ctx, stage: str) -> list[Unit]:
+    """The resumable pieces of work of a stage, each with the configuration requested for it (`stages.Unit`)."""
+    f, w = fingerprints(c.p), c.work
+    if stage in ("corpus", "tokenizer"):
+        extra = [w / "tokens"] if stage == "tokenizer" else []
+        return [Unit(str(w / stage), f[stage], w / stage / FINGERPRINT, [w / stage] + extra)]
+    if stage == "target":  # the record lives in the finished checkpoint, or in the resumable state until then
+        rec = w / ("target" if (w / "target" / "DONE").exists() else "target_state") / FINGERPRINT
+        return [Unit(str(w / "target"), f["target"], rec, [w / "target", w / "target_state"])]
+    if stage == "data":
+        out = w / "data" / "train.jsonl"
+        return [Unit(str(out), f["data"], out.with_suffix(".meta.json"), [out])]
+    if stage == "drafters":
+        out = []
+        for name in VARIANTS + list(BACKBONES) + list(CONTINUED):
+            want = dict(f["drafters"], continue_steps=c.p.continue_steps) if name in CONTINUED else f["drafters"]
+            out.append(Unit(str(w / "drafters" / name), want, w / "drafters" / name / FINGERPRINT,
+                            [w / "drafters" / name]))
+        return out
+    if stage == "eval":
+        out = []
+        for ds, n, temp, m in eval_plan(c):
+            path = c.res / "runs" / "ablation" / m / f"{ds}_T{temp:g}.jsonl"
+            model = f["target"] if m in ("ar", "mtp") else \
+                dict(f["drafters"], continue_steps=c.p.continue_steps) if m in CONTINUED else f["drafters"]
+            want = dict(model, target_dtype=c.p.target_dtype, eval_new_tokens=c.p.eval_new_tokens,
+                        eval_batch=c.p.eval_batch, **({"mtp_steps": c.p.mtp_steps} if m == "mtp" else {}),
+                        run={"dataset": ds, "prompts": n, "temperature": temp, "method": m})
+            out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
+        return out
+    return []
+
+
+def check_profile(p, stages: list[str]) -> None:
+    """What the embedded pipeline can run, checked before any stage (a profile's own fields check themselves)."""
+    require(not p.scale.target_config, f"profile {p.name} is paper-scale (an external target): the pipeline builds "
+            "the embedded default only; run its steps with dmtp generate / dmtp train (README: Paper-scale runs)")
+    other = sorted(set(p.eval_sets) - {"humaneval"})
+    require(not other, f"eval_sets={p.eval_sets}: the pipeline evaluates on HumanEval only (its small target has "
+            f"no chat template for {', '.join(other)}); evaluate other sets with dmtp generate --dataset NAME")
+    if "eval" in stages:
+        total = len(humaneval_prompts())
+        require(p.eval_sets.get("humaneval", 0) <= total, f"eval_sets={p.eval_sets}: HumanEval has {total} "
+                "problems")
+    need = p.data_prompt_tokens + p.data_new_tokens + 16
+    require(need <= p.arch.max_position_embeddings, f"data_prompt_tokens + data_new_tokens (+ one verify block) = "
+            f"{need} exceeds arch.max_position_embeddings={p.arch.max_position_embeddings}")
+
+
 RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "data": st_data,
        "drafters": st_drafters, "eval": st_eval, "tables": st_tables}
 
@@ -311,6 +420,9 @@ def main(a):
                          f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
+    check_profile(c.p, stages)
+    if not c.force:  # every finished or half-done output with another configuration, refused before any work
+        preflight([u for s in stages for u in units(c, s)])
     if rank_dev:
         c.dev = rank_dev
     if world > 1:

@@ -6,6 +6,7 @@
     python -m dmtp.cli.report demo    --profile demo                       # synthetic artifacts, then the report
 """
 import argparse
+from pathlib import Path
 
 import matplotlib
 
@@ -13,6 +14,7 @@ matplotlib.use("Agg")
 
 from dmtp.analysis.report import render_figures, render_report, render_tables  # noqa: E402
 from dmtp.analysis.report.synthetic import write_synthetic  # noqa: E402
+from dmtp.cli.args import guard  # noqa: E402
 
 
 def main(argv=None):
@@ -22,8 +24,16 @@ def main(argv=None):
     ap.add_argument("--profile", required=True, help="results/<profile> holds the artifacts")
     ap.add_argument("--results", default="results", help="results root folder")
     a = ap.parse_args(argv)
+    guard(f"python -m dmtp.cli.report {a.what}", run, a)
+
+
+def run(a):
+    root = Path(a.results) / a.profile
     if a.what == "demo":
         write_synthetic(a.results, a.profile)
+    elif not ((root / "runs").is_dir() or (root / "bench").is_dir()):
+        raise FileNotFoundError(f"{root} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
+                                f"bench/*.csv): check --profile {a.profile} and --results {a.results}")
     {"tables": render_tables, "figures": render_figures}.get(a.what, render_report)(a.profile, a.results)
 
 

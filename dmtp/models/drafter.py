@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from dmtp.checks import at_least, check, positive, require
 from dmtp.io import atomic_dir
 from dmtp.models.attention import build_mask
 from dmtp.models.dflash2 import Layer2, Selector, reset_parameters
@@ -38,12 +39,15 @@ class DrafterConfig:
     intermediate_size: int = 1024
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = None  # HF rope parameters besides theta ({"rope_type": "yarn", "factor": 4, ...}):
+    # linear, yarn and llama3 are honoured as `transformers` computes them; None: plain RoPE
     max_position_embeddings: int = 32768
     num_target_layers: int = 4  # depth of the target (to place the taps)
     target_layer_ids: list[int] = field(default_factory=list)  # tapped target layers; empty -> default spread
     mask_token_id: int = 0  # token whose (frozen) target embedding fills MASK slots
     block_size: int = 8  # slots of a DFlash block: 7 candidates + the anchor
-    window: int = 4096  # context positions visible before the anchor, measured from the anchor
+    window: int = 4096  # context positions visible before the anchor, measured from the anchor; 0: no window (a
+    # public DFlash checkpoint without our `dmtp_config` sees every earlier position, as its reference code does)
     variant: str = "dflash"  # injection variant (registry name)
     lowrank_rank: int = 64  # rank r of the low-rank MLP in t1_residual / mask_residual
     attn_backend: str = "sdpa"  # "sdpa" (dense boolean mask, CPU/GPU) or "flex" (flex-attention block mask, CUDA)
@@ -54,6 +58,16 @@ class DrafterConfig:
     selector_loss_weight: float = 0.1  # dflash2: weight of the selector's top-k cross-entropy in the loss
 
     def __post_init__(self):
+        check(self, hidden_size=at_least(1), vocab_size=at_least(1), num_hidden_layers=at_least(1),
+              num_attention_heads=at_least(1), num_key_value_heads=at_least(1), head_dim=at_least(2),
+              intermediate_size=at_least(1), rms_norm_eps=positive, rope_theta=positive, num_target_layers=at_least(1),
+              block_size=at_least(2), window=at_least(0), lowrank_rank=at_least(1))
+        require(self.head_dim % 2 == 0 and self.num_attention_heads % self.num_key_value_heads == 0,
+                f"head_dim={self.head_dim} must be even and num_attention_heads={self.num_attention_heads} a multiple"
+                f" of num_key_value_heads={self.num_key_value_heads}")
+        require(0 <= self.mask_token_id < self.vocab_size, f"mask_token_id={self.mask_token_id}: expected a token "
+                f"id in [0, vocab_size={self.vocab_size})")
+        rope_frequencies(self)  # an unsupported rope_scaling fails here, when the config is read
         if self.backbone not in BACKBONES:
             raise ValueError(f"unknown backbone {self.backbone!r}; known: {', '.join(BACKBONES)}")
         if self.attn_backend not in ("sdpa", "flex"):
@@ -78,6 +92,8 @@ class DrafterConfig:
                    dflash_config={"target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id},
                    dmtp_config={"variant": self.variant, "window": self.window, "lowrank_rank": self.lowrank_rank,
                                 "backbone": self.backbone})
+        if self.rope_scaling:
+            out["rope_scaling"] = dict(self.rope_scaling)
         if self.backbone == "dflash2":
             out["dmtp_config"].update({k: d[k] for k in ("conv_groups", "selector_topk", "selector_dim",
                                                          "selector_loss_weight")})
@@ -91,12 +107,68 @@ class DrafterConfig:
         kw["target_layer_ids"] = dc.get("target_layer_ids", d.get("target_layer_ids", []))
         kw["mask_token_id"] = dc.get("mask_token_id", d.get("mask_token_id", 0))
         kw.update({k: v for k, v in d.get("dmtp_config", {}).items() if k in known})
-        if "rope_parameters" in d and "rope_theta" not in d:
-            kw["rope_theta"] = d["rope_parameters"].get("rope_theta", cls.rope_theta)
+        kw["rope_theta"], kw["rope_scaling"] = _rope_from_hf(d, cls.rope_theta)
+        if "window" not in d.get("dmtp_config", {}):  # not ours: the reference semantics (no window)
+            kw["window"] = _reference_window(d)
         return cls(**kw)
 
 
 BACKBONES = ("dflash", "dflash2")
+STATIC_ROPE = ("linear", "yarn", "llama3")  # frequencies fixed at load (dynamic / longrope change with the length)
+
+
+def _rope_from_hf(d: dict, default_theta: float) -> tuple[float, dict | None]:
+    """(theta, scaling) from a config.json: `rope_theta` + `rope_scaling` (transformers 4) or `rope_parameters`."""
+    rp = dict(d.get("rope_parameters") or {})
+    theta = d.get("rope_theta", rp.pop("rope_theta", default_theta))
+    scaling = dict(d.get("rope_scaling") or rp)
+    scaling.pop("rope_theta", None)
+    kind = scaling.pop("rope_type", scaling.pop("type", "default"))
+    if kind == "default":  # plain RoPE; a partial rotary dim is not implemented
+        partial = scaling.get("partial_rotary_factor", 1.0)
+        if partial != 1.0:
+            raise ValueError(f"partial_rotary_factor {partial}: only full rotary head dims are supported")
+        return theta, None
+    return theta, {"rope_type": kind, **scaling}
+
+
+def rope_frequencies(c: "DrafterConfig"):
+    """(inv_freq [head_dim/2] float32, attention scale) of a scaled RoPE, computed by `transformers` as the public
+    DFlash code's `Qwen3RotaryEmbedding` does; None for plain RoPE. Unsupported kinds are refused."""
+    if not c.rope_scaling:
+        return None
+    kind = c.rope_scaling.get("rope_type", "default")
+    if kind not in STATIC_ROPE:
+        raise ValueError(f"rope_scaling {c.rope_scaling}: rope_type {kind!r} is not supported (supported: "
+                         f"{', '.join(STATIC_ROPE)}; dynamic and longrope rescale with the sequence length)")
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = Qwen3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads, head_dim=c.head_dim,
+                     max_position_embeddings=c.max_position_embeddings,
+                     rope_parameters={**c.rope_scaling, "rope_theta": c.rope_theta})
+    try:
+        inv, scale = ROPE_INIT_FUNCTIONS[kind](hf, None)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"rope_scaling {c.rope_scaling}: {type(e).__name__} {e}") from None
+    return inv.float(), float(scale)
+
+
+def _reference_window(d: dict) -> int:
+    """The public DFlash reference gives full-attention layers no window (0 here); its sliding-attention layers use a
+    per-slot window and are causal unless `is_causal` is false, which this drafter does not implement: refused."""
+    n = d.get("num_hidden_layers", 1)
+    sw = d.get("sliding_window") if d.get("use_sliding_window") else None
+    types = d.get("layer_types") or ["sliding_attention" if sw is not None and i >= d.get("max_window_layers", 28)
+                                     else "full_attention" for i in range(n)]
+    if set(types) != {"full_attention"} or d.get("is_causal"):
+        raise ValueError(f"layer_types {sorted(set(types))}, is_causal {d.get('is_causal')}: only full-attention "
+                         "layers with a bidirectional block are supported (sliding-attention layers would need the "
+                         "reference's per-slot window and causal block)")
+    scale = (d.get("dflash_config") or {}).get("input_embedding_scale", d.get("input_embedding_scale", 1.0))
+    if scale != 1.0:
+        raise ValueError(f"input_embedding_scale {scale}: only 1.0 (unscaled target embeddings) is supported")
+    return 0
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -122,6 +194,7 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.injection = get_variant(c.variant)(c)
+        self._rope = rope_frequencies(c)  # scaled RoPE (a plain attribute: stays float32 whatever the dtype)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -154,9 +227,19 @@ class Drafter(nn.Module):
         c = self._cast
         return self.injection.block(c(e_anchor), c(e_t1), c(h_mtp), c(e_mask), self.config.num_candidates)
 
+    def rope(self, pos, dtype):
+        """(cos, sin) at absolute positions pos."""
+        c = self.config
+        if self._rope is None:
+            return rope_cos_sin(pos, c.head_dim, c.rope_theta, dtype)
+        inv, scale = self._rope
+        if inv.device != pos.device:  # moved once, on the first (eager) call
+            self._rope = inv, scale = inv.to(pos.device), scale
+        return rope_cos_sin(pos, c.head_dim, c.rope_theta, dtype, inv_freq=inv, scale=scale)
+
     def context_kv(self, f, pos):
         """Per-layer (k, v) of context rows f [B, T, H] at absolute positions pos [B, T]."""
-        cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, f.dtype)
+        cos, sin = self.rope(pos, f.dtype)
         return [layer.self_attn.kv(f, cos, sin) for layer in self.layers]
 
     def forward(self, block, block_pos, ctx_kv, ctx_end):
@@ -164,9 +247,10 @@ class Drafter(nn.Module):
         ctx_kv from `context_kv` (rows = absolute positions 0..C-1); ctx_end [B, N] = anchor position a of each
         block. Returns normed hidden states [B, N*S, H] (apply the target's LM head for logits)."""
         slots = block.shape[1] // ctx_end.shape[1]
-        cos, sin = rope_cos_sin(block_pos, self.config.head_dim, self.config.rope_theta, block.dtype)
+        cos, sin = self.rope(block_pos, block.dtype)
         c = self.config
-        mask = build_mask(ctx_end, slots, ctx_kv[0][0].shape[2], c.window, c.attn_backend)
+        ctx_len = ctx_kv[0][0].shape[2]
+        mask = build_mask(ctx_end, slots, ctx_len, c.window or ctx_len, c.attn_backend)  # window 0: all positions
         x = block
         for layer, (ck, cv) in zip(self.layers, ctx_kv):
             x = layer(x, cos, sin, ck, cv, mask, slots)
@@ -193,13 +277,22 @@ class Drafter(nn.Module):
         path = Path(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"no drafter checkpoint at {path} (config.json missing)")
-        d = json.loads((path / "config.json").read_text())
-        c = DrafterConfig.from_hf_dict(d)
+        if not (path / "model.safetensors").exists():
+            raise FileNotFoundError(f"drafter checkpoint {path}: model.safetensors missing")
+        try:
+            d = json.loads((path / "config.json").read_text())
+            c = DrafterConfig.from_hf_dict(d)
+        except (ValueError, TypeError) as e:  # not JSON, or a field out of range
+            raise ValueError(f"drafter checkpoint {path}/config.json: {e}") from None
         for k, v in overrides.items():
             setattr(c, k, v)
         m = cls(c)
-        sd = load_file(str(path / "model.safetensors"))
-        missing, unexpected = m.load_state_dict(sd, strict=False)
+        try:
+            sd = load_file(str(path / "model.safetensors"))
+            missing, unexpected = m.load_state_dict(sd, strict=False)
+        except Exception as e:  # truncated / not safetensors (SafetensorError), shapes unlike config.json
+            raise ValueError(f"drafter checkpoint {path}/model.safetensors cannot be loaded: "
+                             f"{str(e).splitlines()[0][:300]}") from None
         # A plain DFlash checkpoint has no injection weights: the variant keeps its own initialisation
         # (zero_init_residual then starts exactly as the double-anchor token-only drafter); nor DFlash2 conv/selector
         # weights: they keep their identity initialisation (a dflash2 drafter then starts as that DFlash drafter).

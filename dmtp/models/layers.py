@@ -23,10 +23,14 @@ class RMSNorm(nn.Module):
         return (self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype))
 
 
-def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float, dtype):
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim))
+def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float, dtype, inv_freq=None, scale: float = 1.0):
+    """cos, sin [..., dim] at positions pos; inv_freq, scale: a scaled RoPE (`drafter.rope_frequencies`)."""
+    inv = inv_freq if inv_freq is not None else \
+        1.0 / (theta ** (torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim))
     f = pos.float()[..., None] * inv  # [..., dim/2]
     emb = torch.cat([f, f], -1)
+    if scale != 1.0:
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 

@@ -180,10 +180,13 @@ def read_prefixed_tensors(path: str | Path, prefix: str) -> dict[str, torch.Tens
 
     out = {}
     for f in safetensor_files(path):
-        with safe_open(str(f), framework="pt") as fh:
-            for k in fh.keys():
-                if k.startswith(prefix):
-                    out[k[len(prefix):]] = fh.get_tensor(k)
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    if k.startswith(prefix):
+                        out[k[len(prefix):]] = fh.get_tensor(k)
+        except Exception as e:  # SafetensorError (truncated, empty, not safetensors), a missing shard
+            raise ValueError(f"{f}: cannot be read as safetensors ({str(e).splitlines()[0][:200]})") from None
     return out
 
 

@@ -32,6 +32,17 @@ def _text_model(model: nn.Module) -> nn.Module:
     return getattr(inner, "language_model", inner)
 
 
+def read_config(path: str | Path):
+    """A checkpoint's text config from its config.json alone (no weights): vocabulary, positions, eos, widths."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(path))
+    except Exception as e:  # missing or broken config.json, an unknown model_type
+        raise ValueError(f"{path}/config.json cannot be read: {str(e).splitlines()[0][:200]}") from None
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 class Target(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -59,7 +70,10 @@ class Target(nn.Module):
         path = Path(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"no HF checkpoint at {path} (config.json missing)")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+        except Exception as e:  # a broken config.json or weights file (OSError, SafetensorError, shapes, ...)
+            raise ValueError(f"target checkpoint {path} cannot be loaded: {str(e).splitlines()[0][:300]}") from None
         return cls(model.to(device))
 
     @property

@@ -8,7 +8,6 @@ them), which is what "identical data, hyper-parameters and budget" means for the
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -18,8 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dmtp.checks import at_least, check, fraction, non_negative, positive
 from dmtp.dist import all_sum, average_grads, barrier, rank_world
-from dmtp.io import atomic_path, write_json
+from dmtp.io import atomic_path, iter_jsonl, write_json, write_text
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
 
@@ -42,22 +42,35 @@ class TrainConfig:
     init_from: dict = field(default_factory=dict)  # variant -> drafter checkpoint to continue from
     stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
 
+    def __post_init__(self):
+        # max_len >= 4: an anchor needs A, T1 and at least one label (1 <= a <= len - 3)
+        check(self, steps=at_least(1), batch_size=at_least(1), max_len=at_least(4), anchors_per_seq=at_least(1),
+              lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
+              seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0))
+
 
 # --- data -------------------------------------------------------------------------------------------------------
-def load_sequences(path: str | Path, max_len: int) -> list[list[int]]:
-    """Token file: JSONL, one object per line with `prompt_ids` + `output_ids` (the `dmtp generate` schema) or `ids`."""
+def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None) -> list[list[int]]:
+    """Token file: JSONL, one object per line with `prompt_ids` + `output_ids` (the `dmtp generate` schema) or `ids`.
+    A line without them, or with ids outside [0, vocab_size), is an error naming the file and line."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
     seqs = []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            ids = r["ids"] if "ids" in r else list(r["prompt_ids"]) + list(r["output_ids"])
-            if len(ids) >= 4:
-                seqs.append(ids[:max_len])
+    for i, r in iter_jsonl(path):
+        if "ids" in r:
+            ids = r["ids"]
+        elif "prompt_ids" in r and "output_ids" in r:
+            ids = list(r["prompt_ids"]) + list(r["output_ids"])
+        else:
+            raise ValueError(f"{path}:{i}: expected `ids`, or `prompt_ids` and `output_ids` (token id lists)")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError(f"{path}:{i}: token ids must be a list of integers")
+        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            raise ValueError(f"{path}:{i}: token id {bad[0]} outside the target's vocabulary [0, {vocab_size})")
+        if len(ids) >= 4:
+            seqs.append(ids[:max_len])
     if not seqs:
         raise ValueError(f"{path} holds no sequence of at least 4 tokens")
     return seqs
@@ -198,10 +211,14 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
             start[name] = cfg.steps
         elif state.exists():
             s = torch.load(state, map_location=dev, weights_only=False)
+            if s["step"] > cfg.steps:
+                raise ValueError(f"{state} is at step {s['step']}, beyond the {cfg.steps} steps requested")
             d.load_state_dict(s["model"])
             opts[name].load_state_dict(s["opt"])
             start[name], hist[name] = s["step"], s["history"]
             log(f"[train] {name}: resumed at step {s['step']}")
+            if s["step"] == cfg.steps and main:  # killed between the final checkpoint and DONE: finish it now
+                _finish(out_dir / name, hist[name], f"{cfg.steps} steps (marked done on a rerun)")
     todo = {n: d for n, d in drafters.items() if start[n] < cfg.steps}
     if not todo:
         return hist
@@ -248,18 +265,22 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
                 with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
                     torch.save({"model": d.state_dict(), "opt": opts[name].state_dict(), "step": step + 1,
                                 "history": hist[name]}, tmp)
+                if step + 1 == cfg.steps:  # the final checkpoint, then at once DONE (a rerun completes a kill here)
+                    _finish(out_dir / name, hist[name], f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)")
         bar.set_postfix(post)
         if cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps:
             barrier()
             log(f"[train] stopped after step {step + 1} (resumable)")
             return hist
     barrier()
-    for name in todo if main else []:
-        write_json(out_dir / name / "history.json", hist[name])
-        (out_dir / name / "DONE").write_text(f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)\n")
-        (out_dir / name / "trainer_state.pt").unlink(missing_ok=True)
-    barrier()
     return hist
+
+
+def _finish(path: Path, hist: list[dict], note: str):
+    """A drafter whose final checkpoint is written: its history, then DONE (atomic), then the trainer state goes."""
+    write_json(path / "history.json", hist)
+    write_text(path / "DONE", note + "\n")
+    (path / "trainer_state.pt").unlink(missing_ok=True)
 
 
 def new_drafters(target, variants: list[str], base: dict, init_from: dict | None = None,

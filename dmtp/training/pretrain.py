@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dmtp.checks import at_least, check, fraction, non_negative, positive, require
 from dmtp.dist import all_sum, average_grads, barrier, rank_world
 from dmtp.io import atomic_path
 from dmtp.models.mtp import MTPHead
@@ -32,6 +33,15 @@ class TargetArch:
     intermediate_size: int = 384
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = True  # small Qwen3.5 models tie them; halves the hand-off checkpoint
+
+    def __post_init__(self):
+        check(self, hidden_size=at_least(1), num_hidden_layers=at_least(1), num_attention_heads=at_least(1),
+              num_key_value_heads=at_least(1), head_dim=at_least(8), intermediate_size=at_least(1),
+              max_position_embeddings=at_least(2))
+        require(self.num_attention_heads % self.num_key_value_heads == 0, f"num_attention_heads="
+                f"{self.num_attention_heads} is not a multiple of num_key_value_heads={self.num_key_value_heads}")
+        require(self.head_dim % 8 == 0, f"head_dim={self.head_dim}: expected a multiple of 8 (a quarter of it is "
+                "rotated, split into three mrope sections)")
 
 
 @dataclass
@@ -52,6 +62,18 @@ class PretrainConfig:
     log_every: int = 20  # a history record (loss averaged over ranks) every N steps
     save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
     stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
+
+    def __post_init__(self):
+        # seq_len >= 3: the MTP term predicts x_{i+2}
+        check(self, tokens=at_least(1), seq_len=at_least(3), batch_size=at_least(1), lr=positive,
+              warmup_frac=fraction, weight_decay=non_negative, mtp_lambda=non_negative,
+              mtp_lambda_late=non_negative, late_frac=fraction, clip=positive, seed=at_least(0),
+              log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0))
+        step = self.seq_len * self.batch_size
+        require(self.tokens >= step, f"tokens={self.tokens}: expected at least one step's worth, seq_len x batch_size"
+                f" = {self.seq_len} x {self.batch_size} = {step}")
+        require(self.eval_tokens >= self.seq_len, f"eval_tokens={self.eval_tokens}: expected at least one held-out "
+                f"sequence, seq_len = {self.seq_len}")
 
 
 def build_target(arch: TargetArch, vocab_size: int, eos_id: int, dtype=torch.float32):
@@ -117,7 +139,8 @@ def evaluate(tgt, mtp, tokens: np.ndarray, seq_len: int, max_tokens: int, batch:
 
 def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str | Path, log=print) \
         -> tuple[list[dict], dict]:
-    """Train target + MTP jointly; resumable from out/pretrain_state.pt. Returns (loss history, run info).
+    """Train target + MTP jointly; resumable from out/pretrain_state.pt, which is kept after the last step (remove it
+    once the trained model is saved: a rerun after a kill in between resumes at the end). Returns (history, info).
 
     Under torchrun each rank takes rows rank::world of every global batch and gradients are averaged over ranks
     (one all-reduce per step), so N ranks compute the 1-rank gradient of the same global batch. The resumable state
@@ -186,7 +209,8 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
             hist.append(rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", mtp=f"{rec['mtp_loss']:.3f}")
         stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < steps
-        if ((step + 1) % save_every == 0 and step + 1 < steps) or stop:
+        # the last step too: the state outlives training until the caller has saved the finished target
+        if (step + 1) % save_every == 0 or step + 1 == steps or stop:
             if main:
                 with atomic_path(state_path) as tmp:
                     torch.save({"model": tgt.model.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
@@ -200,10 +224,8 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     if not info["finished"]:
         if main:
             log(f"[pretrain] stopped after step {info['step']}/{steps} (resumable from {state_path})")
-    else:
+    else:  # the state at the last step stays: the caller removes it once the target is saved
         tgt.model.eval().requires_grad_(False)
         mtp.eval().requires_grad_(False)
         barrier()
-        if main:
-            state_path.unlink(missing_ok=True)
     return hist, info

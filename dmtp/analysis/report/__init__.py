@@ -50,6 +50,10 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += ["## Artifacts", "", tables.to_markdown(s[cols])]
     else:
         out += ["No run artifacts found.", ""]
+    gone = tables.missing(art)
+    if gone:
+        out += ["## Missing runs", "", "These runs are absent, so their rows are missing from the tables below:", "",
+                *[f"- `runs/{e}/{m}/{d}_T{t:g}.jsonl`" for e, d, t, m in gone], ""]
     lossless = art.tables / "lossless_T0.csv"  # written by the pipeline: T=0 outputs identical to `ar`
     if lossless.exists():
         out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "",

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from dmtp.analysis import metrics as M
+from dmtp.io import iter_jsonl
 
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
 KEYS = ["experiment", "dataset", "temperature", "method"]
@@ -43,16 +43,23 @@ class Artifacts:
 
 
 def read_runs(root: Path) -> pd.DataFrame:
+    """Every record under root/runs; a malformed file (not JSON, no `id`, `accepted` not a list of counts, a
+    temperature the name does not carry) is an error naming the file and line."""
     rows = []
     for path in sorted(Path(root, "runs").glob("*/*/*.jsonl")):
         experiment, method = path.parent.parent.name, path.parent.name
         dataset, _, temp = path.stem.rpartition("_T")
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            acc = [int(a) for a in r.get("accepted", [])]
+        try:
+            float(temp)
+        except ValueError:
+            raise ValueError(f"{path}: expected a file name <dataset>_T<temperature>.jsonl") from None
+        for line, r in iter_jsonl(path):
+            acc = r.get("accepted", [])
+            if "id" not in r or not isinstance(acc, list) or not all(isinstance(a, int) and a >= 0 for a in acc):
+                raise ValueError(f"{path}:{line}: expected a record with `id` and `accepted` (a list of counts >= 0)")
             k = int(r.get("n_candidates") or DEFAULT_K.get(method, 7))
+            if acc and max(acc) > k:
+                raise ValueError(f"{path}:{line}: accepted count {max(acc)} exceeds the {k} candidates of a round")
             rows.append({"experiment": experiment, "dataset": r.get("dataset", dataset),
                          "temperature": float(r.get("temperature", temp)), "method": method, "id": r["id"], "k": k,
                          "accepted": acc, "hist": M.histogram(acc, k), "n_rounds": len(acc),
@@ -60,6 +67,17 @@ def read_runs(root: Path) -> pd.DataFrame:
                          "output_tokens": len(r.get("output_ids", [])), "wall_s": float(r.get("wall_s", np.nan))})
     cols = KEYS + ["id", "k", "accepted", "hist", "n_rounds", "acceptance_length", "output_tokens", "wall_s"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def missing_runs(runs: pd.DataFrame, expected: dict[str, list[str]] | None = None) -> list[tuple]:
+    """(experiment, dataset, temperature, method) of runs that are absent although that experiment and dataset hold
+    the temperature for other methods and the method at another temperature, or the method is `expected` there."""
+    out = []
+    for (exp, ds), g in runs.groupby(["experiment", "dataset"], sort=True):
+        have = set(zip(g.method, g.temperature))
+        methods = sorted(set(g.method) | set((expected or {}).get(exp, ())), key=method_rank)
+        out += [(exp, ds, t, m) for m in methods for t in sorted(set(g.temperature)) if (m, t) not in have]
+    return out
 
 
 def summarize(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
-from dmtp.analysis.report.data import Artifacts, load, method_rank, pooled_throughput, records
+from dmtp.analysis.report.data import Artifacts, load, method_rank, missing_runs, pooled_throughput, records
 
 ABLATION_MAIN = ["dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual",
                  "zero_init_residual_from_dflash"]
@@ -284,9 +284,16 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
 ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, throughput, overhead, open_repro]
 
 
+def missing(art: Artifacts) -> list[tuple]:
+    """Runs a table would want but the artifacts lack (printed, and listed in REPORT.md: never dropped silently)."""
+    return missing_runs(art.runs, {"ablation": ABLATION_BASE + ABLATION_MAIN})
+
+
 def render(art: Artifacts) -> None:
     for fn in ALL:
         fn(art)
+    for exp, ds, t, m in missing(art):
+        print(f"[report] missing runs: {exp}/{m}/{ds}_T{t:g}.jsonl (no rows for {m} in that table)")
 
 
 def render_all(root: str | Path) -> Artifacts:

@@ -46,6 +46,16 @@ class Layout:
         return tuple(i for i, k in enumerate(self.kinds) if k == "M")
 
 
+class _class_property:
+    """A read-only property computed from the class, so `Cls.attr` and `obj.attr` agree."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __get__(self, obj, cls):
+        return self.fn(cls)
+
+
 class Variant(nn.Module):
     name: str = ""
     description: str = ""
@@ -57,9 +67,11 @@ class Variant(nn.Module):
         super().__init__()
         self.cfg = cfg
 
-    @property
-    def needs_mtp(self) -> bool:
-        return self.t1 or self.needs_mtp_context
+    @_class_property
+    def needs_mtp(cls) -> bool:
+        """Whether the variant reads the target's MTP head; the same answer on the class (before any drafter exists,
+        e.g. to decide whether to load the head) and on an instance."""
+        return cls.t1 or cls.needs_mtp_context
 
     def layout(self, num_candidates: int) -> Layout:
         kinds = (["A"] if self.anchor else []) + (["T1"] if self.t1 else [])

@@ -1,0 +1,81 @@
+"""Checks of user-given values: a bad value fails at once with one line naming the field and what was expected.
+
+    @dataclass
+    class TrainConfig:
+        steps: int = 200
+        lr: float = 6e-4
+        def __post_init__(self):
+            check(self, steps=at_least(1), lr=positive)   # TrainConfig(steps=0) -> BadValue("steps=0: expected ...")
+
+A rule is a (test, expectation) pair; `check` also refuses NaN and infinities in every float field of a dataclass,
+with or without a rule. Configs check themselves in `__post_init__`, so a value set from a profile, a `--set` override
+or a command-line flag is checked in the same place (`dataclasses.replace` runs `__post_init__` again).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import fields, is_dataclass
+
+
+class BadValue(ValueError):
+    """A value outside what its field accepts: `name=value: expected ...`."""
+
+    def __init__(self, name: str, value, expected: str):
+        self.name, self.value, self.expected = name, value, expected
+        super().__init__(f"{name}={value!r}: expected {expected}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def at_least(lo: int):
+    """An integer >= lo."""
+    return (lambda v: _is_int(v) and v >= lo), f"an integer >= {lo}"
+
+
+def number(lo: float | None = None, hi: float | None = None, open_lo: bool = False):
+    """A finite number in [lo, hi] ((lo, hi] with open_lo)."""
+    def test(v):
+        return _is_number(v) and (lo is None or (v > lo if open_lo else v >= lo)) and (hi is None or v <= hi)
+    bounds = ([f"{'>' if open_lo else '>='} {lo:g}"] if lo is not None else []) + \
+        ([f"<= {hi:g}"] if hi is not None else [])
+    return test, "a finite number" + (" " + " and ".join(bounds) if bounds else "")
+
+
+positive = number(0, open_lo=True)
+non_negative = number(0)
+fraction = number(0, 1)
+
+
+def one_of(*choices):
+    return (lambda v: v in choices), "one of " + ", ".join(map(repr, choices))
+
+
+def each(rule, what: str = "list"):
+    """A non-empty list/tuple whose every item passes `rule`."""
+    test, exp = rule
+    return (lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(test(x) for x in v)), \
+        f"a non-empty {what}, each item {exp}"
+
+
+def check(obj, **rules) -> None:
+    """Raise BadValue for the first field of `obj` that breaks its rule or is a NaN/infinite float."""
+    for name, (test, expected) in rules.items():
+        v = getattr(obj, name)
+        if not test(v):
+            raise BadValue(name, v, expected)
+    for f in fields(obj) if is_dataclass(obj) else ():
+        v = getattr(obj, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise BadValue(f.name, v, "a finite number")
+
+
+def require(ok: bool, message: str) -> None:
+    """A cross-field rule: raise ValueError(message) unless ok."""
+    if not ok:
+        raise ValueError(message)

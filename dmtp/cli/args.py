@@ -1,0 +1,156 @@
+"""Command-line inputs checked before any work, and one error line instead of a traceback for a user error.
+
+    p.add_argument("--temperature", type=number(0), default=0.0)    # nan, inf, -1 -> "argument --temperature: ..."
+    p.add_argument("--batch-size", type=at_least(1), default=16)
+    guard("dmtp generate", cmd_generate, a)    # ValueError / KeyError / OSError -> "dmtp generate: error: ...", exit 2
+
+`DMTP_TRACEBACK=1` re-raises instead (for debugging the suite itself). An exception outside those classes is a bug
+of the suite and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+USER_ERRORS = (ValueError, KeyError, OSError, NotImplementedError, ImportError)  # ImportError: an optional package
+
+
+def at_least(lo: int):
+    """argparse type: an integer >= lo."""
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {s!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
+        return v
+    return parse
+
+
+def number(lo: float | None = None, open_lo: bool = False):
+    """argparse type: a finite number (>= lo, or > lo with open_lo)."""
+    want = "a finite number" + ("" if lo is None else f" {'>' if open_lo else '>='} {lo:g}")
+
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+        if not math.isfinite(v) or (lo is not None and (v <= lo if open_lo else v < lo)):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {s}")
+        return v
+    return parse
+
+
+def listed(item):
+    """argparse type: comma-separated items, each parsed by `item` (an argparse type above)."""
+    def parse(s):
+        parts = [x.strip() for x in s.split(",")]
+        if not s.strip() or not all(parts):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {s!r}")
+        return [item(x) for x in parts]
+    return parse
+
+
+def names(s: str) -> list[str]:
+    """argparse type: comma-separated names, none empty, none repeated."""
+    parts = [x.strip() for x in s.split(",")]
+    if not s.strip() or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {s!r}")
+    dup = sorted({x for x in parts if parts.count(x) > 1})
+    if dup:
+        raise argparse.ArgumentTypeError(f"{', '.join(dup)} given twice")
+    return parts
+
+
+def guard(prog: str, fn, *args):
+    """Run fn(*args); a user error prints `prog: error: message` (one line) and exits 2; Ctrl-C exits 130."""
+    try:
+        return fn(*args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; the same command resumes from what was saved", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:
+        oom = getattr(sys.modules.get("torch"), "OutOfMemoryError", ())
+        if os.environ.get("DMTP_TRACEBACK") or not isinstance(e, USER_ERRORS + ((oom,) if oom else ())):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        if oom and isinstance(e, oom):
+            msg = f"out of device memory ({str(e).splitlines()[0]}); use a smaller batch"
+        print(f"{prog}: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+def out_file(path, flag: str = "--out") -> Path:
+    """An output file path checked before any work: not a folder, its folder creatable and writable."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {p}: is a folder; expected a file path")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=p.parent).close()
+        if p.exists():
+            open(p, "a").close()
+    except OSError as e:
+        raise ValueError(f"{flag} {p}: cannot write there ({e.strerror or e})") from None
+    return p
+
+
+def out_dir(path, flag: str = "--out") -> Path:
+    """An output folder checked before any work: not a file, creatable and writable."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {p}: is a file; expected a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=p).close()
+    except OSError as e:
+        raise ValueError(f"{flag} {p}: cannot write there ({e.strerror or e})") from None
+    return p
+
+
+def in_file(path, flag: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{flag} {p}: no such file")
+    if p.is_dir():
+        raise ValueError(f"{flag} {p}: is a folder; expected a file")
+    return p
+
+
+def checkpoint(path, flag: str, what: str = "checkpoint") -> Path:
+    """A checkpoint folder: exists, holds config.json and safetensors weights."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{flag} {p}: no such folder (expected a {what} folder with config.json)")
+    if not (p / "config.json").exists():
+        raise FileNotFoundError(f"{flag} {p}: no config.json (expected a {what} folder)")
+    if not any(p.glob("*.safetensors")):
+        raise FileNotFoundError(f"{flag} {p}: no *.safetensors weights beside config.json")
+    return p
+
+
+def device(name: str | None) -> str:
+    """The device to run on (default: cuda when available), refused up front when it cannot be used."""
+    import torch
+
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        d = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available here (torch {torch.__version__}); use --device "
+                             "cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif d.type != "cpu":
+        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N")
+    return name

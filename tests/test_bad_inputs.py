@@ -1,0 +1,226 @@
+"""Bad input at every entry point: a non-zero exit and one clear error line naming the flag, file, line or field,
+never a traceback. Most cases fail before any model is loaded; they run the command in-process, a few as real
+subprocesses (the exit code and stderr a user sees)."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dmtp.cli import bench, lossless
+from dmtp.cli import report as report_cli
+from dmtp.cli.main import main as dmtp
+from dmtp.models import tiny
+from dmtp.models.drafter import Drafter, DrafterConfig
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    """Checkpoints and files: a tiny target (vocab 96, no tokenizer files, eos 1), broken variants of it, drafters,
+    prompts, training data, a small results folder."""
+    root = tmp_path_factory.mktemp("bad")
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    tiny.save(tgt, mtp, root / "target")
+    shutil.copytree(root / "target", root / "noeos")
+    for f in ("config.json", "generation_config.json"):
+        cfg = json.loads((root / "noeos" / f).read_text())
+        cfg.pop("eos_token_id", None)
+        (root / "noeos" / f).write_text(json.dumps(cfg))
+    shutil.copytree(root / "target", root / "trunc")
+    b = (root / "trunc" / "model.safetensors").read_bytes()
+    (root / "trunc" / "model.safetensors").write_bytes(b[: len(b) // 2])
+    (root / "empty").mkdir()
+    torch.manual_seed(0)
+    for name, hidden in (("zir", 64), ("wide", 128)):
+        Drafter(DrafterConfig(hidden_size=hidden, vocab_size=96, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=16, intermediate_size=64, num_target_layers=4, variant="zero_init_residual",
+                              mask_token_id=2)).save(root / name)
+    shutil.copytree(root / "zir", root / "dtrunc")
+    (root / "dtrunc" / "model.safetensors").write_bytes(b"\x00" * 16)
+    lines = {"prompts": [{"id": "a", "prompt_ids": [3, 4, 5]}, {"id": "b", "prompt_ids": [6, 7]}],
+             "bad_json": ['{"id": "a", "prompt_ids": [3]}', "", '{"id": "b", "prompt_ids": [4'],
+             "not_object": ['{"id": "a", "prompt_ids": [3]}', "[1, 2]"],
+             "dup": [{"id": "a", "prompt_ids": [3]}, {"id": "a", "prompt_ids": [4]}],
+             "some_ids": [{"id": "a", "prompt_ids": [3]}, {"prompt_ids": [4]}],
+             "oov": [{"id": "a", "prompt_ids": [3, 999]}], "negative": [{"id": "a", "prompt_ids": [-1, 3]}],
+             "empty_prompt": [{"id": "a", "prompt_ids": []}], "text": [{"id": "a", "prompt": "def f():"}],
+             "neither": [{"id": "a", "question": "?"}], "long": [{"id": "a", "prompt_ids": [3] * 4090}],
+             "data": [{"ids": list(range(3, 40))}] * 4, "data_oov": [{"ids": [3, 4, 5, 400]}],
+             "data_keys": [{"tokens": [3, 4, 5, 6]}], "data_bad": ['{"ids": [3, 4, 5, 6]}', "", '{"ids": [3,']}
+    for name, rows in lines.items():
+        (root / f"{name}.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
+                                                    for r in rows))
+    (root / "a_file").write_text("x")
+    (root / "out_dir").mkdir()
+    (root / "taken.jsonl").write_text('{"id": "a", "accepted": []}\n')  # records with no meta beside them
+    (root / "other.jsonl").write_text('{"id": "a", "accepted": []}\n')
+    (root / "other.jsonl.meta.json").write_text(json.dumps({"fingerprint": {"temperature": 1.0}}))
+    runs = root / "results" / "bad" / "runs" / "ablation" / "dflash"
+    runs.mkdir(parents=True)
+    (runs / "humaneval_T0.jsonl").write_text('{"id": "a", "accepted": [1]}\n\n{"id": "b", "accepted": "x"}\n')
+    return root
+
+
+def G(w, *extra, prompts="prompts"):
+    return ["generate", "--target", str(w / "target"), "--method", "ar", "--prompts", str(w / f"{prompts}.jsonl"),
+            "--out", str(w / "out" / "o.jsonl"), *extra]
+
+
+def TR(w, *extra, data="data"):
+    return ["train", "--target", str(w / "target"), "--data", str(w / f"{data}.jsonl"), "--out", str(w / "drafters"),
+            "--mask-token-id", "2", *extra]
+
+
+def P(w, *extra):
+    return ["pipeline", "--profile", "smoke", "--work", str(w / "pw"), "--results", str(w / "pr"), "--stage",
+            "corpus", *extra]
+
+
+CASES = [  # (name, argv builder, what the error line must say)
+    # dmtp generate: numbers
+    ("temperature nan", lambda w: G(w, "--temperature", "nan"), "argument --temperature: expected a finite number"),
+    ("temperature -1", lambda w: G(w, "--temperature", "-1"), "argument --temperature: expected a finite number >= 0"),
+    ("temperature inf", lambda w: G(w, "--temperature", "inf"), "argument --temperature"),
+    ("max-new-tokens 0", lambda w: G(w, "--max-new-tokens", "0"), "argument --max-new-tokens: expected an integer >= 1"),
+    ("max-new-tokens -5", lambda w: G(w, "--max-new-tokens", "-5"), "argument --max-new-tokens"),
+    ("batch-size -1", lambda w: G(w, "--batch-size", "-1"), "argument --batch-size: expected an integer >= 1"),
+    ("n -1", lambda w: G(w, "--n", "-1"), "argument --n: expected an integer >= 1"),
+    ("n text", lambda w: G(w, "--n", "two"), "argument --n: expected an integer >= 1, got 'two'"),
+    ("mtp-steps 0", lambda w: G(w, "--mtp-steps", "0"), "argument --mtp-steps"),
+    ("seed -3", lambda w: G(w, "--seed", "-3"), "argument --seed"),
+    # dmtp generate: methods, checkpoints, devices
+    ("unknown method", lambda w: G(w)[:4] + ["bogus"] + G(w)[5:], "unknown variant 'bogus'; known: dflash"),
+    ("variant without drafter", lambda w: G(w)[:4] + ["zero_init_residual"] + G(w)[5:], "needs --drafter"),
+    ("ar with a drafter", lambda w: G(w, "--drafter", str(w / "zir")), "--method ar uses no drafter"),
+    ("target missing", lambda w: ["generate", "--target", str(w / "nope")] + G(w)[3:], "no such folder"),
+    ("target without config", lambda w: ["generate", "--target", str(w / "empty")] + G(w)[3:], "no config.json"),
+    ("target truncated", lambda w: ["generate", "--target", str(w / "trunc")] + G(w)[3:],
+     "cannot be loaded: Error while deserializing header"),
+    ("drafter truncated", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "dtrunc")] + G(w)[5:],
+     "model.safetensors cannot be loaded"),
+    ("drafter of another width", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "wide")] + G(w)[5:],
+     "drafter hidden_size 128 != target hidden_size 64"),
+    ("device cuda", lambda w: G(w, "--device", "cuda"), "CUDA is not available here"),
+    ("device tpu", lambda w: G(w, "--device", "tpu"), "--device 'tpu': expected cpu, cuda or cuda:N"),
+    # dmtp generate: the prompt file, line by line
+    ("prompts missing", lambda w: G(w, prompts="nope"), "--prompts"),
+    ("malformed json", lambda w: G(w, prompts="bad_json"), "bad_json.jsonl:3: not valid JSON"),
+    ("line not an object", lambda w: G(w, prompts="not_object"), "not_object.jsonl:2: expected a JSON object"),
+    ("duplicate id", lambda w: G(w, prompts="dup"), "dup.jsonl:2: id 'a' already used on line 1"),
+    ("missing id", lambda w: G(w, prompts="some_ids"), "some_ids.jsonl:2: no `id` while other lines have one"),
+    ("token id out of range", lambda w: G(w, prompts="oov"), "oov.jsonl:1: token id 999 outside the target's "
+     "vocabulary [0, 96)"),
+    ("negative token id", lambda w: G(w, prompts="negative"), "negative.jsonl:1: token id -1 outside"),
+    ("empty prompt", lambda w: G(w, prompts="empty_prompt"), "empty_prompt.jsonl:1: empty prompt"),
+    ("text without tokenizer", lambda w: G(w, prompts="text"), "text.jsonl:1: a text prompt, but the target has no "
+     "tokenizer files"),
+    ("no prompt field", lambda w: G(w, prompts="neither"), "neither.jsonl:1: needs `prompt` (text) or `prompt_ids`"),
+    ("prompt beyond positions", lambda w: G(w, prompts="long"), "long.jsonl:1: 4090 prompt tokens + "
+     "--max-new-tokens 128 exceed the target's 4096 positions"),
+    ("prompts and dataset", lambda w: G(w, "--dataset", "gsm8k"), "give exactly one of --prompts FILE and --dataset"),
+    ("unknown dataset", lambda w: G(w)[:5] + ["--dataset", "bogus"] + G(w)[7:], "unknown dataset 'bogus'"),
+    # dmtp generate: --out and end-of-text ids
+    ("out is a folder", lambda w: G(w)[:-2] + ["--out", str(w / "out_dir")], "is a folder; expected a file path"),
+    ("out under a file", lambda w: G(w)[:-2] + ["--out", str(w / "a_file" / "o.jsonl")], "cannot write there"),
+    ("out of another run", lambda w: G(w)[:-2] + ["--out", str(w / "other.jsonl")],
+     "made with another configuration (temperature: 1.0 -> 0.0"),
+    ("out without meta", lambda w: G(w)[:-2] + ["--out", str(w / "taken.jsonl")], "exists without taken.jsonl.meta"),
+    ("eos not ids", lambda w: G(w, "--eos", "abc"), "--eos 'abc': expected comma-separated token ids, or none"),
+    ("eos out of range", lambda w: G(w, "--eos", "500"), "end-of-text id 500 (--eos) outside the vocabulary"),
+    ("no eos anywhere", lambda w: ["generate", "--target", str(w / "noeos")] + G(w)[3:], "no end-of-text id"),
+    # dmtp train
+    ("train steps 0", lambda w: TR(w, "--steps", "0"), "argument --steps: expected an integer >= 1"),
+    ("train lr nan", lambda w: TR(w, "--lr", "nan"), "argument --lr: expected a finite number > 0"),
+    ("train lr -1", lambda w: TR(w, "--lr", "-1"), "argument --lr"),
+    ("train gamma 0", lambda w: TR(w, "--gamma", "0"), "argument --gamma"),
+    ("train max-len 2", lambda w: TR(w, "--max-len", "2"), "argument --max-len: expected an integer >= 4"),
+    ("train variant twice", lambda w: TR(w, "--variants", "dflash,dflash"), "argument --variants: dflash given twice"),
+    ("train unknown variant", lambda w: TR(w, "--variants", "dflash,bogus"), "unknown variant 'bogus'"),
+    ("train malformed data", lambda w: TR(w, data="data_bad"), "data_bad.jsonl:3: not valid JSON"),
+    ("train token out of range", lambda w: TR(w, data="data_oov"), "data_oov.jsonl:1: token id 400 outside"),
+    ("train data keys", lambda w: TR(w, data="data_keys"), "data_keys.jsonl:1: expected `ids`, or `prompt_ids`"),
+    ("train mask id", lambda w: TR(w)[:-2] + ["--mask-token-id", "500"], "--mask-token-id 500: expected a token id"),
+    ("train init-from", lambda w: TR(w, "--init-from", "x"), "--init-from 'x': expected VARIANT=PATH"),
+    ("train taps", lambda w: TR(w, "--layers", "5"), "--layers 5: the drafter taps target layers"),
+    ("train profile", lambda w: TR(w, "--profile", "bogus"), "unknown profile 'bogus'"),
+    ("train out is a file", lambda w: TR(w)[:5] + ["--out", str(w / "a_file")] + TR(w)[7:], "is a file"),
+    # dmtp pipeline: profile fields and stages
+    ("set tokens -100", lambda w: P(w, "--set", "pretrain.tokens=-100"), "--set pretrain.tokens=-100: expected an "
+     "integer >= 1"),
+    ("set temperature nan", lambda w: P(w, "--set", "data_temperature=nan"), "--set data_temperature=nan: expected a"
+     " finite number >= 0"),
+    ("set max_len 2", lambda w: P(w, "--set", "train.max_len=2"), "--set train.max_len=2: expected an integer >= 4"),
+    ("set tokens below a step", lambda w: P(w, "--set", "pretrain.tokens=100"), "expected at least one step's worth"),
+    ("set eval gsm8k", lambda w: P(w, "--set", "eval_subsets={}", "--set", 'eval_sets={"gsm8k": 2}'),
+     "the pipeline evaluates on HumanEval only"),
+    ("set unknown field", lambda w: P(w, "--set", "bogus=1"), "Profile has no field 'bogus'"),
+    ("set without value", lambda w: P(w, "--set", "novalue"), "expected KEY=VALUE"),
+    ("set a typo'd type", lambda w: P(w, "--set", "train.steps=ten"), "--set train.steps=ten"),
+    ("unknown stage", lambda w: P(w)[:-1] + ["bogus"], "unknown stage 'bogus'"),
+    ("unknown profile", lambda w: P(w)[:2] + ["bogus"] + P(w)[3:], "unknown profile 'bogus'"),
+    ("paper profile", lambda w: P(w)[:2] + ["qwen3.6-27b"] + P(w)[3:], "is paper-scale"),
+]
+
+
+def _fails(argv, capsys, fn=dmtp):
+    with pytest.raises(SystemExit) as e:
+        fn(argv)
+    err = capsys.readouterr().err
+    assert e.value.code not in (0, None), err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name,argv,msg", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line(w, capsys, name, argv, msg):
+    if name == "device cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    line = _fails(argv(w), capsys)
+    assert "error:" in line and msg in line, line
+    assert not (w / "out" / "o.jsonl").exists()  # nothing was decoded
+
+
+OTHER = [  # the other entry points: (name, main, argv, message)
+    ("report unknown profile", report_cli.main, lambda w: ["tables", "--profile", "typo", "--results",
+                                                             str(w / "results")], "holds no artifacts"),
+    ("report malformed record", report_cli.main, lambda w: ["tables", "--profile", "bad", "--results",
+                                                              str(w / "results")], "humaneval_T0.jsonl:3: expected "
+     "a record with `id` and `accepted`"),
+    ("lossless n 0", lossless.main, lambda w: ["--target", str(w / "target"), "--out", str(w / "l"), "--n", "0"],
+     "argument --n"),
+    ("lossless drafter method", lossless.main, lambda w: ["--target", str(w / "target"), "--out", str(w / "l"),
+                                                           "--methods", "ar,dflash"], "needs --drafters DIR"),
+    ("lossless no tokenizer", lossless.main, lambda w: ["--target", str(w / "target"), "--out", str(w / "l")],
+     "no tokenizer files"),
+    ("bench caps 0", bench.main, lambda w: ["--out", str(w / "b"), "--caps", "1,0"], "argument --caps"),
+    ("bench temperatures nan", bench.main, lambda w: ["--out", str(w / "b"), "--temperatures", "0,nan"],
+     "argument --temperatures"),
+    ("bench parts", bench.main, lambda w: ["--out", str(w / "b"), "--parts", "speed"], "argument --parts"),
+    ("bench no tokenizer", bench.main, lambda w: ["--out", str(w / "b"), "--target", str(w / "target"), "--methods",
+                                                   "ar"], "no tokenizer files"),
+]
+
+
+@pytest.mark.parametrize("name,fn,argv,msg", OTHER, ids=[c[0] for c in OTHER])
+def test_other_entry_points(w, capsys, name, fn, argv, msg):
+    line = _fails(argv(w), capsys, fn)
+    assert "error:" in line and msg in line, line
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["-m", "dmtp.cli.main", "generate", "--target", "T", "--method", "ar", "--prompts", "p", "--out", "o",
+      "--temperature", "nan"], "argument --temperature"),
+    (["-m", "dmtp.cli.main", "pipeline", "--profile", "smoke", "--set", "pretrain.tokens=-100"],
+     "--set pretrain.tokens=-100"),
+    (["-m", "dmtp.cli.report", "report", "--profile", "nothing-here", "--results", "/nonexistent"],
+     "holds no artifacts"),
+])
+def test_subprocess_exit_code_and_stderr(argv, msg):
+    p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and msg in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+def test_total_cases():
+    assert len(CASES) + len(OTHER) >= 40
