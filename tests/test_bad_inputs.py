@@ -28,6 +28,7 @@ def w(tmp_path_factory):
         cfg = json.loads((root / "noeos" / f).read_text())
         cfg.pop("eos_token_id", None)
         (root / "noeos" / f).write_text(json.dumps(cfg))
+    tiny.save(tgt, mtp, root / "nomtp", with_mtp=False)
     shutil.copytree(root / "target", root / "trunc")
     b = (root / "trunc" / "model.safetensors").read_bytes()
     (root / "trunc" / "model.safetensors").write_bytes(b[: len(b) // 2])
@@ -143,7 +144,8 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("train data keys", lambda w: TR(w, data="data_keys"), "data_keys.jsonl:1: expected `ids`, or `prompt_ids`"),
     ("train mask id", lambda w: TR(w)[:-2] + ["--mask-token-id", "500"], "--mask-token-id 500: expected a token id"),
     ("train init-from", lambda w: TR(w, "--init-from", "x"), "--init-from 'x': expected VARIANT=PATH"),
-    ("train taps", lambda w: TR(w, "--layers", "5"), "--layers 5: the drafter taps target layers"),
+    ("train DMTP variant, no MTP head", lambda w: ["train", "--target", str(w / "nomtp")] + TR(w, "--variants",
+     "zero_init_residual", "--steps", "1")[3:], "has no `mtp.*` weights: the target ships no native MTP head"),
     ("train profile", lambda w: TR(w, "--profile", "bogus"), "unknown profile 'bogus'"),
     ("train out is a file", lambda w: TR(w)[:5] + ["--out", str(w / "a_file")] + TR(w)[7:], "is a file"),
     # dmtp pipeline: profile fields and stages

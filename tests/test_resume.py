@@ -70,7 +70,7 @@ def test_pipeline_refuses_changed_settings_on_finished_stages(tmp_path, capsys):
     with pytest.raises(stages.StageMismatch) as e:
         pipeline.main(a)
     msg = str(e.value)
-    assert "smoke/target and" in msg and "(arch.hidden_size: 64 -> 128)" in msg
+    assert "smoke/target (arch.hidden_size: 64 -> 128)" in msg
     assert "(arch.hidden_size: 64 -> 128, train.steps: 6 -> 200)" in msg and "--force" in msg
     assert not (tmp_path / "r").exists()
     # the profile's own units: an eval run depends on the drafter's training, an ar run only on the target's

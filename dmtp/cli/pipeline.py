@@ -113,8 +113,9 @@ def st_target(c: Ctx):
         if state.exists() and is_main():  # a kill after the target was saved left the training state
             shutil.rmtree(state, ignore_errors=True)
         return
-    if not there:
-        stage_record(u)  # in the resumable state: a half-trained target is checked like a finished one
+    if not there:  # the record goes into the resumable state: a half-trained target is checked like a finished one
+        u, = units(c, "target")  # (recomputed: --force may just have removed a finished target)
+        stage_record(u)
     tok = c.tok
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(c.p.pretrain.seed)  # the same initial weights on every rank

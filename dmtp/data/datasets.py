@@ -128,7 +128,10 @@ def _read_file(path: Path) -> list[dict]:
         text = f.read()
     s = text.lstrip()
     if s.startswith("["):  # a JSON array of records
-        return json.loads(s)
+        try:
+            return json.loads(s)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
     if s.startswith("{") and name.endswith(".json"):
         try:  # one JSON object: {"data": [...]} / {"train": [...]}, or a single record / JSON lines
             obj = json.loads(s)
@@ -138,7 +141,14 @@ def _read_file(path: Path) -> list[dict]:
             return [obj]
         except json.JSONDecodeError:
             pass
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg}, column {e.colno})") from None
+    return rows
 
 
 _EXTS = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
