@@ -36,6 +36,14 @@ def test_every_stage_writes_its_artifacts(run):
             assert (res / "runs" / "ablation" / m / f"humaneval8_{t}.meta.json").exists()
     lossless = (res / "tables" / "lossless_T0.csv").read_text().strip().splitlines()[1:]
     assert lossless and all(row.split(",")[2] == row.split(",")[3] for row in lossless)  # n == identical
+    # every output records the configuration that made it; the pretraining state went once the target was saved
+    work = root / "work" / "smoke"
+    assert json.loads((work / "target" / "fingerprint.json").read_text())["fingerprint"]["arch"]["hidden_size"] == 64
+    assert json.loads((work / "drafters" / "dflash" / "fingerprint.json").read_text())["fingerprint"]["train"][
+        "steps"] == 6
+    assert json.loads((res / "runs" / "ablation" / "ar" / "humaneval_T0.meta.json").read_text())["fingerprint"][
+        "run"] == {"dataset": "humaneval", "prompts": 4, "temperature": 0.0, "method": "ar"}
+    assert not (work / "target_state").exists()
 
 
 def test_rerun_skips_finished_stages(run):

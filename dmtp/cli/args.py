@@ -124,14 +124,14 @@ def in_file(path, flag: str) -> Path:
 
 
 def checkpoint(path, flag: str, what: str = "checkpoint") -> Path:
-    """A checkpoint folder: exists, holds config.json and safetensors weights."""
+    """A checkpoint folder: exists, holds config.json and weights."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"{flag} {p}: no such folder (expected a {what} folder with config.json)")
     if not (p / "config.json").exists():
         raise FileNotFoundError(f"{flag} {p}: no config.json (expected a {what} folder)")
-    if not any(p.glob("*.safetensors")):
-        raise FileNotFoundError(f"{flag} {p}: no *.safetensors weights beside config.json")
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise FileNotFoundError(f"{flag} {p}: no weights (*.safetensors or *.bin) beside config.json")
     return p
 
 

@@ -8,6 +8,10 @@
     dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
     dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
+
+Inputs are checked before any work; a bad one stops with one line naming it (exit 2). `dmtp generate` appends its
+records batch by batch and a rerun resumes; an output or drafter made with another configuration is refused
+(naming the fields) unless `--force` redoes it.
 """
 from __future__ import annotations
 
@@ -137,7 +141,7 @@ def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, 
     if old is None or old != want:
         if not force:
             why = f"made with another configuration ({', '.join(stages.differences(old, want)[:6])})" if old \
-                else f"exists without {meta.name} saying how it was made"
+                else f"exists without a record of how it was made (in {meta.name})"
             raise stages.StageMismatch(f"--out {out}: {why}; pass --force to start it afresh, or another --out")
         out.unlink()
         return {}
