@@ -9,7 +9,7 @@ WORK ?= work
 RESULTS ?= results
 
 .PHONY: venv test ablation-code bench tables figures report corpus tokenizer target data drafters eval dpcheck dppool \
-	clean-work
+	clean-work verify
 
 # CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
 $(VENV)/.installed: pyproject.toml
@@ -54,6 +54,12 @@ dppool: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m dmtp.cli.bench --target $(WORK)/$(PROFILE)/target --drafters $(WORK)/$(PROFILE)/drafters \
 		--out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
+	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
+
+# verification modes at T > 0 (target-only vs speculative sampling vs block verification), after the drafters:
+# results/<profile>/verify, then its tables, figure and report section (GPU for meaningful throughput)
+verify: $(VENV)/.installed
+	$(PY) -m dmtp.cli.verify --profile $(PROFILE) --work $(WORK) --results $(RESULTS)
 	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 
 tables figures report: $(VENV)/.installed

@@ -35,6 +35,20 @@ class PaperScale:
 
 
 @dataclass
+class VerifyStudy:
+    """Verification modes at T > 0 (`python -m dmtp.cli.verify`, `dmtp pipeline --stage verify`; not in `all`)."""
+    methods: tuple = ("ar", "mtp", "dflash", "fusion", "zero_init_residual")  # run names (`<drafters>/<name>`)
+    modes: tuple = ("target", "sample", "block")  # dmtp/engine/verify.py
+    temperatures: tuple = (0.6, 1.0)
+    caps: tuple = (1, 32)  # batch caps timed with dynamic batching; the largest cap's records give acceptance
+    prompts: int = 164  # HumanEval prompts decoded at the largest cap
+    small_cap_prompts: int = 16  # the first prompts timed at the other caps (batch 1 over 164 prompts: minutes)
+    repeats: int = 2  # timed runs per cap after the warm-up run; each draws fresh samples
+    max_new_tokens: int = 256  # natural EOS otherwise
+    seed: int = 0  # the servers' generator seed
+
+
+@dataclass
 class Profile:
     name: str
     corpus_bytes: int = 8_000_000  # Python source collected from the interpreter's stdlib + site-packages
@@ -62,6 +76,7 @@ class Profile:
     eval_new_tokens: int = 128
     eval_batch: int = 32
     mtp_steps: int = 4  # MTP415 baseline: 4 chained steps, 4 candidates
+    verify: VerifyStudy = field(default_factory=VerifyStudy)  # the verification-mode study (`--stage verify`)
     scale: PaperScale = field(default_factory=PaperScale)  # paper-scale target/drafter/training (empty: embedded)
 
     def __post_init__(self):
@@ -113,6 +128,7 @@ def tiny() -> Profile:
         continue_steps=50,
         eval_sets={"humaneval": 24},
         eval_new_tokens=64,
+        verify=VerifyStudy(caps=(1, 8), prompts=24, small_cap_prompts=4, repeats=1, max_new_tokens=64),
     )
 
 
@@ -127,6 +143,7 @@ def smoke() -> Profile:
         train=TrainConfig(steps=6, batch_size=4, max_len=96, anchors_per_seq=8, save_every=3, log_every=2),
         continue_steps=3, eval_sets={"humaneval": 4}, eval_subsets={"humaneval8": ("humaneval", 3)},
         eval_new_tokens=12, eval_batch=8,
+        verify=VerifyStudy(caps=(1, 4), prompts=4, small_cap_prompts=2, repeats=1, max_new_tokens=12),
         drafter_intermediate=128,
     )
 
@@ -145,6 +162,7 @@ def mini() -> Profile:
         continue_steps=300,
         eval_sets={"humaneval": 164},
         eval_new_tokens=256, eval_batch=164,
+        verify=VerifyStudy(),
     )
 
 

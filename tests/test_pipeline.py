@@ -93,3 +93,22 @@ def test_results_older_than_their_model_are_redone(run):
     p = subprocess.run(cmd + ["--stage", "eval"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert rec.stat().st_mtime >= done.stat().st_mtime and other.stat().st_mtime_ns == before
+
+
+def test_verify_stage_and_its_report_section(run):
+    """`--stage verify` (opt-in) decodes the profile's verify study into results/<p>/verify and the report renders it."""
+    root, cmd, _ = run
+    study = ["--set", 'verify.methods=["ar","mtp","zero_init_residual"]', "--set", "verify.temperatures=[1.0]"]
+    p = subprocess.run(cmd + ["--stage", "verify"] + study, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = root / "results" / "smoke"
+    for m in ("ar", "mtp", "zero_init_residual"):
+        for v in ("target", "sample", "block"):
+            recs = read_jsonl(res / "verify" / "runs" / m / v / "humaneval_T1.jsonl")
+            assert len(recs) == 4 and {r["verify"] for r in recs} == {v} and {r["method"] for r in recs} == {m}
+    assert (res / "verify" / "throughput.csv").exists()
+    p = subprocess.run([sys.executable, "-m", "dmtp.cli.report", "report", "--profile", "smoke", "--results",
+                        str(root / "results")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = (res / "REPORT.md").read_text()
+    assert "Verification at T > 0" in text and "figures/verify_T1.png" in text

@@ -3,6 +3,7 @@
     dmtp pipeline --profile tiny                  # 2-core CPU, <= 15 min; what `make ablation-code` runs
     dmtp pipeline --profile mini --stage target   # one H200 (then `--stage all` for the rest)
     dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r     # CI smoke, seconds
+    dmtp pipeline --profile mini --stage verify   # opt-in: verification modes at T > 0 (dmtp/cli/verify.py)
 
 Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
 and is skipped when its output exists (evaluation runs: and is newer than the checkpoint they measure, so results
@@ -26,6 +27,7 @@ import torch
 
 from ablations.code import BACKBONES, BASELINES, CONTINUED, MAIN_TABLE, VARIANTS
 from dmtp import dist
+from dmtp.cli import verify as verify_study
 from dmtp.analysis.lossless import compare, top2_gap
 from dmtp.analysis.report import tables as T
 from dmtp.checks import require
@@ -47,6 +49,7 @@ from dmtp.training.pretrain import build_target, evaluate, pretrain
 from experiments.profiles import get_profile, override
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "tables"]
+OPTIONAL = ["verify"]  # run only when named (`--stage verify`): verification modes at T > 0, results/<p>/verify
 PARALLEL = ["target", "data", "drafters"]  # the stages that run under torchrun (the others: one process)
 
 
@@ -334,6 +337,17 @@ def lossless_check(c: Ctx):
     return rows
 
 
+def st_verify(c: Ctx):
+    """Every method x verify mode x temperature of the profile's `verify` study (`dmtp.cli.verify.study`); groups
+    newer than the models they measure are kept."""
+    tgt, mtp = c.target()
+    cfg = c.p.verify
+    deps = {m: c.work / "target" / "DONE" if m in ("ar", "mtp") else c.work / "drafters" / m / "DONE"
+            for m in cfg.methods}
+    verify_study.study(tgt, mtp, c.work / "drafters", verify_study.humaneval_ids(c.tok, cfg.prompts), cfg,
+                       c.res / "verify", [c.tok.eos_token_id], c.p.mtp_steps, deps, log=c.log)
+
+
 def st_tables(c: Ctx):
     write_subsets(c)
     lossless_check(c)
@@ -408,14 +422,14 @@ def check_profile(p, stages: list[str]) -> None:
 
 
 RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "data": st_data,
-       "drafters": st_drafters, "eval": st_eval, "tables": st_tables}
+       "drafters": st_drafters, "eval": st_eval, "tables": st_tables, "verify": st_verify}
 
 
 def main(a):
     stages = STAGES if a.stage == "all" else a.stage.split(",")
     for s in stages:
         if s not in RUN:
-            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
+            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES + OPTIONAL)}")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not set(stages) <= set(PARALLEL):
         raise ValueError(f"under torchrun only the stages {','.join(PARALLEL)} run (data-parallel); run "
                          f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")

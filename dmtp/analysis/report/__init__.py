@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from dmtp.analysis.report import figures, tables
+from dmtp.analysis.report import verify as verify_study
 from dmtp.analysis.report.data import Artifacts, load
 
 __all__ = ["Artifacts", "load", "tables", "figures", "render_tables", "render_figures", "render_report"]
@@ -66,6 +67,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += [f"## {title}", ""]
         out += [f"![{p.stem}](figures/{p.name})\n" for p in pngs]
         out += [p.read_text() for p in mds]
+    out += verify_study.render(art.root)  # the verification-mode study, when results/<profile>/verify exists
     ratios = art.root / "bench" / "ratios.json"  # written by `dmtp.cli.bench`: each engine target, met or missed
     if ratios.exists():
         import json
