@@ -97,3 +97,22 @@ def test_profiles_carry_the_study():
     assert p.verify.temperatures == (1.0,) and p.verify.repeats == 3
     with pytest.raises(ValueError, match="unknown verify mode 'greedy'"):
         study_cli.study(None, None, None, [], VerifyStudy(modes=("greedy",)), None, [])
+
+
+def test_generate_cli_takes_verify(tmp_path):
+    """`dmtp generate --verify sample` on a saved checkpoint: the records say so; an unknown mode is refused."""
+    from dmtp.cli.main import main
+
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    path = tiny.save(tgt, mtp, tmp_path / "t")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt_ids": [5, 7, 9]}\n{"id": "b", "prompt_ids": [4, 8]}\n')
+    out = tmp_path / "o.jsonl"
+    main(["generate", "--target", str(path), "--method", "mtp", "--prompts", str(prompts), "--temperature", "1",
+          "--verify", "sample", "--max-new-tokens", "6", "--eos", "1", "--out", str(out)])
+    recs = read_jsonl(out)
+    assert [r["verify"] for r in recs] == ["sample", "sample"] and all(r["output_ids"] for r in recs)
+    assert json.loads((tmp_path / "o.jsonl.meta.json").read_text())["config"]["verify"] == "sample"
+    with pytest.raises(SystemExit):
+        main(["generate", "--target", str(path), "--method", "mtp", "--prompts", str(prompts), "--verify", "nope",
+              "--out", str(out)])

@@ -99,8 +99,8 @@ def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyStudy, out: 
                 recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, log)
                 write_jsonl(path, recs)
                 write_meta(path.with_suffix(".meta.json"), {"method": name, "verify": v, "temperature": temp,
-                                                             "study": vars(cfg), "throughput": rows},
-                           wall_s=time.time() - t0)
+                                                             "study": vars(cfg)},
+                           wall_s=time.time() - t0, throughput=rows)
     gather(out)
     ceilings(tgt, out, prompts, log)
 

@@ -107,28 +107,29 @@ def _first(acc) -> float:
 
 
 def paired_tests(runs: pd.DataFrame, n_boot: int = 4000) -> pd.DataFrame:
-    """Per (temperature, method) with drafts: each pair of PAIRS on per-request acceptance length and first-token
-    acceptance; Holm over every comparison of the same metric."""
+    """Per (temperature, method) with drafts and per metric (per-request acceptance length, first-token acceptance):
+    each pair of PAIRS over the requests both modes ran; Holm over every comparison of the same metric."""
     rows = []
-    for metric, fn in (("acceptance_length", M.acceptance_length), ("first_token", _first)):
-        fam = []
-        for (t, m), g in runs[runs.k > 0].groupby(["temperature", "method"]):
+    for (t, m), g in runs[runs.k > 0].groupby(["temperature", "method"]):
+        for metric, fn in (("acceptance_length", M.acceptance_length), ("first_token", _first)):
             for a, b in PAIRS:
                 if not {a, b} <= set(g.verify):
                     continue
                 xa, xb = _per_request(runs, t, m, a, fn), _per_request(runs, t, m, b, fn)
                 ids = sorted(set(xa) & set(xb))
                 r = stats.paired([xa[i] for i in ids], [xb[i] for i in ids], n_boot=n_boot)
-                fam.append({"temperature": t, "method": m, "metric": metric, "a": a, "b": b, "diff": r["diff"],
-                            "diff_lo": r["lo"], "diff_hi": r["hi"], "p": r["p"], "n": len(ids)})
-        for r, q in zip(fam, stats.holm([r["p"] for r in fam])):
-            r["p_holm"] = q
-            r["verdict"] = stats.verdict(r["a"], r["b"], r["diff"], q)
-        rows += fam
-    df = pd.DataFrame(rows)
+                rows.append({"temperature": t, "method": m, "metric": metric, "a": a, "b": b, "diff": r["diff"],
+                             "diff_lo": r["lo"], "diff_hi": r["hi"], "p": r["p"], "n": len(ids)})
+    df = pd.DataFrame(rows, columns=["temperature", "method", "metric", "a", "b", "diff", "diff_lo", "diff_hi", "p",
+                                     "n"])
+    df["p_holm"], df["verdict"] = np.nan, ""
+    for _, fam in df.groupby("metric"):
+        for i, q in zip(fam.index, stats.holm(fam.p.tolist())):
+            df.loc[i, "p_holm"] = q
+            df.loc[i, "verdict"] = stats.verdict(df.a[i], df.b[i], df["diff"][i], q)
     if len(df):
-        df = df.assign(verify=df.a)  # for ordering
-        df = _rank(df).drop(columns="verify")
+        order = df.method.map(lambda x: METHODS.index(x) if x in METHODS else len(METHODS))
+        df = df.iloc[np.lexsort((df.index, order, df.temperature))].reset_index(drop=True)
     return df
 
 
@@ -139,6 +140,8 @@ def fmt(v, col: str) -> str:
         return "—"
     if col.startswith("tok_s"):
         return f"{v:,.0f}"
+    if col == "temperature":
+        return f"{v:g}"
     if col in ("p", "p_holm"):
         return f"{v:.3g}"
     if col.startswith("first_token"):
@@ -164,14 +167,17 @@ def figure(root: Path, s: pd.DataFrame) -> list[Path]:
     """Per temperature: acceptance length (with the target-only ceiling as a dashed line over each method), first-
     token acceptance and throughput at each cap; bars grouped by method, one per verify mode, with their intervals."""
     paths = []
-    caps = sorted(int(c[6:]) for c in s.columns if c.startswith("tok_s_B") and not c.endswith(("_lo", "_hi")))
+    caps = sorted(int(c[7:]) for c in s.columns if c.startswith("tok_s_B") and not c.endswith(("_lo", "_hi")))
     panels = [("acceptance_length", "acceptance length (per request)"), ("first_token", "first-token acceptance")]
     panels += [(f"tok_s_B{c}", f"throughput B{c} (tok/s)") for c in caps]
     for t, g in s.groupby("temperature"):
         methods = [m for m in METHODS if m in set(g.method)] + sorted(set(g.method) - set(METHODS))
-        fig = Figure(figsize=(4.2 * len(panels), 3.4), layout="constrained")
-        axes = fig.subplots(1, len(panels))
-        for ax, (col, label) in zip(np.atleast_1d(axes), panels):
+        nrow = math.ceil(len(panels) / 2)
+        fig = Figure(figsize=(10, 3.2 * nrow), layout="constrained")
+        axes = np.atleast_1d(fig.subplots(nrow, 2)).ravel()
+        for ax in axes[len(panels):]:
+            ax.set_visible(False)
+        for ax, (col, label) in zip(axes, panels):
             for i, m in enumerate(methods):
                 for j, v in enumerate(MODES):
                     r = g[(g.method == m) & (g.verify == v)]
@@ -188,7 +194,7 @@ def figure(root: Path, s: pd.DataFrame) -> list[Path]:
                                   label="target-only ceiling" if i == 0 else None)
             ax.set_xticks(range(len(methods)), methods, rotation=30, fontsize=7)
             ax.set_ylabel(label, fontsize=8)
-        np.atleast_1d(axes)[0].legend(fontsize=7)
+        axes[0].legend(fontsize=7)
         fig.suptitle(f"Verification at T = {t:g}: target-only vs speculative sampling vs block verification")
         out = Path(root) / "figures" / f"verify_T{t:g}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
