@@ -96,7 +96,7 @@ def test_results_older_than_their_model_are_redone(run):
 
 
 def test_verify_stage_and_its_report_section(run):
-    """`--stage verify` (opt-in) decodes the profile's verify study into results/<p>/verify and the report renders it."""
+    """`--stage verify` (opt-in) decodes the profile's verify study into results/<p>/verify; the report renders it."""
     root, cmd, _ = run
     study = ["--set", 'verify.methods=["ar","mtp","zero_init_residual"]', "--set", "verify.temperatures=[1.0]"]
     p = subprocess.run(cmd + ["--stage", "verify"] + study, capture_output=True, text=True, timeout=600)

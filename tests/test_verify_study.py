@@ -52,7 +52,7 @@ def test_study_resumes(done):
 
 
 def test_report_section(done):
-    _, _, root, cfg, _, out = done
+    _, _, _, cfg, _, out = done
     lines = report.render(out.parent)
     s = pd.read_csv(out.parent / "tables" / "verify.csv")
     assert len(s) == len(cfg.methods) * len(cfg.modes)

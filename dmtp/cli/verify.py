@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -63,7 +64,7 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
                      seed=cfg.seed, verify=verify)
         srv.run(ids[:cap])  # warm-up: graph capture, as at server start-up
         for rep in range(cfg.repeats):
-            res, wall = timed(dev, lambda: srv.run(ids))
+            res, wall = timed(dev, partial(srv.run, ids))
             n_out = sum(len(r.output_ids) for r in res)
             acc = [a for r in res for a in r.accepted]
             rows.append({"method": m.name, "verify": verify, "temperature": temperature, "batch_cap": cap,

@@ -19,7 +19,7 @@ The loop emits x_1..x_n and one more token y (correction, or bonus when n = k); 
                  n   = max{i : eta_i < h_i} (0 if none), eta_i ~ U[0, 1) independent     (NOT stopped at a failure)
                  y   ~ (b_n p_n - q_n)+ normalised (n < k; n = 0 is the token-wise residual),  y ~ p_k (n = k)
 
-Why both are exact (the induction every test here checks numerically). Write D_i(s) = P(the emitted tokens,
+Why both are exact (tests/test_verify.py checks it numerically). Write D_i(s) = P(the emitted tokens,
 continued by the target's own samples, start with s_1..s_i, and n < i); Q(s_{<=i}) = prod_j q_{j-1}(s_j).
   - Block: P(n >= i | x_{<=i}) = b_i. True at i = k (h_k = b_k); for i < k, P(n >= i+1 | x_{<=i}) =
     sum_v q_i(v) min(1, b_i p_i(v)/q_i(v)) = sum_v min(q_i, b_i p_i) = b_i - r_i, and

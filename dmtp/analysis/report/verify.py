@@ -17,15 +17,12 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure  # the object API: no pyplot, no display backend
 
-matplotlib.use("Agg")
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from dmtp.analysis import metrics as M  # noqa: E402
-from dmtp.analysis import stats  # noqa: E402
+from dmtp.analysis import metrics as M
+from dmtp.analysis import stats
 
 MODES = ["target", "sample", "block"]
 METHODS = ["ar", "mtp", "dflash", "fusion", "zero_init_residual"]
@@ -222,9 +219,9 @@ def render(root: Path, n_boot: int = 2000) -> list[str]:
     (tables / "verify_paired.md").write_text(markdown(pt) if len(pt) else "no paired comparisons\n")
     figs = figure(root, s)
     note = ("the ceiling column is empty: `dmtp.analysis.oracle` did not run with this study (no verify/oracle.csv)"
-            if orc is None else "ceiling: acceptance length of an idealised greedy drafter accepted at the "
-            "target's top-1 probability along the ar trajectory (`dmtp.analysis.oracle.oracle_ceiling`), for "
-            "target-only verification with k drafts")
+            if orc is None else ("ceiling: acceptance length of an idealised greedy drafter accepted at the "
+                                 "target's top-1 probability along the ar trajectory "
+                                 "(`dmtp.analysis.oracle.oracle_ceiling`), for target-only verification with k drafts"))
     out = ["## Verification at T > 0: target-only vs speculative sampling vs block verification", "",
            "`target`: greedy drafts, the target samples its own token (the blog's rule). `sample`: drafts sampled "
            "from the drafters' tempered distributions (T1 from the MTP head), token-wise speculative sampling. "
