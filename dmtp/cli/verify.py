@@ -5,7 +5,7 @@ target-only ceiling. Artifacts under results/<profile>/verify/, rendered by `dmt
     python -m dmtp.cli.verify --profile mini          # work/mini -> results/mini/verify (one H200, ~13 min)
     python -m dmtp.cli.verify --profile mini --set 'verify.temperatures=[0.6]'   # one temperature; reruns resume
     dmtp pipeline --profile mini --stage verify      # the same, as a pipeline stage (not part of `--stage all`)
-    python -m dmtp.cli.verify --profile smoke --work /tmp/w --results /tmp/r   # CPU, after the smoke pipeline, ~1 min
+    python -m dmtp.cli.verify --profile smoke --work /tmp/w --results /tmp/r   # CPU, after the smoke pipeline, ~3 min
 
 runs/<method>/<verify>/humaneval_T<t>.jsonl   one record per request and timed repeat at the largest cap (the
                       `dmtp generate` schema with verify, batch_cap, repeat); .meta.json beside it holds the group's
