@@ -59,7 +59,7 @@ bench: $(VENV)/.installed
 # verification modes at T > 0 (target-only vs speculative sampling vs block verification), after the drafters:
 # results/<profile>/verify, then its tables, figure and report section (GPU for meaningful throughput)
 verify: $(VENV)/.installed
-	$(PY) -m dmtp.cli.verify --profile $(PROFILE) --work $(WORK) --results $(RESULTS)
+	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage verify
 	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 
 tables figures report: $(VENV)/.installed

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 
 from dmtp.checks import BadValue, at_least, check, each, number, one_of, require
+from dmtp.engine.verify import MODES as VERIFY_MODES
 from dmtp.models.drafter import default_target_layer_ids
 from dmtp.training.drafters import TrainConfig
 from dmtp.training.pretrain import PretrainConfig, TargetArch
@@ -36,7 +37,7 @@ class PaperScale:
 
 @dataclass
 class VerifyStudy:
-    """Verification modes at T > 0 (`python -m dmtp.cli.verify`, `dmtp pipeline --stage verify`; not in `all`)."""
+    """Verification modes at T > 0 (`dmtp pipeline --stage verify`, not part of `all`; dmtp/cli/verify.py)."""
     methods: tuple = ("ar", "mtp", "dflash", "fusion", "zero_init_residual")  # run names (`<drafters>/<name>`)
     modes: tuple = ("target", "sample", "block")  # dmtp/engine/verify.py
     temperatures: tuple = (0.6, 1.0)
@@ -46,6 +47,12 @@ class VerifyStudy:
     repeats: int = 2  # timed runs per cap after the warm-up run; each draws fresh samples
     max_new_tokens: int = 256  # natural EOS otherwise
     seed: int = 0  # the servers' generator seed
+
+    def __post_init__(self):
+        check(self, methods=each((lambda v: isinstance(v, str) and v != "", "a method name")),
+              modes=each(one_of(*VERIFY_MODES)), temperatures=each(number(0)), caps=each(at_least(1)),
+              prompts=at_least(1), small_cap_prompts=at_least(1), repeats=at_least(1), max_new_tokens=at_least(1),
+              seed=at_least(0))
 
 
 @dataclass

@@ -95,8 +95,10 @@ def test_profiles_carry_the_study():
     assert get_profile("mini").verify.methods == ("ar", "mtp", "dflash", "fusion", "zero_init_residual")
     p = override(get_profile("smoke"), ["verify.temperatures=[1.0]", "verify.repeats=3"])
     assert p.verify.temperatures == (1.0,) and p.verify.repeats == 3
-    with pytest.raises(ValueError, match="unknown verify mode 'greedy'"):
-        study_cli.study(None, None, None, [], VerifyStudy(modes=("greedy",)), None, [])
+    with pytest.raises(ValueError, match=r'verify.modes=\["greedy"\]: expected a non-empty list, each item one of'):
+        override(get_profile("smoke"), ['verify.modes=["greedy"]'])
+    with pytest.raises(ValueError, match="caps=\\(0,\\)"):
+        VerifyStudy(caps=(0,))
 
 
 def test_generate_cli_takes_verify(tmp_path):

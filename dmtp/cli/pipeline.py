@@ -27,10 +27,10 @@ import torch
 
 from ablations.code import BACKBONES, BASELINES, CONTINUED, MAIN_TABLE, VARIANTS
 from dmtp import dist
-from dmtp.cli import verify as verify_study
 from dmtp.analysis.lossless import compare, top2_gap
 from dmtp.analysis.report import tables as T
 from dmtp.checks import require
+from dmtp.cli import verify as verify_study
 from dmtp.cli.stages import Unit, fingerprint, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
@@ -338,14 +338,22 @@ def lossless_check(c: Ctx):
 
 
 def st_verify(c: Ctx):
-    """Every method x verify mode x temperature of the profile's `verify` study (`dmtp.cli.verify.study`); groups
-    newer than the models they measure are kept."""
+    """The profile's verification-mode study (`dmtp.cli.verify`): every method x verify mode x temperature group not
+    already made with the same settings after the models it measures."""
+    cfg, out = c.p.verify, c.res / "verify"
+    plan = list(zip(verify_study.groups(cfg), units(c, "verify")))
+    todo = [g for g, u in plan if not (c.check(u) and fresh(u.outputs[0], _model_done(c, g[0])))]
+    if not todo and (out / "throughput.csv").exists() and (out / "oracle.csv").exists():
+        return
     tgt, mtp = c.target()
-    cfg = c.p.verify
-    deps = {m: c.work / "target" / "DONE" if m in ("ar", "mtp") else c.work / "drafters" / m / "DONE"
-            for m in cfg.methods}
-    verify_study.study(tgt, mtp, c.work / "drafters", verify_study.humaneval_ids(c.tok, cfg.prompts), cfg,
-                       c.res / "verify", [c.tok.eos_token_id], c.p.mtp_steps, deps, log=c.log)
+    tok = c.tok
+    want = {g: u.want for g, u in plan}
+    verify_study.study(tgt, mtp, c.work / "drafters", verify_study.humaneval_ids(tok, cfg.prompts), cfg, out,
+                       [tok.eos_token_id], c.p.mtp_steps, todo=todo, want=lambda *g: want[g], log=c.log)
+
+
+def _model_done(c: Ctx, method: str) -> Path:
+    return c.work / "target" / "DONE" if method in ("ar", "mtp") else c.work / "drafters" / method / "DONE"
 
 
 def st_tables(c: Ctx):
@@ -402,6 +410,17 @@ def units(c: Ctx, stage: str) -> list[Unit]:
                         run={"dataset": ds, "prompts": n, "temperature": temp, "method": m})
             out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
         return out
+    if stage == "verify":  # one unit per (method, verify, temperature) group of the study
+        out = []
+        for m, v, t in verify_study.groups(c.p.verify):
+            path = verify_study.group_path(c.res / "verify", m, v, t)
+            model = f["target"] if m in ("ar", "mtp") else \
+                dict(f["drafters"], continue_steps=c.p.continue_steps) if m in CONTINUED else f["drafters"]
+            want = dict(model, target_dtype=c.p.target_dtype, **({"mtp_steps": c.p.mtp_steps} if m == "mtp" else {}),
+                        study=fingerprint(verify_study.group_settings(c.p.verify)),
+                        run={"method": m, "verify": v, "temperature": t})
+            out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
+        return out
     return []
 
 
@@ -416,6 +435,12 @@ def check_profile(p, stages: list[str]) -> None:
         total = len(humaneval_prompts())
         require(p.eval_sets.get("humaneval", 0) <= total, f"eval_sets={p.eval_sets}: HumanEval has {total} "
                 "problems")
+    if "verify" in stages:
+        total = len(humaneval_prompts())
+        require(p.verify.prompts <= total, f"verify.prompts={p.verify.prompts}: HumanEval has {total} problems")
+        bad = sorted(set(p.verify.methods) - set(BASELINES + VARIANTS + list(CONTINUED) + list(BACKBONES)))
+        require(not bad, f"verify.methods: unknown {', '.join(bad)} (the pipeline trains "
+                f"{', '.join(VARIANTS + list(CONTINUED) + list(BACKBONES))}, plus ar and mtp)")
     need = p.data_prompt_tokens + p.data_new_tokens + 16
     require(need <= p.arch.max_position_embeddings, f"data_prompt_tokens + data_new_tokens (+ one verify block) = "
             f"{need} exceeds arch.max_position_embeddings={p.arch.max_position_embeddings}")

@@ -35,8 +35,8 @@ def run(a):
         write_synthetic(a.results, a.profile)
     elif a.what == "verify":  # the verification-mode study alone (results/<profile>/verify)
         if not (root / "verify" / "runs").is_dir():
-            raise FileNotFoundError(f"{root / 'verify'} holds no verify-study runs: run `python -m dmtp.cli.verify "
-                                    f"--profile {a.profile}` first")
+            raise FileNotFoundError(f"{root / 'verify'} holds no verify-study runs: run `dmtp pipeline --profile "
+                                    f"{a.profile} --stage verify` first")
         verify_study.render(root)
         return
     elif not ((root / "runs").is_dir() or (root / "bench").is_dir()):

@@ -1,40 +1,37 @@
-"""Verification modes at T > 0 on a profile's trained models: every method x verify mode x temperature, decoded with
-dynamic batching at each batch cap (acceptance from the records, throughput from the wall time), beside the
-target-only ceiling. Artifacts under results/<profile>/verify/, rendered by `dmtp.analysis.report.verify`.
+"""The verification-mode study: every method x verify mode x temperature of a profile's `verify` settings, decoded
+with dynamic batching at each batch cap (acceptance from the records, throughput from the wall time), beside the
+target-only ceiling. Run as a pipeline stage (opt-in, not part of `--stage all`); rendered by
+`dmtp.analysis.report.verify`.
 
-    python -m dmtp.cli.verify --profile mini          # work/mini -> results/mini/verify (one H200, ~13 min)
-    python -m dmtp.cli.verify --profile mini --set 'verify.temperatures=[0.6]'   # one temperature; reruns resume
-    dmtp pipeline --profile mini --stage verify      # the same, as a pipeline stage (not part of `--stage all`)
-    python -m dmtp.cli.verify --profile smoke --work /tmp/w --results /tmp/r   # CPU, after the smoke pipeline, ~3 min
+    dmtp pipeline --profile mini --stage verify                    # one H200, ~14 min (two temperatures)
+    dmtp pipeline --profile mini --stage verify --set 'verify.temperatures=[0.6]'   # one temperature; reruns resume
+    make verify PROFILE=mini                                        # the stage, then the report
+    dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r --stage verify   # CPU, after the smoke pipeline, ~3 min
 
-runs/<method>/<verify>/humaneval_T<t>.jsonl   one record per request and timed repeat at the largest cap (the
-                      `dmtp generate` schema with verify, batch_cap, repeat); .meta.json beside it holds the group's
-                      throughput rows (every cap and repeat) and the settings
-throughput.csv        method, verify, temperature, batch_cap, repeat, requests, output_tokens, wall_s, tok_per_s,
+results/<profile>/verify/
+  runs/<method>/<verify>/humaneval_T<t>.jsonl   one record per request and timed repeat at the largest cap (the
+                      `dmtp generate` schema with verify, batch_cap, repeat); .meta.json beside it: the group's
+                      fingerprint (the settings that made it), its throughput rows (every cap and repeat)
+  throughput.csv      method, verify, temperature, batch_cap, repeat, requests, output_tokens, wall_s, tok_per_s,
                       per_verify (gathered from the groups' meta files)
-oracle.csv            temperature, k, position, ceiling: the target-only ceiling along the ar trajectory
+  oracle.csv          temperature, k, position, ceiling: the target-only ceiling along the ar trajectory
                       (`dmtp.analysis.oracle.oracle_ceiling`; position 0 holds the acceptance-length ceiling)
-A group is skipped when its records are newer than the models it measures, so a run cut short resumes.
+A group is kept when its records were made with the same settings after the models they measure, so a run cut
+short resumes.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from functools import partial
 from pathlib import Path
 
-import torch
-
 from dmtp.cli.bench import timed
 from dmtp.data.humaneval import humaneval_prompts
-from dmtp.data.tokenizer import load_tokenizer
 from dmtp.engine.decode import Server, capacity_for, load_method
 from dmtp.engine.verify import check
-from dmtp.io import read_jsonl, write_json, write_jsonl, write_meta, write_text
-from dmtp.models.mtp import MTPHead
-from dmtp.models.target import Target
-from experiments.profiles import VerifyStudy, get_profile, override
+from dmtp.io import read_jsonl, write_jsonl, write_meta, write_text
+from experiments.profiles import VerifyStudy
 
 try:  # the target-only ceiling (another part of the suite); absent: oracle.csv is not written and the report says so
     from dmtp.analysis.oracle import oracle_ceiling
@@ -42,12 +39,18 @@ except ImportError:
     oracle_ceiling = None
 
 
+def groups(cfg: VerifyStudy) -> list[tuple[str, str, float]]:
+    """(method, verify, temperature) of every group, in run order."""
+    return [(m, v, t) for t in cfg.temperatures for m in cfg.methods for v in cfg.modes]
+
+
 def group_path(out: Path, method: str, verify: str, temperature: float, dataset: str = "humaneval") -> Path:
     return out / "runs" / method / verify / f"{dataset}_T{temperature:g}.jsonl"
 
 
-def fresh(path: Path, dep: Path) -> bool:
-    return path.exists() and (not dep.exists() or path.stat().st_mtime >= dep.stat().st_mtime)
+def group_settings(cfg: VerifyStudy) -> dict:
+    """What makes a group's records, beside its method, mode and temperature (not which groups run)."""
+    return {k: v for k, v in vars(cfg).items() if k not in ("methods", "modes", "temperatures")}
 
 
 def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg: VerifyStudy, eos, log=print):
@@ -82,28 +85,29 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
 
 
 def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyStudy, out: Path, eos, mtp_steps: int = 4,
-          deps: dict | None = None, log=print):
-    """Every group of `cfg` not already fresh under `out`, then throughput.csv and oracle.csv. `deps`: method ->
-    the file whose mtime its results must postdate (a checkpoint's DONE)."""
+          todo: list[tuple[str, str, float]] | None = None, want=None, log=print):
+    """Decode the groups `todo` (default: every group of `cfg` without records under `out`), then write
+    throughput.csv and oracle.csv. `want(method, verify, temperature)`: the fingerprint recorded in a group's meta
+    (the pipeline's; None: none)."""
     for v in cfg.modes:
         check(v)
-    deps, cache = deps or {}, {}
-    for temp in cfg.temperatures:
-        for name in cfg.methods:
-            for v in cfg.modes:
-                path = group_path(out, name, v, temp)
-                if fresh(path, deps.get(name, Path("/nonexistent"))):
-                    continue
-                if name not in cache:  # a method object is reusable: each server works on a copy
-                    cache[name] = load_method(name, tgt, mtp, drafters, mtp_steps)
-                t0 = time.time()
-                recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, log)
-                write_jsonl(path, recs)
-                write_meta(path.with_suffix(".meta.json"), {"method": name, "verify": v, "temperature": temp,
-                                                             "study": vars(cfg)},
-                           wall_s=time.time() - t0, throughput=rows)
+    if todo is None:
+        todo = [g for g in groups(cfg) if not group_path(out, *g).exists()]
+    cache = {}
+    for name, v, temp in todo:
+        path = group_path(out, name, v, temp)
+        if name not in cache:  # a method object is reusable: each server works on a copy
+            cache[name] = load_method(name, tgt, mtp, drafters, mtp_steps)
+        t0 = time.time()
+        recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, log)
+        fp = {} if want is None else {"fingerprint": want(name, v, temp)}
+        write_meta(path.with_suffix(".meta.json"), {"method": name, "verify": v, "temperature": temp,
+                                                     "study": vars(cfg)},
+                   wall_s=time.time() - t0, throughput=rows, **fp)  # before the records, as every run file
+        write_jsonl(path, recs)
     gather(out)
-    ceilings(tgt, out, prompts, log)
+    if todo or not (out / "oracle.csv").exists():
+        ceilings(tgt, out, prompts, log)
 
 
 def gather(out: Path) -> Path:
@@ -145,31 +149,3 @@ def ceilings(tgt, out: Path, prompts: list[dict], log=print):
 def humaneval_ids(tok, n: int) -> list[dict]:
     return [{"id": p["id"], "prompt_ids": tok(p["prompt"], add_special_tokens=False)["input_ids"]}
             for p in humaneval_prompts(n)]
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m dmtp.cli.verify", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", required=True, help="work/<profile> holds target, tokenizer, drafters")
-    ap.add_argument("--work", default="work")
-    ap.add_argument("--results", default="results")
-    ap.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override a profile field, e.g. 'verify.temperatures=[1.0]' or verify.repeats=3")
-    a = ap.parse_args(argv)
-    p = override(get_profile(a.profile), a.set or [])
-    work, out = Path(a.work) / p.name, Path(a.results) / p.name / "verify"
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[p.target_dtype]
-    tgt = Target.load(work / "target", dtype=dtype, device=dev)
-    mtp = MTPHead.load(tgt, work / "target")
-    tok = load_tokenizer(work / "tokenizer")
-    deps = {m: work / "target" / "DONE" if m in ("ar", "mtp") else work / "drafters" / m / "DONE"
-            for m in p.verify.methods}
-    t0 = time.time()
-    study(tgt, mtp, work / "drafters", humaneval_ids(tok, p.verify.prompts), p.verify, out, [tok.eos_token_id],
-          p.mtp_steps, deps)
-    write_json(out / "meta.json", {"profile": p.name, "study": vars(p.verify), "wall_s": time.time() - t0})
-
-
-if __name__ == "__main__":
-    main()

@@ -15,8 +15,8 @@ if [ "${CUDA_TESTS:-0}" = 1 ]; then
 fi
 for T in ${TEMPS-0.6 1.0}; do
   t "verify study T=$T"
-  $PY -m dmtp.cli.verify --profile $P --work "$WORK" --results "$RESULTS" --set "verify.temperatures=[$T]" 2>&1 \
-    | grep -a "verify \|error\|Error" | tail -40
+  $PY -m dmtp.cli pipeline --profile $P --work "$WORK" --results "$RESULTS" --stage verify \
+    --set "verify.temperatures=[$T]" 2>&1 | grep -a "verify \|error\|Error" | tail -40
 done
 t report; $PY -m dmtp.cli.report verify --profile $P --results "$RESULTS" 2>&1 | tail -3
 cat "$RESULTS/$P/tables/verify.md" 2>/dev/null

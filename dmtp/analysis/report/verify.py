@@ -1,5 +1,5 @@
-"""The verification-mode study (results/<profile>/verify, written by `python -m dmtp.cli.verify`): per method, verify
-mode and temperature, per-request and per-verify acceptance length, first-token acceptance and throughput at each
+"""The verification-mode study (results/<profile>/verify, written by `dmtp pipeline --stage verify`): per method,
+verify mode and temperature, per-request and per-verify acceptance length, first-token acceptance and throughput at each
 batch cap, beside the target-only ceiling; paired tests of each mode against the others.
 
     python -m dmtp.cli.report verify --profile mini     # tables/verify*.{csv,md}, figures/verify_T*.png
