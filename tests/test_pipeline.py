@@ -107,6 +107,11 @@ def test_verify_stage_and_its_report_section(run):
             recs = read_jsonl(res / "verify" / "runs" / m / v / "humaneval_T1.jsonl")
             assert len(recs) == 4 and {r["verify"] for r in recs} == {v} and {r["method"] for r in recs} == {m}
     assert (res / "verify" / "throughput.csv").exists()
+    meta = json.loads((res / "verify" / "runs" / "mtp" / "block" / "humaneval_T1.meta.json").read_text())
+    assert meta["fingerprint"]["run"] == {"method": "mtp", "verify": "block", "temperature": 1.0}
+    p = subprocess.run(cmd + ["--stage", "verify", "--set", "verify.max_new_tokens=5"] + study, capture_output=True,
+                       text=True, timeout=600)  # other settings than the recorded ones: refused before any work
+    assert p.returncode == 2 and "study.max_new_tokens: 12 -> 5" in p.stderr, p.stderr[-2000:]
     p = subprocess.run([sys.executable, "-m", "dmtp.cli.report", "report", "--profile", "smoke", "--results",
                         str(root / "results")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
