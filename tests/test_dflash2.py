@@ -192,7 +192,7 @@ def test_forward_backward_dflash2_with_dmtp_variant(models, variant):
     # the selector term is weighted in: same batch with weight 0 gives the plain DFlash loss
     d.config.selector_loss_weight = 0.0
     plain, _ = drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)
-    assert loss.item() == pytest.approx(plain.item() + 0.1 * stats["sel_loss"], rel=1e-5)
+    assert loss.item() == pytest.approx(plain.item() + 0.1 * float(stats["sel_loss"]), rel=1e-5)
 
 
 def test_checkpoint_round_trip(models, tmp_path):

@@ -242,15 +242,17 @@ class Drafter(nn.Module):
         cos, sin = self.rope(pos, f.dtype)
         return [layer.self_attn.kv(f, cos, sin) for layer in self.layers]
 
-    def forward(self, block, block_pos, ctx_kv, ctx_end):
+    def forward(self, block, block_pos, ctx_kv, ctx_end, mask=None):
         """block [B, N*S, H] embeddings of N blocks of S slots at absolute positions block_pos [B, N*S];
         ctx_kv from `context_kv` (rows = absolute positions 0..C-1); ctx_end [B, N] = anchor position a of each
-        block. Returns normed hidden states [B, N*S, H] (apply the target's LM head for logits)."""
+        block; mask: the visibility rule built by the caller (`attention.flex_mask`), else built here for the
+        config's `attn_backend`. Returns normed hidden states [B, N*S, H] (apply the target's LM head for logits)."""
         slots = block.shape[1] // ctx_end.shape[1]
         cos, sin = self.rope(block_pos, block.dtype)
         c = self.config
-        ctx_len = ctx_kv[0][0].shape[2]
-        mask = build_mask(ctx_end, slots, ctx_len, c.window or ctx_len, c.attn_backend)  # window 0: all positions
+        if mask is None:
+            ctx_len = ctx_kv[0][0].shape[2]
+            mask = build_mask(ctx_end, slots, ctx_len, c.window or ctx_len, c.attn_backend)  # window 0: all positions
         x = block
         for layer, (ck, cv) in zip(self.layers, ctx_kv):
             x = layer(x, cos, sin, ck, cv, mask, slots)

@@ -62,6 +62,7 @@ class Variant(nn.Module):
     anchor: bool = True  # keep A in the block
     t1: bool = False  # T1 from the MTP is given (DMTP); else the drafter proposes T1 itself
     needs_mtp_context: bool = False  # context() reads the per-position MTP hidden g_i
+    bypassed: tuple[str, ...] = ()  # drafter parameters (name prefixes) the variant never uses: frozen in training
 
     def __init__(self, cfg):
         super().__init__()
