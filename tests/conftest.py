@@ -34,6 +34,13 @@ def make_drafter(tgt, variant, layers=2, seed=1, **kw):
     return d.eval()
 
 
+def compiled_graphs(fn) -> int:
+    """Graphs torch.compile holds for `fn` (one per set of guards: shapes, requires-grad flags, module types)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(fn.__code__))
+
+
 def hf_greedy(tgt, prompt, max_new, eos=None):
     out = tgt.model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
                              pad_token_id=0)

@@ -8,12 +8,13 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import make_drafter
+from conftest import compiled_graphs, make_drafter
 
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
 from dmtp.training.common import compiled
-from dmtp.training.drafters import TrainConfig, drafter_loss, extract, new_drafters, sample_anchors, train_drafters
+from dmtp.training.drafters import (TrainConfig, block_loss, drafter_loss, extract, new_drafters, sample_anchors,
+                                    train_drafters)
 from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain, train_flops_per_token
 
 ARCH = TargetArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
@@ -72,8 +73,6 @@ def qwen3_5():
 def test_compiled_drafter_training_follows_eager(qwen3_5, tmp_path):
     """dflash and zero_init_residual (block of 8; one trained block input, one frozen) through the compiled path:
     the losses and weights of the eager path, and ONE compiled graph for both drafters."""
-    from torch._dynamo.utils import counters
-
     tgt, mtp = qwen3_5
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
@@ -83,9 +82,9 @@ def test_compiled_drafter_training_follows_eager(qwen3_5, tmp_path):
         ds = new_drafters(tgt, ["dflash", "zero_init_residual"], base)
         cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
                           compile=flag)
-        graphs = counters["stats"]["unique_graphs"]
+        graphs = compiled_graphs(block_loss)
         hist = train_drafters(tgt, mtp, ds, _seqs(), cfg, tmp_path / flag, log=lambda *_: None)
-        runs[flag] = hist, {n: d.state_dict() for n, d in ds.items()}, counters["stats"]["unique_graphs"] - graphs
+        runs[flag] = hist, {n: d.state_dict() for n, d in ds.items()}, compiled_graphs(block_loss) - graphs
     assert runs["off"][2] == 0 and runs["on"][2] == 1
     for name in ("dflash", "zero_init_residual"):
         (he, we), (hc, wc) = [(r[0][name], r[1][name]) for r in (runs["off"], runs["on"])]

@@ -75,9 +75,13 @@ _flex_fn = []
 def attend(q, k, v, mask, scale=None):
     """q [B, Hq, Q, D]; k, v [B, Hkv, C+Q, D]; mask from `build_mask` / `flex_mask` -> [B, Hq, Q, D]."""
     if not isinstance(mask, torch.Tensor):  # flex BlockMask: grouped-query attention without repeating K/V
-        if not _flex_fn:
-            _flex_fn.append(torch.compile(flex_attention, dynamic=False))
-        return _flex_fn[0](q, k, v, block_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+        if torch.compiler.is_compiling():  # inside a compiled caller (training's block_loss): traced with it
+            fn = flex_attention
+        else:  # eager callers get a compiled kernel (eager flex attention materialises the scores)
+            if not _flex_fn:
+                _flex_fn.append(torch.compile(flex_attention, dynamic=False))
+            fn = _flex_fn[0]
+        return fn(q, k, v, block_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
