@@ -8,7 +8,7 @@ PROFILE ?= $(if $(HAS_CUDA),mini,tiny)
 WORK ?= work
 RESULTS ?= results
 
-.PHONY: venv test ablation-code bench tables figures report corpus tokenizer target data drafters eval dpcheck dppool \
+.PHONY: venv test ablation-code bench bench-train tables figures report corpus tokenizer target data drafters eval dpcheck dppool \
 	clean-work
 
 # CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
@@ -55,6 +55,11 @@ bench: $(VENV)/.installed
 	$(PY) -m dmtp.cli.bench --target $(WORK)/$(PROFILE)/target --drafters $(WORK)/$(PROFILE)/drafters \
 		--out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
 	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
+
+# training throughput, eager and compiled paths side by side (GPU): pretraining tok/s + MFU, drafter steps/s ->
+# $(RESULTS)/$(PROFILE)/bench/train.json and the ratio records in ratios.json; needs no trained model
+bench-train: $(VENV)/.installed
+	$(PY) -m dmtp.cli.bench_train --profile $(PROFILE) --out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
 
 tables figures report: $(VENV)/.installed
 	$(PY) -m dmtp.cli.report $@ --profile $(PROFILE) --results $(RESULTS)

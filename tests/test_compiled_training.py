@@ -1,7 +1,7 @@
 """The compiled training paths on CPU (inductor): pretraining and drafter training follow their eager paths step by
 step in fp32; the drafters of one backbone and block size share one compiled graph; the flex-attention block mask
-gives the dense mask's loss; the FLOP count behind MFU, by hand. The GPU side (flex attention with its backward pass,
-bf16) is in test_cuda.py."""
+gives the dense mask's loss; the FLOP count behind MFU, by hand; the training benchmark end to end. The GPU side
+(flex attention with its backward pass) is in test_cuda.py."""
 import json
 import random
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import compiled_graphs, make_drafter
 
+from dmtp.cli.bench_train import bench_train, steady_rate
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
 from dmtp.training.common import compiled
@@ -117,3 +118,29 @@ def test_flex_block_mask_gives_the_dense_loss(qwen3_5, name, window):
         mask = flex_mask(anchors, d.layout.slots, padded.shape[1], d.config.window)
         flex, _ = drafter_loss(d, tgt, feats, anchors, valid, 4.0, mask=mask)
     torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_steady_rate_by_hand():
+    hist = [{"step": 0, "tokens": 10, "elapsed_s": 5.0}, {"step": 10, "tokens": 110, "elapsed_s": 6.0},
+            {"step": 20, "tokens": 210, "elapsed_s": 6.5}]
+    assert steady_rate(hist, 10, "tokens") == (200.0, 10)  # compile and warm-up (the first record) left out
+    with pytest.raises(ValueError, match="raise --steps"):
+        steady_rate(hist, 11, "tokens")
+
+
+def test_bench_train_end_to_end(tmp_path):
+    """The training benchmark on CPU (smoke shapes; both paths run eager here): train.json holds both paths of both
+    parts, the ratio records join what ratios.json already held, and a rerun replaces only the records it remakes."""
+    (tmp_path / "ratios.json").write_text(json.dumps([{"target": "other", "value": 1.0, "goal": "report",
+                                                       "met": True, "note": ""}]))
+    recs = bench_train("smoke", tmp_path, steps=4, warm=1, drafter_steps=3)
+    res = json.loads((tmp_path / "train.json").read_text())
+    for part, key in (("pretrain", "tokens_per_s"), ("drafters", "steps_per_s")):
+        assert set(res[part]) == {"eager", "compiled"} and all(r[key] > 0 for r in res[part].values()), res[part]
+    assert res["pretrain"]["eager"]["mfu"] is None and res["drafters"]["eager"]["drafters"] == 9  # CPU: no peak
+    pre, dr = "smoke pretraining tok/s, compiled / eager", \
+        "smoke drafter training steps/s, 9 drafters side by side, compiled / eager"
+    assert [r["target"] for r in recs] == [pre, dr] and recs[1]["goal"] == ">= 4" and recs[1]["value"] > 0
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, dr]
+    bench_train("smoke", tmp_path, steps=4, warm=1, parts=("pretrain",))
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre]

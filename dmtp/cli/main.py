@@ -253,7 +253,7 @@ def cmd_train(a):
     require(0 <= a.mask_token_id < cfg_t.vocab_size, f"--mask-token-id {a.mask_token_id}: expected a token id in "
             f"[0, {cfg_t.vocab_size}) (the target's vocabulary)")
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
-                  lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after)
+                  lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after, compile=a.compile)
     seqs = load_sequences(args.in_file(a.data, "--data"), cfg.max_len, vocab_size=cfg_t.vocab_size)
     base = dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers,
                 num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
@@ -363,6 +363,8 @@ def main(argv=None):
     t.add_argument("--seed", type=args.at_least(0), default=0)
     t.add_argument("--stop-after", type=args.at_least(0), default=0,
                    help="checkpoint and stop after this step (resume later)")
+    t.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
+                   help="compiled training path: auto = on CUDA only (default), on, off = eager")
     t.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
     t.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     t.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "
