@@ -144,3 +144,18 @@ def test_bench_train_end_to_end(tmp_path):
     assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, dr]
     bench_train("smoke", tmp_path, steps=4, warm=1, parts=("pretrain",))
     assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre]
+
+
+def test_flex_attention_under_autocast():
+    """Under bf16 autocast the drafter's q and k leave their RMSNorm in fp32 and v is bf16: flex attention gets one
+    dtype, as SDPA does from autocast, and agrees with the dense mask."""
+    from dmtp.models.attention import attend, dense_mask
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 48, 16, generator=g), torch.randn(2, 2, 20 + 48, 16, generator=g)
+    v = torch.randn(2, 2, 20 + 48, 16, generator=g).bfloat16()
+    ends = torch.tensor([[1, 4, 9, 17, 18, 19], [2, 3, 11, 12, 15, 19]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        flex, dense = attend(q, k, v, flex_mask(ends, 8, 20, 5)), attend(q, k, v, dense_mask(ends, 8, 20, 5))
+    assert flex.dtype == dense.dtype == torch.bfloat16
+    torch.testing.assert_close(flex.float(), dense.float(), rtol=2e-2, atol=2e-2)

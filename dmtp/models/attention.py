@@ -75,6 +75,10 @@ _flex_fn = []
 def attend(q, k, v, mask, scale=None):
     """q [B, Hq, Q, D]; k, v [B, Hkv, C+Q, D]; mask from `build_mask` / `flex_mask` -> [B, Hq, Q, D]."""
     if not isinstance(mask, torch.Tensor):  # flex BlockMask: grouped-query attention without repeating K/V
+        dev = q.device.type
+        if torch.is_autocast_enabled(dev):  # as autocast casts SDPA's inputs: under autocast q and k leave their
+            dt = torch.get_autocast_dtype(dev)  # RMSNorm (fp32 weight) in fp32 while v is bf16; flex wants one dtype
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
         if torch.compiler.is_compiling():  # inside a compiled caller (training's block_loss): traced with it
             fn = flex_attention
         else:  # eager callers get a compiled kernel (eager flex attention materialises the scores)
