@@ -152,7 +152,7 @@ class Target(nn.Module):
     def features(self, ids: torch.Tensor, taps=None, logits: bool = True) -> TargetOut:
         """Uncached causal pass over whole sequences [B, T] (training features; right padding does not reach the real
         rows). No mask is materialised where the attention is causal by itself (`mask_free`). logits=False: hidden
-        states and taps only (the LM head over every position is most of a small target's pass)."""
+        states and taps only (`mini`: the LM head is a fifth of the pass, and its fp32 logits the largest tensor)."""
         B, T = ids.shape
         pos = torch.arange(T, device=ids.device)[None].expand(B, T)
         return self._run(ids, pos, None if self.mask_free else causal_mask(pos, T), None, taps, logits=logits)
