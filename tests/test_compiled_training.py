@@ -14,8 +14,15 @@ from dmtp.cli.bench_train import bench_train, steady_rate
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
 from dmtp.training.common import compiled
-from dmtp.training.drafters import (TrainConfig, block_loss, drafter_loss, extract, new_drafters, sample_anchors,
-                                    train_drafters)
+from dmtp.training.drafters import (
+    TrainConfig,
+    block_loss,
+    drafter_loss,
+    extract,
+    new_drafters,
+    sample_anchors,
+    train_drafters,
+)
 from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain, train_flops_per_token
 
 ARCH = TargetArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,

@@ -11,8 +11,15 @@ from ablations.code import BACKBONES
 from dmtp.engine.decode import Batch, Server, build_method, generate, serve
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
-from dmtp.training.drafters import (TrainConfig, block_loss, drafter_loss, extract, new_drafters, sample_anchors,
-                                    train_drafters)
+from dmtp.training.drafters import (
+    TrainConfig,
+    block_loss,
+    drafter_loss,
+    extract,
+    new_drafters,
+    sample_anchors,
+    train_drafters,
+)
 from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

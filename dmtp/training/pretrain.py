@@ -142,7 +142,10 @@ def train_flops_per_token(tgt, mtp, seq_len: int) -> float:
     average, 2 d_q FLOPs per key each for QK^T and for AV, x 3 for the backward pass (the half of the score matrix
     above the diagonal is not counted: flash kernels skip it)."""
     c = tgt.config
-    mats = lambda m: sum(p.numel() for p in m.parameters() if p.dim() == 2)  # noqa: E731
+
+    def mats(m):
+        return sum(p.numel() for p in m.parameters() if p.dim() == 2)
+
     N = mats(tgt.body.layers) + mats(mtp) + 2 * c.vocab_size * c.hidden_size
     A = tgt.layer_types.count("full_attention") + 1
     return 6.0 * N + 6.0 * A * c.num_attention_heads * c.head_dim * (seq_len + 1)
