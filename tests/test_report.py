@@ -226,8 +226,8 @@ def test_missing_runs_are_listed(hand, capsys):
 
 
 def test_synthetic_demo(tmp_path):
-    write_synthetic(code(), tmp_path, "demo", n=4, temps=(0,), methods=["mtp", "dflash", "zero_init_residual", "dflash2",
-                                                                "dmtp_d2"])
+    write_synthetic(code(), tmp_path, "demo", n=4, temps=(0,),
+                    methods=["mtp", "dflash", "zero_init_residual", "dflash2", "dmtp_d2"])
     art = load("demo", tmp_path, n_boot=50)
     tables.render(art)
     names = sorted(p.stem for p in (tmp_path / "demo" / "tables").glob("*.csv"))

@@ -14,8 +14,8 @@ Under torchrun (`make target|data|drafters NGPU=2`) the stages target, data and 
 process per GPU; rank 0 alone writes. `--set pretrain.tokens=20000000` (repeatable) overrides a profile field.
 
 The experiment (profile + ablation spec, `dmtp/experiment.py`) is the only input: the runs trained and evaluated are
-`ablation.runs()`, restricted to a subset by `--set ablation.only=dflash,zero_init_residual`; every invocation writes
-the resolved experiment to `results/<profile>/experiment.json`, from which the report takes its rows.
+`ablation.runs()`, restricted to a subset by `--set ablation.only=dflash,zero_init_residual`; the eval and tables
+stages write the resolved experiment to `results/<profile>/experiment.json`, from which the report takes its rows.
 """
 from __future__ import annotations
 
@@ -259,6 +259,7 @@ def eval_plan(p: Profile):
 
 
 def st_eval(c: Ctx):
+    write_experiment(c.res / "experiment.json", c.p)  # the runs' experiment: the report takes its rows from it
     ev = c.p.eval
     drafters_dir = c.work / "drafters"
     cache, todo = {}, []
@@ -336,6 +337,7 @@ def lossless_check(c: Ctx):
 
 
 def st_tables(c: Ctx):
+    write_experiment(c.res / "experiment.json", c.p)
     write_subsets(c)
     lossless_check(c)
     render_tables(c.p.name, c.res.parent)
@@ -444,8 +446,6 @@ def main(a):
         preflight([u for s in stages for u in units(c, s)])
     if rank_dev:
         c.dev = rank_dev
-    if is_main():
-        write_experiment(c.res / "experiment.json", c.p)  # what the report reads its rows from
     if world > 1:
         c.log(f"{world} data-parallel ranks ({'nccl' if rank_dev.startswith('cuda') else 'gloo'})")
     for s in stages:
