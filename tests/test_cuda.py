@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import compiled_graphs, make_drafter
 
-from ablations.code import BACKBONES
+from ablations.code import code
 from dmtp.engine.decode import Batch, Server, build_method, generate, serve
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
@@ -162,7 +162,7 @@ def _train_drafters(tgt, mtp, names, flag, out):
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in torch.randint(14, 40, (12,), generator=g)]
     cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100, compile=flag)
-    return train_drafters(tgt, mtp, new_drafters(tgt, names, base, backbones=BACKBONES), seqs, cfg, out,
+    return train_drafters(tgt, mtp, new_drafters(tgt, names, base, backbones=code().backbones), seqs, cfg, out,
                           log=lambda *_: None)
 
 

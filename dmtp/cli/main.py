@@ -21,12 +21,14 @@ import time
 from pathlib import Path
 
 from dmtp import dist
+from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import require
 from dmtp.cli import args, dryrun, pipeline, stages
-from dmtp.data.datasets import load_prompts, spec
+from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import build_method
 from dmtp.engine.runner import mtbench_generate, run_generate
+from dmtp.experiment import drafter_config, torch_dtype
 from dmtp.io import append_jsonl, iter_jsonl, read_jsonl, write_meta
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
@@ -36,15 +38,9 @@ from dmtp.training.drafters import TrainConfig, load_sequences, new_drafters, tr
 from experiments.profiles import get_profile
 
 
-def _dtype(name):
-    import torch
-
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
 def cmd_variants(a):
     w = max(map(len, REGISTRY))
-    for name, cls in REGISTRY.items():
+    for name, cls in sorted(REGISTRY.items()):
         print(f"{name:<{w}}  {cls.description}")
 
 
@@ -91,7 +87,7 @@ def read_prompts(path, tok=None, vocab_size=None):
             if tok is None:
                 raise ValueError(f"{path}:{i}: a text prompt, but the target has no tokenizer files (give "
                                  "`prompt_ids`)")
-            ids = tok(r["prompt"], add_special_tokens=False)["input_ids"]
+            ids = encode(tok, r["prompt"])
         else:
             raise ValueError(f"{path}:{i}: needs `prompt` (text) or `prompt_ids`")
         if not ids:
@@ -205,7 +201,7 @@ def cmd_generate(a):
         print(f"{a.method}: all {len(prompts)} prompts already in {out}")
         return
     # --- the work: batch i (prompts i..i+B-1, seeded seed + i) is appended as soon as it is decoded ---
-    tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, _dtype(a.dtype))
+    tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, torch_dtype(a.dtype))
     method = build_method(a.method, tgt, drafter=drafter, mtp=mtp, mtp_steps=a.mtp_steps)
     write_meta(meta, config, fingerprint=want, finished=False)  # before the first record
     t0 = time.time()
@@ -228,7 +224,7 @@ def cmd_generate(a):
     write_meta(meta, config, wall_s=time.time() - t0, fingerprint=want, finished=True, records=len(recs))
     acc = [x for r in recs for x in r["accepted"]]
     if acc:
-        print(f"{a.method}: {len(recs)} requests, {len(acc)} rounds, per-verify tau {1 + sum(acc) / len(acc):.3f}")
+        print(f"{a.method}: {len(recs)} requests, {len(acc)} rounds, per-verify tau {acceptance_length(acc):.3f}")
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
@@ -255,19 +251,16 @@ def cmd_train(a):
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
                   lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after, compile=a.compile)
     seqs = load_sequences(args.in_file(a.data, "--data"), cfg.max_len, vocab_size=cfg_t.vocab_size)
-    base = dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers,
-                num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
+    # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
+    base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
+        dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers)
+    base.update(num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
                 **({"backbone": a.backbone} if a.backbone else {}))
-    if prof is not None:  # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...)
-        paper = bool(prof.scale.target_config)
-        base.update(num_attention_heads=prof.drafter_heads, num_key_value_heads=prof.drafter_kv_heads,
-                    head_dim=prof.scale.drafter_head_dim if paper else prof.arch.head_dim,
-                    intermediate_size=prof.drafter_intermediate, block_size=prof.scale.block_size,
-                    window=prof.scale.window,
-                    rope_theta=(getattr(cfg_t, "rope_parameters", None) or {}).get("rope_theta", 1e6))
+    settings = prof.drafter.variants if prof is not None else {}
     units = []
     for v in variants:
-        dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__}, variant=v)
+        dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__}, variant=v,
+                           variant_config=settings.get(v, {}))
         require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
                 f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
         data = {"path": str(Path(a.data).resolve()), "bytes": Path(a.data).stat().st_size}
@@ -287,10 +280,10 @@ def cmd_train(a):
         print(f"nothing to train: {', '.join(variants)} already finished in {out} with this configuration")
         return
     # --- the work ---
-    tgt = Target.load(a.target, dtype=_dtype(a.dtype), device=dev)
+    tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)
     need_mtp = any(get_variant(v).needs_mtp for v in todo)  # dflash alone needs no MTP head
     mtp = MTPHead.load(tgt, a.target) if need_mtp else None
-    drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo})
+    drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo}, variant_configs=settings)
     train_drafters(tgt, mtp, drafters, seqs, cfg, out)
 
 
@@ -305,11 +298,11 @@ def _train_profile(a):
     if a.profile:
 
         prof = get_profile(a.profile)
-        t, sc = prof.train, prof.scale
-        d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter_layers, lr=t.lr,
-                 gamma=t.gamma)
-        if sc.target_config:
-            d.update(mask_token_id=sc.mask_token_id, dtype=sc.dtype)
+        t = prof.train
+        d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter.layers, lr=t.lr,
+                 gamma=t.gamma, dtype=prof.model.dtype)
+        if prof.drafter.mask_token_id >= 0:
+            d.update(mask_token_id=prof.drafter.mask_token_id)
     for k, v in d.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -377,7 +370,7 @@ def main(argv=None):
     pl.add_argument("--work", default="work", help="where checkpoints and intermediate data go")
     pl.add_argument("--results", default="results")
     pl.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override a profile field, e.g. pretrain.tokens=20000000 or data_batch=512 (repeatable)")
+                    help="override a profile field, e.g. pretrain.tokens=20000000 or data.batch=512 (repeatable)")
     pl.add_argument("--force", action="store_true", help="redo finished or started stages whose recorded "
                     "configuration differs from the requested one (default: refuse, naming the fields)")
     pl.set_defaults(fn=pipeline.main)
