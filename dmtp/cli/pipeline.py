@@ -35,7 +35,7 @@ from dmtp.cli.stages import record as stage_record
 from dmtp.data.corpus import build_corpus
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.prompts import code_prompts
-from dmtp.data.tokenizer import encode_corpus, load_tokenizer, train_tokenizer
+from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.decode import build_method, load_method
 from dmtp.engine.runner import run_generate
@@ -74,6 +74,7 @@ class Ctx:
         return load_tokenizer(self.work / "tokenizer")
 
     def target(self):
+        load_tokenizer(self.work / "target")  # a target trained on an old tokenizer is an error (StaleTokenizer)
         t = Target.load(self.work / "target", dtype=self.dtype, device=self.dev)
         return t, MTPHead.load(t, self.work / "target")
 
@@ -90,6 +91,11 @@ def st_tokenizer(c: Ctx):
     out = c.work / "tokenizer"
     u, = units(c, "tokenizer")
     if not c.check(u):
+        stage_record(u)
+    elif tokenizer_version(out) not in (None, PRETOKENIZER_VERSION):  # made before fingerprints, by an old version
+        c.log(f"tokenizer: {out} has an old pre-tokenizer; rebuilding it and the token streams")
+        shutil.rmtree(out)
+        shutil.rmtree(c.work / "tokens", ignore_errors=True)
         stage_record(u)
     if not (out / "tokenizer.json").exists():
         train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.vocab_size,
@@ -110,6 +116,7 @@ def st_target(c: Ctx):
     u, = units(c, "target")
     there = c.check(u)
     if there and (out / "DONE").exists():
+        load_tokenizer(out)  # StaleTokenizer when it was trained on an old tokenizer (made before fingerprints)
         if state.exists() and is_main():  # a kill after the target was saved left the training state
             shutil.rmtree(state, ignore_errors=True)
         return
@@ -346,7 +353,8 @@ def fingerprints(p) -> dict[str, dict]:
     """Stage -> the settings its output depends on: its own and those of every stage it reads (keys as `--set`
     names them), without run control (stop_after, save_every, log_every)."""
     f = {"corpus": {"corpus_bytes": p.corpus_bytes}}
-    f["tokenizer"] = dict(f["corpus"], vocab_size=p.vocab_size, tokenizer_bytes=p.tokenizer_bytes)
+    f["tokenizer"] = dict(f["corpus"], vocab_size=p.vocab_size, tokenizer_bytes=p.tokenizer_bytes,
+                          pretokenizer=PRETOKENIZER_VERSION)
     f["target"] = dict(f["tokenizer"], arch=fingerprint(p.arch), pretrain=fingerprint(p.pretrain))
     f["data"] = dict(f["target"], target_dtype=p.target_dtype, **{k: getattr(p, k) for k in (
         "data_prompts", "data_prompt_tokens", "data_new_tokens", "data_temperature", "data_batch")})
