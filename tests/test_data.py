@@ -220,3 +220,14 @@ def test_tokenizer_version(tok, tok_v1, corpus, tmp_path):
 
     byte_tokenizer(chat=False).save_pretrained(tmp_path / "foreign")
     assert tokenizer_version(tmp_path / "foreign") is None and find_tokenizer(tmp_path / "foreign") is not None
+
+
+def test_token_bytes(tok):
+    """Stop-string matching sees exactly the text's bytes; special tokens are no text."""
+    from dmtp.data.tokenizer import token_bytes
+
+    table = token_bytes(tok)
+    assert len(table) == len(tok) and table[0] == table[1] == b""
+    for s in [UNICODE, SRC.format(i=3), "x\t=\t'\\n'  \n\n\n    \x00\r"]:
+        ids = encode_text(tok, [s])[0]
+        assert b"".join(table[i] for i in ids) == s.encode()
