@@ -354,7 +354,8 @@ class Batch:
         self.match = [stop.match() for _ in prompts] if stop is not None else None  # host-side, per request
         self._stopped = torch.zeros(B, dtype=torch.bool)  # requests the host ended at a stop string
         self._y = self._emitted = None  # the last round's tokens [B, k+1] and count appended [B] (stop strings)
-        self._see(done.cpu(), first[:, None].cpu(), torch.ones(B, dtype=torch.long))
+        # the host sees the first token too: a stop string may end there
+        self._see(done.cpu(), *((first[:, None].cpu(), torch.ones(B, dtype=torch.long)) if stop is not None else ()))
 
     def _run(self, stage, fn, *inputs):
         with self.method.timer(stage):
