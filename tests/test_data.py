@@ -207,7 +207,10 @@ def test_tokenizer_version(tok, tok_v1, corpus, tmp_path):
     cfg = json.loads((old / "tokenizer_config.json").read_text())
     cfg.pop("dmtp_pretokenizer")
     (legacy / "tokenizer_config.json").write_text(json.dumps(cfg))
-    for path in (old, legacy):
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(legacy)).save_pretrained(tmp_path / "old_ckpt")  # beside an old target
+    for path in (old, legacy, tmp_path / "old_ckpt"):
         assert tokenizer_version(path) == 1
         with pytest.raises(StaleTokenizer, match="pre-tokenizer v1, this code uses v2"):
             load_tokenizer(path)

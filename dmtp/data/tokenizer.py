@@ -90,12 +90,12 @@ def tokenizer_version(path) -> int | None:
     suite tokenizer saved before versions were recorded (`<|endoftext|>`, `<|mask|>` at ids 0, 1); None for any
     other tokenizer (an HF checkpoint's own, e.g. Qwen's)."""
     path = Path(path)
-    cfg = path / "tokenizer_config.json"
-    v = json.loads(cfg.read_text()).get("dmtp_pretokenizer") if cfg.exists() else None
-    if v is not None:
-        return int(v)
-    if not (path / "tokenizer.json").exists():
-        return None
+    cfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+    if cfg.get("dmtp_pretokenizer") is not None:
+        return int(cfg["dmtp_pretokenizer"])
+    mask = cfg.get("mask_token")
+    if (mask.get("content") if isinstance(mask, dict) else mask) != MASK or not (path / "tokenizer.json").exists():
+        return None  # not a suite tokenizer (no <|mask|>): nothing more to read
     bk = Tokenizer.from_file(str(path / "tokenizer.json"))
     return 1 if [bk.id_to_token(i) for i in (0, 1)] == SPECIAL else None
 
