@@ -177,9 +177,14 @@ def cmd_generate(a):
     tok = find_tokenizer(a.target)
     eos = eos_ids(a.eos, cfg, tok, cfg.vocab_size, a.target)
     stops = [s for x in a.stop or [] for s in (HUMANEVAL_STOPS if x == "humaneval" else [x])]
-    if stops and (a.mode == "fixed" or tok is None or dataset == "mtbench"):
-        raise ValueError("--stop needs --mode natural, the target's tokenizer files beside its config.json, and a "
-                         "prompt set other than mtbench")
+    if stops and a.mode == "fixed":
+        raise ValueError("--stop takes --mode natural (--mode fixed decodes exactly --max-new-tokens)")
+    if stops and tok is None:
+        raise ValueError(f"--stop needs the target's tokenizer files beside {a.target}/config.json")
+    if stops and dataset == "mtbench":
+        raise ValueError("--stop is not supported with --dataset mtbench (two turns)")
+    if "" in stops:
+        raise ValueError("--stop '': a stop string must not be empty")
     if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
         if tok is None:
             raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
