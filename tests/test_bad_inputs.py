@@ -132,6 +132,10 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("eos not ids", lambda w: G(w, "--eos", "abc"), "--eos 'abc': expected comma-separated token ids, or none"),
     ("eos out of range", lambda w: G(w, "--eos", "500"), "end-of-text id 500 (--eos) outside the vocabulary"),
     ("no eos anywhere", lambda w: ["generate", "--target", str(w / "noeos")] + G(w)[3:], "no end-of-text id"),
+    # dmtp generate: evaluation mode and stop strings
+    ("mode unknown", lambda w: G(w, "--mode", "greedy"), "argument --mode: invalid choice: 'greedy'"),
+    ("stop with fixed", lambda w: G(w, "--mode", "fixed", "--stop", "x"), "--stop takes --mode natural"),
+    ("stop without tokenizer", lambda w: G(w, "--stop", "x"), "--stop needs the target's tokenizer files"),
     # dmtp train
     ("train steps 0", lambda w: TR(w, "--steps", "0"), "argument --steps: expected an integer >= 1"),
     ("train lr nan", lambda w: TR(w, "--lr", "nan"), "argument --lr: expected a finite number > 0"),

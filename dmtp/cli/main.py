@@ -4,6 +4,7 @@
     dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \
         --max-new-tokens 128 --out out.jsonl
     dmtp generate --target PATH --method mtp --dataset gsm8k [--data-path FILE] --out gsm8k.jsonl
+    dmtp generate --target PATH --method ar --prompts he.jsonl --mode natural --stop humaneval --out out.jsonl
     dmtp train --target PATH --data tokens.jsonl --variants dflash,zero_init_residual --out DIR --steps 200
     dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
@@ -27,7 +28,8 @@ from dmtp.cli import args, dryrun, pipeline, stages
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import build_method
-from dmtp.engine.runner import mtbench_generate, run_generate
+from dmtp.engine.runner import MODES, mtbench_generate, run_generate
+from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config, torch_dtype
 from dmtp.io import append_jsonl, iter_jsonl, read_jsonl, write_meta
 from dmtp.models.drafter import Drafter, DrafterConfig
@@ -170,6 +172,15 @@ def cmd_generate(a):
     cfg = read_config(a.target)
     tok = find_tokenizer(a.target)
     eos = eos_ids(a.eos, cfg, tok, cfg.vocab_size, a.target)
+    stops = [s for x in a.stop or [] for s in (HUMANEVAL_STOPS if x == "humaneval" else [x])]
+    if stops and a.mode == "fixed":
+        raise ValueError("--stop takes --mode natural (--mode fixed decodes exactly --max-new-tokens)")
+    if stops and tok is None:
+        raise ValueError(f"--stop needs the target's tokenizer files beside {a.target}/config.json")
+    if stops and dataset == "mtbench":
+        raise ValueError("--stop is not supported with --dataset mtbench (two turns)")
+    if "" in stops:
+        raise ValueError("--stop '': a stop string must not be empty")
     if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
         if tok is None:
             raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
@@ -187,7 +198,7 @@ def cmd_generate(a):
         drafter=str(Path(a.drafter).resolve()) if a.drafter else None,
         drafter_modified=_modified(a.drafter) if a.drafter else None, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, mtp_steps=a.mtp_steps if a.method == "mtp" else None,
-        batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset,
+        batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset, mode=a.mode, stop=stops,
         prompts=str(Path(a.prompts).resolve()) if a.prompts else None,
         data_path=str(Path(a.data_path).resolve()) if a.data_path else None))
     done = resume_records(out, meta, want, a.force)
@@ -211,10 +222,10 @@ def cmd_generate(a):
         chunk = prompts[i: i + a.batch_size]
         if mtbench:
             recs = mtbench_generate(tgt, method, tok, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size,
-                                    a.seed + i)
+                                    a.seed + i, mode=a.mode)
         else:
             recs = run_generate(tgt, method, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed + i,
-                                tok)
+                                tok, mode=a.mode, stop_strings=stops)
             for r, p in zip(recs, chunk):  # prompt + output: a training sequence for `dmtp train --data`
                 r.update(prompt_ids=p["prompt_ids"], **({"dataset": p["dataset"]} if dataset else {}))
         append_jsonl(out, [r for r in recs if r["id"] not in done])
@@ -329,6 +340,10 @@ def main(argv=None):
     g.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
     g.add_argument("--batch-size", type=args.at_least(1), default=16)
     g.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: the target's config and tokenizer)")
+    g.add_argument("--mode", default="natural", choices=MODES, help="natural: stop at EOS / --stop strings / length; "
+                   "fixed: ignore EOS, decode exactly --max-new-tokens")
+    g.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable (a newline from bash: "
+                   "$'\\ndef'); 'humaneval' = the standard HumanEval stop sequences (natural mode)")
     g.add_argument("--seed", type=args.at_least(0), default=0)
     g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     g.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")

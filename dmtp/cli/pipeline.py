@@ -40,7 +40,7 @@ from dmtp.data.corpus import build_corpus
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.prompts import code_prompts
-from dmtp.data.tokenizer import encode_corpus, load_tokenizer, train_tokenizer
+from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.decode import build_method, load_method
 from dmtp.engine.runner import run_generate
@@ -81,6 +81,7 @@ class Ctx:
         return load_tokenizer(self.work / "tokenizer")
 
     def target(self):
+        load_tokenizer(self.work / "target")  # a target trained on an old tokenizer is an error (StaleTokenizer)
         t = Target.load(self.work / "target", dtype=self.dtype, device=self.dev)
         return t, MTPHead.load(t, self.work / "target")
 
@@ -97,6 +98,11 @@ def st_tokenizer(c: Ctx):
     out = c.work / "tokenizer"
     u, = units(c, "tokenizer")
     if not c.check(u):
+        stage_record(u)
+    elif tokenizer_version(out) not in (None, PRETOKENIZER_VERSION):  # made before fingerprints, by an old version
+        c.log(f"tokenizer: {out} has an old pre-tokenizer; rebuilding it and the token streams")
+        shutil.rmtree(out)
+        shutil.rmtree(c.work / "tokens", ignore_errors=True)
         stage_record(u)
     if not (out / "tokenizer.json").exists():
         train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.data.vocab_size,
@@ -117,6 +123,7 @@ def st_target(c: Ctx):
     u, = units(c, "target")
     there = c.check(u)
     if there and (out / "DONE").exists():
+        load_tokenizer(out)  # StaleTokenizer when it was trained on an old tokenizer (made before fingerprints)
         if state.exists() and is_main():  # a kill after the target was saved left the training state
             shutil.rmtree(state, ignore_errors=True)
         return
@@ -349,7 +356,8 @@ def fingerprints(p: Profile) -> dict[str, dict]:
     names them), without run control (stop_after, save_every, log_every)."""
     d = p.data
     f = {"corpus": {"data.corpus_bytes": d.corpus_bytes}}
-    f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes})
+    f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes,
+                                                 "pretokenizer": PRETOKENIZER_VERSION})
     f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": fingerprint(p.pretrain),
                                           "model.checkpoint_dtype": p.model.checkpoint_dtype})
     f["data"] = dict(f["target"], **{"model.dtype": p.model.dtype},
