@@ -1,5 +1,6 @@
 """Data parallelism under torchrun (one process per GPU; nccl on CUDA, gloo on CPU). Training (target pretraining,
-drafters) takes interleaved rows of every global batch and averages gradients with one all-reduce per step, so N
+drafters) takes interleaved rows of every global batch and wraps each trained module in PyTorch's
+DistributedDataParallel (`data_parallel`), which averages the gradients over ranks during the backward pass, so N
 ranks follow the 1-rank run at the same global batch; generation deals whole batches of prompts to the ranks and
 gathers the records in prompt order.
 
@@ -12,6 +13,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 
 def init() -> tuple[int, int, str | None]:
@@ -63,17 +65,16 @@ def all_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def average_grads(params):
-    """Mean of every gradient over ranks, in one flat all-reduce (parameters without a gradient count as 0)."""
+def data_parallel(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` wrapped in DistributedDataParallel under torchrun (itself on one process). DDP averages the gradients
+    of its trainable parameters over ranks in bucketed all-reduces overlapping the backward pass; every trainable
+    parameter must take part in the forward (freeze the ones a model bypasses). Buffers are not broadcast: the models
+    here hold only constant ones (rotary frequencies). The wrapper shares the module's parameters, so optimizers and
+    checkpoints keep using the plain module.
+
+    Where the model's optimizer state does not fit beside the frozen target on every GPU (paper-scale drafters
+    trained side by side), FSDP2's `fully_shard` would take this wrapper's place; DESIGN.md says when."""
     if not dist.is_initialized():
-        return
-    params = [p for p in params if p.requires_grad]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    i = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[i: i + n].view_as(p).clone()
-        i += n
+        return module
+    dev = next(module.parameters()).device
+    return DistributedDataParallel(module, device_ids=[dev] if dev.type == "cuda" else None, broadcast_buffers=False)

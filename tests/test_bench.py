@@ -20,24 +20,27 @@ def test_stage_timer_covers_every_stage(models):
 
 
 def test_ratios_recomputed_from_throughput_csv(tmp_path):
-    """`--parts ratios`: throughput gain / per-verify gain at the largest cap both methods have; a rerun replaces the
-    entry of the same profile and temperature measured at another cap and keeps every other target."""
+    """`--parts ratios`: throughput gain / per-verify gain at the largest cap both methods have (the profile's main
+    method vs its drafter baseline); a rerun replaces the record of the same setup and name measured at another cap
+    and keeps every other record."""
     import json
 
+    from dmtp.analysis import ratios as RT
     from dmtp.cli import bench
 
-    out = tmp_path / "prof" / "bench"  # the label is the profile folder's name
+    out = tmp_path / "bench"
     out.mkdir(parents=True)
     rows = ["method,temperature,batch_cap,dataset,output_tokens,wall_s,tok_per_s,per_verify"]
     for m, tok, tau in (("dflash", 100.0, 2.0), ("zero_init_residual", 130.0, 2.5)):
         rows += [f"{m},0.0,1,humaneval,1,1,{tok / 2},{tau}", f"{m},0.0,32,humaneval,1,1,{tok},{tau}"]
     (out / "throughput.csv").write_text("\n".join(rows) + "\n")
-    (out / "ratios.json").write_text(json.dumps([
-        {"target": "prof T=0 B1 throughput gain / per-verify gain (zero_init_residual vs dflash)",
-         "value": -1.0, "goal": ">= 0.95", "met": False},
-        {"target": "other", "value": 1.0, "goal": "", "met": True}]))
-    bench.main(["--parts", "ratios", "--out", str(out)])
-    r = {x["target"]: x for x in json.loads((out / "ratios.json").read_text())}
-    assert set(r) == {"other", "prof T=0 B32 throughput gain / per-verify gain (zero_init_residual vs dflash)"}
-    new = r["prof T=0 B32 throughput gain / per-verify gain (zero_init_residual vs dflash)"]
-    assert new["value"] == pytest.approx(1.2) and new["met"] and new["note"] == "throughput +30.0%, per-verify +25.0%"
+    name = "T=0 throughput gain / per-verify gain (zero_init_residual vs dflash)"
+    RT.write(out / "ratios.json", [RT.Ratio("smoke", name, -1.0, ">=", 0.95, condition="B1"),
+                                   RT.Ratio("smoke", "other", 1.0)])
+    bench.main(["--parts", "ratios", "--profile", "smoke", "--out", str(out)])
+    r = {x.name: x for x in RT.read(out / "ratios.json")}
+    assert set(r) == {"other", name}
+    new = r[name]
+    assert new.value == pytest.approx(1.2) and new.met and new.condition == "B32"
+    assert new.note == "throughput +30.0%, per-verify +25.0%"
+    assert json.loads((out / "ratios.json").read_text())[-1]["target"] == f"smoke {name} (B32)"

@@ -1,13 +1,27 @@
 """The engine on a GPU (skipped without CUDA): CUDA-graphed rounds are lossless and equal the eager loop, the steady
 state never synchronises with the host, hybrid targets decode losslessly, the flex-attention drafter backend
 proposes what the dense-mask backend proposes, and the verify modes (sampled drafts, speculative sampling, block
-verification) run inside the graphs without a sync and keep the target's law."""
+verification) run inside the graphs without a sync and keep the target's law. Training on a GPU: the compiled
+pretraining and drafter-training paths (flex block mask with its backward pass) follow the eager ones."""
+import numpy as np
 import pytest
 import torch
-from conftest import make_drafter
+from conftest import compiled_graphs, make_drafter
 
+from ablations.code import code
 from dmtp.engine.decode import Batch, Server, build_method, generate, serve
 from dmtp.models import tiny
+from dmtp.models.attention import flex_mask
+from dmtp.training.drafters import (
+    TrainConfig,
+    block_loss,
+    drafter_loss,
+    extract,
+    new_drafters,
+    sample_anchors,
+    train_drafters,
+)
+from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
@@ -162,10 +176,15 @@ def test_verify_modes_graphed_equal_eager(gpu_models, name, verify, monkeypatch)
 @pytest.mark.parametrize("name", ["mtp", "dflash", "zero_init_residual", "dmtp_d2"])
 @pytest.mark.parametrize("verify", ["sample", "block"])
 def test_verify_modes_never_sync(gpu_models, name, verify):
-    """Steady-state rounds with sampled drafts and speculative / block acceptance issue no synchronising CUDA call."""
+    """Steady-state rounds with sampled drafts and speculative / block acceptance issue no synchronising CUDA call,
+    also while the host matches stop strings on each round's tokens (a stop that never occurs)."""
+    from test_stops import TABLE
+
+    from dmtp.engine.stops import StopStrings
+
     tgt, mtp = gpu_models
     b = Batch(tgt, method(name, tgt, mtp), PROMPTS, 1.0, 200, set(), torch.Generator("cuda").manual_seed(0),
-              verify=verify)
+              stop=StopStrings(["\n#"], TABLE), verify=verify)
     b.step()
     assert b.graphs.enabled and {"verify", "accept", "drafter"} <= set(b.graphs.graphs)
     torch.cuda.synchronize()
@@ -183,7 +202,6 @@ def test_verify_modes_never_sync(gpu_models, name, verify):
 def test_verify_modes_keep_the_target_law_on_gpu(name):
     """Through the graphed engine: 4000 samples of the first 3 tokens at T = 2 per mode, chi-square of every
     position's marginal against the exact law (as tests/test_verify.py does on CPU)."""
-    import numpy as np
     from test_verify import chi2_pvalue, position_laws
 
     tgt, mtp = on_cuda("qwen3_5")
@@ -195,3 +213,103 @@ def test_verify_modes_keep_the_target_law_on_gpu(name):
         for pos in range(3):
             pv = chi2_pvalue(np.bincount(seqs[:, pos], minlength=tgt.vocab_size), marg[pos] * len(seqs))
             assert pv > 1e-4, (name, verify, pos, pv)
+# --- compiled training (dmtp.training): the GPU paths against the eager ones ---------------------------------------
+def _train_drafters(tgt, mtp, names, flag, out):
+    """4 logged steps of tiny drafters side by side on 12 random sequences (fp32)."""
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1, selector_topk=8, selector_dim=16)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in torch.randint(14, 40, (12,), generator=g)]
+    cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100, compile=flag)
+    return train_drafters(tgt, mtp, new_drafters(tgt, names, base, backbones=code().backbones), seqs, cfg, out,
+                          log=lambda *_: None)
+
+
+def test_compiled_drafter_training_follows_eager_on_gpu(tmp_path):
+    """Both block layouts (8 slots from A, 7 from T1) and DMTP(D2) through the GPU's compiled path (flex block mask
+    with its backward pass, compiled block_loss, fused AdamW) follow the eager dense-mask path in fp32 step by step,
+    with one compiled graph per backbone and block size."""
+    tgt, mtp = on_cuda("qwen3_5")
+    names = ["dflash", "zero_init_residual", "token_only", "t1_residual", "dmtp_d2"]
+    eager = _train_drafters(tgt, mtp, names, "off", tmp_path / "off")
+    graphs = compiled_graphs(block_loss)
+    comp = _train_drafters(tgt, mtp, names, "on", tmp_path / "on")
+    assert compiled_graphs(block_loss) - graphs == 3
+    for n in names:
+        assert [h["loss"] for h in comp[n]] == pytest.approx([h["loss"] for h in eager[n]], rel=1e-3), n
+        assert [h["acc"] for h in comp[n]] == pytest.approx([h["acc"] for h in eager[n]], abs=0.02), n
+
+
+def test_flex_training_mask_gives_the_dense_gradients():
+    """One drafter step: the loss and every gradient through the flex block mask (flex attention's backward pass)
+    equal the dense mask's, in fp32, for both block layouts and a window shorter than the context."""
+    tgt, mtp = on_cuda("qwen3_5")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, tgt.vocab_size, (2, 40), generator=g)
+    lengths = torch.tensor([40, 31])
+    anchors, valid = sample_anchors(lengths, 6, g)
+    ids, lengths, anchors, valid = (x.cuda() for x in (ids, lengths, anchors, valid))
+    for name, window in [("zero_init_residual", 4096), ("token_only", 9)]:
+        d = make_drafter(tgt, name, window=window).cuda().train()
+        feats = extract(tgt, mtp, ids, lengths, d.config.target_layer_ids, True)
+        runs = []
+        for mask in (None, flex_mask(anchors, d.layout.slots, ids.shape[1], window)):
+            d.zero_grad(set_to_none=True)
+            loss, _ = drafter_loss(d, tgt, feats, anchors, valid, 4.0, mask=mask)
+            loss.backward()
+            runs.append((loss.detach(), {k: p.grad.clone() for k, p in d.named_parameters() if p.grad is not None}))
+        (l0, g0), (l1, g1) = runs
+        torch.testing.assert_close(l1, l0, rtol=1e-4, atol=1e-6)
+        assert g0.keys() == g1.keys()
+        for k in g0:
+            torch.testing.assert_close(g1[k], g0[k], rtol=1e-3, atol=1e-5, msg=f"{name} {k}")
+
+
+def test_compiled_pretraining_follows_eager_on_gpu(tmp_path):
+    """The compiled pretraining step (SDPA is_causal, fused AdamW, pinned batches) follows the eager one in fp32."""
+    arch = TargetArch(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=32, intermediate_size=256)
+    tokens = np.random.default_rng(0).integers(1, 256, 50_000).astype(np.int64)
+    runs = {}
+    for flag in ("off", "on"):
+        torch.manual_seed(0)
+        tgt, mtp = build_target(arch, vocab_size=256, eos_id=0)
+        tgt.model.cuda()
+        mtp.cuda()
+        cfg = PretrainConfig(tokens=6 * 8 * 64, seq_len=64, batch_size=8, log_every=1, bf16=False, compile=flag)
+        hist, info = pretrain(tgt, mtp, tokens, cfg, tmp_path / flag, log=lambda *_: None)
+        assert info["compiled"] == (flag == "on")
+        runs[flag] = hist
+    for key in ("loss", "mtp_loss"):
+        assert [h[key] for h in runs["on"]] == pytest.approx([h[key] for h in runs["off"]], rel=1e-4), key
+
+
+@pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual"])
+def test_stop_strings_on_gpu(gpu_models, name):
+    """Stop strings matched on the host from the pinned copies of each round's tokens: records cut exactly (graphed
+    generate, serve), and rounds during which stops are found and rows ended never synchronise."""
+    from test_stops import TABLE, reference_cut
+
+    from dmtp.engine.stops import StopStrings
+
+    tgt, mtp = gpu_models
+    refs = [hf(tgt, p, 40) for p in PROMPTS]
+    text = b"".join(TABLE[t] for t in refs[0]).decode()
+    stops = [text[21:23], "zz"]  # straddles output tokens 10 and 11 of the first request
+    keeps = [reference_cut(r, stops) for r in refs]
+    m = method(name, tgt, mtp)
+    for res in (generate(tgt, m, PROMPTS, 0.0, 40, stop=StopStrings(stops, TABLE)),
+                serve(tgt, m, PROMPTS, 2, 0.0, 40, stop=StopStrings(stops, TABLE))):
+        assert [(r.output_ids, r.stop_reason) for r in res] == [
+            (ref[:keep], "stop") if keep else (ref, "length") for ref, keep in zip(refs, keeps)]
+    b = Batch(tgt, m, PROMPTS, 0.0, 40, set(), torch.Generator("cuda").manual_seed(0), stop=StopStrings(stops, TABLE))
+    b.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while not b.finished:
+            b.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [r.output_ids for r in b.results] == [ref[:keep] if keep else ref for ref, keep in zip(refs, keeps)]

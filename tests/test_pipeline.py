@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from dmtp.experiment import read_experiment
 from dmtp.io import read_jsonl
 
 
@@ -24,9 +25,9 @@ def test_every_stage_writes_its_artifacts(run):
     res = root / "results" / "smoke"
     ev = json.loads((res / "target" / "heldout.json").read_text())
     assert ev["target_loss"] > 0 and 0 <= ev["mtp_top1"] <= 1
-    from ablations.code import BACKBONES, BASELINES, CONTINUED, VARIANTS
+    from ablations.code import code
 
-    for m in BASELINES + VARIANTS + list(CONTINUED) + list(BACKBONES):
+    for m in code().runs():
         for t in ("T0", "T1"):
             recs = read_jsonl(res / "runs" / "ablation" / m / f"humaneval8_{t}.jsonl")
             assert len(recs) == 3
@@ -106,14 +107,39 @@ def test_verify_stage_and_its_report_section(run):
         for v in ("target", "sample", "block"):
             recs = read_jsonl(res / "verify" / "runs" / m / v / "humaneval_T1.jsonl")
             assert len(recs) == 4 and {r["verify"] for r in recs} == {v} and {r["method"] for r in recs} == {m}
+            assert {r["mode"] for r in recs} == {"natural"}  # HumanEval's stop strings end requests
+            assert all(r["stop_reason"] in ("eos", "stop", "length") for r in recs)
     assert (res / "verify" / "throughput.csv").exists()
+    assert read_experiment(res / "experiment.json").verify.temperatures == (1.0,)
     meta = json.loads((res / "verify" / "runs" / "mtp" / "block" / "humaneval_T1.meta.json").read_text())
     assert meta["fingerprint"]["run"] == {"method": "mtp", "verify": "block", "temperature": 1.0}
     p = subprocess.run(cmd + ["--stage", "verify", "--set", "verify.max_new_tokens=5"] + study, capture_output=True,
                        text=True, timeout=600)  # other settings than the recorded ones: refused before any work
-    assert p.returncode == 2 and "study.max_new_tokens: 12 -> 5" in p.stderr, p.stderr[-2000:]
+    assert p.returncode == 2 and "verify.max_new_tokens: 12 -> 5" in p.stderr, p.stderr[-2000:]
+    p = subprocess.run(cmd + ["--stage", "verify", "--set", "verify.methods=ar,nope"], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 2 and "verify.methods: nope not runs of ablation 'code'" in p.stderr, p.stderr[-2000:]
     p = subprocess.run([sys.executable, "-m", "dmtp.cli.report", "report", "--profile", "smoke", "--results",
                         str(root / "results")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     text = (res / "REPORT.md").read_text()
     assert "Verification at T > 0" in text and "figures/verify_T1.png" in text
+def test_a_subset_of_runs(run, tmp_path):
+    """`--set ablation.only=...`: only those runs are evaluated (no marker files anywhere); the resolved experiment,
+    subset included, is written beside the results; a continued run without its source is refused up front."""
+
+    root, cmd, _ = run
+    p = subprocess.run(cmd[:-2] + ["--results", str(tmp_path), "--stage", "eval", "--set", "ablation.only=ar,dflash",
+                                   "--set", "eval.temperatures=0"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    runs = tmp_path / "smoke" / "runs" / "ablation"
+    assert sorted(d.name for d in runs.iterdir()) == ["ar", "dflash"]
+    assert sorted(f.name for f in (runs / "dflash").glob("*.jsonl")) == ["humaneval8_T0.jsonl", "humaneval_T0.jsonl"]
+    exp = read_experiment(tmp_path / "smoke" / "experiment.json")
+    assert exp.ablation.only == ("ar", "dflash") and exp.eval.temperatures == (0.0,)
+
+    p = subprocess.run(cmd[:6] + ["--work", str(tmp_path / "empty"), "--results", str(tmp_path), "--stage",
+                                  "drafters", "--set", "ablation.only=zero_init_residual_from_dflash"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2
+    assert "zero_init_residual_from_dflash continues from dflash, which is neither trained nor selected" in p.stderr

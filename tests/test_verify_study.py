@@ -1,6 +1,7 @@
 """The verification-mode study end to end on CPU: `dmtp.cli.verify.study` on a tiny target with saved drafters
 (records, throughput rows, resume), then its report section (tables, paired tests, figure)."""
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -8,9 +9,12 @@ from conftest import make_drafter
 
 from dmtp.analysis.report import verify as report
 from dmtp.cli import verify as study_cli
+from dmtp.engine.stops import StopStrings
+from dmtp.experiment import VerifyConfig, write_experiment
 from dmtp.io import read_jsonl
 from dmtp.models import tiny
-from experiments.profiles import VerifyStudy, get_profile, override
+from dmtp.schema import override
+from experiments.profiles import get_profile
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +23,7 @@ def done(tmp_path_factory):
     root = tmp_path_factory.mktemp("vs")
     for v in ("dflash", "zero_init_residual"):
         make_drafter(tgt, v).save(root / "drafters" / v / "drafter")
-    cfg = VerifyStudy(methods=("ar", "mtp", "dflash", "zero_init_residual"), temperatures=(1.0,), caps=(1, 2),
+    cfg = VerifyConfig(methods=("ar", "mtp", "dflash", "zero_init_residual"), temperatures=(1.0,), caps=(1, 2),
                       prompts=4, small_cap_prompts=2, repeats=2, max_new_tokens=8)
     prompts = [{"id": f"p{i}", "prompt_ids": p} for i, p in enumerate([[5, 7, 9], [4, 8], [10, 20, 30, 40], [33]])]
     out = root / "results" / "prof" / "verify"
@@ -98,7 +102,58 @@ def test_profiles_carry_the_study():
     with pytest.raises(ValueError, match=r'verify.modes=\["greedy"\]: expected a non-empty list, each item one of'):
         override(get_profile("smoke"), ['verify.modes=["greedy"]'])
     with pytest.raises(ValueError, match="caps=\\(0,\\)"):
-        VerifyStudy(caps=(0,))
+        VerifyConfig(caps=(0,))
+    assert get_profile("mini").verify.eval_mode == "natural" and "\ndef" in get_profile("mini").verify.stops
+    assert override(get_profile("mini"), ["verify.eval_mode=fixed"]).verify.stops == ()
+    with pytest.raises(ValueError, match="verify.eval_mode=bogus: expected one of 'natural', 'fixed'"):
+        override(get_profile("mini"), ["verify.eval_mode=bogus"])
+    with pytest.raises(ValueError, match="verify.temperatures=0: expected a non-empty list, each item a finite number"):
+        override(get_profile("mini"), ["verify.temperatures=0"])
+    with pytest.raises(ValueError, match="stop_strings"):
+        override(get_profile("mini"), ['verify.stop_strings=["\\n", ""]'])
+
+
+def test_study_honours_the_evaluation_mode(done):
+    """natural: a stop string ends a request and its record is cut right after the token that completes it (as
+    `run_generate` cuts); fixed: end-of-text ignored, every request decodes exactly max_new_tokens."""
+    tgt, mtp, root, _, prompts, _ = done
+    table = [bytes([97 + t % 7, 97 + (t // 7) % 5]) for t in range(tgt.vocab_size)]  # two letters per token
+    cfg = VerifyConfig(methods=("ar", "dflash"), modes=("target", "block"), temperatures=(1.0,), caps=(2,),
+                       prompts=4, small_cap_prompts=2, repeats=1, max_new_tokens=24)
+    out = root / "stopped"
+    study_cli.study(tgt, mtp, root / "drafters", prompts, cfg, out, eos=[], mtp_steps=3,
+                    stop=StopStrings(["a"], table))  # about a third of the tokens hold an "a"
+    stopped = 0
+    for m, v, t in study_cli.groups(cfg):
+        for r in read_jsonl(study_cli.group_path(out, m, v, t)):
+            text = [b"".join(table[x] for x in r["output_ids"][:n]) for n in (len(r["output_ids"]) - 1,
+                                                                              len(r["output_ids"]))]
+            assert r["mode"] == "natural" and b"a" not in text[0]  # no stop before the last token
+            assert (b"a" in text[1]) == (r["stop_reason"] == "stop")
+            assert r["stop_reason"] == "stop" or len(r["output_ids"]) == 24
+            stopped += r["stop_reason"] == "stop"
+    assert stopped > 0
+    fixed = root / "fixed"
+    study_cli.study(tgt, mtp, root / "drafters", prompts, replace(cfg, eval_mode="fixed"), fixed,
+                    eos=list(range(tgt.vocab_size)), mtp_steps=3)  # every token is end-of-text: ignored
+    for m, v, t in study_cli.groups(cfg):
+        recs = read_jsonl(study_cli.group_path(fixed, m, v, t))
+        assert all(len(r["output_ids"]) == 24 and r["mode"] == "fixed" for r in recs)
+
+
+def test_report_orders_rows_by_the_experiment(done, tmp_path):
+    """The report takes the study's method and mode order from experiment.json's `verify` section."""
+    out = done[-1]
+    p = override(get_profile("smoke"), ["verify.methods=zero_init_residual,dflash,mtp,ar",
+                                        "verify.modes=block,sample,target"])
+    write_experiment(out.parent / "experiment.json", p)
+    try:
+        report.render(out.parent)
+        s = pd.read_csv(out.parent / "tables" / "verify.csv")
+        assert list(dict.fromkeys(s.method)) == ["zero_init_residual", "dflash", "mtp", "ar"]
+        assert list(s.verify[:3]) == ["block", "sample", "target"]
+    finally:
+        (out.parent / "experiment.json").unlink()
 
 
 def test_generate_cli_takes_verify(tmp_path):

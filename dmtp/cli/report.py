@@ -5,6 +5,9 @@
     python -m dmtp.cli.report report  --profile tiny [--results results]   # both + results/tiny/REPORT.md
     python -m dmtp.cli.report demo    --profile demo                       # synthetic artifacts, then the report
     python -m dmtp.cli.report verify  --profile mini [--results results]   # the verification-mode study alone
+
+The rows' order and groups come from results/<profile>/experiment.json (written by the pipeline); `demo` writes
+synthetic runs of the Code ablation (ablations/code.py).
 """
 import argparse
 from pathlib import Path
@@ -13,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from ablations.code import code  # noqa: E402
 from dmtp.analysis.report import render_figures, render_report, render_tables  # noqa: E402
 from dmtp.analysis.report import verify as verify_study  # noqa: E402
 from dmtp.analysis.report.synthetic import write_synthetic  # noqa: E402
@@ -20,7 +24,7 @@ from dmtp.cli.args import guard  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m dmtp.analysis.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m dmtp.cli.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["tables", "figures", "report", "demo", "verify"])
     ap.add_argument("--profile", required=True, help="results/<profile> holds the artifacts")
@@ -32,7 +36,7 @@ def main(argv=None):
 def run(a):
     root = Path(a.results) / a.profile
     if a.what == "demo":
-        write_synthetic(a.results, a.profile)
+        write_synthetic(code(), a.results, a.profile)
     elif a.what == "verify":  # the verification-mode study alone (results/<profile>/verify)
         if not (root / "verify" / "runs").is_dir():
             raise FileNotFoundError(f"{root / 'verify'} holds no verify-study runs: run `dmtp pipeline --profile "

@@ -23,7 +23,8 @@ from pathlib import Path
 from dmtp.dist import barrier, is_main
 from dmtp.io import write_json
 
-RUN_CONTROL = ("stop_after", "save_every", "log_every")  # how a run is cut into pieces and logged, not what it makes
+# how a run is cut into pieces, logged and executed (compile: eager or compiled, the same math), not what it makes
+RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile")
 
 
 class StageMismatch(ValueError):

@@ -98,17 +98,22 @@ class Selector(nn.Module):
 
 
 def selector_loss(sel: Selector, logits, hid, prev, labels, w):
-    """Teacher-forced CE over the top-k set: rows [M] of predicting slots with LM logits [M, V], drafter hidden
-    [M, H], the data's previous token prev [M], labels [M] and position weights w [M]. Rows whose label is not among
-    the top-k carry no selector loss; the rest are weighted like the main loss (normalised by their weight mass)."""
+    """Teacher-forced CE over the top-k set: rows [M] of block slots with LM logits [M, V], drafter hidden [M, H],
+    the data's previous token prev [M], labels [M] (-100: no loss) and position weights w [M]. Rows whose label is
+    not among the top-k carry no selector loss; the rest are weighted like the main loss (normalised by their weight
+    mass). Masked rather than indexed, so the shapes do not depend on the data (no host sync, one compiled graph);
+    the statistics stay on the device."""
     s, cand = sel.scores(logits, hid, prev)
     hit = cand == labels[:, None]
-    has = hit.any(-1)
+    has = hit.any(-1)  # never for label -100
     idx = hit.float().argmax(-1)
-    ce = F.cross_entropy(s[has], idx[has], reduction="none")
-    loss = (ce * w[has]).sum() / w[has].sum().clamp(min=1e-6)
-    acc = (s.argmax(-1) == idx)[has].float().mean() if bool(has.any()) else s.new_zeros(())
-    return loss, {"sel_loss": float(loss.detach()), "sel_cover": float(has.float().mean()), "sel_acc": float(acc)}
+    wh = w * has
+    ce = F.cross_entropy(s, idx, reduction="none")
+    loss = (ce * wh).sum() / wh.sum().clamp(min=1e-6)
+    n = has.sum()
+    cover = n / (labels >= 0).sum().clamp(min=1)
+    acc = ((s.argmax(-1) == idx) & has).sum() / n.clamp(min=1)
+    return loss, {"sel_loss": loss.detach(), "sel_cover": cover.float(), "sel_acc": acc.float()}
 
 
 def reset_parameters(drafter) -> None:

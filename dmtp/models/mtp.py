@@ -58,12 +58,14 @@ class MTPHead(nn.Module):
         return self._target[0]
 
     def forward(self, emb_next, hidden, pos, cache: KVCache | None = None, mask=None):
-        """emb_next = E(x_{i+1}), hidden = h^L_i (or the previous g when chaining); pos [B, q] absolute i."""
+        """emb_next = E(x_{i+1}), hidden = h^L_i (or the previous g when chaining); pos [B, q] absolute i. Without a
+        cache or a mask the q rows attend causally among themselves (SDPA's `is_causal`, no mask materialised, where
+        the target's attention allows it: `Target.mask_free`)."""
         u = self.fc(torch.cat([self.pre_fc_norm_embedding(emb_next), self.pre_fc_norm_hidden(hidden)], dim=-1))
         if cache is not None:
             cache.write_pos = pos
             mask = causal_mask(pos, cache.capacity)
-        elif mask is None:
+        elif mask is None and not self.target.mask_free:
             mask = causal_mask(pos, pos.shape[1])
         x = self.layers[0](
             u,

@@ -21,7 +21,7 @@ from dmtp.models.cache import KVCache, causal_mask
 
 @dataclass
 class TargetOut:
-    logits: torch.Tensor  # [B, q, V] float32
+    logits: torch.Tensor | None  # [B, q, V] float32 (None: not asked for)
     hidden: torch.Tensor  # [B, q, H]  h^L: the last hidden state after the final norm
     taps: torch.Tensor | None  # [B, q, K*H]  outputs of the tapped decoder layers, concatenated in tap order
 
@@ -101,8 +101,15 @@ class Target(nn.Module):
     def norm_class(self):
         return type(self.body.norm)
 
+    @property
+    def mask_free(self) -> bool:
+        """Whole-sequence passes may leave the causal mask out: HF's SDPA attention then calls SDPA with
+        `is_causal=True` (flash / cuDNN kernels, grouped-query attention without repeating K/V); eager attention
+        would need the mask."""
+        return self.config._attn_implementation == "sdpa"
+
     # --- forwards ------------------------------------------------------------------------------------------------
-    def _run(self, ids, pos, mask, cache, taps, logits_at=None):
+    def _run(self, ids, pos, mask, cache, taps, logits_at=None, logits=True):
         # linear-attention layers get no mask: padding is kept out of their states by `cache.begin(q, keep)`
         if taps and max(taps) >= self.num_layers - 1:
             raise ValueError(f"tap layer ids must be < {self.num_layers - 1} (HF replaces the last layer's output "
@@ -118,6 +125,8 @@ class Target(nn.Module):
         hs = out.hidden_states  # embeddings, layer 0 .. layer L-1 (last entry replaced by the post-norm state)
         tapped = torch.cat([hs[l + 1] for l in taps], dim=-1) if taps else None
         h = out.last_hidden_state
+        if not logits:
+            return TargetOut(None, h, tapped)
         if logits_at is not None:  # one row per request: a prefill needs only the last prompt position's logits
             rows = h[torch.arange(h.shape[0], device=h.device), logits_at][:, None]
             return TargetOut(self.lm_head(rows), h, tapped)
@@ -140,12 +149,13 @@ class Target(nn.Module):
             cache.end()
 
     @torch.no_grad()
-    def features(self, ids: torch.Tensor, taps=None) -> TargetOut:
-        """Uncached causal pass over whole sequences [B, T] (training features)."""
+    def features(self, ids: torch.Tensor, taps=None, logits: bool = True) -> TargetOut:
+        """Uncached causal pass over whole sequences [B, T] (training features; right padding does not reach the real
+        rows). No mask is materialised where the attention is causal by itself (`mask_free`). logits=False: hidden
+        states and taps only (`mini`: the LM head is a fifth of the pass, and its fp32 logits the largest tensor)."""
         B, T = ids.shape
         pos = torch.arange(T, device=ids.device)[None].expand(B, T)
-        mask = causal_mask(pos, T)
-        return self._run(ids, pos, mask, None, taps)
+        return self._run(ids, pos, None if self.mask_free else causal_mask(pos, T), None, taps, logits=logits)
 
 
 def _segmented(gdn: nn.Module):

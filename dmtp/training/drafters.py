@@ -3,6 +3,12 @@
 Several variants train side by side on the SAME batches, anchors and seed (one target/MTP pass per step feeds all of
 them), which is what "identical data, hyper-parameters and budget" means for the ablation.
 
+Two paths, one loss (`TrainConfig.compile`): eager (batches padded to their longest sequence, the dense block mask of
+`attention.dense_mask`) and compiled (batches padded to `max_len`, so every step has the same shapes; the block
+attention as a flex-attention block mask; `block_loss` — the drafter's layers, LM head and loss, shared by every
+variant of a backbone and block size — through torch.compile). Neither reads a value back to the host between log
+steps: the loss is masked, not indexed, and normalised by the weight mass of the global batch computed on the host.
+
     dmtp train --target runs/tiny/target --data runs/tiny/data/train.jsonl --variants dflash,zero_init_residual \
         --out runs/tiny/drafters --steps 200          # tiny CPU run: a few minutes
 """
@@ -11,17 +17,20 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from dmtp.checks import at_least, check, fraction, non_negative, positive
-from dmtp.dist import all_sum, average_grads, barrier, rank_world
+from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive
+from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_path, iter_jsonl, write_json, write_text
+from dmtp.models.attention import flex_mask
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
+from dmtp.training.common import COMPILE, compiled, to_device
 
 
 @dataclass
@@ -38,15 +47,16 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 100  # checkpoint (weights + optimizer) every N steps; resumable
     log_every: int = 10
-    amp_bf16: bool = False  # autocast the drafter in bf16 on GPU
-    init_from: dict = field(default_factory=dict)  # variant -> drafter checkpoint to continue from
+    amp_bf16: bool = False  # autocast the drafters and the frozen target's feature pass in bf16 on GPU
+    compile: str = "auto"  # "auto": the compiled path on CUDA, eager on CPU; "on": compiled everywhere; "off": eager
     stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
 
     def __post_init__(self):
         # max_len >= 4: an anchor needs A, T1 and at least one label (1 <= a <= len - 3)
         check(self, steps=at_least(1), batch_size=at_least(1), max_len=at_least(4), anchors_per_seq=at_least(1),
               lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
-              seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0))
+              seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0),
+              compile=one_of(*COMPILE))
 
 
 # --- data -------------------------------------------------------------------------------------------------------
@@ -117,12 +127,35 @@ class Features:
 
 @torch.no_grad()
 def extract(target, mtp, ids, lengths, taps, need_g: bool) -> Features:
-    out = target.features(ids, taps)
+    out = target.features(ids, taps, logits=False)
     g = None
     if need_g:
         g = mtp.teacher_forced(ids, out.hidden)
         g = torch.cat([g, torch.zeros_like(g[:, :1])], 1)
     return Features(ids, lengths, out.taps, g)
+
+
+_CONST: dict = {}
+
+
+def _const(key, make):
+    """Small per-layout constants, built once per device (a host->device copy every step would synchronise)."""
+    if key not in _CONST:
+        _CONST[key] = make()
+    return _CONST[key]
+
+
+def loss_weights(layout, anchors, valid, lengths, gamma: float):
+    """Per block slot [B, N, S]: absolute position a + offset, and the loss weight exp(-(k-1)/gamma) of a predicting
+    slot (candidate T_k at offset k) of a valid anchor whose label lies inside its sequence, 0 elsewhere."""
+    dev = anchors.device
+    offs = _const(("offs", layout, dev), lambda: torch.tensor(layout.offsets, device=dev))
+    decay = _const(("decay", layout, gamma, dev), lambda: torch.tensor(
+        [math.exp(-(k - 1) / gamma) if i in layout.predict else 0.0 for i, k in enumerate(layout.offsets)],
+        device=dev))
+    pos = anchors[..., None] + offs  # [B, N, S]
+    ok = valid[..., None] & (pos < lengths.to(dev)[:, None, None])
+    return pos, decay * ok
 
 
 def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float):
@@ -141,44 +174,83 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     h = None
     if var.t1:
         h = torch.gather(feats.g, 1, (anchors - 1)[..., None].expand(B, N, feats.g.shape[-1]))
-    e_mask = target.embed(torch.tensor([c.mask_token_id], device=dev))[0]
+    mask_id = _const(("mask", c.mask_token_id, dev), lambda: torch.tensor([c.mask_token_id], device=dev))
+    e_mask = target.embed(mask_id)[0]
     block = drafter.block(e(A), e(T1) if var.t1 else None, h, e_mask)  # [B, N, S, H]
-    offs = torch.tensor(lay.offsets, device=dev)
-    pos = anchors[..., None] + offs  # [B, N, S]
+    pos, w = loss_weights(lay, anchors, valid, feats.lengths, gamma)
     labels = take(ids, pos.reshape(B, -1)).reshape(B, N, S)
-    pred = torch.zeros(S, dtype=torch.bool, device=dev)
-    pred[list(lay.predict)] = True
-    ok = pred & valid[..., None] & (pos < feats.lengths.to(dev)[:, None, None])
-    labels = torch.where(ok, labels, torch.full_like(labels, -100))
-    w = torch.exp(-(offs.float() - 1) / gamma).expand(B, N, S) * ok
+    labels = torch.where(w > 0, labels, torch.full_like(labels, -100))
     return block.reshape(B, N * S, -1), pos.reshape(B, N * S), labels.reshape(B, N * S), w.reshape(B, N * S)
 
 
-def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float):
-    """Position-decayed CE, normalised by the weight mass; returns (loss, stats dict)."""
-    block, pos, labels, w = block_inputs(drafter, target, feats, anchors, valid, gamma)
-    B, T = feats.ids.shape
-    dev = block.device
-    f = drafter.context(feats.taps, feats.g)
-    ctx_kv = drafter.context_kv(f, torch.arange(T, device=dev)[None].expand(B, T))
-    hid = drafter(block, pos, ctx_kv, anchors)
+def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None):
+    """The part of a drafter step every variant of a backbone shares (compiled once per backbone and block size):
+    context K/V of f [B, T, H], the drafter's layers over the blocks, the target's LM head, and the position-decayed
+    CE  sum_slots w * CE / norm  over all N*S slots (labels -100 and w = 0 where there is no loss: masked, not
+    indexed, so no shape depends on the data). DFlash2 adds its selector's top-k CE (prev: each slot's previous data
+    token). Returns (loss, statistics as 0-d device tensors)."""
+    B, T = f.shape[:2]
+    ctx_kv = drafter.context_kv(f, torch.arange(T, device=f.device)[None].expand(B, T))
+    hid = drafter(block, pos, ctx_kv, ends, mask)
+    logits = target.lm_head(hid).flatten(0, 1)  # [B*Q, V] fp32
+    labels, w = labels.flatten(), w.flatten()
+    ce = F.cross_entropy(logits, labels, reduction="none")  # 0 at label -100
+    loss = (ce * w).sum() / norm
     sel = labels >= 0
-    logits = target.lm_head(hid[sel])
-    ce = F.cross_entropy(logits, labels[sel], reduction="none")
-    # normalised by the GLOBAL weight mass (summed over data-parallel ranks, x world since gradients are averaged),
-    # so N ranks compute exactly the 1-rank gradient of the same global batch
-
-    world = rank_world()[1]
-    loss = (ce * w[sel]).sum() / all_sum(w[sel].sum().detach()).clamp(min=1e-6) * world
-    acc = (logits.argmax(-1) == labels[sel]).float().mean()
-    stats = {"acc": float(acc)}
+    stats = {"acc": ((logits.argmax(-1) == labels) & sel).sum() / sel.sum().clamp(min=1)}
     if drafter.selector is not None:  # DFlash2: + CE over the top-k set, teacher-forced previous token
-
-        prev = torch.gather(feats.ids.to(dev), 1, (pos - 1).clamp(0, T - 1))[sel]
-        sl, st = selector_loss(drafter.selector, logits, hid[sel], prev, labels[sel], w[sel])
+        sl, st = selector_loss(drafter.selector, logits, hid.flatten(0, 1), prev.flatten(), labels, w)
         loss = loss + drafter.config.selector_loss_weight * sl
         stats.update(st)
-    return loss, {"loss": float(loss.detach()), **stats}
+    stats["loss"] = loss.detach()
+    return loss, stats
+
+
+def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float, norm=None, mask=None,
+                 core=block_loss):
+    """Position-decayed CE of one drafter on a batch; returns (loss, statistics as 0-d tensors).
+
+    norm: the loss normaliser. Default: this batch's weight mass. Under data parallelism the training loop passes
+    the weight mass of the GLOBAL batch divided by the number of ranks (computed on the host from the global anchors,
+    which every rank holds), so DDP's mean over ranks of sum_rank(w * CE) / norm is exactly the 1-rank loss of the
+    same global batch, and so is its gradient. mask: the block mask (`attention.flex_mask`) or None (dense, built by
+    the drafter); core: `block_loss` or its compiled version."""
+    block, pos, labels, w = block_inputs(drafter, target, feats, anchors, valid, gamma)
+    if core is not block_loss and not block.requires_grad:  # compiled: one graph whether the block is trained or not
+        block = block.detach().requires_grad_()
+    f = drafter.context(feats.taps, feats.g)
+    if norm is None:
+        norm = w.sum().clamp(min=1e-6)
+    prev = None
+    if drafter.selector is not None:
+        ids = feats.ids.to(pos.device)
+        prev = torch.gather(ids, 1, (pos - 1).clamp(0, ids.shape[1] - 1))
+    return core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask)
+
+
+_COMPILED: list = []
+
+
+def compiled_block_loss():
+    """`block_loss` through torch.compile, one per process: its graphs (one per backbone and block size; every
+    variant's drafter is an input, not a constant) serve every later training call."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(block_loss, dynamic=False))
+    return _COMPILED[0]
+
+
+class DrafterLoss(nn.Module):
+    """One drafter's training loss as a module, what DistributedDataParallel wraps. The frozen target is held outside
+    the module, so DDP neither broadcasts nor reduces it."""
+
+    def __init__(self, drafter: Drafter, target, core=block_loss):
+        super().__init__()
+        self.drafter = drafter
+        self._target = [target]
+        self.core = core
+
+    def forward(self, feats, anchors, valid, gamma, norm, mask=None):
+        return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core)
 
 
 def lr_at(step, cfg: TrainConfig):
@@ -191,7 +263,12 @@ def lr_at(step, cfg: TrainConfig):
 
 def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainConfig, out_dir: str | Path,
                    log=print) -> dict[str, list[dict]]:
-    """Train every drafter in `drafters` on the same batches; checkpoints under out_dir/<name>/ (resumable)."""
+    """Train every drafter in `drafters` on the same batches; checkpoints under out_dir/<name>/ (resumable).
+
+    Under torchrun each rank takes rows rank::world of every global batch and each drafter is wrapped in DDP
+    (`dist.data_parallel`); the loss normaliser is the global batch's weight mass (`drafter_loss`), so N ranks take
+    the 1-rank step. History records (every `log_every` steps, the only host syncs) carry `elapsed_s`, measured
+    after the values were read back: differences between records give the steady step rate."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
@@ -200,11 +277,16 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     if cfg.batch_size % world:
         raise ValueError(f"global batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
     main = rank == 0
+    static = compiled(cfg.compile, dev)  # the compiled path: fixed shapes, flex block masks, compiled block_loss
+    core = compiled_block_loss() if static else block_loss
     opts, start, hist = {}, {}, {}
     for name, d in drafters.items():
         d.train()
+        for n, p in d.named_parameters():  # what the variant bypasses gets no gradient (DDP wants none unused)
+            if d.injection.bypassed and n.startswith(d.injection.bypassed):
+                p.requires_grad_(False)
         opts[name] = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=cfg.lr,
-                                       weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+                                       weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=dev.type == "cuda")
         state = out_dir / name / "trainer_state.pt"
         start[name], hist[name] = 0, []
         if (out_dir / name / "DONE").exists():
@@ -226,6 +308,13 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     taps = sorted({t for d in todo.values() for t in d.config.target_layer_ids})
     tap_index = {t: i for i, t in enumerate(taps)}
     H = target.hidden_size
+    nets = {n: data_parallel(DrafterLoss(d, target, core)) for n, d in todo.items()}
+    layouts = sorted({d.layout for d in todo.values()}, key=lambda lay: lay.kinds)
+    windows = {d.config.window for d in todo.values()}
+    if static and len(windows) > 1:
+        raise ValueError(f"drafters trained side by side on the compiled path share one window, got {sorted(windows)}")
+    window = max(windows)
+    amp = dict(device_type="cuda", dtype=torch.bfloat16, enabled=cfg.amp_bf16 and dev.type == "cuda")
     it = batches(seqs, cfg.batch_size, cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     first = min(start[n] for n in todo)
@@ -237,8 +326,22 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     for step in bar:
         ids, lengths = next(it)
         anchors, valid = sample_anchors(lengths, cfg.anchors_per_seq, gen)  # of the global batch, on every rank
-        ids, lengths, anchors, valid = (x[rank::world].to(dev) for x in (ids, lengths, anchors, valid))
-        feats = extract(target, mtp, ids, lengths, taps, need_g)
+        if static:  # every batch [B, max_len]: one set of shapes for the compiled graphs
+            if ids.shape[1] > cfg.max_len:
+                raise ValueError(f"a training sequence of {ids.shape[1]} tokens exceeds max_len {cfg.max_len}")
+            ids = F.pad(ids, (0, cfg.max_len - ids.shape[1]))
+        # loss normaliser per block layout: the weight mass of the global batch / world (see drafter_loss)
+        norms = torch.stack([loss_weights(lay, anchors, valid, lengths, cfg.gamma)[1].sum().clamp(min=1e-6) / world
+                             for lay in layouts])
+        ids, lengths, anchors, valid = (to_device(x[rank::world], dev) for x in (ids, lengths, anchors, valid))
+        norms = to_device(norms, dev)
+        with torch.autocast(**amp):
+            feats = extract(target, mtp, ids, lengths, taps, need_g)
+        # the flex block mask on GPUs (flex attention has no backward pass on CPU: the compiled CPU path compiles
+        # the dense mask into the graph instead)
+        flex = static and dev.type == "cuda"
+        T = ids.shape[1]
+        masks = {lay: flex_mask(anchors, lay.slots, T, window or T) for lay in layouts} if flex else {}  # 0: all
         post = {}
         for name, d in todo.items():
             if step < start[name]:
@@ -247,18 +350,19 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
             ft = Features(ids, lengths, torch.cat([feats.taps[..., i * H:(i + 1) * H] for i in sel], -1), feats.g)
             for gp in opts[name].param_groups:
                 gp["lr"] = lr_at(step, cfg)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.amp_bf16 and ids.is_cuda):
-                loss, stats = drafter_loss(d, target, ft, anchors, valid, cfg.gamma)
+            lay = d.layout
+            with torch.autocast(**amp):
+                loss, stats = nets[name](ft, anchors, valid, cfg.gamma, norms[layouts.index(lay)], masks.get(lay))
             opts[name].zero_grad(set_to_none=True)
-            loss.backward()
-            average_grads(d.parameters())  # no-op on one rank
-            stats["loss"] = float(all_sum(loss.detach())) / world
-            gn = torch.nn.utils.clip_grad_norm_(d.parameters(), cfg.clip)
+            loss.backward()  # DDP averages the gradients over ranks here
+            gn = torch.nn.utils.clip_grad_norm_([p for p in d.parameters() if p.requires_grad], cfg.clip)
             opts[name].step()
-            stats.update(step=step + 1, lr=lr_at(step, cfg), grad_norm=float(gn))
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                hist[name].append(stats)
-            post[name] = f"{stats['loss']:.3f}"
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
+                rec = {k: float(v) for k, v in stats.items()}
+                rec.update(loss=float(all_sum(loss.detach())) / world, step=step + 1, lr=lr_at(step, cfg),
+                           grad_norm=float(gn), elapsed_s=time.time() - t0)
+                hist[name].append(rec)
+                post[name] = f"{rec['loss']:.3f}"
             stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps
             if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop) and main:
                 d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
@@ -267,7 +371,8 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
                                 "history": hist[name]}, tmp)
                 if step + 1 == cfg.steps:  # the final checkpoint, then at once DONE (a rerun completes a kill here)
                     _finish(out_dir / name, hist[name], f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)")
-        bar.set_postfix(post)
+        if post:
+            bar.set_postfix(post)
         if cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps:
             barrier()
             log(f"[train] stopped after step {step + 1} (resumable)")
@@ -284,18 +389,19 @@ def _finish(path: Path, hist: list[dict], note: str):
 
 
 def new_drafters(target, variants: list[str], base: dict, init_from: dict | None = None,
-                 backbones: dict | None = None) -> dict[str, Drafter]:
+                 backbones: dict | None = None, variant_configs: dict | None = None) -> dict[str, Drafter]:
     """Fresh drafters (same seed for every variant) or continued from a DFlash-format checkpoint. `backbones` maps
     further names to (variant, backbone), e.g. {"dmtp_d2": ("zero_init_residual", "dflash2")}; other names use
-    base["backbone"] (default: the config's)."""
+    base["backbone"] (default: the config's). `variant_configs`: variant -> its own settings (default: its Config's
+    defaults)."""
     out = {}
     for v in variants:
         name = v
         variant, backbone = (backbones or {}).get(v, (v, base.get("backbone")))
-        over = dict(variant=variant, **({"backbone": backbone} if backbone else {}))
+        over = dict(variant=variant, variant_config=(variant_configs or {}).get(variant, {}),
+                    **({"backbone": backbone} if backbone else {}))
         src = (init_from or {}).get(v)
         if src:
-            over["variant"] = base.get("variant_of", {}).get(v, variant)
             d = Drafter.load(src, device=target.device, dtype=torch.float32, **over)
         else:
             torch.manual_seed(base.get("seed", 0))

@@ -3,6 +3,11 @@
 DeepSeek-V3-style joint loss, embedding and LM head shared:  L = CE(main logits_i, x_{i+1}) + lambda * CE(MTP_i, x_{i+2})
 The result is an HF checkpoint whose safetensors carry the `mtp.*` keys, loaded back through `Target` / `MTPHead`.
 
+The step: target + MTP as one module (`JointLM`) under DistributedDataParallel (torchrun), torch.compile'd on CUDA
+(`PretrainConfig.compile`), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised,
+grouped-query attention without repeating K/V), fused AdamW, batches copied from pinned memory; the host reads
+values back only every `log_every` steps.
+
     python -m dmtp.training.pretrain  # not a CLI of its own: `dmtp pipeline --profile tiny --stage target` runs it
 """
 from __future__ import annotations
@@ -14,13 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from dmtp.checks import at_least, check, fraction, non_negative, positive, require
-from dmtp.dist import all_sum, average_grads, barrier, rank_world
+from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive, require
+from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_path
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
+from dmtp.training.common import COMPILE, compiled, to_device
 
 
 @dataclass
@@ -62,13 +69,14 @@ class PretrainConfig:
     log_every: int = 20  # a history record (loss averaged over ranks) every N steps
     save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
     stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
+    compile: str = "auto"  # "auto": torch.compile the step on CUDA (CPU eager); "on": also on CPU; "off": eager
 
     def __post_init__(self):
         # seq_len >= 3: the MTP term predicts x_{i+2}
         check(self, tokens=at_least(1), seq_len=at_least(3), batch_size=at_least(1), lr=positive,
               warmup_frac=fraction, weight_decay=non_negative, mtp_lambda=non_negative,
               mtp_lambda_late=non_negative, late_frac=fraction, clip=positive, seed=at_least(0),
-              log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0))
+              log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0), compile=one_of(*COMPILE))
         step = self.seq_len * self.batch_size
         require(self.tokens >= step, f"tokens={self.tokens}: expected at least one step's worth, seq_len x batch_size"
                 f" = {self.seq_len} x {self.batch_size} = {step}")
@@ -96,9 +104,13 @@ def build_target(arch: TargetArch, vocab_size: int, eos_id: int, dtype=torch.flo
     return tgt, mtp
 
 
-def joint_loss(tgt, mtp, x, lam):
-    """x [B, T] -> (loss, main CE, MTP CE, main acc, MTP acc)."""
-    h = tgt.body(input_ids=x).last_hidden_state
+NO_MASK = {"full_attention": None, "linear_attention": None}  # HF then calls SDPA with is_causal=True
+
+
+def joint_terms(tgt, mtp, x):
+    """x [B, T] -> (main CE, MTP CE, main acc, MTP acc). The body gets an explicit empty mask mapping: HF would
+    otherwise materialise a causal mask whenever it runs under torch.compile (and lose the flash kernels)."""
+    h = tgt.body(input_ids=x, attention_mask=NO_MASK if tgt.mask_free else None).last_hidden_state
     logits = tgt.model.lm_head(h[:, :-1]).float()
     ce_main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
     g = mtp.teacher_forced(x, h)  # [B, T-1, H], g_i predicts x_{i+2}
@@ -106,7 +118,37 @@ def joint_loss(tgt, mtp, x, lam):
     ce_mtp = F.cross_entropy(lm.reshape(-1, lm.shape[-1]), x[:, 2:].reshape(-1))
     acc = (logits.argmax(-1) == x[:, 1:]).float().mean()
     acc_m = (lm.argmax(-1) == x[:, 2:]).float().mean()
-    return ce_main + lam * ce_mtp, ce_main, ce_mtp, acc, acc_m
+    return ce_main, ce_mtp, acc, acc_m
+
+
+class JointLM(nn.Module):
+    """Target + MTP head as one module (what DDP wraps and torch.compile traces): forward(x) = `joint_terms`."""
+
+    def __init__(self, tgt, mtp):
+        super().__init__()
+        self.model, self.mtp = tgt.model, mtp  # the MTP head reaches the embedding through the target
+        self._tgt = [tgt]
+
+    def forward(self, x):
+        return joint_terms(self._tgt[0], self.mtp, x)
+
+
+def train_flops_per_token(tgt, mtp, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward = 3 x forward), the MFU numerator:
+        6 N + 6 A d_q (T + 1)
+    N = weights multiplied per token: the decoder layers' and the MTP head's matrices plus the LM head twice (main
+    and MTP logits; a tied LM head counts, the embedding lookup does not); A = attention layers (target + MTP),
+    d_q = query heads x head dim, T = sequence length. Causal attention: a query attends to (T + 1) / 2 keys on
+    average, 2 d_q FLOPs per key each for QK^T and for AV, x 3 for the backward pass (the half of the score matrix
+    above the diagonal is not counted: flash kernels skip it)."""
+    c = tgt.config
+
+    def mats(m):
+        return sum(p.numel() for p in m.parameters() if p.dim() == 2)
+
+    N = mats(tgt.body.layers) + mats(mtp) + 2 * c.vocab_size * c.hidden_size
+    A = tgt.layer_types.count("full_attention") + 1
+    return 6.0 * N + 6.0 * A * c.num_attention_heads * c.head_dim * (seq_len + 1)
 
 
 def _windows(tokens: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator, rank: int = 0, world: int = 1):
@@ -129,8 +171,8 @@ def evaluate(tgt, mtp, tokens: np.ndarray, seq_len: int, max_tokens: int, batch:
         x = torch.from_numpy(np.stack([tokens[j * seq_len: (j + 1) * seq_len]
                                        for j in range(i, min(n, i + batch))]).astype(np.int64)).to(dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            _, a, b, c, d = joint_loss(tgt, mtp, x, 0.0)
-        sums += np.array([float(a), float(b), float(c), float(d)]) * x.shape[0]
+            terms = torch.stack(joint_terms(tgt, mtp, x)).tolist()
+        sums += np.array(terms) * x.shape[0]
         count += x.shape[0]
     m = sums / max(count, 1)
     return {"heldout_tokens": count * seq_len, "target_loss": m[0], "mtp_loss": m[1], "target_top1": m[2],
@@ -142,10 +184,12 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     """Train target + MTP jointly; resumable from out/pretrain_state.pt, which is kept after the last step (remove it
     once the trained model is saved: a rerun after a kill in between resumes at the end). Returns (history, info).
 
-    Under torchrun each rank takes rows rank::world of every global batch and gradients are averaged over ranks
-    (one all-reduce per step), so N ranks compute the 1-rank gradient of the same global batch. The resumable state
-    (model, MTP, optimizer, step, history, the data RNG's state) holds nothing rank-specific and only rank 0 writes
-    it, so a run stopped on N ranks (`stop_after`) resumes on any number of ranks."""
+    Under torchrun each rank takes rows rank::world of every global batch and DDP averages the gradients over ranks,
+    so N ranks compute the 1-rank gradient of the same global batch (every rank holds the same number of rows: the
+    mean of the rank means is the batch mean). The resumable state (model, MTP, optimizer, step, history, the data
+    RNG's state) holds nothing rank-specific and only rank 0 writes it, so a run stopped on N ranks (`stop_after`)
+    resumes on any number of ranks. History records carry `elapsed_s`, taken after the logged values were read back
+    (a sync): differences between records give the steady rate, compile time excluded."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -184,23 +228,26 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     it = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng, rank, world)
     tgt.model.train()
     mtp.train()
+    net = data_parallel(JointLM(tgt, mtp))
+    fast = compiled(cfg.compile, dev)
+    step_terms = torch.compile(net, dynamic=False) if fast else net
     t0 = time.time()
     bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True, disable=not main)
     save_every = cfg.save_every or max(50, steps // 10)
-    info = {"start_step": start, "steps": steps, "world": world, "finished": True, "step": steps}
+    info = {"start_step": start, "steps": steps, "world": world, "finished": True, "step": steps, "compiled": fast}
     for step in bar:
         lr = cfg.lr * (step + 1) / warm if step < warm else \
             cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
         for gp in opt.param_groups:
             gp["lr"] = lr
         lam = cfg.mtp_lambda if step < (1 - cfg.late_frac) * steps else cfg.mtp_lambda_late
-        x = next(it).to(dev, non_blocking=True)
+        x = to_device(next(it), dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and x.is_cuda):
-            loss, ce, ce_m, acc, acc_m = joint_loss(tgt, mtp, x, lam)
+            ce, ce_m, acc, acc_m = step_terms(x)
+            loss = ce + lam * ce_m
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        average_grads(params)  # every rank holds the same number of rows: the mean of rank means is the batch mean
-        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        loss.backward()  # DDP averages the gradients over ranks here
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)  # after the average: the global norm
         opt.step()
         if step % cfg.log_every == 0 or step == steps - 1:
             m = (all_sum(torch.stack([ce, ce_m, acc, acc_m]).detach().float()) / world).tolist()

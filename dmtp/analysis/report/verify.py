@@ -24,11 +24,22 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
 
-MODES = ["target", "sample", "block"]
-METHODS = ["ar", "mtp", "dflash", "fusion", "zero_init_residual"]
+MODES = ["target", "sample", "block"]  # verify modes in table order when the experiment names none
 HATCH = {"target": "", "sample": "//", "block": "xx"}
 SHADE = {"target": "#4c72b0", "sample": "#dd8452", "block": "#55a868"}
 PAIRS = [("sample", "target"), ("block", "target"), ("block", "sample")]
+
+
+def order(root: Path) -> tuple[list[str], list[str]]:
+    """(methods, verify modes) in the study's own order: the `verify` section of results/<profile>/experiment.json
+    (the resolved profile the pipeline wrote); without one, no method order (by name) and MODES."""
+    path = Path(root) / "experiment.json"
+    v = json.loads(path.read_text()).get("verify", {}) if path.exists() else {}
+    return list(v.get("methods", [])), list(v.get("modes", MODES))
+
+
+def _index(names: list[str]):
+    return lambda x: names.index(x) if x in names else len(names)
 
 
 def read(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame | None]:
@@ -53,10 +64,10 @@ def read(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame | 
     return runs, tp, orc
 
 
-def _rank(df: pd.DataFrame) -> pd.DataFrame:
-    m = df.method.map(lambda x: METHODS.index(x) if x in METHODS else len(METHODS))
-    v = df.verify.map(lambda x: MODES.index(x) if x in MODES else len(MODES))
-    return df.iloc[np.lexsort((v, m, df.temperature))].reset_index(drop=True)
+def _rank(df: pd.DataFrame, methods: list[str], modes: list[str]) -> pd.DataFrame:
+    """Rows by temperature, then the study's method order (unnamed methods last, by name), then its mode order."""
+    m, v = df.method.map(_index(methods)), df.verify.map(_index(modes))
+    return df.iloc[np.lexsort((v, df.method, m, df.temperature))].reset_index(drop=True)
 
 
 def ceiling(orc: pd.DataFrame | None, temperature: float, k: int) -> float:
@@ -69,9 +80,10 @@ def ceiling(orc: pd.DataFrame | None, temperature: float, k: int) -> float:
     return float(hit.ceiling.iloc[0]) if len(hit) else math.nan
 
 
-def summary(runs: pd.DataFrame, tp: pd.DataFrame | None, orc: pd.DataFrame | None, n_boot: int = 2000) -> pd.DataFrame:
+def summary(runs: pd.DataFrame, tp: pd.DataFrame | None, orc: pd.DataFrame | None, n_boot: int = 2000,
+            methods: list[str] = (), modes: list[str] = MODES) -> pd.DataFrame:
     """One row per (temperature, method, verify): acceptance (per request, per verify), first-token acceptance,
-    throughput per cap, the ceiling."""
+    throughput per cap, the ceiling; rows in the study's order (`order`)."""
     out = []
     caps = sorted(tp.batch_cap.unique()) if tp is not None and len(tp) else []
     for (t, m, v), g in runs.groupby(["temperature", "method", "verify"]):
@@ -91,7 +103,7 @@ def summary(runs: pd.DataFrame, tp: pd.DataFrame | None, orc: pd.DataFrame | Non
                         f"tok_s_B{cap}_hi": x.max() if len(x) else math.nan})
         row["ceiling_target_only"] = ceiling(orc, t, k)
         out.append(row)
-    return _rank(pd.DataFrame(out)) if out else pd.DataFrame()
+    return _rank(pd.DataFrame(out), list(methods), list(modes)) if out else pd.DataFrame()
 
 
 def _per_request(runs: pd.DataFrame, t, m, v, fn) -> dict:
@@ -103,7 +115,7 @@ def _first(acc) -> float:
     return sum(a > 0 for a in acc) / len(acc)
 
 
-def paired_tests(runs: pd.DataFrame, n_boot: int = 4000) -> pd.DataFrame:
+def paired_tests(runs: pd.DataFrame, n_boot: int = 4000, methods: list[str] = ()) -> pd.DataFrame:
     """Per (temperature, method) with drafts and per metric (per-request acceptance length, first-token acceptance):
     each pair of PAIRS over the requests both modes ran; Holm over every comparison of the same metric."""
     rows = []
@@ -125,8 +137,8 @@ def paired_tests(runs: pd.DataFrame, n_boot: int = 4000) -> pd.DataFrame:
             df.loc[i, "p_holm"] = q
             df.loc[i, "verdict"] = stats.verdict(df.a[i], df.b[i], df["diff"][i], q)
     if len(df):
-        order = df.method.map(lambda x: METHODS.index(x) if x in METHODS else len(METHODS))
-        df = df.iloc[np.lexsort((df.index, order, df.temperature))].reset_index(drop=True)
+        rank = df.method.map(_index(list(methods)))
+        df = df.iloc[np.lexsort((df.index, df.method, rank, df.temperature))].reset_index(drop=True)
     return df
 
 
@@ -160,7 +172,7 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(root: Path, s: pd.DataFrame) -> list[Path]:
+def figure(root: Path, s: pd.DataFrame, modes: list[str] = MODES) -> list[Path]:
     """Per temperature: acceptance length (with the target-only ceiling as a dashed line over each method), first-
     token acceptance and throughput at each cap; bars grouped by method, one per verify mode, with their intervals."""
     paths = []
@@ -168,7 +180,7 @@ def figure(root: Path, s: pd.DataFrame) -> list[Path]:
     panels = [("acceptance_length", "acceptance length (per request)"), ("first_token", "first-token acceptance")]
     panels += [(f"tok_s_B{c}", f"throughput B{c} (tok/s)") for c in caps]
     for t, g in s.groupby("temperature"):
-        methods = [m for m in METHODS if m in set(g.method)] + sorted(set(g.method) - set(METHODS))
+        methods = list(dict.fromkeys(g.method))  # the summary's (the study's) order
         nrow = math.ceil(len(panels) / 2)
         fig = Figure(figsize=(10, 3.2 * nrow), layout="constrained")
         axes = np.atleast_1d(fig.subplots(nrow, 2)).ravel()
@@ -176,12 +188,12 @@ def figure(root: Path, s: pd.DataFrame) -> list[Path]:
             ax.set_visible(False)
         for ax, (col, label) in zip(axes, panels):
             for i, m in enumerate(methods):
-                for j, v in enumerate(MODES):
+                for j, v in enumerate(modes):
                     r = g[(g.method == m) & (g.verify == v)]
                     if not len(r) or pd.isna(r[col].iloc[0]):
                         continue
                     y, lo, hi = (float(r[c].iloc[0]) for c in (col, f"{col}_lo", f"{col}_hi"))
-                    ax.bar(i + (j - 1) * 0.27, y, 0.27, color=SHADE[v], hatch=HATCH[v], edgecolor="k",
+                    ax.bar(i + (j - (len(modes) - 1) / 2) * 0.27, y, 0.27, color=SHADE[v], hatch=HATCH[v], edgecolor="k",
                            linewidth=0.4, yerr=None if math.isnan(lo) else [[y - lo], [hi - y]], capsize=2,
                            label=v if i == 0 else None)
                 if col == "acceptance_length":
@@ -208,8 +220,9 @@ def render(root: Path, n_boot: int = 2000) -> list[str]:
     if runs.empty:
         print("[report] skip verification study: no results/<profile>/verify runs")
         return []
-    s = summary(runs, tp, orc, n_boot)
-    pt = paired_tests(runs, 2 * n_boot)
+    methods, modes = order(root)
+    s = summary(runs, tp, orc, n_boot, methods, modes)
+    pt = paired_tests(runs, 2 * n_boot, methods)
     tables = root / "tables"
     tables.mkdir(parents=True, exist_ok=True)
     s.to_csv(tables / "verify.csv", index=False)
@@ -217,17 +230,18 @@ def render(root: Path, n_boot: int = 2000) -> list[str]:
     show = s.drop(columns=["k"])
     (tables / "verify.md").write_text(markdown(show))
     (tables / "verify_paired.md").write_text(markdown(pt) if len(pt) else "no paired comparisons\n")
-    figs = figure(root, s)
-    note = ("the ceiling column is empty: `dmtp.analysis.oracle` did not run with this study (no verify/oracle.csv)"
+    figs = figure(root, s, modes)
+    note = ("the ceiling column is empty: the study holds no `ar` x `target` runs to compute it along (no "
+            "verify/oracle.csv)"
             if orc is None else ("ceiling: acceptance length of an idealised greedy drafter accepted at the "
                                  "target's top-1 probability along the ar trajectory "
                                  "(`dmtp.analysis.oracle.oracle_ceiling`), for target-only verification with k drafts"))
     out = ["## Verification at T > 0: target-only vs speculative sampling vs block verification", "",
-           "`target`: greedy drafts, the target samples its own token (the blog's rule). `sample`: drafts sampled "
-           "from the drafters' tempered distributions (T1 from the MTP head), token-wise speculative sampling. "
-           "`block`: the same drafts, block verification (Sun et al., ICLR 2025). All three emit the target's law "
-           "(docs/DESIGN.md, tests/test_verify.py). Acceptance length and first-token acceptance with 95% request-"
-           f"bootstrap intervals; throughput: mean [min, max] over timed repeats; {note}.", ""]
+           ("`target`: greedy drafts, the target samples its own token (the blog's rule). `sample`: drafts sampled "
+            "from the drafters' tempered distributions (T1 from the MTP head), token-wise speculative sampling. "
+            "`block`: the same drafts, block verification (Sun et al., ICLR 2025). All three emit the target's law "
+            "(docs/DESIGN.md, tests/test_verify.py). Acceptance length and first-token acceptance with 95% request-"
+            f"bootstrap intervals; throughput: mean [min, max] over timed repeats; {note}."), ""]
     out += [f"![{p.stem}](figures/{p.name})\n" for p in figs]
     out += ["### Acceptance and throughput", "", markdown(show),
             "### Paired tests (per request; Holm-adjusted per metric)", "",

@@ -11,6 +11,7 @@ class MTPContext(Variant):
     description = "single anchor, context from the per-position MTP hidden alone (supp.)"
     anchor, t1 = False, True
     needs_mtp_context = True
+    bypassed = ("fc.",)  # the target-feature projection: replaced by injection.fc
 
     def __init__(self, cfg):
         super().__init__(cfg)

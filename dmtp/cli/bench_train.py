@@ -1,0 +1,188 @@
+"""Training throughput, the eager and the compiled path side by side in one run (`make bench-train`): target
+pretraining (tokens/s, MFU) and drafter training (steps/s, every variant of the ablation side by side), each through
+the real training loop (`pretrain.pretrain`, `drafters.train_drafters`) with `compile="off"` and then `"auto"`.
+
+    python -m dmtp.cli.bench_train --profile mini --out results/mini/bench          # H200: ~3 min
+    python -m dmtp.cli.bench_train --profile smoke --out /tmp/bt --steps 8 --warm 2  # CPU smoke, ~1 min (eager twice)
+
+Only the architecture is needed: the target has the profile's shape and random weights, the tokens are random (the
+speed of a step does not depend on the values). Rates are steady-state: from the history record at step `--warm`
+(compile and warm-up behind it) to the last one; every record is taken after its values were read back, so the GPU
+has caught up. MFU = tokens/s x training FLOPs per token (`pretrain.train_flops_per_token`: 6 N + causal
+attention) / the device's dense bf16 peak (`common.PEAK_BF16`, H100/H200 989.4 TFLOP/s).
+
+train.json    per path: steps timed, steady rate, wall time of the whole call (compile included), MFU
+ratios.json   records {target, value, goal, met, note} merged by target name with what `dmtp.cli.bench` wrote
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dmtp.analysis.ratios import Ratio, merge, read, write
+from dmtp.experiment import drafter_config
+from dmtp.io import write_json, write_meta
+from dmtp.training.common import peak_flops
+from dmtp.training.drafters import new_drafters, train_drafters
+from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
+from experiments.profiles import get_profile
+
+PATHS = {"eager": "off", "compiled": "auto"}  # the two paths, as values of the configs' `compile` field
+GOALS = {"mfu": 0.35, "drafter_speedup": 4.0}  # goals: >= 35 % MFU; drafter steps/s >= 4x the eager path
+# measured on an H200 before the compiled paths existed (LOG.md, 2026-11): printed beside the new numbers
+BEFORE = {"mini": {"pretrain": "0.56 M tok/s", "drafters": "~5 steps/s"}}
+
+
+def steady_rate(hist: list[dict], warm: int, count: str) -> tuple[float, int]:
+    """(units of `count` per second, steps timed) between the first record at or after step `warm` and the last."""
+    recs = [h for h in hist if h["step"] >= warm]
+    if len(recs) < 2:
+        raise ValueError(f"need two history records from step {warm} on, got {len(recs)}: raise --steps")
+    a, b = recs[0], recs[-1]
+    return (b[count] - a[count]) / (b["elapsed_s"] - a["elapsed_s"]), b["step"] - a["step"]
+
+
+def bench_pretrain(prof, dev: str, path: str, steps: int, warm: int) -> dict:
+    """`steps` pretraining steps of the profile's target (random weights and tokens) on one process."""
+    torch.manual_seed(0)
+    vocab = prof.data.vocab_size
+    tgt, mtp = build_target(prof.model.arch, vocab, eos_id=0)
+    tgt.model.to(dev)
+    mtp.to(dev)
+    p = prof.pretrain
+    tokens = np.random.default_rng(0).integers(0, vocab, 4_000_000).astype(np.int32)
+    cfg = replace(p, tokens=steps * p.batch_size * p.seq_len, log_every=warm, save_every=10 ** 9, stop_after=0,
+                  compile=PATHS[path])
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        hist, info = pretrain(tgt, mtp, tokens, cfg, tmp, log=lambda *_: None)
+    wall = time.time() - t0
+    rate, timed = steady_rate(hist, warm, "tokens")
+    flops = train_flops_per_token(tgt, mtp, p.seq_len)
+    peak = peak_flops(dev)
+    return {"tokens_per_s": rate, "steps_timed": timed, "wall_s": wall, "compiled": info["compiled"],
+            "flops_per_token": flops, "peak_flops": peak, "mfu": rate * flops / peak if peak else None,
+            "batch": p.batch_size, "seq_len": p.seq_len}
+
+
+def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
+    """`steps` drafter-training steps of every variant of the ablation side by side (the pipeline's drafters stage:
+    the profile's drafter shape and recipe, bf16 autocast on GPU), on a random-weight target of the profile's shape
+    and random sequences of max_len / 2 .. max_len tokens."""
+    torch.manual_seed(0)
+    vocab = prof.data.vocab_size
+    tgt, mtp = build_target(prof.model.arch, vocab, eos_id=0)
+    tgt.model.to(dev).eval().requires_grad_(False)
+    mtp.to(dev).eval().requires_grad_(False)
+    t = prof.train
+    rng = random.Random(0)
+    seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(t.max_len // 2, t.max_len + 1))]
+            for _ in range(4 * t.batch_size)]
+    variants = list(prof.ablation.variants())
+    base = dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed)
+    drafters = new_drafters(tgt, variants, base)
+    cfg = replace(t, steps=steps, log_every=warm, save_every=10 ** 9, stop_after=0, amp_bf16=dev == "cuda",
+                  compile=PATHS[path])
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        hist = train_drafters(tgt, mtp, drafters, seqs, cfg, tmp, log=lambda *_: None)
+    wall = time.time() - t0
+    rate, timed = steady_rate(hist[variants[-1]], warm, "step")  # the last drafter's record closes its step
+    return {"steps_per_s": rate, "steps_timed": timed, "wall_s": wall, "drafters": len(drafters),
+            "batch": t.batch_size, "max_len": t.max_len, "anchors_per_seq": t.anchors_per_seq}
+
+
+def record(setup: str, name: str, value: float, direction: str = "report", goal: float | None = None,
+           note: str = "") -> Ratio:
+    """One typed ratio record (`dmtp.analysis.ratios`), printed as it is made."""
+    r = Ratio(setup, name, round(float(value), 4), direction, goal, note=note)
+    print(f"[bench-train] {'MET ' if r.met else 'MISS'} {r.target}: {r.value:.3f} (goal {r.goal_text}) {note}",
+          flush=True)
+    return r
+
+
+def ratio_records(label: str, res: dict) -> list[Ratio]:
+    """The ratio records of a run's results (paths that failed left out)."""
+    out = []
+    before = BEFORE.get(label, {})
+    pre = res.get("pretrain", {})
+    if "eager" in pre and "compiled" in pre:
+        e, c = pre["eager"], pre["compiled"]
+        out.append(record(label, "pretraining tok/s, compiled / eager", c["tokens_per_s"] / e["tokens_per_s"],
+                          note=f"{c['tokens_per_s'] / 1e6:.3f} M vs {e['tokens_per_s'] / 1e6:.3f} M tok/s"
+                          + (f" (before: {before['pretrain']})" if before else "")))
+        if c["mfu"] is not None:
+            out.append(record(label, "pretraining MFU (compiled, bf16)", c["mfu"], ">=", GOALS["mfu"],
+                              f"{c['flops_per_token'] / 1e6:.1f} MFLOP/token x {c['tokens_per_s'] / 1e6:.3f} M "
+                              f"tok/s / {c['peak_flops'] / 1e12:.0f} TFLOP/s; eager {e['mfu']:.3f}"))
+    dr = res.get("drafters", {})
+    if "eager" in dr and "compiled" in dr:
+        e, c = dr["eager"], dr["compiled"]
+        out.append(record(label, f"drafter training steps/s, {c['drafters']} drafters side by side, compiled / eager",
+                          c["steps_per_s"] / e["steps_per_s"], ">=", GOALS["drafter_speedup"],
+                          f"{c['steps_per_s']:.2f} vs {e['steps_per_s']:.2f} steps/s"
+                          + (f" (before: {before['drafters']})" if before else "")))
+    return out
+
+
+def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, parts=("pretrain", "drafters"),
+                paths=tuple(PATHS), drafter_steps: int | None = None) -> list[Ratio]:
+    """Run the benchmark, write train.json (+ meta) and merge the ratio records into ratios.json; returns them.
+    Each (part, path) runs in a try: a failing path is recorded with its error, the others still run."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    prof = get_profile(profile)
+    out = Path(out)
+    res: dict = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__}
+    t0 = time.time()
+    for part, fn, n in [("pretrain", bench_pretrain, steps), ("drafters", bench_drafters, drafter_steps or steps)]:
+        if part not in parts:
+            continue
+        for path in paths:
+            try:
+                r = fn(prof, dev, path, n, warm)
+            except Exception as e:  # noqa: BLE001 - recorded, and the other paths still measured
+                r = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            print(f"[bench-train] {profile} {part} {path}: {json.dumps(r)}", flush=True)
+            res.setdefault(part, {})[path] = r
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+    ok = {p: {k: v for k, v in r.items() if "error" not in v} for p, r in res.items() if isinstance(r, dict)}
+    recs = ratio_records(profile, ok)
+    write_json(out / "train.json", res)
+    write_meta(out / "meta_train.json", {"profile": profile, "steps": steps, "warm": warm, "parts": list(parts),
+                                         "paths": {p: PATHS[p] for p in paths}, "pretrain": asdict(prof.pretrain),
+                                         "train": asdict(prof.train)}, wall_s=time.time() - t0)
+    write(out / "ratios.json", merge(read(out / "ratios.json"), recs))
+    return recs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="mini" if torch.cuda.is_available() else "smoke")
+    ap.add_argument("--out", required=True, help="bench folder, e.g. results/mini/bench")
+    ap.add_argument("--steps", type=int, default=40, help="steps per path (pretraining; drafters too unless "
+                                                          "--drafter-steps)")
+    ap.add_argument("--drafter-steps", type=int, help="drafter-training steps per path")
+    ap.add_argument("--warm", type=int, default=10, help="steps before the timed window (compile, warm-up)")
+    ap.add_argument("--parts", default="pretrain,drafters", help="pretrain, drafters or both")
+    ap.add_argument("--paths", default=",".join(PATHS), help="eager, compiled or both")
+    a = ap.parse_args(argv)
+    parts, paths = a.parts.split(","), a.paths.split(",")
+    bad = sorted(set(parts) - {"pretrain", "drafters"}) + sorted(set(paths) - set(PATHS))
+    if bad:
+        ap.error(f"unknown part or path: {', '.join(bad)}")
+    if a.steps <= a.warm or (a.drafter_steps or a.steps) <= a.warm:
+        ap.error(f"--steps must exceed --warm ({a.warm}): the rate is measured after the warm-up")
+    bench_train(a.profile, a.out, a.steps, a.warm, parts, paths, a.drafter_steps)
+
+
+if __name__ == "__main__":
+    main()

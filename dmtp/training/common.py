@@ -1,0 +1,33 @@
+"""What both training loops share: when to compile, how a batch reaches the GPU, and the FLOP count behind MFU."""
+from __future__ import annotations
+
+import torch
+
+COMPILE = ("auto", "on", "off")  # values of PretrainConfig.compile / TrainConfig.compile
+
+# dense bf16 tensor-core peak (FLOP/s, datasheet, no sparsity) by device-name fragment: the MFU denominator
+PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
+
+
+def compiled(flag: str, device) -> bool:
+    """The compiled path? "auto": on CUDA only (on CPU, inductor's C++ compile would cost more than the short runs
+    it speeds up); "on": everywhere (the CPU tests of the compiled path); "off": eager (the benchmarks' baseline)."""
+    if flag not in COMPILE:
+        raise ValueError(f"compile={flag!r}: expected one of {', '.join(COMPILE)}")
+    return flag == "on" or (flag == "auto" and torch.device(device).type == "cuda")
+
+
+def to_device(x: torch.Tensor, device) -> torch.Tensor:
+    """Host batch -> device without a synchronisation: from pinned memory, asynchronously (a copy from pageable memory
+    waits for the GPU to drain, so the host could not run ahead by a step)."""
+    if torch.device(device).type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
+def peak_flops(device) -> float | None:
+    """Dense bf16 peak of the device (None where unknown, e.g. CPU)."""
+    if torch.device(device).type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)

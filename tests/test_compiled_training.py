@@ -1,0 +1,168 @@
+"""The compiled training paths on CPU (inductor): pretraining and drafter training follow their eager paths step by
+step in fp32; the drafters of one backbone and block size share one compiled graph; the flex-attention block mask
+gives the dense mask's loss; the FLOP count behind MFU, by hand; the training benchmark end to end. The GPU side
+(flex attention with its backward pass) is in test_cuda.py."""
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import compiled_graphs, make_drafter
+
+from dmtp.cli.bench_train import bench_train, steady_rate
+from dmtp.models import tiny
+from dmtp.models.attention import flex_mask
+from dmtp.training.common import compiled
+from dmtp.training.drafters import (
+    TrainConfig,
+    block_loss,
+    drafter_loss,
+    extract,
+    new_drafters,
+    sample_anchors,
+    train_drafters,
+)
+from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain, train_flops_per_token
+
+ARCH = TargetArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                  intermediate_size=128)
+
+
+def test_compile_flag():
+    assert compiled("auto", "cpu") is False and compiled("on", "cpu") is True and compiled("off", "cuda") is False
+    assert compiled("auto", "cuda") is True
+    with pytest.raises(ValueError, match="compile='yes'"):
+        compiled("yes", "cpu")
+
+
+def test_flops_per_token_by_hand():
+    """6 N + 6 A d_q (T + 1) with N = layer and MTP matrices + 2 V H (both LM-head uses)."""
+    torch.manual_seed(0)
+    tgt, mtp = build_target(ARCH, vocab_size=100, eos_id=0)
+    H, I, d_q, d_kv = 64, 128, 2 * 32, 1 * 32
+    attn = H * 2 * d_q + 2 * H * d_kv + d_q * H  # q_proj carries the output gate (2 d_q), k, v, o
+    layer = attn + 3 * H * I
+    N = 2 * layer + (2 * H * H + layer) + 2 * 100 * H  # 2 layers, MTP (fc 2H -> H + one layer), LM head twice
+    assert train_flops_per_token(tgt, mtp, 32) == 6 * N + 6 * 3 * d_q * 33
+
+
+def _pretrain(tmp, compile_flag):
+    torch.manual_seed(0)
+    tgt, mtp = build_target(ARCH, vocab_size=128, eos_id=0)
+    tokens = np.random.default_rng(0).integers(1, 128, 20_000).astype(np.int64)
+    cfg = PretrainConfig(tokens=5 * 4 * 32, seq_len=32, batch_size=4, log_every=1, bf16=False, compile=compile_flag,
+                         warmup_frac=0.5)
+    hist, info = pretrain(tgt, mtp, tokens, cfg, tmp / compile_flag, log=lambda *_: None)
+    return hist, info, {k: v.clone() for k, v in tgt.model.state_dict().items()}
+
+
+def test_compiled_pretraining_follows_eager(tmp_path):
+    eager, info_e, w_e = _pretrain(tmp_path, "off")
+    comp, info_c, w_c = _pretrain(tmp_path, "on")
+    assert info_c["compiled"] and not info_e["compiled"] and len(comp) == len(eager) == 5
+    assert [h["loss"] for h in comp] == pytest.approx([h["loss"] for h in eager], rel=1e-5)
+    assert [h["mtp_loss"] for h in comp] == pytest.approx([h["mtp_loss"] for h in eager], rel=1e-5)
+    assert [h["acc"] for h in comp] == [h["acc"] for h in eager]
+    for k in w_e:  # Adam divides by sqrt(v): a near-zero gradient's rounding can move its weight by a good part of
+        torch.testing.assert_close(w_c[k], w_e[k], rtol=0, atol=2e-4, msg=k)  # lr (2e-3): 10 % of one step
+
+
+def _seqs(n=12, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 96) for _ in range(rng.randrange(14, 40))] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def qwen3_5():
+    return tiny.build("qwen3_5", seed=0)
+
+
+def test_compiled_drafter_training_follows_eager(qwen3_5, tmp_path):
+    """dflash and zero_init_residual (block of 8; one trained block input, one frozen) through the compiled path:
+    the losses and weights of the eager path, and ONE compiled graph for both drafters."""
+    tgt, mtp = qwen3_5
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1)
+    runs = {}
+    for flag in ("off", "on"):
+        ds = new_drafters(tgt, ["dflash", "zero_init_residual"], base)
+        cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
+                          compile=flag)
+        graphs = compiled_graphs(block_loss)
+        hist = train_drafters(tgt, mtp, ds, _seqs(), cfg, tmp_path / flag, log=lambda *_: None)
+        runs[flag] = hist, {n: d.state_dict() for n, d in ds.items()}, compiled_graphs(block_loss) - graphs
+    assert runs["off"][2] == 0 and runs["on"][2] == 1
+    for name in ("dflash", "zero_init_residual"):
+        (he, we), (hc, wc) = [(r[0][name], r[1][name]) for r in (runs["off"], runs["on"])]
+        assert [h["step"] for h in hc] == [1, 2, 3, 4]
+        for key in ("loss", "acc", "grad_norm"):
+            assert [h[key] for h in hc] == pytest.approx([h[key] for h in he], rel=1e-5), key
+        for k in we:
+            torch.testing.assert_close(wc[k], we[k], rtol=0, atol=2e-5, msg=k)
+        assert json.loads((tmp_path / "on" / name / "history.json").read_text())[-1]["elapsed_s"] > 0
+
+
+@pytest.mark.parametrize("name,window", [("dflash", 4096), ("dflash", 5), ("token_only", 7),
+                                         ("zero_init_residual", 4096), ("dflash2", 4096)])
+def test_flex_block_mask_gives_the_dense_loss(qwen3_5, name, window):
+    """The flex-attention block mask (forward only on CPU: flex attention has no CPU backward) gives the dense mask's
+    loss over a batch padded to a longer context: both block layouts (8 slots from A, 7 from T1), a window shorter
+    than the context, the DFlash2 backbone. The mask depends on nothing else of a variant."""
+    tgt, mtp = qwen3_5
+    kw = {"backbone": "dflash2", "selector_topk": 8, "selector_dim": 16} if name == "dflash2" else {}
+    d = make_drafter(tgt, "dflash" if name == "dflash2" else name, window=window, **kw)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, tgt.vocab_size, (2, 40), generator=g)
+    lengths = torch.tensor([40, 31])
+    anchors, valid = sample_anchors(lengths, 6, g)
+    with torch.no_grad():
+        dense, _ = drafter_loss(d, tgt, extract(tgt, mtp, ids, lengths, d.config.target_layer_ids, True), anchors,
+                                valid, 4.0)
+        padded = torch.nn.functional.pad(ids, (0, 24))
+        feats = extract(tgt, mtp, padded, lengths, d.config.target_layer_ids, True)
+        mask = flex_mask(anchors, d.layout.slots, padded.shape[1], d.config.window)
+        flex, _ = drafter_loss(d, tgt, feats, anchors, valid, 4.0, mask=mask)
+    torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_steady_rate_by_hand():
+    hist = [{"step": 0, "tokens": 10, "elapsed_s": 5.0}, {"step": 10, "tokens": 110, "elapsed_s": 6.0},
+            {"step": 20, "tokens": 210, "elapsed_s": 6.5}]
+    assert steady_rate(hist, 10, "tokens") == (200.0, 10)  # compile and warm-up (the first record) left out
+    with pytest.raises(ValueError, match="raise --steps"):
+        steady_rate(hist, 11, "tokens")
+
+
+def test_bench_train_end_to_end(tmp_path):
+    """The training benchmark on CPU (smoke shapes; both paths run eager here): train.json holds both paths of both
+    parts, the ratio records join what ratios.json already held, and a rerun replaces only the records it remakes."""
+    (tmp_path / "ratios.json").write_text(json.dumps([{"target": "other", "value": 1.0, "goal": "report",
+                                                       "met": True, "note": ""}]))
+    recs = bench_train("smoke", tmp_path, steps=4, warm=1, drafter_steps=3)
+    res = json.loads((tmp_path / "train.json").read_text())
+    for part, key in (("pretrain", "tokens_per_s"), ("drafters", "steps_per_s")):
+        assert set(res[part]) == {"eager", "compiled"} and all(r[key] > 0 for r in res[part].values()), res[part]
+    assert res["pretrain"]["eager"]["mfu"] is None and res["drafters"]["eager"]["drafters"] == 9  # CPU: no peak
+    pre, dr = "smoke pretraining tok/s, compiled / eager", \
+        "smoke drafter training steps/s, 9 drafters side by side, compiled / eager"
+    assert [r.target for r in recs] == [pre, dr] and recs[1].goal_text == ">= 4" and recs[1].value > 0
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, dr]
+    bench_train("smoke", tmp_path, steps=4, warm=1, parts=("pretrain",))
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre]
+
+
+def test_flex_attention_under_autocast():
+    """Under bf16 autocast the drafter's q and k leave their RMSNorm in fp32 and v is bf16: flex attention gets one
+    dtype, as SDPA does from autocast, and agrees with the dense mask."""
+    from dmtp.models.attention import attend, dense_mask
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 48, 16, generator=g), torch.randn(2, 2, 20 + 48, 16, generator=g)
+    v = torch.randn(2, 2, 20 + 48, 16, generator=g).bfloat16()
+    ends = torch.tensor([[1, 4, 9, 17, 18, 19], [2, 3, 11, 12, 15, 19]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        flex, dense = attend(q, k, v, flex_mask(ends, 8, 20, 5)), attend(q, k, v, dense_mask(ends, 8, 20, 5))
+    assert flex.dtype == dense.dtype == torch.bfloat16
+    torch.testing.assert_close(flex.float(), dense.float(), rtol=2e-2, atol=2e-2)
