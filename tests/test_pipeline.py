@@ -39,7 +39,8 @@ def test_every_stage_writes_its_artifacts(run):
     assert lossless and all(row.split(",")[2] == row.split(",")[3] for row in lossless)  # n == identical
     # every output records the configuration that made it; the pretraining state went once the target was saved
     work = root / "work" / "smoke"
-    assert json.loads((work / "target" / "fingerprint.json").read_text())["fingerprint"]["arch"]["hidden_size"] == 64
+    assert json.loads((work / "target" / "fingerprint.json").read_text())["fingerprint"]["model.arch"][
+        "hidden_size"] == 64
     assert json.loads((work / "drafters" / "dflash" / "fingerprint.json").read_text())["fingerprint"]["train"][
         "steps"] == 6
     assert json.loads((res / "runs" / "ablation" / "ar" / "humaneval_T0.meta.json").read_text())["fingerprint"][
@@ -124,6 +125,8 @@ def test_verify_stage_and_its_report_section(run):
     assert p.returncode == 0, p.stderr[-2000:]
     text = (res / "REPORT.md").read_text()
     assert "Verification at T > 0" in text and "figures/verify_T1.png" in text
+
+
 def test_a_subset_of_runs(run, tmp_path):
     """`--set ablation.only=...`: only those runs are evaluated (no marker files anywhere); the resolved experiment,
     subset included, is written beside the results; a continued run without its source is refused up front."""
