@@ -19,7 +19,6 @@ import torch
 
 from dmtp.ablation import AblationSpec
 from dmtp.checks import at_least, check, each, number, one_of, require
-from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.engine.verify import MODES as VERIFY_MODES
 from dmtp.io import write_text
 from dmtp.models.drafter import BACKBONES, default_target_layer_ids
@@ -49,11 +48,12 @@ class DataConfig:
     new_tokens: int = 128  # tokens the target generates per prompt (the drafters' training data)
     temperature: float = 0.8  # sampling temperature of the on-policy responses
     batch: int = 64  # prompts per generation batch
+    prompts_per_doc: int = 2  # at most this many prompts (functions) cut from one corpus file
 
     def __post_init__(self):  # vocab_size >= 258: the byte-level BPE holds the 256 bytes, <|endoftext|>, <|mask|>
         check(self, corpus_bytes=at_least(1), tokenizer_bytes=at_least(1), vocab_size=at_least(258),
               prompts=at_least(1), prompt_tokens=at_least(1), new_tokens=at_least(1), temperature=number(0),
-              batch=at_least(1))
+              batch=at_least(1), prompts_per_doc=at_least(1))
 
 
 @dataclass
@@ -99,7 +99,9 @@ class EvalConfig:
     # views written from a run's first n records (same prompts, same batch): name -> (dataset, n)
     subsets: dict[str, tuple[str, int]] = field(default_factory=lambda: {"humaneval8": ("humaneval", 8)})
     temperatures: tuple[float, ...] = (0.0, 1.0)  # sampling temperatures (0: greedy)
-    modes: tuple[str, ...] = ("natural",)  # EVAL_MODES; "natural" today
+    modes: tuple[str, ...] = ("natural",)  # EVAL_MODES: natural (every run, every seed: the acceptance tables),
+    # fixed (the runs of ablation.main_table, first seed: the blog's fixed-length throughput setting)
+    stops: tuple[str, ...] = ("humaneval",)  # natural mode's stop strings; "humaneval": its standard five
     new_tokens: int = 128  # generated tokens per request (at most)
     batch: int = 32  # requests per decode batch
     mtp_steps: int = 4  # MTP415 baseline: 4 chained steps, 4 candidates
@@ -107,6 +109,8 @@ class EvalConfig:
     def __post_init__(self):
         check(self, temperatures=each(number(0)), new_tokens=at_least(1), batch=at_least(1), mtp_steps=at_least(1),
               modes=each(one_of(*EVAL_MODES)))
+        require(all(isinstance(x, str) and x for x in self.stops),
+                f"eval.stops={list(self.stops)}: expected non-empty stop strings (or 'humaneval')")
         for ds, n in self.sets.items():
             require(isinstance(n, int) and not isinstance(n, bool) and n >= 1,
                     f"eval.sets={self.sets}: expected dataset name -> number of prompts >= 1")
@@ -127,8 +131,8 @@ class VerifyConfig:
     small_cap_prompts: int = 16  # the first prompts timed at the other caps (batch 1 over 164 prompts: minutes)
     repeats: int = 2  # timed runs per cap after the warm-up run; each draws fresh samples
     max_new_tokens: int = 256  # generated tokens per request (at most)
-    eval_mode: str = "natural"  # EVAL_MODES: natural = end-of-text or a stop string ends a request; fixed = length
-    stop_strings: tuple[str, ...] = HUMANEVAL_STOPS  # natural mode's stop strings (HumanEval's); fixed uses none
+    eval_mode: str = "natural"  # EVAL_MODES: natural = end-of-text or one of `eval.stops` ends a request (the eval
+    # stage's protocol); fixed = every request decodes exactly max_new_tokens
     seed: int = 0  # the servers' generator seed
 
     def __post_init__(self):
@@ -136,16 +140,9 @@ class VerifyConfig:
               modes=each(one_of(*VERIFY_MODES)), temperatures=each(number(0, open_lo=True)), caps=each(at_least(1)),
               prompts=at_least(1), small_cap_prompts=at_least(1), repeats=at_least(1), max_new_tokens=at_least(1),
               eval_mode=one_of(*EVAL_MODES), seed=at_least(0))
-        require(all(isinstance(s, str) and s for s in self.stop_strings),
-                f"verify.stop_strings={list(self.stop_strings)}: expected non-empty strings")
         for key in ("methods", "modes", "temperatures", "caps"):
             v = getattr(self, key)
             require(len(set(v)) == len(v), f"verify.{key}={list(v)}: named twice")
-
-    @property
-    def stops(self) -> tuple[str, ...]:
-        """The stop strings the decode loop uses: `stop_strings` in natural mode, none in fixed mode."""
-        return self.stop_strings if self.eval_mode == "natural" else ()
 
 
 @dataclass

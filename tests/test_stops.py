@@ -208,9 +208,9 @@ def test_modes_records_identical_across_methods(byte_models, tmp_path):
     write_jsonl(tmp_path / "p.jsonl", rows)
     for mode, extra in [("natural", ["--stop", stops[0], "--stop", stops[1]]), ("fixed", [])]:  # ar
         main(["generate", "--target", str(path), "--method", "ar", "--prompts", str(tmp_path / "p.jsonl"),
-              "--max-new-tokens", str(N), "--eos", str(eos), "--mode", mode, "--out", str(tmp_path / f"{mode}.jsonl"),
-              *extra])  # one output per mode: an output made in the other mode is refused (resume fingerprint)
-        cli = read_jsonl(tmp_path / f"{mode}.jsonl")
+              "--max-new-tokens", str(N), "--eos", str(eos), "--mode", mode, "--out", str(tmp_path / f"o_{mode}.jsonl"),
+              *extra])
+        cli = read_jsonl(tmp_path / f"o_{mode}.jsonl")  # one file per mode: a finished --out resumes its own
         assert [(r["output_ids"], r["stop_reason"]) for r in cli] == (got if mode == "fixed" else want)
 
 

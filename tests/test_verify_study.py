@@ -103,14 +103,14 @@ def test_profiles_carry_the_study():
         override(get_profile("smoke"), ['verify.modes=["greedy"]'])
     with pytest.raises(ValueError, match="caps=\\(0,\\)"):
         VerifyConfig(caps=(0,))
-    assert get_profile("mini").verify.eval_mode == "natural" and "\ndef" in get_profile("mini").verify.stops
-    assert override(get_profile("mini"), ["verify.eval_mode=fixed"]).verify.stops == ()
+    assert get_profile("mini").verify.eval_mode == "natural"
+    assert override(get_profile("mini"), ["verify.eval_mode=fixed"]).verify.eval_mode == "fixed"
     with pytest.raises(ValueError, match="verify.eval_mode=bogus: expected one of 'natural', 'fixed'"):
         override(get_profile("mini"), ["verify.eval_mode=bogus"])
     with pytest.raises(ValueError, match="verify.temperatures=0: expected a non-empty list, each item a finite number"):
         override(get_profile("mini"), ["verify.temperatures=0"])
-    with pytest.raises(ValueError, match="stop_strings"):
-        override(get_profile("mini"), ['verify.stop_strings=["\\n", ""]'])
+    with pytest.raises(ValueError, match="verify.modes=.*named twice"):
+        override(get_profile("mini"), ["verify.modes=block,block"])
 
 
 def test_study_honours_the_evaluation_mode(done):

@@ -51,7 +51,7 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.screen import T1Screen
 from dmtp.models.target import Target
-from experiments.profiles import get_profile
+from experiments.profiles import PROFILES, get_profile
 
 
 class StageTimer:
@@ -456,7 +456,8 @@ def main(argv=None):
 
 
 def run(p, a):
-    profile = a.profile or (Path(a.target).parent.name if a.target else "mini")
+    above = Path(a.target).parent.name if a.target else ""  # work/<profile>/target
+    profile = a.profile or (above if above in PROFILES else "mini")
     spec = get_profile(profile).ablation
     out = out_dir(a.out)
     path = out / "ratios.json"
