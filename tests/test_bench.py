@@ -41,3 +41,20 @@ def test_ratios_recomputed_from_throughput_csv(tmp_path):
     assert set(r) == {"other", "prof T=0 B32 throughput gain / per-verify gain (zero_init_residual vs dflash)"}
     new = r["prof T=0 B32 throughput gain / per-verify gain (zero_init_residual vs dflash)"]
     assert new["value"] == pytest.approx(1.2) and new["met"] and new["note"] == "throughput +30.0%, per-verify +25.0%"
+
+
+def test_batch1_baselines_and_regeneration(models):
+    """The side-by-side rows (engine, the loop on the HF layers, HF's static-cache and plain generate) and the
+    regeneration row, on CPU (the uncompiled flex engine stands in for the compiled one)."""
+    from dmtp.cli.bench import batch1_baselines, regeneration
+
+    tgt, _ = models
+    rows, ratios = batch1_baselines(tgt, [5, 7, 9], 6, 4.3e12, "tiny", engines=("flex", "hf"))
+    assert [r["system"] for r in rows] == ["engine-flex", "engine-hf", "hf-static", "hf-loop"]
+    assert all(r["tokens"] == 6 and r["identical_to_engine_hf"] for r in rows)
+    assert {r["target"] for r in ratios} == {
+        "tiny AR batch-1 tok/s / HBM bound", "tiny engine AR / HF static-cache compiled generate, batch 1",
+        "tiny engine AR compiled / on the HF layers, batch 1", "tiny engine AR / HF AR loop, batch 1"}
+    row, r = regeneration(tgt, [[5, 7, 9], [4, 8]] * 4, 0.8, 6, "tiny", engine="hf")
+    assert row["output_tokens"] == 48 and row["batch"] == 8 and row["ms_per_step"] > 0
+    assert r["target"] == "tiny regeneration tok/s, batch 8" and r["goal"] == ">= 300000"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dmtp.engine.graphs import Graphs
+from dmtp.models import fast
 from dmtp.models.cache import KVCache
 from dmtp.models.drafter import Drafter, check_compatible
 from dmtp.models.variants import get_variant
@@ -53,6 +55,7 @@ class State:
     anchor: torch.Tensor  # [B] A, the last committed token
     done: torch.Tensor  # [B] bool
     capacity: int = 0  # cache rows per request
+    engine: str = "hf"  # `engine_for`: "hf", "flex" or "compiled"
 
 
 def no_timer(stage: str):
@@ -65,10 +68,17 @@ class MTPState:
     """Private MTP KV cache and h = the MTP hidden g at position a-1 (the one that predicts the next T1), kept in
     place. T1 = argmax LMHead(h) is computed where it is used (`t1_head`), and kept in `t1`."""
 
-    def __init__(self, head, batch, capacity, screen=None):
-        self.head, self.cache, self.screen = head, KVCache(batch, capacity), screen
+    def __init__(self, head, batch, capacity, screen=None, engine="hf"):
+        flex = engine != "hf" and fast.layer_problem(head.layers[0]) is None
+        self.head, self.cache, self.screen = head, KVCache(batch, capacity, flex=flex), screen
         self.h = None  # [B, H]
         self.t1 = None  # [B]
+
+    def step(self, emb_next, hidden, pos):
+        """The MTP layer over decode rows: the compiled engine's forward on a flex cache, else the HF layer's."""
+        if self.cache.flex:
+            return fast.mtp_forward(self.head, emb_next, hidden, pos, self.cache)
+        return self.head(emb_next, hidden, pos, self.cache)
 
     def t1_head(self, h):
         """T1 from h: the target's LM head and argmax, or the screened head (`screen.T1Screen`) when set."""
@@ -94,7 +104,7 @@ class MTPState:
         scratch (overwritten before anything can see them). Keeps h = g at row n. Returns g [B, k+1, H]."""
         r = emitted.shape[1]
         pos = lens[:, None] + torch.arange(r, device=lens.device)
-        g = self.head(self.head.target.embed(emitted), hidden, pos, self.cache)
+        g = self.step(self.head.target.embed(emitted), hidden, pos)
         self.h.copy_(g[torch.arange(g.shape[0], device=g.device), n_acc])
         return g
 
@@ -109,7 +119,7 @@ class MTPState:
         cands, g = [tok.clone()], self.h
         for j in range(1, k):
             pos = (lens + j - 1)[:, None]
-            g = self.head(self.head.target.embed(tok[:, None]), g[:, None], pos, self.cache)[:, 0]
+            g = self.step(self.head.target.embed(tok[:, None]), g[:, None], pos)[:, 0]
             tok = self.head.target.lm_head(g).argmax(-1)
             cands.append(tok)
         return torch.stack(cands, 1)
@@ -125,6 +135,7 @@ class Method:
     taps = None  # target layers the method needs
     timer = staticmethod(no_timer)  # stage timer (benchmarks set it)
     graphable = True  # every stage obeys graphs.py's rules (a wrapper that inspects state on the host: False)
+    compilable = True  # every model it runs has a compiled-engine forward (`fast.py`): stages compile whole
 
     def run(self, stage, fn, *inputs):
         with self.timer(stage):
@@ -151,9 +162,10 @@ class Method:
 class MTPMethod(Method):
     def __init__(self, head, k=4, screen=None):
         self.name, self.k, self.head, self.screen = "mtp", k, head, screen
+        self.compilable = fast.layer_problem(head.layers[0]) is None
 
     def prefill(self, st, ids, plen, out):
-        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen)
+        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen, st.engine)
         self.mtp.prefill(ids, plen, st.anchor, out.hidden)
 
     def propose(self, st):  # the chained MTP is this method's drafter
@@ -180,8 +192,14 @@ class DrafterMethod(Method):
         lay = self.var.layout(self.k)
         self.offsets = torch.tensor(lay.offsets)
         self.predict = torch.tensor(lay.predict)
-        # flex attention builds its block mask with torch.compile: not inside a CUDA graph
-        self.graphable = drafter.config.attn_backend == "sdpa"
+        self.compilable = fast.drafter_problem(drafter) is None and (
+            not self.var.needs_mtp or fast.layer_problem(head.layers[0]) is None)
+
+    @property
+    def graphable(self):
+        """The eager flex backend builds its block mask with torch.compile (not inside a CUDA graph); the compiled
+        engine's drafter (a flex context cache) builds it from tensors."""
+        return self.drafter.config.attn_backend == "sdpa" or getattr(getattr(self, "ctx", None), "flex", False)
 
     def _write_ctx(self, taps, g, lens):
         pos = lens[:, None] + torch.arange(taps.shape[1], device=lens.device)
@@ -194,12 +212,12 @@ class DrafterMethod(Method):
     def prefill(self, st, ids, plen, out):
         B, T = ids.shape
         dev = ids.device
-        self.ctx = KVCache(B, st.capacity)
+        self.ctx = KVCache(B, st.capacity, flex=st.engine != "hf" and fast.drafter_problem(self.drafter) is None)
         self.offsets, self.predict = self.offsets.to(dev), self.predict.to(dev)
         self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
         g = None
         if self.var.needs_mtp:
-            self.mtp = MTPState(self.head, B, st.capacity, self.screen)
+            self.mtp = MTPState(self.head, B, st.capacity, self.screen, st.engine)
             g = self.mtp.prefill(ids, plen, st.anchor, out.hidden)
         self._write_ctx(out.taps, g, torch.zeros_like(plen))
 
@@ -212,8 +230,11 @@ class DrafterMethod(Method):
     def _draft(self, block, lens, prev):
         d, tgt = self.drafter, self.drafter_target
         bpos = lens[:, None] + self.offsets
-        ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
-        hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
+        if self.ctx.flex:  # the compiled engine's drafter: the block's K/V go into the context cache at bpos
+            hid = fast.drafter_forward(d, block, bpos, self.ctx, lens)[:, self.predict]
+        else:
+            ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
+            hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
         return d.select(tgt.lm_head(hid), hid, prev)  # argmax, or the DFlash2 path walked from A / T1
 
     @torch.no_grad()
@@ -292,6 +313,19 @@ def use_graphs(target, method: Method) -> bool:
             and os.environ.get("DMTP_CUDA_GRAPHS", "1") != "0")
 
 
+ENGINES = ("hf", "flex", "compiled")
+
+
+def engine_for(target, engine: str | None = None) -> str:
+    """The decode engine: "compiled" (`fast.py`'s forwards, compiled, under the CUDA graphs) on CUDA, "hf" (the HF
+    layers with dense masks: the reference) on CPU; `engine` or DMTP_ENGINE=hf|flex|compiled choose ("flex":
+    `fast.py`'s forwards uncompiled). A target `fast.py` does not support (hybrid, MoE) always decodes on "hf"."""
+    engine = engine or os.environ.get("DMTP_ENGINE") or ("compiled" if target.device.type == "cuda" else "hf")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown decode engine {engine!r}; known: {', '.join(ENGINES)}")
+    return "hf" if fast.target_problem(target) else engine
+
+
 def capacity_for(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
     """Cache rows per request: the longest prompt, the new tokens, and two blocks of k+1 rows (a verify may write a
     whole block past the last committed row; a finished request rides along for one more)."""
@@ -301,10 +335,11 @@ def capacity_for(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
 class Batch:
     """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`, and the
     device-side record of outputs. `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling
-    newcomers as a batch of their own and moving their rows into the free slots (`absorb`)."""
+    newcomers as a batch of their own and moving their rows into the free slots (`absorb`). `engine`: see
+    `engine_for`; with "compiled" every stage but verify is compiled whole (verify's target compiles per layer)."""
     @torch.no_grad()
     def __init__(self, target, method: Method, prompts, temperature, max_new_tokens, eos, gen, capacity=None,
-                 t0=None, graphs: bool | None = None):
+                 t0=None, graphs: bool | None = None, engine: str | None = None):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         dev = self.dev = target.device
@@ -318,17 +353,20 @@ class Batch:
         cap = capacity or need
         if cap < need:
             raise ValueError(f"cache capacity {cap} < longest prompt {T} + {max_new_tokens} new tokens + 2 blocks")
+        self.engine = engine_for(target, engine)
+        if self.engine != "hf":  # flex attention reads whole 128-row blocks
+            cap = fast.round_capacity(cap)
         ids = torch.zeros(B, T, dtype=torch.long, device=dev)
         for b, p in enumerate(prompts):
             ids[b, : len(p)] = torch.tensor(p, device=dev)
-        self.cache = KVCache(B, cap)
+        self.cache = KVCache(B, cap, flex=self.engine != "hf")
         pos = torch.arange(T, device=dev)[None].expand(B, T)
         # lengths: padding stays out of GDN states; logits only at each prompt's last position
         out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen, logits_at=plen - 1)
         first = _pick(out.logits[:, 0], temperature, gen)
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
-        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap)
+        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=self.engine)
         # device-side record: output tokens, count, accept count of every round
         self.out = torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev)
         self.out[:, 0] = first
@@ -339,6 +377,7 @@ class Batch:
         self.method.prefill(st, ids, plen, out)
         self.graphs = Graphs(use_graphs(target, self.method) if graphs is None else graphs)
         self.graphs.persistent(st.lens, st.anchor, st.done, *self.method.buffers())
+        self.compile = self.engine == "compiled" and self.method.compilable  # stages other than verify, compiled whole
         self.method.run = self._run
         # what the host knows: done flags as of some earlier round (pinned copies, read without waiting)
         self.wall: list[float | None] = [None] * B
@@ -348,9 +387,11 @@ class Batch:
         self._turn = 0
         self._see(done.cpu())
 
-    def _run(self, stage, fn, *inputs):
+    def _run(self, stage, fn, *inputs, updates=()):
         with self.method.timer(stage):
-            return self.graphs(stage, fn, *inputs)
+            compile = self.compile and stage != "verify"  # verify's target is compiled per layer (`fast.py`)
+            return self.graphs(stage, fn, *inputs, updates=updates,
+                               compile=functools.partial(fast.compile_fn, device=self.dev) if compile else None)
 
     # --- what the host knows --------------------------------------------------------------------------------------
     def _see(self, done_host: torch.Tensor):
@@ -403,8 +444,11 @@ class Batch:
 
     # --- one round ------------------------------------------------------------------------------------------------
     def _verify(self, anchor, cands, lens):
-        out = self.target.forward(torch.cat([anchor[:, None], cands], 1), lens[:, None] + self.ar, self.cache,
-                                  taps=self.method.taps)
+        ids, pos = torch.cat([anchor[:, None], cands], 1), lens[:, None] + self.ar
+        if self.cache.flex:  # the compiled engine: gpt-fast-style layers over the valid cache rows
+            out = fast.target_forward(self.target, ids, pos, self.cache, self.method.taps, self.engine == "compiled")
+        else:
+            out = self.target.forward(ids, pos, self.cache, taps=self.method.taps)
         return out, (out.logits.argmax(-1) if self.temperature <= 0 else None)
 
     @torch.no_grad()
@@ -416,15 +460,25 @@ class Batch:
             out, y = self._run("verify", self._verify, st.anchor, cands, st.lens)
             if y is None:
                 y = _pick(out.logits, self.temperature, self.gen)  # [B, k+1]: the target's token after each prefix
-            n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
-            live = ~st.done
-            self._record(y, n_acc, live)
+            record = (self.out, self.n_out, self.acc, self.n_rounds, st.done)
+            n_acc, live = self._run("accept", self._accept, cands, y, updates=record)
             if self.target.hybrid:
                 self.cache.commit(n_acc + 1)  # linear-attention states after A + accepted drafts
             method.commit(st, out, y, n_acc)
-            st.anchor.copy_(y.gather(1, n_acc[:, None])[:, 0])
-            st.lens.copy_(torch.where(live, st.lens + n_acc + 1, st.lens))
+            self._run("advance", self._advance, y, n_acc, live, updates=(st.anchor, st.lens))
         self._publish()
+
+    def _accept(self, cands, y):
+        """n = the longest prefix with T_j == y_{j-1} (accepted drafts) [B]; y_0..y_n recorded for live requests."""
+        n_acc = (cands == y[:, : cands.shape[1]]).long().cumprod(1).sum(1)
+        live = ~self.st.done
+        self._record(y, n_acc, live)
+        return n_acc, live
+
+    def _advance(self, y, n_acc, live):
+        """The next anchor A' = y_n at a' = a + n + 1 (after the method has committed rows a..a+n)."""
+        self.st.anchor.copy_(y.gather(1, n_acc[:, None])[:, 0])
+        self.st.lens.copy_(torch.where(live, self.st.lens + n_acc + 1, self.st.lens))
 
     def _record(self, y, n_acc, live):
         """Device-side: append y_0..y_n (cut at the first EOS and at max_new_tokens) and n to each live request."""
@@ -456,10 +510,12 @@ class Batch:
 
 @torch.no_grad()
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
-             max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None) -> list[Result]:
+             max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None,
+             engine: str | None = None) -> list[Result]:
     """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
-    batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen)
+    batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
+                  engine=engine)
     while not batch.finished:
         batch.step()
         if progress is not None:
@@ -475,10 +531,11 @@ class Server:
     `max_new_tokens` (+ 2 blocks) of every request."""
 
     def __init__(self, target, method: Method, cap: int, capacity: int, temperature: float = 0.0,
-                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0):
+                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None):
         if cap < 1:
             raise ValueError("batch cap must be >= 1")
         self.target, self.method, self.cap, self.capacity = target, method, cap, capacity
+        self.engine = engine_for(target, engine)
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.eos = set(int(e) for e in eos_ids)
         self.gen = torch.Generator(device=target.device).manual_seed(seed)
@@ -486,7 +543,7 @@ class Server:
 
     def _new(self, prompts, t0, graphs=None):
         return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,
-                     self.capacity, t0, graphs)
+                     self.capacity, t0, graphs, self.engine)
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -523,7 +580,7 @@ class Server:
 
 @torch.no_grad()
 def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
-          max_new_tokens: int = 128, eos_ids=(), seed: int = 0) -> list[Result]:
+          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None) -> list[Result]:
     """Dynamic batching of one request group (a `Server` used once)."""
     capacity = capacity_for(prompts, max_new_tokens, method.k)
-    return Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed).run(prompts)
+    return Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed, engine).run(prompts)
