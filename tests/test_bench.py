@@ -46,7 +46,7 @@ def test_ratios_recomputed_from_throughput_csv(tmp_path):
 def test_batch1_baselines_and_regeneration(models):
     """The side-by-side rows (engine, the loop on the HF layers, HF's static-cache and plain generate) and the
     regeneration row, on CPU (the uncompiled flex engine stands in for the compiled one)."""
-    from dmtp.cli.bench import batch1_baselines, regeneration
+    from dmtp.cli.bench import batch1_baselines, regeneration, regeneration_ratio
 
     tgt, _ = models
     rows, ratios = batch1_baselines(tgt, [5, 7, 9], 6, 4.3e12, "tiny", engines=("flex", "hf"))
@@ -55,6 +55,7 @@ def test_batch1_baselines_and_regeneration(models):
     assert {r["target"] for r in ratios} == {
         "tiny AR batch-1 tok/s / HBM bound", "tiny engine AR / HF static-cache compiled generate, batch 1",
         "tiny engine AR compiled / on the HF layers, batch 1", "tiny engine AR / HF AR loop, batch 1"}
-    row, r = regeneration(tgt, [[5, 7, 9], [4, 8]] * 4, 0.8, 6, "tiny", engine="hf")
+    row = regeneration(tgt, [[5, 7, 9], [4, 8]] * 4, 0.8, 6, "tiny", engine="hf")
     assert row["output_tokens"] == 48 and row["batch"] == 8 and row["ms_per_step"] > 0
+    r = regeneration_ratio(row, "tiny")
     assert r["target"] == "tiny regeneration tok/s, batch 8" and r["goal"] == ">= 300000"

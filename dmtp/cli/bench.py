@@ -48,6 +48,8 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.screen import T1Screen
 from dmtp.models.target import Target
+from dmtp.training.pretrain import build_target
+from experiments.profiles import mini
 
 
 class StageTimer:
@@ -293,7 +295,6 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, label, hf_loop=True,
         srv.run([prompt])
         res, wall = timed(dev, lambda: srv.run([prompt])[0])
         rows[f"engine-{engine}"] = (len(res.output_ids) / wall, res.output_ids)
-        del srv
     rows["hf-static"] = hf_static_generate(tgt, prompt, tokens)
     if hf_loop:
         ref, wall = timed(dev, lambda: tgt.model.generate(torch.tensor([prompt], device=dev), max_new_tokens=tokens,
@@ -318,7 +319,7 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, label, hf_loop=True,
     return table, out
 
 
-def regeneration(tgt, prompts, temperature, tokens, label, engine=None) -> tuple[dict, dict]:
+def regeneration(tgt, prompts, temperature, tokens, label, engine=None) -> dict:
     """The on-policy data stage's decode (one `run_generate` batch: AR, every prompt at once, T = `temperature`, EOS
     ignored): output tokens per second over the whole batch (prefill and graph capture included; compilation is
     done by a warm-up batch first) and the steady-state ms per decode step."""
@@ -337,9 +338,13 @@ def regeneration(tgt, prompts, temperature, tokens, label, engine=None) -> tuple
            "ms_per_step": m.timer.ms_per_round(skip=min(4, tokens // 2))["round"]}
     print(f"[bench] {label} regeneration batch {len(prompts)} ({row['engine']}): {row['tok_per_s']:.0f} tok/s, "
           f"{row['ms_per_step']:.2f} ms per step")
-    return row, ratio(f"{label} regeneration tok/s, batch {len(prompts)}", row["tok_per_s"], ">= 300000",
-                      row["tok_per_s"] >= 3e5, f"{row['ms_per_step']:.2f} ms per step, T={temperature:g}, "
-                                               f"{tokens} new tokens, prefill and capture included")
+    return row
+
+
+def regeneration_ratio(row, label) -> dict:
+    return ratio(f"{label} regeneration tok/s, batch {row['batch']}", row["tok_per_s"], ">= 300000",
+                 row["tok_per_s"] >= 3e5, f"{row['ms_per_step']:.2f} ms per step, T={row['temperature']:g}, "
+                                          f"{row['new_tokens']} new tokens, prefill and capture included")
 
 
 def kernel_profile(tgt, m, prompts, tokens, path: Path):
@@ -367,10 +372,6 @@ def mini_shape(a, dev) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     """Timing only: the `mini` profile's target shape (21.5 M parameters, fp32 as the profile decodes), MTP head and
     2-layer drafters with random weights: stage times of ar / dflash / DMTP at batch `--batch` on the compiled engine
     and on the HF layers, the batch-1 baselines, and the data stage's batch-`--regen-batch` regeneration."""
-    from experiments.profiles import mini
-
-    from dmtp.training.pretrain import build_target
-
     p = mini()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     torch.manual_seed(0)
@@ -406,10 +407,10 @@ def mini_shape(a, dev) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     ratios += b1
     regen = []
     if a.regen_batch:
-        row, r = regeneration(tgt, prompts[: a.regen_batch], p.data_temperature, p.data_new_tokens, "mini-shape")
+        row = regeneration(tgt, prompts[: a.regen_batch], p.data_temperature, p.data_new_tokens, "mini-shape")
         regen.append(row)
-        ratios.append(r)
-        row, _ = regeneration(tgt, prompts[: a.regen_batch], p.data_temperature, 16, "mini-shape", engine="hf")
+        ratios.append(regeneration_ratio(row, "mini-shape"))
+        row = regeneration(tgt, prompts[: a.regen_batch], p.data_temperature, 16, "mini-shape", engine="hf")
         regen.append(row)
         ratios.append(ratio(f"mini-shape regeneration ms per step, HF layers / compiled (batch {a.regen_batch})",
                             row["ms_per_step"] / regen[0]["ms_per_step"], "report", True,
@@ -611,9 +612,9 @@ def run(p, a):
     save_ratios()
     if "regen" in parts and a.regen_batch:  # 5. the data stage's large-batch regeneration, on the trained target
         reqs = [prompts[i % len(prompts)][:128] for i in range(a.regen_batch)]
-        row, r = regeneration(tgt, reqs, 0.8, 256, label)
+        row = regeneration(tgt, reqs, 0.8, 256, label)
         merge_rows(out / "regen.csv", [row])
-        new.append(r)
+        new.append(regeneration_ratio(row, label))
     save_ratios()
     if "screen" in parts and a.dmtp in methods:  # 4. the screened T1 head on the real (trained) target
         rows = []

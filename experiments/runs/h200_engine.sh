@@ -23,16 +23,20 @@ main() {
   t "smoke"; $PY -c "import torch, transformers; print(torch.__version__, transformers.__version__,
 torch.cuda.get_device_name())"
   timeout 150 $PY - <<'EOF' || { t "smoke FAILED: stopping"; return 1; }
-import torch
+import sys, time, torch
+sys.path.insert(0, "tests")
+from conftest import make_drafter
 from dmtp.engine.decode import build_method, generate
 from dmtp.models import tiny
 tgt, mtp = tiny.build("qwen3_5", seed=0)
 tgt.model.cuda(); mtp.cuda()
 P = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
 ref = [tgt.model.generate(torch.tensor([p], device="cuda"), max_new_tokens=20, do_sample=False, pad_token_id=0)[0, len(p):].tolist() for p in P]
-for name in ("ar", "mtp"):
-    got = [r.output_ids for r in generate(tgt, build_method(name, tgt, mtp=mtp), P, 0.0, 20)]
-    print("[smoke]", name, "identical to HF greedy" if got == ref else f"DIFFERS: {got} vs {ref}")
+for name in ("ar", "mtp", "dflash", "zero_init_residual"):
+    t0 = time.time()
+    d = make_drafter(tgt, name).cuda() if name not in ("ar", "mtp") else None
+    got = [r.output_ids for r in generate(tgt, build_method(name, tgt, drafter=d, mtp=mtp), P, 0.0, 20)]
+    print("[smoke]", name, f"{time.time() - t0:.1f}s", "identical to HF greedy" if got == ref else f"DIFFERS: {got} vs {ref}")
     assert got == ref
 EOF
   t "bench --paper-shape"
@@ -48,7 +52,8 @@ EOF
       --parts overhead,hf,regen --methods ar,dflash,zero_init_residual 2>&1 | grep -v -i "warn"
   fi
   t "tests ($(left) s left)"
-  K="qwen3_5 and (graphed_rounds or never_syncs) or bf16 or large_batch or server_captures or hybrid"
+  K="qwen3_5 and (zero_init_residual or dflash2) and (graphed_rounds or never_syncs or sampling_graphed)"
+  K="$K or bf16 or large_batch or (server_captures and qwen3_5)"
   [ "${SUITE:-}" = all ] && K=""
   [ "$(left)" -gt 20 ] && timeout $(left) $PY -m pytest tests/test_cuda.py -q -x -p no:cacheprovider \
     ${K:+-k "$K"} 2>&1 | tail -25
