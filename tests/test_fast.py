@@ -21,23 +21,31 @@ def _prefilled(tgt, B=3, T=9, cap=128):
     return cache, plen
 
 
-def test_target_forward_equals_hf(models):
+@pytest.mark.parametrize("kind", ["flex", "dense"])
+def test_target_forward_equals_hf(models, kind):
     tgt, _ = models
     cache, plen = _prefilled(tgt)
     ids = torch.randint(3, tgt.vocab_size, (3, 5), generator=torch.Generator().manual_seed(1))
     pos = plen[:, None] + torch.arange(5)
     ref_cache, _ = _prefilled(tgt)
     ref = tgt.forward(ids, pos, ref_cache, taps=[0, 2])
-    got = fast.target_forward(tgt, ids, pos, cache, taps=[0, 2])
+    with fast.attention(kind):
+        got = fast.target_forward(tgt, ids, pos, cache, taps=[0, 2])
     for a, b in ((got.logits, ref.logits), (got.hidden, ref.hidden), (got.taps, ref.taps)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     for i in ref_cache.k:  # the same rows written
         torch.testing.assert_close(cache.k[i], ref_cache.k[i], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["flex", "dense"])
 @pytest.mark.parametrize("variant", ["dflash", "t1_residual"])  # double- and single-anchor blocks
 @torch.no_grad()
-def test_mtp_and_drafter_forwards_equal_hf(models, variant):
+def test_mtp_and_drafter_forwards_equal_hf(models, variant, kind):
+    with fast.attention(kind):
+        _mtp_and_drafter_forwards_equal_hf(models, variant)
+
+
+def _mtp_and_drafter_forwards_equal_hf(models, variant):
     tgt, mtp = models
     B, cap, H = 2, 128, tgt.hidden_size
     g = torch.Generator().manual_seed(2)
@@ -84,6 +92,8 @@ def test_flex_engine_is_lossless_with_many_accepts(qwen35, name):
     assert len({a for r in res for a in r.accepted}) >= 3
     got = generate(tgt, inner, PROMPTS, 0.0, 16, engine="flex")
     assert [r.accepted for r in got] == [r.accepted for r in generate(tgt, inner, PROMPTS, 0.0, 16, engine="hf")]
+    with fast.attention("dense"):
+        assert [r.output_ids for r in generate(tgt, Oracle(inner, truth), PROMPTS, 0.0, 16, engine="flex")] == truth
 
 
 def test_compiled_engine_on_cpu_compiles_once():
@@ -118,3 +128,6 @@ def test_unsupported_models_stay_on_hf(monkeypatch):
     assert fast.drafter_problem(d2) == "dflash2 backbone"
     b = Batch(dense, build_method("dflash", dense, drafter=d2), PROMPTS, 0.0, 8, set(), None, engine="flex")
     assert b.cache.flex and not b.method.ctx.flex and b.st.capacity % fast.BLOCK == 0
+    with pytest.raises(ValueError, match="unknown attention kernel 'sdpa'"):
+        with fast.attention("sdpa"):
+            pass

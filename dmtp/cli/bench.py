@@ -44,6 +44,7 @@ from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import Batch, Server, build_method, capacity_for, generate, load_method, no_timer
 from dmtp.engine.fuse import fuse
 from dmtp.io import write_meta, write_text
+from dmtp.models import fast
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.screen import T1Screen
@@ -134,6 +135,13 @@ def ratio(name, value, target, ok, note=""):
     return r
 
 
+KINDS = {"flex": "", "dense": "+dense"}  # the compiled engine's attention kernels (`fast.ATTENTION`): name suffix
+
+
+def _kind(kind):
+    return "" if kind == "flex" else ", dense attention"
+
+
 def merge_overhead(path: Path, rows: list[dict]):
     """Write overhead rows, keeping stored rows of the other setups (`<setup>:<name>`, e.g. `8b-shape:dflash`, vs
     plain names: the trained target)."""
@@ -208,10 +216,11 @@ def fuse_compare(tgt, others, methods: dict, eager: dict, prompts, tokens, label
     return rows, ratios
 
 
-def paper_shape(a, dev) -> tuple[list[dict], list[dict], list[dict]]:
+def paper_shape(a, dev, save=lambda *parts: None) -> tuple[list[dict], list[dict], list[dict]]:
     """Timing only: a Qwen3-8B-sized dense target (random bf16 weights), one MTP layer, 5-layer drafters, batch
     `--batch`; every round accepts ~nothing, so each emits one token — what matters is the time per stage. Then
-    the batch-1 baselines and the verify-vs-AR-step ratio. Returns overhead rows, ratios, baseline rows."""
+    the batch-1 baselines and the verify-vs-AR-step ratio. Returns overhead rows, ratios, baseline rows, also handed
+    to `save` after each part (a run cut short keeps what it measured)."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
@@ -237,35 +246,50 @@ def paper_shape(a, dev) -> tuple[list[dict], list[dict], list[dict]]:
                             screen=screen if "+screen" in name else None)
     names = ["dflash", "zero_init_residual", "zero_init_residual+screen"]  # AR: at batch 1 below
     eager = {}
-    for name in names:
-        ms, res = stage_times(tgt, method(name), prompts, a.tokens)
-        eager[name] = (ms, [r.output_ids for r in res])
-        for stage, v in ms.items():
-            rows.append({"method": f"8b-shape:{name}", "stage": stage, "ms_per_round": v, "batch": a.batch,
-                         "rounds": a.tokens, "device": torch.cuda.get_device_name() if dev == "cuda" else dev})
-        print(f"[bench] 8b-shape {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
+    for kind in KINDS:  # the compiled engine's two attention kernels, side by side
+        with fast.attention(kind):
+            for name in names:
+                ms, res = stage_times(tgt, method(name), prompts, a.tokens)
+                if kind == "flex":
+                    eager[name] = (ms, [r.output_ids for r in res])
+                for stage, v in ms.items():
+                    rows.append({"method": f"8b-shape:{name}{KINDS[kind]}", "stage": stage, "ms_per_round": v,
+                                 "batch": a.batch, "rounds": a.tokens,
+                                 "device": torch.cuda.get_device_name() if dev == "cuda" else dev})
+                print(f"[bench] 8b-shape {name}{KINDS[kind]}: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
     if a.fuse:
         f_rows, f_ratios = fuse_compare(tgt, [mtp, *drafters.values()], {n: method(n) for n in names[:2]}, eager,
                                         prompts, a.tokens, "8b-shape", dev, prefix="8b-shape:")
         rows += f_rows
         ratios += f_ratios
     by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
-    for name in ["zero_init_residual", "zero_init_residual+screen"]:
-        q = by[(f"8b-shape:{name}", "round")] / by[("8b-shape:dflash", "round")]
-        ratios.append(ratio(f"8b-shape {name} round / dflash round (batch {a.batch})", q, "<= 1.04", q <= 1.04))
+    for kind, sfx in KINDS.items():
+        for name in ["zero_init_residual", "zero_init_residual+screen"]:
+            q = by[(f"8b-shape:{name}{sfx}", "round")] / by[(f"8b-shape:dflash{sfx}", "round")]
+            ratios.append(ratio(f"8b-shape {name} round / dflash round (batch {a.batch}){_kind(kind)}", q, "<= 1.04",
+                                q <= 1.04))
+    save(rows, ratios)
     b1_rows, b1_ratios = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, "8b-shape", hf_loop=False)
     ratios += b1_ratios
-    ar1, _ = stage_times(tgt, build_method("ar", tgt), prompts[:1], a.tokens)  # same cache size: no recompile
-    rows += [{"method": "8b-shape:ar@batch1", "stage": s, "ms_per_round": v, "batch": 1, "rounds": a.tokens,
-              "device": torch.cuda.get_device_name() if dev == "cuda" else dev} for s, v in ar1.items()]
-    q = by[("8b-shape:dflash", "verify")] / ar1["verify"]
-    ratios.append(ratio(f"8b-shape verify of {a.batch}x8 rows / AR step (batch 1)", q, "<= 1.2", q <= 1.2,
-                        f"{by[('8b-shape:dflash', 'verify')]:.3f} ms vs {ar1['verify']:.3f} ms"))
+    save(rows, ratios, b1_rows)
+    for kind, sfx in KINDS.items():
+        with fast.attention(kind):  # the same cache size as the baselines': no recompilation
+            ar1, _ = stage_times(tgt, build_method("ar", tgt), prompts[:1], a.tokens)
+        rows += [{"method": f"8b-shape:ar@batch1{sfx}", "stage": s, "ms_per_round": v, "batch": 1,
+                  "rounds": a.tokens, "device": torch.cuda.get_device_name() if dev == "cuda" else dev}
+                 for s, v in ar1.items()]
+        q = by[(f"8b-shape:dflash{sfx}", "verify")] / ar1["verify"]
+        ratios.append(ratio(f"8b-shape verify of {a.batch}x8 rows / AR step (batch 1){_kind(kind)}", q, "<= 1.2",
+                            q <= 1.2, f"{by[(f'8b-shape:dflash{sfx}', 'verify')]:.3f} ms vs {ar1['verify']:.3f} ms"))
+    save(rows, ratios, b1_rows)
     if a.kernel_profile:
-        for name in ("ar", "dflash", "zero_init_residual"):
-            kernel_profile(tgt, method(name), prompts[:1] if name == "ar" else prompts, a.tokens,
-                           Path(a.out) / f"profile_8b-shape_{name}.txt")
+        for name, kind in (("ar", "flex"), ("ar", "dense"), ("dflash", "flex"), ("zero_init_residual", "flex")):
+            with fast.attention(kind):
+                kernel_profile(tgt, method(name), prompts[:1] if name == "ar" else prompts, a.tokens,
+                               Path(a.out) / f"profile_8b-shape_{name}{KINDS[kind]}.txt")
+    save(rows, ratios, b1_rows)
     return rows, ratios, b1_rows
+
 
 
 def hf_static_generate(tgt, prompt: list[int], tokens: int):
@@ -280,7 +304,7 @@ def hf_static_generate(tgt, prompt: list[int], tokens: int):
 
 
 def batch1_baselines(tgt, prompt, tokens, bandwidth, label, hf_loop=True,
-                     engines=("compiled", "hf")) -> tuple[list[dict], list[dict]]:
+                     engines=("compiled", "compiled+dense", "hf")) -> tuple[list[dict], list[dict]]:
     """Batch 1, T = 0, `tokens` new tokens after `prompt` (EOS ignored), in one process side by side: the engine
     (compiled, the default on CUDA), the same loop on the HF layers (`engine="hf"`, the engine before compilation),
     HF's static-cache compiled `generate`, the plain HF loop (`hf_loop`), and AR's HBM bound. The engine's servers
@@ -290,10 +314,11 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, label, hf_loop=True,
     bound = bandwidth / nbytes
     cap = capacity_for([prompt], tokens, 0)
     rows = {}
-    for engine in engines:
-        srv = Server(tgt, build_method("ar", tgt), 1, cap, 0.0, tokens, engine=engine)
-        srv.run([prompt])
-        res, wall = timed(dev, lambda: srv.run([prompt])[0])
+    for engine in engines:  # "<engine>+dense": the compiled engine with its dense attention kernel
+        with fast.attention("dense" if engine.endswith("+dense") else "flex"):
+            srv = Server(tgt, build_method("ar", tgt), 1, cap, 0.0, tokens, engine=engine.split("+")[0])
+            srv.run([prompt])
+            res, wall = timed(dev, lambda: srv.run([prompt])[0])
         rows[f"engine-{engine}"] = (len(res.output_ids) / wall, res.output_ids)
     rows["hf-static"] = hf_static_generate(tgt, prompt, tokens)
     if hf_loop:
@@ -310,6 +335,11 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, label, hf_loop=True,
                  ">= 1.6", ours / rows["hf-static"][0] >= 1.6, f"{ours:.1f} vs {rows['hf-static'][0]:.1f} tok/s"),
            ratio(f"{label} engine AR compiled / on the HF layers, batch 1", ours / rows["engine-hf"][0], "report",
                  True, f"{ours:.1f} vs {rows['engine-hf'][0]:.1f} tok/s")]
+    for k in rows:
+        if k.endswith("+dense"):
+            q = rows[k][0] / rows["hf-static"][0]
+            out.append(ratio(f"{label} engine AR / HF static-cache compiled generate, batch 1, dense attention", q,
+                             ">= 1.6", q >= 1.6, f"{rows[k][0]:.1f} vs {rows['hf-static'][0]:.1f} tok/s"))
     if hf_loop:
         q = ours / rows["hf-loop"][0]
         out.append(ratio(f"{label} engine AR / HF AR loop, batch 1", q, ">= 15", q >= 15,
@@ -341,8 +371,8 @@ def regeneration(tgt, prompts, temperature, tokens, label, engine=None) -> dict:
     return row
 
 
-def regeneration_ratio(row, label) -> dict:
-    return ratio(f"{label} regeneration tok/s, batch {row['batch']}", row["tok_per_s"], ">= 300000",
+def regeneration_ratio(row, label, note="") -> dict:
+    return ratio(f"{label} regeneration tok/s, batch {row['batch']}{note}", row["tok_per_s"], ">= 300000",
                  row["tok_per_s"] >= 3e5, f"{row['ms_per_step']:.2f} ms per step, T={row['temperature']:g}, "
                                           f"{row['new_tokens']} new tokens, prefill and capture included")
 
@@ -368,7 +398,7 @@ def kernel_profile(tgt, m, prompts, tokens, path: Path):
     print(f"[bench] kernel profile -> {path}")
 
 
-def mini_shape(a, dev) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+def mini_shape(a, dev, save=lambda *parts: None) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     """Timing only: the `mini` profile's target shape (21.5 M parameters, fp32 as the profile decodes), MTP head and
     2-layer drafters with random weights: stage times of ar / dflash / DMTP at batch `--batch` on the compiled engine
     and on the HF layers, the batch-1 baselines, and the data stage's batch-`--regen-batch` regeneration."""
@@ -390,35 +420,48 @@ def mini_shape(a, dev) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     prompts = prompts.tolist()
     rows, ratios = [], []
     dev_name = torch.cuda.get_device_name() if dev == "cuda" else dev
-    for engine in ("compiled", "hf"):
+    for engine in ("compiled", "compiled+dense", "hf"):
         for name in ("dflash", "zero_init_residual"):  # AR: the batch-1 baselines below
             m = build_method(name, tgt, drafter=drafters.get(name), mtp=mtp)
-            ms, _ = stage_times(tgt, m, prompts[: a.batch], a.tokens, engine=engine)
-            tag = f"mini-shape:{name}" + ("" if engine == "compiled" else "@hf")
+            with fast.attention("dense" if engine.endswith("+dense") else "flex"):
+                ms, _ = stage_times(tgt, m, prompts[: a.batch], a.tokens, engine=engine.split("+")[0])
+            tag = f"mini-shape:{name}" + {"compiled": "", "compiled+dense": "+dense", "hf": "@hf"}[engine]
             rows += [{"method": tag, "stage": s, "ms_per_round": v, "batch": a.batch, "rounds": a.tokens,
                       "device": dev_name} for s, v in ms.items()]
             print(f"[bench] {tag}: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
     by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
-    for sfx, goal in (("", "<= 1.08"), ("@hf", "report")):
+    for sfx, goal, note in (("", "<= 1.08", ""), ("+dense", "<= 1.08", ", dense attention"),
+                            ("@hf", "report", ", HF layers")):
         q = by[(f"mini-shape:zero_init_residual{sfx}", "round")] / by[(f"mini-shape:dflash{sfx}", "round")]
-        ratios.append(ratio(f"mini-shape zero_init_residual round / dflash round (batch {a.batch})"
-                            + (", HF layers" if sfx else ""), q, goal, goal == "report" or q <= 1.08))
+        ratios.append(ratio(f"mini-shape zero_init_residual round / dflash round (batch {a.batch}){note}", q, goal,
+                            goal == "report" or q <= 1.08))
+    save(rows, ratios)
     base, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, "mini-shape")
     ratios += b1
+    save(rows, ratios, base)
     regen = []
     if a.regen_batch:
         row = regeneration(tgt, prompts[: a.regen_batch], p.data_temperature, p.data_new_tokens, "mini-shape")
         regen.append(row)
         ratios.append(regeneration_ratio(row, "mini-shape"))
+        with fast.attention("dense"):
+            row = regeneration(tgt, prompts[: a.regen_batch], p.data_temperature, p.data_new_tokens, "mini-shape")
+        row["engine"] = "compiled+dense"
+        regen.append(row)
+        ratios.append(regeneration_ratio(row, "mini-shape", ", dense attention"))
         row = regeneration(tgt, prompts[: a.regen_batch], p.data_temperature, 16, "mini-shape", engine="hf")
         regen.append(row)
         ratios.append(ratio(f"mini-shape regeneration ms per step, HF layers / compiled (batch {a.regen_batch})",
                             row["ms_per_step"] / regen[0]["ms_per_step"], "report", True,
                             f"{row['ms_per_step']:.2f} vs {regen[0]['ms_per_step']:.2f} ms (HF layers: 16 tokens)"))
+    save(rows, ratios, base, regen)
     if a.kernel_profile:
-        for name in ("dflash", "zero_init_residual"):
+        for name, kind in (("zero_init_residual", "flex"), ("zero_init_residual", "dense")):
             m = build_method(name, tgt, drafter=drafters.get(name), mtp=mtp)
-            kernel_profile(tgt, m, prompts[: a.batch], a.tokens, Path(a.out) / f"profile_mini-shape_{name}.txt")
+            with fast.attention(kind):
+                kernel_profile(tgt, m, prompts[: a.batch], a.tokens,
+                               Path(a.out) / f"profile_mini-shape_{name}{KINDS[kind]}.txt")
+    save(rows, ratios, base, regen)
     return rows, ratios, base, regen
 
 
@@ -478,13 +521,16 @@ def run(p, a):
         return [r for r in ratios if same(r["target"]) not in {same(n["target"]) for n in new}] + new
 
     if a.paper_shape or a.mini_shape:
-        rows, new, base, *regen = paper_shape(a, dev) if a.paper_shape else mini_shape(a, dev)
-        merge_overhead(out / "overhead.csv", rows)
-        merge_rows(out / "baselines.csv", base)
-        if regen and regen[0]:
-            merge_rows(out / "regen.csv", regen[0])
-        write_text(ratios_path, json.dumps(keep(new), indent=2))
-        write_meta(out / f"meta_{'paper' if a.paper_shape else 'mini'}_shape.json", vars(a))
+        def save(rows, new, base=(), regen=()):  # after each part
+            merge_overhead(out / "overhead.csv", rows)
+            if base:
+                merge_rows(out / "baselines.csv", base)
+            if regen:
+                merge_rows(out / "regen.csv", regen)
+            write_text(ratios_path, json.dumps(keep(new), indent=2))
+            write_meta(out / f"meta_{'paper' if a.paper_shape else 'mini'}_shape.json", vars(a))
+
+        (paper_shape if a.paper_shape else mini_shape)(a, dev, save)
         return
     if a.parts == "ratios":
         new = throughput_ratios(pd.read_csv(out / "throughput.csv"), a.dmtp, out.parent.name)

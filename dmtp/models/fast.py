@@ -5,9 +5,11 @@ Against the HF path (`Target.forward`, `MTPHead.forward`, `Drafter.forward`), th
   - the weights are the HF modules' own (no copies): a layer here calls its `q_proj`, `q_norm`, `mlp`, ... and the
     modeling module's own `apply_rotary_pos_emb`; only the wiring of a Qwen3 / Qwen3.5 full-attention decoder layer is
     written out (Qwen3.5: the query projection carries a per-head output gate, o = attn * sigmoid(gate));
-  - attention is flex attention with a block mask built from the query positions inside the graph: the kernel visits
-    only the 128-row key blocks a request can see (target / MTP: rows 0..p for a query at p; drafter: its anchor
-    window and its block), GQA natively (no K/V repeated across the groups), and no dense mask over the cache;
+  - attention (`ATTENTION`, `attention(kind)`) is flex attention with a block mask built from the query positions
+    inside the graph: the kernel visits only the 128-row key blocks a request can see (target / MTP: rows 0..p for a
+    query at p; drafter: its anchor window and its block), GQA natively (no K/V repeated across the groups), and no
+    dense mask over the cache; or "dense": two GQA-native matmuls over the whole cache with the visibility evaluated
+    from indices inside the softmax kernel (no mask tensor either) — more rows read, cuBLAS at every size;
   - the drafter's block writes its K/V into the context cache at the block's own positions (rows >= the anchor a,
     which no query can see before `drafter_ctx` rewrites them with committed context), so a block attends to one
     range of cache rows instead of a concatenation [context ; block];
@@ -25,6 +27,9 @@ DFlash2 drafters, stay on the HF path.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import sys
 
 import torch
@@ -36,6 +41,11 @@ from dmtp.models.target import TargetOut
 
 BLOCK = 128  # key rows per flex-attention block; a compiled cache's capacity is a multiple of it
 RECOMPILE_LIMIT = 64  # static shapes: one entry per (batch, rows, capacity) a process decodes with
+# the attention kernel of the compiled forwards (read when a forward is traced; `attention(kind)` switches it):
+#   "flex":  flex attention, visiting only the key blocks a request can see (the valid rows)
+#   "dense": two GQA-native matmuls over the whole cache with the visibility computed inside the softmax kernel
+#            (no mask tensor, no K/V repeat): cuBLAS at every size, but reads every row of the cache
+ATTENTION = os.environ.get("DMTP_ATTENTION", "flex")
 
 
 def round_capacity(cap: int) -> int:
@@ -84,37 +94,68 @@ def _block_mask(lo, hi, mask_mod, q: int, cap: int) -> BlockMask:
                                     compute_q_blocks=False)
 
 
-def causal_blocks(pos: torch.Tensor, cap: int) -> BlockMask:
-    """Queries at positions pos [B, q] see cache rows j <= their own position (target and MTP)."""
+@contextlib.contextmanager
+def attention(kind: str):
+    """Decode with attention kernel `kind` ("flex" or "dense") inside the block (compiled code is guarded on it)."""
+    global ATTENTION
+    if kind not in ("flex", "dense"):
+        raise ValueError(f"unknown attention kernel {kind!r}: 'flex' or 'dense'")
+    old, ATTENTION = ATTENTION, kind
+    try:
+        yield
+    finally:
+        ATTENTION = old
+
+
+def causal(pos: torch.Tensor):
+    """Queries at positions pos [B, q] see cache rows j <= their own position (target and MTP): (mask_mod, lo, hi)."""
 
     def mask_mod(b, h, q_idx, kv_idx):
         return kv_idx <= pos[b, q_idx]
 
-    return _block_mask(torch.zeros_like(pos[:, 0]), pos.max(1).values + 1, mask_mod, pos.shape[1], cap)
+    return mask_mod, torch.zeros_like(pos[:, 0]), pos.max(1).values + 1
 
 
-def window_blocks(anchor: torch.Tensor, bpos: torch.Tensor, window: int, cap: int) -> BlockMask:
-    """A drafter block at contiguous positions bpos [B, S] (anchor position a [B]) sees context rows a-window..a-1 and
+def window(anchor: torch.Tensor, bpos: torch.Tensor, size: int):
+    """A drafter block at contiguous positions bpos [B, S] (anchor position a [B]) sees context rows a-size..a-1 and
     its own rows, as `attention.visible` says (a single-anchor block starts at a+1: row a is not visible)."""
     start, end = bpos[:, 0], bpos[:, -1]
 
     def mask_mod(b, h, q_idx, kv_idx):
         a = anchor[b]
-        ctx = (kv_idx < a) & (kv_idx >= a - window)
+        ctx = (kv_idx < a) & (kv_idx >= a - size)
         return ctx | ((kv_idx >= start[b]) & (kv_idx <= end[b]))
 
-    return _block_mask(anchor - window, end + 1, mask_mod, bpos.shape[1], cap)
+    return mask_mod, anchor - size, end + 1
 
 
 _flex_eager = torch.compiler.disable(flex_attention)
 
 
-def attend(q, k, v, block_mask: BlockMask, scale=None):
-    """Flex attention, GQA native. Compiled on CUDA into the Triton template; on CPU Inductor's C++ template cannot
-    read tensors computed inside the graph from a mask_mod, so a compiled CPU graph calls it eagerly (CPU is for tests:
-    the compiled CPU path checks tracing and guards, the GPU tests check the kernels)."""
+def attend(q, k, v, visibility, scale=None):
+    """q [B, Hq, n, D] over cache buffers k, v [B, Hkv, cap, D], GQA native; `visibility` = (mask_mod, lo, hi) from
+    `causal` / `window` (rows lo..hi-1 hold every visible row). Flex: compiled on CUDA into the Triton template; on CPU
+    Inductor's C++ template cannot read tensors computed inside the graph from a mask_mod, so a compiled CPU graph
+    calls it eagerly (CPU is for tests: the compiled CPU path checks tracing and guards, the GPU tests the kernels)."""
+    mask_mod, lo, hi = visibility
+    if ATTENTION == "dense":
+        return _dense(q, k, v, mask_mod, q.shape[-1] ** -0.5 if scale is None else scale)
+    block_mask = _block_mask(lo, hi, mask_mod, q.shape[2], k.shape[2])
     fn = _flex_eager if q.device.type == "cpu" and torch.compiler.is_compiling() else flex_attention
     return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+
+def _dense(q, k, v, mask_mod, scale):
+    """softmax(q k^T * scale, over visible rows) v with query head h reading kv head h // G (as HF's repeat_kv), the
+    G query heads of a kv head stacked as rows of one matmul; the mask is evaluated from indices inside the softmax."""
+    B, Hq, n, D = q.shape
+    Hkv, cap = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    ar = functools.partial(torch.arange, device=q.device)
+    ok = mask_mod(ar(B)[:, None, None, None], None, ar(n)[None, None, :, None], ar(cap)[None, None, None, :])
+    s = (q.reshape(B, Hkv, G * n, D) @ k.transpose(-1, -2)).view(B, Hkv, G, n, cap).float() * scale
+    p = s.masked_fill(~ok[:, :, None], float("-inf")).softmax(-1).to(v.dtype)
+    return (p.view(B, Hkv, G * n, cap) @ v).view(B, Hq, n, D)
 
 
 def _write(kbuf, vbuf, k, v, pos):
@@ -144,7 +185,7 @@ def decoder_layer(layer, x, delta, cos, sin, kbuf, vbuf, pos, rope):
     vs = a.v_proj(h).view(B, q, -1, D).transpose(1, 2)
     qs, ks = rope(qs, ks, cos, sin)
     _write(kbuf, vbuf, ks, vs, pos)
-    o = attend(qs, kbuf, vbuf, causal_blocks(pos, kbuf.shape[2]), a.scaling)
+    o = attend(qs, kbuf, vbuf, causal(pos), a.scaling)
     o = o.transpose(1, 2).reshape(B, q, -1)
     if gate is not None:
         o = o * torch.sigmoid(gate)
@@ -218,7 +259,7 @@ def drafter_forward(d, block, bpos, cache: KVCache, anchor):
     context being the rows of `cache` (`context_kv` of committed positions): normed hidden states [B, S, H]."""
     c = d.config
     cos, sin = rope_cos_sin(bpos, c.head_dim, c.rope_theta, block.dtype)
-    mask = window_blocks(anchor, bpos, c.window, cache.capacity)
+    vis = window(anchor, bpos, c.window)
     B, S, _ = block.shape
     x = block
     for i, layer in enumerate(d.layers):
@@ -227,7 +268,7 @@ def drafter_forward(d, block, bpos, cache: KVCache, anchor):
         q = apply_rope(a.q_norm(a.q_proj(h).view(B, S, -1, c.head_dim)).transpose(1, 2), cos, sin)
         k, v = a.kv(h, cos, sin)
         _write(cache.k[i], cache.v[i], k, v, bpos)
-        o = attend(q, cache.k[i], cache.v[i], mask)
+        o = attend(q, cache.k[i], cache.v[i], vis)
         x = x + a.o_proj(o.transpose(1, 2).reshape(B, S, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return d.norm(x)
