@@ -441,6 +441,7 @@ def mini_shape(a, dev, save=lambda *parts: None) -> tuple[list[dict], list[dict]
     regen = []
     if a.regen_batch:
         row = regeneration(tgt, prompts[: a.regen_batch], p.data_temperature, p.data_new_tokens, "mini-shape")
+        row["engine"] = "compiled"
         regen.append(row)
         ratios.append(regeneration_ratio(row, "mini-shape"))
         with fast.attention("dense"):
