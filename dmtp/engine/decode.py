@@ -18,8 +18,11 @@ The engine (docs/DESIGN.md, "Decode engine"):
   - outputs, accept counts, EOS and length checks are kept on the device; the host learns which requests finished
     from a pinned copy of the done flags that it reads a round or two later without waiting (no synchronisation per
     round in steady state);
-  - on CUDA, the stages of a round — drafter, MTP advance, T1 head + embedding + fusion, verification, drafter
-    context — are CUDA graphs captured per batch (serve: per batch cap) on first use (`graphs.py`).
+  - on CUDA, the stages of a round — drafter, MTP advance, T1 head + embedding + fusion, verification, acceptance and
+    record, drafter context, anchor/length update — are CUDA graphs captured per batch (serve: per batch cap) on first
+    use (`graphs.py`);
+  - the engine (`engine_for`): "compiled" on CUDA runs the models' decode steps through `models/fast.py` (attention
+    over the valid cache rows, compiled regions) and compiles every other stage whole; "hf" runs the HF layers.
 
     results = generate(target, build_method("zero_init_residual", target, drafter=d, mtp=m), prompts, 0.0, 128)
 """
