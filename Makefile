@@ -52,7 +52,8 @@ dppool: $(VENV)/.installed
 
 # benchmarks (GPU for meaningful numbers): stage overhead, throughput per batch cap, our loop vs a plain HF loop
 bench: $(VENV)/.installed
-	$(PY) -m dmtp.cli.bench --target $(WORK)/$(PROFILE)/target --drafters $(WORK)/$(PROFILE)/drafters \
+	$(PY) -m dmtp.cli.bench --profile $(PROFILE) --target $(WORK)/$(PROFILE)/target \
+		--drafters $(WORK)/$(PROFILE)/drafters \
 		--out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
 	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 

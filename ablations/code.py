@@ -1,11 +1,23 @@
-"""The Code ablation (SPEC §8): which methods run, which rows are main/supplementary, the reference row."""
+"""The Code ablation (SPEC §8): which runs are trained and evaluated, how the rows are grouped, the reference row.
 
-BASELINES = ["ar", "mtp"]  # AR target alone; native MTP415 (4 chained steps)
-MAIN = ["dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual"]
-SUPPLEMENTARY = ["mask_residual", "context_fusion", "mtp_context"]
-CONTINUED = {"zero_init_residual_from_dflash": ("zero_init_residual", "dflash")}  # name -> (variant, init from)
-BACKBONES = {"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")}  # name -> (variant,
-# backbone): the DFlash2 axis (SPEC §9), trained from scratch beside VARIANTS, evaluated with the main table
-REFERENCE = "token_only"  # rows are reported relative to this one
-MAIN_TABLE = ["ar", "mtp", "dflash", "zero_init_residual"]  # methods of the main (all-prompt) table
-VARIANTS = MAIN + SUPPLEMENTARY  # drafters trained from scratch with identical data/budget/seed
+    from ablations.code import code
+    code().runs()      # ar, mtp, the main variants, the continued run, the supplementary variants, the backbones
+"""
+from dmtp.ablation import AblationSpec
+
+
+def code(**over) -> AblationSpec:
+    return AblationSpec(**{**dict(
+        name="code",
+        baselines=("ar", "mtp"),  # AR target alone; native MTP415 (4 chained steps)
+        main=("dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual"),
+        supplementary=("mask_residual", "context_fusion", "mtp_context"),
+        continued={"zero_init_residual_from_dflash": ("zero_init_residual", "dflash")},
+        # the DFlash2 axis (SPEC §9): trained from scratch beside the variants, evaluated with the main table
+        backbones={"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")},
+        reference="token_only",  # the blog's ablation reports every row relative to this one
+        main_method="zero_init_residual",  # DMTP (Nov 9 main method)
+        drafter_baseline="dflash",
+        main_table=("ar", "mtp", "dflash", "zero_init_residual"),
+        bench=("ar", "mtp", "dflash", "t1_residual", "zero_init_residual"),
+    ), **over})

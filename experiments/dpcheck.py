@@ -54,7 +54,8 @@ import time
 from pathlib import Path
 
 from dmtp.io import atomic_path, environment, write_json, write_text
-from experiments.profiles import get_profile, override
+from dmtp.schema import override
+from experiments.profiles import get_profile
 
 
 def _log(msg):

@@ -6,6 +6,7 @@ import torch
 from dmtp.engine.decode import Method
 from dmtp.models import tiny
 from dmtp.models.drafter import Drafter, DrafterConfig
+from dmtp.models.variants import get_variant
 
 torch.set_num_threads(2)
 
@@ -22,9 +23,11 @@ def models(arch):
 
 def make_drafter(tgt, variant, layers=2, seed=1, **kw):
     torch.manual_seed(seed)
+    if "rank" in get_variant(variant).settings({}):  # the low-rank variants: r = 8
+        kw = {"variant_config": {"rank": 8}, **kw}
     c = DrafterConfig(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                      num_target_layers=tgt.num_layers, variant=variant, mask_token_id=2, lowrank_rank=8, **kw)
+                      num_target_layers=tgt.num_layers, variant=variant, mask_token_id=2, **kw)
     d = Drafter(c)
     # give zero-initialised injection weights some value so every path is exercised
     with torch.no_grad():

@@ -92,7 +92,7 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("mtp-steps 0", lambda w: G(w, "--mtp-steps", "0"), "argument --mtp-steps"),
     ("seed -3", lambda w: G(w, "--seed", "-3"), "argument --seed"),
     # dmtp generate: methods, checkpoints, devices
-    ("unknown method", lambda w: G(w)[:4] + ["bogus"] + G(w)[5:], "unknown variant 'bogus'; known: dflash"),
+    ("unknown method", lambda w: G(w)[:4] + ["bogus"] + G(w)[5:], "unknown variant 'bogus'; known: "),
     ("variant without drafter", lambda w: G(w)[:4] + ["zero_init_residual"] + G(w)[5:], "needs --drafter"),
     ("ar with a drafter", lambda w: G(w, "--drafter", str(w / "zir")), "--method ar uses no drafter"),
     ("target missing", lambda w: ["generate", "--target", str(w / "nope")] + G(w)[3:], "no such folder"),
@@ -132,6 +132,10 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("eos not ids", lambda w: G(w, "--eos", "abc"), "--eos 'abc': expected comma-separated token ids, or none"),
     ("eos out of range", lambda w: G(w, "--eos", "500"), "end-of-text id 500 (--eos) outside the vocabulary"),
     ("no eos anywhere", lambda w: ["generate", "--target", str(w / "noeos")] + G(w)[3:], "no end-of-text id"),
+    # dmtp generate: evaluation mode and stop strings
+    ("mode unknown", lambda w: G(w, "--mode", "greedy"), "argument --mode: invalid choice: 'greedy'"),
+    ("stop with fixed", lambda w: G(w, "--mode", "fixed", "--stop", "x"), "--stop takes --mode natural"),
+    ("stop without tokenizer", lambda w: G(w, "--stop", "x"), "--stop needs the target's tokenizer files"),
     # dmtp train
     ("train steps 0", lambda w: TR(w, "--steps", "0"), "argument --steps: expected an integer >= 1"),
     ("train lr nan", lambda w: TR(w, "--lr", "nan"), "argument --lr: expected a finite number > 0"),
@@ -152,11 +156,11 @@ CASES = [  # (name, argv builder, what the error line must say)
     # dmtp pipeline: profile fields and stages
     ("set tokens -100", lambda w: P(w, "--set", "pretrain.tokens=-100"), "--set pretrain.tokens=-100: expected an "
      "integer >= 1"),
-    ("set temperature nan", lambda w: P(w, "--set", "data_temperature=nan"), "--set data_temperature=nan: expected a"
+    ("set temperature nan", lambda w: P(w, "--set", "data.temperature=nan"), "--set data.temperature=nan: expected a"
      " finite number >= 0"),
     ("set max_len 2", lambda w: P(w, "--set", "train.max_len=2"), "--set train.max_len=2: expected an integer >= 4"),
     ("set tokens below a step", lambda w: P(w, "--set", "pretrain.tokens=100"), "expected at least one step's worth"),
-    ("set eval gsm8k", lambda w: P(w, "--set", "eval_subsets={}", "--set", 'eval_sets={"gsm8k": 2}'),
+    ("set eval gsm8k", lambda w: P(w, "--set", "eval.subsets={}", "--set", 'eval.sets={"gsm8k": 2}'),
      "the pipeline evaluates on HumanEval only"),
     ("set unknown field", lambda w: P(w, "--set", "bogus=1"), "Profile has no field 'bogus'"),
     ("set without value", lambda w: P(w, "--set", "novalue"), "expected KEY=VALUE"),

@@ -20,42 +20,67 @@ def test_stage_timer_covers_every_stage(models):
 
 
 def test_ratios_recomputed_from_throughput_csv(tmp_path):
-    """`--parts ratios`: throughput gain / per-verify gain at the largest cap both methods have; a rerun replaces the
-    entry of the same profile and temperature measured at another cap and keeps every other target."""
+    """`--parts ratios`: throughput gain / per-verify gain at the largest cap both methods have (the profile's main
+    method vs its drafter baseline); a rerun replaces the record of the same setup and name measured at another cap
+    and keeps every other record."""
     import json
 
+    from dmtp.analysis import ratios as RT
     from dmtp.cli import bench
 
-    out = tmp_path / "prof" / "bench"  # the label is the profile folder's name
+    out = tmp_path / "bench"
     out.mkdir(parents=True)
     rows = ["method,temperature,batch_cap,dataset,output_tokens,wall_s,tok_per_s,per_verify"]
     for m, tok, tau in (("dflash", 100.0, 2.0), ("zero_init_residual", 130.0, 2.5)):
         rows += [f"{m},0.0,1,humaneval,1,1,{tok / 2},{tau}", f"{m},0.0,32,humaneval,1,1,{tok},{tau}"]
     (out / "throughput.csv").write_text("\n".join(rows) + "\n")
-    (out / "ratios.json").write_text(json.dumps([
-        {"target": "prof T=0 B1 throughput gain / per-verify gain (zero_init_residual vs dflash)",
-         "value": -1.0, "goal": ">= 0.95", "met": False},
-        {"target": "other", "value": 1.0, "goal": "", "met": True}]))
-    bench.main(["--parts", "ratios", "--out", str(out)])
-    r = {x["target"]: x for x in json.loads((out / "ratios.json").read_text())}
-    assert set(r) == {"other", "prof T=0 B32 throughput gain / per-verify gain (zero_init_residual vs dflash)"}
-    new = r["prof T=0 B32 throughput gain / per-verify gain (zero_init_residual vs dflash)"]
-    assert new["value"] == pytest.approx(1.2) and new["met"] and new["note"] == "throughput +30.0%, per-verify +25.0%"
+    name = "T=0 throughput gain / per-verify gain (zero_init_residual vs dflash)"
+    RT.write(out / "ratios.json", [RT.Ratio("smoke", name, -1.0, ">=", 0.95, condition="B1"),
+                                   RT.Ratio("smoke", "other", 1.0)])
+    bench.main(["--parts", "ratios", "--profile", "smoke", "--out", str(out)])
+    r = {x.name: x for x in RT.read(out / "ratios.json")}
+    assert set(r) == {"other", name}
+    new = r[name]
+    assert new.value == pytest.approx(1.2) and new.met and new.condition == "B32"
+    assert new.note == "throughput +30.0%, per-verify +25.0%"
+    assert json.loads((out / "ratios.json").read_text())[-1]["target"] == f"smoke {name} (B32)"
 
 
 def test_batch1_baselines_and_regeneration(models):
     """The side-by-side rows (engine, the loop on the HF layers, HF's static-cache and plain generate) and the
-    regeneration row, on CPU (the uncompiled flex engine stands in for the compiled one)."""
+    regeneration row, as typed ratio records, on CPU (the uncompiled flex engine stands in for the compiled one)."""
     from dmtp.cli.bench import batch1_baselines, regeneration, regeneration_ratio
 
     tgt, _ = models
     rows, ratios = batch1_baselines(tgt, [5, 7, 9], 6, 4.3e12, "tiny", engines=("flex", "hf"))
     assert [r["system"] for r in rows] == ["engine-flex", "engine-hf", "hf-static", "hf-loop"]
     assert all(r["tokens"] == 6 and r["identical_to_engine_hf"] for r in rows)
-    assert {r["target"] for r in ratios} == {
-        "tiny AR batch-1 tok/s / HBM bound", "tiny engine AR / HF static-cache compiled generate, batch 1",
-        "tiny engine AR compiled / on the HF layers, batch 1", "tiny engine AR / HF AR loop, batch 1"}
+    assert {(r.setup, r.name, r.condition, r.direction, r.goal) for r in ratios} == {
+        ("tiny", "AR tok/s / HBM bound", "batch 1", "report", None),
+        ("tiny", "engine AR / HF static-cache compiled generate", "batch 1", ">=", 1.6),
+        ("tiny", "engine AR compiled / on the HF layers", "batch 1", "report", None),
+        ("tiny", "engine AR / HF AR loop", "batch 1", ">=", 15)}
     row = regeneration(tgt, [[5, 7, 9], [4, 8]] * 4, 0.8, 6, "tiny", engine="hf")
     assert row["output_tokens"] == 48 and row["batch"] == 8 and row["ms_per_step"] > 0
     r = regeneration_ratio(row, "tiny")
-    assert r["target"] == "tiny regeneration tok/s, batch 8" and r["goal"] == ">= 300000"
+    assert (r.target, r.direction, r.goal, r.unit) == ("tiny regeneration tok/s (batch 8)", ">=", 3e5, "tok/s")
+
+
+def test_overhead_rows_merge_by_setup(tmp_path):
+    """overhead.csv keeps the rows of every setup a run does not measure again (trained target, 8b-shape,
+    mini-shape); the round goal is 1.08 on the mini shape, 1.04 elsewhere."""
+    import pandas as pd
+
+    from dmtp.cli.bench import merge_overhead, round_goal
+
+    path = tmp_path / "overhead.csv"
+    row = {"stage": "round", "ms_per_round": 1.0, "batch": 8, "rounds": 8, "device": "cpu"}
+    merge_overhead(path, [{**row, "method": m} for m in ("dflash", "zero_init_residual")])
+    merge_overhead(path, [{**row, "method": "8b-shape:dflash"}])
+    merge_overhead(path, [{**row, "method": "mini-shape:dflash", "ms_per_round": 2.0}])
+    merge_overhead(path, [{**row, "method": "mini-shape:dflash+dense", "ms_per_round": 3.0}])
+    merge_overhead(path, [{**row, "method": "dflash", "ms_per_round": 4.0}])
+    got = pd.read_csv(path)
+    assert list(got.method) == ["dflash", "8b-shape:dflash", "mini-shape:dflash+dense"]
+    assert list(got.ms_per_round) == [4.0, 1.0, 3.0]
+    assert (round_goal("mini"), round_goal("8b-shape"), round_goal("smoke")) == (1.08, 1.04, 1.04)

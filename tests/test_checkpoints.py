@@ -77,6 +77,32 @@ def test_drafter_round_trip_in_dflash_format(models, tmp_path):
     assert z.config.variant == "zero_init_residual" and z.injection.fuse.proj.weight.abs().sum() == 0
 
 
+def test_variant_settings_live_in_the_variant_config(models, tmp_path):
+    """A variant's own hyperparameters (t1_residual: the low-rank r) are its Config, saved as
+    dmtp_config.variant_config; checkpoints from before (a shared top-level `lowrank_rank`) still load."""
+    tgt, _ = models
+    d = make_drafter(tgt, "t1_residual")  # r = 8
+    assert d.injection.config.rank == 8 and d.injection.lowrank.down.weight.shape[0] == 8
+    d.save(tmp_path / "t1")
+    cfg = json.loads((tmp_path / "t1" / "config.json").read_text())
+    assert cfg["dmtp_config"]["variant_config"] == {"rank": 8} and "lowrank_rank" not in cfg["dmtp_config"]
+    make_drafter(tgt, "dflash").save(tmp_path / "df")
+    assert json.loads((tmp_path / "df" / "config.json").read_text())["dmtp_config"]["variant_config"] == {}
+    for name in ("t1", "df"):  # the old layout: one `lowrank_rank` for every variant, no variant_config
+        path = tmp_path / name / "config.json"
+        old = json.loads(path.read_text())
+        old["dmtp_config"].pop("variant_config")
+        old["dmtp_config"]["lowrank_rank"] = 8
+        path.write_text(json.dumps(old))
+    d2 = Drafter.load(tmp_path / "t1")
+    assert d2.config.variant_config == {"rank": 8}
+    for (n, a), (_, b) in zip(d.state_dict().items(), d2.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert Drafter.load(tmp_path / "df").config.variant_config == {}
+    with pytest.raises(ValueError, match="variant 'dflash': unknown settings \\['rank'\\] \\(it has none\\)"):
+        make_drafter(tgt, "dflash", variant_config={"rank": 8})
+
+
 def test_mismatched_drafter_is_a_clear_error(models):
     tgt, _ = models
     d = make_drafter(tgt, "dflash")

@@ -147,7 +147,7 @@ def test_bench_train_end_to_end(tmp_path):
     assert res["pretrain"]["eager"]["mfu"] is None and res["drafters"]["eager"]["drafters"] == 9  # CPU: no peak
     pre, dr = "smoke pretraining tok/s, compiled / eager", \
         "smoke drafter training steps/s, 9 drafters side by side, compiled / eager"
-    assert [r["target"] for r in recs] == [pre, dr] and recs[1]["goal"] == ">= 4" and recs[1]["value"] > 0
+    assert [r.target for r in recs] == [pre, dr] and recs[1].goal_text == ">= 4" and recs[1].value > 0
     assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, dr]
     bench_train("smoke", tmp_path, steps=4, warm=1, parts=("pretrain",))
     assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre]

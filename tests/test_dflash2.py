@@ -1,7 +1,6 @@
 """DFlash2 backbone (SPEC §9): identity init, block-local convolution, the path selector, training, checkpoints,
 losslessness of decoding with a dflash2 drafter, and the pipeline hook (DFlash2 / DMTP(D2))."""
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -268,21 +267,16 @@ def test_lossless_greedy_with_dflash2(models, variant):
 
 
 def test_pipeline_trains_and_evaluates_the_backbone_methods():
-    from ablations.code import BACKBONES
+    from ablations.code import code
     from dmtp.cli.pipeline import eval_plan
+    from dmtp.schema import derive
     from experiments.profiles import get_profile
 
-    assert BACKBONES == {"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")}
+    assert code().backbones == {"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")}
     for prof in ("smoke", "mini"):
         p = get_profile(prof)
-        plan = list(eval_plan(SimpleNamespace(p=dataclass_with_extra_set(p))))
-        for ds in list(p.eval_sets) + ["gsm8k"]:
-            for temp in p.eval_temperatures:
+        p = derive(p, eval=dict(sets={**p.eval.sets, "gsm8k": 4}))  # a set outside eval.all_methods_on
+        plan = list(eval_plan(p))
+        for ds in p.eval.sets:
+            for temp in p.eval.temperatures:
                 assert {(ds, temp, "dflash2"), (ds, temp, "dmtp_d2")} <= {(x[0], x[2], x[3]) for x in plan}
-
-
-def dataclass_with_extra_set(p):
-    """The profile with one extra dataset that is not in `eval_all_methods_on` (main-table methods only)."""
-    from dataclasses import replace
-
-    return replace(p, eval_sets={**p.eval_sets, "gsm8k": 4})

@@ -13,7 +13,7 @@ import torch
 from dmtp.io import read_jsonl
 
 # 19 pretraining steps of 8 x 64 tokens, a history point per step; greedy data in batches of 4 (4 batches: 2 a rank)
-SETS = ["pretrain.tokens=10000", "pretrain.log_every=1", "data_temperature=0", "data_batch=4", "data_new_tokens=16"]
+SETS = ["pretrain.tokens=10000", "pretrain.log_every=1", "data.temperature=0", "data.batch=4", "data.new_tokens=16"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 

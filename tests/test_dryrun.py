@@ -16,9 +16,10 @@ def test_paper_profile_dry_run(name, billions, mtp_b):
     p, sc, P = r["profile"], r["profile"].scale, r["params"]
     assert billions[0] < P["target"] / 1e9 < billions[1] and mtp_b[0] < P["mtp"] / 1e9 < mtp_b[1]
     assert len(P["drafters"]) == 18  # 9 variants x 2 backbones
-    assert p.drafter_layers == 5 and sc.block_size == 8 and sc.window == 4096 and sc.max_seq_len == 2048
-    assert sc.global_batch == 128 and sc.epochs == 3 and sc.dtype == "bf16" and p.train.amp_bf16
-    assert sc.mask_token_id == MASK_TOKENS["qwen3_5"] and p.train.max_len == 2048
+    d = p.drafter
+    assert d.layers == 5 and d.block_size == 8 and d.window == 4096 and sc.max_seq_len == 2048
+    assert sc.global_batch == 128 and sc.epochs == 3 and p.model.dtype == "bf16" and p.train.amp_bf16
+    assert d.mask_token_id == MASK_TOKENS["qwen3_5"] and p.train.max_len == 2048
     L = r["config"].num_hidden_layers
     assert r["taps"] == ([1, 16, 31, 46, 61] if L == 64 else [1, 10, 19, 28, 37])
     assert r["config"].layer_types.count("full_attention") == L // 4
@@ -83,6 +84,6 @@ def test_train_takes_the_recipe_from_a_profile(tmp_path):
     d = Drafter.load(next((tmp_path / "dr").rglob("config.json")).parent)
     smoke = get_profile("smoke")
     assert (d.config.num_hidden_layers, d.config.num_attention_heads, d.config.intermediate_size) == (
-        smoke.drafter_layers, smoke.drafter_heads, smoke.drafter_intermediate)
+        smoke.drafter.layers, smoke.drafter.heads, smoke.drafter.intermediate)
     hist = json.loads(next((tmp_path / "dr").rglob("history.json")).read_text())
     assert hist[-1]["step"] == 2  # --steps overrides the profile's 6

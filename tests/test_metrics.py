@@ -59,7 +59,7 @@ def test_hist_from_conditional_roundtrip():
 
 def test_blog_code_conditional_rows_are_consistent():
     for method, n in (("dmtp", 434780), ("dflash", 523201)):
-        row, rounds = R.conditional_row("humaneval", method if method == "dflash" else R.DMTP_MAIN)
+        row, rounds = R.conditional_row("humaneval", method if method == "dflash" else "dmtp")
         assert rounds == n
         h = M.hist_from_conditional(row, rounds)
         assert sum(h) == pytest.approx(n)
@@ -71,7 +71,7 @@ def test_blog_code_conditional_rows_are_consistent():
         # different setting from the blog's B32 per-verify table, but the same model and workload: within 1%
         pv = R.table("per_request_vs_verify").set_index(["workload", "method"]).per_verify[("Code", method)]
         assert abs(tau / pv - 1) < 0.01
-    assert M.tau_from_conditional(R.conditional_row("humaneval", R.DMTP_MAIN)[0], percent=True) == \
+    assert M.tau_from_conditional(R.conditional_row("humaneval", "dmtp")[0], percent=True) == \
         pytest.approx(3.8216, abs=1e-4)
 
 

@@ -6,6 +6,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+from ablations.code import code  # noqa: E402
 from dmtp.analysis.report.synthetic import write_synthetic  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -14,8 +15,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
-    write_synthetic(root, "nbtest", n=3, temps=(0,), methods=["dflash", "token_only", "zero_init_residual", "mtp"],
-                    bench=False)
+    write_synthetic(code(), root, "nbtest", n=3, temps=(0,),
+                    methods=["dflash", "token_only", "zero_init_residual", "mtp"], bench=False)
     return root
 
 

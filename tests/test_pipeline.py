@@ -24,9 +24,9 @@ def test_every_stage_writes_its_artifacts(run):
     res = root / "results" / "smoke"
     ev = json.loads((res / "target" / "heldout.json").read_text())
     assert ev["target_loss"] > 0 and 0 <= ev["mtp_top1"] <= 1
-    from ablations.code import BACKBONES, BASELINES, CONTINUED, VARIANTS
+    from ablations.code import code
 
-    for m in BASELINES + VARIANTS + list(CONTINUED) + list(BACKBONES):
+    for m in code().runs():
         for t in ("T0", "T1"):
             recs = read_jsonl(res / "runs" / "ablation" / m / f"humaneval8_{t}.jsonl")
             assert len(recs) == 3
@@ -93,3 +93,25 @@ def test_results_older_than_their_model_are_redone(run):
     p = subprocess.run(cmd + ["--stage", "eval"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert rec.stat().st_mtime >= done.stat().st_mtime and other.stat().st_mtime_ns == before
+
+
+def test_a_subset_of_runs(run, tmp_path):
+    """`--set ablation.only=...`: only those runs are evaluated (no marker files anywhere); the resolved experiment,
+    subset included, is written beside the results; a continued run without its source is refused up front."""
+    from dmtp.experiment import read_experiment
+
+    root, cmd, _ = run
+    p = subprocess.run(cmd[:-2] + ["--results", str(tmp_path), "--stage", "eval", "--set", "ablation.only=ar,dflash",
+                                   "--set", "eval.temperatures=0"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    runs = tmp_path / "smoke" / "runs" / "ablation"
+    assert sorted(d.name for d in runs.iterdir()) == ["ar", "dflash"]
+    assert sorted(f.name for f in (runs / "dflash").glob("*.jsonl")) == ["humaneval8_T0.jsonl", "humaneval_T0.jsonl"]
+    exp = read_experiment(tmp_path / "smoke" / "experiment.json")
+    assert exp.ablation.only == ("ar", "dflash") and exp.eval.temperatures == (0.0,)
+
+    p = subprocess.run(cmd[:6] + ["--work", str(tmp_path / "empty"), "--results", str(tmp_path), "--stage",
+                                  "drafters", "--set", "ablation.only=zero_init_residual_from_dflash"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2
+    assert "zero_init_residual_from_dflash continues from dflash, which is neither trained nor selected" in p.stderr

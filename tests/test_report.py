@@ -1,14 +1,22 @@
 """Renderers on hand-made artifacts in tmp_path (known answers), the synthetic demo, and the reference numbers."""
 import json
 import math
+from dataclasses import asdict
 
 import pandas as pd
 import pytest
 
+from ablations.code import code
 from dmtp.analysis import reference as R
 from dmtp.analysis.report import figures, load, render_report, tables
 from dmtp.analysis.report.synthetic import write_synthetic
 from dmtp.cli.report import main as cli
+
+
+def write_spec(root, spec):
+    """experiment.json as the pipeline writes it (the report reads its `ablation`)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "experiment.json").write_text(json.dumps({"ablation": asdict(spec)}))
 
 
 def write(root, exp, method, ds, temp, accepted: dict, k=None):
@@ -24,6 +32,7 @@ def write(root, exp, method, ds, temp, accepted: dict, k=None):
 @pytest.fixture
 def hand(tmp_path):
     root = tmp_path / "hand"
+    write_spec(root, code())
     # ablation, HumanEval first 8 (two here), T = 0
     write(root, "ablation", "token_only", "humaneval8", 0, {"a": [7, 7], "b": [0, 0]}, k=7)  # 8, 1 -> 4.5
     write(root, "ablation", "dflash", "humaneval8", 0, {"a": [3, 3], "b": [1]})  # 4, 2 -> 3.0; per-verify 10/3
@@ -104,6 +113,55 @@ def test_tables(hand, capsys):
     assert "skip throughput" in capsys.readouterr().out
 
 
+def test_rows_come_from_the_spec_and_none_is_dropped(hand):
+    """A method the spec does not name is still a row (group "other", after the spec's rows); the spec's reference
+    row, main method and drafter baseline set the relative columns and the main table."""
+    write(hand / "hand", "ablation", "some_new_variant", "humaneval8", 0, {"a": [2, 2], "b": [0]})  # 3, 1 -> 2
+    tables.render(load("hand", hand, n_boot=50))
+    ab = csv(hand, "ablation_code")
+    assert list(ab.method) == ["mtp", "dflash", "token_only", "zero_init_residual", "some_new_variant"]
+    assert ab.set_index("method").loc["some_new_variant", "table"] == "other"
+    assert ab.set_index("method").loc["some_new_variant", "rel_to_token_only"] == pytest.approx(100 * (2 / 4.5 - 1))
+
+    # another spec: dflash is the reference row, token_only the main method (the blog's "dmtp" column)
+    write_spec(hand / "hand", code(reference="dflash", main_method="token_only", main=("dflash", "token_only"),
+                                   main_table=("ar", "mtp", "dflash", "token_only"), bench=(),
+                                   backbones={"dflash2": ("dflash", "dflash2")}))
+    art = load("hand", hand, n_boot=50)
+    tables.render(art)
+    ab = csv(hand, "ablation_code").set_index("method")
+    assert ab.loc["token_only", "rel_to_dflash"] == pytest.approx(50) and "rel_to_token_only" not in ab
+    assert ab.loc["zero_init_residual", "table"] == "other"  # no longer a main row, still reported
+    main = csv(hand, "main_acceptance").set_index(["experiment", "dataset"]).loc[("ablation", "humaneval8")]
+    assert (main.dflash, main.dmtp) == pytest.approx((3.0, 4.5))
+    assert tables.open_repro(art) is None  # no DFlash2 run of token_only in this spec
+
+
+def test_without_experiment_json_every_row_is_kept(hand, capsys):
+    (hand / "hand" / "experiment.json").unlink()
+    art = load("hand", hand, n_boot=50)
+    assert "experiment.json absent" in capsys.readouterr().out
+    (ab,) = [df for df in tables.ablation(art) if set(df.method) >= {"dflash"}]
+    assert set(ab.method) == {"mtp", "dflash", "token_only", "zero_init_residual"} and set(ab.table) == {"other"}
+    assert tables.main_acceptance(art) is None and figures.main_acceptance(art) == []
+
+
+def test_engine_ratios_render_typed_and_older_records(hand):
+    from dmtp.analysis import ratios as RT
+
+    bench = hand / "hand" / "bench"
+    bench.mkdir(parents=True)
+    old = {"target": "mini engine AR / HF AR loop, batch 1", "value": 7.19, "goal": ">= 10", "met": False,
+           "note": ""}
+    typed = RT.Ratio("mini", "zero_init_residual round / dflash round", 1.1756, "<=", 1.04, condition="batch 8")
+    (bench / "ratios.json").write_text(json.dumps([old, typed.to_json()]))
+    got = RT.read(bench / "ratios.json")
+    assert got[1] == typed and (got[0].direction, got[0].goal, got[0].met) == (">=", 10.0, False)
+    text = render_report("hand", hand, load("hand", hand, n_boot=50)).read_text()
+    assert "| mini zero_init_residual round / dflash round (batch 8) | 1.176 | <= 1.04 | False |" in text
+    assert "| mini engine AR / HF AR loop, batch 1 | 7.190 | >= 10 | False |" in text
+
+
 def test_bench_tables_and_figure(hand):
     bench = hand / "hand" / "bench"
     bench.mkdir(parents=True)
@@ -168,8 +226,8 @@ def test_missing_runs_are_listed(hand, capsys):
 
 
 def test_synthetic_demo(tmp_path):
-    write_synthetic(tmp_path, "demo", n=4, temps=(0,), methods=["mtp", "dflash", "zero_init_residual", "dflash2",
-                                                                "dmtp_d2"])
+    write_synthetic(code(), tmp_path, "demo", n=4, temps=(0,),
+                    methods=["mtp", "dflash", "zero_init_residual", "dflash2", "dmtp_d2"])
     art = load("demo", tmp_path, n_boot=50)
     tables.render(art)
     names = sorted(p.stem for p in (tmp_path / "demo" / "tables").glob("*.csv"))
@@ -202,6 +260,6 @@ def test_reference_transcription_is_self_consistent():
     assert ov["SWE", "dmtp", "round"] - ov["SWE", "dflash", "round"] == pytest.approx(0.550)
     assert R.table("conditional").n_rounds.tolist() == [523201, 434780, 473538, 404689, 54479, 41259, 22213, 17371,
                                                          4795, 3836, 2919, 2798]
-    assert R.blog_value("main", "mt_bench", "zero_init_residual") == 3.406
+    assert R.blog_value("main", "mt_bench", "dmtp") == 3.406
     assert R.blog_value("open_repro", "MT-Bench", "dmtp_d2") == 4.052
     assert math.isnan(R.blog_value("open_repro", "agent", "dflash"))

@@ -13,10 +13,11 @@ from dmtp.cli import pipeline, stages
 from dmtp.cli.main import main as dmtp
 from dmtp.io import read_jsonl
 from dmtp.models import tiny
+from dmtp.schema import override
 from dmtp.training import drafters as train_mod
 from dmtp.training.drafters import TrainConfig, new_drafters, train_drafters
 from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain
-from experiments.profiles import get_profile, override
+from experiments.profiles import get_profile
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +67,18 @@ def test_pipeline_refuses_changed_settings_on_finished_stages(tmp_path, capsys):
         for u in pipeline.units(c, s):  # a finished target keeps its record in its own folder
             stages.record(u)
     pipeline.main(a)  # the same configuration: nothing to do
-    a.set = ["train.steps=200", "arch.hidden_size=128"]
+    a.set = ["train.steps=200", "model.arch.hidden_size=128"]
     with pytest.raises(stages.StageMismatch) as e:
         pipeline.main(a)
     msg = str(e.value)
-    assert "smoke/target (arch.hidden_size: 64 -> 128)" in msg
-    assert "(arch.hidden_size: 64 -> 128, train.steps: 6 -> 200)" in msg and "--force" in msg
+    assert "smoke/target (model.arch.hidden_size: 64 -> 128)" in msg
+    assert "(model.arch.hidden_size: 64 -> 128, train.steps: 6 -> 200)" in msg and "--force" in msg
     assert not (tmp_path / "r").exists()
     # the profile's own units: an eval run depends on the drafter's training, an ar run only on the target's
     c = pipeline.Ctx(Namespace(profile="smoke", work=str(tmp_path / "w"), results=str(tmp_path / "r"),
                                set=["train.steps=7"]))
     ev = {u.want["run"]["method"]: u.want for u in pipeline.units(c, "eval")}
-    assert ev["dflash"]["train"]["steps"] == 7 and "train" not in ev["ar"] and ev["mtp"]["mtp_steps"] == 4
+    assert ev["dflash"]["train"]["steps"] == 7 and "train" not in ev["ar"] and ev["mtp"]["eval.mtp_steps"] == 4
 
 
 def test_train_refuses_a_finished_drafter_of_another_configuration(ckpt, tmp_path, capsys):
@@ -196,10 +197,10 @@ def test_configs_refuse_bad_values():
     with pytest.raises(ValueError, match="expected at least one step's worth"):
         PretrainConfig(tokens=100, seq_len=64, batch_size=8)
     p = get_profile("smoke")
-    with pytest.raises(ValueError, match=r"--set data_temperature=nan: expected a finite number >= 0"):
-        override(p, ["data_temperature=nan"])
-    with pytest.raises(ValueError, match=r"--set eval_temperatures=\[0, -1\]: expected a non-empty"):
-        override(p, ["eval_temperatures=[0, -1]"])
+    with pytest.raises(ValueError, match=r"--set data.temperature=nan: expected a finite number >= 0"):
+        override(p, ["data.temperature=nan"])
+    with pytest.raises(ValueError, match=r"--set eval.temperatures=\[0, -1\]: expected a non-empty"):
+        override(p, ["eval.temperatures=[0, -1]"])
     assert override(p, ["train.steps=7"]).train.steps == 7
 
 

@@ -1,12 +1,9 @@
-"""Losslessness at T = 0: each method's output against `ar`'s (the target's own greedy decoding in the same
-precision), and, where they differ, how near a tie the target was at the first differing position.
+"""Losslessness at T = 0 (the one comparison the pipeline's `tables` stage and `python -m dmtp.cli.lossless` share):
+each method's output records against `ar`'s, the first differing position of each request, and the target's top-1
+minus top-2 logit there (`top2_gap`: how near a tie it was; bf16 verify and AR forwards round differently).
 
-In fp32 every method must match exactly. In bf16 a verify forward of k+1 rows and the AR forward of one row round
-differently, so a near-tie can flip; `top2_gap` (the target's logit gap between its two best tokens at that position,
-from an uncached pass over the shared prefix) says how near.
-
-    python -m dmtp.cli.lossless --target work/mini/target --methods ar,mtp --dtype bf16 --n 40 \
-        --max-new-tokens 128 --out results/mini/lossless_bf16     # add --drafters D for drafter methods
+    rows, flips = compare_runs({"0": [5, 6]}, {"dflash": [{"id": "0", "output_ids": [5, 7]}]}, "humaneval")
+    # rows: [{"method": "dflash", "n": 1, "identical": 0, "divergent": "0@1", ...}]; flips: one, at position 1
 """
 from __future__ import annotations
 
@@ -31,6 +28,26 @@ def compare(ref: dict[str, list[int]], recs: list[dict], method: str, dataset: s
     row = {"method": method, "dataset": dataset, "n": len(recs), "identical": len(recs) - len(flips),
            "divergent": ";".join(f"{f['id']}@{f['position']}" for f in flips)}
     return row, flips
+
+
+def compare_runs(ref: dict[str, list[int]], runs: dict[str, list[dict]], dataset: str) -> tuple[list[dict],
+                                                                                               list[dict]]:
+    """`compare` for every method of `runs` (name -> its records): one summary row each, all divergences."""
+    rows, flips = [], []
+    for method, recs in runs.items():
+        row, f = compare(ref, recs, method, dataset)
+        rows.append(row)
+        flips += f
+    return rows, flips
+
+
+def add_top2_gaps(target, flips: list[dict], prompt_ids: dict[str, list[int]], refs: dict[str, dict]) -> None:
+    """Set each flip's `top2_gap` at its position (prompt + the shared `ar` prefix), where its prompt is known.
+    refs: dataset -> (id -> ar output ids)."""
+    for f in flips:
+        if f["id"] in prompt_ids:
+            ref = refs[f["dataset"]][f["id"]]
+            f["top2_gap"] = top2_gap(target, prompt_ids[f["id"]] + ref[: f["position"]])
 
 
 @torch.no_grad()

@@ -138,3 +138,124 @@ def paired_diff(a_records: Sequence[dict], b_records: Sequence[dict], value_fn: 
         p = float((1 + (np.abs(signs @ d / n) >= obs).sum()) / (1 + n_boot))
     return {"diff": diff, "lo": lo, "hi": hi, "p": p, "n": n}
 
+
+
+# --- the outputs themselves: early stops, repetition, loops --------------------------------------------------------
+def stopped_at_once(records: Sequence[dict], eos_ids) -> tuple[float, list]:
+    """(fraction of requests whose first generated token is end-of-text, their ids). Such a request has no verify
+    round and no acceptance length; a table must list it, never drop it silently."""
+    eos = set(eos_ids)
+    ids = [r["id"] for r in records if r["output_ids"] and r["output_ids"][0] in eos]
+    return (len(ids) / len(records) if records else NAN), ids
+
+
+def repeat_rate(tokens: Sequence[int], n: int = 8) -> float:
+    """Fraction of the sequence's n-grams (starts i = 0..len-n) that already occurred at an earlier start j < i
+    (overlaps allowed); nan when the sequence has no n-gram.
+    >>> repeat_rate([1, 2, 1, 2, 1, 2], n=2)   # 12 21 12 21 12: the last three were seen before
+    0.6"""
+    grams = [tuple(tokens[i: i + n]) for i in range(len(tokens) - n + 1)]
+    return (len(grams) - len(set(grams))) / len(grams) if grams else NAN
+
+
+LOOP_MIN_TOKENS = 16  # a trailing loop spans at least this many tokens (and at least two copies of its period)
+
+
+def trailing_loop(tokens: Sequence[int], min_tokens: int = LOOP_MIN_TOKENS) -> int:
+    """Start of the exact loop the sequence ends in; len(tokens) when it ends in none.
+
+    Rule: for a period p, the p-periodic suffix is the longest suffix with t[i] == t[i+p] for all its i < len-p;
+    its length is p + Z[p] with Z the Z-function of the reversed sequence (Z[p] = longest common prefix of r and
+    r[p:]). A period counts when that suffix holds >= 2 full copies (Z[p] >= p) and >= `min_tokens` tokens; the loop
+    is the longest such suffix over all periods, and a shorter suffix never counts as a loop.
+    >>> trailing_loop([9, 8, 1, 2, 3, 1, 2, 3, 1, 2], min_tokens=6)    # "1 2 3" x 2 + "1 2": starts at 2
+    2
+    """
+    r = list(tokens)[::-1]
+    n = len(r)
+    z, lo, hi = [0] * n, 0, 0  # Z-function: z[i] = lcp(r, r[i:]); [lo, hi) the rightmost match window
+    for i in range(1, n):
+        if i < hi:
+            z[i] = min(hi - i, z[i - lo])
+        while i + z[i] < n and r[z[i]] == r[i + z[i]]:
+            z[i] += 1
+        if i + z[i] > hi:
+            lo, hi = i, i + z[i]
+    longest = max([p + z[p] for p in range(1, n) if z[p] >= p and p + z[p] >= min_tokens], default=0)
+    return n - longest
+
+
+def round_spans(accepted: Sequence[int], n_tokens: int) -> list[tuple[int, int]]:
+    """Output tokens [start, end) emitted by each verify round: token 0 comes from the prefill, round i emits
+    accepted[i] + 1 tokens (the last round may be cut by end-of-text, a stop string or the length: end <= n_tokens)."""
+    spans, s = [], 1
+    for a in accepted:
+        spans.append((min(s, n_tokens), min(s + a + 1, n_tokens)))
+        s += a + 1
+    return spans
+
+
+def acceptance_length_loopfree(accepted: Sequence[int], loop_start: int, n_tokens: int) -> float:
+    """Per-verify acceptance 1 + mean(accepted) over the rounds whose emitted tokens all lie before `loop_start`
+    (`round_spans`); nan when no round does. With no loop (loop_start = n_tokens) it is `acceptance_length`."""
+    keep = [a for a, (_, e) in zip(accepted, round_spans(accepted, n_tokens)) if e <= loop_start]
+    return acceptance_length(keep)
+
+
+def loop_stats(record: dict, n: int = 8, min_tokens: int = LOOP_MIN_TOKENS) -> dict:
+    """One record's `repeat_rate` (n-grams), trailing loop (`loop_start`, `loop_tokens`, `loop_frac` = the fraction
+    of its emitted tokens inside the loop) and `acceptance_length_loopfree`.
+
+        stats = [loop_stats(r) for r in read_jsonl("results/mini/runs/ablation/dflash/humaneval_T0.jsonl")]
+    """
+    out, acc = record["output_ids"], record["accepted"]
+    start = trailing_loop(out, min_tokens)
+    return {"repeat_rate": repeat_rate(out, n), "loop_start": start, "loop_tokens": len(out) - start,
+            "loop_frac": (len(out) - start) / len(out) if out else NAN,
+            "acceptance_length_loopfree": acceptance_length_loopfree(acc, start, len(out))}
+
+
+def loop_summary(records: Sequence[dict], n: int = 8, min_tokens: int = LOOP_MIN_TOKENS) -> dict:
+    """A run's columns: `repeat_rate` (mean over requests with an n-gram), `loop_frac` (tokens inside trailing loops /
+    all emitted tokens, pooled), `acceptance_length_loopfree` (mean over requests with a loop-free round, like
+    `per_request`), and `n_loops` (requests that end in a loop)."""
+    st = [loop_stats(r, n, min_tokens) for r in records]
+    rates = [s["repeat_rate"] for s in st if not np.isnan(s["repeat_rate"])]
+    free = [s["acceptance_length_loopfree"] for s in st if not np.isnan(s["acceptance_length_loopfree"])]
+    total = sum(len(r["output_ids"]) for r in records)
+    return {"repeat_rate": float(np.mean(rates)) if rates else NAN,
+            "loop_frac": sum(s["loop_tokens"] for s in st) / total if total else NAN,
+            "acceptance_length_loopfree": float(np.mean(free)) if free else NAN,
+            "n_loops": sum(s["loop_tokens"] > 0 for s in st)}
+
+
+# --- acceptance ceilings at T > 0 (dmtp/analysis/oracle.py computes p_max with the target) -------------------------
+def ceiling(pmax_lists: Sequence[Sequence[float]], k: int) -> list[float]:
+    """The p_max-product ceiling per draft position, pooled over requests: [C_1..C_k] with
+        C_j = mean over windows t of prod_{i<j} pmax[t+i],
+    pmax[t] = the target's top-1 probability for output token t along a sampled path (`oracle.pmax_along`). The
+    windows of a request are t = 1..n-k (token 0 comes from the prefill; all k factors inside the output), the same
+    for every j, so C is non-increasing in j. nan without any window. `oracle.py` says what it bounds."""
+    rows = [np.cumprod(np.lib.stride_tricks.sliding_window_view(np.asarray(p, float)[1:], k), axis=1)
+            for p in pmax_lists if len(p) > k]
+    if not rows:
+        return [NAN] * k
+    return np.concatenate(rows).mean(0).tolist()
+
+
+def round_ceiling(pmax: Sequence[float], accepted: Sequence[int], k: int) -> dict:
+    """Counts for the per-round bound along a method's OWN output (exact for any drafter; `oracle.py`):
+        rounds       number of verify rounds
+        reach[j-1]   rounds with L >= j-1                            (j = 1..k)
+        bound[j-1]   sum over those rounds of pmax[s + j - 1]         (s = the round's first drafted output index;
+                     1 where that index lies past the output)
+    so P(L >= j) <= bound[j-1] / rounds and P(L >= j | L >= j-1) <= bound[j-1] / reach[j-1]. Counts of several
+    requests add up."""
+    reach, bound = [0] * k, [0.0] * k
+    n = len(pmax)
+    for (s, _), a in zip(round_spans(accepted, 1 << 62), accepted):
+        for j in range(1, k + 1):
+            if a >= j - 1:
+                reach[j - 1] += 1
+                bound[j - 1] += float(pmax[s + j - 1]) if s + j - 1 < n else 1.0
+    return {"rounds": len(accepted), "reach": reach, "bound": bound}

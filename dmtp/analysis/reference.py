@@ -5,7 +5,8 @@
     reference.blog_value("main", "humaneval", "dmtp")   # 3.847 (our dataset name -> blog workload "Code")
 
 Tables: main, ablation, conditional, per_request_vs_verify, throughput, overhead, open_repro, first_token.
-Method `dmtp` is the blog's DMTP main method, which our suite runs as `zero_init_residual` (DMTP_MAIN).
+Methods are the blog's names: `dmtp` is its DMTP main method (which of our runs that is, the experiment's ablation
+spec says: `main_method`); the others (dflash, mtp, dflash2, dmtp_d2, the ablation's variants) match ours.
 """
 from __future__ import annotations
 
@@ -18,9 +19,6 @@ from pathlib import Path
 import pandas as pd
 
 PATH = Path(__file__).with_name("reference.json")
-DMTP_MAIN = "zero_init_residual"  # our method reported as the blog's "dmtp" / DMTP(D)
-TABLES = ("main", "ablation", "conditional", "per_request_vs_verify", "throughput", "overhead", "open_repro",
-          "first_token")
 
 # our dataset names (normalised: lower case, alphanumerics only) -> the blog's internal workload (35B, T = 1) ...
 WORKLOAD = {"humaneval": "Code", "humaneval8": "Code", "code": "Code", "mbpp": "Code", "livecodebench": "Code",
@@ -60,16 +58,11 @@ def open_dataset(dataset: str) -> str | None:
     return OPEN.get(_norm(dataset))
 
 
-def blog_method(method: str) -> str:
-    """Our method name -> the column/label the reference tables use."""
-    return "dmtp" if method == DMTP_MAIN else method
-
-
 def blog_value(name: str, dataset: str, method: str) -> float:
-    """The number the blog reports for (our dataset, our method) in table `main` or `open_repro` (acceptance
+    """The number the blog reports for (our dataset, its method) in table `main` or `open_repro` (acceptance
     length; `method` may also name another column, e.g. dmtp_vs_dflash_pct); nan when the blog has none."""
     key = workload(dataset) if name == "main" else open_dataset(dataset)
-    t, m = table(name), blog_method(method)
+    t, m = table(name), method
     col = t.columns[0]
     if key is None or m not in t.columns or key not in set(t[col]):
         return math.nan
@@ -83,9 +76,9 @@ def ablation_value(method: str, column: str = "acceptance_length") -> float:
 
 
 def conditional_row(dataset: str, method: str) -> tuple[list[float], int] | None:
-    """(c1..c7 in percent, n_rounds) for our dataset/method from the blog's conditional table, or None."""
+    """(c1..c7 in percent, n_rounds) for our dataset and the blog's method from its conditional table, or None."""
     t, w = table("conditional"), workload(dataset)
-    r = t[(t.workload == w) & (t.method == blog_method(method))]
+    r = t[(t.workload == w) & (t.method == method)]
     if r.empty:
         return None
     return [float(r[f"c{k}"].iloc[0]) for k in range(1, 8)], int(r.n_rounds.iloc[0])

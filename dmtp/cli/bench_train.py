@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ablations.code import VARIANTS
+from dmtp.analysis.ratios import Ratio, merge, read, write
+from dmtp.experiment import drafter_config
 from dmtp.io import write_json, write_meta
 from dmtp.training.common import peak_flops
 from dmtp.training.drafters import new_drafters, train_drafters
@@ -35,7 +36,7 @@ from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
 from experiments.profiles import get_profile
 
 PATHS = {"eager": "off", "compiled": "auto"}  # the two paths, as values of the configs' `compile` field
-GOALS = {"mfu": 0.35, "drafter_speedup": 4.0}  # issue table: >= 35 % MFU; drafter steps/s >= 4x the eager path
+GOALS = {"mfu": 0.35, "drafter_speedup": 4.0}  # goals: >= 35 % MFU; drafter steps/s >= 4x the eager path
 # measured on an H200 before the compiled paths existed (LOG.md, 2026-11): printed beside the new numbers
 BEFORE = {"mini": {"pretrain": "0.56 M tok/s", "drafters": "~5 steps/s"}}
 
@@ -52,11 +53,12 @@ def steady_rate(hist: list[dict], warm: int, count: str) -> tuple[float, int]:
 def bench_pretrain(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     """`steps` pretraining steps of the profile's target (random weights and tokens) on one process."""
     torch.manual_seed(0)
-    tgt, mtp = build_target(prof.arch, prof.vocab_size, eos_id=0)
+    vocab = prof.data.vocab_size
+    tgt, mtp = build_target(prof.model.arch, vocab, eos_id=0)
     tgt.model.to(dev)
     mtp.to(dev)
     p = prof.pretrain
-    tokens = np.random.default_rng(0).integers(0, prof.vocab_size, 4_000_000).astype(np.int32)
+    tokens = np.random.default_rng(0).integers(0, vocab, 4_000_000).astype(np.int32)
     cfg = replace(p, tokens=steps * p.batch_size * p.seq_len, log_every=warm, save_every=10 ** 9, stop_after=0,
                   compile=PATHS[path])
     t0 = time.time()
@@ -76,70 +78,63 @@ def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     the profile's drafter shape and recipe, bf16 autocast on GPU), on a random-weight target of the profile's shape
     and random sequences of max_len / 2 .. max_len tokens."""
     torch.manual_seed(0)
-    tgt, mtp = build_target(prof.arch, prof.vocab_size, eos_id=0)
+    vocab = prof.data.vocab_size
+    tgt, mtp = build_target(prof.model.arch, vocab, eos_id=0)
     tgt.model.to(dev).eval().requires_grad_(False)
     mtp.to(dev).eval().requires_grad_(False)
     t = prof.train
     rng = random.Random(0)
-    seqs = [[rng.randrange(prof.vocab_size) for _ in range(rng.randrange(t.max_len // 2, t.max_len + 1))]
+    seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(t.max_len // 2, t.max_len + 1))]
             for _ in range(4 * t.batch_size)]
-    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
-                num_hidden_layers=prof.drafter_layers, num_attention_heads=prof.drafter_heads,
-                num_key_value_heads=prof.drafter_kv_heads, head_dim=prof.arch.head_dim,
-                intermediate_size=prof.drafter_intermediate, mask_token_id=1, seed=t.seed)
-    drafters = new_drafters(tgt, VARIANTS, base)
+    variants = list(prof.ablation.variants())
+    base = dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed)
+    drafters = new_drafters(tgt, variants, base)
     cfg = replace(t, steps=steps, log_every=warm, save_every=10 ** 9, stop_after=0, amp_bf16=dev == "cuda",
                   compile=PATHS[path])
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         hist = train_drafters(tgt, mtp, drafters, seqs, cfg, tmp, log=lambda *_: None)
     wall = time.time() - t0
-    rate, timed = steady_rate(hist[VARIANTS[-1]], warm, "step")  # the last drafter's record closes its step
+    rate, timed = steady_rate(hist[variants[-1]], warm, "step")  # the last drafter's record closes its step
     return {"steps_per_s": rate, "steps_timed": timed, "wall_s": wall, "drafters": len(drafters),
             "batch": t.batch_size, "max_len": t.max_len, "anchors_per_seq": t.anchors_per_seq}
 
 
-def record(target: str, value: float, goal: str, met: bool, note: str = "") -> dict:
-    """One ratio record in the format of `dmtp.cli.bench` (ratios.json), printed as it is made."""
-    print(f"[bench-train] {'MET ' if met else 'MISS'} {target}: {value:.3f} (goal {goal}) {note}", flush=True)
-    return {"target": target, "value": round(float(value), 4), "goal": goal, "met": bool(met), "note": note}
+def record(setup: str, name: str, value: float, direction: str = "report", goal: float | None = None,
+           note: str = "") -> Ratio:
+    """One typed ratio record (`dmtp.analysis.ratios`), printed as it is made."""
+    r = Ratio(setup, name, round(float(value), 4), direction, goal, note=note)
+    print(f"[bench-train] {'MET ' if r.met else 'MISS'} {r.target}: {r.value:.3f} (goal {r.goal_text}) {note}",
+          flush=True)
+    return r
 
 
-def ratio_records(label: str, res: dict) -> list[dict]:
+def ratio_records(label: str, res: dict) -> list[Ratio]:
     """The ratio records of a run's results (paths that failed left out)."""
     out = []
     before = BEFORE.get(label, {})
     pre = res.get("pretrain", {})
     if "eager" in pre and "compiled" in pre:
         e, c = pre["eager"], pre["compiled"]
-        out.append(record(f"{label} pretraining tok/s, compiled / eager", c["tokens_per_s"] / e["tokens_per_s"],
-                          "report", True, f"{c['tokens_per_s'] / 1e6:.3f} M vs {e['tokens_per_s'] / 1e6:.3f} M tok/s"
+        out.append(record(label, "pretraining tok/s, compiled / eager", c["tokens_per_s"] / e["tokens_per_s"],
+                          note=f"{c['tokens_per_s'] / 1e6:.3f} M vs {e['tokens_per_s'] / 1e6:.3f} M tok/s"
                           + (f" (before: {before['pretrain']})" if before else "")))
         if c["mfu"] is not None:
-            out.append(record(f"{label} pretraining MFU (compiled, bf16)", c["mfu"], f">= {GOALS['mfu']}",
-                              c["mfu"] >= GOALS["mfu"], f"{c['flops_per_token'] / 1e6:.1f} MFLOP/token x "
-                              f"{c['tokens_per_s'] / 1e6:.3f} M tok/s / {c['peak_flops'] / 1e12:.0f} TFLOP/s; eager "
-                              f"{e['mfu']:.3f}"))
+            out.append(record(label, "pretraining MFU (compiled, bf16)", c["mfu"], ">=", GOALS["mfu"],
+                              f"{c['flops_per_token'] / 1e6:.1f} MFLOP/token x {c['tokens_per_s'] / 1e6:.3f} M "
+                              f"tok/s / {c['peak_flops'] / 1e12:.0f} TFLOP/s; eager {e['mfu']:.3f}"))
     dr = res.get("drafters", {})
     if "eager" in dr and "compiled" in dr:
         e, c = dr["eager"], dr["compiled"]
-        q = c["steps_per_s"] / e["steps_per_s"]
-        out.append(record(f"{label} drafter training steps/s, {c['drafters']} drafters side by side, compiled / "
-                          f"eager", q, f">= {GOALS['drafter_speedup']:g}", q >= GOALS["drafter_speedup"],
+        out.append(record(label, f"drafter training steps/s, {c['drafters']} drafters side by side, compiled / eager",
+                          c["steps_per_s"] / e["steps_per_s"], ">=", GOALS["drafter_speedup"],
                           f"{c['steps_per_s']:.2f} vs {e['steps_per_s']:.2f} steps/s"
                           + (f" (before: {before['drafters']})" if before else "")))
     return out
 
 
-def merge_ratios(path: Path, new: list[dict]):
-    """ratios.json keeps every record of other targets; a record of the same target is replaced."""
-    old = json.loads(path.read_text()) if path.exists() else []
-    names = {r["target"] for r in new}
-    write_json(path, [r for r in old if r["target"] not in names] + new)
-
-
 def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, parts=("pretrain", "drafters"),
-                paths=tuple(PATHS), drafter_steps: int | None = None) -> list[dict]:
+                paths=tuple(PATHS), drafter_steps: int | None = None) -> list[Ratio]:
     """Run the benchmark, write train.json (+ meta) and merge the ratio records into ratios.json; returns them.
     Each (part, path) runs in a try: a failing path is recorded with its error, the others still run."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -165,7 +160,7 @@ def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, 
     write_meta(out / "meta_train.json", {"profile": profile, "steps": steps, "warm": warm, "parts": list(parts),
                                          "paths": {p: PATHS[p] for p in paths}, "pretrain": asdict(prof.pretrain),
                                          "train": asdict(prof.train)}, wall_s=time.time() - t0)
-    merge_ratios(out / "ratios.json", recs)
+    write(out / "ratios.json", merge(read(out / "ratios.json"), recs))
     return recs
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 
+from dmtp.experiment import drafter_config, torch_dtype
 from dmtp.models.drafter import BACKBONES, Drafter, DrafterConfig, check_compatible
 from dmtp.models.mtp import MTPHead, mtp_num_layers
 from dmtp.models.target import Target
-from dmtp.models.variants import NAMES
+from dmtp.models.variants import REGISTRY
 from experiments.profiles import get_profile
 
 
@@ -48,7 +49,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
                          "profiles)")
     target = target or (os.environ.get(sc.target_env) if sc.target_env else None)
     cfg, source, mismatch = _text_config(target, prof)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[sc.dtype]
+    dtype = torch_dtype(prof.model.dtype)
     checks = []
 
     def check(name, ok, detail=""):
@@ -66,18 +67,15 @@ def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
     check("native MTP declared", mtp_num_layers(cfg) >= 1, f"mtp layers {mtp_num_layers(cfg)}")
     check("MTP fc [H, 2H]", tuple(mtp.fc.weight.shape) == (H, 2 * H), str(tuple(mtp.fc.weight.shape)))
     check("MTP layer is full attention", hasattr(mtp.layers[0], "self_attn"))
-    check("mask token inside the vocabulary", 0 <= sc.mask_token_id < tgt.vocab_size, str(sc.mask_token_id))
+    mask = prof.drafter.mask_token_id
+    check("mask token inside the vocabulary", 0 <= mask < tgt.vocab_size, str(mask))
 
     drafters = {}
+    base = drafter_config(prof, tgt.config)
     for bb in backbones or BACKBONES:
-        for v in NAMES:
-            c = DrafterConfig(hidden_size=H, vocab_size=tgt.vocab_size, num_hidden_layers=prof.drafter_layers,
-                              num_attention_heads=prof.drafter_heads, num_key_value_heads=prof.drafter_kv_heads,
-                              head_dim=sc.drafter_head_dim, intermediate_size=prof.drafter_intermediate,
-                              num_target_layers=L, mask_token_id=sc.mask_token_id, block_size=sc.block_size,
-                              window=sc.window, variant=v, backbone=bb,
-                              rope_theta=cfg.rope_parameters.get("rope_theta", 1e6),
-                              max_position_embeddings=cfg.max_position_embeddings)
+        for v in sorted(REGISTRY):
+            c = DrafterConfig(**base, variant=v, backbone=bb,
+                              variant_config=prof.drafter.variants.get(v, {}))
             with torch.device("meta"):
                 d = Drafter(c).to(dtype)
             name = f"{bb}/{v}"
@@ -90,7 +88,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
                 check(f"{name}: compatible with the target", False, str(e))
             check(f"{name}: taps < L-1", all(0 <= t < L - 1 for t in c.target_layer_ids), str(c.target_layer_ids))
             check(f"{name}: fc in = K*H", tuple(d.fc.weight.shape) == (H, K * H), f"{tuple(d.fc.weight.shape)}, K={K}")
-            check(f"{name}: layers", len(d.layers) == prof.drafter_layers, str(len(d.layers)))
+            check(f"{name}: layers", len(d.layers) == prof.drafter.layers, str(len(d.layers)))
     body = tgt.body
     params = {
         "target": _n(model), "target_embedding": body.embed_tokens.weight.numel(),
@@ -108,6 +106,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
 
 def render(r: dict) -> str:
     p, sc, cfg, P = r["profile"], r["profile"].scale, r["config"], r["params"]
+    d = p.drafter
     b = lambda n: f"{n / 1e9:7.3f} B"  # noqa: E731
     types = cfg.layer_types if getattr(cfg, "layer_types", None) else ["full_attention"] * cfg.num_hidden_layers
     lines = [
@@ -123,17 +122,17 @@ def render(r: dict) -> str:
         f"{b(P['target_lm_head']).strip()}, GDN-layer blocks {b(P['target_linear_attention_layers']).strip()}, "
         f"attention-layer blocks {b(P['target_full_attention_layers']).strip()})",
         f"  native MTP head     {b(P['mtp'])}   (frozen)",
-        f"  drafters ({p.drafter_layers} layers, {p.drafter_heads}/{p.drafter_kv_heads} heads x {sc.drafter_head_dim}, "
-        f"FFN {p.drafter_intermediate}, taps {r['taps']}, block {sc.block_size}, window {sc.window}, "
-        f"mask {sc.mask_token_id}), trained:",
+        f"  drafters ({d.layers} layers, {d.heads}/{d.kv_heads} heads x {d.head_dim}, FFN {d.intermediate}, "
+        f"taps {r['taps']}, block {d.block_size}, window {d.window}, mask {d.mask_token_id}), trained:",
     ]
     lines += [f"    {k:<34}{b(v)}" for k, v in P["drafters"].items()]
     t = p.train
     lines += ["", f"training: {sc.train_set}, {sc.epochs} epochs x {sc.train_prompts} prompts / global batch "
-                  f"{sc.global_batch} = {t.steps} steps; sequences <= {sc.max_seq_len}; {sc.dtype}; AdamW lr {t.lr}, "
+                  f"{sc.global_batch} = {t.steps} steps; sequences <= {sc.max_seq_len}; {p.model.dtype}; "
+                  f"AdamW lr {t.lr}, "
                   f"warmup {t.warmup_frac:.0%}, cosine, clip {t.clip}; gamma {t.gamma}",
-              f"evaluation: {', '.join(f'{k} ({n})' for k, n in p.eval_sets.items())}; T = "
-              f"{', '.join(map(str, p.eval_temperatures))}; {p.eval_new_tokens} new tokens", ""]
+              f"evaluation: {', '.join(f'{k} ({n})' for k, n in p.eval.sets.items())}; T = "
+              f"{', '.join(map(str, p.eval.temperatures))}; {p.eval.new_tokens} new tokens", ""]
     bad = [c for c in r["checks"] if not c[1]]
     lines.append(f"checks: {len(r['checks']) - len(bad)}/{len(r['checks'])} ok")
     lines += [f"  FAILED {n}: {d}" for n, _, d in bad]

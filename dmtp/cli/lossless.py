@@ -15,12 +15,14 @@ from pathlib import Path
 
 import torch
 
-from dmtp.analysis.lossless import compare, top2_gap
+from dmtp.analysis.lossless import add_top2_gaps, compare
 from dmtp.cli.args import at_least, checkpoint, guard, names, out_dir
+from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import load_method
 from dmtp.engine.runner import run_generate
+from dmtp.experiment import torch_dtype
 from dmtp.io import write_meta, write_text
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config
@@ -66,12 +68,11 @@ def run(a):
         raise ValueError(f"--n {a.n}: HumanEval has {len(hp)} problems")
     # --- the work ---
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
-    tgt = Target.load(a.target, dtype=dtype, device=dev)
+    tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)
     mtp = MTPHead.load(tgt, a.target) if any(m != "ar" for m in methods) else None
-    prompts = [{"id": x["id"], "prompt_ids": tok(x["prompt"], add_special_tokens=False)["input_ids"]} for x in hp]
+    prompts = encode_prompts(tok, hp)
     rows, flips, ref = [], [], None
-    for name in methods:
+    for name in methods:  # ar first: the reference
         m = load_method(name, tgt, mtp, a.drafters)
         recs = run_generate(tgt, m, prompts, 0.0, a.max_new_tokens, eos, a.batch_size, desc=name)
         if ref is None:
@@ -81,9 +82,7 @@ def run(a):
         rows.append(row)
         flips += f
         print(f"[lossless] {a.dtype} {name}: {row['identical']}/{row['n']} identical to ar")
-    ids = {x["id"]: x["prompt_ids"] for x in prompts}
-    for f in flips:
-        f["top2_gap"] = top2_gap(tgt, ids[f["id"]] + ref[f["id"]][: f["position"]])
+    add_top2_gaps(tgt, flips, {x["id"]: x["prompt_ids"] for x in prompts}, {"humaneval": ref})
     write_text(out / "lossless.csv", pd.DataFrame(rows).to_csv(index=False))
     write_text(out / "divergences.csv", pd.DataFrame(flips, columns=["method", "dataset", "id", "position", "ar_token",
                                                                       "token", "top2_gap"]).to_csv(index=False))

@@ -4,6 +4,7 @@
     dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \
         --max-new-tokens 128 --out out.jsonl
     dmtp generate --target PATH --method mtp --dataset gsm8k [--data-path FILE] --out gsm8k.jsonl
+    dmtp generate --target PATH --method ar --prompts he.jsonl --mode natural --stop humaneval --out out.jsonl
     dmtp train --target PATH --data tokens.jsonl --variants dflash,zero_init_residual --out DIR --steps 200
     dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
@@ -21,12 +22,15 @@ import time
 from pathlib import Path
 
 from dmtp import dist
+from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import require
 from dmtp.cli import args, dryrun, pipeline, stages
-from dmtp.data.datasets import load_prompts, spec
+from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import build_method
-from dmtp.engine.runner import mtbench_generate, run_generate
+from dmtp.engine.runner import MODES, mtbench_generate, run_generate
+from dmtp.engine.stops import HUMANEVAL_STOPS
+from dmtp.experiment import drafter_config, torch_dtype
 from dmtp.io import append_jsonl, iter_jsonl, read_jsonl, write_meta
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
@@ -36,15 +40,9 @@ from dmtp.training.drafters import TrainConfig, load_sequences, new_drafters, tr
 from experiments.profiles import get_profile
 
 
-def _dtype(name):
-    import torch
-
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
 def cmd_variants(a):
     w = max(map(len, REGISTRY))
-    for name, cls in REGISTRY.items():
+    for name, cls in sorted(REGISTRY.items()):
         print(f"{name:<{w}}  {cls.description}")
 
 
@@ -91,7 +89,7 @@ def read_prompts(path, tok=None, vocab_size=None):
             if tok is None:
                 raise ValueError(f"{path}:{i}: a text prompt, but the target has no tokenizer files (give "
                                  "`prompt_ids`)")
-            ids = tok(r["prompt"], add_special_tokens=False)["input_ids"]
+            ids = encode(tok, r["prompt"])
         else:
             raise ValueError(f"{path}:{i}: needs `prompt` (text) or `prompt_ids`")
         if not ids:
@@ -174,6 +172,15 @@ def cmd_generate(a):
     cfg = read_config(a.target)
     tok = find_tokenizer(a.target)
     eos = eos_ids(a.eos, cfg, tok, cfg.vocab_size, a.target)
+    stops = [s for x in a.stop or [] for s in (HUMANEVAL_STOPS if x == "humaneval" else [x])]
+    if stops and a.mode == "fixed":
+        raise ValueError("--stop takes --mode natural (--mode fixed decodes exactly --max-new-tokens)")
+    if stops and tok is None:
+        raise ValueError(f"--stop needs the target's tokenizer files beside {a.target}/config.json")
+    if stops and dataset == "mtbench":
+        raise ValueError("--stop is not supported with --dataset mtbench (two turns)")
+    if "" in stops:
+        raise ValueError("--stop '': a stop string must not be empty")
     if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
         if tok is None:
             raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
@@ -191,7 +198,7 @@ def cmd_generate(a):
         drafter=str(Path(a.drafter).resolve()) if a.drafter else None,
         drafter_modified=_modified(a.drafter) if a.drafter else None, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, mtp_steps=a.mtp_steps if a.method == "mtp" else None,
-        batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset,
+        batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset, mode=a.mode, stop=stops,
         prompts=str(Path(a.prompts).resolve()) if a.prompts else None,
         data_path=str(Path(a.data_path).resolve()) if a.data_path else None))
     done = resume_records(out, meta, want, a.force)
@@ -205,7 +212,7 @@ def cmd_generate(a):
         print(f"{a.method}: all {len(prompts)} prompts already in {out}")
         return
     # --- the work: batch i (prompts i..i+B-1, seeded seed + i) is appended as soon as it is decoded ---
-    tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, _dtype(a.dtype))
+    tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, torch_dtype(a.dtype))
     method = build_method(a.method, tgt, drafter=drafter, mtp=mtp, mtp_steps=a.mtp_steps)
     write_meta(meta, config, fingerprint=want, finished=False)  # before the first record
     t0 = time.time()
@@ -215,10 +222,10 @@ def cmd_generate(a):
         chunk = prompts[i: i + a.batch_size]
         if mtbench:
             recs = mtbench_generate(tgt, method, tok, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size,
-                                    a.seed + i)
+                                    a.seed + i, mode=a.mode)
         else:
             recs = run_generate(tgt, method, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed + i,
-                                tok)
+                                tok, mode=a.mode, stop_strings=stops)
             for r, p in zip(recs, chunk):  # prompt + output: a training sequence for `dmtp train --data`
                 r.update(prompt_ids=p["prompt_ids"], **({"dataset": p["dataset"]} if dataset else {}))
         append_jsonl(out, [r for r in recs if r["id"] not in done])
@@ -228,7 +235,7 @@ def cmd_generate(a):
     write_meta(meta, config, wall_s=time.time() - t0, fingerprint=want, finished=True, records=len(recs))
     acc = [x for r in recs for x in r["accepted"]]
     if acc:
-        print(f"{a.method}: {len(recs)} requests, {len(acc)} rounds, per-verify tau {1 + sum(acc) / len(acc):.3f}")
+        print(f"{a.method}: {len(recs)} requests, {len(acc)} rounds, per-verify tau {acceptance_length(acc):.3f}")
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
@@ -255,19 +262,16 @@ def cmd_train(a):
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
                   lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after, compile=a.compile)
     seqs = load_sequences(args.in_file(a.data, "--data"), cfg.max_len, vocab_size=cfg_t.vocab_size)
-    base = dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers,
-                num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
+    # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
+    base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
+        dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers)
+    base.update(num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
                 **({"backbone": a.backbone} if a.backbone else {}))
-    if prof is not None:  # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...)
-        paper = bool(prof.scale.target_config)
-        base.update(num_attention_heads=prof.drafter_heads, num_key_value_heads=prof.drafter_kv_heads,
-                    head_dim=prof.scale.drafter_head_dim if paper else prof.arch.head_dim,
-                    intermediate_size=prof.drafter_intermediate, block_size=prof.scale.block_size,
-                    window=prof.scale.window,
-                    rope_theta=(getattr(cfg_t, "rope_parameters", None) or {}).get("rope_theta", 1e6))
+    settings = prof.drafter.variants if prof is not None else {}
     units = []
     for v in variants:
-        dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__}, variant=v)
+        dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__}, variant=v,
+                           variant_config=settings.get(v, {}))
         require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
                 f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
         data = {"path": str(Path(a.data).resolve()), "bytes": Path(a.data).stat().st_size}
@@ -287,10 +291,10 @@ def cmd_train(a):
         print(f"nothing to train: {', '.join(variants)} already finished in {out} with this configuration")
         return
     # --- the work ---
-    tgt = Target.load(a.target, dtype=_dtype(a.dtype), device=dev)
+    tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)
     need_mtp = any(get_variant(v).needs_mtp for v in todo)  # dflash alone needs no MTP head
     mtp = MTPHead.load(tgt, a.target) if need_mtp else None
-    drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo})
+    drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo}, variant_configs=settings)
     train_drafters(tgt, mtp, drafters, seqs, cfg, out)
 
 
@@ -305,11 +309,11 @@ def _train_profile(a):
     if a.profile:
 
         prof = get_profile(a.profile)
-        t, sc = prof.train, prof.scale
-        d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter_layers, lr=t.lr,
-                 gamma=t.gamma)
-        if sc.target_config:
-            d.update(mask_token_id=sc.mask_token_id, dtype=sc.dtype)
+        t = prof.train
+        d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter.layers, lr=t.lr,
+                 gamma=t.gamma, dtype=prof.model.dtype)
+        if prof.drafter.mask_token_id >= 0:
+            d.update(mask_token_id=prof.drafter.mask_token_id)
     for k, v in d.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -336,6 +340,10 @@ def main(argv=None):
     g.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
     g.add_argument("--batch-size", type=args.at_least(1), default=16)
     g.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: the target's config and tokenizer)")
+    g.add_argument("--mode", default="natural", choices=MODES, help="natural: stop at EOS / --stop strings / length; "
+                   "fixed: ignore EOS, decode exactly --max-new-tokens")
+    g.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable (a newline from bash: "
+                   "$'\\ndef'); 'humaneval' = the standard HumanEval stop sequences (natural mode)")
     g.add_argument("--seed", type=args.at_least(0), default=0)
     g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     g.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
@@ -377,7 +385,7 @@ def main(argv=None):
     pl.add_argument("--work", default="work", help="where checkpoints and intermediate data go")
     pl.add_argument("--results", default="results")
     pl.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override a profile field, e.g. pretrain.tokens=20000000 or data_batch=512 (repeatable)")
+                    help="override a profile field, e.g. pretrain.tokens=20000000 or data.batch=512 (repeatable)")
     pl.add_argument("--force", action="store_true", help="redo finished or started stages whose recorded "
                     "configuration differs from the requested one (default: refuse, naming the fields)")
     pl.set_defaults(fn=pipeline.main)

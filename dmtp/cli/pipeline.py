@@ -12,6 +12,10 @@ requested one is refused before any work, naming the fields, unless `--force` re
 
 Under torchrun (`make target|data|drafters NGPU=2`) the stages target, data and drafters run data-parallel, one
 process per GPU; rank 0 alone writes. `--set pretrain.tokens=20000000` (repeatable) overrides a profile field.
+
+The experiment (profile + ablation spec, `dmtp/experiment.py`) is the only input: the runs trained and evaluated are
+`ablation.runs()`, restricted to a subset by `--set ablation.only=dflash,zero_init_residual`; the eval and tables
+stages write the resolved experiment to `results/<profile>/experiment.json`, from which the report takes its rows.
 """
 from __future__ import annotations
 
@@ -19,32 +23,35 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from ablations.code import BACKBONES, BASELINES, CONTINUED, MAIN_TABLE, VARIANTS
 from dmtp import dist
-from dmtp.analysis.lossless import compare, top2_gap
-from dmtp.analysis.report import tables as T
+from dmtp.analysis.lossless import add_top2_gaps, compare_runs
+from dmtp.analysis.metrics import acceptance_length
+from dmtp.analysis.report import render_tables
 from dmtp.checks import require
 from dmtp.cli.stages import Unit, fingerprint, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
 from dmtp.data.corpus import build_corpus
+from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.prompts import code_prompts
-from dmtp.data.tokenizer import encode_corpus, load_tokenizer, train_tokenizer
+from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.decode import build_method, load_method
 from dmtp.engine.runner import run_generate
+from dmtp.experiment import Profile, drafter_config, torch_dtype, write_experiment
 from dmtp.io import atomic_dir, read_jsonl, write_json, write_jsonl, write_meta, write_text
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
+from dmtp.schema import override
 from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
-from experiments.profiles import get_profile, override
+from experiments.profiles import get_profile
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "tables"]
 PARALLEL = ["target", "data", "drafters"]  # the stages that run under torchrun (the others: one process)
@@ -57,7 +64,7 @@ class Ctx:
         self.work = Path(a.work) / name
         self.res = Path(a.results) / name
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.p.target_dtype]
+        self.dtype = torch_dtype(self.p.model.dtype)
         self.force = bool(getattr(a, "force", False))  # redo finished stages made with another configuration
 
     def log(self, msg):
@@ -74,6 +81,7 @@ class Ctx:
         return load_tokenizer(self.work / "tokenizer")
 
     def target(self):
+        load_tokenizer(self.work / "target")  # a target trained on an old tokenizer is an error (StaleTokenizer)
         t = Target.load(self.work / "target", dtype=self.dtype, device=self.dev)
         return t, MTPHead.load(t, self.work / "target")
 
@@ -82,7 +90,7 @@ def st_corpus(c: Ctx):
     u, = units(c, "corpus")
     if not c.check(u):
         stage_record(u)  # tagged before the work: a half-built corpus is checked like a finished one
-    info = build_corpus(c.work / "corpus", max_bytes=c.p.corpus_bytes)
+    info = build_corpus(c.work / "corpus", max_bytes=c.p.data.corpus_bytes)
     c.log(f"corpus: {json.dumps(info, default=str)[:300]}")
 
 
@@ -91,9 +99,14 @@ def st_tokenizer(c: Ctx):
     u, = units(c, "tokenizer")
     if not c.check(u):
         stage_record(u)
+    elif tokenizer_version(out) not in (None, PRETOKENIZER_VERSION):  # made before fingerprints, by an old version
+        c.log(f"tokenizer: {out} has an old pre-tokenizer; rebuilding it and the token streams")
+        shutil.rmtree(out)
+        shutil.rmtree(c.work / "tokens", ignore_errors=True)
+        stage_record(u)
     if not (out / "tokenizer.json").exists():
-        train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.vocab_size,
-                        max_bytes=c.p.tokenizer_bytes)
+        train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.data.vocab_size,
+                        max_bytes=c.p.data.tokenizer_bytes)
     tok = load_tokenizer(out)
     for split in ("train", "heldout"):
         npy = c.work / "tokens" / f"{split}.npy"
@@ -110,6 +123,7 @@ def st_target(c: Ctx):
     u, = units(c, "target")
     there = c.check(u)
     if there and (out / "DONE").exists():
+        load_tokenizer(out)  # StaleTokenizer when it was trained on an old tokenizer (made before fingerprints)
         if state.exists() and is_main():  # a kill after the target was saved left the training state
             shutil.rmtree(state, ignore_errors=True)
         return
@@ -119,7 +133,7 @@ def st_target(c: Ctx):
     tok = c.tok
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(c.p.pretrain.seed)  # the same initial weights on every rank
-    tgt, mtp = build_target(c.p.arch, len(tok), eos)
+    tgt, mtp = build_target(c.p.model.arch, len(tok), eos)
     tgt.model.to(c.dev)
     mtp.to(c.dev)
     n_params = sum(p.numel() for p in tgt.model.parameters())
@@ -140,8 +154,8 @@ def st_target(c: Ctx):
                   train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall, world=info["world"],
                   tokens_per_s=info["tokens_trained"] / info["train_s"] if info["train_s"] > 0 else None)
         c.log(f"target held-out: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()})}")
-        tgt.model.to(torch.bfloat16 if c.p.name == "mini" else torch.float32)
-        mtp.to(torch.bfloat16 if c.p.name == "mini" else torch.float32)
+        tgt.model.to(torch_dtype(c.p.model.checkpoint_dtype))
+        mtp.to(torch_dtype(c.p.model.checkpoint_dtype))
         with atomic_dir(out) as tmp:
             save_target_with_mtp(tgt.model, mtp, tmp)
             tok.save_pretrained(tmp)
@@ -150,7 +164,7 @@ def st_target(c: Ctx):
             (tmp / "DONE").write_text("ok\n")
         write_json(c.res / "target" / "pretrain_history.json", hist)
         write_json(c.res / "target" / "heldout.json", ev)
-        write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.arch), "pretrain": asdict(c.p.pretrain)},
+        write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.model.arch), "pretrain": asdict(c.p.pretrain)},
                    wall_s=wall, world=info["world"], resumed_at_step=info["start_step"], fingerprint=u.want)
         shutil.rmtree(state, ignore_errors=True)  # only now: a kill before the save resumes from the final state
     barrier()  # the next stage reads the checkpoint
@@ -158,27 +172,28 @@ def st_target(c: Ctx):
 
 def st_data(c: Ctx):
     """On-policy data: the target answers the corpus prompts. Under torchrun whole generation batches (of
-    `data_batch` prompts, each seeded by its offset) are dealt to the ranks, so every prompt is decoded in the same
+    `data.batch` prompts, each seeded by its offset) are dealt to the ranks, so every prompt is decoded in the same
     batch with the same seed as on one process: the file is the same for any number of ranks, at any temperature
-    (up to the kernels' determinism)."""
+    (up to the kernels' determinism). On CUDA the batches decode on the compiled engine (`decode.engine_for`'s
+    default; `bench --mini-shape` / part `regen` time this decode at the profile's batch)."""
     out = c.work / "data" / "train.jsonl"
     u, = units(c, "data")
     if c.check(u):
         return
     tgt, _ = c.target()
     tok = c.tok
-    prompts = code_prompts(c.work / "corpus" / "train.jsonl", tok, c.p.data_prompts,
-                           max_prompt_tokens=c.p.data_prompt_tokens, seed=0)
-    rows = [{"id": p["id"], "prompt_ids": tok(p["prompt"], add_special_tokens=False)["input_ids"]} for p in prompts]
-    rows = [r for r in rows if r["prompt_ids"]]
+    d = c.p.data
+    prompts = code_prompts(c.work / "corpus" / "train.jsonl", tok, d.prompts, max_prompt_tokens=d.prompt_tokens,
+                           seed=0)
+    rows = [r for r in encode_prompts(tok, prompts) if r["prompt_ids"]]
     t0 = time.time()
-    recs = run_generate(tgt, build_method("ar", tgt), rows, c.p.data_temperature, c.p.data_new_tokens,
-                        [tok.eos_token_id], c.p.data_batch, seed=1, desc="on-policy data", shard=True)
+    recs = run_generate(tgt, build_method("ar", tgt), rows, d.temperature, d.new_tokens, [tok.eos_token_id],
+                        d.batch, seed=1, desc="on-policy data", shard=True)
     world = rank_world()[1]
     if is_main():
         for r, p in zip(recs, rows):
             r["prompt_ids"] = p["prompt_ids"]
-        write_meta(u.record, {"n": len(recs), "temperature": c.p.data_temperature, "batch": c.p.data_batch,
+        write_meta(u.record, {"n": len(recs), "temperature": d.temperature, "batch": d.batch,
                               "seed": "1 + the batch's offset"}, wall_s=time.time() - t0, world=world,
                    fingerprint=u.want)  # before the data: the file never exists without its record
         write_jsonl(out, recs)
@@ -187,18 +202,11 @@ def st_data(c: Ctx):
     barrier()
 
 
-def _drafter_base(c: Ctx, tgt, tok):
-    return dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
-                num_hidden_layers=c.p.drafter_layers, num_attention_heads=c.p.drafter_heads,
-                num_key_value_heads=c.p.drafter_kv_heads, head_dim=c.p.arch.head_dim,
-                intermediate_size=c.p.drafter_intermediate, mask_token_id=tok.convert_tokens_to_ids("<|mask|>"),
-                attn_backend="sdpa", seed=c.p.train.seed)
-
-
 def st_drafters(c: Ctx):
-    from dataclasses import replace
-
+    """Every drafter run of the ablation (or of `ablation.only`): the variants and backbone runs from scratch on the
+    same batches, then each continued run from its source's drafter."""
     out = c.work / "drafters"
+    spec = c.p.ablation
     todo = []
     for u in units(c, "drafters"):
         name = u.outputs[0].name
@@ -208,27 +216,33 @@ def st_drafters(c: Ctx):
         if not (out / name / "DONE").exists():
             todo.append(name)
     barrier()
+    for run, (_, src) in spec.continued.items():  # before any training: a continued run needs its source
+        if run in todo and src not in todo and not (out / src / "DONE").exists():
+            raise ValueError(f"ablation.only: {run} continues from {src}, which is neither trained nor selected")
     if not todo:
         return
     tgt, mtp = c.target()
     tok = c.tok
     seqs = load_sequences(c.work / "data" / "train.jsonl", c.p.train.max_len, vocab_size=tgt.vocab_size)
-    base = _drafter_base(c, tgt, tok)
-    cfg = replace(c.p.train, amp_bf16=c.dev == "cuda")
+    seed = spec.seeds[0]
+    base = dict(drafter_config(c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), seed=seed)
+    cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=seed)
     t0 = time.time()
-    fresh_todo = [v for v in VARIANTS + list(BACKBONES) if v in todo]
+    fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in todo]
     if fresh_todo:
-        train_drafters(tgt, mtp, new_drafters(tgt, fresh_todo, base, backbones=BACKBONES), seqs, cfg, out, log=c.log)
-    for name, (variant, src) in CONTINUED.items():
-        if name in todo:
-            d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"})
-            ccfg = replace(cfg, steps=c.p.continue_steps, seed=cfg.seed + 1)
-            train_drafters(tgt, mtp, {name: d[variant]}, seqs, ccfg, out, log=c.log)
+        drafters = new_drafters(tgt, fresh_todo, base, backbones=spec.backbones, variant_configs=c.p.drafter.variants)
+        train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log)
+    for run, (variant, src) in spec.continued.items():
+        if run in todo:
+            d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"},
+                             variant_configs=c.p.drafter.variants)
+            ccfg = replace(cfg, steps=spec.continue_steps, seed=seed + 1)
+            train_drafters(tgt, mtp, {run: d[variant]}, seqs, ccfg, out, log=c.log)
 
     if not is_main():
         return
     write_meta(c.res / "drafters" / "meta.json", {"train": asdict(c.p.train), "drafter": base,
-                                                  "continue_steps": c.p.continue_steps}, wall_s=time.time() - t0,
+                                                  "continue_steps": spec.continue_steps}, wall_s=time.time() - t0,
                trained=todo, fingerprint=units(c, "drafters")[0].want)
     hist = {n.name: json.loads((n / "history.json").read_text()) for n in sorted(out.iterdir())
             if (n / "history.json").exists()}
@@ -241,22 +255,25 @@ def fresh(path: Path, dep: Path) -> bool:
     return path.exists() and (not dep.exists() or path.stat().st_mtime >= dep.stat().st_mtime)
 
 
-def eval_plan(c: Ctx):
-
-    every = BASELINES + VARIANTS + list(CONTINUED) + list(BACKBONES)
-    for ds, n in c.p.eval_sets.items():
-        methods = every if ds in c.p.eval_all_methods_on else MAIN_TABLE + list(BACKBONES)
-        for temp in c.p.eval_temperatures:
-            for m in methods:
+def eval_plan(p: Profile):
+    """(dataset, #prompts, temperature, run): every run on `eval.all_methods_on`, the main-table and backbone runs on
+    the other sets; only the selected runs (`ablation.only`)."""
+    spec = p.ablation
+    for ds, n in p.eval.sets.items():
+        runs = spec.runs() if ds in p.eval.all_methods_on else spec.main_table + tuple(spec.backbones)
+        for temp in p.eval.temperatures:
+            for m in spec.selected(runs):
                 yield ds, n, temp, m
 
 
 def st_eval(c: Ctx):
+    write_experiment(c.res / "experiment.json", c.p)  # the runs' experiment: the report takes its rows from it
+    ev = c.p.eval
     drafters_dir = c.work / "drafters"
     cache, todo = {}, []
-    for (ds, n, temp, m), u in zip(eval_plan(c), units(c, "eval")):
+    for (ds, n, temp, m), u in zip(eval_plan(c.p), units(c, "eval")):
         path = u.outputs[0]
-        dep = (c.work / "target" / "DONE") if m in ("ar", "mtp") else (drafters_dir / m / "DONE")
+        dep = (c.work / "target" / "DONE") if m in c.p.ablation.baselines else (drafters_dir / m / "DONE")
         # done with this configuration, after the model it measures (a checked-out result of another run is redone)
         if not (c.check(u) and fresh(path, dep)):
             todo.append((ds, n, temp, m, u))
@@ -267,28 +284,25 @@ def st_eval(c: Ctx):
     for ds, n, temp, m, u in todo:
         path = u.outputs[0]
         if m not in cache:  # a method object is reusable: each decode batch works on a copy
-            cache[m] = load_method(m, tgt, mtp, drafters_dir, c.p.mtp_steps)
-        method = cache[m]
-        rows = [{"id": p["id"], "prompt_ids": tok(p["prompt"], add_special_tokens=False)["input_ids"]}
-                for p in hp[:n]]
+            cache[m] = load_method(m, tgt, mtp, drafters_dir, ev.mtp_steps)
         t0 = time.time()
-        recs = run_generate(tgt, method, rows, temp, c.p.eval_new_tokens, [tok.eos_token_id], c.p.eval_batch,
-                            seed=0, desc=f"{m} {ds} T{temp:g}", extra={"dataset": ds})
+        recs = run_generate(tgt, cache[m], encode_prompts(tok, hp[:n]), temp, ev.new_tokens, [tok.eos_token_id],
+                            ev.batch, seed=0, desc=f"{m} {ds} T{temp:g}", extra={"dataset": ds})
         wall = time.time() - t0
-        write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "max_new_tokens": c.p.eval_new_tokens,
-                              "batch": c.p.eval_batch, "target_dtype": c.p.target_dtype}, wall_s=wall,
+        write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "max_new_tokens": ev.new_tokens,
+                              "batch": ev.batch, "target_dtype": c.p.model.dtype}, wall_s=wall,
                    fingerprint=u.want)  # before the records: a run file never exists without its record
         write_jsonl(path, recs)
         acc = [x for r in recs for x in r["accepted"]]
-        tau = 1 + sum(acc) / max(1, len(acc))
-        c.log(f"eval {m:<32} {ds:<10} T={temp:g}  per-verify tau {tau:.3f}  ({len(acc)} rounds, {wall:.1f}s)")
+        c.log(f"eval {m:<32} {ds:<10} T={temp:g}  per-verify tau {acceptance_length(acc):.3f}  ({len(acc)} rounds, "
+              f"{wall:.1f}s)")
     write_subsets(c)
 
 
 def write_subsets(c: Ctx):
     """`humaneval8` = the first 8 records of the `humaneval` run (same prompts, decoded in the same batch)."""
     runs = c.res / "runs" / "ablation"
-    for name, (src, n) in c.p.eval_subsets.items():
+    for name, (src, n) in c.p.eval.subsets.items():
         for mdir in sorted(p for p in runs.iterdir() if p.is_dir()):
             for f in sorted(mdir.glob(f"{src}_T*.jsonl")):
                 out = mdir / f.name.replace(src, name, 1)
@@ -305,28 +319,24 @@ def lossless_check(c: Ctx):
     """At T = 0 every method's output must equal `ar`'s; report divergences with the target's top-2 gap."""
     rows, flips, refs = [], [], {}
     runs = c.res / "runs" / "ablation"
-    for ds in c.p.eval_sets:
+    for ds in c.p.eval.sets:
         ref_path = runs / "ar" / f"{ds}_T0.jsonl"
         if not ref_path.exists():
             continue
-        ref = refs[ds] = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
-        for mdir in sorted(runs.iterdir()):
-            p = mdir / f"{ds}_T0.jsonl"
-            if mdir.name == "ar" or not p.exists():
-                continue
-            row, f = compare(ref, read_jsonl(p), mdir.name, ds)
-            rows.append(row)
-            flips += f
+        refs[ds] = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
+        found = {m.name: read_jsonl(m / f"{ds}_T0.jsonl") for m in sorted(runs.iterdir())
+                 if m.name != "ar" and (m / f"{ds}_T0.jsonl").exists()}
+        r, f = compare_runs(refs[ds], found, ds)
+        rows += r
+        flips += f
     import pandas as pd
 
     write_text(c.res / "tables" / "lossless_T0.csv",
                pd.DataFrame(rows, columns=["method", "dataset", "n", "identical", "divergent"]).to_csv(index=False))
     if flips:  # how near a tie each flip was (HumanEval prompt ids; other sets have no top-2 gap here)
         tgt, _ = c.target()
-        prompts = {p["id"]: c.tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in humaneval_prompts()}
-        for f in flips:
-            if f["id"] in prompts:
-                f["top2_gap"] = top2_gap(tgt, prompts[f["id"]] + refs[f["dataset"]][f["id"]][: f["position"]])
+        prompts = {p["id"]: p["prompt_ids"] for p in encode_prompts(c.tok, humaneval_prompts())}
+        add_top2_gaps(tgt, flips, prompts, refs)
         write_text(c.res / "tables" / "lossless_divergences.csv", pd.DataFrame(flips).to_csv(index=False))
     bad = [r for r in rows if r["identical"] != r["n"]]
     c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset runs identical to ar"
@@ -335,32 +345,49 @@ def lossless_check(c: Ctx):
 
 
 def st_tables(c: Ctx):
+    write_experiment(c.res / "experiment.json", c.p)
     write_subsets(c)
     lossless_check(c)
-
-    T.render_all(c.res) if hasattr(T, "render_all") else None
+    render_tables(c.p.name, c.res.parent)
 
 
 # --- what each stage's output depends on -------------------------------------------------------------------------
-def fingerprints(p) -> dict[str, dict]:
+def fingerprints(p: Profile) -> dict[str, dict]:
     """Stage -> the settings its output depends on: its own and those of every stage it reads (keys as `--set`
     names them), without run control (stop_after, save_every, log_every)."""
-    f = {"corpus": {"corpus_bytes": p.corpus_bytes}}
-    f["tokenizer"] = dict(f["corpus"], vocab_size=p.vocab_size, tokenizer_bytes=p.tokenizer_bytes)
-    f["target"] = dict(f["tokenizer"], arch=fingerprint(p.arch), pretrain=fingerprint(p.pretrain))
-    f["data"] = dict(f["target"], target_dtype=p.target_dtype, **{k: getattr(p, k) for k in (
-        "data_prompts", "data_prompt_tokens", "data_new_tokens", "data_temperature", "data_batch")})
-    f["drafters"] = dict(f["data"], train=fingerprint(p.train), **{k: getattr(p, k) for k in (
-        "drafter_layers", "drafter_heads", "drafter_kv_heads", "drafter_intermediate")})
+    d = p.data
+    f = {"corpus": {"data.corpus_bytes": d.corpus_bytes}}
+    f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes,
+                                                 "pretokenizer": PRETOKENIZER_VERSION})
+    f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": fingerprint(p.pretrain),
+                                          "model.checkpoint_dtype": p.model.checkpoint_dtype})
+    f["data"] = dict(f["target"], **{"model.dtype": p.model.dtype},
+                     **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
+                                                             "batch")})
+    shape = {k: v for k, v in fingerprint(p.drafter).items() if k != "variants"}  # a run's own settings: per run
+    f["drafters"] = dict(f["data"], train=fingerprint(p.train), drafter=shape, **{"ablation.seed": p.ablation.seeds[0]})
     return f
+
+
+def drafter_fingerprint(p: Profile, run: str, f: dict) -> dict:
+    """A drafter run's: the drafters' settings, its variant's own (drafter.variants), a continued run's budget."""
+    a = p.ablation
+    variant = a.continued.get(run, a.backbones.get(run, (run,)))[0]
+    want = dict(f["drafters"], **{"drafter.variants": p.drafter.variants.get(variant, {})})
+    if run in a.continued:
+        want.update({"ablation.continued": list(a.continued[run]), "ablation.continue_steps": a.continue_steps})
+    if run in a.backbones:
+        want["ablation.backbones"] = list(a.backbones[run])
+    return want
 
 
 FINGERPRINT = "fingerprint.json"
 
 
 def units(c: Ctx, stage: str) -> list[Unit]:
-    """The resumable pieces of work of a stage, each with the configuration requested for it (`stages.Unit`)."""
-    f, w = fingerprints(c.p), c.work
+    """The resumable pieces of work of a stage, each with the configuration requested for it (`stages.Unit`); the
+    drafter and eval stages: the runs selected by `ablation.only`."""
+    f, w, a = fingerprints(c.p), c.work, c.p.ablation
     if stage in ("corpus", "tokenizer"):
         extra = [w / "tokens"] if stage == "tokenizer" else []
         return [Unit(str(w / stage), f[stage], w / stage / FINGERPRINT, [w / stage] + extra)]
@@ -371,40 +398,42 @@ def units(c: Ctx, stage: str) -> list[Unit]:
         out = w / "data" / "train.jsonl"
         return [Unit(str(out), f["data"], out.with_suffix(".meta.json"), [out])]
     if stage == "drafters":
-        out = []
-        for name in VARIANTS + list(BACKBONES) + list(CONTINUED):
-            want = dict(f["drafters"], continue_steps=c.p.continue_steps) if name in CONTINUED else f["drafters"]
-            out.append(Unit(str(w / "drafters" / name), want, w / "drafters" / name / FINGERPRINT,
-                            [w / "drafters" / name]))
-        return out
+        runs = a.selected(a.variants + tuple(a.backbones) + tuple(a.continued))
+        return [Unit(str(w / "drafters" / r), drafter_fingerprint(c.p, r, f), w / "drafters" / r / FINGERPRINT,
+                     [w / "drafters" / r]) for r in runs]
     if stage == "eval":
-        out = []
-        for ds, n, temp, m in eval_plan(c):
+        out, ev = [], c.p.eval
+        for ds, n, temp, m in eval_plan(c.p):
             path = c.res / "runs" / "ablation" / m / f"{ds}_T{temp:g}.jsonl"
-            model = f["target"] if m in ("ar", "mtp") else \
-                dict(f["drafters"], continue_steps=c.p.continue_steps) if m in CONTINUED else f["drafters"]
-            want = dict(model, target_dtype=c.p.target_dtype, eval_new_tokens=c.p.eval_new_tokens,
-                        eval_batch=c.p.eval_batch, **({"mtp_steps": c.p.mtp_steps} if m == "mtp" else {}),
+            model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f)
+            want = dict(model, **{"model.dtype": c.p.model.dtype, "eval.new_tokens": ev.new_tokens,
+                                  "eval.batch": ev.batch}, **({"eval.mtp_steps": ev.mtp_steps} if m == "mtp" else {}),
                         run={"dataset": ds, "prompts": n, "temperature": temp, "method": m})
             out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
         return out
     return []
 
 
-def check_profile(p, stages: list[str]) -> None:
+def runnable(p: Profile, stages: list[str]) -> None:
     """What the embedded pipeline can run, checked before any stage (a profile's own fields check themselves)."""
     require(not p.scale.target_config, f"profile {p.name} is paper-scale (an external target): the pipeline builds "
             "the embedded default only; run its steps with dmtp generate / dmtp train (README: Paper-scale runs)")
-    other = sorted(set(p.eval_sets) - {"humaneval"})
-    require(not other, f"eval_sets={p.eval_sets}: the pipeline evaluates on HumanEval only (its small target has "
-            f"no chat template for {', '.join(other)}); evaluate other sets with dmtp generate --dataset NAME")
+    sets = p.eval.sets
+    other = sorted(set(sets) - {"humaneval"})
+    require(not other, f"eval.sets={sets}: the pipeline evaluates on HumanEval only (its small target has no chat "
+            f"template for {', '.join(other)}); evaluate other sets with dmtp generate --dataset NAME")
     if "eval" in stages:
         total = len(humaneval_prompts())
-        require(p.eval_sets.get("humaneval", 0) <= total, f"eval_sets={p.eval_sets}: HumanEval has {total} "
-                "problems")
-    need = p.data_prompt_tokens + p.data_new_tokens + 16
-    require(need <= p.arch.max_position_embeddings, f"data_prompt_tokens + data_new_tokens (+ one verify block) = "
-            f"{need} exceeds arch.max_position_embeddings={p.arch.max_position_embeddings}")
+        require(sets.get("humaneval", 0) <= total, f"eval.sets={sets}: HumanEval has {total} problems")
+    need, arch = p.data.prompt_tokens + p.data.new_tokens + 16, p.model.arch
+    require(need <= arch.max_position_embeddings, f"data.prompt_tokens + data.new_tokens (+ one verify block) = "
+            f"{need} exceeds model.arch.max_position_embeddings={arch.max_position_embeddings}")
+    # fields the schema holds for the evaluation protocol to come: refused rather than ignored
+    a = p.ablation
+    require(len(a.seeds) == 1, f"ablation.seeds = {list(a.seeds)}: the pipeline trains one drafter seed today")
+    require(not a.budgets, f"ablation.budgets = {list(a.budgets)}: the pipeline evaluates the final step only today")
+    require(tuple(p.eval.modes) == ("natural",), f"eval.modes = {list(p.eval.modes)}: the pipeline evaluates mode "
+            "natural only today")
 
 
 RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "data": st_data,
@@ -421,7 +450,7 @@ def main(a):
                          f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
-    check_profile(c.p, stages)
+    runnable(c.p, stages)
     if not c.force:  # every finished or half-done output with another configuration, refused before any work
         preflight([u for s in stages for u in units(c, s)])
     if rank_dev:

@@ -4,6 +4,9 @@
     python -m dmtp.cli.report figures --profile tiny [--results results]   # results/tiny/figures/*.png
     python -m dmtp.cli.report report  --profile tiny [--results results]   # both + results/tiny/REPORT.md
     python -m dmtp.cli.report demo    --profile demo                       # synthetic artifacts, then the report
+
+The rows' order and groups come from results/<profile>/experiment.json (written by the pipeline); `demo` writes
+synthetic runs of the Code ablation (ablations/code.py).
 """
 import argparse
 from pathlib import Path
@@ -12,13 +15,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from ablations.code import code  # noqa: E402
 from dmtp.analysis.report import render_figures, render_report, render_tables  # noqa: E402
 from dmtp.analysis.report.synthetic import write_synthetic  # noqa: E402
 from dmtp.cli.args import guard  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m dmtp.analysis.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m dmtp.cli.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["tables", "figures", "report", "demo"])
     ap.add_argument("--profile", required=True, help="results/<profile> holds the artifacts")
@@ -30,7 +34,7 @@ def main(argv=None):
 def run(a):
     root = Path(a.results) / a.profile
     if a.what == "demo":
-        write_synthetic(a.results, a.profile)
+        write_synthetic(code(), a.results, a.profile)
     elif not ((root / "runs").is_dir() or (root / "bench").is_dir()):
         raise FileNotFoundError(f"{root} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
                                 f"bench/*.csv): check --profile {a.profile} and --results {a.results}")

@@ -230,7 +230,13 @@ def chat_text(tok, messages: list[dict]) -> str:
 
 
 def encode(tok, text: str) -> list[int]:
+    """Token ids of a prompt text, no special tokens added (every prompt of the suite goes through here)."""
     return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompts(tok, prompts: list[dict]) -> list[dict]:
+    """[{"id", "prompt"}] (text) -> [{"id", "prompt_ids"}], the decode runner's input."""
+    return [{"id": p["id"], "prompt_ids": encode(tok, p["prompt"])} for p in prompts]
 
 
 def load_prompts(name: str, tok, n: int | None = None, path=None, download: bool | None = None) -> list[dict]:

@@ -6,6 +6,13 @@
 Byte-level pre-tokenizer + decoder and no normalizer, so decode(encode(x)) == x for any text. Special tokens:
 `<|endoftext|>` = id 0 (eos, pad, document separator) and `<|mask|>` = id 1 (the drafter's block mask token).
 `AutoTokenizer.from_pretrained(out_dir)` loads the result.
+
+Pre-tokenizer v2 (docs/DESIGN.md, "Prompt boundary"): every "\n" is its own pre-token, then the GPT-2 byte-level
+split runs on the pieces between newlines. No token spans a newline, so for any text P that ends in "\n",
+tokens(P + S) = tokens(P) + tokens(S): a prompt cut at a line end is tokenized exactly as in the training stream.
+(v1, the plain GPT-2 split, merged a newline with the indentation after it — "\n    " was one token — so a prompt
+ending in a lone "\n" token meant "the next line starts at column 0".) The version is saved in
+`tokenizer_config.json` (`dmtp_pretokenizer`); `load_tokenizer` refuses a suite tokenizer of another version.
 """
 from __future__ import annotations
 
@@ -21,6 +28,21 @@ from dmtp.io import atomic_path
 
 EOT, MASK = "<|endoftext|>", "<|mask|>"
 SPECIAL = [EOT, MASK]  # ids 0, 1 (BpeTrainer assigns special tokens first, in this order)
+PRETOKENIZER_VERSION = 2  # saved as `dmtp_pretokenizer` in tokenizer_config.json
+
+
+def pre_tokenizer(version: int = PRETOKENIZER_VERSION):
+    """v2: each "\n" isolated, then the GPT-2 byte-level split; v1 (old, kept to measure the change): GPT-2 only."""
+    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 regex split, bytes -> chars
+    if version == 1:
+        return gpt2
+    if version == 2:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split("\n", behavior="isolated"), gpt2])
+    raise ValueError(f"unknown pre-tokenizer version {version} (1, 2)")
+
+
+class StaleTokenizer(ValueError):
+    """A suite tokenizer saved with another pre-tokenizer version than this code's."""
 
 
 def _texts(corpus_jsonl, max_docs=None, max_bytes=None):
@@ -33,18 +55,20 @@ def _texts(corpus_jsonl, max_docs=None, max_bytes=None):
 
 
 def train_tokenizer(corpus_jsonl, out_dir, vocab_size=8192, max_docs=None, max_bytes: int | None = 24_000_000,
-                    progress=True) -> Path:
+                    progress=True, version: int = PRETOKENIZER_VERSION) -> Path:
     """Train the byte-level BPE on the first `max_docs` documents / `max_bytes` characters of a corpus JSONL.
 
     Writes `tokenizer.json` + `tokenizer_config.json` into `out_dir` and returns `out_dir`; a directory that
-    already holds a tokenizer of this `vocab_size` is reused as is (the stage is resumable).
+    already holds a tokenizer of this `vocab_size` and pre-tokenizer `version` is reused as is (the stage is
+    resumable); one of another size or version is replaced.
     """
     out_dir = Path(out_dir)
     if (out_dir / "tokenizer_config.json").exists() and (out_dir / "tokenizer.json").exists():
-        if Tokenizer.from_file(str(out_dir / "tokenizer.json")).get_vocab_size() == vocab_size:
+        if (Tokenizer.from_file(str(out_dir / "tokenizer.json")).get_vocab_size() == vocab_size
+                and tokenizer_version(out_dir) == version):
             return out_dir
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 regex split, bytes -> chars
+    tok.pre_tokenizer = pre_tokenizer(version)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
@@ -53,7 +77,7 @@ def train_tokenizer(corpus_jsonl, out_dir, vocab_size=8192, max_docs=None, max_b
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOT, "pad_token": EOT,
               "unk_token": None, "mask_token": MASK, "model_max_length": 1 << 20,
               "clean_up_tokenization_spaces": False,  # else decode() rewrites " ." etc. and breaks the round trip
-              "add_prefix_space": False}
+              "add_prefix_space": False, "dmtp_pretokenizer": version}
     with atomic_path(out_dir / "tokenizer.json") as t:
         tok.save(str(t))
     with atomic_path(out_dir / "tokenizer_config.json") as t:  # written last: its presence means "done"
@@ -61,10 +85,33 @@ def train_tokenizer(corpus_jsonl, out_dir, vocab_size=8192, max_docs=None, max_b
     return out_dir
 
 
+def tokenizer_version(path) -> int | None:
+    """Pre-tokenizer version of the tokenizer saved in folder `path`: `dmtp_pretokenizer` from its config; 1 for a
+    suite tokenizer saved before versions were recorded (`<|endoftext|>`, `<|mask|>` at ids 0, 1); None for any
+    other tokenizer (an HF checkpoint's own, e.g. Qwen's)."""
+    path = Path(path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+    if cfg.get("dmtp_pretokenizer") is not None:
+        return int(cfg["dmtp_pretokenizer"])
+    mask = cfg.get("mask_token")
+    if (mask.get("content") if isinstance(mask, dict) else mask) != MASK or not (path / "tokenizer.json").exists():
+        return None  # not a suite tokenizer (no <|mask|>): nothing more to read
+    bk = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return 1 if [bk.id_to_token(i) for i in (0, 1)] == SPECIAL else None
+
+
 def load_tokenizer(path):
-    """The HF fast tokenizer (`PreTrainedTokenizerFast`) saved by `train_tokenizer` in directory `path`."""
+    """The HF fast tokenizer (`PreTrainedTokenizerFast`) saved by `train_tokenizer` (or beside a checkpoint) in
+    directory `path`. A suite tokenizer of another pre-tokenizer version is an error (`StaleTokenizer`): text
+    would be split differently from the stream the target was trained on."""
     from transformers import AutoTokenizer
 
+    v = tokenizer_version(path)
+    if v is not None and v != PRETOKENIZER_VERSION:
+        raise StaleTokenizer(f"{path}: tokenizer built with pre-tokenizer v{v}, this code uses "
+                             f"v{PRETOKENIZER_VERSION} (newlines kept apart from indentation); rebuild it and "
+                             "everything trained on it (`dmtp pipeline --stage tokenizer` rebuilds the tokenizer; "
+                             "delete the profile's target, data and drafters under work/)")
     return AutoTokenizer.from_pretrained(str(path))
 
 
@@ -93,6 +140,45 @@ def encode_text(tok, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in bk.encode_batch(texts, add_special_tokens=False)]  # parallel in Rust
     finally:
         bk.encode_special_tokens = old
+
+
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte <-> printable-char table (what a ByteLevel pre-tokenizer writes in the vocabulary), inverted."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+def token_bytes(tok) -> list[bytes]:
+    """Each token id's bytes, for stop-string matching on the host (`dmtp.engine.stops`): byte-level BPE
+    vocabularies (this suite's, Qwen's) map their chars back through the GPT-2 byte table; special tokens are b""
+    (they are not text), other added tokens their UTF-8 content."""
+    bk = backend(tok)
+    if type(bk.decoder).__name__ != "ByteLevel":
+        raise ValueError(f"stop strings need a byte-level BPE tokenizer (ByteLevel decoder), not "
+                         f"{type(bk.decoder).__name__}")
+    byte = _byte_of_char()
+    added = bk.get_added_tokens_decoder()
+    vocab = bk.get_vocab(with_added_tokens=False)
+    table = [b""] * (max([*vocab.values(), *added.keys()]) + 1)
+    for t, i in vocab.items():
+        table[i] = bytes(byte[c] for c in t)
+    for i, a in added.items():
+        table[i] = b"" if a.special else a.content.encode()
+    return table
+
+
+def prefix_stable(tok, pairs) -> list[bool]:
+    """For (prefix P, suffix S) pairs: is tokens(P) a prefix of tokens(P + S)? (True at every line end with v2.)"""
+    flat = [t for p, s in pairs for t in (p, p + s)]
+    ids = encode_text(tok, flat)
+    return [whole[: len(head)] == head for head, whole in zip(ids[0::2], ids[1::2])]
 
 
 def encode_corpus(corpus_jsonl, tok, out_path, batch_docs: int = 256, progress=True) -> Path:

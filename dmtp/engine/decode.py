@@ -17,7 +17,8 @@ The engine (docs/DESIGN.md, "Decode engine"):
     is a mask over it, not a copy;
   - outputs, accept counts, EOS and length checks are kept on the device; the host learns which requests finished
     from a pinned copy of the done flags that it reads a round or two later without waiting (no synchronisation per
-    round in steady state);
+    round in steady state); stop strings (`stop=`, `stops.py`) are matched on the host from pinned copies of each
+    round's tokens that travel with those flags, and the record is cut exactly where the stop string ends;
   - on CUDA, the stages of a round — drafter, MTP advance, T1 head + embedding + fusion, verification, acceptance and
     record, drafter context, anchor/length update — are CUDA graphs captured per batch (serve: per batch cap) on first
     use (`graphs.py`);
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dmtp.engine.graphs import Graphs
+from dmtp.engine.stops import StopStrings, cut_rounds
 from dmtp.models import fast
 from dmtp.models.cache import KVCache
 from dmtp.models.drafter import Drafter, check_compatible
@@ -50,6 +52,7 @@ class Result:
     output_ids: list[int]
     accepted: list[int] = field(default_factory=list)  # accepted draft count of every verify round
     wall_s: float = 0.0  # from the batch's start until the host saw this request finish
+    stop_reason: str = "length"  # "eos" (ends in an end-of-text id) | "stop" (a stop string, `stops.py`) | "length"
 
 
 @dataclass
@@ -339,10 +342,12 @@ class Batch:
     """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`, and the
     device-side record of outputs. `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling
     newcomers as a batch of their own and moving their rows into the free slots (`absorb`). `engine`: see
-    `engine_for`; with "compiled" every stage but verify is compiled whole (verify's target compiles per layer)."""
+    `engine_for`; with "compiled" every stage but verify is compiled whole (verify's target compiles per layer).
+    `stop`: stop strings matched on the host (`stops.py`); a request ends a round or two after its stop string and
+    is cut exactly."""
     @torch.no_grad()
     def __init__(self, target, method: Method, prompts, temperature, max_new_tokens, eos, gen, capacity=None,
-                 t0=None, graphs: bool | None = None, engine: str | None = None):
+                 t0=None, graphs: bool | None = None, engine: str | None = None, stop: StopStrings | None = None):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         dev = self.dev = target.device
@@ -368,6 +373,7 @@ class Batch:
         out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen, logits_at=plen - 1)
         first = _pick(out.logits[:, 0], temperature, gen)
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
+        self.eos_ids = set(eos)
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
         st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=self.engine)
         # device-side record: output tokens, count, accept count of every round
@@ -388,7 +394,11 @@ class Batch:
         self._pending: collections.deque = collections.deque()
         self._ring: list[torch.Tensor] = []  # pinned landing buffers, made on the first round (newcomers never step)
         self._turn = 0
-        self._see(done.cpu())
+        self.match = [stop.match() for _ in prompts] if stop is not None else None  # host-side, per request
+        self._stopped = torch.zeros(B, dtype=torch.bool)  # requests the host ended at a stop string
+        self._y = self._emitted = None  # the last round's tokens [B, k+1] and count appended [B] (stop strings)
+        # the host sees the first token too: a stop string may end there
+        self._see(done.cpu(), *((first[:, None].cpu(), torch.ones(B, dtype=torch.long)) if stop is not None else ()))
 
     def _run(self, stage, fn, *inputs, updates=()):
         with self.method.timer(stage):
@@ -397,7 +407,14 @@ class Batch:
                                compile=functools.partial(fast.compile_fn, device=self.dev) if compile else None)
 
     # --- what the host knows --------------------------------------------------------------------------------------
-    def _see(self, done_host: torch.Tensor):
+    def _see(self, done_host: torch.Tensor, y=None, emitted=None):
+        """Host view of one round: its done flags and, with stop strings, the tokens it appended (y[b, :emitted[b]])."""
+        if self.match is not None and y is not None:
+            for b in emitted.nonzero().flatten().tolist():
+                if not self._stopped[b] and self.match[b].feed(y[b, : int(emitted[b])].tolist()):
+                    self._stopped[b] = True
+                    self.st.done[b: b + 1].fill_(True)  # no sync; rounds already queued still run for b
+            done_host = done_host | self._stopped
         new = done_host & ~self._seen
         if new.any():
             now = time.perf_counter() - self.t0
@@ -408,41 +425,51 @@ class Batch:
     def _publish(self):
         """Queue a copy of the done flags to the host (no wait). At most 2 stay in flight: the host then waits for the
         round before last while the GPU runs the last one."""
+        src = [self.st.done] + ([self._y, self._emitted] if self.match is not None else [])
         if self.dev.type != "cuda":
-            self._see(self.st.done.cpu())
+            self._see(*[t.cpu() for t in src])
             return
         if not self._ring:
-            self._ring = [torch.zeros(self.st.done.shape, dtype=torch.bool, pin_memory=True) for _ in range(4)]
-        buf = self._ring[self._turn % len(self._ring)]
+            self._ring = [[torch.zeros(t.shape, dtype=t.dtype, pin_memory=True) for t in src] for _ in range(4)]
+        bufs = self._ring[self._turn % len(self._ring)]
         self._turn += 1
-        buf.copy_(self.st.done, non_blocking=True)
+        for buf, t in zip(bufs, src):
+            buf.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
-        self._pending.append((ev, buf))
+        self._pending.append((ev, bufs))
 
     def poll(self, wait: bool = False) -> torch.Tensor:
         """Done flags [B] (host) as of the newest round whose copy has arrived; `wait` = as of the last round."""
         while self._pending and (wait or len(self._pending) > 2 or self._pending[0][0].query()):
-            ev, buf = self._pending.popleft()
+            ev, bufs = self._pending.popleft()
             ev.synchronize()
-            self._see(buf)
+            self._see(*bufs)
         return self._seen
 
     @property
     def finished(self) -> bool:
         return bool(self.poll().all())
 
+    def _result(self, b: int, out: list[int], acc: list[int], wall: float) -> Result:
+        """Request b's record; a stop string cuts it after the token that completes it (`stops.py`)."""
+        found = self.match[b].found if self.match is not None else None
+        if found is not None:
+            return Result(out[: found[1]], cut_rounds(acc, found[1]), wall, "stop")
+        eos = bool(out) and out[-1] in self.eos_ids
+        return Result(out, acc, wall, "eos" if eos else "length")
+
     def result(self, b: int) -> Result:
         n, r = int(self.n_out[b]), int(self.n_rounds[b])
-        return Result(self.out[b, :n].tolist(), self.acc[b, :r].tolist(), self.wall[b] or 0.0)
+        return self._result(b, self.out[b, :n].tolist(), self.acc[b, :r].tolist(), self.wall[b] or 0.0)
 
     @property
     def results(self) -> list[Result]:
         self.poll(wait=True)
         n_out, n_rounds = self.n_out.tolist(), self.n_rounds.tolist()
         out, acc = self.out.cpu(), self.acc.cpu()
-        return [Result(out[b, : n_out[b]].tolist(), acc[b, : n_rounds[b]].tolist(),
-                       self.wall[b] if self.wall[b] is not None else time.perf_counter() - self.t0)
+        return [self._result(b, out[b, : n_out[b]].tolist(), acc[b, : n_rounds[b]].tolist(),
+                             self.wall[b] if self.wall[b] is not None else time.perf_counter() - self.t0)
                 for b in range(len(n_out))]
 
     # --- one round ------------------------------------------------------------------------------------------------
@@ -464,7 +491,9 @@ class Batch:
             if y is None:
                 y = _pick(out.logits, self.temperature, self.gen)  # [B, k+1]: the target's token after each prefix
             record = (self.out, self.n_out, self.acc, self.n_rounds, st.done)
-            n_acc, live = self._run("accept", self._accept, cands, y, updates=record)
+            n_acc, live, emitted = self._run("accept", self._accept, cands, y, updates=record)
+            if self.match is not None:  # what the host's stop-string matcher reads (`_publish`)
+                self._y, self._emitted = y, emitted
             if self.target.hybrid:
                 self.cache.commit(n_acc + 1)  # linear-attention states after A + accepted drafts
             method.commit(st, out, y, n_acc)
@@ -472,11 +501,12 @@ class Batch:
         self._publish()
 
     def _accept(self, cands, y):
-        """n = the longest prefix with T_j == y_{j-1} (accepted drafts) [B]; y_0..y_n recorded for live requests."""
+        """n = the longest prefix with T_j == y_{j-1} (accepted drafts) [B]; y_0..y_n recorded for live requests.
+        Returns n, the live mask and the count appended per request [B] (a stage: the host keeps no reference to
+        its temporaries; `step` hands y and the count to the stop-string matcher)."""
         n_acc = (cands == y[:, : cands.shape[1]]).long().cumprod(1).sum(1)
         live = ~self.st.done
-        self._record(y, n_acc, live)
-        return n_acc, live
+        return n_acc, live, self._record(y, n_acc, live)
 
     def _advance(self, y, n_acc, live):
         """The next anchor A' = y_n at a' = a + n + 1 (after the method has committed rows a..a+n)."""
@@ -484,7 +514,8 @@ class Batch:
         self.st.lens.copy_(torch.where(live, self.st.lens + n_acc + 1, self.st.lens))
 
     def _record(self, y, n_acc, live):
-        """Device-side: append y_0..y_n (cut at the first EOS and at max_new_tokens) and n to each live request."""
+        """Device-side: append y_0..y_n (cut at the first EOS and at max_new_tokens) and n to each live request;
+        returns the count appended [B]."""
         emit = self.ar[None] <= n_acc[:, None]
         hit = emit & torch.isin(y, self.eos)
         first = torch.where(hit.any(1), hit.int().argmax(1), y.shape[1])  # index of the first emitted EOS
@@ -492,8 +523,10 @@ class Batch:
         self.out.scatter_(1, (self.n_out[:, None] + self.ar).clamp(max=self.out.shape[1] - 1), y)
         self.acc.scatter_(1, self.n_rounds.clamp(max=self.acc.shape[1] - 1)[:, None], n_acc[:, None])
         self.n_rounds += live.long()
-        self.n_out += torch.where(live, cnt, 0)
+        emitted = torch.where(live, cnt, 0)
+        self.n_out += emitted
         self.st.done |= live & ((first < cnt) | (self.n_out >= self.max_new_tokens))
+        return emitted
 
     def absorb(self, slots: list[int], other: "Batch"):
         """Move `other`'s requests (all of its rows, in order) into this batch's `slots` (same capacity)."""
@@ -508,17 +541,22 @@ class Batch:
         self.method.absorb(dst, other.method, src)
         for b, s in enumerate(slots):
             self.wall[s] = other.wall[b]
+            if self.match is not None:
+                self.match[s] = other.match[b]
         self._seen[slots] = other._seen[: len(slots)]  # `_see` replaces `_seen`, never writes into it
+        self._stopped[slots] = other._stopped[: len(slots)]
 
 
 @torch.no_grad()
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
              max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None,
-             engine: str | None = None) -> list[Result]:
-    """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt."""
+             engine: str | None = None, stop: StopStrings | None = None) -> list[Result]:
+    """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt.
+    A request ends at an id in `eos_ids`, at a stop string of `stop` (`stops.py`), or at `max_new_tokens`.
+    `engine`: see `engine_for`."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
-                  engine=engine)
+                  engine=engine, stop=stop)
     while not batch.finished:
         batch.step()
         if progress is not None:
@@ -534,19 +572,20 @@ class Server:
     `max_new_tokens` (+ 2 blocks) of every request."""
 
     def __init__(self, target, method: Method, cap: int, capacity: int, temperature: float = 0.0,
-                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None):
+                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None,
+                 stop: StopStrings | None = None):
         if cap < 1:
             raise ValueError("batch cap must be >= 1")
         self.target, self.method, self.cap, self.capacity = target, method, cap, capacity
         self.engine = engine_for(target, engine)
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
-        self.eos = set(int(e) for e in eos_ids)
+        self.eos, self.stop = set(int(e) for e in eos_ids), stop
         self.gen = torch.Generator(device=target.device).manual_seed(seed)
         self.batch: Batch | None = None
 
     def _new(self, prompts, t0, graphs=None):
         return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,
-                     self.capacity, t0, graphs, self.engine)
+                     self.capacity, t0, graphs, self.engine, self.stop)
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -583,7 +622,9 @@ class Server:
 
 @torch.no_grad()
 def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
-          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None) -> list[Result]:
+          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None,
+          stop: StopStrings | None = None) -> list[Result]:
     """Dynamic batching of one request group (a `Server` used once)."""
     capacity = capacity_for(prompts, max_new_tokens, method.k)
-    return Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed, engine).run(prompts)
+    server = Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed, engine, stop)
+    return server.run(prompts)

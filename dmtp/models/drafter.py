@@ -1,7 +1,7 @@
 """DFlash block-diffusion drafter in the public DFlash checkpoint layout, with a pluggable injection variant.
 
 Checkpoint: Qwen3-style `config.json` (+ `block_size`, `num_target_layers`,
-`dflash_config: {target_layer_ids, mask_token_id}`, and our `dmtp_config: {variant, ...}`), weights
+`dflash_config: {target_layer_ids, mask_token_id}`, and our `dmtp_config: {variant, variant_config, ...}`), weights
 `layers.N.*` (Qwen3 decoder layers), `fc` (K*H -> H, no bias), `hidden_norm`, `norm`; injection weights under
 `injection.*`; the DFlash2 backbone's (`backbone="dflash2"`, see `dflash2.py`) under `layers.N.conv_attn.*`,
 `layers.N.conv_mlp.*` and `selector.*`. No embedding or LM head: the target's are used, frozen.
@@ -49,7 +49,8 @@ class DrafterConfig:
     window: int = 4096  # context positions visible before the anchor, measured from the anchor; 0: no window (a
     # public DFlash checkpoint without our `dmtp_config` sees every earlier position, as its reference code does)
     variant: str = "dflash"  # injection variant (registry name)
-    lowrank_rank: int = 64  # rank r of the low-rank MLP in t1_residual / mask_residual
+    variant_config: dict = field(default_factory=dict)  # the variant's own settings (fields of its Config; defaults
+    # for those absent)
     attn_backend: str = "sdpa"  # "sdpa" (dense boolean mask, CPU/GPU) or "flex" (flex-attention block mask, CUDA)
     backbone: str = "dflash"  # "dflash" | "dflash2" (block conv + path selector, SPEC §9); orthogonal to `variant`
     conv_groups: int = 16  # dflash2: channel groups of the two-tap dynamic conv (one predicted tap per group)
@@ -61,7 +62,7 @@ class DrafterConfig:
         check(self, hidden_size=at_least(1), vocab_size=at_least(1), num_hidden_layers=at_least(1),
               num_attention_heads=at_least(1), num_key_value_heads=at_least(1), head_dim=at_least(2),
               intermediate_size=at_least(1), rms_norm_eps=positive, rope_theta=positive, num_target_layers=at_least(1),
-              block_size=at_least(2), window=at_least(0), lowrank_rank=at_least(1))
+              block_size=at_least(2), window=at_least(0))
         require(self.head_dim % 2 == 0 and self.num_attention_heads % self.num_key_value_heads == 0,
                 f"head_dim={self.head_dim} must be even and num_attention_heads={self.num_attention_heads} a multiple"
                 f" of num_key_value_heads={self.num_key_value_heads}")
@@ -90,8 +91,8 @@ class DrafterConfig:
         out.update(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_act="silu", attention_bias=False,
                    tie_word_embeddings=False,
                    dflash_config={"target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id},
-                   dmtp_config={"variant": self.variant, "window": self.window, "lowrank_rank": self.lowrank_rank,
-                                "backbone": self.backbone})
+                   dmtp_config={"variant": self.variant, "window": self.window, "backbone": self.backbone,
+                                "variant_config": get_variant(self.variant).settings(self.variant_config)})
         if self.rope_scaling:
             out["rope_scaling"] = dict(self.rope_scaling)
         if self.backbone == "dflash2":
@@ -106,9 +107,14 @@ class DrafterConfig:
         dc = d.get("dflash_config", {})
         kw["target_layer_ids"] = dc.get("target_layer_ids", d.get("target_layer_ids", []))
         kw["mask_token_id"] = dc.get("mask_token_id", d.get("mask_token_id", 0))
-        kw.update({k: v for k, v in d.get("dmtp_config", {}).items() if k in known})
+        dm = d.get("dmtp_config", {})
+        kw.update({k: v for k, v in dm.items() if k in known})
+        legacy = dm.get("lowrank_rank", d.get("lowrank_rank"))  # older checkpoints: one shared field, every variant
+        own = get_variant(kw.get("variant", cls.variant)).settings({})
+        if legacy is not None and "variant_config" not in dm and "rank" in own:
+            kw["variant_config"] = {"rank": legacy}
         kw["rope_theta"], kw["rope_scaling"] = _rope_from_hf(d, cls.rope_theta)
-        if "window" not in d.get("dmtp_config", {}):  # not ours: the reference semantics (no window)
+        if "window" not in dm:  # not ours: the reference semantics (no window)
             kw["window"] = _reference_window(d)
         return cls(**kw)
 
@@ -286,6 +292,8 @@ class Drafter(nn.Module):
             c = DrafterConfig.from_hf_dict(d)
         except (ValueError, TypeError) as e:  # not JSON, or a field out of range
             raise ValueError(f"drafter checkpoint {path}/config.json: {e}") from None
+        if "variant" in overrides and "variant_config" not in overrides:  # settings belong to the stored variant
+            overrides["variant_config"] = {}
         for k, v in overrides.items():
             setattr(c, k, v)
         m = cls(c)

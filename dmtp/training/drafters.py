@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,7 +49,6 @@ class TrainConfig:
     log_every: int = 10
     amp_bf16: bool = False  # autocast the drafters and the frozen target's feature pass in bf16 on GPU
     compile: str = "auto"  # "auto": the compiled path on CUDA, eager on CPU; "on": compiled everywhere; "off": eager
-    init_from: dict = field(default_factory=dict)  # variant -> drafter checkpoint to continue from
     stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
 
     def __post_init__(self):
@@ -390,18 +389,19 @@ def _finish(path: Path, hist: list[dict], note: str):
 
 
 def new_drafters(target, variants: list[str], base: dict, init_from: dict | None = None,
-                 backbones: dict | None = None) -> dict[str, Drafter]:
+                 backbones: dict | None = None, variant_configs: dict | None = None) -> dict[str, Drafter]:
     """Fresh drafters (same seed for every variant) or continued from a DFlash-format checkpoint. `backbones` maps
     further names to (variant, backbone), e.g. {"dmtp_d2": ("zero_init_residual", "dflash2")}; other names use
-    base["backbone"] (default: the config's)."""
+    base["backbone"] (default: the config's). `variant_configs`: variant -> its own settings (default: its Config's
+    defaults)."""
     out = {}
     for v in variants:
         name = v
         variant, backbone = (backbones or {}).get(v, (v, base.get("backbone")))
-        over = dict(variant=variant, **({"backbone": backbone} if backbone else {}))
+        over = dict(variant=variant, variant_config=(variant_configs or {}).get(variant, {}),
+                    **({"backbone": backbone} if backbone else {}))
         src = (init_from or {}).get(v)
         if src:
-            over["variant"] = base.get("variant_of", {}).get(v, variant)
             d = Drafter.load(src, device=target.device, dtype=torch.float32, **over)
         else:
             torch.manual_seed(base.get("seed", 0))

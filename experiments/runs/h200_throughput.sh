@@ -10,13 +10,11 @@ t() { echo "[run] $(date +%T) $*"; }
 if [ -n "${TARGET:-}" ] && [ ! -e $W/target/DONE ]; then mkdir -p $W && cp -r "$TARGET" $W/target; fi
 t corpus+tokenizer; $PY -m dmtp.cli pipeline --profile $P --stage corpus,tokenizer 2>&1 | tail -2
 t data; $RUN -m dmtp.cli pipeline --profile $P --stage data 2>&1 | grep -a "done\|data:" | tail -2
-$PY -c "
-from pathlib import Path; from ablations.code import VARIANTS, BACKBONES, CONTINUED
-for v in [*VARIANTS, *BACKBONES, *CONTINUED]:
-    if v not in ('dflash', 'zero_init_residual'):
-        (Path('$W/drafters') / v).mkdir(parents=True, exist_ok=True); (Path('$W/drafters') / v / 'DONE').write_text('skipped')"
-t drafters; $RUN -m dmtp.cli pipeline --profile $P --stage drafters 2>&1 | grep -a "done" | tail -2
-t throughput; CUDA_VISIBLE_DEVICES=0 $PY -m dmtp.cli.bench --target $W/target --drafters $W/drafters --out $OUT/bench \
+# only the drafters the benchmark uses (a subset of the ablation's runs)
+t drafters; $RUN -m dmtp.cli pipeline --profile $P --stage drafters --set ablation.only=dflash,zero_init_residual \
+  2>&1 | grep -a "done" | tail -2
+t throughput; CUDA_VISIBLE_DEVICES=0 $PY -m dmtp.cli.bench --profile $P --target $W/target --drafters $W/drafters \
+  --out $OUT/bench \
   --parts throughput --methods ${METHODS:-ar,mtp,dflash,zero_init_residual} --prompts ${PROMPTS:-40} \
   --temperatures ${TEMPS:-0,1} 2>&1 | grep -a "\[bench\]"
 t end

@@ -11,15 +11,12 @@ t corpus+tokenizer; $PY -m dmtp.cli pipeline --profile $P --stage corpus,tokeniz
 t dpcheck; $PY -m experiments.dpcheck --profile $P --tokens ${DP_TOKENS:-6000000} --out $OUT/multigpu 2>&1 | grep -v Warn | tail -8
 t data; $TORCHRUN -m dmtp.cli pipeline --profile $P --stage data 2>&1 | grep -v -i warn | tail -4
 cp $W/data/train.meta.json $OUT/data_meta.json 2>/dev/null
-# only the drafters the benchmarks use: the others are marked done
-$PY -c "
-from pathlib import Path; from ablations.code import VARIANTS, BACKBONES, CONTINUED
-for v in [*VARIANTS, *BACKBONES, *CONTINUED]:
-    if v not in ('dflash', 't1_residual', 'zero_init_residual'):
-        (Path('$W/drafters') / v).mkdir(parents=True, exist_ok=True); (Path('$W/drafters') / v / 'DONE').write_text('skipped')"
-t drafters; $TORCHRUN -m dmtp.cli pipeline --profile $P --stage drafters 2>&1 | grep -v -i warn | tail -4 \
-  || $PY -m dmtp.cli pipeline --profile $P --stage drafters 2>&1 | tail -4
-B="$PY -m dmtp.cli.bench --target $W/target --drafters $W/drafters --out $OUT/bench --screen-rank 128 --screen-topk 64"
+# only the drafters the benchmarks use (a subset of the ablation's runs)
+ONLY="--set ablation.only=dflash,t1_residual,zero_init_residual"
+t drafters; $TORCHRUN -m dmtp.cli pipeline --profile $P --stage drafters $ONLY 2>&1 | grep -v -i warn | tail -4 \
+  || $PY -m dmtp.cli pipeline --profile $P --stage drafters $ONLY 2>&1 | tail -4
+B="$PY -m dmtp.cli.bench --profile $P --target $W/target --drafters $W/drafters --out $OUT/bench --screen-rank 128 \
+  --screen-topk 64"
 t bench-1; CUDA_VISIBLE_DEVICES=0 $B --parts overhead,hf,screen --prompts 64 2>&1 | grep -v Loading | tail -25
 t bench-2; CUDA_VISIBLE_DEVICES=0 $B --parts throughput --prompts 64 2>&1 | grep -v Loading | tail -70
 t end

@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dmtp.cli.pipeline import _drafter_base  # noqa: E402
 from dmtp.data.tokenizer import find_tokenizer  # noqa: E402
+from dmtp.experiment import drafter_config  # noqa: E402
 from dmtp.models.target import Target  # noqa: E402
 from dmtp.training.drafters import new_drafters  # noqa: E402
 from experiments.profiles import get_profile  # noqa: E402
@@ -22,11 +22,11 @@ ap.add_argument("--target", required=True)
 ap.add_argument("--out", required=True)
 ap.add_argument("--variants", default="dflash,zero_init_residual")
 a = ap.parse_args()
+prof = get_profile(a.profile)
 tgt = Target.load(a.target)
 tok = find_tokenizer(a.target)
-if tok is None:
-    sys.exit(f"{a.target}: no tokenizer (the mask token id comes from it)")
-base = _drafter_base(type("Ctx", (), {"p": get_profile(a.profile)}), tgt, tok)
-for v, d in new_drafters(tgt, a.variants.split(","), base).items():
+mask = tok.convert_tokens_to_ids("<|mask|>") if tok is not None else None
+base = dict(drafter_config(prof, tgt.config, mask), seed=prof.ablation.seeds[0])
+for v, d in new_drafters(tgt, a.variants.split(","), base, variant_configs=prof.drafter.variants).items():
     d.save(Path(a.out) / v / "drafter")
     print(f"{v}: {sum(x.numel() for x in d.parameters()):,} parameters -> {Path(a.out) / v / 'drafter'}")

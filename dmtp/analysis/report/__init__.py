@@ -1,7 +1,7 @@
 """Render tables, figures and REPORT.md for one profile from its artifacts only (see data.py for the layout).
 
     python -m dmtp.cli.report report --profile tiny            # tables + figures + results/tiny/REPORT.md
-    from dmtp.analysis.report import load, tables, figures           # notebooks: art = load("tiny"); figures.position(art)
+    from dmtp.analysis.report import load, tables, figures     # notebooks: art = load("tiny"); figures.position(art)
 """
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dmtp.analysis.ratios import read as read_ratios
 from dmtp.analysis.report import figures, tables
 from dmtp.analysis.report.data import Artifacts, load
 
@@ -66,14 +67,11 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += [f"## {title}", ""]
         out += [f"![{p.stem}](figures/{p.name})\n" for p in pngs]
         out += [p.read_text() for p in mds]
-    ratios = art.root / "bench" / "ratios.json"  # written by `dmtp.cli.bench`: each engine target, met or missed
-    if ratios.exists():
-        import json
-
-        r = pd.DataFrame(json.loads(ratios.read_text()))
-        if len(r):
-            out += ["## Engine targets (bench/ratios.json; misses explained in LOG.md)", "",
-                    tables.to_markdown(r[["target", "value", "goal", "met", "note"]].fillna(""))]
+    ratios = read_ratios(art.root / "bench" / "ratios.json")  # by `dmtp.cli.bench`: each engine target, met or not
+    if ratios:
+        r = pd.DataFrame([{"target": x.target, "value": x.value, "goal": x.goal_text, "met": x.met, "note": x.note}
+                          for x in ratios])
+        out += ["## Engine targets (bench/ratios.json; misses explained in LOG.md)", "", tables.to_markdown(r)]
     path = art.root / "REPORT.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))

@@ -1,33 +1,52 @@
 """Load the artifacts of one profile (and nothing else) into tidy DataFrames.
 
+    results/<profile>/experiment.json        the resolved experiment (written by the pipeline): its `ablation` spec
+                                             orders, groups and compares the rows (dmtp/ablation.py)
     results/<profile>/runs/<experiment>/<method>/<dataset>_T<temp>.jsonl   one JSON record per request
     results/<profile>/bench/throughput.csv   method, temperature, batch_cap, dataset, output_tokens, wall_s, tok_per_s
     results/<profile>/bench/overhead.csv     method, stage, ms_per_round   (stages drafter, mtp, t1_prep, verify, round)
+
+Every method found in runs/ is reported, named by the spec or not (then in row group "other", after the others).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from dmtp.ablation import AblationSpec
 from dmtp.analysis import metrics as M
 from dmtp.io import iter_jsonl
+from dmtp.schema import from_dict
 
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
 KEYS = ["experiment", "dataset", "temperature", "method"]
-ORDER = ["ar", "mtp", "dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual",
-         "zero_init_residual_from_dflash", "mask_residual", "context_fusion", "mtp_context", "dflash2", "dmtp_d2"]
 
 
-def method_rank(m: str) -> int:
-    return ORDER.index(m) if m in ORDER else len(ORDER)
+def read_spec(root: Path) -> AblationSpec:
+    """The ablation spec of results/<profile>/experiment.json; without the file an empty spec (every method in row
+    group "other", in name order; no reference row, no main method: the tables that need one are skipped)."""
+    path = Path(root, "experiment.json")
+    if not path.exists():
+        print(f"[report] {path} absent (written by `dmtp pipeline`): rows ungrouped, no reference row")
+        return AblationSpec()
+    return from_dict(AblationSpec, json.loads(path.read_text())["ablation"], "experiment.ablation")
+
+
+def method_key(spec: AblationSpec, method: str) -> tuple[str, int, str]:
+    """Sort key of a method: its run's place in the spec, then the name (methods the spec does not name come last,
+    by name). A bench label "<setup>:<run>+<extra>" sorts after the plain labels, by setup, then as its run."""
+    setup, _, label = method.rpartition(":")
+    return setup, spec.rank(label.partition("+")[0]), method
 
 
 @dataclass
 class Artifacts:
     root: Path  # results/<profile>
+    spec: AblationSpec  # from experiment.json: row order, groups, reference row, main method
     runs: pd.DataFrame  # one row per request: KEYS + id, k, accepted, hist, n_rounds, acceptance_length, ...
     summary: pd.DataFrame  # one row per KEYS group (see summarize)
     throughput: pd.DataFrame | None  # bench/throughput.csv, None when absent
@@ -40,6 +59,15 @@ class Artifacts:
     @property
     def figures(self) -> Path:
         return self.root / "figures"
+
+    def rank(self, method: str) -> tuple[str, int, str]:
+        """Sort key of a method (`method_key`)."""
+        return method_key(self.spec, method)
+
+    @property
+    def methods(self) -> list[str]:
+        """Every method with runs, in report order."""
+        return sorted(set(self.runs.method), key=self.rank)
 
 
 def read_runs(root: Path) -> pd.DataFrame:
@@ -69,22 +97,23 @@ def read_runs(root: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def missing_runs(runs: pd.DataFrame, expected: dict[str, list[str]] | None = None) -> list[tuple]:
+def missing_runs(runs: pd.DataFrame, expected: dict[str, list[str]] | None = None, key=None) -> list[tuple]:
     """(experiment, dataset, temperature, method) of runs that are absent although that experiment and dataset hold
-    the temperature for other methods and the method at another temperature, or the method is `expected` there."""
+    the temperature for other methods and the method at another temperature, or the method is `expected` there
+    (methods in `key` order)."""
     out = []
     for (exp, ds), g in runs.groupby(["experiment", "dataset"], sort=True):
         have = set(zip(g.method, g.temperature))
-        methods = sorted(set(g.method) | set((expected or {}).get(exp, ())), key=method_rank)
+        methods = sorted(set(g.method) | set((expected or {}).get(exp, ())), key=key)
         out += [(exp, ds, t, m) for m in methods for t in sorted(set(g.temperature)) if (m, t) not in have]
     return out
 
 
-def summarize(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
+def summarize(runs: pd.DataFrame, n_boot: int = 2000, spec: AblationSpec | None = None) -> pd.DataFrame:
     """One row per (experiment, dataset, temperature, method): pooled histogram `hist` (counts), per-request
     acceptance length with its bootstrap 95% CI over requests (acceptance_length_lo/_hi), per-verify tau,
     first-token acceptance with its bootstrap CI over requests (first_token_lo/_hi), n_requests (>= 1 round),
-    n_rounds, output_tokens."""
+    n_rounds, output_tokens. Rows in (experiment, dataset, temperature, the spec's method order)."""
     out = []
     for key, g in runs.groupby(KEYS, sort=True):
         K = int(g.k.max())
@@ -100,7 +129,9 @@ def summarize(runs: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
                         output_tokens=int(g.output_tokens.sum())))
     df = pd.DataFrame(out)
     if len(df):
-        df = df.iloc[np.lexsort((df.method.map(method_rank), df.temperature, df.dataset, df.experiment))]
+        spec = spec or AblationSpec()
+        order = {m: i for i, m in enumerate(sorted(set(df.method), key=lambda m: method_key(spec, m)))}
+        df = df.iloc[np.lexsort((df.method.map(order), df.temperature, df.dataset, df.experiment))]
     return df.reset_index(drop=True)
 
 
@@ -113,10 +144,11 @@ def pooled_throughput(tp: pd.DataFrame) -> pd.DataFrame:
 
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
     root = Path(results) / profile
+    spec = read_spec(root)
     runs = read_runs(root)
     bench = {n: (pd.read_csv(p) if (p := root / "bench" / f"{n}.csv").exists() else None)
              for n in ("throughput", "overhead")}
-    return Artifacts(root, runs, summarize(runs, n_boot), bench["throughput"], bench["overhead"])
+    return Artifacts(root, spec, runs, summarize(runs, n_boot, spec), bench["throughput"], bench["overhead"])
 
 
 def records(art: Artifacts, experiment: str, dataset: str, temperature: float, method: str) -> list[dict]:

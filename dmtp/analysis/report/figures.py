@@ -1,5 +1,6 @@
 """Figures: each renderer reads an Artifacts bundle, writes figures/<name>_T<temp>.png (one per temperature) and
-returns the paths written ([] with a printed note when its data is absent). Agg backend, object API only."""
+returns the paths written ([] with a printed note when its data is absent). Agg backend, object API only. Methods
+are ordered and coloured by their place in the experiment's ablation spec (`art.spec`)."""
 from __future__ import annotations
 
 import math
@@ -14,16 +15,20 @@ from matplotlib.figure import Figure  # noqa: E402
 from dmtp.analysis import metrics as M  # noqa: E402
 from dmtp.analysis import reference as R  # noqa: E402
 from dmtp.analysis.report import tables as T  # noqa: E402
-from dmtp.analysis.report.data import ORDER, Artifacts, pooled_throughput  # noqa: E402
+from dmtp.analysis.report.data import Artifacts, pooled_throughput  # noqa: E402
 
-COLORS = {"ar": "#7f7f7f", "mtp": "#1f77b4", "dflash": "#ff7f0e", "token_only": "#bcbd22", "t1_residual": "#2ca02c",
-          "double_anchor_fusion": "#9467bd", "fusion": "#17becf", "zero_init_residual": "#d62728",
-          "zero_init_residual_from_dflash": "#ff9896", "mask_residual": "#8c564b", "context_fusion": "#e377c2",
-          "mtp_context": "#aec7e8", "dflash2": "#ffbb78", "dmtp_d2": "#393b79"}
+# by position in the spec's run order (the Code ablation: ar grey, mtp blue, dflash orange, ...), then the methods
+# it does not name, by name
+PALETTE = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#bcbd22", "#2ca02c", "#9467bd", "#17becf", "#d62728", "#ff9896",
+           "#8c564b", "#e377c2", "#aec7e8", "#ffbb78", "#393b79", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2",
+           "#dbdb8d", "#9edae5"]
 
 
-def color(method: str):
-    return COLORS.get(method, "grey")
+def colors(art: Artifacts) -> dict[str, str]:
+    """method -> colour, for every method of the spec and of the artifacts (runs, throughput)."""
+    found = set(art.runs.method) | (set(art.throughput.method) if art.throughput is not None else set())
+    names = list(art.spec.runs()) + sorted(found - set(art.spec.runs()))
+    return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(names)}
 
 
 def _save(art: Artifacts, fig: Figure, name: str) -> Path:
@@ -43,11 +48,11 @@ def _per_temp(s):
         yield t, g, g.experiment.nunique() > 1
 
 
-def grouped_bars(ax, groups: list[str], methods: list[str], ours: dict, blog: dict | None = None,
+def grouped_bars(ax, groups: list[str], methods: list[str], ours: dict, color: dict, blog: dict | None = None,
                  labels: dict | None = None) -> dict:
-    """One packed group of bars per group name; ours[(group, method)] = (value, lo, hi) drawn with its CI. With
-    `blog`, a hatched bar labelled with the blog's value stands right of ours wherever blog[(group, method)] exists.
-    Returns {(group, method): x} of our bars."""
+    """One packed group of bars per group name; ours[(group, method)] = (value, lo, hi) drawn with its CI, in
+    color[method]. With `blog`, a hatched bar labelled with the blog's value stands right of ours wherever
+    blog[(group, method)] exists. Returns {(group, method): x} of our bars."""
     blog, labels, xs, x, ticks, seen = blog or {}, labels or {}, {}, 0.0, [], set()
     for g in groups:
         start = x
@@ -56,12 +61,12 @@ def grouped_bars(ax, groups: list[str], methods: list[str], ours: dict, blog: di
                 continue
             v, lo, hi = ours[(g, m)]
             err = None if math.isnan(lo) else [[v - lo], [hi - v]]
-            ax.bar(x, v, 1, color=color(m), yerr=err, capsize=2, label=None if m in seen else labels.get(m, m))
+            ax.bar(x, v, 1, color=color[m], yerr=err, capsize=2, label=None if m in seen else labels.get(m, m))
             seen.add(m)
             xs[(g, m)], x = x, x + 1
             if (g, m) in blog:
                 b = blog[(g, m)]
-                ax.bar(x, b, 1, color=color(m), alpha=0.35, hatch="//", edgecolor="k", linewidth=0.5)
+                ax.bar(x, b, 1, color=color[m], alpha=0.35, hatch="//", edgecolor="k", linewidth=0.5)
                 ax.text(x, b, f"{b:.2f}", ha="center", va="bottom", fontsize=6, rotation=90)
                 x += 1
         ticks.append((start + x - 1) / 2)
@@ -89,7 +94,7 @@ def _bar_figure(art, s, methods, name, title, blog_fn, ylabel, labels=None) -> l
         blog = {k: v for k, v in blog.items() if not math.isnan(v)}
         fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(blog) + len(groups))), 3.6), layout="constrained")
         ax = fig.subplots()
-        grouped_bars(ax, groups, present, ours, blog, labels)
+        grouped_bars(ax, groups, present, ours, colors(art), blog, labels)
         _legend(fig, ax)
         ax.set(ylabel=ylabel, title=f"{title} (T={t:g})")
         paths.append(_save(art, fig, f"{name}_T{t:g}"))
@@ -98,23 +103,26 @@ def _bar_figure(art, s, methods, name, title, blog_fn, ylabel, labels=None) -> l
 
 def main_acceptance(art: Artifacts) -> list[Path]:
     """Grouped bars: DFlash / native MTP / DMTP per dataset, bootstrap 95% CI, blog values as hatched bars."""
-    s = art.summary
-    if s.empty or not s.method.isin(T.MAIN.values()).any():
+    s, cols = art.summary, T.main_columns(art)
+    if s.empty or "dmtp" not in cols or not s.method.isin(cols.values()).any():
         print("[report] skip main acceptance figure: no data")
         return []
-    return _bar_figure(art, s, list(T.MAIN.values()), "main_acceptance", "Acceptance length",
-                       T.blog_acceptance, "acceptance length (incl. bonus)", {R.DMTP_MAIN: f"dmtp ({R.DMTP_MAIN})"})
+    dmtp = cols["dmtp"]
+    blog = lambda d, t, m: T.blog_acceptance(d, t, T.blog_name(art, m))  # noqa: E731
+    return _bar_figure(art, s, list(cols.values()), "main_acceptance", "Acceptance length", blog,
+                       "acceptance length (incl. bonus)", {dmtp: f"dmtp ({dmtp})"})
 
 
 def open_repro(art: Artifacts) -> list[Path]:
     """Blog figure 8 layout: MTP415, DFlash, DMTP(D), DFlash2, DMTP(D2) per dataset."""
-    s = art.summary
-    if s.empty or not s.method.isin(["dflash2", "dmtp_d2"]).any():
-        print("[report] skip open-reproduction figure: no dflash2/dmtp_d2 runs")
+    s, cols = art.summary, T.open_columns(art)
+    if s.empty or not s.method.isin([cols.get("dflash2"), cols.get("dmtp_d2")]).any():
+        print("[report] skip open-reproduction figure: no DFlash2 runs of the drafter baseline or main method")
         return []
-    labels = {m: T.OPEN_LABEL[c] for c, m in T.OPEN.items()}
-    blog = lambda d, t, m: R.blog_value("open_repro", d, m) if t == 0 else math.nan  # the blog's table is T=0
-    return _bar_figure(art, s, list(T.OPEN.values()), "open_repro", "Open-reproduction layout", blog,
+    labels = {m: T.OPEN_LABEL[c] for c, m in cols.items()}
+    blog_col = {m: ("dmtp" if c == "dmtp_d" else c) for c, m in cols.items()}
+    blog = lambda d, t, m: R.blog_value("open_repro", d, blog_col[m]) if t == 0 else math.nan  # noqa: E731 (T=0)
+    return _bar_figure(art, s, list(cols.values()), "open_repro", "Open-reproduction layout", blog,
                        "per-request acceptance length", labels)
 
 
@@ -128,14 +136,14 @@ def first_token(art: Artifacts) -> list[Path]:
     paths = []
     for t, g, multi in _per_temp(s):
         groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
-        methods = sorted(set(g.method), key=lambda m: ORDER.index(m) if m in ORDER else 99)
+        methods = sorted(set(g.method), key=art.rank)
         ours = {(_label(r.experiment, r.dataset, multi), r.method):
                 (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi) for r in g.itertuples()}
         fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(groups))), 3.6), layout="constrained")
         ax = fig.subplots()
-        xs = grouped_bars(ax, groups, methods, ours)
-        blog = [(xs[(_label(r.experiment, r.dataset, multi), r.method)], T.blog_first_token(r.dataset, t, r.method))
-                for r in g.itertuples()]
+        xs = grouped_bars(ax, groups, methods, ours, colors(art))
+        blog = [(xs[(_label(r.experiment, r.dataset, multi), r.method)],
+                 T.blog_first_token(r.dataset, t, T.blog_name(art, r.method))) for r in g.itertuples()]
         blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
         if len(blog):
             ax.plot(blog[:, 0], blog[:, 1], "kD", ms=4, label="blog")
@@ -154,6 +162,8 @@ def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
         print(f"[report] skip {kind} figure: no data")
         return []
     fn = M.cumulative if kind == "cumulative" else M.conditional
+    color = colors(art)
+    blog_methods = [m for m in (art.spec.drafter_baseline, art.spec.main_method) if m]
     paths = []
     for t, g, multi in _per_temp(s):
         panels = list(dict.fromkeys(zip(g.experiment, g.dataset)))
@@ -164,14 +174,14 @@ def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
         for ax, (e, d) in zip(axes, panels):
             for r in g[(g.experiment == e) & (g.dataset == d)].itertuples():
                 y = 100 * np.array(fn(r.hist))
-                ax.plot(range(1, len(y) + 1), y, "o-", ms=3, color=color(r.method), label=r.method)
-            for m in ("dflash", R.DMTP_MAIN):
-                row = R.conditional_row(d, m)
+                ax.plot(range(1, len(y) + 1), y, "o-", ms=3, color=color[r.method], label=r.method)
+            for m in blog_methods:
+                row = R.conditional_row(d, T.blog_name(art, m))
                 if row:
                     c = np.array(row[0]) / 100
                     y = 100 * (np.cumprod(c) if kind == "cumulative" else c)
-                    ax.plot(range(1, 8), y, "--", color=color(m), alpha=0.6,
-                            label=f"blog {R.blog_method(m)} (35B, T=1)")
+                    ax.plot(range(1, 8), y, "--", color=color[m], alpha=0.6,
+                            label=f"blog {T.blog_name(art, m)} (35B, T=1)")
             ax.set(title=f"{_label(e, d, multi)} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
             legend.update(zip(*ax.get_legend_handles_labels()[::-1]))
         for ax in axes[len(panels):]:
@@ -194,6 +204,7 @@ def throughput(art: Artifacts) -> list[Path]:
         print("[report] skip throughput figure: no bench/throughput.csv")
         return []
     tp = pooled_throughput(tp)
+    color = colors(art)
     blog = R.table("throughput")
     paths = []
     for t, g in tp.groupby("temperature"):
@@ -203,7 +214,7 @@ def throughput(art: Artifacts) -> list[Path]:
         for ax, d in zip(axes, ds):
             for m, gm in g[g.dataset == d].groupby("method"):
                 gm = gm.sort_values("batch_cap")
-                ax.plot(gm.batch_cap, gm.tok_per_s, "o-", color=color(m), label=m)
+                ax.plot(gm.batch_cap, gm.tok_per_s, "o-", color=color[m], label=m)
             b = blog[blog.workload == R.workload(d)].set_index("method").tok_per_s
             if len(b) == 2:
                 ax.text(0.02, 0.98, f"blog B32 (4xH200): DFlash {b['dflash']:.0f}\n→ DMTP {b['dmtp']:.0f} tok/s "
@@ -239,7 +250,7 @@ def overhead(art: Artifacts) -> list[Path]:
     fig = Figure(figsize=(4.2 * len(groups), 3.4), layout="constrained")
     axes = fig.subplots(1, len(groups), squeeze=False).ravel()
     for ax, grp in zip(axes, groups):
-        rows = sorted([m for m in df.index if setup[m] == grp], key=lambda m: T.method_rank(m.rpartition(":")[2]))
+        rows = sorted([m for m in df.index if setup[m] == grp], key=art.rank)
         for i, m in enumerate(rows):
             left = 0.0
             for st in STAGES + ["other"]:

@@ -2,7 +2,8 @@
 None (with a printed note) when its data is absent. Ratios are derived here, from the stored counts.
 
 Blog values printed beside ours: temperature 0 rows use the open reproduction (27B, T = 0), other temperatures
-the internal 35B table (T = 1); our dataset names map onto the blog's via dmtp.analysis.reference.
+the internal 35B table (T = 1); our dataset names map onto the blog's via dmtp.analysis.reference, our methods onto
+the blog's columns via the experiment's ablation spec (`art.spec`: the main method is the blog's "dmtp").
 """
 from __future__ import annotations
 
@@ -12,17 +13,33 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dmtp.ablation import GROUPS
 from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
-from dmtp.analysis.report.data import Artifacts, load, method_rank, missing_runs, pooled_throughput, records
+from dmtp.analysis.report.data import Artifacts, load, missing_runs, pooled_throughput, records
 
-ABLATION_MAIN = ["dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual",
-                 "zero_init_residual_from_dflash"]
-ABLATION_SUPP = ["mask_residual", "context_fusion", "mtp_context"]
-ABLATION_BASE = ["ar", "mtp"]  # context rows: the target alone and native MTP415 (4 candidates)
-MAIN = {"dflash": "dflash", "mtp": "mtp", "dmtp": R.DMTP_MAIN}  # column -> our method
-OPEN = {"mtp": "mtp", "dflash": "dflash", "dmtp_d": R.DMTP_MAIN, "dflash2": "dflash2", "dmtp_d2": "dmtp_d2"}
 OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2": "DFlash2", "dmtp_d2": "DMTP(D2)"}
+
+
+# --- our runs -> the blog's columns (from the ablation spec) -------------------------------------------------------
+def blog_name(art: Artifacts, method: str) -> str:
+    """The blog's name for one of our methods: "dmtp" for the main method, else the same name."""
+    return "dmtp" if method == art.spec.main_method else method
+
+
+def main_columns(art: Artifacts) -> dict[str, str]:
+    """Main-table column -> our run: DFlash (the drafter baseline), native MTP, DMTP (the main method)."""
+    cols = {"dflash": art.spec.drafter_baseline, "mtp": "mtp", "dmtp": art.spec.main_method}
+    return {c: m for c, m in cols.items() if m}
+
+
+def open_columns(art: Artifacts) -> dict[str, str]:
+    """The blog's open-reproduction columns -> our runs (the DFlash2 ones: the backbone runs of the same two)."""
+    sp = art.spec
+    cols = {"mtp": "mtp", "dflash": sp.drafter_baseline, "dmtp_d": sp.main_method,
+            "dflash2": sp.backbone_run(sp.drafter_baseline, "dflash2"),
+            "dmtp_d2": sp.backbone_run(sp.main_method, "dflash2")}
+    return {c: m for c, m in cols.items() if m}
 
 
 def pct(x: float, ref: float) -> float:
@@ -33,17 +50,16 @@ def pct(x: float, ref: float) -> float:
     return float(r) if r.ndim == 0 else r
 
 
-def blog_acceptance(dataset: str, temperature: float, method: str) -> float:
-    return R.blog_value("open_repro" if temperature == 0 else "main", dataset, method)
+def blog_acceptance(dataset: str, temperature: float, blog_method: str) -> float:
+    return R.blog_value("open_repro" if temperature == 0 else "main", dataset, blog_method)
 
 
-def blog_first_token(dataset: str, temperature: float, method: str) -> float:
+def blog_first_token(dataset: str, temperature: float, blog_method: str) -> float:
     """Blog first-token acceptance in percent: open-repro table at T = 0, else c1 of the conditional table."""
     if temperature == 0:
-        t, d = R.table("first_token"), R.open_dataset(dataset)
-        m = R.blog_method(method)
+        t, d, m = R.table("first_token"), R.open_dataset(dataset), blog_method
         return float(t.loc[t.dataset == d, m].iloc[0]) if d in set(t.dataset) and m in t.columns else math.nan
-    row = R.conditional_row(dataset, method)
+    row = R.conditional_row(dataset, blog_method)
     return row[0][0] if row else math.nan
 
 
@@ -99,34 +115,36 @@ def _paired(art, key, a: str, b: str, prefix: str) -> dict:
 
 # --- tables ------------------------------------------------------------------------------------------------------
 def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
-    """Code ablation (experiment `ablation`), one table per dataset: a row per method and temperature, relative to
-    token_only (percent), with bootstrap CIs and paired (by request id) differences vs token_only and vs dflash."""
+    """The ablation (experiment `ablation`), one table per dataset: a row per method and temperature, in the spec's
+    row groups (`table`; a method the spec does not name: "other"), relative to the spec's reference row
+    (percent), with bootstrap CIs and paired (by request id) differences vs the reference and vs the drafter
+    baseline."""
     s = art.summary
-    s = s[(s.experiment == "ablation") & s.method.isin(ABLATION_BASE + ABLATION_MAIN + ABLATION_SUPP)] if len(s) else s
+    s = s[s.experiment == "ablation"] if len(s) else s
     if s.empty:
         return skip("ablation table")
+    ref_m, base_m = art.spec.reference or "reference", art.spec.drafter_baseline or "baseline"
     out = []
     for ds, g in s.groupby("dataset"):
         rows = []
         for (t,), gt in g.groupby(["temperature"]):
-            ref = gt.set_index("method").acceptance_length.get("token_only", math.nan)
+            ref = gt.set_index("method").acceptance_length.get(art.spec.reference, math.nan)
             for _, r in gt.iterrows():
                 rows.append({"method": r.method, "temperature": t, **_ci(r, "acceptance_length"),
                              "per_verify": r.per_verify, **_ci(r, "first_token"),
-                             "rel_to_token_only": pct(r.acceptance_length, ref), "n_requests": r.n_requests,
+                             f"rel_to_{ref_m}": pct(r.acceptance_length, ref), "n_requests": r.n_requests,
                              "n_rounds": r.n_rounds, "blog_value": R.ablation_value(r.method),
                              "blog_rel_pct": R.ablation_value(r.method, "rel_to_token_only_pct"),
-                             "table": "main" if r.method in ABLATION_MAIN else
-                             "baseline" if r.method in ABLATION_BASE else "supplementary",
-                             **_paired(art, ("ablation", ds, t), r.method, "token_only", "vs_token_only"),
-                             **_paired(art, ("ablation", ds, t), r.method, "dflash", "vs_dflash")})
+                             "table": art.spec.group(r.method),
+                             **_paired(art, ("ablation", ds, t), r.method, ref_m, f"vs_{ref_m}"),
+                             **_paired(art, ("ablation", ds, t), r.method, base_m, f"vs_{base_m}")})
         df = pd.DataFrame(rows)
-        df = df.iloc[np.lexsort((df.temperature, df.method.map(method_rank),
-                                 df.table.map({"baseline": 0, "main": 1, "supplementary": 2})))]
+        order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
+        df = df.iloc[np.lexsort((df.temperature, df.method.map(order), df.table.map(GROUPS.index)))]
         note = ("acceptance_length = per-request mean incl. bonus; [lo, hi] = bootstrap 95% CI over requests; "
-                "rel_to_token_only in percent; vs_* = paired (by request id) mean difference of per-request "
+                f"rel_to_{ref_m} in percent; vs_* = paired (by request id) mean difference of per-request "
                 "acceptance length with bootstrap CI, vs_*_p = sign-flip permutation p. "
-                "blog_value: the blog's Code ablation (8 inputs).")
+                "blog_value: the blog's Code ablation (8 inputs), relative to token_only.")
         # the blog's Code ablation used 8 code inputs: our `humaneval8` view is *the* ablation_code table
         name = "ablation_code" if ds == "humaneval8" else f"ablation_{ds}"
         out.append(save(art, name, df.reset_index(drop=True), f"Code ablation — {ds}", note))
@@ -140,25 +158,29 @@ def _groups(art: Artifacts, methods) -> list[tuple[tuple, pd.DataFrame]]:
 
 
 def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
-    """DFlash / native MTP / DMTP (zero_init_residual) per dataset, gain of DMTP over DFlash, blog values beside."""
+    """DFlash / native MTP / DMTP (the spec's drafter baseline, mtp, main method) per dataset, gain of DMTP over
+    DFlash, blog values beside."""
+    cols = main_columns(art)
+    if {"dflash", "dmtp"} - set(cols):
+        return skip("main acceptance table (the spec names no main method or drafter baseline)")
     rows = []
-    for key, g in _groups(art, MAIN.values()):
+    for key, g in _groups(art, cols.values()):
         by = g.set_index("method")
         row = dict(zip(["experiment", "dataset", "temperature"], key))
-        for col, m in MAIN.items():
+        for col, m in cols.items():
             row.update(_ci(by.loc[m], "acceptance_length", col) if m in by.index else {col: math.nan})
         row["gain_pct"] = pct(row["dmtp"], row["dflash"])
-        row.update(_paired(art, key, R.DMTP_MAIN, "dflash", "dmtp_vs_dflash"))
-        for col, m in MAIN.items():
-            row[f"blog_{col}"] = blog_acceptance(key[1], key[2], m)
+        row.update(_paired(art, key, cols["dmtp"], cols["dflash"], "dmtp_vs_dflash"))
+        for col in cols:
+            row[f"blog_{col}"] = blog_acceptance(key[1], key[2], col)
         row["blog_gain_pct"] = blog_acceptance(key[1], key[2], "dmtp_vs_dflash_pct")  # as the blog prints it
         rows.append(row)
     if not rows:
         return skip("main acceptance table")
     df = pd.DataFrame(rows).dropna(axis=1, how="all")
     return save(art, "main_acceptance", df, "Acceptance length: DFlash vs native MTP vs DMTP",
-                f"Per-request mean incl. bonus with bootstrap 95% CI; dmtp = {R.DMTP_MAIN}. "
-                "blog_*: open reproduction at T=0, internal 35B table otherwise.")
+                f"Per-request mean incl. bonus with bootstrap 95% CI; dmtp = {cols['dmtp']}, dflash = "
+                f"{cols['dflash']}. blog_*: open reproduction at T=0, internal 35B table otherwise.")
 
 
 def first_token(art: Artifacts) -> pd.DataFrame | None:
@@ -171,7 +193,8 @@ def first_token(art: Artifacts) -> pd.DataFrame | None:
     for c in ("first_token", "first_token_lo", "first_token_hi"):
         df[c.replace("first_token", "first_token_pct")] = 100 * s[c]
     df["n_rounds"] = s.n_rounds
-    df["blog_pct"] = [blog_first_token(d, t, m) for d, t, m in zip(s.dataset, s.temperature, s.method)]
+    df["blog_pct"] = [blog_first_token(d, t, blog_name(art, m)) for d, t, m in zip(s.dataset, s.temperature,
+                                                                                   s.method)]
     return save(art, "first_token", df.reset_index(drop=True), "First-token acceptance (%)",
                 "P(L>=1) over verify rounds (bonus excluded), bootstrap 95% CI over requests.")
 
@@ -212,7 +235,7 @@ def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
     df["diff"] = df.per_request - df.per_verify
     blog = R.table("per_request_vs_verify")
     look = {(w, m): (a, b) for w, m, a, b in blog.itertuples(index=False)}
-    bl = [look.get((R.workload(d), R.blog_method(m)), (math.nan, math.nan)) if t != 0 else (math.nan, math.nan)
+    bl = [look.get((R.workload(d), blog_name(art, m)), (math.nan, math.nan)) if t != 0 else (math.nan, math.nan)
           for d, t, m in zip(s.dataset, s.temperature, s.method)]
     df["blog_per_request"], df["blog_per_verify"] = [b[0] for b in bl], [b[1] for b in bl]
     return save(art, "per_request_vs_verify", df.reset_index(drop=True), "Per-request vs per-verify acceptance length",
@@ -225,10 +248,11 @@ def throughput(art: Artifacts) -> pd.DataFrame | None:
         return skip("throughput table (bench/throughput.csv)")
     df = pooled_throughput(art.throughput).pivot_table(index=["dataset", "temperature", "batch_cap"],
                                                        columns="method", values="tok_per_s")
-    df = df[sorted(df.columns, key=method_rank)].reset_index()
+    df = df[sorted(df.columns, key=art.rank)].reset_index()
     df.columns.name = None
-    if {"dflash", R.DMTP_MAIN} <= set(df.columns):
-        df["gain_pct"] = pct(df[R.DMTP_MAIN], df["dflash"])
+    dmtp, dflash = art.spec.main_method, art.spec.drafter_baseline
+    if dmtp and dflash and {dflash, dmtp} <= set(df.columns):
+        df["gain_pct"] = pct(df[dmtp], df[dflash])
     blog = R.table("throughput")
     look = {(w, m, b): v for w, m, b, v, _ in blog.itertuples(index=False)}
     for m in ("dflash", "dmtp"):
@@ -245,15 +269,16 @@ def overhead(art: Artifacts) -> pd.DataFrame | None:
     ours = art.overhead.pivot_table(index="method", columns="stage", values="ms_per_round")
     blog = R.table("overhead").assign(method=lambda b: "blog:" + b.workload + ":" + b.method)
     blog = blog.pivot_table(index="method", columns="stage", values="ms_per_round", dropna=False)
-    df = pd.concat([ours.loc[sorted(ours.index, key=method_rank)], blog])
+    df = pd.concat([ours.loc[sorted(ours.index, key=art.rank)], blog])
     df = df[[c for c in stages if c in df.columns]].reset_index()
     df.columns.name = None
-    if "round" in df:  # against the DFlash row of the same setup ("8b-shape:" rows: random weights, timing only;
-        # "+fused" rows: layers fused by dmtp.engine.fuse, against DFlash fused)
+    dflash = art.spec.drafter_baseline
+    if "round" in df and dflash:  # against the DFlash row of the same setup ("8b-shape:" rows: random weights,
+        # timing only; "+fused" rows: layers fused by dmtp.engine.fuse, against DFlash fused)
         setup = [(p, m.endswith("+fused")) for p, m in zip(df.method.str.rpartition(":")[0],
                                                              df.method.str.rpartition(":")[2])]
         ref = {s: r for s, m, r in zip(setup, df.method.str.rpartition(":")[2], df["round"])
-               if m in ("dflash", "dflash+fused")}
+               if m in (dflash, dflash + "+fused")}
         df["round_vs_dflash_ms"] = [r - ref.get(s, math.nan) for s, r in zip(setup, df["round"])]
         df["round_vs_dflash"] = [r / ref.get(s, math.nan) for s, r in zip(setup, df["round"])]
         df.loc[df.method.str.startswith("blog:"), ["round_vs_dflash_ms", "round_vs_dflash"]] = math.nan
@@ -264,20 +289,24 @@ def overhead(art: Artifacts) -> pd.DataFrame | None:
 
 def open_repro(art: Artifacts) -> pd.DataFrame | None:
     """The blog's open-reproduction layout: MTP415, DFlash, DMTP(D), DFlash2, DMTP(D2) per dataset present."""
+    cols = open_columns(art)
+    if set(OPEN_LABEL) - set(cols):
+        return skip("open-reproduction table (the spec names no DFlash2 runs of the drafter baseline and main method)")
+    blog_col = {"dmtp_d": "dmtp"}  # the blog's open_repro table calls DMTP(D) "dmtp"
     rows = []
-    for key, g in _groups(art, OPEN.values()):
+    for key, g in _groups(art, cols.values()):
         by = g.set_index("method").acceptance_length
         row = dict(zip(["experiment", "dataset", "temperature"], key))
-        row.update({c: by.get(m, math.nan) for c, m in OPEN.items()})
+        row.update({c: by.get(m, math.nan) for c, m in cols.items()})
         row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
         row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
-        for c, m in OPEN.items():
-            row[f"blog_{c}"] = R.blog_value("open_repro", key[1], m) if key[2] == 0 else math.nan  # blog: T=0
+        for c in cols:  # the blog's table is at T=0
+            row[f"blog_{c}"] = R.blog_value("open_repro", key[1], blog_col.get(c, c)) if key[2] == 0 else math.nan
         rows.append(row)
     if not rows:
         return skip("open-reproduction table")
     return save(art, "open_repro", pd.DataFrame(rows), "Open-reproduction layout (per-request acceptance length)",
-                "Columns: " + ", ".join(f"{c} = {OPEN_LABEL[c]} ({m})" for c, m in OPEN.items())
+                "Columns: " + ", ".join(f"{c} = {OPEN_LABEL[c]} ({m})" for c, m in cols.items())
                 + "; blog_*: Qwen3.6-27B, T=0.")
 
 
@@ -285,8 +314,10 @@ ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, 
 
 
 def missing(art: Artifacts) -> list[tuple]:
-    """Runs a table would want but the artifacts lack (printed, and listed in REPORT.md: never dropped silently)."""
-    return missing_runs(art.runs, {"ablation": ABLATION_BASE + ABLATION_MAIN})
+    """Runs a table would want but the artifacts lack (printed, and listed in REPORT.md: never dropped silently):
+    the spec's baselines and main rows (those of `only`, when it names a subset)."""
+    sp = art.spec
+    return missing_runs(art.runs, {"ablation": sp.selected(sp.baselines + sp.main + tuple(sp.continued))}, art.rank)
 
 
 def render(art: Artifacts) -> None:

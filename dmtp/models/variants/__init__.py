@@ -1,14 +1,17 @@
-"""Injection variants: one file each, registered by name (in SPEC §4 order). `dmtp variants` lists them."""
-# ruff: noqa: I001  (the import order is the registry order)
-from dmtp.models.variants import dflash  # noqa: F401
-from dmtp.models.variants import token_only  # noqa: F401
-from dmtp.models.variants import t1_residual  # noqa: F401
-from dmtp.models.variants import mask_residual  # noqa: F401
-from dmtp.models.variants import context_fusion  # noqa: F401
-from dmtp.models.variants import mtp_context  # noqa: F401
-from dmtp.models.variants import fusion  # noqa: F401
-from dmtp.models.variants import double_anchor_fusion  # noqa: F401
-from dmtp.models.variants import zero_init_residual  # noqa: F401
+"""Injection variants: one file each in this folder, found and imported here (there is no list to edit), each
+registered by name with `@register` (which works from any module: a variant may live outside the package, imported
+before use). `dmtp variants` lists them.
+
+    NAMES                  # the variants of this package, by name
+    get_variant("fusion")  # the class; REGISTRY also holds variants registered from other modules
+"""
+import importlib
+import pkgutil
+
 from dmtp.models.variants.base import REGISTRY, Layout, Variant, get_variant, register  # noqa: F401
 
-NAMES = list(REGISTRY)
+for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _mod != "base":
+        importlib.import_module(f"{__name__}.{_mod}")
+
+NAMES = sorted(REGISTRY)  # the package's own variants, by name (not those registered later by other modules)

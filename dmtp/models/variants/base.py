@@ -5,20 +5,27 @@ three hooks: `t1_embed` (what goes into the T1 slot), `mask_embed` (what goes in
 context features). Two class flags give the block layout:
     anchor=True  -> slot for A at position a          t1=True -> slot for T1 (from the MTP) at position a+1
 and MASK slots fill the rest up to `num_candidates` predicted-or-given candidates (7 by default).
+
+A variant's own hyperparameters are a dataclass `Config` on its class (e.g. `LowRankConfig.rank`): the drafter
+config carries them as `variant_config` (saved in the checkpoint's `dmtp_config`), the variant reads `self.config`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 
+from dmtp.checks import at_least, check
 from dmtp.models.layers import RMSNorm
 
 REGISTRY: dict[str, type["Variant"]] = {}
 
 
 def register(cls):
+    """Class decorator: make a variant known by its `name` (from any module; the package's own are found alone)."""
+    if not cls.name:
+        raise ValueError(f"variant class {cls.__name__} has no name")
     if cls.name in REGISTRY:
         raise ValueError(f"variant {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls
@@ -56,6 +63,11 @@ class _class_property:
         return self.fn(cls)
 
 
+@dataclass
+class NoConfig:
+    """A variant without hyperparameters of its own."""
+
+
 class Variant(nn.Module):
     name: str = ""
     description: str = ""
@@ -63,10 +75,27 @@ class Variant(nn.Module):
     t1: bool = False  # T1 from the MTP is given (DMTP); else the drafter proposes T1 itself
     needs_mtp_context: bool = False  # context() reads the per-position MTP hidden g_i
     bypassed: tuple[str, ...] = ()  # drafter parameters (name prefixes) the variant never uses: frozen in training
+    Config: type = NoConfig  # the variant's own hyperparameters (a dataclass with defaults)
 
     def __init__(self, cfg):
+        """cfg: the DrafterConfig (widths, eps; `cfg.variant_config` holds this variant's own settings)."""
         super().__init__()
-        self.cfg = cfg
+        self.config = self.make_config(cfg.variant_config)
+
+    @classmethod
+    def make_config(cls, settings: dict):
+        """The variant's Config from a dict of settings (missing: the defaults; unknown keys are an error)."""
+        known = {f.name for f in fields(cls.Config)}
+        bad = sorted(set(settings) - known)
+        if bad:
+            raise ValueError(f"variant {cls.name!r}: unknown settings {bad}"
+                             + (f" (known: {', '.join(sorted(known))})" if known else " (it has none)"))
+        return cls.Config(**settings)
+
+    @classmethod
+    def settings(cls, settings: dict) -> dict:
+        """Every setting of the variant, defaults filled in (what a checkpoint stores)."""
+        return asdict(cls.make_config(settings))
 
     @_class_property
     def needs_mtp(cls) -> bool:
@@ -123,13 +152,22 @@ class LowRank(nn.Module):
         return self.up(torch.nn.functional.silu(self.down(x)))
 
 
+@dataclass
+class LowRankConfig:
+    rank: int = 64  # r of the H -> r -> H SiLU MLP
+
+    def __post_init__(self):
+        check(self, rank=at_least(1))
+
+
 class LowRankVariant(Variant):
     """Single-anchor variants that inject LowRank(sg h_MTP) into one kind of slot."""
     anchor, t1 = False, True
+    Config = LowRankConfig
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.lowrank = LowRank(cfg.hidden_size, cfg.lowrank_rank)
+        self.lowrank = LowRank(cfg.hidden_size, self.config.rank)
 
     def reset_parameters(self):
         self.lowrank.reset_parameters()

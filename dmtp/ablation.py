@@ -1,0 +1,97 @@
+"""What an ablation runs and how its rows are reported: the one place a method list lives (pure data, no torch).
+
+A *run* is a name under `results/<profile>/runs/ablation/<run>/`: an engine baseline (`ar`, `mtp`), a variant trained
+from scratch (its registry name), a continued run (a variant trained further from another run's drafter) or a
+backbone run (a variant on another drafter backbone). The pipeline trains and evaluates the runs, bench times them,
+and the report orders, groups and compares its rows by this spec, which it reads from `results/<profile>/
+experiment.json` (written by the pipeline): the report never imports the experiment definitions.
+
+    spec = AblationSpec(baselines=("ar", "mtp"), main=("dflash", "token_only"), reference="token_only",
+                        main_method="token_only", drafter_baseline="dflash")
+    spec.runs()          # ('ar', 'mtp', 'dflash', 'token_only')
+    spec.group("mtp")    # 'baseline'; a run the spec does not name: 'other' (still reported)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dmtp.checks import at_least, check, each
+
+GROUPS = ("baseline", "main", "supplementary", "control", "backbone", "other")  # row groups, in table order
+
+
+@dataclass(frozen=True)
+class AblationSpec:
+    name: str = ""  # the ablation's name (e.g. "code")
+    baselines: tuple[str, ...] = ()  # engine methods without a drafter: "ar" (target alone), "mtp" (native MTP-k)
+    main: tuple[str, ...] = ()  # variants trained from scratch with identical data/budget/seed: the main rows
+    supplementary: tuple[str, ...] = ()  # variants trained the same way, reported as supplementary rows
+    controls: tuple[str, ...] = ()  # control variants trained the same way (rows of group "control")
+    continued: dict[str, tuple[str, str]] = field(default_factory=dict)  # run -> (variant, run whose drafter it
+    # continues from), trained `continue_steps` more steps with seed + 1; reported among the main rows
+    continue_steps: int = 100  # optimizer steps of each continued run
+    backbones: dict[str, tuple[str, str]] = field(default_factory=dict)  # run -> (variant, drafter backbone),
+    # trained from scratch beside the variants and evaluated with the main table (e.g. DFlash2 runs)
+    reference: str = ""  # the row every other row is reported relative to (rel_to_<reference>, vs_<reference>)
+    main_method: str = ""  # our DMTP method: the blog's "dmtp" column, the bench ratio targets
+    drafter_baseline: str = ""  # the DFlash baseline the main method is measured against (gain, vs_<it> columns)
+    main_table: tuple[str, ...] = ()  # runs evaluated on every dataset (the others: on eval.all_methods_on only)
+    bench: tuple[str, ...] = ()  # runs the engine benchmarks time when --methods is not given
+    seeds: tuple[int, ...] = (0,)  # drafter seeds (initialisation, data order, anchors); one today
+    budgets: tuple[int, ...] = ()  # learning-curve budgets (training steps evaluated); (): the final step only
+    only: tuple[str, ...] = ()  # train / evaluate only these runs (a subset); (): every run
+
+    def __post_init__(self):
+        check(self, continue_steps=at_least(0), seeds=each(at_least(0), "tuple of seeds"))
+        if self.budgets:
+            check(self, budgets=each(at_least(1), "tuple of training steps"))
+        names = self.runs()
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"ablation {self.name!r}: runs named twice: {dup}")
+        for key in ("reference", "main_method", "drafter_baseline"):
+            v = getattr(self, key)
+            if v and v not in names:
+                raise ValueError(f"ablation.{key} = {v!r} is not a run of the ablation ({', '.join(names)})")
+        for key in ("main_table", "bench", "only"):
+            bad = [n for n in getattr(self, key) if n.partition("+")[0] not in names]
+            if bad:
+                raise ValueError(f"ablation.{key}: unknown runs {bad}; runs: {', '.join(names)}")
+        for run, (_, src) in self.continued.items():
+            if src not in names or src in self.continued:
+                raise ValueError(f"ablation.continued[{run!r}] continues from {src!r}, which is not a run trained "
+                                 "from scratch")
+
+    # --- the runs -------------------------------------------------------------------------------------------------
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """Variants trained from scratch under their own name."""
+        return self.main + self.supplementary + self.controls
+
+    def runs(self) -> tuple[str, ...]:
+        """Every run, in report order: baselines, main, continued, supplementary, controls, backbones."""
+        return (self.baselines + self.main + tuple(self.continued) + self.supplementary + self.controls
+                + tuple(self.backbones))
+
+    def selected(self, runs=None) -> list[str]:
+        """`runs` (default: every run) restricted to `only`, in their order."""
+        runs = self.runs() if runs is None else runs
+        return [r for r in runs if not self.only or r in self.only]
+
+    def group(self, run: str) -> str:
+        """The run's row group (GROUPS); a run the spec does not name is "other", never dropped."""
+        for g, members in (("baseline", self.baselines), ("main", self.main + tuple(self.continued)),
+                           ("supplementary", self.supplementary), ("control", self.controls),
+                           ("backbone", tuple(self.backbones))):
+            if run in members:
+                return g
+        return "other"
+
+    def rank(self, run: str) -> int:
+        """Position in report order; runs the spec does not name come after all of its own."""
+        order = self.runs()
+        return order.index(run) if run in order else len(order)
+
+    def backbone_run(self, variant: str, backbone: str) -> str | None:
+        """The run training `variant` on `backbone` (e.g. ("dflash", "dflash2") -> "dflash2"), or None."""
+        return next((r for r, vb in self.backbones.items() if tuple(vb) == (variant, backbone)), None)

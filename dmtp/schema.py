@@ -1,0 +1,124 @@
+"""Typed configs as plain dataclasses: derive one from another, override fields from the command line, read one back
+from JSON, with the declared field types checked and unknown keys an error at every level. No torch (the report
+reads the experiment's ablation spec with it).
+
+    derive(p, "smoke", data=dict(prompts=16))         # a dict merges into the dataclass field it names
+    override(p, ["train.steps=10", "ablation.only=ar,dflash"])
+    from_dict(Profile, json.loads(text))              # the inverse of dataclasses.asdict
+"""
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import fields, is_dataclass, replace
+
+from dmtp.checks import BadValue
+
+
+def derive(base, name: str | None = None, **over):
+    """`base` with fields replaced; a dict given for a dataclass field replaces fields inside it (recursively), so
+    `derive(tiny(), "smoke", data=dict(prompts=16))` keeps tiny's other data settings. Unknown keys fail."""
+    known = {f.name for f in fields(base)}
+    bad = sorted(set(over) - known)
+    if bad:
+        raise KeyError(f"{type(base).__name__}{f' {name}' if name else ''}: unknown keys {bad}")
+    for k, v in over.items():
+        cur = getattr(base, k)
+        if isinstance(v, dict) and is_dataclass(cur):
+            over[k] = derive(cur, None, **v)
+    if name is not None:
+        over["name"] = name
+    return replace(base, **over)
+
+
+def override(p, assignments: list[str]):
+    """`KEY=VALUE` assignments (`pretrain.tokens=20000000`, `data.batch=4`, `ablation.only=dflash,token_only`)
+    applied to a profile. A value is read as its field's declared type (bool: true/false; tuple: JSON list or
+    comma-separated; dict: JSON), so a typo fails instead of training on a string; the name stays, so the work and
+    results folders are the profile's."""
+    for a in assignments:
+        key, eq, raw = a.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--set {a!r}: expected KEY=VALUE, e.g. pretrain.tokens=20000000")
+        try:
+            p = _assign(p, key.split("."), raw, key)
+        except BadValue as e:  # the field's own check (dmtp.checks), or a rule across fields
+            raise ValueError(f"--set {key}={raw}: expected {e.expected}" if e.name == key.split(".")[-1]
+                             else f"--set {key}={raw}: {e}") from None
+        except ValueError as e:
+            raise ValueError(str(e) if str(e).startswith("--set ") else f"--set {key}={raw}: {e}") from None
+    return p
+
+
+def _assign(obj, path: list[str], raw: str, key: str):
+    names = {f.name for f in fields(obj)} if is_dataclass(obj) else set()
+    if path[0] not in names or path[0] == "name":
+        raise KeyError(f"--set {key}: {type(obj).__name__} has no field {path[0]!r}"
+                       + (f" (fields: {', '.join(sorted(names - {'name'}))})" if names else ""))
+    if len(path) > 1:
+        return replace(obj, **{path[0]: _assign(getattr(obj, path[0]), path[1:], raw, key)})
+    tp = typing.get_type_hints(type(obj))[path[0]]
+    try:
+        val = _parse(tp, raw)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--set {key}={raw}: {e}") from None
+    return replace(obj, **{path[0]: val})
+
+
+def _parse(tp, raw: str):
+    """A command-line string as a value of type `tp`."""
+    if tp is bool:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError("expected true or false")
+        return raw.lower() in ("true", "1")
+    if tp in (int, float, str):
+        return tp(raw)
+    if typing.get_origin(tp) is tuple and not raw.lstrip().startswith("["):  # comma-separated items
+        item = (typing.get_args(tp) or (str,))[0]
+        return tuple(_parse(item, x.strip()) for x in raw.split(",") if x.strip())
+    try:
+        v = json.loads(raw)
+    except json.JSONDecodeError:
+        raise ValueError(f"expected JSON for a {getattr(typing.get_origin(tp) or tp, '__name__', tp)}") from None
+    return _typed(tp, v, "value")
+
+
+def from_dict(cls, d: dict, where: str = ""):
+    """A dataclass from its `asdict` form, types checked and tuples restored; unknown keys fail."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where or cls.__name__}: expected an object, got {type(d).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    bad = sorted(set(d) - known)
+    if bad:
+        raise KeyError(f"{where or cls.__name__}: unknown keys {bad} (fields: {', '.join(sorted(known))})")
+    return cls(**{k: _typed(hints[k], v, f"{where}.{k}" if where else k) for k, v in d.items()})
+
+
+def _typed(tp, v, where: str):
+    """JSON value `v` as type `tp` (dataclass, tuple[...], dict[str, X], X | None, int/float/str/bool)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if is_dataclass(tp):
+        return from_dict(tp, v, where)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        return _typed(next(a for a in args if a is not type(None)), v, where)
+    if origin is tuple:
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {v!r}")
+        items = args[:1] * len(v) if len(args) == 2 and args[1] is Ellipsis else args
+        if args and len(items) != len(v):
+            raise ValueError(f"{where}: expected {len(items)} items, got {v!r}")
+        return tuple(_typed(t, x, f"{where}[{i}]") for i, (t, x) in enumerate(zip(items, v))) if args else tuple(v)
+    if origin is dict or tp is dict:
+        if not isinstance(v, dict):
+            raise ValueError(f"{where}: expected an object, got {v!r}")
+        return {k: _typed(args[1], x, f"{where}[{k}]") for k, x in v.items()} if args else dict(v)
+    if tp in (int, float, str, bool):
+        ok = (int, float) if tp is float else tp  # JSON writes 1.0 as 1
+        if not isinstance(v, ok) or (isinstance(v, bool) and tp is not bool):
+            raise ValueError(f"{where}: expected {tp.__name__}, got {v!r}")
+        return float(v) if tp is float else v
+    return v
