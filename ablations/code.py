@@ -12,6 +12,8 @@ def code(**over) -> AblationSpec:
         baselines=("ar", "mtp"),  # AR target alone; native MTP415 (4 chained steps)
         main=("dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual"),
         supplementary=("mask_residual", "context_fusion", "mtp_context"),
+        # zero_init_residual as initialised: [A, E(T1), MASK x6] without the MTP hidden (isolates what the hidden adds)
+        controls=("double_anchor_token_only",),
         continued={"zero_init_residual_from_dflash": ("zero_init_residual", "dflash")},
         # the DFlash2 axis (SPEC §9): trained from scratch beside the variants, evaluated with the main table
         backbones={"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")},
@@ -20,4 +22,5 @@ def code(**over) -> AblationSpec:
         drafter_baseline="dflash",
         main_table=("ar", "mtp", "dflash", "zero_init_residual"),
         bench=("ar", "mtp", "dflash", "t1_residual", "zero_init_residual"),
+        seeds=(0, 1, 2),  # main and control runs; the others: the first seed
     ), **over})

@@ -37,9 +37,13 @@ class AblationSpec:
     drafter_baseline: str = ""  # the DFlash baseline the main method is measured against (gain, vs_<it> columns)
     main_table: tuple[str, ...] = ()  # runs evaluated on every dataset (the others: on eval.all_methods_on only)
     bench: tuple[str, ...] = ()  # runs the engine benchmarks time when --methods is not given
-    seeds: tuple[int, ...] = (0,)  # drafter seeds (initialisation, data order, anchors); one today
-    budgets: tuple[int, ...] = ()  # learning-curve budgets (training steps evaluated); (): the final step only
+    seeds: tuple[int, ...] = (0,)  # drafter seeds (initialisation, data order, anchors) of the main and control
+    # runs; supplementary, continued and backbone runs are trained with the first seed only
+    budgets: tuple[int, ...] = ()  # learning-curve budgets: training steps after which the `curve` runs are also
+    # evaluated (HumanEval, T = 0, natural mode; every seed); (): no learning curve
+    curve: tuple[str, ...] = ()  # runs with a learning curve
     only: tuple[str, ...] = ()  # train / evaluate only these runs (a subset); (): every run
+    only_seeds: tuple[int, ...] = ()  # train / evaluate only these seeds (a subset of `seeds`); (): every seed
 
     def __post_init__(self):
         check(self, continue_steps=at_least(0), seeds=each(at_least(0), "tuple of seeds"))
@@ -53,6 +57,18 @@ class AblationSpec:
             v = getattr(self, key)
             if v and v not in names:
                 raise ValueError(f"ablation.{key} = {v!r} is not a run of the ablation ({', '.join(names)})")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"ablation.seeds = {list(self.seeds)}: expected distinct seeds, at least one")
+        if sorted(self.budgets) != list(self.budgets) or len(set(self.budgets)) != len(self.budgets):
+            raise ValueError(f"ablation.budgets = {list(self.budgets)}: expected increasing training steps")
+        bad = sorted(set(self.only_seeds) - set(self.seeds))
+        if bad:
+            raise ValueError(f"ablation.only_seeds: {bad} not in ablation.seeds {list(self.seeds)}")
+        bad = [r for r in self.curve if r not in self.main + self.controls]
+        if bad:
+            raise ValueError(f"ablation.curve: {bad} are not main or control runs ({', '.join(self.main + self.controls)})")
+        if self.curve and not self.budgets:
+            raise ValueError("ablation.curve names runs but ablation.budgets is empty")
         for key in ("main_table", "bench", "only"):
             bad = [n for n in getattr(self, key) if n.partition("+")[0] not in names]
             if bad:
@@ -77,6 +93,12 @@ class AblationSpec:
         """`runs` (default: every run) restricted to `only`, in their order."""
         runs = self.runs() if runs is None else runs
         return [r for r in runs if not self.only or r in self.only]
+
+    def seeds_of(self, run: str) -> tuple[int, ...]:
+        """The drafter seeds a run is trained and evaluated with (restricted to `only_seeds`): every seed for the
+        main and control runs, the first for the others (baselines have no drafter: the first)."""
+        seeds = self.seeds if run in self.main + self.controls else self.seeds[:1]
+        return tuple(s for s in seeds if not self.only_seeds or s in self.only_seeds)
 
     def group(self, run: str) -> str:
         """The run's row group (GROUPS); a run the spec does not name is "other", never dropped."""

@@ -46,11 +46,12 @@ class DataConfig:
     new_tokens: int = 128  # tokens the target generates per prompt (the drafters' training data)
     temperature: float = 0.8  # sampling temperature of the on-policy responses
     batch: int = 64  # prompts per generation batch
+    prompts_per_doc: int = 2  # at most this many prompts (functions) cut from one corpus file
 
     def __post_init__(self):  # vocab_size >= 258: the byte-level BPE holds the 256 bytes, <|endoftext|>, <|mask|>
         check(self, corpus_bytes=at_least(1), tokenizer_bytes=at_least(1), vocab_size=at_least(258),
               prompts=at_least(1), prompt_tokens=at_least(1), new_tokens=at_least(1), temperature=number(0),
-              batch=at_least(1))
+              batch=at_least(1), prompts_per_doc=at_least(1))
 
 
 @dataclass
@@ -96,7 +97,9 @@ class EvalConfig:
     # views written from a run's first n records (same prompts, same batch): name -> (dataset, n)
     subsets: dict[str, tuple[str, int]] = field(default_factory=lambda: {"humaneval8": ("humaneval", 8)})
     temperatures: tuple[float, ...] = (0.0, 1.0)  # sampling temperatures (0: greedy)
-    modes: tuple[str, ...] = ("natural",)  # EVAL_MODES; "natural" today
+    modes: tuple[str, ...] = ("natural",)  # EVAL_MODES: natural (every run, every seed: the acceptance tables),
+    # fixed (the runs of ablation.main_table, first seed: the blog's fixed-length throughput setting)
+    stops: tuple[str, ...] = ("humaneval",)  # natural mode's stop strings; "humaneval": its standard five
     new_tokens: int = 128  # generated tokens per request (at most)
     batch: int = 32  # requests per decode batch
     mtp_steps: int = 4  # MTP415 baseline: 4 chained steps, 4 candidates
@@ -104,6 +107,8 @@ class EvalConfig:
     def __post_init__(self):
         check(self, temperatures=each(number(0)), new_tokens=at_least(1), batch=at_least(1), mtp_steps=at_least(1),
               modes=each(one_of(*EVAL_MODES)))
+        require(all(isinstance(x, str) and x for x in self.stops),
+                f"eval.stops={list(self.stops)}: expected non-empty stop strings (or 'humaneval')")
         for ds, n in self.sets.items():
             require(isinstance(n, int) and not isinstance(n, bool) and n >= 1,
                     f"eval.sets={self.sets}: expected dataset name -> number of prompts >= 1")

@@ -30,7 +30,7 @@ def tiny() -> Profile:
                                    head_dim=32, intermediate_size=384)),
         pretrain=PretrainConfig(tokens=1_500_000, seq_len=256, batch_size=16, lr=3e-3),
         train=TrainConfig(steps=150, batch_size=8, max_len=224, anchors_per_seq=32, save_every=50),
-        ablation=dict(continue_steps=50),
+        ablation=dict(continue_steps=50, seeds=(0,)),  # one seed: the 2-core CPU budget
         eval=dict(sets={"humaneval": 24}, new_tokens=64),
     )
 
@@ -45,26 +45,32 @@ def smoke() -> Profile:
         pretrain=PretrainConfig(tokens=40_000, seq_len=64, batch_size=8),
         drafter=dict(intermediate=128),
         train=TrainConfig(steps=6, batch_size=4, max_len=96, anchors_per_seq=8, save_every=3, log_every=2),
-        ablation=dict(continue_steps=3),
-        eval=dict(sets={"humaneval": 4}, subsets={"humaneval8": ("humaneval", 3)}, new_tokens=12, batch=8),
+        ablation=dict(continue_steps=3, seeds=(0, 1), budgets=(2, 4), curve=("dflash", "zero_init_residual")),
+        eval=dict(sets={"humaneval": 4}, subsets={"humaneval8": ("humaneval", 3)}, new_tokens=12, batch=8,
+                  temperatures=(0.0, 1.0), modes=("natural", "fixed")),
     )
 
 
 def mini() -> Profile:
-    """One H200: 21.5 M-parameter target + 3.4 M MTP head on 100 M tokens, 2-layer drafters."""
+    """One H200 (two for the drafters and the evaluation): 21.5 M-parameter target + 3.4 M MTP head on 100 M tokens,
+    2-layer drafters trained on ~10 M on-policy tokens; 3 drafter seeds of the main and control rows; learning curves
+    of dflash, fusion and zero_init_residual at 6 budgets spanning 32x; T = 0, 0.6, 1 in natural mode (HumanEval's
+    stop strings), the main table also in fixed mode."""
     return derive(
         tiny(), "mini",
-        data=dict(corpus_bytes=250_000_000, tokenizer_bytes=30_000_000, vocab_size=8192, prompts=6144,
-                  prompt_tokens=128, new_tokens=256, batch=2048),
+        data=dict(corpus_bytes=250_000_000, tokenizer_bytes=30_000_000, vocab_size=8192, prompts=65536,
+                  prompt_tokens=128, new_tokens=256, batch=2048, prompts_per_doc=6),
         model=dict(arch=TargetArch(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
                                    head_dim=64, intermediate_size=1280),
                    checkpoint_dtype="bf16"),  # halves the checkpoint handed between device commands
         pretrain=PretrainConfig(tokens=100_000_000, seq_len=512, batch_size=96, lr=2e-3),
         drafter=dict(layers=2, heads=8, kv_heads=2, intermediate=1408),
-        train=TrainConfig(steps=1000, batch_size=32, max_len=384, anchors_per_seq=64, save_every=500,
-                          log_every=25),
-        ablation=dict(continue_steps=300),
-        eval=dict(sets={"humaneval": 164}, new_tokens=256, batch=164),
+        train=TrainConfig(steps=4000, batch_size=32, max_len=384, anchors_per_seq=64, save_every=1000,
+                          log_every=50),
+        ablation=dict(continue_steps=300, seeds=(0, 1, 2), budgets=(125, 250, 500, 1000, 2000),
+                      curve=("dflash", "fusion", "zero_init_residual")),
+        eval=dict(sets={"humaneval": 164}, new_tokens=256, batch=164, temperatures=(0.0, 0.6, 1.0),
+                  modes=("natural", "fixed")),
     )
 
 

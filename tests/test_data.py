@@ -116,12 +116,21 @@ def test_encode_corpus(corpus, tok, tmp_path):
 
 
 def test_code_prompts(corpus, tok, tmp_path):
-    a = code_prompts(corpus["train"], tok, 10, max_prompt_tokens=48, seed=0)
-    assert a == code_prompts(corpus["train"], tok, 10, max_prompt_tokens=48, seed=0) and len(a) == 10
+    a = code_prompts(corpus["train"], tok, 10, max_prompt_tokens=48, seed=0, workers=1)
+    # the same prompts from worker processes (spawned; the order follows the documents, not the workers)
+    assert a == code_prompts(corpus["train"], tok, 10, max_prompt_tokens=48, seed=0, workers=2) and len(a) == 10
     assert len({p["id"] for p in a}) == 10
     for p in a:
         assert "def " in p["prompt"] and p["prompt"].endswith("\n")
         assert len(tok(p["prompt"], add_special_tokens=False)["input_ids"]) <= 48
+    # line-additive counts (v2 splits at newlines) pick the longest context that fits: one more line is over budget
+    docs = {d["sha256"][:12]: d["text"] for d in iter_documents(corpus["train"])}
+    for p in a:
+        lines = [ln + "\n" for ln in docs[p["id"].split(":")[0]].split("\n")]
+        first = next(i for i in range(len(lines)) if "".join(lines[i:]).startswith(p["prompt"]))
+        if first > 0:
+            longer = lines[first - 1] + p["prompt"]
+            assert len(tok(longer, add_special_tokens=False)["input_ids"]) > 48
     # documents mentioning HumanEval never yield prompts
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"path": "x.py", "sha256": "0" * 64, "text": "# HumanEval\n" + SRC.format(i=1)}) + "\n")

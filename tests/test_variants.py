@@ -9,11 +9,12 @@ from dmtp.training.drafters import drafter_loss, extract, sample_anchors
 
 NINE = ["dflash", "token_only", "t1_residual", "mask_residual", "context_fusion", "mtp_context", "fusion",
         "double_anchor_fusion", "zero_init_residual"]
+CONTROLS = ["double_anchor_token_only"]  # zero_init_residual without the MTP hidden
 
 
-def test_registry_has_exactly_the_nine_variants():
-    """Every file of dmtp/models/variants/ is found (there is no import list); the nine of SPEC §4."""
-    assert sorted(NAMES) == sorted(NINE)
+def test_registry_has_exactly_the_nine_variants_and_the_control():
+    """Every file of dmtp/models/variants/ is found (there is no import list); the nine of SPEC §4 + the control."""
+    assert sorted(NAMES) == sorted(NINE + CONTROLS)
     assert all(REGISTRY[n].description for n in NAMES)
     with pytest.raises(KeyError, match="unknown variant 'fuse'"):
         get_variant("fuse")
@@ -39,7 +40,7 @@ def _batch(tgt, mtp, drafter, seed=0):
     return feats, anchors, valid
 
 
-@pytest.mark.parametrize("name", NINE)
+@pytest.mark.parametrize("name", NINE + CONTROLS)
 def test_forward_backward_and_frozen(models, name):
     tgt, mtp = models
     d = make_drafter(tgt, name).train()
@@ -53,6 +54,7 @@ def test_forward_backward_and_frozen(models, name):
         assert p.grad is not None, f"{name}: no gradient for {n}"
     inj = [p for n, p in d.named_parameters() if n.startswith("injection.")]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in inj)
+    assert bool(inj) == (name not in ("dflash", "token_only") + tuple(CONTROLS))  # parameter-free injections
     frozen = list(tgt.parameters()) + list(mtp.parameters())
     assert all(not p.requires_grad and p.grad is None for p in frozen)
 
@@ -81,6 +83,10 @@ def test_zero_init_residual_is_double_anchor_token_only(models):
     out_d = df(blk, pos, df.context_kv(df.context(feats.taps, None), torch.arange(40)[None].expand(2, 40)),
                anchors[:, :1])
     torch.testing.assert_close(out_z, out_d)
+    # ... and the control variant builds exactly the block zero_init_residual starts from
+    c = Drafter(make_drafter(tgt, "double_anchor_token_only").config)
+    assert c.injection.layout(7) == d.injection.layout(7)
+    assert torch.equal(c.block(eA, eT, h, eM[0]), expect)
 
 
 def reference_mask(ctx_end, slots, ctx_len, window):

@@ -31,6 +31,7 @@ import torch
 from dmtp import dist
 from dmtp.analysis.lossless import add_top2_gaps, compare_runs
 from dmtp.analysis.metrics import acceptance_length
+from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.analysis.report import render_tables
 from dmtp.checks import require
 from dmtp.cli.stages import Unit, fingerprint, preflight
@@ -44,8 +45,10 @@ from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokeni
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.decode import build_method, load_method
 from dmtp.engine.runner import run_generate
+from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import Profile, drafter_config, torch_dtype, write_experiment
 from dmtp.io import atomic_dir, read_jsonl, write_json, write_jsonl, write_meta, write_text
+from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
 from dmtp.schema import override
@@ -53,7 +56,7 @@ from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
 from experiments.profiles import get_profile
 
-STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "tables"]
+STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
 PARALLEL = ["target", "data", "drafters"]  # the stages that run under torchrun (the others: one process)
 
 
@@ -184,7 +187,7 @@ def st_data(c: Ctx):
     tok = c.tok
     d = c.p.data
     prompts = code_prompts(c.work / "corpus" / "train.jsonl", tok, d.prompts, max_prompt_tokens=d.prompt_tokens,
-                           seed=0)
+                           seed=0, per_doc=d.prompts_per_doc)
     rows = [r for r in encode_prompts(tok, prompts) if r["prompt_ids"]]
     t0 = time.time()
     recs = run_generate(tgt, build_method("ar", tgt), rows, d.temperature, d.new_tokens, [tok.eos_token_id],
@@ -202,52 +205,73 @@ def st_data(c: Ctx):
     barrier()
 
 
+def drafters_dir(c: Ctx, seed: int) -> Path:
+    """Where the drafters of one seed live: work/<profile>/drafters (seed 0), drafters_s<seed> (the others)."""
+    return c.work / ("drafters" if seed == 0 else f"drafters_s{seed}")
+
+
 def st_drafters(c: Ctx):
-    """Every drafter run of the ablation (or of `ablation.only`): the variants and backbone runs from scratch on the
-    same batches, then each continued run from its source's drafter."""
-    out = c.work / "drafters"
+    """Every drafter run of the ablation (or of `ablation.only` / `ablation.only_seeds`), seed by seed: the variants
+    and backbone runs from scratch on the same batches (the seed sets initialisation, data order and anchors), then
+    each continued run from its source's drafter. The `ablation.curve` runs keep snapshots after each budget."""
     spec = c.p.ablation
-    todo = []
+    todo: dict[int, list[str]] = {}
     for u in units(c, "drafters"):
-        name = u.outputs[0].name
+        run, seed = u.run["run"], u.run["seed"]
         if not c.check(u) and is_main():
             u.outputs[0].mkdir(parents=True, exist_ok=True)
             stage_record(u)  # before training: a half-trained drafter is checked like a finished one
-        if not (out / name / "DONE").exists():
-            todo.append(name)
+        if not (u.outputs[0] / "DONE").exists():
+            todo.setdefault(seed, []).append(run)
     barrier()
-    for run, (_, src) in spec.continued.items():  # before any training: a continued run needs its source
-        if run in todo and src not in todo and not (out / src / "DONE").exists():
-            raise ValueError(f"ablation.only: {run} continues from {src}, which is neither trained nor selected")
+    for seed, runs in todo.items():  # before any training: a continued run needs its source
+        for run, (_, src) in spec.continued.items():
+            if run in runs and src not in runs and not (drafters_dir(c, seed) / src / "DONE").exists():
+                raise ValueError(f"ablation.only: {run} continues from {src}, which is neither trained nor selected")
     if not todo:
         return
     tgt, mtp = c.target()
     tok = c.tok
     seqs = load_sequences(c.work / "data" / "train.jsonl", c.p.train.max_len, vocab_size=tgt.vocab_size)
-    seed = spec.seeds[0]
-    base = dict(drafter_config(c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), seed=seed)
-    cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=seed)
     t0 = time.time()
-    fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in todo]
-    if fresh_todo:
-        drafters = new_drafters(tgt, fresh_todo, base, backbones=spec.backbones, variant_configs=c.p.drafter.variants)
-        train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log)
-    for run, (variant, src) in spec.continued.items():
-        if run in todo:
-            d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"},
-                             variant_configs=c.p.drafter.variants)
-            ccfg = replace(cfg, steps=spec.continue_steps, seed=seed + 1)
-            train_drafters(tgt, mtp, {run: d[variant]}, seqs, ccfg, out, log=c.log)
+    for seed in sorted(todo):
+        out, runs = drafters_dir(c, seed), todo[seed]
+        base = dict(drafter_config(c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), seed=seed)
+        cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=seed,
+                      snapshots=tuple(spec.budgets) if any(snapshots(c.p, r) for r in runs) else ())
+        fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in runs]
+        if fresh_todo:
+            c.log(f"drafters, seed {seed}: {', '.join(fresh_todo)}")
+            drafters = new_drafters(tgt, fresh_todo, base, backbones=spec.backbones,
+                                    variant_configs=c.p.drafter.variants)
+            train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log,
+                           snapshot_runs={r for r in fresh_todo if snapshots(c.p, r)})
+        for run, (variant, src) in spec.continued.items():
+            if run in runs:
+                d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"},
+                                 variant_configs=c.p.drafter.variants)
+                ccfg = replace(cfg, steps=spec.continue_steps, seed=seed + 1, snapshots=())
+                train_drafters(tgt, mtp, {run: d[variant]}, seqs, ccfg, out, log=c.log)
 
     if not is_main():
         return
-    write_meta(c.res / "drafters" / "meta.json", {"train": asdict(c.p.train), "drafter": base,
-                                                  "continue_steps": spec.continue_steps}, wall_s=time.time() - t0,
-               trained=todo, fingerprint=units(c, "drafters")[0].want)
-    hist = {n.name: json.loads((n / "history.json").read_text()) for n in sorted(out.iterdir())
-            if (n / "history.json").exists()}
-
+    write_meta(c.res / "drafters" / "meta.json", {"train": asdict(c.p.train), "drafter": drafter_config(
+        c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), "continue_steps": spec.continue_steps,
+        "seeds": list(spec.seeds), "budgets": list(spec.budgets)}, wall_s=time.time() - t0,
+        trained={str(s): r for s, r in todo.items()}, fingerprint=fingerprints(c.p)["drafters"])
+    hist = {}
+    for seed in spec.seeds:
+        d = drafters_dir(c, seed)
+        if d.exists():
+            hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): json.loads((n / "history.json").read_text())
+                         for n in sorted(d.iterdir()) if (n / "history.json").exists()})
     write_json(c.res / "drafters" / "train_history.json", hist)
+
+
+def snapshots(p: Profile, run: str) -> tuple[int, ...]:
+    """The learning-curve budgets a drafter run keeps snapshots after (below its final step; the final drafter is
+    the last point)."""
+    return tuple(k for k in p.ablation.budgets if k < p.train.steps) if run in p.ablation.curve else ()
 
 
 def fresh(path: Path, dep: Path) -> bool:
@@ -256,47 +280,146 @@ def fresh(path: Path, dep: Path) -> bool:
 
 
 def eval_plan(p: Profile):
-    """(dataset, #prompts, temperature, run): every run on `eval.all_methods_on`, the main-table and backbone runs on
-    the other sets; only the selected runs (`ablation.only`)."""
+    """(dataset, #prompts, temperature, mode, run, seed): in mode natural every run on `eval.all_methods_on` (every
+    seed of its own), the main-table and backbone runs on the other sets; in mode fixed the main-table runs, first
+    seed; only the selected runs and seeds (`ablation.only`, `ablation.only_seeds`)."""
     spec = p.ablation
-    for ds, n in p.eval.sets.items():
-        runs = spec.runs() if ds in p.eval.all_methods_on else spec.main_table + tuple(spec.backbones)
-        for temp in p.eval.temperatures:
-            for m in spec.selected(runs):
-                yield ds, n, temp, m
+    for mode in p.eval.modes:
+        for ds, n in p.eval.sets.items():
+            if mode == "fixed":
+                runs = spec.main_table
+            else:
+                runs = spec.runs() if ds in p.eval.all_methods_on else spec.main_table + tuple(spec.backbones)
+            for temp in p.eval.temperatures:
+                for m in spec.selected(runs):
+                    for seed in (spec.seeds_of(m) if mode == "natural" else spec.seeds_of(m)[:1]):
+                        yield ds, n, temp, mode, m, seed
+
+
+def run_file(res: Path, ds: str, temp: float, mode: str, run: str, seed: int) -> Path:
+    """results/<profile>/runs/ablation/<run>/<dataset>_T<temp>[_fixed][_s<seed>].jsonl (natural, seed 0: no
+    suffix)."""
+    return res / "runs" / "ablation" / run / (f"{ds}_T{temp:g}" + ("_fixed" if mode == "fixed" else "")
+                                             + (f"_s{seed}" if seed else "") + ".jsonl")
+
+
+def stop_strings(p: Profile, mode: str) -> tuple[str, ...]:
+    """The stop strings of natural mode ("humaneval": the standard five); none in fixed mode."""
+    if mode != "natural":
+        return ()
+    return tuple(x for s in p.eval.stops for x in (HUMANEVAL_STOPS if s == "humaneval" else (s,)))
 
 
 def st_eval(c: Ctx):
     write_experiment(c.res / "experiment.json", c.p)  # the runs' experiment: the report takes its rows from it
     ev = c.p.eval
-    drafters_dir = c.work / "drafters"
     cache, todo = {}, []
-    for (ds, n, temp, m), u in zip(eval_plan(c.p), units(c, "eval")):
+    for (ds, n, temp, mode, m, seed), u in zip(eval_plan(c.p), units(c, "eval")):
         path = u.outputs[0]
-        dep = (c.work / "target" / "DONE") if m in c.p.ablation.baselines else (drafters_dir / m / "DONE")
+        dep = (c.work / "target" / "DONE") if m in c.p.ablation.baselines else (drafters_dir(c, seed) / m / "DONE")
         # done with this configuration, after the model it measures (a checked-out result of another run is redone)
         if not (c.check(u) and fresh(path, dep)):
-            todo.append((ds, n, temp, m, u))
+            todo.append((ds, n, temp, mode, m, seed, u))
     if todo:
         tgt, mtp = c.target()
         tok = c.tok
         hp = humaneval_prompts()
-    for ds, n, temp, m, u in todo:
+    for ds, n, temp, mode, m, seed, u in todo:
         path = u.outputs[0]
-        if m not in cache:  # a method object is reusable: each decode batch works on a copy
-            cache[m] = load_method(m, tgt, mtp, drafters_dir, ev.mtp_steps)
+        if (m, seed) not in cache:  # a method object is reusable: each decode batch works on a copy
+            cache[m, seed] = load_method(m, tgt, mtp, drafters_dir(c, seed), ev.mtp_steps)
         t0 = time.time()
-        recs = run_generate(tgt, cache[m], encode_prompts(tok, hp[:n]), temp, ev.new_tokens, [tok.eos_token_id],
-                            ev.batch, seed=0, desc=f"{m} {ds} T{temp:g}", extra={"dataset": ds})
+        recs = run_generate(tgt, cache[m, seed], encode_prompts(tok, hp[:n]), temp, ev.new_tokens,
+                            [tok.eos_token_id], ev.batch, seed=0, tok=tok, desc=f"{m} s{seed} {ds} T{temp:g} {mode}",
+                            extra={"dataset": ds, "seed": seed}, mode=mode, stop_strings=stop_strings(c.p, mode))
         wall = time.time() - t0
-        write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "max_new_tokens": ev.new_tokens,
-                              "batch": ev.batch, "target_dtype": c.p.model.dtype}, wall_s=wall,
+        write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "mode": mode, "seed": seed,
+                              "max_new_tokens": ev.new_tokens, "batch": ev.batch, "stops": list(stop_strings(c.p, mode)),
+                              "target_dtype": c.p.model.dtype}, wall_s=wall,
                    fingerprint=u.want)  # before the records: a run file never exists without its record
         write_jsonl(path, recs)
         acc = [x for r in recs for x in r["accepted"]]
-        c.log(f"eval {m:<32} {ds:<10} T={temp:g}  per-verify tau {acceptance_length(acc):.3f}  ({len(acc)} rounds, "
-              f"{wall:.1f}s)")
+        c.log(f"eval {m:<28} s{seed} {ds:<10} T={temp:g} {mode:<7} per-verify tau {acceptance_length(acc):.3f}  "
+              f"({len(acc)} rounds, {wall:.1f}s)")
     write_subsets(c)
+    oracle_ceilings(c)
+
+
+def oracle_ceilings(c: Ctx):
+    """At each T > 0 the acceptance ceiling of target-only verification along the `ar` run (dmtp.analysis.oracle):
+    results/<profile>/oracle/<dataset>_T<temp>.json, redone when the ar run is newer."""
+    todo = []
+    for ds in c.p.eval.sets:
+        for temp in c.p.eval.temperatures:
+            src = run_file(c.res, ds, temp, "natural", "ar", 0)
+            out = c.res / "oracle" / f"{ds}_T{temp:g}.json"
+            if temp > 0 and ds == "humaneval" and src.exists() and not fresh(out, src):
+                todo.append((ds, temp, src, out))
+    if not todo:
+        return
+    tgt, _ = c.target()
+    prompts = {p["id"]: p["prompt_ids"] for p in encode_prompts(c.tok, humaneval_prompts())}
+    for ds, temp, src, out in todo:
+        t0 = time.time()
+        res = oracle_ceiling(tgt, read_jsonl(src), prompts, temp, k=7)
+        write_json(out, dict(res, dataset=ds, temperature=temp, source=str(src.relative_to(c.res)),
+                             wall_s=round(time.time() - t0, 2)))
+        c.log(f"oracle ceiling {ds} T={temp:g}: acceptance length <= {res['acceptance_length']:.3f} "
+              f"(C_1 {res['cumulative'][0]:.3f})")
+
+
+def curve_plan(p: Profile):
+    """(run, seed, step) of every learning-curve point: the `ablation.curve` runs x their seeds x the budgets below
+    the final step, then the final step (the trained drafter itself)."""
+    spec = p.ablation
+    for m in spec.selected(spec.curve):
+        for seed in spec.seeds_of(m):
+            for k in snapshots(p, m) + (p.train.steps,):
+                yield m, seed, k
+
+
+def st_curve(c: Ctx):
+    """Learning curves: each snapshot of the `ablation.curve` runs on HumanEval at T = 0, natural mode, written to
+    results/<profile>/curve/<run>/humaneval_T0_s<seed>_step<k>.jsonl with the training tokens in its meta.json."""
+    spec, ev = c.p.ablation, c.p.eval
+    if not spec.curve:
+        return
+    n = ev.sets.get("humaneval")
+    require(n, "ablation.curve needs HumanEval in eval.sets")
+    todo = []
+    for (m, seed, k), u in zip(curve_plan(c.p), units(c, "curve")):
+        src = drafters_dir(c, seed) / m / (f"step{k}" if k < c.p.train.steps else "")
+        if not (src / "DONE").exists():
+            raise ValueError(f"learning curve: {src} is not there (train with ablation.budgets = "
+                             f"{list(spec.budgets)}: the drafters stage)")
+        if not (c.check(u) and fresh(u.outputs[0], src / "DONE")):
+            todo.append((m, seed, k, src, u))
+    if not todo:
+        return
+    tgt, mtp = c.target()
+    tok = c.tok
+    rows = encode_prompts(tok, humaneval_prompts()[:n])
+    for m, seed, k, src, u in todo:
+        d = Drafter.load(src / "drafter", device=tgt.device, dtype=tgt.dtype).eval()
+        method = build_method(d.config.variant, tgt, drafter=d, mtp=mtp)
+        method.name = m
+        if k < c.p.train.steps:
+            tokens = json.loads((src / "snapshot.json").read_text())["train_tokens"]
+        else:
+            tokens = json.loads((src / "history.json").read_text())[-1].get("tokens")
+            require(tokens is not None, f"{src}/history.json has no training-token count (trained before it was "
+                    "recorded): retrain with --force")
+        t0 = time.time()
+        recs = run_generate(tgt, method, rows, 0.0, ev.new_tokens, [tok.eos_token_id], ev.batch, seed=0, tok=tok,
+                            desc=f"curve {m} s{seed} step {k}", extra={"dataset": "humaneval", "seed": seed,
+                                                                       "step": k}, stop_strings=stop_strings(c.p,
+                                                                                                             "natural"))
+        write_meta(u.record, {"method": m, "seed": seed, "step": k, "train_tokens": tokens, "dataset": "humaneval",
+                              "temperature": 0.0, "mode": "natural"}, wall_s=time.time() - t0, fingerprint=u.want)
+        write_jsonl(u.outputs[0], recs)
+        acc = [x for r in recs for x in r["accepted"]]
+        c.log(f"curve {m:<20} s{seed} step {k:>6} ({tokens / 1e6:.2f} M tokens): per-verify tau "
+              f"{acceptance_length(acc):.3f}")
 
 
 def write_subsets(c: Ctx):
@@ -316,30 +439,40 @@ def write_subsets(c: Ctx):
 
 
 def lossless_check(c: Ctx):
-    """At T = 0 every method's output must equal `ar`'s; report divergences with the target's top-2 gap."""
+    """At T = 0 every method's output (each seed, each mode) must equal `ar`'s in the same mode; report divergences
+    with the target's top-2 gap."""
     rows, flips, refs = [], [], {}
     runs = c.res / "runs" / "ablation"
     for ds in c.p.eval.sets:
-        ref_path = runs / "ar" / f"{ds}_T0.jsonl"
-        if not ref_path.exists():
-            continue
-        refs[ds] = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
-        found = {m.name: read_jsonl(m / f"{ds}_T0.jsonl") for m in sorted(runs.iterdir())
-                 if m.name != "ar" and (m / f"{ds}_T0.jsonl").exists()}
-        r, f = compare_runs(refs[ds], found, ds)
-        rows += r
-        flips += f
+        for mode in c.p.eval.modes:
+            ref_path = run_file(c.res, ds, 0.0, mode, "ar", 0)
+            if not ref_path.exists():
+                continue
+            refs[ds, mode] = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
+            found = {}
+            for m in sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "ar"):
+                for seed in c.p.ablation.seeds:
+                    f = run_file(c.res, ds, 0.0, mode, m.name, seed)
+                    if f.exists():
+                        found[m.name + (f"@s{seed}" if seed else "")] = read_jsonl(f)
+            r, f = compare_runs(refs[ds, mode], found, ds)
+            rows += [dict(x, mode=mode) for x in r]
+            flips += [dict(x, mode=mode) for x in f]
     import pandas as pd
 
     write_text(c.res / "tables" / "lossless_T0.csv",
-               pd.DataFrame(rows, columns=["method", "dataset", "n", "identical", "divergent"]).to_csv(index=False))
+               pd.DataFrame(rows, columns=["method", "dataset", "mode", "n", "identical", "divergent"])
+               .to_csv(index=False))
     if flips:  # how near a tie each flip was (HumanEval prompt ids; other sets have no top-2 gap here)
         tgt, _ = c.target()
         prompts = {p["id"]: p["prompt_ids"] for p in encode_prompts(c.tok, humaneval_prompts())}
-        add_top2_gaps(tgt, flips, prompts, refs)
+        for mode in c.p.eval.modes:
+            mine = [x for x in flips if x["mode"] == mode]
+            if mine:
+                add_top2_gaps(tgt, mine, prompts, {ds: v for (ds, md), v in refs.items() if md == mode})
         write_text(c.res / "tables" / "lossless_divergences.csv", pd.DataFrame(flips).to_csv(index=False))
     bad = [r for r in rows if r["identical"] != r["n"]]
-    c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset runs identical to ar"
+    c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset x mode runs identical to ar"
           + (f"; divergent: {bad}" if bad else ""))
     return rows
 
@@ -363,17 +496,21 @@ def fingerprints(p: Profile) -> dict[str, dict]:
                                           "model.checkpoint_dtype": p.model.checkpoint_dtype})
     f["data"] = dict(f["target"], **{"model.dtype": p.model.dtype},
                      **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
-                                                             "batch")})
+                                                             "batch", "prompts_per_doc")})
     shape = {k: v for k, v in fingerprint(p.drafter).items() if k != "variants"}  # a run's own settings: per run
-    f["drafters"] = dict(f["data"], train=fingerprint(p.train), drafter=shape, **{"ablation.seed": p.ablation.seeds[0]})
+    train = {k: v for k, v in fingerprint(p.train).items() if k != "snapshots"}  # snapshots: per run (budgets)
+    f["drafters"] = dict(f["data"], train=train, drafter=shape)
     return f
 
 
-def drafter_fingerprint(p: Profile, run: str, f: dict) -> dict:
-    """A drafter run's: the drafters' settings, its variant's own (drafter.variants), a continued run's budget."""
+def drafter_fingerprint(p: Profile, run: str, f: dict, seed: int = 0) -> dict:
+    """A drafter run's: the drafters' settings, its seed, its variant's own (drafter.variants), a continued run's
+    budget, the learning-curve snapshots it keeps."""
     a = p.ablation
     variant = a.continued.get(run, a.backbones.get(run, (run,)))[0]
-    want = dict(f["drafters"], **{"drafter.variants": p.drafter.variants.get(variant, {})})
+    want = dict(f["drafters"], **{"ablation.seed": seed, "drafter.variants": p.drafter.variants.get(variant, {})})
+    if snapshots(p, run):
+        want["ablation.budgets"] = list(snapshots(p, run))
     if run in a.continued:
         want.update({"ablation.continued": list(a.continued[run]), "ablation.continue_steps": a.continue_steps})
     if run in a.backbones:
@@ -398,17 +535,35 @@ def units(c: Ctx, stage: str) -> list[Unit]:
         out = w / "data" / "train.jsonl"
         return [Unit(str(out), f["data"], out.with_suffix(".meta.json"), [out])]
     if stage == "drafters":
-        runs = a.selected(a.variants + tuple(a.backbones) + tuple(a.continued))
-        return [Unit(str(w / "drafters" / r), drafter_fingerprint(c.p, r, f), w / "drafters" / r / FINGERPRINT,
-                     [w / "drafters" / r]) for r in runs]
+        out = []
+        for r in a.selected(a.variants + tuple(a.backbones) + tuple(a.continued)):
+            for seed in a.seeds_of(r):
+                d = drafters_dir(c, seed) / r
+                out.append(Unit(str(d), drafter_fingerprint(c.p, r, f, seed), d / FINGERPRINT, [d],
+                                run={"run": r, "seed": seed}))
+        return out
+    ev = c.p.eval
     if stage == "eval":
-        out, ev = [], c.p.eval
-        for ds, n, temp, m in eval_plan(c.p):
-            path = c.res / "runs" / "ablation" / m / f"{ds}_T{temp:g}.jsonl"
-            model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f)
+        out = []
+        for ds, n, temp, mode, m, seed in eval_plan(c.p):
+            path = run_file(c.res, ds, temp, mode, m, seed)
+            model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
             want = dict(model, **{"model.dtype": c.p.model.dtype, "eval.new_tokens": ev.new_tokens,
                                   "eval.batch": ev.batch}, **({"eval.mtp_steps": ev.mtp_steps} if m == "mtp" else {}),
-                        run={"dataset": ds, "prompts": n, "temperature": temp, "method": m})
+                        **({"eval.stops": list(stop_strings(c.p, mode))} if mode == "natural" else {}),
+                        run={"dataset": ds, "prompts": n, "temperature": temp, "method": m, "mode": mode,
+                             "seed": seed})
+            out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
+        return out
+    if stage == "curve":
+        out = []
+        for m, seed, k in curve_plan(c.p):
+            path = c.res / "curve" / m / f"humaneval_T0_s{seed}_step{k}.jsonl"
+            want = dict(drafter_fingerprint(c.p, m, f, seed), **{
+                "model.dtype": c.p.model.dtype, "eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch,
+                "eval.stops": list(stop_strings(c.p, "natural"))},
+                run={"dataset": "humaneval", "prompts": ev.sets.get("humaneval", 0), "method": m, "seed": seed,
+                     "step": k})
             out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
         return out
     return []
@@ -428,16 +583,14 @@ def runnable(p: Profile, stages: list[str]) -> None:
     need, arch = p.data.prompt_tokens + p.data.new_tokens + 16, p.model.arch
     require(need <= arch.max_position_embeddings, f"data.prompt_tokens + data.new_tokens (+ one verify block) = "
             f"{need} exceeds model.arch.max_position_embeddings={arch.max_position_embeddings}")
-    # fields the schema holds for the evaluation protocol to come: refused rather than ignored
     a = p.ablation
-    require(len(a.seeds) == 1, f"ablation.seeds = {list(a.seeds)}: the pipeline trains one drafter seed today")
-    require(not a.budgets, f"ablation.budgets = {list(a.budgets)}: the pipeline evaluates the final step only today")
-    require(tuple(p.eval.modes) == ("natural",), f"eval.modes = {list(p.eval.modes)}: the pipeline evaluates mode "
-            "natural only today")
+    require(not a.budgets or a.budgets[-1] <= p.train.steps, f"ablation.budgets = {list(a.budgets)}: beyond "
+            f"train.steps = {p.train.steps}")
+    require("natural" in p.eval.modes, f"eval.modes = {list(p.eval.modes)}: the acceptance tables need 'natural'")
 
 
 RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "data": st_data,
-       "drafters": st_drafters, "eval": st_eval, "tables": st_tables}
+       "drafters": st_drafters, "eval": st_eval, "curve": st_curve, "tables": st_tables}
 
 
 def main(a):

@@ -73,6 +73,7 @@ class Unit:
     want: dict
     record: Path
     outputs: list[Path] = field(default_factory=list)
+    run: dict = field(default_factory=dict)  # what the unit is, for its stage (e.g. {"run": ..., "seed": ...})
 
     def there(self) -> bool:
         return any(p.exists() or p.is_symlink() for p in self.outputs)

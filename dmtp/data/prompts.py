@@ -8,11 +8,16 @@ the token budget, then its `def ...:` signature and its docstring if it has one,
 from __future__ import annotations
 
 import ast
+import multiprocessing
+import os
 import random
 import warnings
 
+from tokenizers import Tokenizer
+from tqdm.auto import tqdm
+
 from dmtp.data.corpus import _banned, iter_documents
-from dmtp.data.tokenizer import SPECIAL, encode_text
+from dmtp.data.tokenizer import SPECIAL, backend, encode_text
 
 
 def _is_stub(stmts) -> bool:
@@ -42,38 +47,91 @@ def _functions(text: str):
     return sorted(out)
 
 
-def code_prompts(corpus_jsonl, tok, n, max_prompt_tokens=128, seed=0, per_doc: int = 2) -> list[dict]:
+def _doc_candidates(d: dict, tok, max_prompt_tokens: int, per_doc: int, seed: int) -> list[dict]:
+    """Up to `per_doc` + 2 prompts of one document (its functions in a seeded shuffle; spares for duplicates).
+
+    Token counts come from one batched encode of the document's lines: the tokenizer splits at every newline before
+    its BPE (pre-tokenizer v2), so a run of lines has the sum of its lines' counts; the chosen prompt is encoded
+    whole once more and shrunk while over the budget (a tokenizer without that split is still exact, only slower)."""
+    lines = [ln + "\n" for ln in d["text"].split("\n")]  # ast counts lines by "\n" too
+    fns = _functions(d["text"])
+    if not fns:
+        return []
+    random.Random(f"{seed}:{d['sha256']}").shuffle(fns)
+    counts = [len(x) for x in encode_text(tok, lines)]
+    pre = [0]
+    for c in counts:
+        pre.append(pre[-1] + c)
+    out = []
+    for def_line, end in fns:
+        if len(out) == per_doc + 2:
+            break
+        if pre[end] - pre[def_line] > max_prompt_tokens:
+            continue  # signature + docstring alone is over budget
+        start = def_line
+        while start > 0 and pre[end] - pre[start - 1] <= max_prompt_tokens:
+            start -= 1  # grow the context upwards, one line at a time
+        while start < def_line and len(encode_text(tok, ["".join(lines[start:end])])[0]) > max_prompt_tokens:
+            start += 1  # not additive (another tokenizer): shrink until it fits
+        prompt = "".join(lines[start:end])
+        if _banned(prompt) or any(t in prompt for t in SPECIAL):
+            continue
+        out.append({"id": f"{d['sha256'][:12]}:L{def_line + 1}", "prompt": prompt})
+    return out
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(tok_json: str, args: tuple):
+    _WORKER["tok"], _WORKER["args"] = Tokenizer.from_str(tok_json), args
+
+
+def _work(d: dict) -> list[dict]:
+    return _doc_candidates(d, _WORKER["tok"], *_WORKER["args"])
+
+
+def code_prompts(corpus_jsonl, tok, n, max_prompt_tokens=128, seed=0, per_doc: int = 2,
+                 workers: int | None = None) -> list[dict]:
     """Up to `n` prompts {"id": "<sha256[:12]>:L<def line>", "prompt": text} of at most `max_prompt_tokens`.
 
     Deterministic for a given corpus, tokenizer and `seed`: documents are visited in a seeded shuffle, and at most
-    `per_doc` functions are taken from each. Skips documents mentioning HumanEval, prompts holding special tokens.
+    `per_doc` functions are taken from each (in a shuffle seeded by the document). Skips documents mentioning
+    HumanEval, prompts holding special tokens, repeated prompts. The documents are parsed in `workers` processes
+    (default: the CPU count; the order of the result does not depend on it).
     """
     rng = random.Random(seed)
-    n_tok = lambda s: len(encode_text(tok, [s])[0])  # noqa: E731
     docs = [d for d in iter_documents(corpus_jsonl) if not _banned(d["path"]) and not _banned(d["text"])]
     rng.shuffle(docs)
+    workers = min(workers or os.cpu_count() or 1, 32)
+    args = (max_prompt_tokens, per_doc, seed)
     out, seen = [], set()
-    for d in docs:
-        lines = [ln + "\n" for ln in d["text"].split("\n")]  # ast counts lines by "\n" too
-        fns = _functions(d["text"])
-        rng.shuffle(fns)
-        taken = 0
-        for def_line, end in fns:
-            if taken == per_doc or len(out) == n:
+    bar = tqdm(total=n, desc="prompts", dynamic_ncols=True, leave=False)
+    pool = None
+    if workers > 1:
+        ctx = multiprocessing.get_context("spawn")  # no fork: the caller may hold CUDA or NCCL state
+        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(backend(tok).to_str(), args))
+        found = pool.imap(_work, docs, chunksize=16)
+    else:
+        found = (_doc_candidates(d, tok, *args) for d in docs)
+    try:
+        for cands in found:
+            taken = 0
+            for c in cands:
+                if taken == per_doc or len(out) == n:
+                    break
+                if c["prompt"] in seen:
+                    continue
+                seen.add(c["prompt"])
+                out.append(c)
+                taken += 1
+            bar.update(taken)
+            if len(out) == n:
                 break
-            start = def_line
-            if n_tok("".join(lines[start:end])) > max_prompt_tokens:
-                continue  # signature + docstring alone is over budget
-            while start > 0 and n_tok("".join(lines[start - 1:end])) <= max_prompt_tokens:
-                start -= 1  # grow the context upwards, one line at a time
-            prompt = "".join(lines[start:end])
-            if prompt in seen or _banned(prompt) or any(t in prompt for t in SPECIAL):
-                continue
-            seen.add(prompt)
-            out.append({"id": f"{d['sha256'][:12]}:L{def_line + 1}", "prompt": prompt})
-            taken += 1
-        if len(out) == n:
-            break
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
     if len(out) < n:
         warnings.warn(f"code_prompts: only {len(out)} of {n} prompts in {corpus_jsonl} (raise per_doc?)")
     return out

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
-from dmtp.io import atomic_path, iter_jsonl, write_json, write_text
+from dmtp.io import atomic_dir, atomic_path, iter_jsonl, write_json, write_text
 from dmtp.models.attention import flex_mask
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
@@ -50,6 +50,7 @@ class TrainConfig:
     amp_bf16: bool = False  # autocast the drafters and the frozen target's feature pass in bf16 on GPU
     compile: str = "auto"  # "auto": the compiled path on CUDA, eager on CPU; "on": compiled everywhere; "off": eager
     stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
+    snapshots: tuple[int, ...] = ()  # also keep the weights after these steps (<name>/step<k>/): learning curves
 
     def __post_init__(self):
         # max_len >= 4: an anchor needs A, T1 and at least one label (1 <= a <= len - 3)
@@ -57,6 +58,10 @@ class TrainConfig:
               lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
               seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0),
               compile=one_of(*COMPILE))
+        self.snapshots = tuple(int(k) for k in self.snapshots)
+        bad = [k for k in self.snapshots if not 1 <= k <= self.steps]
+        if bad:
+            raise ValueError(f"train.snapshots: steps {bad} outside 1..steps={self.steps}")
 
 
 # --- data -------------------------------------------------------------------------------------------------------
@@ -262,8 +267,10 @@ def lr_at(step, cfg: TrainConfig):
 
 
 def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainConfig, out_dir: str | Path,
-                   log=print) -> dict[str, list[dict]]:
+                   log=print, snapshot_runs=None) -> dict[str, list[dict]]:
     """Train every drafter in `drafters` on the same batches; checkpoints under out_dir/<name>/ (resumable).
+    `cfg.snapshots`: the weights after those steps also go to out_dir/<name>/step<k>/ (for the drafters named in
+    `snapshot_runs`; None: all), with the training tokens consumed so far (snapshot.json).
 
     Under torchrun each rank takes rows rank::world of every global batch and each drafter is wrapped in DDP
     (`dist.data_parallel`); the loss normaliser is the global batch's weight mass (`drafter_loss`), so N ranks take
@@ -318,13 +325,16 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     it = batches(seqs, cfg.batch_size, cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     first = min(start[n] for n in todo)
+    seen = 0  # training tokens consumed so far (the sequences' lengths, global batch): the learning curves' x axis
     for _ in range(first):  # replay the data stream to the resume point (cheap: no model work)
         _, lengths = next(it)
+        seen += int(lengths.sum())
         sample_anchors(lengths, cfg.anchors_per_seq, gen)
     t0 = time.time()
     bar = tqdm(range(first, cfg.steps), desc=f"train {','.join(todo)}"[:60], dynamic_ncols=True, disable=not main)
     for step in bar:
         ids, lengths = next(it)
+        seen += int(lengths.sum())
         anchors, valid = sample_anchors(lengths, cfg.anchors_per_seq, gen)  # of the global batch, on every rank
         if static:  # every batch [B, max_len]: one set of shapes for the compiled graphs
             if ids.shape[1] > cfg.max_len:
@@ -360,10 +370,17 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
                 rec = {k: float(v) for k, v in stats.items()}
                 rec.update(loss=float(all_sum(loss.detach())) / world, step=step + 1, lr=lr_at(step, cfg),
-                           grad_norm=float(gn), elapsed_s=time.time() - t0)
+                           grad_norm=float(gn), elapsed_s=time.time() - t0, tokens=seen)
                 hist[name].append(rec)
                 post[name] = f"{rec['loss']:.3f}"
             stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps
+            if (step + 1 in cfg.snapshots and main and (snapshot_runs is None or name in snapshot_runs)
+                    and not (out_dir / name / f"step{step + 1}" / "DONE").exists()):
+                snap = out_dir / name / f"step{step + 1}"
+                with atomic_dir(snap) as tmp:  # a learning-curve point: the weights as they are after this step
+                    d.save(tmp / "drafter")
+                    write_json(tmp / "snapshot.json", {"step": step + 1, "train_tokens": seen})
+                    (tmp / "DONE").write_text("ok\n")
             if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop) and main:
                 d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
                 with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
