@@ -9,7 +9,8 @@
 #   mini     bench --mini-shape: the mini shape, random weights: rounds, batch 1 vs HF's loop and compiled generate,
 #            regeneration at batch 2048 (the data stage's decode), kernel tables; both attention kernels
 #   trained  a trained mini target at work/mini/target (or $TARGET) with drafters: bench overhead,hf,regen on it
-#   tests    tests/test_cuda.py, a subset in the time left (SUITE=all: the whole file)
+#   tests    tests/test_cuda.py, a subset in the time left (stop strings on the compiled engine included; SUITE=all:
+#            the whole file)
 # STEPS (default smoke,paper,mini,trained,tests) picks steps, BUDGET (seconds, default 570) the command's time; $OUT
 # (a folder), if set, receives engine.log and engine.tgz (the results folder).
 #     bash experiments/runs/h200_engine.sh
@@ -63,7 +64,7 @@ main() {
   if on tests && [ "$(left)" -gt 20 ]; then
     t "tests ($(left) s left)"
     K="qwen3_5 and (zero_init_residual or dflash2) and (graphed_rounds or never_syncs or sampling_graphed)"
-    K="$K or bf16 or large_batch or (server_captures and qwen3_5)"
+    K="$K or bf16 or large_batch or (server_captures and qwen3_5) or (stop_strings and zero_init_residual)"
     [ "${SUITE:-}" = all ] && K=""
     timeout $(left) $PY -m pytest tests/test_cuda.py -q -x -p no:cacheprovider ${K:+-k "$K"} 2>&1 | tail -25
   fi
