@@ -7,6 +7,7 @@ from conftest import make_drafter
 from dmtp.engine.decode import build_method, generate
 from dmtp.engine.fuse import fuse
 from dmtp.models import tiny
+from ablations.code import code
 
 PROMPTS = [[5, 7, 9, 11], [4, 8, 1, 2, 3, 6, 9]]
 METHODS = ["ar", "mtp", "dflash", "zero_init_residual"]
@@ -58,11 +59,11 @@ def test_bench_fuse_compare_rows_and_ratios():
     for n, m in built.items():
         ms, res = stage_times(tgt, m, PROMPTS, 20)
         eager[n] = (ms, [r.output_ids for r in res])
-    rows, ratios = fuse_compare(tgt, [mtp, *drafters.values()], built, eager, PROMPTS, 20, "tiny", "cpu")
+    rows, ratios = fuse_compare(tgt, [mtp, *drafters.values()], built, eager, PROMPTS, 20, "tiny", code())
     assert {r["method"] for r in rows} == {"dflash+fused", "zero_init_residual+fused"}
     assert {"round", "verify", "drafter"} <= {r["stage"] for r in rows}
-    by = {r["target"]: r for r in ratios}
-    assert by["tiny dflash fused round / unfused round (batch 2)"]["note"].endswith("outputs identical")
-    assert by["tiny zero_init_residual fused round / unfused round (batch 2)"]["note"].endswith("outputs identical")
+    by = {r.target: r for r in ratios}
+    assert by["tiny dflash fused round / unfused round (batch 2)"].note.endswith("outputs identical")
+    assert by["tiny zero_init_residual fused round / unfused round (batch 2)"].note.endswith("outputs identical")
     assert "tiny fused zero_init_residual round / fused dflash round (batch 2)" in by
     assert all(m._compiled_call_impl is None for m in tgt.modules())  # undone after the comparison

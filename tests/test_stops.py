@@ -225,7 +225,7 @@ def test_modes_records_identical_across_methods(byte_models, tmp_path):
         main(["generate", "--target", str(path), "--method", "ar", "--prompts", str(tmp_path / "p.jsonl"),
               "--max-new-tokens", str(N), "--eos", str(eos), "--mode", mode, "--out", str(tmp_path / f"o_{mode}.jsonl"),
               *extra])
-        cli = read_jsonl(tmp_path / f"o_{mode}.jsonl")
+        cli = read_jsonl(tmp_path / f"o_{mode}.jsonl")  # one file per mode: a finished --out resumes its own
         assert [(r["output_ids"], r["stop_reason"]) for r in cli] == (got if mode == "fixed" else want)
 
 

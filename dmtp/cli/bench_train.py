@@ -86,7 +86,7 @@ def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     rng = random.Random(0)
     seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(t.max_len // 2, t.max_len + 1))]
             for _ in range(4 * t.batch_size)]
-    variants = list(prof.ablation.variants())
+    variants = list(prof.ablation.variants)
     base = dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed)
     drafters = new_drafters(tgt, variants, base)
     cfg = replace(t, steps=steps, log_every=warm, save_every=10 ** 9, stop_after=0, amp_bf16=dev == "cuda",

@@ -126,7 +126,8 @@ def st_target(c: Ctx):
     u, = units(c, "target")
     there = c.check(u)
     if there and (out / "DONE").exists():
-        load_tokenizer(out)  # StaleTokenizer when it was trained on an old tokenizer (made before fingerprints)
+        if (out / "tokenizer.json").exists():  # StaleTokenizer when trained on an old one (made before fingerprints)
+            load_tokenizer(out)
         if state.exists() and is_main():  # a kill after the target was saved left the training state
             shutil.rmtree(state, ignore_errors=True)
         return
