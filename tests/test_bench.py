@@ -44,3 +44,43 @@ def test_ratios_recomputed_from_throughput_csv(tmp_path):
     assert new.value == pytest.approx(1.2) and new.met and new.condition == "B32"
     assert new.note == "throughput +30.0%, per-verify +25.0%"
     assert json.loads((out / "ratios.json").read_text())[-1]["target"] == f"smoke {name} (B32)"
+
+
+def test_batch1_baselines_and_regeneration(models):
+    """The side-by-side rows (engine, the loop on the HF layers, HF's static-cache and plain generate) and the
+    regeneration row, as typed ratio records, on CPU (the uncompiled flex engine stands in for the compiled one)."""
+    from dmtp.cli.bench import batch1_baselines, regeneration, regeneration_ratio
+
+    tgt, _ = models
+    rows, ratios = batch1_baselines(tgt, [5, 7, 9], 6, 4.3e12, "tiny", engines=("flex", "hf"))
+    assert [r["system"] for r in rows] == ["engine-flex", "engine-hf", "hf-static", "hf-loop"]
+    assert all(r["tokens"] == 6 and r["identical_to_engine_hf"] for r in rows)
+    assert {(r.setup, r.name, r.condition, r.direction, r.goal) for r in ratios} == {
+        ("tiny", "AR tok/s / HBM bound", "batch 1", "report", None),
+        ("tiny", "engine AR / HF static-cache compiled generate", "batch 1", ">=", 1.6),
+        ("tiny", "engine AR compiled / on the HF layers", "batch 1", "report", None),
+        ("tiny", "engine AR / HF AR loop", "batch 1", ">=", 15)}
+    row = regeneration(tgt, [[5, 7, 9], [4, 8]] * 4, 0.8, 6, "tiny", engine="hf")
+    assert row["output_tokens"] == 48 and row["batch"] == 8 and row["ms_per_step"] > 0
+    r = regeneration_ratio(row, "tiny")
+    assert (r.target, r.direction, r.goal, r.unit) == ("tiny regeneration tok/s (batch 8)", ">=", 3e5, "tok/s")
+
+
+def test_overhead_rows_merge_by_setup(tmp_path):
+    """overhead.csv keeps the rows of every setup a run does not measure again (trained target, 8b-shape,
+    mini-shape); the round goal is 1.08 on the mini shape, 1.04 elsewhere."""
+    import pandas as pd
+
+    from dmtp.cli.bench import merge_overhead, round_goal
+
+    path = tmp_path / "overhead.csv"
+    row = {"stage": "round", "ms_per_round": 1.0, "batch": 8, "rounds": 8, "device": "cpu"}
+    merge_overhead(path, [{**row, "method": m} for m in ("dflash", "zero_init_residual")])
+    merge_overhead(path, [{**row, "method": "8b-shape:dflash"}])
+    merge_overhead(path, [{**row, "method": "mini-shape:dflash", "ms_per_round": 2.0}])
+    merge_overhead(path, [{**row, "method": "mini-shape:dflash+dense", "ms_per_round": 3.0}])
+    merge_overhead(path, [{**row, "method": "dflash", "ms_per_round": 4.0}])
+    got = pd.read_csv(path)
+    assert list(got.method) == ["dflash", "8b-shape:dflash", "mini-shape:dflash+dense"]
+    assert list(got.ms_per_round) == [4.0, 1.0, 3.0]
+    assert (round_goal("mini"), round_goal("8b-shape"), round_goal("smoke")) == (1.08, 1.04, 1.04)

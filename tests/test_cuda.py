@@ -1,7 +1,8 @@
-"""The engine on a GPU (skipped without CUDA): CUDA-graphed rounds are lossless and equal the eager loop, the steady
-state never synchronises with the host, hybrid targets decode losslessly, the flex-attention drafter backend
-proposes what the dense-mask backend proposes, and the verify modes (sampled drafts, speculative sampling, block
-verification) run inside the graphs without a sync and keep the target's law. Training on a GPU: the compiled
+"""The engine on a GPU (skipped without CUDA): CUDA-graphed rounds of the compiled engine (the default on CUDA) are
+lossless and equal the eager loop, the steady state never synchronises with the host, bf16 decoding differs from the
+engine's own bf16 AR only at top-2 ties, hybrid targets decode losslessly (HF layers), the flex-attention drafter
+backend proposes what the dense-mask backend proposes, and the verify modes (sampled drafts, speculative sampling,
+block verification) run inside the graphs without a sync and keep the target's law. Training on a GPU: the compiled
 pretraining and drafter-training paths (flex block mask with its backward pass) follow the eager ones."""
 import numpy as np
 import pytest
@@ -60,8 +61,11 @@ def test_graphed_rounds_are_lossless(gpu_models, name, monkeypatch):
     tgt, mtp = gpu_models
     ref = [hf(tgt, p, 37) for p in PROMPTS]
     m = method(name, tgt, mtp)
+    b = Batch(tgt, m, PROMPTS, 0.0, 4, set(), None)
+    assert b.engine == "compiled" and b.cache.flex and b.compile == (name not in ("dflash2", "dmtp_d2"))
     res = generate(tgt, m, PROMPTS, 0.0, 37)
     assert [r.output_ids for r in res] == ref
+    assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 37, engine="hf")] == ref
     monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
     eager = generate(tgt, m, PROMPTS, 0.0, 37)
     assert [r.accepted for r in eager] == [r.accepted for r in res]
@@ -118,9 +122,9 @@ def test_hybrid_targets_on_gpu(arch):
 def test_flex_backend_proposes_what_sdpa_proposes(gpu_models):
     tgt, mtp = gpu_models
     runs = []
-    for backend in ("sdpa", "flex"):
-        m = method("zero_init_residual", tgt, mtp, attn_backend=backend)
-        res = generate(tgt, m, PROMPTS, 0.0, 30)
+    for backend in ("sdpa", "flex"):  # the drafter's own backends: the loop on the HF layers (the compiled engine
+        m = method("zero_init_residual", tgt, mtp, attn_backend=backend)  # has its own drafter attention)
+        res = generate(tgt, m, PROMPTS, 0.0, 30, engine="hf")
         runs.append(([r.output_ids for r in res], [r.accepted for r in res]))
     assert runs[0] == runs[1]
     assert runs[0][0] == [hf(tgt, p, 30) for p in PROMPTS]
@@ -131,7 +135,7 @@ def test_server_captures_once(gpu_models):
     srv = Server(tgt, method("zero_init_residual", tgt, mtp), cap=2, capacity=80, max_new_tokens=30)
     srv.run(PROMPTS[:2])
     graphs = dict(srv.batch.graphs.graphs)
-    assert set(graphs) == {"t1_prep", "drafter", "verify", "mtp", "drafter_ctx"}
+    assert set(graphs) == {"t1_prep", "drafter", "verify", "accept", "mtp", "drafter_ctx", "advance"}
     got = srv.run(PROMPTS)
     assert [r.output_ids for r in got] == [hf(tgt, p, 30) for p in PROMPTS]
     assert all(srv.batch.graphs.graphs[k] is graphs[k] for k in graphs)
@@ -213,6 +217,45 @@ def test_verify_modes_keep_the_target_law_on_gpu(name):
         for pos in range(3):
             pv = chi2_pvalue(np.bincount(seqs[:, pos], minlength=tgt.vocab_size), marg[pos] * len(seqs))
             assert pv > 1e-4, (name, verify, pos, pv)
+
+
+@pytest.mark.parametrize("engine", ["compiled", "hf"])
+def test_bf16_divergences_are_top2_ties(engine):
+    """bf16: every method's output equals the engine's own bf16 AR, or first differs where the target's two best
+    logits (an uncached pass over the shared prefix) are within bf16 rounding of each other."""
+    from dmtp.analysis.lossless import first_divergence
+
+    tgt, mtp = tiny.build("qwen3", seed=0, dtype=torch.bfloat16)
+    tgt.model.cuda()
+    mtp.cuda()
+    prompts = [[i, 3 * i + 1, 7] for i in range(5, 37)]
+    ar = generate(tgt, build_method("ar", tgt), prompts, 0.0, 40, engine=engine)
+    same = 0
+    for name in ("mtp", "dflash", "zero_init_residual"):
+        d = make_drafter(tgt, name).to("cuda", torch.bfloat16) if name != "mtp" else None
+        res = generate(tgt, build_method(name, tgt, drafter=d, mtp=mtp), prompts, 0.0, 40, engine=engine)
+        for p, a, r in zip(prompts, ar, res):
+            i = first_divergence(a.output_ids, r.output_ids)
+            same += i is None
+            if i is not None:
+                top = tgt.features(torch.tensor([p + a.output_ids[:i]], device="cuda")).logits[0, -1].topk(2).values
+                assert float(top[0] - top[1]) <= 2 ** -5 * max(1.0, float(top[0].abs())), (name, p, i, top)
+    assert same >= len(prompts) * 3 // 2
+
+
+def test_compiled_engine_large_batch_sampling(monkeypatch):
+    """The data stage's kind of work (one large batch, T > 0) on the compiled engine: graphed equals eager from the
+    same seed, and greedy outputs inside a large batch equal HF's."""
+    tgt, mtp = on_cuda("qwen3_5")
+    prompts = [[i % 90 + 3, (7 * i) % 90 + 3] for i in range(256)]
+    m = build_method("ar", tgt)
+    res = generate(tgt, m, prompts, 0.8, 24, seed=3)
+    greedy = generate(tgt, m, prompts, 0.0, 24)
+    monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
+    assert [r.output_ids for r in res] == [r.output_ids for r in generate(tgt, m, prompts, 0.8, 24, seed=3)]
+    assert [r.output_ids for r in greedy[:4]] == [hf(tgt, p, 24) for p in prompts[:4]]
+
+
 # --- compiled training (dmtp.training): the GPU paths against the eager ones ---------------------------------------
 def _train_drafters(tgt, mtp, names, flag, out):
     """4 logged steps of tiny drafters side by side on 12 random sequences (fp32)."""

@@ -134,6 +134,21 @@ def test_stop_strings_cut_exactly(models, name, stop_case, monkeypatch):
     check_cut(serve(tgt, method_for(name, tgt, mtp), PROMPTS, 1, 0.0, 40, stop=stop), refs, keeps)
 
 
+def test_stop_strings_on_the_fast_engine(models, stop_case, monkeypatch):
+    """The compiled engine's forwards (`fast.py`; engine "flex": uncompiled, as CPU runs them) with stop strings:
+    records cut exactly as on the HF layers, with late copies and with dynamic batching (the bookkeeping stage, graphed
+    and compiled on CUDA, hands each round's tokens and appended counts to the host's matcher)."""
+    tgt, mtp = models
+    refs, stops, keeps = stop_case
+    stop = StopStrings(stops, TABLE)
+    m = method_for("zero_init_residual", tgt, mtp)
+    check_cut(serve(tgt, m, PROMPTS, 1, 0.0, 40, stop=stop, engine="flex"), refs, keeps)
+    batches = []
+    lagging(monkeypatch, batches)
+    check_cut(generate(tgt, m, PROMPTS, 0.0, 40, stop=stop, engine="flex"), refs, keeps)
+    assert batches[0].engine == "flex" and batches[0].cache.flex and int(batches[0].n_out[0]) > keeps[0]
+
+
 def test_stop_at_the_first_token(models, stop_case):
     """A stop completed by the prefill's token: zero rounds, one token."""
     tgt, mtp = models

@@ -181,7 +181,8 @@ def st_data(c: Ctx):
     """On-policy data: the target answers the corpus prompts. Under torchrun whole generation batches (of
     `data.batch` prompts, each seeded by its offset) are dealt to the ranks, so every prompt is decoded in the same
     batch with the same seed as on one process: the file is the same for any number of ranks, at any temperature
-    (up to the kernels' determinism)."""
+    (up to the kernels' determinism). On CUDA the batches decode on the compiled engine (`decode.engine_for`'s
+    default; `bench --mini-shape` / part `regen` time this decode at the profile's batch)."""
     out = c.work / "data" / "train.jsonl"
     u, = units(c, "data")
     if c.check(u):

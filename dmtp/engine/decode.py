@@ -21,8 +21,11 @@ The engine (docs/DESIGN.md, "Decode engine"):
     from a pinned copy of the done flags that it reads a round or two later without waiting (no synchronisation per
     round in steady state); stop strings (`stop=`, `stops.py`) are matched on the host from pinned copies of each
     round's tokens that travel with those flags, and the record is cut exactly where the stop string ends;
-  - on CUDA, the stages of a round — drafter, MTP advance, T1 head + embedding + fusion, verification, drafter
-    context — are CUDA graphs captured per batch (serve: per batch cap) on first use (`graphs.py`).
+  - on CUDA, the stages of a round — drafter, MTP advance, T1 head + embedding + fusion, verification, acceptance and
+    record, drafter context, anchor/length update — are CUDA graphs captured per batch (serve: per batch cap) on first
+    use (`graphs.py`);
+  - the engine (`engine_for`): "compiled" on CUDA runs the models' decode steps through `models/fast.py` (attention
+    over the valid cache rows, compiled regions) and compiles every other stage whole; "hf" runs the HF layers.
 
     results = generate(target, build_method("zero_init_residual", target, drafter=d, mtp=m), prompts, 0.0, 128)
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,6 +44,7 @@ import torch
 from dmtp.engine import verify as V
 from dmtp.engine.graphs import Graphs
 from dmtp.engine.stops import StopStrings, cut_rounds
+from dmtp.models import fast
 from dmtp.models.cache import KVCache
 from dmtp.models.drafter import Drafter, check_compatible
 from dmtp.models.variants import get_variant
@@ -59,6 +64,7 @@ class State:
     anchor: torch.Tensor  # [B] A, the last committed token
     done: torch.Tensor  # [B] bool
     capacity: int = 0  # cache rows per request
+    engine: str = "hf"  # `engine_for`: "hf", "flex" or "compiled"
 
 
 def no_timer(stage: str):
@@ -71,11 +77,18 @@ class MTPState:
     """Private MTP KV cache and h = the MTP hidden g at position a-1 (the one that predicts the next T1), kept in
     place. T1 = argmax LMHead(h) (or a sample, `verify.Draw`) is computed where it is used (`t1_head`), kept in `t1`."""
 
-    def __init__(self, head, batch, capacity, screen=None, draw: V.Draw | None = None):
-        self.head, self.cache, self.screen = head, KVCache(batch, capacity), screen
+    def __init__(self, head, batch, capacity, screen=None, draw: V.Draw | None = None, engine="hf"):
+        flex = engine != "hf" and fast.layer_problem(head.layers[0]) is None
+        self.head, self.cache, self.screen = head, KVCache(batch, capacity, flex=flex), screen
         self.draw = draw or V.Draw()
         self.h = None  # [B, H]
         self.t1 = None  # [B]
+
+    def step(self, emb_next, hidden, pos):
+        """The MTP layer over decode rows: the compiled engine's forward on a flex cache, else the HF layer's."""
+        if self.cache.flex:
+            return fast.mtp_forward(self.head, emb_next, hidden, pos, self.cache)
+        return self.head(emb_next, hidden, pos, self.cache)
 
     def t1_head(self, h):
         """T1 from h: the target's LM head and argmax (a sample when drafting by sampling), or the screened head
@@ -102,7 +115,7 @@ class MTPState:
         scratch (overwritten before anything can see them). Keeps h = g at row n. Returns g [B, k+1, H]."""
         r = emitted.shape[1]
         pos = lens[:, None] + torch.arange(r, device=lens.device)
-        g = self.head(self.head.target.embed(emitted), hidden, pos, self.cache)
+        g = self.step(self.head.target.embed(emitted), hidden, pos)
         self.h.copy_(g[torch.arange(g.shape[0], device=g.device), n_acc])
         return g
 
@@ -118,7 +131,7 @@ class MTPState:
         cands, g = [tok.clone()], self.h
         for j in range(1, k):
             pos = (lens + j - 1)[:, None]
-            g = self.head(self.head.target.embed(tok[:, None]), g[:, None], pos, self.cache)[:, 0]
+            g = self.step(self.head.target.embed(tok[:, None]), g[:, None], pos)[:, 0]
             tok = self.draw.pick(self.head.target.lm_head(g), j)
             cands.append(tok)
         return torch.stack(cands, 1)
@@ -135,6 +148,7 @@ class Method:
     timer = staticmethod(no_timer)  # stage timer (benchmarks set it)
     draw = V.Draw()  # argmax drafts; the owning batch sets its own (`verify.Draw`: samples when verifying by sampling)
     graphable = True  # every stage obeys graphs.py's rules (a wrapper that inspects state on the host: False)
+    compilable = True  # every model it runs has a compiled-engine forward (`fast.py`): stages compile whole
 
     def run(self, stage, fn, *inputs):
         with self.timer(stage):
@@ -161,9 +175,10 @@ class Method:
 class MTPMethod(Method):
     def __init__(self, head, k=4, screen=None):
         self.name, self.k, self.head, self.screen = "mtp", k, head, screen
+        self.compilable = fast.layer_problem(head.layers[0]) is None
 
     def prefill(self, st, ids, plen, out):
-        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen, self.draw)
+        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen, self.draw, st.engine)
         self.mtp.prefill(ids, plen, st.anchor, out.hidden)
 
     def propose(self, st):  # the chained MTP is this method's drafter
@@ -190,8 +205,14 @@ class DrafterMethod(Method):
         lay = self.var.layout(self.k)
         self.offsets = torch.tensor(lay.offsets)
         self.predict = torch.tensor(lay.predict)
-        # flex attention builds its block mask with torch.compile: not inside a CUDA graph
-        self.graphable = drafter.config.attn_backend == "sdpa"
+        self.compilable = fast.drafter_problem(drafter) is None and (
+            not self.var.needs_mtp or fast.layer_problem(head.layers[0]) is None)
+
+    @property
+    def graphable(self):
+        """The eager flex backend builds its block mask with torch.compile (not inside a CUDA graph); the compiled
+        engine's drafter (a flex context cache) builds it from tensors."""
+        return self.drafter.config.attn_backend == "sdpa" or getattr(getattr(self, "ctx", None), "flex", False)
 
     def _write_ctx(self, taps, g, lens):
         pos = lens[:, None] + torch.arange(taps.shape[1], device=lens.device)
@@ -204,12 +225,12 @@ class DrafterMethod(Method):
     def prefill(self, st, ids, plen, out):
         B, T = ids.shape
         dev = ids.device
-        self.ctx = KVCache(B, st.capacity)
+        self.ctx = KVCache(B, st.capacity, flex=st.engine != "hf" and fast.drafter_problem(self.drafter) is None)
         self.offsets, self.predict = self.offsets.to(dev), self.predict.to(dev)
         self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
         g = None
         if self.var.needs_mtp:
-            self.mtp = MTPState(self.head, B, st.capacity, self.screen, self.draw)
+            self.mtp = MTPState(self.head, B, st.capacity, self.screen, self.draw, st.engine)
             g = self.mtp.prefill(ids, plen, st.anchor, out.hidden)
         self._write_ctx(out.taps, g, torch.zeros_like(plen))
 
@@ -222,8 +243,11 @@ class DrafterMethod(Method):
     def _draft(self, block, lens, prev):
         d, tgt = self.drafter, self.drafter_target
         bpos = lens[:, None] + self.offsets
-        ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
-        hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
+        if self.ctx.flex:  # the compiled engine's drafter: the block's K/V go into the context cache at bpos
+            hid = fast.drafter_forward(d, block, bpos, self.ctx, lens)[:, self.predict]
+        else:
+            ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
+            hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
         logits, pos = tgt.lm_head(hid), int(self.var.t1)  # draft position of the first predicting slot
         if not self.draw.sampling:
             return d.select(logits, hid, prev)  # argmax, or the DFlash2 path walked from A / T1
@@ -306,6 +330,19 @@ def use_graphs(target, method: Method) -> bool:
             and os.environ.get("DMTP_CUDA_GRAPHS", "1") != "0")
 
 
+ENGINES = ("hf", "flex", "compiled")
+
+
+def engine_for(target, engine: str | None = None) -> str:
+    """The decode engine: "compiled" (`fast.py`'s forwards, compiled, under the CUDA graphs) on CUDA, "hf" (the HF
+    layers with dense masks: the reference) on CPU; `engine` or DMTP_ENGINE=hf|flex|compiled choose ("flex":
+    `fast.py`'s forwards uncompiled). A target `fast.py` does not support (hybrid, MoE) always decodes on "hf"."""
+    engine = engine or os.environ.get("DMTP_ENGINE") or ("compiled" if target.device.type == "cuda" else "hf")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown decode engine {engine!r}; known: {', '.join(ENGINES)}")
+    return "hf" if fast.target_problem(target) else engine
+
+
 def capacity_for(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
     """Cache rows per request: the longest prompt, the new tokens, and two blocks of k+1 rows (a verify may write a
     whole block past the last committed row; a finished request rides along for one more)."""
@@ -315,12 +352,14 @@ def capacity_for(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
 class Batch:
     """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`, and the
     device-side record of outputs. `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling
-    newcomers as a batch of their own and moving their rows into the free slots (`absorb`). `stop`: stop strings
-    matched on the host (`stops.py`); a request ends a round or two after its stop string and is cut exactly.
-    `verify`: target | sample | block (`verify.py`)."""
+    newcomers as a batch of their own and moving their rows into the free slots (`absorb`). `engine`: see
+    `engine_for`; with "compiled" every stage but verify is compiled whole (verify's target compiles per layer).
+    `stop`: stop strings matched on the host (`stops.py`); a request ends a round or two after its stop string and
+    is cut exactly. `verify`: target | sample | block (`verify.py`)."""
     @torch.no_grad()
     def __init__(self, target, method: Method, prompts, temperature, max_new_tokens, eos, gen, capacity=None,
-                 t0=None, graphs: bool | None = None, stop: StopStrings | None = None, verify: str = "target"):
+                 t0=None, graphs: bool | None = None, engine: str | None = None, stop: StopStrings | None = None,
+                 verify: str = "target"):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         dev = self.dev = target.device
@@ -338,10 +377,13 @@ class Batch:
         cap = capacity or need
         if cap < need:
             raise ValueError(f"cache capacity {cap} < longest prompt {T} + {max_new_tokens} new tokens + 2 blocks")
+        self.engine = engine_for(target, engine)
+        if self.engine != "hf":  # flex attention reads whole 128-row blocks
+            cap = fast.round_capacity(cap)
         ids = torch.zeros(B, T, dtype=torch.long, device=dev)
         for b, p in enumerate(prompts):
             ids[b, : len(p)] = torch.tensor(p, device=dev)
-        self.cache = KVCache(B, cap)
+        self.cache = KVCache(B, cap, flex=self.engine != "hf")
         pos = torch.arange(T, device=dev)[None].expand(B, T)
         # lengths: padding stays out of GDN states; logits only at each prompt's last position
         out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen, logits_at=plen - 1)
@@ -349,7 +391,7 @@ class Batch:
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
         self.eos_ids = set(eos)
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
-        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap)
+        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=self.engine)
         # device-side record: output tokens, count, accept count of every round
         self.out = torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev)
         self.out[:, 0] = first
@@ -360,6 +402,7 @@ class Batch:
         self.method.prefill(st, ids, plen, out)
         self.graphs = Graphs(use_graphs(target, self.method) if graphs is None else graphs)
         self.graphs.persistent(st.lens, st.anchor, st.done, *self.method.buffers())
+        self.compile = self.engine == "compiled" and self.method.compilable  # stages other than verify, compiled whole
         self.method.run = self._run
         # what the host knows: done flags as of some earlier round (pinned copies, read without waiting)
         self.wall: list[float | None] = [None] * B
@@ -373,9 +416,11 @@ class Batch:
         # the host sees the first token too: a stop string may end there
         self._see(done.cpu(), *((first[:, None].cpu(), torch.ones(B, dtype=torch.long)) if stop is not None else ()))
 
-    def _run(self, stage, fn, *inputs):
+    def _run(self, stage, fn, *inputs, updates=()):
         with self.method.timer(stage):
-            return self.graphs(stage, fn, *inputs)
+            compile = self.compile and stage != "verify"  # verify's target is compiled per layer (`fast.py`)
+            return self.graphs(stage, fn, *inputs, updates=updates,
+                               compile=functools.partial(fast.compile_fn, device=self.dev) if compile else None)
 
     # --- what the host knows --------------------------------------------------------------------------------------
     def _see(self, done_host: torch.Tensor, y=None, emitted=None):
@@ -445,8 +490,11 @@ class Batch:
 
     # --- one round ------------------------------------------------------------------------------------------------
     def _verify(self, anchor, cands, lens):
-        out = self.target.forward(torch.cat([anchor[:, None], cands], 1), lens[:, None] + self.ar, self.cache,
-                                  taps=self.method.taps)
+        ids, pos = torch.cat([anchor[:, None], cands], 1), lens[:, None] + self.ar
+        if self.cache.flex:  # the compiled engine: gpt-fast-style layers over the valid cache rows
+            out = fast.target_forward(self.target, ids, pos, self.cache, self.method.taps, self.engine == "compiled")
+        else:
+            out = self.target.forward(ids, pos, self.cache, taps=self.method.taps)
         return out, (out.logits.argmax(-1) if self.temperature <= 0 else None)
 
     @torch.no_grad()
@@ -458,23 +506,44 @@ class Batch:
                 self.draw.refill(st.lens.shape[0], method.k, self.target.vocab_size, self.dev)
             cands = method.propose(st)  # [B, k]
             out, y = self._run("verify", self._verify, st.anchor, cands, st.lens)
+            record = (self.out, self.n_out, self.acc, self.n_rounds, st.done)
             if self.draw.sampling:  # speculative sampling / block verification against the drafts' q
                 y, n_acc = self._run("accept", self.draw.accept, out.logits, cands)
+                live, emitted = self._run("record", self._record_live, y, n_acc, updates=record)
             else:  # target-only: the target's own token after each prefix, the longest matching prefix accepted
                 if y is None:
                     y = _pick(out.logits, self.temperature, self.gen)  # [B, k+1]
-                n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
-            live = ~st.done
-            self._record(y, n_acc, live)
+                n_acc, live, emitted = self._run("accept", self._accept, cands, y, updates=record)
+            if self.match is not None:  # what the host's stop-string matcher reads (`_publish`)
+                self._y, self._emitted = y, emitted
             if self.target.hybrid:
                 self.cache.commit(n_acc + 1)  # linear-attention states after A + accepted drafts
             method.commit(st, out, y, n_acc)
-            st.anchor.copy_(y.gather(1, n_acc[:, None])[:, 0])
-            st.lens.copy_(torch.where(live, st.lens + n_acc + 1, st.lens))
+            self._run("advance", self._advance, y, n_acc, live, updates=(st.anchor, st.lens))
         self._publish()
 
+    def _accept(self, cands, y):
+        """n = the longest prefix with T_j == y_{j-1} (accepted drafts) [B]; y_0..y_n recorded for live requests.
+        Returns n, the live mask and the count appended per request [B] (a stage: the host keeps no reference to
+        its temporaries; `step` hands y and the count to the stop-string matcher)."""
+        n_acc = (cands == y[:, : cands.shape[1]]).long().cumprod(1).sum(1)
+        live = ~self.st.done
+        return n_acc, live, self._record(y, n_acc, live)
+
+    def _record_live(self, y, n_acc):
+        """The sampled-draft path's record stage (n and y from `verify.Draw.accept`): the live mask and the count
+        appended per request [B]."""
+        live = ~self.st.done
+        return live, self._record(y, n_acc, live)
+
+    def _advance(self, y, n_acc, live):
+        """The next anchor A' = y_n at a' = a + n + 1 (after the method has committed rows a..a+n)."""
+        self.st.anchor.copy_(y.gather(1, n_acc[:, None])[:, 0])
+        self.st.lens.copy_(torch.where(live, self.st.lens + n_acc + 1, self.st.lens))
+
     def _record(self, y, n_acc, live):
-        """Device-side: append y_0..y_n (cut at the first EOS and at max_new_tokens) and n to each live request."""
+        """Device-side: append y_0..y_n (cut at the first EOS and at max_new_tokens) and n to each live request;
+        returns the count appended [B]."""
         emit = self.ar[None] <= n_acc[:, None]
         hit = emit & torch.isin(y, self.eos)
         first = torch.where(hit.any(1), hit.int().argmax(1), y.shape[1])  # index of the first emitted EOS
@@ -484,9 +553,8 @@ class Batch:
         self.n_rounds += live.long()
         emitted = torch.where(live, cnt, 0)
         self.n_out += emitted
-        if self.match is not None:  # what the host's stop-string matcher reads (`_publish`)
-            self._y, self._emitted = y, emitted
         self.st.done |= live & ((first < cnt) | (self.n_out >= self.max_new_tokens))
+        return emitted
 
     def absorb(self, slots: list[int], other: "Batch"):
         """Move `other`'s requests (all of its rows, in order) into this batch's `slots` (same capacity)."""
@@ -510,13 +578,14 @@ class Batch:
 @torch.no_grad()
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
              max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None,
-             stop: StopStrings | None = None, verify: str = "target") -> list[Result]:
+             engine: str | None = None, stop: StopStrings | None = None, verify: str = "target") -> list[Result]:
     """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt.
     A request ends at an id in `eos_ids`, at a stop string of `stop` (`stops.py`), or at `max_new_tokens`.
-    `verify`: target (default) | sample | block — how drafts are drawn and accepted at T > 0 (`verify.py`)."""
+    `engine`: see `engine_for`. `verify`: target (default) | sample | block — how drafts are drawn and accepted at
+    T > 0 (`verify.py`)."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
-                  stop=stop, verify=verify)
+                  engine=engine, stop=stop, verify=verify)
     while not batch.finished:
         batch.step()
         if progress is not None:
@@ -532,12 +601,13 @@ class Server:
     `max_new_tokens` (+ 2 blocks) of every request; `verify` as in `generate`."""
 
     def __init__(self, target, method: Method, cap: int, capacity: int, temperature: float = 0.0,
-                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, stop: StopStrings | None = None,
-                 verify: str = "target"):
+                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None,
+                 stop: StopStrings | None = None, verify: str = "target"):
         if cap < 1:
             raise ValueError("batch cap must be >= 1")
         self.verify = V.check(verify)
         self.target, self.method, self.cap, self.capacity = target, method, cap, capacity
+        self.engine = engine_for(target, engine)
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.eos, self.stop = set(int(e) for e in eos_ids), stop
         self.gen = torch.Generator(device=target.device).manual_seed(seed)
@@ -545,7 +615,7 @@ class Server:
 
     def _new(self, prompts, t0, graphs=None):
         return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,
-                     self.capacity, t0, graphs, self.stop, self.verify)
+                     self.capacity, t0, graphs, self.engine, self.stop, self.verify)
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -582,9 +652,9 @@ class Server:
 
 @torch.no_grad()
 def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
-          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, stop: StopStrings | None = None,
-          verify: str = "target") -> list[Result]:
+          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None,
+          stop: StopStrings | None = None, verify: str = "target") -> list[Result]:
     """Dynamic batching of one request group (a `Server` used once)."""
     capacity = capacity_for(prompts, max_new_tokens, method.k)
-    return Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed, stop,
-                  verify).run(prompts)
+    server = Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed, engine, stop, verify)
+    return server.run(prompts)

@@ -12,7 +12,8 @@ What this asks of a stage (the decode loop is written this way, and the capture 
     in place), because the graph replays the addresses it saw at capture;
   - running it twice with the same inputs is harmless (the warm-up run precedes the captured one): stages write
     cache rows at positions given by their inputs and state buffers from their inputs, so a rerun rewrites the same
-    values.
+    values; a stage that updates state from its own old value (the loop's bookkeeping: counters, done flags) names
+    those tensors in `updates`, and the warm-up's updates are undone before the capture.
 All stages of one batch share one memory pool and replay in the order they were captured.
 """
 from __future__ import annotations
@@ -31,17 +32,24 @@ class Graphs:
         """Declare state buffers that live as long as the batch and are updated in place (read without a copy)."""
         self.keep.update(t.data_ptr() for t in tensors)
 
-    def __call__(self, stage: str, fn, *inputs):
+    def __call__(self, stage: str, fn, *inputs, compile=None, updates=()):
+        """Run (or replay) stage `fn`; `compile` (fn -> compiled fn, e.g. `fast.compile_fn`): applied before the stage
+        runs (torch.compile caches per code object — a lambda or method of any batch — and input shapes)."""
+        if compile is not None and (not self.enabled or stage not in self.graphs):
+            fn = compile(fn)
         if not self.enabled:
             return fn(*inputs)
         ent = self.graphs.get(stage)
         if ent is None:
             static = [x if x.data_ptr() in self.keep else x.clone() for x in inputs]
+            saved = [t.clone() for t in updates]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 fn(*static)
             torch.cuda.current_stream().wait_stream(side)
+            for t, s in zip(updates, saved):
+                t.copy_(s)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 out = fn(*static)

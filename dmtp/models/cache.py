@@ -60,8 +60,11 @@ class KVCache:
 
     is_compileable = False
 
-    def __init__(self, batch: int, capacity: int):
+    def __init__(self, batch: int, capacity: int, flex: bool = False):
         self.batch, self.capacity = batch, capacity
+        # decode steps over this cache run the compiled engine's forwards (`fast.py`: flex attention over the valid
+        # rows); its capacity is then a whole number of flex blocks. Prefill writes it through the HF path as usual.
+        self.flex = flex
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         self.write_pos: torch.Tensor | None = None  # [B, q] absolute positions of the rows being written
@@ -88,7 +91,8 @@ class KVCache:
         pos = self.write_pos
         if pos is None or pos.shape != (k.shape[0], k.shape[2]):
             raise RuntimeError("KVCache.write_pos must be set to [batch, q] before a forward")
-        if not pos.is_cuda and int(pos.max()) >= self.capacity:  # on CUDA: `Batch` sizes the cache (no sync here)
+        # on CUDA and in compiled code `Batch` has sized the cache: no host sync here
+        if not pos.is_cuda and not torch.compiler.is_compiling() and int(pos.max()) >= self.capacity:
             raise RuntimeError(f"KV cache capacity {self.capacity} exceeded (position {int(pos.max())})")
         bi = torch.arange(k.shape[0], device=k.device)[:, None]
         kb[bi, :, pos] = k.transpose(1, 2).to(kb.dtype)

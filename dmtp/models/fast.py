@@ -1,0 +1,274 @@
+"""Decode forwards of the compiled engine, gpt-fast style: the target's, the MTP layer's and the drafter's decode steps
+over the preallocated caches, with attention that reads only each request's valid rows.
+
+Against the HF path (`Target.forward`, `MTPHead.forward`, `Drafter.forward`), the reference:
+  - the weights are the HF modules' own (no copies): a layer here calls its `q_proj`, `q_norm`, `mlp`, ... and the
+    modeling module's own `apply_rotary_pos_emb`; only the wiring of a Qwen3 / Qwen3.5 full-attention decoder layer is
+    written out (Qwen3.5: the query projection carries a per-head output gate, o = attn * sigmoid(gate));
+  - attention (`ATTENTION`, `attention(kind)`) is flex attention with a block mask built from the query positions
+    inside the graph: the kernel visits only the 128-row key blocks a request can see (target / MTP: rows 0..p for a
+    query at p; drafter: its anchor window and its block), GQA natively (no K/V repeated across the groups), and no
+    dense mask over the cache; or "dense": two GQA-native matmuls over the whole cache with the visibility evaluated
+    from indices inside the softmax kernel (no mask tensor either) — more rows read, cuBLAS at every size;
+  - the drafter's block writes its K/V into the context cache at the block's own positions (rows >= the anchor a,
+    which no query can see before `drafter_ctx` rewrites them with committed context), so a block attends to one
+    range of cache rows instead of a concatenation [context ; block];
+  - a layer's closing residual add is left to the next layer (`decoder_layer` returns (x, mlp); the next computes
+    x + mlp), so it fuses with that layer's RMSNorm; the arithmetic is the HF layer's, add for add.
+Prefill stays on the HF path (prompt lengths vary); both paths write the same cache rows. `target_forward(...,
+compile=True)` compiles the target per region: one `decoder_layer` region shared by every layer (and by the MTP
+layer: same class) plus a prologue and an epilogue, so compile time does not grow with depth; the decode loop
+compiles its other stages whole and captures everything as CUDA graphs (`decode.Batch`).
+
+Supported: dense full-attention Qwen3 / Qwen3.5 layers (`layer_problem`); hybrid (Gated DeltaNet) and MoE targets, and
+DFlash2 drafters, stay on the HF path.
+
+    out = target_forward(tgt, ids, pos, cache, taps=[1, 3], compile=False)   # == tgt.forward(ids, pos, cache, taps)
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from dmtp.models.cache import KVCache
+from dmtp.models.layers import apply_rope, rope_cos_sin
+from dmtp.models.target import TargetOut
+
+BLOCK = 128  # key rows per flex-attention block; a compiled cache's capacity is a multiple of it
+RECOMPILE_LIMIT = 64  # static shapes: one entry per (batch, rows, capacity) a process decodes with
+# the attention kernel of the compiled forwards (read when a forward is traced; `attention(kind)` switches it):
+#   "flex":  flex attention, visiting only the key blocks a request can see (the valid rows)
+#   "dense": two GQA-native matmuls over the whole cache with the visibility computed inside the softmax kernel
+#            (no mask tensor, no K/V repeat): cuBLAS at every size, but reads every row of the cache
+ATTENTION = os.environ.get("DMTP_ATTENTION", "flex")
+
+
+def round_capacity(cap: int) -> int:
+    return -(-cap // BLOCK) * BLOCK
+
+
+# --- what runs here ---------------------------------------------------------------------------------------------
+def layer_problem(layer) -> str | None:
+    """None when `decoder_layer` computes this HF decoder layer exactly, else what it lacks."""
+    attn = getattr(layer, "self_attn", None)
+    if attn is None:
+        return f"{type(layer).__name__} has no full attention (linear attention)"
+    if not type(layer.mlp).__name__.endswith("MLP"):
+        return f"{type(layer.mlp).__name__} (mixture of experts)"
+    if getattr(attn, "sliding_window", None):
+        return "sliding-window attention"
+    if not all(hasattr(attn, n) for n in ("q_norm", "k_norm", "q_proj", "k_proj", "v_proj", "o_proj", "scaling")):
+        return f"{type(attn).__name__} is not a Qwen3-style attention"
+    if not hasattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb"):
+        return f"{type(attn).__module__} has no apply_rotary_pos_emb"
+    return None
+
+
+def target_problem(tgt) -> str | None:
+    if tgt.hybrid:
+        return "hybrid target (Gated DeltaNet layers)"
+    return next((p for p in map(layer_problem, tgt.body.layers) if p), None)
+
+
+def drafter_problem(drafter) -> str | None:
+    if drafter.config.backbone != "dflash":
+        return f"{drafter.config.backbone} backbone"
+    return None
+
+
+# --- attention over the valid rows ------------------------------------------------------------------------------
+def _block_mask(lo, hi, mask_mod, q: int, cap: int) -> BlockMask:
+    """Key blocks holding rows lo..hi-1 of each request (lo, hi [B]); `mask_mod` decides row by row inside them."""
+    n = cap // BLOCK
+    first = lo.clamp(min=0) // BLOCK
+    num = (hi - 1) // BLOCK - first + 1
+    idx = (first[:, None] + torch.arange(n, device=lo.device)).clamp(max=n - 1)
+    B = lo.shape[0]
+    return BlockMask.from_kv_blocks(num.to(torch.int32).view(B, 1, 1), idx.to(torch.int32).view(B, 1, 1, n),
+                                    BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=mask_mod, seq_lengths=(q, cap),
+                                    compute_q_blocks=False)
+
+
+@contextlib.contextmanager
+def attention(kind: str):
+    """Decode with attention kernel `kind` ("flex" or "dense") inside the block (compiled code is guarded on it)."""
+    global ATTENTION
+    if kind not in ("flex", "dense"):
+        raise ValueError(f"unknown attention kernel {kind!r}: 'flex' or 'dense'")
+    old, ATTENTION = ATTENTION, kind
+    try:
+        yield
+    finally:
+        ATTENTION = old
+
+
+def causal(pos: torch.Tensor):
+    """Queries at positions pos [B, q] see cache rows j <= their own position (target and MTP): (mask_mod, lo, hi)."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= pos[b, q_idx]
+
+    return mask_mod, torch.zeros_like(pos[:, 0]), pos.max(1).values + 1
+
+
+def window(anchor: torch.Tensor, bpos: torch.Tensor, size: int):
+    """A drafter block at contiguous positions bpos [B, S] (anchor position a [B]) sees context rows a-size..a-1 and
+    its own rows, as `attention.visible` says (a single-anchor block starts at a+1: row a is not visible)."""
+    start, end = bpos[:, 0], bpos[:, -1]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        a = anchor[b]
+        ctx = (kv_idx < a) & (kv_idx >= a - size)
+        return ctx | ((kv_idx >= start[b]) & (kv_idx <= end[b]))
+
+    return mask_mod, anchor - size, end + 1
+
+
+_flex_eager = torch.compiler.disable(flex_attention)
+
+
+def attend(q, k, v, visibility, scale=None):
+    """q [B, Hq, n, D] over cache buffers k, v [B, Hkv, cap, D], GQA native; `visibility` = (mask_mod, lo, hi) from
+    `causal` / `window` (rows lo..hi-1 hold every visible row). Flex: compiled on CUDA into the Triton template; on CPU
+    Inductor's C++ template cannot read tensors computed inside the graph from a mask_mod, so a compiled CPU graph
+    calls it eagerly (CPU is for tests: the compiled CPU path checks tracing and guards, the GPU tests the kernels)."""
+    mask_mod, lo, hi = visibility
+    if ATTENTION == "dense":
+        return _dense(q, k, v, mask_mod, q.shape[-1] ** -0.5 if scale is None else scale)
+    block_mask = _block_mask(lo, hi, mask_mod, q.shape[2], k.shape[2])
+    fn = _flex_eager if q.device.type == "cpu" and torch.compiler.is_compiling() else flex_attention
+    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+
+def _dense(q, k, v, mask_mod, scale):
+    """softmax(q k^T * scale, over visible rows) v with query head h reading kv head h // G (as HF's repeat_kv), the
+    G query heads of a kv head stacked as rows of one matmul; the mask is evaluated from indices inside the softmax."""
+    B, Hq, n, D = q.shape
+    Hkv, cap = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    ar = functools.partial(torch.arange, device=q.device)
+    ok = mask_mod(ar(B)[:, None, None, None], None, ar(n)[None, None, :, None], ar(cap)[None, None, None, :])
+    s = (q.reshape(B, Hkv, G * n, D) @ k.transpose(-1, -2)).view(B, Hkv, G, n, cap).float() * scale
+    p = s.masked_fill(~ok[:, :, None], float("-inf")).softmax(-1).to(v.dtype)
+    return (p.view(B, Hkv, G * n, cap) @ v).view(B, Hq, n, D)
+
+
+def _write(kbuf, vbuf, k, v, pos):
+    """k, v [B, H, q, D] into cache buffers [B, H, cap, D] at rows pos [B, q] (in place, as `KVCache.update`)."""
+    bi = torch.arange(k.shape[0], device=k.device)[:, None]
+    kbuf[bi, :, pos] = k.transpose(1, 2).to(kbuf.dtype)
+    vbuf[bi, :, pos] = v.transpose(1, 2).to(vbuf.dtype)
+
+
+# --- the target's and the MTP's decoder layer -------------------------------------------------------------------
+def decoder_layer(layer, x, delta, cos, sin, kbuf, vbuf, pos, rope):
+    """One HF Qwen3 / Qwen3.5 full-attention decoder layer over rows at positions pos [B, q] whose input is x + delta
+    (the previous layer's residual and its MLP output). Writes the rows' K/V into the layer's cache buffers and attends
+    over rows <= each query's position. Returns (x', mlp): the layer's output is x' + mlp."""
+    a = layer.self_attn
+    x = x + delta
+    B, q, _ = x.shape
+    D = a.head_dim
+    h = layer.input_layernorm(x)
+    qp = a.q_proj(h)
+    gate = None
+    if qp.shape[-1] == 2 * a.config.num_attention_heads * D:  # Qwen3.5: [query ; gate] per head
+        qp, gate = qp.view(B, q, -1, 2 * D).chunk(2, -1)
+        gate = gate.reshape(B, q, -1)
+    qs = a.q_norm(qp.view(B, q, -1, D)).transpose(1, 2)
+    ks = a.k_norm(a.k_proj(h).view(B, q, -1, D)).transpose(1, 2)
+    vs = a.v_proj(h).view(B, q, -1, D).transpose(1, 2)
+    qs, ks = rope(qs, ks, cos, sin)
+    _write(kbuf, vbuf, ks, vs, pos)
+    o = attend(qs, kbuf, vbuf, causal(pos), a.scaling)
+    o = o.transpose(1, 2).reshape(B, q, -1)
+    if gate is not None:
+        o = o * torch.sigmoid(gate)
+    x = x + a.o_proj(o)
+    return x, layer.mlp(layer.post_attention_layernorm(x))
+
+
+def _rope_fn(layer):
+    return sys.modules[type(layer.self_attn).__module__].apply_rotary_pos_emb
+
+
+def _prologue(tgt, ids, pos):
+    x = tgt.embed(ids)
+    cos, sin = tgt.rope(x, pos)
+    return x, torch.zeros_like(x), cos, sin
+
+
+def _epilogue(norm, lm_head, x, delta):
+    h = norm(x + delta)
+    return h, lm_head(h.to(lm_head.weight.dtype)).float()
+
+
+_COMPILED: dict = {}
+
+
+def compile_fn(fn, device: torch.device):
+    """torch.compile with static shapes and Inductor's default mode (the decode loop captures its own CUDA graphs);
+    on CPU, flex attention's C++ template takes no fused epilogue, so template epilogue fusion is off there."""
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=False, options=None if device.type == "cuda" else {"epilogue_fusion": False})
+
+
+def compiled(fn, device: torch.device):
+    """`compile_fn(fn)`, made once per process and device type."""
+    key = (fn, device.type)
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_fn(fn, device)
+    return _COMPILED[key]
+
+
+@torch.no_grad()
+def target_forward(tgt, ids, pos, cache: KVCache, taps=None, compile: bool = False) -> TargetOut:
+    """`Target.forward` for a decode step (ids, pos [B, q]) over a cache the prefill has filled: the same outputs."""
+    if taps and max(taps) >= tgt.num_layers - 1:
+        raise ValueError(f"tap layer ids must be < {tgt.num_layers - 1}, got {list(taps)}")
+    pro, layer_fn, epi = (compiled(f, ids.device) if compile else f for f in (_prologue, decoder_layer, _epilogue))
+    x, delta, cos, sin = pro(tgt, ids, pos)
+    rope = _rope_fn(tgt.body.layers[0])
+    out = {}
+    for i, layer in enumerate(tgt.body.layers):
+        x, delta = layer_fn(layer, x, delta, cos, sin, cache.k[i], cache.v[i], pos, rope)
+        if taps and i in taps:
+            out[i] = x + delta
+    h, logits = epi(tgt.body.norm, tgt.model.lm_head, x, delta)
+    return TargetOut(logits, h, torch.cat([out[i] for i in taps], -1) if taps else None)
+
+
+def mtp_forward(head, emb_next, hidden, pos, cache: KVCache):
+    """`MTPHead.forward` over its private cache (decode steps): g = norm(layer(fc([RMS_e(E) ; RMS_h(h)])))."""
+    u = head.fc(torch.cat([head.pre_fc_norm_embedding(emb_next), head.pre_fc_norm_hidden(hidden)], dim=-1))
+    cos, sin = head.target.rope(u, pos)
+    layer = head.layers[0]
+    x, mlp = decoder_layer(layer, u, torch.zeros_like(u), cos, sin, cache.k[0], cache.v[0], pos, _rope_fn(layer))
+    return head.norm(x + mlp)
+
+
+# --- the drafter ------------------------------------------------------------------------------------------------
+def drafter_forward(d, block, bpos, cache: KVCache, anchor):
+    """`Drafter.forward` for one block per request at contiguous positions bpos [B, S] (anchor position a [B]), the
+    context being the rows of `cache` (`context_kv` of committed positions): normed hidden states [B, S, H]."""
+    c = d.config
+    cos, sin = rope_cos_sin(bpos, c.head_dim, c.rope_theta, block.dtype)
+    vis = window(anchor, bpos, c.window)
+    B, S, _ = block.shape
+    x = block
+    for i, layer in enumerate(d.layers):
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = apply_rope(a.q_norm(a.q_proj(h).view(B, S, -1, c.head_dim)).transpose(1, 2), cos, sin)
+        k, v = a.kv(h, cos, sin)
+        _write(cache.k[i], cache.v[i], k, v, bpos)
+        o = attend(q, cache.k[i], cache.v[i], vis)
+        x = x + a.o_proj(o.transpose(1, 2).reshape(B, S, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return d.norm(x)

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One H200 command (<= 10 min): the compiled decode engine checked, then timed side by side with its baselines; every
+# figure of the engine table lands in results/mini/bench (ratios.json beside each goal, overhead.csv, baselines.csv,
+# regen.csv, profile_*.txt), written after each part so a step cut short keeps what it measured:
+#   smoke    a tiny target decodes on the compiled engine as HF's greedy does (else stop: nothing is worth timing)
+#   paper    bench --paper-shape: Qwen3-8B shape, random weights: DMTP / DFlash rounds (exact and screened T1 head),
+#            batch-1 engine vs HF's static-cache compiled generate and vs the same loop on the HF layers, verify of
+#            8x8 rows vs an AR step, AR vs the HBM bound, kernel tables; with both attention kernels (flex, dense)
+#   mini     bench --mini-shape: the mini shape, random weights: rounds, batch 1 vs HF's loop and compiled generate,
+#            regeneration at batch 2048 (the data stage's decode), kernel tables; both attention kernels
+#   trained  a trained mini target at work/mini/target (or $TARGET) with drafters: bench overhead,hf,regen on it
+#   tests    tests/test_cuda.py, a subset in the time left (stop strings on the compiled engine included; SUITE=all:
+#            the whole file)
+# STEPS (default smoke,paper,mini,trained,tests) picks steps, BUDGET (seconds, default 570) the command's time; $OUT
+# (a folder), if set, receives engine.log and engine.tgz (the results folder).
+#     bash experiments/runs/h200_engine.sh
+#     STEPS=smoke,trained,tests bash experiments/runs/h200_engine.sh     # once a trained mini target exists
+set -uo pipefail
+PY=python3; RES=${RES:-results/mini/bench}; W=work/mini; BUDGET=${BUDGET:-570}
+STEPS=",${STEPS:-smoke,paper,mini,trained,tests},"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$RES"
+START=$(date +%s)
+t() { echo "[run] $(date +%T) +$(( $(date +%s) - START ))s $*"; }
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+on() { [[ $STEPS == *",$1,"* ]]; }
+BENCH="$PY -m dmtp.cli.bench --tokens 128 --batch 8 --kernel-profile --out $RES"
+
+smoke() {
+  $PY -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
+  timeout 150 $PY - <<'PYEOF'
+import sys, time, torch
+sys.path.insert(0, "tests")
+from conftest import make_drafter
+from dmtp.engine.decode import build_method, generate
+from dmtp.models import tiny
+tgt, mtp = tiny.build("qwen3_5", seed=0)
+tgt.model.cuda(); mtp.cuda()
+P = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
+ref = [tgt.model.generate(torch.tensor([p], device="cuda"), max_new_tokens=20, do_sample=False,
+                          pad_token_id=0)[0, len(p):].tolist() for p in P]
+for name in ("ar", "zero_init_residual"):
+    t0 = time.time()
+    d = make_drafter(tgt, name).cuda() if name != "ar" else None
+    got = [r.output_ids for r in generate(tgt, build_method(name, tgt, drafter=d, mtp=mtp), P, 0.0, 20)]
+    print("[smoke]", name, f"{time.time() - t0:.1f}s", "identical to HF greedy" if got == ref else f"DIFFERS: {got}")
+    assert got == ref
+PYEOF
+}
+
+main() {
+  if on smoke; then t "smoke"; smoke || { t "smoke FAILED: stopping"; return 1; }; fi
+  if on paper; then
+    keep=60; on mini && keep=240
+    t "bench --paper-shape"; timeout $(( $(left) - keep )) $BENCH --paper-shape 2>&1 | grep -v -i "warn"
+  fi
+  if on mini; then t "bench --mini-shape"; timeout $(( $(left) - 60 )) $BENCH --mini-shape 2>&1 | grep -v -i "warn"; fi
+  if [ -n "${TARGET:-}" ] && [ ! -e $W/target/DONE ]; then mkdir -p $W && cp -r "$TARGET" $W/target; fi
+  if on trained && [ -e $W/target/config.json ] && [ -d $W/drafters ] && [ "$(left)" -gt 60 ]; then
+    t "bench on the trained target"
+    timeout $(( $(left) - 30 )) $PY -m dmtp.cli.bench --target $W/target --drafters $W/drafters --out "$RES" \
+      --parts overhead,hf,regen --methods ar,dflash,zero_init_residual 2>&1 | grep -v -i "warn"
+  fi
+  if on tests && [ "$(left)" -gt 20 ]; then
+    t "tests ($(left) s left)"
+    K="qwen3_5 and (zero_init_residual or dflash2) and (graphed_rounds or never_syncs or sampling_graphed)"
+    K="$K or bf16 or large_batch or (server_captures and qwen3_5) or (stop_strings and zero_init_residual)"
+    [ "${SUITE:-}" = all ] && K=""
+    timeout $(left) $PY -m pytest tests/test_cuda.py -q -x -p no:cacheprovider ${K:+-k "$K"} 2>&1 | tail -25
+  fi
+  t "end"
+  $PY -c "import json
+for r in json.load(open('$RES/ratios.json')):
+    print('MET ' if r['met'] else 'MISS', r['target'], r['value'], r['goal'], r['note'])"
+}
+if [ -n "${OUT:-}" ]; then
+  main 2>&1 | tee "$OUT/engine.log"
+  tar czf "$OUT/engine.tgz" "$RES"
+else
+  main
+fi

@@ -1,0 +1,133 @@
+"""The compiled engine's forwards (`dmtp.models.fast`) against the HF path they replace: the same outputs from the same
+caches, lossless decoding for every method (also with many accepted candidates, which moves the drafter's block rows
+and rolls caches back), unsupported models left on the HF path, and the compiled (Inductor C++) path on CPU: lossless
+and compiled once for every batch. CPU flex attention is slow (eager), so these decode few tokens."""
+import pytest
+import torch
+from conftest import Oracle, hf_greedy, make_drafter
+
+from dmtp.engine.decode import Batch, build_method, engine_for, generate
+from dmtp.models import fast, tiny
+from dmtp.models.cache import KVCache
+
+PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90]]
+
+
+def _prefilled(tgt, B=3, T=9, cap=128):
+    ids = torch.randint(3, tgt.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
+    plen = torch.tensor([T, 4, 7][:B])
+    cache = KVCache(B, cap, flex=True)
+    tgt.forward(ids, torch.arange(T)[None].expand(B, T), cache, lengths=plen, logits_at=plen - 1)
+    return cache, plen
+
+
+@pytest.mark.parametrize("kind", ["flex", "dense"])
+def test_target_forward_equals_hf(models, kind):
+    tgt, _ = models
+    cache, plen = _prefilled(tgt)
+    ids = torch.randint(3, tgt.vocab_size, (3, 5), generator=torch.Generator().manual_seed(1))
+    pos = plen[:, None] + torch.arange(5)
+    ref_cache, _ = _prefilled(tgt)
+    ref = tgt.forward(ids, pos, ref_cache, taps=[0, 2])
+    with fast.attention(kind):
+        got = fast.target_forward(tgt, ids, pos, cache, taps=[0, 2])
+    for a, b in ((got.logits, ref.logits), (got.hidden, ref.hidden), (got.taps, ref.taps)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for i in ref_cache.k:  # the same rows written
+        torch.testing.assert_close(cache.k[i], ref_cache.k[i], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["flex", "dense"])
+@pytest.mark.parametrize("variant", ["dflash", "t1_residual"])  # double- and single-anchor blocks
+@torch.no_grad()
+def test_mtp_and_drafter_forwards_equal_hf(models, variant, kind):
+    with fast.attention(kind):
+        _mtp_and_drafter_forwards_equal_hf(models, variant)
+
+
+def _mtp_and_drafter_forwards_equal_hf(models, variant):
+    tgt, mtp = models
+    B, cap, H = 2, 128, tgt.hidden_size
+    g = torch.Generator().manual_seed(2)
+    mc, mref = KVCache(B, cap, flex=True), KVCache(B, cap)
+    emb, hid = torch.randn(B, 9, H, generator=g), torch.randn(B, 9, H, generator=g)
+    pre = torch.arange(6)[None].expand(B, 6)
+    for c in (mc, mref):
+        mtp(emb[:, :6], hid[:, :6], pre, c)
+    pos = torch.tensor([[6, 7, 8], [3, 4, 5]])
+    torch.testing.assert_close(fast.mtp_forward(mtp, emb[:, 6:], hid[:, 6:], pos, mc),
+                               mtp(emb[:, 6:], hid[:, 6:], pos, mref), rtol=1e-4, atol=1e-4)
+
+    d = make_drafter(tgt, variant)
+    d.config.window = 5  # the window cuts into the context
+    lay = d.layout
+    ctx = KVCache(B, cap, flex=True)
+    f = torch.randn(B, 40, H, generator=g)
+    ctx.write_pos = torch.arange(40)[None].expand(B, 40)
+    for i, (k, v) in enumerate(d.context_kv(f, ctx.write_pos)):
+        ctx.update(k, v, i)
+    kv = [(ctx.k[i].clone(), ctx.v[i].clone()) for i in range(len(d.layers))]
+    anchor = torch.tensor([17, 9])
+    bpos = anchor[:, None] + torch.tensor(lay.offsets)
+    block = torch.randn(B, lay.slots, H, generator=g)
+    ref = d(block, bpos, kv, anchor[:, None])
+    torch.testing.assert_close(fast.drafter_forward(d, block, bpos, ctx, anchor), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def qwen35():
+    return tiny.build("qwen3_5", seed=0)  # gated attention, partial multi-axis rotary: the harder layer
+
+
+@pytest.mark.parametrize("name", ["mtp", "zero_init_residual", "t1_residual"])
+def test_flex_engine_is_lossless_with_many_accepts(qwen35, name):
+    """The oracle makes rounds accept 0..k candidates: rollbacks, block rows in the drafter's context cache (double-
+    and single-anchor blocks), MTP rows; without it the flex engine accepts exactly what the HF engine accepts."""
+    tgt, mtp = qwen35
+    truth = [hf_greedy(tgt, p, 16) for p in PROMPTS]
+    d = make_drafter(tgt, name) if name != "mtp" else None
+    inner = build_method(name, tgt, drafter=d, mtp=mtp)
+    res = generate(tgt, Oracle(inner, truth), PROMPTS, 0.0, 16, engine="flex")
+    assert [r.output_ids for r in res] == truth
+    assert len({a for r in res for a in r.accepted}) >= 3
+    got = generate(tgt, inner, PROMPTS, 0.0, 16, engine="flex")
+    assert [r.accepted for r in got] == [r.accepted for r in generate(tgt, inner, PROMPTS, 0.0, 16, engine="hf")]
+    with fast.attention("dense"):
+        assert [r.output_ids for r in generate(tgt, Oracle(inner, truth), PROMPTS, 0.0, 16, engine="flex")] == truth
+
+
+def test_compiled_engine_on_cpu_compiles_once():
+    """Inductor's C++ backend: every stage compiled, lossless, and a second batch (another prompt set, same shapes)
+    reuses the compiled code: no new graphs."""
+    from torch._dynamo.utils import counters
+
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    m = build_method("zero_init_residual", tgt, drafter=make_drafter(tgt, "zero_init_residual"), mtp=mtp)
+    ref = [hf_greedy(tgt, p, 10) for p in PROMPTS]
+    assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 10, engine="compiled")] == ref
+    graphs = counters["stats"]["unique_graphs"]
+    other = [[6, 1, 2], [9, 9, 9, 9, 4], [3]]
+    assert [r.output_ids for r in generate(tgt, m, other, 0.0, 10, engine="compiled")] == [
+        hf_greedy(tgt, p, 10) for p in other]
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_unsupported_models_stay_on_hf(monkeypatch):
+    tgt, mtp = tiny.build("qwen3_5_hybrid", seed=0)
+    assert fast.target_problem(tgt) == "hybrid target (Gated DeltaNet layers)"
+    assert engine_for(tgt, "compiled") == "hf"
+    dense, dmtp = tiny.build("qwen3", seed=0)
+    assert fast.target_problem(dense) is None and engine_for(dense) == "hf"  # CPU default
+    monkeypatch.setenv("DMTP_ENGINE", "flex")
+    assert engine_for(dense) == "flex"
+    monkeypatch.setenv("DMTP_ENGINE", "fast")
+    with pytest.raises(ValueError, match="unknown decode engine 'fast'"):
+        engine_for(dense)
+    monkeypatch.delenv("DMTP_ENGINE")
+    d2 = make_drafter(dense, "dflash", backbone="dflash2")
+    assert fast.drafter_problem(d2) == "dflash2 backbone"
+    b = Batch(dense, build_method("dflash", dense, drafter=d2), PROMPTS, 0.0, 8, set(), None, engine="flex")
+    assert b.cache.flex and not b.method.ctx.flex and b.st.capacity % fast.BLOCK == 0
+    with pytest.raises(ValueError, match="unknown attention kernel 'sdpa'"):
+        with fast.attention("sdpa"):
+            pass
