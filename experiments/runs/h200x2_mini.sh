@@ -49,6 +49,15 @@ start4)
   bg verify "CUDA_VISIBLE_DEVICES=1 P --stage verify"
   bg bench "cd $H/src && CUDA_VISIBLE_DEVICES=0 timeout 500 python3 -m dmtp.cli.bench --target $W/mini/target \
       --drafters $W/mini/drafters --out $R/mini/bench" ;;
+all)  # every phase in one background chain (no command between phases): data -> drafters -> eval -> tables
+  shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
+  snap
+  bg all "P --stage corpus,tokenizer && CUDA_VISIBLE_DEVICES=0 P --stage target && TR --stage data && \
+      { CUDA_VISIBLE_DEVICES=0 P --stage drafters --set ablation.only_seeds=0 > $L/d0.txt 2>&1 & \
+        CUDA_VISIBLE_DEVICES=1 P --stage drafters --set ablation.only_seeds=1,2 > $L/d12.txt 2>&1; wait; } && \
+      { CUDA_VISIBLE_DEVICES=0 P --stage eval,curve --set ablation.only_seeds=0 > $L/e0.txt 2>&1 & \
+        CUDA_VISIBLE_DEVICES=1 P --stage eval,curve --set ablation.only_seeds=1,2 > $L/e12.txt 2>&1; wait; } && \
+      CUDA_VISIBLE_DEVICES=0 P --stage tables" ;;
 watch)
   end=$(( $(date +%s) + ${2:-500} ))
   while [ $(date +%s) -lt $end ]; do
@@ -57,12 +66,12 @@ watch)
     [ $running = 0 ] && break; sleep 5
   done
   for f in $L/*.log; do n=$(basename $f .log)
-    echo "=== $n rc=$(cat $L/$n.rc 2>/dev/null || echo running)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
+    echo "=== $n rc=$(cat $L/$n.rc 2>/dev/null || echo running)"; cat $f $L/*.txt 2>/dev/null | tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
       "\[mini\]\|\[run\]\|\[bench\|\[train\]\|rror\|MISS\|MET" | tail -${3:-12}
   done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
 pack)
-  cp $L/*.log $R/mini/ 2>/dev/null; mkdir -p $R/mini/logs; mv $R/mini/*.log $R/mini/logs/ 2>/dev/null
+  cp $L/*.log $L/*.txt $R/mini/ 2>/dev/null; mkdir -p $R/mini/logs; mv $R/mini/*.log $R/mini/*.txt $R/mini/logs/ 2>/dev/null
   tar czf $OUT/mini.tgz -C $R mini; ls -la $OUT ;;
 *) sed -n 2,16p "$0"; exit 2 ;;
 esac
