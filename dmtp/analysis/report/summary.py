@@ -1,0 +1,195 @@
+"""REPORT.md's summary (first section) and the listing of requests without a verify round, from the rendered tables.
+
+Every ranking is worded only as far as the Holm-corrected pairwise tests carry it (tables/pairwise_T<t>.csv,
+`stats.verdict`): "a > b" where the adjusted p < 0.05, "a ≈ b (not resolved)" otherwise; nothing is called "best".
+Which rows are the blog's DMTP model, the main method, the drafter baseline and the controls, the ablation spec says.
+
+    from dmtp.analysis.report import load, tables, summary
+    art = load("mini"); tables.render(art); print("\n".join(summary.summary(art)))
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from dmtp.analysis import reference as R
+from dmtp.analysis.report import tables as T
+from dmtp.analysis.report.data import Artifacts
+
+
+def ci(v: float, lo: float, hi: float, signed: bool = False) -> str:
+    """'3.120 [3.010, 3.230]' (signed: '+0.120 [-0.010, +0.230]'); '—' for nan."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    f = "+.3f" if signed else ".3f"
+    return f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
+
+
+def comparison(art: Artifacts, a: str, b: str, t: float, dataset: str) -> str:
+    """'a − b = +0.12 [+0.05, +0.19] (+4.1 %), Holm p = 0.003: a > b' from the pairwise table, or '' if absent."""
+    r = T.pair_row(art, a, b, t, dataset)
+    if r is None:
+        return ""
+    rel = T.pct(r["a_value"], r["b_value"])
+    return (f"`{a}` − `{b}` = {ci(r['diff'], r['diff_lo'], r['diff_hi'], True)} ({rel:+.1f} %), Holm p = "
+            f"{r['holm_p']:.3g}: **{r['verdict']}**")
+
+
+def acceptance_table(art: Artifacts, dataset: str) -> list[str]:
+    """Compared rows x temperatures: acceptance length [95% CI over seeds and requests], n_seeds."""
+    s = art.natural
+    s = s[(s.experiment == "ablation") & (s.dataset == dataset)]
+    temps = sorted(set(s.temperature))
+    rows = [m for m in art.spec.runs() if m in set(s.method)] + sorted(set(s.method) - set(art.spec.runs()))
+    out = ["| method | group | n_seeds | " + " | ".join(f"T={t:g}" for t in temps) + " |",
+           "|---|---|---|" + "---|" * len(temps)]
+    for m in rows:
+        g = s[s.method == m].set_index("temperature")
+        cells = [ci(*g.loc[t, ["acceptance_length", "acceptance_length_lo", "acceptance_length_hi"]])
+                 if t in g.index else "—" for t in temps]
+        out.append(f"| {m} | {art.spec.group(m)} | {int(g.n_seeds.max())} | " + " | ".join(cells) + " |")
+    return out
+
+
+def rankings(art: Artifacts, t: float, dataset: str) -> str:
+    """The resolved orderings at T (Holm p < 0.05) and how many pairs are not resolved."""
+    path = art.tables / f"pairwise_T{t:g}.csv"
+    if not path.exists():
+        return ""
+    df = pd.read_csv(path)
+    df = df[df.dataset == dataset]
+    won = [r.verdict for r in df.itertuples() if r.holm_p < 0.05]
+    n = len(df) - len(won)
+    rest = f"the other {n} of {len(df)} pairs are indistinguishable (Holm p ≥ 0.05)" if n else "every pair resolved"
+    return f"- T={t:g}: " + ("; ".join(won) + f"; {rest}." if won else f"no pair is resolved ({len(df)} pairs).")
+
+
+def blog_claims(art: Artifacts, t: float, dataset: str) -> list[str]:
+    """Each of the blog's DMTP claims (single-anchor fusion = the spec's blog run) beside our paired test at T."""
+    sp, out = art.spec, []
+    dmtp, dflash, ref = sp.blog_run, sp.drafter_baseline, sp.reference
+    ab = R.table("ablation").set_index("method").acceptance_length
+    op = R.table("open_repro").set_index("dataset")
+    claims = [
+        (dmtp, dflash, f"blog: DMTP > DFlash (Code ablation {ab.get('fusion', math.nan):.3f} vs "
+                       f"{ab.get('dflash', math.nan):.3f}, open reproduction HumanEval {op.loc['HumanEval', 'dmtp']:.3f} "
+                       f"vs {op.loc['HumanEval', 'dflash']:.3f}, +{op.loc['HumanEval', 'dmtp_vs_dflash_pct']:.2f} %)"),
+        (dmtp, "mtp", f"blog: DMTP > MTP415 (open reproduction HumanEval {op.loc['HumanEval', 'dmtp']:.3f} vs "
+                      f"{op.loc['HumanEval', 'mtp']:.3f})"),
+        (dflash, "mtp", f"blog: DFlash > MTP415 on HumanEval ({op.loc['HumanEval', 'dflash']:.3f} vs "
+                        f"{op.loc['HumanEval', 'mtp']:.3f}; on GSM8K/MATH500 they are close)"),
+        (dmtp, ref, f"blog: fusion +{R.ablation_value('fusion', 'rel_to_token_only_pct'):.2f} % over {ref} "
+                    "(Code ablation)"),
+    ]
+    if sp.main_method and sp.main_method != dmtp:
+        claims.append((sp.main_method, dmtp, "blog (Nov 9): 「零初始化残差与直接融合的效果接近」 — the zero-initialised "
+                                             "residual performs close to direct fusion"))
+    for a, b, claim in claims:
+        got = comparison(art, a, b, t, dataset) if a and b else ""
+        if got:
+            out.append(f"- {claim}. Ours: {got}.")
+    return out
+
+
+def control_lines(art: Artifacts, t: float, dataset: str) -> list[str]:
+    """The main method against each control run (what the control isolates)."""
+    sp, out = art.spec, []
+    for c in sp.controls:
+        got = comparison(art, sp.main_method, c, t, dataset) if sp.main_method else ""
+        if got:
+            out.append(f"- `{sp.main_method}` vs the control `{c}` (the same drafter without what the main method "
+                       f"adds: for double_anchor_token_only, the MTP hidden; zero_init_residual starts as exactly "
+                       f"this drafter): {got}.")
+    return out
+
+
+def ceiling_lines(art: Artifacts) -> list[str]:
+    out = []
+    for p in sorted(art.tables.glob("ceiling_T*.csv")):
+        df = pd.read_csv(p)
+        for ds, g in df.groupby("dataset"):
+            c = g[g.source == "ceiling"].iloc[0]
+            m = g[g.source == "measured"].sort_values("per_verify", ascending=False)
+            if len(m):
+                top = m.iloc[0]
+                out.append(f"- T={c.temperature:g} ({ds}): the ceiling of target-only verification along the `ar` "
+                           f"path is per-verify tau ≤ {c.per_verify:.3f} (C_1 = {c.P1:.1f} %); the highest measured "
+                           f"tau is {top.per_verify:.3f} ({top.method}), {top.of_ceiling_pct:.0f} % of the way "
+                           "from 1 to the ceiling.")
+    return out
+
+
+def curve_lines(art: Artifacts) -> list[str]:
+    p = art.tables / "learning_curve.csv"
+    if not p.exists():
+        return []
+    df = pd.read_csv(p, dtype={"seed": str})
+    pooled = df[df.seed == "all"]
+    out = []
+    for m in sorted(set(pooled.method), key=art.rank):
+        g = pooled[pooled.method == m].sort_values("train_tokens")
+        a, b = g.iloc[0], g.iloc[-1]
+        out.append(f"- `{m}`: {ci(a.acceptance_length, a.lo, a.hi)} at {a.train_tokens / 1e6:.2f} M tokens → "
+                   f"{ci(b.acceptance_length, b.lo, b.hi)} at {b.train_tokens / 1e6:.2f} M tokens "
+                   f"({len(g)} budgets).")
+    ref = df[df.method == "mtp"]
+    if len(ref):
+        r = ref.iloc[0]
+        out.append(f"- native MTP415 (reference line): {ci(r.acceptance_length, r.lo, r.hi)}.")
+    return out
+
+
+def summary(art: Artifacts) -> list[str]:
+    """REPORT.md's first section: acceptance with intervals, resolved rankings, the blog's claims, the control,
+    the ceilings, the learning curve, the requests without a verify round."""
+    prim = T.primary(art)
+    if not prim:
+        return []
+    out = ["## Summary", ""]
+    for ds in prim:
+        s = art.natural
+        temps = sorted(set(s[(s.experiment == "ablation") & (s.dataset == ds)].temperature))
+        out += [f"Acceptance length on `{ds}` (mode natural; incl. bonus; drafter seeds pooled; [95% CI over seeds "
+                "and requests]):", "", *acceptance_table(art, ds), "",
+                "Rankings, only as far as the Holm-corrected paired tests carry them (tables/pairwise_T*.csv):", "",
+                *filter(None, (rankings(art, t, ds) for t in temps)), ""]
+        claims = [x for t in temps for x in ([f"- **T={t:g}**"] + ["  " + c for c in blog_claims(art, t, ds)]
+                                             if blog_claims(art, t, ds) else [])]
+        if claims:
+            out += [f"The blog's DMTP numbers all come from single-anchor fusion, so they are set beside "
+                    f"`{art.spec.blog_run}`; the current main method `{art.spec.main_method}` has no number of its "
+                    "own in the blog:", "", *claims, ""]
+        ctrl = [x for t in temps for x in (["- **T=%g**" % t] + ["  " + c for c in control_lines(art, t, ds)]
+                                           if control_lines(art, t, ds) else [])]
+        if ctrl:
+            out += ["The control (what the MTP hidden adds to the main method):", "", *ctrl, ""]
+    cl = ceiling_lines(art)
+    if cl:
+        out += ["At T > 0 (tables/ceiling_T*.csv):", "", *cl, ""]
+    cv = curve_lines(art)
+    if cv:
+        out += ["Learning curve (HumanEval, T=0; first → last budget, seeds pooled):", "", *cv, ""]
+    z = T.zero_rounds(art)
+    n = 0 if z is None else len(z)
+    out += [f"Requests without a verify round (first token ended them): {n}" + (" — listed below." if n else "."),
+            ""]
+    return out
+
+
+def zero_round_lines(art: Artifacts) -> list[str]:
+    """Every request without a verify round, grouped: one line per (dataset, T, mode, set of ids) naming the runs
+    (method and seeds) where they occur."""
+    z = T.zero_rounds(art)
+    if z is None:
+        return []
+    out = ["## Requests without a verify round", "",
+           "Their first generated token ended them (end-of-text or a stop string): no acceptance length, kept in "
+           "every count (n_zero_round). Full list: tables/zero_round.csv.", ""]
+    for (exp, ds, t, mode), g in z.groupby(["experiment", "dataset", "temperature", "mode"], sort=True):
+        by_ids: dict[tuple, list[str]] = {}
+        for (m, seed), gs in g.groupby(["method", "seed"], sort=False):
+            by_ids.setdefault(tuple(sorted(map(str, gs.id))), []).append(f"{m}@s{seed}")
+        for ids, runs in by_ids.items():
+            out.append(f"- {exp}/{ds} T={t:g} {mode}: {', '.join(f'`{i}`' for i in ids)} — in {', '.join(runs)}")
+    return out + [""]
