@@ -40,6 +40,7 @@ def hand(tmp_path):
     write(root, "ablation", "mtp", "humaneval8", 0, {"a": [4, 0]})  # k = 4 by default
     write(root, "main", "dflash", "gsm8k", 0, {"a": [1, 1], "b": [3]})  # 2, 4 -> 3
     write(root, "main", "zero_init_residual", "gsm8k", 0, {"a": [3, 3], "b": [5]})  # 4, 6 -> 5
+    write(root, "main", "fusion", "gsm8k", 0, {"a": [2, 2], "b": [4]})  # 3, 5 -> 4: the blog's DMTP model
     return tmp_path
 
 
@@ -83,9 +84,12 @@ def test_tables(hand, capsys):
 
     main = csv(hand, "main_acceptance").set_index(["experiment", "dataset"])
     g = main.loc[("main", "gsm8k")]
-    assert (g.dflash, g.dmtp, g.gain_pct) == pytest.approx((3, 5, 100 * (5 / 3 - 1)))
+    # dmtp = fusion (every DMTP number of the blog), main = zero_init_residual (the current main method)
+    assert (g.dflash, g.dmtp, g.gain_pct) == pytest.approx((3, 4, 100 * (4 / 3 - 1)))
+    assert (g.main, g.main_gain_pct) == pytest.approx((5, 100 * (5 / 3 - 1)))
     assert (g.blog_dflash, g.blog_dmtp, g.blog_gain_pct) == (4.318, 5.074, 17.50)  # T=0 -> open reproduction
-    assert g.dmtp_vs_dflash == pytest.approx(2)
+    assert "blog_main" not in g  # the blog has no number of the main method's own
+    assert g.dmtp_vs_dflash == pytest.approx(1) and g.main_vs_dmtp == pytest.approx(1)  # (3-2 + 5-4)/2, (4-3 + 6-5)/2
 
     ft = csv(hand, "first_token").set_index(["experiment", "method"])
     assert ft.loc[("ablation", "dflash"), "first_token_pct"] == pytest.approx(100)
@@ -105,7 +109,7 @@ def test_tables(hand, capsys):
     assert pr.loc[("ablation", "dflash"), ["per_request", "per_verify"]].tolist() == pytest.approx([3, 1 + 7 / 3])
 
     op = csv(hand, "open_repro").set_index("dataset")
-    assert op.loc["gsm8k", "dmtp_d"] == 5 and op.loc["gsm8k", "blog_dmtp_d2"] == 5.371
+    assert op.loc["gsm8k", "dmtp_d"] == 4 and op.loc["gsm8k", "blog_dmtp_d2"] == 5.371  # DMTP(D) = fusion
     assert math.isnan(op.loc["gsm8k", "dflash2"])
 
     md = (hand / "hand" / "tables" / "ablation_code.md").read_text()
@@ -125,7 +129,8 @@ def test_rows_come_from_the_spec_and_none_is_dropped(hand):
     assert ab.set_index("method").loc["some_new_variant", "rel_to_token_only"] == pytest.approx(100 * (2 / 4.5 - 1))
 
     # another spec: dflash is the reference row, token_only the main method (the blog's "dmtp" column)
-    write_spec(hand / "hand", code(reference="dflash", main_method="token_only", main=("dflash", "token_only"),
+    write_spec(hand / "hand", code(reference="dflash", main_method="token_only", blog_method="token_only",
+                                   main=("dflash", "token_only"),
                                    main_table=("ar", "mtp", "dflash", "token_only"), bench=(),
                                    backbones={"dflash2": ("dflash", "dflash2")}))
     art = load("hand", hand, n_boot=50)

@@ -34,7 +34,7 @@ def main(argv=None):
 def run(a):
     root = Path(a.results) / a.profile
     if a.what == "demo":
-        write_synthetic(code(), a.results, a.profile)
+        write_synthetic(code(), a.results, a.profile, temps=(0, 0.6, 1))
     elif not ((root / "runs").is_dir() or (root / "bench").is_dir()):
         raise FileNotFoundError(f"{root} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
                                 f"bench/*.csv): check --profile {a.profile} and --results {a.results}")

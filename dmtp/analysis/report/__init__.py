@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +29,13 @@ SECTIONS = [
     ("Throughput and per-round overhead", ["throughput", "overhead"], ["throughput_T*", "overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
 ]
+
+
+def by_temperature(path: Path) -> tuple:
+    """Sort key of a table / figure file: its name with the temperature after _T read as a number (T0 < T0.6 < T1)."""
+    stem, _, rest = path.stem.partition("_T")
+    num = re.match(r"[0-9.]*[0-9]", rest)
+    return stem, float(num.group()) if num else -1.0, rest
 
 
 def render_tables(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Artifacts:
@@ -67,8 +75,8 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "",
                 tables.to_markdown(pd.read_csv(lossless).fillna(""))]
     for title, tabs, figs in SECTIONS:
-        mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"))]
-        pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"))]
+        mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"), key=by_temperature)]
+        pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"), key=by_temperature)]
         if not mds and not pngs:
             continue
         out += [f"## {title}", ""]

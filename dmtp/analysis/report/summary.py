@@ -65,43 +65,44 @@ def rankings(art: Artifacts, t: float, dataset: str) -> str:
     return f"- T={t:g}: " + ("; ".join(won) + f"; {rest}." if won else f"no pair is resolved ({len(df)} pairs).")
 
 
-def blog_claims(art: Artifacts, t: float, dataset: str) -> list[str]:
-    """Each of the blog's DMTP claims (single-anchor fusion = the spec's blog run) beside our paired test at T."""
-    sp, out = art.spec, []
+def blog_claims(art: Artifacts) -> list[tuple[str, str, str]]:
+    """(a, b, the blog's claim): each of the blog's DMTP claims (single-anchor fusion = the spec's blog run) as the
+    pair of our rows that tests it."""
+    sp = art.spec
     dmtp, dflash, ref = sp.blog_run, sp.drafter_baseline, sp.reference
     ab = R.table("ablation").set_index("method").acceptance_length
-    op = R.table("open_repro").set_index("dataset")
+    he = R.table("open_repro").set_index("dataset").loc["HumanEval"]
     claims = [
-        (dmtp, dflash, f"blog: DMTP > DFlash (Code ablation {ab.get('fusion', math.nan):.3f} vs "
-                       f"{ab.get('dflash', math.nan):.3f}, open reproduction HumanEval {op.loc['HumanEval', 'dmtp']:.3f} "
-                       f"vs {op.loc['HumanEval', 'dflash']:.3f}, +{op.loc['HumanEval', 'dmtp_vs_dflash_pct']:.2f} %)"),
-        (dmtp, "mtp", f"blog: DMTP > MTP415 (open reproduction HumanEval {op.loc['HumanEval', 'dmtp']:.3f} vs "
-                      f"{op.loc['HumanEval', 'mtp']:.3f})"),
-        (dflash, "mtp", f"blog: DFlash > MTP415 on HumanEval ({op.loc['HumanEval', 'dflash']:.3f} vs "
-                        f"{op.loc['HumanEval', 'mtp']:.3f}; on GSM8K/MATH500 they are close)"),
-        (dmtp, ref, f"blog: fusion +{R.ablation_value('fusion', 'rel_to_token_only_pct'):.2f} % over {ref} "
-                    "(Code ablation)"),
+        (dmtp, dflash, f"DMTP > DFlash (Code ablation {ab.get('fusion', math.nan):.3f} vs {ab.get('dflash', math.nan):.3f}; "
+                       f"open reproduction HumanEval {he.dmtp:.3f} vs {he.dflash:.3f}, +{he.dmtp_vs_dflash_pct:.2f} %)"),
+        (dmtp, "mtp", f"DMTP > MTP415 (open reproduction HumanEval {he.dmtp:.3f} vs {he.mtp:.3f})"),
+        (dflash, "mtp", f"DFlash > MTP415 on code (open reproduction HumanEval {he.dflash:.3f} vs {he.mtp:.3f})"),
+        (dmtp, ref, f"fusion > {ref} (Code ablation +{R.ablation_value('fusion', 'rel_to_token_only_pct'):.2f} %)"),
     ]
     if sp.main_method and sp.main_method != dmtp:
-        claims.append((sp.main_method, dmtp, "blog (Nov 9): 「零初始化残差与直接融合的效果接近」 — the zero-initialised "
-                                             "residual performs close to direct fusion"))
-    for a, b, claim in claims:
-        got = comparison(art, a, b, t, dataset) if a and b else ""
+        claims.append((sp.main_method, dmtp, "Nov 9: 「零初始化残差与直接融合的效果接近」 — the zero-initialised "
+                                             "residual (the current main method) performs close to direct fusion"))
+    return [(a, b, c) for a, b, c in claims if a and b]
+
+
+def tested(art: Artifacts, pairs: list[tuple[str, str, str]], temps, dataset: str) -> list[str]:
+    """One bullet per pair (its text), one sub-bullet per temperature with our paired, Holm-corrected test."""
+    out = []
+    for a, b, text in pairs:
+        got = [(t, comparison(art, a, b, t, dataset)) for t in temps]
+        got = [f"  - T={t:g}: {g}" for t, g in got if g]
         if got:
-            out.append(f"- {claim}. Ours: {got}.")
+            out += [f"- {text}", *got]
     return out
 
 
-def control_lines(art: Artifacts, t: float, dataset: str) -> list[str]:
-    """The main method against each control run (what the control isolates)."""
-    sp, out = art.spec, []
-    for c in sp.controls:
-        got = comparison(art, sp.main_method, c, t, dataset) if sp.main_method else ""
-        if got:
-            out.append(f"- `{sp.main_method}` vs the control `{c}` (the same drafter without what the main method "
-                       f"adds: for double_anchor_token_only, the MTP hidden; zero_init_residual starts as exactly "
-                       f"this drafter): {got}.")
-    return out
+def control_pairs(art: Artifacts) -> list[tuple[str, str, str]]:
+    """The main method against each control run, with what the control isolates."""
+    sp = art.spec
+    return [(sp.main_method, c, f"`{sp.main_method}` vs the control `{c}`: the same drafter without what the main "
+             "method adds (`double_anchor_token_only` = [A, E(T1), MASK x 6] without the MTP hidden, exactly "
+             "`zero_init_residual` at initialisation): the difference isolates the effect of the MTP hidden")
+            for c in sp.controls if sp.main_method]
 
 
 def ceiling_lines(art: Artifacts) -> list[str]:
@@ -154,16 +155,15 @@ def summary(art: Artifacts) -> list[str]:
                 "and requests]):", "", *acceptance_table(art, ds), "",
                 "Rankings, only as far as the Holm-corrected paired tests carry them (tables/pairwise_T*.csv):", "",
                 *filter(None, (rankings(art, t, ds) for t in temps)), ""]
-        claims = [x for t in temps for x in ([f"- **T={t:g}**"] + ["  " + c for c in blog_claims(art, t, ds)]
-                                             if blog_claims(art, t, ds) else [])]
+        claims = tested(art, blog_claims(art), temps, ds)
         if claims:
-            out += [f"The blog's DMTP numbers all come from single-anchor fusion, so they are set beside "
-                    f"`{art.spec.blog_run}`; the current main method `{art.spec.main_method}` has no number of its "
-                    "own in the blog:", "", *claims, ""]
-        ctrl = [x for t in temps for x in (["- **T=%g**" % t] + ["  " + c for c in control_lines(art, t, ds)]
-                                           if control_lines(art, t, ds) else [])]
+            out += [f"The blog's claims. Every DMTP number of the blog comes from single-anchor fusion, so it is set "
+                    f"beside `{art.spec.blog_run}`; the current main method `{art.spec.main_method}` has no number "
+                    "of its own in the blog (its statements about it: dmtp/analysis/reference.json `main_method`):",
+                    "", *claims, ""]
+        ctrl = tested(art, control_pairs(art), temps, ds)
         if ctrl:
-            out += ["The control (what the MTP hidden adds to the main method):", "", *ctrl, ""]
+            out += ["The control:", "", *ctrl, ""]
     cl = ceiling_lines(art)
     if cl:
         out += ["At T > 0 (tables/ceiling_T*.csv):", "", *cl, ""]

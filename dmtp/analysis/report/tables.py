@@ -83,6 +83,8 @@ def fmt(v, col: str) -> str:
         return "—"
     if col == "temperature":
         return f"{v:g}"
+    if (col.startswith("n_") or col in ("step", "train_tokens")) and float(v).is_integer():
+        return str(int(v))
     if col.endswith("_p"):
         return f"{v:.3g}"
     signed = any(w in col for w in ("rel", "vs_", "gain", "diff"))
