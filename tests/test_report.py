@@ -232,15 +232,17 @@ def test_missing_runs_are_listed(hand, capsys):
 
 
 def test_synthetic_demo(tmp_path):
-    write_synthetic(code(), tmp_path, "demo", n=4, temps=(0,),
-                    methods=["mtp", "dflash", "zero_init_residual", "dflash2", "dmtp_d2"])
+    write_synthetic(code(), tmp_path, "demo", n=4, temps=(0,), curve=False,
+                    methods=["mtp", "dflash", "fusion", "zero_init_residual", "dflash2", "dmtp_d2"])
     art = load("demo", tmp_path, n_boot=50)
     tables.render(art)
     names = sorted(p.stem for p in (tmp_path / "demo" / "tables").glob("*.csv"))
-    assert names == ["ablation_code", "conditional", "cumulative", "first_token", "main_acceptance",
-                     "open_repro", "overhead", "per_request_vs_verify", "throughput"]
+    assert names == ["ablation_code", "ablation_code_fixed", "ablation_humaneval", "ablation_humaneval_fixed",
+                     "conditional", "cumulative", "first_token", "main_acceptance", "open_repro", "overhead",
+                     "pairwise_T0", "per_request_vs_verify", "throughput"]  # T0 only: no ceiling, no zero-round
     op = csv(tmp_path, "open_repro", "demo").query("experiment == 'main'")
-    assert len(op) == 2 and op[["mtp", "dflash", "dmtp_d", "dflash2", "dmtp_d2"]].notna().all().all()
+    assert len(op) == 2 and op[["mtp", "dflash", "dflash2", "dmtp_d2"]].notna().all().all()
+    assert op.dmtp_d.isna().all()  # DMTP(D) = fusion, which the Code spec evaluates on HumanEval only (main_table)
     (png,) = figures.open_repro(art)
     assert png.name == "open_repro_T0.png" and png.stat().st_size > 1000
 
