@@ -439,8 +439,10 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
             out.append(save(art, f"ceiling_T{t:g}", pd.DataFrame(rows), f"Acceptance vs its ceiling at T={t:g}",
                             "P_j = P(L >= j) per verify round (%), mode natural, seeds pooled. Ceiling row: C_j = "
                             "mean over windows of the product of the target's top-1 probabilities at T along the "
-                            "`ar` output (dmtp.analysis.oracle; target-only verification of greedy drafts cannot "
-                            "beat it on that path), per_verify = 1 + sum_j C_j; of_ceiling_pct = (tau - 1) / "
+                            "`ar` output (dmtp.analysis.oracle): C_1 bounds first-token acceptance of any greedy "
+                            "draft under target-only verification; for j >= 2 the product runs along the target's "
+                            "sampled path, not the draft path, so it is a reference profile rather than a strict "
+                            "bound (docs/DESIGN.md). per_verify = 1 + sum_j C_j; of_ceiling_pct = (tau - 1) / "
                             "sum_j C_j."))
     return out or skip("ceiling tables (no oracle file at T > 0)")
 
