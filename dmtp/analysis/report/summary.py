@@ -59,8 +59,13 @@ def rankings(art: Artifacts, t: float, dataset: str) -> str:
         return ""
     df = pd.read_csv(path)
     df = df[df.dataset == dataset]
-    won = [r.verdict for r in df.itertuples() if r.holm_p < 0.05]
-    n = len(df) - len(won)
+    above: dict[str, list[str]] = {}  # winner -> the rows it is resolved above
+    for r in df.itertuples():
+        if r.holm_p < 0.05:
+            hi, lo = (r.a, r.b) if r.diff > 0 else (r.b, r.a)
+            above.setdefault(hi, []).append(lo)
+    n = len(df) - sum(map(len, above.values()))
+    won = [f"{m} > " + ", ".join(sorted(above[m], key=art.rank)) for m in sorted(above, key=art.rank)]
     rest = f"the other {n} of {len(df)} pairs are indistinguishable (Holm p ≥ 0.05)" if n else "every pair resolved"
     return f"- T={t:g}: " + ("; ".join(won) + f"; {rest}." if won else f"no pair is resolved ({len(df)} pairs).")
 
@@ -72,12 +77,14 @@ def blog_claims(art: Artifacts) -> list[tuple[str, str, str]]:
     dmtp, dflash, ref = sp.blog_run, sp.drafter_baseline, sp.reference
     ab = R.table("ablation").set_index("method").acceptance_length
     he = R.table("open_repro").set_index("dataset").loc["HumanEval"]
+    code = f"Code ablation {ab.get('fusion', math.nan):.3f} vs {ab.get('dflash', math.nan):.3f}"
     claims = [
-        (dmtp, dflash, f"DMTP > DFlash (Code ablation {ab.get('fusion', math.nan):.3f} vs {ab.get('dflash', math.nan):.3f}; "
-                       f"open reproduction HumanEval {he.dmtp:.3f} vs {he.dflash:.3f}, +{he.dmtp_vs_dflash_pct:.2f} %)"),
+        (dmtp, dflash, f"DMTP > DFlash ({code}; open reproduction HumanEval {he.dmtp:.3f} vs {he.dflash:.3f}, "
+                       f"+{he.dmtp_vs_dflash_pct:.2f} %)"),
         (dmtp, "mtp", f"DMTP > MTP415 (open reproduction HumanEval {he.dmtp:.3f} vs {he.mtp:.3f})"),
         (dflash, "mtp", f"DFlash > MTP415 on code (open reproduction HumanEval {he.dflash:.3f} vs {he.mtp:.3f})"),
-        (dmtp, ref, f"fusion > {ref} (Code ablation +{R.ablation_value('fusion', 'rel_to_token_only_pct'):.2f} %)"),
+        (dmtp, ref, f"fusion > {ref} (Code ablation "
+                    f"+{R.ablation_value('fusion', 'rel_to_token_only_pct'):.2f} %)"),
     ]
     if sp.main_method and sp.main_method != dmtp:
         claims.append((sp.main_method, dmtp, "Nov 9: 「零初始化残差与直接融合的效果接近」 — the zero-initialised "
@@ -159,9 +166,14 @@ def summary(art: Artifacts) -> list[str]:
                 *filter(None, (rankings(art, t, ds) for t in temps)), ""]
         claims = tested(art, blog_claims(art), temps, ds)
         if claims:
-            out += [f"The blog's claims. Every DMTP number of the blog comes from single-anchor fusion, so it is set "
-                    f"beside `{art.spec.blog_run}`; the current main method `{art.spec.main_method}` has no number "
-                    "of its own in the blog (its statements about it: dmtp/analysis/reference.json `main_method`):",
+            sp = art.spec
+            who = (f"so they are set beside `{sp.blog_run}`; the current main method `{sp.main_method}` has no "
+                   "number of its own in the blog (its statements about it: dmtp/analysis/reference.json "
+                   "`main_method`)") if sp.blog_method and sp.blog_method != sp.main_method else (
+                f"but this experiment's spec names no `blog_method`, so they are set beside the main method "
+                f"`{sp.blog_run}` (experiment.json written before `ablation.blog_method` existed: re-run the "
+                "pipeline's tables stage to write it)")
+            out += [f"The blog's claims. Every DMTP number of the blog comes from single-anchor fusion, {who}:",
                     "", *claims, ""]
         ctrl = tested(art, control_pairs(art), temps, ds)
         if ctrl:

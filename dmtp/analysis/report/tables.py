@@ -22,8 +22,16 @@ from dmtp.ablation import GROUPS
 from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
-from dmtp.analysis.report.data import (Artifacts, group, load, missing_runs, paired_runs, per_seed, pooled_throughput,
-                                      seed_matrix)
+from dmtp.analysis.report.data import (
+    Artifacts,
+    group,
+    load,
+    missing_runs,
+    paired_runs,
+    per_seed,
+    pooled_throughput,
+    seed_matrix,
+)
 
 OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2": "DFlash2", "dmtp_d2": "DMTP(D2)"}
 
@@ -374,7 +382,7 @@ def pairwise(art: Artifacts, n_boot: int = 4000) -> list[pd.DataFrame] | None:
             methods = compared(art, ds, t)
             if len(methods) < 2:
                 continue
-            mats, seeds, ids = S.matrices({m: per_seed(group(art, "ablation", ds, t, m)) for m in methods})
+            mats = S.matrices({m: per_seed(group(art, "ablation", ds, t, m)) for m in methods})[0]
             est = {m: float(np.nanmean(x)) if np.isfinite(x).any() else math.nan for m, x in mats.items()}
             for r in S.pairwise(mats, n_boot=n_boot):
                 rows.append({"dataset": ds, "temperature": t, "a": r["a"], "b": r["b"], "a_value": est[r["a"]],
