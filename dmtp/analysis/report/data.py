@@ -5,7 +5,7 @@
     results/<profile>/runs/<experiment>/<method>/<dataset>_T<temp>[_fixed][_s<seed>].jsonl   one JSON record per
                                              request; `_fixed`: mode fixed (none: natural), `_s<seed>`: drafter seed
                                              (none: 0); a record's own `mode` / `seed` fields win
-    results/<profile>/curve/<method>/humaneval_T0_s<seed>_step<step>.jsonl (+ .meta.json with train_tokens)
+    results/<profile>/curve/<method>/humaneval_T0_s<seed>_step<step>.jsonl (+ .meta.json: config.train_tokens)
                                              learning-curve snapshots (T = 0, natural mode)
     results/<profile>/oracle/<dataset>_T<temp>.json   acceptance ceilings at T > 0 (dmtp.analysis.oracle)
     results/<profile>/bench/throughput.csv   method, temperature, batch_cap, dataset, output_tokens, wall_s, tok_per_s
@@ -152,6 +152,7 @@ def read_curve(root: Path) -> pd.DataFrame | None:
         if not meta_path.exists():
             raise ValueError(f"{path}: no {meta_path.name} beside it (its training tokens)")
         meta = json.loads(meta_path.read_text())
+        meta = meta.get("config", meta)  # dmtp.io.write_meta nests the run's fields under "config"
         if meta.get("train_tokens") is None:
             raise ValueError(f"{meta_path}: expected `train_tokens` (drafter training tokens up to the snapshot)")
         method = path.parent.name

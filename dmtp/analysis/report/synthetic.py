@@ -53,7 +53,7 @@ def _write(path: Path, rows: list[dict], meta: dict | None = None):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     if meta is not None:
-        path.with_suffix(".meta.json").write_text(json.dumps(meta) + "\n")
+        path.with_suffix(".meta.json").write_text(json.dumps({"config": meta}) + "\n")  # as dmtp.io.write_meta
 
 
 def run_name(ds: str, temp: float, mode: str = "natural", seed: int = 0) -> str:
