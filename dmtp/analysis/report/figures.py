@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from dmtp.analysis import metrics as M  # noqa: E402
 from dmtp.analysis import reference as R  # noqa: E402
@@ -103,7 +104,8 @@ def _bar_figure(art, s, methods, name, title, blog_fn, ylabel, labels=None) -> l
 
 
 def main_acceptance(art: Artifacts) -> list[Path]:
-    """Grouped bars: DFlash / native MTP / DMTP per dataset, bootstrap 95% CI, blog values as hatched bars."""
+    """Grouped bars: DFlash / native MTP / DMTP (the blog's model) / the main method per dataset, bootstrap 95% CI,
+    blog values as hatched bars."""
     s, cols = art.natural, T.main_columns(art)
     if s.empty or "dmtp" not in cols or not s.method.isin(cols.values()).any():
         print("[report] skip main acceptance figure: no data")
@@ -111,7 +113,9 @@ def main_acceptance(art: Artifacts) -> list[Path]:
     dmtp = cols["dmtp"]
     blog = lambda d, t, m: T.blog_acceptance(d, t, T.blog_name(art, m))  # noqa: E731
     return _bar_figure(art, s, list(cols.values()), "main_acceptance", "Acceptance length", blog,
-                       "acceptance length (incl. bonus)", {dmtp: f"dmtp ({dmtp})"})
+                       "acceptance length (incl. bonus)",
+                       {dmtp: f"dmtp = blog model ({dmtp})", **({cols["main"]: f"main ({cols['main']})"}
+                                                                  if "main" in cols else {})})
 
 
 def open_repro(art: Artifacts) -> list[Path]:
@@ -289,7 +293,7 @@ def ceiling(art: Artifacts) -> list[Path]:
                 ax.plot(range(1, len(y) + 1), y, "o-", ms=3, color=color[r.method], label=r.method)
             C = 100 * np.array(rec["cumulative"], float)
             ax.plot(range(1, len(C) + 1), C, "k--", lw=2,
-                    label=f"ceiling (ar path): tau <= {float(rec['acceptance_length']):.2f}")
+                    label=f"oracle C_j (ar path), 1 + sum C = {float(rec['acceptance_length']):.2f}")
             ax.set(title=f"{ds} (T={t:g})", xlabel="draft position j", ylabel="P(L >= j) (%)", ylim=(0, 100),
                    xticks=range(1, len(C) + 1))
         _legend(fig, axes[0])
@@ -321,6 +325,9 @@ def learning_curve(art: Artifacts) -> list[Path]:
         ax.axhline(r.acceptance_length, color=color.get("mtp", "k"), ls="--", label="MTP415 (native MTP)")
         ax.axhspan(r.lo, r.hi, color=color.get("mtp", "k"), alpha=0.12, lw=0)
     ax.set_xscale("log")
+    ticks = sorted(set(df.train_tokens.dropna()))  # the budgets themselves, in millions of tokens
+    ax.set_xticks(ticks, [f"{t / 1e6:.3g}M" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set(xlabel="drafter training tokens", ylabel="acceptance length (incl. bonus)",
            title="Learning curve: HumanEval, T=0, natural mode")
     ax.legend(fontsize=7, loc="lower right")
