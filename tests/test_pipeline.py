@@ -39,11 +39,13 @@ def test_every_stage_writes_its_artifacts(run):
     assert lossless and all(row.split(",")[n] == row.split(",")[same] for row in lossless)  # n == identical
     # every output records the configuration that made it; the pretraining state went once the target was saved
     work = root / "work" / "smoke"
-    assert json.loads((work / "target" / "fingerprint.json").read_text())["fingerprint"]["arch"]["hidden_size"] == 64
+    assert json.loads((work / "target" / "fingerprint.json").read_text())["fingerprint"]["model.arch"][
+        "hidden_size"] == 64
     assert json.loads((work / "drafters" / "dflash" / "fingerprint.json").read_text())["fingerprint"]["train"][
         "steps"] == 6
     assert json.loads((res / "runs" / "ablation" / "ar" / "humaneval_T0.meta.json").read_text())["fingerprint"][
-        "run"] == {"dataset": "humaneval", "prompts": 4, "temperature": 0.0, "method": "ar"}
+        "run"] == {"dataset": "humaneval", "prompts": 4, "temperature": 0.0, "method": "ar", "mode": "natural",
+                   "seed": 0}
     assert not (work / "target_state").exists()
 
 
