@@ -9,7 +9,7 @@ WORK ?= work
 RESULTS ?= results
 
 .PHONY: venv test ablation-code bench bench-train tables figures report corpus tokenizer target data drafters eval dpcheck dppool \
-	clean-work
+	clean-work verify
 
 # CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
 $(VENV)/.installed: pyproject.toml
@@ -61,6 +61,13 @@ bench: $(VENV)/.installed
 # $(RESULTS)/$(PROFILE)/bench/train.json and the ratio records in ratios.json; needs no trained model
 bench-train: $(VENV)/.installed
 	$(PY) -m dmtp.cli.bench_train --profile $(PROFILE) --out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
+
+# verification modes at T > 0 (target-only vs speculative sampling vs block verification), after the drafters:
+# results/<profile>/verify, then its tables, figure and report section (GPU for meaningful throughput);
+# VERIFY_ARGS='--set verify.temperatures=0.6' changes the profile's `verify.*` settings
+verify: $(VENV)/.installed
+	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage verify $(VERIFY_ARGS)
+	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 
 tables figures report: $(VENV)/.installed
 	$(PY) -m dmtp.cli.report $@ --profile $(PROFILE) --results $(RESULTS)

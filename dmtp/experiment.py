@@ -1,7 +1,8 @@
 """The experiment as one typed object: a `Profile` (nested data / model / pretrain / drafter / train / eval configs,
-the paper-scale extras) with the `AblationSpec` it runs (dmtp/ablation.py). Named profiles are functions deriving
-from a base in `experiments/profiles.py`; the Code ablation is built by `ablations/code.py`. Unknown keys are an
-error everywhere: in `derive`, in `--set` overrides and in `experiment.json`.
+the verification-mode study, the paper-scale extras) with the `AblationSpec` it runs (dmtp/ablation.py). Named
+profiles are functions deriving from a base in `experiments/profiles.py`; the Code ablation is built by
+`ablations/code.py`. Unknown keys are an error everywhere: in `derive`, in `--set` overrides and in
+`experiment.json`.
 
     from experiments.profiles import get_profile          # (orchestration code; the library never imports it)
     p = dmtp.schema.override(get_profile("tiny"), ["train.steps=10", "ablation.only=ar,dflash"])
@@ -18,6 +19,7 @@ import torch
 
 from dmtp.ablation import AblationSpec
 from dmtp.checks import at_least, check, each, number, one_of, require
+from dmtp.engine.verify import MODES as VERIFY_MODES
 from dmtp.io import write_text
 from dmtp.models.drafter import BACKBONES, default_target_layer_ids
 from dmtp.models.variants import get_variant
@@ -118,6 +120,32 @@ class EvalConfig:
 
 
 @dataclass
+class VerifyConfig:
+    """The verification-mode study (`dmtp pipeline --stage verify`, opt-in; dmtp/cli/verify.py): every method x verify
+    mode x temperature on HumanEval, decoded with dynamic batching at each batch cap."""
+    methods: tuple[str, ...] = ("ar", "mtp", "dflash", "fusion", "zero_init_residual")  # runs of the ablation
+    modes: tuple[str, ...] = VERIFY_MODES  # verify modes (dmtp/engine/verify.py): target | sample | block
+    temperatures: tuple[float, ...] = (0.6, 1.0)  # sampling temperatures (> 0: at 0 every mode is greedy)
+    caps: tuple[int, ...] = (1, 32)  # batch caps timed with dynamic batching; the largest cap's records give acceptance
+    prompts: int = 164  # HumanEval prompts decoded at the largest cap
+    small_cap_prompts: int = 16  # the first prompts timed at the other caps (batch 1 over 164 prompts: minutes)
+    repeats: int = 2  # timed runs per cap after the warm-up run; each draws fresh samples
+    max_new_tokens: int = 256  # generated tokens per request (at most)
+    eval_mode: str = "natural"  # EVAL_MODES: natural = end-of-text or one of `eval.stops` ends a request (the eval
+    # stage's protocol); fixed = every request decodes exactly max_new_tokens
+    seed: int = 0  # the servers' generator seed
+
+    def __post_init__(self):
+        check(self, methods=each((lambda v: isinstance(v, str) and v != "", "a run name")),
+              modes=each(one_of(*VERIFY_MODES)), temperatures=each(number(0, open_lo=True)), caps=each(at_least(1)),
+              prompts=at_least(1), small_cap_prompts=at_least(1), repeats=at_least(1), max_new_tokens=at_least(1),
+              eval_mode=one_of(*EVAL_MODES), seed=at_least(0))
+        for key in ("methods", "modes", "temperatures", "caps"):
+            v = getattr(self, key)
+            require(len(set(v)) == len(v), f"verify.{key}={list(v)}: named twice")
+
+
+@dataclass
 class PaperScale:
     """Paper-scale settings: an external target checkpoint instead of the embedded default (empty for tiny/mini)."""
     target_env: str = ""  # env var holding the target checkpoint path (`--target` overrides)
@@ -140,6 +168,7 @@ class Profile:
     train: TrainConfig = field(default_factory=TrainConfig)  # drafter training (every run of the ablation)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ablation: AblationSpec = field(default_factory=AblationSpec)  # the runs and how they are reported
+    verify: VerifyConfig = field(default_factory=VerifyConfig)  # the verification-mode study (`--stage verify`)
     scale: PaperScale = field(default_factory=PaperScale)  # paper-scale target/training (empty: embedded)
 
     def __post_init__(self):

@@ -32,6 +32,7 @@ def tiny() -> Profile:
         train=TrainConfig(steps=150, batch_size=8, max_len=224, anchors_per_seq=32, save_every=50),
         ablation=dict(continue_steps=50, seeds=(0,)),  # one seed: the 2-core CPU budget
         eval=dict(sets={"humaneval": 24}, new_tokens=64),
+        verify=dict(caps=(1, 8), prompts=24, small_cap_prompts=4, repeats=1, max_new_tokens=64),
     )
 
 
@@ -48,6 +49,7 @@ def smoke() -> Profile:
         ablation=dict(continue_steps=3, seeds=(0, 1), budgets=(2, 4), curve=("dflash", "zero_init_residual")),
         eval=dict(sets={"humaneval": 4}, subsets={"humaneval8": ("humaneval", 3)}, new_tokens=12, batch=8,
                   temperatures=(0.0, 1.0), modes=("natural", "fixed")),
+        verify=dict(caps=(1, 4), prompts=4, small_cap_prompts=2, repeats=1, max_new_tokens=12),
     )
 
 
@@ -71,6 +73,7 @@ def mini() -> Profile:
                       curve=("dflash", "fusion", "zero_init_residual")),
         eval=dict(sets={"humaneval": 164}, new_tokens=256, batch=164, temperatures=(0.0, 0.6, 1.0),
                   modes=("natural", "fixed")),
+        verify=dict(caps=(1, 32), prompts=164, small_cap_prompts=16, repeats=2, max_new_tokens=256),
     )
 
 

@@ -1,7 +1,8 @@
 """The engine on a GPU (skipped without CUDA): CUDA-graphed rounds are lossless and equal the eager loop, the steady
-state never synchronises with the host, hybrid targets decode losslessly, and the flex-attention drafter backend
-proposes what the dense-mask backend proposes. Training on a GPU: the compiled pretraining and drafter-training paths
-(flex block mask with its backward pass) follow the eager ones."""
+state never synchronises with the host, hybrid targets decode losslessly, the flex-attention drafter backend
+proposes what the dense-mask backend proposes, and the verify modes (sampled drafts, speculative sampling, block
+verification) run inside the graphs without a sync and keep the target's law. Training on a GPU: the compiled
+pretraining and drafter-training paths (flex block mask with its backward pass) follow the eager ones."""
 import numpy as np
 import pytest
 import torch
@@ -153,6 +154,65 @@ def test_fused_graphed_rounds_are_lossless(name, monkeypatch):
     assert [r.accepted for r in eager] == [r.accepted for r in res]
 
 
+@pytest.mark.parametrize("name", ["mtp", "dflash", "zero_init_residual", "dmtp_d2"])
+@pytest.mark.parametrize("verify", ["sample", "block"])
+def test_verify_modes_graphed_equal_eager(gpu_models, name, verify, monkeypatch):
+    """Sampled drafts and their acceptance run inside the CUDA graphs on randomness drawn before the round: graphed and
+    eager loops emit the same tokens and accept counts from the same seed; at T = 0 the mode is greedy."""
+    tgt, mtp = gpu_models
+    m = method(name, tgt, mtp)
+    res = generate(tgt, m, PROMPTS * 3, 1.0, 30, seed=7, verify=verify)
+    monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
+    eager = generate(tgt, m, PROMPTS * 3, 1.0, 30, seed=7, verify=verify)
+    assert [r.output_ids for r in res] == [r.output_ids for r in eager]
+    assert [r.accepted for r in res] == [r.accepted for r in eager]
+    monkeypatch.setenv("DMTP_CUDA_GRAPHS", "1")
+    greedy = generate(tgt, m, PROMPTS, 0.0, 37, verify=verify)
+    assert [r.output_ids for r in greedy] == [hf(tgt, p, 37) for p in PROMPTS]
+    got = serve(tgt, m, PROMPTS + [[7, 7, 7], [60]], 2, 1.0, 25, seed=3, verify=verify)
+    assert all(1 <= len(r.output_ids) <= 25 for r in got)
+
+
+@pytest.mark.parametrize("name", ["mtp", "dflash", "zero_init_residual", "dmtp_d2"])
+@pytest.mark.parametrize("verify", ["sample", "block"])
+def test_verify_modes_never_sync(gpu_models, name, verify):
+    """Steady-state rounds with sampled drafts and speculative / block acceptance issue no synchronising CUDA call,
+    also while the host matches stop strings on each round's tokens (a stop that never occurs)."""
+    from test_stops import TABLE
+
+    from dmtp.engine.stops import StopStrings
+
+    tgt, mtp = gpu_models
+    b = Batch(tgt, method(name, tgt, mtp), PROMPTS, 1.0, 200, set(), torch.Generator("cuda").manual_seed(0),
+              stop=StopStrings(["\n#"], TABLE), verify=verify)
+    b.step()
+    assert b.graphs.enabled and {"verify", "accept", "drafter"} <= set(b.graphs.graphs)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(6):
+            b.step()
+            b.poll()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(len(r.output_ids) >= 7 for r in b.results)
+
+
+@pytest.mark.parametrize("name", ["mtp", "zero_init_residual", "dmtp_d2"])
+def test_verify_modes_keep_the_target_law_on_gpu(name):
+    """Through the graphed engine: 4000 samples of the first 3 tokens at T = 2 per mode, chi-square of every
+    position's marginal against the exact law (as tests/test_verify.py does on CPU)."""
+    from test_verify import chi2_pvalue, position_laws
+
+    tgt, mtp = on_cuda("qwen3_5")
+    marg, _ = position_laws(tgt, [5, 7, 9], 2.0)
+    m = method(name, tgt, mtp)
+    for verify in ("sample", "block"):
+        res = generate(tgt, m, [[5, 7, 9]] * 4000, 2.0, 3, seed=5, verify=verify)
+        seqs = np.array([r.output_ids for r in res])
+        for pos in range(3):
+            pv = chi2_pvalue(np.bincount(seqs[:, pos], minlength=tgt.vocab_size), marg[pos] * len(seqs))
+            assert pv > 1e-4, (name, verify, pos, pv)
 # --- compiled training (dmtp.training): the GPU paths against the eager ones ---------------------------------------
 def _train_drafters(tgt, mtp, names, flag, out):
     """4 logged steps of tiny drafters side by side on 12 random sequences (fp32)."""

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from dmtp.experiment import read_experiment
 from dmtp.io import read_jsonl
 
 
@@ -98,10 +99,39 @@ def test_results_older_than_their_model_are_redone(run):
     assert rec.stat().st_mtime >= done.stat().st_mtime and other.stat().st_mtime_ns == before
 
 
+def test_verify_stage_and_its_report_section(run):
+    """`--stage verify` (opt-in) decodes the profile's verify study into results/<p>/verify; the report renders it."""
+    root, cmd, _ = run
+    study = ["--set", 'verify.methods=["ar","mtp","zero_init_residual"]', "--set", "verify.temperatures=[1.0]"]
+    p = subprocess.run(cmd + ["--stage", "verify"] + study, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = root / "results" / "smoke"
+    for m in ("ar", "mtp", "zero_init_residual"):
+        for v in ("target", "sample", "block"):
+            recs = read_jsonl(res / "verify" / "runs" / m / v / "humaneval_T1.jsonl")
+            assert len(recs) == 4 and {r["verify"] for r in recs} == {v} and {r["method"] for r in recs} == {m}
+            assert {r["mode"] for r in recs} == {"natural"}  # HumanEval's stop strings end requests
+            assert all(r["stop_reason"] in ("eos", "stop", "length") for r in recs)
+    assert (res / "verify" / "throughput.csv").exists()
+    assert read_experiment(res / "experiment.json").verify.temperatures == (1.0,)
+    meta = json.loads((res / "verify" / "runs" / "mtp" / "block" / "humaneval_T1.meta.json").read_text())
+    assert meta["fingerprint"]["run"] == {"method": "mtp", "verify": "block", "temperature": 1.0}
+    p = subprocess.run(cmd + ["--stage", "verify", "--set", "verify.max_new_tokens=5"] + study, capture_output=True,
+                       text=True, timeout=600)  # other settings than the recorded ones: refused before any work
+    assert p.returncode == 2 and "verify.max_new_tokens: 12 -> 5" in p.stderr, p.stderr[-2000:]
+    p = subprocess.run(cmd + ["--stage", "verify", "--set", "verify.methods=ar,nope"], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 2 and "verify.methods: nope not runs of ablation 'code'" in p.stderr, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-m", "dmtp.cli.report", "report", "--profile", "smoke", "--results",
+                        str(root / "results")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = (res / "REPORT.md").read_text()
+    assert "Verification at T > 0" in text and "figures/verify_T1.png" in text
+
+
 def test_a_subset_of_runs(run, tmp_path):
     """`--set ablation.only=...`: only those runs are evaluated (no marker files anywhere); the resolved experiment,
     subset included, is written beside the results; a continued run without its source is refused up front."""
-    from dmtp.experiment import read_experiment
 
     root, cmd, _ = run
     p = subprocess.run(cmd[:-2] + ["--results", str(tmp_path), "--stage", "eval", "--set", "ablation.only=ar,dflash",

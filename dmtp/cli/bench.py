@@ -9,7 +9,8 @@ overhead.csv    ms per round by stage (drafter, mtp, t1_prep, drafter_ctx, verif
                 `--tokens` generated tokens ignoring EOS, the first 16 rounds excluded; with --paper-shape the same
                 at a Qwen3-8B-sized target with random weights (methods "8b-shape:<name>", timing only)
 throughput.csv  total output tokens / wall time of the whole request group at each batch cap (natural EOS), with
-                dynamic batching (`decode.serve`: a finished request's slot goes to the next one at once)
+                dynamic batching (`decode.serve`: a finished request's slot goes to the next one at once);
+                `--verify target,sample,block` adds rows `<method>+<mode>` per verify mode (engine/verify.py)
 hf.csv          the same requests, batch 1, T = 0: the engine vs a plain HF `generate` loop (DynamicCache, no graphs),
                 tokens/s, whether outputs are identical, and AR's HBM bound (bytes read per token / bandwidth)
 screen.csv      the screened T1 head (`screen.T1Screen`): T1 agreement with the exact head, first-token acceptance
@@ -43,6 +44,7 @@ from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import Method, Server, build_method, capacity_for, generate, load_method, no_timer
 from dmtp.engine.fuse import fuse
+from dmtp.engine.verify import MODES as VERIFY_MODES
 from dmtp.experiment import torch_dtype
 from dmtp.io import write_meta, write_text
 from dmtp.models.drafter import Drafter, DrafterConfig
@@ -118,6 +120,15 @@ def stage_times(tgt, m, prompts, tokens, skip=16):
     ms = m.timer.ms_per_round(skip)
     m.timer = no_timer
     return ms, res
+
+
+def verify_modes(s: str) -> list[str]:
+    """argparse type: comma-separated verify modes (engine/verify.py)."""
+    modes = names(s)
+    bad = [m for m in modes if m not in VERIFY_MODES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown verify mode {bad[0]!r}; modes: {', '.join(VERIFY_MODES)}")
+    return modes
 
 
 def timed(dev, fn, *args, **kw):
@@ -317,24 +328,27 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
 
 
 def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
-    """Throughput at each batch cap with dynamic batching, natural EOS; throughput.csv written after every cap."""
+    """Throughput at each batch cap with dynamic batching, natural EOS; throughput.csv written after every cap. Each
+    method runs once per `--verify` mode (rows other than target: `<method>+<mode>`, column `verify`)."""
     a = b.a
     rows, reqs = [], b.prompts[: a.prompts]
     for temp in a.temperatures:
-        for name in methods:
+        for name, v in [(n, v) for n in methods for v in a.verify]:
             m = b.method(name)
+            run_name = name if v == "target" else f"{name}+{v}"
             capacity = capacity_for(reqs, a.max_new_tokens, m.k)
             for cap in a.caps:
                 # a server per cap; its first group (cap requests) captures the graphs, as at server start-up
-                srv = Server(b.tgt, m, cap, capacity, temp, a.max_new_tokens, b.eos, seed=0)
+                srv = Server(b.tgt, m, cap, capacity, temp, a.max_new_tokens, b.eos, seed=0, verify=v)
                 srv.run(reqs[:cap])
                 res, wall = timed(b.dev, srv.run, reqs)
                 n_out = sum(len(r.output_ids) for r in res)
                 tau = acceptance_length([x for r in res for x in r.accepted])
-                rows.append({"method": name, "temperature": temp, "batch_cap": cap, "dataset": "humaneval",
+                rows.append({"method": run_name, "temperature": temp, "batch_cap": cap, "dataset": "humaneval",
                              "batching": "dynamic", "requests": len(reqs), "output_tokens": n_out, "wall_s": wall,
-                             "tok_per_s": n_out / wall, "per_verify": tau})
-                print(f"[bench] throughput {name} T={temp:g} B{cap}: {n_out / wall:.1f} tok/s (tau/verify {tau:.2f})")
+                             "tok_per_s": n_out / wall, "per_verify": tau, "verify": v})
+                print(f"[bench] throughput {run_name} T={temp:g} B{cap}: {n_out / wall:.1f} tok/s "
+                      f"(tau/verify {tau:.2f})")
                 write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
                 srv = None  # frees its slots (caches, graphs) before the next cap
     return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup)
@@ -423,6 +437,8 @@ def main(argv=None):
     p.add_argument("--prompts", type=at_least(1), default=164, help="HumanEval prompts for the throughput runs")
     p.add_argument("--max-new-tokens", type=at_least(1), default=256)
     p.add_argument("--temperatures", type=listed(number(0)), default=[0.0, 1.0])
+    p.add_argument("--verify", type=verify_modes, default=["target"],
+                   help="throughput part: verify modes (target,sample,block); rows other than target: <method>+<mode>")
     p.add_argument("--hf-prompts", type=at_least(1), default=4)
     p.add_argument("--bandwidth", type=number(0, open_lo=True), default=4.3e12,
                    help="HBM bytes/s for the AR bound (H200: ~4.3e12)")

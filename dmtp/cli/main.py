@@ -4,6 +4,7 @@
     dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \
         --max-new-tokens 128 --out out.jsonl
     dmtp generate --target PATH --method mtp --dataset gsm8k [--data-path FILE] --out gsm8k.jsonl
+    dmtp generate ... --temperature 1 --verify block   # drafts sampled, block verification (target | sample | block)
     dmtp generate --target PATH --method ar --prompts he.jsonl --mode natural --stop humaneval --out out.jsonl
     dmtp train --target PATH --data tokens.jsonl --variants dflash,zero_init_residual --out DIR --steps 200
     dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
@@ -30,6 +31,7 @@ from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import build_method
 from dmtp.engine.runner import MODES, mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
+from dmtp.engine.verify import MODES as VERIFY_MODES
 from dmtp.experiment import drafter_config, torch_dtype
 from dmtp.io import append_jsonl, iter_jsonl, read_jsonl, write_meta
 from dmtp.models.drafter import Drafter, DrafterConfig
@@ -200,7 +202,8 @@ def cmd_generate(a):
         max_new_tokens=a.max_new_tokens, mtp_steps=a.mtp_steps if a.method == "mtp" else None,
         batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset, mode=a.mode, stop=stops,
         prompts=str(Path(a.prompts).resolve()) if a.prompts else None,
-        data_path=str(Path(a.data_path).resolve()) if a.data_path else None))
+        data_path=str(Path(a.data_path).resolve()) if a.data_path else None,
+        **({"verify": a.verify} if a.verify != "target" else {})))  # (target: outputs of earlier versions resume)
     done = resume_records(out, meta, want, a.force)
     config = {k: v for k, v in vars(a).items() if k != "fn"}
     mtbench = dataset == "mtbench"  # two turns, the second on the model's own first answer
@@ -222,10 +225,10 @@ def cmd_generate(a):
         chunk = prompts[i: i + a.batch_size]
         if mtbench:
             recs = mtbench_generate(tgt, method, tok, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size,
-                                    a.seed + i, mode=a.mode)
+                                    a.seed + i, mode=a.mode, verify=a.verify)
         else:
             recs = run_generate(tgt, method, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed + i,
-                                tok, mode=a.mode, stop_strings=stops)
+                                tok, mode=a.mode, stop_strings=stops, verify=a.verify)
             for r, p in zip(recs, chunk):  # prompt + output: a training sequence for `dmtp train --data`
                 r.update(prompt_ids=p["prompt_ids"], **({"dataset": p["dataset"]} if dataset else {}))
         append_jsonl(out, [r for r in recs if r["id"] not in done])
@@ -336,6 +339,9 @@ def main(argv=None):
                    "$DMTP_DATA_<NAME>, else the HF cache (offline)")
     g.add_argument("--n", type=args.at_least(1), help="only the first N prompts")
     g.add_argument("--temperature", type=args.number(0), default=0.0, help="0: greedy; > 0: sampling")
+    g.add_argument("--verify", default="target", choices=list(VERIFY_MODES),
+                   help="target: argmax drafts, the target samples its own tokens (default); sample: drafts sampled, "
+                   "token-wise speculative sampling; block: drafts sampled, block verification (equal at T = 0)")
     g.add_argument("--max-new-tokens", type=args.at_least(1), default=128)
     g.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
     g.add_argument("--batch-size", type=args.at_least(1), default=16)

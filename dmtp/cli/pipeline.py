@@ -3,6 +3,7 @@
     dmtp pipeline --profile tiny                  # 2-core CPU, <= 15 min; what `make ablation-code` runs
     dmtp pipeline --profile mini --stage target   # one H200 (then `--stage all` for the rest)
     dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r     # CI smoke, seconds
+    dmtp pipeline --profile mini --stage verify   # opt-in: verification modes at T > 0 (dmtp/cli/verify.py)
 
 Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
 and is skipped when its output exists (evaluation runs: and is newer than the checkpoint they measure, so results
@@ -34,6 +35,7 @@ from dmtp.analysis.metrics import acceptance_length
 from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.analysis.report import render_tables
 from dmtp.checks import require
+from dmtp.cli import verify as verify_study
 from dmtp.cli.stages import Unit, fingerprint, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
@@ -44,7 +46,7 @@ from dmtp.data.prompts import code_prompts
 from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.decode import build_method, load_method
-from dmtp.engine.runner import run_generate
+from dmtp.engine.runner import run_generate, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import Profile, drafter_config, torch_dtype, write_experiment
 from dmtp.io import atomic_dir, read_jsonl, write_json, write_jsonl, write_meta, write_text
@@ -57,6 +59,7 @@ from dmtp.training.pretrain import build_target, evaluate, pretrain
 from experiments.profiles import get_profile
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
+OPTIONAL = ["verify"]  # run only when named (`--stage verify`): verification modes at T > 0, results/<p>/verify
 PARALLEL = ["target", "data", "drafters"]  # the stages that run under torchrun (the others: one process)
 
 
@@ -477,6 +480,33 @@ def lossless_check(c: Ctx):
     return rows
 
 
+def st_verify(c: Ctx):
+    """The profile's verification-mode study (`dmtp.cli.verify`, settings `verify.*`): every method x verify mode x
+    temperature group not already made with the same settings after the model it measures, in the study's evaluation
+    mode `verify.eval_mode` (natural: end-of-text or the eval stage's stop strings `eval.stops`; fixed: exactly
+    `verify.max_new_tokens`)."""
+    write_experiment(c.res / "experiment.json", c.p)  # the report orders the study's rows by it
+    v, out = c.p.verify, c.res / "verify"
+    plan = list(zip(verify_study.groups(v), units(c, "verify")))
+    todo = [g for g, u in plan if not (c.check(u) and fresh(u.outputs[0], _model_done(c, g[0])))]
+    if not todo and (out / "throughput.csv").exists() and (out / "oracle.csv").exists():
+        return
+    tgt, mtp = c.target()
+    tok = c.tok
+    want = {g: u.want for g, u in plan}
+    verify_study.study(tgt, mtp, drafters_dir(c, c.p.ablation.seeds[0]), verify_study.humaneval_ids(tok, v.prompts),
+                       v, out, [tok.eos_token_id], c.p.eval.mtp_steps,
+                       stop=stop_spec(tgt, tok, v.eval_mode, stop_strings(c.p, v.eval_mode)),
+                       todo=todo, want=lambda *g: want[g], log=c.log)
+
+
+def _model_done(c: Ctx, run: str) -> Path:
+    """The checkpoint a verify-study run is measured on (the first drafter seed's; results older than it are
+    redone)."""
+    a = c.p.ablation
+    return c.work / "target" / "DONE" if run in a.baselines else drafters_dir(c, a.seeds[0]) / run / "DONE"
+
+
 def st_tables(c: Ctx):
     write_experiment(c.res / "experiment.json", c.p)
     write_subsets(c)
@@ -566,6 +596,18 @@ def units(c: Ctx, stage: str) -> list[Unit]:
                      "step": k})
             out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
         return out
+    if stage == "verify":  # one unit per (method, verify mode, temperature) group of the study, first drafter seed
+        out, v, seed = [], c.p.verify, a.seeds[0]
+        study = fingerprint(verify_study.group_settings(v))  # `verify.*` minus which groups run
+        for m, mode, t in verify_study.groups(v):
+            path = verify_study.group_path(c.res / "verify", m, mode, t)
+            model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
+            want = dict(model, **{"model.dtype": c.p.model.dtype, "verify": study},
+                        **({"eval.mtp_steps": c.p.eval.mtp_steps} if m == "mtp" else {}),
+                        **({"eval.stops": list(stop_strings(c.p, "natural"))} if v.eval_mode == "natural" else {}),
+                        run={"method": m, "verify": mode, "temperature": t})
+            out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
+        return out
     return []
 
 
@@ -580,6 +622,12 @@ def runnable(p: Profile, stages: list[str]) -> None:
     if "eval" in stages:
         total = len(humaneval_prompts())
         require(sets.get("humaneval", 0) <= total, f"eval.sets={sets}: HumanEval has {total} problems")
+    if "verify" in stages:  # the study's runs must be runs of the ablation (trained by the drafters stage)
+        v, total, runs = p.verify, len(humaneval_prompts()), p.ablation.runs()
+        require(v.prompts <= total, f"verify.prompts={v.prompts}: HumanEval has {total} problems")
+        bad = [m for m in v.methods if m not in runs]
+        require(not bad, f"verify.methods: {', '.join(bad)} not runs of ablation {p.ablation.name!r} "
+                f"({', '.join(runs)})")
     need, arch = p.data.prompt_tokens + p.data.new_tokens + 16, p.model.arch
     require(need <= arch.max_position_embeddings, f"data.prompt_tokens + data.new_tokens (+ one verify block) = "
             f"{need} exceeds model.arch.max_position_embeddings={arch.max_position_embeddings}")
@@ -590,14 +638,14 @@ def runnable(p: Profile, stages: list[str]) -> None:
 
 
 RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "data": st_data,
-       "drafters": st_drafters, "eval": st_eval, "curve": st_curve, "tables": st_tables}
+       "drafters": st_drafters, "eval": st_eval, "curve": st_curve, "tables": st_tables, "verify": st_verify}
 
 
 def main(a):
     stages = STAGES if a.stage == "all" else a.stage.split(",")
     for s in stages:
         if s not in RUN:
-            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
+            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES + OPTIONAL)}")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not set(stages) <= set(PARALLEL):
         raise ValueError(f"under torchrun only the stages {','.join(PARALLEL)} run (data-parallel); run "
                          f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")

@@ -7,7 +7,9 @@ A round (SPEC §6), for a batch of requests each at its own anchor position a (A
     emit y_0..y_n                                  # = T1..Tn + correction (or bonus when n = k)
     method.commit(n)                               # advance MTP / drafter context over committed rows only
 Every emitted token is the target's own choice given the committed prefix, so at T = 0 the output is the target's
-greedy output and at T > 0 it is distributed exactly as the target's samples (target-only verification).
+greedy output and at T > 0 it is distributed exactly as the target's samples (target-only verification). With
+`verify="sample"` or `"block"` at T > 0 the drafts are samples of each drafter's tempered distribution and the
+round accepts by speculative sampling or block verification instead (`verify.py`); the law of the output is the same.
 
 The engine (docs/DESIGN.md, "Decode engine"):
   - caches are preallocated (`cache.KVCache`); rejecting candidates is not advancing a length, never a copy;
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dmtp.engine import verify as V
 from dmtp.engine.graphs import Graphs
 from dmtp.engine.stops import StopStrings, cut_rounds
 from dmtp.models.cache import KVCache
@@ -66,16 +69,18 @@ def no_timer(stage: str):
 # --- native MTP state -------------------------------------------------------------------------------------------
 class MTPState:
     """Private MTP KV cache and h = the MTP hidden g at position a-1 (the one that predicts the next T1), kept in
-    place. T1 = argmax LMHead(h) is computed where it is used (`t1_head`), and kept in `t1`."""
+    place. T1 = argmax LMHead(h) (or a sample, `verify.Draw`) is computed where it is used (`t1_head`), kept in `t1`."""
 
-    def __init__(self, head, batch, capacity, screen=None):
+    def __init__(self, head, batch, capacity, screen=None, draw: V.Draw | None = None):
         self.head, self.cache, self.screen = head, KVCache(batch, capacity), screen
+        self.draw = draw or V.Draw()
         self.h = None  # [B, H]
         self.t1 = None  # [B]
 
     def t1_head(self, h):
-        """T1 from h: the target's LM head and argmax, or the screened head (`screen.T1Screen`) when set."""
-        t1 = self.head.target.lm_head(h).argmax(-1) if self.screen is None else self.screen(h)
+        """T1 from h: the target's LM head and argmax (a sample when drafting by sampling), or the screened head
+        (`screen.T1Screen`) when set."""
+        t1 = self.draw.pick(self.head.target.lm_head(h), 0) if self.screen is None else self.screen(h)
         self.t1.copy_(t1)
         return self.t1
 
@@ -107,13 +112,14 @@ class MTPState:
 
     @torch.no_grad()
     def chain(self, lens, k):
-        """MTP-k: T1 from h, then k-1 chained steps feeding g back as the hidden (tentative rows at a..)."""
+        """MTP-k: T1 from h, then k-1 chained steps feeding g back as the hidden (tentative rows at a..); each step
+        consumes the token just drafted (argmax, or its sample: the chain is an autoregressive proposal)."""
         tok = self.t1_head(self.h)
         cands, g = [tok.clone()], self.h
         for j in range(1, k):
             pos = (lens + j - 1)[:, None]
             g = self.head(self.head.target.embed(tok[:, None]), g[:, None], pos, self.cache)[:, 0]
-            tok = self.head.target.lm_head(g).argmax(-1)
+            tok = self.draw.pick(self.head.target.lm_head(g), j)
             cands.append(tok)
         return torch.stack(cands, 1)
 
@@ -127,6 +133,7 @@ class Method:
     k = 0  # candidates per round
     taps = None  # target layers the method needs
     timer = staticmethod(no_timer)  # stage timer (benchmarks set it)
+    draw = V.Draw()  # argmax drafts; the owning batch sets its own (`verify.Draw`: samples when verifying by sampling)
     graphable = True  # every stage obeys graphs.py's rules (a wrapper that inspects state on the host: False)
 
     def run(self, stage, fn, *inputs):
@@ -156,7 +163,7 @@ class MTPMethod(Method):
         self.name, self.k, self.head, self.screen = "mtp", k, head, screen
 
     def prefill(self, st, ids, plen, out):
-        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen)
+        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen, self.draw)
         self.mtp.prefill(ids, plen, st.anchor, out.hidden)
 
     def propose(self, st):  # the chained MTP is this method's drafter
@@ -202,7 +209,7 @@ class DrafterMethod(Method):
         self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
         g = None
         if self.var.needs_mtp:
-            self.mtp = MTPState(self.head, B, st.capacity, self.screen)
+            self.mtp = MTPState(self.head, B, st.capacity, self.screen, self.draw)
             g = self.mtp.prefill(ids, plen, st.anchor, out.hidden)
         self._write_ctx(out.taps, g, torch.zeros_like(plen))
 
@@ -217,7 +224,11 @@ class DrafterMethod(Method):
         bpos = lens[:, None] + self.offsets
         ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
         hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
-        return d.select(tgt.lm_head(hid), hid, prev)  # argmax, or the DFlash2 path walked from A / T1
+        logits, pos = tgt.lm_head(hid), int(self.var.t1)  # draft position of the first predicting slot
+        if not self.draw.sampling:
+            return d.select(logits, hid, prev)  # argmax, or the DFlash2 path walked from A / T1
+        # samples: every slot from the one parallel pass (q_j depends on the block input only), or the DFlash2 walk
+        return self.draw.pick(logits, pos) if d.selector is None else self.draw.walk(d.selector, logits, hid, prev, pos)
 
     @torch.no_grad()
     def propose(self, st):
@@ -305,15 +316,20 @@ class Batch:
     """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`, and the
     device-side record of outputs. `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling
     newcomers as a batch of their own and moving their rows into the free slots (`absorb`). `stop`: stop strings
-    matched on the host (`stops.py`); a request ends a round or two after its stop string and is cut exactly."""
+    matched on the host (`stops.py`); a request ends a round or two after its stop string and is cut exactly.
+    `verify`: target | sample | block (`verify.py`)."""
     @torch.no_grad()
     def __init__(self, target, method: Method, prompts, temperature, max_new_tokens, eos, gen, capacity=None,
-                 t0=None, graphs: bool | None = None, stop: StopStrings | None = None):
+                 t0=None, graphs: bool | None = None, stop: StopStrings | None = None, verify: str = "target"):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         dev = self.dev = target.device
         self.target, self.method = target, copy.copy(method)  # the copy holds this batch's MTP / drafter state
         self.temperature, self.max_new_tokens, self.gen = temperature, max_new_tokens, gen
+        self.draw = self.method.draw = V.Draw(verify, temperature, gen)  # this batch's drafts: argmax or samples
+        if self.draw.sampling and getattr(method, "screen", None) is not None:
+            raise ValueError(f"verify={verify!r} needs the full T1 distribution; the screened T1 head gives its argmax "
+                             "only (use verify='target' with a screen)")
         self.t0 = time.perf_counter() if t0 is None else t0
         B, k = len(prompts), method.k
         plen = torch.tensor([len(p) for p in prompts], device=dev)
@@ -438,11 +454,16 @@ class Batch:
         """One round for every live request (finished ones ride along; their rows are ignored)."""
         st, method = self.st, self.method
         with method.timer("round"):
+            if self.draw.sampling:  # this round's races and uniforms, drawn before any stage reads them
+                self.draw.refill(st.lens.shape[0], method.k, self.target.vocab_size, self.dev)
             cands = method.propose(st)  # [B, k]
             out, y = self._run("verify", self._verify, st.anchor, cands, st.lens)
-            if y is None:
-                y = _pick(out.logits, self.temperature, self.gen)  # [B, k+1]: the target's token after each prefix
-            n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
+            if self.draw.sampling:  # speculative sampling / block verification against the drafts' q
+                y, n_acc = self._run("accept", self.draw.accept, out.logits, cands)
+            else:  # target-only: the target's own token after each prefix, the longest matching prefix accepted
+                if y is None:
+                    y = _pick(out.logits, self.temperature, self.gen)  # [B, k+1]
+                n_acc = (cands == y[:, : method.k]).long().cumprod(1).sum(1)  # [B]
             live = ~st.done
             self._record(y, n_acc, live)
             if self.target.hybrid:
@@ -489,12 +510,13 @@ class Batch:
 @torch.no_grad()
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
              max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None,
-             stop: StopStrings | None = None) -> list[Result]:
+             stop: StopStrings | None = None, verify: str = "target") -> list[Result]:
     """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt.
-    A request ends at an id in `eos_ids`, at a stop string of `stop` (`stops.py`), or at `max_new_tokens`."""
+    A request ends at an id in `eos_ids`, at a stop string of `stop` (`stops.py`), or at `max_new_tokens`.
+    `verify`: target (default) | sample | block — how drafts are drawn and accepted at T > 0 (`verify.py`)."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
-                  stop=stop)
+                  stop=stop, verify=verify)
     while not batch.finished:
         batch.step()
         if progress is not None:
@@ -507,12 +529,14 @@ class Server:
     finished, the next ones in arrival order are prefilled together and take their slots. The slots (caches, state,
     CUDA graphs) outlive a `run`, so a server captures its graphs once — as a serving engine does at start-up — and
     later request groups replay them. Slots = the first group's size, at most `cap`; `capacity` bounds prompt +
-    `max_new_tokens` (+ 2 blocks) of every request."""
+    `max_new_tokens` (+ 2 blocks) of every request; `verify` as in `generate`."""
 
     def __init__(self, target, method: Method, cap: int, capacity: int, temperature: float = 0.0,
-                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, stop: StopStrings | None = None):
+                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, stop: StopStrings | None = None,
+                 verify: str = "target"):
         if cap < 1:
             raise ValueError("batch cap must be >= 1")
+        self.verify = V.check(verify)
         self.target, self.method, self.cap, self.capacity = target, method, cap, capacity
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.eos, self.stop = set(int(e) for e in eos_ids), stop
@@ -521,7 +545,7 @@ class Server:
 
     def _new(self, prompts, t0, graphs=None):
         return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,
-                     self.capacity, t0, graphs, self.stop)
+                     self.capacity, t0, graphs, self.stop, self.verify)
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -558,7 +582,9 @@ class Server:
 
 @torch.no_grad()
 def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
-          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, stop: StopStrings | None = None) -> list[Result]:
+          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, stop: StopStrings | None = None,
+          verify: str = "target") -> list[Result]:
     """Dynamic batching of one request group (a `Server` used once)."""
     capacity = capacity_for(prompts, max_new_tokens, method.k)
-    return Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed, stop).run(prompts)
+    return Server(target, method, cap, capacity, temperature, max_new_tokens, eos_ids, seed, stop,
+                  verify).run(prompts)

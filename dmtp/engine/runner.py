@@ -1,8 +1,9 @@
 """The one evaluation path: prompt dicts -> batched decoding through `decode.generate` -> output records.
 
-A record (the `dmtp generate` schema): `id, method, temperature, prompt_tokens, output_ids, accepted` (accepted draft
-count of every verify round), `n_candidates`, `wall_s`, `mode` and `stop_reason` (below), `output_text` when a
-tokenizer is given; every metric is derived from `accepted`.
+A record (the `dmtp generate` schema): `id, method, temperature, verify, prompt_tokens, output_ids, accepted`
+(accepted draft count of every verify round), `n_candidates`, `wall_s`, `mode` and `stop_reason` (below),
+`output_text` when a tokenizer is given; every metric is derived from `accepted`. `verify`: target | sample | block
+(`verify.py`).
 
 Evaluation modes, both through the one decode loop:
   natural  a request ends at an end-of-text id (`eos_ids`), at the first stop string in its completion
@@ -51,11 +52,12 @@ def cut_text(text: str, stop_strings) -> str:
 
 
 def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size, seed=0, tok=None,
-                 desc="generate", extra=None, shard=False, mode="natural", stop_strings=()):
+                 desc="generate", extra=None, shard=False, mode="natural", stop_strings=(), verify="target"):
     """Batched generation over prompt dicts -> output records in the `dmtp generate` schema. Batch i (prompts
     i*B..) is seeded with `seed + i*B`. `shard=True` under torchrun: rank r decodes batches r, r+W, ... and the
     records come back in prompt order on every rank, so the result does not depend on the number of ranks.
-    `mode` "natural" (default; with no stop strings: end-of-text or length) or "fixed" (module docstring)."""
+    `mode` "natural" (default; with no stop strings: end-of-text or length) or "fixed" (module docstring);
+    `verify`: target | sample | block (`engine/verify.py`)."""
     stop = stop_spec(tgt, tok, mode, stop_strings)
     eos_ids = list(eos_ids) if mode == "natural" else []
     rank, world = rank_world() if shard else (0, 1)
@@ -67,9 +69,9 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
     for i in mine:
         chunk = prompts[i: i + batch_size]
         res = generate(tgt, method, [p["prompt_ids"] for p in chunk], temperature, max_new_tokens, eos_ids,
-                       seed=seed + i, stop=stop)
+                       seed=seed + i, stop=stop, verify=verify)
         for p, r in zip(chunk, res):
-            rec = {"id": p["id"], "method": method.name, "temperature": temperature,
+            rec = {"id": p["id"], "method": method.name, "temperature": temperature, "verify": verify,
                    "prompt_tokens": len(p["prompt_ids"]), "output_ids": r.output_ids, "accepted": r.accepted,
                    "n_candidates": method.k, "wall_s": round(r.wall_s, 4), "mode": mode,
                    "stop_reason": r.stop_reason}
@@ -91,7 +93,7 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
 
 
 def mtbench_generate(tgt, method, tok, questions: list[dict], temperature: float, max_new_tokens: int, eos_ids,
-                     batch_size: int, seed: int = 0, mode: str = "natural") -> list[dict]:
+                     batch_size: int, seed: int = 0, mode: str = "natural", verify: str = "target") -> list[dict]:
     """MT-Bench, two turns, through the one decode loop (`run_generate`): turn 1 on q1; turn 2 on
     template(q1, the model's own answer 1, q2). One record per (question, turn) with `turn` and `question_id`;
     `id` = "<question_id>:t<turn>" so per-request acceptance is per turn."""
@@ -109,7 +111,7 @@ def mtbench_generate(tgt, method, tok, questions: list[dict], temperature: float
             prompts.append({"id": f"{q['id']}:t{turn}", "qid": q["id"], "prompt_ids": ids})
         got = run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size,
                            seed=seed + 1000 * turn, tok=tok, desc=f"mtbench turn {turn}", extra={"turn": turn},
-                           mode=mode)
+                           mode=mode, verify=verify)
         for p, r in zip(prompts, got):
             r.update(question_id=p["qid"], dataset="mtbench", prompt_ids=p["prompt_ids"])
             answer = tok.decode([t for t in r["output_ids"] if t not in set(eos_ids)], skip_special_tokens=True)

@@ -12,6 +12,7 @@ import pandas as pd
 
 from dmtp.analysis.ratios import read as read_ratios
 from dmtp.analysis.report import figures, summary, tables
+from dmtp.analysis.report import verify as verify_study
 from dmtp.analysis.report.data import Artifacts, load
 
 __all__ = ["Artifacts", "load", "tables", "figures", "summary", "render_tables", "render_figures", "render_report"]
@@ -82,6 +83,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += [f"## {title}", ""]
         out += [f"![{p.stem}](figures/{p.name})\n" for p in pngs]
         out += [p.read_text() for p in mds]
+    out += verify_study.render(art.root)  # the verification-mode study, when results/<profile>/verify exists
     ratios = read_ratios(art.root / "bench" / "ratios.json")  # by `dmtp.cli.bench`: each engine target, met or not
     if ratios:
         r = pd.DataFrame([{"target": x.target, "value": x.value, "goal": x.goal_text, "met": x.met, "note": x.note}

@@ -1,0 +1,154 @@
+"""The verification-mode study: every method x verify mode x temperature of a profile's `verify` settings
+(`dmtp.experiment.VerifyConfig`), decoded with dynamic batching at each batch cap (acceptance from the records,
+throughput from the wall time) in the study's evaluation mode (natural: a request ends at end-of-text or at one of
+HumanEval's stop strings; fixed: exactly `max_new_tokens`), beside the target-only ceiling. Run as a pipeline stage
+(opt-in, not part of `--stage all`); rendered by `dmtp.analysis.report.verify`.
+
+    dmtp pipeline --profile mini --stage verify                    # one H200, ~14 min (two temperatures)
+    dmtp pipeline --profile mini --stage verify --set verify.temperatures=0.6   # one temperature; reruns resume
+    dmtp pipeline --profile mini --stage verify --set verify.eval_mode=fixed   # fixed length (redoes every group)
+    make verify PROFILE=mini                                        # the stage, then the report
+    dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r --stage verify   # CPU, after the smoke pipeline, ~3 min
+
+results/<profile>/verify/
+  runs/<method>/<verify>/humaneval_T<t>.jsonl   one record per request and timed repeat at the largest cap (the
+                      `dmtp generate` schema with verify, mode, stop_reason, batch_cap, repeat; output_ids cut at the
+                      stop string as `run_generate` cuts them); .meta.json beside it: the group's
+                      fingerprint (the settings that made it), its throughput rows (every cap and repeat)
+  throughput.csv      method, verify, temperature, batch_cap, repeat, requests, output_tokens, wall_s, tok_per_s,
+                      per_verify (gathered from the groups' meta files)
+  oracle.csv          temperature, k, position, ceiling: the target-only ceiling along the ar trajectory
+                      (`dmtp.analysis.oracle.oracle_ceiling`; position 0 holds the acceptance-length ceiling)
+A group is kept when its records were made with the same settings after the models they measure, so a run cut
+short resumes.
+"""
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+from dmtp.analysis.metrics import acceptance_length
+from dmtp.analysis.oracle import oracle_ceiling
+from dmtp.cli.bench import timed
+from dmtp.data.datasets import encode_prompts
+from dmtp.data.humaneval import humaneval_prompts
+from dmtp.engine.decode import Server, capacity_for, load_method
+from dmtp.engine.stops import StopStrings
+from dmtp.experiment import VerifyConfig
+from dmtp.io import read_jsonl, write_jsonl, write_meta, write_text
+
+
+def groups(cfg: VerifyConfig) -> list[tuple[str, str, float]]:
+    """(method, verify, temperature) of every group, in run order."""
+    return [(m, v, t) for t in cfg.temperatures for m in cfg.methods for v in cfg.modes]
+
+
+def group_path(out: Path, method: str, verify: str, temperature: float, dataset: str = "humaneval") -> Path:
+    return out / "runs" / method / verify / f"{dataset}_T{temperature:g}.jsonl"
+
+
+def group_settings(cfg: VerifyConfig) -> dict:
+    """What makes a group's records, beside its method, mode and temperature (not which groups run)."""
+    return {k: v for k, v in vars(cfg).items() if k not in ("methods", "modes", "temperatures")}
+
+
+def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg: VerifyConfig, eos,
+              stop: StopStrings | None = None, log=print):
+    """One (method, verify, temperature): a Server per cap, its graphs captured on a first group of `cap` requests,
+    then `cfg.repeats` timed runs (the server's generator continues: every repeat draws fresh samples). `eos`, `stop`:
+    what ends a request (the pipeline passes the evaluation mode's: `runner.stop_spec`; fixed mode: neither). Returns
+    (records of the largest cap, throughput rows of every cap)."""
+    dev = tgt.device
+    eos = eos if cfg.eval_mode == "natural" else []
+    recs, rows = [], []
+    top = max(cfg.caps)
+    for cap in cfg.caps:
+        reqs = prompts[: cfg.prompts if cap == top else cfg.small_cap_prompts]
+        ids = [p["prompt_ids"] for p in reqs]
+        srv = Server(tgt, m, cap, capacity_for(ids, cfg.max_new_tokens, m.k), temperature, cfg.max_new_tokens, eos,
+                     seed=cfg.seed, stop=stop, verify=verify)
+        srv.run(ids[:cap])  # warm-up: graph capture, as at server start-up
+        for rep in range(cfg.repeats):
+            res, wall = timed(dev, partial(srv.run, ids))
+            n_out = sum(len(r.output_ids) for r in res)
+            tau = acceptance_length([a for r in res for a in r.accepted])
+            rows.append({"method": m.name, "verify": verify, "temperature": temperature, "batch_cap": cap,
+                         "repeat": rep, "requests": len(ids), "output_tokens": n_out, "wall_s": wall,
+                         "tok_per_s": n_out / wall, "per_verify": tau})
+            log(f"verify {m.name:<20} {verify:<6} T={temperature:g} B{cap} #{rep}: {n_out / wall:8.1f} tok/s, "
+                f"per-verify tau {rows[-1]['per_verify']:.3f}")
+            if cap == top:
+                recs += [{"id": p["id"], "method": m.name, "temperature": temperature, "verify": verify,
+                          "prompt_tokens": len(p["prompt_ids"]), "output_ids": r.output_ids, "accepted": r.accepted,
+                          "n_candidates": m.k, "wall_s": round(r.wall_s, 4), "mode": cfg.eval_mode,
+                          "stop_reason": r.stop_reason, "batch_cap": cap, "repeat": rep, "dataset": "humaneval"}
+                         for p, r in zip(reqs, res)]
+        del srv
+    return recs, rows
+
+
+def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out: Path, eos, mtp_steps: int = 4,
+          stop: StopStrings | None = None, todo: list[tuple[str, str, float]] | None = None, want=None, log=print):
+    """Decode the groups `todo` (default: every group of `cfg` without records under `out`), then write
+    throughput.csv and oracle.csv. `stop`: the natural mode's stop strings for the decode loop (None: none).
+    `want(method, verify, temperature)`: the fingerprint recorded in a group's meta (the pipeline's; None: none)."""
+    if todo is None:
+        todo = [g for g in groups(cfg) if not group_path(out, *g).exists()]
+    cache = {}
+    for name, v, temp in todo:
+        path = group_path(out, name, v, temp)
+        if name not in cache:  # a method object is reusable: each server works on a copy
+            cache[name] = load_method(name, tgt, mtp, drafters, mtp_steps)
+        t0 = time.time()
+        recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, stop, log)
+        fp = {} if want is None else {"fingerprint": want(name, v, temp)}
+        write_meta(path.with_suffix(".meta.json"), {"method": name, "verify": v, "temperature": temp,
+                                                     "study": vars(cfg)},
+                   wall_s=time.time() - t0, throughput=rows, **fp)  # before the records, as every run file
+        write_jsonl(path, recs)
+    gather(out)
+    if todo or not (out / "oracle.csv").exists():
+        ceilings(tgt, out, prompts, log)
+
+
+def gather(out: Path) -> Path:
+    """throughput.csv from every group's meta file."""
+    import pandas as pd
+
+    rows = [r for p in sorted((out / "runs").glob("*/*/*.meta.json")) for r in json.loads(p.read_text())["throughput"]]
+    path = out / "throughput.csv"
+    write_text(path, pd.DataFrame(rows).to_csv(index=False))
+    return path
+
+
+def ceilings(tgt, out: Path, prompts: list[dict], log=print):
+    """oracle.csv: the target-only ceiling at every temperature whose ar x target records exist (the trajectory),
+    for every number of candidates the methods under `out` draft (7, MTP415's 4)."""
+    if oracle_ceiling is None:
+        log("verify: dmtp.analysis.oracle is not available: no oracle.csv (the report's ceiling column stays empty)")
+        return
+    ks = sorted({read_jsonl(p)[0]["n_candidates"] for p in (out / "runs").glob("*/*/*.jsonl") if p.stat().st_size}
+                - {0})
+    ids = {p["id"]: p["prompt_ids"] for p in prompts}
+    rows = []
+    for path in sorted((out / "runs" / "ar" / "target").glob("humaneval_T*.jsonl")):
+        recs = [r for r in read_jsonl(path) if r["repeat"] == 0]
+        if not recs:
+            continue
+        temp = recs[0]["temperature"]
+        for k in ks:
+            c = oracle_ceiling(tgt, recs, ids, temp, k)
+            rows += [{"temperature": temp, "k": k, "position": j + 1, "ceiling": v}
+                     for j, v in enumerate(c["cumulative"])]
+            rows.append({"temperature": temp, "k": k, "position": 0, "ceiling": c["acceptance_length"]})
+    if rows:
+        import pandas as pd
+
+        write_text(out / "oracle.csv", pd.DataFrame(rows).to_csv(index=False))
+
+
+def humaneval_ids(tok, n: int) -> list[dict]:
+    """The first n HumanEval prompts as the eval stage encodes them (`datasets.encode_prompts`)."""
+    return encode_prompts(tok, humaneval_prompts(n))
