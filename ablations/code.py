@@ -19,6 +19,8 @@ def code(**over) -> AblationSpec:
         backbones={"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")},
         reference="token_only",  # the blog's ablation reports every row relative to this one
         main_method="zero_init_residual",  # DMTP (Nov 9 main method)
+        # every DMTP number of the blog predates the updates ("existing data unchanged", Nov 4): single-anchor fusion
+        blog_method="fusion",
         drafter_baseline="dflash",
         main_table=("ar", "mtp", "dflash", "zero_init_residual"),
         bench=("ar", "mtp", "dflash", "t1_residual", "zero_init_residual"),

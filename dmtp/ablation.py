@@ -33,7 +33,9 @@ class AblationSpec:
     backbones: dict[str, tuple[str, str]] = field(default_factory=dict)  # run -> (variant, drafter backbone),
     # trained from scratch beside the variants and evaluated with the main table (e.g. DFlash2 runs)
     reference: str = ""  # the row every other row is reported relative to (rel_to_<reference>, vs_<reference>)
-    main_method: str = ""  # our DMTP method: the blog's "dmtp" column, the bench ratio targets
+    main_method: str = ""  # our DMTP method (the current main method): the bench ratio targets
+    blog_method: str = ""  # the run the blog's DMTP numbers were measured with (its "dmtp" columns are compared
+    # with this row); "": the main method
     drafter_baseline: str = ""  # the DFlash baseline the main method is measured against (gain, vs_<it> columns)
     main_table: tuple[str, ...] = ()  # runs evaluated on every dataset (the others: on eval.all_methods_on only)
     bench: tuple[str, ...] = ()  # runs the engine benchmarks time when --methods is not given
@@ -53,7 +55,7 @@ class AblationSpec:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"ablation {self.name!r}: runs named twice: {dup}")
-        for key in ("reference", "main_method", "drafter_baseline"):
+        for key in ("reference", "main_method", "blog_method", "drafter_baseline"):
             v = getattr(self, key)
             if v and v not in names:
                 raise ValueError(f"ablation.{key} = {v!r} is not a run of the ablation ({', '.join(names)})")
@@ -113,6 +115,17 @@ class AblationSpec:
         """Position in report order; runs the spec does not name come after all of its own."""
         order = self.runs()
         return order.index(run) if run in order else len(order)
+
+    @property
+    def blog_run(self) -> str:
+        """The run set beside the blog's DMTP numbers: `blog_method`, else the main method."""
+        return self.blog_method or self.main_method
+
+    @property
+    def compared(self) -> tuple[str, ...]:
+        """The rows of the pairwise tests: the baselines that draft (all but "ar", the target alone), the main and
+        the control runs."""
+        return tuple(m for m in self.baselines if m != "ar") + self.main + self.controls
 
     def backbone_run(self, variant: str, backbone: str) -> str | None:
         """The run training `variant` on `backbone` (e.g. ("dflash", "dflash2") -> "dflash2"), or None."""

@@ -35,8 +35,9 @@ def test_every_stage_writes_its_artifacts(run):
                 assert {"id", "method", "temperature", "prompt_tokens", "output_ids", "accepted", "wall_s"} <= set(r)
                 assert r["method"] == m and len(r["output_ids"]) >= 1
             assert (res / "runs" / "ablation" / m / f"humaneval8_{t}.meta.json").exists()
-    lossless = (res / "tables" / "lossless_T0.csv").read_text().strip().splitlines()[1:]
-    assert lossless and all(row.split(",")[2] == row.split(",")[3] for row in lossless)  # n == identical
+    head, *lossless = (res / "tables" / "lossless_T0.csv").read_text().strip().splitlines()
+    n, same = head.split(",").index("n"), head.split(",").index("identical")
+    assert lossless and all(row.split(",")[n] == row.split(",")[same] for row in lossless)  # n == identical
     # every output records the configuration that made it; the pretraining state went once the target was saved
     work = root / "work" / "smoke"
     assert json.loads((work / "target" / "fingerprint.json").read_text())["fingerprint"]["model.arch"][
@@ -44,7 +45,8 @@ def test_every_stage_writes_its_artifacts(run):
     assert json.loads((work / "drafters" / "dflash" / "fingerprint.json").read_text())["fingerprint"]["train"][
         "steps"] == 6
     assert json.loads((res / "runs" / "ablation" / "ar" / "humaneval_T0.meta.json").read_text())["fingerprint"][
-        "run"] == {"dataset": "humaneval", "prompts": 4, "temperature": 0.0, "method": "ar"}
+        "run"] == {"dataset": "humaneval", "prompts": 4, "temperature": 0.0, "method": "ar", "mode": "natural",
+                   "seed": 0}
     assert not (work / "target_state").exists()
 
 

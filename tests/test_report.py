@@ -40,6 +40,7 @@ def hand(tmp_path):
     write(root, "ablation", "mtp", "humaneval8", 0, {"a": [4, 0]})  # k = 4 by default
     write(root, "main", "dflash", "gsm8k", 0, {"a": [1, 1], "b": [3]})  # 2, 4 -> 3
     write(root, "main", "zero_init_residual", "gsm8k", 0, {"a": [3, 3], "b": [5]})  # 4, 6 -> 5
+    write(root, "main", "fusion", "gsm8k", 0, {"a": [2, 2], "b": [4]})  # 3, 5 -> 4: the blog's DMTP model
     return tmp_path
 
 
@@ -75,16 +76,20 @@ def test_tables(hand, capsys):
     assert ab.loc["dflash", "blog_value"] == 3.360 and ab.loc["token_only", "rel_to_token_only"] == 0
     assert math.isnan(ab.loc["zero_init_residual", "blog_value"])
     assert ab.loc["dflash", "vs_token_only"] == pytest.approx(-1.5)  # (4-8 + 2-1) / 2
-    assert ab.loc["dflash", "vs_token_only_p"] == 1  # two pairs, exact sign flip
+    # two requests, d = (-4, +1): the request bootstrap's mean is >= 0 only for the draw (+1, +1), 1 in 4 -> p = 2/4
+    assert ab.loc["dflash", "vs_token_only_p"] == pytest.approx(0.5, abs=0.03)
     assert ab.loc["zero_init_residual", "vs_dflash"] == pytest.approx(5.0)  # (8-4 + 8-2) / 2
     assert ab.loc["dflash", "per_verify"] == pytest.approx(1 + 7 / 3)
     assert ab.loc["dflash", "n_requests"] == 2 and ab.loc["dflash", "n_rounds"] == 3
 
     main = csv(hand, "main_acceptance").set_index(["experiment", "dataset"])
     g = main.loc[("main", "gsm8k")]
-    assert (g.dflash, g.dmtp, g.gain_pct) == pytest.approx((3, 5, 100 * (5 / 3 - 1)))
+    # dmtp = fusion (every DMTP number of the blog), main = zero_init_residual (the current main method)
+    assert (g.dflash, g.dmtp, g.gain_pct) == pytest.approx((3, 4, 100 * (4 / 3 - 1)))
+    assert (g.main, g.main_gain_pct) == pytest.approx((5, 100 * (5 / 3 - 1)))
     assert (g.blog_dflash, g.blog_dmtp, g.blog_gain_pct) == (4.318, 5.074, 17.50)  # T=0 -> open reproduction
-    assert g.dmtp_vs_dflash == pytest.approx(2)
+    assert "blog_main" not in g  # the blog has no number of the main method's own
+    assert g.dmtp_vs_dflash == pytest.approx(1) and g.main_vs_dmtp == pytest.approx(1)  # (3-2 + 5-4)/2, (4-3 + 6-5)/2
 
     ft = csv(hand, "first_token").set_index(["experiment", "method"])
     assert ft.loc[("ablation", "dflash"), "first_token_pct"] == pytest.approx(100)
@@ -104,7 +109,7 @@ def test_tables(hand, capsys):
     assert pr.loc[("ablation", "dflash"), ["per_request", "per_verify"]].tolist() == pytest.approx([3, 1 + 7 / 3])
 
     op = csv(hand, "open_repro").set_index("dataset")
-    assert op.loc["gsm8k", "dmtp_d"] == 5 and op.loc["gsm8k", "blog_dmtp_d2"] == 5.371
+    assert op.loc["gsm8k", "dmtp_d"] == 4 and op.loc["gsm8k", "blog_dmtp_d2"] == 5.371  # DMTP(D) = fusion
     assert math.isnan(op.loc["gsm8k", "dflash2"])
 
     md = (hand / "hand" / "tables" / "ablation_code.md").read_text()
@@ -124,7 +129,8 @@ def test_rows_come_from_the_spec_and_none_is_dropped(hand):
     assert ab.set_index("method").loc["some_new_variant", "rel_to_token_only"] == pytest.approx(100 * (2 / 4.5 - 1))
 
     # another spec: dflash is the reference row, token_only the main method (the blog's "dmtp" column)
-    write_spec(hand / "hand", code(reference="dflash", main_method="token_only", main=("dflash", "token_only"),
+    write_spec(hand / "hand", code(reference="dflash", main_method="token_only", blog_method="token_only",
+                                   main=("dflash", "token_only"),
                                    main_table=("ar", "mtp", "dflash", "token_only"), bench=(),
                                    backbones={"dflash2": ("dflash", "dflash2")}))
     art = load("hand", hand, n_boot=50)
@@ -226,15 +232,17 @@ def test_missing_runs_are_listed(hand, capsys):
 
 
 def test_synthetic_demo(tmp_path):
-    write_synthetic(code(), tmp_path, "demo", n=4, temps=(0,),
-                    methods=["mtp", "dflash", "zero_init_residual", "dflash2", "dmtp_d2"])
+    write_synthetic(code(), tmp_path, "demo", n=4, temps=(0,), curve=False,
+                    methods=["mtp", "dflash", "fusion", "zero_init_residual", "dflash2", "dmtp_d2"])
     art = load("demo", tmp_path, n_boot=50)
     tables.render(art)
     names = sorted(p.stem for p in (tmp_path / "demo" / "tables").glob("*.csv"))
-    assert names == ["ablation_code", "conditional", "cumulative", "first_token", "main_acceptance",
-                     "open_repro", "overhead", "per_request_vs_verify", "throughput"]
+    assert names == ["ablation_code", "ablation_code_fixed", "ablation_humaneval", "ablation_humaneval_fixed",
+                     "conditional", "cumulative", "first_token", "main_acceptance", "open_repro", "overhead",
+                     "pairwise_T0", "per_request_vs_verify", "throughput"]  # T0 only: no ceiling, no zero-round
     op = csv(tmp_path, "open_repro", "demo").query("experiment == 'main'")
-    assert len(op) == 2 and op[["mtp", "dflash", "dmtp_d", "dflash2", "dmtp_d2"]].notna().all().all()
+    assert len(op) == 2 and op[["mtp", "dflash", "dflash2", "dmtp_d2"]].notna().all().all()
+    assert op.dmtp_d.isna().all()  # DMTP(D) = fusion, which the Code spec evaluates on HumanEval only (main_table)
     (png,) = figures.open_repro(art)
     assert png.name == "open_repro_T0.png" and png.stat().st_size > 1000
 

@@ -4,9 +4,11 @@
     reference.table("main")          # workload, dflash, mtp, dmtp, dmtp_vs_dflash_pct
     reference.blog_value("main", "humaneval", "dmtp")   # 3.847 (our dataset name -> blog workload "Code")
 
-Tables: main, ablation, conditional, per_request_vs_verify, throughput, overhead, open_repro, first_token.
-Methods are the blog's names: `dmtp` is its DMTP main method (which of our runs that is, the experiment's ablation
-spec says: `main_method`); the others (dflash, mtp, dflash2, dmtp_d2, the ablation's variants) match ours.
+Tables: main, ablation, conditional, per_request_vs_verify, throughput, overhead, open_repro, first_token, and
+main_method (the blog's own statements about its Nov 9 main method, which has no number of its own).
+Methods are the blog's names: `dmtp` is the DMTP model its numbers were measured with, single-anchor T1 fusion (which
+of our runs that is, the experiment's ablation spec says: `blog_method`); the others (dflash, mtp, dflash2, dmtp_d2,
+the ablation's variants) match ours.
 """
 from __future__ import annotations
 

@@ -5,20 +5,24 @@
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from dmtp.analysis.ratios import read as read_ratios
-from dmtp.analysis.report import figures, tables
+from dmtp.analysis.report import figures, summary, tables
 from dmtp.analysis.report import verify as verify_study
 from dmtp.analysis.report.data import Artifacts, load
 
-__all__ = ["Artifacts", "load", "tables", "figures", "render_tables", "render_figures", "render_report"]
+__all__ = ["Artifacts", "load", "tables", "figures", "summary", "render_tables", "render_figures", "render_report"]
 
 # REPORT.md sections: (title, table files, figure-name prefixes)
 SECTIONS = [
     ("Code ablation", ["ablation_*"], []),
+    ("Pairwise tests (Holm-corrected)", ["pairwise_T*"], []),
+    ("Learning curve: acceptance vs drafter training tokens", ["learning_curve"], ["learning_curve"]),
+    ("Acceptance vs its ceiling at T > 0", ["ceiling_T*"], ["ceiling_T*"]),
     ("Acceptance length: DFlash vs native MTP vs DMTP", ["main_acceptance"], ["main_acceptance_T*"]),
     ("First-token acceptance", ["first_token"], ["first_token_T*"]),
     ("Acceptance per position", ["cumulative", "conditional"], ["cumulative_T*", "conditional_T*"]),
@@ -26,6 +30,13 @@ SECTIONS = [
     ("Throughput and per-round overhead", ["throughput", "overhead"], ["throughput_T*", "overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
 ]
+
+
+def by_temperature(path: Path) -> tuple:
+    """Sort key of a table / figure file: its name with the temperature after _T read as a number (T0 < T0.6 < T1)."""
+    stem, _, rest = path.stem.partition("_T")
+    num = re.match(r"[0-9.]*[0-9]", rest)
+    return stem, float(num.group()) if num else -1.0, rest
 
 
 def render_tables(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Artifacts:
@@ -46,9 +57,12 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
     s = art.summary
     out = [f"# DMTP report — profile `{profile}`", "",
            f"Rendered from `{art.root}` by `python -m dmtp.cli.report report --profile {profile}`. "
-           "Acceptance lengths include the bonus token; CIs are 95% percentile bootstraps over requests.", ""]
+           "Acceptance lengths include the bonus token; CIs are 95% percentile bootstraps over drafter seeds and "
+           "requests (over requests alone where a run has one seed).", ""]
+    out += summary.summary(art)
     if len(s):
-        cols = ["experiment", "dataset", "temperature", "method", "k", "n_requests", "n_rounds", "output_tokens"]
+        cols = ["experiment", "dataset", "temperature", "mode", "method", "k", "n_seeds", "n_requests",
+                "n_zero_round", "n_rounds", "output_tokens"]
         out += ["## Artifacts", "", tables.to_markdown(s[cols])]
     else:
         out += ["No run artifacts found.", ""]
@@ -56,13 +70,14 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
     if gone:
         out += ["## Missing runs", "", "These runs are absent, so their rows are missing from the tables below:", "",
                 *[f"- `runs/{e}/{m}/{d}_T{t:g}.jsonl`" for e, d, t, m in gone], ""]
+    out += summary.zero_round_lines(art)
     lossless = art.tables / "lossless_T0.csv"  # written by the pipeline: T=0 outputs identical to `ar`
     if lossless.exists():
         out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "",
                 tables.to_markdown(pd.read_csv(lossless).fillna(""))]
     for title, tabs, figs in SECTIONS:
-        mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"))]
-        pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"))]
+        mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"), key=by_temperature)]
+        pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"), key=by_temperature)]
         if not mds and not pngs:
             continue
         out += [f"## {title}", ""]

@@ -10,7 +10,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from dmtp.analysis import metrics as M  # noqa: E402
 from dmtp.analysis import reference as R  # noqa: E402
@@ -102,20 +104,23 @@ def _bar_figure(art, s, methods, name, title, blog_fn, ylabel, labels=None) -> l
 
 
 def main_acceptance(art: Artifacts) -> list[Path]:
-    """Grouped bars: DFlash / native MTP / DMTP per dataset, bootstrap 95% CI, blog values as hatched bars."""
-    s, cols = art.summary, T.main_columns(art)
+    """Grouped bars: DFlash / native MTP / DMTP (the blog's model) / the main method per dataset, bootstrap 95% CI,
+    blog values as hatched bars."""
+    s, cols = art.natural, T.main_columns(art)
     if s.empty or "dmtp" not in cols or not s.method.isin(cols.values()).any():
         print("[report] skip main acceptance figure: no data")
         return []
     dmtp = cols["dmtp"]
     blog = lambda d, t, m: T.blog_acceptance(d, t, T.blog_name(art, m))  # noqa: E731
     return _bar_figure(art, s, list(cols.values()), "main_acceptance", "Acceptance length", blog,
-                       "acceptance length (incl. bonus)", {dmtp: f"dmtp ({dmtp})"})
+                       "acceptance length (incl. bonus)",
+                       {dmtp: f"dmtp = blog model ({dmtp})", **({cols["main"]: f"main ({cols['main']})"}
+                                                                  if "main" in cols else {})})
 
 
 def open_repro(art: Artifacts) -> list[Path]:
     """Blog figure 8 layout: MTP415, DFlash, DMTP(D), DFlash2, DMTP(D2) per dataset."""
-    s, cols = art.summary, T.open_columns(art)
+    s, cols = art.natural, T.open_columns(art)
     if s.empty or not s.method.isin([cols.get("dflash2"), cols.get("dmtp_d2")]).any():
         print("[report] skip open-reproduction figure: no DFlash2 runs of the drafter baseline or main method")
         return []
@@ -128,7 +133,7 @@ def open_repro(art: Artifacts) -> list[Path]:
 
 def first_token(art: Artifacts) -> list[Path]:
     """First-token acceptance (%) per dataset and method with bootstrap CI; blog values as black diamonds."""
-    s = art.summary
+    s = art.natural
     s = s[s.k > 0] if len(s) else s
     if s.empty:
         print("[report] skip first-token figure: no data")
@@ -156,7 +161,7 @@ def first_token(art: Artifacts) -> list[Path]:
 def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
     """Per-position acceptance, k = 1..K, one panel per dataset: kind 'cumulative' P(L>=k) or 'conditional'
     P(L>=k | L>=k-1). Blog curves (dashed, 35B T=1) are derived from its conditional rows where they exist."""
-    s = art.summary
+    s = art.natural
     s = s[s.k > 0] if len(s) else s
     if s.empty:
         print(f"[report] skip {kind} figure: no data")
@@ -271,7 +276,65 @@ def overhead(art: Artifacts) -> list[Path]:
     return [_save(art, fig, "overhead")]
 
 
-ALL = [main_acceptance, first_token, position, conditional, throughput, overhead, open_repro]
+def ceiling(art: Artifacts) -> list[Path]:
+    """Per T > 0: measured P(L>=j) per draft position for each run (seeds pooled) and the oracle ceiling C_j along
+    the `ar` trajectory (black, dashed), one panel per dataset with a ceiling file."""
+    s = art.natural
+    paths = []
+    for t in sorted({t for _, t in (art.oracle or {}) if t > 0}):
+        recs = sorted((ds, r) for (ds, tt), r in art.oracle.items() if tt == t)
+        color = colors(art)
+        fig = Figure(figsize=(4.2 * len(recs) + 1.8, 3.4), layout="constrained")
+        axes = fig.subplots(1, len(recs), squeeze=False).ravel()
+        for ax, (ds, rec) in zip(axes, recs):
+            g = s[(s.experiment == "ablation") & (s.dataset == ds) & (s.temperature == t) & (s.k > 0)]
+            for r in sorted(g.itertuples(), key=lambda r: art.rank(r.method)):
+                y = 100 * np.array(M.cumulative(r.hist))
+                ax.plot(range(1, len(y) + 1), y, "o-", ms=3, color=color[r.method], label=r.method)
+            C = 100 * np.array(rec["cumulative"], float)
+            ax.plot(range(1, len(C) + 1), C, "k--", lw=2,
+                    label=f"oracle C_j (ar path), 1 + sum C = {float(rec['acceptance_length']):.2f}")
+            ax.set(title=f"{ds} (T={t:g})", xlabel="draft position j", ylabel="P(L >= j) (%)", ylim=(0, 100),
+                   xticks=range(1, len(C) + 1))
+        _legend(fig, axes[0])
+        paths.append(_save(art, fig, f"ceiling_T{t:g}"))
+    if not paths:
+        print("[report] skip ceiling figure: no oracle file at T > 0")
+    return paths
+
+
+def learning_curve(art: Artifacts) -> list[Path]:
+    """Acceptance length (T = 0, natural) vs drafter training tokens (log x): one line per method through its pooled
+    points with the seed x request 95% band, seeds as faint dots, native MTP as a horizontal line with its CI."""
+    path = art.tables / "learning_curve.csv"
+    if not path.exists() and T.learning_curve(art) is None:
+        print("[report] skip learning-curve figure: no curve/")
+        return []
+    df = pd.read_csv(path, dtype={"seed": str})
+    color = colors(art)
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.subplots()
+    for m in sorted(set(df.method) - {"mtp"}, key=art.rank):
+        g = df[df.method == m]
+        pooled = g[g.seed == "all"].sort_values("train_tokens")
+        seeds = g[g.seed != "all"]
+        ax.plot(seeds.train_tokens, seeds.acceptance_length, ".", color=color[m], alpha=0.35)
+        ax.plot(pooled.train_tokens, pooled.acceptance_length, "o-", ms=4, color=color[m], label=m)
+        ax.fill_between(pooled.train_tokens, pooled.lo, pooled.hi, color=color[m], alpha=0.2, lw=0)
+    for r in df[df.method == "mtp"].itertuples():
+        ax.axhline(r.acceptance_length, color=color.get("mtp", "k"), ls="--", label="MTP415 (native MTP)")
+        ax.axhspan(r.lo, r.hi, color=color.get("mtp", "k"), alpha=0.12, lw=0)
+    ax.set_xscale("log")
+    ticks = sorted(set(df.train_tokens.dropna()))  # the budgets themselves, in millions of tokens
+    ax.set_xticks(ticks, [f"{t / 1e6:.3g}M" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel="drafter training tokens", ylabel="acceptance length (incl. bonus)",
+           title="Learning curve: HumanEval, T=0, natural mode")
+    ax.legend(fontsize=7, loc="lower right")
+    return [_save(art, fig, "learning_curve")]
+
+
+ALL = [main_acceptance, first_token, position, conditional, throughput, overhead, open_repro, ceiling, learning_curve]
 
 
 def render(art: Artifacts) -> list[Path]:

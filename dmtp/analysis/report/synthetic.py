@@ -1,12 +1,20 @@
 """Synthetic artifacts in the real layout, for tests, notebooks and `python -m dmtp.cli.report demo`.
 
-The runs are those of an ablation spec (written to experiment.json as the pipeline does). Each round accepts
-candidate j with a fixed per-run probability p (geometric, capped at k; higher for runs later in the spec's order);
-requests differ by a small per-request offset. Numbers mean nothing; they only exercise the renderers.
+The runs are those of an ablation spec (written to experiment.json as the pipeline does, with the `humaneval8` view
+of eval.subsets). Each round accepts candidate j with a fixed per-run probability p (geometric, capped at k; higher
+for runs later in the spec's order, lower at higher T, a little different per drafter seed); requests differ by a
+small per-request offset. Written: ablation runs on `humaneval` (+ its first-8 view `humaneval8`) in mode natural
+for every run and every seed of the main and control runs (files `_s<seed>`), in mode fixed for the main-table runs
+(seed 0, `_fixed`); at T > 0 the last request stops at once (no verify round) in every natural run; some outputs end
+in an exact loop (every fixed one); learning-curve snapshots (`curve/`, with train_tokens in .meta.json) whose p
+rises with the budget; oracle ceilings (`oracle/`) at T > 0. Numbers mean nothing; they exercise the renderers.
+
+    python -m dmtp.cli.report demo --profile demo      # writes results/demo, then renders it
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,35 +23,97 @@ import numpy as np
 from dmtp.ablation import AblationSpec
 from dmtp.analysis.report.data import DEFAULT_K
 
+EOS = 0  # the synthetic end-of-text id
+BUDGETS = (125, 250, 500, 1000, 2000)  # curve snapshots when the spec names none; the final step is 2 x the last
+TOKENS_PER_STEP = 32 * 384  # synthetic drafter training tokens per step
 
-def request(rng, method: str, i: int, temp: float, p: float, n_rounds: int) -> dict:
+
+def request(rng, method: str, i: int, temp: float, p: float, n_rounds: int, mode: str = "natural", seed: int = 0,
+            loop: bool = False, stop_at_once: bool = False) -> dict:
+    """One record: n_rounds rounds accepting geometric(p) candidates (capped at k); output = the prefill token +
+    each round's accepted + 1; `loop`: the second half of the output is a period-4 exact loop; `stop_at_once`:
+    end-of-text as the first token, no round."""
     k = DEFAULT_K.get(method, 7)
+    base = {"id": f"HumanEval/{i}", "method": method, "temperature": temp, "mode": mode, "prompt_tokens": 32,
+            "n_candidates": k, **({"seed": seed} if seed else {})}
+    if stop_at_once:
+        return dict(base, output_ids=[EOS], accepted=[], stop_reason="eos", wall_s=0.001)
     q = np.clip(p + rng.normal(0, 0.05), 0, 0.99) if k else 0.0
     acc = [int(min(k, rng.geometric(1 - q) - 1)) if k else 0 for _ in range(n_rounds)]
-    n_out = sum(acc) + n_rounds
-    return {"id": f"req{i}", "method": method, "temperature": temp, "prompt_tokens": 32,
-            "output_ids": [int(x) for x in rng.integers(0, 1000, n_out)], "accepted": acc,
-            "n_candidates": k, "wall_s": round(0.01 * n_rounds, 4)}
+    n_out = 1 + sum(acc) + n_rounds
+    out = [int(x) for x in rng.integers(1, 1000, n_out)]
+    if loop:
+        half = n_out // 2
+        out = out[:half] + [out[half + j % 4] for j in range(n_out - half)]
+    reason = "length" if mode == "fixed" or loop else ("stop" if i % 2 else "eos")
+    return dict(base, output_ids=out, accepted=acc, stop_reason=reason, wall_s=round(0.01 * n_rounds, 4))
+
+
+def _write(path: Path, rows: list[dict], meta: dict | None = None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if meta is not None:
+        path.with_suffix(".meta.json").write_text(json.dumps({"config": meta}) + "\n")  # as dmtp.io.write_meta
+
+
+def run_name(ds: str, temp: float, mode: str = "natural", seed: int = 0) -> str:
+    """<dataset>_T<temp>[_fixed][_s<seed>].jsonl, as the pipeline names a run file."""
+    return f"{ds}_T{temp:g}" + ("_fixed" if mode == "fixed" else "") + (f"_s{seed}" if seed else "") + ".jsonl"
 
 
 def write_synthetic(spec: AblationSpec, results: str | Path = "results", profile: str = "synthetic", n: int = 8,
-                    seed: int = 0, temps=(0, 1), methods=None, bench: bool = True) -> Path:
-    """Write experiment.json (the spec), runs/ (ablation: humaneval8 at each of `temps` for every run but the
-    backbone runs; main: gsm8k and mt_bench at T0 for the main-table and backbone runs; only `methods` when given)
-    and, with bench=True, bench/throughput.csv and bench/overhead.csv under results/<profile>. Returns that folder."""
+                    seed: int = 0, temps=(0, 1), methods=None, bench: bool = True, modes=("natural", "fixed"),
+                    curve: bool = True, oracle: bool = True) -> Path:
+    """Write experiment.json (the spec, eval.subsets), runs/ (ablation: `humaneval` with n requests and its
+    `humaneval8` view at each of `temps`, every run but the backbone runs, every seed of the main and control runs,
+    and mode fixed for the main-table runs; main: gsm8k and mt_bench at T0 for the main-table and backbone runs;
+    only `methods` when given), with curve=True curve/ (the spec's curve runs, else its drafter baseline, blog run
+    and main method), with oracle=True oracle/ at each T > 0, and with bench=True bench/throughput.csv and
+    bench/overhead.csv under results/<profile>. Returns that folder."""
     root, rng = Path(results) / profile, np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "experiment.json").write_text(json.dumps({"ablation": asdict(spec)}, indent=2) + "\n")
+    (root / "experiment.json").write_text(json.dumps({"ablation": asdict(spec), "eval": {
+        "subsets": {"humaneval8": ["humaneval", 8]}}}, indent=2) + "\n")
+    keep = lambda m: methods is None or m in methods  # noqa: E731
     p = {m: 0.70 + 0.01 * (i % 12) for i, m in enumerate(spec.runs())}
-    plan = [("ablation", "humaneval8", t, m) for t in temps for m in spec.runs() if m not in spec.backbones]
-    plan += [("main", d, 0, m) for d in ("gsm8k", "mt_bench") for m in spec.main_table + tuple(spec.backbones)]
-    for exp, ds, t, m in plan:
-        if methods is not None and m not in methods:
+    rounds = {i: int(rng.integers(10, 30)) for i in range(n)}
+    plan = [("ablation", "humaneval", t, mode, m, s) for t in temps for mode in modes for m in spec.runs()
+            if m not in spec.backbones and (mode == "natural" or m in spec.main_table)
+            for s in (spec.seeds_of(m) if mode == "natural" else spec.seeds_of(m)[:1])]
+    plan += [("main", d, 0, "natural", m, 0) for d in ("gsm8k", "mt_bench") for m in spec.main_table
+             + tuple(spec.backbones)]
+    for exp, ds, t, mode, m, s in plan:
+        if not keep(m):
             continue
-        path = root / "runs" / exp / m / f"{ds}_T{t:g}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        rows = [request(rng, m, i, t, p[m] - 0.05 * t, int(rng.integers(10, 30))) for i in range(n)]
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        ps = p[m] - 0.05 * t + 0.01 * (s % 3 - 1)  # each drafter seed a little different
+        rows = [request(rng, m, i, t, ps, rounds[i] if mode == "natural" else 40, mode, s,
+                        loop=mode == "fixed" or i % 3 == 0, stop_at_once=exp == "ablation" and mode == "natural"
+                        and t > 0 and n > 1 and i == n - 1) for i in range(n)]
+        _write(root / "runs" / exp / m / run_name(ds, t, mode, s), rows)
+        if exp == "ablation":  # the first-8 view, as the pipeline writes it
+            _write(root / "runs" / exp / m / run_name("humaneval8", t, mode, s),
+                   [dict(r, dataset="humaneval8") for r in rows[:8]])
+    if curve:
+        final = 2 * (spec.budgets or BUDGETS)[-1]
+        for m in spec.curve or tuple(dict.fromkeys(x for x in (spec.drafter_baseline, spec.blog_run,
+                                                                  spec.main_method) if x)):
+            if not keep(m):
+                continue
+            for s in spec.seeds_of(m):
+                for step in (spec.budgets or BUDGETS) + (final,):
+                    # p rises with log budget to the run's final p
+                    ps = p[m] - 0.25 * (1 - math.log(step) / math.log(final)) + 0.01 * (s % 3 - 1)
+                    rows = [request(rng, m, i, 0.0, ps, rounds[i], "natural", s, loop=i % 3 == 0) for i in range(n)]
+                    _write(root / "curve" / m / f"humaneval_T0_s{s}_step{step}.jsonl", rows,
+                           {"method": m, "seed": s, "step": step, "train_tokens": step * TOKENS_PER_STEP})
+    if oracle:
+        for t in (t for t in temps if t > 0):
+            c = min(0.97, max(p.values()) - 0.05 * t + 0.1)  # above every run's p at T
+            cum = [c ** j for j in range(1, 8)]
+            (root / "oracle").mkdir(parents=True, exist_ok=True)
+            (root / "oracle" / f"humaneval_T{t:g}.json").write_text(json.dumps(
+                {"cumulative": cum, "acceptance_length": 1 + sum(cum), "windows": 50 * n, "dataset": "humaneval",
+                 "temperature": t}) + "\n")
     timed = [(m, speed) for m, speed in (("mtp", 1.1), (spec.drafter_baseline, 1.0), (spec.main_method, 1.18)) if m]
     if bench:
         (root / "bench").mkdir(parents=True, exist_ok=True)
