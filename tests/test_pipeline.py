@@ -80,7 +80,7 @@ def test_divergence_is_reported_with_position_and_top2_gap(run, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     div = (res / "smoke" / "tables" / "lossless_divergences.csv").read_text().strip().splitlines()
     head, row = div[0].split(","), div[1].split(",")
-    assert head == ["method", "dataset", "id", "position", "ar_token", "token", "top2_gap"]
+    assert head == ["method", "dataset", "id", "position", "ar_token", "token", "mode", "top2_gap"]
     assert row[0] == "dflash" and row[3] == "1" and float(row[-1]) >= 0
 
 
@@ -139,7 +139,9 @@ def test_a_subset_of_runs(run, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     runs = tmp_path / "smoke" / "runs" / "ablation"
     assert sorted(d.name for d in runs.iterdir()) == ["ar", "dflash"]
-    assert sorted(f.name for f in (runs / "dflash").glob("*.jsonl")) == ["humaneval8_T0.jsonl", "humaneval_T0.jsonl"]
+    # smoke: seeds 0 and 1 (a main run: both), modes natural and fixed (a main-table run: both, first seed)
+    assert sorted(f.name for f in (runs / "dflash").glob("*.jsonl")) == sorted(
+        f"{ds}_T0{suffix}.jsonl" for ds in ("humaneval", "humaneval8") for suffix in ("", "_s1", "_fixed"))
     exp = read_experiment(tmp_path / "smoke" / "experiment.json")
     assert exp.ablation.only == ("ar", "dflash") and exp.eval.temperatures == (0.0,)
 
