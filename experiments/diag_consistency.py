@@ -1,0 +1,133 @@
+"""Training vs decoding consistency of trained drafters: does the drafter propose at decode time what it predicts
+teacher-forced on the same trajectory?
+
+At T = 0 decoding is lossless, so every method walks the target's greedy trajectory. Along it, the drafter's first
+predicting slot at anchor a (position-1 candidate) is accepted iff its argmax equals the trajectory's token: the
+teacher-forced accuracy of slot 1 over the anchors a decode visits must equal the decoded first-token acceptance.
+This script measures both, for every decode engine available (`hf`: the HF modules with dense masks; `flex`:
+`fast.py` uncompiled; `compiled`: `fast.py` compiled under CUDA graphs), plus the teacher-forced accuracy of every
+slot (what an engine would accept position by position if the earlier slots were right).
+
+    python -m experiments.diag_consistency --profile mini --work work --runs dflash,zero_init_residual --prompts 32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from dmtp.cli.pipeline import Ctx, drafters_dir
+from dmtp.data.datasets import encode_prompts
+from dmtp.data.humaneval import humaneval_prompts
+from dmtp.engine.decode import ENGINES, load_method
+from dmtp.engine.runner import run_generate
+from dmtp.training.drafters import block_inputs, extract
+
+
+@torch.no_grad()
+def teacher_forced(tgt, mtp, d, seqs, plens, anchors_of):
+    """Per-slot argmax accuracy of drafter d (the training forward, dense mask) at the given anchors of each sequence
+    (anchors_of[i]: positions a whose A = seq[a]); returns (hits [P], counts [P]) over the predicting slots."""
+    var = d.injection
+    lay = var.layout(d.config.num_candidates)
+    P = len(lay.predict)
+    hits, cnt = torch.zeros(P), torch.zeros(P)
+    for ids_l, anchors in zip(seqs, anchors_of):
+        anchors = [a for a in anchors if 1 <= a <= len(ids_l) - 3]
+        if not anchors:
+            continue
+        ids = torch.tensor(ids_l, device=tgt.device)[None]
+        lengths = torch.tensor([len(ids_l)], device=tgt.device)
+        feats = extract(tgt, mtp, ids, lengths, sorted(set(d.config.target_layer_ids)), var.needs_mtp)
+        # features of the drafter's own taps, in its order
+        taps = sorted(set(d.config.target_layer_ids))
+        H = tgt.hidden_size
+        feats.taps = torch.cat([feats.taps[..., taps.index(t) * H:(taps.index(t) + 1) * H]
+                                for t in d.config.target_layer_ids], -1)
+        an = torch.tensor(anchors, device=tgt.device)[None]
+        valid = torch.ones_like(an, dtype=torch.bool)
+        block, pos, labels, w = block_inputs(d, tgt, feats, an, valid, 4.0)
+        f = d.context(feats.taps, feats.g)
+        T = ids.shape[1]
+        ctx_kv = d.context_kv(f, torch.arange(T, device=f.device)[None])
+        hid = d(block, pos, ctx_kv, an, None)
+        pred = tgt.lm_head(hid).argmax(-1)  # [1, N*S]
+        S = lay.slots
+        pred, labels = pred.view(len(anchors), S), labels.view(len(anchors), S)
+        for j, s in enumerate(lay.predict):
+            ok = labels[:, s] >= 0
+            hits[j] += ((pred[:, s] == labels[:, s]) & ok).sum().cpu()
+            cnt[j] += ok.sum().cpu()
+    return hits, cnt
+
+
+def visited_anchors(rec, plen):
+    """Anchor positions a decode visited: the first output token sits at plen; each round of n accepted drafts
+    moves the anchor by n + 1."""
+    a, out = plen, []
+    for n in rec["accepted"]:
+        out.append(a)
+        a += n + 1
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", default="mini")
+    ap.add_argument("--work", default="work")
+    ap.add_argument("--results", default="results")
+    ap.add_argument("--runs", default="dflash,zero_init_residual")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    a.set, a.force = [], False
+    c = Ctx(a)
+    tgt, mtp = c.target()
+    tok = c.tok
+    rows = encode_prompts(tok, humaneval_prompts()[: a.prompts])
+    plens = {r["id"]: len(r["prompt_ids"]) for r in rows}
+    report = {}
+    engines = [e for e in a.engines.split(",") if e == "hf" or tgt.device.type == "cuda" or e == "flex"]
+    for run in a.runs.split(","):
+        m = load_method(run, tgt, mtp, drafters_dir(c, a.seed))
+        d = m.drafter
+        res = {}
+        traj = None
+        for eng in engines:
+            os.environ["DMTP_ENGINE"] = eng
+            recs = run_generate(tgt, m, rows, 0.0, a.new_tokens, [], len(rows), desc=f"{run} {eng}")
+            acc = [n for r in recs for n in r["accepted"]]
+            first = sum(n >= 1 for n in acc) / max(1, len(acc))
+            tau = sum(n + 1 for n in acc) / max(1, len(acc))
+            res[eng] = {"first_token": round(first, 4), "per_verify": round(tau, 4), "rounds": len(acc)}
+            if traj is None:
+                traj = recs
+            else:
+                res[eng]["same_tokens_as_" + engines[0]] = all(x["output_ids"] == y["output_ids"]
+                                                               for x, y in zip(recs, traj))
+            print(f"{run:<24} {eng:<9} first-token {first:.3f}  per-verify {tau:.3f}  ({len(acc)} rounds)",
+                  flush=True)
+        os.environ.pop("DMTP_ENGINE", None)
+        seqs = [list(r_["prompt_ids"]) + list(t["output_ids"]) for r_, t in zip(rows, traj)]
+        anchors = [visited_anchors(t, plens[t["id"]]) for t in traj]
+        hits, cnt = teacher_forced(tgt, mtp, d, seqs, [plens[t["id"]] for t in traj], anchors)
+        res["teacher_forced_visited"] = [round(float(h / max(n, 1)), 4) for h, n in zip(hits, cnt)]
+        every = [list(range(plens[t["id"]], plens[t["id"]] + len(t["output_ids"]) - 2)) for t in traj]
+        hits, cnt = teacher_forced(tgt, mtp, d, seqs, None, every)
+        res["teacher_forced_all"] = [round(float(h / max(n, 1)), 4) for h, n in zip(hits, cnt)]
+        print(f"{run:<24} teacher-forced slot accuracy at visited anchors {res['teacher_forced_visited']}")
+        print(f"{run:<24} teacher-forced slot accuracy at every anchor    {res['teacher_forced_all']}", flush=True)
+        report[run] = res
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The `mini` experiment on ONE H200, as one background chain (setsid) that survives the device command starting it,
+# so one 30-minute allotment is used by a start command and short `watch` commands issued back to back (a held
+# machine is given back after ~30 s without a command, and everything under $HOME with it):
+#
+#   bash experiments/runs/h200_mini.sh all [SET...]    # corpus, tokenizer, target, data, drafters (two processes
+#                                                      # share the GPU: seed 0 | seeds 1, 2), eval + curve (same
+#                                                      # split), tables, then the extras (EXTRAS, default: diag,verify)
+#   bash experiments/runs/h200_mini.sh watch SECONDS   # wait (at most SECONDS) for the chain; log tails
+#   bash experiments/runs/h200_mini.sh pack            # results/mini + logs -> $OUT/mini.tgz (any time: what exists)
+#
+# Extras, after the tables: `diag` = experiments/diag_consistency.py (teacher-forced vs decoded acceptance, every
+# engine), `verify` = the verification-mode study (--stage verify), `bench` = dmtp.cli.bench on the trained models.
+# Work and results live under $HOME/dmtp; the chain runs from a copy of the tree taken when it starts. SET: extra
+# `--set` assignments (e.g. train.steps=2000), passed to every stage.
+set -uo pipefail
+H=$HOME/dmtp; W=$H/work; R=$H/results; L=$H/logs
+mkdir -p $H $L
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
+sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
+P() { (cd $H/src && python3 -m dmtp.cli pipeline --profile mini --work $W --results $R $(sets) "$@"); }
+snap() { rm -rf $H/src; mkdir -p $H/src; cp -r dmtp experiments ablations tests pyproject.toml $H/src/; }
+bg() { local name=$1; shift; echo "[run] $(date +%T) start $name"; setsid bash -c "$*; echo \$? > $L/$name.rc" \
+       > $L/$name.log 2>&1 < /dev/null & }
+stamp() { echo "[run] $(date +%T) $*"; }
+export -f P sets stamp; export H W R L
+
+extras() {
+  local s=""
+  [[ ",${EXTRAS:-diag,verify}," == *",diag,"* ]] && s+="stamp diag; (cd $H/src && timeout 240 python3 -m \
+      experiments.diag_consistency --profile mini --work $W --results $R --runs dflash,zero_init_residual,dflash2 \
+      --prompts 64 --out $R/mini/diag/consistency.json) > $L/diag.txt 2>&1; "
+  [[ ",${EXTRAS:-diag,verify}," == *",verify,"* ]] && s+="stamp verify; P --stage verify > $L/verify.txt 2>&1; "
+  [[ ",${EXTRAS:-diag,verify}," == *",bench,"* ]] && s+="stamp bench; (cd $H/src && timeout 500 python3 -m \
+      dmtp.cli.bench --target $W/mini/target --drafters $W/mini/drafters --out $R/mini/bench) > $L/bench.txt 2>&1; "
+  echo "$s"
+}
+
+case "${1:-}" in
+all)
+  shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
+  snap
+  bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
+      P --stage data && stamp drafters && \
+      { P --stage drafters --set ablation.only_seeds=0 > $L/d0.txt 2>&1 & \
+        P --stage drafters --set ablation.only_seeds=1,2 > $L/d12.txt 2>&1; wait; } && stamp eval && \
+      { P --stage eval,curve --set ablation.only_seeds=0 > $L/e0.txt 2>&1 & \
+        P --stage eval,curve --set ablation.only_seeds=1,2 > $L/e12.txt 2>&1; wait; } && stamp tables && \
+      P --stage tables > $L/tables.txt 2>&1; $(extras) stamp end" ;;
+watch)
+  end=$(( $(date +%s) + ${2:-500} ))
+  while [ $(date +%s) -lt $end ]; do
+    [ -f $L/all.rc ] && break; sleep 5
+  done
+  echo "=== all rc=$(cat $L/all.rc 2>/dev/null || echo running)"
+  grep -a "^\[run\]" $L/all.log | tail -4
+  for f in $L/all.log $L/*.txt; do [ -f $f ] || continue
+    echo "--- $(basename $f)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
+      "\[mini\]\|rror\|first-token\|teacher\|MISS\|MET" | tail -${3:-6}
+    tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
+  done
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
+pack)
+  mkdir -p $R/mini/logs; cp $L/*.log $L/*.txt $R/mini/logs/ 2>/dev/null
+  for f in $R/mini/logs/*; do tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp && mv $f.tmp $f; done
+  tar czf $OUT/mini.tgz -C $R mini; ls -la $OUT ;;
+*) sed -n 2,15p "$0"; exit 2 ;;
+esac
