@@ -356,3 +356,49 @@ def test_stop_strings_on_gpu(gpu_models, name):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert [r.output_ids for r in b.results] == [ref[:keep] if keep else ref for ref, keep in zip(refs, keeps)]
+
+
+class _Recording:
+    """Mixin for a DrafterMethod: keeps every round's proposal (a copy of the graph's output, taken after the
+    stage; no host sync)."""
+
+    def propose(self, st):
+        c = super().propose(st)
+        self.log.append(c.clone())
+        return c
+
+
+@pytest.mark.parametrize("name", ["dflash", "zero_init_residual"])
+def test_fast_drafter_proposes_what_hf_proposes(gpu_models, name, monkeypatch):
+    """The compiled engine's drafter (`fast.drafter_forward`, opt-in on CUDA with DMTP_FAST_DRAFTER=1) against the HF
+    drafter path, round by round on the same greedy trajectory: the same drafts. On the trained mini drafters the
+    compiled drafter proposed other drafts (DFlash first-token acceptance 0.21 vs 0.86, LOG.md 2026-12-01) while the
+    outputs stayed lossless; this is the check that has to pass before it is the default again."""
+    from dmtp.engine.decode import DrafterMethod
+
+    tgt, mtp = gpu_models
+    logs = {}
+    for engine, fast_drafter in (("hf", "0"), ("compiled", "1")):
+        monkeypatch.setenv("DMTP_FAST_DRAFTER", fast_drafter)
+        m = method(name, tgt, mtp)
+        assert type(m) is DrafterMethod
+        m.__class__ = type("Rec", (_Recording, DrafterMethod), {})
+        m.log = []
+        generate(tgt, m, PROMPTS, 0.0, 24, engine=engine)
+        logs[engine] = torch.cat(m.log)
+    a, b = logs["hf"], logs["compiled"]
+    assert a.shape == b.shape
+    assert (a != b).float().mean().item() <= 0.02, f"{int((a != b).sum())} of {a.numel()} drafts differ"
+
+
+def test_default_compiled_engine_keeps_drafters_on_hf_and_captures(gpu_models):
+    """Without the opt-in the compiled engine decodes DFlash drafters on the HF drafter path (and their MTP on the HF
+    layer): graphed, lossless, no capture error (a non-compilable method's fast-path MTP once failed to capture)."""
+    from dmtp.models import fast
+
+    tgt, mtp = gpu_models
+    for name in ("dflash", "zero_init_residual", "dmtp_d2"):
+        m = method(name, tgt, mtp)
+        assert fast.drafter_problem(m.drafter) is not None
+        ref = [hf(tgt, p, 12) for p in PROMPTS]
+        assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 12, engine="compiled")] == ref

@@ -391,7 +391,10 @@ class Batch:
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
         self.eos_ids = set(eos)
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
-        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=self.engine)
+        # the method's own caches (MTP layer, drafter context) take the fast path only where its stages compile: on
+        # CUDA an uncompiled fast forward cannot be captured (flex attention builds its block mask on the host)
+        own = self.engine if (self.engine == "compiled" and method.compilable) or dev.type != "cuda" else "hf"
+        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=own)
         # device-side record: output tokens, count, accept count of every round
         self.out = torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev)
         self.out[:, 0] = first

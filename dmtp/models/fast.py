@@ -75,9 +75,19 @@ def target_problem(tgt) -> str | None:
     return next((p for p in map(layer_problem, tgt.body.layers) if p), None)
 
 
+FAST_DRAFTER_ON_CUDA = "the compiled drafter forward proposes other drafts on CUDA than the HF drafter"
+
+
 def drafter_problem(drafter) -> str | None:
+    """None when `drafter_forward` may decode this drafter. On CUDA it is off by default: measured on the trained
+    `mini` drafters (LOG.md, 2026-12-01), the compiled engine's drafter gave DFlash first-token acceptance 0.21 where
+    the HF drafter path gives 0.86 on the same greedy trajectory (outputs identical: losslessness does not see it),
+    while CPU runs of the same code agree with the HF path draft for draft. Until the cause is found
+    (tests/test_cuda.py::test_fast_drafter_proposes_what_hf_proposes), DMTP_FAST_DRAFTER=1 opts in."""
     if drafter.config.backbone != "dflash":
         return f"{drafter.config.backbone} backbone"
+    if drafter.norm.weight.is_cuda and os.environ.get("DMTP_FAST_DRAFTER", "0") != "1":
+        return FAST_DRAFTER_ON_CUDA
     return None
 
 

@@ -325,7 +325,8 @@ def learning_curve(art: Artifacts) -> list[Path]:
         ax.axhline(r.acceptance_length, color=color.get("mtp", "k"), ls="--", label="MTP415 (native MTP)")
         ax.axhspan(r.lo, r.hi, color=color.get("mtp", "k"), alpha=0.12, lw=0)
     ax.set_xscale("log")
-    ticks = sorted(set(df.train_tokens.dropna()))  # the budgets themselves, in millions of tokens
+    pooled_rows = df[df.seed.astype(str) == "all"]  # one tick per budget (the seeds' token counts differ a little)
+    ticks = sorted(set((pooled_rows if len(pooled_rows) else df).train_tokens.dropna().round(-4)))
     ax.set_xticks(ticks, [f"{t / 1e6:.3g}M" for t in ticks])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set(xlabel="drafter training tokens", ylabel="acceptance length (incl. bonus)",
