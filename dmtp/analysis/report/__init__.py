@@ -59,6 +59,9 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
            f"Rendered from `{art.root}` by `python -m dmtp.cli.report report --profile {profile}`. "
            "Acceptance lengths include the bonus token; CIs are 95% percentile bootstraps over drafter seeds and "
            "requests (over requests alone where a run has one seed).", ""]
+    notes = art.root / "NOTES.md"  # hand-written provenance and caveats of the run, if any: shown as written
+    if notes.exists():
+        out += ["## How this run was made (NOTES.md)", "", notes.read_text().strip(), ""]
     out += summary.summary(art)
     if len(s):
         cols = ["experiment", "dataset", "temperature", "mode", "method", "k", "n_seeds", "n_requests",
