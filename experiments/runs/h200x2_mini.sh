@@ -16,7 +16,7 @@
 set -uo pipefail
 H=$HOME/dmtp; W=$H/work; R=$H/results; L=$H/logs
 mkdir -p $H $L
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
 sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
 P() { (cd $H/src && python3 -m dmtp.cli pipeline --profile mini --work $W --results $R $(sets) "$@"); }
 TR() { (cd $H/src && torchrun --standalone --nproc_per_node 2 -m dmtp.cli pipeline --profile mini --work $W \
