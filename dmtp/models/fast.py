@@ -128,8 +128,10 @@ def causal(pos: torch.Tensor):
 
 def window(anchor: torch.Tensor, bpos: torch.Tensor, size: int):
     """A drafter block at contiguous positions bpos [B, S] (anchor position a [B]) sees context rows a-size..a-1 and
-    its own rows, as `attention.visible` says (a single-anchor block starts at a+1: row a is not visible)."""
-    start, end = bpos[:, 0], bpos[:, -1]
+    its own rows, as `attention.visible` says (a single-anchor block starts at a+1: row a is not visible). The bounds
+    are contiguous copies, not column views of bpos: a mask_mod's captured tensors are indexed by the kernel (a
+    suspect of the CUDA-only wrong drafts, `drafter_problem`; unconfirmed)."""
+    start, end = bpos[:, 0].contiguous(), bpos[:, -1].contiguous()
 
     def mask_mod(b, h, q_idx, kv_idx):
         a = anchor[b]
