@@ -150,3 +150,22 @@ def test_a_subset_of_runs(run, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 2
     assert "zero_init_residual_from_dflash continues from dflash, which is neither trained nor selected" in p.stderr
+
+
+def test_one_failing_run_does_not_cost_the_others(run, tmp_path):
+    """A run that cannot be evaluated (here: a corrupt drafter checkpoint) is reported by name at the end of the
+    eval stage; every other run of the stage is still decoded and written."""
+    import shutil
+
+    root, cmd, _ = run
+    work = tmp_path / "work"
+    shutil.copytree(root / "work", work)
+    (work / "smoke" / "drafters" / "token_only" / "drafter" / "model.safetensors").write_bytes(b"not safetensors")
+    p = subprocess.run(cmd[:6] + ["--work", str(work), "--results", str(tmp_path / "r"), "--stage", "eval", "--set",
+                                  "ablation.only=ar,token_only,dflash", "--set", "eval.temperatures=0"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0
+    assert "evaluation run(s) failed" in p.stderr and "token_only s0 humaneval T=0" in p.stderr
+    runs = tmp_path / "r" / "smoke" / "runs" / "ablation"
+    assert (runs / "dflash" / "humaneval_T0.jsonl").exists() and (runs / "ar" / "humaneval_T0.jsonl").exists()
+    assert not (runs / "token_only" / "humaneval_T0.jsonl").exists()

@@ -328,14 +328,22 @@ def st_eval(c: Ctx):
         tgt, mtp = c.target()
         tok = c.tok
         hp = humaneval_prompts()
+    failed = []
     for ds, n, temp, mode, m, seed, u in todo:
         path = u.outputs[0]
-        if (m, seed) not in cache:  # a method object is reusable: each decode batch works on a copy
-            cache[m, seed] = load_method(m, tgt, mtp, drafters_dir(c, seed), ev.mtp_steps)
         t0 = time.time()
-        recs = run_generate(tgt, cache[m, seed], encode_prompts(tok, hp[:n]), temp, ev.new_tokens,
-                            [tok.eos_token_id], ev.batch, seed=0, tok=tok, desc=f"{m} s{seed} {ds} T{temp:g} {mode}",
-                            extra={"dataset": ds, "seed": seed}, mode=mode, stop_strings=stop_strings(c.p, mode))
+        try:  # one run failing does not cost the others: they go on, and the stage fails at the end naming it
+            if (m, seed) not in cache:  # a method object is reusable: each decode batch works on a copy
+                cache[m, seed] = load_method(m, tgt, mtp, drafters_dir(c, seed), ev.mtp_steps)
+            recs = run_generate(tgt, cache[m, seed], encode_prompts(tok, hp[:n]), temp, ev.new_tokens,
+                                [tok.eos_token_id], ev.batch, seed=0, tok=tok,
+                                desc=f"{m} s{seed} {ds} T{temp:g} {mode}", extra={"dataset": ds, "seed": seed},
+                                mode=mode, stop_strings=stop_strings(c.p, mode))
+        except Exception as e:  # noqa: BLE001 - reported below, then raised
+            why = str(e).splitlines()[0][:200] if str(e) else ""
+            failed.append(f"{m} s{seed} {ds} T={temp:g} {mode}: {type(e).__name__}: {why}")
+            c.log(f"eval FAILED {failed[-1]}")
+            continue
         wall = time.time() - t0
         write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "mode": mode, "seed": seed,
                               "max_new_tokens": ev.new_tokens, "batch": ev.batch, "stops": list(stop_strings(c.p, mode)),
@@ -347,6 +355,9 @@ def st_eval(c: Ctx):
               f"({len(acc)} rounds, {wall:.1f}s)")
     write_subsets(c)
     oracle_ceilings(c)
+    if failed:
+        raise RuntimeError(f"{len(failed)} evaluation run(s) failed (the others were written):\n  "
+                           + "\n  ".join(failed))
 
 
 def oracle_ceilings(c: Ctx):
