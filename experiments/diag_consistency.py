@@ -83,7 +83,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--engines", default=None, help="decode engines to compare (default: hf,flex on CPU; hf,compiled,"
+                    "compiled+fast on CUDA, where compiled+fast is the compiled engine with DMTP_FAST_DRAFTER=1)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     a.set, a.force = [], False
@@ -93,15 +94,26 @@ def main():
     rows = encode_prompts(tok, humaneval_prompts()[: a.prompts])
     plens = {r["id"]: len(r["prompt_ids"]) for r in rows}
     report = {}
-    engines = [e for e in a.engines.split(",") if e == "hf" or tgt.device.type == "cuda" or e == "flex"]
+    cuda = tgt.device.type == "cuda"
+    engines = (a.engines or ("hf,compiled,compiled+fast" if cuda else "hf,flex")).split(",")
+    bad = [e for e in engines if e.removesuffix("+fast") not in ENGINES]
+    if bad:
+        raise SystemExit(f"unknown engine(s) {bad}; known: {', '.join(ENGINES)} (+fast: DMTP_FAST_DRAFTER=1)")
     for run in a.runs.split(","):
         m = load_method(run, tgt, mtp, drafters_dir(c, a.seed))
         d = m.drafter
         res = {}
         traj = None
         for eng in engines:
-            os.environ["DMTP_ENGINE"] = eng
-            recs = run_generate(tgt, m, rows, 0.0, a.new_tokens, [], len(rows), desc=f"{run} {eng}")
+            os.environ["DMTP_ENGINE"] = eng.removesuffix("+fast")
+            os.environ["DMTP_FAST_DRAFTER"] = "1" if eng.endswith("+fast") else "0"
+            m = load_method(run, tgt, mtp, drafters_dir(c, a.seed))  # per engine: the opt-in is read at build time
+            try:
+                recs = run_generate(tgt, m, rows, 0.0, a.new_tokens, [], len(rows), desc=f"{run} {eng}")
+            except Exception as e:  # noqa: BLE001 - one engine failing must not hide the others' numbers
+                res[eng] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+                print(f"{run:<24} {eng:<13} FAILED {res[eng]['error']}", flush=True)
+                continue
             acc = [n for r in recs for n in r["accepted"]]
             first = sum(n >= 1 for n in acc) / max(1, len(acc))
             tau = sum(n + 1 for n in acc) / max(1, len(acc))
@@ -111,9 +123,13 @@ def main():
             else:
                 res[eng]["same_tokens_as_" + engines[0]] = all(x["output_ids"] == y["output_ids"]
                                                                for x, y in zip(recs, traj))
-            print(f"{run:<24} {eng:<9} first-token {first:.3f}  per-verify {tau:.3f}  ({len(acc)} rounds)",
+            print(f"{run:<24} {eng:<13} first-token {first:.3f}  per-verify {tau:.3f}  ({len(acc)} rounds)",
                   flush=True)
         os.environ.pop("DMTP_ENGINE", None)
+        os.environ.pop("DMTP_FAST_DRAFTER", None)
+        if traj is None:  # every engine failed: nothing to compare against
+            report[run] = res
+            continue
         seqs = [list(r_["prompt_ids"]) + list(t["output_ids"]) for r_, t in zip(rows, traj)]
         anchors = [visited_anchors(t, plens[t["id"]]) for t in traj]
         hits, cnt = teacher_forced(tgt, mtp, d, seqs, [plens[t["id"]] for t in traj], anchors)

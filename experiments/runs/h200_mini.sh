@@ -3,7 +3,8 @@
 # so one 30-minute allotment is used by a start command and short `watch` commands issued back to back (a held
 # machine is given back after ~30 s without a command, and everything under $HOME with it):
 #
-#   bash experiments/runs/h200_mini.sh all [SET...]    # corpus, tokenizer, target, data, drafters (two processes
+#   bash experiments/runs/h200_mini.sh all [SET...]    # (GPU checks of the compiled drafter meanwhile: pre.txt)
+#                                                      # corpus, tokenizer, target, data, drafters (two processes
 #                                                      # share the GPU: seed 0 | seeds 1, 2), eval + curve (same
 #                                                      # split), tables, then the extras (EXTRAS, default: diag,verify)
 #   bash experiments/runs/h200_mini.sh watch SECONDS   # wait (at most SECONDS) for the chain; log tails
@@ -40,6 +41,10 @@ case "${1:-}" in
 all)
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   snap
+  # while corpus and tokenizer keep the CPU busy, the GPU checks the compiled drafter (no trained model needed)
+  bg pre "cd $H/src && timeout 120 python3 -m experiments.repro_fast_drafter > $L/pre.txt 2>&1; \
+      timeout 300 python3 -m pytest -q -p no:warnings tests/test_cuda.py -k 'fast_drafter or keeps_drafters' \
+      >> $L/pre.txt 2>&1"
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
       P --stage data && stamp drafters && \
       { P --stage drafters --set ablation.only_seeds=0 > $L/d0.txt 2>&1 & \
@@ -56,7 +61,7 @@ watch)
   grep -a "^\[run\]" $L/all.log | tail -4
   for f in $L/all.log $L/*.txt; do [ -f $f ] || continue
     echo "--- $(basename $f)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
-      "\[mini\]\|rror\|first-token\|teacher\|MISS\|MET" | tail -${3:-6}
+      "\[mini\]\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed" | tail -${3:-6}
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
