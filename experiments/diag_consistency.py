@@ -28,40 +28,39 @@ from dmtp.training.drafters import block_inputs, extract
 
 
 @torch.no_grad()
-def teacher_forced(tgt, mtp, d, seqs, plens, anchors_of):
-    """Per-slot argmax accuracy of drafter d (the training forward, dense mask) at the given anchors of each sequence
-    (anchors_of[i]: positions a whose A = seq[a]); returns (hits [P], counts [P]) over the predicting slots."""
+def teacher_forced(tgt, mtp, d, seqs, anchors_of):
+    """Drafter d's argmax at each predicting slot (the training forward, dense mask) for the given anchors of each
+    sequence (anchors_of[i]: positions a whose A = seq[a]). Returns per sequence {anchor: (hit [P], has_label [P])}."""
     var = d.injection
     lay = var.layout(d.config.num_candidates)
-    P = len(lay.predict)
-    hits, cnt = torch.zeros(P), torch.zeros(P)
+    predict = list(lay.predict)
+    out = []
     for ids_l, anchors in zip(seqs, anchors_of):
         anchors = [a for a in anchors if 1 <= a <= len(ids_l) - 3]
         if not anchors:
+            out.append({})
             continue
         ids = torch.tensor(ids_l, device=tgt.device)[None]
         lengths = torch.tensor([len(ids_l)], device=tgt.device)
-        feats = extract(tgt, mtp, ids, lengths, sorted(set(d.config.target_layer_ids)), var.needs_mtp)
-        # features of the drafter's own taps, in its order
-        taps = sorted(set(d.config.target_layer_ids))
-        H = tgt.hidden_size
-        feats.taps = torch.cat([feats.taps[..., taps.index(t) * H:(taps.index(t) + 1) * H]
-                                for t in d.config.target_layer_ids], -1)
+        feats = extract(tgt, mtp, ids, lengths, d.config.target_layer_ids, var.needs_mtp)  # the drafter's tap order
         an = torch.tensor(anchors, device=tgt.device)[None]
-        valid = torch.ones_like(an, dtype=torch.bool)
-        block, pos, labels, w = block_inputs(d, tgt, feats, an, valid, 4.0)
+        block, pos, labels, _ = block_inputs(d, tgt, feats, an, torch.ones_like(an, dtype=torch.bool), 4.0)
         f = d.context(feats.taps, feats.g)
-        T = ids.shape[1]
-        ctx_kv = d.context_kv(f, torch.arange(T, device=f.device)[None])
-        hid = d(block, pos, ctx_kv, an, None)
-        pred = tgt.lm_head(hid).argmax(-1)  # [1, N*S]
-        S = lay.slots
-        pred, labels = pred.view(len(anchors), S), labels.view(len(anchors), S)
-        for j, s in enumerate(lay.predict):
-            ok = labels[:, s] >= 0
-            hits[j] += ((pred[:, s] == labels[:, s]) & ok).sum().cpu()
-            cnt[j] += ok.sum().cpu()
-    return hits, cnt
+        ctx_kv = d.context_kv(f, torch.arange(ids.shape[1], device=f.device)[None])
+        pred = tgt.lm_head(d(block, pos, ctx_kv, an, None)).argmax(-1)  # [1, N*S]
+        pred, labels = pred.view(len(anchors), lay.slots)[:, predict], labels.view(len(anchors), lay.slots)[:, predict]
+        ok = labels >= 0
+        out.append({a: (h, o) for a, h, o in zip(anchors, ((pred == labels) & ok).cpu(), ok.cpu())})
+    return out
+
+
+def slot_accuracy(per_seq, anchors_of=None) -> list[float]:
+    """Accuracy per predicting slot over every anchor of `teacher_forced`'s result, or over `anchors_of` only."""
+    pairs = [v for i, m in enumerate(per_seq) for a, v in m.items() if anchors_of is None or a in anchors_of[i]]
+    if not pairs:
+        return []
+    hits, cnt = sum(h.float() for h, _ in pairs), sum(o.float() for _, o in pairs)
+    return [round(float(h / max(n, 1)), 4) for h, n in zip(hits, cnt)]
 
 
 def visited_anchors(rec, plen):
@@ -100,8 +99,6 @@ def main():
     if bad:
         raise SystemExit(f"unknown engine(s) {bad}; known: {', '.join(ENGINES)} (+fast: DMTP_FAST_DRAFTER=1)")
     for run in a.runs.split(","):
-        m = load_method(run, tgt, mtp, drafters_dir(c, a.seed))
-        d = m.drafter
         res = {}
         traj = None
         for eng in engines:
@@ -130,13 +127,13 @@ def main():
         if traj is None:  # every engine failed: nothing to compare against
             report[run] = res
             continue
+        d = m.drafter  # the same weights whichever engine's method loaded them
         seqs = [list(r_["prompt_ids"]) + list(t["output_ids"]) for r_, t in zip(rows, traj)]
-        anchors = [visited_anchors(t, plens[t["id"]]) for t in traj]
-        hits, cnt = teacher_forced(tgt, mtp, d, seqs, [plens[t["id"]] for t in traj], anchors)
-        res["teacher_forced_visited"] = [round(float(h / max(n, 1)), 4) for h, n in zip(hits, cnt)]
-        every = [list(range(plens[t["id"]], plens[t["id"]] + len(t["output_ids"]) - 2)) for t in traj]
-        hits, cnt = teacher_forced(tgt, mtp, d, seqs, None, every)
-        res["teacher_forced_all"] = [round(float(h / max(n, 1)), 4) for h, n in zip(hits, cnt)]
+        every = [range(plens[t["id"]], plens[t["id"]] + len(t["output_ids"]) - 2) for t in traj]
+        per_seq = teacher_forced(tgt, mtp, d, seqs, every)  # one pass; the visited anchors are a subset
+        visited = [set(visited_anchors(t, plens[t["id"]])) for t in traj]
+        res["teacher_forced_visited"] = slot_accuracy(per_seq, visited)
+        res["teacher_forced_all"] = slot_accuracy(per_seq)
         print(f"{run:<24} teacher-forced slot accuracy at visited anchors {res['teacher_forced_visited']}")
         print(f"{run:<24} teacher-forced slot accuracy at every anchor    {res['teacher_forced_all']}", flush=True)
         report[run] = res
