@@ -14,17 +14,7 @@
 # engine), `verify` = the verification-mode study (--stage verify), `bench` = dmtp.cli.bench on the trained models.
 # Work and results live under $HOME/dmtp; the chain runs from a copy of the tree taken when it starts. SET: extra
 # `--set` assignments (e.g. train.steps=2000), passed to every stage.
-set -uo pipefail
-H=$HOME/dmtp; W=$H/work; R=$H/results; L=$H/logs
-mkdir -p $H $L
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
-sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
-P() { (cd $H/src && python3 -m dmtp.cli pipeline --profile mini --work $W --results $R $(sets) "$@"); }
-snap() { rm -rf $H/src; mkdir -p $H/src; cp -r dmtp experiments ablations tests pyproject.toml $H/src/; }
-bg() { local name=$1; shift; echo "[run] $(date +%T) start $name"; setsid bash -c "$*; echo \$? > $L/$name.rc" \
-       > $L/$name.log 2>&1 < /dev/null & }
-stamp() { echo "[run] $(date +%T) $*"; }
-export -f P sets stamp; export H W R L
+source "$(dirname "$0")/mini_common.sh"  # H W R L, sets, P, snap, bg, stamp
 
 extras() {
   local s=""

@@ -13,18 +13,10 @@
 # Work and results live under $HOME/dmtp (kept between the commands of one held machine); each phase runs from a copy
 # of the tree taken when it starts. SET: extra `--set` assignments (e.g. train.steps=2000), remembered for later
 # phases so that the evaluation asks for the drafters that were trained.
-set -uo pipefail
-H=$HOME/dmtp; W=$H/work; R=$H/results; L=$H/logs
-mkdir -p $H $L
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
-sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
-P() { (cd $H/src && python3 -m dmtp.cli pipeline --profile mini --work $W --results $R $(sets) "$@"); }
+source "$(dirname "$0")/mini_common.sh"  # H W R L, sets, P, snap, bg, stamp
 TR() { (cd $H/src && torchrun --standalone --nproc_per_node 2 -m dmtp.cli pipeline --profile mini --work $W \
         --results $R $(sets) "$@"); }
-snap() { rm -rf $H/src; mkdir -p $H/src; cp -r dmtp experiments ablations pyproject.toml $H/src/; }
-bg() { local name=$1; shift; echo "[run] $(date +%T) start $name"; setsid bash -c "$*; echo \$? > $L/$name.rc" \
-       > $L/$name.log 2>&1 < /dev/null & }
-export -f P TR sets; export H W R L
+export -f TR
 
 case "${1:-}" in
 start1)

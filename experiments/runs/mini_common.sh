@@ -1,0 +1,14 @@
+# Shared by the mini run scripts (h200_mini.sh, h200x2_mini.sh): work and results under $HOME/dmtp, the pipeline
+# call P (with the remembered --set assignments), a snapshot of the tree, background jobs that outlive the device
+# command that starts them (setsid; log + return code under $L).
+set -uo pipefail
+H=$HOME/dmtp; W=$H/work; R=$H/results; L=$H/logs
+mkdir -p $H $L
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
+sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
+P() { (cd $H/src && python3 -m dmtp.cli pipeline --profile mini --work $W --results $R $(sets) "$@"); }
+snap() { rm -rf $H/src; mkdir -p $H/src; cp -r dmtp experiments ablations tests pyproject.toml $H/src/; }
+bg() { local name=$1; shift; echo "[run] $(date +%T) start $name"; setsid bash -c "$*; echo \$? > $L/$name.rc" \
+       > $L/$name.log 2>&1 < /dev/null & }
+stamp() { echo "[run] $(date +%T) $*"; }
+export -f P sets stamp; export H W R L
