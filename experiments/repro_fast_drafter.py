@@ -4,6 +4,7 @@ the compiled engine's drafts part from the HF drafter's? (LOG.md 2026-12-01: on 
 For a random drafter at the mini shape over a context cache of random committed rows, with B requests at different
 anchors, prints the largest difference of the block's hidden states from `Drafter.forward` (dense mask) and the share
 of argmax tokens that agree, for:
+    control: a-1     the eager forward told every anchor one row early: what a visibility slip looks like
     eager            fast.drafter_forward, uncompiled (flex attention eager)
     compiled         the same through torch.compile (Triton flex attention on CUDA)
     compiled-dense   compiled, the engine's dense attention kernel instead of flex
@@ -75,6 +76,8 @@ def main():
 
     block, bpos, anchor = inputs(0)
     ref = reference(block, bpos, anchor)
+    # control: the eager forward with every anchor one row early must differ (the check can see a visibility slip)
+    report("control: a-1", fast.drafter_forward(d, block, bpos, fresh_cache(ctx, B, cap), anchor - 1), ref)
     report("eager", fast.drafter_forward(d, block, bpos, fresh_cache(ctx, B, cap), anchor), ref)
     step = torch.compile(fast.drafter_forward, dynamic=False)
     report("compiled", step(d, block, bpos, fresh_cache(ctx, B, cap), anchor), ref)
