@@ -271,7 +271,7 @@ def drafter_forward(d, block, bpos, cache: KVCache, anchor):
     context being the rows of `cache` (`context_kv` of committed positions): normed hidden states [B, S, H]."""
     c = d.config
     cos, sin = rope_cos_sin(bpos, c.head_dim, c.rope_theta, block.dtype)
-    vis = window(anchor, bpos, c.window)
+    vis = window(anchor, bpos, c.window or cache.k[0].shape[2])  # window 0: every earlier row (Drafter.forward)
     B, S, _ = block.shape
     x = block
     for i, layer in enumerate(d.layers):

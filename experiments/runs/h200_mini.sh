@@ -7,7 +7,12 @@
 #                                                      # corpus, tokenizer, target, data, drafters (two processes
 #                                                      # share the GPU: seed 0 | seeds 1, 2), eval + curve (same
 #                                                      # split), tables, then the extras (EXTRAS, default: diag,verify)
-#   bash experiments/runs/h200_mini.sh watch SECONDS   # wait (at most SECONDS) for the chain; log tails
+#   bash experiments/runs/h200_mini.sh study [SET...]  # the verification-mode study alone: corpus .. data, the
+#                                                      # study's drafters (seed 0), then --stage verify one
+#                                                      # temperature at a time (VERIFY_TEMPS, default 0.6 1.0)
+#   bash experiments/runs/h200_mini.sh engine          # h200_engine.sh (STEPS, BUDGET) in the background, from a
+#                                                      # snapshot of this tree, on the trained models if present
+#   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
 #   bash experiments/runs/h200_mini.sh pack            # results/mini + logs -> $OUT/mini.tgz (any time: what exists)
 #
 # Extras, after the tables: `diag` = experiments/diag_consistency.py (teacher-forced vs decoded acceptance, every
@@ -42,16 +47,35 @@ all)
       { P --stage eval,curve --set ablation.only_seeds=0 > $L/e0.txt 2>&1 & \
         P --stage eval,curve --set ablation.only_seeds=1,2 > $L/e12.txt 2>&1; wait; } && stamp tables && \
       P --stage tables > $L/tables.txt 2>&1; $(extras) stamp end" ;;
+study)
+  shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
+  snap
+  bg pre "cd $H/src && timeout 120 python3 -m experiments.repro_fast_drafter > $L/pre.txt 2>&1; \
+      timeout 300 python3 -m pytest -q -p no:warnings tests/test_cuda.py -k 'fast_drafter or keeps_drafters' \
+      >> $L/pre.txt 2>&1"
+  runs=$(cd $H/src && python3 -c "from experiments.profiles import get_profile as g
+print(','.join(m for m in g('mini').verify.methods if m not in g('mini').ablation.baselines))")
+  v=""; for T in ${VERIFY_TEMPS:-0.6 1.0}; do
+    v+="stamp verify T=$T; P --stage verify --set 'verify.temperatures=[$T]' > $L/verify_T$T.txt 2>&1; "; done
+  bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
+      P --stage data && stamp drafters && P --stage drafters --set ablation.only=$runs --set ablation.only_seeds=0 \
+      > $L/d0.txt 2>&1 && { $v stamp report; (cd $H/src && python3 -m dmtp.cli.report verify --profile mini \
+      --results $R) > $L/report.txt 2>&1; }; stamp end" ;;
+engine)
+  rm -rf $H/src_e; mkdir -p $H/src_e; cp -r dmtp experiments ablations tests pyproject.toml $H/src_e/
+  ln -s $W $H/src_e/work
+  bg engine "cd $H/src_e && OUT= RES=$R/mini/bench STEPS=${STEPS:-paper,mini,trained,tests} BUDGET=${BUDGET:-540} \
+      bash experiments/runs/h200_engine.sh" ;;
 watch)
-  end=$(( $(date +%s) + ${2:-500} ))
+  end=$(( $(date +%s) + ${2:-500} )); job=${3:-all}
   while [ $(date +%s) -lt $end ]; do
-    [ -f $L/all.rc ] && break; sleep 5
+    [ -f $L/$job.rc ] && break; sleep 5
   done
-  echo "=== all rc=$(cat $L/all.rc 2>/dev/null || echo running)"
-  grep -a "^\[run\]" $L/all.log | tail -4
-  for f in $L/all.log $L/*.txt; do [ -f $f ] || continue
+  echo "=== $job rc=$(cat $L/$job.rc 2>/dev/null || echo running)"
+  grep -a "^\[run\]" $L/$job.log | tail -4
+  for f in $L/all.log $L/engine.log $L/*.txt; do [ -f $f ] || continue
     echo "--- $(basename $f)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
-      "\[mini\]\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed" | tail -${3:-6}
+      "\[mini\]\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|verify " | tail -${4:-6}
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
