@@ -8,6 +8,10 @@ of argmax tokens that agree, for:
     eager            fast.drafter_forward, uncompiled (flex attention eager)
     compiled         the same through torch.compile (Triton flex attention on CUDA)
     compiled-dense   compiled, the engine's dense attention kernel instead of flex
+    compiled forced-flex   compiled, flex attention's general Triton template forced (not the decoding one; CUDA)
+    compiled all-blocks    compiled, every key block listed in the block mask (the mask_mod alone decides; CUDA)
+    compiled pre-written   compiled over a cache into which the block's K/V were written beforehand (CUDA)
+    compiled write-eager   compiled, the cache writes left out of the graph (DMTP_WRITE_EAGER=1; CUDA)
     graphed          compiled, captured in a CUDA graph and replayed with other anchors (CUDA only)
 
     python -m experiments.repro_fast_drafter                 # CUDA if present; ~1 min
@@ -15,6 +19,7 @@ of argmax tokens that agree, for:
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 
@@ -23,10 +28,10 @@ from dmtp.models.cache import KVCache
 from dmtp.models.drafter import Drafter, DrafterConfig
 
 
-def setup(dev, B, cap, hidden, vocab, seed=0):
+def setup(dev, B, cap, hidden, vocab, seed=0, kv_heads=2):
     torch.manual_seed(seed)
     c = DrafterConfig(hidden_size=hidden, vocab_size=vocab, num_hidden_layers=2, num_attention_heads=8,
-                      num_key_value_heads=2, head_dim=64, intermediate_size=1408, num_target_layers=6,
+                      num_key_value_heads=kv_heads, head_dim=64, intermediate_size=1408, num_target_layers=6,
                       variant="dflash", mask_token_id=2)
     d = Drafter(c).to(dev).eval()
     for w in d.parameters():  # weights of unit gain, so attention moves the output as much as the residual does
@@ -52,10 +57,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--capacity", type=int, default=512)
+    ap.add_argument("--kv-heads", type=int, default=2, help="of 8 query heads (8: no grouped-query attention)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     dev, B, cap, S = torch.device(a.device), a.batch, a.capacity, 8
-    d, emb, head, ctx = setup(dev, B, cap, 512, 8192)
+    d, emb, head, ctx = setup(dev, B, cap, 512, 8192, kv_heads=a.kv_heads)
     offs = torch.arange(S, device=dev)
 
     def inputs(seed):
@@ -86,6 +92,33 @@ def main():
         report("compiled-dense", dense(d, block, bpos, fresh_cache(ctx, B, cap), anchor), ref)
     if dev.type != "cuda":
         return
+    plain = fast.flex_attention
+    for name, opts in (("forced-flex", {"FORCE_USE_FLEX_ATTENTION": True}),):  # the non-decoding Triton template
+        fast.flex_attention = functools.partial(plain, kernel_options=opts)
+        torch._dynamo.reset()
+        report(f"compiled {name}", torch.compile(fast.drafter_forward, dynamic=False)(
+            d, block, bpos, fresh_cache(ctx, B, cap), anchor), ref)
+    fast.flex_attention = plain
+    # every key block listed (the mask_mod alone decides): is the block list at fault?
+    blocks = fast._block_mask
+    fast._block_mask = lambda lo, hi, mm, q, c: blocks(torch.zeros_like(lo), torch.full_like(hi, c), mm, q, c)
+    torch._dynamo.reset()
+    report("compiled all-blocks", torch.compile(fast.drafter_forward, dynamic=False)(
+        d, block, bpos, fresh_cache(ctx, B, cap), anchor), ref)
+    fast._block_mask = blocks
+    # the block's K/V written beforehand (the eager forward writes the same rows): does flex read the rows the graph
+    # writes before it, or the buffer as it was?
+    pre = fresh_cache(ctx, B, cap)
+    fast.drafter_forward(d, block, bpos, pre, anchor)
+    torch._dynamo.reset()
+    report("compiled pre-written", torch.compile(fast.drafter_forward, dynamic=False)(d, block, bpos, pre, anchor), ref)
+    # the cache write outside the compiled graph (a graph break at each write)
+    fast.WRITE_EAGER = True
+    torch._dynamo.reset()
+    report("compiled write-eager", torch.compile(fast.drafter_forward, dynamic=False)(
+        d, block, bpos, fresh_cache(ctx, B, cap), anchor), ref)
+    fast.WRITE_EAGER = False
+    torch._dynamo.reset()
     cache = fresh_cache(ctx, B, cap)
     sb, sp, sa = block.clone(), bpos.clone(), anchor.clone()
     step(d, sb, sp, cache, sa)  # warm-up

@@ -170,11 +170,19 @@ def _dense(q, k, v, mask_mod, scale):
     return (p.view(B, Hkv, G * n, cap) @ v).view(B, Hq, n, D)
 
 
-def _write(kbuf, vbuf, k, v, pos):
+def _write_rows(kbuf, vbuf, k, v, pos):
     """k, v [B, H, q, D] into cache buffers [B, H, cap, D] at rows pos [B, q] (in place, as `KVCache.update`)."""
     bi = torch.arange(k.shape[0], device=k.device)[:, None]
     kbuf[bi, :, pos] = k.transpose(1, 2).to(kbuf.dtype)
     vbuf[bi, :, pos] = v.transpose(1, 2).to(vbuf.dtype)
+
+
+_write_eager = torch.compiler.disable(_write_rows)
+WRITE_EAGER = os.environ.get("DMTP_WRITE_EAGER", "0") == "1"
+
+
+def _write(kbuf, vbuf, k, v, pos):
+    (_write_eager if WRITE_EAGER else _write_rows)(kbuf, vbuf, k, v, pos)
 
 
 # --- the target's and the MTP's decoder layer -------------------------------------------------------------------
