@@ -171,14 +171,27 @@ def _dense(q, k, v, mask_mod, scale):
 
 
 def _write_rows(kbuf, vbuf, k, v, pos):
-    """k, v [B, H, q, D] into cache buffers [B, H, cap, D] at rows pos [B, q] (in place, as `KVCache.update`)."""
+    """k, v [B, H, q, D] into cache buffers [B, H, cap, D] at rows pos [B, q] (in place, as `KVCache.update`), as one
+    index_copy_ over the buffers' rows flattened to [B*H*cap, D]. Not `kbuf[bi, :, pos] = ...`: that indexing (two
+    advanced indices around a slice) compiled by Inductor on CUDA wrote the wrong cache rows (LOG.md 2026-12-01:
+    the compiled drafter's wrong drafts and the compiled Qwen3 target's divergences from HF greedy), while eager and
+    the CPU were right. A buffer that is not contiguous is written eagerly, outside the graph."""
+    B, H, cap, D = kbuf.shape
+    if not (kbuf.is_contiguous() and vbuf.is_contiguous()):
+        return _write_eager(kbuf, vbuf, k, v, pos)
+    rows = (torch.arange(B * H, device=pos.device).view(B, H, 1) * cap + pos[:, None, :]).reshape(-1)
+    kbuf.view(-1, D).index_copy_(0, rows, k.reshape(-1, D).to(kbuf.dtype))
+    vbuf.view(-1, D).index_copy_(0, rows, v.reshape(-1, D).to(vbuf.dtype))
+
+
+def _write_indexed(kbuf, vbuf, k, v, pos):
     bi = torch.arange(k.shape[0], device=k.device)[:, None]
     kbuf[bi, :, pos] = k.transpose(1, 2).to(kbuf.dtype)
     vbuf[bi, :, pos] = v.transpose(1, 2).to(vbuf.dtype)
 
 
-_write_eager = torch.compiler.disable(_write_rows)
-WRITE_EAGER = os.environ.get("DMTP_WRITE_EAGER", "0") == "1"
+_write_eager = torch.compiler.disable(_write_indexed)
+WRITE_EAGER = os.environ.get("DMTP_WRITE_EAGER", "0") == "1"  # every cache write outside the compiled graphs
 
 
 def _write(kbuf, vbuf, k, v, pos):
