@@ -11,7 +11,8 @@ of argmax tokens that agree, for:
     compiled forced-flex   compiled, flex attention's general Triton template forced (not the decoding one; CUDA)
     compiled all-blocks    compiled, every key block listed in the block mask (the mask_mod alone decides; CUDA)
     compiled pre-written   compiled over a cache into which the block's K/V were written beforehand (CUDA)
-    compiled write-eager   compiled, the cache writes left out of the graph (DMTP_WRITE_EAGER=1; CUDA)
+    compiled write-eager   compiled, the cache writes left out of the graph (DMTP_CACHE_WRITE=eager; CUDA)
+    (every compiled row above but write-eager writes inside the graph: DMTP_CACHE_WRITE=graph)
     graphed          compiled, captured in a CUDA graph and replayed with other anchors (CUDA only)
 
     python -m experiments.repro_fast_drafter                 # CUDA if present; ~1 min
@@ -60,6 +61,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2, help="of 8 query heads (8: no grouped-query attention)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
+    fast.CACHE_WRITE = "graph"  # the write inside the compiled graph unless a row says otherwise
     dev, B, cap, S = torch.device(a.device), a.batch, a.capacity, 8
     d, emb, head, ctx = setup(dev, B, cap, 512, 8192, kv_heads=a.kv_heads)
     offs = torch.arange(S, device=dev)
@@ -112,17 +114,12 @@ def main():
     fast.drafter_forward(d, block, bpos, pre, anchor)
     torch._dynamo.reset()
     report("compiled pre-written", torch.compile(fast.drafter_forward, dynamic=False)(d, block, bpos, pre, anchor), ref)
-    # the cache write outside the compiled graph (a graph break at each write)
-    fast.WRITE_EAGER = True
+    # the cache write outside the compiled graph (a graph break at each write: the engine's default on CUDA)
+    fast.CACHE_WRITE = "eager"
     torch._dynamo.reset()
-    report("compiled write-eager (fix a)", torch.compile(fast.drafter_forward, dynamic=False)(
+    report("compiled write-eager", torch.compile(fast.drafter_forward, dynamic=False)(
         d, block, bpos, fresh_cache(ctx, B, cap), anchor), ref)
-    fast.WRITE_EAGER = False
-    fast._write_rows, rows = fast._write_indexed, fast._write_rows  # the indexed write the engine had before
-    torch._dynamo.reset()
-    report("compiled indexed-write", torch.compile(fast.drafter_forward, dynamic=False)(
-        d, block, bpos, fresh_cache(ctx, B, cap), anchor), ref)
-    fast._write_rows = rows
+    fast.CACHE_WRITE = "graph"
     torch._dynamo.reset()
     cache = fresh_cache(ctx, B, cap)
     sb, sp, sa = block.clone(), bpos.clone(), anchor.clone()

@@ -75,15 +75,17 @@ def target_problem(tgt) -> str | None:
     return next((p for p in map(layer_problem, tgt.body.layers) if p), None)
 
 
-FAST_DRAFTER_ON_CUDA = "the compiled drafter forward proposes other drafts on CUDA than the HF drafter"
+FAST_DRAFTER_ON_CUDA = ("the compiled drafter forward is opt-in on CUDA (DMTP_FAST_DRAFTER=1) until it is checked on "
+                        "trained drafters")
 
 
 def drafter_problem(drafter) -> str | None:
-    """None when `drafter_forward` may decode this drafter. On CUDA it is off by default: measured on the trained
-    `mini` drafters (LOG.md, 2026-12-01), the compiled engine's drafter gave DFlash first-token acceptance 0.21 where
-    the HF drafter path gives 0.86 on the same greedy trajectory (outputs identical: losslessness does not see it),
-    while CPU runs of the same code agree with the HF path draft for draft. Until the cause is found
-    (tests/test_cuda.py::test_fast_drafter_proposes_what_hf_proposes), DMTP_FAST_DRAFTER=1 opts in."""
+    """None when `drafter_forward` may decode this drafter. On CUDA it is opt-in (DMTP_FAST_DRAFTER=1): on the trained
+    `mini` drafters it once gave DFlash first-token acceptance 0.21 where the HF drafter path gives 0.86 (LOG.md
+    2026-12-01; outputs identical: losslessness does not see it). The cause was the cache write inside the compiled
+    graph (`CACHE_WRITE`); with the write outside it the compiled drafter proposes the HF drafter's drafts on the H200
+    (tests/test_cuda.py::test_fast_drafter_proposes_what_hf_proposes, experiments/repro_fast_drafter.py). It becomes
+    the default again once experiments/diag_consistency.py agrees on trained drafters too."""
     if drafter.config.backbone != "dflash":
         return f"{drafter.config.backbone} backbone"
     if drafter.norm.weight.is_cuda and os.environ.get("DMTP_FAST_DRAFTER", "0") != "1":
@@ -171,31 +173,28 @@ def _dense(q, k, v, mask_mod, scale):
 
 
 def _write_rows(kbuf, vbuf, k, v, pos):
-    """k, v [B, H, q, D] into cache buffers [B, H, cap, D] at rows pos [B, q] (in place, as `KVCache.update`), as one
-    index_copy_ over the buffers' rows flattened to [B*H*cap, D]. Not `kbuf[bi, :, pos] = ...`: that indexing (two
-    advanced indices around a slice) compiled by Inductor on CUDA wrote the wrong cache rows (LOG.md 2026-12-01:
-    the compiled drafter's wrong drafts and the compiled Qwen3 target's divergences from HF greedy), while eager and
-    the CPU were right. A buffer that is not contiguous is written eagerly, outside the graph."""
-    B, H, cap, D = kbuf.shape
-    if not (kbuf.is_contiguous() and vbuf.is_contiguous()):
-        return _write_eager(kbuf, vbuf, k, v, pos)
-    rows = (torch.arange(B * H, device=pos.device).view(B, H, 1) * cap + pos[:, None, :]).reshape(-1)
-    kbuf.view(-1, D).index_copy_(0, rows, k.reshape(-1, D).to(kbuf.dtype))
-    vbuf.view(-1, D).index_copy_(0, rows, v.reshape(-1, D).to(vbuf.dtype))
-
-
-def _write_indexed(kbuf, vbuf, k, v, pos):
+    """k, v [B, H, q, D] into cache buffers [B, H, cap, D] at rows pos [B, q] (in place, as `KVCache.update`)."""
     bi = torch.arange(k.shape[0], device=k.device)[:, None]
     kbuf[bi, :, pos] = k.transpose(1, 2).to(kbuf.dtype)
     vbuf[bi, :, pos] = v.transpose(1, 2).to(vbuf.dtype)
 
 
-_write_eager = torch.compiler.disable(_write_indexed)
-WRITE_EAGER = os.environ.get("DMTP_WRITE_EAGER", "0") == "1"  # every cache write outside the compiled graphs
+_write_eager = torch.compiler.disable(_write_rows)
+# where a compiled forward writes its K/V rows into the cache: "auto" = outside the compiled graph on CUDA (a graph
+# break at each write), inside it on the CPU; "graph" / "eager" force one. On CUDA (torch 2.11, H200) a graph that
+# writes the cache and then reads it with flex attention gave wrong attention outputs, whatever the write (indexed or
+# index_copy_ over flattened rows) and even when the rows written held the same values already; the same graph with
+# the dense kernel, eager flex attention, and the write outside the graph were right (experiments/repro_fast_drafter.py,
+# LOG.md 2026-12-01, second entry). It made the compiled drafter propose wrong drafts and the compiled Qwen3 target
+# diverge from HF greedy; CUDA graphs capture the eager write as any other kernel.
+CACHE_WRITE = os.environ.get("DMTP_CACHE_WRITE", "auto")
 
 
 def _write(kbuf, vbuf, k, v, pos):
-    (_write_eager if WRITE_EAGER else _write_rows)(kbuf, vbuf, k, v, pos)
+    if CACHE_WRITE not in ("auto", "graph", "eager"):
+        raise ValueError(f"DMTP_CACHE_WRITE={CACHE_WRITE!r}: 'auto', 'graph' or 'eager'")
+    eager = CACHE_WRITE == "eager" or (CACHE_WRITE == "auto" and kbuf.is_cuda)
+    (_write_eager if eager else _write_rows)(kbuf, vbuf, k, v, pos)
 
 
 # --- the target's and the MTP's decoder layer -------------------------------------------------------------------
