@@ -148,3 +148,23 @@ def test_every_cpu_engine_proposes_the_same_drafts(name):
         logs[engine] = torch.cat([real for _, _, real, _ in o.log])
     assert logs["hf"].shape[0] >= 8  # rounds of every request, all logged
     assert torch.equal(logs["hf"], logs["flex"]) and torch.equal(logs["hf"], logs["compiled"])
+
+
+def test_cache_write_outside_the_graph_proposes_the_same_drafts(monkeypatch):
+    """`fast.CACHE_WRITE`: the K/V rows written inside the compiled graph (the CPU default) or outside it (a graph
+    break at each write, the CUDA default since the in-graph write gave wrong flex-attention outputs on the H200):
+    the same drafts, draft for draft, and lossless; an unknown setting is refused by name."""
+    tgt, mtp = tiny.build("qwen3", seed=0)
+    d = make_drafter(tgt, "zero_init_residual")
+    truth = [hf_greedy(tgt, p, 16) for p in PROMPTS]
+    logs = {}
+    for mode in ("graph", "eager"):
+        monkeypatch.setattr(fast, "CACHE_WRITE", mode)
+        o = Oracle(build_method("zero_init_residual", tgt, drafter=d, mtp=mtp), truth)
+        out = generate(tgt, o, PROMPTS, 0.0, 16, engine="compiled")
+        assert [r.output_ids for r in out] == truth
+        logs[mode] = torch.cat([real for _, _, real, _ in o.log])
+    assert torch.equal(logs["graph"], logs["eager"])
+    monkeypatch.setattr(fast, "CACHE_WRITE", "later")
+    with pytest.raises(ValueError, match="DMTP_CACHE_WRITE='later'"):
+        fast._write(*(torch.zeros(1, 1, 4, 2),) * 4, torch.zeros(1, 1, dtype=torch.long))

