@@ -114,6 +114,11 @@ def environment() -> dict:
     if torch.cuda.is_available():
         env["device"] = torch.cuda.get_device_name(0)
         env["cuda"] = torch.version.cuda
+    # the decode and training switches set for this process (engine, compiled drafter, cache write, attention kernel,
+    # CUDA graphs, ...): which path made a result is part of its provenance
+    switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith("DMTP_") and k != "DMTP_GIT_SHA"}
+    if switches:
+        env["switches"] = switches
     return env
 
 

@@ -2,6 +2,7 @@
 (refused or --force), `dmtp generate` appending and resuming, pretraining and drafter training finishing after a
 kill at their last step."""
 import json
+import os
 import shutil
 
 import pytest
@@ -224,3 +225,20 @@ def test_copied_target_is_not_the_same_weights(ckpt, tmp_path):
     f = tmp_path / "t" / "model.safetensors"
     os.utime(f, (time.time() + 5, time.time() + 5))
     assert cli_main._modified(tmp_path / "t") != stamp
+
+
+def test_meta_records_the_decode_switches(tmp_path, monkeypatch):
+    """A meta file says which path made its result: every DMTP_* switch set for the process (not the git sha, kept on
+    its own), none when none is set."""
+    from dmtp.io import write_meta
+
+    for k in [k for k in os.environ if k.startswith("DMTP_")]:
+        monkeypatch.delenv(k)
+    write_meta(tmp_path / "a.json", {})
+    assert "switches" not in json.loads((tmp_path / "a.json").read_text())["env"]
+    monkeypatch.setenv("DMTP_ENGINE", "hf")
+    monkeypatch.setenv("DMTP_CACHE_WRITE", "eager")
+    monkeypatch.setenv("DMTP_GIT_SHA", "abc")
+    write_meta(tmp_path / "b.json", {})
+    env = json.loads((tmp_path / "b.json").read_text())["env"]
+    assert env["switches"] == {"DMTP_CACHE_WRITE": "eager", "DMTP_ENGINE": "hf"} and env["git_sha"] == "abc"
