@@ -55,6 +55,22 @@ def test_study_resumes(done):
     assert path.stat().st_mtime_ns == before
 
 
+def test_a_failing_group_does_not_stop_the_others(tmp_path):
+    """A group that fails (here: a method without a saved drafter) is named in the error raised after the other
+    groups have run and been written."""
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    make_drafter(tgt, "dflash").save(tmp_path / "drafters" / "dflash" / "drafter")
+    cfg = VerifyConfig(methods=("zero_init_residual", "dflash"), modes=("target",), temperatures=(1.0,), caps=(1,),
+                       prompts=2, small_cap_prompts=1, repeats=1, max_new_tokens=4)
+    prompts = [{"id": f"p{i}", "prompt_ids": p} for i, p in enumerate([[5, 7, 9], [4, 8]])]
+    out = tmp_path / "verify"
+    with pytest.raises(RuntimeError, match=r"1 verify-study group\(s\) failed.*\n  zero_init_residual target T=1"):
+        study_cli.study(tgt, mtp, tmp_path / "drafters", prompts, cfg, out, eos=[], mtp_steps=3)
+    assert len(read_jsonl(study_cli.group_path(out, "dflash", "target", 1.0))) == 2
+    assert not study_cli.group_path(out, "zero_init_residual", "target", 1.0).exists()
+    assert set(pd.read_csv(out / "throughput.csv").method) == {"dflash"}
+
+
 def test_report_section(done):
     _, _, _, cfg, _, out = done
     lines = report.render(out.parent)

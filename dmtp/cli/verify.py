@@ -92,25 +92,36 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
 def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out: Path, eos, mtp_steps: int = 4,
           stop: StopStrings | None = None, todo: list[tuple[str, str, float]] | None = None, want=None, log=print):
     """Decode the groups `todo` (default: every group of `cfg` without records under `out`), then write
-    throughput.csv and oracle.csv. `stop`: the natural mode's stop strings for the decode loop (None: none).
+    throughput.csv and oracle.csv. A group that fails is reported and the others still run; the study then raises,
+    naming every failed group. `stop`: the natural mode's stop strings for the decode loop (None: none).
     `want(method, verify, temperature)`: the fingerprint recorded in a group's meta (the pipeline's; None: none)."""
     if todo is None:
         todo = [g for g in groups(cfg) if not group_path(out, *g).exists()]
-    cache = {}
+    cache, failed = {}, []
     for name, v, temp in todo:
         path = group_path(out, name, v, temp)
-        if name not in cache:  # a method object is reusable: each server works on a copy
-            cache[name] = load_method(name, tgt, mtp, drafters, mtp_steps)
         t0 = time.time()
-        recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, stop, log)
+        try:
+            if name not in cache:  # a method object is reusable: each server works on a copy
+                cache[name] = load_method(name, tgt, mtp, drafters, mtp_steps)
+            recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, stop, log)
+        except Exception as e:  # noqa: BLE001 - the other groups still run; reported and raised below
+            why = str(e).splitlines()[0][:200] if str(e) else ""
+            failed.append(f"{name} {v} T={temp:g}: {type(e).__name__}: {why}")
+            log(f"verify FAILED {failed[-1]}")
+            continue
         fp = {} if want is None else {"fingerprint": want(name, v, temp)}
         write_meta(path.with_suffix(".meta.json"), {"method": name, "verify": v, "temperature": temp,
                                                      "study": vars(cfg)},
                    wall_s=time.time() - t0, throughput=rows, **fp)  # before the records, as every run file
         write_jsonl(path, recs)
-    gather(out)
+    if any((out / "runs").glob("*/*/*.meta.json")):
+        gather(out)
     if todo or not (out / "oracle.csv").exists():
         ceilings(tgt, out, prompts, log)
+    if failed:
+        raise RuntimeError(f"{len(failed)} verify-study group(s) failed (the others were written):\n  "
+                           + "\n  ".join(failed))
 
 
 def gather(out: Path) -> Path:

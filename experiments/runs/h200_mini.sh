@@ -9,7 +9,9 @@
 #                                                      # split), tables, then the extras (EXTRAS, default: diag,verify)
 #   bash experiments/runs/h200_mini.sh study [SET...]  # the verification-mode study alone: corpus .. data, the
 #                                                      # study's drafters (seed 0), then --stage verify one
-#                                                      # temperature at a time (VERIFY_TEMPS, default 0.6 1.0)
+#                                                      # temperature at a time (VERIFY_TEMPS, default 0.6 1.0),
+#                                                      # then diag (the engines on the trained drafters: may the
+#                                                      # compiled drafter be the default again?)
 #   bash experiments/runs/h200_mini.sh engine          # h200_engine.sh (STEPS, BUDGET) in the background, from a
 #                                                      # snapshot of this tree, on the trained models if present
 #   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
@@ -62,7 +64,9 @@ print(','.join(m for m in g('mini').verify.methods if m not in g('mini').ablatio
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
       P --stage data && stamp drafters && P --stage drafters --set ablation.only=$runs --set ablation.only_seeds=0 \
       > $L/d0.txt 2>&1 && { $v stamp report; (cd $H/src && python3 -m dmtp.cli.report verify --profile mini \
-      --results $R) > $L/report.txt 2>&1; }; stamp end" ;;
+      --results $R) > $L/report.txt 2>&1; stamp diag; (cd $H/src && timeout 300 python3 -m \
+      experiments.diag_consistency --profile mini --work $W --results $R --runs $runs --prompts 64 \
+      --out $R/mini/diag/consistency.json) > $L/diag.txt 2>&1; }; stamp end" ;;
 engine)
   rm -rf $H/src_e; mkdir -p $H/src_e; cp -r dmtp experiments ablations tests pyproject.toml $H/src_e/
   ln -s $W $H/src_e/work
