@@ -13,6 +13,8 @@ Against the HF path (`Target.forward`, `MTPHead.forward`, `Drafter.forward`), th
   - the drafter's block writes its K/V into the context cache at the block's own positions (rows >= the anchor a,
     which no query can see before `drafter_ctx` rewrites them with committed context), so a block attends to one
     range of cache rows instead of a concatenation [context ; block];
+  - on CUDA the K/V rows are written into the cache outside the compiled graphs (`CACHE_WRITE`): written inside a graph
+    that then reads the cache with flex attention, they gave wrong attention outputs on the H200;
   - a layer's closing residual add is left to the next layer (`decoder_layer` returns (x, mlp); the next computes
     x + mlp), so it fuses with that layer's RMSNorm; the arithmetic is the HF layer's, add for add.
 Prefill stays on the HF path (prompt lengths vary); both paths write the same cache rows. `target_forward(...,
