@@ -34,15 +34,20 @@ extras() {
   echo "$s"
 }
 
-case "${1:-}" in
-all)
+# the set-up of a chain: wheels, HumanEval checked, the --set assignments remembered, a snapshot of the tree, and
+# while corpus and tokenizer keep the CPU busy, the GPU checks of the compiled drafter (no trained model needed)
+start() {
   wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   snap
-  # while corpus and tokenizer keep the CPU busy, the GPU checks the compiled drafter (no trained model needed)
   bg pre "cd $H/src && timeout 120 python3 -m experiments.repro_fast_drafter > $L/pre.txt 2>&1; \
       timeout 300 python3 -m pytest -q -p no:warnings tests/test_cuda.py -k 'fast_drafter or keeps_drafters' \
       >> $L/pre.txt 2>&1"
+}
+
+case "${1:-}" in
+all)
+  start "$@"
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
       P --stage data && stamp drafters && \
       { P --stage drafters --set ablation.only_seeds=0 > $L/d0.txt 2>&1 & \
@@ -51,12 +56,7 @@ all)
         P --stage eval,curve --set ablation.only_seeds=1,2 > $L/e12.txt 2>&1; wait; } && stamp tables && \
       P --stage tables > $L/tables.txt 2>&1; $(extras) stamp end" ;;
 study)
-  wheels; preflight
-  shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
-  snap
-  bg pre "cd $H/src && timeout 120 python3 -m experiments.repro_fast_drafter > $L/pre.txt 2>&1; \
-      timeout 300 python3 -m pytest -q -p no:warnings tests/test_cuda.py -k 'fast_drafter or keeps_drafters' \
-      >> $L/pre.txt 2>&1"
+  start "$@"
   runs=$(cd $H/src && python3 -c "from experiments.profiles import get_profile as g
 print(','.join(m for m in g('mini').verify.methods if m not in g('mini').ablation.baselines))")
   v=""; for T in ${VERIFY_TEMPS:-0.6 1.0}; do
