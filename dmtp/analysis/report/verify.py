@@ -98,9 +98,9 @@ def summary(runs: pd.DataFrame, tp: pd.DataFrame | None, orc: pd.DataFrame | Non
         row.update(zip(["first_token", "first_token_lo", "first_token_hi"], ft))
         for cap in caps:
             x = tp[(tp.temperature == t) & (tp.method == m) & (tp.verify == v) & (tp.batch_cap == cap)].tok_per_s
-            row.update({f"tok_s_B{cap}": x.mean() if len(x) else math.nan,
-                        f"tok_s_B{cap}_lo": x.min() if len(x) else math.nan,
-                        f"tok_s_B{cap}_hi": x.max() if len(x) else math.nan})
+            row.update({f"tok_s_B{cap}": x.mean() if len(x) else math.nan,  # a range only over several repeats
+                        f"tok_s_B{cap}_lo": x.min() if len(x) > 1 else math.nan,
+                        f"tok_s_B{cap}_hi": x.max() if len(x) > 1 else math.nan})
         row["ceiling_target_only"] = ceiling(orc, t, k)
         out.append(row)
     return _rank(pd.DataFrame(out), list(methods), list(modes)) if out else pd.DataFrame()
@@ -161,13 +161,14 @@ def fmt(v, col: str) -> str:
 
 
 def markdown(df: pd.DataFrame) -> str:
-    """A column c with c_lo, c_hi beside it prints as "c [lo, hi]"."""
+    """A column c with c_lo, c_hi beside it prints as "c [lo, hi]" (as "c" where the row has no interval)."""
     cols = [c for c in df.columns if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)]
     ci = {c for c in cols if f"{c}_lo" in df.columns}
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in df.iterrows():
         cells = [fmt(r[c], c) + (f" [{fmt(r[c + '_lo'], c)}, {fmt(r[c + '_hi'], c)}]"
-                                 if c in ci and not pd.isna(r[c]) else "") for c in cols]
+                                 if c in ci and not pd.isna(r[c]) and not pd.isna(r[c + "_lo"]) else "")
+                 for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -228,6 +229,10 @@ def render(root: Path, n_boot: int = 2000) -> list[str]:
     s.to_csv(tables / "verify.csv", index=False)
     pt.to_csv(tables / "verify_paired.csv", index=False)
     show = s.drop(columns=["k"])
+    n_rep = (tp.groupby(["method", "verify", "temperature", "batch_cap"]).size() if tp is not None and len(tp)
+             else pd.Series(dtype=int))
+    lo, hi = (int(n_rep.min()), int(n_rep.max())) if len(n_rep) else (0, 0)
+    repeats = f"{lo}–{hi} timed repeats per cap" if lo != hi else f"{hi} timed repeat(s) per cap"
     (tables / "verify.md").write_text(markdown(show))
     (tables / "verify_paired.md").write_text(markdown(pt) if len(pt) else "no paired comparisons\n")
     figs = figure(root, s, modes)
@@ -241,7 +246,8 @@ def render(root: Path, n_boot: int = 2000) -> list[str]:
             "from the drafters' tempered distributions (T1 from the MTP head), token-wise speculative sampling. "
             "`block`: the same drafts, block verification (Sun et al., ICLR 2025). All three emit the target's law "
             "(docs/DESIGN.md, tests/test_verify.py). Acceptance length and first-token acceptance with 95% request-"
-            f"bootstrap intervals; throughput: mean [min, max] over timed repeats; {note}."), ""]
+            f"bootstrap intervals; throughput: mean [min, max] over timed repeats (one repeat: its value alone; "
+            f"{repeats}); {note}."), ""]
     out += [f"![{p.stem}](figures/{p.name})\n" for p in figs]
     out += ["### Acceptance and throughput", "", markdown(show),
             "### Paired tests (per request; Holm-adjusted per metric)", "",
