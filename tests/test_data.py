@@ -3,6 +3,7 @@ import csv
 import gzip
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from dmtp.data import (
     load_tokenizer,
     train_tokenizer,
 )
+from dmtp.data.corpus import corpus_summary
 from dmtp.data.tokenizer import encode_text
 
 SRC = '''import math
@@ -81,6 +83,11 @@ def test_corpus(corpus):
         assert r["split"] == ("heldout" if int(r["sha256"][:8], 16) % 10000 < 2000 else "train")
     train_shas = [d["sha256"] for d in iter_documents(corpus["train"])]
     assert train_shas == sorted(train_shas)                               # visited in hash order
+    # the digest names the document list: the target's meta carries it (corpus_summary)
+    assert corpus["train_digest"] == hashlib.sha256("".join(train_shas).encode()).hexdigest()[:16]
+    summary = corpus_summary(Path(corpus["out_dir"]))
+    assert summary["train_digest"] == corpus["train_digest"] and summary["n_train"] == corpus["n_train"]
+    assert corpus_summary(Path(corpus["out_dir"]) / "missing") == {}
 
 
 def test_corpus_deterministic_capped_resumable(src, corpus, tmp_path):

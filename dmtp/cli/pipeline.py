@@ -39,7 +39,7 @@ from dmtp.cli import verify as verify_study
 from dmtp.cli.stages import Unit, fingerprint, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
-from dmtp.data.corpus import build_corpus
+from dmtp.data.corpus import build_corpus, corpus_summary
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.prompts import code_prompts
@@ -172,7 +172,8 @@ def st_target(c: Ctx):
         write_json(c.res / "target" / "pretrain_history.json", hist)
         write_json(c.res / "target" / "heldout.json", ev)
         write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.model.arch), "pretrain": asdict(c.p.pretrain)},
-                   wall_s=wall, world=info["world"], resumed_at_step=info["start_step"], fingerprint=u.want)
+                   wall_s=wall, world=info["world"], resumed_at_step=info["start_step"], fingerprint=u.want,
+                   corpus=corpus_summary(c.work / "corpus"))
         shutil.rmtree(state, ignore_errors=True)  # only now: a kill before the save resumes from the final state
     barrier()  # the next stage reads the checkpoint
 

@@ -96,6 +96,7 @@ def _scan(roots, max_file_bytes: int, progress: bool):
 def _write(out_dir: Path, docs, heldout_frac: float, config: dict, extra: dict, progress: bool) -> dict:
     """Write (path, sha256, text) docs into the two JSONL splits + manifest, atomically, then the DONE marker."""
     stats = {"n_train": 0, "n_heldout": 0, "train_bytes": 0, "heldout_bytes": 0}
+    digest = {"train": hashlib.sha256(), "heldout": hashlib.sha256()}  # over the documents' hashes, in file order
     with contextlib.ExitStack() as stack:
         tmp = {name: stack.enter_context(atomic_path(out_dir / name)) for name in FILES}
         # the handles close (LIFO) before any temp file is renamed into place
@@ -109,6 +110,10 @@ def _write(out_dir: Path, docs, heldout_frac: float, config: dict, extra: dict, 
             manifest.writerow([path, sha, nbytes, split])
             stats[f"n_{split}"] += 1
             stats[f"{split}_bytes"] += nbytes
+            digest[split].update(sha.encode())
+    # which documents, in which order: two corpora with the same digest hold the same text (another Python
+    # installation gives another corpus, and with it another target)
+    stats.update({f"{k}_digest": h.hexdigest()[:16] for k, h in digest.items()})
     done = {"config": config, **stats, **extra}
     with atomic_path(out_dir / "DONE") as t:
         t.write_text(json.dumps(done, indent=2) + "\n")
@@ -206,3 +211,15 @@ def from_hf_dataset(name: str, split: str, text_field: str, out_dir, max_bytes: 
             yield f"{name}/{split}/{i}", sha, text
 
     return _result(out_dir, _write(out_dir, docs(), heldout_frac, config, {}, progress), resumed=False)
+
+
+def corpus_summary(out_dir: Path) -> dict:
+    """What a target was trained on, for its meta file: documents and bytes per split, the roots they came from and
+    the digests of their document lists (corpora built before the digests: none)."""
+    done_path = Path(out_dir) / "DONE"
+    if not done_path.exists():
+        return {}
+    done = json.loads(done_path.read_text())
+    keys = ("n_train", "n_heldout", "train_bytes", "heldout_bytes", "train_digest", "heldout_digest", "roots")
+    return {k: done[k] for k in keys if k in done}
+
