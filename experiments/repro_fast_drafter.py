@@ -12,7 +12,7 @@ of argmax tokens that agree, for:
     compiled all-blocks    compiled, every key block listed in the block mask (the mask_mod alone decides; CUDA)
     compiled pre-written   compiled over a cache into which the block's K/V were written beforehand (CUDA)
     compiled write-eager   compiled, the cache writes left out of the graph (DMTP_CACHE_WRITE=eager; CUDA)
-    (every compiled row above but write-eager writes inside the graph: DMTP_CACHE_WRITE=graph)
+    (every compiled and graphed row but write-eager writes inside the graph: DMTP_CACHE_WRITE=graph)
     graphed          compiled, captured in a CUDA graph and replayed with other anchors (CUDA only)
 
     python -m experiments.repro_fast_drafter                 # CUDA if present; ~1 min

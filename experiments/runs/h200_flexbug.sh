@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # The compiled engine's cache write on the H200 (<= 5 min): the repro (every variant; DMTP_CACHE_WRITE=graph rows show
 # the fault, write-eager the fix) beside the GPU tests of the default engine (the write outside the compiled graph).
 export PYTHONUNBUFFERED=1
