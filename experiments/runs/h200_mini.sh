@@ -5,7 +5,7 @@
 #
 #   bash experiments/runs/h200_mini.sh all [SET...]    # (GPU checks of the compiled drafter meanwhile: pre.txt)
 #                                                      # corpus, tokenizer, target, data, drafters (two processes
-#                                                      # share the GPU: seed 0 | seeds 1, 2), eval + curve (same
+#                                                      # share the GPU: first seed | the others), eval + curve (same
 #                                                      # split), tables, then the extras (EXTRAS, default: diag,verify)
 #   bash experiments/runs/h200_mini.sh study [SET...]  # the verification-mode study alone: corpus .. data, the
 #                                                      # study's drafters (seed 0), then --stage verify one
@@ -46,16 +46,27 @@ start() {
       >> $L/pre.txt 2>&1"
 }
 
+# STAGE for the profile's first drafter seed and for the others as two processes sharing the GPU (one process when
+# the profile has one seed); logs $L/<tag>0.txt, $L/<tag>1.txt; fails when either fails
+halves() {
+  local first rest a=0 b=0
+  read -r first rest < <(cd $H/src && python3 -c "from experiments.profiles import get_profile as g
+s = g('$PROFILE').ablation.seeds; print(s[0], ','.join(map(str, s[1:])))")
+  if [ -n "$rest" ]; then
+    P --stage $1 --set ablation.only_seeds=$rest > $L/${2}1.txt 2>&1 & local pid=$!
+  fi
+  P --stage $1 --set ablation.only_seeds=$first > $L/${2}0.txt 2>&1 || a=$?
+  [ -n "$rest" ] && { wait $pid || b=$?; }
+  [ $a = 0 ] && [ $b = 0 ]
+}
+export -f halves
+
 case "${1:-}" in
 all)
   start "$@"
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
-      P --stage data && stamp drafters && \
-      { P --stage drafters --set ablation.only_seeds=0 > $L/d0.txt 2>&1 & \
-        P --stage drafters --set ablation.only_seeds=1,2 > $L/d12.txt 2>&1; wait; } && stamp eval && \
-      { P --stage eval,curve --set ablation.only_seeds=0 > $L/e0.txt 2>&1 & \
-        P --stage eval,curve --set ablation.only_seeds=1,2 > $L/e12.txt 2>&1; wait; } && stamp tables && \
-      P --stage tables > $L/tables.txt 2>&1; $(extras) stamp end" ;;
+      P --stage data && stamp drafters && halves drafters d && stamp eval && halves eval,curve e && \
+      stamp tables && P --stage tables > $L/tables.txt 2>&1; $(extras) stamp end" ;;
 study)
   start "$@"
   runs=$(cd $H/src && python3 -c "from experiments.profiles import get_profile as g
