@@ -101,5 +101,5 @@ pack)
   mkdir -p $R/$PROFILE/logs; cp $L/*.log $L/*.txt $R/$PROFILE/logs/ 2>/dev/null
   for f in $R/$PROFILE/logs/*; do tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp && mv $f.tmp $f; done
   tar czf $OUT/$PROFILE.tgz -C $R $PROFILE; ls -la $OUT ;;
-*) sed -n 2,15p "$0"; exit 2 ;;
+*) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 2 ;;
 esac
