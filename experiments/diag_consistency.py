@@ -104,7 +104,7 @@ def main():
         for eng in engines:
             os.environ["DMTP_ENGINE"] = eng.removesuffix("+fast")
             os.environ["DMTP_FAST_DRAFTER"] = "1" if eng.endswith("+fast") else "0"
-            m = load_method(run, tgt, mtp, drafters_dir(c, a.seed))  # per engine: the opt-in is read at build time
+            m = load_method(run, tgt, mtp, drafters_dir(c, a.seed))  # per engine: the switch is read at build time
             try:
                 recs = run_generate(tgt, m, rows, 0.0, a.new_tokens, [], len(rows), desc=f"{run} {eng}")
             except Exception as e:  # noqa: BLE001 - one engine failing must not hide the others' numbers

@@ -372,10 +372,10 @@ class _Recording:
 
 @pytest.mark.parametrize("name", ["dflash", "zero_init_residual"])
 def test_fast_drafter_proposes_what_hf_proposes(gpu_models, name, monkeypatch):
-    """The compiled engine's drafter (`fast.drafter_forward`, opt-in on CUDA with DMTP_FAST_DRAFTER=1) against the HF
-    drafter path, round by round on the same greedy trajectory: the same drafts. On the trained mini drafters the
-    compiled drafter proposed other drafts (DFlash first-token acceptance 0.21 vs 0.86, LOG.md 2026-12-01) while the
-    outputs stayed lossless; this is the check that has to pass before it is the default again."""
+    """The compiled engine's drafter (`fast.drafter_forward`, the default on CUDA; DMTP_FAST_DRAFTER=0 switches it
+    off) against the HF drafter path, round by round on the same greedy trajectory: the same drafts. On the trained
+    mini drafters the compiled drafter once proposed other drafts (DFlash first-token acceptance 0.21 vs 0.86, LOG.md
+    2026-12-01) while the outputs stayed lossless; this is the check that keeps it the default."""
     from dmtp.engine.decode import DrafterMethod
 
     tgt, mtp = gpu_models
@@ -393,10 +393,12 @@ def test_fast_drafter_proposes_what_hf_proposes(gpu_models, name, monkeypatch):
     assert (a != b).float().mean().item() <= 0.02, f"{int((a != b).sum())} of {a.numel()} drafts differ"
 
 
-def test_default_compiled_engine_keeps_drafters_on_hf_and_captures(gpu_models):
-    """Without the opt-in the compiled engine decodes DFlash drafters on the HF drafter path (and their MTP on the HF
-    layer): graphed, lossless, no capture error (a non-compilable method's fast-path MTP once failed to capture)."""
+def test_switched_off_compiled_drafter_keeps_drafters_on_hf_and_captures(gpu_models, monkeypatch):
+    """With DMTP_FAST_DRAFTER=0 the compiled engine decodes DFlash drafters on the HF drafter path (and their MTP on
+    the HF layer): graphed, lossless, no capture error (a non-compilable method's fast-path MTP once failed to
+    capture)."""
     tgt, mtp = gpu_models
+    monkeypatch.setenv("DMTP_FAST_DRAFTER", "0")
     for name in ("dflash", "zero_init_residual", "dmtp_d2"):
         m = method(name, tgt, mtp)
         assert fast.drafter_problem(m.drafter) is not None

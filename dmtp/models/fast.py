@@ -77,20 +77,21 @@ def target_problem(tgt) -> str | None:
     return next((p for p in map(layer_problem, tgt.body.layers) if p), None)
 
 
-FAST_DRAFTER_ON_CUDA = ("the compiled drafter forward is opt-in on CUDA (DMTP_FAST_DRAFTER=1) until it is checked on "
-                        "trained drafters")
+FAST_DRAFTER_ON_CUDA = "the compiled drafter forward is switched off on CUDA (DMTP_FAST_DRAFTER=0)"
 
 
 def drafter_problem(drafter) -> str | None:
-    """None when `drafter_forward` may decode this drafter. On CUDA it is opt-in (DMTP_FAST_DRAFTER=1): on the trained
-    `mini` drafters it once gave DFlash first-token acceptance 0.21 where the HF drafter path gives 0.86 (LOG.md
-    2026-12-01; outputs identical: losslessness does not see it). The cause was the cache write inside the compiled
-    graph (`CACHE_WRITE`); with the write outside it the compiled drafter proposes the HF drafter's drafts on the H200
-    (tests/test_cuda.py::test_fast_drafter_proposes_what_hf_proposes, experiments/repro_fast_drafter.py). It becomes
-    the default again once experiments/diag_consistency.py agrees on trained drafters too."""
+    """None when `drafter_forward` may decode this drafter. On CUDA `DMTP_FAST_DRAFTER=0` keeps drafters on the HF
+    drafter path. The compiled drafter once proposed other drafts on the trained `mini` drafters (DFlash first-token
+    acceptance 0.21 where the HF drafter path gives 0.86, LOG.md 2026-12-01; outputs identical: losslessness does not
+    see it). The cause was the cache write inside the compiled graph (`CACHE_WRITE`); with the write outside it the
+    compiled drafter proposes the HF drafter's drafts on the H200 (tests/test_cuda.py::
+    test_fast_drafter_proposes_what_hf_proposes, experiments/repro_fast_drafter.py) and, on the trained `mini`
+    drafters, decodes with the HF path's acceptance round for round (experiments/diag_consistency.py, LOG.md
+    2026-12-01 third allotment): it is the default again."""
     if drafter.config.backbone != "dflash":
         return f"{drafter.config.backbone} backbone"
-    if drafter.norm.weight.is_cuda and os.environ.get("DMTP_FAST_DRAFTER", "0") != "1":
+    if drafter.norm.weight.is_cuda and os.environ.get("DMTP_FAST_DRAFTER", "1") == "0":
         return FAST_DRAFTER_ON_CUDA
     return None
 

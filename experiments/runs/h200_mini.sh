@@ -98,8 +98,10 @@ watch)
   done
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true ;;
 pack)
-  mkdir -p $R/$PROFILE/logs; cp $L/*.log $L/*.txt $R/$PROFILE/logs/ 2>/dev/null
-  for f in $R/$PROFILE/logs/*; do tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp && mv $f.tmp $f; done
+  mkdir -p $R/$PROFILE/logs; rm -f $R/$PROFILE/logs/*.tmp; cp $L/*.log $L/*.txt $R/$PROFILE/logs/ 2>/dev/null
+  # progress-bar lines dropped (a file of nothing else ends empty: grep's status 1 must not leave the .tmp behind)
+  for f in $R/$PROFILE/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp
+    mv $f.tmp $f; done
   tar czf $OUT/$PROFILE.tgz -C $R $PROFILE; ls -la $OUT ;;
 *) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 2 ;;
 esac
