@@ -108,6 +108,32 @@ def test_report_on_hand_made_records(tmp_path):
     assert s.loc["block", "per_verify"] == pytest.approx(1 + 16 / 6)
     assert s.loc["target", "first_token"] == pytest.approx(4 / 6)
     assert s.loc["target", "ceiling_target_only"] == 2.5
+    text = (tmp_path / "tables" / "verify.md").read_text()  # the section's findings are in its returned lines
+    lines = "\n".join(report.render(tmp_path))
+    assert "Findings" in lines and "T=1, `dflash`: block > target (block − target +1.750" in lines
+    assert "Requests without a verify round (their first token ended them; left out of the per-request numbers): 0." \
+        in lines
+    assert text.startswith("| temperature")
+
+
+def test_report_findings_name_zero_round_requests_and_rows_above_the_ceiling(tmp_path):
+    """A request with no verify round is named by id; a row whose whole interval lies above the target-only ceiling
+    is named; a comparison the test does not resolve is worded as such."""
+    base = tmp_path / "verify"
+    accs = {"target": [[0]] * 6 + [[1]] * 2, "sample": [[6]] * 7 + [[]]}
+    for v, a in accs.items():
+        d = base / "runs" / "dflash" / v
+        d.mkdir(parents=True)
+        lines = [{"id": f"r{i}", "temperature": 1.0, "n_candidates": 7, "accepted": x, "repeat": 0}
+                 for i, x in enumerate(a)]
+        (d / "humaneval_T1.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    pd.DataFrame([{"temperature": 1.0, "k": 7, "position": 0, "ceiling": 2.0}]).to_csv(base / "oracle.csv",
+                                                                                     index=False)
+    text = "\n".join(report.render(tmp_path))
+    assert "T=1 `dflash` sample 7.000 > 2.000" in text  # every sampled request accepted all 6: 7 tokens a round
+    assert "`dflash` target" not in text.split("Above the target-only ceiling")[1].split("\n")[0]
+    assert "left out of the per-request numbers): 1 — T=1 `dflash` sample: r7." in text
+    assert "T=1, `dflash`: sample > target" in text
 
 
 def test_profiles_carry_the_study():

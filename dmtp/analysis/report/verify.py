@@ -142,6 +142,36 @@ def paired_tests(runs: pd.DataFrame, n_boot: int = 4000, methods: list[str] = ()
     return df
 
 
+def findings(s: pd.DataFrame, pt: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """The section's findings in words, only as far as the tests carry them: per (temperature, method) the
+    acceptance-length comparisons Holm resolves (difference and interval) and those it does not; the rows whose
+    lower interval bound lies above the target-only ceiling; the requests without a verify round."""
+    out = []
+    al = pt[pt.metric == "acceptance_length"] if len(pt) else pt
+    for (t, m), g in (al.groupby(["temperature", "method"], sort=False) if len(al) else []):
+        won = [f"{r.verdict} ({r.a} − {r.b} {r['diff']:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}], "
+               f"p_holm {r.p_holm:.2g})"
+               for _, r in g.iterrows() if "not resolved" not in r.verdict]
+        open_ = [f"{r.a} vs {r.b}" for _, r in g.iterrows() if "not resolved" in r.verdict]
+        out.append(f"- T={t:g}, `{m}`: " + ("; ".join(won) if won else "no difference resolved")
+                   + (f"; not resolved: {', '.join(open_)}" if open_ and won else ""))
+    if len(s):
+        above = s[(s.k > 0) & (s.acceptance_length_lo > s.ceiling_target_only)]
+        if len(above):
+            out.append("- Above the target-only ceiling (lower interval bound > ceiling; no greedy drafter reaches "
+                       "these under target-only verification): " + ", ".join(
+                           f"T={r.temperature:g} `{r.method}` {r.verify} {r.acceptance_length_lo:.3f} > "
+                           f"{r.ceiling_target_only:.3f}" for _, r in above.iterrows()))
+    if len(runs):
+        z = runs[runs.accepted.map(len) == 0]
+        out.append(f"- Requests without a verify round (their first token ended them; left out of the per-request "
+                   f"numbers): {len(z)}" + ("" if z.empty else " — " + "; ".join(
+                       f"T={t:g} `{m}` {v}: {', '.join(sorted(map(str, set(g.id))))}"
+                       for (t, m, v), g in z.groupby(["temperature", "method", "verify"]))) + ".")
+    return ["Findings (acceptance length per request; Holm-corrected paired tests, tables/verify_paired.csv):", "",
+            *out, ""] if out else []
+
+
 def fmt(v, col: str) -> str:
     if isinstance(v, str):
         return v
@@ -204,8 +234,9 @@ def figure(root: Path, s: pd.DataFrame, modes: list[str] = MODES) -> list[Path]:
                                   label="target-only ceiling" if i == 0 else None)
             ax.set_xticks(range(len(methods)), methods, rotation=30, fontsize=7)
             ax.set_ylabel(label, fontsize=8)
-        axes[0].legend(fontsize=7)
         fig.suptitle(f"Verification at T = {t:g}: target-only vs speculative sampling vs block verification")
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8,
+                   frameon=False)  # below the panels: inside one it hid bars and ceilings
         out = Path(root) / "figures" / f"verify_T{t:g}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=120)
@@ -248,6 +279,7 @@ def render(root: Path, n_boot: int = 2000) -> list[str]:
             "(docs/DESIGN.md, tests/test_verify.py). Acceptance length and first-token acceptance with 95% request-"
             f"bootstrap intervals; throughput: mean [min, max] over timed repeats (one repeat: its value alone; "
             f"{repeats}); {note}."), ""]
+    out += findings(s, pt, runs)
     out += [f"![{p.stem}](figures/{p.name})\n" for p in figs]
     out += ["### Acceptance and throughput", "", markdown(show),
             "### Paired tests (per request; Holm-adjusted per metric)", "",
