@@ -7,7 +7,7 @@
     python -m dmtp.cli.report verify  --profile mini [--results results]   # the verification-mode study alone
 
 The rows' order and groups come from results/<profile>/experiment.json (written by the pipeline); `demo` writes
-synthetic runs of the Code ablation (ablations/code.py).
+synthetic runs of the Code ablation (ablations/code.py) and of the verification-mode study.
 """
 import argparse
 from pathlib import Path
@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 from ablations.code import code  # noqa: E402
 from dmtp.analysis.report import render_figures, render_report, render_tables  # noqa: E402
 from dmtp.analysis.report import verify as verify_study  # noqa: E402
-from dmtp.analysis.report.synthetic import write_synthetic  # noqa: E402
+from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify  # noqa: E402
 from dmtp.cli.args import guard  # noqa: E402
 
 
@@ -37,6 +37,7 @@ def run(a):
     root = Path(a.results) / a.profile
     if a.what == "demo":
         write_synthetic(code(), a.results, a.profile, temps=(0, 0.6, 1))
+        write_synthetic_verify(a.results, a.profile)  # and a verification-mode study
     elif a.what == "verify":  # the verification-mode study alone (results/<profile>/verify)
         if not (root / "verify" / "runs").is_dir():
             raise FileNotFoundError(f"{root / 'verify'} holds no verify-study runs: run `dmtp pipeline --profile "

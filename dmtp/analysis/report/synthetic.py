@@ -129,3 +129,51 @@ def write_synthetic(spec: AblationSpec, results: str | Path = "results", profile
         (root / "bench" / "overhead.csv").write_text("method,stage,ms_per_round\n" + "".join(
             f"{m},{s},{v}\n" for m, st in ov.items() if m for s, v in st.items()))
     return root
+
+
+def write_synthetic_verify(results: str | Path = "results", profile: str = "synthetic", n: int = 12, seed: int = 0,
+                           methods=("ar", "mtp", "dflash", "zero_init_residual"), temps=(0.6, 1.0),
+                           modes=("target", "sample", "block"), caps=(1, 32)) -> Path:
+    """A verification-mode study in the real layout under results/<profile>/verify (runs/<method>/<mode>/
+    humaneval_T<t>.jsonl, throughput.csv, oracle.csv): per round candidate j is accepted with a fixed probability
+    (higher for `sample` and `block` than for `target`, lower at higher T); `ar` drafts nothing; the last `ar`
+    request of the first mode stops at once. Numbers mean nothing; they exercise the renderers. Returns the
+    profile's folder."""
+    root, rng = Path(results) / profile, np.random.default_rng(seed)
+    base = root / "verify"
+    root.mkdir(parents=True, exist_ok=True)
+    exp = root / "experiment.json"  # the study's order of methods and modes, as the pipeline writes it
+    spec = json.loads(exp.read_text()) if exp.exists() else {}
+    spec["verify"] = {"methods": list(methods), "modes": list(modes), "temperatures": list(temps)}
+    exp.write_text(json.dumps(spec, indent=2) + "\n")
+    bonus = {"target": 0.0, "sample": 0.12, "block": 0.16}
+    tp = ["method,verify,temperature,batch_cap,repeat,requests,output_tokens,wall_s,tok_per_s,per_verify"]
+    for t in temps:
+        for i, m in enumerate(methods):
+            k = 0 if m == "ar" else DEFAULT_K.get(m, 7)
+            for v in modes:
+                p = min(0.95, 0.55 + 0.05 * i - 0.15 * t + bonus.get(v, 0.0))
+                rows = []
+                for j in range(n):
+                    at_once = m == "ar" and v == modes[0] and j == n - 1
+                    acc = [] if at_once else [min(k, int(rng.geometric(1 - p)) - 1) if k else 0
+                                              for _ in range(int(rng.integers(8, 20)))]
+                    rows.append({"id": f"HumanEval/{j}", "method": m, "temperature": t, "verify": v,
+                                 "n_candidates": k, "accepted": acc, "output_ids": [1] * (1 + sum(a + 1 for a in acc)),
+                                 "repeat": 0, "mode": "natural", "stop_reason": "eos"})
+                _write(base / "runs" / m / v / f"humaneval_T{t:g}.jsonl", rows)
+                tau = sum(a + 1 for r in rows for a in r["accepted"]) / max(1, sum(len(r["accepted"]) for r in rows))
+                for cap in caps:
+                    wall = 1.0 / (cap ** 0.7)
+                    tok = sum(len(r["output_ids"]) for r in rows)
+                    tp.append(f"{m},{v},{t},{cap},0,{n},{tok},{wall:.4f},{tok / wall:.2f},{tau:.4f}")
+    (base / "throughput.csv").write_text("\n".join(tp) + "\n")
+    ks = sorted({0 if m == "ar" else DEFAULT_K.get(m, 7) for m in methods} - {0})
+    orc = ["temperature,k,position,ceiling"]
+    for t in temps:
+        for k in ks:
+            c = [0.9 - 0.2 * t] * k
+            cum = [float(np.prod(c[: j + 1])) for j in range(k)]
+            orc += [f"{t},{k},0,{1 + sum(cum)}"] + [f"{t},{k},{j + 1},{x}" for j, x in enumerate(cum)]
+    (base / "oracle.csv").write_text("\n".join(orc) + "\n")
+    return root
