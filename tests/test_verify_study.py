@@ -102,14 +102,13 @@ def test_report_on_hand_made_records(tmp_path):
     pd.DataFrame([{"temperature": 1.0, "k": 7, "position": 0, "ceiling": 2.5},
                   {"temperature": 1.0, "k": 7, "position": 1, "ceiling": 0.8}]).to_csv(base / "oracle.csv",
                                                                                        index=False)
-    report.render(tmp_path)
+    lines = "\n".join(report.render(tmp_path))
     s = pd.read_csv(tmp_path / "tables" / "verify.csv").set_index("verify")
     assert s.loc["target", "acceptance_length"] == pytest.approx((1.5 + 3.0) / 2)  # r0: 1 + 2/4, r1: 1 + 4/2
     assert s.loc["block", "per_verify"] == pytest.approx(1 + 16 / 6)
     assert s.loc["target", "first_token"] == pytest.approx(4 / 6)
     assert s.loc["target", "ceiling_target_only"] == 2.5
-    text = (tmp_path / "tables" / "verify.md").read_text()  # the section's findings are in its returned lines
-    lines = "\n".join(report.render(tmp_path))
+    text = (tmp_path / "tables" / "verify.md").read_text()  # the table file; the findings are in the section
     assert "Findings" in lines and "T=1, `dflash`: block > target (block − target +1.750" in lines
     assert "Requests without a verify round (their first token ended them; left out of the per-request numbers): 0." \
         in lines

@@ -163,9 +163,9 @@ def write_synthetic_verify(results: str | Path = "results", profile: str = "synt
                                  "repeat": 0, "mode": "natural", "stop_reason": "eos"})
                 _write(base / "runs" / m / v / f"humaneval_T{t:g}.jsonl", rows)
                 tau = sum(a + 1 for r in rows for a in r["accepted"]) / max(1, sum(len(r["accepted"]) for r in rows))
+                tok = sum(len(r["output_ids"]) for r in rows)
                 for cap in caps:
                     wall = 1.0 / (cap ** 0.7)
-                    tok = sum(len(r["output_ids"]) for r in rows)
                     tp.append(f"{m},{v},{t},{cap},0,{n},{tok},{wall:.4f},{tok / wall:.2f},{tau:.4f}")
     (base / "throughput.csv").write_text("\n".join(tp) + "\n")
     ks = sorted({0 if m == "ar" else DEFAULT_K.get(m, 7) for m in methods} - {0})

@@ -147,8 +147,8 @@ def findings(s: pd.DataFrame, pt: pd.DataFrame, runs: pd.DataFrame) -> list[str]
     acceptance-length comparisons Holm resolves (difference and interval) and those it does not; the rows whose
     lower interval bound lies above the target-only ceiling; the requests without a verify round."""
     out = []
-    al = pt[pt.metric == "acceptance_length"] if len(pt) else pt
-    for (t, m), g in (al.groupby(["temperature", "method"], sort=False) if len(al) else []):
+    al = pt[pt.metric == "acceptance_length"]  # `paired_tests` keeps its columns when it has no rows
+    for (t, m), g in al.groupby(["temperature", "method"], sort=False):
         won = [f"{r.verdict} ({r.a} − {r.b} {r['diff']:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}], "
                f"p_holm {r.p_holm:.2g})"
                for _, r in g.iterrows() if "not resolved" not in r.verdict]
