@@ -362,6 +362,7 @@ class Batch:
                  verify: str = "target"):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        check_token_ids(prompts, target.vocab_size)
         dev = self.dev = target.device
         self.target, self.method = target, copy.copy(method)  # the copy holds this batch's MTP / drafter state
         self.temperature, self.max_new_tokens, self.gen = temperature, max_new_tokens, gen
@@ -579,6 +580,15 @@ class Batch:
 
 
 @torch.no_grad()
+def check_token_ids(prompts, vocab_size: int) -> None:
+    """A prompt id outside [0, vocab_size) fails here, named, not as a device-side assert in the embedding."""
+    for i, p in enumerate(prompts):
+        bad = [t for t in p if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside the target's vocabulary of {vocab_size}: {bad[:5]}"
+                             " (a tokenizer of another model?)")
+
+
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
              max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None,
              engine: str | None = None, stop: StopStrings | None = None, verify: str = "target") -> list[Result]:
