@@ -231,3 +231,17 @@ def test_subprocess_exit_code_and_stderr(argv, msg):
 
 def test_total_cases():
     assert len(CASES) + len(OTHER) >= 40
+
+
+@pytest.mark.parametrize("prompts", [[[5, 7], [3, 96]], [[-1, 4]], [[2, 10_000_000]]])
+def test_prompt_ids_outside_the_vocabulary_are_named(models, prompts):
+    """A prompt id outside the target's vocabulary fails before any forward (on a GPU it would surface as a
+    device-side assert in the embedding, far from its cause), through `generate` and `serve` alike."""
+    from dmtp.engine.decode import build_method, generate, serve
+
+    tgt, _ = models
+    bad = [[t if t < 96 else tgt.vocab_size + t - 96 for t in p] for p in prompts]  # 96: one past the tiny vocabulary
+    with pytest.raises(ValueError, match=f"outside the target's vocabulary of {tgt.vocab_size}"):
+        generate(tgt, build_method("ar", tgt), bad, 0.0, 4)
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        serve(tgt, build_method("ar", tgt), [[4, 5]] + bad, 2, 0.0, 4)

@@ -98,3 +98,18 @@ def test_kernel_sweep_times_both_kernels_at_each_context(models):
     assert [r.name for r in ratios] == ["AR dense / flex attention, context 16", "AR dense / flex attention, context 40"]
     with pytest.raises(ValueError, match="max_position_embeddings"):
         kernel_sweep(tgt, [tgt.config.max_position_embeddings + 1], 6, "tiny", engine="flex", low=2)
+
+
+def test_round_floor_adds_the_mtp_head_and_lm_head_reads(models):
+    """The floor of DMTP round / DFlash round: the MTP head's and the LM head's weight bytes read once per round at the
+    given bandwidth, added to DFlash's round; an untied target's LM head counts in full (its own matrix)."""
+    from dmtp.cli.bench import round_floor, t1_bytes_per_round
+
+    tgt, mtp = models
+    head = tgt.model.lm_head.weight
+    mtp_bytes = sum(p.numel() * p.element_size() for p in mtp.parameters())
+    assert mtp_bytes > 0 and t1_bytes_per_round(tgt, mtp) == mtp_bytes + head.numel() * head.element_size()
+    r = round_floor(tgt, mtp, 2.0, 1e9, "tiny", "x round / y round", "batch 8")
+    extra_ms = t1_bytes_per_round(tgt, mtp) / 1e9 * 1e3
+    assert r.value == pytest.approx(1 + extra_ms / 2.0, abs=1e-4) and r.direction == "report"
+    assert r.name == "x round / y round, weight-read floor" and "MTP head + T1 LM head" in r.note

@@ -129,6 +129,25 @@ def read_bytes_per_token(target) -> int:
                                                                                     * emb.element_size())
 
 
+def t1_bytes_per_round(target, mtp) -> int:
+    """Weight bytes DMTP reads each round beyond DFlash's: the MTP head (its layer, fc, norms) and the exact T1 head
+    (the target's LM head, read once more: T1 comes from the MTP hidden state after verify, so it cannot share
+    verify's read of the same weights). Per round, not per row: at small batches these reads bound the extra time."""
+    head = target.model.lm_head.weight
+    return sum(p.numel() * p.element_size() for p in mtp.parameters()) + head.numel() * head.element_size()
+
+
+def round_floor(target, mtp, dflash_round_ms: float, bandwidth: float, setup: str, name: str, condition: str,
+                ) -> Ratio:
+    """The lowest DMTP round / DFlash round the weights allow: DFlash's measured round plus the extra weight bytes
+    (`t1_bytes_per_round`) read at `bandwidth`. A goal below it cannot be met by the engine at this shape and batch."""
+    nbytes = t1_bytes_per_round(target, mtp)
+    extra = nbytes / bandwidth * 1e3
+    return ratio(setup, f"{name}, weight-read floor", 1 + extra / dflash_round_ms, condition=condition,
+                 note=f"{dflash_round_ms:.3f} ms DFlash round + {nbytes / 1e9:.3f} GB (MTP head + T1 LM head) at "
+                      f"{bandwidth / 1e12:.1f} TB/s = {extra:.3f} ms")
+
+
 def stage_times(tgt, m, prompts, tokens, skip=16, engine=None):
     """ms per round by stage over `tokens` generated tokens (EOS ignored), first `skip` rounds excluded; `engine`:
     `decode.engine_for` (default: compiled on CUDA)."""
@@ -302,6 +321,8 @@ def paper_shape(a, dev, spec: AblationSpec, save=lambda *parts: None) -> tuple[l
             q = by[(f"{setup}:{name}{sfx}", "round")] / by[(f"{setup}:{dflash}{sfx}", "round")]
             ratios.append(ratio(setup, f"{name} round / {dflash} round{_kind(kind)}", q, "<=", round_goal(setup),
                                 batch))
+    ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
+                              f"{dmtp} round / {dflash} round", batch))
     save(rows, ratios)
     b1_rows, b1_ratios = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, hf_loop=False)
     ratios += b1_ratios
@@ -506,6 +527,8 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
         q = by[(f"{setup}:{dmtp}{sfx[engine]}", "round")] / by[(f"{setup}:{dflash}{sfx[engine]}", "round")]
         goal = {} if engine == "hf" else {"direction": "<=", "goal": round_goal(profile)}
         ratios.append(ratio(setup, f"{dmtp} round / {dflash} round{note}", q, **goal, condition=f"batch {a.batch}"))
+    ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
+                              f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
     save(rows, ratios)
     b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup)
     ratios += b1

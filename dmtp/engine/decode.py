@@ -633,6 +633,7 @@ class Server:
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
         """Decode a group of requests; `wall_s` of a result counts from the start of the group (queueing included)."""
+        check_token_ids(prompts, self.target.vocab_size)  # the whole group, before its first request runs
         t0 = time.perf_counter()
         queue = list(range(len(prompts)))
         out: list[Result | None] = [None] * len(prompts)

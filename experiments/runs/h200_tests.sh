@@ -18,7 +18,7 @@ for s in $(seq 0 $((P - 1))); do
   mine=()
   for i in "${!IDS[@]}"; do [ $((i % P)) -eq $s ] && mine+=("${IDS[$i]}"); done
   [ ${#mine[@]} -eq 0 ] && continue
-  timeout "$BUDGET" $PY -m pytest -q -p no:cacheprovider -rf "${mine[@]}" > "$LOGS/shard$s.log" 2>&1 &
+  timeout "$BUDGET" $PY -m pytest -o addopts= -q -p no:cacheprovider -rfE "${mine[@]}" > "$LOGS/shard$s.log" 2>&1 &
   pids+=($!)
 done
 rc=0
