@@ -168,3 +168,17 @@ def test_flex_attention_under_autocast():
         flex, dense = attend(q, k, v, flex_mask(ends, 8, 20, 5)), attend(q, k, v, dense_mask(ends, 8, 20, 5))
     assert flex.dtype == dense.dtype == torch.bfloat16
     torch.testing.assert_close(flex.float(), dense.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_bench_train_kernel_profile(tmp_path):
+    """--kernel-profile: each part's last path runs again under the profiler; the file gives time by kind of kernel
+    (on the CPU: the operators), the matrix products among them, then the profiler's own table."""
+    bench_train("smoke", tmp_path, steps=3, warm=1, paths=("compiled",), kernel_profile=2)
+    for part in ("pretrain", "drafters"):
+        text = (tmp_path / f"profile_train_{part}.txt").read_text()
+        title, head, table = text.split("\n\n", 2)
+        kinds = [line.split()[0] for line in head.splitlines()[1:]]
+        assert title.startswith(f"bench_{part}, compiled path, 3 steps")
+        assert "gemm" in kinds and len(kinds) == len(set(kinds)), head
+        assert sum(float(line.split()[2].rstrip("%")) for line in head.splitlines()[1:]) == pytest.approx(100, abs=1)
+        assert "Self CPU time total" in table

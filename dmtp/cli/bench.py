@@ -49,6 +49,7 @@ import pandas as pd
 import torch
 
 from dmtp.ablation import AblationSpec
+from dmtp.analysis.kernels import summary as kernel_summary
 from dmtp.analysis import ratios as RT
 from dmtp.analysis.metrics import acceptance_length, first_token, histogram
 from dmtp.analysis.ratios import Ratio
@@ -469,24 +470,21 @@ def regeneration_ratio(row: dict, setup: str, note: str = "") -> Ratio:
                  "prefill and capture included", unit="tok/s")
 
 
-def kernel_profile(tgt, m, prompts, tokens, path: Path):
-    """Where a round's time goes: torch profiler's table of device kernels over a `tokens`-token decode (CUDA graphs
-    off, so every kernel is seen by name; the compiled engine launches the same kernels either way)."""
+def kernel_profile(tgt, m, prompts, tokens, path: Path, temperature: float = 0.0):
+    """Where a round's time goes: device time by kind of kernel (`dmtp.analysis.kernels`) and torch profiler's table
+    over a `tokens`-token decode at `temperature` (CUDA graphs off, so every kernel is seen by name; the compiled
+    engine launches the same kernels either way)."""
     from torch.profiler import ProfilerActivity, profile
 
     os.environ["DMTP_CUDA_GRAPHS"] = "0"
     try:  # `tokens` as when timed: the same cache size, so the compiled code is reused
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            generate(tgt, m, prompts, 0.0, tokens)
+            generate(tgt, m, prompts, temperature, tokens, seed=0)
             _sync(tgt.device)
     finally:
         os.environ.pop("DMTP_CUDA_GRAPHS")
-    avg = prof.key_averages()
-    try:
-        table = avg.table(sort_by="device_time_total", row_limit=30)
-    except (AttributeError, KeyError, ValueError):
-        table = avg.table(sort_by="cuda_time_total", row_limit=30)
-    write_text(path, f"{m.name}, batch {len(prompts)}, {tokens} tokens, CUDA graphs off\n{table}\n")
+    write_text(path, kernel_summary(prof.key_averages(), f"{m.name}, batch {len(prompts)}, {tokens} tokens, "
+                                                            f"T = {temperature:g}, CUDA graphs off"))
     print(f"[bench] kernel profile -> {path}")
 
 
@@ -558,6 +556,11 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
             m = build_method(dmtp, tgt, drafter=drafters[dmtp], mtp=mtp)
             with fast.attention(kind):
                 kernel_profile(tgt, m, prompts[: a.batch], a.tokens, Path(a.out) / f"profile_{setup}_{dmtp}{tail}.txt")
+        if a.regen_batch:  # the data stage's decode: AR over the whole batch (32 tokens: the kernels repeat per step)
+            for kind, tail in KINDS.items():
+                with fast.attention(kind):
+                    kernel_profile(tgt, build_method("ar", tgt), prompts[: a.regen_batch], 32,
+                                   Path(a.out) / f"profile_{setup}_regen{tail}.txt", d.temperature)
     return rows, ratios, b1_rows, regen
 
 

@@ -13,6 +13,8 @@ attention) / the device's dense bf16 peak (`common.PEAK_BF16`, H100/H200 989.4 T
 
 train.json    per path: steps timed, steady rate, wall time of the whole call (compile included), MFU
 ratios.json   records {target, value, goal, met, note} merged by target name with what `dmtp.cli.bench` wrote
+profile_train_<part>.txt   --kernel-profile N: device time by kind of kernel (GEMM, attention, optimizer, ...) and
+              the profiler's table over --warm + N steps of the part's last path: where a missed goal's time goes
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dmtp.analysis.kernels import summary as kernel_summary
 from dmtp.analysis.ratios import Ratio, merge, read, write
 from dmtp.experiment import drafter_config
-from dmtp.io import write_json, write_meta
+from dmtp.io import write_json, write_meta, write_text
 from dmtp.training.common import peak_flops
 from dmtp.training.drafters import new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
@@ -133,10 +136,25 @@ def ratio_records(label: str, res: dict) -> list[Ratio]:
     return out
 
 
+def profile_part(fn, prof, dev: str, path: str, steps: int, warm: int, file: Path) -> None:
+    """Where a training step's time goes: `fn` (bench_pretrain or bench_drafters) run for `steps` steps under torch
+    profiler, device time by kind of kernel (`dmtp.analysis.kernels`) and the profiler's table written to `file`.
+    The window covers the whole call, so the first steps (compilation launches no kernels) count with the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    with profile(activities=acts) as p:
+        fn(prof, dev, path, steps, warm)
+    write_text(file, kernel_summary(p.key_averages(), f"{fn.__name__}, {path} path, {steps} steps, {dev}"))
+    print(f"[bench-train] kernel profile -> {file}", flush=True)
+
+
 def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, parts=("pretrain", "drafters"),
-                paths=tuple(PATHS), drafter_steps: int | None = None) -> list[Ratio]:
+                paths=tuple(PATHS), drafter_steps: int | None = None, kernel_profile: int = 0) -> list[Ratio]:
     """Run the benchmark, write train.json (+ meta) and merge the ratio records into ratios.json; returns them.
-    Each (part, path) runs in a try: a failing path is recorded with its error, the others still run."""
+    Each (part, path) runs in a try: a failing path is recorded with its error, the others still run.
+    `kernel_profile` > 0: then each part's last path again for that many steps under the profiler
+    (profile_train_<part>.txt)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     prof = get_profile(profile)
     out = Path(out)
@@ -154,6 +172,9 @@ def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, 
             res.setdefault(part, {})[path] = r
             if dev == "cuda":
                 torch.cuda.empty_cache()
+        if kernel_profile and paths:
+            profile_part(fn, prof, dev, paths[-1], warm + max(kernel_profile, 2), warm,  # 2: a rate to measure
+                         out / f"profile_train_{part}.txt")
     ok = {p: {k: v for k, v in r.items() if "error" not in v} for p, r in res.items() if isinstance(r, dict)}
     recs = ratio_records(profile, ok)
     write_json(out / "train.json", res)
@@ -174,6 +195,9 @@ def main(argv=None):
     ap.add_argument("--warm", type=int, default=10, help="steps before the timed window (compile, warm-up)")
     ap.add_argument("--parts", default="pretrain,drafters", help="pretrain, drafters or both")
     ap.add_argument("--paths", default=",".join(PATHS), help="eager, compiled or both")
+    ap.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
+                    help="then the last path of each part again, --warm + STEPS steps under the profiler: device "
+                         "time by kind of kernel -> profile_train_<part>.txt")
     a = ap.parse_args(argv)
     parts, paths = a.parts.split(","), a.paths.split(",")
     bad = sorted(set(parts) - {"pretrain", "drafters"}) + sorted(set(paths) - set(PATHS))
@@ -181,7 +205,7 @@ def main(argv=None):
         ap.error(f"unknown part or path: {', '.join(bad)}")
     if a.steps <= a.warm or (a.drafter_steps or a.steps) <= a.warm:
         ap.error(f"--steps must exceed --warm ({a.warm}): the rate is measured after the warm-up")
-    bench_train(a.profile, a.out, a.steps, a.warm, parts, paths, a.drafter_steps)
+    bench_train(a.profile, a.out, a.steps, a.warm, parts, paths, a.drafter_steps, a.kernel_profile)
 
 
 if __name__ == "__main__":
