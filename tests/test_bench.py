@@ -52,9 +52,11 @@ def test_batch1_baselines_and_regeneration(models):
     from dmtp.cli.bench import batch1_baselines, regeneration, regeneration_ratio
 
     tgt, _ = models
-    rows, ratios = batch1_baselines(tgt, [5, 7, 9], 6, 4.3e12, "tiny", engines=("flex", "hf"))
+    rows, ratios = batch1_baselines(tgt, [5, 7, 9], 6, 4.3e12, "tiny", engines=("flex", "hf"), repeats=3)
     assert [r["system"] for r in rows] == ["engine-flex", "engine-hf", "hf-static", "hf-loop"]
     assert all(r["tokens"] == 6 and r["identical_to_engine_hf"] for r in rows)
+    assert all(r["repeats"] == 3 and r["tok_per_s_min"] <= r["tok_per_s"] <= r["tok_per_s_max"] for r in rows)
+    assert all("3 repeats" in r.note for r in ratios if r.name != "AR tok/s / HBM bound")
     assert {(r.setup, r.name, r.condition, r.direction, r.goal) for r in ratios} == {
         ("tiny", "AR tok/s / HBM bound", "batch 1", "report", None),
         ("tiny", "engine AR / HF static-cache compiled generate", "batch 1", ">=", 1.6),
@@ -64,6 +66,13 @@ def test_batch1_baselines_and_regeneration(models):
     assert row["output_tokens"] == 48 and row["batch"] == 8 and row["ms_per_step"] > 0
     r = regeneration_ratio(row, "tiny")
     assert (r.target, r.direction, r.goal, r.unit) == ("tiny regeneration tok/s (batch 8)", ">=", 3e5, "tok/s")
+
+
+def test_spread_and_median_of_repeats():
+    from dmtp.cli.bench import median, spread
+
+    assert spread([2.0]) == "2.000" and spread([3.0, 1.0, 2.0]) == "2.000 [1.000, 3.000]"
+    assert spread([1.0, 4.0]) == "2.500 [1.000, 4.000]" and median([1.0, 4.0, 2.0, 3.0]) == 2.5
 
 
 def test_overhead_rows_merge_by_setup(tmp_path):

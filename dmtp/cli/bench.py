@@ -20,7 +20,8 @@ hf.csv          the same requests, batch 1, T = 0: the engine vs a plain HF `gen
 screen.csv      the screened T1 head (`screen.T1Screen`): T1 agreement with the exact head, first-token acceptance
                 and acceptance length with and without it
 baselines.csv   --paper-shape / --mini-shape, batch 1: the compiled engine, the same loop on the HF layers, HF's
-                static-cache compiled `generate`, the plain HF loop (mini), tok/s side by side, and the HBM bound
+                static-cache compiled `generate`, the plain HF loop (mini), tok/s side by side (median, min and max of
+                `--repeats` interleaved repeats), and the HBM bound
 regen.csv       the data stage's regeneration (AR, `--regen-batch` prompts at once, the profile's data temperature):
                 tok/s, ms per step
 profile_*.txt   --kernel-profile: torch-profiler tables of the device kernels of a decode (where a round goes)
@@ -325,7 +326,8 @@ def paper_shape(a, dev, spec: AblationSpec, save=lambda *parts: None) -> tuple[l
     ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
                               f"{dmtp} round / {dflash} round", batch))
     save(rows, ratios)
-    b1_rows, b1_ratios = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, hf_loop=False)
+    b1_rows, b1_ratios = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, hf_loop=False,
+                                          repeats=a.repeats)
     ratios += b1_ratios
     save(rows, ratios, b1_rows)
     if a.kernel_sweep:
@@ -383,61 +385,96 @@ def kernel_sweep(tgt, contexts: list[int], tokens: int, setup: str, engine: str 
 
 def hf_static_generate(tgt, prompt: list[int], tokens: int):
     """HF transformers' own fast path, batch 1: `generate(cache_implementation="static")`, which compiles the forward
-    (torch.compile with CUDA graphs) on CUDA. Called once to compile, then timed. Returns (tok/s, output ids)."""
+    (torch.compile with CUDA graphs) on CUDA. Returns a function that decodes once: (output ids, wall seconds); the
+    first call compiles (call it once before timing)."""
     dev = tgt.device
     ids = torch.tensor([prompt], device=dev)
     kw = {"max_new_tokens": tokens, "do_sample": False, "cache_implementation": "static", "pad_token_id": 0}
-    tgt.model.generate(ids, **kw)
-    out, wall = timed(dev, tgt.model.generate, ids, **kw)
-    out = out[0, len(prompt):].tolist()
-    return len(out) / wall, out
+
+    def once():
+        out, wall = timed(dev, tgt.model.generate, ids, **kw)
+        return out[0, len(prompt):].tolist(), wall
+    return once
+
+
+def spread(xs: list[float]) -> str:
+    """'median [min, max]' of a few repeats, or the one value."""
+    s = sorted(xs)
+    med = s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+    return f"{med:.3f}" if len(s) == 1 else f"{med:.3f} [{s[0]:.3f}, {s[-1]:.3f}]"
+
+
+def median(xs: list[float]) -> float:
+    return float(pd.Series(xs).median())
 
 
 def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
-                     engines=("compiled", "compiled+dense", "hf")) -> tuple[list[dict], list[Ratio]]:
+                     engines=("compiled", "compiled+dense", "hf"), repeats: int = 3) -> tuple[list[dict], list[Ratio]]:
     """Batch 1, T = 0, `tokens` new tokens after `prompt` (EOS ignored), in one process side by side: the engine
     (compiled, the default on CUDA; "<engine>+dense": with the dense attention kernel), the same loop on the HF
     layers (`engine="hf"`, the engine before compilation), HF's static-cache compiled `generate`, the plain HF loop
-    (`hf_loop`), and AR's HBM bound. The engine's servers capture their graphs on a warm-up request first, as a
-    serving engine does at start-up. Returns baselines.csv rows and ratios (the first engine against the others)."""
+    (`hf_loop`), and AR's HBM bound. Every system is warmed up once (the engine's servers capture their graphs, HF's
+    generate compiles), then timed `repeats` times in interleaved order (system by system within each repeat), so a
+    drift of the machine reaches all of them alike. tok/s = the median of the repeats; each ratio is the median of the
+    per-repeat ratios with their range in its note. Returns baselines.csv rows and ratios (the first engine against
+    the others)."""
     dev = tgt.device
     nbytes = read_bytes_per_token(tgt)
     bound = bandwidth / nbytes
     cap = capacity_for([prompt], tokens, 0)
-    rows = {}
+    runners = {}
     for engine in engines:
         with fast.attention("dense" if engine.endswith("+dense") else "flex"):
             srv = Server(tgt, build_method("ar", tgt), 1, cap, 0.0, tokens, engine=engine.split("+")[0])
             srv.run([prompt])
-            (res,), wall = timed(dev, srv.run, [prompt])
-        rows[f"engine-{engine}"] = (len(res.output_ids) / wall, res.output_ids)
-    rows["hf-static"] = hf_static_generate(tgt, prompt, tokens)
+
+        def once(srv=srv, kind="dense" if engine.endswith("+dense") else "flex"):
+            with fast.attention(kind):
+                (res,), wall = timed(dev, srv.run, [prompt])
+            return res.output_ids, wall
+        runners[f"engine-{engine}"] = once
+    runners["hf-static"] = hf_static_generate(tgt, prompt, tokens)
+    runners["hf-static"]()  # compiles
     if hf_loop:
-        ref, wall = timed(dev, tgt.model.generate, torch.tensor([prompt], device=dev), max_new_tokens=tokens,
-                          do_sample=False, pad_token_id=0)
-        ref = ref[0, len(prompt):].tolist()
-        rows["hf-loop"] = (len(ref) / wall, ref)
-    ours, static, on_hf = rows[f"engine-{engines[0]}"][0], rows["hf-static"][0], rows["engine-hf"][0]
-    for k, (tps, out) in rows.items():
-        print(f"[bench] {setup} batch 1 {k}: {tps:.1f} tok/s, {len(out)} tokens, "
-              f"{'identical to' if out == rows['engine-hf'][1] else 'differs from'} the HF-layer engine")
+        ids = torch.tensor([prompt], device=dev)
+
+        def loop():
+            out, wall = timed(dev, tgt.model.generate, ids, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+            return out[0, len(prompt):].tolist(), wall
+        runners["hf-loop"] = loop
+    tps: dict[str, list[float]] = {k: [] for k in runners}
+    outs: dict[str, list[int]] = {}
+    for _ in range(repeats):
+        for k, fn in runners.items():
+            out, wall = fn()
+            tps[k].append(len(out) / wall)
+            outs[k] = out
+    ref = outs["engine-hf"]
+    for k in runners:
+        print(f"[bench] {setup} batch 1 {k}: {spread(tps[k])} tok/s over {repeats} repeats, {len(outs[k])} tokens, "
+              f"{'identical to' if outs[k] == ref else 'differs from'} the HF-layer engine")
+    first = f"engine-{engines[0]}"
+    ours = median(tps[first])
     b1 = "batch 1"
+
+    def paired(a: str, b: str, name: str, direction: str = "report", goal=None) -> Ratio:
+        q = [x / y for x, y in zip(tps[a], tps[b])]
+        return ratio(setup, name, median(q), direction, goal, b1,
+                     f"{median(tps[a]):.1f} vs {median(tps[b]):.1f} tok/s; per repeat {spread(q)}, {repeats} repeats")
     out = [ratio(setup, "AR tok/s / HBM bound", ours / bound, condition=b1,
                  note=f"{ours:.1f} tok/s vs {bound:.1f} (weights {nbytes / 1e9:.3f} GB / {bandwidth / 1e12:.1f} "
                       "TB/s)"),
-           ratio(setup, "engine AR / HF static-cache compiled generate", ours / static, ">=", 1.6, b1,
-                 f"{ours:.1f} vs {static:.1f} tok/s"),
-           ratio(setup, "engine AR compiled / on the HF layers", ours / on_hf, condition=b1,
-                 note=f"{ours:.1f} vs {on_hf:.1f} tok/s")]
-    for k in rows:
+           paired(first, "hf-static", "engine AR / HF static-cache compiled generate", ">=", 1.6),
+           paired(first, "engine-hf", "engine AR compiled / on the HF layers")]
+    for k in runners:
         if k.endswith("+dense"):
-            out.append(ratio(setup, "engine AR / HF static-cache compiled generate, dense attention",
-                             rows[k][0] / static, ">=", 1.6, b1, f"{rows[k][0]:.1f} vs {static:.1f} tok/s"))
+            out.append(paired(k, "hf-static", "engine AR / HF static-cache compiled generate, dense attention", ">=",
+                              1.6))
     if hf_loop:
-        out.append(ratio(setup, "engine AR / HF AR loop", ours / rows["hf-loop"][0], ">=", 15, b1,
-                         f"{ours:.1f} vs {rows['hf-loop'][0]:.1f} tok/s"))
-    table = [{"setup": setup, "system": k, "batch": 1, "tokens": len(o), "tok_per_s": t, "hbm_bound_tok_per_s": bound,
-              "identical_to_engine_hf": o == rows["engine-hf"][1]} for k, (t, o) in rows.items()]
+        out.append(paired(first, "hf-loop", "engine AR / HF AR loop", ">=", 15))
+    table = [{"setup": setup, "system": k, "batch": 1, "tokens": len(outs[k]), "tok_per_s": median(tps[k]),
+              "tok_per_s_min": min(tps[k]), "tok_per_s_max": max(tps[k]), "repeats": repeats,
+              "hbm_bound_tok_per_s": bound, "identical_to_engine_hf": outs[k] == ref} for k in runners]
     return table, out
 
 
@@ -528,7 +565,7 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
     ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
                               f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
     save(rows, ratios)
-    b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup)
+    b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, repeats=a.repeats)
     ratios += b1
     save(rows, ratios, b1_rows)
     if a.kernel_sweep:
@@ -687,7 +724,10 @@ def hf(b: Bench, methods: list[str]) -> list[Ratio]:
     if "ar" in mean.index:
         ratios.append(ratio(b.setup, "engine AR / HF AR loop", mean.loc["ar", "speedup_vs_hf_ar"], ">=", 15,
                             "batch 1"))
-        tps, _ = hf_static_generate(b.tgt, hf_prompts[0], a.max_new_tokens)
+        static = hf_static_generate(b.tgt, hf_prompts[0], a.max_new_tokens)
+        static()  # compiles
+        out, wall = static()
+        tps = len(out) / wall
         ours = df[(df.method == "ar") & (df.prompt == 0)].ours_tok_per_s.iloc[0]
         ratios.append(ratio(b.setup, "engine AR / HF static-cache compiled generate", ours / tps, ">=", 1.6,
                             "batch 1", f"{ours:.0f} vs {tps:.0f} tok/s (first prompt; natural EOS for ours)"))
@@ -760,6 +800,8 @@ def main(argv=None):
                    help="--paper-shape / --mini-shape: contexts (tokens, e.g. 512,2048,8192) at which AR batch 1 is "
                         "timed with each attention kernel (kernels.csv)")
     p.add_argument("--batch", type=at_least(1), default=8)
+    p.add_argument("--repeats", type=at_least(1), default=3,
+                   help="--paper-shape / --mini-shape: timed repeats of each batch-1 system, interleaved (medians)")
     p.add_argument("--tokens", type=at_least(17), default=512, help="tokens per request in the overhead part (the "
                    "first 16 rounds are excluded)")
     p.add_argument("--caps", type=listed(at_least(1)), default=[1, 2, 4, 8, 16, 32])
