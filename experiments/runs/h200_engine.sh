@@ -8,17 +8,19 @@
 #            8x8 rows vs an AR step, AR vs the HBM bound, kernel tables; with both attention kernels (flex, dense)
 #   mini     bench --mini-shape: the mini shape, random weights: rounds, batch 1 vs HF's loop and compiled generate,
 #            regeneration at batch 2048 (the data stage's decode), kernel tables; both attention kernels
+#   train    bench_train --profile mini --kernel-profile 5: pretraining tok/s + MFU, drafter steps/s, eager vs
+#            compiled, and where a compiled training step's time goes (profile_train_*.txt)
 #   trained  a trained mini target at work/mini/target (or $TARGET) with drafters: bench overhead,hf,regen on it
 #   tests    tests/test_cuda.py, a subset in the time left (stop strings on the compiled engine included; SUITE=all:
 #            the whole file; TESTS_K: a pytest -k expression of your own, e.g. TESTS_K=verify_modes)
 # SWEEP_PAPER / SWEEP_MINI: contexts for bench --kernel-sweep in the paper / mini step (off when unset).
-# STEPS (default smoke,paper,mini,trained,tests) picks steps, BUDGET (seconds, default 570) the command's time; $OUT
+# STEPS (default smoke,paper,mini,train,trained,tests) picks steps, BUDGET (seconds, default 570) the time; $OUT
 # (a folder), if set, receives engine.log and engine.tgz (the results folder).
 #     bash experiments/runs/h200_engine.sh
 #     STEPS=smoke,trained,tests bash experiments/runs/h200_engine.sh     # once a trained mini target exists
 set -uo pipefail
 PY=python3; RES=${RES:-results/mini/bench}; W=work/mini; BUDGET=${BUDGET:-570}
-STEPS=",${STEPS:-smoke,paper,mini,trained,tests},"
+STEPS=",${STEPS:-smoke,paper,mini,train,trained,tests},"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 [ -z "${DMTP_GIT_SHA:-}" ] && [ -f .whl/REVISION ] && export DMTP_GIT_SHA=$(cat .whl/REVISION)  # make device-prep
 mkdir -p "$RES"
@@ -62,6 +64,10 @@ main() {
     t "bench --paper-shape"; timeout $(( $(left) - keep )) $BENCH --paper-shape $SW_P 2>&1 | grep -v -i "warn"
   fi
   if on mini; then t "bench --mini-shape"; timeout $(( $(left) - 60 )) $BENCH --mini-shape $SW_M 2>&1 | grep -v -i "warn"; fi
+  if on train && [ "$(left)" -gt 200 ]; then
+    t "bench_train"; timeout $(( $(left) - 30 )) $PY -m dmtp.cli.bench_train --profile mini --out "$RES" \
+      --kernel-profile 5 2>&1 | grep -a "bench-train\|Error"
+  fi
   if [ -n "${TARGET:-}" ] && [ ! -e $W/target/DONE ]; then mkdir -p $W && cp -r "$TARGET" $W/target; fi
   if on trained && [ -e $W/target/config.json ] && [ -d $W/drafters ] && [ "$(left)" -gt 60 ]; then
     t "bench on the trained target"
