@@ -122,3 +122,22 @@ def test_round_floor_adds_the_mtp_head_and_lm_head_reads(models):
     extra_ms = t1_bytes_per_round(tgt, mtp) / 1e9 * 1e3
     assert r.value == pytest.approx(1 + extra_ms / 2.0, abs=1e-4) and r.direction == "report"
     assert r.name == "x round / y round, weight-read floor" and "MTP head + T1 LM head" in r.note
+
+
+def test_engine_setting_labels():
+    """Batch-1 engine labels: "+dense" picks the dense attention kernel, "+gw" the K/V write inside the graphs, both
+    only inside the block; an unknown option is named."""
+    from dmtp.cli.bench import engine_setting
+    from dmtp.models import fast
+
+    before = (fast.ATTENTION, fast.CACHE_WRITE)
+    engine, setting = engine_setting("compiled+dense+gw")
+    assert engine == "compiled"
+    with setting():
+        assert (fast.ATTENTION, fast.CACHE_WRITE) == ("dense", "graph")
+    assert (fast.ATTENTION, fast.CACHE_WRITE) == before
+    engine, setting = engine_setting("hf")
+    with setting():
+        assert engine == "hf" and (fast.ATTENTION, fast.CACHE_WRITE) == ("flex", before[1])
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['fast'\]"):
+        engine_setting("compiled+fast")

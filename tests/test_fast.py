@@ -144,6 +144,32 @@ def test_unsupported_models_stay_on_hf(monkeypatch):
     with pytest.raises(ValueError, match="unknown attention kernel 'sdpa'"):
         with fast.attention("sdpa"):
             pass
+    with pytest.raises(ValueError, match="unknown cache write 'inside'"):
+        with fast.cache_write("inside"):
+            pass
+
+
+@pytest.mark.parametrize("write", ["graph", "eager"])
+def test_cache_write_placement_keeps_the_forward(models, write):
+    """`fast.cache_write`: the K/V write inside or outside the compiled graph gives the HF forward and the same rows,
+    with either attention kernel; the module's setting comes back after the block."""
+    tgt, _ = models
+    before = fast.CACHE_WRITE
+    ids = torch.randint(3, tgt.vocab_size, (3, 2), generator=torch.Generator().manual_seed(1))
+    ref_cache, plen = _prefilled(tgt)
+    pos = plen[:, None] + torch.arange(2)
+    ref = tgt.forward(ids, pos, ref_cache)
+    with fast.cache_write(write):
+        assert fast.CACHE_WRITE == write
+        for kind in ("flex", "dense"):
+            cache, _ = _prefilled(tgt)
+            with fast.attention(kind):
+                got = fast.target_forward(tgt, ids, pos, cache, compile=True)
+            torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-4)
+            for i in ref_cache.k:
+                torch.testing.assert_close(cache.k[i], ref_cache.k[i], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(cache.v[i], ref_cache.v[i], rtol=1e-5, atol=1e-5)
+    assert fast.CACHE_WRITE == before
 
 
 @pytest.mark.parametrize("name", ["dflash", "zero_init_residual"])

@@ -21,9 +21,10 @@ screen.csv      the screened T1 head (`screen.T1Screen`): T1 agreement with the 
                 and acceptance length with and without it
 baselines.csv   --paper-shape / --mini-shape, batch 1: the compiled engine, the same loop on the HF layers, HF's
                 static-cache compiled `generate`, the plain HF loop (mini), tok/s side by side (median, min and max of
-                `--repeats` interleaved repeats), and the HBM bound
+                `--repeats` interleaved repeats), and the HBM bound; engine labels "+dense" (the dense attention
+                kernel) and "+gw" (the K/V write inside the compiled graphs, exact with the dense kernel)
 regen.csv       the data stage's regeneration (AR, `--regen-batch` prompts at once, the profile's data temperature):
-                tok/s, ms per step
+                tok/s, ms per step, per engine label (as in baselines.csv)
 profile_*.txt   --kernel-profile: torch-profiler tables of the device kernels of a decode (where a round goes)
 kernels.csv     --kernel-sweep L1,L2,..: AR at batch 1 on the compiled engine with each attention kernel (flex, dense)
                 at contexts of about L tokens (prompt L - --tokens, then --tokens new): tok/s side by side — where the
@@ -192,6 +193,22 @@ def round_goal(profile: str) -> float:
 
 
 KINDS = {"flex": "", "dense": "+dense"}  # the compiled engine's attention kernels (`fast.ATTENTION`): method suffix
+
+
+def engine_setting(label: str):
+    """An engine label of the batch-1 baselines — "<engine>[+dense][+gw]" — as (engine, a context manager setting the
+    attention kernel and, with "+gw", the K/V write inside the compiled graphs, `fast.cache_write("graph")`)."""
+    engine, *opts = label.split("+")
+    unknown = set(opts) - {"dense", "gw"}
+    if unknown:
+        raise ValueError(f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw)")
+
+    @contextlib.contextmanager
+    def setting():
+        with fast.attention("dense" if "dense" in opts else "flex"), \
+                fast.cache_write("graph" if "gw" in opts else fast.CACHE_WRITE):
+            yield
+    return engine, setting
 
 
 def _kind(kind: str) -> str:
@@ -409,9 +426,11 @@ def median(xs: list[float]) -> float:
 
 
 def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
-                     engines=("compiled", "compiled+dense", "hf"), repeats: int = 3) -> tuple[list[dict], list[Ratio]]:
+                     engines=("compiled", "compiled+dense", "compiled+dense+gw", "hf"),
+                     repeats: int = 3) -> tuple[list[dict], list[Ratio]]:
     """Batch 1, T = 0, `tokens` new tokens after `prompt` (EOS ignored), in one process side by side: the engine
-    (compiled, the default on CUDA; "<engine>+dense": with the dense attention kernel), the same loop on the HF
+    (compiled, the default on CUDA; "<engine>+dense": with the dense attention kernel; "+gw": with the K/V write
+    inside the compiled graphs — `engine_setting`), the same loop on the HF
     layers (`engine="hf"`, the engine before compilation), HF's static-cache compiled `generate`, the plain HF loop
     (`hf_loop`), and AR's HBM bound. Every system is warmed up once (the engine's servers capture their graphs, HF's
     generate compiles), then timed `repeats` times in interleaved order (system by system within each repeat), so a
@@ -423,16 +442,17 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
     bound = bandwidth / nbytes
     cap = capacity_for([prompt], tokens, 0)
     runners = {}
-    for engine in engines:
-        with fast.attention("dense" if engine.endswith("+dense") else "flex"):
-            srv = Server(tgt, build_method("ar", tgt), 1, cap, 0.0, tokens, engine=engine.split("+")[0])
+    for label in engines:
+        engine, setting = engine_setting(label)
+        with setting():
+            srv = Server(tgt, build_method("ar", tgt), 1, cap, 0.0, tokens, engine=engine)
             srv.run([prompt])
 
-        def once(srv=srv, kind="dense" if engine.endswith("+dense") else "flex"):
-            with fast.attention(kind):
+        def once(srv=srv, setting=setting):
+            with setting():
                 (res,), wall = timed(dev, srv.run, [prompt])
             return res.output_ids, wall
-        runners[f"engine-{engine}"] = once
+        runners[f"engine-{label}"] = once
     runners["hf-static"] = hf_static_generate(tgt, prompt, tokens)
     runners["hf-static"]()  # compiles
     if hf_loop:
@@ -467,9 +487,10 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
            paired(first, "hf-static", "engine AR / HF static-cache compiled generate", ">=", 1.6),
            paired(first, "engine-hf", "engine AR compiled / on the HF layers")]
     for k in runners:
-        if k.endswith("+dense"):
-            out.append(paired(k, "hf-static", "engine AR / HF static-cache compiled generate, dense attention", ">=",
-                              1.6))
+        if k.startswith("engine-") and k != first and k != "engine-hf":
+            opts = k.split("+")[1:]
+            what = ", ".join(["dense attention"] * ("dense" in opts) + ["K/V write in the graph"] * ("gw" in opts))
+            out.append(paired(k, "hf-static", f"engine AR / HF static-cache compiled generate, {what}", ">=", 1.6))
     if hf_loop:
         out.append(paired(first, "hf-loop", "engine AR / HF AR loop", ">=", 15))
     table = [{"setup": setup, "system": k, "batch": 1, "tokens": len(outs[k]), "tok_per_s": median(tps[k]),
@@ -575,12 +596,14 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
     regen = []
     if a.regen_batch:
         reqs = prompts[: a.regen_batch]
-        for kind, tail in KINDS.items():
-            with fast.attention(kind):
-                row = regeneration(tgt, reqs, d.temperature, d.new_tokens, setup)
-            row["engine"] = f"compiled{tail}"
+        for label, note in (("compiled", ""), ("compiled+dense", _kind("dense")),
+                            ("compiled+dense+gw", _kind("dense") + ", K/V write in the graph")):
+            engine, setting = engine_setting(label)
+            with setting():
+                row = regeneration(tgt, reqs, d.temperature, d.new_tokens, setup, engine=engine)
+            row["engine"] = label
             regen.append(row)
-            ratios.append(regeneration_ratio(row, setup, _kind(kind)))
+            ratios.append(regeneration_ratio(row, setup, note))
         row = regeneration(tgt, reqs, d.temperature, 16, setup, engine="hf")
         regen.append(row)
         ratios.append(ratio(setup, "regeneration ms per step, HF layers / compiled",

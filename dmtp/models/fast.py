@@ -193,6 +193,21 @@ _write_eager = torch.compiler.disable(_write_rows)
 CACHE_WRITE = os.environ.get("DMTP_CACHE_WRITE", "auto")
 
 
+@contextlib.contextmanager
+def cache_write(mode: str):
+    """Place the K/V write ("auto", "graph" or "eager", as `DMTP_CACHE_WRITE`) inside the block (compiled code is
+    guarded on it). With the dense kernel the write inside the graph was exact on the H200 (the flex kernel's fault
+    needs flex attention); `bench` times it beside the default, tests/test_cuda.py checks it."""
+    global CACHE_WRITE
+    if mode not in ("auto", "graph", "eager"):
+        raise ValueError(f"unknown cache write {mode!r}: 'auto', 'graph' or 'eager'")
+    old, CACHE_WRITE = CACHE_WRITE, mode
+    try:
+        yield
+    finally:
+        CACHE_WRITE = old
+
+
 def _write(kbuf, vbuf, k, v, pos):
     if CACHE_WRITE not in ("auto", "graph", "eager"):
         raise ValueError(f"DMTP_CACHE_WRITE={CACHE_WRITE!r}: 'auto', 'graph' or 'eager'")
