@@ -499,10 +499,11 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
     return table, out
 
 
-def regeneration(tgt, prompts, temperature, tokens, setup, engine=None) -> dict:
+def regeneration(tgt, prompts, temperature, tokens, setup, engine=None, label: str | None = None) -> dict:
     """The on-policy data stage's decode (one `run_generate` batch: AR, every prompt at once, T = `temperature`, EOS
     ignored): output tokens per second over the whole batch (prefill and graph capture included; compilation is
-    done by a warm-up batch first) and the steady-state ms per decode step."""
+    done by a warm-up batch first) and the steady-state ms per decode step. `label`: the row's engine name (default:
+    `engine`)."""
     dev = tgt.device
     gen = torch.Generator(device=dev).manual_seed(1)
     warm = Batch(tgt, build_method("ar", tgt), prompts, temperature, tokens, set(), gen, engine=engine)
@@ -513,7 +514,7 @@ def regeneration(tgt, prompts, temperature, tokens, setup, engine=None) -> dict:
     m.timer = StageTimer(dev.type == "cuda")
     res, wall = timed(dev, generate, tgt, m, prompts, temperature, tokens, seed=1, engine=engine)
     n = sum(len(r.output_ids) for r in res)
-    row = {"setup": setup, "engine": engine or "default", "batch": len(prompts), "new_tokens": tokens,
+    row = {"setup": setup, "engine": label or engine or "default", "batch": len(prompts), "new_tokens": tokens,
            "temperature": temperature, "output_tokens": n, "wall_s": wall, "tok_per_s": n / wall,
            "ms_per_step": m.timer.ms_per_round(skip=min(4, tokens // 2))["round"]}
     print(f"[bench] {setup} regeneration batch {len(prompts)} ({row['engine']}): {row['tok_per_s']:.0f} tok/s, "
@@ -600,8 +601,7 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
                             ("compiled+dense+gw", _kind("dense") + ", K/V write in the graph")):
             engine, setting = engine_setting(label)
             with setting():
-                row = regeneration(tgt, reqs, d.temperature, d.new_tokens, setup, engine=engine)
-            row["engine"] = label
+                row = regeneration(tgt, reqs, d.temperature, d.new_tokens, setup, engine=engine, label=label)
             regen.append(row)
             ratios.append(regeneration_ratio(row, setup, note))
         row = regeneration(tgt, reqs, d.temperature, 16, setup, engine="hf")
