@@ -141,3 +141,17 @@ def test_engine_setting_labels():
         assert engine == "hf" and (fast.ATTENTION, fast.CACHE_WRITE) == ("flex", before[1])
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['fast'\]"):
         engine_setting("compiled+fast")
+    _, setting = engine_setting("compiled+tuned")
+    with setting():
+        assert fast.TUNING == "autotune" and fast.ATTENTION == "flex"
+    assert fast.TUNING == "default"
+
+
+def test_b1_engines_add_the_tuned_labels():
+    from argparse import Namespace
+
+    from dmtp.cli.bench import B1_ENGINES, b1_engines
+
+    assert b1_engines(Namespace(tuned=False)) == B1_ENGINES
+    got = b1_engines(Namespace(tuned=True))
+    assert got[0] == "compiled" and got[-1] == "hf" and {"compiled+tuned", "compiled+dense+gw+tuned"} <= set(got)

@@ -147,6 +147,20 @@ def test_unsupported_models_stay_on_hf(monkeypatch):
     with pytest.raises(ValueError, match="unknown cache write 'inside'"):
         with fast.cache_write("inside"):
             pass
+    with pytest.raises(ValueError, match="unknown tuning 'max'"):
+        with fast.tuning("max"):
+            pass
+
+
+def test_tuning_options_apply_on_cuda_only():
+    """`fast.tuning("autotune")`: Inductor's autotuning options for CUDA compiles, CPU compiles unchanged; the
+    compiled-function cache keeps the settings apart on CUDA."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert fast.compile_options(cuda) is None and fast.compile_options(cpu) == {"epilogue_fusion": False}
+    with fast.tuning("autotune"):
+        assert fast.compile_options(cuda) == {"max_autotune": True, "coordinate_descent_tuning": True}
+        assert fast.compile_options(cpu) == {"epilogue_fusion": False}
+    assert fast.TUNING == "default"
 
 
 @pytest.mark.parametrize("write", ["graph", "eager"])

@@ -22,7 +22,8 @@ screen.csv      the screened T1 head (`screen.T1Screen`): T1 agreement with the 
 baselines.csv   --paper-shape / --mini-shape, batch 1: the compiled engine, the same loop on the HF layers, HF's
                 static-cache compiled `generate`, the plain HF loop (mini), tok/s side by side (median, min and max of
                 `--repeats` interleaved repeats), and the HBM bound; engine labels "+dense" (the dense attention
-                kernel) and "+gw" (the K/V write inside the compiled graphs, exact with the dense kernel)
+                kernel), "+gw" (the K/V write inside the compiled graphs, exact with the dense kernel) and, with
+                --tuned, "+tuned" (Inductor's autotuned kernels)
 regen.csv       the data stage's regeneration (AR, `--regen-batch` prompts at once, the profile's data temperature):
                 tok/s, ms per step, per engine label (as in baselines.csv)
 profile_*.txt   --kernel-profile: torch-profiler tables of the device kernels of a decode (where a round goes)
@@ -196,19 +197,30 @@ KINDS = {"flex": "", "dense": "+dense"}  # the compiled engine's attention kerne
 
 
 def engine_setting(label: str):
-    """An engine label of the batch-1 baselines — "<engine>[+dense][+gw]" — as (engine, a context manager setting the
-    attention kernel and, with "+gw", the K/V write inside the compiled graphs, `fast.cache_write("graph")`)."""
+    """An engine label of the batch-1 baselines — "<engine>[+dense][+gw][+tuned]" — as (engine, a context manager
+    setting the attention kernel, with "+gw" the K/V write inside the compiled graphs (`fast.cache_write("graph")`),
+    with "+tuned" Inductor's autotuned kernels (`fast.tuning("autotune")`))."""
     engine, *opts = label.split("+")
-    unknown = set(opts) - {"dense", "gw"}
+    unknown = set(opts) - {"dense", "gw", "tuned"}
     if unknown:
-        raise ValueError(f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw)")
+        raise ValueError(f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw, tuned)")
 
     @contextlib.contextmanager
     def setting():
         with fast.attention("dense" if "dense" in opts else "flex"), \
-                fast.cache_write("graph" if "gw" in opts else fast.CACHE_WRITE):
+                fast.cache_write("graph" if "gw" in opts else fast.CACHE_WRITE), \
+                fast.tuning("autotune" if "tuned" in opts else fast.TUNING):
             yield
     return engine, setting
+
+
+B1_ENGINES = ("compiled", "compiled+dense", "compiled+dense+gw", "hf")  # the batch-1 engines; --tuned adds two
+
+
+def b1_engines(a) -> tuple[str, ...]:
+    """The batch-1 engine labels of a run: `B1_ENGINES`, and with --tuned the compiled engine with autotuned kernels
+    (flex, and dense with the write in the graph) before the HF-layer loop."""
+    return B1_ENGINES[:-1] + ("compiled+tuned", "compiled+dense+gw+tuned") * bool(a.tuned) + B1_ENGINES[-1:]
 
 
 def _kind(kind: str) -> str:
@@ -344,7 +356,7 @@ def paper_shape(a, dev, spec: AblationSpec, save=lambda *parts: None) -> tuple[l
                               f"{dmtp} round / {dflash} round", batch))
     save(rows, ratios)
     b1_rows, b1_ratios = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, hf_loop=False,
-                                          repeats=a.repeats)
+                                          engines=b1_engines(a), repeats=a.repeats)
     ratios += b1_ratios
     save(rows, ratios, b1_rows)
     if a.kernel_sweep:
@@ -426,8 +438,7 @@ def median(xs: list[float]) -> float:
 
 
 def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
-                     engines=("compiled", "compiled+dense", "compiled+dense+gw", "hf"),
-                     repeats: int = 3) -> tuple[list[dict], list[Ratio]]:
+                     engines=B1_ENGINES, repeats: int = 3) -> tuple[list[dict], list[Ratio]]:
     """Batch 1, T = 0, `tokens` new tokens after `prompt` (EOS ignored), in one process side by side: the engine
     (compiled, the default on CUDA; "<engine>+dense": with the dense attention kernel; "+gw": with the K/V write
     inside the compiled graphs — `engine_setting`), the same loop on the HF
@@ -489,7 +500,8 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
     for k in runners:
         if k.startswith("engine-") and k != first and k != "engine-hf":
             opts = k.split("+")[1:]
-            what = ", ".join(["dense attention"] * ("dense" in opts) + ["K/V write in the graph"] * ("gw" in opts))
+            what = ", ".join(["dense attention"] * ("dense" in opts) + ["K/V write in the graph"] * ("gw" in opts)
+                             + ["autotuned kernels"] * ("tuned" in opts))
             out.append(paired(k, "hf-static", f"engine AR / HF static-cache compiled generate, {what}", ">=", 1.6))
     if hf_loop:
         out.append(paired(first, "hf-loop", "engine AR / HF AR loop", ">=", 15))
@@ -587,7 +599,8 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
     ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
                               f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
     save(rows, ratios)
-    b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, repeats=a.repeats)
+    b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, engines=b1_engines(a),
+                                   repeats=a.repeats)
     ratios += b1
     save(rows, ratios, b1_rows)
     if a.kernel_sweep:
@@ -823,6 +836,9 @@ def main(argv=None):
                    help="--paper-shape / --mini-shape: contexts (tokens, e.g. 512,2048,8192) at which AR batch 1 is "
                         "timed with each attention kernel (kernels.csv)")
     p.add_argument("--batch", type=at_least(1), default=8)
+    p.add_argument("--tuned", action="store_true",
+                   help="--paper-shape / --mini-shape: also time the batch-1 engine with Inductor's autotuned kernels "
+                        "(+tuned: max_autotune, coordinate descent; minutes more of compilation at the 8B shape)")
     p.add_argument("--repeats", type=at_least(1), default=3,
                    help="--paper-shape / --mini-shape: timed repeats of each batch-1 system, interleaved (medians)")
     p.add_argument("--tokens", type=at_least(17), default=512, help="tokens per request in the overhead part (the "

@@ -48,6 +48,13 @@ RECOMPILE_LIMIT = 64  # static shapes: one entry per (batch, rows, capacity) a p
 #   "dense": two GQA-native matmuls over the whole cache with the visibility computed inside the softmax kernel
 #            (no mask tensor, no K/V repeat): cuBLAS at every size, but reads every row of the cache
 ATTENTION = os.environ.get("DMTP_ATTENTION", "flex")
+# Inductor's kernel selection for the compiled forwards on CUDA (read when a forward is compiled; `tuning(mode)`):
+#   "default":  Inductor's defaults (cuBLAS for the matrix products)
+#   "autotune": Inductor benchmarks its Triton matmul templates against cuBLAS per shape (`max_autotune`, without
+#               Inductor's own CUDA graphs: the engine captures its own) and tunes the generated kernels'
+#               launch settings (`coordinate_descent_tuning`) — longer compiles; `bench` times it as "+tuned"
+TUNINGS = {"default": None, "autotune": {"max_autotune": True, "coordinate_descent_tuning": True}}
+TUNING = os.environ.get("DMTP_TUNING", "default")
 
 
 def round_capacity(cap: int) -> int:
@@ -261,17 +268,38 @@ def _epilogue(norm, lm_head, x, delta):
 _COMPILED: dict = {}
 
 
+@contextlib.contextmanager
+def tuning(mode: str):
+    """Compile the forwards first called inside the block with Inductor setting `mode` (`TUNINGS`; CUDA only)."""
+    global TUNING
+    if mode not in TUNINGS:
+        raise ValueError(f"unknown tuning {mode!r}: {', '.join(TUNINGS)}")
+    old, TUNING = TUNING, mode
+    try:
+        yield
+    finally:
+        TUNING = old
+
+
+def compile_options(device: torch.device) -> dict | None:
+    """torch.compile's Inductor options for `device` under `TUNING`: on CPU, flex attention's C++ template takes no
+    fused epilogue, so template epilogue fusion is off there (and the tuning, a CUDA matter, is not applied)."""
+    if TUNING not in TUNINGS:
+        raise ValueError(f"DMTP_TUNING={TUNING!r}: {', '.join(TUNINGS)}")
+    return TUNINGS[TUNING] if device.type == "cuda" else {"epilogue_fusion": False}
+
+
 def compile_fn(fn, device: torch.device):
-    """torch.compile with static shapes and Inductor's default mode (the decode loop captures its own CUDA graphs);
-    on CPU, flex attention's C++ template takes no fused epilogue, so template epilogue fusion is off there."""
+    """torch.compile with static shapes and `compile_options` (the decode loop captures its own CUDA graphs)."""
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(fn, dynamic=False, options=None if device.type == "cuda" else {"epilogue_fusion": False})
+    return torch.compile(fn, dynamic=False, options=compile_options(device))
 
 
 def compiled(fn, device: torch.device):
-    """`compile_fn(fn)`, made once per process and device type."""
-    key = (fn, device.type)
+    """`compile_fn(fn)`, made once per process, device type and tuning (each its own compiled function, which dynamo
+    keeps apart by its backend)."""
+    key = (fn, device.type, TUNING if device.type == "cuda" else "default")
     if key not in _COMPILED:
         _COMPILED[key] = compile_fn(fn, device)
     return _COMPILED[key]

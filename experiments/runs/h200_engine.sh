@@ -13,7 +13,8 @@
 #   trained  a trained mini target at work/mini/target (or $TARGET) with drafters: bench overhead,hf,regen on it
 #   tests    tests/test_cuda.py, a subset in the time left (stop strings on the compiled engine included; SUITE=all:
 #            the whole file; TESTS_K: a pytest -k expression of your own, e.g. TESTS_K=verify_modes)
-# SWEEP_PAPER / SWEEP_MINI: contexts for bench --kernel-sweep in the paper / mini step (off when unset).
+# SWEEP_PAPER / SWEEP_MINI: contexts for bench --kernel-sweep in the paper / mini step (off when unset). TUNED=1: the
+# batch-1 baselines also time the engine with Inductor's autotuned kernels (bench --tuned; longer compiles).
 # STEPS (default smoke,paper,mini,train,trained,tests) picks steps, BUDGET (seconds, default 570) the time; $OUT
 # (a folder), if set, receives engine.log and engine.tgz (the results folder).
 #     bash experiments/runs/h200_engine.sh
@@ -28,7 +29,7 @@ START=$(date +%s)
 t() { echo "[run] $(date +%T) +$(( $(date +%s) - START ))s $*"; }
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 on() { [[ $STEPS == *",$1,"* ]]; }
-BENCH="$PY -m dmtp.cli.bench --tokens 128 --batch 8 --kernel-profile --out $RES"
+BENCH="$PY -m dmtp.cli.bench --tokens 128 --batch 8 --kernel-profile --out $RES ${TUNED:+--tuned}"
 # SWEEP_PAPER / SWEEP_MINI (contexts, e.g. 512,2048,8192): AR batch 1 with each attention kernel per context
 # (kernels.csv; each context compiles anew: ~1 min per context at the 8B shape)
 SW_P=${SWEEP_PAPER:+--kernel-sweep $SWEEP_PAPER}; SW_M=${SWEEP_MINI:+--kernel-sweep $SWEEP_MINI}
