@@ -152,3 +152,21 @@ def test_server_slots_outlive_a_request_group(models, name):
         assert [r.output_ids for r in srv.run(g)] == [hf_greedy(tgt, p, 20) for p in g]
     with pytest.raises(ValueError, match="capacity 64"):
         srv.run([list(range(3, 60))])
+
+
+def test_generate_and_serve_decode_without_autograd(models, monkeypatch):
+    """Every round of `generate` and `serve` runs with autograd off (the targets' weights may require grad)."""
+    from dmtp.engine import decode
+
+    tgt, _ = models
+    seen = []
+    step = decode.Batch.step
+
+    def spy(self):
+        seen.append(torch.is_grad_enabled())
+        return step(self)
+    monkeypatch.setattr(decode.Batch, "step", spy)
+    with torch.enable_grad():
+        decode.generate(tgt, decode.build_method("ar", tgt), [[5, 7]], 0.0, 3)
+        decode.serve(tgt, decode.build_method("ar", tgt), [[5, 7], [4]], 1, 0.0, 3)
+    assert len(seen) >= 4 and not any(seen)

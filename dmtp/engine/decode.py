@@ -579,7 +579,6 @@ class Batch:
         self._stopped[slots] = other._stopped[: len(slots)]
 
 
-@torch.no_grad()
 def check_token_ids(prompts, vocab_size: int) -> None:
     """A prompt id outside [0, vocab_size) fails here, named, not as a device-side assert in the embedding."""
     for i, p in enumerate(prompts):
@@ -591,6 +590,7 @@ def check_token_ids(prompts, vocab_size: int) -> None:
                              " (a tokenizer of another model?)")
 
 
+@torch.no_grad()
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
              max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None,
              engine: str | None = None, stop: StopStrings | None = None, verify: str = "target") -> list[Result]:
