@@ -426,15 +426,13 @@ def hf_static_generate(tgt, prompt: list[int], tokens: int):
     return once
 
 
-def spread(xs: list[float]) -> str:
-    """'median [min, max]' of a few repeats, or the one value."""
-    s = sorted(xs)
-    med = s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
-    return f"{med:.3f}" if len(s) == 1 else f"{med:.3f} [{s[0]:.3f}, {s[-1]:.3f}]"
-
-
 def median(xs: list[float]) -> float:
     return float(pd.Series(xs).median())
+
+
+def spread(xs: list[float]) -> str:
+    """'median [min, max]' of a few repeats, or the one value."""
+    return f"{median(xs):.3f}" if len(xs) == 1 else f"{median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"
 
 
 def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
