@@ -8,15 +8,15 @@ memset, copies, cat), reduction (Triton reduction and persistent-reduction kerne
 pointwise kernels, elementwise), other. On a machine without a GPU the CPU operators stand in (self CPU time)."""
 from __future__ import annotations
 
-KINDS: list[tuple[str, tuple[str, ...]]] = [
-    ("attention", ("flex_attention", "flash", "fmha", "attention", "sdpa")),
-    ("gemm", ("gemm", "gemv", "splitkreduce", "matmul", "cutlass", "nvjet", "xmma", "cublas", "triton_tem_fused_mm", "triton_tem_fused_addmm",
-              "triton_tem_fused_bmm", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul")),
+KINDS: list[tuple[str, tuple[str, ...]]] = [  # every kernel not from Inductor (Triton's `triton_*`: `kind_of`)
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("gemm", ("gemm", "gemv", "splitkreduce", "matmul", "cutlass", "nvjet", "xmma", "cublas", "aten::mm",
+              "aten::addmm", "aten::bmm", "aten::linear")),
     ("optimizer", ("adam", "multi_tensor_apply", "foreach")),
     ("copy", ("memcpy", "memset", "copy", "aten::cat", "catarraybatched", "index_put", "index_elementwise",
               "scatter")),
-    ("reduction", ("triton_red", "triton_per", "reduce", "norm", "softmax", "sum", "mean", "argmax", "max")),
-    ("pointwise", ("triton_poi", "elementwise", "vectorized", "aten::add", "aten::mul", "aten::div", "aten::sub",
+    ("reduction", ("reduce", "norm", "softmax", "sum", "mean", "argmax", "max")),
+    ("pointwise", ("elementwise", "vectorized", "aten::add", "aten::mul", "aten::div", "aten::sub",
                    "aten::silu", "aten::exp", "aten::where", "aten::pow", "aten::rsqrt", "aten::neg")),
 ]
 
@@ -24,7 +24,7 @@ KINDS: list[tuple[str, tuple[str, ...]]] = [
 def kind_of(name: str) -> str:
     n = name.lower()
     if n.startswith("triton_"):  # Inductor's kernels name the ops they fuse ("_to_copy" in most): prefix first
-        if "flex_attention" in n or "flex_decoding" in n or "attention" in n:
+        if "attention" in n or "flex_decoding" in n:
             return "attention"
         for prefix, kind in (("triton_tem", "gemm"), ("triton_red", "reduction"), ("triton_per", "reduction"),
                              ("triton_poi", "pointwise")):
