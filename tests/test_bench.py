@@ -16,7 +16,18 @@ def test_stage_timer_covers_every_stage(models):
     ms = m.timer.ms_per_round(skip=2)
     assert {"round", "verify", "drafter", "mtp", "t1_prep", "drafter_ctx"} <= set(ms)
     assert all(v > 0 for v in ms.values())
-    assert ms["round"] >= ms["verify"] + ms["drafter"]  # stages nest inside the round
+    assert ms["round"] >= max(ms["verify"], ms["drafter"])  # stages nest inside the round
+
+
+def test_stage_timer_reports_the_median_round():
+    """One stalled round moves the mean, not the reported per-round time; a stage run twice in a round counts both."""
+    t = StageTimer(cuda=False)
+    for i in range(9):
+        stall = 1.0 if i == 5 else 0.0
+        t.rounds.append({"round": [(0.0, 0.002 + stall)], "verify": [(0.0, 0.001), (0.0, 0.0005)]})
+    ms = t.ms_per_round(skip=0)
+    assert ms["round"] == pytest.approx(2.0) and ms["verify"] == pytest.approx(1.5)
+    assert t.ms_per_round(skip=8)["round"] == pytest.approx(2.0)
 
 
 def test_ratios_recomputed_from_throughput_csv(tmp_path):
@@ -154,4 +165,4 @@ def test_b1_engines_add_the_tuned_labels():
 
     assert b1_engines(Namespace(tuned=False)) == B1_ENGINES
     got = b1_engines(Namespace(tuned=True))
-    assert got[0] == "compiled" and got[-1] == "hf" and {"compiled+tuned", "compiled+dense+gw+tuned"} <= set(got)
+    assert got[0] == "compiled" and got[-1] == "hf" and "compiled+tuned" in got

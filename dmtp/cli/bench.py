@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -108,16 +109,16 @@ class StageTimer:
                 self._cur = None
 
     def ms_per_round(self, skip: int = 16) -> dict[str, float]:
-        """Mean ms per round of each stage (a stage run twice in a round counts both), the first `skip` rounds
-        excluded."""
+        """Median ms per round of each stage over the rounds that ran it (a stage run twice in a round counts both),
+        the first `skip` rounds excluded. The median, not the mean: one stalled round (a host hiccup of a few
+        hundred ms) once moved a mean "round" by 40 % while every stage's median stayed put (LOG.md, 2026-12-01)."""
         if self.cuda:
             torch.cuda.synchronize()
-        tot, n = defaultdict(float), defaultdict(int)
+        per = defaultdict(list)
         for r in self.rounds[skip:]:
             for stage, ev in r.items():
-                tot[stage] += sum((a.elapsed_time(b) if self.cuda else (b - a) * 1e3) for a, b in ev)
-                n[stage] += 1
-        return {s: tot[s] / n[s] for s in tot}
+                per[stage].append(sum((a.elapsed_time(b) if self.cuda else (b - a) * 1e3) for a, b in ev))
+        return {s: statistics.median(v) for s, v in per.items()}
 
 
 def _sync(dev):
@@ -219,8 +220,9 @@ B1_ENGINES = ("compiled", "compiled+dense", "compiled+dense+gw", "hf")  # the ba
 
 def b1_engines(a) -> tuple[str, ...]:
     """The batch-1 engine labels of a run: `B1_ENGINES`, and with --tuned the compiled engine with autotuned kernels
-    (flex, and dense with the write in the graph) before the HF-layer loop."""
-    return B1_ENGINES[:-1] + ("compiled+tuned", "compiled+dense+gw+tuned") * bool(a.tuned) + B1_ENGINES[-1:]
+    (flex attention) before the HF-layer loop. Not "+dense+gw+tuned": on the H200 (torch 2.11) its warm-up died with
+    an illegal memory access right after Inductor autotuned the dense attention's bmm templates (LOG.md, 2026-12-01)."""
+    return B1_ENGINES[:-1] + ("compiled+tuned",) * bool(a.tuned) + B1_ENGINES[-1:]
 
 
 def _kind(kind: str) -> str:
