@@ -110,8 +110,8 @@ class StageTimer:
 
     def ms_per_round(self, skip: int = 16) -> dict[str, float]:
         """Median ms per round of each stage over the rounds that ran it (a stage run twice in a round counts both),
-        the first `skip` rounds excluded. The median, not the mean: one stalled round (a host hiccup of a few
-        hundred ms) once moved a mean "round" by 40 % while every stage's median stayed put (LOG.md, 2026-12-01)."""
+        the first `skip` rounds excluded. The median, not the mean: a few stalled rounds once moved a mean "round" 40 %
+        above the sum of its stages, where every later run measured the sum (LOG.md, 2026-12-01)."""
         if self.cuda:
             torch.cuda.synchronize()
         per = defaultdict(list)
