@@ -56,7 +56,8 @@ def shares(pairs: list[tuple[str, float]]) -> list[dict]:
     total = sum(t for _, t in pairs) or 1.0
     by: dict[str, dict] = {}
     for name, t in pairs:
-        k = by.setdefault(kind_of(name), {"kind": kind_of(name), "us": 0.0, "kernels": 0, "top": ("", -1.0)})
+        kind = kind_of(name)
+        k = by.setdefault(kind, {"kind": kind, "us": 0.0, "kernels": 0, "top": ("", -1.0)})
         k["us"] += t
         k["kernels"] += 1
         if t > k["top"][1]:

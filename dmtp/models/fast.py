@@ -117,16 +117,21 @@ def _block_mask(lo, hi, mask_mod, q: int, cap: int) -> BlockMask:
 
 
 @contextlib.contextmanager
-def attention(kind: str):
-    """Decode with attention kernel `kind` ("flex" or "dense") inside the block (compiled code is guarded on it)."""
-    global ATTENTION
-    if kind not in ("flex", "dense"):
-        raise ValueError(f"unknown attention kernel {kind!r}: 'flex' or 'dense'")
-    old, ATTENTION = ATTENTION, kind
+def _setting(name: str, value: str, known, what: str):
+    """Module setting `name` (ATTENTION, CACHE_WRITE, TUNING) = `value` inside the block, restored after it."""
+    if value not in known:
+        raise ValueError(f"unknown {what} {value!r}: {', '.join(map(repr, known))}")
+    g = globals()
+    old, g[name] = g[name], value
     try:
         yield
     finally:
-        ATTENTION = old
+        g[name] = old
+
+
+def attention(kind: str):
+    """Decode with attention kernel `kind` ("flex" or "dense") inside the block (compiled code is guarded on it)."""
+    return _setting("ATTENTION", kind, ("flex", "dense"), "attention kernel")
 
 
 def causal(pos: torch.Tensor):
@@ -200,24 +205,19 @@ _write_eager = torch.compiler.disable(_write_rows)
 CACHE_WRITE = os.environ.get("DMTP_CACHE_WRITE", "auto")
 
 
-@contextlib.contextmanager
+CACHE_WRITES = ("auto", "graph", "eager")
+
+
 def cache_write(mode: str):
     """Place the K/V write ("auto", "graph" or "eager", as `DMTP_CACHE_WRITE`) inside the block (compiled code is
     guarded on it). With the dense kernel the write inside the graph was exact on the H200 (the flex kernel's fault
     needs flex attention); `bench` times it beside the default, tests/test_cuda.py checks it."""
-    global CACHE_WRITE
-    if mode not in ("auto", "graph", "eager"):
-        raise ValueError(f"unknown cache write {mode!r}: 'auto', 'graph' or 'eager'")
-    old, CACHE_WRITE = CACHE_WRITE, mode
-    try:
-        yield
-    finally:
-        CACHE_WRITE = old
+    return _setting("CACHE_WRITE", mode, CACHE_WRITES, "cache write")
 
 
 def _write(kbuf, vbuf, k, v, pos):
-    if CACHE_WRITE not in ("auto", "graph", "eager"):
-        raise ValueError(f"DMTP_CACHE_WRITE={CACHE_WRITE!r}: 'auto', 'graph' or 'eager'")
+    if CACHE_WRITE not in CACHE_WRITES:
+        raise ValueError(f"DMTP_CACHE_WRITE={CACHE_WRITE!r}: {', '.join(map(repr, CACHE_WRITES))}")
     eager = CACHE_WRITE == "eager" or (CACHE_WRITE == "auto" and kbuf.is_cuda)
     (_write_eager if eager else _write_rows)(kbuf, vbuf, k, v, pos)
 
@@ -268,17 +268,9 @@ def _epilogue(norm, lm_head, x, delta):
 _COMPILED: dict = {}
 
 
-@contextlib.contextmanager
 def tuning(mode: str):
     """Compile the forwards first called inside the block with Inductor setting `mode` (`TUNINGS`; CUDA only)."""
-    global TUNING
-    if mode not in TUNINGS:
-        raise ValueError(f"unknown tuning {mode!r}: {', '.join(TUNINGS)}")
-    old, TUNING = TUNING, mode
-    try:
-        yield
-    finally:
-        TUNING = old
+    return _setting("TUNING", mode, tuple(TUNINGS), "tuning")
 
 
 def compile_options(device: torch.device) -> dict | None:
