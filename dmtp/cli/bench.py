@@ -197,12 +197,22 @@ def round_goal(profile: str) -> float:
 KINDS = {"flex": "", "dense": "+dense"}  # the compiled engine's attention kernels (`fast.ATTENTION`): method suffix
 
 
+LABEL_OPTIONS = {"dense": "dense attention", "gw": "K/V write in the graph", "tuned": "autotuned kernels"}
+
+
+def label_words(label: str) -> str:
+    """The suffix a record of engine label `label` carries in its name, e.g. ", dense attention, K/V write in the
+    graph" for "compiled+dense+gw" ("" for a plain engine)."""
+    opts = label.split("+")[1:]
+    return "".join(f", {words}" for opt, words in LABEL_OPTIONS.items() if opt in opts)
+
+
 def engine_setting(label: str):
     """An engine label of the batch-1 baselines — "<engine>[+dense][+gw][+tuned]" — as (engine, a context manager
     setting the attention kernel, with "+gw" the K/V write inside the compiled graphs (`fast.cache_write("graph")`),
     with "+tuned" Inductor's autotuned kernels (`fast.tuning("autotune")`))."""
     engine, *opts = label.split("+")
-    unknown = set(opts) - {"dense", "gw", "tuned"}
+    unknown = set(opts) - set(LABEL_OPTIONS)
     if unknown:
         raise ValueError(f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw, tuned)")
 
@@ -215,7 +225,7 @@ def engine_setting(label: str):
     return engine, setting
 
 
-B1_ENGINES = ("compiled", "compiled+dense", "compiled+dense+gw", "hf")  # the batch-1 engines; --tuned adds two
+B1_ENGINES = ("compiled", "compiled+dense", "compiled+dense+gw", "hf")  # the batch-1 engines; --tuned adds one
 
 
 def b1_engines(a) -> tuple[str, ...]:
@@ -226,7 +236,7 @@ def b1_engines(a) -> tuple[str, ...]:
 
 def _kind(kind: str) -> str:
     """A ratio name's suffix for the attention kernel (part of the name: flex and dense are separate records)."""
-    return "" if kind == "flex" else ", dense attention"
+    return label_words(KINDS[kind])
 
 
 def device_name(dev) -> str:
@@ -428,7 +438,7 @@ def hf_static_generate(tgt, prompt: list[int], tokens: int):
 
 
 def median(xs: list[float]) -> float:
-    return float(pd.Series(xs).median())
+    return float(statistics.median(xs))
 
 
 def spread(xs: list[float]) -> str:
@@ -508,10 +518,8 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
            paired(first, "engine-hf", "engine AR compiled / on the HF layers")]
     for k in runners:
         if k.startswith("engine-") and k != first and k != "engine-hf":
-            opts = k.split("+")[1:]
-            what = ", ".join(["dense attention"] * ("dense" in opts) + ["K/V write in the graph"] * ("gw" in opts)
-                             + ["autotuned kernels"] * ("tuned" in opts))
-            out.append(paired(k, "hf-static", f"engine AR / HF static-cache compiled generate, {what}", ">=", 1.6))
+            out.append(paired(k, "hf-static", f"engine AR / HF static-cache compiled generate{label_words(k)}", ">=",
+                              1.6))
     if hf_loop:
         out.append(paired(first, "hf-loop", "engine AR / HF AR loop", ">=", 15))
     table = [{"setup": setup, "system": k, "batch": 1, "tokens": len(outs[k]), "tok_per_s": median(tps[k]),
@@ -619,13 +627,12 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
     regen = []
     if a.regen_batch:
         reqs = prompts[: a.regen_batch]
-        for label, note in (("compiled", ""), ("compiled+dense", _kind("dense")),
-                            ("compiled+dense+gw", _kind("dense") + ", K/V write in the graph")):
+        for label in ("compiled", "compiled+dense", "compiled+dense+gw"):
             engine, setting = engine_setting(label)
             with setting():
                 row = regeneration(tgt, reqs, d.temperature, d.new_tokens, setup, engine=engine, label=label)
             regen.append(row)
-            ratios.append(regeneration_ratio(row, setup, note))
+            ratios.append(regeneration_ratio(row, setup, label_words(label)))
         row = regeneration(tgt, reqs, d.temperature, 16, setup, engine="hf")
         regen.append(row)
         ratios.append(ratio(setup, "regeneration ms per step, HF layers / compiled",
