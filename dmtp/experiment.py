@@ -19,6 +19,7 @@ import torch
 
 from dmtp.ablation import AblationSpec
 from dmtp.checks import at_least, check, each, number, one_of, require
+from dmtp.config import EngineConfig
 from dmtp.engine.verify import MODES as VERIFY_MODES
 from dmtp.io import write_text
 from dmtp.models.drafter import BACKBONES, default_target_layer_ids
@@ -60,11 +61,11 @@ class DataConfig:
 class ModelConfig:
     """The target (+ native MTP head): its shape and precisions."""
     arch: TargetArch = field(default_factory=TargetArch)  # the embedded target's shape
-    dtype: str = "fp32"  # target precision for on-policy data and evaluation (fp32: exact losslessness)
-    checkpoint_dtype: str = "fp32"  # precision the pretrained target + MTP checkpoint is saved in
+    checkpoint_dtype: str = "fp32"  # precision the pretrained target + MTP checkpoint is saved in (the precision it
+    # decodes in, for on-policy data and evaluation, is `engine.dtype`)
 
     def __post_init__(self):
-        check(self, dtype=one_of(*DTYPES), checkpoint_dtype=one_of(*DTYPES))
+        check(self, checkpoint_dtype=one_of(*DTYPES))
 
 
 @dataclass
@@ -169,6 +170,7 @@ class Profile:
     eval: EvalConfig = field(default_factory=EvalConfig)
     ablation: AblationSpec = field(default_factory=AblationSpec)  # the runs and how they are reported
     verify: VerifyConfig = field(default_factory=VerifyConfig)  # the verification-mode study (`--stage verify`)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # how every decode runs (data, eval, verify, bench)
     scale: PaperScale = field(default_factory=PaperScale)  # paper-scale target/training (empty: embedded)
 
     def __post_init__(self):

@@ -90,21 +90,26 @@ def append_jsonl(path, rows):
 
 
 def git_sha() -> str:
+    """The commit of the code (`-dirty` with uncommitted changes to tracked files); where the tree is a copy without
+    .git (a GPU machine's snapshot), the REVISION file at its root that the run scripts write (`make device-prep`)."""
+    root = Path(__file__).resolve().parent.parent
     try:
-        root = Path(__file__).resolve().parent.parent
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if sha.returncode == 0 else "unknown"
+        if sha.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                   capture_output=True, text=True, timeout=5)
+            return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except Exception:
-        return "unknown"
+        pass
+    rev = root / "REVISION"
+    return rev.read_text().strip() or "unknown" if rev.exists() else "unknown"
 
 
 def environment() -> dict:
     import torch
 
     env = {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-           "device": "cpu", "git_sha": os.environ.get("DMTP_GIT_SHA") or git_sha()}
+           "device": "cpu", "git_sha": git_sha(), "threads": torch.get_num_threads()}
     try:
         import transformers
 
@@ -114,16 +119,17 @@ def environment() -> dict:
     if torch.cuda.is_available():
         env["device"] = torch.cuda.get_device_name(0)
         env["cuda"] = torch.version.cuda
-    # the decode and training switches set for this process (engine, compiled drafter, cache write, attention kernel,
-    # CUDA graphs, ...): which path made a result is part of its provenance
-    switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith("DMTP_") and k != "DMTP_GIT_SHA"}
-    if switches:
-        env["switches"] = switches
     return env
 
 
-def write_meta(path, config: dict, wall_s: float | None = None, **extra):
+def write_meta(path, config: dict, wall_s: float | None = None, engine=None, **extra):
+    """meta.json beside a result: its configuration, the environment (versions, device, commit) and, for decoded
+    results, `engine`: the `EngineConfig` that decoded it, as it resolved on this machine."""
     meta = {"config": config, "env": environment(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if engine is not None:
+        import torch
+
+        meta["engine"] = engine.resolved("cuda" if torch.cuda.is_available() else "cpu")
     if wall_s is not None:
         meta["wall_s"] = round(wall_s, 3)
     meta.update(extra)

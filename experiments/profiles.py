@@ -128,7 +128,7 @@ def qwen3_6_27b() -> Profile:
         train_prompts=OPEN_PERFECTBLEND_ROWS)
     return derive(
         base(), "qwen3.6-27b",
-        model=dict(dtype="bf16"),  # target + drafter precision (training autocast, evaluation weights)
+        engine=dict(dtype="bf16"),  # target + drafter precision (evaluation weights; training: train.amp_bf16)
         drafter=dict(layers=5, heads=32, kv_heads=8, intermediate=17408, head_dim=128, block_size=8, window=4096,
                      rope_theta=0.0, mask_token_id=MASK_TOKENS["qwen3_5"]),
         train=TrainConfig(steps=_paper_steps(scale.epochs, scale.train_prompts, scale.global_batch), batch_size=16,

@@ -10,6 +10,7 @@ import torch
 from conftest import compiled_graphs, make_drafter
 
 from ablations.code import code
+from dmtp.config import EngineConfig
 from dmtp.engine.decode import Batch, Server, build_method, generate, serve
 from dmtp.models import fast, tiny
 from dmtp.models.attention import flex_mask
@@ -57,69 +58,66 @@ def hf(tgt, p, n, eos=None):
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_graphed_rounds_are_lossless(gpu_models, name, monkeypatch):
+def test_graphed_rounds_are_lossless(gpu_models, name):
     tgt, mtp = gpu_models
     ref = [hf(tgt, p, 37) for p in PROMPTS]
     m = method(name, tgt, mtp)
     b = Batch(tgt, m, PROMPTS, 0.0, 4, set(), None)
     drafter = getattr(m, "drafter", None)  # DFlash drafters compile only where fast.drafter_problem allows
     assert b.engine == "compiled" and b.cache.flex
-    assert b.compile == (drafter is None or fast.drafter_problem(drafter) is None) and b.compile == m.compilable
+    assert b.compile == (drafter is None or fast.drafter_problem(drafter) is None) and b.compile == m.compiles(b.eng)
     res = generate(tgt, m, PROMPTS, 0.0, 37)
     assert [r.output_ids for r in res] == ref
     assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 37, engine="hf")] == ref
-    monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
-    eager = generate(tgt, m, PROMPTS, 0.0, 37)
+    eager = generate(tgt, m, PROMPTS, 0.0, 37, engine=EngineConfig(graphs=False))
     assert [r.accepted for r in eager] == [r.accepted for r in res]
     eos = ref[0][5]
     for cap in (1, 3):
-        monkeypatch.setenv("DMTP_CUDA_GRAPHS", "1")
         got = serve(tgt, m, PROMPTS + [[7, 7, 7], [60]], cap, 0.0, 25, eos_ids=[eos])
         assert [r.output_ids for r in got] == [hf(tgt, p, 25, eos) for p in PROMPTS + [[7, 7, 7], [60]]]
 
 
-@pytest.mark.parametrize("write", ["auto", "graph"])
+@pytest.mark.parametrize("write", ["eager", "auto"])
 @pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual"])
-def test_dense_kernel_rounds_are_lossless(gpu_models, name, write, monkeypatch):
-    """The dense attention kernel (bench's "+dense" rows), with the K/V write outside the graphs (auto on CUDA) and
-    inside them ("graph": exact with this kernel in the H200 repro, wrong with flex attention): graphed rounds equal
-    HF greedy and the eager loop's accept counts, through `generate` and `serve`."""
+def test_dense_kernel_rounds_are_lossless(gpu_models, name, write):
+    """The dense attention kernel (bench's "+dense" rows), with the K/V write outside the graphs ("eager") and inside
+    them ("auto" with this kernel: exact in the H200 repro, wrong with flex attention), the prompt pass on fast.py's
+    compiled layers too: graphed rounds equal HF greedy and the eager loop's accept counts, through `generate` and
+    `serve` (newcomers admitted in groups of two)."""
     tgt, mtp = gpu_models
     ref = [hf(tgt, p, 37) for p in PROMPTS]
     m = method(name, tgt, mtp)
-    with fast.attention("dense"), fast.cache_write(write):
-        res = generate(tgt, m, PROMPTS, 0.0, 37)
-        assert [r.output_ids for r in res] == ref
-        got = serve(tgt, m, PROMPTS + [[7, 7, 7], [60]], 3, 0.0, 25)
-        assert [r.output_ids for r in got] == [hf(tgt, p, 25) for p in PROMPTS + [[7, 7, 7], [60]]]
-        monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
-        eager = generate(tgt, m, PROMPTS, 0.0, 37)
+    eng = EngineConfig(attention="dense", cache_write=write, prefill="compiled", admit=2)
+    res = generate(tgt, m, PROMPTS, 0.0, 37, engine=eng)
+    assert [r.output_ids for r in res] == ref
+    got = serve(tgt, m, PROMPTS + [[7, 7, 7], [60]], 3, 0.0, 25, engine=eng)
+    assert [r.output_ids for r in got] == [hf(tgt, p, 25) for p in PROMPTS + [[7, 7, 7], [60]]]
+    eager = generate(tgt, m, PROMPTS, 0.0, 37, engine=eng.with_(graphs=False))
     assert [r.accepted for r in eager] == [r.accepted for r in res]
 
 
 @pytest.mark.parametrize("kernel", ["flex", "dense"])
 @pytest.mark.parametrize("name", ["ar", "zero_init_residual"])
 def test_autotuned_kernels_are_lossless(gpu_models, name, kernel):
-    """Inductor's autotuned kernels (`fast.tuning("autotune")`, bench's "+tuned" rows: 1.22x the default engine at the
-    8B shape, batch 1) keep fp32 graphed rounds equal to HF greedy through `generate` and `serve`."""
+    """Inductor's autotuned kernels (`EngineConfig.tuning = "autotune"`, bench's "+tuned" rows: 1.22x the default engine
+    at the 8B shape, batch 1) keep fp32 graphed rounds equal to HF greedy through `generate` and `serve`."""
     tgt, mtp = gpu_models
     ref = [hf(tgt, p, 37) for p in PROMPTS]
     m = method(name, tgt, mtp)
-    with fast.attention(kernel), fast.tuning("autotune"):
-        assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 37)] == ref
-        got = serve(tgt, m, PROMPTS + [[7, 7, 7], [60]], 3, 0.0, 25)
+    eng = EngineConfig(attention=kernel, tuning="autotune")
+    assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 37, engine=eng)] == ref
+    got = serve(tgt, m, PROMPTS + [[7, 7, 7], [60]], 3, 0.0, 25, engine=eng)
     assert [r.output_ids for r in got] == [hf(tgt, p, 25) for p in PROMPTS + [[7, 7, 7], [60]]]
 
 
 @pytest.mark.parametrize("name", ["mtp", "dflash", "zero_init_residual", "dmtp_d2"])
-def test_sampling_graphed_equals_eager(gpu_models, name, monkeypatch):
+def test_sampling_graphed_equals_eager(gpu_models, name):
     """T = 1: sampling stays outside the graphs on the batch's generator, so graphed and eager loops draw the same
     tokens from the same seed."""
     tgt, mtp = gpu_models
     m = method(name, tgt, mtp)
     res = generate(tgt, m, PROMPTS * 3, 1.0, 30, seed=7)
-    monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
-    eager = generate(tgt, m, PROMPTS * 3, 1.0, 30, seed=7)
+    eager = generate(tgt, m, PROMPTS * 3, 1.0, 30, seed=7, engine=EngineConfig(graphs=False))
     assert [r.output_ids for r in res] == [r.output_ids for r in eager]
 
 
@@ -176,36 +174,17 @@ def test_server_captures_once(gpu_models):
     assert all(srv.batch.graphs.graphs[k] is graphs[k] for k in graphs)
 
 
-@pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual"])
-def test_fused_graphed_rounds_are_lossless(name, monkeypatch):
-    """dmtp.engine.fuse's Triton kernels captured in the decode loop's CUDA graphs: fp32 outputs equal HF greedy, and
-    graphed equals eager (accept counts included) with the fusion on."""
-    from dmtp.engine.fuse import fuse
-
-    tgt, mtp = on_cuda("qwen3")
-    ref = [hf(tgt, p, 37) for p in PROMPTS]
-    m = method(name, tgt, mtp)
-    with fuse(tgt, mtp, getattr(m, "drafter", None)):
-        res = generate(tgt, m, PROMPTS, 0.0, 37)
-        monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
-        eager = generate(tgt, m, PROMPTS, 0.0, 37)
-    assert [r.output_ids for r in res] == ref
-    assert [r.accepted for r in eager] == [r.accepted for r in res]
-
-
 @pytest.mark.parametrize("name", ["mtp", "dflash", "zero_init_residual", "dmtp_d2"])
 @pytest.mark.parametrize("verify", ["sample", "block"])
-def test_verify_modes_graphed_equal_eager(gpu_models, name, verify, monkeypatch):
+def test_verify_modes_graphed_equal_eager(gpu_models, name, verify):
     """Sampled drafts and their acceptance run inside the CUDA graphs on randomness drawn before the round: graphed and
     eager loops emit the same tokens and accept counts from the same seed; at T = 0 the mode is greedy."""
     tgt, mtp = gpu_models
     m = method(name, tgt, mtp)
     res = generate(tgt, m, PROMPTS * 3, 1.0, 30, seed=7, verify=verify)
-    monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
-    eager = generate(tgt, m, PROMPTS * 3, 1.0, 30, seed=7, verify=verify)
+    eager = generate(tgt, m, PROMPTS * 3, 1.0, 30, seed=7, verify=verify, engine=EngineConfig(graphs=False))
     assert [r.output_ids for r in res] == [r.output_ids for r in eager]
     assert [r.accepted for r in res] == [r.accepted for r in eager]
-    monkeypatch.setenv("DMTP_CUDA_GRAPHS", "1")
     greedy = generate(tgt, m, PROMPTS, 0.0, 37, verify=verify)
     assert [r.output_ids for r in greedy] == [hf(tgt, p, 37) for p in PROMPTS]
     got = serve(tgt, m, PROMPTS + [[7, 7, 7], [60]], 2, 1.0, 25, seed=3, verify=verify)
@@ -278,7 +257,7 @@ def test_bf16_divergences_are_top2_ties(engine):
     assert same >= len(prompts) * 3 // 2
 
 
-def test_compiled_engine_large_batch_sampling(monkeypatch):
+def test_compiled_engine_large_batch_sampling():
     """The data stage's kind of work (one large batch, T > 0) on the compiled engine: graphed equals eager from the
     same seed, and greedy outputs inside a large batch equal HF's."""
     tgt, mtp = on_cuda("qwen3_5")
@@ -286,8 +265,8 @@ def test_compiled_engine_large_batch_sampling(monkeypatch):
     m = build_method("ar", tgt)
     res = generate(tgt, m, prompts, 0.8, 24, seed=3)
     greedy = generate(tgt, m, prompts, 0.0, 24)
-    monkeypatch.setenv("DMTP_CUDA_GRAPHS", "0")
-    assert [r.output_ids for r in res] == [r.output_ids for r in generate(tgt, m, prompts, 0.8, 24, seed=3)]
+    eager = generate(tgt, m, prompts, 0.8, 24, seed=3, engine=EngineConfig(graphs=False))
+    assert [r.output_ids for r in res] == [r.output_ids for r in eager]
     assert [r.output_ids for r in greedy[:4]] == [hf(tgt, p, 24) for p in prompts[:4]]
 
 
@@ -404,36 +383,35 @@ class _Recording:
 
 
 @pytest.mark.parametrize("name", ["dflash", "zero_init_residual"])
-def test_fast_drafter_proposes_what_hf_proposes(gpu_models, name, monkeypatch):
-    """The compiled engine's drafter (`fast.drafter_forward`, the default on CUDA; DMTP_FAST_DRAFTER=0 switches it
-    off) against the HF drafter path, round by round on the same greedy trajectory: the same drafts. On the trained
+def test_fast_drafter_proposes_what_hf_proposes(gpu_models, name):
+    """The compiled engine's drafter (`fast.drafter_forward`, the default on CUDA; `EngineConfig.drafter = "hf"`
+    switches it off) against the HF drafter path, round by round on the same greedy trajectory: the same drafts. On the trained
     mini drafters the compiled drafter once proposed other drafts (DFlash first-token acceptance 0.21 vs 0.86, LOG.md
     2026-12-01) while the outputs stayed lossless; this is the check that keeps it the default."""
     from dmtp.engine.decode import DrafterMethod
 
     tgt, mtp = gpu_models
     logs = {}
-    for engine, fast_drafter in (("hf", "0"), ("compiled", "1")):
-        monkeypatch.setenv("DMTP_FAST_DRAFTER", fast_drafter)
+    for engine, path in (("hf", "hf"), ("compiled", "compiled")):
         m = method(name, tgt, mtp)
         assert type(m) is DrafterMethod
         m.__class__ = type("Rec", (_Recording, DrafterMethod), {})
         m.log = []
-        generate(tgt, m, PROMPTS, 0.0, 24, engine=engine)
+        generate(tgt, m, PROMPTS, 0.0, 24, engine=EngineConfig(engine=engine, drafter=path))
         logs[engine] = torch.cat(m.log)
     a, b = logs["hf"], logs["compiled"]
     assert a.shape == b.shape
     assert (a != b).float().mean().item() <= 0.02, f"{int((a != b).sum())} of {a.numel()} drafts differ"
 
 
-def test_switched_off_compiled_drafter_keeps_drafters_on_hf_and_captures(gpu_models, monkeypatch):
-    """With DMTP_FAST_DRAFTER=0 the compiled engine decodes DFlash drafters on the HF drafter path (and their MTP on
+def test_switched_off_compiled_drafter_keeps_drafters_on_hf_and_captures(gpu_models):
+    """With `EngineConfig.drafter = "hf"` the compiled engine decodes DFlash drafters on the HF drafter path (and their MTP on
     the HF layer): graphed, lossless, no capture error (a non-compilable method's fast-path MTP once failed to
     capture)."""
     tgt, mtp = gpu_models
-    monkeypatch.setenv("DMTP_FAST_DRAFTER", "0")
+    eng = EngineConfig(engine="compiled", drafter="hf")
     for name in ("dflash", "zero_init_residual", "dmtp_d2"):
         m = method(name, tgt, mtp)
-        assert fast.drafter_problem(m.drafter) is not None
+        assert fast.drafter_problem(m.drafter, eng) is not None
         ref = [hf(tgt, p, 12) for p in PROMPTS]
-        assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 12, engine="compiled")] == ref
+        assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 12, engine=eng)] == ref

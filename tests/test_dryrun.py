@@ -18,7 +18,7 @@ def test_paper_profile_dry_run(name, billions, mtp_b):
     assert len(P["drafters"]) == 20  # 10 variants (9 + the control) x 2 backbones
     d = p.drafter
     assert d.layers == 5 and d.block_size == 8 and d.window == 4096 and sc.max_seq_len == 2048
-    assert sc.global_batch == 128 and sc.epochs == 3 and p.model.dtype == "bf16" and p.train.amp_bf16
+    assert sc.global_batch == 128 and sc.epochs == 3 and p.engine.dtype == "bf16" and p.train.amp_bf16
     assert d.mask_token_id == MASK_TOKENS["qwen3_5"] and p.train.max_len == 2048
     L = r["config"].num_hidden_layers
     assert r["taps"] == ([1, 16, 31, 46, 61] if L == 64 else [1, 10, 19, 28, 37])

@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import Oracle, hf_greedy, make_drafter
 
+from dmtp.config import EngineConfig
 from dmtp.engine.decode import Batch, build_method, engine_for, generate
 from dmtp.models import fast, tiny
 from dmtp.models.cache import KVCache
@@ -29,8 +30,7 @@ def test_target_forward_equals_hf(models, kind):
     pos = plen[:, None] + torch.arange(5)
     ref_cache, _ = _prefilled(tgt)
     ref = tgt.forward(ids, pos, ref_cache, taps=[0, 2])
-    with fast.attention(kind):
-        got = fast.target_forward(tgt, ids, pos, cache, taps=[0, 2])
+    got = fast.target_forward(tgt, ids, pos, cache, taps=[0, 2], eng=EngineConfig(attention=kind))
     for a, b in ((got.logits, ref.logits), (got.hidden, ref.hidden), (got.taps, ref.taps)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     for i in ref_cache.k:  # the same rows written
@@ -41,11 +41,10 @@ def test_target_forward_equals_hf(models, kind):
 @pytest.mark.parametrize("variant", ["dflash", "t1_residual"])  # double- and single-anchor blocks
 @torch.no_grad()
 def test_mtp_and_drafter_forwards_equal_hf(models, variant, kind):
-    with fast.attention(kind):
-        _mtp_and_drafter_forwards_equal_hf(models, variant)
+    _mtp_and_drafter_forwards_equal_hf(models, variant, EngineConfig(attention=kind))
 
 
-def _mtp_and_drafter_forwards_equal_hf(models, variant):
+def _mtp_and_drafter_forwards_equal_hf(models, variant, eng):
     tgt, mtp = models
     B, cap, H = 2, 128, tgt.hidden_size
     g = torch.Generator().manual_seed(2)
@@ -55,7 +54,7 @@ def _mtp_and_drafter_forwards_equal_hf(models, variant):
     for c in (mc, mref):
         mtp(emb[:, :6], hid[:, :6], pre, c)
     pos = torch.tensor([[6, 7, 8], [3, 4, 5]])
-    torch.testing.assert_close(fast.mtp_forward(mtp, emb[:, 6:], hid[:, 6:], pos, mc),
+    torch.testing.assert_close(fast.mtp_forward(mtp, emb[:, 6:], hid[:, 6:], pos, mc, eng),
                                mtp(emb[:, 6:], hid[:, 6:], pos, mref), rtol=1e-4, atol=1e-4)
 
     d = make_drafter(tgt, variant)
@@ -71,7 +70,7 @@ def _mtp_and_drafter_forwards_equal_hf(models, variant):
     bpos = anchor[:, None] + torch.tensor(lay.offsets)
     block = torch.randn(B, lay.slots, H, generator=g)
     ref = d(block, bpos, kv, anchor[:, None])
-    torch.testing.assert_close(fast.drafter_forward(d, block, bpos, ctx, anchor), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fast.drafter_forward(d, block, bpos, ctx, anchor, eng), ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +91,8 @@ def test_flex_engine_is_lossless_with_many_accepts(qwen35, name):
     assert len({a for r in res for a in r.accepted}) >= 3
     got = generate(tgt, inner, PROMPTS, 0.0, 16, engine="flex")
     assert [r.accepted for r in got] == [r.accepted for r in generate(tgt, inner, PROMPTS, 0.0, 16, engine="hf")]
-    with fast.attention("dense"):
-        assert [r.output_ids for r in generate(tgt, Oracle(inner, truth), PROMPTS, 0.0, 16, engine="flex")] == truth
+    dense = EngineConfig(engine="flex", attention="dense")
+    assert [r.output_ids for r in generate(tgt, Oracle(inner, truth), PROMPTS, 0.0, 16, engine=dense)] == truth
 
 
 def test_compiled_engine_on_cpu_compiles_once():
@@ -125,65 +124,67 @@ def test_compiled_engine_verify_modes_follow_the_hf_path(verify):
     assert any(sum(r.accepted) for r in hf)  # drafts were accepted: the acceptance path ran, not only rejections
 
 
-def test_unsupported_models_stay_on_hf(monkeypatch):
+def test_unsupported_models_stay_on_hf():
     tgt, mtp = tiny.build("qwen3_5_hybrid", seed=0)
     assert fast.target_problem(tgt) == "hybrid target (Gated DeltaNet layers)"
     assert engine_for(tgt, "compiled") == "hf"
     dense, dmtp = tiny.build("qwen3", seed=0)
     assert fast.target_problem(dense) is None and engine_for(dense) == "hf"  # CPU default
-    monkeypatch.setenv("DMTP_ENGINE", "flex")
-    assert engine_for(dense) == "flex"
-    monkeypatch.setenv("DMTP_ENGINE", "fast")
-    with pytest.raises(ValueError, match="unknown decode engine 'fast'"):
-        engine_for(dense)
-    monkeypatch.delenv("DMTP_ENGINE")
+    assert engine_for(dense, EngineConfig(engine="flex")) == engine_for(dense, "flex") == "flex"
     d2 = make_drafter(dense, "dflash", backbone="dflash2")
     assert fast.drafter_problem(d2) == "dflash2 backbone"
     b = Batch(dense, build_method("dflash", dense, drafter=d2), PROMPTS, 0.0, 8, set(), None, engine="flex")
     assert b.cache.flex and not b.method.ctx.flex and b.st.capacity % fast.BLOCK == 0
-    with pytest.raises(ValueError, match="unknown attention kernel 'sdpa'"):
-        with fast.attention("sdpa"):
-            pass
-    with pytest.raises(ValueError, match="unknown cache write 'inside'"):
-        with fast.cache_write("inside"):
-            pass
-    with pytest.raises(ValueError, match="unknown tuning 'max'"):
-        with fast.tuning("max"):
-            pass
+
+
+@pytest.mark.parametrize("field, value", [("engine", "fast"), ("attention", "sdpa"), ("cache_write", "inside"),
+                                          ("tuning", "max"), ("drafter", "jit"), ("prefill", "eager"), ("admit", 0),
+                                          ("graphs", "yes")])
+def test_engine_settings_are_checked(field, value):
+    """Every engine setting is a typed field checked where it is set (a profile, `--set engine.*`, a constructor)."""
+    with pytest.raises(ValueError, match=f"{field}="):
+        EngineConfig(**{field: value})
+    with pytest.raises(TypeError, match="expected an EngineConfig"):
+        EngineConfig.of(3)
+
+
+def test_engine_settings_resolve_per_device():
+    """"auto" resolves per device: the compiled engine on CUDA, the HF layers on CPU; the K/V write outside the graphs
+    only where flex attention reads the cache on CUDA. What ran is what the meta files record."""
+    e = EngineConfig()
+    assert (e.kind("cuda"), e.kind("cpu"), e.write("cuda"), e.write("cpu")) == ("compiled", "hf", "eager", "graph")
+    d = EngineConfig(attention="dense")
+    assert d.write("cuda") == "graph" and d.resolved("cuda")["cache_write"] == "graph"
+    assert EngineConfig.of("flex") == EngineConfig(engine="flex") and EngineConfig.of(None) == e
 
 
 def test_tuning_options_apply_on_cuda_only():
-    """`fast.tuning("autotune")`: Inductor's autotuning options for CUDA compiles, CPU compiles unchanged; the
-    compiled-function cache keeps the settings apart on CUDA."""
+    """`EngineConfig.tuning = "autotune"`: Inductor's autotuning options for CUDA compiles, CPU compiles unchanged;
+    the compiled-function cache keeps the settings apart on CUDA."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert fast.compile_options(cuda) is None and fast.compile_options(cpu) == {"epilogue_fusion": False}
-    with fast.tuning("autotune"):
-        assert fast.compile_options(cuda) == {"max_autotune": True, "coordinate_descent_tuning": True}
-        assert fast.compile_options(cpu) == {"epilogue_fusion": False}
-    assert fast.TUNING == "default"
+    assert fast.compile_options(cuda, "autotune") == {"max_autotune": True, "coordinate_descent_tuning": True}
+    assert fast.compile_options(cpu, "autotune") == {"epilogue_fusion": False}
+    with pytest.raises(ValueError, match="tuning='max'"):
+        fast.compile_options(cuda, "max")
 
 
 @pytest.mark.parametrize("write", ["graph", "eager"])
 def test_cache_write_placement_keeps_the_forward(models, write):
-    """`fast.cache_write`: the K/V write inside or outside the compiled graph gives the HF forward and the same rows,
-    with either attention kernel; the module's setting comes back after the block."""
+    """`EngineConfig.cache_write`: the K/V write inside or outside the compiled graph gives the HF forward and the same
+    rows, with either attention kernel."""
     tgt, _ = models
-    before = fast.CACHE_WRITE
     ids = torch.randint(3, tgt.vocab_size, (3, 2), generator=torch.Generator().manual_seed(1))
     ref_cache, plen = _prefilled(tgt)
     pos = plen[:, None] + torch.arange(2)
     ref = tgt.forward(ids, pos, ref_cache)
-    with fast.cache_write(write):
-        assert fast.CACHE_WRITE == write
-        for kind in ("flex", "dense"):
-            cache, _ = _prefilled(tgt)
-            with fast.attention(kind):
-                got = fast.target_forward(tgt, ids, pos, cache, compile=True)
-            torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-4)
-            for i in ref_cache.k:
-                torch.testing.assert_close(cache.k[i], ref_cache.k[i], rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(cache.v[i], ref_cache.v[i], rtol=1e-5, atol=1e-5)
-    assert fast.CACHE_WRITE == before
+    for kind in ("flex", "dense"):
+        cache, _ = _prefilled(tgt)
+        got = fast.target_forward(tgt, ids, pos, cache, compile=True, eng=EngineConfig(attention=kind, cache_write=write))
+        torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-4)
+        for i in ref_cache.k:
+            torch.testing.assert_close(cache.k[i], ref_cache.k[i], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cache.v[i], ref_cache.v[i], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["dflash", "zero_init_residual"])
@@ -203,21 +204,49 @@ def test_every_cpu_engine_proposes_the_same_drafts(name):
     assert torch.equal(logs["hf"], logs["flex"]) and torch.equal(logs["hf"], logs["compiled"])
 
 
-def test_cache_write_outside_the_graph_proposes_the_same_drafts(monkeypatch):
-    """`fast.CACHE_WRITE`: the K/V rows written inside the compiled graph (the CPU default) or outside it (a graph
-    break at each write, the CUDA default since the in-graph write gave wrong flex-attention outputs on the H200):
-    the same drafts, draft for draft, and lossless; an unknown setting is refused by name."""
+def test_cache_write_outside_the_graph_proposes_the_same_drafts():
+    """`EngineConfig.cache_write`: the K/V rows written inside the compiled graph (the CPU default) or outside it (a
+    graph break at each write, the CUDA default with flex attention since the in-graph write gave wrong flex-attention
+    outputs on the H200): the same drafts, draft for draft, and lossless."""
     tgt, mtp = tiny.build("qwen3", seed=0)
     d = make_drafter(tgt, "zero_init_residual")
     truth = [hf_greedy(tgt, p, 16) for p in PROMPTS]
     logs = {}
     for mode in ("graph", "eager"):
-        monkeypatch.setattr(fast, "CACHE_WRITE", mode)
         o = Oracle(build_method("zero_init_residual", tgt, drafter=d, mtp=mtp), truth)
-        out = generate(tgt, o, PROMPTS, 0.0, 16, engine="compiled")
+        out = generate(tgt, o, PROMPTS, 0.0, 16, engine=EngineConfig(engine="compiled", cache_write=mode))
         assert [r.output_ids for r in out] == truth
         logs[mode] = torch.cat([real for _, _, real, _ in o.log])
     assert torch.equal(logs["graph"], logs["eager"])
-    monkeypatch.setattr(fast, "CACHE_WRITE", "later")
-    with pytest.raises(ValueError, match="DMTP_CACHE_WRITE='later'"):
-        fast._write(*(torch.zeros(1, 1, 4, 2),) * 4, torch.zeros(1, 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["ar", "zero_init_residual"])
+def test_prefill_on_fast_layers_and_grouped_admission_are_lossless(qwen35, name):
+    """The prompt pass through fast.py's layers (`EngineConfig.prefill = "compiled"`: the dense kernel, right-padded
+    prompts of any lengths) leaves the caches the HF pass leaves: the same greedy outputs and accept counts as the HF
+    prefill, through `generate` and a `Server` admitting newcomers in groups of two (`admit`)."""
+    from dmtp.engine.decode import Server, capacity_for
+
+    tgt, mtp = qwen35
+    d = make_drafter(tgt, name) if name != "ar" else None
+    m = build_method(name, tgt, drafter=d, mtp=mtp)
+    truth = [hf_greedy(tgt, p, 12) for p in PROMPTS]
+    eng = EngineConfig(engine="flex", prefill="compiled", attention="dense", admit=2)
+    cache, plen = _prefilled(tgt)  # the prompt pass itself: the same rows, logits and hidden states
+    ids = torch.randint(3, tgt.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(9)[None].expand(3, 9)
+    mine = KVCache(3, 128, flex=True)
+    got = fast.prefill_forward(tgt, ids, pos, mine, [0, 2], plen, compile=False)
+    ref = tgt.forward(ids, pos, KVCache(3, 128, flex=True), taps=[0, 2], lengths=plen, logits_at=plen - 1)
+    torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.taps, ref.taps, rtol=1e-4, atol=1e-4)
+    for i in cache.k:
+        torch.testing.assert_close(mine.k[i], cache.k[i], rtol=1e-5, atol=1e-5)
+    hf_res = generate(tgt, m, PROMPTS, 0.0, 12, engine="flex")
+    # the flex engine has no compiled prefill (it is the compiled engine's); "compiled" on CPU compiles every stage
+    res = generate(tgt, m, PROMPTS, 0.0, 12, engine=eng.with_(engine="compiled"))
+    assert [r.output_ids for r in res] == [r.output_ids for r in hf_res] == truth
+    assert [r.accepted for r in res] == [r.accepted for r in hf_res]
+    srv = Server(tgt, m, 2, capacity_for(PROMPTS * 2, 12, m.k), 0.0, 12, engine=eng.with_(engine="compiled"))
+    out = srv.run(PROMPTS * 2)
+    assert [r.output_ids for r in out] == truth * 2 and srv.groups >= 2

@@ -227,18 +227,17 @@ def test_copied_target_is_not_the_same_weights(ckpt, tmp_path):
     assert cli_main._modified(tmp_path / "t") != stamp
 
 
-def test_meta_records_the_decode_switches(tmp_path, monkeypatch):
-    """A meta file says which path made its result: every DMTP_* switch set for the process (not the git sha, kept on
-    its own), none when none is set."""
-    from dmtp.io import write_meta
+def test_meta_records_the_engine_that_decoded(tmp_path, monkeypatch):
+    """A decoded result's meta file holds the engine configuration as it ran on the machine ("auto" resolved) and the
+    commit; no environment variable steers or labels it (a copy of the tree without .git: its REVISION file)."""
+    from dmtp import io
+    from dmtp.config import EngineConfig
 
-    for k in [k for k in os.environ if k.startswith("DMTP_")]:
-        monkeypatch.delenv(k)
-    write_meta(tmp_path / "a.json", {})
-    assert "switches" not in json.loads((tmp_path / "a.json").read_text())["env"]
-    monkeypatch.setenv("DMTP_ENGINE", "hf")
-    monkeypatch.setenv("DMTP_CACHE_WRITE", "eager")
-    monkeypatch.setenv("DMTP_GIT_SHA", "abc")
-    write_meta(tmp_path / "b.json", {})
-    env = json.loads((tmp_path / "b.json").read_text())["env"]
-    assert env["switches"] == {"DMTP_CACHE_WRITE": "eager", "DMTP_ENGINE": "hf"} and env["git_sha"] == "abc"
+    monkeypatch.setenv("DMTP_ENGINE", "flex")  # read by nothing
+    io.write_meta(tmp_path / "a.json", {}, engine=EngineConfig(attention="dense"))
+    meta = json.loads((tmp_path / "a.json").read_text())
+    assert meta["engine"]["engine"] == "hf" and meta["engine"]["attention"] == "dense"  # on this CPU machine
+    assert meta["engine"]["cache_write"] == "graph" and "switches" not in meta["env"]
+    assert meta["env"]["git_sha"] == io.git_sha() != ""
+    io.write_meta(tmp_path / "b.json", {})
+    assert "engine" not in json.loads((tmp_path / "b.json").read_text())

@@ -47,9 +47,13 @@ def test_match_waits_for_an_earlier_stop_that_may_still_complete():
 def test_cut_rounds():
     # token 0 from the prefill; rounds emit 3, 1, 4 tokens: tokens 1-3 | 4 | 5-8
     assert cut_rounds([2, 0, 3], 1) == []
-    assert cut_rounds([2, 0, 3], 2) == cut_rounds([2, 0, 3], 4) == [2]
+    assert cut_rounds([2, 0, 3], 2) == [0] and cut_rounds([2, 0, 3], 3) == [1] and cut_rounds([2, 0, 3], 4) == [2]
     assert cut_rounds([2, 0, 3], 5) == [2, 0]
-    assert cut_rounds([2, 0, 3], 6) == cut_rounds([2, 0, 3], 9) == [2, 0, 3]
+    assert cut_rounds([2, 0, 3], 6) == [2, 0, 0] and cut_rounds([2, 0, 3], 9) == [2, 0, 3]
+    for acc in ([2, 0, 3], [7, 7, 1], [0, 0]):  # every cut accounts for exactly the tokens kept
+        for keep in range(1, 2 + sum(a + 1 for a in acc)):
+            cut = cut_rounds(acc, keep)
+            assert 1 + sum(a + 1 for a in cut) == min(keep, 1 + sum(a + 1 for a in acc)) and all(a >= 0 for a in cut)
 
 
 # --- through the decode loop ---------------------------------------------------------------------------------------

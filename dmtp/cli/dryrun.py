@@ -49,7 +49,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
                          "profiles)")
     target = target or (os.environ.get(sc.target_env) if sc.target_env else None)
     cfg, source, mismatch = _text_config(target, prof)
-    dtype = torch_dtype(prof.model.dtype)
+    dtype = torch_dtype(prof.engine.dtype)
     checks = []
 
     def check(name, ok, detail=""):
@@ -128,7 +128,7 @@ def render(r: dict) -> str:
     lines += [f"    {k:<34}{b(v)}" for k, v in P["drafters"].items()]
     t = p.train
     lines += ["", f"training: {sc.train_set}, {sc.epochs} epochs x {sc.train_prompts} prompts / global batch "
-                  f"{sc.global_batch} = {t.steps} steps; sequences <= {sc.max_seq_len}; {p.model.dtype}; "
+                  f"{sc.global_batch} = {t.steps} steps; sequences <= {sc.max_seq_len}; {p.engine.dtype}; "
                   f"AdamW lr {t.lr}, "
                   f"warmup {t.warmup_frac:.0%}, cosine, clip {t.clip}; gamma {t.gamma}",
               f"evaluation: {', '.join(f'{k} ({n})' for k, n in p.eval.sets.items())}; T = "

@@ -26,6 +26,7 @@ from dmtp import dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import require
 from dmtp.cli import args, dryrun, pipeline, stages
+from dmtp.config import EngineConfig
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import build_method
@@ -38,6 +39,7 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY, get_variant
+from dmtp.schema import override
 from dmtp.training.drafters import TrainConfig, load_sequences, new_drafters, train_drafters
 from experiments.profiles import get_profile
 
@@ -195,6 +197,7 @@ def cmd_generate(a):
             where = f"{a.prompts}:{p['line']}" if "line" in p else f"{dataset} prompt {p['id']}"
             raise ValueError(f"{where}: {len(p['prompt_ids'])} prompt tokens + --max-new-tokens {a.max_new_tokens} "
                              f"exceed the target's {limit} positions (max_position_embeddings)")
+    eng = override(EngineConfig(dtype=a.dtype), a.engine)  # every setting checked before a model loads
     want = stages.fingerprint(dict(
         target=str(Path(a.target).resolve()), target_modified=_modified(a.target), method=a.method,
         drafter=str(Path(a.drafter).resolve()) if a.drafter else None,
@@ -203,7 +206,8 @@ def cmd_generate(a):
         batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset, mode=a.mode, stop=stops,
         prompts=str(Path(a.prompts).resolve()) if a.prompts else None,
         data_path=str(Path(a.data_path).resolve()) if a.data_path else None,
-        **({"verify": a.verify} if a.verify != "target" else {})))  # (target: outputs of earlier versions resume)
+        **({"verify": a.verify} if a.verify != "target" else {}),  # (target: outputs of earlier versions resume)
+        **({"engine": stages.fingerprint(eng)} if eng != EngineConfig(dtype=a.dtype) else {})))
     done = resume_records(out, meta, want, a.force)
     config = {k: v for k, v in vars(a).items() if k != "fn"}
     mtbench = dataset == "mtbench"  # two turns, the second on the model's own first answer
@@ -217,7 +221,7 @@ def cmd_generate(a):
     # --- the work: batch i (prompts i..i+B-1, seeded seed + i) is appended as soon as it is decoded ---
     tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, torch_dtype(a.dtype))
     method = build_method(a.method, tgt, drafter=drafter, mtp=mtp, mtp_steps=a.mtp_steps)
-    write_meta(meta, config, fingerprint=want, finished=False)  # before the first record
+    write_meta(meta, config, fingerprint=want, finished=False, engine=eng)  # before the first record
     t0 = time.time()
     bar = tqdm(total=len(prompts), initial=len(prompts) - sum(len(prompts[i: i + a.batch_size]) for i in todo),
                desc=f"generate {a.method}", dynamic_ncols=True)
@@ -225,17 +229,17 @@ def cmd_generate(a):
         chunk = prompts[i: i + a.batch_size]
         if mtbench:
             recs = mtbench_generate(tgt, method, tok, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size,
-                                    a.seed + i, mode=a.mode, verify=a.verify)
+                                    a.seed + i, mode=a.mode, verify=a.verify, engine=eng)
         else:
             recs = run_generate(tgt, method, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed + i,
-                                tok, mode=a.mode, stop_strings=stops, verify=a.verify)
+                                tok, mode=a.mode, stop_strings=stops, verify=a.verify, engine=eng)
             for r, p in zip(recs, chunk):  # prompt + output: a training sequence for `dmtp train --data`
                 r.update(prompt_ids=p["prompt_ids"], **({"dataset": p["dataset"]} if dataset else {}))
         append_jsonl(out, [r for r in recs if r["id"] not in done])
         bar.update(len(chunk))
     bar.close()
     recs = read_jsonl(out)
-    write_meta(meta, config, wall_s=time.time() - t0, fingerprint=want, finished=True, records=len(recs))
+    write_meta(meta, config, wall_s=time.time() - t0, fingerprint=want, finished=True, records=len(recs), engine=eng)
     acc = [x for r in recs for x in r["accepted"]]
     if acc:
         print(f"{a.method}: {len(recs)} requests, {len(acc)} rounds, per-verify tau {acceptance_length(acc):.3f}")
@@ -314,7 +318,7 @@ def _train_profile(a):
         prof = get_profile(a.profile)
         t = prof.train
         d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter.layers, lr=t.lr,
-                 gamma=t.gamma, dtype=prof.model.dtype)
+                 gamma=t.gamma, dtype=prof.engine.dtype)
         if prof.drafter.mask_token_id >= 0:
             d.update(mask_token_id=prof.drafter.mask_token_id)
     for k, v in d.items():
@@ -352,6 +356,10 @@ def main(argv=None):
                    "$'\\ndef'); 'humaneval' = the standard HumanEval stop sequences (natural mode)")
     g.add_argument("--seed", type=args.at_least(0), default=0)
     g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    g.add_argument("--engine", action="append", metavar="KEY=VALUE", default=[],
+                   help="a decode-engine setting (dmtp/config.py EngineConfig), repeatable: engine=hf|flex|compiled, "
+                   "attention=flex|dense, cache_write=auto|graph|eager, tuning=default|autotune, "
+                   "drafter=compiled|hf, graphs=true|false")
     g.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
     g.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "

@@ -70,7 +70,8 @@ class Ctx:
         self.work = Path(a.work) / name
         self.res = Path(a.results) / name
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.dtype = torch_dtype(self.p.model.dtype)
+        self.dtype = torch_dtype(self.p.engine.dtype)
+        self.eng = self.p.engine  # how every decode of the pipeline runs (recorded in each output's meta file)
         self.force = bool(getattr(a, "force", False))  # redo finished stages made with another configuration
 
     def log(self, msg):
@@ -196,13 +197,13 @@ def st_data(c: Ctx):
     rows = [r for r in encode_prompts(tok, prompts) if r["prompt_ids"]]
     t0 = time.time()
     recs = run_generate(tgt, build_method("ar", tgt), rows, d.temperature, d.new_tokens, [tok.eos_token_id],
-                        d.batch, seed=1, desc="on-policy data", shard=True)
+                        d.batch, seed=1, desc="on-policy data", shard=True, engine=c.eng)
     world = rank_world()[1]
     if is_main():
         for r, p in zip(recs, rows):
             r["prompt_ids"] = p["prompt_ids"]
         write_meta(u.record, {"n": len(recs), "temperature": d.temperature, "batch": d.batch,
-                              "seed": "1 + the batch's offset"}, wall_s=time.time() - t0, world=world,
+                              "seed": "1 + the batch's offset"}, wall_s=time.time() - t0, world=world, engine=c.eng,
                    fingerprint=u.want)  # before the data: the file never exists without its record
         write_jsonl(out, recs)
         c.log(f"data: {len(recs)} sequences, {sum(len(r['output_ids']) for r in recs)} generated tokens "
@@ -339,7 +340,7 @@ def st_eval(c: Ctx):
             recs = run_generate(tgt, cache[m, seed], encode_prompts(tok, hp[:n]), temp, ev.new_tokens,
                                 [tok.eos_token_id], ev.batch, seed=0, tok=tok,
                                 desc=f"{m} s{seed} {ds} T{temp:g} {mode}", extra={"dataset": ds, "seed": seed},
-                                mode=mode, stop_strings=stop_strings(c.p, mode))
+                                mode=mode, stop_strings=stop_strings(c.p, mode), engine=c.eng)
         except Exception as e:  # noqa: BLE001 - reported below, then raised
             why = str(e).splitlines()[0][:200] if str(e) else ""
             failed.append(f"{m} s{seed} {ds} T={temp:g} {mode}: {type(e).__name__}: {why}")
@@ -348,7 +349,7 @@ def st_eval(c: Ctx):
         wall = time.time() - t0
         write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "mode": mode, "seed": seed,
                               "max_new_tokens": ev.new_tokens, "batch": ev.batch, "stops": list(stop_strings(c.p, mode)),
-                              "target_dtype": c.p.model.dtype}, wall_s=wall,
+                              "target_dtype": c.p.engine.dtype}, wall_s=wall, engine=c.eng,
                    fingerprint=u.want)  # before the records: a run file never exists without its record
         write_jsonl(path, recs)
         acc = [x for r in recs for x in r["accepted"]]
@@ -428,10 +429,11 @@ def st_curve(c: Ctx):
         t0 = time.time()
         recs = run_generate(tgt, method, rows, 0.0, ev.new_tokens, [tok.eos_token_id], ev.batch, seed=0, tok=tok,
                             desc=f"curve {m} s{seed} step {k}", extra={"dataset": "humaneval", "seed": seed,
-                                                                       "step": k}, stop_strings=stop_strings(c.p,
-                                                                                                             "natural"))
+                                                                       "step": k},
+                            stop_strings=stop_strings(c.p, "natural"), engine=c.eng)
         write_meta(u.record, {"method": m, "seed": seed, "step": k, "train_tokens": tokens, "dataset": "humaneval",
-                              "temperature": 0.0, "mode": "natural"}, wall_s=time.time() - t0, fingerprint=u.want)
+                              "temperature": 0.0, "mode": "natural"}, wall_s=time.time() - t0, fingerprint=u.want,
+                   engine=c.eng)
         write_jsonl(u.outputs[0], recs)
         acc = [x for r in recs for x in r["accepted"]]
         c.log(f"curve {m:<20} s{seed} step {k:>6} ({tokens / 1e6:.2f} M tokens): per-verify tau "
@@ -510,7 +512,7 @@ def st_verify(c: Ctx):
     verify_study.study(tgt, mtp, drafters_dir(c, c.p.ablation.seeds[0]), verify_study.humaneval_ids(tok, v.prompts),
                        v, out, [tok.eos_token_id], c.p.eval.mtp_steps,
                        stop=stop_spec(tgt, tok, v.eval_mode, stop_strings(c.p, v.eval_mode)),
-                       todo=todo, want=lambda *g: want[g], log=c.log)
+                       todo=todo, want=lambda *g: want[g], log=c.log, engine=c.eng)
 
 
 def _model_done(c: Ctx, run: str) -> Path:
@@ -537,7 +539,7 @@ def fingerprints(p: Profile) -> dict[str, dict]:
                                                  "pretokenizer": PRETOKENIZER_VERSION})
     f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": fingerprint(p.pretrain),
                                           "model.checkpoint_dtype": p.model.checkpoint_dtype})
-    f["data"] = dict(f["target"], **{"model.dtype": p.model.dtype},
+    f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine)},
                      **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
                                                              "batch", "prompts_per_doc")})
     shape = {k: v for k, v in fingerprint(p.drafter).items() if k != "variants"}  # a run's own settings: per run
@@ -591,7 +593,7 @@ def units(c: Ctx, stage: str) -> list[Unit]:
         for ds, n, temp, mode, m, seed in eval_plan(c.p):
             path = run_file(c.res, ds, temp, mode, m, seed)
             model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
-            want = dict(model, **{"model.dtype": c.p.model.dtype, "eval.new_tokens": ev.new_tokens,
+            want = dict(model, **{"engine": fingerprint(c.p.engine), "eval.new_tokens": ev.new_tokens,
                                   "eval.batch": ev.batch}, **({"eval.mtp_steps": ev.mtp_steps} if m == "mtp" else {}),
                         **({"eval.stops": list(stop_strings(c.p, mode))} if mode == "natural" else {}),
                         run={"dataset": ds, "prompts": n, "temperature": temp, "method": m, "mode": mode,
@@ -603,7 +605,7 @@ def units(c: Ctx, stage: str) -> list[Unit]:
         for m, seed, k in curve_plan(c.p):
             path = c.res / "curve" / m / f"humaneval_T0_s{seed}_step{k}.jsonl"
             want = dict(drafter_fingerprint(c.p, m, f, seed), **{
-                "model.dtype": c.p.model.dtype, "eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch,
+                "engine": fingerprint(c.p.engine), "eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch,
                 "eval.stops": list(stop_strings(c.p, "natural"))},
                 run={"dataset": "humaneval", "prompts": ev.sets.get("humaneval", 0), "method": m, "seed": seed,
                      "step": k})
@@ -615,7 +617,7 @@ def units(c: Ctx, stage: str) -> list[Unit]:
         for m, mode, t in verify_study.groups(v):
             path = verify_study.group_path(c.res / "verify", m, mode, t)
             model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
-            want = dict(model, **{"model.dtype": c.p.model.dtype, "verify": study},
+            want = dict(model, **{"engine": fingerprint(c.p.engine), "verify": study},
                         **({"eval.mtp_steps": c.p.eval.mtp_steps} if m == "mtp" else {}),
                         **({"eval.stops": list(stop_strings(c.p, "natural"))} if v.eval_mode == "natural" else {}),
                         run={"method": m, "verify": mode, "temperature": t})

@@ -55,7 +55,7 @@ def group_settings(cfg: VerifyConfig) -> dict:
 
 
 def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg: VerifyConfig, eos,
-              stop: StopStrings | None = None, log=print):
+              stop: StopStrings | None = None, log=print, engine=None):
     """One (method, verify, temperature): a Server per cap, its graphs captured on a first group of `cap` requests,
     then `cfg.repeats` timed runs (the server's generator continues: every repeat draws fresh samples). `eos`, `stop`:
     what ends a request (the pipeline passes the evaluation mode's: `runner.stop_spec`; fixed mode: neither). Returns
@@ -68,7 +68,7 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
         reqs = prompts[: cfg.prompts if cap == top else cfg.small_cap_prompts]
         ids = [p["prompt_ids"] for p in reqs]
         srv = Server(tgt, m, cap, capacity_for(ids, cfg.max_new_tokens, m.k), temperature, cfg.max_new_tokens, eos,
-                     seed=cfg.seed, stop=stop, verify=verify)
+                     seed=cfg.seed, stop=stop, verify=verify, engine=engine)
         srv.run(ids[:cap])  # warm-up: graph capture, as at server start-up
         for rep in range(cfg.repeats):
             res, wall = timed(dev, partial(srv.run, ids))
@@ -90,7 +90,8 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
 
 
 def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out: Path, eos, mtp_steps: int = 4,
-          stop: StopStrings | None = None, todo: list[tuple[str, str, float]] | None = None, want=None, log=print):
+          stop: StopStrings | None = None, todo: list[tuple[str, str, float]] | None = None, want=None, log=print,
+          engine=None):
     """Decode the groups `todo` (default: every group of `cfg` without records under `out`), then write
     throughput.csv and oracle.csv. A group that fails is reported and the others still run; the study then raises,
     naming every failed group. `stop`: the natural mode's stop strings for the decode loop (None: none).
@@ -104,7 +105,7 @@ def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out:
         try:
             if name not in cache:  # a method object is reusable: each server works on a copy
                 cache[name] = load_method(name, tgt, mtp, drafters, mtp_steps)
-            recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, stop, log)
+            recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, stop, log, engine)
         except Exception as e:  # noqa: BLE001 - the other groups still run; reported and raised below
             why = str(e).splitlines()[0][:200] if str(e) else ""
             failed.append(f"{name} {v} T={temp:g}: {type(e).__name__}: {why}")
@@ -113,7 +114,7 @@ def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out:
         fp = {} if want is None else {"fingerprint": want(name, v, temp)}
         write_meta(path.with_suffix(".meta.json"), {"method": name, "verify": v, "temperature": temp,
                                                      "study": vars(cfg)},
-                   wall_s=time.time() - t0, throughput=rows, **fp)  # before the records, as every run file
+                   wall_s=time.time() - t0, throughput=rows, engine=engine, **fp)  # before the records, as every run file
         write_jsonl(path, recs)
     if any((out / "runs").glob("*/*/*.meta.json")):
         gather(out)

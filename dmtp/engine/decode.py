@@ -35,12 +35,12 @@ import collections
 import contextlib
 import copy
 import functools
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.graphs import Graphs
 from dmtp.engine.stops import StopStrings, cut_rounds
@@ -64,7 +64,8 @@ class State:
     anchor: torch.Tensor  # [B] A, the last committed token
     done: torch.Tensor  # [B] bool
     capacity: int = 0  # cache rows per request
-    engine: str = "hf"  # `engine_for`: "hf", "flex" or "compiled"
+    engine: str = "hf"  # where the method's own caches run (`engine_for`): "hf", "flex" or "compiled"
+    eng: EngineConfig = field(default_factory=EngineConfig)  # the batch's engine settings
 
 
 def no_timer(stage: str):
@@ -77,9 +78,11 @@ class MTPState:
     """Private MTP KV cache and h = the MTP hidden g at position a-1 (the one that predicts the next T1), kept in
     place. T1 = argmax LMHead(h) (or a sample, `verify.Draw`) is computed where it is used (`t1_head`), kept in `t1`."""
 
-    def __init__(self, head, batch, capacity, screen=None, draw: V.Draw | None = None, engine="hf"):
+    def __init__(self, head, batch, capacity, screen=None, draw: V.Draw | None = None, engine="hf",
+                 eng: EngineConfig | None = None):
         flex = engine != "hf" and fast.layer_problem(head.layers[0]) is None
         self.head, self.cache, self.screen = head, KVCache(batch, capacity, flex=flex), screen
+        self.eng = eng or EngineConfig()
         self.draw = draw or V.Draw()
         self.h = None  # [B, H]
         self.t1 = None  # [B]
@@ -87,7 +90,7 @@ class MTPState:
     def step(self, emb_next, hidden, pos):
         """The MTP layer over decode rows: the compiled engine's forward on a flex cache, else the HF layer's."""
         if self.cache.flex:
-            return fast.mtp_forward(self.head, emb_next, hidden, pos, self.cache)
+            return fast.mtp_forward(self.head, emb_next, hidden, pos, self.cache, self.eng)
         return self.head(emb_next, hidden, pos, self.cache)
 
     def t1_head(self, h):
@@ -148,7 +151,10 @@ class Method:
     timer = staticmethod(no_timer)  # stage timer (benchmarks set it)
     draw = V.Draw()  # argmax drafts; the owning batch sets its own (`verify.Draw`: samples when verifying by sampling)
     graphable = True  # every stage obeys graphs.py's rules (a wrapper that inspects state on the host: False)
-    compilable = True  # every model it runs has a compiled-engine forward (`fast.py`): stages compile whole
+
+    def compiles(self, eng: EngineConfig) -> bool:
+        """Every model it runs has a compiled-engine forward (`fast.py`) under `eng`: its stages compile whole."""
+        return True
 
     def run(self, stage, fn, *inputs):
         with self.timer(stage):
@@ -175,10 +181,12 @@ class Method:
 class MTPMethod(Method):
     def __init__(self, head, k=4, screen=None):
         self.name, self.k, self.head, self.screen = "mtp", k, head, screen
-        self.compilable = fast.layer_problem(head.layers[0]) is None
+
+    def compiles(self, eng):
+        return fast.layer_problem(self.head.layers[0]) is None
 
     def prefill(self, st, ids, plen, out):
-        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen, self.draw, st.engine)
+        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen, self.draw, st.engine, st.eng)
         self.mtp.prefill(ids, plen, st.anchor, out.hidden)
 
     def propose(self, st):  # the chained MTP is this method's drafter
@@ -194,8 +202,8 @@ class MTPMethod(Method):
 class DrafterMethod(Method):
     """DFlash and every DMTP variant: the variant decides the block and whether the MTP is involved."""
 
-    def __init__(self, drafter, head=None, screen=None):
-        self.drafter, self.head, self.screen = drafter, head, screen
+    def __init__(self, drafter, target, head=None, screen=None):
+        self.drafter, self.target, self.head, self.screen = drafter, target, head, screen
         self.var = drafter.injection
         self.name = self.var.name
         self.k = drafter.config.num_candidates
@@ -205,8 +213,10 @@ class DrafterMethod(Method):
         lay = self.var.layout(self.k)
         self.offsets = torch.tensor(lay.offsets)
         self.predict = torch.tensor(lay.predict)
-        self.compilable = fast.drafter_problem(drafter) is None and (
-            not self.var.needs_mtp or fast.layer_problem(head.layers[0]) is None)
+
+    def compiles(self, eng):
+        return fast.drafter_problem(self.drafter, eng) is None and (
+            not self.var.needs_mtp or fast.layer_problem(self.head.layers[0]) is None)
 
     @property
     def graphable(self):
@@ -225,26 +235,27 @@ class DrafterMethod(Method):
     def prefill(self, st, ids, plen, out):
         B, T = ids.shape
         dev = ids.device
-        self.ctx = KVCache(B, st.capacity, flex=st.engine != "hf" and fast.drafter_problem(self.drafter) is None)
+        self.eng = st.eng
+        self.ctx = KVCache(B, st.capacity, flex=st.engine != "hf" and fast.drafter_problem(self.drafter, st.eng) is None)
         self.offsets, self.predict = self.offsets.to(dev), self.predict.to(dev)
         self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
         g = None
         if self.var.needs_mtp:
-            self.mtp = MTPState(self.head, B, st.capacity, self.screen, self.draw, st.engine)
+            self.mtp = MTPState(self.head, B, st.capacity, self.screen, self.draw, st.engine, st.eng)
             g = self.mtp.prefill(ids, plen, st.anchor, out.hidden)
         self._write_ctx(out.taps, g, torch.zeros_like(plen))
 
     def _block(self, anchor, h=None):
         """Block embeddings [B, S, H]; DMTP variants: T1 head + embeddings + the variant's fusion of E(T1), h."""
-        tgt, d = self.drafter_target, self.drafter
+        tgt, d = self.target, self.drafter
         e_t1 = tgt.embed(self.mtp.t1_head(h)) if self.var.t1 else None
         return d.block(tgt.embed(anchor), e_t1, h if self.var.t1 else None, tgt.embed(self.mask_id)[0])
 
     def _draft(self, block, lens, prev):
-        d, tgt = self.drafter, self.drafter_target
+        d, tgt = self.drafter, self.target
         bpos = lens[:, None] + self.offsets
         if self.ctx.flex:  # the compiled engine's drafter: the block's K/V go into the context cache at bpos
-            hid = fast.drafter_forward(d, block, bpos, self.ctx, lens)[:, self.predict]
+            hid = fast.drafter_forward(d, block, bpos, self.ctx, lens, self.eng)[:, self.predict]
         else:
             ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
             hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
@@ -292,9 +303,7 @@ def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4, 
         raise ValueError(f"drafter was built as variant {drafter.config.variant!r}, not {name!r}")
 
     check_compatible(drafter, target)
-    m = DrafterMethod(drafter, mtp, screen)
-    m.drafter_target = target
-    return m
+    return DrafterMethod(drafter, target, mtp, screen)
 
 
 def load_method(name: str, target, mtp=None, drafters=None, mtp_steps: int = 4, screen=None) -> Method:
@@ -323,24 +332,21 @@ def _pick(logits, temperature, gen):
     return (probs / race).argmax(-1)
 
 
-def use_graphs(target, method: Method) -> bool:
+def use_graphs(target, method: Method, eng: EngineConfig) -> bool:
     """CUDA graphs on CUDA for full-attention targets (hybrid targets keep a per-round history of linear states whose
-    selection is host-side) unless DMTP_CUDA_GRAPHS=0."""
-    return (target.device.type == "cuda" and not target.hybrid and method.graphable
-            and os.environ.get("DMTP_CUDA_GRAPHS", "1") != "0")
+    selection is host-side) unless `eng.graphs` is off."""
+    return target.device.type == "cuda" and not target.hybrid and method.graphable and eng.graphs
 
 
 ENGINES = ("hf", "flex", "compiled")
 
 
-def engine_for(target, engine: str | None = None) -> str:
-    """The decode engine: "compiled" (`fast.py`'s forwards, compiled, under the CUDA graphs) on CUDA, "hf" (the HF
-    layers with dense masks: the reference) on CPU; `engine` or DMTP_ENGINE=hf|flex|compiled choose ("flex":
-    `fast.py`'s forwards uncompiled). A target `fast.py` does not support (hybrid, MoE) always decodes on "hf"."""
-    engine = engine or os.environ.get("DMTP_ENGINE") or ("compiled" if target.device.type == "cuda" else "hf")
-    if engine not in ENGINES:
-        raise ValueError(f"unknown decode engine {engine!r}; known: {', '.join(ENGINES)}")
-    return "hf" if fast.target_problem(target) else engine
+def engine_for(target, eng: EngineConfig | str | None = None) -> str:
+    """The decode engine that runs (`EngineConfig.engine` resolved on the target's device): "compiled" (`fast.py`'s
+    forwards, compiled, under the CUDA graphs), "flex" (`fast.py`'s forwards uncompiled) or "hf" (the HF layers with
+    dense masks: the reference). A target `fast.py` does not support (hybrid, MoE) always decodes on "hf"."""
+    kind = EngineConfig.of(eng).kind(target.device.type)
+    return "hf" if fast.target_problem(target) else kind
 
 
 def capacity_for(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
@@ -352,14 +358,15 @@ def capacity_for(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
 class Batch:
     """Requests decoding together: one target cache, one method state (a copy of `method`), one `State`, and the
     device-side record of outputs. `generate` runs one batch to the end; `serve` keeps `cap` slots busy by prefilling
-    newcomers as a batch of their own and moving their rows into the free slots (`absorb`). `engine`: see
-    `engine_for`; with "compiled" every stage but verify is compiled whole (verify's target compiles per layer).
+    newcomers as a batch of their own and moving their rows into the free slots (`absorb`). `engine`: the
+    `EngineConfig` (default: the default config); with the compiled engine every stage but verify is compiled whole
+    (verify's target compiles per layer).
     `stop`: stop strings matched on the host (`stops.py`); a request ends a round or two after its stop string and
     is cut exactly. `verify`: target | sample | block (`verify.py`)."""
     @torch.no_grad()
     def __init__(self, target, method: Method, prompts, temperature, max_new_tokens, eos, gen, capacity=None,
-                 t0=None, graphs: bool | None = None, engine: str | None = None, stop: StopStrings | None = None,
-                 verify: str = "target"):
+                 t0=None, graphs: bool | None = None, engine: EngineConfig | None = None,
+                 stop: StopStrings | None = None, verify: str = "target"):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         check_token_ids(prompts, target.vocab_size)
@@ -378,24 +385,29 @@ class Batch:
         cap = capacity or need
         if cap < need:
             raise ValueError(f"cache capacity {cap} < longest prompt {T} + {max_new_tokens} new tokens + 2 blocks")
-        self.engine = engine_for(target, engine)
+        self.eng = EngineConfig.of(engine)
+        self.engine = engine_for(target, self.eng)
         if self.engine != "hf":  # flex attention reads whole 128-row blocks
             cap = fast.round_capacity(cap)
-        ids = torch.zeros(B, T, dtype=torch.long, device=dev)
+        ids = torch.zeros(B, T, dtype=torch.long)
         for b, p in enumerate(prompts):
-            ids[b, : len(p)] = torch.tensor(p, device=dev)
+            ids[b, : len(p)] = torch.as_tensor(p)
+        ids = ids.to(dev)  # one copy for the whole group
         self.cache = KVCache(B, cap, flex=self.engine != "hf")
         pos = torch.arange(T, device=dev)[None].expand(B, T)
-        # lengths: padding stays out of GDN states; logits only at each prompt's last position
-        out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen, logits_at=plen - 1)
+        if self.engine == "compiled" and self.eng.prefill == "compiled":  # fast.py's layers, one dynamic-shape graph
+            out = fast.prefill_forward(target, ids, pos, self.cache, method.taps, plen)
+        else:  # lengths: padding stays out of GDN states; logits only at each prompt's last position
+            out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen, logits_at=plen - 1)
         first = _pick(out.logits[:, 0], temperature, gen)
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
         self.eos_ids = set(eos)
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
         # the method's own caches (MTP layer, drafter context) take the fast path only where its stages compile: on
         # CUDA an uncompiled fast forward cannot be captured (flex attention builds its block mask on the host)
-        own = self.engine if (self.engine == "compiled" and method.compilable) or dev.type != "cuda" else "hf"
-        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=own)
+        compiles = method.compiles(self.eng)
+        own = self.engine if (self.engine == "compiled" and compiles) or dev.type != "cuda" else "hf"
+        st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=own, eng=self.eng)
         # device-side record: output tokens, count, accept count of every round
         self.out = torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev)
         self.out[:, 0] = first
@@ -404,9 +416,9 @@ class Batch:
         self.n_rounds = torch.zeros(B, dtype=torch.long, device=dev)
         self.ar = torch.arange(k + 1, device=dev)
         self.method.prefill(st, ids, plen, out)
-        self.graphs = Graphs(use_graphs(target, self.method) if graphs is None else graphs)
+        self.graphs = Graphs(use_graphs(target, self.method, self.eng) if graphs is None else graphs)
         self.graphs.persistent(st.lens, st.anchor, st.done, *self.method.buffers())
-        self.compile = self.engine == "compiled" and self.method.compilable  # stages other than verify, compiled whole
+        self.compile = self.engine == "compiled" and compiles  # stages other than verify, compiled whole
         self.method.run = self._run
         # what the host knows: done flags as of some earlier round (pinned copies, read without waiting)
         self.wall: list[float | None] = [None] * B
@@ -424,7 +436,8 @@ class Batch:
         with self.method.timer(stage):
             compile = self.compile and stage != "verify"  # verify's target is compiled per layer (`fast.py`)
             return self.graphs(stage, fn, *inputs, updates=updates,
-                               compile=functools.partial(fast.compile_fn, device=self.dev) if compile else None)
+                               compile=functools.partial(fast.compile_fn, device=self.dev, tuning=self.eng.tuning)
+                               if compile else None)
 
     # --- what the host knows --------------------------------------------------------------------------------------
     def _see(self, done_host: torch.Tensor, y=None, emitted=None):
@@ -476,8 +489,8 @@ class Batch:
         found = self.match[b].found if self.match is not None else None
         if found is not None:
             return Result(out[: found[1]], cut_rounds(acc, found[1]), wall, "stop")
-        eos = bool(out) and out[-1] in self.eos_ids
-        return Result(out, acc, wall, "eos" if eos else "length")
+        eos = bool(out) and out[-1] in self.eos_ids  # a round cut at end-of-text or the length cap: its count too
+        return Result(out, cut_rounds(acc, len(out)), wall, "eos" if eos else "length")
 
     def result(self, b: int) -> Result:
         n, r = int(self.n_out[b]), int(self.n_rounds[b])
@@ -496,7 +509,8 @@ class Batch:
     def _verify(self, anchor, cands, lens):
         ids, pos = torch.cat([anchor[:, None], cands], 1), lens[:, None] + self.ar
         if self.cache.flex:  # the compiled engine: gpt-fast-style layers over the valid cache rows
-            out = fast.target_forward(self.target, ids, pos, self.cache, self.method.taps, self.engine == "compiled")
+            out = fast.target_forward(self.target, ids, pos, self.cache, self.method.taps, self.engine == "compiled",
+                                      self.eng)
         else:
             out = self.target.forward(ids, pos, self.cache, taps=self.method.taps)
         return out, (out.logits.argmax(-1) if self.temperature <= 0 else None)
@@ -593,10 +607,11 @@ def check_token_ids(prompts, vocab_size: int) -> None:
 @torch.no_grad()
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
              max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None,
-             engine: str | None = None, stop: StopStrings | None = None, verify: str = "target") -> list[Result]:
+             engine: EngineConfig | None = None, stop: StopStrings | None = None,
+             verify: str = "target") -> list[Result]:
     """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt.
     A request ends at an id in `eos_ids`, at a stop string of `stop` (`stops.py`), or at `max_new_tokens`.
-    `engine`: see `engine_for`. `verify`: target (default) | sample | block — how drafts are drawn and accepted at
+    `engine`: the `EngineConfig` (None: the default). `verify`: target (default) | sample | block — how drafts are drawn and accepted at
     T > 0 (`verify.py`)."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
@@ -613,24 +628,28 @@ class Server:
     finished, the next ones in arrival order are prefilled together and take their slots. The slots (caches, state,
     CUDA graphs) outlive a `run`, so a server captures its graphs once — as a serving engine does at start-up — and
     later request groups replay them. Slots = the first group's size, at most `cap`; `capacity` bounds prompt +
-    `max_new_tokens` (+ 2 blocks) of every request; `verify` as in `generate`."""
+    `max_new_tokens` (+ 2 blocks) of every request; `verify` as in `generate`. Newcomers join in groups of at least
+    `engine.admit` (`EngineConfig`): each group costs one prompt pass and one move into the slots, whatever its size.
+    `admit_s` and `rounds`: host seconds spent admitting newcomers and rounds stepped, summed over runs."""
 
     def __init__(self, target, method: Method, cap: int, capacity: int, temperature: float = 0.0,
-                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None,
+                 max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: EngineConfig | None = None,
                  stop: StopStrings | None = None, verify: str = "target"):
         if cap < 1:
             raise ValueError("batch cap must be >= 1")
         self.verify = V.check(verify)
         self.target, self.method, self.cap, self.capacity = target, method, cap, capacity
-        self.engine = engine_for(target, engine)
+        self.eng = EngineConfig.of(engine)
+        self.engine = engine_for(target, self.eng)
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.eos, self.stop = set(int(e) for e in eos_ids), stop
         self.gen = torch.Generator(device=target.device).manual_seed(seed)
         self.batch: Batch | None = None
+        self.admit_s, self.rounds, self.groups = 0.0, 0, 0
 
     def _new(self, prompts, t0, graphs=None):
         return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,
-                     self.capacity, t0, graphs, self.engine, self.stop, self.verify)
+                     self.capacity, t0, graphs, self.eng, self.stop, self.verify)
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -655,20 +674,25 @@ class Server:
                     out[owner[s]], owner[s] = batch.result(s), None
                 if owner[s] is None:
                     free.append(s)
-            if queue and free:
+            busy = len(owner) - len(free)
+            if queue and free and (len(free) >= min(self.eng.admit, len(queue)) or busy == 0):
                 join, queue = queue[: len(free)], queue[len(free):]
+                ta = time.perf_counter()
                 batch.absorb(free[: len(join)], self._new([prompts[i] for i in join], t0, graphs=False))
+                self.admit_s += time.perf_counter() - ta
+                self.groups += 1
                 for s, i in zip(free, join):
                     owner[s] = i
                 continue  # newcomers may already be finished (EOS as the first token)
             if all(o is None for o in owner):
                 return out
             batch.step()
+            self.rounds += 1
 
 
 @torch.no_grad()
 def serve(target, method: Method, prompts: list[list[int]], cap: int, temperature: float = 0.0,
-          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: str | None = None,
+          max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: EngineConfig | None = None,
           stop: StopStrings | None = None, verify: str = "target") -> list[Result]:
     """Dynamic batching of one request group (a `Server` used once)."""
     capacity = capacity_for(prompts, max_new_tokens, method.k)

@@ -52,12 +52,13 @@ def cut_text(text: str, stop_strings) -> str:
 
 
 def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size, seed=0, tok=None,
-                 desc="generate", extra=None, shard=False, mode="natural", stop_strings=(), verify="target"):
+                 desc="generate", extra=None, shard=False, mode="natural", stop_strings=(), verify="target",
+                 engine=None):
     """Batched generation over prompt dicts -> output records in the `dmtp generate` schema. Batch i (prompts
     i*B..) is seeded with `seed + i*B`. `shard=True` under torchrun: rank r decodes batches r, r+W, ... and the
     records come back in prompt order on every rank, so the result does not depend on the number of ranks.
     `mode` "natural" (default; with no stop strings: end-of-text or length) or "fixed" (module docstring);
-    `verify`: target | sample | block (`engine/verify.py`)."""
+    `verify`: target | sample | block (`engine/verify.py`); `engine`: the `EngineConfig` (None: the default)."""
     stop = stop_spec(tgt, tok, mode, stop_strings)
     eos_ids = list(eos_ids) if mode == "natural" else []
     rank, world = rank_world() if shard else (0, 1)
@@ -69,7 +70,7 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
     for i in mine:
         chunk = prompts[i: i + batch_size]
         res = generate(tgt, method, [p["prompt_ids"] for p in chunk], temperature, max_new_tokens, eos_ids,
-                       seed=seed + i, stop=stop, verify=verify)
+                       seed=seed + i, stop=stop, verify=verify, engine=engine)
         for p, r in zip(chunk, res):
             rec = {"id": p["id"], "method": method.name, "temperature": temperature, "verify": verify,
                    "prompt_tokens": len(p["prompt_ids"]), "output_ids": r.output_ids, "accepted": r.accepted,
@@ -93,7 +94,8 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
 
 
 def mtbench_generate(tgt, method, tok, questions: list[dict], temperature: float, max_new_tokens: int, eos_ids,
-                     batch_size: int, seed: int = 0, mode: str = "natural", verify: str = "target") -> list[dict]:
+                     batch_size: int, seed: int = 0, mode: str = "natural", verify: str = "target",
+                     engine=None) -> list[dict]:
     """MT-Bench, two turns, through the one decode loop (`run_generate`): turn 1 on q1; turn 2 on
     template(q1, the model's own answer 1, q2). One record per (question, turn) with `turn` and `question_id`;
     `id` = "<question_id>:t<turn>" so per-request acceptance is per turn."""
@@ -111,7 +113,7 @@ def mtbench_generate(tgt, method, tok, questions: list[dict], temperature: float
             prompts.append({"id": f"{q['id']}:t{turn}", "qid": q["id"], "prompt_ids": ids})
         got = run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size,
                            seed=seed + 1000 * turn, tok=tok, desc=f"mtbench turn {turn}", extra={"turn": turn},
-                           mode=mode, verify=verify)
+                           mode=mode, verify=verify, engine=engine)
         for p, r in zip(prompts, got):
             r.update(question_id=p["qid"], dataset="mtbench", prompt_ids=p["prompt_ids"])
             answer = tok.decode([t for t in r["output_ids"] if t not in set(eos_ids)], skip_special_tokens=True)

@@ -73,10 +73,22 @@ class Match:
 
 
 def cut_rounds(accepted: Sequence[int], keep: int) -> list[int]:
-    """The verify rounds that emitted output tokens 0..keep-1: token 0 comes from the prefill, round i emits
-    accepted[i] + 1 tokens, so the rounds kept are the first r with 1 + sum_{i<r} (accepted[i] + 1) >= keep."""
+    """The verify rounds that emitted output tokens 0..keep-1, each counting only what it emitted inside them: token 0
+    comes from the prefill and round i emits accepted[i] + 1 tokens, so the rounds kept are the first r with
+    1 + sum_{i<r} (accepted[i] + 1) >= keep, and the last one's count is cut to the tokens it emitted before the end,
+    minus its own token: afterwards 1 + sum_i (accepted[i] + 1) = keep exactly. (Drafts accepted past a record's end
+    — after its stop string, end-of-text or length cap — are tokens nobody reads; counting them would credit long
+    drafts with acceptance the output never shows.)
+    >>> cut_rounds([2, 0, 3], 5)      # tokens: 1 + 3 + 1 = 5: both rounds whole
+    [2, 0]
+    >>> cut_rounds([2, 0, 3], 6)      # the third round emitted 1 of its 4 tokens before the end
+    [2, 0, 0]
+    """
     n, r = 1, 0
     while n < keep and r < len(accepted):
         n += accepted[r] + 1
         r += 1
-    return list(accepted[:r])
+    out = list(accepted[:r])
+    if out and n > keep:  # the last round ran past the end: it emitted accepted + 1 - (n - keep) tokens inside
+        out[-1] -= n - keep
+    return out

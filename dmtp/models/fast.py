@@ -5,7 +5,7 @@ Against the HF path (`Target.forward`, `MTPHead.forward`, `Drafter.forward`), th
   - the weights are the HF modules' own (no copies): a layer here calls its `q_proj`, `q_norm`, `mlp`, ... and the
     modeling module's own `apply_rotary_pos_emb`; only the wiring of a Qwen3 / Qwen3.5 full-attention decoder layer is
     written out (Qwen3.5: the query projection carries a per-head output gate, o = attn * sigmoid(gate));
-  - attention (`ATTENTION`, `attention(kind)`) is flex attention with a block mask built from the query positions
+  - attention (`EngineConfig.attention`) is flex attention with a block mask built from the query positions
     inside the graph: the kernel visits only the 128-row key blocks a request can see (target / MTP: rows 0..p for a
     query at p; drafter: its anchor window and its block), GQA natively (no K/V repeated across the groups), and no
     dense mask over the cache; or "dense": two GQA-native matmuls over the whole cache with the visibility evaluated
@@ -13,8 +13,9 @@ Against the HF path (`Target.forward`, `MTPHead.forward`, `Drafter.forward`), th
   - the drafter's block writes its K/V into the context cache at the block's own positions (rows >= the anchor a,
     which no query can see before `drafter_ctx` rewrites them with committed context), so a block attends to one
     range of cache rows instead of a concatenation [context ; block];
-  - on CUDA the K/V rows are written into the cache outside the compiled graphs (`CACHE_WRITE`): written inside a graph
-    that then reads the cache with flex attention, they gave wrong attention outputs on the H200;
+  - on CUDA with flex attention the K/V rows are written into the cache outside the compiled graphs
+    (`EngineConfig.cache_write`): written inside a graph that then reads the cache with flex attention, they gave
+    wrong attention outputs on the H200;
   - a layer's closing residual add is left to the next layer (`decoder_layer` returns (x, mlp); the next computes
     x + mlp), so it fuses with that layer's RMSNorm; the arithmetic is the HF layer's, add for add.
 Prefill stays on the HF path (prompt lengths vary); both paths write the same cache rows. `target_forward(...,
@@ -29,32 +30,24 @@ DFlash2 drafters, stay on the HF path.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import sys
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from dmtp.config import EngineConfig
 from dmtp.models.cache import KVCache
 from dmtp.models.layers import apply_rope, rope_cos_sin
 from dmtp.models.target import TargetOut
 
 BLOCK = 128  # key rows per flex-attention block; a compiled cache's capacity is a multiple of it
-RECOMPILE_LIMIT = 64  # static shapes: one entry per (batch, rows, capacity) a process decodes with
-# the attention kernel of the compiled forwards (read when a forward is traced; `attention(kind)` switches it):
-#   "flex":  flex attention, visiting only the key blocks a request can see (the valid rows)
-#   "dense": two GQA-native matmuls over the whole cache with the visibility computed inside the softmax kernel
-#            (no mask tensor, no K/V repeat): cuBLAS at every size, but reads every row of the cache
-ATTENTION = os.environ.get("DMTP_ATTENTION", "flex")
-# Inductor's kernel selection for the compiled forwards on CUDA (read when a forward is compiled; `tuning(mode)`):
-#   "default":  Inductor's defaults (cuBLAS for the matrix products)
-#   "autotune": Inductor benchmarks its Triton matmul templates against cuBLAS per shape (`max_autotune`, without
-#               Inductor's own CUDA graphs: the engine captures its own) and tunes the generated kernels'
-#               launch settings (`coordinate_descent_tuning`) — longer compiles; `bench` times it as "+tuned"
+RECOMPILE_LIMIT = 64  # static shapes: one entry per (batch, rows, capacity, settings) a process decodes with
+# Inductor's options per `EngineConfig.tuning` (CUDA only): "autotune" benchmarks Inductor's Triton matmul templates
+# against cuBLAS per shape (`max_autotune`, without Inductor's own CUDA graphs: the engine captures its own) and tunes
+# the generated kernels' launch settings (`coordinate_descent_tuning`) — longer compiles
 TUNINGS = {"default": None, "autotune": {"max_autotune": True, "coordinate_descent_tuning": True}}
-TUNING = os.environ.get("DMTP_TUNING", "default")
+DEFAULT = EngineConfig()
 
 
 def round_capacity(cap: int) -> int:
@@ -84,22 +77,19 @@ def target_problem(tgt) -> str | None:
     return next((p for p in map(layer_problem, tgt.body.layers) if p), None)
 
 
-FAST_DRAFTER_ON_CUDA = "the compiled drafter forward is switched off on CUDA (DMTP_FAST_DRAFTER=0)"
-
-
-def drafter_problem(drafter) -> str | None:
-    """None when `drafter_forward` may decode this drafter. On CUDA `DMTP_FAST_DRAFTER=0` keeps drafters on the HF
-    drafter path. The compiled drafter once proposed other drafts on the trained `mini` drafters (DFlash first-token
+def drafter_problem(drafter, eng: EngineConfig = DEFAULT) -> str | None:
+    """None when `drafter_forward` may decode this drafter under `eng` (`eng.drafter = "hf"` keeps drafters on the HF
+    drafter path). The compiled drafter once proposed other drafts on the trained `mini` drafters (DFlash first-token
     acceptance 0.21 where the HF drafter path gives 0.86, LOG.md 2026-12-01; outputs identical: losslessness does not
-    see it). The cause was the cache write inside the compiled graph (`CACHE_WRITE`); with the write outside it the
-    compiled drafter proposes the HF drafter's drafts on the H200 (tests/test_cuda.py::
+    see it). The cause was the cache write inside the compiled graph with flex attention (`EngineConfig.cache_write`);
+    with the write outside it the compiled drafter proposes the HF drafter's drafts on the H200 (tests/test_cuda.py::
     test_fast_drafter_proposes_what_hf_proposes, experiments/repro_fast_drafter.py) and, on the trained `mini`
     drafters, decodes with the HF path's acceptance round for round (experiments/diag_consistency.py, LOG.md
-    2026-12-01 third allotment): it is the default again."""
+    2026-12-01 third allotment)."""
     if drafter.config.backbone != "dflash":
         return f"{drafter.config.backbone} backbone"
-    if drafter.norm.weight.is_cuda and os.environ.get("DMTP_FAST_DRAFTER", "1") == "0":
-        return FAST_DRAFTER_ON_CUDA
+    if eng.drafter == "hf":
+        return "EngineConfig.drafter = 'hf'"
     return None
 
 
@@ -114,24 +104,6 @@ def _block_mask(lo, hi, mask_mod, q: int, cap: int) -> BlockMask:
     return BlockMask.from_kv_blocks(num.to(torch.int32).view(B, 1, 1), idx.to(torch.int32).view(B, 1, 1, n),
                                     BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=mask_mod, seq_lengths=(q, cap),
                                     compute_q_blocks=False)
-
-
-@contextlib.contextmanager
-def _setting(name: str, value: str, known, what: str):
-    """Module setting `name` (ATTENTION, CACHE_WRITE, TUNING) = `value` inside the block, restored after it."""
-    if value not in known:
-        raise ValueError(f"unknown {what} {value!r}: {', '.join(map(repr, known))}")
-    g = globals()
-    old, g[name] = g[name], value
-    try:
-        yield
-    finally:
-        g[name] = old
-
-
-def attention(kind: str):
-    """Decode with attention kernel `kind` ("flex" or "dense") inside the block (compiled code is guarded on it)."""
-    return _setting("ATTENTION", kind, ("flex", "dense"), "attention kernel")
 
 
 def causal(pos: torch.Tensor):
@@ -161,13 +133,13 @@ def window(anchor: torch.Tensor, bpos: torch.Tensor, size: int):
 _flex_eager = torch.compiler.disable(flex_attention)
 
 
-def attend(q, k, v, visibility, scale=None):
+def attend(q, k, v, visibility, scale=None, kind: str = "flex"):
     """q [B, Hq, n, D] over cache buffers k, v [B, Hkv, cap, D], GQA native; `visibility` = (mask_mod, lo, hi) from
-    `causal` / `window` (rows lo..hi-1 hold every visible row). Flex: compiled on CUDA into the Triton template; on CPU
+    `causal` / `window` (rows lo..hi-1 hold every visible row); `kind` = `EngineConfig.attention`. Flex: compiled on CUDA into the Triton template; on CPU
     Inductor's C++ template cannot read tensors computed inside the graph from a mask_mod, so a compiled CPU graph
     calls it eagerly (CPU is for tests: the compiled CPU path checks tracing and guards, the GPU tests the kernels)."""
     mask_mod, lo, hi = visibility
-    if ATTENTION == "dense":
+    if kind == "dense":
         return _dense(q, k, v, mask_mod, q.shape[-1] ** -0.5 if scale is None else scale)
     block_mask = _block_mask(lo, hi, mask_mod, q.shape[2], k.shape[2])
     fn = _flex_eager if q.device.type == "cpu" and torch.compiler.is_compiling() else flex_attention
@@ -195,38 +167,25 @@ def _write_rows(kbuf, vbuf, k, v, pos):
 
 
 _write_eager = torch.compiler.disable(_write_rows)
-# where a compiled forward writes its K/V rows into the cache: "auto" = outside the compiled graph on CUDA (a graph
-# break at each write), inside it on the CPU; "graph" / "eager" force one. On CUDA (torch 2.11, H200) a graph that
-# writes the cache and then reads it with flex attention gave wrong attention outputs, whatever the write (indexed or
-# index_copy_ over flattened rows) and even when the rows written held the same values already; the same graph with
-# the dense kernel, eager flex attention, and the write outside the graph were right (experiments/repro_fast_drafter.py,
-# LOG.md 2026-12-01, second entry). It made the compiled drafter propose wrong drafts and the compiled Qwen3 target
-# diverge from HF greedy; CUDA graphs capture the eager write as any other kernel.
-CACHE_WRITE = os.environ.get("DMTP_CACHE_WRITE", "auto")
+# Where a compiled forward writes its K/V rows (`EngineConfig.write(device)`: "graph" inside the compiled graph,
+# "eager" outside it). On CUDA (torch 2.11, H200) a graph that writes the cache and then reads it with flex attention
+# gave wrong attention outputs, whatever the write (indexed or index_copy_ over flattened rows) and even when the rows
+# written held the same values already; the same graph with the dense kernel, eager flex attention, and the write
+# outside the graph were right (experiments/repro_fast_drafter.py, LOG.md 2026-12-01, second entry). It made the
+# compiled drafter propose wrong drafts and the compiled Qwen3 target diverge from HF greedy; CUDA graphs capture the
+# eager write as any other kernel. So "auto" writes outside the graph on CUDA with flex attention only.
 
 
-CACHE_WRITES = ("auto", "graph", "eager")
-
-
-def cache_write(mode: str):
-    """Place the K/V write ("auto", "graph" or "eager", as `DMTP_CACHE_WRITE`) inside the block (compiled code is
-    guarded on it). With the dense kernel the write inside the graph was exact on the H200 (the flex kernel's fault
-    needs flex attention); `bench` times it beside the default, tests/test_cuda.py checks it."""
-    return _setting("CACHE_WRITE", mode, CACHE_WRITES, "cache write")
-
-
-def _write(kbuf, vbuf, k, v, pos):
-    if CACHE_WRITE not in CACHE_WRITES:
-        raise ValueError(f"DMTP_CACHE_WRITE={CACHE_WRITE!r}: {', '.join(map(repr, CACHE_WRITES))}")
-    eager = CACHE_WRITE == "eager" or (CACHE_WRITE == "auto" and kbuf.is_cuda)
-    (_write_eager if eager else _write_rows)(kbuf, vbuf, k, v, pos)
+def _write(kbuf, vbuf, k, v, pos, write: str):
+    (_write_eager if write == "eager" else _write_rows)(kbuf, vbuf, k, v, pos)
 
 
 # --- the target's and the MTP's decoder layer -------------------------------------------------------------------
-def decoder_layer(layer, x, delta, cos, sin, kbuf, vbuf, pos, rope):
+def decoder_layer(layer, x, delta, cos, sin, kbuf, vbuf, pos, rope, attn: str = "flex", write: str = "graph"):
     """One HF Qwen3 / Qwen3.5 full-attention decoder layer over rows at positions pos [B, q] whose input is x + delta
     (the previous layer's residual and its MLP output). Writes the rows' K/V into the layer's cache buffers and attends
-    over rows <= each query's position. Returns (x', mlp): the layer's output is x' + mlp."""
+    over rows <= each query's position (`attn`, `write`: the attention kernel and where the K/V rows are written,
+    `EngineConfig`). Returns (x', mlp): the layer's output is x' + mlp."""
     a = layer.self_attn
     x = x + delta
     B, q, _ = x.shape
@@ -241,8 +200,8 @@ def decoder_layer(layer, x, delta, cos, sin, kbuf, vbuf, pos, rope):
     ks = a.k_norm(a.k_proj(h).view(B, q, -1, D)).transpose(1, 2)
     vs = a.v_proj(h).view(B, q, -1, D).transpose(1, 2)
     qs, ks = rope(qs, ks, cos, sin)
-    _write(kbuf, vbuf, ks, vs, pos)
-    o = attend(qs, kbuf, vbuf, causal(pos), a.scaling)
+    _write(kbuf, vbuf, ks, vs, pos, write)
+    o = attend(qs, kbuf, vbuf, causal(pos), a.scaling, attn)
     o = o.transpose(1, 2).reshape(B, q, -1)
     if gate is not None:
         o = o * torch.sigmoid(gate)
@@ -268,63 +227,93 @@ def _epilogue(norm, lm_head, x, delta):
 _COMPILED: dict = {}
 
 
-def tuning(mode: str):
-    """Compile the forwards first called inside the block with Inductor setting `mode` (`TUNINGS`; CUDA only)."""
-    return _setting("TUNING", mode, tuple(TUNINGS), "tuning")
+def compile_options(device: torch.device, tuning: str = "default") -> dict | None:
+    """torch.compile's Inductor options for `device` under `EngineConfig.tuning`: on CPU, flex attention's C++ template
+    takes no fused epilogue, so template epilogue fusion is off there (and the tuning, a CUDA matter, is not applied)."""
+    if tuning not in TUNINGS:
+        raise ValueError(f"tuning={tuning!r}: expected one of {', '.join(TUNINGS)}")
+    return TUNINGS[tuning] if device.type == "cuda" else {"epilogue_fusion": False}
 
 
-def compile_options(device: torch.device) -> dict | None:
-    """torch.compile's Inductor options for `device` under `TUNING`: on CPU, flex attention's C++ template takes no
-    fused epilogue, so template epilogue fusion is off there (and the tuning, a CUDA matter, is not applied)."""
-    if TUNING not in TUNINGS:
-        raise ValueError(f"DMTP_TUNING={TUNING!r}: {', '.join(TUNINGS)}")
-    return TUNINGS[TUNING] if device.type == "cuda" else {"epilogue_fusion": False}
-
-
-def compile_fn(fn, device: torch.device):
+def compile_fn(fn, device: torch.device, tuning: str = "default"):
     """torch.compile with static shapes and `compile_options` (the decode loop captures its own CUDA graphs)."""
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(fn, dynamic=False, options=compile_options(device))
+    return torch.compile(fn, dynamic=False, options=compile_options(device, tuning))
 
 
-def compiled(fn, device: torch.device):
-    """`compile_fn(fn)`, made once per process, device type and tuning (each its own compiled function, which dynamo
-    keeps apart by its backend)."""
-    key = (fn, device.type, TUNING if device.type == "cuda" else "default")
+def compiled(fn, device: torch.device, tuning: str = "default", dynamic: bool = False):
+    """`compile_fn(fn)`, made once per process, device type, tuning and shape mode (each its own compiled function,
+    which dynamo keeps apart by its backend). The settings a compiled function reads (attention kernel, cache write)
+    are its arguments: dynamo guards on them, so another setting is another graph, never a stale one. `dynamic`:
+    symbolic shapes (the prompt pass: one graph for every batch and prompt length)."""
+    key = (fn, device.type, tuning if device.type == "cuda" else "default", dynamic)
     if key not in _COMPILED:
-        _COMPILED[key] = compile_fn(fn, device)
+        if dynamic:
+            opts = compile_options(device, tuning)
+            _COMPILED[key] = torch.compile(fn, dynamic=True, options=opts)
+        else:
+            _COMPILED[key] = compile_fn(fn, device, tuning)
     return _COMPILED[key]
 
 
 @torch.no_grad()
-def target_forward(tgt, ids, pos, cache: KVCache, taps=None, compile: bool = False) -> TargetOut:
+def target_forward(tgt, ids, pos, cache: KVCache, taps=None, compile: bool = False,
+                   eng: EngineConfig = DEFAULT) -> TargetOut:
     """`Target.forward` for a decode step (ids, pos [B, q]) over a cache the prefill has filled: the same outputs."""
     if taps and max(taps) >= tgt.num_layers - 1:
         raise ValueError(f"tap layer ids must be < {tgt.num_layers - 1}, got {list(taps)}")
-    pro, layer_fn, epi = (compiled(f, ids.device) if compile else f for f in (_prologue, decoder_layer, _epilogue))
+    pro, layer_fn, epi = (compiled(f, ids.device, eng.tuning) if compile else f
+                          for f in (_prologue, decoder_layer, _epilogue))
+    attn, write = eng.attention, eng.write(ids.device.type)
     x, delta, cos, sin = pro(tgt, ids, pos)
     rope = _rope_fn(tgt.body.layers[0])
     out = {}
     for i, layer in enumerate(tgt.body.layers):
-        x, delta = layer_fn(layer, x, delta, cos, sin, cache.k[i], cache.v[i], pos, rope)
+        x, delta = layer_fn(layer, x, delta, cos, sin, cache.k[i], cache.v[i], pos, rope, attn, write)
         if taps and i in taps:
             out[i] = x + delta
     h, logits = epi(tgt.body.norm, tgt.model.lm_head, x, delta)
     return TargetOut(logits, h, torch.cat([out[i] for i in taps], -1) if taps else None)
 
 
-def mtp_forward(head, emb_next, hidden, pos, cache: KVCache):
+@torch.no_grad()
+def prefill_forward(tgt, ids, pos, cache: KVCache, taps, plen, compile: bool = True) -> TargetOut:
+    """`Target.forward(ids, pos, cache, taps, logits_at=plen - 1)` for the prompt pass of right-padded prompts
+    (ids, pos [B, T], plen [B]) through this module's layers: the dense kernel, the K/V rows written inside the graph,
+    compiled with symbolic shapes (`compile`: one graph for every batch size and prompt length, instead of the HF
+    layers' eager kernels one by one). Rows past a prompt's end hold padding, as on the HF path: a row is rewritten
+    by the first decode step that reaches its position, before any query can see it. Logits of each prompt's last
+    row only ([B, 1, V])."""
+    dev = ids.device
+    layer_fn = compiled(decoder_layer, dev, dynamic=True) if compile else decoder_layer
+    x, delta, cos, sin = _prologue(tgt, ids, pos)
+    rope = _rope_fn(tgt.body.layers[0])
+    out = {}
+    for i, layer in enumerate(tgt.body.layers):
+        a = layer.self_attn  # the cache buffers, made as the HF pass makes them on its first write
+        kb, vb = cache._buffers(i, x.new_empty(x.shape[0], a.config.num_key_value_heads, 0, a.head_dim))
+        x, delta = layer_fn(layer, x, delta, cos, sin, kb, vb, pos, rope, "dense", "graph")
+        if taps and i in taps:
+            out[i] = x + delta
+    h = tgt.body.norm(x + delta)
+    last = h[torch.arange(h.shape[0], device=dev), plen - 1][:, None]
+    logits = tgt.model.lm_head(last.to(tgt.model.lm_head.weight.dtype)).float()
+    return TargetOut(logits, h, torch.cat([out[i] for i in taps], -1) if taps else None)
+
+
+def mtp_forward(head, emb_next, hidden, pos, cache: KVCache, eng: EngineConfig = DEFAULT):
     """`MTPHead.forward` over its private cache (decode steps): g = norm(layer(fc([RMS_e(E) ; RMS_h(h)])))."""
     u = head.fc(torch.cat([head.pre_fc_norm_embedding(emb_next), head.pre_fc_norm_hidden(hidden)], dim=-1))
     cos, sin = head.target.rope(u, pos)
     layer = head.layers[0]
-    x, mlp = decoder_layer(layer, u, torch.zeros_like(u), cos, sin, cache.k[0], cache.v[0], pos, _rope_fn(layer))
+    x, mlp = decoder_layer(layer, u, torch.zeros_like(u), cos, sin, cache.k[0], cache.v[0], pos, _rope_fn(layer),
+                           eng.attention, eng.write(u.device.type))
     return head.norm(x + mlp)
 
 
 # --- the drafter ------------------------------------------------------------------------------------------------
-def drafter_forward(d, block, bpos, cache: KVCache, anchor):
+def drafter_forward(d, block, bpos, cache: KVCache, anchor, eng: EngineConfig = DEFAULT):
     """`Drafter.forward` for one block per request at contiguous positions bpos [B, S] (anchor position a [B]), the
     context being the rows of `cache` (`context_kv` of committed positions): normed hidden states [B, S, H]."""
     c = d.config
@@ -332,13 +321,14 @@ def drafter_forward(d, block, bpos, cache: KVCache, anchor):
     vis = window(anchor, bpos, c.window or cache.k[0].shape[2])  # window 0: every earlier row (Drafter.forward)
     B, S, _ = block.shape
     x = block
+    write = eng.write(block.device.type)
     for i, layer in enumerate(d.layers):
         a = layer.self_attn
         h = layer.input_layernorm(x)
         q = apply_rope(a.q_norm(a.q_proj(h).view(B, S, -1, c.head_dim)).transpose(1, 2), cos, sin)
         k, v = a.kv(h, cos, sin)
-        _write(cache.k[i], cache.v[i], k, v, bpos)
-        o = attend(q, cache.k[i], cache.v[i], vis)
+        _write(cache.k[i], cache.v[i], k, v, bpos, write)
+        o = attend(q, cache.k[i], cache.v[i], vis, kind=eng.attention)
         x = x + a.o_proj(o.transpose(1, 2).reshape(B, S, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return d.norm(x)

@@ -28,6 +28,7 @@ import pandas as pd
 from dmtp.ablation import AblationSpec
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
+from dmtp.engine.stops import cut_rounds
 from dmtp.io import iter_jsonl
 from dmtp.schema import from_dict
 
@@ -108,6 +109,8 @@ def _request_row(path: Path, line: int, r: dict, method: str, k_default: int) ->
     if acc and max(acc) > k:
         raise ValueError(f"{path}:{line}: accepted count {max(acc)} exceeds the {k} candidates of a round")
     out = r.get("output_ids", [])
+    if "output_ids" in r:  # counts past the record's end dropped (records of earlier versions kept them)
+        acc = cut_rounds(acc, len(out))
     lp = M.loop_stats({"output_ids": out, "accepted": acc})
     return {"method": method, "id": r["id"], "k": k, "accepted": acc, "hist": M.histogram(acc, k),
             "n_rounds": len(acc), "acceptance_length": M.acceptance_length(acc), "output_tokens": len(out),

@@ -1,0 +1,86 @@
+"""Typed settings that change what a decoded token or a timing means, passed down from the entry point (torch-free).
+
+`EngineConfig` says how the one decode loop runs (dmtp/engine/decode.py) and how the compiled forwards are built
+(dmtp/models/fast.py). The profile holds one (`Profile.engine`, `--set engine.attention=dense`); `generate`,
+`Server`, `run_generate` and the compiled forwards take it as an argument — the library reads no environment
+variable — and every output's meta file records it with the values it resolved to on that machine
+(`resolved(device)`).
+
+    eng = EngineConfig(attention="dense", cache_write="graph")       # a named variant of the default
+    generate(tgt, method, prompts, 0.0, 128, engine=eng)
+    eng.resolved("cuda")  # {'engine': 'compiled', 'cache_write': 'graph', ...}: what ran
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from dmtp.checks import at_least, check, one_of
+
+ENGINES = ("auto", "compiled", "flex", "hf")
+ATTENTIONS = ("flex", "dense")
+CACHE_WRITES = ("auto", "graph", "eager")
+TUNINGS = ("default", "autotune")
+DRAFTER_PATHS = ("compiled", "hf")
+PREFILLS = ("hf", "compiled")
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the decode loop and its compiled forwards run. Every field changes timings; `dtype` and `engine` can also
+    change tokens at near-ties (every engine equals the HF reference in fp32; bf16 forwards round differently)."""
+    engine: str = "auto"  # "compiled": fast.py's forwards compiled, the other stages compiled whole, under CUDA graphs;
+    # "flex": fast.py's forwards uncompiled; "hf": the HF layers with dense masks (the reference); "auto": compiled on
+    # CUDA, hf on CPU. Targets fast.py does not cover (hybrid, MoE) always decode on "hf"
+    graphs: bool = True  # CUDA graphs of the round's stages (CUDA, full-attention targets)
+    attention: str = "flex"  # attention kernel of the compiled forwards: "flex" (flex attention over the key blocks a
+    # request can see) | "dense" (two GQA matmuls over the whole cache, visibility evaluated inside the softmax)
+    cache_write: str = "auto"  # where the compiled forwards write their K/V rows: "graph" (inside the compiled graph),
+    # "eager" (outside it: a graph break per write), "auto" = eager on CUDA with flex attention (a compiled graph that
+    # writes the cache and reads it with flex attention gave wrong outputs on the H200), graph otherwise
+    tuning: str = "default"  # Inductor's kernel selection for the compiled forwards on CUDA: "default" | "autotune"
+    # (max_autotune + coordinate-descent tuning; longer compiles)
+    drafter: str = "compiled"  # the drafter's decode forward on the compiled engine: "compiled" (fast.py) | "hf"
+    prefill: str = "hf"  # the target's prompt pass: "hf" (the HF layers, eager) | "compiled" (fast.py's layers with
+    # the dense kernel, compiled once for every prompt shape: dynamic shapes); on the compiled engine only
+    admit: int = 1  # dynamic batching (`Server`): newcomers are prefilled and join once this many slots are free (or
+    # the rest of the queue fits, or no request is left running): one prompt pass per group of newcomers
+    dtype: str = "fp32"  # precision of the target, MTP head and drafters when decoding (fp32: exact losslessness;
+    # bf16: every method equals the engine's own bf16 AR up to measured top-2 ties)
+
+    def __post_init__(self):
+        check(self, engine=one_of(*ENGINES), attention=one_of(*ATTENTIONS), cache_write=one_of(*CACHE_WRITES),
+              tuning=one_of(*TUNINGS), drafter=one_of(*DRAFTER_PATHS), prefill=one_of(*PREFILLS),
+              dtype=one_of(*DTYPES), admit=at_least(1))
+        if not isinstance(self.graphs, bool):
+            raise ValueError(f"graphs={self.graphs!r}: expected true or false")
+
+    def kind(self, device_type: str) -> str:
+        """The engine that runs on a device of this type ("auto" resolved)."""
+        if self.engine != "auto":
+            return self.engine
+        return "compiled" if device_type == "cuda" else "hf"
+
+    def write(self, device_type: str) -> str:
+        """Where K/V rows are written ("auto" resolved): "graph" or "eager"."""
+        if self.cache_write != "auto":
+            return self.cache_write
+        return "eager" if device_type == "cuda" and self.attention == "flex" else "graph"
+
+    def resolved(self, device_type: str) -> dict:
+        """The settings as they ran on a device of this type (what meta files record beside the config)."""
+        return dict(asdict(self), engine=self.kind(device_type), cache_write=self.write(device_type))
+
+    def with_(self, **changes) -> "EngineConfig":
+        return replace(self, **changes)
+
+    @classmethod
+    def of(cls, x: "EngineConfig | str | None") -> "EngineConfig":
+        """None: the default config; a name: the default config on that engine ("hf", "flex", "compiled")."""
+        if x is None:
+            return cls()
+        if isinstance(x, str):
+            return cls(engine=x)
+        if not isinstance(x, cls):
+            raise TypeError(f"engine={x!r}: expected an EngineConfig or an engine name ({', '.join(ENGINES)})")
+        return x

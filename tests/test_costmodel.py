@@ -1,0 +1,43 @@
+"""The throughput cost model (dmtp.analysis.costmodel) on hand-made schedules."""
+import pytest
+
+from dmtp.analysis.costmodel import predict, round_time, simulate
+
+
+def test_round_time_interpolates_between_measured_batches():
+    t = round_time({1: 1.0, 8: 1.7, 32: 2.9})
+    assert t(1) == 1.0 and t(8) == pytest.approx(1.7) and t(20) == pytest.approx(2.3) and t(64) == 2.9 and t(0) == 1.0
+    with pytest.raises(ValueError):
+        round_time({})
+
+
+def test_schedule_by_hand():
+    """cap 2, requests of 3, 1, 2 rounds, 1 ms per round whatever the batch: step 1 runs requests 0 and 1; request 1
+    ends, request 2 joins; steps 2-3 run 0 and 2, both end at step 3 -> 3 steps, 2 admitted groups."""
+    out = simulate([3, 1, 2], cap=2, t=lambda b: 1.0, tokens=[4, 2, 3], t_admit_ms=0.5)
+    assert out["steps"] == 3 and out["groups"] == 2
+    assert out["time_s"] == pytest.approx((3 * 1.0 + 2 * 0.5) / 1e3)
+    assert out["tok_per_s"] == pytest.approx(9 / out["time_s"])
+    assert out["mean_live"] == pytest.approx(2.0)
+
+
+def test_admission_in_groups_waits_for_free_slots():
+    """admit=2: the second newcomer waits until two slots are free (or the queue's rest fits)."""
+    one = simulate([1, 4, 1, 1], cap=2, t=lambda b: 1.0, admit=1)
+    two = simulate([1, 4, 1, 1], cap=2, t=lambda b: 1.0, admit=2)
+    assert one["groups"] == 3 and two["groups"] == 2 and two["steps"] >= one["steps"]
+
+
+def test_batch_one_is_the_sum_of_rounds():
+    """At cap 1 requests run one after another: time = sum of their rounds' times; a request that ended at its
+    prefill token costs its admission only."""
+    out = simulate([5, 0, 2], cap=1, t=lambda b: 2.0, tokens=[6, 1, 3], t_admit_ms=1.0)
+    assert out["steps"] == 7 and out["groups"] == 3 and out["time_s"] == pytest.approx((7 * 2.0 + 3 * 1.0) / 1e3)
+
+
+def test_speedup_over_ar():
+    """A method emitting 4 tokens per round at 1.5x AR's step time: 4 / 1.5 = 2.67x AR at batch 1."""
+    ar = [{"accepted": [0] * 40, "output_ids": [1] * 41}]
+    m = [{"accepted": [3] * 10, "output_ids": [1] * 41}]
+    p = predict({"ar": ar, "m": m}, {"ar": {1: 1.0}, "m": {1: 1.5}}, cap=1)
+    assert p["m"]["speedup"] == pytest.approx(40 / 15) and p["ar"]["speedup"] == 1.0
