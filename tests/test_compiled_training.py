@@ -48,25 +48,29 @@ def test_flops_per_token_by_hand():
     assert train_flops_per_token(tgt, mtp, 32) == 6 * N + 6 * 3 * d_q * 33
 
 
-def _pretrain(tmp, compile_flag):
+def _pretrain(tmp, compile_flag, fused_ce="off"):
     torch.manual_seed(0)
     tgt, mtp = build_target(ARCH, vocab_size=128, eos_id=0)
     tokens = np.random.default_rng(0).integers(1, 128, 20_000).astype(np.int64)
     cfg = PretrainConfig(tokens=5 * 4 * 32, seq_len=32, batch_size=4, log_every=1, bf16=False, compile=compile_flag,
-                         warmup_frac=0.5)
-    hist, info = pretrain(tgt, mtp, tokens, cfg, tmp / compile_flag, log=lambda *_: None)
+                         warmup_frac=0.5, fused_ce=fused_ce, ce_chunk=48)  # 124 tokens a head: chunks 48, 48, 28
+    hist, info = pretrain(tgt, mtp, tokens, cfg, tmp / f"{compile_flag}_{fused_ce}", log=lambda *_: None)
     return hist, info, {k: v.clone() for k, v in tgt.model.state_dict().items()}
 
 
-def test_compiled_pretraining_follows_eager(tmp_path):
+def test_compiled_pretraining_and_fused_loss_follow_eager(tmp_path):
+    """The eager step with the materialised logits, the eager step with the fused chunked loss and the compiled step
+    with the fused loss (a graph break: body and MTP layer one graph, the loss eager) follow each other in fp32."""
     eager, info_e, w_e = _pretrain(tmp_path, "off")
-    comp, info_c, w_c = _pretrain(tmp_path, "on")
-    assert info_c["compiled"] and not info_e["compiled"] and len(comp) == len(eager) == 5
-    assert [h["loss"] for h in comp] == pytest.approx([h["loss"] for h in eager], rel=1e-5)
-    assert [h["mtp_loss"] for h in comp] == pytest.approx([h["mtp_loss"] for h in eager], rel=1e-5)
-    assert [h["acc"] for h in comp] == [h["acc"] for h in eager]
-    for k in w_e:  # Adam divides by sqrt(v): a near-zero gradient's rounding can move its weight by a good part of
-        torch.testing.assert_close(w_c[k], w_e[k], rtol=0, atol=2e-4, msg=k)  # lr (2e-3): 10 % of one step
+    assert not info_e["compiled"] and not info_e["fused_ce"] and len(eager) == 5
+    for compile_flag in ("off", "on"):
+        run, info, w = _pretrain(tmp_path, compile_flag, "on")
+        assert info["compiled"] == (compile_flag == "on") and info["fused_ce"] and len(run) == 5
+        for key in ("loss", "mtp_loss"):
+            assert [h[key] for h in run] == pytest.approx([h[key] for h in eager], rel=1e-5), (compile_flag, key)
+        assert [(h["acc"], h["mtp_acc"]) for h in run] == [(h["acc"], h["mtp_acc"]) for h in eager]
+        for k in w_e:  # Adam divides by sqrt(v): a near-zero gradient's rounding can move its weight by a good part
+            torch.testing.assert_close(w[k], w_e[k], rtol=0, atol=2e-4, msg=k)  # of lr (2e-3): 10 % of one step
 
 
 def _seqs(n=12, seed=0):
