@@ -141,22 +141,27 @@ def test_steady_rate_by_hand():
 
 
 def test_bench_train_end_to_end(tmp_path):
-    """The training benchmark on CPU (smoke shapes; both paths run eager here): train.json holds both paths of both
-    parts, the ratio records join what ratios.json already held, and a rerun replaces only the records it remakes."""
+    """The training benchmark on CPU (smoke shapes; every path runs eager here, with the plain loss): train.json holds
+    the three pretraining paths and the drafters' two, the ratio records join what ratios.json already held, and a
+    rerun replaces only the records it remakes."""
     (tmp_path / "ratios.json").write_text(json.dumps([{"target": "other", "value": 1.0, "goal": "report",
                                                        "met": True, "note": ""}]))
     recs = bench_train("smoke", tmp_path, steps=4, warm=1, drafter_steps=3)
     n = len(get_profile("smoke").ablation.variants)  # every variant of the ablation (main, supplementary, control)
     res = json.loads((tmp_path / "train.json").read_text())
-    for part, key in (("pretrain", "tokens_per_s"), ("drafters", "steps_per_s")):
-        assert set(res[part]) == {"eager", "compiled"} and all(r[key] > 0 for r in res[part].values()), res[part]
+    for part, key, paths in (("pretrain", "tokens_per_s", {"eager", "compiled_plain_ce", "compiled"}),
+                             ("drafters", "steps_per_s", {"eager", "compiled"})):
+        assert set(res[part]) == paths and all(r[key] > 0 for r in res[part].values()), res[part]
     assert res["pretrain"]["eager"]["mfu"] is None and res["drafters"]["eager"]["drafters"] == n  # CPU: no peak
-    pre, dr = "smoke pretraining tok/s, compiled / eager", \
+    assert not any(r["fused_ce"] for r in res["pretrain"].values())  # fused_ce "auto": CUDA only
+    pre, ce, dr = "smoke pretraining tok/s, compiled / eager", \
+        "smoke pretraining tok/s, fused / plain LM-head loss (compiled)", \
         f"smoke drafter training steps/s, {n} drafters side by side, compiled / eager"
-    assert [r.target for r in recs] == [pre, dr] and recs[1].goal_text == ">= 4" and recs[1].value > 0
-    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, dr]
+    assert [r.target for r in recs] == [pre, ce, dr] and recs[2].goal_text == ">= 4" and recs[2].value > 0
+    assert "off on this device" in recs[1].note
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, ce, dr]
     bench_train("smoke", tmp_path, steps=4, warm=1, parts=("pretrain",))
-    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre]
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre, ce]
 
 
 def test_flex_attention_under_autocast():

@@ -122,3 +122,16 @@ def test_bad_inputs():
         linear_cross_entropy(h, w, y[:, :-1])
     with pytest.raises(ValueError, match="expected integer labels"):
         linear_cross_entropy(h, w, y.float())
+
+
+def test_pretrain_config_fields():
+    """fused_ce and ce_chunk are checked, and change how the loss is computed, not what a stage makes: outside the
+    target stage's fingerprint, as `compile` is."""
+    from dmtp.cli.stages import fingerprint
+    from dmtp.training.pretrain import PretrainConfig
+
+    with pytest.raises(ValueError, match="fused_ce='yes': expected one of 'auto', 'on', 'off'"):
+        PretrainConfig(fused_ce="yes")
+    with pytest.raises(ValueError, match="ce_chunk=0: expected an integer >= 1"):
+        PretrainConfig(ce_chunk=0)
+    assert fingerprint(PretrainConfig(fused_ce="off", ce_chunk=5)) == fingerprint(PretrainConfig())

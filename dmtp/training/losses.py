@@ -26,7 +26,7 @@ CHUNK = 8192  # tokens per chunk: a chunk's bf16 logits at vocab 8192 take 128 M
 
 def _chunk_terms(z: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ignore_index: int):
     """One chunk: logits z [C, V], labels y [C], scale = 1/n -> (sum of the chunk's token losses, correct top-1
-    count, dz [C, V] in z's dtype). Elementwise and row reductions only: one fused kernel or two under Inductor."""
+    count, dz [C, V] in z's dtype). Elementwise work and row reductions only, which Inductor fuses."""
     zf = z.float()
     lse = torch.logsumexp(zf, dim=-1)  # [C]
     keep = y != ignore_index
@@ -41,8 +41,8 @@ def _chunk_terms(z: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ignore_i
 @functools.cache
 def _chunk_terms_cuda():
     """`_chunk_terms` through Inductor, which fuses its elementwise work into a few passes over the chunk's logits
-    (the eager ops take about ten); the last, shorter chunk compiles once more, with a dynamic row count. Made on first
-    use (torch.compile's import alone takes seconds). The CPU runs the plain function."""
+    (eager, each op is a pass of its own); the last, shorter chunk compiles once more, with a dynamic row count. Made
+    on first use (torch.compile's import alone takes seconds). The CPU runs the plain function."""
     return torch.compile(_chunk_terms)
 
 
@@ -78,10 +78,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h.to(h_dtype) * grad_loss, (grad_w * grad_loss).to(w_dtype), None, None, None, None
 
 
-# Under torch.compile the call is a graph break and runs eagerly: the Python loop over chunks stays a loop (traced, it
-# would unroll into one graph per token count, whose scheduling Inductor may reorder across chunks, the memory bound
-# this function exists for), and the code that runs on the GPU is the code the CPU tests check. The break costs a
-# few launches per step beside GEMMs of chunk x V x H each; the chunk's elementwise work is compiled all the same.
+# Under torch.compile the call is a graph break and runs eagerly. Traced, the loop over chunks would unroll into one
+# graph per token count, and Inductor, free to reorder the unrolled chunks, need not hold one chunk's logits at a time
+# (the bound this function exists for); eager, the GPU runs the code the CPU tests check. The break costs a few kernel
+# launches per step beside GEMMs of chunk x V x H; each chunk's elementwise work is still compiled
+# (`_chunk_terms_cuda`). Under DDP the weight's gradient reaches its hook through autograd, as any eager op's does.
 @torch.compiler.disable
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK,
                          ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
