@@ -188,7 +188,7 @@ def evaluate(tgt, mtp, tokens: np.ndarray, seq_len: int, max_tokens: int, batch:
         x = torch.from_numpy(np.stack([tokens[j * seq_len: (j + 1) * seq_len]
                                        for j in range(i, min(n, i + batch))]).astype(np.int64)).to(dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            terms = torch.stack(joint_terms(tgt, mtp, x)).tolist()
+            terms = torch.stack(joint_terms(tgt, mtp, x)).tolist()  # materialised logits: no gradient to make
         sums += np.array(terms) * x.shape[0]
         count += x.shape[0]
     m = sums / max(count, 1)
