@@ -48,25 +48,29 @@ def test_flops_per_token_by_hand():
     assert train_flops_per_token(tgt, mtp, 32) == 6 * N + 6 * 3 * d_q * 33
 
 
-def _pretrain(tmp, compile_flag):
+def _pretrain(tmp, compile_flag, fused_ce="off"):
     torch.manual_seed(0)
     tgt, mtp = build_target(ARCH, vocab_size=128, eos_id=0)
     tokens = np.random.default_rng(0).integers(1, 128, 20_000).astype(np.int64)
     cfg = PretrainConfig(tokens=5 * 4 * 32, seq_len=32, batch_size=4, log_every=1, bf16=False, compile=compile_flag,
-                         warmup_frac=0.5)
-    hist, info = pretrain(tgt, mtp, tokens, cfg, tmp / compile_flag, log=lambda *_: None)
+                         warmup_frac=0.5, fused_ce=fused_ce, ce_chunk=48)  # 124 tokens a head: chunks 48, 48, 28
+    hist, info = pretrain(tgt, mtp, tokens, cfg, tmp / f"{compile_flag}_{fused_ce}", log=lambda *_: None)
     return hist, info, {k: v.clone() for k, v in tgt.model.state_dict().items()}
 
 
-def test_compiled_pretraining_follows_eager(tmp_path):
+def test_compiled_pretraining_and_fused_loss_follow_eager(tmp_path):
+    """The eager step with the materialised logits, the eager step with the fused chunked loss and the compiled step
+    with the fused loss (a graph break: body and MTP layer one graph, the loss eager) follow each other in fp32."""
     eager, info_e, w_e = _pretrain(tmp_path, "off")
-    comp, info_c, w_c = _pretrain(tmp_path, "on")
-    assert info_c["compiled"] and not info_e["compiled"] and len(comp) == len(eager) == 5
-    assert [h["loss"] for h in comp] == pytest.approx([h["loss"] for h in eager], rel=1e-5)
-    assert [h["mtp_loss"] for h in comp] == pytest.approx([h["mtp_loss"] for h in eager], rel=1e-5)
-    assert [h["acc"] for h in comp] == [h["acc"] for h in eager]
-    for k in w_e:  # Adam divides by sqrt(v): a near-zero gradient's rounding can move its weight by a good part of
-        torch.testing.assert_close(w_c[k], w_e[k], rtol=0, atol=2e-4, msg=k)  # lr (2e-3): 10 % of one step
+    assert not info_e["compiled"] and not info_e["fused_ce"] and len(eager) == 5
+    for compile_flag in ("off", "on"):
+        run, info, w = _pretrain(tmp_path, compile_flag, "on")
+        assert info["compiled"] == (compile_flag == "on") and info["fused_ce"] and len(run) == 5
+        for key in ("loss", "mtp_loss"):
+            assert [h[key] for h in run] == pytest.approx([h[key] for h in eager], rel=1e-5), (compile_flag, key)
+        assert [(h["acc"], h["mtp_acc"]) for h in run] == [(h["acc"], h["mtp_acc"]) for h in eager]
+        for k in w_e:  # Adam divides by sqrt(v): a near-zero gradient's rounding can move its weight by a good part
+            torch.testing.assert_close(w[k], w_e[k], rtol=0, atol=2e-4, msg=k)  # of lr (2e-3): 10 % of one step
 
 
 def _seqs(n=12, seed=0):
@@ -137,22 +141,27 @@ def test_steady_rate_by_hand():
 
 
 def test_bench_train_end_to_end(tmp_path):
-    """The training benchmark on CPU (smoke shapes; both paths run eager here): train.json holds both paths of both
-    parts, the ratio records join what ratios.json already held, and a rerun replaces only the records it remakes."""
+    """The training benchmark on CPU (smoke shapes; every path runs eager here, with the plain loss): train.json holds
+    the three pretraining paths and the drafters' two, the ratio records join what ratios.json already held, and a
+    rerun replaces only the records it remakes."""
     (tmp_path / "ratios.json").write_text(json.dumps([{"target": "other", "value": 1.0, "goal": "report",
                                                        "met": True, "note": ""}]))
     recs = bench_train("smoke", tmp_path, steps=4, warm=1, drafter_steps=3)
     n = len(get_profile("smoke").ablation.variants)  # every variant of the ablation (main, supplementary, control)
     res = json.loads((tmp_path / "train.json").read_text())
-    for part, key in (("pretrain", "tokens_per_s"), ("drafters", "steps_per_s")):
-        assert set(res[part]) == {"eager", "compiled"} and all(r[key] > 0 for r in res[part].values()), res[part]
+    for part, key, paths in (("pretrain", "tokens_per_s", {"eager", "compiled_plain_ce", "compiled"}),
+                             ("drafters", "steps_per_s", {"eager", "compiled"})):
+        assert set(res[part]) == paths and all(r[key] > 0 for r in res[part].values()), res[part]
     assert res["pretrain"]["eager"]["mfu"] is None and res["drafters"]["eager"]["drafters"] == n  # CPU: no peak
-    pre, dr = "smoke pretraining tok/s, compiled / eager", \
+    assert not any(r["fused_ce"] for r in res["pretrain"].values())  # fused_ce "auto": CUDA only
+    pre, ce, dr = "smoke pretraining tok/s, compiled / eager", \
+        "smoke pretraining tok/s, fused / plain LM-head loss (compiled)", \
         f"smoke drafter training steps/s, {n} drafters side by side, compiled / eager"
-    assert [r.target for r in recs] == [pre, dr] and recs[1].goal_text == ">= 4" and recs[1].value > 0
-    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, dr]
+    assert [r.target for r in recs] == [pre, ce, dr] and recs[2].goal_text == ">= 4" and recs[2].value > 0
+    assert "off on this device" in recs[1].note
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, ce, dr]
     bench_train("smoke", tmp_path, steps=4, warm=1, parts=("pretrain",))
-    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre]
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre, ce]
 
 
 def test_flex_attention_under_autocast():

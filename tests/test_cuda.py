@@ -3,7 +3,8 @@ lossless and equal the eager loop, the steady state never synchronises with the 
 engine's own bf16 AR only at top-2 ties, hybrid targets decode losslessly (HF layers), the flex-attention drafter
 backend proposes what the dense-mask backend proposes, and the verify modes (sampled drafts, speculative sampling,
 block verification) run inside the graphs without a sync and keep the target's law. Training on a GPU: the compiled
-pretraining and drafter-training paths (flex block mask with its backward pass) follow the eager ones."""
+pretraining and drafter-training paths (flex block mask with its backward pass) follow the eager ones; the fused
+chunked LM-head loss (compiled chunk step) gives the materialised logits' loss and gradients, in fp32 and bf16."""
 import numpy as np
 import pytest
 import torch
@@ -340,6 +341,57 @@ def test_compiled_pretraining_follows_eager_on_gpu(tmp_path):
         runs[flag] = hist
     for key in ("loss", "mtp_loss"):
         assert [h[key] for h in runs["on"]] == pytest.approx([h[key] for h in runs["off"]], rel=1e-4), key
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_loss_on_gpu(autocast):
+    """The fused chunked loss through its Inductor-compiled chunk step (the pretraining shape's width and vocabulary,
+    a short last chunk) against the materialised logits: fp32 to float rounding; under bf16 autocast the loss within
+    1e-3 and the gradients within 1e-2 (relative), as on the CPU (test_losses.py)."""
+    import torch.nn.functional as F
+
+    from dmtp.training.losses import linear_cross_entropy
+
+    g = torch.Generator("cuda").manual_seed(0)
+    h = torch.randn(3000, 384, device="cuda", generator=g).requires_grad_()
+    w = (0.05 * torch.randn(8192, 384, device="cuda", generator=g)).requires_grad_()
+    y = torch.randint(0, 8192, (3000,), device="cuda", generator=g)
+    runs = []
+    for fused in (False, True):
+        h.grad = w.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            if fused:
+                loss, acc = linear_cross_entropy(h, w, y, chunk=1024)
+            else:
+                z = F.linear(h, w).float()
+                loss, acc = F.cross_entropy(z, y), (z.argmax(-1) == y).float().mean()
+        loss.backward()
+        runs.append((loss.item(), acc.item(), h.grad.clone(), w.grad.clone()))
+    (l0, a0, gh0, gw0), (l1, a1, gh1, gw1) = runs
+    tol = (1e-3, 1e-2) if autocast else (1e-5, 1e-4)
+    assert l1 == pytest.approx(l0, rel=tol[0]) and a1 == pytest.approx(a0, abs=2 / 3000)
+    for got, ref in ((gh1, gh0), (gw1, gw0)):
+        assert ((got - ref).norm() / ref.norm()).item() < tol[1]
+
+
+def test_fused_loss_pretraining_on_gpu(tmp_path):
+    """The compiled bf16 step with the fused loss follows the compiled bf16 step with the materialised logits."""
+    arch = TargetArch(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=32, intermediate_size=256)
+    tokens = np.random.default_rng(0).integers(1, 2048, 50_000).astype(np.int64)
+    runs = {}
+    for fused in ("off", "on"):
+        torch.manual_seed(0)
+        tgt, mtp = build_target(arch, vocab_size=2048, eos_id=0)
+        tgt.model.cuda()
+        mtp.cuda()
+        cfg = PretrainConfig(tokens=6 * 8 * 64, seq_len=64, batch_size=8, log_every=1, compile="on", fused_ce=fused,
+                             ce_chunk=200)  # 504 tokens a head: chunks 200, 200, 104
+        hist, info = pretrain(tgt, mtp, tokens, cfg, tmp_path / fused, log=lambda *_: None)
+        assert info["fused_ce"] == (fused == "on")
+        runs[fused] = hist
+    for key in ("loss", "mtp_loss"):
+        assert [h[key] for h in runs["on"]] == pytest.approx([h[key] for h in runs["off"]], rel=1e-2), key
 
 
 @pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual"])

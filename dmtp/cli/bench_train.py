@@ -1,17 +1,22 @@
 """Training throughput, the eager and the compiled path side by side in one run (`make bench-train`): target
 pretraining (tokens/s, MFU) and drafter training (steps/s, every variant of the ablation side by side), each through
 the real training loop (`pretrain.pretrain`, `drafters.train_drafters`) with `compile="off"` and then `"auto"`.
+Pretraining runs a third path between them, compiled with the LM-head loss on materialised fp32 logits
+(`fused_ce="off"`), so the fused chunked loss (`losses.linear_cross_entropy`, the compiled default on CUDA) is
+measured against it in the same run.
 
     python -m dmtp.cli.bench_train --profile mini --out results/mini/bench          # H200: ~3 min
-    python -m dmtp.cli.bench_train --profile smoke --out /tmp/bt --steps 8 --warm 2  # CPU smoke, ~1 min (eager twice)
+    python -m dmtp.cli.bench_train --profile smoke --out /tmp/bt --steps 8 --warm 2  # CPU smoke, ~1 min (all eager)
 
 Only the architecture is needed: the target has the profile's shape and random weights, the tokens are random (the
 speed of a step does not depend on the values). Rates are steady-state: from the history record at step `--warm`
 (compile and warm-up behind it) to the last one; every record is taken after its values were read back, so the GPU
 has caught up. MFU = tokens/s x training FLOPs per token (`pretrain.train_flops_per_token`: 6 N + causal
-attention) / the device's dense bf16 peak (`common.PEAK_BF16`, H100/H200 989.4 TFLOP/s).
+attention; the fused loss runs the LM-head GEMMs the plain one does, so both count the same) / the device's dense
+bf16 peak (`common.PEAK_BF16`, H100/H200 989.4 TFLOP/s).
 
-train.json    per path: steps timed, steady rate, wall time of the whole call (compile included), MFU
+train.json    per path: steps timed, steady rate, wall time of the whole call (compile included), MFU; pretraining
+              also the peak of allocated GPU memory (`peak_gib`)
 ratios.json   records {target, value, goal, met, note} merged by target name with what `dmtp.cli.bench` wrote
 profile_train_<part>.txt   --kernel-profile N: device time by kind of kernel (GEMM, attention, optimizer, ...) and
               the profiler's table over --warm + N steps of the part's last path: where a missed goal's time goes
@@ -38,7 +43,11 @@ from dmtp.training.drafters import new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
 from experiments.profiles import get_profile
 
-PATHS = {"eager": "off", "compiled": "auto"}  # the two paths, as values of the configs' `compile` field
+# the paths, as values of the configs' `compile` field and PretrainConfig's `fused_ce`; "compiled" is the default
+PATHS = {"eager": {"compile": "off", "fused_ce": "off"},
+         "compiled_plain_ce": {"compile": "auto", "fused_ce": "off"},
+         "compiled": {"compile": "auto", "fused_ce": "auto"}}
+DRAFTER_PATHS = ("eager", "compiled")  # drafter training has a loss of its own: fused_ce does not reach it
 GOALS = {"mfu": 0.35, "drafter_speedup": 4.0}  # goals: >= 35 % MFU; drafter steps/s >= 4x the eager path
 # measured on an H200 before the compiled paths existed (LOG.md, 2026-11): printed beside the new numbers
 BEFORE = {"mini": {"pretrain": "0.56 M tok/s", "drafters": "~5 steps/s"}}
@@ -63,15 +72,19 @@ def bench_pretrain(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     p = prof.pretrain
     tokens = np.random.default_rng(0).integers(0, vocab, 4_000_000).astype(np.int32)
     cfg = replace(p, tokens=steps * p.batch_size * p.seq_len, log_every=warm, save_every=10 ** 9, stop_after=0,
-                  compile=PATHS[path])
+                  **PATHS[path])
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         hist, info = pretrain(tgt, mtp, tokens, cfg, tmp, log=lambda *_: None)
     wall = time.time() - t0
+    mem = torch.cuda.max_memory_allocated() / 2 ** 30 if dev == "cuda" else None
     rate, timed = steady_rate(hist, warm, "tokens")
     flops = train_flops_per_token(tgt, mtp, p.seq_len)
     peak = peak_flops(dev)
     return {"tokens_per_s": rate, "steps_timed": timed, "wall_s": wall, "compiled": info["compiled"],
+            "fused_ce": info["fused_ce"], "peak_gib": mem,
             "flops_per_token": flops, "peak_flops": peak, "mfu": rate * flops / peak if peak else None,
             "batch": p.batch_size, "seq_len": p.seq_len}
 
@@ -93,7 +106,7 @@ def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     base = dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed)
     drafters = new_drafters(tgt, variants, base)
     cfg = replace(t, steps=steps, log_every=warm, save_every=10 ** 9, stop_after=0, amp_bf16=dev == "cuda",
-                  compile=PATHS[path])
+                  compile=PATHS[path]["compile"])
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         hist = train_drafters(tgt, mtp, drafters, seqs, cfg, tmp, log=lambda *_: None)
@@ -126,6 +139,13 @@ def ratio_records(label: str, res: dict) -> list[Ratio]:
             out.append(record(label, "pretraining MFU (compiled, bf16)", c["mfu"], ">=", GOALS["mfu"],
                               f"{c['flops_per_token'] / 1e6:.1f} MFLOP/token x {c['tokens_per_s'] / 1e6:.3f} M "
                               f"tok/s / {c['peak_flops'] / 1e12:.0f} TFLOP/s; eager {e['mfu']:.3f}"))
+    if "compiled" in pre and "compiled_plain_ce" in pre:
+        c, pl = pre["compiled"], pre["compiled_plain_ce"]
+        mfu = f"; MFU {c['mfu']:.3f} vs {pl['mfu']:.3f}" if c["mfu"] is not None else ""
+        off = "" if c["fused_ce"] else " (fused_ce auto: off on this device, both rows the plain loss)"
+        out.append(record(label, "pretraining tok/s, fused / plain LM-head loss (compiled)",
+                          c["tokens_per_s"] / pl["tokens_per_s"],
+                          note=f"{c['tokens_per_s'] / 1e6:.3f} M vs {pl['tokens_per_s'] / 1e6:.3f} M tok/s{mfu}{off}"))
     dr = res.get("drafters", {})
     if "eager" in dr and "compiled" in dr:
         e, c = dr["eager"], dr["compiled"]
@@ -153,17 +173,19 @@ def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, 
                 paths=tuple(PATHS), drafter_steps: int | None = None, kernel_profile: int = 0) -> list[Ratio]:
     """Run the benchmark, write train.json (+ meta) and merge the ratio records into ratios.json; returns them.
     Each (part, path) runs in a try: a failing path is recorded with its error, the others still run.
-    `kernel_profile` > 0: then each part's last path again for that many steps under the profiler
-    (profile_train_<part>.txt)."""
+    A part runs the `paths` it has (DRAFTER_PATHS for the drafters), in the order given. `kernel_profile` > 0: then
+    each part's last path again for that many steps under the profiler (profile_train_<part>.txt)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     prof = get_profile(profile)
     out = Path(out)
     res: dict = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__}
     t0 = time.time()
-    for part, fn, n in [("pretrain", bench_pretrain, steps), ("drafters", bench_drafters, drafter_steps or steps)]:
+    for part, fn, n, own in [("pretrain", bench_pretrain, steps, tuple(PATHS)),
+                             ("drafters", bench_drafters, drafter_steps or steps, DRAFTER_PATHS)]:
         if part not in parts:
             continue
-        for path in paths:
+        run = [p for p in paths if p in own]
+        for path in run:
             try:
                 r = fn(prof, dev, path, n, warm)
             except Exception as e:  # noqa: BLE001 - recorded, and the other paths still measured
@@ -172,8 +194,8 @@ def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, 
             res.setdefault(part, {})[path] = r
             if dev == "cuda":
                 torch.cuda.empty_cache()
-        if kernel_profile and paths:
-            profile_part(fn, prof, dev, paths[-1], warm + max(kernel_profile, 2), warm,  # 2: a rate to measure
+        if kernel_profile and run:
+            profile_part(fn, prof, dev, run[-1], warm + max(kernel_profile, 2), warm,  # 2: a rate to measure
                          out / f"profile_train_{part}.txt")
     ok = {p: {k: v for k, v in r.items() if "error" not in v} for p, r in res.items() if isinstance(r, dict)}
     recs = ratio_records(profile, ok)
@@ -194,7 +216,8 @@ def main(argv=None):
     ap.add_argument("--drafter-steps", type=int, help="drafter-training steps per path")
     ap.add_argument("--warm", type=int, default=10, help="steps before the timed window (compile, warm-up)")
     ap.add_argument("--parts", default="pretrain,drafters", help="pretrain, drafters or both")
-    ap.add_argument("--paths", default=",".join(PATHS), help="eager, compiled or both")
+    ap.add_argument("--paths", default=",".join(PATHS), help="any of eager, compiled_plain_ce, compiled (the "
+                                                             "drafters run the first and the last)")
     ap.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
                     help="then the last path of each part again, --warm + STEPS steps under the profiler: device "
                          "time by kind of kernel -> profile_train_<part>.txt")

@@ -23,8 +23,9 @@ from pathlib import Path
 from dmtp.dist import barrier, is_main
 from dmtp.io import write_json
 
-# how a run is cut into pieces, logged and executed (compile: eager or compiled, the same math), not what it makes
-RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile")
+# how a run is cut into pieces, logged and executed (compile: eager or compiled; fused_ce, ce_chunk: the LM-head loss
+# fused and chunked or not; the same math), not what it makes
+RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "fused_ce", "ce_chunk")
 
 
 class StageMismatch(ValueError):

@@ -5,8 +5,9 @@ The result is an HF checkpoint whose safetensors carry the `mtp.*` keys, loaded 
 
 The step: target + MTP as one module (`JointLM`) under DistributedDataParallel (torchrun), torch.compile'd on CUDA
 (`PretrainConfig.compile`), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised,
-grouped-query attention without repeating K/V), fused AdamW, batches copied from pinned memory; the host reads
-values back only every `log_every` steps.
+grouped-query attention without repeating K/V), the LM-head loss of both heads fused and chunked on CUDA
+(`losses.linear_cross_entropy`: no [tokens, vocab] logits stored), fused AdamW, batches copied from pinned memory; the
+host reads values back only every `log_every` steps.
 
     python -m dmtp.training.pretrain  # not a CLI of its own: `dmtp pipeline --profile tiny --stage target` runs it
 """
@@ -28,6 +29,7 @@ from dmtp.io import atomic_path
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
 from dmtp.training.common import COMPILE, compiled, to_device
+from dmtp.training.losses import CHUNK, linear_cross_entropy
 
 
 @dataclass
@@ -70,13 +72,19 @@ class PretrainConfig:
     save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
     stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
     compile: str = "auto"  # "auto": torch.compile the step on CUDA (CPU eager); "on": also on CPU; "off": eager
+    # "auto": both heads' loss through the fused chunked linear + CE (`losses.linear_cross_entropy`) on CUDA, where the
+    # materialised fp32 [tokens, vocab] logits and their gradient make the step memory-bound; "on": also on CPU;
+    # "off": `F.cross_entropy(lm_head(h).float(), y)` (the same loss, its logits materialised)
+    fused_ce: str = "auto"
+    ce_chunk: int = CHUNK  # tokens per chunk of the fused loss: its logits take ce_chunk x vocab at a time
 
     def __post_init__(self):
         # seq_len >= 3: the MTP term predicts x_{i+2}
         check(self, tokens=at_least(1), seq_len=at_least(3), batch_size=at_least(1), lr=positive,
               warmup_frac=fraction, weight_decay=non_negative, mtp_lambda=non_negative,
               mtp_lambda_late=non_negative, late_frac=fraction, clip=positive, seed=at_least(0),
-              log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0), compile=one_of(*COMPILE))
+              log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0), compile=one_of(*COMPILE),
+              fused_ce=one_of(*COMPILE), ce_chunk=at_least(1))
         step = self.seq_len * self.batch_size
         require(self.tokens >= step, f"tokens={self.tokens}: expected at least one step's worth, seq_len x batch_size"
                 f" = {self.seq_len} x {self.batch_size} = {step}")
@@ -107,30 +115,39 @@ def build_target(arch: TargetArch, vocab_size: int, eos_id: int, dtype=torch.flo
 NO_MASK = {"full_attention": None, "linear_attention": None}  # HF then calls SDPA with is_causal=True
 
 
-def joint_terms(tgt, mtp, x):
-    """x [B, T] -> (main CE, MTP CE, main acc, MTP acc). The body gets an explicit empty mask mapping: HF would
-    otherwise materialise a causal mask whenever it runs under torch.compile (and lose the flash kernels)."""
+def head_terms(head: nn.Linear, h, y, ce_chunk: int | None = None):
+    """(mean CE, top-1 accuracy) of the LM head's logits of h [B, T, H] against y [B, T]: `ce_chunk` tokens at a time
+    through the fused loss (`losses.linear_cross_entropy`), or with the logits materialised in fp32 (None)."""
+    if ce_chunk is not None:
+        return linear_cross_entropy(h, head.weight, y, ce_chunk)
+    logits = head(h).float()
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    return ce, (logits.argmax(-1) == y).float().mean()
+
+
+def joint_terms(tgt, mtp, x, ce_chunk: int | None = None):
+    """x [B, T] -> (main CE, MTP CE, main acc, MTP acc); `ce_chunk`: the fused loss (`head_terms`). The body gets an
+    explicit empty mask mapping: HF would otherwise materialise a causal mask whenever it runs under torch.compile
+    (and lose the flash kernels). Both heads' inputs come before either loss: under torch.compile the fused loss is a
+    graph break, and the body and MTP layer stay one graph."""
     h = tgt.body(input_ids=x, attention_mask=NO_MASK if tgt.mask_free else None).last_hidden_state
-    logits = tgt.model.lm_head(h[:, :-1]).float()
-    ce_main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
     g = mtp.teacher_forced(x, h)  # [B, T-1, H], g_i predicts x_{i+2}
-    lm = tgt.model.lm_head(g[:, :-1]).float()
-    ce_mtp = F.cross_entropy(lm.reshape(-1, lm.shape[-1]), x[:, 2:].reshape(-1))
-    acc = (logits.argmax(-1) == x[:, 1:]).float().mean()
-    acc_m = (lm.argmax(-1) == x[:, 2:]).float().mean()
+    ce_main, acc = head_terms(tgt.model.lm_head, h[:, :-1], x[:, 1:], ce_chunk)
+    ce_mtp, acc_m = head_terms(tgt.model.lm_head, g[:, :-1], x[:, 2:], ce_chunk)
     return ce_main, ce_mtp, acc, acc_m
 
 
 class JointLM(nn.Module):
     """Target + MTP head as one module (what DDP wraps and torch.compile traces): forward(x) = `joint_terms`."""
 
-    def __init__(self, tgt, mtp):
+    def __init__(self, tgt, mtp, ce_chunk: int | None = None):
         super().__init__()
         self.model, self.mtp = tgt.model, mtp  # the MTP head reaches the embedding through the target
         self._tgt = [tgt]
+        self.ce_chunk = ce_chunk
 
     def forward(self, x):
-        return joint_terms(self._tgt[0], self.mtp, x)
+        return joint_terms(self._tgt[0], self.mtp, x, self.ce_chunk)
 
 
 def train_flops_per_token(tgt, mtp, seq_len: int) -> float:
@@ -171,7 +188,7 @@ def evaluate(tgt, mtp, tokens: np.ndarray, seq_len: int, max_tokens: int, batch:
         x = torch.from_numpy(np.stack([tokens[j * seq_len: (j + 1) * seq_len]
                                        for j in range(i, min(n, i + batch))]).astype(np.int64)).to(dev)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            terms = torch.stack(joint_terms(tgt, mtp, x)).tolist()
+            terms = torch.stack(joint_terms(tgt, mtp, x)).tolist()  # materialised logits: no gradient to make
         sums += np.array(terms) * x.shape[0]
         count += x.shape[0]
     m = sums / max(count, 1)
@@ -228,13 +245,15 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     it = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng, rank, world)
     tgt.model.train()
     mtp.train()
-    net = data_parallel(JointLM(tgt, mtp))
+    fused = cfg.fused_ce == "on" or (cfg.fused_ce == "auto" and dev.type == "cuda")
+    net = data_parallel(JointLM(tgt, mtp, cfg.ce_chunk if fused else None))
     fast = compiled(cfg.compile, dev)
     step_terms = torch.compile(net, dynamic=False) if fast else net
     t0 = time.time()
     bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True, disable=not main)
     save_every = cfg.save_every or max(50, steps // 10)
-    info = {"start_step": start, "steps": steps, "world": world, "finished": True, "step": steps, "compiled": fast}
+    info = {"start_step": start, "steps": steps, "world": world, "finished": True, "step": steps, "compiled": fast,
+            "fused_ce": fused}
     for step in bar:
         lr = cfg.lr * (step + 1) / warm if step < warm else \
             cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))

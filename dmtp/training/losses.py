@@ -1,0 +1,104 @@
+"""Fused, chunked linear + cross-entropy: the LM-head loss without the [N, V] logits.
+
+For hidden states h [N, H], LM-head weight W [V, H] and labels y [N] (rows labelled `ignore_index` left out, n rows
+kept), the logits z = h W^T [N, V] are made `chunk` rows at a time, and each chunk yields its share of
+
+    loss  = 1/n sum_i (lse_i - z_{i, y_i}),   lse_i = log sum_j exp z_ij        (fp32)
+    dz_ij = (softmax(z_i)_j - [j = y_i]) / n  (0 on ignored rows)               (d loss / d z, made in the forward)
+    dh    = dz W,   dW = dz^T h                                                 (per chunk; dW summed in fp32)
+
+so a chunk's logits are freed before the next is made, and the backward pass only scales the stored dh, dW by the
+loss's incoming gradient (a scalar). The logits are made in the dtype the plain `lm_head(h)` would have (bf16 under
+autocast), logsumexp and softmax in fp32, as `F.cross_entropy(lm_head(h).float(), y)` does. The three GEMMs are
+those of the plain path (its forward and the two of its backward): no FLOPs are added, only the fp32 [N, V] logits
+and their gradient are never stored. The top-1 accuracy (argmax z_i = y_i) comes from the same pass.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from dmtp.checks import require
+
+CHUNK = 8192  # tokens per chunk: a chunk's bf16 logits at vocab 8192 take 128 MiB, its gradient as much
+
+
+def _chunk_terms(z: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ignore_index: int):
+    """One chunk: logits z [C, V], labels y [C], scale = 1/n -> (sum of the chunk's token losses, correct top-1
+    count, dz [C, V] in z's dtype). Elementwise work and row reductions only, which Inductor fuses."""
+    zf = z.float()
+    lse = torch.logsumexp(zf, dim=-1)  # [C]
+    keep = y != ignore_index
+    y0 = torch.where(keep, y, 0)  # a valid index on ignored rows; their terms are zeroed below
+    loss = ((lse - zf.gather(1, y0[:, None])[:, 0]) * keep).sum()
+    correct = (zf.argmax(-1) == y).sum()  # never equal to ignore_index < 0
+    onehot = torch.arange(z.shape[1], device=z.device) == y0[:, None]
+    dz = (torch.exp(zf - lse[:, None]) - onehot.float()) * (keep * scale)[:, None]
+    return loss, correct, dz.to(z.dtype)
+
+
+@functools.cache
+def _chunk_terms_cuda():
+    """`_chunk_terms` through Inductor, which fuses its elementwise work into a few passes over the chunk's logits
+    (eager, each op is a pass of its own); the last, shorter chunk compiles once more, with a dynamic row count. Made
+    on first use (torch.compile's import alone takes seconds). The CPU runs the plain function."""
+    return torch.compile(_chunk_terms)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, labels, chunk: int, ignore_index: int, dtype: torch.dtype):
+        """h [N, H], weight [V, H], labels [N] -> (mean loss, top-1 accuracy); dh, dW stored for the backward."""
+        terms = _chunk_terms_cuda() if h.is_cuda else _chunk_terms
+        with torch.autocast(h.device.type, enabled=False):  # dtypes chosen by the caller, not by autocast
+            hc, wc = h.to(dtype), weight.to(dtype)
+            n = (labels != ignore_index).sum().clamp(min=1)  # a tensor: no host sync
+            scale = 1.0 / n.float()
+            grad_h = torch.empty_like(hc)
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            loss = torch.zeros((), dtype=torch.float32, device=h.device)
+            correct = torch.zeros((), dtype=torch.int64, device=h.device)
+            for s in range(0, h.shape[0], chunk):
+                hs = hc[s: s + chunk]
+                l, c, dz = terms(hs @ wc.T, labels[s: s + chunk], scale, ignore_index)
+                loss, correct = loss + l, correct + c
+                grad_h[s: s + chunk] = dz @ wc
+                grad_w += (dz.T @ hs).float()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = h.dtype, weight.dtype
+        acc = correct / n  # fp32, as the plain path's mean over its correct flags
+        ctx.mark_non_differentiable(acc)
+        return loss / n, acc
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_acc):
+        grad_h, grad_w = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        return grad_h.to(h_dtype) * grad_loss, (grad_w * grad_loss).to(w_dtype), None, None, None, None
+
+
+# Under torch.compile the call is a graph break and runs eagerly. Traced, the loop over chunks would unroll into one
+# graph per token count, and Inductor, free to reorder the unrolled chunks, need not hold one chunk's logits at a time
+# (the bound this function exists for); eager, the GPU runs the code the CPU tests check. The break costs a few kernel
+# launches per step beside GEMMs of chunk x V x H; each chunk's elementwise work is still compiled
+# (`_chunk_terms_cuda`). Under DDP the weight's gradient reaches its hook through autograd, as any eager op's does.
+@torch.compiler.disable
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK,
+                         ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy of the logits h @ weight.T against `labels`, top-1 accuracy), both over the rows whose
+    label is not `ignore_index` (0 and 0 where there is none; F.cross_entropy gives NaN), `chunk` rows at a time.
+    h [..., H] (labels [...]), weight [V, H]: an LM head's weight, possibly tied to the input embedding (its gradient
+    then adds to the embedding's). The logits take autocast's dtype where autocast is on (as `F.linear` would),
+    else the inputs' common dtype; the loss is fp32, its gradients come in h's and weight's dtypes."""
+    require(isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1,
+            f"chunk={chunk!r}: expected an integer >= 1 (tokens per chunk)")
+    require(weight.dim() == 2 and h.shape[-1:] == weight.shape[1:], f"weight {tuple(weight.shape)}: expected "
+            f"[vocab, {h.shape[-1]}] for hidden states {tuple(h.shape)}")
+    require(labels.shape == h.shape[:-1] and not labels.is_floating_point(), f"labels {tuple(labels.shape)} "
+            f"{labels.dtype}: expected integer labels of shape {tuple(h.shape[:-1])} for hidden states "
+            f"{tuple(h.shape)}")
+    dev = h.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.result_type(h, weight)
+    return _LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), chunk, ignore_index,
+                                     dtype)
