@@ -172,9 +172,22 @@ class Profile:
     verify: VerifyConfig = field(default_factory=VerifyConfig)  # the verification-mode study (`--stage verify`)
     engine: EngineConfig = field(default_factory=EngineConfig)  # how every decode runs (data, eval, verify, bench)
     scale: PaperScale = field(default_factory=PaperScale)  # paper-scale target/training (empty: embedded)
+    realization: int = 0  # an independent replication of the whole experiment: k >= 1 shifts the target's, the
+    # on-policy data's and every drafter's seed by 1000 k (`stream`) and lives in <work|results>/<name>/r<k>; 0: the
+    # profile's own seeds, <work|results>/<name> (the report pools the realizations r1, r2, ... of one experiment)
 
     def __post_init__(self):
+        check(self, realization=at_least(0))
         check_profile(self)
+
+    def stream(self, seed: int) -> int:
+        """`seed` in this realization's stream of seeds."""
+        return seed + 1000 * self.realization
+
+    @property
+    def folder(self) -> str:
+        """Where this realization lives under work/ and results/: <name> or <name>/r<k>."""
+        return self.name if not self.realization else f"{self.name}/r{self.realization}"
 
 
 def check_profile(p: Profile) -> None:

@@ -67,8 +67,8 @@ class Ctx:
     def __init__(self, a):
         name = a.profile or ("mini" if torch.cuda.is_available() else "tiny")
         self.p = override(get_profile(name), getattr(a, "set", None) or [])
-        self.work = Path(a.work) / name
-        self.res = Path(a.results) / name
+        self.work = Path(a.work) / self.p.folder  # <name>, or <name>/r<k> for realization k
+        self.res = Path(a.results) / self.p.folder
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype = torch_dtype(self.p.engine.dtype)
         self.eng = self.p.engine  # how every decode of the pipeline runs (recorded in each output's meta file)
@@ -140,7 +140,7 @@ def st_target(c: Ctx):
         stage_record(u)
     tok = c.tok
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    torch.manual_seed(c.p.pretrain.seed)  # the same initial weights on every rank
+    torch.manual_seed(c.p.stream(c.p.pretrain.seed))  # the same initial weights on every rank
     tgt, mtp = build_target(c.p.model.arch, len(tok), eos)
     tgt.model.to(c.dev)
     mtp.to(c.dev)
@@ -152,7 +152,7 @@ def st_target(c: Ctx):
         require(len(toks) >= need, f"{c.work / 'tokens' / name}.npy holds {len(toks)} tokens, fewer than "
                 f"pretrain.seq_len={c.p.pretrain.seq_len} needs ({need}); raise corpus_bytes or lower the seq_len")
     t0 = time.time()
-    hist, info = pretrain(tgt, mtp, train, c.p.pretrain, state, log=c.log)
+    hist, info = pretrain(tgt, mtp, train, replace(c.p.pretrain, seed=c.p.stream(c.p.pretrain.seed)), state, log=c.log)
     if not info["finished"]:
         return False
     wall = time.time() - t0
@@ -193,17 +193,17 @@ def st_data(c: Ctx):
     tok = c.tok
     d = c.p.data
     prompts = code_prompts(c.work / "corpus" / "train.jsonl", tok, d.prompts, max_prompt_tokens=d.prompt_tokens,
-                           seed=0, per_doc=d.prompts_per_doc)
+                           seed=c.p.stream(0), per_doc=d.prompts_per_doc)
     rows = [r for r in encode_prompts(tok, prompts) if r["prompt_ids"]]
     t0 = time.time()
     recs = run_generate(tgt, build_method("ar", tgt), rows, d.temperature, d.new_tokens, [tok.eos_token_id],
-                        d.batch, seed=1, desc="on-policy data", shard=True, engine=c.eng)
+                        d.batch, seed=c.p.stream(1), desc="on-policy data", shard=True, engine=c.eng)
     world = rank_world()[1]
     if is_main():
         for r, p in zip(recs, rows):
             r["prompt_ids"] = p["prompt_ids"]
         write_meta(u.record, {"n": len(recs), "temperature": d.temperature, "batch": d.batch,
-                              "seed": "1 + the batch's offset"}, wall_s=time.time() - t0, world=world, engine=c.eng,
+                              "seed": f"{c.p.stream(1)} + the batch's offset"}, wall_s=time.time() - t0, world=world, engine=c.eng,
                    fingerprint=u.want)  # before the data: the file never exists without its record
         write_jsonl(out, recs)
         c.log(f"data: {len(recs)} sequences, {sum(len(r['output_ids']) for r in recs)} generated tokens "
@@ -242,8 +242,8 @@ def st_drafters(c: Ctx):
     t0 = time.time()
     for seed in sorted(todo):
         out, runs = drafters_dir(c, seed), todo[seed]
-        base = dict(drafter_config(c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), seed=seed)
-        cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=seed,
+        base = dict(drafter_config(c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), seed=c.p.stream(seed))
+        cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=c.p.stream(seed),
                       snapshots=tuple(spec.budgets) if any(snapshots(c.p, r) for r in runs) else ())
         fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in runs]
         if fresh_todo:
@@ -256,7 +256,7 @@ def st_drafters(c: Ctx):
             if run in runs:
                 d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"},
                                  variant_configs=c.p.drafter.variants)
-                ccfg = replace(cfg, steps=spec.continue_steps, seed=seed + 1, snapshots=())
+                ccfg = replace(cfg, steps=spec.continue_steps, seed=c.p.stream(seed) + 1, snapshots=())
                 train_drafters(tgt, mtp, {run: d[variant]}, seqs, ccfg, out, log=c.log)
 
     if not is_main():
@@ -526,7 +526,7 @@ def st_tables(c: Ctx):
     write_experiment(c.res / "experiment.json", c.p)
     write_subsets(c)
     lossless_check(c)
-    render_tables(c.p.name, c.res.parent)
+    render_tables(c.p.folder, c.res.parents[c.p.folder.count("/")])
 
 
 # --- what each stage's output depends on -------------------------------------------------------------------------
@@ -538,7 +538,8 @@ def fingerprints(p: Profile) -> dict[str, dict]:
     f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes,
                                                  "pretokenizer": PRETOKENIZER_VERSION})
     f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": fingerprint(p.pretrain),
-                                          "model.checkpoint_dtype": p.model.checkpoint_dtype})
+                                          "model.checkpoint_dtype": p.model.checkpoint_dtype},
+                       **({"realization": p.realization} if p.realization else {}))
     f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine)},
                      **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
                                                              "batch", "prompts_per_doc")})
