@@ -71,6 +71,7 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.screen import T1Screen
 from dmtp.models.target import Target
+from dmtp.schema import override
 from dmtp.training.pretrain import build_target
 from experiments.profiles import PROFILES, get_profile
 
@@ -577,13 +578,35 @@ def draft_side_ratios(by: dict, methods, tag, setup: str, batch: int, note: str 
     return out
 
 
-def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, list[Ratio], list, list]:
+def admission(tgt, methods: dict, prompts: list[list[int]], tokens: int, setup: str, eng: EngineConfig,
+               groups=(1, 8)) -> list[dict]:
+    """The host time a `Server` spends admitting a group of newcomers (their prompt pass, the method's own prefill,
+    the move into the slots: `Server.admit_s`), per method and group size, on `eng` and on the HF prompt pass."""
+    rows = []
+    dev = tgt.device
+    for prefill in dict.fromkeys([eng.prefill, "hf"]):
+        e = eng.with_(prefill=prefill, admit=1)
+        for name, m in methods.items():
+            for g in groups:  # g slots: requests of one length finish together, g newcomers join at once
+                srv = Server(tgt, m, g, capacity_for(prompts, tokens, m.k), 0.0, tokens, engine=e)
+                srv.run(prompts[:g])  # start-up: graphs captured
+                srv.run(prompts[g: 2 * g])  # the first admitted group: its prompt pass compiled
+                srv.admit_s, srv.groups = 0.0, 0
+                _, wall = timed(dev, srv.run, prompts[: 4 * g])
+                rows.append({"setup": setup, "method": name, "prefill": prefill, "group": g, "groups": srv.groups,
+                             "ms_per_group": 1e3 * srv.admit_s / max(srv.groups, 1), "wall_s": wall})
+                print(f"[bench] {setup} admission {name} ({prefill} prompt pass), groups of {g}: "
+                      f"{rows[-1]['ms_per_group']:.2f} ms per group ({srv.groups} groups)")
+    return rows
+
+
+def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], list, list]:
     """Timing only: the profile's embedded target shape (its `engine.dtype` unless `--dtype`), MTP head and drafters
     of the drafter baseline and the main method, random weights: stage times of AR and both methods at batch
     `--batch` on the profile's engine (`Profile.engine`), on the compiled engine's defaults and on the HF layers; the
     round against AR and the draft side's share of verify; the batch-1 baselines; the data stage's
-    batch-`--regen-batch` regeneration. Setup "<profile>-shape"."""
-    p = get_profile(profile)
+    batch-`--regen-batch` regeneration; the host time of admitting newcomers. Setup "<profile>-shape"."""
+    profile = p.name
     spec, d, setup = p.ablation, p.data, f"{profile}-shape"
     dflash, dmtp = spec.drafter_baseline, spec.main_method
     dtype = torch_dtype(a.dtype or p.engine.dtype)
@@ -625,6 +648,9 @@ def mini_shape(a, dev, profile: str, save=lambda *parts: None) -> tuple[list, li
     ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
                               f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
     save(rows, ratios)
+    adm = admission(tgt, {n: build_method(n, tgt, drafter=drafters.get(n), mtp=mtp) for n in ("ar", dmtp)},
+                    prompts, 16, setup, own)
+    save(rows, ratios, admission=adm)
     if a.kernel_profile:  # where the profile engine's round goes, before anything else is compiled
         for name in (dmtp, "ar"):
             m = build_method(name, tgt, drafter=drafters.get(name), mtp=mtp)
@@ -854,6 +880,9 @@ def main(argv=None):
     p.add_argument("--profile", help="whose ablation spec names the runs (default: the folder above --target, else "
                    "mini); also the ratio records' setup")
     p.add_argument("--methods", type=names, help="runs to time, comma-separated (default: the spec's ablation.bench)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a profile field for this run (repeatable, as `dmtp pipeline --set`), e.g. engine.attention=flex "
+                        "or model.arch.num_hidden_layers=24 with --mini-shape")
     p.add_argument("--out", required=True)
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"any of {','.join(PARTS)}; `ratios` alone recomputes ratios.json from the CSVs")
@@ -902,7 +931,7 @@ def main(argv=None):
 def run(p, a):
     above = Path(a.target).parent.name if a.target else ""  # work/<profile>/target
     profile = a.profile or (above if above in PROFILES else "mini")
-    prof = get_profile(profile)
+    prof = override(get_profile(profile), a.set)
     spec = prof.ablation
     out = out_dir(a.out)
     path = out / "ratios.json"
@@ -914,8 +943,10 @@ def run(p, a):
     if a.paper_shape or a.mini_shape:
         dev = "cuda" if torch.cuda.is_available() else "cpu"
 
-        def save_shape(rows, new, base=(), regen=(), kernels=()):  # after each part
+        def save_shape(rows, new, base=(), regen=(), kernels=(), admission=()):  # after each part
             merge_overhead(out / "overhead.csv", rows)
+            if admission:
+                merge_rows(out / "admission.csv", admission)
             if base:
                 merge_rows(out / "baselines.csv", base)
             if regen:
@@ -928,7 +959,7 @@ def run(p, a):
         if a.paper_shape:
             paper_shape(a, dev, spec, save_shape)
         else:
-            mini_shape(a, dev, profile, save_shape)
+            mini_shape(a, dev, prof, save_shape)
         return
     if a.parts == "ratios":
         save(throughput_ratios(pd.read_csv(out / "throughput.csv"), spec, profile))
