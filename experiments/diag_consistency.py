@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -83,7 +82,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--engines", default=None, help="decode engines to compare (default: hf,flex on CPU; hf,compiled,"
-                    "compiled+fast on CUDA, where compiled+fast is the compiled engine with DMTP_FAST_DRAFTER=1)")
+                    "compiled+fast on CUDA: `compiled` keeps the drafter on the HF drafter path, `+fast` is the "
+                    "compiled drafter), each on the profile's other engine settings")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     a.set, a.force = [], False
@@ -97,16 +97,15 @@ def main():
     engines = (a.engines or ("hf,compiled,compiled+fast" if cuda else "hf,flex")).split(",")
     bad = [e for e in engines if e.removesuffix("+fast") not in ENGINES]
     if bad:
-        raise SystemExit(f"unknown engine(s) {bad}; known: {', '.join(ENGINES)} (+fast: DMTP_FAST_DRAFTER=1)")
+        raise SystemExit(f"unknown engine(s) {bad}; known: {', '.join(ENGINES)} (+fast: the compiled drafter)")
     for run in a.runs.split(","):
         res = {}
         traj = None
         for eng in engines:
-            os.environ["DMTP_ENGINE"] = eng.removesuffix("+fast")
-            os.environ["DMTP_FAST_DRAFTER"] = "1" if eng.endswith("+fast") else "0"
-            m = load_method(run, tgt, mtp, drafters_dir(c, a.seed))  # per engine: the switch is read at build time
+            cfg = c.eng.with_(engine=eng.removesuffix("+fast"), drafter="compiled" if eng.endswith("+fast") else "hf")
+            m = load_method(run, tgt, mtp, drafters_dir(c, a.seed))
             try:
-                recs = run_generate(tgt, m, rows, 0.0, a.new_tokens, [], len(rows), desc=f"{run} {eng}")
+                recs = run_generate(tgt, m, rows, 0.0, a.new_tokens, [], len(rows), desc=f"{run} {eng}", engine=cfg)
             except Exception as e:  # noqa: BLE001 - one engine failing must not hide the others' numbers
                 res[eng] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
                 print(f"{run:<24} {eng:<13} FAILED {res[eng]['error']}", flush=True)
@@ -122,8 +121,6 @@ def main():
                                                                for x, y in zip(recs, traj))
             print(f"{run:<24} {eng:<13} first-token {first:.3f}  per-verify {tau:.3f}  ({len(acc)} rounds)",
                   flush=True)
-        os.environ.pop("DMTP_ENGINE", None)
-        os.environ.pop("DMTP_FAST_DRAFTER", None)
         if traj is None:  # every engine failed: nothing to compare against
             report[run] = res
             continue

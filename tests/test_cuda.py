@@ -234,10 +234,14 @@ def test_verify_modes_keep_the_target_law_on_gpu(name):
             assert pv > 1e-4, (name, verify, pos, pv)
 
 
-@pytest.mark.parametrize("engine", ["compiled", "hf"])
+MINI_ENGINE = EngineConfig(attention="dense", prefill="compiled", admit=2, dtype="bf16")  # `mini`'s settings
+
+
+@pytest.mark.parametrize("engine", ["compiled", "hf", MINI_ENGINE], ids=["compiled", "hf", "mini"])
 def test_bf16_divergences_are_top2_ties(engine):
     """bf16: every method's output equals the engine's own bf16 AR, or first differs where the target's two best
-    logits (an uncached pass over the shared prefix) are within bf16 rounding of each other."""
+    logits (an uncached pass over the shared prefix) are within bf16 rounding of each other (`lossless.TIE`); `mini`'s
+    engine (dense kernel, K/V written in the graphs, compiled prompt pass) too."""
     from dmtp.analysis.lossless import first_divergence
 
     tgt, mtp = tiny.build("qwen3", seed=0, dtype=torch.bfloat16)

@@ -1,7 +1,7 @@
 """The losslessness check: divergence positions and the target's top-2 gap where outputs first differ."""
 import torch
 
-from dmtp.analysis.lossless import compare, first_divergence, top2_gap
+from dmtp.analysis.lossless import TIE, add_top2_gaps, compare, first_divergence, top2_gap
 from dmtp.models import tiny
 
 
@@ -21,5 +21,16 @@ def test_top2_gap_is_the_targets_own_margin():
     with torch.no_grad():
         logits = tgt.model(torch.tensor([seq])).logits[0, -1].float()
     top = logits.topk(2).values
-    assert abs(top2_gap(tgt, seq) - float(top[0] - top[1])) < 1e-4
-    assert top2_gap(tgt, seq) >= 0
+    gap, top1 = top2_gap(tgt, seq)
+    assert abs(gap - float(top[0] - top[1])) < 1e-4 and gap >= 0 and abs(top1 - float(top[0])) < 1e-4
+
+
+def test_a_flip_is_a_tie_only_in_reduced_precision_and_within_its_rounding():
+    """`tie`: the top-2 gap at the flip within TIE x |top-1| of a bf16 target; an fp32 flip is never a tie."""
+    tgt, _ = tiny.build("qwen3", seed=0)
+    flips = [{"id": "a", "dataset": "d", "position": 2}]
+    add_top2_gaps(tgt, flips, {"a": [5, 7]}, {"d": {"a": [9, 11, 3]}})
+    assert flips[0]["tie"] is False and flips[0]["top2_gap"] >= 0
+    tgt.model.to(torch.bfloat16)
+    add_top2_gaps(tgt, flips, {"a": [5, 7]}, {"d": {"a": [9, 11, 3]}})
+    assert flips[0]["tie"] == (flips[0]["top2_gap"] <= TIE * max(1.0, abs(flips[0]["top1_logit"])))

@@ -41,17 +41,25 @@ def compare_runs(ref: dict[str, list[int]], runs: dict[str, list[dict]], dataset
     return rows, flips
 
 
+TIE = 2 ** -5  # a flip is a measured top-2 tie when top-1 - top-2 <= TIE * max(1, |top-1|): the rounding of a bf16
+# forward (8 mantissa bits: 2^-8 relative per value, summed over a layer's reductions) moves logits by that much when
+# the batch shape changes how a kernel accumulates; an fp32 forward must show no flip at all
+
+
 def add_top2_gaps(target, flips: list[dict], prompt_ids: dict[str, list[int]], refs: dict[str, dict]) -> None:
-    """Set each flip's `top2_gap` at its position (prompt + the shared `ar` prefix), where its prompt is known.
-    refs: dataset -> (id -> ar output ids)."""
+    """Set each flip's `top2_gap` at its position (prompt + the shared `ar` prefix), where its prompt is known, and
+    `tie`: whether the gap is within the rounding of the target's precision (`TIE`). refs: dataset -> (id -> ar
+    output ids)."""
     for f in flips:
         if f["id"] in prompt_ids:
             ref = refs[f["dataset"]][f["id"]]
-            f["top2_gap"] = top2_gap(target, prompt_ids[f["id"]] + ref[: f["position"]])
+            gap, top = top2_gap(target, prompt_ids[f["id"]] + ref[: f["position"]])
+            f["top2_gap"], f["top1_logit"] = gap, top
+            f["tie"] = target.dtype != torch.float32 and gap <= TIE * max(1.0, abs(top))
 
 
 @torch.no_grad()
-def top2_gap(target, seq: list[int]) -> float:
-    """The target's top-1 minus top-2 logit after `seq` (prompt + the shared output prefix)."""
+def top2_gap(target, seq: list[int]) -> tuple[float, float]:
+    """The target's top-1 minus top-2 logit after `seq` (prompt + the shared output prefix), and the top-1 logit."""
     top = target.features(torch.tensor([seq], device=target.device)).logits[0, -1].topk(2).values
-    return float(top[0] - top[1])
+    return float(top[0] - top[1]), float(top[0])

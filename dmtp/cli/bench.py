@@ -648,24 +648,28 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
     ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
                               f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
     save(rows, ratios)
-    adm = admission(tgt, {n: build_method(n, tgt, drafter=drafters.get(n), mtp=mtp) for n in ("ar", dmtp)},
-                    prompts, 16, setup, own)
-    save(rows, ratios, admission=adm)
+    parts = set(a.shape_parts)
+    if "admission" in parts:
+        adm = admission(tgt, {n: build_method(n, tgt, drafter=drafters.get(n), mtp=mtp) for n in ("ar", dmtp)},
+                        prompts, 16, setup, own)
+        save(rows, ratios, admission=adm)
     if a.kernel_profile:  # where the profile engine's round goes, before anything else is compiled
         for name in (dmtp, "ar"):
             m = build_method(name, tgt, drafter=drafters.get(name), mtp=mtp)
             kernel_profile(tgt, m, prompts[: a.batch], a.tokens, Path(a.out) / f"profile_{setup}_{name}.txt",
                            engine=own)
-    b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, engines=b1_engines(a, own),
-                                   repeats=a.repeats)
-    ratios += b1
-    save(rows, ratios, b1_rows)
+    b1_rows = []
+    if "baselines" in parts:
+        b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, engines=b1_engines(a, own),
+                                       repeats=a.repeats)
+        ratios += b1
+        save(rows, ratios, b1_rows)
     if a.kernel_sweep:
         k_rows, k_ratios = kernel_sweep(tgt, a.kernel_sweep, a.tokens, setup, low=2)
         ratios += k_ratios
         save(rows, ratios, b1_rows, kernels=k_rows)
     regen = []
-    if a.regen_batch:
+    if a.regen_batch and "regen" in parts:
         reqs = prompts[: a.regen_batch]
         row = regeneration(tgt, reqs, d.temperature, d.new_tokens, setup, engine=own, label=label_of(own))
         regen.append(row)
@@ -890,6 +894,8 @@ def main(argv=None):
     p.add_argument("--mini-shape", action="store_true",
                    help="only the random-weight timing run at the profile's (default mini) target shape: stage times, "
                         "batch-1 baselines, regeneration")
+    p.add_argument("--shape-parts", type=listed(str), default=["admission", "baselines", "regen"],
+                   help="--mini-shape: beside the stage times, any of admission,baselines,regen (default: all)")
     p.add_argument("--regen-batch", type=at_least(0), default=2048,
                    help="--mini-shape and part `regen`: prompts decoded at once as the data stage does (0: skip)")
     p.add_argument("--kernel-profile", action="store_true",

@@ -490,8 +490,11 @@ def lossless_check(c: Ctx):
                 add_top2_gaps(tgt, mine, prompts, {ds: v for (ds, md), v in refs.items() if md == mode})
         write_text(c.res / "tables" / "lossless_divergences.csv", pd.DataFrame(flips).to_csv(index=False))
     bad = [r for r in rows if r["identical"] != r["n"]]
+    untied = [f for f in flips if not f.get("tie")]
     c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset x mode runs identical to ar"
-          + (f"; divergent: {bad}" if bad else ""))
+          + (f"; {len(flips)} requests diverge, {len(flips) - len(untied)} of them at a measured top-2 tie"
+             + (f"; NOT at a tie: {[(f['method'], f['id'], f.get('top2_gap')) for f in untied]}" if untied else "")
+             if flips else ""))
     return rows
 
 

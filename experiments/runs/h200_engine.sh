@@ -3,6 +3,10 @@
 # figure of the engine table lands in results/mini/bench (ratios.json beside each goal, overhead.csv, baselines.csv,
 # regen.csv, profile_*.txt), written after each part so a step cut short keeps what it measured:
 #   smoke    a tiny target decodes on the compiled engine as HF's greedy does (else stop: nothing is worth timing)
+#   pipe     the `smoke` profile's pipeline end to end on the GPU with `mini`'s engine settings (bf16, dense kernel,
+#            compiled prompt pass, grouped admission), then bench's overhead and throughput parts on its models:
+#            every GPU path of a `mini` run (compiled pretraining with the fused loss, all drafters in one compiled
+#            region, regeneration, evaluation, the server) in a minute or two, before a long run spends its time
 #   paper    bench --paper-shape: Qwen3-8B shape, random weights: DMTP / DFlash rounds (exact and screened T1 head),
 #            batch-1 engine vs HF's static-cache compiled generate and vs the same loop on the HF layers, verify of
 #            8x8 rows vs an AR step, AR vs the HBM bound, kernel tables; with both attention kernels (flex, dense)
@@ -23,7 +27,7 @@ set -uo pipefail
 PY=python3; RES=${RES:-results/mini/bench}; W=work/mini; BUDGET=${BUDGET:-570}
 STEPS=",${STEPS:-smoke,paper,mini,train,trained,tests},"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-[ -z "${DMTP_GIT_SHA:-}" ] && [ -f .whl/REVISION ] && export DMTP_GIT_SHA=$(cat .whl/REVISION)  # make device-prep
+[ -f .whl/REVISION ] && [ ! -f REVISION ] && cp .whl/REVISION REVISION  # the commit (make device-prep): meta files
 mkdir -p "$RES"
 START=$(date +%s)
 t() { echo "[run] $(date +%T) +$(( $(date +%s) - START ))s $*"; }
@@ -58,16 +62,29 @@ for arch in ("qwen3_5", "qwen3"):  # the compiled Qwen3 target once diverged whe
 PYEOF
 }
 
+pipe() {
+  local w=/tmp/pipe_w r=/tmp/pipe_r e=(--set engine.dtype=bf16 --set engine.attention=dense
+                                       --set engine.prefill=compiled --set engine.admit=2)
+  rm -rf $w $r
+  timeout ${PIPE_S:-300} $PY -m dmtp.cli pipeline --profile smoke --work $w --results $r "${e[@]}" 2>&1 \
+    | grep -a "\[smoke\]\|rror" | tail -30 || return 1
+  timeout 200 $PY -m dmtp.cli.bench --profile smoke "${e[@]}" --target $w/smoke/target --drafters $w/smoke/drafters \
+    --out $RES/pipe --parts overhead,throughput --methods ar,mtp,dflash,zero_init_residual --caps 1,4 --prompts 8 \
+    --small-cap-prompts 4 --repeats 2 --max-new-tokens 24 --tokens 32 2>&1 | grep -a "\[bench\]\|rror" | tail -30
+}
+
 main() {
   if on smoke; then t "smoke"; smoke || { t "smoke FAILED: stopping"; return 1; }; fi
+  if on pipe; then t "pipe (the smoke pipeline on the GPU, mini's engine)"; pipe || t "pipe FAILED"; fi
   if on paper; then
     keep=60; on mini && keep=240
     t "bench --paper-shape"; timeout $(( $(left) - keep )) $BENCH --paper-shape $SW_P 2>&1 | grep -v -i "warn"
   fi
-  if on mini; then t "bench --mini-shape"; timeout $(( $(left) - 60 )) $BENCH --mini-shape $SW_M 2>&1 | grep -v -i "warn"; fi
+  if on mini; then t "bench --mini-shape"; timeout $(( $(left) - ${KEEP_MINI:-60} )) $BENCH --mini-shape $SW_M \
+    ${SHAPE_PARTS:+--shape-parts $SHAPE_PARTS} 2>&1 | grep -v -i "warn"; fi
   if on train && [ "$(left)" -gt 200 ]; then
     t "bench_train"; timeout $(( $(left) - 30 )) $PY -m dmtp.cli.bench_train --profile mini --out "$RES" \
-      --kernel-profile 5 2>&1 | grep -a "bench-train\|Error"
+      --kernel-profile 5 ${TRAIN_ARGS:-} 2>&1 | grep -a "bench-train\|Error"
   fi
   if [ -n "${TARGET:-}" ] && [ ! -e $W/target/DONE ]; then mkdir -p $W && cp -r "$TARGET" $W/target; fi
   if on trained && [ -e $W/target/config.json ] && [ -d $W/drafters ] && [ "$(left)" -gt 60 ]; then

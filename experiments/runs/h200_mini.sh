@@ -3,10 +3,10 @@
 # so one 30-minute allotment is used by a start command and short `watch` commands issued back to back (a held
 # machine is given back after ~30 s without a command, and everything under $HOME with it):
 #
-#   bash experiments/runs/h200_mini.sh all [SET...]    # (GPU checks of the compiled drafter meanwhile: pre.txt)
-#                                                      # corpus, tokenizer, target, data, drafters (two processes
+#   bash experiments/runs/h200_mini.sh all [SET...]    # corpus, tokenizer, target, data, drafters (two processes
 #                                                      # share the GPU: first seed | the others), eval + curve (same
-#                                                      # split), tables, then the extras (EXTRAS, default: diag,verify)
+#                                                      # split), tables, then the extras (EXTRAS, default: bench,shape)
+#                                                      # one realization: SET realization=k (the profile's: mini r1)
 #   bash experiments/runs/h200_mini.sh study [SET...]  # the verification-mode study alone: corpus .. data, the
 #                                                      # study's drafters (seed 0), then --stage verify one
 #                                                      # temperature at a time (VERIFY_TEMPS, default 0.6 1.0),
@@ -17,33 +17,41 @@
 #   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
 #   bash experiments/runs/h200_mini.sh pack            # results/mini + logs -> $OUT/mini.tgz (any time: what exists)
 #
-# Extras, after the tables: `diag` = experiments/diag_consistency.py (teacher-forced vs decoded acceptance, every
-# engine), `verify` = the verification-mode study (--stage verify), `bench` = dmtp.cli.bench on the trained models.
+# Extras, after the tables: `bench` = dmtp.cli.bench on the trained models (stage times at batch 1, 8, 32; end-to-end
+# throughput of ar, mtp, dflash, fusion, zero_init_residual at B1 and B32, T = 0 and 1, 3 interleaved repeats),
+# `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
+# profiles, batch-1 baselines, regeneration, admission), `diag` = experiments/diag_consistency.py (teacher-forced vs
+# decoded acceptance, every engine), `verify` = the verification-mode study (--stage verify).
 # Work and results live under $HOME/dmtp; the chain runs from a copy of the tree taken when it starts. SET: extra
 # `--set` assignments (e.g. train.steps=2000), passed to every stage. PROFILE (default mini): another profile, e.g.
 # `PROFILE=smoke HOME=/tmp/rehearsal bash experiments/runs/h200_mini.sh study` on a CPU, rehearses a chain in minutes.
 source "$(dirname "$0")/mini_common.sh"  # H W R L, sets, P, snap, bg, stamp
 
 extras() {
-  local s=""
-  [[ ",${EXTRAS:-diag,verify}," == *",diag,"* ]] && s+="stamp diag; (cd $H/src && timeout 240 python3 -m \
-      experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs dflash,zero_init_residual,dflash2 \
-      --prompts 64 --out $R/$PROFILE/diag/consistency.json) > $L/diag.txt 2>&1; "
-  [[ ",${EXTRAS:-diag,verify}," == *",verify,"* ]] && s+="stamp verify; P --stage verify > $L/verify.txt 2>&1; "
-  [[ ",${EXTRAS:-diag,verify}," == *",bench,"* ]] && s+="stamp bench; (cd $H/src && timeout 500 python3 -m \
-      dmtp.cli.bench --target $W/$PROFILE/target --drafters $W/$PROFILE/drafters --out $R/$PROFILE/bench) > $L/bench.txt 2>&1; "
+  local s="" e=",${EXTRAS:-bench,shape}," F='$(folder)' B="cd $H/src && timeout ${BENCH_S:-420} python3 -m dmtp.cli.bench"
+  [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
+      $W/$F/drafters --out $R/$F/bench --parts overhead,throughput --methods ${BENCH_METHODS:-ar,mtp,dflash,fusion,\
+zero_init_residual} --caps 1,32 --temperatures 0,1 --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts \
+      ${SMALL:-24} --tokens 128) > $L/bench.txt 2>&1; "
+  [[ $e == *",shape,"* ]] && s+="stamp shape; ($B --mini-shape --profile $PROFILE $(sets) --out $R/$F/bench \
+      --tokens 128 --repeats ${REPEATS:-3} --kernel-profile) > $L/shape.txt 2>&1; "
+  [[ $e == *",diag,"* ]] && s+="stamp diag; (cd $H/src && timeout 240 python3 -m \
+      experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs dflash,zero_init_residual \
+      --prompts 64 --out $R/$F/diag/consistency.json) > $L/diag.txt 2>&1; "
+  [[ $e == *",verify,"* ]] && s+="stamp verify; P --stage verify > $L/verify.txt 2>&1; "
   echo "$s"
 }
 
-# the set-up of a chain: wheels, HumanEval checked, the --set assignments remembered, a snapshot of the tree, and
-# while corpus and tokenizer keep the CPU busy, the GPU checks of the compiled drafter (no trained model needed)
+# the set-up of a chain: wheels, HumanEval checked, the --set assignments remembered, a snapshot of the tree; PRE (a
+# pytest -k expression of tests/test_cuda.py, e.g. PRE=fast_drafter) runs those GPU tests while corpus and tokenizer
+# keep the CPU busy
 start() {
   wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   snap
-  bg pre "cd $H/src && timeout 120 python3 -m experiments.repro_fast_drafter > $L/pre.txt 2>&1; \
-      timeout 300 python3 -m pytest -q -p no:warnings tests/test_cuda.py -k 'fast_drafter or keeps_drafters' \
-      >> $L/pre.txt 2>&1"
+  [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout 240 python3 -m pytest -q -p no:warnings tests/test_cuda.py \
+      -k '$PRE' > $L/pre.txt 2>&1"
+  return 0
 }
 
 # STAGE for the profile's first drafter seed and for the others as two processes sharing the GPU (one process when
@@ -78,7 +86,7 @@ print(','.join(m for m in g('$PROFILE').verify.methods if m not in g('$PROFILE')
       > $L/d0.txt 2>&1 && { $v stamp report; (cd $H/src && python3 -m dmtp.cli.report verify --profile $PROFILE \
       --results $R) > $L/report.txt 2>&1; stamp diag; (cd $H/src && timeout 300 python3 -m \
       experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs $runs --prompts 64 \
-      --out $R/$PROFILE/diag/consistency.json) > $L/diag.txt 2>&1; }; stamp end" ;;
+      --out $R/$(folder)/diag/consistency.json) > $L/diag.txt 2>&1; }; stamp end" ;;
 engine)
   rm -rf $H/src_e; mkdir -p $H/src_e; cp -r dmtp experiments ablations tests pyproject.toml $H/src_e/
   ln -s $W $H/src_e/work
@@ -93,14 +101,14 @@ watch)
   grep -a "^\[run\]" $L/$job.log | tail -4
   for f in $L/all.log $L/engine.log $L/*.txt; do [ -f $f ] || continue
     echo "--- $(basename $f)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
-      "\[$PROFILE\]\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|verify " | tail -${4:-6}
+      "\[$PROFILE\]\|\[bench\]\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|verify " | tail -${4:-6}
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true ;;
 pack)
-  mkdir -p $R/$PROFILE/logs; rm -f $R/$PROFILE/logs/*.tmp; cp $L/*.log $L/*.txt $R/$PROFILE/logs/ 2>/dev/null
+  F=$(folder); mkdir -p $R/$F/logs; rm -f $R/$F/logs/*.tmp; cp $L/*.log $L/*.txt $R/$F/logs/ 2>/dev/null
   # progress-bar lines dropped (a file of nothing else ends empty: grep's status 1 must not leave the .tmp behind)
-  for f in $R/$PROFILE/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp
+  for f in $R/$F/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp
     mv $f.tmp $f; done
   tar czf $OUT/$PROFILE.tgz -C $R $PROFILE; ls -la $OUT ;;
 *) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 2 ;;
