@@ -81,8 +81,12 @@ def P(w, *extra):
 
 CASES = [  # (name, argv builder, what the error line must say)
     # dmtp generate: numbers
-    ("temperature nan", lambda w: G(w, "--temperature", "nan"), "argument --temperature: expected a finite number"),
-    ("temperature -1", lambda w: G(w, "--temperature", "-1"), "argument --temperature: expected a finite number >= 0"),
+    ("temperature nan", lambda w: G(w, "--temperature", "nan"), "argument --temperature: expected 0 (greedy) or a "
+     "finite number >= 0.0001 (the sampling floor), got nan"),
+    ("temperature -1", lambda w: G(w, "--temperature", "-1"), "argument --temperature: expected 0 (greedy) or"),
+    ("temperature denormal", lambda w: G(w, "--temperature", "1e-320"), "expected 0 (greedy) or a finite number >= "
+     "0.0001 (the sampling floor), got 1e-320"),
+    ("temperature below the floor", lambda w: G(w, "--temperature", "5e-5"), "the sampling floor), got 5e-5"),
     ("temperature inf", lambda w: G(w, "--temperature", "inf"), "argument --temperature"),
     ("max-new-tokens 0", lambda w: G(w, "--max-new-tokens", "0"), "--max-new-tokens: expected an integer >= 1"),
     ("max-new-tokens -5", lambda w: G(w, "--max-new-tokens", "-5"), "argument --max-new-tokens"),
@@ -156,8 +160,10 @@ CASES = [  # (name, argv builder, what the error line must say)
     # dmtp pipeline: profile fields and stages
     ("set tokens -100", lambda w: P(w, "--set", "pretrain.tokens=-100"), "--set pretrain.tokens=-100: expected an "
      "integer >= 1"),
-    ("set temperature nan", lambda w: P(w, "--set", "data.temperature=nan"), "--set data.temperature=nan: expected a"
-     " finite number >= 0"),
+    ("set temperature nan", lambda w: P(w, "--set", "data.temperature=nan"), "--set data.temperature=nan: expected 0 "
+     "(greedy) or a finite number >= 0.0001"),
+    ("set temperature denormal", lambda w: P(w, "--set", "eval.temperatures=[0, 1e-320]"), "--set "
+     "eval.temperatures=[0, 1e-320]: expected a non-empty list, each item 0 (greedy) or a finite number >= 0.0001"),
     ("set max_len 2", lambda w: P(w, "--set", "train.max_len=2"), "--set train.max_len=2: expected an integer >= 4"),
     ("set tokens below a step", lambda w: P(w, "--set", "pretrain.tokens=100"), "expected at least one step's worth"),
     ("set eval gsm8k", lambda w: P(w, "--set", "eval.subsets={}", "--set", 'eval.sets={"gsm8k": 2}'),
