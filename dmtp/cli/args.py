@@ -1,6 +1,6 @@
 """Command-line inputs checked before any work, and one error line instead of a traceback for a user error.
 
-    p.add_argument("--temperature", type=temperature, default=0.0)  # nan, inf, -1, 1e-320 -> "argument --temperature: ..."
+    p.add_argument("--temperature", type=temperature, default=0.0)  # nan, -1, 1e-320 -> "argument --temperature: ..."
     p.add_argument("--batch-size", type=at_least(1), default=16)
     guard("dmtp generate", cmd_generate, a)    # ValueError / KeyError / OSError -> "dmtp generate: error: ...", exit 2
 

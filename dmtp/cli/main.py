@@ -229,7 +229,8 @@ def generate_into(a, out: Path):
         drafter_modified=_modified(a.drafter) if a.drafter else None, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, mtp_steps=a.mtp_steps if a.method == "mtp" else None,
         batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset, mode=a.mode, stop=stops,
-        prompts_sha256=prompts_digest(prompts), **({"verify": a.verify} if a.verify != "target" else {})))  # (target: outputs of earlier versions resume)
+        prompts_sha256=prompts_digest(prompts),
+        **({"verify": a.verify} if a.verify != "target" else {})))  # (target: outputs of earlier versions resume)
     done = resume_records(out, meta, want, a.force)
     config = {k: v for k, v in vars(a).items() if k != "fn"}
     mtbench = dataset == "mtbench"  # two turns, the second on the model's own first answer
@@ -285,7 +286,8 @@ def cmd_train(a):
     if prof is not None and prof.scale.target_config:  # a paper-scale recipe is made for its own target
         made_for = {k: prof.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
         require(made_for == widths(cfg_t), f"--profile {a.profile} is made for a target of {made_for} (its config); "
-                f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without --profile")
+                f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without "
+                "--profile")
     init = {}
     for item in (a.init_from.split(",") if a.init_from else []):
         v, eq, path = item.partition("=")

@@ -352,7 +352,6 @@ def record_experiment(c: Ctx, section: str | None = None):
 
 
 def st_eval(c: Ctx):
-    record_experiment(c)  # the runs' experiment: the report takes its rows from it
     ev = c.p.eval
     cache, todo = {}, []
     for (ds, n, temp, mode, m, seed), u in zip(eval_plan(c.p), units(c, "eval")):
@@ -366,6 +365,7 @@ def st_eval(c: Ctx):
         tgt, mtp = c.target()
         tok = c.tok
         hp = humaneval_prompts()
+    record_experiment(c)  # the runs' experiment: the report takes its rows from it
     failed = []
     for ds, n, temp, mode, m, seed, u in todo:
         path = u.outputs[0]
@@ -536,13 +536,13 @@ def st_verify(c: Ctx):
     temperature group not already made with the same settings after the model it measures, in the study's evaluation
     mode `verify.eval_mode` (natural: end-of-text or the eval stage's stop strings `eval.stops`; fixed: exactly
     `verify.max_new_tokens`)."""
-    record_experiment(c, section="verify")  # the report orders the study's rows by it
     v, out = c.p.verify, c.res / "verify"
     plan = list(zip(verify_study.groups(v), units(c, "verify")))
     todo = [g for g, u in plan if not (c.check(u) and fresh(u.outputs[0], _model_done(c, g[0])))]
     if not todo and (out / "throughput.csv").exists() and (out / "oracle.csv").exists():
         return
     c.need("drafters", {(m, c.p.ablation.seeds[0]) for m, _, _ in todo})
+    record_experiment(c, section="verify")  # the report orders the study's rows by it
     tgt, mtp = c.target()
     tok = c.tok
     want = {g: u.want for g, u in plan}

@@ -78,8 +78,9 @@ class Target(nn.Module):
         what, verbosity = f"target checkpoint {path}", hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # its load report: the mismatches are named below instead
         try:
-            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
-                                                               output_loading_info=True, ignore_mismatched_sizes=True)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,
+                ignore_mismatched_sizes=True)
         except Exception as e:  # a broken config.json or weights file (OSError, SafetensorError, ...)
             raise ValueError(f"{what} cannot be loaded: {str(e).splitlines()[0][:300]}") from None
         finally:

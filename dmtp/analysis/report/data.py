@@ -17,7 +17,6 @@ interval over seeds and requests (dmtp.analysis.stats); comparisons are paired b
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,7 +281,7 @@ def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> A
     runs = read_runs(root)
     bench = {n: (pd.read_csv(p) if (p := root / "bench" / f"{n}.csv").exists() else None)
              for n in ("throughput", "overhead")}
-    if runs.empty and all(v is None for v in bench.values()):
+    if not (root / "runs").is_dir() and all(v is None for v in bench.values()):
         raise FileNotFoundError(f"{root} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
                                 f"bench/*.csv): check the profile {profile!r} and the results folder {results}, or "
                                 f"make them (make ablation-code PROFILE={profile})")
