@@ -20,7 +20,7 @@ import torch
 from dmtp.ablation import AblationSpec
 from dmtp.checks import at_least, check, each, number, one_of, require, sampling_temperature, temperature
 from dmtp.engine.verify import MODES as VERIFY_MODES
-from dmtp.io import write_text
+from dmtp.io import read_json, write_text
 from dmtp.models.drafter import BACKBONES, default_target_layer_ids
 from dmtp.models.variants import get_variant
 from dmtp.schema import from_dict
@@ -203,7 +203,7 @@ def write_experiment(path: str | Path, p: Profile) -> Path:
 
 
 def read_experiment(path: str | Path) -> Profile:
-    return from_dict(Profile, json.loads(Path(path).read_text()), "experiment")
+    return from_dict(Profile, read_json(path), "experiment")
 
 
 # --- derived settings -------------------------------------------------------------------------------------------

@@ -127,10 +127,10 @@ def st_tokenizer(c: Ctx):
         shutil.rmtree(out)
         shutil.rmtree(c.work / "tokens", ignore_errors=True)
         stage_record(u)
-    c.need("corpus")
-    # reuses a complete tokenizer; one cut between its two files by a kill is trained again
-    train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.data.vocab_size,
-                    max_bytes=c.p.data.tokenizer_bytes)
+    if not (out / "tokenizer_config.json").exists():  # written last: a kill between the two files trains it again
+        c.need("corpus")
+        train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.data.vocab_size,
+                        max_bytes=c.p.data.tokenizer_bytes)
     tok = load_tokenizer(out)
     for split in ("train", "heldout"):
         npy = c.work / "tokens" / f"{split}.npy"
