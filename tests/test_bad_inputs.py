@@ -71,7 +71,8 @@ def w(tmp_path_factory):
     _edit(root / "target", root / "t_overflow", tensors=_set("model.norm.weight", 3e38))  # finite, logits are not
     _edit(root / "target", root / "t_tokjson", files={"tokenizer.json": b'{"version": "1.0", "trunc'})
     _edit(root / "zir", root / "d_noinj", tensors=lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("injection")])
-    _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update({"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
+    _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update(
+        {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
     _edit(root / "zir", root / "d_nan", tensors=_set("norm.weight", float("inf")))
     (root / "not_utf8.jsonl").write_bytes(b'{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "\xff"}\n')
     (root / "data_not_utf8.jsonl").write_bytes(b'{"ids": [3, 4, 5, 6, 7]}\n\n{"ids": [3], "x": "\xfe"}\n')
@@ -383,3 +384,11 @@ def test_gpu_timing_refused_without_cuda(tmp_path, capsys):
     line = _fails(["--paper-shape", "--out", str(tmp_path / "b")], capsys, bench.main)
     assert "--paper-shape times the engine on a GPU, and torch" in line and "sees no CUDA device here" in line
     assert not list((tmp_path / "b").glob("*.csv"))
+
+
+def test_notebooks_on_missing_artifacts(tmp_path):
+    """The notebooks' loader on a profile with no artifacts: a message naming the folder, not a KeyError later."""
+    from dmtp.analysis.report import load
+
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'typo'} holds no artifacts"):
+        load("typo", tmp_path)

@@ -288,7 +288,7 @@ def st_drafters(c: Ctx):
     for seed in spec.seeds:
         d = drafters_dir(c, seed)
         if d.exists():
-            hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): json.loads((n / "history.json").read_text())
+            hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): read_json(n / "history.json")
                          for n in sorted(d.iterdir()) if (n / "history.json").exists()})
     write_json(c.res / "drafters" / "train_history.json", hist)
 
@@ -458,9 +458,9 @@ def st_curve(c: Ctx):
         method = build_method(d.config.variant, tgt, drafter=d, mtp=mtp)
         method.name = m
         if k < c.p.train.steps:
-            tokens = json.loads((src / "snapshot.json").read_text())["train_tokens"]
+            tokens = read_json(src / "snapshot.json")["train_tokens"]
         else:
-            tokens = json.loads((src / "history.json").read_text())[-1].get("tokens")
+            tokens = read_json(src / "history.json")[-1].get("tokens")
             require(tokens is not None, f"{src}/history.json has no training-token count (trained before it was "
                     "recorded): retrain with --force")
         t0 = time.time()
@@ -487,7 +487,7 @@ def write_subsets(c: Ctx):
                     continue
                 recs = [dict(r, dataset=name) for r in read_jsonl(f)[:n]]
                 write_jsonl(out, recs)
-                meta = json.loads(f.with_suffix(".meta.json").read_text())
+                meta = read_json(f.with_suffix(".meta.json"))
                 meta["derived_from"] = {"file": f.name, "first": n}
                 write_json(out.with_suffix(".meta.json"), meta)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from dmtp.io import atomic_path
+from dmtp.io import atomic_path, read_json
 
 FILES = ("train.jsonl", "heldout.jsonl", "manifest.csv")
 _BANNED = ("human_eval", "humaneval")  # lowercase; matched against paths and document text
@@ -129,7 +129,7 @@ def _write(out_dir: Path, docs, heldout_frac: float, config: dict, extra: dict, 
 def _resume(out_dir: Path, config: dict) -> dict | None:
     if not (out_dir / "DONE").exists() or not all((out_dir / f).exists() for f in FILES):
         return None
-    done = json.loads((out_dir / "DONE").read_text())
+    done = read_json(out_dir / "DONE")
     if done.get("config") != config:
         raise ValueError(f"{out_dir} holds a corpus built with {done.get('config')}, not {config}; "
                          f"delete it or choose another out_dir")
@@ -231,7 +231,7 @@ def corpus_summary(out_dir: Path) -> dict:
     done_path = Path(out_dir) / "DONE"
     if not done_path.exists():
         return {}
-    done = json.loads(done_path.read_text())
+    done = read_json(done_path)
     keys = ("n_train", "n_heldout", "train_bytes", "heldout_bytes", "train_digest", "heldout_digest", "roots",
             "stdlib_only")
     return {k: done[k] for k in keys if k in done}

@@ -90,7 +90,7 @@ def tokenizer_version(path) -> int | None:
     suite tokenizer saved before versions were recorded (`<|endoftext|>`, `<|mask|>` at ids 0, 1); None for any
     other tokenizer (an HF checkpoint's own, e.g. Qwen's)."""
     path = Path(path)
-    cfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+    cfg = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
     if cfg.get("dmtp_pretokenizer") is not None:
         return int(cfg["dmtp_pretokenizer"])
     mask = cfg.get("mask_token")
