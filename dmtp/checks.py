@@ -51,6 +51,14 @@ positive = number(0, open_lo=True)
 non_negative = number(0)
 fraction = number(0, 1)
 
+# The smallest sampling temperature (0 is greedy). Below it fp32's softmax(logits / T) is one-hot for any top-two gap
+# over 0.01 (e^-100 is under fp32's smallest normal), so sampling is greedy in all but ties, and a T that is a
+# denormal or rounds to 0 in fp32 makes the division overflow (every draw then the same token, under T's label).
+MIN_TEMPERATURE = 1e-4
+sampling_temperature = number(MIN_TEMPERATURE)
+temperature = ((lambda v: v == 0 or sampling_temperature[0](v)),
+               f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g} (the sampling floor)")
+
 
 def one_of(*choices):
     return (lambda v: v in choices), "one of " + ", ".join(map(repr, choices))

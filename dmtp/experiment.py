@@ -12,16 +12,16 @@ profiles are functions deriving from a base in `experiments/profiles.py`; the Co
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from dmtp.ablation import AblationSpec
-from dmtp.checks import at_least, check, each, number, one_of, require
+from dmtp.checks import at_least, check, each, number, one_of, require, sampling_temperature, temperature
 from dmtp.config import EngineConfig
 from dmtp.engine.verify import MODES as VERIFY_MODES
-from dmtp.io import write_text
+from dmtp.io import read_json, write_text
 from dmtp.models.drafter import BACKBONES, default_target_layer_ids
 from dmtp.models.variants import get_variant
 from dmtp.schema import from_dict
@@ -53,7 +53,7 @@ class DataConfig:
 
     def __post_init__(self):  # vocab_size >= 258: the byte-level BPE holds the 256 bytes, <|endoftext|>, <|mask|>
         check(self, corpus_bytes=at_least(1), tokenizer_bytes=at_least(1), vocab_size=at_least(258),
-              prompts=at_least(1), prompt_tokens=at_least(1), new_tokens=at_least(1), temperature=number(0),
+              prompts=at_least(1), prompt_tokens=at_least(1), new_tokens=at_least(1), temperature=temperature,
               batch=at_least(1), prompts_per_doc=at_least(1))
 
 
@@ -108,7 +108,7 @@ class EvalConfig:
     mtp_steps: int = 4  # MTP415 baseline: 4 chained steps, 4 candidates
 
     def __post_init__(self):
-        check(self, temperatures=each(number(0)), new_tokens=at_least(1), batch=at_least(1), mtp_steps=at_least(1),
+        check(self, temperatures=each(temperature), new_tokens=at_least(1), batch=at_least(1), mtp_steps=at_least(1),
               modes=each(one_of(*EVAL_MODES)))
         require(all(isinstance(x, str) and x for x in self.stops),
                 f"eval.stops={list(self.stops)}: expected non-empty stop strings (or 'humaneval')")
@@ -138,7 +138,7 @@ class VerifyConfig:
 
     def __post_init__(self):
         check(self, methods=each((lambda v: isinstance(v, str) and v != "", "a run name")),
-              modes=each(one_of(*VERIFY_MODES)), temperatures=each(number(0, open_lo=True)), caps=each(at_least(1)),
+              modes=each(one_of(*VERIFY_MODES)), temperatures=each(sampling_temperature), caps=each(at_least(1)),
               prompts=at_least(1), small_cap_prompts=at_least(1), repeats=at_least(1), max_new_tokens=at_least(1),
               eval_mode=one_of(*EVAL_MODES), seed=at_least(0))
         for key in ("methods", "modes", "temperatures", "caps"):
@@ -210,13 +210,15 @@ def check_profile(p: Profile) -> None:
 
 # --- experiment.json --------------------------------------------------------------------------------------------
 def write_experiment(path: str | Path, p: Profile) -> Path:
-    """The resolved experiment (profile with every override applied) as JSON; the report reads it back."""
+    """The resolved experiment (profile with every override applied) as JSON; the report reads it back. The seeds one
+    invocation works on (`ablation.only_seeds`: work split between processes) are not part of it."""
+    p = replace(p, ablation=replace(p.ablation, only_seeds=()))
     write_text(path, json.dumps(asdict(p), indent=2) + "\n")
     return Path(path)
 
 
 def read_experiment(path: str | Path) -> Profile:
-    return from_dict(Profile, json.loads(Path(path).read_text()), "experiment")
+    return from_dict(Profile, read_json(path), "experiment")
 
 
 # --- derived settings -------------------------------------------------------------------------------------------

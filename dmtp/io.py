@@ -1,11 +1,15 @@
-"""Artifacts: atomic writes (temp file/dir + rename) and the meta.json that travels with every result."""
+"""Artifacts: atomic writes (temp file/dir + rename), one writer per output (`one_writer`), readers that name the file
+and line of a bad input, and the meta.json that travels with every result."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -61,11 +65,65 @@ def write_jsonl(path, rows):
     write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
+class Busy(ValueError):
+    """Another live process is writing the same output."""
+
+
+@contextlib.contextmanager
+def one_writer(path: str | Path):
+    """Hold the lock file `.<name>.lock` beside `path` while the block runs: a second writer of `path` is refused
+    (Busy) naming the holder's pid and host. The lock is an flock, which the kernel drops with its holder, so a lock
+    file left by a killed process is free again; a released lock file is removed."""
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "a process that has not named itself yet"
+            os.close(fd)
+            raise Busy(f"{path}: being written by {holder} (lock {lock}); wait for it to finish or stop it, or choose "
+                       "another output") from None
+        try:  # the file at the path may have been removed by the holder we waited on: lock the new one
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}".encode())
+    try:
+        yield
+    finally:
+        os.unlink(lock)
+        os.close(fd)
+
+
+def _text(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
+                         "line)") from None
+
+
+def read_json(path):
+    """A JSON file's content; a file that is not UTF-8 or not JSON is an error naming the file and the line."""
+    raw = Path(path).read_bytes()
+    try:
+        return json.loads(_text(raw, str(path)))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+
+
 def iter_jsonl(path):
-    """(line number, object) for every non-blank line of a JSONL file; a line that is not a JSON object is an error
-    naming the file and the line (1-based, counting blank lines)."""
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
+    """(line number, object) for every non-blank line of a JSONL file; a line that is not UTF-8 or not a JSON object
+    is an error naming the file and the line (1-based, counting blank lines)."""
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            line = _text(raw, f"{path}:{i}")
             if not line.strip():
                 continue
             try:
@@ -89,6 +147,47 @@ def append_jsonl(path, rows):
         os.fsync(f.fileno())
 
 
+def file_sha256(path) -> str:
+    """The sha256 of a file's bytes (a fingerprint records what an input holds, not where it lies)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_state(obj, path):
+    """torch.save of resumable state; a failed write (disk full, ...) is an OSError naming the file."""
+    import torch
+
+    try:
+        torch.save(obj, path)
+    except RuntimeError as e:  # PytorchStreamWriter failed writing file ...
+        raise OSError(f"{path}: cannot be written ({str(e).splitlines()[0][:200]})") from None
+
+
+def load_state(path, device):
+    """torch.load of resumable state (pretraining, drafter training); a truncated or foreign file is an error
+    naming it."""
+    import torch
+
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:  # truncated zip (PytorchStreamReader ...), not a torch file (UnpicklingError), ...
+        raise ValueError(f"{path}: cannot be read as saved training state ({str(e).splitlines()[0][:200]}); "
+                         "remove it to restart that training from step 0") from None
+
+
+def save_safetensors(tensors: dict, path):
+    """safetensors' save_file; a failed write (disk full, ...) is an OSError naming the file."""
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except Exception as e:  # SafetensorError: IoError(... StorageFull ...)
+        raise OSError(f"{path}: cannot be written ({str(e).splitlines()[0][:200]})") from None
+
+
 def git_sha() -> str:
     """The commit of the code (`-dirty` with uncommitted changes to tracked files); where the tree is a copy without
     .git (a GPU machine's snapshot), the REVISION file at its root that the run scripts write (`make device-prep`)."""
@@ -108,8 +207,10 @@ def git_sha() -> str:
 def environment() -> dict:
     import torch
 
+    # threads and the CPU's vector instruction set: the kernels a CPU result was computed with
     env = {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-           "device": "cpu", "git_sha": git_sha(), "threads": torch.get_num_threads()}
+           "device": "cpu", "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "threads": torch.get_num_threads(), "git_sha": git_sha()}
     try:
         import transformers
 

@@ -1,3 +1,4 @@
+import os
 import random
 
 import pytest
@@ -8,7 +9,8 @@ from dmtp.models import tiny
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.variants import get_variant
 
-torch.set_num_threads(2)
+# two intra-op threads, or OMP_NUM_THREADS (=1 runs every reduction in another order: tolerances must hold for both)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
 
 @pytest.fixture(scope="session", params=["qwen3_5", "qwen3"])

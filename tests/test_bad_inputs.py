@@ -8,12 +8,35 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from dmtp.cli import bench, lossless
 from dmtp.cli import report as report_cli
 from dmtp.cli.main import main as dmtp
 from dmtp.models import tiny
 from dmtp.models.drafter import Drafter, DrafterConfig
+
+
+def _edit(src, dst, config=None, tensors=None, files=None):
+    """A copy of checkpoint `src` at `dst` with its config.json changed (`config`: config dict -> None), tensors
+    changed (`tensors`: state dict -> None) and files written (`files`: name -> bytes)."""
+    shutil.copytree(src, dst)
+    if config:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg.get("text_config", cfg))
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if tensors:
+        sd = load_file(str(dst / "model.safetensors"))
+        tensors(sd)
+        save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    for name, raw in (files or {}).items():
+        (dst / name).write_bytes(raw)
+
+
+def _set(key, value):
+    def f(sd):
+        sd[key] = torch.full_like(sd[key], value)
+    return f
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +63,27 @@ def w(tmp_path_factory):
                               mask_token_id=2)).save(root / name)
     shutil.copytree(root / "zir", root / "dtrunc")
     (root / "dtrunc" / "model.safetensors").write_bytes(b"\x00" * 16)
+    # weights and config.json that do not fit, numbers that are not finite, unreadable tokenizer files
+    _edit(root / "target", root / "t_hidden", config=lambda c: c.update(hidden_size=96))
+    _edit(root / "target", root / "t_layers", config=lambda c: c.update(num_hidden_layers=2,
+                                                                        layer_types=c["layer_types"][:2]))
+    _edit(root / "target", root / "t_nan", tensors=_set("model.layers.1.mlp.up_proj.weight", float("nan")))
+    _edit(root / "target", root / "t_overflow", tensors=_set("model.norm.weight", 3e38))  # finite, logits are not
+    _edit(root / "target", root / "t_tokjson", files={"tokenizer.json": b'{"version": "1.0", "trunc'})
+    _edit(root / "zir", root / "d_noinj", tensors=lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("injection")])
+    _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update(
+        {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
+    _edit(root / "zir", root / "d_nan", tensors=_set("norm.weight", float("inf")))
+    (root / "not_utf8.jsonl").write_bytes(b'{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "\xff"}\n')
+    (root / "data_not_utf8.jsonl").write_bytes(b'{"ids": [3, 4, 5, 6, 7]}\n\n{"ids": [3], "x": "\xfe"}\n')
+    # the pipeline: a finished target whose record is corrupt; eval results made with 12 new tokens
+    (root / "pw_corrupt" / "smoke" / "target").mkdir(parents=True)
+    (root / "pw_corrupt" / "smoke" / "target" / "DONE").write_text("ok\n")
+    (root / "pw_corrupt" / "smoke" / "target" / "fingerprint.json").write_text('{"fingerprint": {"data.cor')
+    from dmtp.experiment import write_experiment
+    from experiments.profiles import get_profile
+
+    write_experiment(root / "pr_made" / "smoke" / "experiment.json", get_profile("smoke"))
     lines = {"prompts": [{"id": "a", "prompt_ids": [3, 4, 5]}, {"id": "b", "prompt_ids": [6, 7]}],
              "bad_json": ['{"id": "a", "prompt_ids": [3]}', "", '{"id": "b", "prompt_ids": [4'],
              "not_object": ['{"id": "a", "prompt_ids": [3]}', "[1, 2]"],
@@ -61,6 +105,16 @@ def w(tmp_path_factory):
     runs = root / "results" / "bad" / "runs" / "ablation" / "dflash"
     runs.mkdir(parents=True)
     (runs / "humaneval_T0.jsonl").write_text('{"id": "a", "accepted": [1]}\n\n{"id": "b", "accepted": "x"}\n')
+    rec = '{"id": "a", "accepted": [1, 0]}\n'
+    for profile, files in {"twice": {"humaneval_T0.jsonl": rec + rec}, "half": {"humaneval_T0.jsonl": rec,
+                                                                                 "humaneval_T0.meta.json": '{"finished"'
+                                                                                 ': false}'},
+                           "empty": {"humaneval_T0.jsonl": ""}, "badexp": {"humaneval_T0.jsonl": rec}}.items():
+        d = root / "results" / profile / "runs" / "ablation" / "dflash"
+        d.mkdir(parents=True)
+        for name, text in files.items():
+            (d / name).write_text(text)
+    (root / "results" / "badexp" / "experiment.json").write_text('{"ablation": {"baselines": ["ar"],')
     return root
 
 
@@ -81,8 +135,12 @@ def P(w, *extra):
 
 CASES = [  # (name, argv builder, what the error line must say)
     # dmtp generate: numbers
-    ("temperature nan", lambda w: G(w, "--temperature", "nan"), "argument --temperature: expected a finite number"),
-    ("temperature -1", lambda w: G(w, "--temperature", "-1"), "argument --temperature: expected a finite number >= 0"),
+    ("temperature nan", lambda w: G(w, "--temperature", "nan"), "argument --temperature: expected 0 (greedy) or a "
+     "finite number >= 0.0001 (the sampling floor), got nan"),
+    ("temperature -1", lambda w: G(w, "--temperature", "-1"), "argument --temperature: expected 0 (greedy) or"),
+    ("temperature denormal", lambda w: G(w, "--temperature", "1e-320"), "expected 0 (greedy) or a finite number >= "
+     "0.0001 (the sampling floor), got 1e-320"),
+    ("temperature below the floor", lambda w: G(w, "--temperature", "5e-5"), "the sampling floor), got 5e-5"),
     ("temperature inf", lambda w: G(w, "--temperature", "inf"), "argument --temperature"),
     ("max-new-tokens 0", lambda w: G(w, "--max-new-tokens", "0"), "--max-new-tokens: expected an integer >= 1"),
     ("max-new-tokens -5", lambda w: G(w, "--max-new-tokens", "-5"), "argument --max-new-tokens"),
@@ -103,6 +161,22 @@ CASES = [  # (name, argv builder, what the error line must say)
      "model.safetensors cannot be loaded"),
     ("drafter of another width", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "wide")] + G(w)[5:],
      "drafter hidden_size 128 != target hidden_size 64"),
+    ("target of another hidden size", lambda w: ["generate", "--target", str(w / "t_hidden")] + G(w)[3:],
+     "weights of another shape than config.json describes: lm_head.weight: [96, 64] in the checkpoint, [96, 96]"),
+    ("target with fewer layers", lambda w: ["generate", "--target", str(w / "t_layers")] + G(w)[3:],
+     "holds tensors its config.json has no place for (model.layers.2."),
+    ("target NaN weights", lambda w: ["generate", "--target", str(w / "t_nan")] + G(w)[3:],
+     "non-finite weights (NaN or infinity) in model.layers.1.mlp.up_proj.weight"),
+    ("target non-finite logits", lambda w: ["generate", "--target", str(w / "t_overflow")] + G(w)[3:],
+     "t_overflow: a forward pass gives non-finite logits in float32"),
+    ("target tokenizer truncated", lambda w: ["generate", "--target", str(w / "t_tokjson")] + G(w)[3:],
+     "t_tokjson/tokenizer.json:1: not valid JSON"),
+    ("drafter without its injection", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "d_noinj")]
+     + G(w)[5:], "d_noinj: lacks tensors its config.json needs (injection.fuse."),
+    ("drafter tensor of another shape", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "d_shape")]
+     + G(w)[5:], "fc.weight: [64, 16] in the checkpoint, [64, 64] by config.json"),
+    ("drafter infinite weights", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "d_nan")] + G(w)[5:],
+     "d_nan: non-finite weights (NaN or infinity) in norm.weight"),
     ("device cuda", lambda w: G(w, "--device", "cuda"), "CUDA is not available here"),
     ("device tpu", lambda w: G(w, "--device", "tpu"), "--device 'tpu': expected cpu, cuda or cuda:N"),
     # dmtp generate: the prompt file, line by line
@@ -129,6 +203,9 @@ CASES = [  # (name, argv builder, what the error line must say)
      "made with another configuration (temperature: 1.0 -> 0.0"),
     ("out without meta", lambda w: G(w)[:-2] + ["--out", str(w / "taken.jsonl")],
      "exists without a record of how it was made (in taken.jsonl.meta.json)"),
+    ("prompts not UTF-8", lambda w: G(w, prompts="not_utf8"), "not_utf8.jsonl:2: not UTF-8 text (byte 0xff"),
+    ("seed beyond a generator's", lambda w: G(w, "--seed", "99999999999999999999999"), "argument --seed: expected an "
+     "integer in [0, 4294967295]"),
     ("eos not ids", lambda w: G(w, "--eos", "abc"), "--eos 'abc': expected comma-separated token ids, or none"),
     ("eos out of range", lambda w: G(w, "--eos", "500"), "end-of-text id 500 (--eos) outside the vocabulary"),
     ("no eos anywhere", lambda w: ["generate", "--target", str(w / "noeos")] + G(w)[3:], "no end-of-text id"),
@@ -153,11 +230,20 @@ CASES = [  # (name, argv builder, what the error line must say)
      "zero_init_residual", "--steps", "1")[3:], "has no `mtp.*` weights: the target ships no native MTP head"),
     ("train profile", lambda w: TR(w, "--profile", "bogus"), "unknown profile 'bogus'"),
     ("train out is a file", lambda w: TR(w)[:5] + ["--out", str(w / "a_file")] + TR(w)[7:], "is a file"),
+    ("train data not UTF-8", lambda w: TR(w, data="data_not_utf8"), "data_not_utf8.jsonl:3: not UTF-8 text"),
+    ("train seed beyond a generator's", lambda w: TR(w, "--seed", str(2**32)), "argument --seed"),
+    ("train init-from another width", lambda w: TR(w, "--variants", "zero_init_residual", "--init-from",
+                                                   f"zero_init_residual={w / 'wide'}"),
+     "a drafter for a target of {'hidden_size': 128, 'vocab_size': 96}, --target has {'hidden_size': 64,"),
+    ("train paper profile, small target", lambda w: TR(w, "--profile", "qwen3.6-27b"), "--profile qwen3.6-27b is "
+     "made for a target of {'hidden_size': 5120, 'vocab_size': 248320} (its config); --target"),
     # dmtp pipeline: profile fields and stages
     ("set tokens -100", lambda w: P(w, "--set", "pretrain.tokens=-100"), "--set pretrain.tokens=-100: expected an "
      "integer >= 1"),
-    ("set temperature nan", lambda w: P(w, "--set", "data.temperature=nan"), "--set data.temperature=nan: expected a"
-     " finite number >= 0"),
+    ("set temperature nan", lambda w: P(w, "--set", "data.temperature=nan"), "--set data.temperature=nan: expected 0 "
+     "(greedy) or a finite number >= 0.0001"),
+    ("set temperature denormal", lambda w: P(w, "--set", "eval.temperatures=[0, 1e-320]"), "--set "
+     "eval.temperatures=[0, 1e-320]: expected a non-empty list, each item 0 (greedy) or a finite number >= 0.0001"),
     ("set max_len 2", lambda w: P(w, "--set", "train.max_len=2"), "--set train.max_len=2: expected an integer >= 4"),
     ("set tokens below a step", lambda w: P(w, "--set", "pretrain.tokens=100"), "expected at least one step's worth"),
     ("set eval gsm8k", lambda w: P(w, "--set", "eval.subsets={}", "--set", 'eval.sets={"gsm8k": 2}'),
@@ -168,6 +254,22 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("unknown stage", lambda w: P(w)[:-1] + ["bogus"], "unknown stage 'bogus'"),
     ("unknown profile", lambda w: P(w)[:2] + ["bogus"] + P(w)[3:], "unknown profile 'bogus'"),
     ("paper profile", lambda w: P(w)[:2] + ["qwen3.6-27b"] + P(w)[3:], "is paper-scale"),
+    ("eval on an empty work folder", lambda w: P(w)[:-1] + ["eval"], "smoke/drafters/dflash is not there or not "
+     "finished: run the drafters stage first (dmtp pipeline --profile smoke --stage drafters)"),
+    ("eval of a baseline on an empty work folder", lambda w: P(w)[:-1] + ["eval", "--set", "ablation.only=ar"],
+     "smoke/target is not there or not finished: run the target stage first"),
+    ("drafters on an empty work folder", lambda w: P(w)[:-1] + ["drafters"], "smoke/data/train.jsonl is not there "
+     "or not finished: run the data stage first"),
+    ("a corrupt stage record", lambda w: ["pipeline", "--profile", "smoke", "--work", str(w / "pw_corrupt"),
+                                          "--results", str(w / "pr"), "--stage", "target"],
+     "smoke/target/fingerprint.json:1: not valid JSON"),
+    ("tables of settings no run used", lambda w: ["pipeline", "--profile", "smoke", "--work", str(w / "pw"),
+                                                  "--results", str(w / "pr_made"), "--stage", "tables", "--set",
+                                                  "eval.new_tokens=13"],
+     "experiment.json: the runs were made with another experiment than the one requested (eval.new_tokens: 12 -> 13)"),
+    # dmtp dryrun
+    ("dryrun target missing", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target", str(w / "nope")],
+     "nope: no config.json there (expected the target checkpoint's folder)"),
 ]
 
 
@@ -207,6 +309,20 @@ OTHER = [  # the other entry points: (name, main, argv, message)
     ("bench parts", bench.main, lambda w: ["--out", str(w / "b"), "--parts", "speed"], "argument --parts"),
     ("bench no tokenizer", bench.main, lambda w: ["--out", str(w / "b"), "--target", str(w / "target"), "--methods",
                                                    "ar"], "no tokenizer files"),
+    ("bench temperature denormal", bench.main, lambda w: ["--out", str(w / "b"), "--temperatures", "0,1e-320"],
+     "argument --temperatures"),
+    ("report duplicated record", report_cli.main, lambda w: ["tables", "--profile", "twice", "--results",
+                                                               str(w / "results")],
+     "humaneval_T0.jsonl:2: request 'a' of this run is already on "),
+    ("report half-written run", report_cli.main, lambda w: ["tables", "--profile", "half", "--results",
+                                                              str(w / "results")],
+     "humaneval_T0.jsonl: half-written (humaneval_T0.meta.json says finished: false)"),
+    ("report empty run file", report_cli.main, lambda w: ["tables", "--profile", "empty", "--results",
+                                                            str(w / "results")],
+     "humaneval_T0.jsonl: holds no records (an empty run file)"),
+    ("report experiment.json truncated", report_cli.main, lambda w: ["tables", "--profile", "badexp", "--results",
+                                                                       str(w / "results")],
+     "badexp/experiment.json:1: not valid JSON"),
 ]
 
 
@@ -245,3 +361,34 @@ def test_prompt_ids_outside_the_vocabulary_are_named(models, prompts):
         generate(tgt, build_method("ar", tgt), bad, 0.0, 4)
     with pytest.raises(ValueError, match="outside the target's vocabulary"):
         serve(tgt, build_method("ar", tgt), [[4, 5]] + bad, 2, 0.0, 4)
+
+
+def test_a_failed_checkpoint_write_names_the_file(models, tmp_path, monkeypatch):
+    """Disk full while a drafter is saved: one error naming the file, and nothing half-written left at its path."""
+    import safetensors
+    import safetensors.torch
+    from conftest import make_drafter
+
+    def full(*a, **k):
+        raise safetensors.SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                                          'message: "No space left on device" })')
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(OSError, match=r"model.safetensors: cannot be written \(.*No space left on device"):
+        make_drafter(models[0], "dflash", layers=1).save(tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_gpu_timing_refused_without_cuda(tmp_path, capsys):
+    line = _fails(["--paper-shape", "--out", str(tmp_path / "b")], capsys, bench.main)
+    assert "--paper-shape times the engine on a GPU, and torch" in line and "sees no CUDA device here" in line
+    assert not list((tmp_path / "b").glob("*.csv"))
+
+
+def test_notebooks_on_missing_artifacts(tmp_path):
+    """The notebooks' loader on a profile with no artifacts: a message naming the folder, not a KeyError later."""
+    from dmtp.analysis.report import load
+
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'typo'} holds no artifacts"):
+        load("typo", tmp_path)

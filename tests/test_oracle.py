@@ -115,12 +115,12 @@ def test_pmax_along_equals_brute_force(tiny_models):
     got = pmax_along(tgt, prompts, outputs, 0.7, batch_size=1)
     assert [len(g) for g in got] == [5, 3]
     for g, b in zip(got, pmax_along(tgt, prompts, outputs, 0.7, batch_size=2)):
-        assert b == pytest.approx(g, abs=1e-6)  # padding in a batch changes nothing
+        assert b == pytest.approx(g, rel=1e-5)  # padding changes nothing but the fp32 reduction order
     for p, o, g in zip(prompts, outputs, got):
         for t in range(len(o)):
             with torch.no_grad():
                 logits = tgt.model(torch.tensor([p + o[:t]])).logits[0, -1].float()
-            assert g[t] == pytest.approx(float(torch.softmax(logits / 0.7, -1).max()), abs=1e-5)
+            assert g[t] == pytest.approx(float(torch.softmax(logits / 0.7, -1).max()), rel=1e-5)
     cold = pmax_along(tgt, prompts, outputs, 1e-4)
     assert all(np.allclose(g, 1.0) for g in cold) and all(np.all(g == 1) for g in pmax_along(tgt, prompts, outputs, 0))
 

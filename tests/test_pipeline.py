@@ -1,5 +1,8 @@
 """Smoke run of the whole embedded-default pipeline (the `smoke` profile: every stage, tiny sizes)."""
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -48,6 +51,66 @@ def test_every_stage_writes_its_artifacts(run):
         "run"] == {"dataset": "humaneval", "prompts": 4, "temperature": 0.0, "method": "ar", "mode": "natural",
                    "seed": 0}
     assert not (work / "target_state").exists()
+
+
+VOLATILE = {"written", "wall_s", "env", "elapsed_s", "tokens_per_s", "train_s"}  # timing and provenance
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k not in VOLATILE}
+    return [_strip(v) for v in obj] if isinstance(obj, list) else obj
+
+
+def artifacts(root):
+    """Every file under root by relative path: JSON / JSONL parsed, without timing and provenance fields; DONE
+    markers without their seconds; any other file as its bytes (weights, token streams, tables, figures)."""
+    out = {}
+    for p in sorted(f for f in root.rglob("*") if f.is_file()):
+        if p.suffix == ".json":
+            out[str(p.relative_to(root))] = _strip(json.loads(p.read_text()))
+        elif p.suffix == ".jsonl":
+            out[str(p.relative_to(root))] = [_strip(json.loads(x)) for x in p.read_text().splitlines() if x.strip()]
+        elif p.name == "DONE":
+            out[str(p.relative_to(root))] = re.sub(r"[0-9.]+s\b", "", p.read_text())
+        else:
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def test_a_second_run_under_load_reproduces_every_artifact(run, tmp_path):
+    """The whole pipeline again, with one intra-op thread instead of the first run's default and a busy CPU beside
+    it: every checkpoint, data file, record, table and figure equals the first run's (only times differ)."""
+    root, cmd, _ = run
+    busy = subprocess.Popen([sys.executable, "-c", "import torch\ntorch.set_num_threads(1)\nx = torch.randn(256, 256)"
+                             "\nwhile True:\n    x = (x @ x).tanh()"])
+    try:
+        p = subprocess.run(cmd[:6] + ["--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")],
+                           capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    finally:
+        busy.kill()
+        busy.wait()
+    assert p.returncode == 0, p.stderr[-3000:]
+    for part in ("work", "results"):
+        first, second = artifacts(root / part), artifacts(tmp_path / part)
+        assert sorted(first) == sorted(second)
+        assert [f for f in first if first[f] != second[f]] == []
+
+
+def test_a_tokenizer_cut_between_its_files_is_rebuilt(run, tmp_path):
+    """A kill between tokenizer.json and tokenizer_config.json: the stage trains it again (the same file), never
+    leaves it half there for the next stage."""
+    root, cmd, _ = run
+    src, work = root / "work" / "smoke", tmp_path / "work" / "smoke"
+    for d in ("corpus", "tokenizer"):
+        shutil.copytree(src / d, work / d)
+    (work / "tokenizer" / "tokenizer_config.json").unlink()
+    p = subprocess.run(cmd[:6] + ["--work", str(tmp_path / "work"), "--results", str(tmp_path / "r"), "--stage",
+                                  "tokenizer"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        assert (work / "tokenizer" / f).read_bytes() == (src / "tokenizer" / f).read_bytes()
+    assert (work / "tokens" / "train.npy").read_bytes() == (src / "tokens" / "train.npy").read_bytes()
 
 
 def test_rerun_skips_finished_stages(run):

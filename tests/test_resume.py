@@ -4,6 +4,9 @@ kill at their last step."""
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ from conftest import make_drafter
 from dmtp.cli import main as cli_main
 from dmtp.cli import pipeline, stages
 from dmtp.cli.main import main as dmtp
-from dmtp.io import read_jsonl
+from dmtp.io import one_writer, read_jsonl
 from dmtp.models import tiny
 from dmtp.schema import override
 from dmtp.training import drafters as train_mod
@@ -53,6 +56,20 @@ def test_fingerprint_differences_name_the_fields(tmp_path):
     assert stages.check(u, force=True) is False and not out.exists()  # --force: the old output is gone
 
 
+def test_a_corrupt_record_is_an_error_and_force_redoes_it(tmp_path):
+    out = tmp_path / "stage"
+    out.mkdir()
+    (out / "weights").write_text("old")
+    (out / "fingerprint.json").write_text('{"fingerprint": {"train": {"ste')  # cut by a full disk, say
+    u = stages.Unit(str(out), {"train": {"steps": 6}}, out / "fingerprint.json", [out])
+    with pytest.raises(stages.StageMismatch, match=r"fingerprint.json:1: not valid JSON"):
+        stages.check(u)
+    with pytest.raises(stages.StageMismatch, match="record cannot be read"):
+        stages.preflight([u])
+    assert (out / "weights").exists()
+    assert stages.check(u, force=True) is False and not out.exists()
+
+
 def test_pipeline_refuses_changed_settings_on_finished_stages(tmp_path, capsys):
     """A finished target and drafter (their records as the smoke profile writes them) and more steps / a wider
     target requested: refused before any work, naming the fields; no metadata is written."""
@@ -75,6 +92,12 @@ def test_pipeline_refuses_changed_settings_on_finished_stages(tmp_path, capsys):
     assert "smoke/target (model.arch.hidden_size: 64 -> 128)" in msg
     assert "(model.arch.hidden_size: 64 -> 128, train.steps: 6 -> 200)" in msg and "--force" in msg
     assert not (tmp_path / "r").exists()
+    # --force redoes the stages run, never their inputs: eval runs would claim drafters of 7 steps
+    a.set, a.stage, a.force = ["train.steps=7"], "eval", True
+    with pytest.raises(stages.StageMismatch, match=r"drafters/\w+ was made with another configuration than the one "
+                       r"requested \(train.steps: 6 -> 7\): redo it \(--stage drafters --force\)"):
+        pipeline.main(a)
+    assert not list((tmp_path / "r").rglob("*.json*"))  # no run, no experiment.json claiming 7 steps
     # the profile's own units: an eval run depends on the drafter's training, an ar run only on the target's
     c = pipeline.Ctx(Namespace(profile="smoke", work=str(tmp_path / "w"), results=str(tmp_path / "r"),
                                set=["train.steps=7"]))
@@ -84,7 +107,8 @@ def test_pipeline_refuses_changed_settings_on_finished_stages(tmp_path, capsys):
 
 def test_train_refuses_a_finished_drafter_of_another_configuration(ckpt, tmp_path, capsys):
     root, _, _ = ckpt
-    base = ["train", "--target", str(root / "nomtp"), "--data", str(root / "data.jsonl"), "--out",
+    shutil.copy(root / "data.jsonl", tmp_path / "data.jsonl")
+    base = ["train", "--target", str(root / "nomtp"), "--data", str(tmp_path / "data.jsonl"), "--out",
             str(tmp_path / "d"), "--variants", "dflash", "--batch-size", "2", "--max-len", "16",
             "--mask-token-id", "2"]
     dmtp(base + ["--steps", "1"])  # dflash reads no MTP head: a target without one is fine
@@ -96,6 +120,12 @@ def test_train_refuses_a_finished_drafter_of_another_configuration(ckpt, tmp_pat
     assert (tmp_path / "d" / "dflash" / "drafter" / "model.safetensors").read_bytes() == before
     dmtp(base + ["--steps", "1"])  # the recorded settings: nothing to train
     assert "nothing to train" in capsys.readouterr().out
+    data = (tmp_path / "data.jsonl").read_text()
+    (tmp_path / "data.jsonl").write_text(data.replace("[3,", "[4,", 1))  # the same path and size, other tokens
+    with pytest.raises(SystemExit):
+        dmtp(base + ["--steps", "1"])
+    assert "data.sha256: " in capsys.readouterr().err
+    (tmp_path / "data.jsonl").write_text(data)
     dmtp(base + ["--steps", "2", "--force"])
     assert "2 steps" in (tmp_path / "d" / "dflash" / "DONE").read_text()
 
@@ -141,6 +171,53 @@ def test_generate_resumes_after_a_kill(ckpt, tmp_path, monkeypatch, capsys):
     assert "all 5 prompts already in" in capsys.readouterr().out
 
 
+def test_one_writer_per_output(ckpt, tmp_path, capsys):
+    """Two writers on one --out: while one holds it (here this process), a `dmtp generate` on it is refused naming
+    the holder (pid, host) and writes nothing; a lock file left by a killed writer is free again; a file that holds
+    an id twice is refused on a rerun."""
+    root, _, _ = ckpt
+    out = tmp_path / "o.jsonl"
+    argv = ["generate", "--target", str(root / "target"), "--method", "ar", "--prompts", str(root / "p.jsonl"),
+            "--max-new-tokens", "3", "--batch-size", "2", "--out", str(out)]
+    with one_writer(out):
+        p = subprocess.run([sys.executable, "-m", "dmtp.cli.main", *argv], capture_output=True, text=True,
+                           timeout=300)
+    assert p.returncode == 2 and f"being written by pid {os.getpid()} on {socket.gethostname()}" in p.stderr, \
+        p.stderr[-2000:]
+    assert not out.exists() and not (tmp_path / ".o.jsonl.lock").exists()
+    with one_writer(tmp_path / "w" / "smoke" / "corpus"):  # the pipeline: one writer per stage output too
+        with pytest.raises(SystemExit):
+            dmtp(["pipeline", "--profile", "smoke", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"),
+                  "--stage", "corpus"])
+    assert "smoke/corpus: being written by pid" in capsys.readouterr().err
+    (tmp_path / ".o.jsonl.lock").write_text("pid 999999 on elsewhere since 2026-01-01T00:00:00")  # its holder died
+    dmtp(argv)
+    assert [r["id"] for r in read_jsonl(out)] == [f"p{i}" for i in range(5)]
+    assert not (tmp_path / ".o.jsonl.lock").exists()
+    with open(out, "a") as f:
+        f.write(out.read_text().splitlines(keepends=True)[0])  # p0 again, as two writers would have left it
+    with pytest.raises(SystemExit):
+        dmtp(argv)
+    assert "id 'p0' is on lines 1 and 6; pass --force to start it afresh" in capsys.readouterr().err
+
+
+def test_an_edited_prompt_file_is_another_configuration(ckpt, tmp_path, capsys):
+    """The output's fingerprint holds what its prompts are, not where the file lies: an edit is refused (not kept as
+    "already in"), and --force decodes the new prompt."""
+    root, _, _ = ckpt
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt_ids": [3, 5]}\n{"id": "b", "prompt_ids": [4]}\n')
+    argv = ["generate", "--target", str(root / "target"), "--method", "ar", "--prompts", str(prompts),
+            "--max-new-tokens", "3", "--out", str(tmp_path / "o.jsonl")]
+    dmtp(argv)
+    prompts.write_text('{"id": "a", "prompt_ids": [3, 6]}\n{"id": "b", "prompt_ids": [4]}\n')
+    with pytest.raises(SystemExit):
+        dmtp(argv)
+    assert "made with another configuration (prompts_sha256: " in capsys.readouterr().err
+    dmtp(argv + ["--force"])
+    assert read_jsonl(tmp_path / "o.jsonl")[0]["prompt_ids"] == [3, 6]
+
+
 # --- the ends of training -------------------------------------------------------------------------------------
 def test_pretraining_state_outlives_training(tmp_path):
     """The resumable state is kept after the last step (the caller deletes it once the target is saved): a rerun
@@ -160,6 +237,9 @@ def test_pretraining_state_outlives_training(tmp_path):
     assert info2["start_step"] == 3 and info2["tokens_trained"] == 0 and hist2 == hist
     for a, b in zip(tgt.model.state_dict().values(), tgt2.model.state_dict().values()):
         assert torch.equal(a, b)
+    (tmp_path / "pretrain_state.pt").write_bytes(b"PK\x03\x04" + b"\x00" * 40)  # cut short by a kill or a full disk
+    with pytest.raises(ValueError, match="pretrain_state.pt: cannot be read as saved training state .*remove it"):
+        pretrain(tgt2, mtp2, toks, cfg, tmp_path, log=lambda m: None)
 
 
 def test_drafter_killed_between_final_checkpoint_and_done(ckpt, tmp_path, monkeypatch):
@@ -198,7 +278,7 @@ def test_configs_refuse_bad_values():
     with pytest.raises(ValueError, match="expected at least one step's worth"):
         PretrainConfig(tokens=100, seq_len=64, batch_size=8)
     p = get_profile("smoke")
-    with pytest.raises(ValueError, match=r"--set data.temperature=nan: expected a finite number >= 0"):
+    with pytest.raises(ValueError, match=r"--set data.temperature=nan: expected 0 \(greedy\) or a finite number"):
         override(p, ["data.temperature=nan"])
     with pytest.raises(ValueError, match=r"--set eval.temperatures=\[0, -1\]: expected a non-empty"):
         override(p, ["eval.temperatures=[0, -1]"])

@@ -1,6 +1,6 @@
 """Command-line inputs checked before any work, and one error line instead of a traceback for a user error.
 
-    p.add_argument("--temperature", type=number(0), default=0.0)    # nan, inf, -1 -> "argument --temperature: ..."
+    p.add_argument("--temperature", type=temperature, default=0.0)  # nan, -1, 1e-320 -> "argument --temperature: ..."
     p.add_argument("--batch-size", type=at_least(1), default=16)
     guard("dmtp generate", cmd_generate, a)    # ValueError / KeyError / OSError -> "dmtp generate: error: ...", exit 2
 
@@ -16,20 +16,39 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dmtp import checks
+
 USER_ERRORS = (ValueError, KeyError, OSError, NotImplementedError, ImportError)  # ImportError: an optional package
 
 
-def at_least(lo: int):
-    """argparse type: an integer >= lo."""
+def at_least(lo: int, hi: int | None = None):
+    """argparse type: an integer >= lo (and <= hi)."""
+    want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+
     def parse(s):
         try:
             v = int(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {s!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
+            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
         return v
     return parse
+
+
+SEED = at_least(0, 2**32 - 1)  # argparse type of a seed (torch and numpy generators take it, plus batch offsets)
+
+
+def temperature(s):
+    """argparse type: 0 (greedy) or a sampling temperature >= checks.MIN_TEMPERATURE."""
+    ok, want = checks.temperature
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"expected {want}, got {s}")
+    return v
 
 
 def number(lo: float | None = None, open_lo: bool = False):

@@ -56,7 +56,7 @@ from dmtp.analysis.kernels import summary as kernel_summary
 from dmtp.analysis import ratios as RT
 from dmtp.analysis.metrics import acceptance_length, first_token, histogram
 from dmtp.analysis.ratios import Ratio
-from dmtp.cli.args import at_least, checkpoint, guard, listed, names, number, out_dir
+from dmtp.cli.args import at_least, checkpoint, guard, listed, names, number, out_dir, temperature
 from dmtp.config import EngineConfig
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
@@ -917,7 +917,7 @@ def main(argv=None):
     p.add_argument("--small-cap-prompts", type=at_least(1), default=24,
                    help="HumanEval prompts of the throughput runs at the other caps (batch 1 over 164 prompts: minutes)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=256)
-    p.add_argument("--temperatures", type=listed(number(0)), default=[0.0, 1.0])
+    p.add_argument("--temperatures", type=listed(temperature), default=[0.0, 1.0])
     p.add_argument("--verify", type=verify_modes, default=["target"],
                    help="throughput part: verify modes (target,sample,block); rows other than target: <method>+<mode>")
     p.add_argument("--hf-prompts", type=at_least(1), default=4)
@@ -947,7 +947,11 @@ def run(p, a):
         RT.write(path, RT.merge(stored, new))
 
     if a.paper_shape or a.mini_shape:
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():  # random-weight GPU timing: on a CPU it measures nothing (and 8B: 16 GB)
+            raise ValueError(f"--{'paper' if a.paper_shape else 'mini'}-shape times the engine on a GPU, and torch "
+                             f"{torch.__version__} sees no CUDA device here (the parts on a trained --target run on a "
+                             "CPU)")
+        dev = "cuda"
 
         def save_shape(rows, new, base=(), regen=(), kernels=(), admission=()):  # after each part
             merge_overhead(out / "overhead.csv", rows)

@@ -14,19 +14,21 @@ import torch
 from dmtp.experiment import drafter_config, torch_dtype
 from dmtp.models.drafter import BACKBONES, Drafter, DrafterConfig, check_compatible
 from dmtp.models.mtp import MTPHead, mtp_num_layers
-from dmtp.models.target import Target
+from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY
 from experiments.profiles import get_profile
 
 
-def _text_config(path: str | None, prof):
-    """(HF text config, source, mismatches vs the profile). A checkpoint's config.json wins over the profile's dict."""
+def _text_config(path: str | None, prof, flag: str = "--target"):
+    """(HF text config, source, mismatches vs the profile). A checkpoint's config.json wins over the profile's dict;
+    a checkpoint named (`flag`) without one is an error, never replaced by the profile's."""
     from transformers import AutoConfig
 
     want = dict(prof.scale.target_config)
-    if path and (Path(path) / "config.json").exists():
-        cfg = AutoConfig.from_pretrained(path)
-        cfg = getattr(cfg, "text_config", None) or cfg
+    if path:
+        if not (Path(path) / "config.json").exists():
+            raise FileNotFoundError(f"{flag} {path}: no config.json there (expected the target checkpoint's folder)")
+        cfg = read_config(path)
         got = cfg.to_dict()
         bad = {k: (v, got.get(k)) for k, v in want.items() if k in got and k != "model_type" and got.get(k) != v}
         return cfg, str(Path(path) / "config.json"), bad
@@ -47,8 +49,9 @@ def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
     if not sc.target_config:
         raise ValueError(f"profile {profile!r} has no paper-scale target config (dry runs are for paper-scale "
                          "profiles)")
+    flag = "--target" if target else f"${sc.target_env}"
     target = target or (os.environ.get(sc.target_env) if sc.target_env else None)
-    cfg, source, mismatch = _text_config(target, prof)
+    cfg, source, mismatch = _text_config(target, prof, flag)
     dtype = torch_dtype(prof.engine.dtype)
     checks = []
 

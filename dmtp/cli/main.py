@@ -18,13 +18,15 @@ records batch by batch and a rerun resumes; an output or drafter made with anoth
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
 
 from dmtp import dist
 from dmtp.analysis.metrics import acceptance_length
-from dmtp.checks import require
+from dmtp.checks import MIN_TEMPERATURE, require
 from dmtp.cli import args, dryrun, pipeline, stages
 from dmtp.config import EngineConfig
 from dmtp.data.datasets import encode, load_prompts, spec
@@ -34,7 +36,7 @@ from dmtp.engine.runner import MODES, mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.engine.verify import MODES as VERIFY_MODES
 from dmtp.experiment import drafter_config, torch_dtype
-from dmtp.io import append_jsonl, iter_jsonl, read_jsonl, write_meta
+from dmtp.io import append_jsonl, file_sha256, iter_jsonl, one_writer, read_json, read_jsonl, write_meta
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config
@@ -134,33 +136,59 @@ def _modified(path) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(f.stat().st_mtime for f in files))) if files else ""
 
 
+def prompts_digest(prompts: list[dict]) -> str:
+    """sha256 of the prompts decoded (ids and token ids, or turns): an output's fingerprint holds what its prompts
+    were, so an edited prompt file is another configuration."""
+    body = [{k: v for k, v in p.items() if k != "line"} for p in prompts]
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, dict]:
     """Records already in `out` by id, when its meta says they come from the requested configuration. A line cut by
-    a kill (the last one, unterminated) is dropped. Another configuration: refused, or with force started afresh."""
+    a kill (the last one, unterminated) is dropped. Another configuration, an unreadable record or an id written
+    twice: refused, or with force started afresh."""
     if not out.exists() or out.stat().st_size == 0:
         return {}
-    old = stages.recorded(stages.Unit(str(out), want, meta, [out]))
-    if old is None or old != want:
-        if not force:
-            why = f"made with another configuration ({', '.join(stages.differences(old, want)[:6])})" if old \
-                else f"exists without a record of how it was made (in {meta.name})"
-            raise stages.StageMismatch(f"--out {out}: {why}; pass --force to start it afresh, or another --out")
-        out.unlink()
-        return {}
-    raw = out.read_bytes()
-    if not raw.endswith(b"\n"):  # a line cut by a kill: drop it
-        out.write_bytes(raw[: raw.rfind(b"\n") + 1])
-    return {r["id"]: r for _, r in iter_jsonl(out) if "id" in r}
+    try:
+        old = stages.recorded(stages.Unit(str(out), want, meta, [out]))
+        why = None if old == want else \
+            f"made with another configuration ({', '.join(stages.differences(old, want)[:6])})" if old else \
+            f"exists without a record of how it was made (in {meta.name})"
+    except ValueError as e:
+        why = f"its record cannot be read ({e})"
+    if why is None:
+        raw = out.read_bytes()
+        if not raw.endswith(b"\n"):  # a line cut by a kill: drop it
+            out.write_bytes(raw[: raw.rfind(b"\n") + 1])
+        done, line = {}, {}
+        try:
+            for i, r in iter_jsonl(out):
+                if r.get("id") in done:
+                    raise ValueError(f"id {r['id']!r} is on lines {line[r['id']]} and {i}")
+                if "id" in r:
+                    done[r["id"]], line[r["id"]] = r, i
+            return done
+        except ValueError as e:
+            why = str(e)
+    if not force:
+        raise stages.StageMismatch(f"--out {out}: {why}; pass --force to start it afresh, or another --out")
+    out.unlink()
+    return {}
 
 
 def cmd_generate(a):
+    if bool(a.prompts) == bool(a.dataset):
+        raise ValueError("give exactly one of --prompts FILE and --dataset NAME")
+    out = args.out_file(a.out)
+    with one_writer(out):  # a second `dmtp generate` on this --out is refused while this one runs
+        generate_into(a, out)
+
+
+def generate_into(a, out: Path):
     import torch
     from tqdm import tqdm
 
-    if bool(a.prompts) == bool(a.dataset):
-        raise ValueError("give exactly one of --prompts FILE and --dataset NAME")
     # --- everything checked before any model is loaded ---
-    out = args.out_file(a.out)
     meta = Path(str(out) + ".meta.json")
     dev = args.device(a.device)
     args.checkpoint(a.target, "--target", "target checkpoint")
@@ -204,8 +232,7 @@ def cmd_generate(a):
         drafter_modified=_modified(a.drafter) if a.drafter else None, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, mtp_steps=a.mtp_steps if a.method == "mtp" else None,
         batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset, mode=a.mode, stop=stops,
-        prompts=str(Path(a.prompts).resolve()) if a.prompts else None,
-        data_path=str(Path(a.data_path).resolve()) if a.data_path else None,
+        prompts_sha256=prompts_digest(prompts),
         **({"verify": a.verify} if a.verify != "target" else {}),  # (target: outputs of earlier versions resume)
         **({"engine": stages.fingerprint(eng)} if eng != EngineConfig(dtype=a.dtype) else {})))
     done = resume_records(out, meta, want, a.force)
@@ -247,8 +274,10 @@ def cmd_generate(a):
 
 
 def cmd_train(a):
+    import contextlib
     from dataclasses import replace
 
+    mask_flag = a.mask_token_id is not None
     prof = _train_profile(a)
     variants = a.variants
     for v in variants:
@@ -257,6 +286,12 @@ def cmd_train(a):
     out = args.out_dir(a.out)
     args.checkpoint(a.target, "--target", "target checkpoint")
     cfg_t = read_config(a.target)
+    widths = lambda c: {k: getattr(c, k) for k in ("hidden_size", "vocab_size")}  # noqa: E731
+    if prof is not None and prof.scale.target_config:  # a paper-scale recipe is made for its own target
+        made_for = {k: prof.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
+        require(made_for == widths(cfg_t), f"--profile {a.profile} is made for a target of {made_for} (its config); "
+                f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without "
+                "--profile")
     init = {}
     for item in (a.init_from.split(",") if a.init_from else []):
         v, eq, path = item.partition("=")
@@ -264,7 +299,15 @@ def cmd_train(a):
             raise ValueError(f"--init-from {item!r}: expected VARIANT=PATH with VARIANT one of --variants "
                              f"({','.join(variants)})")
         init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint"))
-    require(0 <= a.mask_token_id < cfg_t.vocab_size, f"--mask-token-id {a.mask_token_id}: expected a token id in "
+        try:
+            got = widths(DrafterConfig.from_hf_dict(read_json(Path(path) / "config.json")))
+        except (ValueError, TypeError) as e:  # not JSON, a field out of range
+            raise ValueError(f"--init-from {v}={path}: config.json: {e}") from None
+        require(got == widths(cfg_t), f"--init-from {v}={path}: a drafter for a target of {got}, --target has "
+                f"{widths(cfg_t)}")
+    where = "--mask-token-id" if mask_flag else f"profile {a.profile}'s drafter.mask_token_id" if a.profile and \
+        prof.drafter.mask_token_id >= 0 else "the default --mask-token-id"
+    require(0 <= a.mask_token_id < cfg_t.vocab_size, f"{where} {a.mask_token_id}: expected a token id in "
             f"[0, {cfg_t.vocab_size}) (the target's vocabulary)")
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
                   lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after, compile=a.compile)
@@ -275,13 +318,13 @@ def cmd_train(a):
     base.update(num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
                 **({"backbone": a.backbone} if a.backbone else {}))
     settings = prof.drafter.variants if prof is not None else {}
+    data = {"sha256": file_sha256(a.data)}  # what the data holds, not where it lies
     units = []
     for v in variants:
         dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__}, variant=v,
                            variant_config=settings.get(v, {}))
         require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
                 f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
-        data = {"path": str(Path(a.data).resolve()), "bytes": Path(a.data).stat().st_size}
         want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), dtype=a.dtype, data=data,
                                        target=str(Path(a.target).resolve()), target_modified=_modified(a.target)))
         units.append(stages.Unit(str(out / v), want, out / v / "fingerprint.json", [out / v]))
@@ -289,20 +332,25 @@ def cmd_train(a):
         stages.preflight(units)  # a finished or half-trained drafter of another configuration: refused, all at once
     _, _, rank_dev = dist.init()  # torchrun: one process per GPU, data-parallel over the global batch
     dev = rank_dev or args.device(a.device)
-    for u in units:
-        if not stages.check(u, a.force):
-            stages.record(u)  # before training: a half-trained drafter is checked like a finished one
-    dist.barrier()
-    todo = [v for v in variants if not (out / v / "DONE").exists()]
-    if not todo:
-        print(f"nothing to train: {', '.join(variants)} already finished in {out} with this configuration")
-        return
-    # --- the work ---
-    tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)
-    need_mtp = any(get_variant(v).needs_mtp for v in todo)  # dflash alone needs no MTP head
-    mtp = MTPHead.load(tgt, a.target) if need_mtp else None
-    drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo}, variant_configs=settings)
-    train_drafters(tgt, mtp, drafters, seqs, cfg, out)
+    with contextlib.ExitStack() as held:
+        if dist.is_main():  # (rank 0 writes): a second `dmtp train` on one of these drafters is refused
+            for u in units:
+                held.enter_context(one_writer(u.outputs[0]))
+        for u in units:
+            if not stages.check(u, a.force):
+                stages.record(u)  # before training: a half-trained drafter is checked like a finished one
+        dist.barrier()
+        todo = [v for v in variants if not (out / v / "DONE").exists()]
+        if not todo:
+            print(f"nothing to train: {', '.join(variants)} already finished in {out} with this configuration")
+            return
+        # --- the work ---
+        tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)
+        need_mtp = any(get_variant(v).needs_mtp for v in todo)  # dflash alone needs no MTP head
+        mtp = MTPHead.load(tgt, a.target) if need_mtp else None
+        drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo},
+                                variant_configs=settings)
+        train_drafters(tgt, mtp, drafters, seqs, cfg, out)
 
 
 _TRAIN_DEFAULTS = dict(steps=200, batch_size=8, max_len=512, layers=1, lr=6e-4, gamma=4.0, mask_token_id=1,
@@ -342,7 +390,8 @@ def main(argv=None):
     g.add_argument("--data-path", help="local copy of --dataset (.json/.jsonl/.parquet or a folder); default "
                    "$DMTP_DATA_<NAME>, else the HF cache (offline)")
     g.add_argument("--n", type=args.at_least(1), help="only the first N prompts")
-    g.add_argument("--temperature", type=args.number(0), default=0.0, help="0: greedy; > 0: sampling")
+    g.add_argument("--temperature", type=args.temperature, default=0.0,
+                   help=f"0: greedy; >= {MIN_TEMPERATURE:g}: sampling")
     g.add_argument("--verify", default="target", choices=list(VERIFY_MODES),
                    help="target: argmax drafts, the target samples its own tokens (default); sample: drafts sampled, "
                    "token-wise speculative sampling; block: drafts sampled, block verification (equal at T = 0)")
@@ -354,7 +403,7 @@ def main(argv=None):
                    "fixed: ignore EOS, decode exactly --max-new-tokens")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable (a newline from bash: "
                    "$'\\ndef'); 'humaneval' = the standard HumanEval stop sequences (natural mode)")
-    g.add_argument("--seed", type=args.at_least(0), default=0)
+    g.add_argument("--seed", type=args.SEED, default=0)
     g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     g.add_argument("--engine", action="append", metavar="KEY=VALUE", default=[],
                    help="a decode-engine setting (dmtp/config.py EngineConfig), repeatable: engine=hf|flex|compiled, "
@@ -382,7 +431,7 @@ def main(argv=None):
     t.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
     t.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default 1)")
     t.add_argument("--init-from", help="variant=PATH,... continue from DFlash-format checkpoints")
-    t.add_argument("--seed", type=args.at_least(0), default=0)
+    t.add_argument("--seed", type=args.SEED, default=0)
     t.add_argument("--stop-after", type=args.at_least(0), default=0,
                    help="checkpoint and stop after this step (resume later)")
     t.add_argument("--compile", choices=["auto", "on", "off"], default="auto",

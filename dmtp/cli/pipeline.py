@@ -20,6 +20,7 @@ stages write the resolved experiment to `results/<profile>/experiment.json`, fro
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.analysis.report import render_tables
 from dmtp.checks import require
 from dmtp.cli import verify as verify_study
-from dmtp.cli.stages import Unit, fingerprint, preflight
+from dmtp.cli.stages import RUN_CONTROL, StageMismatch, Unit, differences, fingerprint, mismatch, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
 from dmtp.data.corpus import build_corpus, corpus_summary
@@ -49,7 +50,7 @@ from dmtp.engine.decode import build_method, load_method
 from dmtp.engine.runner import run_generate, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import Profile, drafter_config, torch_dtype, write_experiment
-from dmtp.io import atomic_dir, read_jsonl, write_json, write_jsonl, write_meta, write_text
+from dmtp.io import atomic_dir, one_writer, read_json, read_jsonl, write_json, write_jsonl, write_meta, write_text
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
@@ -83,11 +84,27 @@ class Ctx:
         removed a mismatch); a mismatch without --force raises."""
         return stage_check(u, self.force, self.log)
 
+    def need(self, stage: str, runs=None) -> None:
+        """Refuse to read the output of an earlier stage that is missing, unfinished or made with another
+        configuration than the one requested now, naming the stage that makes it (--force redoes the stages run,
+        never their inputs); `runs`: only these (run, seed) drafters."""
+        for u in units(self, stage):
+            if runs is not None and (u.run["run"], u.run["seed"]) not in runs:
+                continue
+            if not finished(stage, u):
+                raise FileNotFoundError(f"{u.what} is not there or not finished: run the {stage} stage first "
+                                        f"(dmtp pipeline --profile {self.p.name} --stage {stage})")
+            if d := mismatch(u):
+                raise StageMismatch(f"{u.what} was made with another configuration than the one requested "
+                                    f"({', '.join(d[:6])}): redo it (--stage {stage} --force), or request the "
+                                    "settings it was made with")
+
     @property
     def tok(self):
         return load_tokenizer(self.work / "tokenizer")
 
     def target(self):
+        self.need("target")
         load_tokenizer(self.work / "target")  # a target trained on an old tokenizer is an error (StaleTokenizer)
         t = Target.load(self.work / "target", dtype=self.dtype, device=self.dev)
         return t, MTPHead.load(t, self.work / "target")
@@ -111,7 +128,8 @@ def st_tokenizer(c: Ctx):
         shutil.rmtree(out)
         shutil.rmtree(c.work / "tokens", ignore_errors=True)
         stage_record(u)
-    if not (out / "tokenizer.json").exists():
+    if not (out / "tokenizer_config.json").exists():  # written last: a kill between the two files trains it again
+        c.need("corpus")
         train_tokenizer(c.work / "corpus" / "train.jsonl", out, vocab_size=c.p.data.vocab_size,
                         max_bytes=c.p.data.tokenizer_bytes)
     tok = load_tokenizer(out)
@@ -138,6 +156,7 @@ def st_target(c: Ctx):
     if not there:  # the record goes into the resumable state: a half-trained target is checked like a finished one
         u, = units(c, "target")  # (recomputed: --force may just have removed a finished target)
         stage_record(u)
+    c.need("tokenizer")
     tok = c.tok
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(c.p.stream(c.p.pretrain.seed))  # the same initial weights on every rank
@@ -236,6 +255,7 @@ def st_drafters(c: Ctx):
                 raise ValueError(f"ablation.only: {run} continues from {src}, which is neither trained nor selected")
     if not todo:
         return
+    c.need("data")
     tgt, mtp = c.target()
     tok = c.tok
     seqs = load_sequences(c.work / "data" / "train.jsonl", c.p.train.max_len, vocab_size=tgt.vocab_size)
@@ -269,7 +289,7 @@ def st_drafters(c: Ctx):
     for seed in spec.seeds:
         d = drafters_dir(c, seed)
         if d.exists():
-            hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): json.loads((n / "history.json").read_text())
+            hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): read_json(n / "history.json")
                          for n in sorted(d.iterdir()) if (n / "history.json").exists()})
     write_json(c.res / "drafters" / "train_history.json", hist)
 
@@ -316,8 +336,23 @@ def stop_strings(p: Profile, mode: str) -> tuple[str, ...]:
     return tuple(x for s in p.eval.stops for x in (HUMANEVAL_STOPS if s == "humaneval" else (s,)))
 
 
+def experiment_settings(experiment: dict) -> dict:
+    """What an experiment.json says the runs were made with: without run control, the seeds one invocation works on
+    and the verify study (its own stage), as `fingerprint` writes it."""
+    return {k: v for k, v in fingerprint(experiment, RUN_CONTROL + ("only_seeds",)).items() if k != "verify"}
+
+
+def record_experiment(c: Ctx, section: str | None = None):
+    """results/<profile>/experiment.json: the requested experiment (the eval stage), or only its `section` written
+    into the one recorded (the verify stage: the other sections stay what the eval runs were made with)."""
+    path = c.res / "experiment.json"
+    if section is None or not path.exists():
+        write_experiment(path, c.p)
+    else:
+        write_json(path, dict(read_json(path), **{section: asdict(getattr(c.p, section))}))
+
+
 def st_eval(c: Ctx):
-    write_experiment(c.res / "experiment.json", c.p)  # the runs' experiment: the report takes its rows from it
     ev = c.p.eval
     cache, todo = {}, []
     for (ds, n, temp, mode, m, seed), u in zip(eval_plan(c.p), units(c, "eval")):
@@ -327,9 +362,11 @@ def st_eval(c: Ctx):
         if not (c.check(u) and fresh(path, dep)):
             todo.append((ds, n, temp, mode, m, seed, u))
     if todo:
+        c.need("drafters", {(m, seed) for _, _, _, _, m, seed, _ in todo})
         tgt, mtp = c.target()
         tok = c.tok
         hp = humaneval_prompts()
+    record_experiment(c)  # the runs' experiment: the report takes its rows from it
     failed = []
     for ds, n, temp, mode, m, seed, u in todo:
         path = u.outputs[0]
@@ -413,6 +450,7 @@ def st_curve(c: Ctx):
             todo.append((m, seed, k, src, u))
     if not todo:
         return
+    c.need("drafters", {(m, seed) for m, seed, *_ in todo})
     tgt, mtp = c.target()
     tok = c.tok
     rows = encode_prompts(tok, humaneval_prompts()[:n])
@@ -421,9 +459,9 @@ def st_curve(c: Ctx):
         method = build_method(d.config.variant, tgt, drafter=d, mtp=mtp)
         method.name = m
         if k < c.p.train.steps:
-            tokens = json.loads((src / "snapshot.json").read_text())["train_tokens"]
+            tokens = read_json(src / "snapshot.json")["train_tokens"]
         else:
-            tokens = json.loads((src / "history.json").read_text())[-1].get("tokens")
+            tokens = read_json(src / "history.json")[-1].get("tokens")
             require(tokens is not None, f"{src}/history.json has no training-token count (trained before it was "
                     "recorded): retrain with --force")
         t0 = time.time()
@@ -451,7 +489,7 @@ def write_subsets(c: Ctx):
                     continue
                 recs = [dict(r, dataset=name) for r in read_jsonl(f)[:n]]
                 write_jsonl(out, recs)
-                meta = json.loads(f.with_suffix(".meta.json").read_text())
+                meta = read_json(f.with_suffix(".meta.json"))
                 meta["derived_from"] = {"file": f.name, "first": n}
                 write_json(out.with_suffix(".meta.json"), meta)
 
@@ -503,12 +541,13 @@ def st_verify(c: Ctx):
     temperature group not already made with the same settings after the model it measures, in the study's evaluation
     mode `verify.eval_mode` (natural: end-of-text or the eval stage's stop strings `eval.stops`; fixed: exactly
     `verify.max_new_tokens`)."""
-    write_experiment(c.res / "experiment.json", c.p)  # the report orders the study's rows by it
     v, out = c.p.verify, c.res / "verify"
     plan = list(zip(verify_study.groups(v), units(c, "verify")))
     todo = [g for g, u in plan if not (c.check(u) and fresh(u.outputs[0], _model_done(c, g[0])))]
     if not todo and (out / "throughput.csv").exists() and (out / "oracle.csv").exists():
         return
+    c.need("drafters", {(m, c.p.ablation.seeds[0]) for m, _, _ in todo})
+    record_experiment(c, section="verify")  # the report orders the study's rows by it
     tgt, mtp = c.target()
     tok = c.tok
     want = {g: u.want for g, u in plan}
@@ -526,7 +565,14 @@ def _model_done(c: Ctx, run: str) -> Path:
 
 
 def st_tables(c: Ctx):
-    write_experiment(c.res / "experiment.json", c.p)
+    """Tables of the runs there are: the experiment they were made with is the one the eval stage recorded, and a
+    request for another (`--set eval.new_tokens=13`) is refused rather than written over it."""
+    path = c.res / "experiment.json"
+    if path.exists():
+        d = differences(experiment_settings(read_json(path)), experiment_settings(asdict(c.p)))
+        require(not d, f"{path}: the runs were made with another experiment than the one requested "
+                f"({', '.join(d[:6])}); the tables show the runs there are: drop the --set, or run the eval stage "
+                "with it first")
     write_subsets(c)
     lossless_check(c)
     render_tables(c.p.folder, c.res.parents[c.p.folder.count("/")])
@@ -568,6 +614,15 @@ def drafter_fingerprint(p: Profile, run: str, f: dict, seed: int = 0) -> dict:
 
 
 FINGERPRINT = "fingerprint.json"
+
+
+def finished(stage: str, u: Unit) -> bool:
+    """A unit's output is complete: the marker its stage writes last is there (a data or run file: written at once)."""
+    out = u.outputs[0]
+    if stage == "tokenizer":  # tokenizer_config.json last, then the token streams
+        return (out / "tokenizer_config.json").exists() and all((u.outputs[1] / f"{s}.npy").exists()
+                                                                for s in ("train", "heldout"))
+    return (out / "DONE").exists() if out.suffix != ".jsonl" else out.exists()
 
 
 def units(c: Ctx, stage: str) -> list[Unit]:
@@ -677,11 +732,15 @@ def main(a):
         c.dev = rank_dev
     if world > 1:
         c.log(f"{world} data-parallel ranks ({'nccl' if rank_dev.startswith('cuda') else 'gloo'})")
-    for s in stages:
-        t0 = time.time()
-        c.log(f"stage {s} ...")
-        if RUN[s](c) is False:
-            c.log(f"stage {s} stopped early (resumable); later stages not run")
-            break
-        c.log(f"stage {s} done in {time.time() - t0:.1f}s")
+    with contextlib.ExitStack() as held:
+        if is_main():  # one writer per output: a second pipeline on any of them is refused, naming this one
+            for out in dict.fromkeys(u.outputs[0] for s in stages for u in units(c, s)):
+                held.enter_context(one_writer(out))
+        for s in stages:
+            t0 = time.time()
+            c.log(f"stage {s} ...")
+            if RUN[s](c) is False:
+                c.log(f"stage {s} stopped early (resumable); later stages not run")
+                break
+            c.log(f"stage {s} done in {time.time() - t0:.1f}s")
     dist.destroy()

@@ -11,7 +11,8 @@ before the file, so a file never exists without it).
                         # differs: StageMismatch naming the fields, or with force the outputs are removed (False)
     record(u)           # before the work starts (a half-done output is tagged too)
 
-An output made before fingerprints existed has none: it is kept, with a note.
+An output made before fingerprints existed has none: it is kept, with a note. A record that cannot be read (not
+JSON, not an object) is an error naming it; `--force` redoes the output.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 
 from dmtp.dist import barrier, is_main
-from dmtp.io import write_json
+from dmtp.io import read_json, write_json
 
 # how a run is cut into pieces, logged and executed (compile: eager or compiled; fused_ce, ce_chunk: the LM-head loss
 # fused and chunked or not; the same math), not what it makes
@@ -80,19 +81,29 @@ class Unit:
         return any(p.exists() or p.is_symlink() for p in self.outputs)
 
 
+CORRUPT = "(record unreadable)"  # mismatch() of an output whose record cannot be read
+
+
 def recorded(u: Unit):
-    """The recorded fingerprint, or None when the output predates fingerprints (or the record is unreadable)."""
-    try:
-        return json.loads(u.record.read_text()).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
+    """The recorded fingerprint, or None when the output predates fingerprints (no record, or one without the key).
+    A record that is not a JSON object raises ValueError naming it."""
+    if not u.record.exists():
         return None
+    rec = read_json(u.record)
+    if not isinstance(rec, dict):
+        raise ValueError(f"{u.record}: expected a JSON object with `fingerprint`, got {type(rec).__name__}")
+    return rec.get("fingerprint")
 
 
 def mismatch(u: Unit) -> list[str]:
-    """The differing fields of existing work (empty when there is none, it matches, or it has no record)."""
+    """The differing fields of existing work (empty when there is none, it matches, or it has no record); an
+    unreadable record: [CORRUPT + the reason]."""
     if not u.there():
         return []
-    old = recorded(u)
+    try:
+        old = recorded(u)
+    except ValueError as e:
+        return [f"{CORRUPT}: {e}"]
     return [] if old is None else differences(old, u.want)
 
 
@@ -106,8 +117,8 @@ def describe(bad: list[tuple[Unit, list[str]]], limit: int = 6) -> str:
         more = f", and {len(d) - limit} more" if len(d) > limit else ""
         also = f" and {len(us) - 1} more like it" if len(us) > 1 else ""
         parts.append(f"{us[0].what}{also} ({', '.join(d[:limit])}{more})")
-    return ("finished or started work was made with another configuration: " + "; ".join(parts)
-            + ". Pass --force to redo it with the requested one, or request the recorded settings")
+    return ("finished or started work was made with another configuration, or its record cannot be read: "
+            + "; ".join(parts) + ". Pass --force to redo it with the requested one, or request the recorded settings")
 
 
 def preflight(units: list[Unit]) -> None:
@@ -134,14 +145,14 @@ def check(u: Unit, force: bool = False, log=print) -> bool:
     if d and not force:
         raise StageMismatch(describe([(u, d)]))
     if d:
-        log(f"{u.what}: redone with the requested configuration (--force; was {', '.join(d[:6])})")
+        log(f"{u.what}: redone with the requested configuration (--force; {', '.join(d[:6])})")
         barrier()  # under torchrun: every rank has read the record before rank 0 removes it
         if is_main():
             remove(u)
         barrier()
         return False
     if recorded(u) is None:
-        log(f"{u.what}: made before configurations were recorded; kept as it is")
+        log(f"{u.what}: made before configurations were recorded (no fingerprint in {u.record}); kept as it is")
     return True
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from dmtp.io import atomic_path
+from dmtp.io import atomic_path, read_json
 
 FILES = ("train.jsonl", "heldout.jsonl", "manifest.csv")
 _BANNED = ("human_eval", "humaneval")  # lowercase; matched against paths and document text
@@ -38,6 +38,12 @@ def default_roots() -> list[str]:
         if os.path.isdir(r) and r not in out:
             out.append(r)
     return out
+
+
+def _in_stdlib(path: str, stdlib: str) -> bool:
+    """A file under the standard library's folder `stdlib` that is not of a package installed there."""
+    rel = os.path.relpath(path, stdlib)
+    return not rel.startswith(os.pardir) and not {"site-packages", "dist-packages"} & set(Path(rel).parts)
 
 
 def _banned(s: str) -> bool:
@@ -123,7 +129,7 @@ def _write(out_dir: Path, docs, heldout_frac: float, config: dict, extra: dict, 
 def _resume(out_dir: Path, config: dict) -> dict | None:
     if not (out_dir / "DONE").exists() or not all((out_dir / f).exists() for f in FILES):
         return None
-    done = json.loads((out_dir / "DONE").read_text())
+    done = read_json(out_dir / "DONE")
     if done.get("config") != config:
         raise ValueError(f"{out_dir} holds a corpus built with {done.get('config')}, not {config}; "
                          f"delete it or choose another out_dir")
@@ -139,9 +145,11 @@ def build_corpus(out_dir, max_bytes: int, max_file_bytes: int = 200_000, heldout
                  roots=None, progress=True) -> dict:
     """Collect the interpreter's `*.py` files into `out_dir` (see module docstring); returns stats and paths.
 
-    Files are de-duplicated by sha256 of content and visited in sorted hash order, so which files fill the
-    `max_bytes` budget (UTF-8 bytes of text) is deterministic. Skips non-UTF-8 files, files over
-    `max_file_bytes`, and anything mentioning HumanEval. If `out_dir` already holds a finished corpus (a `DONE`
+    Files are de-duplicated by sha256 of content and visited in sorted hash order, the standard library's first
+    (outside its site-packages), so which files fill the `max_bytes` budget (UTF-8 bytes of text) is deterministic,
+    and a budget the standard library fills (`tiny`, `smoke`: `stdlib_only` in DONE) gives the same corpus on every
+    installation of one Python version, whatever packages are installed beside it. Skips non-UTF-8 files, files
+    over `max_file_bytes`, and anything mentioning HumanEval. If `out_dir` already holds a finished corpus (a `DONE`
     marker) built with the same settings it is returned untouched (`"resumed": True`); different settings raise.
     """
     out_dir = Path(out_dir)
@@ -151,15 +159,19 @@ def build_corpus(out_dir, max_bytes: int, max_file_bytes: int = 200_000, heldout
     if (done := _resume(out_dir, config)) is not None:
         return _result(out_dir, done, resumed=True)
     by_hash, skipped = _scan(roots, max_file_bytes, progress)
+    root = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    stdlib = {sha for sha, (path, _) in by_hash.items() if _in_stdlib(path, root)}
     chosen, total = [], 0
-    for sha in sorted(by_hash):
+    for sha in sorted(by_hash, key=lambda s: (s not in stdlib, s)):
         path, nbytes = by_hash[sha]
         if total + nbytes > max_bytes:
             continue  # a smaller file further on may still fit
         chosen.append(sha)
         total += nbytes
+    chosen.sort()  # written in hash order
     docs = ((by_hash[s][0], s, Path(by_hash[s][0]).read_bytes().decode("utf-8")) for s in chosen)
-    extra = {"roots": roots, "n_candidates": len(by_hash), "skipped": skipped}
+    extra = {"roots": roots, "n_candidates": len(by_hash), "skipped": skipped,
+             "stdlib_only": all(s in stdlib for s in chosen)}
     return _result(out_dir, _write(out_dir, docs, heldout_frac, config, extra, progress), resumed=False)
 
 
@@ -219,7 +231,8 @@ def corpus_summary(out_dir: Path) -> dict:
     done_path = Path(out_dir) / "DONE"
     if not done_path.exists():
         return {}
-    done = json.loads(done_path.read_text())
-    keys = ("n_train", "n_heldout", "train_bytes", "heldout_bytes", "train_digest", "heldout_digest", "roots")
+    done = read_json(done_path)
+    keys = ("n_train", "n_heldout", "train_bytes", "heldout_bytes", "train_digest", "heldout_digest", "roots",
+            "stdlib_only")
     return {k: done[k] for k in keys if k in done}
 

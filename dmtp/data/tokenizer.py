@@ -24,7 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 
 from dmtp.data.corpus import iter_documents
-from dmtp.io import atomic_path
+from dmtp.io import atomic_path, read_json
 
 EOT, MASK = "<|endoftext|>", "<|mask|>"
 SPECIAL = [EOT, MASK]  # ids 0, 1 (BpeTrainer assigns special tokens first, in this order)
@@ -90,7 +90,7 @@ def tokenizer_version(path) -> int | None:
     suite tokenizer saved before versions were recorded (`<|endoftext|>`, `<|mask|>` at ids 0, 1); None for any
     other tokenizer (an HF checkpoint's own, e.g. Qwen's)."""
     path = Path(path)
-    cfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+    cfg = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
     if cfg.get("dmtp_pretokenizer") is not None:
         return int(cfg["dmtp_pretokenizer"])
     mask = cfg.get("mask_token")
@@ -106,13 +106,19 @@ def load_tokenizer(path):
     would be split differently from the stream the target was trained on."""
     from transformers import AutoTokenizer
 
+    for f in ("tokenizer_config.json", "tokenizer.json", "special_tokens_map.json"):  # a bad one: file and line
+        if (Path(path) / f).exists():
+            read_json(Path(path) / f)
     v = tokenizer_version(path)
     if v is not None and v != PRETOKENIZER_VERSION:
         raise StaleTokenizer(f"{path}: tokenizer built with pre-tokenizer v{v}, this code uses "
                              f"v{PRETOKENIZER_VERSION} (newlines kept apart from indentation); rebuild it and "
                              "everything trained on it (`dmtp pipeline --stage tokenizer` rebuilds the tokenizer; "
                              "delete the profile's target, data and drafters under work/)")
-    return AutoTokenizer.from_pretrained(str(path))
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # files that parse but do not make a tokenizer (a vocabulary missing, ...)
+        raise ValueError(f"tokenizer in {path} cannot be loaded: {str(e).splitlines()[0][:200]}") from None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

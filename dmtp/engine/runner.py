@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
+from dmtp.checks import BadValue
+from dmtp.checks import temperature as TEMPERATURE
 from dmtp.data.datasets import chat_text, encode
 from dmtp.data.tokenizer import token_bytes
 from dmtp.dist import all_gather_objects, rank_world
@@ -59,6 +61,8 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
     records come back in prompt order on every rank, so the result does not depend on the number of ranks.
     `mode` "natural" (default; with no stop strings: end-of-text or length) or "fixed" (module docstring);
     `verify`: target | sample | block (`engine/verify.py`); `engine`: the `EngineConfig` (None: the default)."""
+    if not TEMPERATURE[0](temperature):  # 1e-320: logits / T overflows in fp32 (checks.MIN_TEMPERATURE)
+        raise BadValue("temperature", temperature, TEMPERATURE[1])
     stop = stop_spec(tgt, tok, mode, stop_strings)
     eos_ids = list(eos_ids) if mode == "natural" else []
     rank, world = rank_world() if shard else (0, 1)

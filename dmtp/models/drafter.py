@@ -21,11 +21,12 @@ import torch
 import torch.nn as nn
 
 from dmtp.checks import at_least, check, positive, require
-from dmtp.io import atomic_dir
+from dmtp.io import atomic_dir, save_safetensors
 from dmtp.models.attention import build_mask
 from dmtp.models.dflash2 import Layer2, Selector, reset_parameters
 from dmtp.models.layers import Layer, RMSNorm, rope_cos_sin
 from dmtp.models.variants import get_variant
+from dmtp.models.weights import check_finite, check_fits
 
 
 @dataclass
@@ -271,12 +272,10 @@ class Drafter(nn.Module):
 
     # --- checkpoint I/O in the public DFlash format ------------------------------------------------------------------
     def save(self, path: str | Path):
-        from safetensors.torch import save_file
-
         with atomic_dir(path) as tmp:
             (tmp / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2))
             sd = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-            save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_safetensors(sd, tmp / "model.safetensors")
 
     @classmethod
     def load(cls, path: str | Path, device="cpu", dtype=torch.float32, **overrides) -> "Drafter":
@@ -299,17 +298,19 @@ class Drafter(nn.Module):
         m = cls(c)
         try:
             sd = load_file(str(path / "model.safetensors"))
-            missing, unexpected = m.load_state_dict(sd, strict=False)
-        except Exception as e:  # truncated / not safetensors (SafetensorError), shapes unlike config.json
+        except Exception as e:  # truncated / not safetensors (SafetensorError)
             raise ValueError(f"drafter checkpoint {path}/model.safetensors cannot be loaded: "
                              f"{str(e).splitlines()[0][:300]}") from None
-        # A plain DFlash checkpoint has no injection weights: the variant keeps its own initialisation
-        # (zero_init_residual then starts exactly as the double-anchor token-only drafter); nor DFlash2 conv/selector
-        # weights: they keep their identity initialisation (a dflash2 drafter then starts as that DFlash drafter).
-        missing = [k for k in missing if not k.startswith(("injection.", "selector."))
-                   and not re.match(r"layers\.\d+\.conv_(attn|mlp)\.", k)]
-        if missing or unexpected:
-            raise ValueError(f"drafter checkpoint {path}: missing {missing[:6]}, unexpected {unexpected[:6]}")
+        # Loaded as another variant or backbone (`overrides`, a drafter to continue from): a plain DFlash checkpoint
+        # has no injection weights, and the variant keeps its own initialisation (zero_init_residual then starts
+        # exactly as the double-anchor token-only drafter); nor DFlash2 conv/selector weights: they keep their
+        # identity initialisation (a dflash2 drafter then starts as that DFlash drafter). Loaded as itself: every
+        # tensor its config needs is there.
+        new = [k for k in m.state_dict() if k.startswith(("injection.", "selector."))
+               or re.match(r"layers\.\d+\.conv_(attn|mlp)\.", k)] if overrides else []
+        check_fits(f"drafter checkpoint {path}", m.state_dict(), sd, optional=new)
+        check_finite(f"drafter checkpoint {path}", sd.items())
+        m.load_state_dict(sd, strict=False)
         return m.to(device=device, dtype=dtype)
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from dmtp.io import save_safetensors
 from dmtp.models.cache import KVCache, causal_mask
+from dmtp.models.weights import check_finite, check_fits
 
 MTP_PREFIX = "mtp."
 
@@ -97,10 +99,11 @@ class MTPHead(nn.Module):
                 "(methods `mtp` and every DMTP variant need one; `ar` and `dflash` do not)")
         head = cls(target)
         sd = _unfuse_experts(sd, head.state_dict())
-        missing, unexpected = head.load_state_dict(sd, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"MTP weights in {path} do not match the target's layer format: "
-                             f"missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]}")
+        what = f"MTP head of {path} (its `{MTP_PREFIX}*` tensors, in the target's layer format)"
+        check_fits(what, {MTP_PREFIX + k: v for k, v in head.state_dict().items()},
+                   {MTP_PREFIX + k: v for k, v in sd.items()})
+        check_finite(what, sd.items())
+        head.load_state_dict(sd)
         return head.requires_grad_(False).eval()
 
 
@@ -196,8 +199,6 @@ def save_target_with_mtp(model: nn.Module, mtp: MTPHead, path: str | Path, max_s
                          experts: str = "fused"):
     """save_pretrained + the `mtp.*` keys in a shard of their own, listed in the index like real Qwen3.5 checkpoints.
     experts: "fused" (as the module holds them) or "per_expert" (the Qwen3.5/3.6-MoE checkpoint layout)."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     model.save_pretrained(path, max_shard_size=max_shard_size)
     index_path = path / "model.safetensors.index.json"
@@ -214,7 +215,7 @@ def save_target_with_mtp(model: nn.Module, mtp: MTPHead, path: str | Path, max_s
         sd = split_experts(sd)
     elif experts != "fused":
         raise ValueError(f"experts must be 'fused' or 'per_expert', not {experts!r}")
-    save_file(sd, str(path / "model-mtp.safetensors"), metadata={"format": "pt"})
+    save_safetensors(sd, path / "model-mtp.safetensors")
     index["weight_map"].update({k: "model-mtp.safetensors" for k in sd})
     index_path.write_text(json.dumps(index, indent=2))
     cfg_path = path / "config.json"

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from dmtp.models.cache import KVCache, causal_mask
+from dmtp.models.weights import check_finite, refuse_misfit
 
 
 @dataclass
@@ -65,16 +66,33 @@ class Target(nn.Module):
     # --- loading -----------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, dtype=torch.float32, device="cpu", attn_implementation: str = "sdpa") -> "Target":
+        """The checkpoint's model, refused (one line naming it) unless its weights are exactly what config.json
+        describes (transformers would re-initialise, drop or resize them with a report) and a forward pass gives
+        finite logits."""
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
         path = Path(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"no HF checkpoint at {path} (config.json missing)")
+        what, verbosity = f"target checkpoint {path}", hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its load report: the mismatches are named below instead
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-        except Exception as e:  # a broken config.json or weights file (OSError, SafetensorError, shapes, ...)
-            raise ValueError(f"target checkpoint {path} cannot be loaded: {str(e).splitlines()[0][:300]}") from None
-        return cls(model.to(device))
+            model, info = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,
+                ignore_mismatched_sizes=True)
+        except Exception as e:  # a broken config.json or weights file (OSError, SafetensorError, ...)
+            raise ValueError(f"{what} cannot be loaded: {str(e).splitlines()[0][:300]}") from None
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        own = lambda keys: [k for k in keys if not k.startswith("mtp.")]  # noqa: E731 (mtp.*: the head, mtp.py)
+        refuse_misfit(what, info["mismatched_keys"], own(info["missing_keys"]), own(info["unexpected_keys"]))
+        tgt = cls(model.to(device))
+        check_finite(what, tgt.model.named_parameters())
+        ids = torch.arange(min(8, tgt.vocab_size), device=tgt.device)[None]
+        if not bool(torch.isfinite(tgt.features(ids).logits).all()):
+            raise ValueError(f"{what}: a forward pass gives non-finite logits in {str(dtype).removeprefix('torch.')}")
+        return tgt
 
     @property
     def device(self):

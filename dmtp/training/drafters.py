@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
-from dmtp.io import atomic_dir, atomic_path, iter_jsonl, write_json, write_text
+from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
 from dmtp.models.attention import flex_mask
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
@@ -299,7 +299,7 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         if (out_dir / name / "DONE").exists():
             start[name] = cfg.steps
         elif state.exists():
-            s = torch.load(state, map_location=dev, weights_only=False)
+            s = load_state(state, dev)
             if s["step"] > cfg.steps:
                 raise ValueError(f"{state} is at step {s['step']}, beyond the {cfg.steps} steps requested")
             d.load_state_dict(s["model"])
@@ -384,7 +384,7 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
             if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop) and main:
                 d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
                 with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
-                    torch.save({"model": d.state_dict(), "opt": opts[name].state_dict(), "step": step + 1,
+                    save_state({"model": d.state_dict(), "opt": opts[name].state_dict(), "step": step + 1,
                                 "history": hist[name]}, tmp)
                 if step + 1 == cfg.steps:  # the final checkpoint, then at once DONE (a rerun completes a kill here)
                     _finish(out_dir / name, hist[name], f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)")

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive, require
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
-from dmtp.io import atomic_path
+from dmtp.io import atomic_path, load_state, save_state
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
 from dmtp.training.common import COMPILE, compiled, to_device
@@ -230,7 +230,7 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     start, hist = 0, []
     rng = np.random.default_rng(cfg.seed)  # window starts: the only randomness of a step
     if state_path.exists():
-        s = torch.load(state_path, map_location=dev, weights_only=False)
+        s = load_state(state_path, dev)
         tgt.model.load_state_dict(s["model"])
         mtp.load_state_dict(s["mtp"])
         opt.load_state_dict(s["opt"])
@@ -279,7 +279,7 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
         if (step + 1) % save_every == 0 or step + 1 == steps or stop:
             if main:
                 with atomic_path(state_path) as tmp:
-                    torch.save({"model": tgt.model.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
+                    save_state({"model": tgt.model.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
                                 "step": step + 1, "history": hist, "rng": rng.bit_generator.state,
                                 "world": world}, tmp)
             if stop:

@@ -17,7 +17,6 @@ interval over seeds and requests (dmtp.analysis.stats); comparisons are paired b
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from dmtp.ablation import AblationSpec
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
 from dmtp.engine.stops import cut_rounds
-from dmtp.io import iter_jsonl
+from dmtp.io import iter_jsonl, read_json
 from dmtp.schema import from_dict
 
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
@@ -47,13 +46,16 @@ def read_spec(root: Path) -> AblationSpec:
     if not path.exists():
         print(f"[report] {path} absent (written by `dmtp pipeline`): rows ungrouped, no reference row")
         return AblationSpec()
-    return from_dict(AblationSpec, json.loads(path.read_text())["ablation"], "experiment.ablation")
+    exp = read_json(path)
+    if not isinstance(exp, dict) or not isinstance(exp.get("ablation"), dict):
+        raise ValueError(f"{path}: expected a JSON object with an `ablation` section (written by `dmtp pipeline`)")
+    return from_dict(AblationSpec, exp["ablation"], "experiment.ablation")
 
 
 def read_subsets(root: Path) -> dict[str, str]:
     """Derived datasets of experiment.json's eval.subsets: name -> the dataset it is the first records of."""
     path = Path(root, "experiment.json")
-    ev = json.loads(path.read_text()).get("eval", {}) if path.exists() else {}
+    ev = read_json(path).get("eval", {}) if path.exists() else {}
     return {name: src for name, (src, _) in (ev.get("subsets") or {}).items()}
 
 
@@ -123,22 +125,41 @@ RUN_COLS = KEYS + ["seed", "id", "k", "accepted", "hist", "n_rounds", "acceptanc
                    "stop_reason", "repeat_rate", "loop_tokens", "acceptance_length_loopfree"]
 
 
+def check_complete(path: Path) -> None:
+    """A run file the report may pool: not marked unfinished by its meta (`finished: false`: `dmtp generate` was
+    stopped half-way) and holding records; otherwise an error naming it."""
+    meta = path.with_suffix(".meta.json")
+    m = read_json(meta) if meta.exists() else {}
+    if isinstance(m, dict) and m.get("finished") is False:
+        raise ValueError(f"{path}: half-written ({meta.name} says finished: false): finish it with the command that "
+                         "made it (it resumes), or remove it")
+    if not any(line.strip() for line in path.open("rb")):
+        raise ValueError(f"{path}: holds no records (an empty run file): rerun it, or remove it")
+
+
 def read_runs(root: Path) -> pd.DataFrame:
     """Every record under root/runs (file names `RUN_NAME`: mode and seed from the suffixes unless the record says);
     a malformed file (bad name, not JSON, no `id`, `accepted` not a list of counts, a temperature the name does not
-    carry) is an error naming the file and line."""
-    rows = []
+    carry), a half-written or empty one, and a request of one run met twice (the same id in one seed, in one file or
+    two) are errors naming the file and line."""
+    rows, seen = [], {}
     for path in sorted(Path(root, "runs").glob("*/*/*.jsonl")):
         experiment, method = path.parent.parent.name, path.parent.name
         m = RUN_NAME.match(path.stem)
         if not m:
             raise ValueError(f"{path}: expected a file name <dataset>_T<temperature>[_fixed][_s<seed>].jsonl")
+        check_complete(path)
         mode, seed = ("fixed" if m["fixed"] else "natural"), int(m["seed"] or 0)
         for line, r in iter_jsonl(path):
             row = _request_row(path, line, r, method, DEFAULT_K.get(method, 7))
             row.update(experiment=experiment, dataset=r.get("dataset", m["dataset"]),
                        temperature=float(r.get("temperature", m["temp"])), mode=r.get("mode") or mode,
                        seed=int(r.get("seed", seed) or 0))
+            key = tuple(row[k] for k in KEYS) + (row["seed"], str(row["id"]))
+            if key in seen:
+                raise ValueError(f"{path}:{line}: request {row['id']!r} of this run is already on {seen[key]} (a "
+                                 "record written twice would count twice): remove the duplicate")
+            seen[key] = f"{path}:{line}"
             rows.append(row)
     return pd.DataFrame(rows, columns=RUN_COLS)
 
@@ -154,7 +175,7 @@ def read_curve(root: Path) -> pd.DataFrame | None:
             raise ValueError(f"{path}: expected a file name <dataset>_T<t>_s<seed>_step<step>.jsonl")
         if not meta_path.exists():
             raise ValueError(f"{path}: no {meta_path.name} beside it (its training tokens)")
-        meta = json.loads(meta_path.read_text())
+        meta = read_json(meta_path)
         meta = meta.get("config", meta)  # dmtp.io.write_meta nests the run's fields under "config"
         if meta.get("train_tokens") is None:
             raise ValueError(f"{meta_path}: expected `train_tokens` (drafter training tokens up to the snapshot)")
@@ -173,7 +194,7 @@ def read_oracle(root: Path) -> dict:
     out = {}
     for path in sorted(Path(root, "oracle").glob("*.json")):
         ds, _, temp = path.stem.rpartition("_T")
-        rec = json.loads(path.read_text())
+        rec = read_json(path)
         if not isinstance(rec.get("cumulative"), list) or "acceptance_length" not in rec:
             raise ValueError(f"{path}: expected an oracle ceiling with `cumulative` and `acceptance_length`")
         out[rec.get("dataset", ds), float(rec.get("temperature", temp))] = rec
@@ -263,6 +284,10 @@ def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> A
     runs = read_runs(root)
     bench = {n: (pd.read_csv(p) if (p := root / "bench" / f"{n}.csv").exists() else None)
              for n in ("throughput", "overhead")}
+    if not (root / "runs").is_dir() and all(v is None for v in bench.values()):
+        raise FileNotFoundError(f"{root} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
+                                f"bench/*.csv): check the profile {profile!r} and the results folder {results}, or "
+                                f"make them (make ablation-code PROFILE={profile})")
     return Artifacts(root, spec, runs, summarize(runs, n_boot, spec), bench["throughput"], bench["overhead"],
                      read_curve(root), read_oracle(root), read_subsets(root))
 

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
+from dmtp.io import read_json
 
 MODES = ["target", "sample", "block"]  # verify modes in table order when the experiment names none
 HATCH = {"target": "", "sample": "//", "block": "xx"}
@@ -34,7 +35,7 @@ def order(root: Path) -> tuple[list[str], list[str]]:
     """(methods, verify modes) in the study's own order: the `verify` section of results/<profile>/experiment.json
     (the resolved profile the pipeline wrote); without one, no method order (by name) and MODES."""
     path = Path(root) / "experiment.json"
-    v = json.loads(path.read_text()).get("verify", {}) if path.exists() else {}
+    v = read_json(path).get("verify", {}) if path.exists() else {}
     return list(v.get("methods", [])), list(v.get("modes", MODES))
 
 

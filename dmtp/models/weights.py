@@ -1,0 +1,43 @@
+"""Checks of a checkpoint's tensors against the module its config builds: a checkpoint that does not fit, or whose
+numbers are not finite, is refused with one line naming it and the first tensors at fault (never loaded with
+pieces re-initialised, dropped or NaN).
+
+    check_fits(f"drafter checkpoint {path}", module.state_dict(), tensors)   # before load_state_dict
+    check_finite(f"target checkpoint {path}", module.named_parameters())
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _names(keys, limit: int = 3) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def refuse_misfit(what: str, shapes=(), missing=(), unexpected=()) -> None:
+    """Raise for the first kind of misfit there is: `shapes` (key, checkpoint shape, config shape), tensors the
+    config needs that are `missing`, tensors it has no place for (`unexpected`)."""
+    if shapes:
+        s = [f"{k}: {list(a)} in the checkpoint, {list(b)} by config.json" for k, a, b in sorted(shapes)]
+        more = f" (and {len(s) - 2} more)" if len(s) > 2 else ""
+        raise ValueError(f"{what}: weights of another shape than config.json describes: {'; '.join(s[:2])}{more}")
+    if missing:
+        raise ValueError(f"{what}: lacks tensors its config.json needs ({_names(missing)})")
+    if unexpected:
+        raise ValueError(f"{what}: holds tensors its config.json has no place for ({_names(unexpected)})")
+
+
+def check_fits(what: str, want: dict, got: dict, optional=()) -> None:
+    """`got` (the checkpoint's tensors) holds every tensor of `want` (the module's state dict) at its shape and
+    nothing else; keys starting with a prefix in `optional` may be absent."""
+    refuse_misfit(what, [(k, got[k].shape, v.shape) for k, v in want.items() if k in got and got[k].shape != v.shape],
+                  [k for k in want if k not in got and not k.startswith(tuple(optional))],
+                  [k for k in got if k not in want])
+
+
+def check_finite(what: str, named_tensors) -> None:
+    """Every floating-point tensor finite (no NaN, no infinity)."""
+    bad = [n for n, t in named_tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"{what}: non-finite weights (NaN or infinity) in {_names(bad)}")
