@@ -62,7 +62,9 @@ def test_drafter_round_trip_in_dflash_format(models, tmp_path):
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 8
     assert cfg["num_target_layers"] == tgt.num_layers
-    assert cfg["dflash_config"] == {"target_layer_ids": d.config.target_layer_ids, "mask_token_id": 2}
+    assert cfg["dflash_config"] == {"target_layer_ids": d.config.target_layer_ids, "mask_token_id": 2,
+                                    "block_size": 8, "output_multiplier": 1.0, "final_logit_softcapping": None}
+    assert cfg["layer_types"] == ["anchor_window_attention"] * 2 and cfg["dmtp_config"]["window"] == 4096
     with safe_open(str(tmp_path / "d" / "model.safetensors"), framework="pt") as fh:
         keys = set(fh.keys())
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight",
