@@ -137,17 +137,26 @@ class PublicDrafter:
 
     @torch.no_grad()
     def propose(self, hidden, anchor, head):
-        """DFlash2's greedy path over the predicting slots' hidden [1, P, H] from the anchor token id [1]."""
+        """DFlash2's greedy path [1, P] over the predicting slots' hidden [1, P, H] from the anchor token id [1],
+        and each slot's {candidate: score}."""
         logits = self.logits(hidden, head)
         unary, cand = torch.topk(logits, int(self.value("selector_top_k")), dim=-1, sorted=False)
         z = F.linear(hidden, self.sd["candidate_selector.hidden_projection.weight"])
         pred, succ = self.sd["candidate_selector.predecessor_codebook"], self.sd["candidate_selector.successor_codebook"]
-        prev, path = anchor, []
+        prev, path, scores = anchor, [], []
         for j in range(hidden.shape[1]):
             s = unary[:, j] + torch.einsum("br,bkr->bk", pred[prev] * z[:, j], succ[cand[:, j]])
+            scores.append(dict(zip(cand[0, j].tolist(), s[0].tolist())))
             prev = cand[:, j].gather(-1, s.argmax(-1, keepdim=True))[:, 0]
             path.append(prev)
-        return torch.stack(path, 1)
+        return torch.stack(path, 1), scores
+
+
+@torch.no_grad()
+def suite_block(d, taps, noise, start: int):
+    """The suite drafter `d` on the same block: context rows 0..start-1, block slots at start.. (anchor at start)."""
+    ctx = d.context_kv(d.context(taps, None), torch.arange(start)[None])
+    return d(noise, start + torch.arange(noise.shape[1])[None], ctx, torch.tensor([[start]]))
 
 
 def write_public(path: Path, *, hidden=32, vocab=50, layers=3, heads=4, kv_heads=2, head_dim=8, intermediate=64,

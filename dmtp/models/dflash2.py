@@ -118,18 +118,22 @@ class Selector(nn.Module):
     def scores(self, logits, hid, prev):
         """logits [..., V] (the drafter's), hid [..., H], prev [...] -> (score [..., k], candidates [..., k]),
         candidates sorted by logit (so with zero transitions, index 0 is the argmax)."""
+        return self._scores(logits, self.hidden_projection(hid.to(self.successor_codebook.dtype)), prev)
+
+    def _scores(self, logits, z, prev):  # z = W_h h, projected already
         unary, cand = logits.float().topk(min(self.k, logits.shape[-1]), -1)
-        z = self.predecessor_codebook[prev] * self.hidden_projection(hid.to(self.successor_codebook.dtype))
-        trans = torch.einsum("...r,...kr->...k", z.float(), self.successor_codebook[cand].float())
+        trans = torch.einsum("...r,...kr->...k", (self.predecessor_codebook[prev] * z).float(),
+                             self.successor_codebook[cand].float())
         return unary + trans, cand
 
     @torch.no_grad()
     def forward(self, logits, hid, prev):
         """Greedy walk from the anchor: logits [B, P, V] and hid [B, P, H] at the P predicting slots in order, prev
-        [B] the block's last given token -> tokens [B, P]."""
+        [B] the block's last given token -> tokens [B, P]. Every slot's W_h h in one product (as the reference)."""
+        z = self.hidden_projection(hid.to(self.successor_codebook.dtype))
         out = []
         for j in range(logits.shape[1]):
-            s, cand = self.scores(logits[:, j], hid[:, j], prev)
+            s, cand = self._scores(logits[:, j], z[:, j], prev)
             prev = cand.gather(-1, s.argmax(-1, keepdim=True))[:, 0]
             out.append(prev)
         return torch.stack(out, 1)
