@@ -105,6 +105,30 @@ def test_variant_settings_live_in_the_variant_config(models, tmp_path):
         make_drafter(tgt, "dflash", variant_config={"rank": 8})
 
 
+def test_artifacts_are_readable_by_others(models, tmp_path):
+    """atomic_dir / atomic_path give what a plain mkdir / open gives (0755 / 0644 under umask 022), not the private
+    0700 / 0600 of mkdtemp / mkstemp: a serving process of another user reads a trained drafter."""
+    import os
+    import stat
+
+    from dmtp.io import atomic_path, write_json
+
+    tgt, _ = models
+    old = os.umask(0o022)
+    try:
+        d = make_drafter(tgt, "dflash")
+        for _ in range(2):  # a new checkpoint, then one replacing it
+            d.save(tmp_path / "run" / "drafter")
+        write_json(tmp_path / "run" / "meta.json", {"a": 1})
+        with atomic_path(tmp_path / "run" / "state.pt") as tmp:
+            torch.save({"step": 1}, tmp)
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*")}
+    assert modes == {"run": 0o755, "run/drafter": 0o755, "run/drafter/config.json": 0o644,
+                     "run/drafter/model.safetensors": 0o644, "run/meta.json": 0o644, "run/state.pt": 0o644}
+
+
 def test_mismatched_drafter_is_a_clear_error(models):
     tgt, _ = models
     d = make_drafter(tgt, "dflash")
