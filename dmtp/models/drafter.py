@@ -263,6 +263,8 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.injection = get_variant(c.variant)(c)
+        self.first_offset = self.layout.offsets[0]  # slot 0's position - the anchor's (a plain int: compiled code
+        # that builds masks guards on its value, not on the variant's type)
         self._rope = rope_frequencies(c)  # scaled RoPE (a plain attribute: stays float32 whatever the dtype)
         self.reset_parameters()
 
@@ -319,7 +321,7 @@ class Drafter(nn.Module):
         """The visibility of every layer (`attention.layer_masks` of `config.rules()`) for N blocks of S slots with
         anchors ctx_end [B, N] over ctx_len context rows; backend: the config's `attn_backend` unless given."""
         c = self.config
-        return layer_masks(c.rules(), ctx_end, slots, ctx_len, backend or c.attn_backend, self.layout.offsets[0])
+        return layer_masks(c.rules(), ctx_end, slots, ctx_len, backend or c.attn_backend, self.first_offset)
 
     def forward(self, block, block_pos, ctx_kv, ctx_end, mask=None):
         """block [B, N*S, H] embeddings of N blocks of S slots at absolute positions block_pos [B, N*S];
