@@ -17,15 +17,30 @@ import time
 from pathlib import Path
 
 
+def _readable(root: Path) -> None:
+    """Give `root` and everything under it the modes a plain open / mkdir gives (0644 files, 0755 folders under the
+    usual umask 022; executables keep their x bits), whatever wrote them: mkstemp / mkdtemp and safetensors'
+    `save_file` create private 0600 / 0700 entries, and artifacts are read by others (a serving process, a
+    colleague)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for p in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        if p.is_symlink():
+            continue
+        full = 0o777 if p.is_dir() or p.stat().st_mode & 0o111 else 0o666
+        os.chmod(p, full & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path):
-    """Yield a temp file path beside `path`; rename onto it only if the block finishes."""
+    """Yield a temp file path beside `path`; rename onto it only if the block finishes (readable: `_readable`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
+        _readable(Path(tmp))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -34,12 +49,14 @@ def atomic_path(path: str | Path):
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
-    """Yield a temp directory beside `path`; it replaces `path` only if the block finishes."""
+    """Yield a temp directory beside `path`; it replaces `path` only if the block finishes (readable, with all it
+    holds: `_readable`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         yield tmp
+        _readable(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

@@ -62,7 +62,9 @@ def test_drafter_round_trip_in_dflash_format(models, tmp_path):
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 8
     assert cfg["num_target_layers"] == tgt.num_layers
-    assert cfg["dflash_config"] == {"target_layer_ids": d.config.target_layer_ids, "mask_token_id": 2}
+    assert cfg["dflash_config"] == {"target_layer_ids": d.config.target_layer_ids, "mask_token_id": 2,
+                                    "block_size": 8, "output_multiplier": 1.0, "final_logit_softcapping": None}
+    assert cfg["layer_types"] == ["anchor_window_attention"] * 2 and cfg["dmtp_config"]["window"] == 4096
     with safe_open(str(tmp_path / "d" / "model.safetensors"), framework="pt") as fh:
         keys = set(fh.keys())
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight",
@@ -101,6 +103,30 @@ def test_variant_settings_live_in_the_variant_config(models, tmp_path):
     assert Drafter.load(tmp_path / "df").config.variant_config == {}
     with pytest.raises(ValueError, match="variant 'dflash': unknown settings \\['rank'\\] \\(it has none\\)"):
         make_drafter(tgt, "dflash", variant_config={"rank": 8})
+
+
+def test_artifacts_are_readable_by_others(models, tmp_path):
+    """atomic_dir / atomic_path give what a plain mkdir / open gives (0755 / 0644 under umask 022), not the private
+    0700 / 0600 of mkdtemp / mkstemp: a serving process of another user reads a trained drafter."""
+    import os
+    import stat
+
+    from dmtp.io import atomic_path, write_json
+
+    tgt, _ = models
+    old = os.umask(0o022)
+    try:
+        d = make_drafter(tgt, "dflash")
+        for _ in range(2):  # a new checkpoint, then one replacing it
+            d.save(tmp_path / "run" / "drafter")
+        write_json(tmp_path / "run" / "meta.json", {"a": 1})
+        with atomic_path(tmp_path / "run" / "state.pt") as tmp:
+            torch.save({"step": 1}, tmp)
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*")}
+    assert modes == {"run": 0o755, "run/drafter": 0o755, "run/drafter/config.json": 0o644,
+                     "run/drafter/model.safetensors": 0o644, "run/meta.json": 0o644, "run/state.pt": 0o644}
 
 
 def test_mismatched_drafter_is_a_clear_error(models):

@@ -110,13 +110,16 @@ def test_compiled_drafter_training_follows_eager(qwen3_5, tmp_path):
 
 
 @pytest.mark.parametrize("name,window", [("dflash", 4096), ("dflash", 5), ("token_only", 7),
-                                         ("zero_init_residual", 4096), ("dflash2", 4096)])
+                                         ("zero_init_residual", 4096), ("dflash2", 4096), ("token_only", 0)])
 def test_flex_block_mask_gives_the_dense_loss(qwen3_5, name, window):
     """The flex-attention block mask (forward only on CPU: flex attention has no CPU backward) gives the dense mask's
     loss over a batch padded to a longer context: both block layouts (8 slots from A, 7 from T1), a window shorter
-    than the context, the DFlash2 backbone. The mask depends on nothing else of a variant."""
+    than the context, the DFlash2 backbone, and (window 0) public sliding-window layers, causal and bidirectional,
+    one mask per layer. The mask depends on nothing else of a variant."""
     tgt, mtp = qwen3_5
     kw = {"backbone": "dflash2", "selector_topk": 8, "selector_dim": 16} if name == "dflash2" else {}
+    if window == 0:
+        kw = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 5}
     d = make_drafter(tgt, "dflash" if name == "dflash2" else name, window=window, **kw)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, tgt.vocab_size, (2, 40), generator=g)
@@ -127,7 +130,7 @@ def test_flex_block_mask_gives_the_dense_loss(qwen3_5, name, window):
                                 valid, 4.0)
         padded = torch.nn.functional.pad(ids, (0, 24))
         feats = extract(tgt, mtp, padded, lengths, d.config.target_layer_ids, True)
-        mask = flex_mask(anchors, d.layout.slots, padded.shape[1], d.config.window)
+        mask = [flex_mask(anchors, d.layout.slots, padded.shape[1], r, d.layout.offsets[0]) for r in d.config.rules()]
         flex, _ = drafter_loss(d, tgt, feats, anchors, valid, 4.0, mask=mask)
     torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-6)
 

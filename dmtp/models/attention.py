@@ -1,34 +1,71 @@
-"""Block-drafting attention: one visibility rule, three backends (dense SDPA, flex attention, flash-attn).
+"""Block-drafting attention: one visibility rule per drafter layer, two backends (dense SDPA, flex attention).
 
-Keys are laid out as [context rows (one per absolute position 0..C-1) ; block rows]. A query slot of block b sees
-    context row j   iff  ctx_end[b] - window <= j < ctx_end[b]     (ctx_end = anchor position a; window from the anchor)
-    block row r     iff  block_id[r] == b                          (bidirectional inside its own block, nothing else)
+Keys are laid out as [context rows (one per absolute position 0..C-1) ; block rows]. Block b has its anchor at
+position a = ctx_end[b] and S slots at positions a+first .. a+first+S-1 (`first`: 0 when slot 0 is the anchor A,
+1 for single-anchor layouts that start at T1). Slot j of block b, at position p = a + first + j, sees
+    context row k   iff  k < a                          (strictly before the anchor: the target has processed them)
+                    and  k >= a - window                (`Rule.window`, the suite's anchor window, SPEC §3.3: the same
+                                                         rows for every slot of the block; 0: no limit)
+                    and  p - k < sliding                (`Rule.sliding`, the public DFlash `sliding_attention` window:
+                                                         measured from each slot's own position; 0: no limit)
+    block row i     iff  it belongs to block b          (no other block is visible)
+                    and  i <= j                         (`Rule.causal`; else bidirectional inside the block)
+                    and  j - i < sliding, and i - j < sliding unless causal   (the same sliding window, both ways)
+The public reference (z-lab/dflash `_attention_mask`) applies exactly these per-query conditions to its key rows
+[cache rows 0..a-1 ; block rows a..a+S-1] (their indices are their positions), so a sliding layer of a public
+checkpoint computes here what it computes there.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 
-def visible(q_block, kv_idx, end, ctx_len: int, slots: int, window: int):
-    """The rule above as a tensor predicate for a query of block `q_block` whose anchor is at `end` and key row
-    `kv_idx` (broadcasts; the flex-attention mask_mod and the dense mask both call it). Block ids by arithmetic, not
-    by indexing a table: inductor's CPU code generation fails on the gather."""
+@dataclass(frozen=True)
+class Rule:
+    """What one drafter layer lets a block slot see (module docstring)."""
+    window: int = 0  # anchor window: context rows a-window..a-1 for every slot (0: every row before a)
+    sliding: int = 0  # per-query window of public `sliding_attention` layers (0: none)
+    causal: bool = False  # slot j sees block slots i <= j only (public sliding layers unless `is_causal` is false)
+
+
+def _rule(rule) -> Rule:
+    """A `Rule`, or an int: the anchor window alone (the rule of the suite's own drafters)."""
+    return rule if isinstance(rule, Rule) else Rule(window=int(rule))
+
+
+def visible(q_idx, kv_idx, end, ctx_len: int, slots: int, rule: Rule, first: int = 0):
+    """The rule above as a tensor predicate for query row `q_idx` (block q_idx // slots, slot q_idx % slots) whose
+    anchor is at `end` and key row `kv_idx` (broadcasts; the flex-attention mask_mod and the dense mask both call
+    it). Block ids by arithmetic, not by indexing a table: inductor's CPU code generation fails on the gather."""
+    q_block, q_slot = torch.div(q_idx, slots, rounding_mode="floor"), q_idx % slots
     is_ctx = kv_idx < ctx_len
-    ctx_ok = is_ctx & (kv_idx < end) & (kv_idx >= end - window)
-    blk_ok = (~is_ctx) & (torch.div(kv_idx - ctx_len, slots, rounding_mode="floor") == q_block)
+    ctx_ok = is_ctx & (kv_idx < end)
+    r = kv_idx - ctx_len  # block row index; its slot r % slots
+    blk_ok = (~is_ctx) & (torch.div(r, slots, rounding_mode="floor") == q_block)
+    if rule.window:
+        ctx_ok = ctx_ok & (kv_idx >= end - rule.window)
+    if rule.causal:
+        blk_ok = blk_ok & (r % slots <= q_slot)
+    if rule.sliding:
+        ctx_ok = ctx_ok & (end + first + q_slot - kv_idx < rule.sliding)
+        blk_ok = blk_ok & (q_slot - r % slots < rule.sliding)
+        if not rule.causal:
+            blk_ok = blk_ok & (r % slots - q_slot < rule.sliding)
     return ctx_ok | blk_ok
 
 
-def dense_mask(ctx_end: torch.Tensor, slots: int, ctx_len: int, window: int) -> torch.Tensor:
+def dense_mask(ctx_end: torch.Tensor, slots: int, ctx_len: int, rule, first: int = 0) -> torch.Tensor:
     """[B, 1, N*S, C+N*S] bool for ctx_end [B, N] (N blocks of S slots per row of the batch)."""
     B, N = ctx_end.shape
     dev = ctx_end.device
-    q_block = torch.arange(N * slots, device=dev) // slots  # [Q]
+    q_idx = torch.arange(N * slots, device=dev)  # [Q]
     kv_idx = torch.arange(ctx_len + N * slots, device=dev)  # [K]
-    end = ctx_end[:, q_block][:, :, None]  # [B, Q, 1]
-    return visible(q_block[:, None], kv_idx, end, ctx_len, slots, window)[:, None]
+    end = ctx_end[:, q_idx // slots][:, :, None]  # [B, Q, 1]
+    return visible(q_idx[:, None], kv_idx, end, ctx_len, slots, _rule(rule), first)[:, None]
 
 
 class _FlexRule:
@@ -36,12 +73,11 @@ class _FlexRule:
     owns. Every batch of that shape copies its anchors in and reuses the same function, so compiled code that takes
     the block mask (training's `block_loss`) is traced once, not once per batch."""
 
-    def __init__(self, B, N, slots, ctx_len, window, device):
+    def __init__(self, B, N, slots, ctx_len, rule, first, device):
         self.ends = ends = torch.zeros(B, N, dtype=torch.long, device=device)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            q_block = q_idx // slots
-            return visible(q_block, kv_idx, ends[b, q_block], ctx_len, slots, window)
+            return visible(q_idx, kv_idx, ends[b, q_idx // slots], ctx_len, slots, rule, first)
 
         self.mask_mod = mask_mod
 
@@ -49,24 +85,35 @@ class _FlexRule:
 _FLEX_RULES: dict[tuple, _FlexRule] = {}
 
 
-def flex_mask(ctx_end: torch.Tensor, slots: int, ctx_len: int, window: int):
+def flex_mask(ctx_end: torch.Tensor, slots: int, ctx_len: int, rule, first: int = 0):
     """Flex-attention `BlockMask` of the rule for ctx_end [B, N] (N blocks of S slots): 128 x 128 tiles that no query
     of the tile can see are skipped, the others evaluate `visible`; nothing of size Q x K is kept."""
     B, N = ctx_end.shape
-    key = (B, N, slots, ctx_len, window, ctx_end.device)
+    rule = _rule(rule)
+    key = (B, N, slots, ctx_len, rule, first, ctx_end.device)
     if key not in _FLEX_RULES:
-        _FLEX_RULES[key] = _FlexRule(B, N, slots, ctx_len, window, ctx_end.device)
-    rule = _FLEX_RULES[key]
-    rule.ends.copy_(ctx_end)  # stream-ordered after every kernel that read the previous batch's anchors
+        _FLEX_RULES[key] = _FlexRule(B, N, slots, ctx_len, rule, first, ctx_end.device)
+    fr = _FLEX_RULES[key]
+    fr.ends.copy_(ctx_end)  # stream-ordered after every kernel that read the previous batch's anchors
     Q = N * slots
-    return create_block_mask(rule.mask_mod, B, None, Q, ctx_len + Q, device=ctx_end.device, _compile=ctx_end.is_cuda)
+    return create_block_mask(fr.mask_mod, B, None, Q, ctx_len + Q, device=ctx_end.device, _compile=ctx_end.is_cuda)
 
 
-def build_mask(ctx_end, slots, ctx_len, window, backend="sdpa", n_kv=None):
-    """The visibility rule for one drafter forward, built once and shared by all its layers."""
+def build_mask(ctx_end, slots, ctx_len, rule, backend="sdpa", first: int = 0):
+    """The visibility rule for one drafter forward, built once and shared by the layers that follow it."""
     if backend == "flex" and ctx_end.is_cuda:
-        return flex_mask(ctx_end, slots, ctx_len, window)
-    return dense_mask(ctx_end, slots, ctx_len, window)
+        return flex_mask(ctx_end, slots, ctx_len, rule, first)
+    return dense_mask(ctx_end, slots, ctx_len, rule, first)
+
+
+def layer_masks(rules: tuple[Rule, ...], ctx_end, slots, ctx_len, backend="sdpa", first: int = 0):
+    """Masks for a drafter whose layers follow `rules` (one per layer): one mask when every layer has the same rule
+    (the suite's drafters), else a list with one entry per layer (each distinct rule built once)."""
+    built = {}
+    for r in rules:
+        if r not in built:
+            built[r] = build_mask(ctx_end, slots, ctx_len, r, backend, first)
+    return built[rules[0]] if len(built) == 1 else [built[r] for r in rules]
 
 
 _flex_fn = []

@@ -1,32 +1,36 @@
 """DFlash block-diffusion drafter in the public DFlash checkpoint layout, with a pluggable injection variant.
 
-Checkpoint: Qwen3-style `config.json` (+ `block_size`, `num_target_layers`,
-`dflash_config: {target_layer_ids, mask_token_id}`, and our `dmtp_config: {variant, variant_config, ...}`), weights
-`layers.N.*` (Qwen3 decoder layers), `fc` (K*H -> H, no bias), `hidden_norm`, `norm`; injection weights under
-`injection.*`; the DFlash2 backbone's (`backbone="dflash2"`, see `dflash2.py`) under `layers.N.conv_attn.*`,
-`layers.N.conv_mlp.*` and `selector.*`. No embedding or LM head: the target's are used, frozen.
+Checkpoint: Qwen3-style `config.json` (+ `block_size`, `num_target_layers`, `layer_types`, `sliding_window`,
+`dflash_config: {target_layer_ids, mask_token_id, ...}`, and our `dmtp_config: {variant, variant_config, window,
+...}`), weights `layers.N.*` (Qwen3 decoder layers), `fc` (K*H -> H, no bias), `hidden_norm`, `norm`; injection
+weights under `injection.*`; the DFlash2 backbone's (`backbone="dflash2"`, see `dflash2.py`) in the public DFlash2
+layout, `layers.N.attention_conv.*`, `layers.N.mlp_conv.*` and `candidate_selector.*`. No embedding or LM head: the
+target's are used, frozen.
 
 Context feature f_i = hidden_norm(fc([h^{l_1}_i ; ... ; h^{l_K}_i])) (a variant may change it). Every layer attends
 with queries from block slots only; keys/values are [k_proj(f_ctx) ; k_proj(block)] with k_norm + RoPE at absolute
-positions. Visibility: `attention.visible`.
+positions. Visibility: one `attention.Rule` per layer (`DrafterConfig.rules`), from its `layer_types` entry.
 """
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from dmtp.checks import at_least, check, positive, require
+from dmtp.checks import at_least, check, non_negative, positive, require
 from dmtp.io import atomic_dir, save_safetensors
-from dmtp.models.attention import build_mask
-from dmtp.models.dflash2 import Layer2, Selector, reset_parameters
+from dmtp.models.attention import Rule, layer_masks
+from dmtp.models.dflash2 import Layer2, Selector, is_dflash2, reset_parameters
 from dmtp.models.layers import Layer, RMSNorm, rope_cos_sin
 from dmtp.models.variants import get_variant
 from dmtp.models.weights import check_finite, check_fits
+
+# per-layer attention (`layer_types`): the public kinds, and ours (SPEC §3.3), which the public code cannot compute
+FULL, SLIDING, ANCHOR = "full_attention", "sliding_attention", "anchor_window_attention"
+LAYER_TYPES = (FULL, SLIDING, ANCHOR)
 
 
 @dataclass
@@ -47,23 +51,34 @@ class DrafterConfig:
     target_layer_ids: list[int] = field(default_factory=list)  # tapped target layers; empty -> default spread
     mask_token_id: int = 0  # token whose (frozen) target embedding fills MASK slots
     block_size: int = 8  # slots of a DFlash block: 7 candidates + the anchor
-    window: int = 4096  # context positions visible before the anchor, measured from the anchor; 0: no window (a
-    # public DFlash checkpoint without our `dmtp_config` sees every earlier position, as its reference code does)
+    window: int = 4096  # context positions visible before the anchor, measured from the anchor, the same rows for
+    # every slot (SPEC §3.3), in "anchor_window_attention" layers; 0: every earlier position
+    layer_types: list[str] = field(default_factory=list)  # per layer: "full_attention" (every context position
+    # before the anchor), "sliding_attention" (public DFlash: the `sliding_window` positions before each slot's own
+    # position) or "anchor_window_attention" (the `window` above); empty: every layer "anchor_window_attention"
+    # when window > 0, else "full_attention"
+    sliding_window: int = 0  # public DFlash: window of "sliding_attention" layers, per query; 0: none
+    is_causal: bool | None = None  # public DFlash: None -> causal block in "sliding_attention" layers only, the
+    # others bidirectional; True / False -> every layer causal / bidirectional
+    output_multiplier: float = 1.0  # public DFlash: the drafter's logits are LMHead(h) * output_multiplier, ...
+    final_logit_softcapping: float = 0.0  # ... then cap * tanh(logits / cap) when cap > 0 (0: none)
     variant: str = "dflash"  # injection variant (registry name)
     variant_config: dict = field(default_factory=dict)  # the variant's own settings (fields of its Config; defaults
     # for those absent)
     attn_backend: str = "sdpa"  # "sdpa" (dense boolean mask, CPU/GPU) or "flex" (flex-attention block mask, CUDA)
     backbone: str = "dflash"  # "dflash" | "dflash2" (block conv + path selector, SPEC §9); orthogonal to `variant`
-    conv_groups: int = 16  # dflash2: channel groups of the two-tap dynamic conv (one predicted tap per group)
-    selector_topk: int = 16  # dflash2: LM-head candidates per slot that the path selector rescores
-    selector_dim: int = 256  # dflash2: width d of the transition codebooks A, B [V, d] and of W_h: H -> d
+    conv_kernel_size: int = 2  # dflash2: taps of the dynamic block conv (public `conv_kernel_size`)
+    conv_group_size: int = 16  # dflash2: channels per group sharing a predicted tap (public `conv_group_size`)
+    selector_topk: int = 16  # dflash2: candidates per slot that the path selector rescores (`selector_top_k`)
+    selector_dim: int = 256  # dflash2: width r of the codebooks [V, r] and of W_h: H -> r (`selector_rank`)
     selector_loss_weight: float = 0.1  # dflash2: weight of the selector's top-k cross-entropy in the loss
 
     def __post_init__(self):
         check(self, hidden_size=at_least(1), vocab_size=at_least(1), num_hidden_layers=at_least(1),
               num_attention_heads=at_least(1), num_key_value_heads=at_least(1), head_dim=at_least(2),
               intermediate_size=at_least(1), rms_norm_eps=positive, rope_theta=positive, num_target_layers=at_least(1),
-              block_size=at_least(2), window=at_least(0))
+              block_size=at_least(2), window=at_least(0), sliding_window=at_least(0), output_multiplier=positive,
+              final_logit_softcapping=non_negative, conv_kernel_size=at_least(1), conv_group_size=at_least(1))
         require(self.head_dim % 2 == 0 and self.num_attention_heads % self.num_key_value_heads == 0,
                 f"head_dim={self.head_dim} must be even and num_attention_heads={self.num_attention_heads} a multiple"
                 f" of num_key_value_heads={self.num_key_value_heads}")
@@ -73,8 +88,13 @@ class DrafterConfig:
         if self.backbone not in BACKBONES:
             raise ValueError(f"unknown backbone {self.backbone!r}; known: {', '.join(BACKBONES)}")
         if self.attn_backend not in ("sdpa", "flex"):
-            raise ValueError(f"unknown attn_backend {self.attn_backend!r}: 'sdpa' or 'flex' (a flash-attn path is "
-                             "not implemented: the anchor-window + own-block mask needs per-block KV gathering)")
+            raise ValueError(f"unknown attn_backend {self.attn_backend!r}: 'sdpa' (dense mask) or 'flex'")
+        bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+        require(not bad and len(self.layer_types) in (0, self.num_hidden_layers),
+                f"layer_types {self.layer_types}: expected {self.num_hidden_layers} entries of {', '.join(LAYER_TYPES)}")
+        require(ANCHOR not in self.layer_types or self.window > 0,
+                f"layer_types {ANCHOR!r} needs window > 0 (the anchor window), got window={self.window}")
+        require(self.is_causal in (None, True, False), f"is_causal {self.is_causal!r}: expected true, false or null")
         if not self.target_layer_ids:
             self.target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
         self.target_layer_ids = [int(x) for x in self.target_layer_ids]
@@ -83,40 +103,86 @@ class DrafterConfig:
     def num_candidates(self) -> int:
         return self.block_size - 1
 
+    def resolved_layer_types(self) -> list[str]:
+        return list(self.layer_types) or [ANCHOR if self.window else FULL] * self.num_hidden_layers
+
+    def rules(self) -> tuple[Rule, ...]:
+        """Per layer, what a block slot sees (`attention.Rule`): the anchor window in "anchor_window_attention"
+        layers; the per-query `sliding_window` in "sliding_attention" layers; the block causal as `is_causal` says
+        (None: sliding layers only, as the public reference)."""
+        out = []
+        for t in self.resolved_layer_types():
+            causal = t == SLIDING if self.is_causal is None else self.is_causal
+            out.append(Rule(window=self.window if t == ANCHOR else 0,
+                            sliding=self.sliding_window if t == SLIDING else 0, causal=causal))
+        return tuple(out)
+
     # public DFlash config.json <-> dataclass
     def to_hf_dict(self) -> dict:
         d = asdict(self)
         out = {k: d[k] for k in ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
                                  "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
                                  "rope_theta", "max_position_embeddings", "block_size", "num_target_layers")}
-        out.update(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_act="silu", attention_bias=False,
-                   tie_word_embeddings=False,
-                   dflash_config={"target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id},
+        dflash2 = self.backbone == "dflash2"
+        dc = {"target_layer_ids": self.target_layer_ids, "mask_token_id": self.mask_token_id,
+              "block_size": self.block_size, "output_multiplier": self.output_multiplier,
+              "final_logit_softcapping": self.final_logit_softcapping or None}
+        if dflash2:  # the public DFlash2 names
+            dc.update(conv_kernel_size=self.conv_kernel_size, conv_group_size=self.conv_group_size,
+                      selector_top_k=self.selector_topk, selector_rank=self.selector_dim)
+        # the visibility in the fields the public code and the serving engines read (HF's Qwen3Config keeps
+        # `sliding_window` only with `use_sliding_window`); our anchor-window layers are named as such, a layer type
+        # HF's config validation refuses: a public reader fails instead of computing another attention beyond the
+        # window
+        out.update(architectures=["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"], model_type="qwen3",
+                   hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
+                   layer_types=self.resolved_layer_types(), use_sliding_window=self.sliding_window > 0,
+                   sliding_window=self.sliding_window or None, dflash_config=dc,
                    dmtp_config={"variant": self.variant, "window": self.window, "backbone": self.backbone,
                                 "variant_config": get_variant(self.variant).settings(self.variant_config)})
+        if self.is_causal is not None:
+            out["is_causal"] = self.is_causal
         if self.rope_scaling:
             out["rope_scaling"] = dict(self.rope_scaling)
-        if self.backbone == "dflash2":
-            out["dmtp_config"].update({k: d[k] for k in ("conv_groups", "selector_topk", "selector_dim",
-                                                         "selector_loss_weight")})
+        if dflash2:
+            out["dmtp_config"]["selector_loss_weight"] = self.selector_loss_weight
         return out
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "DrafterConfig":
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"layer_types", "sliding_window", "is_causal"}
         kw = {k: v for k, v in d.items() if k in known}
-        dc = d.get("dflash_config", {})
-        kw["target_layer_ids"] = dc.get("target_layer_ids", d.get("target_layer_ids", []))
-        kw["mask_token_id"] = dc.get("mask_token_id", d.get("mask_token_id", 0))
-        dm = d.get("dmtp_config", {})
+        dc = d.get("dflash_config") or {}
+
+        def draft_value(name, default=None):  # as the reference reads them: dflash_config first, then top level
+            return dc.get(name, d.get(name, default))
+
+        kw["target_layer_ids"] = draft_value("target_layer_ids", [])
+        kw["mask_token_id"] = draft_value("mask_token_id", 0)
+        kw["block_size"] = draft_value("block_size", cls.block_size)
+        kw["output_multiplier"] = draft_value("output_multiplier", 1.0)
+        kw["final_logit_softcapping"] = draft_value("final_logit_softcapping") or 0.0
+        for ours, public in (("conv_kernel_size", "conv_kernel_size"), ("conv_group_size", "conv_group_size"),
+                             ("selector_topk", "selector_top_k"), ("selector_dim", "selector_rank")):
+            if draft_value(public) is not None:
+                kw[ours] = draft_value(public)
+        if "DFlash2DraftModel" in (d.get("architectures") or []):
+            kw["backbone"] = "dflash2"
+        kw.update(_attention_from_hf(d))
+        dm = d.get("dmtp_config") or {}
         kw.update({k: v for k, v in dm.items() if k in known})
         legacy = dm.get("lowrank_rank", d.get("lowrank_rank"))  # older checkpoints: one shared field, every variant
         own = get_variant(kw.get("variant", cls.variant)).settings({})
         if legacy is not None and "variant_config" not in dm and "rank" in own:
             kw["variant_config"] = {"rank": legacy}
         kw["rope_theta"], kw["rope_scaling"] = _rope_from_hf(d, cls.rope_theta)
-        if "window" not in dm:  # not ours: the reference semantics (no window)
-            kw["window"] = _reference_window(d)
+        if "window" not in dm:  # not ours: no anchor window, the layers' own rules only
+            kw["window"] = 0
+            if ANCHOR in kw["layer_types"]:
+                raise ValueError(f"layer_types {ANCHOR!r} without dmtp_config.window (the anchor window's size)")
+        scale = draft_value("input_embedding_scale", 1.0)
+        if scale != 1.0:
+            raise ValueError(f"input_embedding_scale {scale}: only 1.0 (unscaled target embeddings) is supported")
         return cls(**kw)
 
 
@@ -161,21 +227,19 @@ def rope_frequencies(c: "DrafterConfig"):
     return inv.float(), float(scale)
 
 
-def _reference_window(d: dict) -> int:
-    """The public DFlash reference gives full-attention layers no window (0 here); its sliding-attention layers use a
-    per-slot window and are causal unless `is_causal` is false, which this drafter does not implement: refused."""
-    n = d.get("num_hidden_layers", 1)
+def _attention_from_hf(d: dict) -> dict:
+    """`layer_types`, `sliding_window`, `is_causal` of a config.json as HF's Qwen3Config and the public reference
+    read them: `sliding_window` counts only with `use_sliding_window` (a sliding layer without it is causal with no
+    window); without `layer_types`, layers from `max_window_layers` on are sliding when a window is set, and with
+    no window either the list stays empty (every layer: our anchor window when `dmtp_config.window` > 0, as in our
+    checkpoints written before these fields, else full attention)."""
     sw = d.get("sliding_window") if d.get("use_sliding_window") else None
-    types = d.get("layer_types") or ["sliding_attention" if sw is not None and i >= d.get("max_window_layers", 28)
-                                     else "full_attention" for i in range(n)]
-    if set(types) != {"full_attention"} or d.get("is_causal"):
-        raise ValueError(f"layer_types {sorted(set(types))}, is_causal {d.get('is_causal')}: only full-attention "
-                         "layers with a bidirectional block are supported (sliding-attention layers would need the "
-                         "reference's per-slot window and causal block)")
-    scale = (d.get("dflash_config") or {}).get("input_embedding_scale", d.get("input_embedding_scale", 1.0))
-    if scale != 1.0:
-        raise ValueError(f"input_embedding_scale {scale}: only 1.0 (unscaled target embeddings) is supported")
-    return 0
+    types = d.get("layer_types")
+    if types is None and sw is not None:
+        types = [SLIDING if i >= d.get("max_window_layers", 28) else FULL for i in range(d.get("num_hidden_layers", 1))]
+    if not isinstance(sw, (int, type(None))) or (sw is not None and sw < 1):
+        raise ValueError(f"sliding_window {sw!r}: expected a positive integer or null")
+    return {"layer_types": list(types or []), "sliding_window": sw or 0, "is_causal": d.get("is_causal")}
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -192,15 +256,16 @@ class Drafter(nn.Module):
 
         self.config = c
         K = len(c.target_layer_ids)
-        layer, self.selector = Layer, None
+        layer, self.candidate_selector = Layer, None
         if c.backbone == "dflash2":
-
-            layer, self.selector = Layer2, Selector(c)
+            layer, self.candidate_selector = Layer2, Selector(c)
         self.layers = nn.ModuleList([layer(c) for _ in range(c.num_hidden_layers)])
         self.fc = nn.Linear(K * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.injection = get_variant(c.variant)(c)
+        self.first_offset = self.layout.offsets[0]  # slot 0's position - the anchor's (a plain int: compiled code
+        # that builds masks guards on its value, not on the variant's type)
         self._rope = rope_frequencies(c)  # scaled RoPE (a plain attribute: stays float32 whatever the dtype)
         self.reset_parameters()
 
@@ -210,8 +275,12 @@ class Drafter(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
         self.injection.reset_parameters()
         if self.selector is not None:  # DFlash2 parts last: the base weights equal a same-seed dflash drafter's
-
             reset_parameters(self)
+
+    @property
+    def selector(self) -> Selector | None:
+        """The DFlash2 path selector (`candidate_selector.*`), None on the dflash backbone."""
+        return self.candidate_selector
 
     # --- the block ------------------------------------------------------------------------------------------------
     @property
@@ -249,24 +318,39 @@ class Drafter(nn.Module):
         cos, sin = self.rope(pos, f.dtype)
         return [layer.self_attn.kv(f, cos, sin) for layer in self.layers]
 
+    def masks(self, ctx_end, slots, ctx_len, backend=None):
+        """The visibility of every layer (`attention.layer_masks` of `config.rules()`) for N blocks of S slots with
+        anchors ctx_end [B, N] over ctx_len context rows; backend: the config's `attn_backend` unless given."""
+        c = self.config
+        return layer_masks(c.rules(), ctx_end, slots, ctx_len, backend or c.attn_backend, self.first_offset)
+
     def forward(self, block, block_pos, ctx_kv, ctx_end, mask=None):
         """block [B, N*S, H] embeddings of N blocks of S slots at absolute positions block_pos [B, N*S];
         ctx_kv from `context_kv` (rows = absolute positions 0..C-1); ctx_end [B, N] = anchor position a of each
-        block; mask: the visibility rule built by the caller (`attention.flex_mask`), else built here for the
-        config's `attn_backend`. Returns normed hidden states [B, N*S, H] (apply the target's LM head for logits)."""
+        block; mask: the visibility built by the caller (`masks`; one mask for every layer, or one per layer),
+        else built here. Returns normed hidden states [B, N*S, H] (`logits` of the target's LM head on them)."""
         slots = block.shape[1] // ctx_end.shape[1]
         cos, sin = self.rope(block_pos, block.dtype)
-        c = self.config
         if mask is None:
-            ctx_len = ctx_kv[0][0].shape[2]
-            mask = build_mask(ctx_end, slots, ctx_len, c.window or ctx_len, c.attn_backend)  # window 0: all positions
+            mask = self.masks(ctx_end, slots, ctx_kv[0][0].shape[2])
+        masks = mask if isinstance(mask, list) else [mask] * len(self.layers)
         x = block
-        for layer, (ck, cv) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, ck, cv, mask, slots)
+        for layer, (ck, cv), m in zip(self.layers, ctx_kv, masks):
+            x = layer(x, cos, sin, ck, cv, m, slots)
         return self.norm(x)
 
+    def logits(self, lm_logits):
+        """The drafter's logits from the target's LM head on its hidden states: times `output_multiplier`, then
+        soft-capped (the public reference's `compute_logits`); the identity with the defaults."""
+        c = self.config
+        if c.output_multiplier != 1.0:
+            lm_logits = lm_logits * c.output_multiplier
+        if c.final_logit_softcapping > 0:
+            lm_logits = torch.tanh(lm_logits / c.final_logit_softcapping) * c.final_logit_softcapping
+        return lm_logits
+
     def select(self, logits, hid, prev_token):
-        """Candidates [B, P] from LM-head logits [B, P, V] at the P predicting slots: argmax (dflash) or the DFlash2
+        """Candidates [B, P] from the drafter's logits [B, P, V] at the P predicting slots: argmax (dflash) or the DFlash2
         path selector walked from prev_token [B] (the block's last given token: A, or T1 for DMTP variants)."""
         return logits.argmax(-1) if self.selector is None else self.selector(logits, hid, prev_token)
 
@@ -298,16 +382,22 @@ class Drafter(nn.Module):
         m = cls(c)
         try:
             sd = load_file(str(path / "model.safetensors"))
+            for k in [k for k in sd if k.startswith("candidate_selector.") and k.endswith("_codebook.weight")]:
+                sd[k[:-len(".weight")]] = sd.pop(k)  # an nn.Embedding's key (the published files have none)
         except Exception as e:  # truncated / not safetensors (SafetensorError)
             raise ValueError(f"drafter checkpoint {path}/model.safetensors cannot be loaded: "
                              f"{str(e).splitlines()[0][:300]}") from None
+        old = [k for k in sd if k.startswith("selector.") or ".conv_attn." in k or ".conv_mlp." in k]
+        if old:
+            raise ValueError(f"drafter checkpoint {path}: DFlash2 weights in the suite's former layout ({old[:3]}); "
+                             "DFlash2 now reads and writes the public layout (attention_conv / mlp_conv, "
+                             "candidate_selector), whose arithmetic differs: retrain it")
         # Loaded as another variant or backbone (`overrides`, a drafter to continue from): a plain DFlash checkpoint
         # has no injection weights, and the variant keeps its own initialisation (zero_init_residual then starts
         # exactly as the double-anchor token-only drafter); nor DFlash2 conv/selector weights: they keep their
         # identity initialisation (a dflash2 drafter then starts as that DFlash drafter). Loaded as itself: every
         # tensor its config needs is there.
-        new = [k for k in m.state_dict() if k.startswith(("injection.", "selector."))
-               or re.match(r"layers\.\d+\.conv_(attn|mlp)\.", k)] if overrides else []
+        new = [k for k in m.state_dict() if k.startswith("injection.") or is_dflash2(k)] if overrides else []
         check_fits(f"drafter checkpoint {path}", m.state_dict(), sd, optional=new)
         check_finite(f"drafter checkpoint {path}", sd.items())
         m.load_state_dict(sd, strict=False)

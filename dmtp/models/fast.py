@@ -86,8 +86,13 @@ def drafter_problem(drafter, eng: EngineConfig = DEFAULT) -> str | None:
     test_fast_drafter_proposes_what_hf_proposes; the repro was experiments/repro_fast_drafter.py, in the history) and, on the trained `mini`
     drafters, decodes with the HF path's acceptance round for round (experiments/diag_consistency.py, LOG.md
     2026-12-01 third allotment)."""
-    if drafter.config.backbone != "dflash":
-        return f"{drafter.config.backbone} backbone"
+    c = drafter.config
+    if c.backbone != "dflash":
+        return f"{c.backbone} backbone"
+    if len(set(c.rules())) > 1 or c.rules()[0].sliding or c.rules()[0].causal:
+        return "sliding-attention layers or a causal block (layer_types, is_causal)"
+    if c.rope_scaling:
+        return f"scaled RoPE ({c.rope_scaling.get('rope_type')})"
     if eng.drafter == "hf":
         return "EngineConfig.drafter = 'hf'"
     return None
@@ -318,7 +323,7 @@ def drafter_forward(d, block, bpos, cache: KVCache, anchor, eng: EngineConfig = 
     context being the rows of `cache` (`context_kv` of committed positions): normed hidden states [B, S, H]."""
     c = d.config
     cos, sin = rope_cos_sin(bpos, c.head_dim, c.rope_theta, block.dtype)
-    vis = window(anchor, bpos, c.window or cache.k[0].shape[2])  # window 0: every earlier row (Drafter.forward)
+    vis = window(anchor, bpos, c.rules()[0].window or cache.k[0].shape[2])  # 0: every earlier row (Drafter.forward)
     B, S, _ = block.shape
     x = block
     write = eng.write(block.device.type)

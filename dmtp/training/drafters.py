@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
-from dmtp.models.attention import flex_mask
+from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.training.common import COMPILE, compiled, to_device
@@ -197,7 +197,7 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
     B, T = f.shape[:2]
     ctx_kv = drafter.context_kv(f, torch.arange(T, device=f.device)[None].expand(B, T))
     hid = drafter(block, pos, ctx_kv, ends, mask)
-    logits = target.lm_head(hid).flatten(0, 1)  # [B*Q, V] fp32
+    logits = drafter.logits(target.lm_head(hid)).flatten(0, 1)  # [B*Q, V] fp32
     labels, w = labels.flatten(), w.flatten()
     ce = F.cross_entropy(logits, labels, reduction="none")  # 0 at label -100
     loss = (ce * w).sum() / norm
@@ -218,8 +218,8 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     norm: the loss normaliser. Default: this batch's weight mass. Under data parallelism the training loop passes
     the weight mass of the GLOBAL batch divided by the number of ranks (computed on the host from the global anchors,
     which every rank holds), so DDP's mean over ranks of sum_rank(w * CE) / norm is exactly the 1-rank loss of the
-    same global batch, and so is its gradient. mask: the block mask (`attention.flex_mask`) or None (dense, built by
-    the drafter); core: `block_loss` or its compiled version."""
+    same global batch, and so is its gradient. mask: the block mask(s) (`attention.layer_masks`) or None (dense,
+    built by the drafter); core: `block_loss` or its compiled version."""
     block, pos, labels, w = block_inputs(drafter, target, feats, anchors, valid, gamma)
     if core is not block_loss and not block.requires_grad:  # compiled: one graph whether the block is trained or not
         block = block.detach().requires_grad_()
@@ -317,10 +317,10 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     H = target.hidden_size
     nets = {n: data_parallel(DrafterLoss(d, target, core)) for n, d in todo.items()}
     layouts = sorted({d.layout for d in todo.values()}, key=lambda lay: lay.kinds)
-    windows = {d.config.window for d in todo.values()}
-    if static and len(windows) > 1:
-        raise ValueError(f"drafters trained side by side on the compiled path share one window, got {sorted(windows)}")
-    window = max(windows)
+    rules = {d.config.rules() for d in todo.values()}  # per layer, what a block slot sees
+    if static and len(rules) > 1:
+        raise ValueError(f"drafters trained side by side on the compiled path share one attention rule per layer, "
+                         f"got {sorted(map(str, rules))}")
     amp = dict(device_type="cuda", dtype=torch.bfloat16, enabled=cfg.amp_bf16 and dev.type == "cuda")
     it = batches(seqs, cfg.batch_size, cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -351,7 +351,8 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         # the dense mask into the graph instead)
         flex = static and dev.type == "cuda"
         T = ids.shape[1]
-        masks = {lay: flex_mask(anchors, lay.slots, T, window or T) for lay in layouts} if flex else {}  # 0: all
+        masks = {lay: layer_masks(next(iter(rules)), anchors, lay.slots, T, "flex", lay.offsets[0])
+                 for lay in layouts} if flex else {}
         post = {}
         for name, d in todo.items():
             if step < start[name]:
