@@ -1,9 +1,11 @@
 """Training throughput, the eager and the compiled path side by side in one run (`make bench-train`): target
 pretraining (tokens/s, MFU) and drafter training (steps/s, every variant of the ablation side by side), each through
-the real training loop (`pretrain.pretrain`, `drafters.train_drafters`) with `compile="off"` and then `"auto"`.
+the real training loop (`pretrain.pretrain`, `drafters.train_drafters`) with `compile="off"` and then `"auto"`; the
+drafters also with the compiled path's former structure between them (`per_drafter`: a compiled region, an AdamW and
+a clip per drafter, `TrainConfig.one_region = False`), so the gain of the one-region step is measured in the same run.
 
-    python -m dmtp.cli.bench_train --profile mini --out results/mini/bench          # H200: ~3 min
-    python -m dmtp.cli.bench_train --profile smoke --out /tmp/bt --steps 8 --warm 2  # CPU smoke, ~1 min (eager twice)
+    python -m dmtp.cli.bench_train --profile mini --out results/mini/bench          # H200: a few minutes
+    python -m dmtp.cli.bench_train --profile smoke --out /tmp/bt --steps 8 --warm 2  # CPU smoke, ~1 min (all eager)
 
 Only the architecture is needed: the target has the profile's shape and random weights, the tokens are random (the
 speed of a step does not depend on the values). Rates are steady-state: from the history record at step `--warm`
@@ -12,7 +14,8 @@ has caught up. MFU = tokens/s x training FLOPs per token (`pretrain.train_flops_
 attention) / the device's dense bf16 peak (`common.PEAK_BF16`, H100/H200 989.4 TFLOP/s).
 
 train.json    per path: steps timed, steady rate, wall time of the whole call (compile included), MFU
-ratios.json   records {target, value, goal, met, note} merged by target name with what `dmtp.cli.bench` wrote
+ratios.json   records {target, value, goal, met, note} merged by target name with what `dmtp.cli.bench` wrote:
+              pretraining compiled / eager and MFU; drafters compiled / eager (goal 4) and compiled / per_drafter
 profile_train_<part>.txt   --kernel-profile N: device time by kind of kernel (GEMM, attention, optimizer, ...) and
               the profiler's table over --warm + N steps of the part's last path: where a missed goal's time goes
 """
@@ -38,7 +41,10 @@ from dmtp.training.drafters import new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
 from experiments.profiles import get_profile
 
-PATHS = {"eager": "off", "compiled": "auto"}  # the two paths, as values of the configs' `compile` field
+# the paths, as settings of the training configs; per_drafter is a drafter-training path only (no pretraining run)
+PATHS = {"eager": dict(compile="off"), "per_drafter": dict(compile="auto", one_region=False),
+         "compiled": dict(compile="auto")}
+DRAFTERS_ONLY = ("per_drafter",)
 GOALS = {"mfu": 0.35, "drafter_speedup": 4.0}  # goals: >= 35 % MFU; drafter steps/s >= 4x the eager path
 # measured on an H200 before the compiled paths existed (LOG.md, 2026-11): printed beside the new numbers
 BEFORE = {"mini": {"pretrain": "0.56 M tok/s", "drafters": "~5 steps/s"}}
@@ -63,7 +69,7 @@ def bench_pretrain(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     p = prof.pretrain
     tokens = np.random.default_rng(0).integers(0, vocab, 4_000_000).astype(np.int32)
     cfg = replace(p, tokens=steps * p.batch_size * p.seq_len, log_every=warm, save_every=10 ** 9, stop_after=0,
-                  compile=PATHS[path])
+                  **PATHS[path])
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         hist, info = pretrain(tgt, mtp, tokens, cfg, tmp, log=lambda *_: None)
@@ -93,7 +99,7 @@ def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     base = dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed)
     drafters = new_drafters(tgt, variants, base)
     cfg = replace(t, steps=steps, log_every=warm, save_every=10 ** 9, stop_after=0, amp_bf16=dev == "cuda",
-                  compile=PATHS[path])
+                  **PATHS[path])
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         hist = train_drafters(tgt, mtp, drafters, seqs, cfg, tmp, log=lambda *_: None)
@@ -133,6 +139,11 @@ def ratio_records(label: str, res: dict) -> list[Ratio]:
                           c["steps_per_s"] / e["steps_per_s"], ">=", GOALS["drafter_speedup"],
                           f"{c['steps_per_s']:.2f} vs {e['steps_per_s']:.2f} steps/s"
                           + (f" (before: {before['drafters']})" if before else "")))
+    if "per_drafter" in dr and "compiled" in dr:
+        p, c = dr["per_drafter"], dr["compiled"]
+        out.append(record(label, "drafter training steps/s, one compiled region / one per drafter",
+                          c["steps_per_s"] / p["steps_per_s"],
+                          note=f"{c['steps_per_s']:.2f} vs {p['steps_per_s']:.2f} steps/s"))
     return out
 
 
@@ -163,7 +174,8 @@ def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, 
     for part, fn, n in [("pretrain", bench_pretrain, steps), ("drafters", bench_drafters, drafter_steps or steps)]:
         if part not in parts:
             continue
-        for path in paths:
+        run = [p for p in paths if part == "drafters" or p not in DRAFTERS_ONLY]
+        for path in run:
             try:
                 r = fn(prof, dev, path, n, warm)
             except Exception as e:  # noqa: BLE001 - recorded, and the other paths still measured
@@ -172,8 +184,8 @@ def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, 
             res.setdefault(part, {})[path] = r
             if dev == "cuda":
                 torch.cuda.empty_cache()
-        if kernel_profile and paths:
-            profile_part(fn, prof, dev, paths[-1], warm + max(kernel_profile, 2), warm,  # 2: a rate to measure
+        if kernel_profile and run:
+            profile_part(fn, prof, dev, run[-1], warm + max(kernel_profile, 2), warm,  # 2: a rate to measure
                          out / f"profile_train_{part}.txt")
     ok = {p: {k: v for k, v in r.items() if "error" not in v} for p, r in res.items() if isinstance(r, dict)}
     recs = ratio_records(profile, ok)
@@ -194,7 +206,7 @@ def main(argv=None):
     ap.add_argument("--drafter-steps", type=int, help="drafter-training steps per path")
     ap.add_argument("--warm", type=int, default=10, help="steps before the timed window (compile, warm-up)")
     ap.add_argument("--parts", default="pretrain,drafters", help="pretrain, drafters or both")
-    ap.add_argument("--paths", default=",".join(PATHS), help="eager, compiled or both")
+    ap.add_argument("--paths", default=",".join(PATHS), help="of eager, per_drafter (drafters only), compiled")
     ap.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
                     help="then the last path of each part again, --warm + STEPS steps under the profiler: device "
                          "time by kind of kernel -> profile_train_<part>.txt")

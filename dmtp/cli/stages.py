@@ -24,7 +24,7 @@ from dmtp.dist import barrier, is_main
 from dmtp.io import write_json
 
 # how a run is cut into pieces, logged and executed (compile: eager or compiled, the same math), not what it makes
-RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile")
+RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "one_region")
 
 
 class StageMismatch(ValueError):
