@@ -179,18 +179,35 @@ def test_one_region_resumes(qwen3_5, runs, tmp_path):
     assert compiled_graphs(drafters_loss) == graphs
 
 
-def test_drafters_at_different_steps(qwen3_5, runs, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def traced():
+    """`drafters_loss` through AOTAutograd's eager backend, as its own function (its own graphs): the same graph per
+    set of drafters and joint backward as Inductor's, without a C++ build per set (minutes on two cores)."""
+    fn = lambda *a: drafters_loss(*a)  # noqa: E731
+    return fn, torch.compile(fn, backend="aot_eager", dynamic=False, fullgraph=True)
+
+
+@pytest.mark.parametrize("ddp", [False, True])
+def test_drafters_at_different_steps(qwen3_5, runs, traced, tmp_path, monkeypatch, ddp):
     """dflash finished, zero_init_residual resumed at step 2, token_only and dmtp_d2 fresh: steps 1-2 train the fresh
-    two in one region, steps 3-4 all three; dflash is left alone. Each follows its uninterrupted run. (AOTAutograd's
-    eager backend: the same graphs and joint backward as Inductor's, without a C++ build per set of drafters.)"""
+    two in one region, steps 3-4 all three (under a 1-rank process group: a new DDP module when the set grows); dflash
+    is left alone. Each follows its uninterrupted run."""
     import shutil
 
-    fn = lambda *a: drafters_loss(*a)  # noqa: E731 - its own code object: its own graphs
-    monkeypatch.setattr(train_mod, "_JOINT", [torch.compile(fn, backend="aot_eager", dynamic=False, fullgraph=True)])
+    import torch.distributed as dist
+
+    fn, compiled_fn = traced
+    monkeypatch.setattr(train_mod, "_JOINT", [compiled_fn])
     shutil.copytree(runs["root"] / "eager" / "dflash", tmp_path / "dflash")
     _train(qwen3_5, tmp_path, names=["zero_init_residual"], stop_after=2, compile="off")
     done = (tmp_path / "dflash" / "drafter" / "model.safetensors").read_bytes()
-    run = _train(qwen3_5, tmp_path)
+    if ddp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        run = _train(qwen3_5, tmp_path)
+    finally:
+        if ddp:
+            dist.destroy_process_group()
     assert compiled_graphs(fn) == 2  # {token_only, dmtp_d2}, then {zero_init_residual, token_only, dmtp_d2}
     assert (tmp_path / "dflash" / "drafter" / "model.safetensors").read_bytes() == done and run["dflash"][0] == []
     later = ["zero_init_residual", "token_only", "dmtp_d2"]
@@ -302,22 +319,25 @@ def test_steady_rate_by_hand():
 
 
 def test_bench_train_end_to_end(tmp_path):
-    """The training benchmark on CPU (smoke shapes; both paths run eager here): train.json holds both paths of both
-    parts, the ratio records join what ratios.json already held, and a rerun replaces only the records it remakes."""
+    """The training benchmark on CPU (smoke shapes; every path runs eager here): train.json holds both paths of the
+    pretraining and the three of the drafters (per_drafter: theirs only), the ratio records join what ratios.json
+    already held, and a rerun replaces only the records it remakes."""
     (tmp_path / "ratios.json").write_text(json.dumps([{"target": "other", "value": 1.0, "goal": "report",
                                                        "met": True, "note": ""}]))
     recs = bench_train("smoke", tmp_path, steps=4, warm=1, drafter_steps=3)
     n = len(get_profile("smoke").ablation.variants)  # every variant of the ablation (main, supplementary, control)
     res = json.loads((tmp_path / "train.json").read_text())
-    for part, key in (("pretrain", "tokens_per_s"), ("drafters", "steps_per_s")):
-        assert set(res[part]) == {"eager", "compiled"} and all(r[key] > 0 for r in res[part].values()), res[part]
+    for part, key, paths in (("pretrain", "tokens_per_s", {"eager", "compiled"}),
+                             ("drafters", "steps_per_s", {"eager", "per_drafter", "compiled"})):
+        assert set(res[part]) == paths and all(r[key] > 0 for r in res[part].values()), res[part]
     assert res["pretrain"]["eager"]["mfu"] is None and res["drafters"]["eager"]["drafters"] == n  # CPU: no peak
-    pre, dr = "smoke pretraining tok/s, compiled / eager", \
-        f"smoke drafter training steps/s, {n} drafters side by side, compiled / eager"
-    assert [r.target for r in recs] == [pre, dr] and recs[1].goal_text == ">= 4" and recs[1].value > 0
-    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, dr]
+    pre, dr, one = "smoke pretraining tok/s, compiled / eager", \
+        f"smoke drafter training steps/s, {n} drafters side by side, compiled / eager", \
+        "smoke drafter training steps/s, one compiled region / one per drafter"
+    assert [r.target for r in recs] == [pre, dr, one] and recs[1].goal_text == ">= 4" and recs[2].value > 0
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, dr, one]
     bench_train("smoke", tmp_path, steps=4, warm=1, parts=("pretrain",))
-    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre]
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, one, pre]
 
 
 def test_flex_attention_under_autocast():

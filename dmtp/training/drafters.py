@@ -148,7 +148,7 @@ def extract(target, mtp, ids, lengths, taps, need_g: bool) -> Features:
 def drafter_features(feats: Features, taps: list[int], drafter: Drafter) -> Features:
     """The features of one drafter: its own target layers out of `feats.taps`, which holds the layers `taps`."""
     H = feats.taps.shape[-1] // len(taps)
-    cols = [feats.taps[..., taps.index(t) * H:(taps.index(t) + 1) * H] for t in drafter.config.target_layer_ids]
+    cols = [feats.taps[..., i * H:(i + 1) * H] for i in map(taps.index, drafter.config.target_layer_ids)]
     return Features(feats.ids, feats.lengths, torch.cat(cols, -1), feats.g)
 
 
@@ -204,7 +204,8 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
 
 
 def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None):
-    """The part of a drafter step every variant of a backbone shares (compiled once per backbone and block size):
+    """The part of a drafter step every variant of a backbone shares (compiled on its own once per backbone and block
+    size where each drafter has its region, `compiled_block_loss`; else traced inside `drafters_loss`):
     context K/V of f [B, T, H], the drafter's layers over the blocks, the target's LM head, and the position-decayed
     CE  sum_slots w * CE / norm  over all N*S slots (labels -100 and w = 0 where there is no loss: masked, not
     indexed, so no shape depends on the data). DFlash2 adds its selector's top-k CE (prev: each slot's previous data
@@ -252,8 +253,8 @@ _COMPILED: list = []
 
 
 def compiled_block_loss():
-    """`block_loss` through torch.compile, one per process: its graphs (one per backbone and block size; every
-    variant's drafter is an input, not a constant) serve every later training call."""
+    """`block_loss` through torch.compile, one per process (the compiled path with a region per drafter): its graphs
+    (one per backbone and block size; every variant's drafter is an input, not a constant) serve every later call."""
     if not _COMPILED:
         _COMPILED.append(torch.compile(block_loss, dynamic=False))
     return _COMPILED[0]
@@ -392,21 +393,22 @@ class _OneRegion:
     def __init__(self, drafters, target, params, adamw, states):
         self.drafters, self.target, self.params = drafters, target, params
         self.names = list(drafters)
-        self.nets = {}  # per set of drafters at a step (a set changes only where resumed drafters join)
+        self.key = self.net = None  # the drafters at the step and their module (the set only grows: resumed drafters
+        # join at their step)
         self.opt = torch.optim.AdamW([{"params": ps} for ps in params.values()], **adamw,
                                      foreach=not adamw["fused"])
         load_group_states(self.opt, {self.names.index(n): sd for n, sd in states.items()})
 
     def step(self, names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks):
-        key = tuple(names)
-        if key not in self.nets:
-            self.nets[key] = data_parallel(DraftersLoss({n: self.drafters[n] for n in names}, self.target))
+        if tuple(names) != self.key:  # the old module (its DDP hooks and buckets) goes before the new one is made
+            self.key, self.net = tuple(names), None
+            self.net = data_parallel(DraftersLoss({n: self.drafters[n] for n in names}, self.target))
         for n in names:
             self.opt.param_groups[self.names.index(n)]["lr"] = lr
         lays = [self.drafters[n].layout for n in names]
         with torch.autocast(**amp):
-            loss, stats = self.nets[key](feats, taps, anchors, valid, cfg.gamma, tuple(norms[lay] for lay in lays),
-                                         tuple(masks.get(lay) for lay in lays))
+            loss, stats = self.net(feats, taps, anchors, valid, cfg.gamma, tuple(norms[lay] for lay in lays),
+                                   tuple(masks.get(lay) for lay in lays))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()  # each drafter's own gradient (see drafters_loss); DDP averages them over ranks here
         gn = clip_grad_norms_([self.params[n] for n in names], cfg.clip)
@@ -421,7 +423,7 @@ def read_back(out: dict[str, dict[str, torch.Tensor]], world: int) -> dict[str, 
     """A log step's statistics as numbers, in one copy to the host for every drafter; "loss" becomes the global
     batch's loss (the sum over ranks of each rank's share, one all-reduce)."""
     names = list(out)
-    losses = all_sum(torch.stack([out[n]["loss"].float() for n in names])) / world
+    losses = all_sum(torch.stack([out[n]["loss"] for n in names])) / world
     vals = [{**out[n], "loss": x} for n, x in zip(names, losses.unbind())]
     flat = iter(torch.stack([x.float() for v in vals for x in v.values()]).tolist())
     return {n: {k: next(flat) for k in v} for n, v in zip(names, vals)}
@@ -525,8 +527,7 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         masks = {lay: flex_mask(anchors, lay.slots, T, window or T) for lay in layouts} if flex else {}  # 0: all
         names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
         out = trainer.step(names, lr_at(step, cfg), cfg, amp, feats, taps, anchors, valid, norms, masks)
-        logged = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps
-        if logged:  # the only reads back to the host
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
             for name, rec in read_back(out, world).items():
                 hist[name].append({**rec, "step": step + 1, "lr": lr_at(step, cfg), "elapsed_s": time.time() - t0,
                                    "tokens": seen})
