@@ -1,22 +1,26 @@
 """The compiled training paths on CPU (inductor): pretraining and drafter training follow their eager paths step by
-step in fp32; the drafters of one backbone and block size share one compiled graph; the flex-attention block mask
-gives the dense mask's loss; the FLOP count behind MFU, by hand; the training benchmark end to end. The GPU side
-(flex attention with its backward pass) is in test_cuda.py."""
+step in fp32; the drafters of one backbone and block size share one compiled graph; every drafter of a step in one
+compiled graph with one AdamW step (resumed from either path's checkpoints, drafters joining at other steps, under
+DDP); per-drafter clipping and optimizer state by hand; the flex-attention block mask gives the dense mask's loss;
+the FLOP count behind MFU, by hand; the training benchmark end to end. The GPU side (flex attention with its backward
+pass) is in test_cuda.py."""
 import copy
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import compiled_graphs, make_drafter
 
 from dmtp.cli.bench_train import bench_train, steady_rate
 from experiments.profiles import get_profile
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
-from dmtp.training.common import compiled
 from dmtp.training import drafters as train_mod
+from dmtp.training.common import compiled
 from dmtp.training.drafters import (
     TrainConfig,
     block_loss,
@@ -192,10 +196,6 @@ def test_drafters_at_different_steps(qwen3_5, runs, traced, tmp_path, monkeypatc
     """dflash finished, zero_init_residual resumed at step 2, token_only and dmtp_d2 fresh: steps 1-2 train the fresh
     two in one region, steps 3-4 all three (under a 1-rank process group: a new DDP module when the set grows); dflash
     is left alone. Each follows its uninterrupted run."""
-    import shutil
-
-    import torch.distributed as dist
-
     fn, compiled_fn = traced
     monkeypatch.setattr(train_mod, "_JOINT", [compiled_fn])
     shutil.copytree(runs["root"] / "eager" / "dflash", tmp_path / "dflash")
@@ -218,8 +218,6 @@ def test_drafters_at_different_steps(qwen3_5, runs, traced, tmp_path, monkeypatc
 def test_one_region_under_ddp(qwen3_5, runs, tmp_path):
     """Under a process group the drafters of the step are one DistributedDataParallel module (1 gloo rank: every
     trainable weight takes part in the forward, one backward reduces them all); the run without one."""
-    import torch.distributed as dist
-
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         run = _train(qwen3_5, tmp_path / "ddp")
