@@ -1,25 +1,35 @@
 """The compiled training paths on CPU (inductor): pretraining and drafter training follow their eager paths step by
-step in fp32; the drafters of one backbone and block size share one compiled graph; the flex-attention block mask
-gives the dense mask's loss; the FLOP count behind MFU, by hand; the training benchmark end to end. The GPU side
-(flex attention with its backward pass) is in test_cuda.py."""
+step in fp32; the drafters of one backbone and block size share one compiled graph; every drafter of a step in one
+compiled graph with one AdamW step (resumed from either path's checkpoints, drafters joining at other steps, under
+DDP); per-drafter clipping and optimizer state by hand; the flex-attention block mask gives the dense mask's loss;
+the FLOP count behind MFU, by hand; the training benchmark end to end. The GPU side (flex attention with its backward
+pass) is in test_cuda.py."""
+import copy
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import compiled_graphs, make_drafter
 
 from dmtp.cli.bench_train import bench_train, steady_rate
 from experiments.profiles import get_profile
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
+from dmtp.training import drafters as train_mod
 from dmtp.training.common import compiled
 from dmtp.training.drafters import (
     TrainConfig,
     block_loss,
+    clip_grad_norms_,
     drafter_loss,
+    drafters_loss,
     extract,
+    group_state,
+    load_group_states,
     new_drafters,
     sample_anchors,
     train_drafters,
@@ -84,8 +94,9 @@ def qwen3_5():
 
 
 def test_compiled_drafter_training_follows_eager(qwen3_5, tmp_path):
-    """dflash and zero_init_residual (block of 8; one trained block input, one frozen) through the compiled path:
-    the losses and weights of the eager path, and ONE compiled graph for both drafters."""
+    """dflash and zero_init_residual (block of 8; one trained block input, one frozen) through the compiled path with
+    a region per drafter (`one_region=False`): the losses and weights of the eager path, and ONE compiled graph of
+    `block_loss` for both drafters."""
     tgt, mtp = qwen3_5
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
@@ -94,7 +105,7 @@ def test_compiled_drafter_training_follows_eager(qwen3_5, tmp_path):
     for flag in ("off", "on"):
         ds = new_drafters(tgt, ["dflash", "zero_init_residual"], base)
         cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
-                          compile=flag)
+                          compile=flag, one_region=False)
         graphs = compiled_graphs(block_loss)
         hist = train_drafters(tgt, mtp, ds, _seqs(), cfg, tmp_path / flag, log=lambda *_: None)
         runs[flag] = hist, {n: d.state_dict() for n, d in ds.items()}, compiled_graphs(block_loss) - graphs
@@ -107,6 +118,175 @@ def test_compiled_drafter_training_follows_eager(qwen3_5, tmp_path):
         for k in we:
             torch.testing.assert_close(wc[k], we[k], rtol=0, atol=2e-5, msg=k)
         assert json.loads((tmp_path / "on" / name / "history.json").read_text())[-1]["elapsed_s"] > 0
+
+
+# --- the compiled step in one region (`TrainConfig.one_region`, the compiled path's default) ----------------------
+MIX = ["dflash", "zero_init_residual", "token_only", "dmtp_d2"]  # both block layouts, the MTP hidden, DFlash2
+BACKBONES = {"dmtp_d2": ("zero_init_residual", "dflash2")}
+
+
+def _mix(tgt, names=MIX):
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1, selector_topk=8, selector_dim=16)
+    return new_drafters(tgt, names, base, backbones=BACKBONES)
+
+
+def _train(models, out, names=MIX, **kw):
+    """4 steps of `names` side by side (clip 0.5: the gradients are clipped) -> per drafter (history, weights, initial
+    weights)."""
+    tgt, mtp = models
+    ds = _mix(tgt, names)
+    init = {n: {k: v.clone() for k, v in d.state_dict().items()} for n, d in ds.items()}
+    cfg = TrainConfig(**{**dict(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
+                                clip=0.5, compile="on"), **kw})
+    hist = train_drafters(tgt, mtp, ds, _seqs(), cfg, out, log=lambda *_: None)
+    return {n: (hist[n], d.state_dict(), init[n]) for n, d in ds.items()}
+
+
+def _assert_follows(run, ref, names=MIX, rtol=1e-2):
+    """Each drafter's losses and grad norms, and its weight updates w - w0 (per tensor, relative in norm: Adam divides
+    by sqrt(v), so a near-zero gradient's rounding moves its weights by a part of lr whatever the thread count)."""
+    for n in names:
+        (hist, w, w0), (hist_ref, w_ref, _) = run[n], ref[n]
+        for key in ("loss", "grad_norm"):
+            assert [h[key] for h in hist] == pytest.approx([h[key] for h in hist_ref], rel=1e-5), (n, key)
+        for k in w0:
+            assert (w[k] - w_ref[k]).norm() <= rtol * (w_ref[k] - w0[k]).norm(), (n, k)
+
+
+@pytest.fixture(scope="module")
+def runs(qwen3_5, tmp_path_factory):
+    """The mix for 4 steps on the eager path (the reference) and in one compiled region, with its number of graphs."""
+    root = tmp_path_factory.mktemp("one_region")
+    eager = _train(qwen3_5, root / "eager", compile="off")
+    graphs = compiled_graphs(drafters_loss)
+    one = _train(qwen3_5, root / "one")
+    return {"eager": eager, "one": one, "graphs": compiled_graphs(drafters_loss) - graphs, "root": root}
+
+
+def test_one_region_follows_the_per_drafter_path(runs):
+    """Every drafter of the mix in ONE compiled graph with one AdamW step: the losses, grad norms and weights of the
+    eager path, which trains them one by one (own loss, clip_grad_norm_, AdamW)."""
+    assert runs["graphs"] == 1
+    _assert_follows(runs["one"], runs["eager"])
+    hist = runs["one"]["dmtp_d2"][0]
+    assert [h["step"] for h in hist] == [1, 2, 3, 4] and "sel_acc" in hist[0]
+
+
+def test_one_region_resumes(qwen3_5, runs, tmp_path):
+    """Stopped after step 2 and resumed, in one region: the uninterrupted run (the same graph, no recompile). A
+    checkpoint of either path resumes on the other (each drafter's own AdamW state either way)."""
+    graphs = compiled_graphs(drafters_loss)
+    _train(qwen3_5, tmp_path / "a", stop_after=2)
+    _assert_follows(_train(qwen3_5, tmp_path / "a"), runs["one"], rtol=1e-5)
+    _train(qwen3_5, tmp_path / "b", stop_after=2, compile="off")
+    _assert_follows(_train(qwen3_5, tmp_path / "b"), runs["eager"])
+    _train(qwen3_5, tmp_path / "c", stop_after=2)
+    _assert_follows(_train(qwen3_5, tmp_path / "c", compile="off"), runs["eager"])
+    assert compiled_graphs(drafters_loss) == graphs
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """`drafters_loss` through AOTAutograd's eager backend, as its own function (its own graphs): the same graph per
+    set of drafters and joint backward as Inductor's, without a C++ build per set (minutes on two cores)."""
+    fn = lambda *a: drafters_loss(*a)  # noqa: E731
+    return fn, torch.compile(fn, backend="aot_eager", dynamic=False, fullgraph=True)
+
+
+@pytest.mark.parametrize("ddp", [False, True])
+def test_drafters_at_different_steps(qwen3_5, runs, traced, tmp_path, monkeypatch, ddp):
+    """dflash finished, zero_init_residual resumed at step 2, token_only and dmtp_d2 fresh: steps 1-2 train the fresh
+    two in one region, steps 3-4 all three (under a 1-rank process group: a new DDP module when the set grows); dflash
+    is left alone. Each follows its uninterrupted run."""
+    fn, compiled_fn = traced
+    monkeypatch.setattr(train_mod, "_JOINT", [compiled_fn])
+    shutil.copytree(runs["root"] / "eager" / "dflash", tmp_path / "dflash")
+    _train(qwen3_5, tmp_path, names=["zero_init_residual"], stop_after=2, compile="off")
+    done = (tmp_path / "dflash" / "drafter" / "model.safetensors").read_bytes()
+    if ddp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        run = _train(qwen3_5, tmp_path)
+    finally:
+        if ddp:
+            dist.destroy_process_group()
+    assert compiled_graphs(fn) == 2  # {token_only, dmtp_d2}, then {zero_init_residual, token_only, dmtp_d2}
+    assert (tmp_path / "dflash" / "drafter" / "model.safetensors").read_bytes() == done and run["dflash"][0] == []
+    later = ["zero_init_residual", "token_only", "dmtp_d2"]
+    _assert_follows(run, runs["eager"], names=later)
+    assert all((tmp_path / n / "DONE").exists() for n in later)
+
+
+def test_one_region_under_ddp(qwen3_5, runs, tmp_path):
+    """Under a process group the drafters of the step are one DistributedDataParallel module (1 gloo rank: every
+    trainable weight takes part in the forward, one backward reduces them all); the run without one."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        run = _train(qwen3_5, tmp_path / "ddp")
+    finally:
+        dist.destroy_process_group()
+    _assert_follows(run, runs["one"], rtol=1e-5)
+
+
+def test_clip_grad_norms_is_clip_grad_norm_per_group():
+    """One clip on the device for several parameter groups equals clip_grad_norm_ on each (a group above the limit
+    is scaled to it, one below untouched, a parameter without a gradient skipped), and returns each group's norm."""
+    g = torch.Generator().manual_seed(0)
+    groups = [[torch.nn.Parameter(torch.zeros(s)) for s in shapes] for shapes in ([(3, 4), (5,)], [(2, 2)], [(7,)])]
+    for gs, scale in zip(groups, (3.0, 0.01, 1.0)):
+        for p in gs:
+            p.grad = torch.randn(p.shape, generator=g) * scale
+    groups[2].append(torch.nn.Parameter(torch.zeros(2)))  # no gradient
+    ref = [[p.grad.clone() for p in gs if p.grad is not None] for gs in groups]
+    want = []
+    for gs, grads in zip(groups, ref):
+        ps = [torch.nn.Parameter(torch.zeros_like(x)) for x in grads]
+        for p, x in zip(ps, grads):
+            p.grad = x.clone()
+        want.append((torch.nn.utils.clip_grad_norm_(ps, 1.0), [p.grad for p in ps]))
+    norms = clip_grad_norms_(groups, 1.0)
+    assert norms[0] > 1 > norms[1]
+    for gs, n, (n_ref, grads) in zip(groups, norms, want):
+        torch.testing.assert_close(n, n_ref, rtol=1e-6, atol=0)
+        for p, x in zip([p for p in gs if p.grad is not None], grads):
+            torch.testing.assert_close(p.grad, x, rtol=1e-6, atol=0)
+
+
+def test_group_state_is_a_drafters_own_optimizer_state():
+    """One AdamW with a param group per drafter steps each group as the drafter's own AdamW would; `group_state` is
+    that optimizer's state dict, and `load_group_states` puts such state dicts back into a shared one."""
+    g = torch.Generator().manual_seed(0)
+    kw = dict(lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), foreach=True)
+    own = [[torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes] for shapes in ([(3, 4), (5,)], [(2,)])]
+    opts = [torch.optim.AdamW(ps, **kw) for ps in own]
+
+    def shared_copy():
+        groups = [[torch.nn.Parameter(p.detach().clone()) for p in ps] for ps in own]
+        return groups, torch.optim.AdamW([{"params": ps} for ps in groups], **kw)
+
+    def step(groups, joint):  # the same random gradients into both, one step of each optimizer
+        for ps, qs in zip(own, groups):
+            for p, q in zip(ps, qs):
+                p.grad = torch.randn(p.shape, generator=g)
+                q.grad = p.grad.clone()
+        for o in opts + [joint]:
+            o.step()
+        assert all(torch.equal(p, q) for ps, qs in zip(own, groups) for p, q in zip(ps, qs))
+
+    groups, joint = shared_copy()
+    step(groups, joint)
+    for i, o in enumerate(opts):
+        mine, theirs = group_state(joint, i), o.state_dict()
+        assert mine["param_groups"] == theirs["param_groups"] and mine["state"].keys() == theirs["state"].keys()
+        for j, st in theirs["state"].items():
+            assert all(torch.equal(mine["state"][j][k], v) for k, v in st.items()), (i, j)
+    groups, joint = shared_copy()  # state dicts as read from a checkpoint: copies, not the live tensors
+    load_group_states(joint, {i: copy.deepcopy(o.state_dict()) for i, o in enumerate(opts)})
+    step(groups, joint)
+    with pytest.raises(ValueError, match="optimizer state of 2 parameters for a group of 1"):
+        load_group_states(joint, {1: opts[0].state_dict()})
 
 
 @pytest.mark.parametrize("name,window", [("dflash", 4096), ("dflash", 5), ("token_only", 7),
@@ -145,26 +325,28 @@ def test_steady_rate_by_hand():
 
 def test_bench_train_end_to_end(tmp_path):
     """The training benchmark on CPU (smoke shapes; every path runs eager here, with the plain loss): train.json holds
-    the three pretraining paths and the drafters' two, the ratio records join what ratios.json already held, and a
-    rerun replaces only the records it remakes."""
+    the three pretraining paths and the three of the drafters (per_drafter: theirs only; compiled_plain_ce:
+    pretraining's only), the ratio records join what ratios.json already held, and a rerun replaces only the records
+    it remakes."""
     (tmp_path / "ratios.json").write_text(json.dumps([{"target": "other", "value": 1.0, "goal": "report",
                                                        "met": True, "note": ""}]))
     recs = bench_train("smoke", tmp_path, steps=4, warm=1, drafter_steps=3)
     n = len(get_profile("smoke").ablation.variants)  # every variant of the ablation (main, supplementary, control)
     res = json.loads((tmp_path / "train.json").read_text())
     for part, key, paths in (("pretrain", "tokens_per_s", {"eager", "compiled_plain_ce", "compiled"}),
-                             ("drafters", "steps_per_s", {"eager", "compiled"})):
+                             ("drafters", "steps_per_s", {"eager", "per_drafter", "compiled"})):
         assert set(res[part]) == paths and all(r[key] > 0 for r in res[part].values()), res[part]
     assert res["pretrain"]["eager"]["mfu"] is None and res["drafters"]["eager"]["drafters"] == n  # CPU: no peak
     assert not any(r["fused_ce"] for r in res["pretrain"].values())  # fused_ce "auto": CUDA only
-    pre, ce, dr = "smoke pretraining tok/s, compiled / eager", \
+    pre, ce, dr, one = "smoke pretraining tok/s, compiled / eager", \
         "smoke pretraining tok/s, fused / plain LM-head loss (compiled)", \
-        f"smoke drafter training steps/s, {n} drafters side by side, compiled / eager"
-    assert [r.target for r in recs] == [pre, ce, dr] and recs[2].goal_text == ">= 4" and recs[2].value > 0
+        f"smoke drafter training steps/s, {n} drafters side by side, compiled / eager", \
+        "smoke drafter training steps/s, one compiled region / one per drafter"
+    assert [r.target for r in recs] == [pre, ce, dr, one] and recs[2].goal_text == ">= 4" and recs[3].value > 0
     assert "off on this device" in recs[1].note
-    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, ce, dr]
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", pre, ce, dr, one]
     bench_train("smoke", tmp_path, steps=4, warm=1, parts=("pretrain",))
-    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, pre, ce]
+    assert [r["target"] for r in json.loads((tmp_path / "ratios.json").read_text())] == ["other", dr, one, pre, ce]
 
 
 def test_flex_attention_under_autocast():

@@ -19,6 +19,7 @@ from dmtp.training.drafters import (
     TrainConfig,
     block_loss,
     drafter_loss,
+    drafters_loss,
     extract,
     new_drafters,
     sample_anchors,
@@ -276,28 +277,32 @@ def test_compiled_engine_large_batch_sampling():
 
 
 # --- compiled training (dmtp.training): the GPU paths against the eager ones ---------------------------------------
-def _train_drafters(tgt, mtp, names, flag, out):
+def _train_drafters(tgt, mtp, names, flag, out, one_region=True):
     """4 logged steps of tiny drafters side by side on 12 random sequences (fp32)."""
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
                 mask_token_id=2, seed=1, selector_topk=8, selector_dim=16)
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in torch.randint(14, 40, (12,), generator=g)]
-    cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100, compile=flag)
+    cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100, compile=flag,
+                      one_region=one_region)
     return train_drafters(tgt, mtp, new_drafters(tgt, names, base, backbones=code().backbones), seqs, cfg, out,
                           log=lambda *_: None)
 
 
-def test_compiled_drafter_training_follows_eager_on_gpu(tmp_path):
-    """Both block layouts (8 slots from A, 7 from T1) and DMTP(D2) through the GPU's compiled path (flex block mask
-    with its backward pass, compiled block_loss, fused AdamW) follow the eager dense-mask path in fp32 step by step,
-    with one compiled graph per backbone and block size."""
+@pytest.mark.parametrize("one_region", [True, False])
+def test_compiled_drafter_training_follows_eager_on_gpu(tmp_path, one_region):
+    """Both block layouts (8 slots from A, 7 from T1) and DMTP(D2) through the GPU's compiled path (flex block masks
+    with their backward pass, fused AdamW) follow the eager dense-mask path in fp32 step by step: every drafter in one
+    compiled graph with one AdamW step, or (one_region=False) a compiled block_loss per drafter, one graph per
+    backbone and block size."""
     tgt, mtp = on_cuda("qwen3_5")
     names = ["dflash", "zero_init_residual", "token_only", "t1_residual", "dmtp_d2"]
     eager = _train_drafters(tgt, mtp, names, "off", tmp_path / "off")
-    graphs = compiled_graphs(block_loss)
-    comp = _train_drafters(tgt, mtp, names, "on", tmp_path / "on")
-    assert compiled_graphs(block_loss) - graphs == 3
+    fn = drafters_loss if one_region else block_loss
+    graphs = compiled_graphs(fn)
+    comp = _train_drafters(tgt, mtp, names, "on", tmp_path / "on", one_region)
+    assert compiled_graphs(fn) - graphs == (1 if one_region else 3)
     for n in names:
         assert [h["loss"] for h in comp[n]] == pytest.approx([h["loss"] for h in eager[n]], rel=1e-3), n
         assert [h["acc"] for h in comp[n]] == pytest.approx([h["acc"] for h in eager[n]], abs=0.02), n

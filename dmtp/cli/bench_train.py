@@ -3,9 +3,11 @@ pretraining (tokens/s, MFU) and drafter training (steps/s, every variant of the 
 the real training loop (`pretrain.pretrain`, `drafters.train_drafters`) with `compile="off"` and then `"auto"`.
 Pretraining runs a third path between them, compiled with the LM-head loss on materialised fp32 logits
 (`fused_ce="off"`), so the fused chunked loss (`losses.linear_cross_entropy`, the compiled default on CUDA) is
-measured against it in the same run.
+measured against it in the same run; the drafters run the compiled path's former structure between them
+(`per_drafter`: a compiled region, an AdamW and a clip per drafter, `TrainConfig.one_region = False`), so the gain of
+the one-region step is measured in the same run too.
 
-    python -m dmtp.cli.bench_train --profile mini --out results/mini/bench          # H200: ~3 min
+    python -m dmtp.cli.bench_train --profile mini --out results/mini/bench          # H200: a few minutes
     python -m dmtp.cli.bench_train --profile smoke --out /tmp/bt --steps 8 --warm 2  # CPU smoke, ~1 min (all eager)
 
 Only the architecture is needed: the target has the profile's shape and random weights, the tokens are random (the
@@ -17,7 +19,9 @@ bf16 peak (`common.PEAK_BF16`, H100/H200 989.4 TFLOP/s).
 
 train.json    per path: steps timed, steady rate, wall time of the whole call (compile included), MFU; pretraining
               also the peak of allocated GPU memory (`peak_gib`)
-ratios.json   records {target, value, goal, met, note} merged by target name with what `dmtp.cli.bench` wrote
+ratios.json   records {target, value, goal, met, note} merged by target name with what `dmtp.cli.bench` wrote:
+              pretraining compiled / eager, fused / plain loss and MFU; drafters compiled / eager (goal 4) and
+              compiled / per_drafter
 profile_train_<part>.txt   --kernel-profile N: device time by kind of kernel (GEMM, attention, optimizer, ...) and
               the profiler's table over --warm + N steps of the part's last path: where a missed goal's time goes
 """
@@ -43,11 +47,12 @@ from dmtp.training.drafters import new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
 from experiments.profiles import get_profile
 
-# the paths, as values of the configs' `compile` field and PretrainConfig's `fused_ce`; "compiled" is the default
-PATHS = {"eager": {"compile": "off", "fused_ce": "off"},
-         "compiled_plain_ce": {"compile": "auto", "fused_ce": "off"},
-         "compiled": {"compile": "auto", "fused_ce": "auto"}}
-DRAFTER_PATHS = ("eager", "compiled")  # drafter training has a loss of its own: fused_ce does not reach it
+# the paths: (pretraining config settings, drafter-training config settings); None: the part has no such path.
+# "compiled" is the default of both (the fused LM-head loss, one compiled region for all drafters)
+PATHS = {"eager": (dict(compile="off", fused_ce="off"), dict(compile="off")),
+         "compiled_plain_ce": (dict(compile="auto", fused_ce="off"), None),
+         "per_drafter": (None, dict(compile="auto", one_region=False)),
+         "compiled": (dict(compile="auto", fused_ce="auto"), dict(compile="auto", one_region=True))}
 GOALS = {"mfu": 0.35, "drafter_speedup": 4.0}  # goals: >= 35 % MFU; drafter steps/s >= 4x the eager path
 # measured on an H200 before the compiled paths existed (LOG.md, 2026-11): printed beside the new numbers
 BEFORE = {"mini": {"pretrain": "0.56 M tok/s", "drafters": "~5 steps/s"}}
@@ -72,7 +77,7 @@ def bench_pretrain(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     p = prof.pretrain
     tokens = np.random.default_rng(0).integers(0, vocab, 4_000_000).astype(np.int32)
     cfg = replace(p, tokens=steps * p.batch_size * p.seq_len, log_every=warm, save_every=10 ** 9, stop_after=0,
-                  **PATHS[path])
+                  **PATHS[path][0])
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
@@ -106,7 +111,7 @@ def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     base = dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed)
     drafters = new_drafters(tgt, variants, base)
     cfg = replace(t, steps=steps, log_every=warm, save_every=10 ** 9, stop_after=0, amp_bf16=dev == "cuda",
-                  compile=PATHS[path]["compile"])
+                  **PATHS[path][1])
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         hist = train_drafters(tgt, mtp, drafters, seqs, cfg, tmp, log=lambda *_: None)
@@ -153,6 +158,11 @@ def ratio_records(label: str, res: dict) -> list[Ratio]:
                           c["steps_per_s"] / e["steps_per_s"], ">=", GOALS["drafter_speedup"],
                           f"{c['steps_per_s']:.2f} vs {e['steps_per_s']:.2f} steps/s"
                           + (f" (before: {before['drafters']})" if before else "")))
+    if "per_drafter" in dr and "compiled" in dr:
+        p, c = dr["per_drafter"], dr["compiled"]
+        out.append(record(label, "drafter training steps/s, one compiled region / one per drafter",
+                          c["steps_per_s"] / p["steps_per_s"],
+                          note=f"{c['steps_per_s']:.2f} vs {p['steps_per_s']:.2f} steps/s"))
     return out
 
 
@@ -173,18 +183,17 @@ def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, 
                 paths=tuple(PATHS), drafter_steps: int | None = None, kernel_profile: int = 0) -> list[Ratio]:
     """Run the benchmark, write train.json (+ meta) and merge the ratio records into ratios.json; returns them.
     Each (part, path) runs in a try: a failing path is recorded with its error, the others still run.
-    A part runs the `paths` it has (DRAFTER_PATHS for the drafters), in the order given. `kernel_profile` > 0: then
+    A part runs the `paths` it has (`PATHS`), in the order given. `kernel_profile` > 0: then
     each part's last path again for that many steps under the profiler (profile_train_<part>.txt)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     prof = get_profile(profile)
     out = Path(out)
     res: dict = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__}
     t0 = time.time()
-    for part, fn, n, own in [("pretrain", bench_pretrain, steps, tuple(PATHS)),
-                             ("drafters", bench_drafters, drafter_steps or steps, DRAFTER_PATHS)]:
+    for part, fn, n in [("pretrain", bench_pretrain, steps), ("drafters", bench_drafters, drafter_steps or steps)]:
         if part not in parts:
             continue
-        run = [p for p in paths if p in own]
+        run = [p for p in paths if PATHS[p][part == "drafters"] is not None]
         for path in run:
             try:
                 r = fn(prof, dev, path, n, warm)
@@ -216,8 +225,8 @@ def main(argv=None):
     ap.add_argument("--drafter-steps", type=int, help="drafter-training steps per path")
     ap.add_argument("--warm", type=int, default=10, help="steps before the timed window (compile, warm-up)")
     ap.add_argument("--parts", default="pretrain,drafters", help="pretrain, drafters or both")
-    ap.add_argument("--paths", default=",".join(PATHS), help="any of eager, compiled_plain_ce, compiled (the "
-                                                             "drafters run the first and the last)")
+    ap.add_argument("--paths", default=",".join(PATHS), help="any of eager, compiled_plain_ce (pretraining only), "
+                    "per_drafter (drafters only), compiled")
     ap.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
                     help="then the last path of each part again, --warm + STEPS steps under the profiler: device "
                          "time by kind of kernel -> profile_train_<part>.txt")

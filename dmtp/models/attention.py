@@ -83,6 +83,7 @@ class _FlexRule:
 
 
 _FLEX_RULES: dict[tuple, _FlexRule] = {}
+_block_mask_fn = []
 
 
 def flex_mask(ctx_end: torch.Tensor, slots: int, ctx_len: int, rule, first: int = 0):
@@ -96,7 +97,12 @@ def flex_mask(ctx_end: torch.Tensor, slots: int, ctx_len: int, rule, first: int 
     fr = _FLEX_RULES[key]
     fr.ends.copy_(ctx_end)  # stream-ordered after every kernel that read the previous batch's anchors
     Q = N * slots
-    return create_block_mask(fr.mask_mod, B, None, Q, ctx_len + Q, device=ctx_end.device, _compile=ctx_end.is_cuda)
+    make = create_block_mask
+    if ctx_end.is_cuda:  # compiled (eager, it materialises the Q x K mask), one wrapper per process
+        if not _block_mask_fn:
+            _block_mask_fn.append(torch.compile(create_block_mask))
+        make = _block_mask_fn[0]
+    return make(fr.mask_mod, B, None, Q, ctx_len + Q, device=ctx_end.device)
 
 
 def build_mask(ctx_end, slots, ctx_len, rule, backend="sdpa", first: int = 0):

@@ -4,10 +4,13 @@ Several variants train side by side on the SAME batches, anchors and seed (one t
 them), which is what "identical data, hyper-parameters and budget" means for the ablation.
 
 Two paths, one loss (`TrainConfig.compile`): eager (batches padded to their longest sequence, the dense block mask of
-`attention.dense_mask`) and compiled (batches padded to `max_len`, so every step has the same shapes; the block
-attention as a flex-attention block mask; `block_loss` — the drafter's layers, LM head and loss, shared by every
-variant of a backbone and block size — through torch.compile). Neither reads a value back to the host between log
-steps: the loss is masked, not indexed, and normalised by the weight mass of the global batch computed on the host.
+`attention.dense_mask`, per drafter its loss, AdamW and clip: the reference) and compiled (batches padded to `max_len`,
+so every step has the same shapes; the block attention as a flex-attention block mask). The compiled step is ONE
+torch.compile'd region for all drafters at that step (`drafters_loss`: block inputs, context, layers, LM head and loss
+of every drafter, summed), one backward, per-drafter clipping on the device and one AdamW step with a param group per
+drafter (`TrainConfig.one_region`; off: one compiled `block_loss` region, AdamW and clip per drafter). Neither reads a
+value back to the host between log steps: the loss is masked, not indexed, and normalised by the weight mass of the
+global batch computed on the host.
 
     dmtp train --target runs/tiny/target --data runs/tiny/data/train.jsonl --variants dflash,zero_init_residual \
         --out runs/tiny/drafters --steps 200          # tiny CPU run: a few minutes
@@ -49,6 +52,8 @@ class TrainConfig:
     log_every: int = 10
     amp_bf16: bool = False  # autocast the drafters and the frozen target's feature pass in bf16 on GPU
     compile: str = "auto"  # "auto": the compiled path on CUDA, eager on CPU; "on": compiled everywhere; "off": eager
+    one_region: bool = True  # compiled path: every drafter of a step in one compiled region with one AdamW step;
+    # False: a compiled region, an AdamW and a clip per drafter (what `bench_train` compares it with)
     stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
     snapshots: tuple[int, ...] = ()  # also keep the weights after these steps (<name>/step<k>/): learning curves
 
@@ -140,11 +145,21 @@ def extract(target, mtp, ids, lengths, taps, need_g: bool) -> Features:
     return Features(ids, lengths, out.taps, g)
 
 
+def drafter_features(feats: Features, taps: list[int], drafter: Drafter) -> Features:
+    """The features of one drafter: its own target layers out of `feats.taps`, which holds the layers `taps`."""
+    H = feats.taps.shape[-1] // len(taps)
+    cols = [feats.taps[..., i * H:(i + 1) * H] for i in map(taps.index, drafter.config.target_layer_ids)]
+    return Features(feats.ids, feats.lengths, torch.cat(cols, -1), feats.g)
+
+
 _CONST: dict = {}
 
 
 def _const(key, make):
-    """Small per-layout constants, built once per device (a host->device copy every step would synchronise)."""
+    """Small per-layout constants, built once per device (a host->device copy every step would synchronise); inside a
+    compiled region built in the graph (Inductor inlines them: no copy at run time, no guard on this cache)."""
+    if torch.compiler.is_compiling():
+        return make()
     if key not in _CONST:
         _CONST[key] = make()
     return _CONST[key]
@@ -189,7 +204,8 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
 
 
 def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None):
-    """The part of a drafter step every variant of a backbone shares (compiled once per backbone and block size):
+    """The part of a drafter step every variant of a backbone shares (compiled on its own once per backbone and block
+    size where each drafter has its region, `compiled_block_loss`; else traced inside `drafters_loss`):
     context K/V of f [B, T, H], the drafter's layers over the blocks, the target's LM head, and the position-decayed
     CE  sum_slots w * CE / norm  over all N*S slots (labels -100 and w = 0 where there is no loss: masked, not
     indexed, so no shape depends on the data). DFlash2 adds its selector's top-k CE (prev: each slot's previous data
@@ -237,8 +253,8 @@ _COMPILED: list = []
 
 
 def compiled_block_loss():
-    """`block_loss` through torch.compile, one per process: its graphs (one per backbone and block size; every
-    variant's drafter is an input, not a constant) serve every later training call."""
+    """`block_loss` through torch.compile, one per process (the compiled path with a region per drafter): its graphs
+    (one per backbone and block size; every variant's drafter is an input, not a constant) serve every later call."""
     if not _COMPILED:
         _COMPILED.append(torch.compile(block_loss, dynamic=False))
     return _COMPILED[0]
@@ -258,6 +274,161 @@ class DrafterLoss(nn.Module):
         return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core)
 
 
+def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[int], anchors, valid, gamma: float,
+                  norms: tuple, masks: tuple):
+    """The compiled path's step for every drafter at once: sum_i L_i over the drafters i on this batch, and each one's
+    statistics ({name: {stat: 0-d tensor}}). norms[i], masks[i]: drafter i's loss normaliser (`drafter_loss`) and block
+    mask (None: dense, built in the graph). The drafters share no trainable weight (the target and its features are
+    frozen), so d(sum_j L_j)/d theta_i = dL_i/d theta_i: one backward of the sum gives every drafter exactly the
+    gradient of its own loss."""
+    total, stats = 0, {}
+    for (name, d), norm, mask in zip(drafters.items(), norms, masks):
+        loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask)
+        total = total + loss
+    return total, stats
+
+
+_JOINT: list = []
+RECOMPILE_LIMIT = 64  # graphs of `drafters_loss` a process may hold: one per set of drafters trained together
+
+
+def compiled_drafters_loss():
+    """`drafters_loss` through torch.compile (one region, static shapes), one per process: one graph per set of
+    drafters at a step (their variants, backbones and shapes; the drafters are inputs, not constants)."""
+    if not _JOINT:
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+        _JOINT.append(torch.compile(drafters_loss, dynamic=False, fullgraph=True))
+    return _JOINT[0]
+
+
+class DraftersLoss(nn.Module):
+    """The drafters of one step as one module, what DistributedDataParallel wraps on the compiled path: one backward
+    of the summed loss, and DDP averages every drafter's gradients over ranks in it. The target is held outside."""
+
+    def __init__(self, drafters: dict[str, Drafter], target):
+        super().__init__()
+        self.drafters = nn.ModuleDict(drafters)
+        self._target = [target]
+
+    def forward(self, feats, taps, anchors, valid, gamma, norms, masks):
+        return compiled_drafters_loss()(self.drafters, self._target[0], feats, taps, anchors, valid, gamma, norms,
+                                        masks)
+
+
+def clip_grad_norms_(groups: list[list[torch.Tensor]], max_norm: float) -> torch.Tensor:
+    """`clip_grad_norm_(group, max_norm)` for every group of parameters at once, on the device (no host sync): each
+    group's gradients times min(1, max_norm / (||g|| + 1e-6)), ||g|| the 2-norm over the whole group. Returns the
+    norms [G]. ||g|| = ||(||g_1||, ..., ||g_k||)||: the norm of the group's per-tensor norms, as clip_grad_norm_."""
+    grads = [[p.grad for p in ps if p.grad is not None] for ps in groups]
+    per_tensor = torch.stack(torch._foreach_norm([g for gs in grads for g in gs]))
+    norms = torch.stack(torch._foreach_norm(list(per_tensor.split([len(gs) for gs in grads]))))
+    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for gs, c in zip(grads, coef.unbind()):
+        torch._foreach_mul_(gs, c)
+    return norms
+
+
+def group_state(opt: torch.optim.Optimizer, g: int) -> dict:
+    """Param group g of `opt` as the state dict of an optimizer holding that group alone (what a drafter's own AdamW
+    saves: its checkpoint does not depend on the drafters it trained beside)."""
+    sd = opt.state_dict()
+    group = sd["param_groups"][g]
+    ids = group["params"]
+    return {"state": {j: sd["state"][i] for j, i in enumerate(ids) if i in sd["state"]},
+            "param_groups": [{**group, "params": list(range(len(ids)))}]}
+
+
+def load_group_states(opt: torch.optim.Optimizer, states: dict[int, dict]) -> None:
+    """The inverse of `group_state`: states[g], the state dict of a one-group optimizer, into param group g."""
+    if not states:
+        return
+    sd = opt.state_dict()
+    for g, one in states.items():
+        ids, (saved,) = sd["param_groups"][g]["params"], one["param_groups"]
+        if len(saved["params"]) != len(ids):
+            raise ValueError(f"optimizer state of {len(saved['params'])} parameters for a group of {len(ids)}")
+        sd["param_groups"][g] = {**saved, "params": ids}
+        sd["state"].update({ids[j]: v for j, v in one["state"].items()})
+    opt.load_state_dict(sd)
+
+
+class _PerDrafter:
+    """Per drafter a loss module (under torchrun in DDP), an AdamW and a clip_grad_norm_: the eager path (the
+    reference) and the compiled path with one region per drafter (`TrainConfig.one_region = False`)."""
+
+    def __init__(self, drafters, target, params, adamw, states, core):
+        self.drafters, self.params = drafters, params
+        self.nets = {n: data_parallel(DrafterLoss(d, target, core)) for n, d in drafters.items()}
+        self.opts = {n: torch.optim.AdamW(ps, **adamw) for n, ps in params.items()}
+        for n, sd in states.items():
+            self.opts[n].load_state_dict(sd)
+
+    def step(self, names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks):
+        out = {}
+        for name in names:
+            d, opt = self.drafters[name], self.opts[name]
+            for gp in opt.param_groups:
+                gp["lr"] = lr
+            with torch.autocast(**amp):
+                loss, stats = self.nets[name](drafter_features(feats, taps, d), anchors, valid, cfg.gamma,
+                                              norms[d.layout], masks.get(d.layout))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients over ranks here
+            gn = torch.nn.utils.clip_grad_norm_(self.params[name], cfg.clip)
+            opt.step()
+            out[name] = {**stats, "grad_norm": gn}
+        return out
+
+    def opt_state(self, name):
+        return self.opts[name].state_dict()
+
+
+class _OneRegion:
+    """The compiled path's step: every drafter at the step in one compiled region (`drafters_loss`; under torchrun
+    one DDP module over them), one backward of the summed loss, per-drafter clipping on the device and one AdamW step
+    over a param group per drafter (its own lr entry and state; fused on CUDA). Drafters at other steps (resumed
+    apart) take no part: their parameters get no gradient, which AdamW skips."""
+
+    def __init__(self, drafters, target, params, adamw, states):
+        self.drafters, self.target, self.params = drafters, target, params
+        self.names = list(drafters)
+        self.key = self.net = None  # the drafters at the step and their module (the set only grows: resumed drafters
+        # join at their step)
+        self.opt = torch.optim.AdamW([{"params": ps} for ps in params.values()], **adamw,
+                                     foreach=not adamw["fused"])
+        load_group_states(self.opt, {self.names.index(n): sd for n, sd in states.items()})
+
+    def step(self, names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks):
+        if tuple(names) != self.key:  # the old module (its DDP hooks and buckets) goes before the new one is made
+            self.key, self.net = tuple(names), None
+            self.net = data_parallel(DraftersLoss({n: self.drafters[n] for n in names}, self.target))
+        for n in names:
+            self.opt.param_groups[self.names.index(n)]["lr"] = lr
+        lays = [self.drafters[n].layout for n in names]
+        with torch.autocast(**amp):
+            loss, stats = self.net(feats, taps, anchors, valid, cfg.gamma, tuple(norms[lay] for lay in lays),
+                                   tuple(masks.get(lay) for lay in lays))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()  # each drafter's own gradient (see drafters_loss); DDP averages them over ranks here
+        gn = clip_grad_norms_([self.params[n] for n in names], cfg.clip)
+        self.opt.step()
+        return {n: {**stats[n], "grad_norm": g} for n, g in zip(names, gn.unbind())}
+
+    def opt_state(self, name):
+        return group_state(self.opt, self.names.index(name))
+
+
+def read_back(out: dict[str, dict[str, torch.Tensor]], world: int) -> dict[str, dict[str, float]]:
+    """A log step's statistics as numbers, in one copy to the host for every drafter; "loss" becomes the global
+    batch's loss (the sum over ranks of each rank's share, one all-reduce)."""
+    names = list(out)
+    losses = all_sum(torch.stack([out[n]["loss"] for n in names])) / world
+    vals = [{**out[n], "loss": x} for n, x in zip(names, losses.unbind())]
+    flat = iter(torch.stack([x.float() for v in vals for x in v.values()]).tolist())
+    return {n: {k: next(flat) for k in v} for n, v in zip(names, vals)}
+
+
 def lr_at(step, cfg: TrainConfig):
     warm = max(1, int(cfg.warmup_frac * cfg.steps))
     if step < warm:
@@ -272,10 +443,12 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     `cfg.snapshots`: the weights after those steps also go to out_dir/<name>/step<k>/ (for the drafters named in
     `snapshot_runs`; None: all), with the training tokens consumed so far (snapshot.json).
 
-    Under torchrun each rank takes rows rank::world of every global batch and each drafter is wrapped in DDP
-    (`dist.data_parallel`); the loss normaliser is the global batch's weight mass (`drafter_loss`), so N ranks take
-    the 1-rank step. History records (every `log_every` steps, the only host syncs) carry `elapsed_s`, measured
-    after the values were read back: differences between records give the steady step rate."""
+    Under torchrun each rank takes rows rank::world of every global batch and the trained modules are wrapped in DDP
+    (`dist.data_parallel`: each drafter, or on the compiled path the drafters of a step as one module); the loss
+    normaliser is the global batch's weight mass (`drafter_loss`), so N ranks take the 1-rank step. History records
+    (every `log_every` steps, the only host syncs) carry `elapsed_s`, measured after the values were read back:
+    differences between records give the steady step rate. A checkpoint holds one drafter's weights, its own AdamW
+    state, step and history, whichever path wrote it: either path resumes it."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
@@ -284,16 +457,13 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     if cfg.batch_size % world:
         raise ValueError(f"global batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
     main = rank == 0
-    static = compiled(cfg.compile, dev)  # the compiled path: fixed shapes, flex block masks, compiled block_loss
-    core = compiled_block_loss() if static else block_loss
-    opts, start, hist = {}, {}, {}
+    static = compiled(cfg.compile, dev)  # the compiled path: fixed shapes, flex block masks, compiled losses
+    start, hist, states = {}, {}, {}
     for name, d in drafters.items():
         d.train()
         for n, p in d.named_parameters():  # what the variant bypasses gets no gradient (DDP wants none unused)
             if d.injection.bypassed and n.startswith(d.injection.bypassed):
                 p.requires_grad_(False)
-        opts[name] = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=cfg.lr,
-                                       weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=dev.type == "cuda")
         state = out_dir / name / "trainer_state.pt"
         start[name], hist[name] = 0, []
         if (out_dir / name / "DONE").exists():
@@ -303,8 +473,7 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
             if s["step"] > cfg.steps:
                 raise ValueError(f"{state} is at step {s['step']}, beyond the {cfg.steps} steps requested")
             d.load_state_dict(s["model"])
-            opts[name].load_state_dict(s["opt"])
-            start[name], hist[name] = s["step"], s["history"]
+            states[name], start[name], hist[name] = s["opt"], s["step"], s["history"]
             log(f"[train] {name}: resumed at step {s['step']}")
             if s["step"] == cfg.steps and main:  # killed between the final checkpoint and DONE: finish it now
                 _finish(out_dir / name, hist[name], f"{cfg.steps} steps (marked done on a rerun)")
@@ -313,9 +482,13 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         return hist
     need_g = any(d.injection.needs_mtp for d in todo.values())
     taps = sorted({t for d in todo.values() for t in d.config.target_layer_ids})
-    tap_index = {t: i for i, t in enumerate(taps)}
-    H = target.hidden_size
-    nets = {n: data_parallel(DrafterLoss(d, target, core)) for n, d in todo.items()}
+    params = {n: [p for p in d.parameters() if p.requires_grad] for n, d in todo.items()}
+    adamw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=dev.type == "cuda")
+    states = {n: sd for n, sd in states.items() if n in todo}
+    if static and cfg.one_region:
+        trainer = _OneRegion(todo, target, params, adamw, states)
+    else:
+        trainer = _PerDrafter(todo, target, params, adamw, states, compiled_block_loss() if static else block_loss)
     layouts = sorted({d.layout for d in todo.values()}, key=lambda lay: lay.kinds)
     rules = {d.config.rules() for d in todo.values()}  # per layer, what a block slot sees
     if static and len(rules) > 1:
@@ -344,7 +517,7 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         norms = torch.stack([loss_weights(lay, anchors, valid, lengths, cfg.gamma)[1].sum().clamp(min=1e-6) / world
                              for lay in layouts])
         ids, lengths, anchors, valid = (to_device(x[rank::world], dev) for x in (ids, lengths, anchors, valid))
-        norms = to_device(norms, dev)
+        norms = dict(zip(layouts, to_device(norms, dev).unbind()))
         with torch.autocast(**amp):
             feats = extract(target, mtp, ids, lengths, taps, need_g)
         # the flex block mask on GPUs (flex attention has no backward pass on CPU: the compiled CPU path compiles
@@ -353,28 +526,16 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         T = ids.shape[1]
         masks = {lay: layer_masks(next(iter(rules)), anchors, lay.slots, T, "flex", lay.offsets[0])
                  for lay in layouts} if flex else {}
-        post = {}
-        for name, d in todo.items():
-            if step < start[name]:
-                continue
-            sel = [tap_index[t] for t in d.config.target_layer_ids]
-            ft = Features(ids, lengths, torch.cat([feats.taps[..., i * H:(i + 1) * H] for i in sel], -1), feats.g)
-            for gp in opts[name].param_groups:
-                gp["lr"] = lr_at(step, cfg)
-            lay = d.layout
-            with torch.autocast(**amp):
-                loss, stats = nets[name](ft, anchors, valid, cfg.gamma, norms[layouts.index(lay)], masks.get(lay))
-            opts[name].zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients over ranks here
-            gn = torch.nn.utils.clip_grad_norm_([p for p in d.parameters() if p.requires_grad], cfg.clip)
-            opts[name].step()
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
-                rec = {k: float(v) for k, v in stats.items()}
-                rec.update(loss=float(all_sum(loss.detach())) / world, step=step + 1, lr=lr_at(step, cfg),
-                           grad_norm=float(gn), elapsed_s=time.time() - t0, tokens=seen)
-                hist[name].append(rec)
-                post[name] = f"{rec['loss']:.3f}"
-            stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps
+        names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
+        out = trainer.step(names, lr_at(step, cfg), cfg, amp, feats, taps, anchors, valid, norms, masks)
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
+            for name, rec in read_back(out, world).items():
+                hist[name].append({**rec, "step": step + 1, "lr": lr_at(step, cfg), "elapsed_s": time.time() - t0,
+                                   "tokens": seen})
+            bar.set_postfix({n: f"{hist[n][-1]['loss']:.3f}" for n in names})
+        stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps
+        for name in names:
+            d = todo[name]
             if (step + 1 in cfg.snapshots and main and (snapshot_runs is None or name in snapshot_runs)
                     and not (out_dir / name / f"step{step + 1}" / "DONE").exists()):
                 snap = out_dir / name / f"step{step + 1}"
@@ -385,13 +546,11 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
             if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop) and main:
                 d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
                 with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
-                    save_state({"model": d.state_dict(), "opt": opts[name].state_dict(), "step": step + 1,
+                    save_state({"model": d.state_dict(), "opt": trainer.opt_state(name), "step": step + 1,
                                 "history": hist[name]}, tmp)
                 if step + 1 == cfg.steps:  # the final checkpoint, then at once DONE (a rerun completes a kill here)
                     _finish(out_dir / name, hist[name], f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)")
-        if post:
-            bar.set_postfix(post)
-        if cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps:
+        if stop:
             barrier()
             log(f"[train] stopped after step {step + 1} (resumable)")
             return hist
