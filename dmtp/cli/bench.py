@@ -624,10 +624,12 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
     prompts = prompts.tolist()
     rows, ratios = [], []
     own = p.engine.with_(engine="compiled")
+    parts = set(a.shape_parts)
     engines = {"": own}  # tag suffix -> engine: the profile's own first
-    if label_of(own) != "compiled":
-        engines["@compiled"] = engine_setting("compiled")
-    engines["@hf"] = own.with_(engine="hf")
+    if "engines" in parts:  # the compiled engine's defaults and the HF layers beside it
+        if label_of(own) != "compiled":
+            engines["@compiled"] = engine_setting("compiled")
+        engines["@hf"] = own.with_(engine="hf")
     methods = ("ar", dflash, dmtp)
     for tail, eng in engines.items():
         for name in methods:
@@ -648,7 +650,6 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
     ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
                               f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
     save(rows, ratios)
-    parts = set(a.shape_parts)
     if "admission" in parts:
         adm = admission(tgt, {n: build_method(n, tgt, drafter=drafters.get(n), mtp=mtp) for n in ("ar", dmtp)},
                         prompts, 16, setup, own)
@@ -894,8 +895,9 @@ def main(argv=None):
     p.add_argument("--mini-shape", action="store_true",
                    help="only the random-weight timing run at the profile's (default mini) target shape: stage times, "
                         "batch-1 baselines, regeneration")
-    p.add_argument("--shape-parts", type=listed(str), default=["admission", "baselines", "regen"],
-                   help="--mini-shape: beside the stage times, any of admission,baselines,regen (default: all)")
+    p.add_argument("--shape-parts", type=listed(str), default=["engines", "admission", "baselines", "regen"],
+                   help="--mini-shape: beside the stage times on the profile's engine, any of engines (the same on the "
+                        "compiled engine's defaults and the HF layers), admission, baselines, regen (default: all)")
     p.add_argument("--regen-batch", type=at_least(0), default=2048,
                    help="--mini-shape and part `regen`: prompts decoded at once as the data stage does (0: skip)")
     p.add_argument("--kernel-profile", action="store_true",

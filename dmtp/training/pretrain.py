@@ -3,8 +3,8 @@
 DeepSeek-V3-style joint loss, embedding and LM head shared:  L = CE(main logits_i, x_{i+1}) + lambda * CE(MTP_i, x_{i+2})
 The result is an HF checkpoint whose safetensors carry the `mtp.*` keys, loaded back through `Target` / `MTPHead`.
 
-The step: target + MTP as one module (`JointLM`) under DistributedDataParallel (torchrun), torch.compile'd on CUDA
-(`PretrainConfig.compile`), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised,
+The step: target + MTP as one module (`JointLM`) under DistributedDataParallel (torchrun), its decoder layers
+torch.compile'd one by one on CUDA (`PretrainConfig.compile`; regional compilation: one graph the layers share), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised,
 grouped-query attention without repeating K/V), the LM-head loss of both heads fused and chunked on CUDA
 (`losses.linear_cross_entropy`: no [tokens, vocab] logits stored), fused AdamW, batches copied from pinned memory; the
 host reads values back only every `log_every` steps.
@@ -130,7 +130,7 @@ def joint_terms(tgt, mtp, x, ce_chunk: int | None = None):
     explicit empty mask mapping: HF would otherwise materialise a causal mask whenever it runs under torch.compile
     (and lose the flash kernels). Both heads' inputs come before either loss: under torch.compile the fused loss is a
     graph break, and the body and MTP layer stay one graph."""
-    h = tgt.body(input_ids=x, attention_mask=NO_MASK if tgt.mask_free else None).last_hidden_state
+    h = tgt.body(input_ids=x, attention_mask=NO_MASK if tgt.mask_free else None, use_cache=False).last_hidden_state
     g = mtp.teacher_forced(x, h)  # [B, T-1, H], g_i predicts x_{i+2}
     ce_main, acc = head_terms(tgt.model.lm_head, h[:, :-1], x[:, 1:], ce_chunk)
     ce_mtp, acc_m = head_terms(tgt.model.lm_head, g[:, :-1], x[:, 2:], ce_chunk)
@@ -248,7 +248,13 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     fused = cfg.fused_ce == "on" or (cfg.fused_ce == "auto" and dev.type == "cuda")
     net = data_parallel(JointLM(tgt, mtp, cfg.ce_chunk if fused else None))
     fast = compiled(cfg.compile, dev)
-    step_terms = torch.compile(net, dynamic=False) if fast else net
+    if fast:  # regional compilation: each decoder layer (and the MTP layer) compiled on its own, in place; the layers
+        # share one graph (the same code, parameters as its inputs), so the compile time does not grow with depth (a
+        # whole-model graph of a 32-layer target took minutes); the glue between them (embedding, rotary, final norm)
+        # and the fused loss run eagerly
+        for layer in list(tgt.body.layers) + list(mtp.layers):
+            layer.compile(dynamic=False)
+    step_terms = net
     t0 = time.time()
     bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True, disable=not main)
     save_every = cfg.save_every or max(50, steps // 10)

@@ -34,7 +34,8 @@ extras() {
 zero_init_residual} --caps 1,32 --temperatures 0,1 --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts \
       ${SMALL:-24} --tokens 128) > $L/bench.txt 2>&1; "
   [[ $e == *",shape,"* ]] && s+="stamp shape; ($B --mini-shape --profile $PROFILE $(sets) --out $R/$F/bench \
-      --tokens 128 --repeats ${REPEATS:-3} --kernel-profile) > $L/shape.txt 2>&1; "
+      --tokens 128 --repeats ${REPEATS:-3} --kernel-profile --shape-parts ${SHAPE_PARTS:-engines,admission,baselines,\
+regen}) > $L/shape.txt 2>&1; "
   [[ $e == *",diag,"* ]] && s+="stamp diag; (cd $H/src && timeout 240 python3 -m \
       experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs dflash,zero_init_residual \
       --prompts 64 --out $R/$F/diag/consistency.json) > $L/diag.txt 2>&1; "
