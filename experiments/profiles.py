@@ -31,7 +31,8 @@ def tiny() -> Profile:
         pretrain=PretrainConfig(tokens=1_500_000, seq_len=256, batch_size=16, lr=3e-3),
         train=TrainConfig(steps=150, batch_size=8, max_len=224, anchors_per_seq=32, save_every=50),
         ablation=dict(continue_steps=50, seeds=(0,)),  # one seed: the 2-core CPU budget
-        eval=dict(sets={"humaneval": 24}, new_tokens=64),
+        eval=dict(sets={"humaneval": 24}, new_tokens=64,
+                  ood={"pytests": 8}, ood_runs=("ar", "mtp", "dflash", "fusion", "zero_init_residual")),
         verify=dict(caps=(1, 8), prompts=24, small_cap_prompts=4, repeats=1, max_new_tokens=64),
     )
 
@@ -48,7 +49,7 @@ def smoke() -> Profile:
         train=TrainConfig(steps=6, batch_size=4, max_len=96, anchors_per_seq=8, save_every=3, log_every=2),
         ablation=dict(continue_steps=3, seeds=(0, 1), budgets=(2, 4), curve=("dflash", "zero_init_residual")),
         eval=dict(sets={"humaneval": 4}, subsets={"humaneval8": ("humaneval", 3)}, new_tokens=12, batch=8,
-                  temperatures=(0.0, 1.0), modes=("natural", "fixed")),
+                  temperatures=(0.0, 1.0), modes=("natural", "fixed"), ood={"pytests": 3}),
         verify=dict(caps=(1, 4), prompts=4, small_cap_prompts=2, repeats=1, max_new_tokens=12),
     )
 
@@ -74,7 +75,7 @@ def mini() -> Profile:
         ablation=dict(continue_steps=300, seeds=(0, 1, 2), budgets=(31, 62, 125, 250, 500),
                       curve=("dflash", "fusion", "zero_init_residual")),
         eval=dict(sets={"humaneval": 164}, new_tokens=256, batch=164, temperatures=(0.0, 0.6, 1.0),
-                  modes=("natural", "fixed")),
+                  modes=("natural", "fixed"), ood={"pytests": 164}),
         verify=dict(caps=(1, 32), prompts=164, small_cap_prompts=16, repeats=2, max_new_tokens=256),
     )
 

@@ -24,7 +24,7 @@ def write(root, exp, method, ds, temp, accepted: dict, k=None):
     path = root / "runs" / exp / method / f"{ds}_T{temp:g}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"id": i, "method": method, "temperature": temp, "prompt_tokens": 4, "accepted": acc, "wall_s": 0.1,
-             "output_ids": list(range(sum(acc) + len(acc))), **({"n_candidates": k} if k is not None else {})}
+             "output_ids": list(range(1 + sum(acc) + len(acc))), **({"n_candidates": k} if k is not None else {})}
             for i, acc in accepted.items()]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
