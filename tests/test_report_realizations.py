@@ -113,3 +113,5 @@ def test_one_realization_folder_and_the_flat_layout(tmp_path):
     assert [r.name for r in art.realizations] == ["r2"] and set(art.runs.realization) == {2}
     assert json.loads((tmp_path / "q" / "r2" / "experiment.json").read_text())["realization"] == 2
     assert art.left_out == [("r0 (the flat layout)", "experiment differs from r2 in ablation.seeds")]
+    alone = load("q/r2", tmp_path, n_boot=100)  # as the pipeline's tables stage renders one realization
+    assert [r.name for r in alone.realizations] == ["r2"] and not alone.left_out

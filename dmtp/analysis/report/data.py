@@ -307,11 +307,13 @@ def summarize(runs: pd.DataFrame, n_boot: int = 2000, spec: AblationSpec | None 
 # --- realizations: which folders, pooled or not, made where ---------------------------------------------------------
 def discover(top: Path) -> list[tuple[int, Path]]:
     """(k, folder) of every realization under results/<profile>: its r<k>/ folders holding experiment.json, and the
-    profile folder itself when it holds runs/ of its own or has no r<k>/ (realization 0, the flat layout)."""
+    profile folder itself when it holds runs/ of its own or has no r<k>/ (the flat layout: realization 0, or the
+    `realization` its experiment.json names, e.g. when the pipeline renders results/<profile>/r<k> alone)."""
     out = [(int(m["k"]), p) for p in sorted(top.iterdir()) if p.is_dir() and (m := REALIZATION.match(p.name))
            and (p / "experiment.json").exists()] if top.is_dir() else []
     if (top / "runs").is_dir() or not out:
-        out.append((0, top))
+        exp = top / "experiment.json"
+        out.append((int(json.loads(exp.read_text()).get("realization") or 0) if exp.exists() else 0, top))
     return sorted(out)
 
 

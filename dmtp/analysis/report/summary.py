@@ -281,7 +281,7 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
     if not rows:
         return None
     return T.save(art, "claims", pd.DataFrame(rows), "The blog's claims and the control",
-                  f"{T.made_by(art)} estimate = our difference (acceptance length on {ds} unless the claim says "
+                  f"estimate = our difference (acceptance length on {ds} unless the claim says "
                   "otherwise) [hierarchical bootstrap 95% CI] t [95% t-interval at the top level]; by_realization = "
                   "each realization's own value. holds / fails: the test resolves the claim's direction (or, for "
                   "'close', shows equivalence within the stated margin / shows the difference outside it); not "
@@ -326,7 +326,7 @@ def ood_lines(art: Artifacts) -> list[str]:
                      "acceptance_length_hi", "acceptance_length_tlo", "acceptance_length_thi", "first_token",
                      "first_token_lo", "first_token_hi"]].reset_index(drop=True)
     T.save(art, "ood", df, "In and out of distribution (T = 0, natural mode, drafter seed 0)",
-           f"{T.made_by(art)} humaneval: the usual evaluation set; "
+           "humaneval: the usual evaluation set; "
            + ", ".join(f"{o}: module-level test functions of the corpus's train split (the target pretrained on "
                        "them, the drafters' on-policy prompts never hold a test file; docs/DESIGN.md)" for o in ood)
            + ". Intervals as in the ablation table.")

@@ -113,11 +113,23 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = "") -> pd.DataFrame:
+def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = "", models: str = "runs"
+         ) -> pd.DataFrame:
+    """tables/<name>.csv and .md; the .md opens with which models made it (`made_by`: "runs" or "bench")."""
     art.tables.mkdir(parents=True, exist_ok=True)
     df.to_csv(art.tables / f"{name}.csv", index=False)
+    note = " ".join(x for x in (made_by(art, models), note) if x)
     (art.tables / f"{name}.md").write_text(f"### {title}\n\n" + (f"{note}\n\n" if note else "") + to_markdown(df))
     return df
+
+
+def made_by(art: Artifacts, what: str = "runs") -> str:
+    """Which models a table comes from: the pooled realizations and the commits their run meta files record (most
+    frequent first; `what` = "bench": the commit of each realization's bench/meta.json)."""
+    def one(r):
+        sha = r.bench_commit if what == "bench" else ", ".join(c for c, _ in r.commits[:2])
+        return f"{r.name} at {sha or 'no recorded commit'}"
+    return "Models: " + "; ".join(one(r) for r in art.realizations) + "." if art.realizations else ""
 
 
 def skip(what: str):
@@ -299,15 +311,6 @@ def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
                 "per_request: mean of each request's own tau; per_verify: 1 + sum k*h[k] / sum h over all rounds.")
 
 
-def made_by(art: Artifacts, what: str = "") -> str:
-    """Which models a table comes from: the pooled realizations and the commits their meta files record (`what`:
-    'bench' names the bench's own commit)."""
-    def one(r):
-        sha = r.bench_commit if what == "bench" else ", ".join(c for c, _ in r.commits[:2])
-        return f"{r.name} at {sha or 'no recorded commit'}"
-    return "Models: " + "; ".join(one(r) for r in art.realizations) + "."
-
-
 def throughput_table(art: Artifacts) -> pd.DataFrame | None:
     """The throughput rows (bench.throughput) with the blog's B32 numbers beside the T = 1 rows of its batch cap
     (Code: the blog's dflash and dmtp tok/s and gain, and its per-verify gain from the acceptance table)."""
@@ -340,7 +343,7 @@ def throughput(art: Artifacts) -> pd.DataFrame | None:
         return skip("throughput table (bench/throughput.csv)")
     sp = art.spec
     return save(art, "throughput", df.dropna(axis=1, how="all"), "End-to-end throughput (tok/s)",
-                f"{made_by(art, 'bench')} Each row: the timed runs of one (realization, temperature, batch cap, "
+                "Each row: the timed runs of one (realization, temperature, batch cap, "
                 "method): the whole request group served with dynamic batching (natural mode, HumanEval's stop "
                 "strings), repeats interleaved side by side; tok_per_s = median [min, max] over repeats; speedup = "
                 "median [min, max] of the per-repeat tok/s ratios to AR; per_verify = median tau per verify round; "
@@ -348,7 +351,7 @@ def throughput(art: Artifacts) -> pd.DataFrame | None:
                 "per-repeat ratios), per_verify_gain_pct the same for per-verify tau, gain_over_per_verify their "
                 "ratio. realization 'all': every repeat of every realization pooled. blog_*: Qwen3.6-35B-A3B on "
                 "4xH200, TP4, SGLang, B32, T = 1 (Code) — another model and serving regime: compare directions and "
-                "the gain against the per-verify gain, not tok/s.")
+                "the gain against the per-verify gain, not tok/s.", models="bench")
 
 
 def overhead(art: Artifacts) -> pd.DataFrame | None:
@@ -376,10 +379,10 @@ def overhead(art: Artifacts) -> pd.DataFrame | None:
         df["round_vs_dflash"] = [r / ref.get((s, lb), math.nan) for s, lb, r in zip(setup, label, df["round"])]
         df.loc[df.method.str.startswith("blog:"), ["round_vs_dflash_ms", "round_vs_dflash"]] = math.nan
     return save(art, "overhead", df, "Per-round overhead (ms/round)",
-                f"{made_by(art, 'bench')} Batch 8, CUDA graphs, EOS ignored, first 16 rounds excluded (blog §6.5 "
+                "Batch 8, CUDA graphs, EOS ignored, first 16 rounds excluded (blog §6.5 "
                 "setting); plain names: the trained models, median over the pooled realizations. 8b-shape: a "
                 "Qwen3-8B-sized target with random weights, 5-layer drafters (timing only); mini-shape: the mini "
-                "shapes with random weights.")
+                "shapes with random weights.", models="bench")
 
 
 def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
@@ -411,14 +414,14 @@ def costmodel(art: Artifacts) -> pd.DataFrame | None:
     if df is None:
         return skip("cost-model table (bench/throughput.csv, bench/overhead.csv and T = 0 eval records)")
     return save(art, "costmodel", df, "Cost model: predicted vs measured speed-up over AR (T = 0)",
-                f"{made_by(art, 'bench')} predicted vs measured: dmtp.analysis.costmodel.predict on the "
+                "predicted vs measured: dmtp.analysis.costmodel.predict on the "
                 "realization's eval records (HumanEval, T = 0, natural, seed 0; the first n_requests, as the bench "
                 "timed at that cap), its trained models' round time per batch (round_ms_b*, overhead.csv) and the "
                 "admission cost the throughput runs measured (admit_ms = admit_s / groups); measured_speedup = "
                 "median [min, max] of the per-repeat ratios; error_pct = 100 (predicted / measured - 1). "
                 "projection 8b-shape: the same records x the 8B-shape round times at batch 8 (random weights, "
                 "flex attention; AR's step: 8b-shape:ar@batch1), decode only (no admission cost), the one round "
-                "time used at every batch: a projection, not a measurement.")
+                "time used at every batch: a projection, not a measurement.", models="bench")
 
 
 def open_repro(art: Artifacts) -> pd.DataFrame | None:
