@@ -149,9 +149,11 @@ def test_a_subset_of_runs(run, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     runs = tmp_path / "smoke" / "runs" / "ablation"
     assert sorted(d.name for d in runs.iterdir()) == ["ar", "dflash"]
-    # smoke: seeds 0 and 1 (a main run: both), modes natural and fixed (a main-table run: both, first seed)
+    # smoke: seeds 0 and 1 (a main run: both), modes natural and fixed (a main-table run: both, first seed), and the
+    # out-of-distribution set (an ood run: T = 0, first seed)
     assert sorted(f.name for f in (runs / "dflash").glob("*.jsonl")) == sorted(
-        f"{ds}_T0{suffix}.jsonl" for ds in ("humaneval", "humaneval8") for suffix in ("", "_s1", "_fixed"))
+        [f"{ds}_T0{suffix}.jsonl" for ds in ("humaneval", "humaneval8") for suffix in ("", "_s1", "_fixed")]
+        + ["pytests_T0.jsonl"])
     exp = read_experiment(tmp_path / "smoke" / "experiment.json")
     assert exp.ablation.only == ("ar", "dflash") and exp.eval.temperatures == (0.0,)
 

@@ -24,6 +24,9 @@ def pooled(tmp_path_factory):
                         experiment={"pretrain": {"tokens": 1000, "stop_after": 7 if k == 2 else 0}})
     write_synthetic(code(), res, "p", n=24, temps=(0, 1), methods=RUNS, curve=False, oracle=False, bench=False,
                     ood=True, realization=4, experiment={"pretrain": {"tokens": 1000}, "eval": {"new_tokens": 99}})
+    for k, digest in ((1, "aaaa"), (2, "aaaa"), (3, "bbbb")):  # the target's corpus (target/meta.json)
+        (res / "p" / f"r{k}" / "target").mkdir()
+        (res / "p" / f"r{k}" / "target" / "meta.json").write_text(json.dumps({"corpus": {"train_digest": digest}}))
     (res / "p" / "r5").mkdir()  # no experiment.json: not a realization
     (res / "p" / "bench").mkdir()  # the committed random-weight shape timings live beside the realizations
     (res / "p" / "bench" / "overhead.csv").write_text(
@@ -44,6 +47,8 @@ def test_matching_realizations_are_pooled_the_others_named(pooled):
     assert s.loc[("humaneval", 0.0, "mtp"), "n_seeds"] == 1
     assert "**3 realizations (r1, r2, r3), pooled**" in text and "4.30 standard errors" in text
     assert "- r4: experiment differs from r3 in eval.new_tokens" in text
+    assert [r.corpus for r in art.realizations] == ["aaaa", "aaaa", "bbbb"]
+    assert "The pooled realizations' corpora differ** (aaaa, bbbb)" in text
     pw = pd.read_csv(res / "p" / "tables" / "pairwise_T0.csv")
     assert (pw.t_level == "realization").all() and (pw.n_units == 3).all() and (pw.n_realizations == 3).all()
 

@@ -62,11 +62,15 @@ def _section(art: Artifacts, title: str, tabs: list[str], figs: list[str]) -> li
 def how(art: Artifacts) -> list[str]:
     """The short 'how the runs were made': the realizations pooled (folder, commits, devices, dates), those left
     out, and where the history is."""
-    rows = ["| realization | folder | commits (meta files) | devices | written |", "|---|---|---|---|---|"]
+    rows = ["| realization | folder | commits (meta files) | devices | written | corpus |", "|---|---|---|---|---|---|"]
     for r in art.realizations:
         commits = ", ".join(f"{c} ({n})" for c, n in r.commits) or "—"
         rows.append(f"| {r.name} | `{r.root}` | {commits} | {', '.join(r.devices) or '—'} | "
-                    f"{' … '.join(x for x in r.written if x) or '—'} |")
+                    f"{' … '.join(x for x in r.written if x) or '—'} | {r.corpus or '—'} |")
+    corpora = {r.corpus for r in art.realizations if r.corpus}
+    if len(corpora) > 1:  # another Python installation: other files, so other targets and other `pytests` prompts
+        rows += ["", f"**The pooled realizations' corpora differ** ({', '.join(sorted(corpora))}): their targets "
+                 "pretrained on different files and an out-of-distribution set holds different prompts in each."]
     out = ["## How the runs were made", "",
            "Each realization is one `dmtp pipeline` run of the profile (its own target, on-policy data and drafter "
            "seeds: `Profile.realization`), then `python -m dmtp.cli.bench` on its trained models. The run history, "

@@ -104,6 +104,7 @@ class Realization:
     devices: tuple[str, ...] = ()  # the devices its meta files name
     written: tuple[str, str] = ("", "")  # first and last `written` stamp of its meta files
     bench_commit: str = ""  # the commit bench/meta.json records ("": no bench)
+    corpus: str = ""  # the digest of the target's pretraining documents (target/meta.json corpus.train_digest)
 
     @property
     def name(self) -> str:
@@ -376,10 +377,11 @@ def provenance(k: int, root: Path) -> Realization:
             devices.add(str(env["device"]))
         if meta.get("written"):
             stamps.append(str(meta["written"]))
-    bench = Path(root, "bench", "meta.json")
+    bench, target = Path(root, "bench", "meta.json"), Path(root, "target", "meta.json")
     sha = (json.loads(bench.read_text()).get("env") or {}).get("git_sha", "unknown") if bench.exists() else ""
+    corpus = (json.loads(target.read_text()).get("corpus") or {}).get("train_digest", "") if target.exists() else ""
     return Realization(k, root, tuple(commits.most_common()), tuple(sorted(devices)),
-                       (min(stamps), max(stamps)) if stamps else ("", ""), sha)
+                       (min(stamps), max(stamps)) if stamps else ("", ""), sha, corpus)
 
 
 def read_oracle_pooled(roots: list[tuple[int, Path]]) -> dict:

@@ -197,8 +197,8 @@ def close_rows(art: Artifacts, dataset: str, temps, n_boot: int = 2000) -> list[
                   if not pd.isna(hi))
         v = 1 if q < S.LEVEL else -1 if far else 0
         r = dict(r, diff_lo=r["lo"], diff_hi=r["hi"], diff_tlo=r["t_lo"], diff_thi=r["t_hi"])
-        out.append(_row(f"{text}: `{a}` − `{b}` within ±{m:.3f} ({CLOSE_MARGIN_PCT:g} % of `{b}`)", t, r,
-                        f"TOST ±{CLOSE_MARGIN_PCT:g} %, Holm p = {q:.3g} over {len(got)} temperatures", v))
+        out.append(_row(f"{text}: `{a}` − `{b}`", t, r, f"TOST within ±{m:.3f} ({CLOSE_MARGIN_PCT:g} % of `{b}`), "
+                        f"Holm p = {q:.3g} over {len(got)} temperatures", v))
     return out
 
 
@@ -264,7 +264,8 @@ def throughput_rows(art: Artifacts) -> list[dict]:
         out.append(_row(f"{text}: `{sp.main_method}` vs `{sp.drafter_baseline}` tok/s (%), B{r.batch_cap}", 1.0,
                         {"diff": r.gain_pct, "diff_lo": r.gain_pct_lo, "diff_hi": r.gain_pct_hi,
                          "signs": list(mine.gain_pct)},
-                        f"median [min, max] of {r.n_repeats} repeats; holds if every repeat gains", v))
+                        f"median [min, max] of {r.n_repeats} repeat{'s' * (r.n_repeats != 1)}; holds if every "
+                        "repeat gains", v))
     return out
 
 
