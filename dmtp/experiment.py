@@ -30,6 +30,8 @@ from dmtp.training.pretrain import PretrainConfig, TargetArch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision names used everywhere
 EVAL_MODES = ("natural", "fixed")  # natural: stop at EOS (HumanEval: its stop strings); fixed: a fixed length
+OOD_SETS = ("pytests",)  # out-of-distribution sets: module-level test functions of the corpus's train split
+# (`code_prompts(tests=True)`): the target is pretrained on them, the drafters' on-policy prompts never hold them
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -106,10 +108,19 @@ class EvalConfig:
     new_tokens: int = 128  # generated tokens per request (at most)
     batch: int = 32  # requests per decode batch
     mtp_steps: int = 4  # MTP415 baseline: 4 chained steps, 4 candidates
+    ood: dict[str, int] = field(default_factory=dict)  # out-of-distribution set (OOD_SETS) -> #prompts: decoded
+    # for `ood_runs` only, at T = 0, natural mode (the stop strings of `stops`), the first drafter seed
+    ood_runs: tuple[str, ...] = ()  # the runs of the ablation decoded on the `ood` sets
 
     def __post_init__(self):
         check(self, temperatures=each(temperature), new_tokens=at_least(1), batch=at_least(1), mtp_steps=at_least(1),
               modes=each(one_of(*EVAL_MODES)))
+        for ds, n in self.ood.items():
+            require(ds in OOD_SETS and ds not in self.sets and isinstance(n, int) and not isinstance(n, bool)
+                    and n >= 1, f"eval.ood={self.ood}: expected a set of {list(OOD_SETS)} (not in eval.sets) -> "
+                    "number of prompts >= 1")
+        require(all(isinstance(r, str) and r for r in self.ood_runs) and (self.ood_runs or not self.ood),
+                f"eval.ood_runs={list(self.ood_runs)}: expected run names (at least one when eval.ood names a set)")
         require(all(isinstance(x, str) and x for x in self.stops),
                 f"eval.stops={list(self.stops)}: expected non-empty stop strings (or 'humaneval')")
         for ds, n in self.sets.items():
@@ -196,6 +207,8 @@ def check_profile(p: Profile) -> None:
     a = p.ablation
     for v in a.variants + tuple(v for v, _ in a.continued.values()) + tuple(v for v, _ in a.backbones.values()):
         get_variant(v)  # an unknown variant fails here, naming the known ones
+    bad = [r for r in p.eval.ood_runs if r not in a.runs()]
+    require(not bad, f"eval.ood_runs: {bad} are not runs of ablation {a.name!r}")
     for run, (_, bb) in a.backbones.items():
         require(bb in BACKBONES, f"ablation.backbones[{run!r}]: unknown backbone {bb!r}; known: {', '.join(BACKBONES)}")
     arch = p.model.arch

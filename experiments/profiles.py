@@ -31,7 +31,8 @@ def tiny() -> Profile:
         pretrain=PretrainConfig(tokens=1_500_000, seq_len=256, batch_size=16, lr=3e-3),
         train=TrainConfig(steps=150, batch_size=8, max_len=224, anchors_per_seq=32, save_every=50),
         ablation=dict(continue_steps=50, seeds=(0,)),  # one seed: the 2-core CPU budget
-        eval=dict(sets={"humaneval": 24}, new_tokens=64),
+        eval=dict(sets={"humaneval": 24}, new_tokens=64,
+                  ood={"pytests": 8}, ood_runs=("ar", "mtp", "dflash", "fusion", "zero_init_residual")),
         verify=dict(caps=(1, 8), prompts=24, small_cap_prompts=4, repeats=1, max_new_tokens=64),
     )
 
@@ -48,7 +49,7 @@ def smoke() -> Profile:
         train=TrainConfig(steps=6, batch_size=4, max_len=96, anchors_per_seq=8, save_every=3, log_every=2),
         ablation=dict(continue_steps=3, seeds=(0, 1), budgets=(2, 4), curve=("dflash", "zero_init_residual")),
         eval=dict(sets={"humaneval": 4}, subsets={"humaneval8": ("humaneval", 3)}, new_tokens=12, batch=8,
-                  temperatures=(0.0, 1.0), modes=("natural", "fixed")),
+                  temperatures=(0.0, 1.0), modes=("natural", "fixed"), ood={"pytests": 3}),
         verify=dict(caps=(1, 4), prompts=4, small_cap_prompts=2, repeats=1, max_new_tokens=12),
     )
 
@@ -63,17 +64,18 @@ def mini() -> Profile:
     strings). Each allotment is one realization (`--set realization=k`, results/mini/r<k>)."""
     return derive(
         tiny(), "mini",
-        data=dict(corpus_bytes=400_000_000, tokenizer_bytes=10_000_000, vocab_size=8192, prompts=40_000,
+        data=dict(corpus_bytes=300_000_000, tokenizer_bytes=10_000_000, vocab_size=8192, prompts=40_000,
                   prompt_tokens=128, new_tokens=256, batch=2048, prompts_per_doc=6),
         model=dict(arch=TargetArch(hidden_size=384, num_hidden_layers=32, num_attention_heads=6, num_key_value_heads=2,
                                    head_dim=64, intermediate_size=1024),
                    checkpoint_dtype="bf16"),
-        pretrain=PretrainConfig(tokens=200_000_000, seq_len=512, batch_size=96, lr=2e-3),
+        pretrain=PretrainConfig(tokens=130_000_000, seq_len=512, batch_size=96, lr=2e-3),
         drafter=dict(layers=2, heads=6, kv_heads=2, intermediate=1024),
         train=TrainConfig(steps=1000, batch_size=32, max_len=384, anchors_per_seq=64, save_every=500,
                           log_every=50),
         ablation=dict(continue_steps=300, seeds=(0, 1), budgets=(), curve=()),
-        eval=dict(sets={"humaneval": 164}, new_tokens=256, batch=164, temperatures=(0.0, 1.0), modes=("natural",)),
+        eval=dict(sets={"humaneval": 164}, new_tokens=256, batch=164, temperatures=(0.0, 1.0), modes=("natural",),
+                  ood={"pytests": 164}),
         verify=dict(caps=(1, 32), prompts=164, small_cap_prompts=16, repeats=2, max_new_tokens=256),
         engine=dict(dtype="bf16", attention="dense", prefill="compiled", admit=8),
         realization=1,

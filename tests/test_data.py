@@ -18,6 +18,7 @@ from dmtp.data import (
     train_tokenizer,
 )
 from dmtp.data.corpus import corpus_summary
+from dmtp.data.prompts import is_test_file
 from dmtp.data.tokenizer import encode_text
 
 SRC = '''import math
@@ -143,6 +144,55 @@ def test_code_prompts(corpus, tok, tmp_path):
     bad.write_text(json.dumps({"path": "x.py", "sha256": "0" * 64, "text": "# HumanEval\n" + SRC.format(i=1)}) + "\n")
     with pytest.warns(UserWarning, match="only 0 of 5"):
         assert code_prompts(bad, tok, 5) == []
+
+
+TEST_SRC = '''import pytest
+
+
+def helper_{i}(x):
+    return x + {i}
+
+
+@pytest.mark.parametrize("x", [1, 2])
+def test_add_{i}(x):
+    """helper adds {i}."""
+    assert helper_{i}(x) == x + {i}
+
+
+def test_sub_{i}():
+    y = helper_{i}(0)
+    assert y == {i}
+
+
+class TestCase{i}:
+    def test_method(self):
+        assert helper_{i}(1) == 1 + {i}
+'''
+
+
+def test_test_files_are_kept_apart(tok, tmp_path):
+    """Test modules never give the drafters' prompts; `tests=True` cuts prompts from them alone, at module-level
+    test* functions: the context above, the signature, the docstring."""
+    assert is_test_file("/r/pkg/tests/util.py") and is_test_file("/r/test/x.py") and is_test_file("/r/test_x.py")
+    assert is_test_file("/r/pkg/x_test.py") and not is_test_file("/r/pkg/testing.py")
+    assert not is_test_file("/r/pkg/contest.py") and not is_test_file("/r/tests_helpers/x.py")
+    assert not is_test_file("/home/tests/venv/pkg/x.py", roots=["/home/tests/venv"])  # below its root only
+    root = tmp_path / "src"
+    (root / "pkg" / "tests").mkdir(parents=True)
+    for i in range(6):
+        (root / "pkg" / f"m{i}.py").write_text(SRC.format(i=i))
+        (root / "pkg" / "tests" / f"test_m{i}.py").write_text(TEST_SRC.format(i=i))
+    c = build_corpus(tmp_path / "c", 10**6, heldout_frac=0.0, roots=[root], progress=False)
+    paths = {d["sha256"][:12]: d["path"] for d in iter_documents(c["train"])}
+    code = code_prompts(c["train"], tok, 12, max_prompt_tokens=64, workers=1)
+    assert len(code) == 12 and not any("/tests/" in paths[p["id"].split(":")[0]] for p in code)
+    tests = code_prompts(c["train"], tok, 12, max_prompt_tokens=64, per_doc=5, workers=1, tests=True)
+    assert len(tests) == 12  # test_add_i and test_sub_i of each file; never a method, never the helper
+    for p in tests:
+        assert "/tests/test_m" in paths[p["id"].split(":")[0]]
+        last = p["prompt"].rstrip("\n").split("\n")[-1]
+        assert last.startswith("def test_") or last.endswith('."""'), p["prompt"]
+        assert len(tok(p["prompt"], add_special_tokens=False)["input_ids"]) <= 64
 
 
 FIXTURE = [{"task_id": "HumanEval/0", "prompt": "def f():\n", "entry_point": "f"},

@@ -24,7 +24,7 @@ def write(root, exp, method, ds, temp, accepted: dict, k=None):
     path = root / "runs" / exp / method / f"{ds}_T{temp:g}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"id": i, "method": method, "temperature": temp, "prompt_tokens": 4, "accepted": acc, "wall_s": 0.1,
-             "output_ids": list(range(sum(acc) + len(acc))), **({"n_candidates": k} if k is not None else {})}
+             "output_ids": list(range(1 + sum(acc) + len(acc))), **({"n_candidates": k} if k is not None else {})}
             for i, acc in accepted.items()]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -65,9 +65,10 @@ def test_tables(hand, capsys):
     art = load("hand", hand, n_boot=200)
     tables.render(art)
     ab = csv(hand, "ablation_code")
-    assert list(ab.columns[:10]) == ["method", "temperature", "acceptance_length", "acceptance_length_lo",
-                                     "acceptance_length_hi", "per_verify", "first_token", "first_token_lo",
-                                     "first_token_hi", "rel_to_token_only"]
+    assert list(ab.columns[:12]) == ["method", "temperature", "acceptance_length", "acceptance_length_lo",
+                                     "acceptance_length_hi", "acceptance_length_tlo", "acceptance_length_thi",
+                                     "per_verify", "first_token", "first_token_lo", "first_token_hi",
+                                     "rel_to_token_only"]
     assert {"n_requests", "n_rounds", "blog_value", "vs_token_only", "vs_token_only_p", "vs_dflash"} <= set(ab)
     assert list(ab.method) == ["mtp", "dflash", "token_only", "zero_init_residual"]  # mtp: a baseline row
     assert list(ab.table) == ["baseline", "main", "main", "main"]
@@ -168,25 +169,42 @@ def test_engine_ratios_render_typed_and_older_records(hand):
     assert "| mini engine AR / HF AR loop, batch 1 | 7.190 | >= 10 | False |" in text
 
 
+TP_COLS = ["method", "temperature", "batch_cap", "repeat", "dataset", "requests", "output_tokens", "wall_s",
+           "tok_per_s", "per_verify", "groups", "admit_s"]
+
+
 def test_bench_tables_and_figure(hand):
+    """Throughput from interleaved repeats: medians with [min, max], per-repeat ratios to AR and to DFlash, the
+    per-verify gain beside the tok/s gain, the blog's B32 numbers on the T = 1 rows; overhead at batch 8."""
     bench = hand / "hand" / "bench"
     bench.mkdir(parents=True)
-    pd.DataFrame([("dflash", 0, 32, "humaneval", 1000, 2.0, 500.0), ("zero_init_residual", 0, 32, "humaneval",
-                                                                      1200, 2.0, 600.0),
-                  ("dflash", 0, 8, "humaneval", 400, 2.0, 200.0)],
-                 columns=["method", "temperature", "batch_cap", "dataset", "output_tokens", "wall_s", "tok_per_s"]
-                 ).to_csv(bench / "throughput.csv", index=False)
-    pd.DataFrame([("dflash", "drafter", 0.4), ("dflash", "round", 9.0), ("zero_init_residual", "drafter", 0.4),
-                  ("zero_init_residual", "mtp", 0.2), ("zero_init_residual", "round", 9.5)],
-                 columns=["method", "stage", "ms_per_round"]).to_csv(bench / "overhead.csv", index=False)
+    rows = [("ar", 0, 32, 0, 100.0, 1.0), ("ar", 0, 32, 1, 110.0, 1.0),
+            ("dflash", 0, 32, 0, 300.0, 3.0), ("dflash", 0, 32, 1, 330.0, 3.0),
+            ("zero_init_residual", 0, 32, 0, 360.0, 3.6), ("zero_init_residual", 0, 32, 1, 363.0, 3.6),
+            ("ar", 1, 32, 0, 90.0, 1.0), ("dflash", 1, 32, 0, 180.0, 1.8), ("zero_init_residual", 1, 32, 0, 198.0, 2.0)]
+    pd.DataFrame([(m, t, c, r, "humaneval", 8, 800, 800 / v, v, pv, 1, 0.01) for m, t, c, r, v, pv in rows],
+                 columns=TP_COLS).to_csv(bench / "throughput.csv", index=False)
+    pd.DataFrame([("dflash", "drafter", 0.4, 8), ("dflash", "round", 9.0, 8), ("zero_init_residual", "drafter", 0.4, 8),
+                  ("zero_init_residual", "mtp", 0.2, 8), ("zero_init_residual", "round", 9.5, 8),
+                  ("zero_init_residual", "round", 99.0, 32)],  # another batch: not in the batch-8 table
+                 columns=["method", "stage", "ms_per_round", "batch"]).to_csv(bench / "overhead.csv", index=False)
     art = load("hand", hand, n_boot=50)
-    tp = tables.throughput(art).set_index("batch_cap")
-    assert tp.loc[32, "gain_pct"] == pytest.approx(20) and tp.loc[32, "blog_dmtp"] == 6564.08
-    assert math.isnan(tp.loc[8, "zero_init_residual"])
+    tp = tables.throughput(art).set_index(["temperature", "method"])
+    z = tp.loc[(0, "zero_init_residual")]
+    assert (z.realization, z.n_repeats, z.tok_per_s, z.tok_per_s_lo, z.tok_per_s_hi) == ("r0", 2, 361.5, 360, 363)
+    assert (z.speedup, z.speedup_lo, z.speedup_hi) == pytest.approx((3.45, 3.3, 3.6))  # 360/100, 363/110
+    assert (z.gain_pct, z.gain_pct_lo, z.gain_pct_hi) == pytest.approx((15, 10, 20))  # 360/300, 363/330
+    assert z.per_verify_gain_pct == pytest.approx(20) and z.gain_over_per_verify == pytest.approx(0.75)
+    assert tp.loc[(0, "dflash"), "speedup"] == pytest.approx(3.0) and math.isnan(tp.loc[(0, "dflash"), "gain_pct"])
+    one = tp.loc[(1, "zero_init_residual")]
+    assert one.gain_pct == pytest.approx(10) and one.per_verify_gain_pct == pytest.approx(100 * (2 / 1.8 - 1))
+    assert one.blog_dmtp_tok_per_s == 6564.08 and one.blog_gain_pct == pytest.approx(18.77, abs=0.01)
+    assert one.blog_per_verify_gain_pct == 18.78 and math.isnan(z.blog_gain_pct)  # the blog: T = 1 only
+    assert "Models: r0 at" in (hand / "hand" / "tables" / "throughput.md").read_text()
     ov = tables.overhead(art).set_index("method")
     assert ov.loc["zero_init_residual", "round_vs_dflash_ms"] == pytest.approx(0.5)
     assert ov.loc["blog:Code:dmtp", "round"] == 9.318
-    (png,) = figures.throughput(art)
+    (png, _) = figures.throughput(art)
     assert png.stat().st_size > 1000
     (png,) = figures.overhead(art)
     assert png.name == "overhead.png" and png.stat().st_size > 1000

@@ -1,21 +1,35 @@
-"""Uncertainty over drafter seeds AND requests, paired comparisons, and the Holm correction. Pure numpy.
+"""Uncertainty over realizations, drafter seeds AND requests, paired comparisons, Holm, equivalence. Numpy + scipy.
 
-A method's score is a matrix x[s, r]: the per-request acceptance length of request r (the same prompts for every
-method) under the drafter trained with seed s (seed s of every method sees the same data stream, so two methods'
-seed-s rows are paired). What varies between re-runs of the whole experiment is both the seed and, for the
-population of prompts, the request; the two-level bootstrap resamples both:
+A method's score is a cube x[r, s, q]: the per-request acceptance length of request q (the same prompts for every
+method and every realization) under the drafter trained with seed s in realization r (an independent replication
+of the whole experiment: its own target, on-policy data and drafter seeds). Two methods' cells (r, s, q) are
+paired: the same target, the same data stream, the same prompt. A [seeds, requests] matrix is one realization, a
+1-D sequence one seed. Missing seeds of a realization (a baseline has one) are rows of nan.
 
-    draw seeds   S* ~ uniform with replacement from the n_s seeds
-    draw requests R* ~ uniform with replacement from the n_r requests (one draw shared by all seeds: same prompts)
-    statistic    mean over S* x R* of x[s, r]           (nan cells, e.g. a request with no rounds, are skipped)
+Point estimate: the mean over realizations of each realization's mean over its seed x request cells (nan cells,
+e.g. a request with no rounds, skipped). The hierarchical bootstrap resamples every level of the design:
 
-A paired comparison of a vs b uses d[s, r] = a[s, r] - b[s, r] on the seeds both have (matched by seed value) and
-the same bootstrap; its two-sided p-value is 2 * min(P*(mean <= 0), P*(mean >= 0)) over the draws, floored at
-1 / (n_boot + 1). With one seed it reduces to the request bootstrap. With few seeds (3) the seed level of the
-bootstrap is coarse: intervals are honest about what 3 seeds can show, not sharper.
+    draw realizations  R* ~ uniform with replacement from the n_r realizations
+    draw seeds         within each drawn realization, its own seeds with replacement (as many draws as the most
+                       seeds any realization has: every realization weighs the same)
+    draw requests      Q* ~ uniform with replacement from the n_q requests (one draw shared by all: same prompts)
+    statistic          mean over the drawn cells
 
-Many comparisons: `holm` adjusts a family of p-values (Holm-Bonferroni step-down; strong FWER control), and
-`verdict` words a difference only as far as the adjusted p-value carries it.
+A paired comparison of a vs b uses d = a - b on matched cells and the same bootstrap; its two-sided p-value is
+2 * min(P*(mean <= 0), P*(mean >= 0)), floored at 1 / (n_boot + 1). With one realization it is the two-level
+bootstrap over seeds and requests, with one seed the request bootstrap.
+
+A bootstrap over 3 seeds or 3 realizations is coarse and understates their variance, so every comparison also
+gets a t-test at its top level (`top_level`): the realization means when there are >= 2 realizations, else the
+seed means, else the requests; with n units it has n - 1 degrees of freedom (3 realizations: |mean| must exceed
+4.30 standard errors at 5 %, 2 realizations: 12.7). Each realization's own mean difference is reported too
+(`signs`).
+
+Many comparisons: `holm` adjusts a family of p-values (Holm-Bonferroni step-down; strong FWER control);
+`holm_family` adjusts both tests of every row of a family and words each with `verdict`: a direction only where
+both adjusted tests reject (an intersection-union test: p = the larger of the two) and, with several
+realizations, every realization's difference has that sign; otherwise "not resolved". Equivalence ("close")
+is a claim of its own: `paired(..., margin=m)` adds the two one-sided tests (TOST) of |d| < m.
 
     >>> x = np.array([[3.0, 4.0, 5.0], [3.2, 4.1, 5.3]])
     >>> round(seed_request_ci(x)[0], 3)
@@ -23,72 +37,221 @@ Many comparisons: `holm` adjusts a family of p-values (Holm-Bonferroni step-down
 """
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Sequence
 from itertools import combinations
 
 import numpy as np
 
 NAN = float("nan")
+LEVEL = 0.05  # significance level of every test and (1 - LEVEL) intervals
 
 
-def _draws(n_s: int, n_r: int, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, n_s, size=(n_boot, n_s)), rng.integers(0, n_r, size=(n_boot, n_r))
-
-
-def _boot_means(x: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """Two-level bootstrap means of x[s, r] (nan-skipping), one per draw."""
-    n_s, n_r = x.shape
-    si, ri = _draws(n_s, n_r, n_boot, seed)
-    vals = np.where(np.isnan(x), 0.0, x)
-    cnt = (~np.isnan(x)).astype(float)
-    # sum over the drawn seeds and drawn requests: gather rows, then columns (counts handle repeats and nans)
-    rows_v, rows_c = vals[si], cnt[si]  # [n_boot, n_s, n_r]
-    tot_v = np.take_along_axis(rows_v, ri[:, None, :].repeat(n_s, 1), 2).sum((1, 2))
-    tot_c = np.take_along_axis(rows_c, ri[:, None, :].repeat(n_s, 1), 2).sum((1, 2))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return tot_v / tot_c
-
-
-def as_matrix(x) -> np.ndarray:
-    """x as a float matrix [seeds, requests] (a 1-D sequence = one seed)."""
+def as_cube(x) -> np.ndarray:
+    """x as a float cube [realizations, seeds, requests] (a matrix: one realization; a 1-D sequence: one seed)."""
     a = np.asarray(x, float)
-    if a.ndim == 1:
-        a = a[None]
-    if a.ndim != 2:
-        raise ValueError(f"expected [seeds, requests] values, got shape {a.shape}")
+    a = a[None] if a.ndim == 2 else a[None, None] if a.ndim == 1 else a
+    if a.ndim != 3:
+        raise ValueError(f"expected [realizations, seeds, requests] values, got shape {np.shape(x)}")
     return a
 
 
-def seed_request_ci(x, n_boot: int = 4000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
-    """(mean, lo, hi): the mean of x[s, r] over seeds and requests and its two-level percentile bootstrap interval."""
-    a = as_matrix(x)
+def _present(a: np.ndarray) -> np.ndarray:
+    """[R, S] True where realization r has seed row s (not all nan)."""
+    return ~np.isnan(a).all(2)
+
+
+def mean(x) -> float:
+    """The mean over realizations of each realization's mean over its cells (nan: no data)."""
+    a = as_cube(x)
+    per = [np.nanmean(r) for r in a if np.isfinite(r).any()]
+    return float(np.mean(per)) if per else NAN
+
+
+def _draws(a: np.ndarray, n_boot: int, seed: int) -> tuple:
+    """Index arrays of the hierarchical bootstrap's cells of a[r, s, q] ([n_boot, R, S, Q] after broadcasting):
+    realizations, each drawn realization's own present seeds, one request draw (module docstring)."""
+    R, S, Q = a.shape
+    have = _present(a)
+    order = np.argsort(~have, axis=1, kind="stable")  # each realization's present seeds first
+    n_s = np.maximum(have.sum(1), 1)
+    rng = np.random.default_rng(seed)
+    if R == 1:  # one realization: the two-level bootstrap (draws in the order of earlier versions)
+        pos = rng.integers(0, n_s[0], size=(n_boot, 1, S))
+        qi = rng.integers(0, Q, size=(n_boot, Q))
+        ri = np.zeros((n_boot, 1), int)
+    else:
+        u = rng.random((n_boot, R, S))
+        qi = rng.integers(0, Q, size=(n_boot, Q))
+        ri = rng.integers(0, R, size=(n_boot, R))
+        pos = (u * n_s[ri][..., None]).astype(int)
+    si = np.take_along_axis(order[ri], pos, 2)  # [n_boot, R, S] seed indices of the drawn realizations
+    return ri[:, :, None, None], si[:, :, :, None], qi[:, None, None, :]
+
+
+def _boot_sums(v: np.ndarray, idx: tuple) -> np.ndarray:
+    """Sum of v (nan as 0) over each draw's cells."""
+    return np.where(np.isnan(v), 0.0, v)[idx].sum((1, 2, 3))
+
+
+def _boot_means(a: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """Hierarchical bootstrap means of a[r, s, q] (nan-skipping), one per draw."""
+    idx = _draws(a, n_boot, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _boot_sums(a, idx) / _boot_sums((~np.isnan(a)).astype(float), idx)
+
+
+def ratio_ci(num, den, n_boot: int = 4000, seed: int = 0, alpha: float = LEVEL) -> tuple[float, float, float]:
+    """(sum num / sum den, lo, hi): a pooled ratio of counts over cells (e.g. rounds accepting >= 1 draft / rounds)
+    with its hierarchical bootstrap interval (num and den drawn together; cells where den is nan: absent)."""
+    num, den = as_cube(num), as_cube(den)
+    if np.nansum(den) == 0:
+        return NAN, NAN, NAN
+    idx = _draws(den, n_boot, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boots = _boot_sums(num, idx) / _boot_sums(den, idx)
+    lo, hi = np.nanpercentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return float(np.nansum(num) / np.nansum(den)), float(lo), float(hi)
+
+
+def seed_request_ci(x, n_boot: int = 4000, seed: int = 0, alpha: float = LEVEL) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean of x (a cube, matrix or sequence) and its hierarchical percentile bootstrap
+    interval over realizations, seeds and requests."""
+    a = as_cube(x)
     if np.isnan(a).all():
         return NAN, NAN, NAN
-    point = float(np.nanmean(a))
     boots = _boot_means(a, n_boot, seed)
     lo, hi = np.nanpercentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return point, float(lo), float(hi)
+    return mean(a), float(lo), float(hi)
 
 
-def paired(a, b, n_boot: int = 4000, seed: int = 0, alpha: float = 0.05) -> dict:
-    """Paired a - b over matched seeds (rows) and requests (columns): {diff, lo, hi, p, n_seeds, n_requests}.
+def top_level(x) -> tuple[str, np.ndarray]:
+    """The units of the t-test: ("realization", the realization means) with >= 2 realizations holding data, else
+    ("seed", the seed means) with >= 2 seeds, else ("request", the request values)."""
+    a = as_cube(x)
+    rs = [r for r in a if np.isfinite(r).any()]
+    if len(rs) >= 2:
+        return "realization", np.array([np.nanmean(r) for r in rs])
+    if not rs:
+        return "request", np.array([])
+    seeds = [s for s in rs[0] if np.isfinite(s).any()]
+    if len(seeds) >= 2:
+        return "seed", np.array([np.nanmean(s) for s in seeds])
+    return "request", seeds[0][np.isfinite(seeds[0])] if seeds else np.array([])
 
-    a, b: [seeds, requests] matrices whose rows are the SAME seeds in the same order and columns the same requests
-    (`matrices` builds them from records). p: two-sided two-level bootstrap p-value (see the module docstring)."""
-    a, b = as_matrix(a), as_matrix(b)
+
+def t_test(v, alpha: float = LEVEL, margin: float | None = None) -> dict:
+    """One-sample t over units v (paired differences): {mean, lo, hi, p, n, df} with the (1 - alpha) t-interval
+    and the two-sided p of mean = 0; with `margin`, tost_p = the larger of the two one-sided p-values of
+    mean <= -margin and mean >= margin (equivalence is shown when it is below alpha). Fewer than 2 units: nan."""
+    from scipy import stats as st
+
+    v = np.asarray(v, float)
+    v = v[np.isfinite(v)]
+    n = len(v)
+    out = {"mean": float(v.mean()) if n else NAN, "lo": NAN, "hi": NAN, "p": NAN, "n": n, "df": max(n - 1, 0)}
+    if margin is not None:
+        out["tost_p"] = NAN
+    if n < 2:
+        return out
+    se = v.std(ddof=1) / np.sqrt(n)
+    m, df = out["mean"], n - 1
+    if se == 0:  # every unit the same: the interval is a point
+        out.update(lo=m, hi=m, p=0.0 if m != 0 else 1.0)
+        if margin is not None:
+            out["tost_p"] = 0.0 if abs(m) < margin else 1.0
+        return out
+    q = st.t.ppf(1 - alpha / 2, df)
+    out.update(lo=float(m - q * se), hi=float(m + q * se), p=float(2 * st.t.sf(abs(m) / se, df)))
+    if margin is not None:
+        out["tost_p"] = float(max(st.t.sf((m + margin) / se, df), st.t.cdf((m - margin) / se, df)))
+    return out
+
+
+def _boot_p(boots: np.ndarray, at: float, side: str) -> float:
+    """Bootstrap p of a one-sided test: P*(mean <= at) for side "le", P*(mean >= at) for "ge" (floored)."""
+    p = (boots <= at).mean() if side == "le" else (boots >= at).mean()
+    return float(min(1.0, max(p, 1 / (len(boots) + 1))))
+
+
+def paired(a, b, n_boot: int = 4000, seed: int = 0, alpha: float = LEVEL, margin: float | None = None) -> dict:
+    """Paired a - b over matched cells (realizations, seeds, requests): {diff, lo, hi, p} (hierarchical bootstrap:
+    interval and two-sided p), {t_level, n_units, t_lo, t_hi, t_p} (the t-test at the top level), `signs` (each
+    realization's mean difference, in order), n_realizations, n_seeds (the most any realization has), n_requests;
+    with `margin`, the equivalence tests tost_p (bootstrap) and tost_t_p (t), each below alpha when |d| < margin
+    is shown.
+
+    a, b: cubes (or matrices, or sequences) with the SAME realizations, seeds and requests in the same order
+    (`matrices` builds them from records)."""
+    a, b = as_cube(a), as_cube(b)
     if a.shape != b.shape:
-        raise ValueError(f"paired comparison needs matching [seeds, requests] shapes, got {a.shape} vs {b.shape}")
+        raise ValueError(f"paired comparison needs matching [realizations, seeds, requests] shapes, got {a.shape} "
+                         f"vs {b.shape}")
     d = a - b
+    R, S, Q = d.shape
+    out = {"diff": NAN, "lo": NAN, "hi": NAN, "p": NAN, "t_level": "", "n_units": 0, "t_lo": NAN, "t_hi": NAN,
+           "t_p": NAN, "signs": [], "n_realizations": R, "n_seeds": S, "n_requests": Q}
+    if margin is not None:
+        out.update(tost_p=NAN, tost_t_p=NAN)
     if np.isnan(d).all():
-        return {"diff": NAN, "lo": NAN, "hi": NAN, "p": NAN, "n_seeds": a.shape[0], "n_requests": a.shape[1]}
+        return out
     boots = _boot_means(d, n_boot, seed)
     boots = boots[~np.isnan(boots)]
     lo, hi = np.percentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    p = 2 * min((boots <= 0).mean(), (boots >= 0).mean())
-    p = float(min(1.0, max(p, 1 / (len(boots) + 1))))
-    return {"diff": float(np.nanmean(d)), "lo": float(lo), "hi": float(hi), "p": p,
-            "n_seeds": a.shape[0], "n_requests": a.shape[1]}
+    level, units = top_level(d)
+    t = t_test(units, alpha, margin)
+    out.update(diff=mean(d), lo=float(lo), hi=float(hi), p=min(1.0, 2 * min(_boot_p(boots, 0, "le"),
+                                                                             _boot_p(boots, 0, "ge"))),
+               t_level=level, n_units=t["n"], t_lo=t["lo"], t_hi=t["hi"], t_p=t["p"],
+               signs=[float(np.nanmean(r)) for r in d if np.isfinite(r).any()])
+    if margin is not None:
+        out.update(tost_p=max(_boot_p(boots, -margin, "le"), _boot_p(boots, margin, "ge")), tost_t_p=t["tost_p"])
+    return out
+
+
+def did(a, b, n_boot: int = 4000, seed: int = 0, alpha: float = LEVEL) -> dict:
+    """Difference in differences on two request sets: a[r, q], b[r, q'] are paired differences (e.g. mtp - dflash
+    per request) on set A and set B in realizations r (the same realizations, in order). The statistic is the mean
+    over realizations of mean_q a[r] - mean_q' b[r]; the bootstrap draws realizations (shared by both sets) and each
+    set's requests on their own. The t-test: over the realizations' values with >= 2 realizations, else Welch's over
+    the two sets' requests. Returns {diff, lo, hi, p, t_level, n_units, t_lo, t_hi, t_p, signs}."""
+    from scipy import stats as st
+
+    a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"did: {a.shape[0]} vs {b.shape[0]} realizations")
+    R = a.shape[0]
+    per = np.nanmean(a, 1) - np.nanmean(b, 1)
+    rng = np.random.default_rng(seed)
+    ri = rng.integers(0, R, (n_boot, R)) if R > 1 else np.zeros((n_boot, 1), int)
+    qa, qb = rng.integers(0, a.shape[1], (n_boot, a.shape[1])), rng.integers(0, b.shape[1], (n_boot, b.shape[1]))
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-nan draw: nan, dropped
+        boots = (np.nanmean(a[ri[:, :, None], qa[:, None, :]], 2) - np.nanmean(b[ri[:, :, None], qb[:, None, :]], 2)
+                 ).mean(1)
+    boots = boots[np.isfinite(boots)]
+    lo, hi = np.percentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    out = {"diff": float(per.mean()), "lo": float(lo), "hi": float(hi),
+           "p": min(1.0, 2 * min(_boot_p(boots, 0, "le"), _boot_p(boots, 0, "ge"))), "signs": per.tolist()}
+    if R >= 2:
+        t = t_test(per, alpha)
+        return dict(out, t_level="realization", n_units=t["n"], t_lo=t["lo"], t_hi=t["hi"], t_p=t["p"])
+    x, y = a[0][np.isfinite(a[0])], b[0][np.isfinite(b[0])]
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    df = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1)) if va + vb > 0 else math.inf
+    q = float(st.t.ppf(1 - alpha / 2, df))
+    se = math.sqrt(va + vb)
+    p = float(2 * st.t.sf(abs(out["diff"]) / se, df)) if se > 0 else float(out["diff"] == 0)
+    return dict(out, t_level="request", n_units=len(x) + len(y), t_lo=out["diff"] - q * se,
+                t_hi=out["diff"] + q * se, t_p=p)
+
+
+def t_quantile(n: int, alpha: float = LEVEL) -> float:
+    """How many standard errors a mean of n units must lie from 0 for the two-sided t-test to reject (nan: n < 2)."""
+    from scipy import stats as st
+
+    return float(st.t.ppf(1 - alpha / 2, n - 1)) if n >= 2 else NAN
 
 
 def holm(pvals: Sequence[float]) -> list[float]:
@@ -105,39 +268,68 @@ def holm(pvals: Sequence[float]) -> list[float]:
     return adj.tolist()
 
 
-def verdict(name_a: str, name_b: str, diff: float, p_adj: float, level: float = 0.05) -> str:
-    """Words for one comparison, no stronger than the adjusted test: 'a > b', 'a < b' or 'a ≈ b (not resolved)'."""
+def agree(signs: Sequence[float], diff: float) -> bool:
+    """Every realization's difference has the sign of the pooled one (one realization: trivially)."""
+    return all(np.sign(s) == np.sign(diff) for s in signs)
+
+
+def verdict(name_a: str, name_b: str, diff: float, p_adj: float, level: float = LEVEL, same_sign: bool = True) -> str:
+    """Words for one comparison, no stronger than its test: 'a > b' / 'a < b' where the adjusted p is below
+    `level` and (several realizations) every realization agrees in sign; else 'a vs b: not resolved' (a
+    non-rejection says nothing about closeness: that needs an equivalence test)."""
     if np.isnan(p_adj) or np.isnan(diff):
         return f"{name_a} vs {name_b}: no data"
-    if p_adj < level:
+    if p_adj < level and same_sign and diff != 0:
         return f"{name_a} {'>' if diff > 0 else '<'} {name_b}"
-    return f"{name_a} ≈ {name_b} (not resolved)"
+    return f"{name_a} vs {name_b}: not resolved"
 
 
-def pairwise(scores: dict[str, np.ndarray], n_boot: int = 4000, seed: int = 0, level: float = 0.05,
+def pairwise(scores: dict[str, np.ndarray], n_boot: int = 4000, seed: int = 0,
              pairs: Sequence[tuple[str, str]] | None = None) -> list[dict]:
-    """Every pair (or the given pairs) of methods compared with `paired`, Holm-adjusted over the whole family.
+    """Every pair (or the given pairs) of methods compared with `paired` (not yet adjusted: `holm_family`).
 
-    scores: method -> [seeds, requests] matrix (rows = the same seeds for every method). Returns one dict per pair:
-    a, b, diff, lo, hi, p, p_holm, verdict, n_seeds, n_requests."""
+    scores: method -> cube (or [seeds, requests] matrix): the same realizations, seeds and requests for every
+    method. Returns one dict per pair: a, b and `paired`'s fields."""
     pairs = list(pairs) if pairs is not None else list(combinations(list(scores), 2))
-    rows = [dict(a=a, b=b, **paired(scores[a], scores[b], n_boot=n_boot, seed=seed)) for a, b in pairs]
-    for r, q in zip(rows, holm([r["p"] for r in rows])):
-        r["p_holm"] = q
-        r["verdict"] = verdict(r["a"], r["b"], r["diff"], q, level)
+    return [dict(a=a, b=b, **paired(scores[a], scores[b], n_boot=n_boot, seed=seed)) for a, b in pairs]
+
+
+def holm_family(rows: list[dict], level: float = LEVEL) -> list[dict]:
+    """Holm over one family of `paired` rows (every comparison a summary reads), for the bootstrap p (p_holm) and
+    the top-level t p (t_p_holm) alike; `verdict` from the larger of the two and the realizations' signs."""
+    for r, qb, qt in zip(rows, holm([r["p"] for r in rows]), holm([r["t_p"] for r in rows])):
+        r["p_holm"], r["t_p_holm"] = qb, qt
+        both = max(qb, qt) if not np.isnan(qt) else qb  # no top-level t (one unit): the bootstrap alone
+        r["verdict"] = verdict(r["a"], r["b"], r["diff"], both, level, agree(r["signs"], r["diff"]))
     return rows
 
 
-def matrices(per_seed: dict[str, dict[int, dict[str, float]]]) -> tuple[dict[str, np.ndarray], list[int], list[str]]:
-    """method -> {seed -> {request id -> value}} into method -> [seeds, requests] matrices over the seeds and
-    requests that EVERY method has (so rows and columns pair up). Returns (matrices, seeds, request ids).
-    Baselines without a drafter seed (ar, mtp) are passed with one seed and broadcast to every seed row."""
-    drafted = [m for m, d in per_seed.items() if len(d) > 1]
-    seeds = sorted(set.intersection(*(set(per_seed[m]) for m in drafted))) if drafted else \
-        sorted(set.intersection(*(set(d) for d in per_seed.values())))
-    ids = sorted(set.intersection(*(set(r) for d in per_seed.values() for r in d.values())))
+def matrices(per_unit: dict[str, dict[tuple[int, int] | int, dict[str, float]]]
+             ) -> tuple[dict[str, np.ndarray], list[tuple[int, list[int]]], list[str]]:
+    """method -> {(realization, seed) or seed -> {request id -> value}} into method -> cubes [realizations, seeds,
+    requests] over the realizations every method has, in each the seeds every drafted method has (a method with
+    one seed in a realization, e.g. a baseline without a drafter, is broadcast to every seed row), and the requests
+    every method has in every unit (so cells pair up). Returns (cubes, [(realization, seeds)], request ids)."""
+    units = {m: {(k if isinstance(k, tuple) else (0, k)): v for k, v in d.items()} for m, d in per_unit.items()}
+    by_r = {m: {} for m in units}
+    for m, d in units.items():
+        for (r, s), v in d.items():
+            by_r[m].setdefault(r, {})[s] = v
+    reals = sorted(set.intersection(*(set(d) for d in by_r.values()))) if by_r else []
+    layout = []
+    for r in reals:
+        drafted = [m for m in by_r if len(by_r[m][r]) > 1]
+        seeds = sorted(set.intersection(*(set(by_r[m][r]) for m in (drafted or by_r))))
+        layout.append((r, seeds))
+    ids = sorted(set.intersection(*(set(v) for d in units.values() for v in d.values())), key=str) if units else []
+    n_s = max((len(s) for _, s in layout), default=0)
     out = {}
-    for m, d in per_seed.items():
-        rows = [d[s] if s in d else next(iter(d.values())) for s in seeds] if len(d) == 1 else [d[s] for s in seeds]
-        out[m] = np.array([[row[i] for i in ids] for row in rows], float)
-    return out, seeds, ids
+    for m in units:
+        cube = np.full((len(layout), n_s, len(ids)), NAN)
+        for i, (r, seeds) in enumerate(layout):
+            d = by_r[m][r]
+            for j, s in enumerate(seeds):
+                row = d[s] if s in d else next(iter(d.values()))  # one seed: broadcast
+                cube[i, j] = [row[q] for q in ids]
+        out[m] = cube
+    return out, layout, ids

@@ -43,7 +43,7 @@ from dmtp.cli.stages import record as stage_record
 from dmtp.data.corpus import build_corpus, corpus_summary
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
-from dmtp.data.prompts import code_prompts
+from dmtp.data.prompts import PROMPT_CUT, code_prompts
 from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.decode import build_method, load_method
@@ -308,7 +308,8 @@ def fresh(path: Path, dep: Path) -> bool:
 def eval_plan(p: Profile):
     """(dataset, #prompts, temperature, mode, run, seed): in mode natural every run on `eval.all_methods_on` (every
     seed of its own), the main-table and backbone runs on the other sets; in mode fixed the main-table runs, first
-    seed; only the selected runs and seeds (`ablation.only`, `ablation.only_seeds`)."""
+    seed; on the out-of-distribution sets (`eval.ood`) the `eval.ood_runs` at T = 0, natural mode, first seed; only
+    the selected runs and seeds (`ablation.only`, `ablation.only_seeds`)."""
     spec = p.ablation
     for mode in p.eval.modes:
         for ds, n in p.eval.sets.items():
@@ -320,6 +321,20 @@ def eval_plan(p: Profile):
                 for m in spec.selected(runs):
                     for seed in (spec.seeds_of(m) if mode == "natural" else spec.seeds_of(m)[:1]):
                         yield ds, n, temp, mode, m, seed
+    for ds, n in p.eval.ood.items():
+        for m in spec.selected(p.eval.ood_runs):
+            for seed in (s for s in spec.seeds_of(m) if s == spec.seeds[0]):
+                yield ds, n, 0.0, "natural", m, seed
+
+
+def eval_prompts(c: Ctx, ds: str, n: int) -> list[dict]:
+    """The first n prompts of an evaluation set, encoded: HumanEval's, or those of an out-of-distribution set (the
+    corpus's test functions, cut as the drafters' prompts are, with their token budget; the same seed in every
+    realization: the same prompts)."""
+    if ds in c.p.eval.ood:
+        return encode_prompts(c.tok, code_prompts(c.work / "corpus" / "train.jsonl", c.tok, n, seed=0, per_doc=1,
+                                                  max_prompt_tokens=c.p.data.prompt_tokens, tests=True))
+    return encode_prompts(c.tok, humaneval_prompts()[:n])
 
 
 def run_file(res: Path, ds: str, temp: float, mode: str, run: str, seed: int) -> Path:
@@ -365,16 +380,17 @@ def st_eval(c: Ctx):
         c.need("drafters", {(m, seed) for _, _, _, _, m, seed, _ in todo})
         tgt, mtp = c.target()
         tok = c.tok
-        hp = humaneval_prompts()
     record_experiment(c)  # the runs' experiment: the report takes its rows from it
-    failed = []
+    failed, prompts = [], {}
     for ds, n, temp, mode, m, seed, u in todo:
         path = u.outputs[0]
         t0 = time.time()
         try:  # one run failing does not cost the others: they go on, and the stage fails at the end naming it
             if (m, seed) not in cache:  # a method object is reusable: each decode batch works on a copy
                 cache[m, seed] = load_method(m, tgt, mtp, drafters_dir(c, seed), ev.mtp_steps)
-            recs = run_generate(tgt, cache[m, seed], encode_prompts(tok, hp[:n]), temp, ev.new_tokens,
+            if (ds, n) not in prompts:
+                prompts[ds, n] = eval_prompts(c, ds, n)
+            recs = run_generate(tgt, cache[m, seed], prompts[ds, n], temp, ev.new_tokens,
                                 [tok.eos_token_id], ev.batch, seed=0, tok=tok,
                                 desc=f"{m} s{seed} {ds} T{temp:g} {mode}", extra={"dataset": ds, "seed": seed},
                                 mode=mode, stop_strings=stop_strings(c.p, mode), engine=c.eng)
@@ -499,7 +515,7 @@ def lossless_check(c: Ctx):
     with the target's top-2 gap."""
     rows, flips, refs = [], [], {}
     runs = c.res / "runs" / "ablation"
-    for ds in c.p.eval.sets:
+    for ds in list(c.p.eval.sets) + list(c.p.eval.ood):
         for mode in c.p.eval.modes:
             ref_path = run_file(c.res, ds, 0.0, mode, "ar", 0)
             if not ref_path.exists():
@@ -519,9 +535,10 @@ def lossless_check(c: Ctx):
     write_text(c.res / "tables" / "lossless_T0.csv",
                pd.DataFrame(rows, columns=["method", "dataset", "mode", "n", "identical", "divergent"])
                .to_csv(index=False))
-    if flips:  # how near a tie each flip was (HumanEval prompt ids; other sets have no top-2 gap here)
+    if flips:  # how near a tie each flip was
         tgt, _ = c.target()
-        prompts = {p["id"]: p["prompt_ids"] for p in encode_prompts(c.tok, humaneval_prompts())}
+        prompts = {p["id"]: p["prompt_ids"] for ds, n in {**c.p.eval.sets, **c.p.eval.ood}.items()
+                   for p in eval_prompts(c, ds, n)}
         for mode in c.p.eval.modes:
             mine = [x for x in flips if x["mode"] == mode]
             if mine:
@@ -589,7 +606,7 @@ def fingerprints(p: Profile) -> dict[str, dict]:
     f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": fingerprint(p.pretrain),
                                           "model.checkpoint_dtype": p.model.checkpoint_dtype},
                        **({"realization": p.realization} if p.realization else {}))
-    f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine)},
+    f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine), "prompt_cut": PROMPT_CUT},
                      **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
                                                              "batch", "prompts_per_doc")})
     shape = {k: v for k, v in fingerprint(p.drafter).items() if k != "variants"}  # a run's own settings: per run
@@ -655,6 +672,8 @@ def units(c: Ctx, stage: str) -> list[Unit]:
             want = dict(model, **{"engine": fingerprint(c.p.engine), "eval.new_tokens": ev.new_tokens,
                                   "eval.batch": ev.batch}, **({"eval.mtp_steps": ev.mtp_steps} if m == "mtp" else {}),
                         **({"eval.stops": list(stop_strings(c.p, mode))} if mode == "natural" else {}),
+                        **({"prompt_cut": PROMPT_CUT, "data.prompt_tokens": c.p.data.prompt_tokens}
+                           if ds in ev.ood else {}),
                         run={"dataset": ds, "prompts": n, "temperature": temp, "method": m, "mode": mode,
                              "seed": seed})
             out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))

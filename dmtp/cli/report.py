@@ -36,7 +36,7 @@ def main(argv=None):
 def run(a):
     root = Path(a.results) / a.profile
     if a.what == "demo":
-        write_synthetic(code(), a.results, a.profile, temps=(0, 0.6, 1))
+        write_synthetic(code(), a.results, a.profile, temps=(0, 0.6, 1), ood=True)
         write_synthetic_verify(a.results, a.profile)  # and a verification-mode study
     elif a.what == "verify":  # the verification-mode study alone (results/<profile>/verify)
         if not (root / "verify" / "runs").is_dir():

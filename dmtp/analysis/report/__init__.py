@@ -17,17 +17,17 @@ from dmtp.analysis.report.data import Artifacts, load
 
 __all__ = ["Artifacts", "load", "tables", "figures", "summary", "render_tables", "render_figures", "render_report"]
 
-# REPORT.md sections: (title, table files, figure-name prefixes)
+# REPORT.md's detailed sections: (title, table files, figure-name prefixes)
 SECTIONS = [
     ("Code ablation", ["ablation_*"], []),
-    ("Pairwise tests (Holm-corrected)", ["pairwise_T*"], []),
+    ("Pairwise tests (Holm over each dataset's family)", ["pairwise_T*"], []),
     ("Learning curve: acceptance vs drafter training tokens", ["learning_curve"], ["learning_curve"]),
     ("Acceptance vs its ceiling at T > 0", ["ceiling_T*"], ["ceiling_T*"]),
     ("Acceptance length: DFlash vs native MTP vs DMTP", ["main_acceptance"], ["main_acceptance_T*"]),
     ("First-token acceptance", ["first_token"], ["first_token_T*"]),
     ("Acceptance per position", ["cumulative", "conditional"], ["cumulative_T*", "conditional_T*"]),
     ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
-    ("Throughput and per-round overhead", ["throughput", "overhead"], ["throughput_T*", "overhead"]),
+    ("Per-round overhead", ["overhead"], ["overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
 ]
 
@@ -51,47 +51,91 @@ def render_figures(profile: str, results: str | Path = "results", art: Artifacts
     return art
 
 
+def _section(art: Artifacts, title: str, tabs: list[str], figs: list[str]) -> list[str]:
+    mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"), key=by_temperature)]
+    pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"), key=by_temperature)]
+    if not mds and not pngs:
+        return []
+    return [f"## {title}", "", *[f"![{p.stem}](figures/{p.name})\n" for p in pngs], *[p.read_text() for p in mds]]
+
+
+def how(art: Artifacts) -> list[str]:
+    """The short 'how the runs were made': the realizations pooled (folder, commits, devices, dates), those left
+    out, and where the history is."""
+    rows = ["| realization | folder | commits (meta files) | devices | written | corpus |", "|---|---|---|---|---|---|"]
+    for r in art.realizations:
+        commits = ", ".join(f"{c} ({n})" for c, n in r.commits) or "—"
+        rows.append(f"| {r.name} | `{r.root}` | {commits} | {', '.join(r.devices) or '—'} | "
+                    f"{' … '.join(x for x in r.written if x) or '—'} | {r.corpus or '—'} |")
+    corpora = {r.corpus for r in art.realizations if r.corpus}
+    if len(corpora) > 1:  # another Python installation: other files, so other targets and other `pytests` prompts
+        rows += ["", f"**The pooled realizations' corpora differ** ({', '.join(sorted(corpora))}): their targets "
+                 "pretrained on different files and an out-of-distribution set holds different prompts in each."]
+    out = ["## How the runs were made", "",
+           "Each realization is one `dmtp pipeline` run of the profile (its own target, on-policy data and drafter "
+           "seeds: `Profile.realization`), then `python -m dmtp.cli.bench` on its trained models. The run history, "
+           "negative results included, is in LOG.md"
+           + (", this profile's hand-written notes in [NOTES.md](NOTES.md)" if (art.root / "NOTES.md").exists() else "")
+           + ".", "", *rows, ""]
+    if art.left_out:
+        out += ["Left out (not the pooled experiment):", "", *[f"- {n}: {why}" for n, why in art.left_out], ""]
+    return out
+
+
 def render_report(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Path:
-    """Render every table and figure, then write results/<profile>/REPORT.md embedding them (relative paths)."""
+    """Render every table and figure, then write results/<profile>/REPORT.md: what was found (the claims table, the
+    headline figure, the acceptance tables and rankings), throughput, the cost model, the detailed tables, and last
+    how the runs were made."""
     art = render_figures(profile, results, render_tables(profile, results, art))
     s = art.summary
+    reals = ", ".join(r.name for r in art.realizations)
     out = [f"# DMTP report — profile `{profile}`", "",
-           f"Rendered from `{art.root}` by `python -m dmtp.cli.report report --profile {profile}`. "
-           "Acceptance lengths include the bonus token; CIs are 95% percentile bootstraps over drafter seeds and "
-           "requests (over requests alone where a run has one seed).", ""]
-    notes = art.root / "NOTES.md"  # hand-written provenance and caveats of the run, if any: shown as written
-    if notes.exists():
-        out += ["## How this run was made (NOTES.md)", "", notes.read_text().strip(), ""]
-    out += summary.summary(art)
-    if len(s):
-        cols = ["experiment", "dataset", "temperature", "mode", "method", "k", "n_seeds", "n_requests",
-                "n_zero_round", "n_rounds", "output_tokens"]
-        out += ["## Artifacts", "", tables.to_markdown(s[cols])]
-    else:
+           f"Rendered from `{art.root}` ({len(art.realizations)} realization(s): {reals}) by `python -m "
+           f"dmtp.cli.report report --profile {profile}`. Acceptance lengths include the bonus token; intervals are "
+           "95 %: [hierarchical bootstrap over realizations, drafter seeds and requests] and t [t-interval over the "
+           "top level's units: realizations when there are several, else seeds]." + (
+               f" Left out: {', '.join(n for n, _ in art.left_out)} (see the end)." if art.left_out else ""), ""]
+    out += summary.findings(art)
+    tp = art.tables / "throughput.md"
+    if tp.exists():
+        out += ["## Throughput", "", *summary.throughput_lines(art), "",
+                *[f"![{p.stem}](figures/{p.name})\n" for p in sorted(art.figures.glob("throughput_T*.png"),
+                                                                     key=by_temperature)], tp.read_text()]
+    cm = art.tables / "costmodel.md"
+    if cm.exists():
+        out += ["## Cost model", "", *summary.costmodel_lines(art), "", cm.read_text()]
+    if not len(s):
         out += ["No run artifacts found.", ""]
     gone = tables.missing(art)
     if gone:
         out += ["## Missing runs", "", "These runs are absent, so their rows are missing from the tables below:", "",
                 *[f"- `runs/{e}/{m}/{d}_T{t:g}.jsonl`" for e, d, t, m in gone], ""]
     out += summary.zero_round_lines(art)
-    lossless = art.tables / "lossless_T0.csv"  # written by the pipeline: T=0 outputs identical to `ar`
-    if lossless.exists():
+    lossless = [pd.read_csv(p).assign(realization=r.name) for r in art.realizations
+                if (p := r.root / "tables" / "lossless_T0.csv").exists()]  # by the pipeline: T=0 outputs vs `ar`
+    if lossless:
         out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "",
-                tables.to_markdown(pd.read_csv(lossless).fillna(""))]
+                tables.to_markdown(pd.concat(lossless, ignore_index=True).fillna(""))]
     for title, tabs, figs in SECTIONS:
-        mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"), key=by_temperature)]
-        pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"), key=by_temperature)]
-        if not mds and not pngs:
-            continue
-        out += [f"## {title}", ""]
-        out += [f"![{p.stem}](figures/{p.name})\n" for p in pngs]
-        out += [p.read_text() for p in mds]
-    out += verify_study.render(art.root)  # the verification-mode study, when results/<profile>/verify exists
-    ratios = read_ratios(art.root / "bench" / "ratios.json")  # by `dmtp.cli.bench`: each engine target, met or not
-    if ratios:
-        r = pd.DataFrame([{"target": x.target, "value": x.value, "goal": x.goal_text, "met": x.met, "note": x.note}
-                          for x in ratios])
-        out += ["## Engine targets (bench/ratios.json; misses explained in LOG.md)", "", tables.to_markdown(r)]
+        out += _section(art, title, tabs, figs)
+    for r in art.realizations:  # the verification-mode study, where a realization has one
+        study = verify_study.render(r.root, href=str((r.root / "figures").relative_to(art.root))
+                                    if r.root != art.root else "figures")
+        if study and r.root != art.root:
+            study[0] += f" ({r.name})"
+        out += study
+    for r in art.realizations:
+        ratios = read_ratios(r.root / "bench" / "ratios.json")  # by `dmtp.cli.bench`: each engine target, met or not
+        if ratios:
+            df = pd.DataFrame([{"target": x.target, "value": x.value, "goal": x.goal_text, "met": x.met,
+                                "note": x.note} for x in ratios])
+            out += [f"## Engine targets ({r.name}: bench/ratios.json at {r.bench_commit or 'no recorded commit'}; "
+                    "misses explained in LOG.md)", "", tables.to_markdown(df)]
+    out += how(art)
+    if len(s):
+        cols = ["experiment", "dataset", "temperature", "mode", "method", "k", "n_realizations", "n_seeds",
+                "n_requests", "n_zero_round", "n_rounds", "output_tokens"]
+        out += ["## Artifacts", "", tables.to_markdown(s[cols])]
     path = art.root / "REPORT.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))

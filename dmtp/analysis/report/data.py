@@ -1,24 +1,44 @@
 """Load the artifacts of one profile (and nothing else) into tidy DataFrames.
 
-    results/<profile>/experiment.json        the resolved experiment (written by the pipeline): its `ablation` spec
+A profile's results are one or more *realizations* (independent replications of the whole experiment, each with
+its own target, on-policy data and drafter seeds: `Profile.realization`):
+
+    results/<profile>/r<k>/                  realization k >= 1: a complete results folder (the layout below)
+    results/<profile>/                       with runs/ of its own: realization 0 (the flat layout, e.g. tiny)
+
+Realizations are pooled only when their experiments match (experiment.json without `realization` and run control:
+`experiment_key`); the largest matching group is pooled (ties: the one holding the newest realization), the others
+are left out by name with the fields that differ (`Artifacts.left_out`). Tables, figures and REPORT.md go to
+results/<profile>/. Inside each realization:
+
+    experiment.json                          the resolved experiment (written by the pipeline): its `ablation` spec
                                              orders, groups and compares the rows (dmtp/ablation.py)
-    results/<profile>/runs/<experiment>/<method>/<dataset>_T<temp>[_fixed][_s<seed>].jsonl   one JSON record per
+    runs/<experiment>/<method>/<dataset>_T<temp>[_fixed][_s<seed>].jsonl (+ .meta.json)   one JSON record per
                                              request; `_fixed`: mode fixed (none: natural), `_s<seed>`: drafter seed
                                              (none: 0); a record's own `mode` / `seed` fields win
-    results/<profile>/curve/<method>/humaneval_T0_s<seed>_step<step>.jsonl (+ .meta.json: config.train_tokens)
+    curve/<method>/humaneval_T0_s<seed>_step<step>.jsonl (+ .meta.json: config.train_tokens)
                                              learning-curve snapshots (T = 0, natural mode)
-    results/<profile>/oracle/<dataset>_T<temp>.json   acceptance ceilings at T > 0 (dmtp.analysis.oracle)
-    results/<profile>/bench/throughput.csv   method, temperature, batch_cap, dataset, output_tokens, wall_s, tok_per_s
-    results/<profile>/bench/overhead.csv     method, stage, ms_per_round   (stages drafter, mtp, t1_prep, verify, round)
+    oracle/<dataset>_T<temp>.json            acceptance ceilings at T > 0 (dmtp.analysis.oracle)
+    bench/throughput.csv                     one row per timed run of the trained models (dmtp.cli.bench): method,
+                                             temperature, batch_cap, repeat, output_tokens, wall_s, tok_per_s,
+                                             per_verify, groups, admit_s, ...
+    bench/overhead.csv                       method, stage, ms_per_round, batch (the trained models at batches 1, 8,
+                                             32; "<setup>:<method>" rows: random-weight shape timings)
+    bench/meta.json, bench/ratios.json       the bench's settings and commit; its typed ratio records
+
+Shape timings ("<setup>:<method>" rows) of results/<profile>/bench/overhead.csv are read too when that folder is not
+itself a pooled realization (they measure random weights: no realization of their own).
 
 Every method found in runs/ is reported, named by the spec or not (then in row group "other", after the others).
-Seeds are pooled: a run's acceptance length is the mean over its seed x request matrix, with a two-level bootstrap
-interval over seeds and requests (dmtp.analysis.stats); comparisons are paired by seed and request.
+Realizations, seeds and requests are pooled: a run's acceptance length is the mean over its realization x seed x
+request cube, with a hierarchical bootstrap interval and a t-interval at the top level (dmtp.analysis.stats);
+comparisons are paired by realization, seed and request.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +55,10 @@ DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_c
 KEYS = ["experiment", "dataset", "temperature", "mode", "method"]
 MODES = ("natural", "fixed")  # natural: the acceptance tables; fixed: fixed length, end-of-text ignored
 # <dataset>_T<temp>[_fixed][_s<seed>]
+REALIZATION = re.compile(r"^r(?P<k>[0-9]+)$")  # results/<profile>/r<k>
+# experiment.json fields that say how a realization was run, not what it is (dmtp.cli.stages.RUN_CONTROL, the subset
+# a command selected, the realization itself)
+RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "fused_ce", "ce_chunk", "only", "only_seeds")
 RUN_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)(?P<fixed>_fixed)?(?:_s(?P<seed>[0-9]+))?$")
 CURVE_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)_s(?P<seed>[0-9]+)_step(?P<step>[0-9]+)$")
 
@@ -59,6 +83,13 @@ def read_subsets(root: Path) -> dict[str, str]:
     return {name: src for name, (src, _) in (ev.get("subsets") or {}).items()}
 
 
+def read_ood(root: Path) -> dict[str, tuple[str, ...]]:
+    """Out-of-distribution sets of experiment.json's eval.ood -> the runs decoded on them (eval.ood_runs)."""
+    path = Path(root, "experiment.json")
+    ev = json.loads(path.read_text()).get("eval", {}) if path.exists() else {}
+    return {name: tuple(ev.get("ood_runs") or ()) for name in ev.get("ood") or {}}
+
+
 def method_key(spec: AblationSpec, method: str) -> tuple[str, int, str]:
     """Sort key of a method: its run's place in the spec, then the name (methods the spec does not name come last,
     by name). A bench label "<setup>:<run>+<extra>" sorts after the plain labels, by setup, then as its run."""
@@ -66,17 +97,36 @@ def method_key(spec: AblationSpec, method: str) -> tuple[str, int, str]:
     return setup, spec.rank(label.partition("+")[0]), method
 
 
+@dataclass(frozen=True)
+class Realization:
+    """One independent replication of the experiment, as found on disk, with its provenance (its meta files)."""
+    k: int  # 0: the flat layout results/<profile>; k >= 1: results/<profile>/r<k>
+    root: Path
+    commits: tuple[tuple[str, int], ...] = ()  # (git_sha, number of meta files written at it), most frequent first
+    devices: tuple[str, ...] = ()  # the devices its meta files name
+    written: tuple[str, str] = ("", "")  # first and last `written` stamp of its meta files
+    bench_commit: str = ""  # the commit bench/meta.json records ("": no bench)
+    corpus: str = ""  # the digest of the target's pretraining documents (target/meta.json corpus.train_digest)
+
+    @property
+    def name(self) -> str:
+        return f"r{self.k}"  # r0: the flat layout
+
+
 @dataclass
 class Artifacts:
-    root: Path  # results/<profile>
+    root: Path  # results/<profile>: where tables/, figures/ and REPORT.md go
     spec: AblationSpec  # from experiment.json: row order, groups, reference row, main method
-    runs: pd.DataFrame  # one row per request: KEYS + seed, id, k, accepted, hist, n_rounds, acceptance_length, ...
-    summary: pd.DataFrame  # one row per KEYS group, seeds pooled (see summarize)
-    throughput: pd.DataFrame | None  # bench/throughput.csv, None when absent
-    overhead: pd.DataFrame | None  # bench/overhead.csv, None when absent
+    runs: pd.DataFrame  # one row per request: KEYS + realization, seed, id, k, accepted, hist, n_rounds, ...
+    summary: pd.DataFrame  # one row per KEYS group, realizations and seeds pooled (see summarize)
+    throughput: pd.DataFrame | None  # bench/throughput.csv of every realization (+ realization), None when absent
+    overhead: pd.DataFrame | None  # bench/overhead.csv rows (+ realization; -1: shape timings), None when absent
     curve: pd.DataFrame | None = None  # learning-curve requests (read_curve), None when absent
-    oracle: dict | None = None  # (dataset, temperature) -> oracle ceiling record (read_oracle)
+    oracle: dict | None = None  # (dataset, temperature) -> oracle ceiling record, pooled (read_oracle)
     subsets: dict | None = None  # derived dataset -> source dataset (experiment.json eval.subsets)
+    realizations: list[Realization] = field(default_factory=list)  # the pooled ones, in order
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (realization, why) of those not pooled
+    ood: dict | None = None  # out-of-distribution set -> its runs (experiment.json eval.ood, eval.ood_runs)
 
     @property
     def tables(self) -> Path:
@@ -115,14 +165,15 @@ def _request_row(path: Path, line: int, r: dict, method: str, k_default: int) ->
         acc = cut_rounds(acc, len(out))
     lp = M.loop_stats({"output_ids": out, "accepted": acc})
     return {"method": method, "id": r["id"], "k": k, "accepted": acc, "hist": M.histogram(acc, k),
-            "n_rounds": len(acc), "acceptance_length": M.acceptance_length(acc), "output_tokens": len(out),
+            "n_rounds": len(acc), "first_hits": sum(a > 0 for a in acc), "acceptance_length": M.acceptance_length(acc),
+            "output_tokens": len(out),
             "wall_s": float(r.get("wall_s", np.nan)), "stop_reason": r.get("stop_reason") or "",
             "repeat_rate": lp["repeat_rate"], "loop_tokens": lp["loop_tokens"],
             "acceptance_length_loopfree": lp["acceptance_length_loopfree"]}
 
 
-RUN_COLS = KEYS + ["seed", "id", "k", "accepted", "hist", "n_rounds", "acceptance_length", "output_tokens", "wall_s",
-                   "stop_reason", "repeat_rate", "loop_tokens", "acceptance_length_loopfree"]
+RUN_COLS = KEYS + ["seed", "id", "k", "accepted", "hist", "n_rounds", "first_hits", "acceptance_length",
+                   "output_tokens", "wall_s", "stop_reason", "repeat_rate", "loop_tokens", "acceptance_length_loopfree"]
 
 
 def check_complete(path: Path) -> None:
@@ -214,48 +265,52 @@ def missing_runs(runs: pd.DataFrame, expected: dict[str, list[str]] | None = Non
     return out
 
 
-def per_seed(g: pd.DataFrame, col: str = "acceptance_length") -> dict[int, dict]:
-    """{seed: {request id: value}} of one run's requests (a request without rounds: nan, kept)."""
-    return {int(s): dict(zip(gs.id, gs[col].astype(float))) for s, gs in g.groupby("seed", sort=True)}
+def per_unit(g: pd.DataFrame, col: str = "acceptance_length") -> dict[tuple[int, int], dict]:
+    """{(realization, seed): {request id: value}} of one run's requests (a request without rounds: nan, kept)."""
+    return {(int(r), int(s)): dict(zip(gs.id, gs[col].astype(float)))
+            for (r, s), gs in g.groupby(["realization", "seed"], sort=True)}
 
 
-def seed_matrix(g: pd.DataFrame, col: str = "acceptance_length") -> tuple[np.ndarray, list[int], list]:
-    """One run's [seeds, requests] matrix of `col` over the requests present in every seed (nan: no rounds)."""
-    d = per_seed(g, col)
-    seeds = sorted(d)
-    ids = sorted(set.intersection(*(set(v) for v in d.values())), key=str) if d else []
-    return np.array([[d[s][i] for i in ids] for s in seeds], float).reshape(len(seeds), len(ids)), seeds, ids
+def cube(g: pd.DataFrame, col: str = "acceptance_length") -> np.ndarray:
+    """One run's [realizations, seeds, requests] cube of `col` over the requests present in every unit (nan: no
+    rounds; a realization with fewer seeds: rows of nan)."""
+    d = per_unit(g, col)
+    return S.matrices({"run": d})[0]["run"] if d else np.full((0, 0, 0), np.nan)
 
 
 def summarize(runs: pd.DataFrame, n_boot: int = 2000, spec: AblationSpec | None = None) -> pd.DataFrame:
-    """One row per (experiment, dataset, temperature, mode, method), the method's seeds pooled:
-    acceptance_length = mean of the seed x request matrix of per-request acceptance lengths (requests present in
-    every seed; requests without rounds skipped) with its two-level bootstrap 95% CI over seeds and requests
-    (stats.seed_request_ci; one seed: over requests); per-verify tau and first-token acceptance from the pooled
-    histogram `hist` (first token: bootstrap CI over requests); n_seeds, seeds, n_requests (ids with >= 1 round),
-    n_zero_round (seed x request records without a verify round) and their ids `zero_round_ids`; the loop columns
-    (as metrics.loop_summary over all the run's records): repeat_rate, loop_frac, acceptance_length_loopfree,
-    n_loops; length_frac (records stopped by the length cap; nan without stop reasons); n_rounds, output_tokens.
-    Rows in (experiment, dataset, temperature, mode, the spec's method order)."""
+    """One row per (experiment, dataset, temperature, mode, method), the method's realizations and seeds pooled:
+    acceptance_length = mean of the realization x seed x request cube of per-request acceptance lengths (requests
+    present in every unit; requests without rounds skipped; every realization weighs the same) with its hierarchical
+    bootstrap 95% CI (stats.seed_request_ci) and the t-interval at the top level (_tlo, _thi; t_level: realization,
+    seed or request; n_units); per-verify tau from the pooled histogram `hist`; first-token acceptance = rounds
+    accepting >= 1 draft / rounds (stats.ratio_ci over the same cube); n_realizations, n_seeds (the most seeds of
+    one realization), seeds, n_requests (ids with >= 1 round), n_zero_round (records without a verify round) and
+    their ids `zero_round_ids`; the loop columns (as metrics.loop_summary over all the run's records): repeat_rate,
+    loop_frac, acceptance_length_loopfree, n_loops; length_frac (records stopped by the length cap; nan without stop
+    reasons); n_rounds, output_tokens. Rows in (experiment, dataset, temperature, mode, the spec's method order)."""
     out = []
     for key, g in runs.groupby(KEYS, sort=True):
         K = int(g.k.max())
         H = np.array([h + [0] * (K + 1 - len(h)) for h in g["hist"]], float)  # [records, K+1]
         hist = H.sum(0)
-        X, seeds, _ = seed_matrix(g)
+        X = cube(g)
         al = S.seed_request_ci(X, n_boot=n_boot) if X.size else (np.nan,) * 3
-        # first token per request id (its seeds' rounds pooled); no candidates (ar): undefined, not 0
-        Hr = pd.DataFrame(H).groupby(g.id.to_numpy()).sum().to_numpy()
-        ft = M.bootstrap_ci(Hr, lambda h: M.first_token(h.sum(0)), n_boot=n_boot) if K > 0 else (np.nan,) * 3
+        level, units = S.top_level(X) if X.size else ("", [])
+        t = S.t_test(units)
+        # no candidates (ar): undefined, not 0
+        ft = S.ratio_ci(cube(g, "first_hits"), cube(g, "n_rounds"), n_boot) if K > 0 else (np.nan,) * 3
         zero = g[g.n_rounds == 0]
         rates, free = g.repeat_rate.dropna(), g.acceptance_length_loopfree.dropna()
         reasons = g.stop_reason[g.stop_reason != ""]
-        out.append(dict(zip(KEYS, key), k=K, n_seeds=len(seeds), seeds=seeds,
+        out.append(dict(zip(KEYS, key), k=K, n_realizations=int(g.realization.nunique()),
+                        n_seeds=int(g.groupby("realization").seed.nunique().max()), seeds=sorted(set(g.seed)),
                         n_requests=int(g.id[g.n_rounds > 0].nunique()), n_zero_round=len(zero),
                         zero_round_ids=sorted(set(zero.id), key=str), n_rounds=int(hist.sum()),
                         hist=[int(x) for x in hist], per_verify=M.per_verify(hist),
                         **dict(zip(["acceptance_length", "acceptance_length_lo", "acceptance_length_hi"], al)),
-                        **dict(zip(["first_token", "first_token_lo", "first_token_hi"], ft)),
+                        acceptance_length_tlo=t["lo"], acceptance_length_thi=t["hi"], t_level=level,
+                        n_units=t["n"], **dict(zip(["first_token", "first_token_lo", "first_token_hi"], ft)),
                         repeat_rate=float(rates.mean()) if len(rates) else np.nan,
                         loop_frac=g.loop_tokens.sum() / g.output_tokens.sum() if g.output_tokens.sum() else np.nan,
                         acceptance_length_loopfree=float(free.mean()) if len(free) else np.nan,
@@ -271,25 +326,127 @@ def summarize(runs: pd.DataFrame, n_boot: int = 2000, spec: AblationSpec | None 
     return df.reset_index(drop=True)
 
 
-def pooled_throughput(tp: pd.DataFrame) -> pd.DataFrame:
-    """tok/s per (dataset, temperature, batch_cap, method) = total output tokens / total wall time of its rows."""
-    t = tp.groupby(["dataset", "temperature", "batch_cap", "method"], as_index=False)[["output_tokens", "wall_s"]].sum()
-    t["tok_per_s"] = t.output_tokens / t.wall_s
-    return t
+# --- realizations: which folders, pooled or not, made where ---------------------------------------------------------
+def discover(top: Path) -> list[tuple[int, Path]]:
+    """(k, folder) of every realization under results/<profile>: its r<k>/ folders holding experiment.json, and the
+    profile folder itself when it holds runs/ of its own or has no r<k>/ (the flat layout: realization 0, or the
+    `realization` its experiment.json names, e.g. when the pipeline renders results/<profile>/r<k> alone)."""
+    out = [(int(m["k"]), p) for p in sorted(top.iterdir()) if p.is_dir() and (m := REALIZATION.match(p.name))
+           and (p / "experiment.json").exists()] if top.is_dir() else []
+    if (top / "runs").is_dir() or not out:
+        exp = top / "experiment.json"
+        out.append((int(json.loads(exp.read_text()).get("realization") or 0) if exp.exists() else 0, top))
+    return sorted(out)
+
+
+def experiment_key(exp: dict) -> dict:
+    """What makes two realizations the same experiment: experiment.json without `realization` and run control
+    (RUN_CONTROL, at any depth)."""
+    def drop(v):
+        if isinstance(v, dict):
+            return {k: drop(x) for k, x in v.items() if k not in RUN_CONTROL}
+        return [drop(x) for x in v] if isinstance(v, list) else v
+    return drop({k: v for k, v in exp.items() if k != "realization"})
+
+
+def differences(a, b, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two experiment keys."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [x for k in dict.fromkeys(list(a) + list(b))
+                for x in differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)]
+    return [] if a == b else [prefix or "value"]
+
+
+def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[tuple[str, str]]]:
+    """(pooled, left out with why): the largest group of realizations with one experiment key (ties: the group
+    holding the newest realization); a realization without experiment.json is pooled only when it is alone."""
+    keys = {k: experiment_key(json.loads((p / "experiment.json").read_text())) if (p / "experiment.json").exists()
+            else None for k, p in found}
+    groups: dict[str, list[int]] = {}
+    for k in sorted(keys):
+        groups.setdefault(json.dumps(keys[k], sort_keys=True), []).append(k)
+    best = max(groups.values(), key=lambda ks: (len(ks), max(ks)))
+    pooled = [(k, p) for k, p in found if k in best]
+    name = lambda k: f"r{k}" if k else "r0 (the flat layout)"  # noqa: E731
+    out = []
+    for k, p in found:
+        if k in best:
+            continue
+        if keys[k] is None:
+            out.append((name(k), "no experiment.json"))
+            continue
+        diff = differences(keys[best[-1]], keys[k])
+        out.append((name(k), f"experiment differs from {name(best[-1])} in {', '.join(diff[:4])}"
+                    + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")))
+    return pooled, out
+
+
+def provenance(k: int, root: Path) -> Realization:
+    """A realization with the commits, devices and dates its meta files record (runs/, bench/, target/,
+    drafters/; the flat layout: its own folders, never another realization's)."""
+    commits, devices, stamps = Counter(), set(), []
+    metas = [m for d in ("runs", "curve") for m in Path(root, d).glob("**/*.meta.json")]
+    metas += [m for d in ("bench", "target", "drafters") for m in Path(root, d).glob("meta*.json")]
+    for m in metas:
+        try:
+            meta = json.loads(m.read_text())
+        except (OSError, ValueError):
+            continue
+        env = meta.get("env") or {}
+        commits[str(env.get("git_sha", "unknown"))] += 1
+        if env.get("device"):
+            devices.add(str(env["device"]))
+        if meta.get("written"):
+            stamps.append(str(meta["written"]))
+    bench, target = Path(root, "bench", "meta.json"), Path(root, "target", "meta.json")
+    sha = (json.loads(bench.read_text()).get("env") or {}).get("git_sha", "unknown") if bench.exists() else ""
+    corpus = (json.loads(target.read_text()).get("corpus") or {}).get("train_digest", "") if target.exists() else ""
+    return Realization(k, root, tuple(commits.most_common()), tuple(sorted(devices)),
+                       (min(stamps), max(stamps)) if stamps else ("", ""), sha, corpus)
+
+
+def read_oracle_pooled(roots: list[tuple[int, Path]]) -> dict:
+    """(dataset, temperature) -> the ceiling pooled over realizations: C_j and 1 + sum C_j averaged with the
+    realizations' window counts as weights (each realization's own `ar` trajectory)."""
+    per: dict[tuple, list[dict]] = {}
+    for _, root in roots:
+        for key, rec in read_oracle(root).items():
+            per.setdefault(key, []).append(rec)
+    out = {}
+    for key, recs in per.items():
+        w = np.array([float(r.get("windows") or 1) for r in recs])
+        K = min(len(r["cumulative"]) for r in recs)
+        cum = (np.array([r["cumulative"][:K] for r in recs], float) * w[:, None]).sum(0) / w.sum()
+        out[key] = dict(recs[0], cumulative=cum.tolist(), acceptance_length=float(1 + cum.sum()),
+                        windows=int(w.sum()), n_realizations=len(recs))
+    return out
+
+
+def _bench(roots: list[tuple[int, Path]], top: Path, name: str) -> pd.DataFrame | None:
+    """bench/<name>.csv of every pooled realization (+ realization); overhead: also the shape timings
+    ("<setup>:<method>" rows, realization -1) of results/<profile>/bench when that is no pooled realization."""
+    parts = [pd.read_csv(p).assign(realization=k) for k, r in roots if (p := r / "bench" / f"{name}.csv").exists()]
+    shape = top / "bench" / f"{name}.csv"
+    if name == "overhead" and shape.exists() and all(r != top for _, r in roots):
+        ov = pd.read_csv(shape)
+        parts.append(ov[ov.method.str.contains(":")].assign(realization=-1))
+    return pd.concat(parts, ignore_index=True) if parts else None
 
 
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
-    root = Path(results) / profile
-    spec = read_spec(root)
-    runs = read_runs(root)
-    bench = {n: (pd.read_csv(p) if (p := root / "bench" / f"{n}.csv").exists() else None)
-             for n in ("throughput", "overhead")}
-    if not (root / "runs").is_dir() and all(v is None for v in bench.values()):
-        raise FileNotFoundError(f"{root} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
-                                f"bench/*.csv): check the profile {profile!r} and the results folder {results}, or "
-                                f"make them (make ablation-code PROFILE={profile})")
-    return Artifacts(root, spec, runs, summarize(runs, n_boot, spec), bench["throughput"], bench["overhead"],
-                     read_curve(root), read_oracle(root), read_subsets(root))
+    """Every pooled realization of results/<profile> (module docstring) into one bundle."""
+    top = Path(results) / profile
+    pooled, left_out = match(discover(top))
+    for name, why in left_out:
+        print(f"[report] realization {name} left out: {why}")
+    first = pooled[-1][1]  # the newest pooled realization: the spec, subsets and out-of-distribution sets
+    spec = read_spec(first)
+    runs = pd.concat([read_runs(r).assign(realization=k) for k, r in pooled], ignore_index=True)
+    curves = [c.assign(realization=k) for k, r in pooled if (c := read_curve(r)) is not None]
+    return Artifacts(top, spec, runs, summarize(runs, n_boot, spec), _bench(pooled, top, "throughput"),
+                     _bench(pooled, top, "overhead"), pd.concat(curves, ignore_index=True) if curves else None,
+                     read_oracle_pooled(pooled), read_subsets(first), [provenance(k, r) for k, r in pooled], left_out,
+                     read_ood(first))
 
 
 def group(art: Artifacts, experiment: str, dataset: str, temperature: float, method: str,
@@ -306,17 +463,14 @@ def records(art: Artifacts, experiment: str, dataset: str, temperature: float, m
     return group(art, experiment, dataset, temperature, method, mode).to_dict("records")
 
 
-def paired_runs(art: Artifacts, key: tuple, a: str, b: str, n_boot: int = 2000) -> dict:
+def paired_runs(art: Artifacts, key: tuple, a: str, b: str, n_boot: int = 2000, margin: float | None = None) -> dict:
     """Paired a - b of per-request acceptance length for key = (experiment, dataset, temperature[, mode]):
-    stats.paired over the seeds both runs have and the requests both ran (a run with a single seed, e.g. a
-    baseline without a drafter, is set beside every seed of the other). {diff, lo, hi, p, n_seeds, n_requests}."""
+    stats.paired over the realizations and seeds both runs have and the requests both ran (a run with a single seed
+    in a realization, e.g. a baseline without a drafter, is set beside every seed of the other); `stats.paired`'s
+    fields (nan when either run is absent)."""
     ga, gb = (group(art, *key, m) if len(key) == 3 else group(art, *key[:3], m, key[3]) for m in (a, b))
-    da, db = per_seed(ga), per_seed(gb)
-    if not da or not db or a == b:
-        return {"diff": np.nan, "lo": np.nan, "hi": np.nan, "p": np.nan, "n_seeds": 0, "n_requests": 0}
-    common = sorted(set(da) & set(db))
-    if len(da) == 1 and len(db) > 1 or len(db) == 1 and len(da) > 1 or not common:
-        mats, _, _ = S.matrices({a: da, b: db})  # one side broadcast over the other's seeds
-    else:
-        mats, _, _ = S.matrices({a: {s: da[s] for s in common}, b: {s: db[s] for s in common}})
-    return S.paired(mats[a], mats[b], n_boot=n_boot)
+    if ga.empty or gb.empty or a == b:
+        return {"diff": np.nan, "lo": np.nan, "hi": np.nan, "p": np.nan, "t_lo": np.nan, "t_hi": np.nan,
+                "t_p": np.nan, "signs": [], "n_seeds": 0, "n_requests": 0}
+    mats = S.matrices({a: per_unit(ga), b: per_unit(gb)})[0]
+    return S.paired(mats[a], mats[b], n_boot=n_boot, margin=margin)

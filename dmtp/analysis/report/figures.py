@@ -17,7 +17,7 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 from dmtp.analysis import metrics as M  # noqa: E402
 from dmtp.analysis import reference as R  # noqa: E402
 from dmtp.analysis.report import tables as T  # noqa: E402
-from dmtp.analysis.report.data import Artifacts, pooled_throughput  # noqa: E402
+from dmtp.analysis.report.data import Artifacts  # noqa: E402
 
 # by position in the spec's run order (the Code ablation: ar grey, mtp blue, dflash orange, ...), then the methods
 # it does not name, by name
@@ -203,12 +203,13 @@ def conditional(art: Artifacts) -> list[Path]:
 
 
 def throughput(art: Artifacts) -> list[Path]:
-    """Blog figure 7: tok/s vs batch cap, one panel per dataset (own y axis), blog B32 numbers as text."""
-    tp = art.throughput
-    if tp is None or tp.empty:
+    """Blog figure 7: median tok/s vs batch cap with the repeats' [min, max] (every realization's repeats pooled),
+    one panel per dataset (own y axis), blog B32 numbers as text."""
+    tp = T.throughput_table(art)
+    if tp is None:
         print("[report] skip throughput figure: no bench/throughput.csv")
         return []
-    tp = pooled_throughput(tp)
+    tp = tp[tp.realization == ("all" if (tp.realization == "all").any() else tp.realization.iloc[0])]
     color = colors(art)
     blog = R.table("throughput")
     paths = []
@@ -217,9 +218,10 @@ def throughput(art: Artifacts) -> list[Path]:
         fig = Figure(figsize=(4 * len(ds), 3.4), layout="constrained")
         axes = fig.subplots(1, len(ds), squeeze=False).ravel()
         for ax, d in zip(axes, ds):
-            for m, gm in g[g.dataset == d].groupby("method"):
+            for m, gm in sorted(g[g.dataset == d].groupby("method"), key=lambda x: art.rank(x[0])):
                 gm = gm.sort_values("batch_cap")
-                ax.plot(gm.batch_cap, gm.tok_per_s, "o-", color=color[m], label=m)
+                err = [gm.tok_per_s - gm.tok_per_s_lo, gm.tok_per_s_hi - gm.tok_per_s]
+                ax.errorbar(gm.batch_cap, gm.tok_per_s, yerr=err, fmt="o-", capsize=2, color=color[m], label=m)
             b = blog[blog.workload == R.workload(d)].set_index("method").tok_per_s
             if len(b) == 2:
                 ax.text(0.02, 0.98, f"blog B32 (4xH200): DFlash {b['dflash']:.0f}\n→ DMTP {b['dmtp']:.0f} tok/s "
@@ -228,7 +230,7 @@ def throughput(art: Artifacts) -> list[Path]:
             ax.set(title=d, xlabel="batch cap Bn", xticks=sorted(set(g.batch_cap)))
             ax.set_xticklabels([f"B{int(b)}" for b in sorted(set(g.batch_cap))])
             ax.legend(fontsize=7, loc="lower right")
-        axes[0].set_ylabel("tok/s")
+        axes[0].set_ylabel("tok/s (median, [min, max] over repeats)")
         fig.suptitle(f"End-to-end throughput (T={t:g})")
         paths.append(_save(art, fig, f"throughput_T{t:g}"))
     return paths
@@ -248,7 +250,8 @@ def overhead(art: Artifacts) -> list[Path]:
         print("[report] skip overhead figure: no bench/overhead.csv")
         return []
     blog = R.table("overhead").assign(method=lambda b: "blog " + b.workload + ":" + b.method)
-    df = ov.pivot_table(index="method", columns="stage", values="ms_per_round")
+    ov = ov[ov.batch == 8] if "batch" in ov else ov  # the blog's setting; trained models: median over realizations
+    df = ov.pivot_table(index="method", columns="stage", values="ms_per_round", aggfunc="median")
     df = df.combine_first(blog.pivot_table(index="method", columns="stage", values="ms_per_round"))
     setup = {m: (m.rpartition(":")[0] or "mini") for m in df.index}
     groups = sorted(set(setup.values()), key=lambda g: (g.startswith("blog"), g != "mini", g))

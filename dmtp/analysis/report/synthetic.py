@@ -2,12 +2,17 @@
 
 The runs are those of an ablation spec (written to experiment.json as the pipeline does, with the `humaneval8` view
 of eval.subsets). Each round accepts candidate j with a fixed per-run probability p (geometric, capped at k; higher
-for runs later in the spec's order, lower at higher T, a little different per drafter seed); requests differ by a
-small per-request offset. Written: ablation runs on `humaneval` (+ its first-8 view `humaneval8`) in mode natural
-for every run and every seed of the main and control runs (files `_s<seed>`), in mode fixed for the main-table runs
-(seed 0, `_fixed`); at T > 0 the last request stops at once (no verify round) in every natural run; some outputs end
-in an exact loop (every fixed one); learning-curve snapshots (`curve/`, with train_tokens in .meta.json) whose p
-rises with the budget; oracle ceilings (`oracle/`) at T > 0. Numbers mean nothing; they exercise the renderers.
+for runs later in the spec's order, lower at higher T, a little different per drafter seed, shifted per run by
+`offsets`); requests differ by a small per-request offset. Written: ablation runs on `humaneval` (+ its first-8 view
+`humaneval8`) in mode natural for every run and every seed of the main and control runs (files `_s<seed>`), in mode
+fixed for the main-table runs (seed 0, `_fixed`); at T > 0 the last request stops at once (no verify round) in every
+natural run; some outputs end in an exact loop (every fixed one); with `ood`, the out-of-distribution set `pytests`
+at T = 0 for the runs of `OOD_RUNS` (drafters accept less there, the MTP head as much); learning-curve snapshots
+(`curve/`, with train_tokens in .meta.json) whose p rises with the budget; oracle ceilings (`oracle/`) at T > 0; a
+bench in the real schema (`bench/throughput.csv`: interleaved repeats at caps 1 and 32, timed by the cost model on
+the runs' own records; `bench/overhead.csv` at batches 1, 8, 32 and, in the flat layout, 8B-shape rows; meta.json).
+`realization=k` writes all of it to results/<profile>/r<k> with its own random stream. Numbers mean nothing; they
+exercise the renderers.
 
     python -m dmtp.cli.report demo --profile demo      # writes results/demo, then renders it
 """
@@ -21,11 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from dmtp.ablation import AblationSpec
+from dmtp.analysis.costmodel import round_time, simulate
 from dmtp.analysis.report.data import DEFAULT_K
 
 EOS = 0  # the synthetic end-of-text id
 BUDGETS = (125, 250, 500, 1000, 2000)  # curve snapshots when the spec names none; the final step is 2 x the last
 TOKENS_PER_STEP = 32 * 384  # synthetic drafter training tokens per step
+OOD_RUNS = ("ar", "mtp", "dflash", "fusion", "zero_init_residual")  # decoded on the synthetic `pytests`
+ROUND_MS = {1: 1.0, 8: 1.1, 32: 1.3}  # AR's synthetic round time per batch; a drafting run adds DRAFT_MS
+DRAFT_MS = {"mtp": 0.4, "dflash": 0.9}  # per round, on top of AR's; any other drafter: 1.2
 
 
 def request(rng, method: str, i: int, temp: float, p: float, n_rounds: int, mode: str = "natural", seed: int = 0,
@@ -49,11 +58,11 @@ def request(rng, method: str, i: int, temp: float, p: float, n_rounds: int, mode
     return dict(base, output_ids=out, accepted=acc, stop_reason=reason, wall_s=round(0.01 * n_rounds, 4))
 
 
-def _write(path: Path, rows: list[dict], meta: dict | None = None):
+def _write(path: Path, rows: list[dict], meta: dict | None = None, env: dict | None = None):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if meta is not None:
-        path.with_suffix(".meta.json").write_text(json.dumps({"config": meta}) + "\n")  # as dmtp.io.write_meta
+    if meta is not None:  # as dmtp.io.write_meta
+        path.with_suffix(".meta.json").write_text(json.dumps({"config": meta, "env": env or {}}) + "\n")
 
 
 def run_name(ds: str, temp: float, mode: str = "natural", seed: int = 0) -> str:
@@ -63,36 +72,49 @@ def run_name(ds: str, temp: float, mode: str = "natural", seed: int = 0) -> str:
 
 def write_synthetic(spec: AblationSpec, results: str | Path = "results", profile: str = "synthetic", n: int = 8,
                     seed: int = 0, temps=(0, 1), methods=None, bench: bool = True, modes=("natural", "fixed"),
-                    curve: bool = True, oracle: bool = True) -> Path:
-    """Write experiment.json (the spec, eval.subsets), runs/ (ablation: `humaneval` with n requests and its
-    `humaneval8` view at each of `temps`, every run but the backbone runs, every seed of the main and control runs,
-    and mode fixed for the main-table runs; main: gsm8k and mt_bench at T0 for the main-table and backbone runs;
-    only `methods` when given), with curve=True curve/ (the spec's curve runs, else its drafter baseline, blog run
-    and main method), with oracle=True oracle/ at each T > 0, and with bench=True bench/throughput.csv and
-    bench/overhead.csv under results/<profile>. Returns that folder."""
-    root, rng = Path(results) / profile, np.random.default_rng(seed)
+                    curve: bool = True, oracle: bool = True, realization: int = 0, offsets: dict | None = None,
+                    ood: bool = False, experiment: dict | None = None, repeats: int = 2) -> Path:
+    """Write experiment.json (the spec, eval.subsets, eval.ood with `ood`, `realization`, and `experiment`'s top-level
+    sections merged in), runs/ (ablation: `humaneval` with n requests and its `humaneval8` view at each of `temps`,
+    every run but the backbone runs, every seed of the main and control runs, and mode fixed for the main-table runs;
+    main: gsm8k and mt_bench at T0 for the main-table and backbone runs; with `ood` pytests at T0 for OOD_RUNS; only
+    `methods` when given; each with a .meta.json naming commit "synthetic-r<k>"), with curve=True curve/ (the spec's
+    curve runs, else its drafter baseline, blog run and main method), with oracle=True oracle/ at each T > 0, and with
+    bench=True bench/ (module docstring) under results/<profile> (realization 0) or results/<profile>/r<k>. `offsets`:
+    run -> added to its acceptance probability. Returns that folder."""
+    root = Path(results) / profile / (f"r{realization}" if realization else "")
+    rng = np.random.default_rng(seed + 1000 * realization)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "experiment.json").write_text(json.dumps({"ablation": asdict(spec), "eval": {
-        "subsets": {"humaneval8": ["humaneval", 8]}}}, indent=2) + "\n")
+    env = {"git_sha": f"synthetic-r{realization}", "device": "synthetic"}
+    ev = {"subsets": {"humaneval8": ["humaneval", 8]}, **({"ood": {"pytests": n}, "ood_runs": list(OOD_RUNS)}
+                                                           if ood else {})}
+    exp = {"ablation": asdict(spec), "eval": ev, "realization": realization}
+    for key, v in (experiment or {}).items():
+        exp[key] = {**exp.get(key, {}), **v} if isinstance(v, dict) else v
+    (root / "experiment.json").write_text(json.dumps(exp, indent=2) + "\n")
     keep = lambda m: methods is None or m in methods  # noqa: E731
-    p = {m: 0.70 + 0.01 * (i % 12) for i, m in enumerate(spec.runs())}
+    p = {m: 0.70 + 0.01 * (i % 12) + (offsets or {}).get(m, 0.0) for i, m in enumerate(spec.runs())}
     rounds = {i: int(rng.integers(10, 30)) for i in range(n)}
     plan = [("ablation", "humaneval", t, mode, m, s) for t in temps for mode in modes for m in spec.runs()
             if m not in spec.backbones and (mode == "natural" or m in spec.main_table)
             for s in (spec.seeds_of(m) if mode == "natural" else spec.seeds_of(m)[:1])]
     plan += [("main", d, 0, "natural", m, 0) for d in ("gsm8k", "mt_bench") for m in spec.main_table
              + tuple(spec.backbones)]
-    for exp, ds, t, mode, m, s in plan:
+    plan += [("ablation", "pytests", 0, "natural", m, 0) for m in OOD_RUNS if ood and m in spec.runs()]
+    written = {}
+    for exp_name, ds, t, mode, m, s in plan:
         if not keep(m):
             continue
-        ps = p[m] - 0.05 * t + 0.01 * (s % 3 - 1)  # each drafter seed a little different
+        ps = p[m] - 0.05 * t + 0.01 * (s % 3 - 1) - (0.1 if ds == "pytests" and m != "mtp" else 0)
         rows = [request(rng, m, i, t, ps, rounds[i] if mode == "natural" else 40, mode, s,
-                        loop=mode == "fixed" or i % 3 == 0, stop_at_once=exp == "ablation" and mode == "natural"
+                        loop=mode == "fixed" or i % 3 == 0, stop_at_once=exp_name == "ablation" and mode == "natural"
                         and t > 0 and n > 1 and i == n - 1) for i in range(n)]
-        _write(root / "runs" / exp / m / run_name(ds, t, mode, s), rows)
-        if exp == "ablation":  # the first-8 view, as the pipeline writes it
-            _write(root / "runs" / exp / m / run_name("humaneval8", t, mode, s),
-                   [dict(r, dataset="humaneval8") for r in rows[:8]])
+        meta = {"method": m, "dataset": ds, "temperature": t, "mode": mode, "seed": s}
+        _write(root / "runs" / exp_name / m / run_name(ds, t, mode, s), rows, meta, env)
+        written[exp_name, ds, t, mode, m, s] = rows
+        if exp_name == "ablation" and ds == "humaneval":  # the first-8 view, as the pipeline writes it
+            _write(root / "runs" / exp_name / m / run_name("humaneval8", t, mode, s),
+                   [dict(r, dataset="humaneval8") for r in rows[:8]], dict(meta, dataset="humaneval8"), env)
     if curve:
         final = 2 * (spec.budgets or BUDGETS)[-1]
         for m in spec.curve or tuple(dict.fromkeys(x for x in (spec.drafter_baseline, spec.blog_run,
@@ -105,7 +127,7 @@ def write_synthetic(spec: AblationSpec, results: str | Path = "results", profile
                     ps = p[m] - 0.25 * (1 - math.log(step) / math.log(final)) + 0.01 * (s % 3 - 1)
                     rows = [request(rng, m, i, 0.0, ps, rounds[i], "natural", s, loop=i % 3 == 0) for i in range(n)]
                     _write(root / "curve" / m / f"humaneval_T0_s{s}_step{step}.jsonl", rows,
-                           {"method": m, "seed": s, "step": step, "train_tokens": step * TOKENS_PER_STEP})
+                           {"method": m, "seed": s, "step": step, "train_tokens": step * TOKENS_PER_STEP}, env)
     if oracle:
         for t in (t for t in temps if t > 0):
             c = min(0.97, max(p.values()) - 0.05 * t + 0.1)  # above every run's p at T
@@ -114,21 +136,49 @@ def write_synthetic(spec: AblationSpec, results: str | Path = "results", profile
             (root / "oracle" / f"humaneval_T{t:g}.json").write_text(json.dumps(
                 {"cumulative": cum, "acceptance_length": 1 + sum(cum), "windows": 50 * n, "dataset": "humaneval",
                  "temperature": t}) + "\n")
-    timed = [(m, speed) for m, speed in (("mtp", 1.1), (spec.drafter_baseline, 1.0), (spec.main_method, 1.18)) if m]
     if bench:
-        (root / "bench").mkdir(parents=True, exist_ok=True)
-        lines = ["method,temperature,batch_cap,dataset,output_tokens,wall_s,tok_per_s"]
-        for ds in ("humaneval", "gsm8k"):
-            for m, speed in timed:
-                for b in (1, 2, 4, 8, 16, 32):
-                    tok, wall = 4096 * b, 4096 * b / (100 * speed * b ** 0.7)
-                    lines.append(f"{m},0,{b},{ds},{tok},{wall:.4f},{tok / wall:.2f}")
-        (root / "bench" / "throughput.csv").write_text("\n".join(lines) + "\n")
-        ov = {spec.drafter_baseline: {"drafter": 0.40, "verify": 8.4, "round": 8.9},
-              spec.main_method: {"drafter": 0.40, "mtp": 0.22, "t1_prep": 0.28, "verify": 8.4, "round": 9.3}}
-        (root / "bench" / "overhead.csv").write_text("method,stage,ms_per_round\n" + "".join(
-            f"{m},{s},{v}\n" for m, st in ov.items() if m for s, v in st.items()))
+        write_bench(root, spec, written, env, rng, repeats, shape=not realization)
     return root
+
+
+def write_bench(root: Path, spec: AblationSpec, written: dict, env: dict, rng, repeats: int = 2,
+                shape: bool = True) -> None:
+    """bench/ in the real schema, consistent with the cost model: each timed run's wall time is
+    `costmodel.simulate` on the run's own records (humaneval, seed 0, natural) with the synthetic round times (AR's
+    ROUND_MS plus the run's DRAFT_MS), times a little noise per repeat; overhead.csv holds those round times at
+    batches 1, 8, 32 (and the stages at batch 8), with `shape` the 8B-shape rows too; meta.json names the commit."""
+    timed = [m for m in ("ar", "mtp", spec.drafter_baseline, spec.main_method) if m]
+    ms = {m: {b: v + (DRAFT_MS.get(m, 1.2) if m != "ar" else 0.0) for b, v in ROUND_MS.items()} for m in timed}
+    (root / "bench").mkdir(parents=True, exist_ok=True)
+    tp = ["method,temperature,batch_cap,repeat,dataset,mode,batching,requests,output_tokens,wall_s,tok_per_s,"
+          "per_verify,verify_rounds,server_rounds,groups,admit_s,verify,engine,admit"]
+    for (exp, ds, t, mode, m, s), rows in sorted(written.items(), key=str):
+        if (exp, ds, mode, s) != ("ablation", "humaneval", "natural", 0) or m not in timed:
+            continue
+        for cap in (1, 32):
+            part = rows[: 4 if cap == 1 else len(rows)]
+            rounds, tokens = [len(r["accepted"]) for r in part], [len(r["output_ids"]) for r in part]
+            sim = simulate(rounds, cap, round_time(ms[m]), tokens)
+            acc = [a for r in part for a in r["accepted"]]
+            tau = 1 + sum(acc) / len(acc) if acc else 1.0
+            for rep in range(repeats):
+                wall = sim["time_s"] * (1 + 0.02 * rng.standard_normal())
+                tp.append(f"{m},{t},{cap},{rep},humaneval,natural,dynamic,{len(part)},{sum(tokens)},{wall:.6f},"
+                          f"{sum(tokens) / wall:.3f},{tau:.4f},{len(acc)},{sim['steps']},{sim['groups']},0.0,"
+                          "target,compiled,1")
+    (root / "bench" / "throughput.csv").write_text("\n".join(tp) + "\n")
+    ov = ["method,stage,ms_per_round,batch,rounds,device,engine"]
+    for m in timed:
+        for b, v in ms[m].items():
+            ov.append(f"{m},round,{v},{b},128,synthetic,compiled")
+        ov += [f"{m},verify,{ROUND_MS[8]},8,128,synthetic,compiled"] + (
+            [f"{m},drafter,{DRAFT_MS.get(m, 1.2)},8,128,synthetic,compiled"] if m != "ar" else [])
+    if shape:  # random-weight timings at the 8B shape, batch 8 (AR's step at batch 1)
+        ov += ["8b-shape:dflash,round,8.2,8,128,synthetic,compiled",
+               f"8b-shape:{spec.main_method},round,8.8,8,128,synthetic,compiled",
+               "8b-shape:ar@batch1,round,6.1,1,128,synthetic,compiled"]
+    (root / "bench" / "overhead.csv").write_text("\n".join(ov) + "\n")
+    (root / "bench" / "meta.json").write_text(json.dumps({"config": {}, "env": env}) + "\n")
 
 
 def write_synthetic_verify(results: str | Path = "results", profile: str = "synthetic", n: int = 12, seed: int = 0,

@@ -6,9 +6,10 @@ the internal 35B table (T = 1); our dataset names map onto the blog's via dmtp.a
 the blog's columns via the experiment's ablation spec (`art.spec`: its `blog_method`, single-anchor fusion, is the
 blog's "dmtp"; the main method is shown beside it as "main").
 
-Seeds are pooled (data.summarize); every comparison is paired over seeds and requests (dmtp.analysis.stats), and
-the pairwise tables Holm-correct each temperature's family of tests. The acceptance tables are mode natural;
-mode fixed (fixed length, end-of-text ignored) has its own ablation table.
+Realizations and seeds are pooled (data.summarize); every comparison is paired over realizations, seeds and
+requests (dmtp.analysis.stats: a hierarchical bootstrap beside a t-test at the top level), and the pairwise tables
+Holm-correct the family a summary sentence reads: every pair at every temperature of a dataset. The acceptance
+tables are mode natural; mode fixed (fixed length, end-of-text ignored) has its own ablation table.
 """
 from __future__ import annotations
 
@@ -22,16 +23,8 @@ from dmtp.ablation import GROUPS
 from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
-from dmtp.analysis.report.data import (
-    Artifacts,
-    group,
-    load,
-    missing_runs,
-    paired_runs,
-    per_seed,
-    pooled_throughput,
-    seed_matrix,
-)
+from dmtp.analysis.report import bench as B
+from dmtp.analysis.report.data import Artifacts, cube, group, load, missing_runs, paired_runs, per_unit
 
 OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2": "DFlash2", "dmtp_d2": "DMTP(D2)"}
 
@@ -100,21 +93,43 @@ def fmt(v, col: str) -> str:
 
 
 def to_markdown(df: pd.DataFrame) -> str:
-    """Markdown table; a column c with c_lo and c_hi beside it is printed as one cell "c [lo, hi]"."""
-    cols = [c for c in df.columns if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)]
+    """Markdown table; a column c with c_lo and c_hi beside it is printed as one cell "c [lo, hi]", and with c_tlo
+    and c_thi (its t-interval) as "c [lo, hi] t [tlo, thi]"."""
+    cols = [c for c in df.columns if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)
+            and not (c.endswith(("_tlo", "_thi")) and c[:-4] in df.columns)]
     ci = {c for c in cols if c + "_lo" in df.columns and c + "_hi" in df.columns}
-    cell = lambda row, c: fmt(row[c], c) + (f" [{fmt(row[c + '_lo'], c)}, {fmt(row[c + '_hi'], c)}]"
-                                            if c in ci and not pd.isna(row[c]) else "")
+    tci = {c for c in cols if c + "_tlo" in df.columns and c + "_thi" in df.columns}
+
+    def cell(row, c):
+        if pd.isna(row[c]) or c not in ci:
+            return fmt(row[c], c)
+        out = f"{fmt(row[c], c)} [{fmt(row[c + '_lo'], c)}, {fmt(row[c + '_hi'], c)}]"
+        if c in tci and not pd.isna(row[c + "_tlo"]):
+            out += f" t [{fmt(row[c + '_tlo'], c)}, {fmt(row[c + '_thi'], c)}]"
+        return out
+
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(row, c) for c in cols) + " |" for _, row in df.iterrows()]
     return "\n".join(lines) + "\n"
 
 
-def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = "") -> pd.DataFrame:
+def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = "", models: str = "runs"
+         ) -> pd.DataFrame:
+    """tables/<name>.csv and .md; the .md opens with which models made it (`made_by`: "runs" or "bench")."""
     art.tables.mkdir(parents=True, exist_ok=True)
     df.to_csv(art.tables / f"{name}.csv", index=False)
+    note = " ".join(x for x in (made_by(art, models), note) if x)
     (art.tables / f"{name}.md").write_text(f"### {title}\n\n" + (f"{note}\n\n" if note else "") + to_markdown(df))
     return df
+
+
+def made_by(art: Artifacts, what: str = "runs") -> str:
+    """Which models a table comes from: the pooled realizations and the commits their run meta files record (most
+    frequent first; `what` = "bench": the commit of each realization's bench/meta.json)."""
+    def one(r):
+        sha = r.bench_commit if what == "bench" else ", ".join(c for c, _ in r.commits[:2])
+        return f"{r.name} at {sha or 'no recorded commit'}"
+    return "Models: " + "; ".join(one(r) for r in art.realizations) + "." if art.realizations else ""
 
 
 def skip(what: str):
@@ -122,17 +137,21 @@ def skip(what: str):
 
 
 def _ci(row, col: str, name: str | None = None) -> dict:
-    """{name: row[col], name_lo: row[col_lo], name_hi: row[col_hi]}."""
+    """{name: row[col], name_lo, name_hi} (and name_tlo, name_thi where row has the t-interval)."""
     name = name or col
-    return {name: row[col], f"{name}_lo": row[f"{col}_lo"], f"{name}_hi": row[f"{col}_hi"]}
+    out = {name: row[col], f"{name}_lo": row[f"{col}_lo"], f"{name}_hi": row[f"{col}_hi"]}
+    if f"{col}_tlo" in row:
+        out.update({f"{name}_tlo": row[f"{col}_tlo"], f"{name}_thi": row[f"{col}_thi"]})
+    return out
 
 
 def _paired(art, key, a: str, b: str, prefix: str) -> dict:
-    """Paired difference a - b of per-request acceptance length over the seeds and requests both runs have
-    (data.paired_runs): prefix, _lo, _hi, _p."""
+    """Paired difference a - b of per-request acceptance length over the realizations, seeds and requests both runs
+    have (data.paired_runs): prefix, _lo, _hi (bootstrap), _tlo, _thi (t at the top level), _p (bootstrap)."""
     r = paired_runs(art, key, a, b) if a != b else {}
     return {prefix: r.get("diff", math.nan), f"{prefix}_lo": r.get("lo", math.nan),
-            f"{prefix}_hi": r.get("hi", math.nan), f"{prefix}_p": r.get("p", math.nan)}
+            f"{prefix}_hi": r.get("hi", math.nan), f"{prefix}_tlo": r.get("t_lo", math.nan),
+            f"{prefix}_thi": r.get("t_hi", math.nan), f"{prefix}_p": r.get("p", math.nan)}
 
 
 # --- tables ------------------------------------------------------------------------------------------------------
@@ -159,7 +178,8 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
             for _, r in gt.iterrows():
                 rows.append({"method": r.method, "temperature": t, **_ci(r, "acceptance_length"),
                              "per_verify": r.per_verify, **_ci(r, "first_token"),
-                             f"rel_to_{ref_m}": pct(r.acceptance_length, ref), "n_seeds": r.n_seeds,
+                             f"rel_to_{ref_m}": pct(r.acceptance_length, ref), "n_realizations": r.n_realizations,
+                             "n_seeds": r.n_seeds,
                              "n_requests": r.n_requests, "n_zero_round": r.n_zero_round, "n_rounds": r.n_rounds,
                              **{c: r[c] for c in LOOP_COLS},
                              "blog_value": R.ablation_value(r.method),
@@ -173,12 +193,14 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
         note = ("Mode natural (stop at end-of-text or a HumanEval stop string): the acceptance table. "
                 if mode == "natural" else "MODE FIXED (end-of-text ignored, fixed length: the blog's throughput "
                 "setting; outputs may run into loops): not the acceptance table. ")
-        note += ("acceptance_length = per-request mean incl. bonus, pooled over n_seeds drafter seeds; [lo, hi] = "
-                 "two-level bootstrap 95% CI over seeds and requests; "
-                 f"rel_to_{ref_m} in percent; vs_* = paired (by seed and request) mean difference of per-request "
-                 "acceptance length with bootstrap CI and two-sided bootstrap p (vs_*_p, not multiplicity-corrected: "
-                 "see the pairwise tables). repeat_rate = mean 8-gram repeat rate; loop_frac = share of emitted "
-                 "tokens inside a trailing exact loop; acceptance_length_loopfree = the same mean over rounds "
+        note += ("acceptance_length = per-request mean incl. bonus, pooled over n_realizations realizations x "
+                 "n_seeds drafter seeds; [lo, hi] = hierarchical bootstrap 95% CI over realizations, seeds and "
+                 "requests; t [lo, hi] = 95% t-interval over the top level's units (realizations when there are "
+                 "several, else seeds); first_token: rounds accepting >= 1 draft / rounds, the same bootstrap; "
+                 f"rel_to_{ref_m} in percent; vs_* = paired (by realization, seed and request) mean difference of "
+                 "per-request acceptance length with both intervals and the two-sided bootstrap p (vs_*_p, not "
+                 "multiplicity-corrected: see the pairwise tables). repeat_rate = mean 8-gram repeat rate; "
+                 "loop_frac = share of emitted tokens inside a trailing exact loop; acceptance_length_loopfree = the same mean over rounds "
                  "before any loop; length_frac = share of requests stopped by the length cap; n_zero_round = "
                  "requests (x seeds) without a verify round (listed in REPORT.md). "
                  "blog_value: the blog's Code ablation (8 inputs), relative to token_only.")
@@ -222,14 +244,15 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
     main = (f"; main = {cols['main']} (the current main method, no blog number of its own: the blog says it is "
             "'close to fusion')") if "main" in cols else ""
     return save(art, "main_acceptance", df, "Acceptance length: DFlash vs native MTP vs DMTP",
-                f"Mode natural. Per-request mean incl. bonus, seeds pooled, bootstrap 95% CI over seeds and requests; "
+                f"Mode natural. Per-request mean incl. bonus, realizations and seeds pooled, hierarchical bootstrap "
+                f"95% CI over realizations, seeds and requests (t: t-interval over the top level's units); "
                 f"dmtp = {cols['dmtp']} (the model behind every DMTP number of the blog){main}; dflash = "
                 f"{cols['dflash']}. *_vs_* = paired differences. blog_*: open reproduction at T=0, internal 35B "
                 "table otherwise.")
 
 
 def first_token(art: Artifacts) -> pd.DataFrame | None:
-    """First-token acceptance 1 - h[0]/sum h (percent) per dataset and method, bootstrap CI over requests."""
+    """First-token acceptance 1 - h[0]/sum h (percent) per dataset and method, hierarchical bootstrap CI."""
     s = art.natural
     s = s[s.k > 0] if len(s) else s
     if s.empty:
@@ -241,7 +264,8 @@ def first_token(art: Artifacts) -> pd.DataFrame | None:
     df["blog_pct"] = [blog_first_token(d, t, blog_name(art, m)) for d, t, m in zip(s.dataset, s.temperature,
                                                                                    s.method)]
     return save(art, "first_token", df.reset_index(drop=True), "First-token acceptance (%)",
-                "P(L>=1) over verify rounds (bonus excluded), bootstrap 95% CI over requests.")
+                "P(L>=1) over verify rounds (bonus excluded), realizations and seeds pooled; hierarchical bootstrap "
+                "95% CI over realizations, seeds and requests.")
 
 
 def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
@@ -287,49 +311,117 @@ def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
                 "per_request: mean of each request's own tau; per_verify: 1 + sum k*h[k] / sum h over all rounds.")
 
 
-def throughput(art: Artifacts) -> pd.DataFrame | None:
-    """tok/s per (dataset, temperature, batch cap) and method, DMTP gain over DFlash, blog B32 beside."""
+def throughput_table(art: Artifacts) -> pd.DataFrame | None:
+    """The throughput rows (bench.throughput) with the blog's B32 numbers beside the T = 1 rows of its batch cap
+    (Code: the blog's dflash and dmtp tok/s and gain, and its per-verify gain from the acceptance table)."""
     if art.throughput is None or art.throughput.empty:
-        return skip("throughput table (bench/throughput.csv)")
-    df = pooled_throughput(art.throughput).pivot_table(index=["dataset", "temperature", "batch_cap"],
-                                                       columns="method", values="tok_per_s")
-    df = df[sorted(df.columns, key=art.rank)].reset_index()
-    df.columns.name = None
-    dmtp, dflash = art.spec.main_method, art.spec.drafter_baseline
-    if dmtp and dflash and {dflash, dmtp} <= set(df.columns):
-        df["gain_pct"] = pct(df[dmtp], df[dflash])
+        return None
+    sp = art.spec
+    df = B.throughput(art.throughput, sp.main_method, sp.drafter_baseline,
+                      {f"r{r.k}": r.bench_commit for r in art.realizations})
     blog = R.table("throughput")
     look = {(w, m, b): v for w, m, b, v, _ in blog.itertuples(index=False)}
-    for m in ("dflash", "dmtp"):
-        df[f"blog_{m}"] = [look.get((R.workload(d), m, b), math.nan) for d, b in zip(df.dataset, df.batch_cap)]
+    at = (df.temperature == 1) & (df.method == sp.main_method)
+    for col, m in (("blog_dflash_tok_per_s", "dflash"), ("blog_dmtp_tok_per_s", "dmtp")):
+        df[col] = [look.get((R.workload(d), m, b), math.nan) if a else math.nan
+                   for d, b, a in zip(df.dataset, df.batch_cap, at)]
+    df["blog_gain_pct"] = pct(df.blog_dmtp_tok_per_s, df.blog_dflash_tok_per_s)
+    df["blog_per_verify_gain_pct"] = [R.blog_value("main", d, "dmtp_vs_dflash_pct") if a and not math.isnan(g)
+                                      else math.nan for d, a, g in zip(df.dataset, at, df.blog_gain_pct)]
+    order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
+    df = df.iloc[np.lexsort((df.method.map(order), df.batch_cap, df.temperature, df.dataset,
+                             df.realization == "all"))]
+    return df.reset_index(drop=True)
+
+
+def throughput(art: Artifacts) -> pd.DataFrame | None:
+    """tables/throughput: per realization (and pooled), dataset, temperature, batch cap and method the median tok/s
+    [min, max] over the timed repeats, the speed-up over AR (median of per-repeat ratios [min, max]), per-verify
+    tau, and the main method's tok/s gain over the drafter baseline against its per-verify gain; blog B32 beside."""
+    df = throughput_table(art)
+    if df is None:
+        return skip("throughput table (bench/throughput.csv)")
+    sp = art.spec
     return save(art, "throughput", df.dropna(axis=1, how="all"), "End-to-end throughput (tok/s)",
-                "Total output tokens / wall time of the whole request group; blog: B32, 4xH200 TP4 (35B, T=1).")
+                "Each row: the timed runs of one (realization, temperature, batch cap, "
+                "method): the whole request group served with dynamic batching (natural mode, HumanEval's stop "
+                "strings), repeats interleaved side by side; tok_per_s = median [min, max] over repeats; speedup = "
+                "median [min, max] of the per-repeat tok/s ratios to AR; per_verify = median tau per verify round; "
+                f"on the {sp.main_method} rows gain_pct = its tok/s over {sp.drafter_baseline}'s (median [min, max] of "
+                "per-repeat ratios), per_verify_gain_pct the same for per-verify tau, gain_over_per_verify their "
+                "ratio. realization 'all': every repeat of every realization pooled. blog_*: Qwen3.6-35B-A3B on "
+                "4xH200, TP4, SGLang, B32, T = 1 (Code) — another model and serving regime: compare directions and "
+                "the gain against the per-verify gain, not tok/s.", models="bench")
 
 
 def overhead(art: Artifacts) -> pd.DataFrame | None:
-    """ms per round by stage and method (ours), with the blog's §6.5 rows beside (method blog:<workload>:<m>)."""
+    """ms per round by stage and method at batch 8 (ours: the trained models, median over the pooled realizations;
+    "<setup>:<method>" rows: random-weight shape timings), with the blog's §6.5 rows beside (blog:<workload>:<m>)."""
     if art.overhead is None or art.overhead.empty:
         return skip("overhead table (bench/overhead.csv)")
     stages = ["drafter", "mtp", "t1_prep", "drafter_ctx", "verify", "round"]
-    ours = art.overhead.pivot_table(index="method", columns="stage", values="ms_per_round")
+    ov = art.overhead
+    ov = ov[ov.batch == B.SHAPE_BATCH] if "batch" in ov else ov
+    ours = ov.pivot_table(index="method", columns="stage", values="ms_per_round", aggfunc="median")
     blog = R.table("overhead").assign(method=lambda b: "blog:" + b.workload + ":" + b.method)
     blog = blog.pivot_table(index="method", columns="stage", values="ms_per_round", dropna=False)
     df = pd.concat([ours.loc[sorted(ours.index, key=art.rank)], blog])
     df = df[[c for c in stages if c in df.columns]].reset_index()
     df.columns.name = None
     dflash = art.spec.drafter_baseline
-    if "round" in df and dflash:  # against the DFlash row of the same setup ("8b-shape:" rows: random weights,
-        # timing only; "+fused" rows: layers fused by dmtp.engine.fuse, against DFlash fused)
-        setup = [(p, m.endswith("+fused")) for p, m in zip(df.method.str.rpartition(":")[0],
-                                                             df.method.str.rpartition(":")[2])]
-        ref = {s: r for s, m, r in zip(setup, df.method.str.rpartition(":")[2], df["round"])
-               if m in (dflash, dflash + "+fused")}
-        df["round_vs_dflash_ms"] = [r - ref.get(s, math.nan) for s, r in zip(setup, df["round"])]
-        df["round_vs_dflash"] = [r / ref.get(s, math.nan) for s, r in zip(setup, df["round"])]
+    if "round" in df and dflash:  # against the DFlash row of the same setup and engine label ("+dense": the dense
+        # attention kernel, "@hf": the HF layers)
+        setup, _, name = (df.method.str.rpartition(":")[i] for i in (0, 1, 2))
+        base = name.str.split(r"[+@]", n=1, regex=True).str[0]
+        label = [n[len(b):] for n, b in zip(name, base)]
+        ref = {(s, lb): r for s, b, lb, r in zip(setup, base, label, df["round"]) if b == dflash}
+        df["round_vs_dflash_ms"] = [r - ref.get((s, lb), math.nan) for s, lb, r in zip(setup, label, df["round"])]
+        df["round_vs_dflash"] = [r / ref.get((s, lb), math.nan) for s, lb, r in zip(setup, label, df["round"])]
         df.loc[df.method.str.startswith("blog:"), ["round_vs_dflash_ms", "round_vs_dflash"]] = math.nan
     return save(art, "overhead", df, "Per-round overhead (ms/round)",
-                "Batch 8, CUDA graphs, 512 tokens ignoring EOS, first 16 rounds excluded (blog §6.5 setting). "
-                "8b-shape: a Qwen3-8B-sized target with random weights, 5-layer drafters (timing only).")
+                "Batch 8, CUDA graphs, EOS ignored, first 16 rounds excluded (blog §6.5 "
+                "setting); plain names: the trained models, median over the pooled realizations. 8b-shape: a "
+                "Qwen3-8B-sized target with random weights, 5-layer drafters (timing only); mini-shape: the mini "
+                "shapes with random weights.", models="bench")
+
+
+def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
+    """Per pooled realization with a bench: the cost model's predicted vs measured speed-ups over AR at T = 0 and
+    each timed cap (bench.predicted_vs_measured), then the projection to the 8B shape (bench.projection)."""
+    if art.throughput is None or art.overhead is None:
+        return None
+    r, ov, tp = art.runs, art.overhead, art.throughput
+    rows = []
+    for real in art.realizations:
+        recs = r[(r.realization == real.k) & (r.experiment == "ablation") & (r.dataset == "humaneval")
+                 & (r.temperature == 0) & (r["mode"] == "natural") & (r.seed == 0)]
+        mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]
+        if recs.empty or mine_tp.empty or mine_ov.empty:
+            continue
+        shape = ov[ov.method.str.startswith(B.SHAPE + ":")]
+        rows += [dict(x, realization=real.name, commit=real.bench_commit)
+                 for x in B.predicted_vs_measured(recs, mine_tp, mine_ov) + B.projection(recs, shape)]
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    lead = ["realization", "commit", "kind", "method", "batch_cap"]
+    return df[lead + [c for c in df.columns if c not in lead]]
+
+
+def costmodel(art: Artifacts) -> pd.DataFrame | None:
+    """tables/costmodel: predicted vs measured speed-up per realization, and the 8B-shape projection."""
+    df = costmodel_rows(art)
+    if df is None:
+        return skip("cost-model table (bench/throughput.csv, bench/overhead.csv and T = 0 eval records)")
+    return save(art, "costmodel", df, "Cost model: predicted vs measured speed-up over AR (T = 0)",
+                "predicted vs measured: dmtp.analysis.costmodel.predict on the "
+                "realization's eval records (HumanEval, T = 0, natural, seed 0; the first n_requests, as the bench "
+                "timed at that cap), its trained models' round time per batch (round_ms_b*, overhead.csv) and the "
+                "admission cost the throughput runs measured (admit_ms = admit_s / groups); measured_speedup = "
+                "median [min, max] of the per-repeat ratios; error_pct = 100 (predicted / measured - 1). "
+                "projection 8b-shape: the same records x the 8B-shape round times at batch 8 (random weights, "
+                "flex attention; AR's step: 8b-shape:ar@batch1), decode only (no admission cost), the one round "
+                "time used at every batch: a projection, not a measurement.", models="bench")
 
 
 def open_repro(art: Artifacts) -> pd.DataFrame | None:
@@ -357,10 +449,11 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
 
 # --- research protocol: pairwise tests, the control, ceilings at T > 0, learning curves, zero-round requests ---------
 def primary(art: Artifacts) -> list[str]:
-    """The ablation's datasets that are not views of another (experiment.json eval.subsets), natural mode."""
+    """The ablation's datasets that are neither views of another (experiment.json eval.subsets) nor
+    out-of-distribution sets (eval.ood), natural mode."""
     s = art.natural
     ds = sorted(set(s[s.experiment == "ablation"].dataset)) if len(s) else []
-    own = [d for d in ds if d not in (art.subsets or {})]
+    own = [d for d in ds if d not in (art.subsets or {}) and d not in (art.ood or {})]
     return own or ds
 
 
@@ -371,31 +464,54 @@ def compared(art: Artifacts, dataset: str, temperature: float) -> list[str]:
     return [m for m in art.spec.compared if m in have]
 
 
+def signs_text(signs) -> str:
+    """Each realization's mean difference, e.g. '+0.910 / +0.940 / -0.020'."""
+    return " / ".join(f"{x:+.3f}" for x in signs)
+
+
 def pairwise(art: Artifacts, n_boot: int = 4000) -> list[pd.DataFrame] | None:
-    """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired over seeds
-    and requests (stats.matrices: the requests and seeds every row has; a baseline without a drafter set beside
-    every seed), Holm-corrected over the temperature's family (stats.pairwise), worded by stats.verdict."""
-    out = []
-    for t in sorted(set(art.natural.temperature)) if len(art.natural) else []:
-        rows = []
-        for ds in primary(art):
+    """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired over
+    realizations, seeds and requests (stats.matrices: the units and requests every row has; a baseline without a
+    drafter set beside every seed of its realization): the hierarchical bootstrap and the t-test at the top level,
+    each Holm-corrected over the dataset's whole family (every pair at every temperature: what the summary reads),
+    worded by stats.holm_family (a direction only where both reject and every realization agrees in sign)."""
+    temps = sorted(set(art.natural.temperature)) if len(art.natural) else []
+    rows = []
+    for ds in primary(art):
+        family = []
+        for t in temps:
             methods = compared(art, ds, t)
             if len(methods) < 2:
                 continue
-            mats = S.matrices({m: per_seed(group(art, "ablation", ds, t, m)) for m in methods})[0]
-            est = {m: float(np.nanmean(x)) if np.isfinite(x).any() else math.nan for m, x in mats.items()}
-            for r in S.pairwise(mats, n_boot=n_boot):
-                rows.append({"dataset": ds, "temperature": t, "a": r["a"], "b": r["b"], "a_value": est[r["a"]],
-                             "b_value": est[r["b"]], "diff": r["diff"], "diff_lo": r["lo"], "diff_hi": r["hi"],
-                             "diff_p": r["p"], "holm_p": r["p_holm"], "verdict": r["verdict"],
-                             "n_seeds": r["n_seeds"], "n_requests": r["n_requests"]})
-        if rows:
-            out.append(save(art, f"pairwise_T{t:g}", pd.DataFrame(rows), f"Pairwise tests at T={t:g} (natural mode)",
-                            "diff = a - b of per-request acceptance length, paired by seed and request (seeds and "
-                            "requests every row has; a baseline without a drafter set beside every seed); [lo, hi] "
-                            "= two-level bootstrap 95% CI; diff_p = two-sided bootstrap p; holm_p = Holm-adjusted "
-                            "over all pairs at this temperature. verdict: '>' / '<' only where holm_p < 0.05, "
-                            "'≈ (not resolved)' = indistinguishable at this power."))
+            mats = S.matrices({m: per_unit(group(art, "ablation", ds, t, m)) for m in methods})[0]
+            est = {m: S.mean(x) for m, x in mats.items()}
+            family += [dict(r, dataset=ds, temperature=t, a_value=est[r["a"]], b_value=est[r["b"]])
+                       for r in S.pairwise(mats, n_boot=n_boot)]
+        rows += S.holm_family(family)
+    out = []
+    for t in temps:
+        mine = [r for r in rows if r["temperature"] == t]
+        if not mine:
+            continue
+        df = pd.DataFrame([{
+            "dataset": r["dataset"], "temperature": t, "a": r["a"], "b": r["b"], "a_value": r["a_value"],
+            "b_value": r["b_value"], "diff": r["diff"], "diff_lo": r["lo"], "diff_hi": r["hi"], "diff_tlo": r["t_lo"],
+            "diff_thi": r["t_hi"], "diff_p": r["p"], "t_p": r["t_p"], "holm_p": r["p_holm"],
+            "holm_t_p": r["t_p_holm"], "t_level": r["t_level"], "n_units": r["n_units"],
+            "n_realizations": len(r["signs"]), "sign_agree": sum(S.agree([x], r["diff"]) for x in r["signs"]),
+            "by_realization": signs_text(r["signs"]), "verdict": r["verdict"], "n_seeds": r["n_seeds"],
+            "n_requests": r["n_requests"]} for r in mine])
+        n = len(rows)
+        out.append(save(art, f"pairwise_T{t:g}", df, f"Pairwise tests at T={t:g} (natural mode)",
+                        "diff = a - b of per-request acceptance length, paired by realization, seed and request "
+                        "(the units and requests every row has; a baseline without a drafter set beside every seed "
+                        "of its realization); [lo, hi] = hierarchical bootstrap 95% CI, diff_p its two-sided p; "
+                        "t [lo, hi] = 95% t-interval over the t_level units (realization means when there are "
+                        "several realizations, else seed means), t_p its p; holm_p, holm_t_p = Holm-adjusted over "
+                        f"the family of all {n} pairs x temperatures of the table's dataset; by_realization = each "
+                        "realization's own difference, sign_agree = how many have the pooled sign. verdict: '>' / "
+                        "'<' only where holm_p and holm_t_p are both < 0.05 and every realization agrees in sign; "
+                        "otherwise 'not resolved' (no claim of closeness: that needs an equivalence test)."))
     return out or skip("pairwise tables (fewer than two compared rows)")
 
 
@@ -404,16 +520,20 @@ def pair_row(art: Artifacts, a: str, b: str, t: float, dataset: str | None = Non
     path = art.tables / f"pairwise_T{t:g}.csv"
     if not path.exists():
         return None
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"by_realization": str})
     df = df[df.dataset == (dataset or primary(art)[0])] if len(df) else df
     for flip, (x, y) in ((1, (a, b)), (-1, (b, a))):
         r = df[(df.a == x) & (df.b == y)]
         if len(r):
             r = r.iloc[0].to_dict()
             lo, hi = sorted((flip * r["diff_lo"], flip * r["diff_hi"]))
-            return dict(r, a=a, b=b, diff=flip * r["diff"], diff_lo=lo, diff_hi=hi, a_value=r["a_value" if flip > 0
-                        else "b_value"], b_value=r["b_value" if flip > 0 else "a_value"],
-                        verdict=S.verdict(a, b, flip * r["diff"], r["holm_p"]))
+            tlo, thi = sorted((flip * r["diff_tlo"], flip * r["diff_thi"]))
+            signs = [flip * float(v) for v in str(r["by_realization"]).split(" / ") if v not in ("", "nan")]
+            both = max(r["holm_p"], r["holm_t_p"]) if not pd.isna(r["holm_t_p"]) else r["holm_p"]
+            return dict(r, a=a, b=b, diff=flip * r["diff"], diff_lo=lo, diff_hi=hi, diff_tlo=tlo, diff_thi=thi,
+                        a_value=r["a_value" if flip > 0 else "b_value"], signs=signs,
+                        b_value=r["b_value" if flip > 0 else "a_value"],
+                        verdict=S.verdict(a, b, flip * r["diff"], both, same_sign=S.agree(signs, flip * r["diff"])))
     return None
 
 
@@ -463,30 +583,33 @@ def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
     if cv is None or cv.empty:
         return skip("learning curve (no curve/)")
     rows = []
+    multi = cv.realization.nunique() > 1
+    unit = lambda r, seed: f"r{r}:{seed}" if multi else str(seed)  # noqa: E731
     for (m, step), g in cv.groupby(["method", "step"], sort=True):
-        for seed, gs in g.groupby("seed", sort=True):
+        for (r, seed), gs in g.groupby(["realization", "seed"], sort=True):
             est = M.bootstrap_ci(gs.acceptance_length.dropna().to_numpy(), n_boot=n_boot)
-            rows.append({"method": m, "seed": str(seed), "step": step, "train_tokens": gs.train_tokens.iloc[0],
+            rows.append({"method": m, "seed": unit(r, seed), "step": step, "train_tokens": gs.train_tokens.iloc[0],
                          **dict(zip(["acceptance_length", "lo", "hi"], est)),
                          "n_requests": int((gs.n_rounds > 0).sum())})
-        est = S.seed_request_ci(seed_matrix(g)[0], n_boot=n_boot)
-        rows.append({"method": m, "seed": "all", "step": step, "train_tokens": g.groupby("seed").train_tokens.first()
-                     .mean(), **dict(zip(["acceptance_length", "lo", "hi"], est)),
+        est = S.seed_request_ci(cube(g), n_boot=n_boot)
+        rows.append({"method": m, "seed": "all", "step": step, "train_tokens": g.groupby(["realization", "seed"])
+                     .train_tokens.first().mean(), **dict(zip(["acceptance_length", "lo", "hi"], est)),
                      "n_requests": int(g.id[g.n_rounds > 0].nunique())})
     for ds in sorted(set(cv.dataset)):
         ref = group(art, "ablation", ds, 0.0, "mtp")
         if len(ref):
-            est = M.bootstrap_ci(ref.acceptance_length.dropna().to_numpy(), n_boot=n_boot)
-            rows.append({"method": "mtp", "seed": "0", "step": math.nan, "train_tokens": math.nan,
+            est = S.seed_request_ci(cube(ref), n_boot=n_boot)
+            rows.append({"method": "mtp", "seed": "all", "step": math.nan, "train_tokens": math.nan,
                          **dict(zip(["acceptance_length", "lo", "hi"], est)),
                          "n_requests": int((ref.n_rounds > 0).sum())})
     df = pd.DataFrame(rows)
     order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
     df = df.iloc[np.lexsort((df.seed == "all", df.train_tokens.fillna(-1), df.method.map(order)))]
     return save(art, "learning_curve", df.reset_index(drop=True), "Learning curve (HumanEval, T=0, natural mode)",
-                "acceptance_length [lo, hi]: per-request mean incl. bonus; per seed a bootstrap 95% CI over "
-                "requests, seed 'all' a two-level CI over seeds and requests (train_tokens: the seeds' mean). "
-                "mtp: the native MTP head (no drafter budget), the reference line.")
+                "acceptance_length [lo, hi]: per-request mean incl. bonus; per seed (r<k>:<seed> with several "
+                "realizations) a bootstrap 95% CI over requests, seed 'all' the hierarchical CI over realizations, "
+                "seeds and requests (train_tokens: the seeds' mean). mtp: the native MTP head (no drafter budget), "
+                "the reference line.")
 
 
 def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
@@ -499,24 +622,31 @@ def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
         return None
     z = z[KEYS_ZERO].copy()
     z["rank"] = z.method.map(lambda m: art.rank(m))
-    z = z.sort_values(["experiment", "dataset", "temperature", "mode", "rank", "seed", "id"]).drop(columns="rank")
+    z = z.sort_values(["experiment", "dataset", "temperature", "mode", "rank", "realization", "seed", "id"]
+                      ).drop(columns="rank")
     art.tables.mkdir(parents=True, exist_ok=True)
     z.to_csv(art.tables / "zero_round.csv", index=False)
     return z.reset_index(drop=True)
 
 
-KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "seed", "id"]
+KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realization", "seed", "id"]
 
 
-ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, throughput, overhead, open_repro,
-       pairwise, ceiling, learning_curve, zero_rounds]
+ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, throughput, overhead, costmodel,
+       open_repro, pairwise, ceiling, learning_curve, zero_rounds]
 
 
 def missing(art: Artifacts) -> list[tuple]:
     """Runs a table would want but the artifacts lack (printed, and listed in REPORT.md: never dropped silently):
-    the spec's baselines and main rows (those of `only`, when it names a subset)."""
-    sp = art.spec
-    return missing_runs(art.runs, {"ablation": sp.selected(sp.baselines + sp.main + tuple(sp.continued))}, art.rank)
+    the spec's baselines and main rows (those of `only`, when it names a subset); on an out-of-distribution set, its
+    own runs (eval.ood_runs)."""
+    sp, ood = art.spec, art.ood or {}
+    main = missing_runs(art.runs[~art.runs.dataset.isin(list(ood))],
+                        {"ablation": sp.selected(sp.baselines + sp.main + tuple(sp.continued))}, art.rank)
+    for ds, runs in ood.items():
+        have = set(art.runs[(art.runs.dataset == ds) & (art.runs["mode"] == "natural")].method)
+        main += [("ablation", ds, 0.0, m) for m in sp.selected(runs) if m not in have]
+    return main
 
 
 def render(art: Artifacts) -> None:

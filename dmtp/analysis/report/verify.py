@@ -245,9 +245,9 @@ def figure(root: Path, s: pd.DataFrame, modes: list[str] = MODES) -> list[Path]:
     return paths
 
 
-def render(root: Path, n_boot: int = 2000) -> list[str]:
+def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
     """Write tables/verify.{csv,md}, tables/verify_paired.{csv,md}, figures/verify_T*.png; return the REPORT.md
-    section ([] when the profile has no verify study)."""
+    section ([] when the profile has no verify study), its figures linked under `href` (relative to REPORT.md)."""
     root = Path(root)
     runs, tp, orc = read(root)
     if runs.empty:
@@ -281,7 +281,7 @@ def render(root: Path, n_boot: int = 2000) -> list[str]:
             f"bootstrap intervals; throughput: mean [min, max] over timed repeats (one repeat: its value alone; "
             f"{repeats}); {note}."), ""]
     out += findings(s, pt, runs)
-    out += [f"![{p.stem}](figures/{p.name})\n" for p in figs]
+    out += [f"![{p.stem}]({href}/{p.name})\n" for p in figs]
     out += ["### Acceptance and throughput", "", markdown(show),
             "### Paired tests (per request; Holm-adjusted per metric)", "",
             markdown(pt) if len(pt) else "no paired comparisons\n"]

@@ -1,0 +1,150 @@
+"""The bench side of the report, pure over DataFrames (tables.py renders them): end-to-end throughput from the timed
+repeats of bench/throughput.csv, and the cost model's predicted vs measured speed-ups (dmtp.analysis.costmodel).
+
+Throughput (per realization; with several, also every repeat of every realization pooled, realization "all"):
+tok/s = median [min, max] over the timed repeats; speed-up over AR = median [min, max] of the per-repeat ratios
+(the same repeat index: runs side by side, interleaved); the main method's gain over the drafter baseline likewise,
+beside its per-verify gain (the ratio of per-verify taus of the same repeats).
+
+Cost model (one realization): `costmodel.predict` on that realization's eval records (HumanEval, T = 0, natural,
+seed 0; the first `requests` records of the timed cap), its trained models' round times per batch (overhead.csv,
+stage "round") and the admission cost measured by the throughput runs (admit_s / groups), against the measured
+speed-up at each timed cap; and the projection to the paper shape: the 8B-shape stage times at batch 8 (random
+weights: timing only) x the realization's records, decode only (no admission cost; batch 8's round time at every
+batch).
+
+    rows = throughput(tp, main="zero_init_residual", base="dflash")
+    pred = predicted_vs_measured(records, tp, ov)      # one realization's
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dmtp.analysis.costmodel import predict
+
+KEY = ["dataset", "temperature", "batch_cap"]
+PROJECTION = {"ar": "8b-shape:ar@batch1"}  # runs whose 8B-shape timing has another label ("<setup>:<run>" else)
+SHAPE = "8b-shape"  # the setup projected to: a Qwen3-8B-sized target, 5-layer drafters, random weights
+SHAPE_BATCH = 8  # the batch its stage times were taken at
+
+
+def spread(x) -> tuple[float, float, float]:
+    """(median, min, max) of the finite values (nan when none)."""
+    v = np.asarray(list(x), float)
+    v = v[np.isfinite(v)]
+    return (float(np.median(v)), float(v.min()), float(v.max())) if len(v) else (math.nan,) * 3
+
+
+def per_repeat(tp: pd.DataFrame, main: str = "", base: str = "") -> pd.DataFrame:
+    """bench/throughput.csv rows (any realizations) with `speedup` = tok/s over AR's in the same realization,
+    dataset, temperature, cap and repeat, and on the main method's rows `gain` and `per_verify_gain` = its tok/s and
+    per-verify tau over the drafter baseline's of the same repeat (nan where the partner is absent)."""
+    tp = tp.assign(**{c: tp[c] if c in tp else v for c, v in (("repeat", 0), ("realization", 0),
+                                                               ("per_verify", np.nan))})
+    on = ["realization", *KEY, "repeat"]
+    ar = tp[tp.method == "ar"][on + ["tok_per_s"]].rename(columns={"tok_per_s": "ar_tok_per_s"})
+    b = tp[tp.method == base][on + ["tok_per_s", "per_verify"]].rename(
+        columns={"tok_per_s": "base_tok_per_s", "per_verify": "base_per_verify"})
+    df = tp.merge(ar, on=on, how="left").merge(b, on=on, how="left")
+    df["speedup"] = df.tok_per_s / df.ar_tok_per_s
+    is_main = (df.method == main) & bool(main)
+    df["gain"] = np.where(is_main, df.tok_per_s / df.base_tok_per_s, np.nan)
+    df["per_verify_gain"] = np.where(is_main, df.per_verify / df.base_per_verify, np.nan)
+    return df
+
+
+def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict | None = None) -> pd.DataFrame:
+    """One row per (realization, dataset, temperature, batch cap, method): n_repeats, tok_per_s [min, max],
+    speedup over AR [min, max], per_verify (median), and for the main method gain_pct [min, max] over the drafter
+    baseline, per_verify_gain_pct and gain_over_per_verify (tok/s gain / per-verify gain); `commits`: "r<k>" -> the
+    commit its bench ran at (column `commit`). With several realizations, rows "all" pool every repeat."""
+    df = per_repeat(tp, main, base)
+    units = [(f"r{k}", g) for k, g in df.groupby("realization", sort=True)]
+    if len(units) > 1:
+        units.append(("all", df))
+    rows = []
+    for name, d in units:
+        for (ds, t, cap, m), g in d.groupby(KEY + ["method"], sort=True):
+            tok, su = spread(g.tok_per_s), spread(g.speedup)
+            row = {"realization": name, "commit": (commits or {}).get(name, ""), "dataset": ds, "temperature": t,
+                   "batch_cap": cap, "method": m, "n_repeats": len(g), **_triple("tok_per_s", tok),
+                   **_triple("speedup", su), "per_verify": float(g.per_verify.median())}
+            if m == main:
+                gain, tau = spread(100 * (g.gain - 1)), spread(100 * (g.per_verify_gain - 1))
+                row.update(**_triple("gain_pct", gain), per_verify_gain_pct=tau[0],
+                           gain_over_per_verify=gain[0] / tau[0] if tau[0] else math.nan)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _triple(name: str, v: tuple) -> dict:
+    return {name: v[0], f"{name}_lo": v[1], f"{name}_hi": v[2]}
+
+
+def round_times(ov: pd.DataFrame) -> dict[str, dict[int, float]]:
+    """method -> {batch: ms per round} from overhead.csv rows (stage "round"; no batch column: batch 8)."""
+    ov = ov[ov.stage == "round"]
+    batch = ov["batch"] if "batch" in ov else pd.Series(8, index=ov.index)
+    return {m: {int(b): float(v) for b, v in zip(batch[g.index], g.ms_per_round)} for m, g in ov.groupby("method")}
+
+
+def _records(runs: pd.DataFrame) -> dict[str, list[dict]]:
+    """method -> the cost model's records ({accepted, output_ids}: only their lengths are read), in file order."""
+    return {m: [{"accepted": a, "output_ids": range(n)} for a, n in zip(g.accepted, g.output_tokens)]
+            for m, g in runs.groupby("method", sort=False)}
+
+
+def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame) -> list[dict]:
+    """One realization: at T = 0 and each timed cap, every method with eval records (`runs`: HumanEval, T = 0,
+    natural, seed 0, in file order), round times (`ov`: its trained models' overhead.csv rows) and throughput runs
+    (`tp`), beside AR: the predicted speed-up (`costmodel.predict` on the first `requests` records, the measured
+    round time per batch and admission cost per group) against the measured one (median [min, max] of the repeats),
+    error_pct = 100 (predicted / measured - 1)."""
+    times = round_times(ov[~ov.method.str.contains(":")])
+    t0 = per_repeat(tp[tp.temperature == 0])
+    recs = _records(runs)
+    rows = []
+    for cap, g in t0.groupby("batch_cap", sort=True):
+        n = int(g.requests.max()) if "requests" in g else None
+        have = [m for m in sorted(set(g.method)) if m in recs and m in times]
+        if "ar" not in have:
+            continue
+        admit_ms = {m: 1e3 * x.admit_s.sum() / x.groups.sum() for m, x in g.groupby("method")
+                    if {"admit_s", "groups"} <= set(x) and x.groups.sum() > 0}
+        admit = int(g.admit.iloc[0]) if "admit" in g else 1
+        pred = predict({m: recs[m] for m in have}, times, int(cap), n, admit_ms, admit)
+        for m in have:
+            meas = spread(g[g.method == m].speedup)
+            rows.append({"kind": "predicted vs measured", "method": m, "batch_cap": int(cap),
+                         "n_requests": min(n or len(recs[m]), len(recs[m])), **_triple("measured_speedup", meas),
+                         "predicted_speedup": pred[m]["speedup"],
+                         "error_pct": 100 * (pred[m]["speedup"] / meas[0] - 1) if meas[0] else math.nan,
+                         "measured_tok_per_s": spread(g[g.method == m].tok_per_s)[0],
+                         "predicted_tok_per_s": pred[m]["tok_per_s"], "admit_ms": admit_ms.get(m, 0.0),
+                         **{f"round_ms_b{b}": v for b, v in sorted(times[m].items())}})
+    return rows
+
+
+def projection(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]:
+    """The realization's records (as in `predicted_vs_measured`) x the 8B-shape round times at batch 8 (flex rows:
+    "8b-shape:<run>", AR's step "8b-shape:ar@batch1"), decode only, that one round time at every batch: the predicted
+    speed-up over AR at each cap, for every run with an 8B-shape timing."""
+    times = round_times(ov)
+    recs = _records(runs)
+    label = {m: PROJECTION.get(m, f"{SHAPE}:{m}") for m in recs}
+    # batch 8's round time (AR: its batch-1 step), used at every batch
+    shape = {m: {SHAPE_BATCH: times[lab].get(SHAPE_BATCH, next(iter(times[lab].values())))}
+             for m, lab in label.items() if lab in times}
+    if "ar" not in shape:
+        return []
+    rows = []
+    for cap in caps:
+        pred = predict({m: recs[m] for m in shape}, shape, cap)
+        rows += [{"kind": f"projection {SHAPE}", "method": m, "batch_cap": cap, "n_requests": len(recs[m]),
+                  "predicted_speedup": pred[m]["speedup"], "predicted_tok_per_s": pred[m]["tok_per_s"],
+                  "admit_ms": 0.0, f"round_ms_b{SHAPE_BATCH}": shape[m][SHAPE_BATCH], "timing": label[m]}
+                 for m in shape]
+    return rows

@@ -1,0 +1,122 @@
+"""Several realizations of one experiment on synthetic artifacts: which folders are pooled (the experiment check),
+realization-level inference and its wording (no ranking where the realizations disagree in sign), throughput over
+realizations and the cost model, the report's order."""
+import json
+
+import pandas as pd
+import pytest
+
+from ablations.code import code
+from dmtp.analysis.report import load, render_report, tables
+from dmtp.analysis.report.synthetic import write_synthetic
+
+RUNS = ["ar", "mtp", "dflash", "token_only", "fusion", "zero_init_residual", "double_anchor_token_only"]
+# fusion above token_only in r1 and r2, below it in r3; dflash far below the rest in every realization
+OFFSETS = {1: {"fusion": 0.1, "dflash": -0.3}, 2: {"fusion": 0.1, "dflash": -0.3}, 3: {"fusion": -0.2, "dflash": -0.3}}
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory):
+    res = tmp_path_factory.mktemp("real")
+    for k in (1, 2, 3):
+        write_synthetic(code(), res, "p", n=24, temps=(0, 1), methods=RUNS, curve=False, oracle=False, ood=True,
+                        realization=k, offsets=OFFSETS[k],  # r2 stopped and resumed (run control): still pooled
+                        experiment={"pretrain": {"tokens": 1000, "stop_after": 7 if k == 2 else 0}})
+    write_synthetic(code(), res, "p", n=24, temps=(0, 1), methods=RUNS, curve=False, oracle=False, bench=False,
+                    ood=True, realization=4, experiment={"pretrain": {"tokens": 1000}, "eval": {"new_tokens": 99}})
+    for k, digest in ((1, "aaaa"), (2, "aaaa"), (3, "bbbb")):  # the target's corpus (target/meta.json)
+        (res / "p" / f"r{k}" / "target").mkdir()
+        (res / "p" / f"r{k}" / "target" / "meta.json").write_text(json.dumps({"corpus": {"train_digest": digest}}))
+    (res / "p" / "r5").mkdir()  # no experiment.json: not a realization
+    (res / "p" / "bench").mkdir()  # the committed random-weight shape timings live beside the realizations
+    (res / "p" / "bench" / "overhead.csv").write_text(
+        "method,stage,ms_per_round,batch\n8b-shape:dflash,round,8.2,8\n8b-shape:zero_init_residual,round,8.8,8\n"
+        "8b-shape:dflash+dense,round,8.0,8\n8b-shape:ar@batch1,round,6.1,1\n")
+    art = load("p", res, n_boot=300)
+    return res, art, render_report("p", res, art).read_text()
+
+
+def test_matching_realizations_are_pooled_the_others_named(pooled):
+    res, art, text = pooled
+    assert [r.name for r in art.realizations] == ["r1", "r2", "r3"]
+    assert art.left_out == [("r4", "experiment differs from r3 in eval.new_tokens")]
+    assert art.realizations[0].bench_commit == "synthetic-r1" and art.realizations[0].commits[0][0] == "synthetic-r1"
+    s = art.natural.set_index(["dataset", "temperature", "method"])
+    assert s.loc[("humaneval", 0.0, "dflash"), ["n_realizations", "n_seeds", "t_level", "n_units"]].tolist() == [
+        3, 3, "realization", 3]
+    assert s.loc[("humaneval", 0.0, "mtp"), "n_seeds"] == 1
+    assert "**3 realizations (r1, r2, r3), pooled**" in text and "4.30 standard errors" in text
+    assert "- r4: experiment differs from r3 in eval.new_tokens" in text
+    assert [r.corpus for r in art.realizations] == ["aaaa", "aaaa", "bbbb"]
+    assert "The pooled realizations' corpora differ** (aaaa, bbbb)" in text
+    pw = pd.read_csv(res / "p" / "tables" / "pairwise_T0.csv")
+    assert (pw.t_level == "realization").all() and (pw.n_units == 3).all() and (pw.n_realizations == 3).all()
+
+
+def test_no_ranking_where_the_realizations_disagree(pooled):
+    res, art, text = pooled
+    r = tables.pair_row(art, "fusion", "token_only", 0.0)
+    assert len(r["signs"]) == 3 and r["signs"][0] > 0 and r["signs"][2] < 0
+    assert r["verdict"] == "fusion vs token_only: not resolved" and r["sign_agree"] < 3
+    claims = pd.read_csv(res / "p" / "tables" / "claims.csv")
+    ft = claims[claims.claim.str.startswith("fusion > token_only")]
+    assert set(ft.verdict) == {"not resolved"} and len(ft) == 2  # T = 0 and 1
+    ranks = [ln for ln in text.splitlines() if ln.startswith("- T=0: ")]
+    assert ranks and not any("token_only" in ln.partition(" > ")[2] and ln.startswith("- T=0: fusion") for ln in ranks)
+    # one sign in every realization, large against their spread: resolved (here against the claim); the same sign
+    # but a spread as large as the mean (fusion in r3): not resolved
+    dd = claims[claims.claim.str.startswith("DFlash > MTP415") & (claims.temperature == 0)].iloc[0]
+    assert dd.verdict == "fails" and dd.estimate < 0 and all(float(x) < 0 for x in dd.by_realization.split(" / "))
+    fd = claims[claims.claim.str.startswith("DMTP > DFlash") & (claims.temperature == 0)].iloc[0]
+    assert fd.verdict == "not resolved" and all(float(x) > 0 for x in fd.by_realization.split(" / "))
+    assert "indistinguishable" not in text and "≈" not in text and "best" not in text.lower()
+
+
+def test_out_of_distribution_rows(pooled):
+    res, art, text = pooled
+    ood = pd.read_csv(res / "p" / "tables" / "ood.csv")
+    assert set(ood.dataset) == {"humaneval", "pytests"} and set(ood.method) == {"mtp", "dflash", "fusion",
+                                                                                  "zero_init_residual"}
+    assert (ood.n_realizations == 3).all()
+    claims = pd.read_csv(res / "p" / "tables" / "claims.csv")
+    (row,) = claims[claims.claim.str.contains("outside the drafter's training distribution")].itertuples()
+    assert row.test == "difference in differences, t over realizations" and len(row.by_realization.split("/")) == 3
+    assert "First-token gap `mtp` − `dflash`" in text
+
+
+def test_throughput_and_cost_model_over_realizations(pooled):
+    res, art, text = pooled
+    tp = pd.read_csv(res / "p" / "tables" / "throughput.csv")
+    assert list(dict.fromkeys(tp.realization)) == ["r1", "r2", "r3", "all"]
+    allr = tp[tp.realization == "all"]
+    assert (allr.n_repeats == 6).all() and (tp[tp.realization == "r2"].commit == "synthetic-r2").all()
+    main = allr[(allr.method == "zero_init_residual") & (allr.temperature == 1) & (allr.batch_cap == 32)].iloc[0]
+    assert main.gain_pct_lo <= main.gain_pct <= main.gain_pct_hi and main.blog_gain_pct == pytest.approx(18.77, 1e-3)
+    cm = pd.read_csv(res / "p" / "tables" / "costmodel.csv")
+    pm = cm[cm.kind == "predicted vs measured"]
+    assert set(pm.realization) == {"r1", "r2", "r3"} and set(pm.batch_cap) == {1, 32}
+    assert (pm.error_pct.abs() < 8).all()  # the synthetic bench is timed by the cost model itself, plus 2 % noise
+    assert (pm[pm.method == "ar"].predicted_speedup == 1).all()
+    pr = cm[cm.kind == "projection 8b-shape"].set_index(["realization", "batch_cap", "method"])
+    assert pr.loc[("r1", 1, "ar"), "timing"] == "8b-shape:ar@batch1" and pr.loc[("r1", 1, "dflash"),
+                                                                                  "round_ms_b8"] == 8.2
+    assert ("r1", 1, "mtp") not in pr.index  # no 8B-shape timing of its own
+    assert "Models: r1 at synthetic-r1; r2 at synthetic-r2; r3 at synthetic-r3." in text
+    order = ["## What was found", "### The blog's claims", "## Throughput", "## Cost model", "## Code ablation",
+             "## How the runs were made"]
+    assert [text.index(h) for h in order] == sorted(text.index(h) for h in order)
+
+
+def test_one_realization_folder_and_the_flat_layout(tmp_path):
+    """A flat layout (realization 0) beside r2 with another experiment: two groups of one, the newest (r2) is pooled
+    and r0 is named with what differs."""
+    write_synthetic(code(), tmp_path, "q", n=4, temps=(0,), methods=["ar", "dflash"], curve=False, oracle=False,
+                    bench=False, realization=2)
+    write_synthetic(code(seeds=(0,)), tmp_path, "q", n=4, temps=(0,), methods=["ar", "dflash"], curve=False,
+                    oracle=False, bench=False)
+    art = load("q", tmp_path, n_boot=100)
+    assert [r.name for r in art.realizations] == ["r2"] and set(art.runs.realization) == {2}
+    assert json.loads((tmp_path / "q" / "r2" / "experiment.json").read_text())["realization"] == 2
+    assert art.left_out == [("r0 (the flat layout)", "experiment differs from r2 in ablation.seeds")]
+    alone = load("q/r2", tmp_path, n_boot=100)  # as the pipeline's tables stage renders one realization
+    assert [r.name for r in alone.realizations] == ["r2"] and not alone.left_out
