@@ -332,8 +332,11 @@ def eval_prompts(c: Ctx, ds: str, n: int) -> list[dict]:
     corpus's test functions, cut as the drafters' prompts are, with their token budget; the same seed in every
     realization: the same prompts)."""
     if ds in c.p.eval.ood:
-        return encode_prompts(c.tok, code_prompts(c.work / "corpus" / "train.jsonl", c.tok, n, seed=0, per_doc=1,
-                                                  max_prompt_tokens=c.p.data.prompt_tokens, tests=True))
+        rows = code_prompts(c.work / "corpus" / "train.jsonl", c.tok, n, seed=0, per_doc=1,
+                            max_prompt_tokens=c.p.data.prompt_tokens, tests=True)
+        require(rows, f"eval.ood[{ds!r}]: the corpus {c.work / 'corpus'} holds no test function to cut a prompt from "
+                "(test modules under a test/tests folder or named test_*.py): a larger data.corpus_bytes, or no eval.ood")
+        return encode_prompts(c.tok, rows)
     return encode_prompts(c.tok, humaneval_prompts()[:n])
 
 

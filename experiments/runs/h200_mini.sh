@@ -74,8 +74,8 @@ case "${1:-}" in
 all)
   start "$@"
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
-      P --stage data && stamp drafters && halves drafters d && stamp eval && halves eval,curve e && \
-      stamp tables && P --stage tables > $L/tables.txt 2>&1; $(extras) stamp end" ;;
+      P --stage data && stamp drafters && halves drafters d && { stamp eval; halves eval,curve e; \
+      stamp tables; P --stage tables > $L/tables.txt 2>&1; $(extras) }; stamp end" ;;
 study)
   start "$@"
   runs=$(cd $H/src && python3 -c "from experiments.profiles import get_profile as g

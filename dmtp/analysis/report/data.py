@@ -36,6 +36,7 @@ comparisons are paired by realization, seed and request.
 """
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
