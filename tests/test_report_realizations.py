@@ -9,6 +9,7 @@ import pytest
 from ablations.code import code
 from dmtp.analysis.report import load, render_report, tables
 from dmtp.analysis.report.synthetic import write_synthetic
+from dmtp.cli.report import main as cli
 
 RUNS = ["ar", "mtp", "dflash", "token_only", "fusion", "zero_init_residual", "double_anchor_token_only"]
 # fusion above token_only in r1 and r2, below it in r3; dflash far below the rest in every realization
@@ -120,3 +121,6 @@ def test_one_realization_folder_and_the_flat_layout(tmp_path):
     assert art.left_out == [("r0 (the flat layout)", "experiment differs from r2 in ablation.seeds")]
     alone = load("q/r2", tmp_path, n_boot=100)  # as the pipeline's tables stage renders one realization
     assert [r.name for r in alone.realizations] == ["r2"] and not alone.left_out
+    (tmp_path / "q" / "runs").rename(tmp_path / "q" / "old")  # realization folders only: the CLI renders them
+    cli(["tables", "--profile", "q", "--results", str(tmp_path)])
+    assert (tmp_path / "q" / "tables" / "ablation_humaneval.csv").exists()

@@ -3,6 +3,7 @@
     python -m dmtp.cli.report tables  --profile tiny [--results results]   # results/tiny/tables/*.csv + *.md
     python -m dmtp.cli.report figures --profile tiny [--results results]   # results/tiny/figures/*.png
     python -m dmtp.cli.report report  --profile tiny [--results results]   # both + results/tiny/REPORT.md
+    python -m dmtp.cli.report report  --profile mini     # pools the realizations results/mini/r<k> of one experiment
     python -m dmtp.cli.report demo    --profile demo                       # synthetic artifacts, then the report
     python -m dmtp.cli.report verify  --profile mini [--results results]   # the verification-mode study alone
 
@@ -44,9 +45,10 @@ def run(a):
                                     f"{a.profile} --stage verify` first")
         verify_study.render(root)
         return
-    elif not ((root / "runs").is_dir() or (root / "bench").is_dir()):
+    elif not any((d / "runs").is_dir() or (d / "bench").is_dir() for d in [root, *root.glob("r[0-9]*")]):
         raise FileNotFoundError(f"{root} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
-                                f"bench/*.csv): check --profile {a.profile} and --results {a.results}")
+                                f"bench/*.csv, itself or in realization folders r<k>/): check --profile {a.profile} "
+                                f"and --results {a.results}")
     {"tables": render_tables, "figures": render_figures}.get(a.what, render_report)(a.profile, a.results)
 
 

@@ -55,11 +55,11 @@ from dmtp.schema import from_dict
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
 KEYS = ["experiment", "dataset", "temperature", "mode", "method"]
 MODES = ("natural", "fixed")  # natural: the acceptance tables; fixed: fixed length, end-of-text ignored
-# <dataset>_T<temp>[_fixed][_s<seed>]
 REALIZATION = re.compile(r"^r(?P<k>[0-9]+)$")  # results/<profile>/r<k>
-# experiment.json fields that say how a realization was run, not what it is (dmtp.cli.stages.RUN_CONTROL, the subset
-# a command selected, the realization itself)
+# experiment.json fields that say how a realization was run, not what it is (dmtp.cli.stages.RUN_CONTROL and the
+# subset a command selected)
 RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "fused_ce", "ce_chunk", "only", "only_seeds")
+# <dataset>_T<temp>[_fixed][_s<seed>]
 RUN_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)(?P<fixed>_fixed)?(?:_s(?P<seed>[0-9]+))?$")
 CURVE_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)_s(?P<seed>[0-9]+)_step(?P<step>[0-9]+)$")
 
@@ -111,7 +111,7 @@ class Realization:
 
     @property
     def name(self) -> str:
-        return f"r{self.k}"  # r0: the flat layout
+        return f"r{self.k}"
 
 
 @dataclass
@@ -123,7 +123,7 @@ class Artifacts:
     throughput: pd.DataFrame | None  # bench/throughput.csv of every realization (+ realization), None when absent
     overhead: pd.DataFrame | None  # bench/overhead.csv rows (+ realization; -1: shape timings), None when absent
     curve: pd.DataFrame | None = None  # learning-curve requests (read_curve), None when absent
-    oracle: dict | None = None  # (dataset, temperature) -> oracle ceiling record, pooled (read_oracle)
+    oracle: dict | None = None  # (dataset, temperature) -> oracle ceiling, pooled (read_oracle_pooled)
     subsets: dict | None = None  # derived dataset -> source dataset (experiment.json eval.subsets)
     realizations: list[Realization] = field(default_factory=list)  # the pooled ones, in order
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (realization, why) of those not pooled
@@ -360,7 +360,8 @@ def differences(a, b, prefix: str = "") -> list[str]:
 
 def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[tuple[str, str]]]:
     """(pooled, left out with why): the largest group of realizations with one experiment key (ties: the group
-    holding the newest realization); a realization without experiment.json is pooled only when it is alone."""
+    holding the newest realization); a folder without experiment.json (only the flat layout can lack one) counts as
+    an experiment of its own."""
     keys = {k: experiment_key(json.loads((p / "experiment.json").read_text())) if (p / "experiment.json").exists()
             else None for k, p in found}
     groups: dict[str, list[int]] = {}
@@ -440,14 +441,14 @@ def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> A
     pooled, left_out = match(discover(top))
     for name, why in left_out:
         print(f"[report] realization {name} left out: {why}")
-    first = pooled[-1][1]  # the newest pooled realization: the spec, subsets and out-of-distribution sets
-    spec = read_spec(first)
+    newest = pooled[-1][1]  # the spec, subsets and out-of-distribution sets come from the newest pooled one
+    spec = read_spec(newest)
     runs = pd.concat([read_runs(r).assign(realization=k) for k, r in pooled], ignore_index=True)
     curves = [c.assign(realization=k) for k, r in pooled if (c := read_curve(r)) is not None]
     return Artifacts(top, spec, runs, summarize(runs, n_boot, spec), _bench(pooled, top, "throughput"),
                      _bench(pooled, top, "overhead"), pd.concat(curves, ignore_index=True) if curves else None,
-                     read_oracle_pooled(pooled), read_subsets(first), [provenance(k, r) for k, r in pooled], left_out,
-                     read_ood(first))
+                     read_oracle_pooled(pooled), read_subsets(newest), [provenance(k, r) for k, r in pooled], left_out,
+                     read_ood(newest))
 
 
 def group(art: Artifacts, experiment: str, dataset: str, temperature: float, method: str,

@@ -101,7 +101,8 @@ def scope(art: Artifacts) -> str:
         s = art.natural
         seeds = int(s.n_seeds.max()) if len(s) else 1
         level = (f"seed-level t-tests ({seeds} seeds: a difference must exceed {S.t_quantile(seeds):.2f} standard "
-                 "errors of the seed means)" if seeds > 1 else "request-level tests (one drafter seed)")
+                 "errors of the seed means, more after Holm's correction)" if seeds > 1 else
+                 "request-level tests (one drafter seed)")
         return (f"**1 realization ({names}): rankings are within-realization** — they hold for this target and its "
                 f"on-policy data, and another realization may not reproduce them. Inference: {level} beside the "
                 "bootstrap over seeds and requests.")
@@ -109,7 +110,8 @@ def scope(art: Artifacts) -> str:
             f"the realization-level paired t-test (Holm) and the hierarchical bootstrap both reject, and every "
             f"realization's own difference has the same sign. With {n} realizations the t-test has {n - 1} degree(s) "
             f"of freedom: a difference is resolved only when it exceeds {S.t_quantile(n):.2f} standard errors of the "
-            "realization means, i.e. when it is large and consistent against the spread between realizations; a "
+            "realization means (more after Holm's correction), i.e. when it is large and consistent against the "
+            "spread between realizations; a "
             "difference of the size of that spread cannot be resolved, whatever the seeds and requests show.")
 
 
