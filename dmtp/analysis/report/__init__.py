@@ -59,6 +59,16 @@ def _section(art: Artifacts, title: str, tabs: list[str], figs: list[str]) -> li
     return [f"## {title}", "", *[f"![{p.stem}](figures/{p.name})\n" for p in pngs], *[p.read_text() for p in mds]]
 
 
+def scope(art: Artifacts) -> list[str]:
+    """The hand-written scope of what the folder holds (the first paragraph of results/<profile>/NOTES.md, headed
+    "Scope:"), first: what a reader must know before any number (e.g. a run made with a reduced budget)."""
+    notes = art.root / "NOTES.md"
+    if not notes.exists():
+        return []
+    first = notes.read_text().strip().split("\n\n")[0]
+    return [f"> {line}" for line in first.splitlines()] + [""] if first.startswith("Scope:") else []
+
+
 def how(art: Artifacts) -> list[str]:
     """The short 'how the runs were made': the realizations pooled (folder, commits, devices, dates), those left
     out, and where the history is."""
@@ -95,6 +105,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
            "95 %: [hierarchical bootstrap over realizations, drafter seeds and requests] and t [t-interval over the "
            "top level's units: realizations when there are several, else seeds]." + (
                f" Left out: {', '.join(n for n, _ in art.left_out)} (see the end)." if art.left_out else ""), ""]
+    out += scope(art)
     out += summary.findings(art)
     tp = art.tables / "throughput.md"
     if tp.exists():
