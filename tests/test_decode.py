@@ -170,3 +170,21 @@ def test_generate_and_serve_decode_without_autograd(models, monkeypatch):
         decode.generate(tgt, decode.build_method("ar", tgt), [[5, 7]], 0.0, 3)
         decode.serve(tgt, decode.build_method("ar", tgt), [[5, 7], [4]], 1, 0.0, 3)
     assert len(seen) >= 4 and not any(seen)
+
+
+def test_generate_lets_go_of_its_batch_at_once(models):
+    """A finished `generate` leaves no `Batch` behind for the garbage collector: its caches and CUDA-graph memory go
+    when it returns (a reference cycle once kept every batch of a data stage alive until the device ran out)."""
+    import gc
+
+    from dmtp.engine.decode import Batch
+
+    tgt, mtp = models
+    m = build_method("mtp", tgt, mtp=mtp)
+    gc.collect()
+    gc.disable()
+    try:
+        generate(tgt, m, [[5, 7, 9], [4, 8]], 0.0, 6)
+        assert not [o for o in gc.get_objects() if isinstance(o, Batch)]
+    finally:
+        gc.enable()
