@@ -174,7 +174,8 @@ def test_generate_and_serve_decode_without_autograd(models, monkeypatch):
 
 def test_generate_lets_go_of_its_batch_at_once(models):
     """A finished `generate` leaves no `Batch` behind for the garbage collector: its caches and CUDA-graph memory go
-    when it returns (a reference cycle once kept every batch of a data stage alive until the device ran out)."""
+    when it returns (a reference cycle between a batch and its method copy once kept every batch of a data stage
+    alive until the device ran out)."""
     import gc
 
     from dmtp.engine.decode import Batch
@@ -185,6 +186,26 @@ def test_generate_lets_go_of_its_batch_at_once(models):
     gc.disable()
     try:
         generate(tgt, m, [[5, 7, 9], [4, 8]], 0.0, 6)
+        assert not [o for o in gc.get_objects() if isinstance(o, Batch)]
+    finally:
+        gc.enable()
+
+
+def test_a_closed_server_lets_go_of_its_slots(models):
+    """`Server.close`: the slots go at once, and no admitted newcomer group's `Batch` is left behind for the garbage
+    collector."""
+    import gc
+
+    from dmtp.engine.decode import Batch, Server
+
+    tgt, mtp = models
+    gc.collect()
+    gc.disable()
+    try:
+        srv = Server(tgt, build_method("mtp", tgt, mtp=mtp), 2, 32, max_new_tokens=6)
+        srv.run([[5, 7, 9], [4, 8], [3]])
+        assert any(isinstance(o, Batch) for o in gc.get_objects())
+        srv.close()
         assert not [o for o in gc.get_objects() if isinstance(o, Batch)]
     finally:
         gc.enable()

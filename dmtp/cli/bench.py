@@ -593,6 +593,7 @@ def admission(tgt, methods: dict, prompts: list[list[int]], tokens: int, setup: 
                 srv.run(prompts[g: 2 * g])  # the first admitted group: its prompt pass compiled
                 srv.admit_s, srv.groups = 0.0, 0
                 _, wall = timed(dev, srv.run, prompts[: 4 * g])
+                srv.close()
                 rows.append({"setup": setup, "method": name, "prefill": prefill, "group": g, "groups": srv.groups,
                              "ms_per_group": 1e3 * srv.admit_s / max(srv.groups, 1), "wall_s": wall})
                 print(f"[bench] {setup} admission {name} ({prefill} prompt pass), groups of {g}: "
@@ -790,7 +791,8 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
                     write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
-            del servers  # frees their slots (caches, graphs) before the next cap
+            for srv in servers.values():  # their slots (caches, graphs) go before the next cap
+                srv.close()
     return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup)
 
 

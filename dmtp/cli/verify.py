@@ -85,7 +85,7 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
                           "n_candidates": m.k, "wall_s": round(r.wall_s, 4), "mode": cfg.eval_mode,
                           "stop_reason": r.stop_reason, "batch_cap": cap, "repeat": rep, "dataset": "humaneval"}
                          for p, r in zip(reqs, res)]
-        del srv
+        srv.close()
     return recs, rows
 
 

@@ -36,6 +36,7 @@ import contextlib
 import copy
 import functools
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -419,7 +420,9 @@ class Batch:
         self.graphs = Graphs(use_graphs(target, self.method, self.eng) if graphs is None else graphs)
         self.graphs.persistent(st.lens, st.anchor, st.done, *self.method.buffers())
         self.compile = self.engine == "compiled" and compiles  # stages other than verify, compiled whole
-        self.method.run = self._run
+        run = weakref.WeakMethod(self._run)  # the copy runs its stages through this batch; a weak reference, so the
+        # batch (its caches, its graphs' memory) goes as soon as it is dropped, not at a garbage collection
+        self.method.run = lambda stage, fn, *inputs, updates=(): run()(stage, fn, *inputs, updates=updates)
         # what the host knows: done flags as of some earlier round (pinned copies, read without waiting)
         self.wall: list[float | None] = [None] * B
         self._seen = torch.zeros(B, dtype=torch.bool)
@@ -616,16 +619,11 @@ def generate(target, method: Method, prompts: list[list[int]], temperature: floa
     gen = torch.Generator(device=target.device).manual_seed(seed)
     batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
                   engine=engine, stop=stop, verify=verify)
-    try:
-        while not batch.finished:
-            batch.step()
-            if progress is not None:
-                progress(int(batch.poll().sum()))
-        return batch.results
-    finally:  # the batch's method copy runs its stages through the batch (`run`): without this cycle the batch, its
-        # caches and its graphs' memory go as soon as it is dropped, not at the next garbage collection (a data
-        # stage of 20 batches of 2,048 requests ran out of the H200's memory waiting for it)
-        del batch.method.run
+    while not batch.finished:
+        batch.step()
+        if progress is not None:
+            progress(int(batch.poll().sum()))
+    return batch.results
 
 
 class Server:
@@ -651,6 +649,10 @@ class Server:
         self.gen = torch.Generator(device=target.device).manual_seed(seed)
         self.batch: Batch | None = None
         self.admit_s, self.rounds, self.groups = 0.0, 0, 0
+
+    def close(self):
+        """Let go of the slots (caches, state, CUDA graphs) now, not when the server goes."""
+        self.batch = None
 
     def _new(self, prompts, t0, graphs=None):
         return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,
