@@ -3,7 +3,7 @@
     from ablations.code import code
     code().runs()      # ar, mtp, the main variants, the continued run, the supplementary variants, the backbones
 """
-from dmtp.ablation import AblationSpec
+from dmtp.config import AblationSpec
 
 
 def code(**over) -> AblationSpec:

@@ -1,8 +1,8 @@
-"""The experiment as one typed object: a `Profile` (nested data / model / pretrain / drafter / train / eval configs,
-the verification-mode study, the paper-scale extras) with the `AblationSpec` it runs (dmtp/ablation.py). Named
-profiles are functions deriving from a base in `experiments/profiles.py`; the Code ablation is built by
-`ablations/code.py`. Unknown keys are an error everywhere: in `derive`, in `--set` overrides and in
-`experiment.json`.
+"""The experiment as one typed object: a `Profile` (dmtp/config: data / model / pretrain / drafter / train / eval /
+verify / engine / scale sections and the `AblationSpec` it runs), written to and read back from `experiment.json`,
+and the settings derived from it (`drafter_config`). Named profiles are functions deriving from a base in
+`experiments/profiles.py`; the Code ablation is built by `ablations/code.py`. Unknown keys are an error everywhere:
+in `derive`, in `--set` overrides and in `experiment.json`. No torch: the report reads the experiment back.
 
     from experiments.profiles import get_profile          # (orchestration code; the library never imports it)
     p = dmtp.schema.override(get_profile("tiny"), ["train.steps=10", "ablation.only=ar,dflash"])
@@ -12,220 +12,20 @@ profiles are functions deriving from a base in `experiments/profiles.py`; the Co
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-import torch
-
-from dmtp.ablation import AblationSpec
-from dmtp.checks import at_least, check, each, number, one_of, require, sampling_temperature, temperature
-from dmtp.config import EngineConfig
-from dmtp.engine.verify import MODES as VERIFY_MODES
+from dmtp.config import Profile
 from dmtp.io import read_json, write_text
-from dmtp.models.drafter import BACKBONES, default_target_layer_ids
-from dmtp.models.variants import get_variant
 from dmtp.schema import from_dict
-from dmtp.training.drafters import TrainConfig
-from dmtp.training.pretrain import PretrainConfig, TargetArch
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision names used everywhere
-EVAL_MODES = ("natural", "fixed")  # natural: stop at EOS (HumanEval: its stop strings); fixed: a fixed length
-OOD_SETS = ("pytests",)  # out-of-distribution sets: module-level test functions of the corpus's train split
-# (`code_prompts(tests=True)`): the target is pretrained on them, the drafters' on-policy prompts never hold them
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}")
-    return DTYPES[name]
-
-
-@dataclass
-class DataConfig:
-    """The embedded default's corpus, tokenizer and on-policy drafter data."""
-    corpus_bytes: int = 8_000_000  # Python source collected from the interpreter's stdlib + site-packages
-    tokenizer_bytes: int = 8_000_000  # text used to train the tokenizer
-    vocab_size: int = 4096  # byte-level BPE vocabulary (incl. <|endoftext|> and <|mask|>)
-    prompts: int = 256  # on-policy prompts cut from the corpus
-    prompt_tokens: int = 96  # prompt budget in tokens
-    new_tokens: int = 128  # tokens the target generates per prompt (the drafters' training data)
-    temperature: float = 0.8  # sampling temperature of the on-policy responses
-    batch: int = 64  # prompts per generation batch
-    prompts_per_doc: int = 2  # at most this many prompts (functions) cut from one corpus file
-
-    def __post_init__(self):  # vocab_size >= 258: the byte-level BPE holds the 256 bytes, <|endoftext|>, <|mask|>
-        check(self, corpus_bytes=at_least(1), tokenizer_bytes=at_least(1), vocab_size=at_least(258),
-              prompts=at_least(1), prompt_tokens=at_least(1), new_tokens=at_least(1), temperature=temperature,
-              batch=at_least(1), prompts_per_doc=at_least(1))
-
-
-@dataclass
-class ModelConfig:
-    """The target (+ native MTP head): its shape and precisions."""
-    arch: TargetArch = field(default_factory=TargetArch)  # the embedded target's shape
-    checkpoint_dtype: str = "fp32"  # precision the pretrained target + MTP checkpoint is saved in (the precision it
-    # decodes in, for on-policy data and evaluation, is `engine.dtype`)
-
-    def __post_init__(self):
-        check(self, checkpoint_dtype=one_of(*DTYPES))
-
-
-@dataclass
-class DrafterShape:
-    """Every drafter of the profile (widths not listed here are the target's)."""
-    layers: int = 1  # drafter depth (blog: 5 on a 64-layer target)
-    heads: int = 4  # attention heads
-    kv_heads: int = 2  # key/value heads
-    intermediate: int = 384  # FFN width
-    head_dim: int = 0  # attention head size; 0: the target's
-    block_size: int = 8  # DFlash block: 7 candidates + the anchor
-    window: int = 4096  # context positions visible before the anchor (SPEC 3.3)
-    rope_theta: float = 1_000_000.0  # RoPE base of the drafter's positions; 0: the target's
-    mask_token_id: int = -1  # token whose target embedding fills MASK slots; -1: the tokenizer's <|mask|>
-    variants: dict[str, dict] = field(default_factory=dict)  # variant -> its own settings (fields of its Config)
-
-    def __post_init__(self):
-        check(self, layers=at_least(1), heads=at_least(1), kv_heads=at_least(1), intermediate=at_least(1),
-              head_dim=at_least(0), block_size=at_least(2), window=at_least(0), rope_theta=number(0),
-              mask_token_id=at_least(-1))
-        require(self.heads % self.kv_heads == 0, f"drafter.heads={self.heads} is not a multiple of "
-                f"drafter.kv_heads={self.kv_heads}")
-        for v, settings in self.variants.items():
-            get_variant(v).make_config(settings)  # an unknown variant or setting fails here
-
-
-@dataclass
-class EvalConfig:
-    """What every run is evaluated on."""
-    sets: dict[str, int] = field(default_factory=lambda: {"humaneval": 164})  # dataset -> #prompts (the first n)
-    all_methods_on: tuple[str, ...] = ("humaneval",)  # every run here; ablation.main_table runs everywhere
-    # views written from a run's first n records (same prompts, same batch): name -> (dataset, n)
-    subsets: dict[str, tuple[str, int]] = field(default_factory=lambda: {"humaneval8": ("humaneval", 8)})
-    temperatures: tuple[float, ...] = (0.0, 1.0)  # sampling temperatures (0: greedy)
-    modes: tuple[str, ...] = ("natural",)  # EVAL_MODES: natural (every run, every seed: the acceptance tables),
-    # fixed (the runs of ablation.main_table, first seed: the blog's fixed-length throughput setting)
-    stops: tuple[str, ...] = ("humaneval",)  # natural mode's stop strings; "humaneval": its standard five
-    new_tokens: int = 128  # generated tokens per request (at most)
-    batch: int = 32  # requests per decode batch
-    mtp_steps: int = 4  # MTP415 baseline: 4 chained steps, 4 candidates
-    ood: dict[str, int] = field(default_factory=dict)  # out-of-distribution set (OOD_SETS) -> #prompts: decoded
-    # for `ood_runs` only, at T = 0, natural mode (the stop strings of `stops`), the first drafter seed
-    ood_runs: tuple[str, ...] = ()  # the runs of the ablation decoded on the `ood` sets
-
-    def __post_init__(self):
-        check(self, temperatures=each(temperature), new_tokens=at_least(1), batch=at_least(1), mtp_steps=at_least(1),
-              modes=each(one_of(*EVAL_MODES)))
-        for ds, n in self.ood.items():
-            require(ds in OOD_SETS and ds not in self.sets and isinstance(n, int) and not isinstance(n, bool)
-                    and n >= 1, f"eval.ood={self.ood}: expected a set of {list(OOD_SETS)} (not in eval.sets) -> "
-                    "number of prompts >= 1")
-        require(all(isinstance(r, str) and r for r in self.ood_runs) and (self.ood_runs or not self.ood),
-                f"eval.ood_runs={list(self.ood_runs)}: expected run names (at least one when eval.ood names a set)")
-        require(all(isinstance(x, str) and x for x in self.stops),
-                f"eval.stops={list(self.stops)}: expected non-empty stop strings (or 'humaneval')")
-        for ds, n in self.sets.items():
-            require(isinstance(n, int) and not isinstance(n, bool) and n >= 1,
-                    f"eval.sets={self.sets}: expected dataset name -> number of prompts >= 1")
-        for name, (src, n) in self.subsets.items():
-            require(src in self.sets and 1 <= n <= self.sets[src],
-                    f"eval.subsets[{name!r}]={[src, n]}: expected [dataset of eval.sets, n <= its prompts]")
-
-
-@dataclass
-class VerifyConfig:
-    """The verification-mode study (`dmtp pipeline --stage verify`, opt-in; dmtp/cli/verify.py): every method x verify
-    mode x temperature on HumanEval, decoded with dynamic batching at each batch cap."""
-    methods: tuple[str, ...] = ("ar", "mtp", "dflash", "fusion", "zero_init_residual")  # runs of the ablation
-    modes: tuple[str, ...] = VERIFY_MODES  # verify modes (dmtp/engine/verify.py): target | sample | block
-    temperatures: tuple[float, ...] = (0.6, 1.0)  # sampling temperatures (> 0: at 0 every mode is greedy)
-    caps: tuple[int, ...] = (1, 32)  # batch caps timed with dynamic batching; the largest cap's records give acceptance
-    prompts: int = 164  # HumanEval prompts decoded at the largest cap
-    small_cap_prompts: int = 16  # the first prompts timed at the other caps (batch 1 over 164 prompts: minutes)
-    repeats: int = 2  # timed runs per cap after the warm-up run; each draws fresh samples
-    max_new_tokens: int = 256  # generated tokens per request (at most)
-    eval_mode: str = "natural"  # EVAL_MODES: natural = end-of-text or one of `eval.stops` ends a request (the eval
-    # stage's protocol); fixed = every request decodes exactly max_new_tokens
-    seed: int = 0  # the servers' generator seed
-
-    def __post_init__(self):
-        check(self, methods=each((lambda v: isinstance(v, str) and v != "", "a run name")),
-              modes=each(one_of(*VERIFY_MODES)), temperatures=each(sampling_temperature), caps=each(at_least(1)),
-              prompts=at_least(1), small_cap_prompts=at_least(1), repeats=at_least(1), max_new_tokens=at_least(1),
-              eval_mode=one_of(*EVAL_MODES), seed=at_least(0))
-        for key in ("methods", "modes", "temperatures", "caps"):
-            v = getattr(self, key)
-            require(len(set(v)) == len(v), f"verify.{key}={list(v)}: named twice")
-
-
-@dataclass
-class PaperScale:
-    """Paper-scale settings: an external target checkpoint instead of the embedded default (empty for tiny/mini)."""
-    target_env: str = ""  # env var holding the target checkpoint path (`--target` overrides)
-    target_config: dict = field(default_factory=dict)  # the target's HF text config (what `dmtp dryrun` builds)
-    assumptions: tuple[str, ...] = ()  # target_config keys NOT stated by the model card (guesses; checked on load)
-    max_seq_len: int = 2048  # training sequences are cut here (open reproduction: dynamic length up to 2K)
-    global_batch: int = 128  # sequences per optimizer step over all GPUs (per-GPU batch x GPUs x accumulation)
-    epochs: int = 3  # passes over the on-policy training set
-    train_set: str = "openperfectblend"  # training prompts; responses regenerated on-policy by the target
-    train_prompts: int = 0  # prompts in train_set (sets train.steps = ceil(epochs * n / global_batch))
-
-
-@dataclass
-class Profile:
-    name: str  # the folder under work/ and results/
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # target + MTP pretraining
-    drafter: DrafterShape = field(default_factory=DrafterShape)
-    train: TrainConfig = field(default_factory=TrainConfig)  # drafter training (every run of the ablation)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    ablation: AblationSpec = field(default_factory=AblationSpec)  # the runs and how they are reported
-    verify: VerifyConfig = field(default_factory=VerifyConfig)  # the verification-mode study (`--stage verify`)
-    engine: EngineConfig = field(default_factory=EngineConfig)  # how every decode runs (data, eval, verify, bench)
-    scale: PaperScale = field(default_factory=PaperScale)  # paper-scale target/training (empty: embedded)
-    realization: int = 0  # an independent replication of the whole experiment: k >= 1 shifts the target's, the
-    # on-policy data's and every drafter's seed by 1000 k (`stream`) and lives in <work|results>/<name>/r<k>; 0: the
-    # profile's own seeds, <work|results>/<name> (the report pools the realizations r1, r2, ... of one experiment)
-
-    def __post_init__(self):
-        check(self, realization=at_least(0))
-        check_profile(self)
-
-    def stream(self, seed: int) -> int:
-        """`seed` in this realization's stream of seeds."""
-        return seed + 1000 * self.realization
-
-    @property
-    def folder(self) -> str:
-        """Where this realization lives under work/ and results/: <name> or <name>/r<k>."""
-        return self.name if not self.realization else f"{self.name}/r{self.realization}"
-
-
-def check_profile(p: Profile) -> None:
-    """Rules across sections (each section checks its own fields): the ablation's variants and backbones exist,
-    the embedded target fits its pretraining sequences and has the layers the drafter taps."""
-    a = p.ablation
-    for v in a.variants + tuple(v for v, _ in a.continued.values()) + tuple(v for v, _ in a.backbones.values()):
-        get_variant(v)  # an unknown variant fails here, naming the known ones
-    bad = [r for r in p.eval.ood_runs if r not in a.runs()]
-    require(not bad, f"eval.ood_runs: {bad} are not runs of ablation {a.name!r}")
-    for run, (_, bb) in a.backbones.items():
-        require(bb in BACKBONES, f"ablation.backbones[{run!r}]: unknown backbone {bb!r}; known: {', '.join(BACKBONES)}")
-    arch = p.model.arch
-    require(p.pretrain.seq_len <= arch.max_position_embeddings, f"pretrain.seq_len={p.pretrain.seq_len} exceeds "
-            f"model.arch.max_position_embeddings={arch.max_position_embeddings}")
-    if not p.scale.target_config:  # the embedded target: the drafter taps must exist
-        taps = default_target_layer_ids(arch.num_hidden_layers, p.drafter.layers)
-        require(max(taps) < arch.num_hidden_layers - 1 and min(taps) >= 0, f"drafter.layers={p.drafter.layers} "
-                f"taps target layers {taps}: expected layers below the last of model.arch.num_hidden_layers="
-                f"{arch.num_hidden_layers}")
 
 
 # --- experiment.json --------------------------------------------------------------------------------------------
 def write_experiment(path: str | Path, p: Profile) -> Path:
-    """The resolved experiment (profile with every override applied) as JSON; the report reads it back. The seeds one
-    invocation works on (`ablation.only_seeds`: work split between processes) are not part of it."""
-    p = replace(p, ablation=replace(p.ablation, only_seeds=()))
+    """The resolved experiment (profile with every override applied, the verify study's runs named: `Profile.study`)
+    as JSON; the report reads it back. The seeds one invocation works on (`ablation.only_seeds`: work split between
+    processes) are not part of it."""
+    p = replace(p, ablation=replace(p.ablation, only_seeds=()), verify=p.study)
     write_text(path, json.dumps(asdict(p), indent=2) + "\n")
     return Path(path)
 

@@ -4,7 +4,7 @@ teacher-forced on the same trajectory?
 At T = 0 decoding is lossless, so every method walks the target's greedy trajectory. Along it, the drafter's first
 predicting slot at anchor a (position-1 candidate) is accepted iff its argmax equals the trajectory's token: the
 teacher-forced accuracy of slot 1 over the anchors a decode visits must equal the decoded first-token acceptance.
-This script measures both, for every decode engine available (`hf`: the HF modules with dense masks; `flex`:
+This script measures both, for every decode engine available (`hf`: the HF modules with dense masks; `fast-eager`:
 `fast.py` uncompiled; `compiled`: `fast.py` compiled under CUDA graphs), plus the teacher-forced accuracy of every
 slot (what an engine would accept position by position if the earlier slots were right).
 
@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 from dmtp.cli.pipeline import Ctx, drafters_dir
+from dmtp.config import ENGINES
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
-from dmtp.engine.decode import ENGINES, load_method
+from dmtp.engine.methods import load_method
 from dmtp.engine.runner import run_generate
 from dmtp.training.drafters import block_inputs, extract
 
@@ -81,9 +82,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--engines", default=None, help="decode engines to compare (default: hf,flex on CPU; hf,compiled,"
-                    "compiled+fast on CUDA: `compiled` keeps the drafter on the HF drafter path, `+fast` is the "
-                    "compiled drafter), each on the profile's other engine settings")
+    ap.add_argument("--engines", default=None, help="decode engines to compare (default: hf,fast-eager on CPU; "
+                    "hf,compiled,compiled+fast on CUDA: `compiled` keeps the drafter on the HF drafter path, `+fast` "
+                    "is the compiled drafter), each on the profile's other engine settings")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     a.set, a.force = [], False
@@ -94,7 +95,7 @@ def main():
     plens = {r["id"]: len(r["prompt_ids"]) for r in rows}
     report = {}
     cuda = tgt.device.type == "cuda"
-    engines = (a.engines or ("hf,compiled,compiled+fast" if cuda else "hf,flex")).split(",")
+    engines = (a.engines or ("hf,compiled,compiled+fast" if cuda else "hf,fast-eager")).split(",")
     bad = [e for e in engines if e.removesuffix("+fast") not in ENGINES]
     if bad:
         raise SystemExit(f"unknown engine(s) {bad}; known: {', '.join(ENGINES)} (+fast: the compiled drafter)")

@@ -1,20 +1,20 @@
 """Named profiles: functions deriving from `base()` by overriding fields (`dmtp.schema.derive`: a dict merges
-into the base's section, unknown keys fail). The schema, with a comment per field, is `dmtp/experiment.py`.
+into the base's section, unknown keys fail). The schema, with a comment per field, is `dmtp/config/`.
 
     dmtp pipeline --profile tiny     # 2-core CPU, <= 15 min
     dmtp pipeline --profile mini     # one H200, ~15-20 min (two device commands: `--stage target`, then the rest)
     dmtp pipeline --profile smoke    # CI: the same stages, seconds
     dmtp dryrun --profile qwen3.6-27b  # paper scale: target (config only), MTP head, every drafter on the meta device
+    python -m experiments.profiles mini folder realization=2   # a field the run scripts ask for (`ANSWERS`)
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
 from ablations.code import code
-from dmtp.experiment import PaperScale, Profile
-from dmtp.schema import derive
-from dmtp.training.drafters import TrainConfig
-from dmtp.training.pretrain import PretrainConfig, TargetArch
+from dmtp.config import PaperScale, PretrainConfig, Profile, TargetArch, TrainConfig
+from dmtp.schema import derive, override
 
 
 def base() -> Profile:
@@ -170,3 +170,26 @@ def qwen3_6_35b_a3b() -> Profile:
 
 
 PROFILES.update({"qwen3.6-27b": qwen3_6_27b, "qwen3.6-35b-a3b": qwen3_6_35b_a3b})
+
+
+# --- what the run scripts ask of a profile ---------------------------------------------------------------------------
+ANSWERS = {
+    "folder": lambda p: p.folder,  # where its realization lives under work/ and results/: <name> or <name>/r<k>
+    "seeds": lambda p: f"{p.ablation.seeds[0]} {','.join(map(str, p.ablation.seeds[1:]))}",  # first, then the others
+    "study-runs": lambda p: ",".join(m for m in p.study.methods if m not in p.ablation.baselines),  # their drafters
+}
+
+
+def main(argv=None):
+    """python -m experiments.profiles mini folder realization=2   # mini/r2: the answer for the profile with the
+    --set assignments that follow"""
+    ap = argparse.ArgumentParser(prog="python -m experiments.profiles", description=main.__doc__)
+    ap.add_argument("profile", choices=list(PROFILES))
+    ap.add_argument("what", choices=list(ANSWERS))
+    ap.add_argument("sets", nargs="*", metavar="KEY=VALUE", help="--set assignments, as the pipeline takes them")
+    a = ap.parse_args(argv)
+    print(ANSWERS[a.what](override(get_profile(a.profile), a.sets)))
+
+
+if __name__ == "__main__":
+    main()

@@ -4,10 +4,10 @@ import random
 import pytest
 import torch
 
-from dmtp.engine.decode import Method
+from dmtp.engine.methods import Method
 from dmtp.models import tiny
-from dmtp.models.drafter import Drafter, DrafterConfig
-from dmtp.models.variants import get_variant
+
+make_drafter = tiny.drafter  # a small random drafter of a variant (every test's)
 
 # two intra-op threads, or OMP_NUM_THREADS (=1 runs every reduction in another order: tolerances must hold for both)
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -21,22 +21,6 @@ def arch(request):
 @pytest.fixture(scope="session")
 def models(arch):
     return tiny.build(arch, seed=0)
-
-
-def make_drafter(tgt, variant, layers=2, seed=1, **kw):
-    torch.manual_seed(seed)
-    if "rank" in get_variant(variant).settings({}):  # the low-rank variants: r = 8
-        kw = {"variant_config": {"rank": 8}, **kw}
-    c = DrafterConfig(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                      num_target_layers=tgt.num_layers, variant=variant, mask_token_id=2, **kw)
-    d = Drafter(c)
-    # give zero-initialised injection weights some value so every path is exercised
-    with torch.no_grad():
-        for n, p in d.injection.named_parameters():
-            if p.dim() >= 2 and p.abs().sum() == 0:
-                p.normal_(0, 0.05)
-    return d.eval()
 
 
 def compiled_graphs(fn) -> int:

@@ -2,8 +2,9 @@
 import pytest
 from conftest import make_drafter
 
-from dmtp.cli.bench import StageTimer
-from dmtp.engine.decode import build_method, generate
+from dmtp.cli.bench.common import StageTimer
+from dmtp.engine.decode import generate
+from dmtp.engine.methods import build_method
 
 
 def test_stage_timer_covers_every_stage(models):
@@ -65,12 +66,12 @@ def test_ratios_recomputed_from_throughput_csv(tmp_path):
 
 def test_batch1_baselines_and_regeneration(models):
     """The side-by-side rows (engine, the loop on the HF layers, HF's static-cache and plain generate) and the
-    regeneration row, as typed ratio records, on CPU (the uncompiled flex engine stands in for the compiled one)."""
-    from dmtp.cli.bench import batch1_baselines, regeneration, regeneration_ratio
+    regeneration row, as typed ratio records, on CPU (the fast-eager engine stands in for the compiled one)."""
+    from dmtp.cli.bench.baselines import batch1_baselines, regeneration, regeneration_ratio
 
     tgt, _ = models
-    rows, ratios = batch1_baselines(tgt, [5, 7, 9], 6, 4.3e12, "tiny", engines=("flex", "hf"), repeats=3)
-    assert [r["system"] for r in rows] == ["engine-flex", "engine-hf", "hf-static", "hf-loop"]
+    rows, ratios = batch1_baselines(tgt, [5, 7, 9], 6, 4.3e12, "tiny", engines=("fast-eager", "hf"), repeats=3)
+    assert [r["system"] for r in rows] == ["engine-fast-eager", "engine-hf", "hf-static", "hf-loop"]
     assert all(r["tokens"] == 6 and r["identical_to_engine_hf"] for r in rows)
     assert all(r["repeats"] == 3 and r["tok_per_s_min"] <= r["tok_per_s"] <= r["tok_per_s_max"] for r in rows)
     assert all("3 repeats" in r.note for r in ratios if r.name != "AR tok/s / HBM bound")
@@ -86,7 +87,7 @@ def test_batch1_baselines_and_regeneration(models):
 
 
 def test_spread_and_median_of_repeats():
-    from dmtp.cli.bench import median, spread
+    from dmtp.cli.bench.common import median, spread
 
     assert spread([2.0]) == "2.000" and spread([3.0, 1.0, 2.0]) == "2.000 [1.000, 3.000]"
     assert spread([1.0, 4.0]) == "2.500 [1.000, 4.000]" and median([1.0, 4.0, 2.0, 3.0]) == 2.5
@@ -97,7 +98,7 @@ def test_overhead_rows_merge_by_setup(tmp_path):
     mini-shape); the round goal is 1.10 on the mini shape, 1.04 elsewhere."""
     import pandas as pd
 
-    from dmtp.cli.bench import merge_overhead, round_goal
+    from dmtp.cli.bench.common import merge_overhead, round_goal
 
     path = tmp_path / "overhead.csv"
     row = {"stage": "round", "ms_per_round": 1.0, "batch": 8, "rounds": 8, "device": "cpu"}
@@ -114,22 +115,22 @@ def test_overhead_rows_merge_by_setup(tmp_path):
 
 def test_kernel_sweep_times_both_kernels_at_each_context(models):
     """kernels.csv rows: one per (context, kernel), the same tokens decoded; one dense / flex record per context; a
-    context longer than the target's positions is refused by name (on CPU the uncompiled flex engine stands in)."""
-    from dmtp.cli.bench import kernel_sweep
+    context longer than the target's positions is refused by name (on CPU the fast-eager engine stands in)."""
+    from dmtp.cli.bench.baselines import kernel_sweep
 
     tgt, _ = models
-    rows, ratios = kernel_sweep(tgt, [16, 40], 6, "tiny", engine="flex", low=2)
+    rows, ratios = kernel_sweep(tgt, [16, 40], 6, "tiny", engine="fast-eager", low=2)
     assert [(r["context"], r["kernel"]) for r in rows] == [(16, "flex"), (16, "dense"), (40, "flex"), (40, "dense")]
     assert all(r["tokens"] == 6 and r["tok_per_s"] > 0 and r["capacity"] >= r["context"] for r in rows)
     assert [r.name for r in ratios] == ["AR dense / flex attention, context 16", "AR dense / flex attention, context 40"]
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        kernel_sweep(tgt, [tgt.config.max_position_embeddings + 1], 6, "tiny", engine="flex", low=2)
+        kernel_sweep(tgt, [tgt.config.max_position_embeddings + 1], 6, "tiny", engine="fast-eager", low=2)
 
 
 def test_round_floor_adds_the_mtp_head_and_lm_head_reads(models):
     """The floor of DMTP round / DFlash round: the MTP head's and the LM head's weight bytes read once per round at the
     given bandwidth, added to DFlash's round; an untied target's LM head counts in full (its own matrix)."""
-    from dmtp.cli.bench import round_floor, t1_bytes_per_round
+    from dmtp.cli.bench.common import round_floor, t1_bytes_per_round
 
     tgt, mtp = models
     head = tgt.model.lm_head.weight
@@ -145,7 +146,7 @@ def test_engine_setting_labels():
     """Engine labels name configs derived from the default: "+dense" the dense attention kernel, "+gw" the K/V write
     inside the graphs (else outside them), "+tuned" Inductor's autotuned kernels; `label_of` reads a config back; an
     unknown option is named."""
-    from dmtp.cli.bench import engine_setting, label_of
+    from dmtp.cli.bench.common import engine_setting, label_of
     from dmtp.config import EngineConfig
 
     e = engine_setting("compiled+dense+gw")
@@ -162,7 +163,7 @@ def test_engine_setting_labels():
 def test_b1_engines_add_the_tuned_labels():
     from argparse import Namespace
 
-    from dmtp.cli.bench import B1_ENGINES, b1_engines
+    from dmtp.cli.bench.common import B1_ENGINES, b1_engines
 
     assert b1_engines(Namespace(tuned=False)) == B1_ENGINES
     got = b1_engines(Namespace(tuned=True))

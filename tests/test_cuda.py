@@ -12,7 +12,8 @@ from conftest import compiled_graphs, make_drafter
 
 from ablations.code import code
 from dmtp.config import EngineConfig
-from dmtp.engine.decode import Batch, Server, build_method, generate, serve
+from dmtp.engine.decode import Batch, Server, generate, serve
+from dmtp.engine.methods import build_method, method_class
 from dmtp.models import fast, tiny
 from dmtp.models.attention import flex_mask
 from dmtp.training.drafters import (
@@ -45,7 +46,7 @@ def gpu_models(request):
 
 
 def method(name, tgt, mtp, **kw):
-    if name in ("ar", "mtp"):
+    if not method_class(name).needs_drafter:
         return build_method(name, tgt, mtp=mtp)
     variant, backbone = {"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")}.get(
         name, (name, "dflash"))
@@ -66,7 +67,7 @@ def test_graphed_rounds_are_lossless(gpu_models, name):
     m = method(name, tgt, mtp)
     b = Batch(tgt, m, PROMPTS, 0.0, 4, set(), None)
     drafter = getattr(m, "drafter", None)  # DFlash drafters compile only where fast.drafter_problem allows
-    assert b.engine == "compiled" and b.cache.flex
+    assert b.engine == "compiled" and b.cache.fast
     assert b.compile == (drafter is None or fast.drafter_problem(drafter) is None) and b.compile == m.compiles(b.eng)
     res = generate(tgt, m, PROMPTS, 0.0, 37)
     assert [r.output_ids for r in res] == ref
@@ -449,7 +450,7 @@ def test_fast_drafter_proposes_what_hf_proposes(gpu_models, name):
     switches it off) against the HF drafter path, round by round on the same greedy trajectory: the same drafts. On the trained
     mini drafters the compiled drafter once proposed other drafts (DFlash first-token acceptance 0.21 vs 0.86, LOG.md
     2026-12-01) while the outputs stayed lossless; this is the check that keeps it the default."""
-    from dmtp.engine.decode import DrafterMethod
+    from dmtp.engine.methods import DrafterMethod
 
     tgt, mtp = gpu_models
     logs = {}

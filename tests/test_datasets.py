@@ -152,7 +152,7 @@ def test_env_var_and_clear_offline_error(files, tok, tmp_path, monkeypatch):
 def test_mtbench_two_turns_through_the_decode_loop(files, tok, tmp_path):
     """Turn 2 is prompted with template(q1, the model's own answer 1, q2); records carry `turn`; CLI path too."""
     from dmtp.cli.main import main
-    from dmtp.engine.decode import build_method
+    from dmtp.engine.methods import build_method
     from dmtp.engine.runner import mtbench_generate
     from dmtp.io import read_jsonl
     from dmtp.models import tiny

@@ -3,7 +3,9 @@ import pytest
 import torch
 from conftest import Oracle, hf_greedy, make_drafter
 
-from dmtp.engine.decode import build_method, generate, serve
+from dmtp.engine import methods
+from dmtp.engine.decode import generate, serve
+from dmtp.engine.methods import AR, DrafterMethod, MTPMethod, build_method, load_method, method_class
 from dmtp.models.variants import NAMES
 
 METHODS = ["ar", "mtp"] + NAMES
@@ -11,7 +13,7 @@ PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
 
 
 def method_for(name, tgt, mtp, k=4):
-    d = make_drafter(tgt, name) if name not in ("ar", "mtp") else None
+    d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
     return build_method(name, tgt, drafter=d, mtp=mtp, mtp_steps=k)
 
 
@@ -127,6 +129,22 @@ def test_unknown_method_and_missing_pieces(models):
         build_method("fusion", tgt, drafter=make_drafter(tgt, "dflash"), mtp=mtp)
 
 
+def test_methods_declare_what_they_need(models, tmp_path):
+    """`ar` and `mtp` sit in the registry beside the variants: a caller asks a method's class what it needs (a drafter
+    checkpoint, the MTP head, the step count) instead of comparing names; a method is complete when built."""
+    tgt, mtp = models
+    assert sorted(methods.METHODS) == ["ar", "mtp"] and method_class("zero_init_residual_from_dflash") is DrafterMethod
+    assert (AR.needs_drafter, AR.needs_mtp(), AR.uses_mtp_steps) == (False, False, False)
+    assert (MTPMethod.needs_drafter, MTPMethod.needs_mtp(), MTPMethod.uses_mtp_steps) == (False, True, True)
+    d, f = make_drafter(tgt, "dflash"), make_drafter(tgt, "fusion")
+    assert DrafterMethod.needs_drafter and not DrafterMethod.needs_mtp(d) and DrafterMethod.needs_mtp(f)
+    assert build_method("ar", tgt).k == 0 and build_method("mtp", tgt, mtp=mtp, mtp_steps=3).k == 3
+    f.save(tmp_path / "fusion_run" / "drafter")
+    m = load_method("fusion_run", tgt, mtp, tmp_path)  # a run's folder name; its checkpoint names the variant
+    assert (type(m), m.name, m.var.name, m.k) == (DrafterMethod, "fusion_run", "fusion", 7)
+    assert build_method("dflash", tgt, drafter=d, label="dflash+screen").name == "dflash+screen"
+
+
 @pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual", "context_fusion"])
 def test_dynamic_batching_is_lossless(models, name):
     """serve(): at most `cap` requests in flight, newcomers prefilled and moved into freed slots mid-flight."""
@@ -167,8 +185,8 @@ def test_generate_and_serve_decode_without_autograd(models, monkeypatch):
         return step(self)
     monkeypatch.setattr(decode.Batch, "step", spy)
     with torch.enable_grad():
-        decode.generate(tgt, decode.build_method("ar", tgt), [[5, 7]], 0.0, 3)
-        decode.serve(tgt, decode.build_method("ar", tgt), [[5, 7], [4]], 1, 0.0, 3)
+        decode.generate(tgt, AR(), [[5, 7]], 0.0, 3)
+        decode.serve(tgt, AR(), [[5, 7], [4]], 1, 0.0, 3)
     assert len(seen) >= 4 and not any(seen)
 
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from conftest import hf_greedy, make_drafter
 from public_dflash import PublicDrafter, suite_block, write_public
 
-from dmtp.engine.decode import Batch, build_method
+from dmtp.engine.decode import Batch
+from dmtp.engine.methods import build_method
 from dmtp.models.dflash2 import DynamicConv, Selector, is_dflash2, selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.training.drafters import drafter_loss, extract, new_drafters, sample_anchors

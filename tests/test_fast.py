@@ -7,7 +7,8 @@ import torch
 from conftest import Oracle, hf_greedy, make_drafter
 
 from dmtp.config import EngineConfig
-from dmtp.engine.decode import Batch, build_method, engine_for, generate
+from dmtp.engine.decode import Batch, engine_for, generate
+from dmtp.engine.methods import build_method, method_class
 from dmtp.models import fast, tiny
 from dmtp.models.cache import KVCache
 
@@ -17,7 +18,7 @@ PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90]]
 def _prefilled(tgt, B=3, T=9, cap=128):
     ids = torch.randint(3, tgt.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
     plen = torch.tensor([T, 4, 7][:B])
-    cache = KVCache(B, cap, flex=True)
+    cache = KVCache(B, cap, fast=True)
     tgt.forward(ids, torch.arange(T)[None].expand(B, T), cache, lengths=plen, logits_at=plen - 1)
     return cache, plen
 
@@ -48,7 +49,7 @@ def _mtp_and_drafter_forwards_equal_hf(models, variant, eng):
     tgt, mtp = models
     B, cap, H = 2, 128, tgt.hidden_size
     g = torch.Generator().manual_seed(2)
-    mc, mref = KVCache(B, cap, flex=True), KVCache(B, cap)
+    mc, mref = KVCache(B, cap, fast=True), KVCache(B, cap)
     emb, hid = torch.randn(B, 9, H, generator=g), torch.randn(B, 9, H, generator=g)
     pre = torch.arange(6)[None].expand(B, 6)
     for c in (mc, mref):
@@ -60,7 +61,7 @@ def _mtp_and_drafter_forwards_equal_hf(models, variant, eng):
     d = make_drafter(tgt, variant)
     d.config.window = 5  # the window cuts into the context
     lay = d.layout
-    ctx = KVCache(B, cap, flex=True)
+    ctx = KVCache(B, cap, fast=True)
     f = torch.randn(B, 40, H, generator=g)
     ctx.write_pos = torch.arange(40)[None].expand(B, 40)
     for i, (k, v) in enumerate(d.context_kv(f, ctx.write_pos)):
@@ -81,17 +82,17 @@ def qwen35():
 @pytest.mark.parametrize("name", ["mtp", "zero_init_residual", "t1_residual"])
 def test_flex_engine_is_lossless_with_many_accepts(qwen35, name):
     """The oracle makes rounds accept 0..k candidates: rollbacks, block rows in the drafter's context cache (double-
-    and single-anchor blocks), MTP rows; without it the flex engine accepts exactly what the HF engine accepts."""
+    and single-anchor blocks), MTP rows; without it the fast-eager engine accepts exactly what the HF engine accepts."""
     tgt, mtp = qwen35
     truth = [hf_greedy(tgt, p, 16) for p in PROMPTS]
     d = make_drafter(tgt, name) if name != "mtp" else None
     inner = build_method(name, tgt, drafter=d, mtp=mtp)
-    res = generate(tgt, Oracle(inner, truth), PROMPTS, 0.0, 16, engine="flex")
+    res = generate(tgt, Oracle(inner, truth), PROMPTS, 0.0, 16, engine="fast-eager")
     assert [r.output_ids for r in res] == truth
     assert len({a for r in res for a in r.accepted}) >= 3
-    got = generate(tgt, inner, PROMPTS, 0.0, 16, engine="flex")
+    got = generate(tgt, inner, PROMPTS, 0.0, 16, engine="fast-eager")
     assert [r.accepted for r in got] == [r.accepted for r in generate(tgt, inner, PROMPTS, 0.0, 16, engine="hf")]
-    dense = EngineConfig(engine="flex", attention="dense")
+    dense = EngineConfig(engine="fast-eager", attention="dense")
     assert [r.output_ids for r in generate(tgt, Oracle(inner, truth), PROMPTS, 0.0, 16, engine=dense)] == truth
 
 
@@ -130,11 +131,11 @@ def test_unsupported_models_stay_on_hf():
     assert engine_for(tgt, "compiled") == "hf"
     dense, dmtp = tiny.build("qwen3", seed=0)
     assert fast.target_problem(dense) is None and engine_for(dense) == "hf"  # CPU default
-    assert engine_for(dense, EngineConfig(engine="flex")) == engine_for(dense, "flex") == "flex"
+    assert engine_for(dense, EngineConfig(engine="fast-eager")) == engine_for(dense, "fast-eager") == "fast-eager"
     d2 = make_drafter(dense, "dflash", backbone="dflash2")
     assert fast.drafter_problem(d2) == "dflash2 backbone"
-    b = Batch(dense, build_method("dflash", dense, drafter=d2), PROMPTS, 0.0, 8, set(), None, engine="flex")
-    assert b.cache.flex and not b.method.ctx.flex and b.st.capacity % fast.BLOCK == 0
+    b = Batch(dense, build_method("dflash", dense, drafter=d2), PROMPTS, 0.0, 8, set(), None, engine="fast-eager")
+    assert b.cache.fast and not b.method.ctx.fast and b.st.capacity % fast.BLOCK == 0
 
 
 @pytest.mark.parametrize("field, value", [("engine", "fast"), ("attention", "sdpa"), ("cache_write", "inside"),
@@ -155,7 +156,7 @@ def test_engine_settings_resolve_per_device():
     assert (e.kind("cuda"), e.kind("cpu"), e.write("cuda"), e.write("cpu")) == ("compiled", "hf", "eager", "graph")
     d = EngineConfig(attention="dense")
     assert d.write("cuda") == "graph" and d.resolved("cuda")["cache_write"] == "graph"
-    assert EngineConfig.of("flex") == EngineConfig(engine="flex") and EngineConfig.of(None) == e
+    assert EngineConfig.of("fast-eager") == EngineConfig(engine="fast-eager") and EngineConfig.of(None) == e
 
 
 def test_tuning_options_apply_on_cuda_only():
@@ -190,18 +191,18 @@ def test_cache_write_placement_keeps_the_forward(models, write):
 @pytest.mark.parametrize("name", ["dflash", "zero_init_residual"])
 def test_every_cpu_engine_proposes_the_same_drafts(name):
     """Draft for draft, not only output for output: the oracle forces the same trajectory (rounds accepting 0..k, so
-    block rows and rollbacks in the drafter's context cache) and logs each round's real proposal; the HF, flex and
-    compiled engines must propose identical drafts. (On CUDA the compiled drafter did not: tests/test_cuda.py.)"""
+    block rows and rollbacks in the drafter's context cache) and logs each round's real proposal; the HF, fast-eager
+    and compiled engines must propose identical drafts. (On CUDA the compiled drafter did not: tests/test_cuda.py.)"""
     tgt, mtp = tiny.build("qwen3", seed=0)
     d = make_drafter(tgt, name)
     truth = [hf_greedy(tgt, p, 24) for p in PROMPTS]
     logs = {}
-    for engine in ("hf", "flex", "compiled"):
+    for engine in ("hf", "fast-eager", "compiled"):
         o = Oracle(build_method(name, tgt, drafter=d, mtp=mtp), truth)
         generate(tgt, o, PROMPTS, 0.0, 24, engine=engine)
         logs[engine] = torch.cat([real for _, _, real, _ in o.log])
     assert logs["hf"].shape[0] >= 8  # rounds of every request, all logged
-    assert torch.equal(logs["hf"], logs["flex"]) and torch.equal(logs["hf"], logs["compiled"])
+    assert torch.equal(logs["hf"], logs["fast-eager"]) and torch.equal(logs["hf"], logs["compiled"])
 
 
 def test_cache_write_outside_the_graph_proposes_the_same_drafts():
@@ -228,22 +229,22 @@ def test_prefill_on_fast_layers_and_grouped_admission_are_lossless(qwen35, name)
     from dmtp.engine.decode import Server, capacity_for
 
     tgt, mtp = qwen35
-    d = make_drafter(tgt, name) if name != "ar" else None
+    d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
     m = build_method(name, tgt, drafter=d, mtp=mtp)
     truth = [hf_greedy(tgt, p, 12) for p in PROMPTS]
-    eng = EngineConfig(engine="flex", prefill="compiled", attention="dense", admit=2)
+    eng = EngineConfig(engine="fast-eager", prefill="compiled", attention="dense", admit=2)
     cache, plen = _prefilled(tgt)  # the prompt pass itself: the same rows, logits and hidden states
     ids = torch.randint(3, tgt.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
     pos = torch.arange(9)[None].expand(3, 9)
-    mine = KVCache(3, 128, flex=True)
+    mine = KVCache(3, 128, fast=True)
     got = fast.prefill_forward(tgt, ids, pos, mine, [0, 2], plen, compile=False)
-    ref = tgt.forward(ids, pos, KVCache(3, 128, flex=True), taps=[0, 2], lengths=plen, logits_at=plen - 1)
+    ref = tgt.forward(ids, pos, KVCache(3, 128, fast=True), taps=[0, 2], lengths=plen, logits_at=plen - 1)
     torch.testing.assert_close(got.logits, ref.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got.taps, ref.taps, rtol=1e-4, atol=1e-4)
     for i in cache.k:
         torch.testing.assert_close(mine.k[i], cache.k[i], rtol=1e-5, atol=1e-5)
-    hf_res = generate(tgt, m, PROMPTS, 0.0, 12, engine="flex")
-    # the flex engine has no compiled prefill (it is the compiled engine's); "compiled" on CPU compiles every stage
+    hf_res = generate(tgt, m, PROMPTS, 0.0, 12, engine="fast-eager")
+    # the fast-eager engine has no compiled prefill (the compiled engine's); "compiled" on CPU compiles every stage
     res = generate(tgt, m, PROMPTS, 0.0, 12, engine=eng.with_(engine="compiled"))
     assert [r.output_ids for r in res] == [r.output_ids for r in hf_res] == truth
     assert [r.accepted for r in res] == [r.accepted for r in hf_res]

@@ -6,7 +6,8 @@ from conftest import Oracle, hf_greedy, make_drafter
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dmtp.engine.decode import build_method, generate
+from dmtp.engine.decode import generate
+from dmtp.engine.methods import build_method
 from dmtp.models import tiny
 from dmtp.models.cache import KVCache
 from dmtp.models.mtp import MTPHead, safetensor_files

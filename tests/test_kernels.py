@@ -41,8 +41,8 @@ def test_shares_add_up_and_name_the_largest_kernel():
 
 
 def test_decode_kernel_profile_writes_kinds_then_the_table(models, tmp_path):
-    from dmtp.cli.bench import kernel_profile
-    from dmtp.engine.decode import build_method
+    from dmtp.cli.bench.profiling import kernel_profile
+    from dmtp.engine.methods import build_method
 
     tgt, _ = models
     path = tmp_path / "p.txt"

@@ -128,7 +128,7 @@ def test_pmax_along_equals_brute_force(tiny_models):
 def test_ceilings_on_runs(tiny_models):
     from conftest import make_drafter
 
-    from dmtp.engine.decode import build_method
+    from dmtp.engine.methods import build_method
     from dmtp.engine.runner import run_generate
 
     tgt, mtp = tiny_models

@@ -125,7 +125,8 @@ def test_public_sliding_drafter_trains_and_decodes(models, tmp_path):
     """`--init-from` a public sliding-window DFlash drafter (the Qwen3.6 layout at the tiny target's width): the
     rules and weights are kept, a training step runs through them, decoding beyond the window stays lossless, and
     the checkpoint it saves keeps the public fields."""
-    from dmtp.engine.decode import Batch, build_method
+    from dmtp.engine.decode import Batch
+    from dmtp.engine.methods import build_method
     from dmtp.training.drafters import drafter_loss, extract, new_drafters, sample_anchors
 
     tgt, mtp = models

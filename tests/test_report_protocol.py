@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 
 from ablations.code import code
-from dmtp.ablation import AblationSpec
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import figures, load, render_report, tables
 from dmtp.analysis.report.data import read_runs
 from dmtp.analysis.report.synthetic import TOKENS_PER_STEP, write_synthetic
 from dmtp.cli.report import main as cli
+from dmtp.config import AblationSpec
 
 
 def spec_file(root, spec, subsets=None):

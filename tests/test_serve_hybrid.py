@@ -2,7 +2,8 @@
 import pytest
 from conftest import hf_greedy, make_drafter
 
-from dmtp.engine.decode import build_method, serve
+from dmtp.engine.decode import serve
+from dmtp.engine.methods import build_method
 from dmtp.models import tiny
 
 

@@ -5,7 +5,8 @@ import pytest
 from conftest import hf_greedy, make_drafter
 
 from dmtp.engine import decode
-from dmtp.engine.decode import build_method, generate, serve
+from dmtp.engine.decode import generate, serve
+from dmtp.engine.methods import build_method, method_class
 from dmtp.engine.stops import HUMANEVAL_STOPS, StopStrings, cut_rounds
 
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
@@ -13,7 +14,7 @@ METHODS = ["ar", "mtp", "dflash", "zero_init_residual"]
 
 
 def method_for(name, tgt, mtp):
-    d = make_drafter(tgt, name) if name not in ("ar", "mtp") else None
+    d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
     return build_method(name, tgt, drafter=d, mtp=mtp, mtp_steps=4)
 
 
@@ -139,18 +140,18 @@ def test_stop_strings_cut_exactly(models, name, stop_case, monkeypatch):
 
 
 def test_stop_strings_on_the_fast_engine(models, stop_case, monkeypatch):
-    """The compiled engine's forwards (`fast.py`; engine "flex": uncompiled, as CPU runs them) with stop strings:
+    """The compiled engine's forwards (`fast.py`; engine "fast-eager": uncompiled, as CPU runs them) with stop strings:
     records cut exactly as on the HF layers, with late copies and with dynamic batching (the bookkeeping stage, graphed
     and compiled on CUDA, hands each round's tokens and appended counts to the host's matcher)."""
     tgt, mtp = models
     refs, stops, keeps = stop_case
     stop = StopStrings(stops, TABLE)
     m = method_for("zero_init_residual", tgt, mtp)
-    check_cut(serve(tgt, m, PROMPTS, 1, 0.0, 40, stop=stop, engine="flex"), refs, keeps)
+    check_cut(serve(tgt, m, PROMPTS, 1, 0.0, 40, stop=stop, engine="fast-eager"), refs, keeps)
     batches = []
     lagging(monkeypatch, batches)
-    check_cut(generate(tgt, m, PROMPTS, 0.0, 40, stop=stop, engine="flex"), refs, keeps)
-    assert batches[0].engine == "flex" and batches[0].cache.flex and int(batches[0].n_out[0]) > keeps[0]
+    check_cut(generate(tgt, m, PROMPTS, 0.0, 40, stop=stop, engine="fast-eager"), refs, keeps)
+    assert batches[0].engine == "fast-eager" and batches[0].cache.fast and int(batches[0].n_out[0]) > keeps[0]
 
 
 def test_stop_at_the_first_token(models, stop_case):

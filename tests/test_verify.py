@@ -13,7 +13,8 @@ import torch
 from conftest import hf_greedy, make_drafter
 
 from dmtp.engine import verify as V
-from dmtp.engine.decode import Batch, build_method, generate, serve
+from dmtp.engine.decode import Batch, generate, serve
+from dmtp.engine.methods import build_method, method_class
 from dmtp.engine.runner import run_generate
 from dmtp.models import tiny
 
@@ -22,7 +23,7 @@ METHODS = ["ar", "mtp", "dflash", "zero_init_residual", "dmtp_d2"]  # dmtp_d2: z
 
 
 def method(name, tgt, mtp, k=3):
-    if name in ("ar", "mtp"):
+    if not method_class(name).needs_drafter:
         return build_method(name, tgt, mtp=mtp, mtp_steps=k)
     variant, backbone = ("zero_init_residual", "dflash2") if name == "dmtp_d2" else (name, "dflash")
     return build_method(variant, tgt, drafter=make_drafter(tgt, variant, backbone=backbone), mtp=mtp)

@@ -9,8 +9,9 @@ from conftest import make_drafter
 
 from dmtp.analysis.report import verify as report
 from dmtp.cli import verify as study_cli
+from dmtp.config import VerifyConfig
 from dmtp.engine.stops import StopStrings
-from dmtp.experiment import VerifyConfig, write_experiment
+from dmtp.experiment import write_experiment
 from dmtp.io import read_jsonl
 from dmtp.models import tiny
 from dmtp.schema import override
@@ -137,7 +138,7 @@ def test_report_findings_name_zero_round_requests_and_rows_above_the_ceiling(tmp
 
 def test_profiles_carry_the_study():
     assert get_profile("mini").verify.temperatures == (0.6, 1.0)
-    assert get_profile("mini").verify.methods == ("ar", "mtp", "dflash", "fusion", "zero_init_residual")
+    assert get_profile("mini").study.methods == ("ar", "mtp", "dflash", "fusion", "zero_init_residual")  # the spec's
     p = override(get_profile("smoke"), ["verify.temperatures=[1.0]", "verify.repeats=3"])
     assert p.verify.temperatures == (1.0,) and p.verify.repeats == 3
     with pytest.raises(ValueError, match=r'verify.modes=\["greedy"\]: expected a non-empty list, each item one of'):

@@ -43,6 +43,7 @@ import torch
 from tqdm import tqdm
 
 from dmtp.analysis.metrics import ceiling, round_ceiling
+from dmtp.engine.methods import AR
 
 
 @torch.no_grad()
@@ -79,9 +80,10 @@ def oracle_ceiling(target, ar_records: list[dict], prompt_ids: dict, temperature
                    batch_size: int = 8) -> dict:
     """The method-free ceiling along the `ar` trajectory at `temperature` (module docstring, 1.): `cumulative`
     [C_1..C_k], `acceptance_length` = 1 + sum_j C_j, `windows` (positions averaged). `prompt_ids`: id -> prompt ids."""
-    bad = {(r["method"], r["temperature"]) for r in ar_records} - {("ar", temperature)}
+    bad = {(r["method"], r["temperature"]) for r in ar_records} - {(AR.name, temperature)}
     if bad:
-        raise ValueError(f"the ceiling runs along ar records at T={temperature:g}, got (method, T) {sorted(bad)}")
+        raise ValueError(f"the ceiling runs along {AR.name} records at T={temperature:g}, got (method, T) "
+                         f"{sorted(bad)}")
     pm = pmax_along(target, *_paths(ar_records, prompt_ids), temperature, batch_size)
     cum = ceiling(pm, k)
     return {"cumulative": cum, "acceptance_length": 1 + sum(cum), "windows": sum(max(0, len(p) - k) for p in pm)}

@@ -7,6 +7,7 @@ A record is one target measured side by side in one run, e.g. "DMTP's round / DF
     r = Ratio("mini", "zero_init_residual round / dflash round", 1.18, "<=", 1.04, condition="batch 8")
     r.met, r.target                  # False, 'mini zero_init_residual round / dflash round (batch 8)'
     write(path, merge(read(path), [r]))
+    python -m dmtp.analysis.ratios results/mini/bench/ratios.json    # every record, MET or MISS, one line each
 
 In the file each record also carries `met` and `target` (the label) as the report prints them. Records written
 before the typed fields existed (only `target`, `value`, `goal` as text, `met`, `note`) still read, as setup "" and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -91,3 +93,8 @@ def merge(old: list[Ratio], new: list[Ratio]) -> list[Ratio]:
 
 def write(path: str | Path, ratios: list[Ratio]) -> None:
     write_text(path, json.dumps([r.to_json() for r in ratios], indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    for r in read(sys.argv[1]):
+        r.show()

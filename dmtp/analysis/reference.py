@@ -72,9 +72,10 @@ def blog_value(name: str, dataset: str, method: str) -> float:
 
 
 def ablation_value(method: str, column: str = "acceptance_length") -> float:
-    """The blog's Code-ablation number for our method (acceptance_length or rel_to_token_only_pct), else nan."""
+    """The blog's Code-ablation number for our method (acceptance_length or rel_to_token_only_pct), else nan (a
+    method or a column the blog's table lacks: it reports every row relative to token_only)."""
     t = table("ablation").set_index("method")
-    return float(t.loc[method, column]) if method in t.index else math.nan
+    return float(t.loc[method, column]) if method in t.index and column in t else math.nan
 
 
 def conditional_row(dataset: str, method: str) -> tuple[list[float], int] | None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from dmtp.experiment import drafter_config, torch_dtype
+from dmtp.experiment import drafter_config
+from dmtp.models import torch_dtype
 from dmtp.models.drafter import BACKBONES, Drafter, DrafterConfig, check_compatible
 from dmtp.models.mtp import MTPHead, mtp_num_layers
 from dmtp.models.target import Target, read_config

@@ -20,10 +20,10 @@ from dmtp.cli.args import at_least, checkpoint, guard, names, out_dir
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
-from dmtp.engine.decode import load_method
+from dmtp.engine.methods import AR, load_method, method_class
 from dmtp.engine.runner import run_generate
-from dmtp.experiment import torch_dtype
 from dmtp.io import write_meta, write_text
+from dmtp.models import torch_dtype
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config
 
@@ -46,12 +46,12 @@ def main(argv=None):
 def run(a):
     import pandas as pd
 
-    methods = ["ar"] + [m for m in a.methods if m != "ar"]
+    methods = [AR.name] + [m for m in a.methods if m != AR.name]  # the reference first
     # --- checked before any model is loaded ---
     out = out_dir(a.out)
     checkpoint(a.target, "--target", "target checkpoint")
     for m in methods:
-        if m not in ("ar", "mtp"):
+        if method_class(m).needs_drafter:
             if not a.drafters:
                 raise ValueError(f"--methods {m}: a drafter method needs --drafters DIR (holding {m}/drafter)")
             checkpoint(Path(a.drafters) / m / "drafter", f"--methods {m}:", "drafter checkpoint")
@@ -69,7 +69,7 @@ def run(a):
     # --- the work ---
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)
-    mtp = MTPHead.load(tgt, a.target) if any(m != "ar" for m in methods) else None
+    mtp = MTPHead.load(tgt, a.target) if any(method_class(m).needs_mtp() for m in methods) else None
     prompts = encode_prompts(tok, hp)
     rows, flips, ref = [], [], None
     for name in methods:  # ar first: the reference
@@ -81,7 +81,7 @@ def run(a):
         row, f = compare(ref, recs, name, "humaneval")
         rows.append(row)
         flips += f
-        print(f"[lossless] {a.dtype} {name}: {row['identical']}/{row['n']} identical to ar")
+        print(f"[lossless] {a.dtype} {name}: {row['identical']}/{row['n']} identical to {AR.name}")
     add_top2_gaps(tgt, flips, {x["id"]: x["prompt_ids"] for x in prompts}, {"humaneval": ref})
     write_text(out / "lossless.csv", pd.DataFrame(rows).to_csv(index=False))
     write_text(out / "divergences.csv", pd.DataFrame(flips, columns=["method", "dataset", "id", "position", "ar_token",

@@ -28,21 +28,21 @@ from dmtp import dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
 from dmtp.cli import args, dryrun, pipeline, stages
-from dmtp.config import EngineConfig
+from dmtp.config import EVAL_MODES, VERIFY_MODES, EngineConfig, TrainConfig
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
-from dmtp.engine.decode import build_method
-from dmtp.engine.runner import MODES, mtbench_generate, run_generate
+from dmtp.engine.methods import build_method, method_class
+from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
-from dmtp.engine.verify import MODES as VERIFY_MODES
-from dmtp.experiment import drafter_config, torch_dtype
+from dmtp.experiment import drafter_config
 from dmtp.io import append_jsonl, file_sha256, iter_jsonl, one_writer, read_json, read_jsonl, write_meta
+from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY, get_variant
 from dmtp.schema import override
-from dmtp.training.drafters import TrainConfig, load_sequences, new_drafters, train_drafters
+from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 from experiments.profiles import get_profile
 
 
@@ -56,8 +56,7 @@ def load_models(target_path, drafter_path, method, device, dtype):
     """(target, mtp or None, drafter or None) for a method; each piece only when the method needs it."""
     tgt = Target.load(target_path, dtype=dtype, device=device)
     drafter = Drafter.load(drafter_path, device=device, dtype=dtype) if drafter_path else None
-    needs_mtp = method == "mtp" or (drafter is not None and drafter.injection.needs_mtp)
-    mtp = MTPHead.load(tgt, target_path) if needs_mtp else None
+    mtp = MTPHead.load(tgt, target_path) if method_class(method).needs_mtp(drafter) else None
     return tgt, mtp, drafter
 
 
@@ -192,10 +191,10 @@ def generate_into(a, out: Path):
     meta = Path(str(out) + ".meta.json")
     dev = args.device(a.device)
     args.checkpoint(a.target, "--target", "target checkpoint")
-    if a.method in ("ar", "mtp"):
-        if a.drafter:
-            raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
-    else:
+    cls = method_class(a.method)
+    if not cls.needs_drafter and a.drafter:
+        raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
+    if cls.needs_drafter:
         get_variant(a.method)  # an unknown name fails with the known ones
         if not a.drafter:
             raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
@@ -230,7 +229,7 @@ def generate_into(a, out: Path):
         target=str(Path(a.target).resolve()), target_modified=_modified(a.target), method=a.method,
         drafter=str(Path(a.drafter).resolve()) if a.drafter else None,
         drafter_modified=_modified(a.drafter) if a.drafter else None, temperature=a.temperature,
-        max_new_tokens=a.max_new_tokens, mtp_steps=a.mtp_steps if a.method == "mtp" else None,
+        max_new_tokens=a.max_new_tokens, mtp_steps=a.mtp_steps if cls.uses_mtp_steps else None,
         batch_size=a.batch_size, seed=a.seed, eos=eos, dtype=a.dtype, dataset=dataset, mode=a.mode, stop=stops,
         prompts_sha256=prompts_digest(prompts),
         **({"verify": a.verify} if a.verify != "target" else {}),  # (target: outputs of earlier versions resume)
@@ -399,16 +398,16 @@ def main(argv=None):
     g.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
     g.add_argument("--batch-size", type=args.at_least(1), default=16)
     g.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: the target's config and tokenizer)")
-    g.add_argument("--mode", default="natural", choices=MODES, help="natural: stop at EOS / --stop strings / length; "
-                   "fixed: ignore EOS, decode exactly --max-new-tokens")
+    g.add_argument("--mode", default="natural", choices=EVAL_MODES, help="natural: stop at EOS / --stop strings / "
+                   "length; fixed: ignore EOS, decode exactly --max-new-tokens")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable (a newline from bash: "
                    "$'\\ndef'); 'humaneval' = the standard HumanEval stop sequences (natural mode)")
     g.add_argument("--seed", type=args.SEED, default=0)
     g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     g.add_argument("--engine", action="append", metavar="KEY=VALUE", default=[],
-                   help="a decode-engine setting (dmtp/config.py EngineConfig), repeatable: engine=hf|flex|compiled, "
-                   "attention=flex|dense, cache_write=auto|graph|eager, tuning=default|autotune, "
-                   "drafter=compiled|hf, graphs=true|false")
+                   help="a decode-engine setting (dmtp/config/engine.py EngineConfig), repeatable: "
+                   "engine=hf|fast-eager|compiled, attention=flex|dense, cache_write=auto|graph|eager, "
+                   "tuning=default|autotune, drafter=compiled|hf, graphs=true|false")
     g.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
     g.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "

@@ -40,17 +40,19 @@ from dmtp.cli import verify as verify_study
 from dmtp.cli.stages import RUN_CONTROL, StageMismatch, Unit, differences, fingerprint, mismatch, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
+from dmtp.config import Profile
 from dmtp.data.corpus import build_corpus, corpus_summary
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.prompts import PROMPT_CUT, code_prompts
 from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.dist import barrier, is_main, rank_world
-from dmtp.engine.decode import build_method, load_method
+from dmtp.engine.methods import AR, build_method, load_method, method_class
 from dmtp.engine.runner import run_generate, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
-from dmtp.experiment import Profile, drafter_config, torch_dtype, write_experiment
+from dmtp.experiment import drafter_config, write_experiment
 from dmtp.io import atomic_dir, one_writer, read_json, read_jsonl, write_json, write_jsonl, write_meta, write_text
+from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
@@ -215,7 +217,7 @@ def st_data(c: Ctx):
                            seed=c.p.stream(0), per_doc=d.prompts_per_doc)
     rows = [r for r in encode_prompts(tok, prompts) if r["prompt_ids"]]
     t0 = time.time()
-    recs = run_generate(tgt, build_method("ar", tgt), rows, d.temperature, d.new_tokens, [tok.eos_token_id],
+    recs = run_generate(tgt, AR(), rows, d.temperature, d.new_tokens, [tok.eos_token_id],
                         d.batch, seed=c.p.stream(1), desc="on-policy data", shard=True, engine=c.eng)
     world = rank_world()[1]
     if is_main():
@@ -360,14 +362,15 @@ def experiment_settings(experiment: dict) -> dict:
     return {k: v for k, v in fingerprint(experiment, RUN_CONTROL + ("only_seeds",)).items() if k != "verify"}
 
 
-def record_experiment(c: Ctx, section: str | None = None):
-    """results/<profile>/experiment.json: the requested experiment (the eval stage), or only its `section` written
-    into the one recorded (the verify stage: the other sections stay what the eval runs were made with)."""
+def record_experiment(c: Ctx, verify_only: bool = False):
+    """results/<profile>/experiment.json: the requested experiment (the eval stage), or only its `verify` section (the
+    study's settings, its runs named) written into the one recorded (the verify stage: the other sections stay what
+    the eval runs were made with)."""
     path = c.res / "experiment.json"
-    if section is None or not path.exists():
+    if not verify_only or not path.exists():
         write_experiment(path, c.p)
     else:
-        write_json(path, dict(read_json(path), **{section: asdict(getattr(c.p, section))}))
+        write_json(path, dict(read_json(path), verify=asdict(c.p.study)))
 
 
 def st_eval(c: Ctx):
@@ -424,7 +427,7 @@ def oracle_ceilings(c: Ctx):
     todo = []
     for ds in c.p.eval.sets:
         for temp in c.p.eval.temperatures:
-            src = run_file(c.res, ds, temp, "natural", "ar", 0)
+            src = run_file(c.res, ds, temp, "natural", AR.name, 0)
             out = c.res / "oracle" / f"{ds}_T{temp:g}.json"
             if temp > 0 and ds == "humaneval" and src.exists() and not fresh(out, src):
                 todo.append((ds, temp, src, out))
@@ -475,8 +478,7 @@ def st_curve(c: Ctx):
     rows = encode_prompts(tok, humaneval_prompts()[:n])
     for m, seed, k, src, u in todo:
         d = Drafter.load(src / "drafter", device=tgt.device, dtype=tgt.dtype).eval()
-        method = build_method(d.config.variant, tgt, drafter=d, mtp=mtp)
-        method.name = m
+        method = build_method(d.config.variant, tgt, drafter=d, mtp=mtp, label=m)
         if k < c.p.train.steps:
             tokens = read_json(src / "snapshot.json")["train_tokens"]
         else:
@@ -520,12 +522,12 @@ def lossless_check(c: Ctx):
     runs = c.res / "runs" / "ablation"
     for ds in list(c.p.eval.sets) + list(c.p.eval.ood):
         for mode in c.p.eval.modes:
-            ref_path = run_file(c.res, ds, 0.0, mode, "ar", 0)
+            ref_path = run_file(c.res, ds, 0.0, mode, AR.name, 0)
             if not ref_path.exists():
                 continue
             refs[ds, mode] = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
             found = {}
-            for m in sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "ar"):
+            for m in sorted(p for p in runs.iterdir() if p.is_dir() and p.name != AR.name):
                 for seed in c.p.ablation.seeds:
                     f = run_file(c.res, ds, 0.0, mode, m.name, seed)
                     if f.exists():
@@ -561,13 +563,13 @@ def st_verify(c: Ctx):
     temperature group not already made with the same settings after the model it measures, in the study's evaluation
     mode `verify.eval_mode` (natural: end-of-text or the eval stage's stop strings `eval.stops`; fixed: exactly
     `verify.max_new_tokens`)."""
-    v, out = c.p.verify, c.res / "verify"
+    v, out = c.p.study, c.res / "verify"
     plan = list(zip(verify_study.groups(v), units(c, "verify")))
     todo = [g for g, u in plan if not (c.check(u) and fresh(u.outputs[0], _model_done(c, g[0])))]
     if not todo and (out / "throughput.csv").exists() and (out / "oracle.csv").exists():
         return
     c.need("drafters", {(m, c.p.ablation.seeds[0]) for m, _, _ in todo})
-    record_experiment(c, section="verify")  # the report orders the study's rows by it
+    record_experiment(c, verify_only=True)  # the report orders the study's rows by it
     tgt, mtp = c.target()
     tok = c.tok
     want = {g: u.want for g, u in plan}
@@ -672,8 +674,9 @@ def units(c: Ctx, stage: str) -> list[Unit]:
         for ds, n, temp, mode, m, seed in eval_plan(c.p):
             path = run_file(c.res, ds, temp, mode, m, seed)
             model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
+            steps = {"eval.mtp_steps": ev.mtp_steps} if method_class(m).uses_mtp_steps else {}
             want = dict(model, **{"engine": fingerprint(c.p.engine), "eval.new_tokens": ev.new_tokens,
-                                  "eval.batch": ev.batch}, **({"eval.mtp_steps": ev.mtp_steps} if m == "mtp" else {}),
+                                  "eval.batch": ev.batch}, **steps,
                         **({"eval.stops": list(stop_strings(c.p, mode))} if mode == "natural" else {}),
                         **({"prompt_cut": PROMPT_CUT, "data.prompt_tokens": c.p.data.prompt_tokens}
                            if ds in ev.ood else {}),
@@ -693,13 +696,13 @@ def units(c: Ctx, stage: str) -> list[Unit]:
             out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
         return out
     if stage == "verify":  # one unit per (method, verify mode, temperature) group of the study, first drafter seed
-        out, v, seed = [], c.p.verify, a.seeds[0]
+        out, v, seed = [], c.p.study, a.seeds[0]
         study = fingerprint(verify_study.group_settings(v))  # `verify.*` minus which groups run
         for m, mode, t in verify_study.groups(v):
             path = verify_study.group_path(c.res / "verify", m, mode, t)
             model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
             want = dict(model, **{"engine": fingerprint(c.p.engine), "verify": study},
-                        **({"eval.mtp_steps": c.p.eval.mtp_steps} if m == "mtp" else {}),
+                        **({"eval.mtp_steps": c.p.eval.mtp_steps} if method_class(m).uses_mtp_steps else {}),
                         **({"eval.stops": list(stop_strings(c.p, "natural"))} if v.eval_mode == "natural" else {}),
                         run={"method": m, "verify": mode, "temperature": t})
             out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
@@ -719,7 +722,7 @@ def runnable(p: Profile, stages: list[str]) -> None:
         total = len(humaneval_prompts())
         require(sets.get("humaneval", 0) <= total, f"eval.sets={sets}: HumanEval has {total} problems")
     if "verify" in stages:  # the study's runs must be runs of the ablation (trained by the drafters stage)
-        v, total, runs = p.verify, len(humaneval_prompts()), p.ablation.runs()
+        v, total, runs = p.study, len(humaneval_prompts()), p.ablation.runs()
         require(v.prompts <= total, f"verify.prompts={v.prompts}: HumanEval has {total} problems")
         bad = [m for m in v.methods if m not in runs]
         require(not bad, f"verify.methods: {', '.join(bad)} not runs of ablation {p.ablation.name!r} "

@@ -31,12 +31,13 @@ from pathlib import Path
 
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.analysis.oracle import oracle_ceiling
-from dmtp.cli.bench import timed
+from dmtp.cli.bench.common import timed
+from dmtp.config import VerifyConfig
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
-from dmtp.engine.decode import Server, capacity_for, load_method
+from dmtp.engine.decode import Server, capacity_for
+from dmtp.engine.methods import AR, load_method
 from dmtp.engine.stops import StopStrings
-from dmtp.experiment import VerifyConfig
 from dmtp.io import read_jsonl, write_jsonl, write_meta, write_text
 
 
@@ -145,7 +146,7 @@ def ceilings(tgt, out: Path, prompts: list[dict], log=print):
                 - {0})
     ids = {p["id"]: p["prompt_ids"] for p in prompts}
     rows = []
-    for path in sorted((out / "runs" / "ar" / "target").glob("humaneval_T*.jsonl")):
+    for path in sorted((out / "runs" / AR.name / "target").glob("humaneval_T*.jsonl")):
         recs = [r for r in read_jsonl(path) if r["repeat"] == 0]
         if not recs:
             continue

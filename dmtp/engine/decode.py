@@ -1,4 +1,5 @@
-"""One decode loop for every method: `ar`, `mtp` (chained native MTP, k steps), `dflash` and each DMTP variant.
+"""One decode loop for every method: `ar`, `mtp` (chained native MTP, k steps), `dflash` and each DMTP variant
+(the methods, built by name: dmtp/engine/methods/).
 
 A round (SPEC §6), for a batch of requests each at its own anchor position a (A = last committed token, not yet fed):
     cands = method.propose()                       # [B, k] draft tokens T1..Tk (k = 0 for ar)
@@ -24,15 +25,16 @@ The engine (docs/DESIGN.md, "Decode engine"):
   - on CUDA, the stages of a round — drafter, MTP advance, T1 head + embedding + fusion, verification, acceptance and
     record, drafter context, anchor/length update — are CUDA graphs captured per batch (serve: per batch cap) on first
     use (`graphs.py`);
-  - the engine (`engine_for`): "compiled" on CUDA runs the models' decode steps through `models/fast.py` (attention
-    over the valid cache rows, compiled regions) and compiles every other stage whole; "hf" runs the HF layers.
+  - the engine (`EngineConfig`, passed to `generate` / `Server` / `Batch`; `engine_for`): "compiled" (the default on
+    CUDA) runs the models' decode steps through `models/fast.py` (attention over the valid cache rows, compiled
+    regions) and compiles every other stage whole; "fast-eager" runs those forwards uncompiled; "hf" (the default on
+    CPU) runs the HF layers.
 
     results = generate(target, build_method("zero_init_residual", target, drafter=d, mtp=m), prompts, 0.0, 128)
 """
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import functools
 import time
@@ -44,11 +46,10 @@ import torch
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.graphs import Graphs
+from dmtp.engine.methods import Method, State
 from dmtp.engine.stops import StopStrings, cut_rounds
 from dmtp.models import fast
 from dmtp.models.cache import KVCache
-from dmtp.models.drafter import Drafter, check_compatible
-from dmtp.models.variants import get_variant
 
 
 @dataclass
@@ -57,269 +58,6 @@ class Result:
     accepted: list[int] = field(default_factory=list)  # accepted draft count of every verify round
     wall_s: float = 0.0  # from the batch's start until the host saw this request finish
     stop_reason: str = "length"  # "eos" (ends in an end-of-text id) | "stop" (a stop string, `stops.py`) | "length"
-
-
-@dataclass
-class State:
-    lens: torch.Tensor  # [B] positions the target has processed (= anchor position a)
-    anchor: torch.Tensor  # [B] A, the last committed token
-    done: torch.Tensor  # [B] bool
-    capacity: int = 0  # cache rows per request
-    engine: str = "hf"  # where the method's own caches run (`engine_for`): "hf", "flex" or "compiled"
-    eng: EngineConfig = field(default_factory=EngineConfig)  # the batch's engine settings
-
-
-def no_timer(stage: str):
-    """Stage timer hook (`bench.StageTimer` replaces it): a context manager per named stage."""
-    return contextlib.nullcontext()
-
-
-# --- native MTP state -------------------------------------------------------------------------------------------
-class MTPState:
-    """Private MTP KV cache and h = the MTP hidden g at position a-1 (the one that predicts the next T1), kept in
-    place. T1 = argmax LMHead(h) (or a sample, `verify.Draw`) is computed where it is used (`t1_head`), kept in `t1`."""
-
-    def __init__(self, head, batch, capacity, screen=None, draw: V.Draw | None = None, engine="hf",
-                 eng: EngineConfig | None = None):
-        flex = engine != "hf" and fast.layer_problem(head.layers[0]) is None
-        self.head, self.cache, self.screen = head, KVCache(batch, capacity, flex=flex), screen
-        self.eng = eng or EngineConfig()
-        self.draw = draw or V.Draw()
-        self.h = None  # [B, H]
-        self.t1 = None  # [B]
-
-    def step(self, emb_next, hidden, pos):
-        """The MTP layer over decode rows: the compiled engine's forward on a flex cache, else the HF layer's."""
-        if self.cache.flex:
-            return fast.mtp_forward(self.head, emb_next, hidden, pos, self.cache, self.eng)
-        return self.head(emb_next, hidden, pos, self.cache)
-
-    def t1_head(self, h):
-        """T1 from h: the target's LM head and argmax (a sample when drafting by sampling), or the screened head
-        (`screen.T1Screen`) when set."""
-        t1 = self.draw.pick(self.head.target.lm_head(h), 0) if self.screen is None else self.screen(h)
-        self.t1.copy_(t1)
-        return self.t1
-
-    @torch.no_grad()
-    def prefill(self, ids, plen, anchor, hidden):
-        """Positions 0..P-1 consume E(x_1..x_{P-1}, A) and h^L_0..h^L_{P-1}. Returns g [B, Pmax, H]."""
-        B, T = ids.shape
-        nxt = torch.cat([ids[:, 1:], ids[:, :1]], 1).clone()
-        nxt[torch.arange(B), plen - 1] = anchor
-        pos = torch.arange(T, device=ids.device)[None].expand(B, T)
-        g = self.head(self.head.target.embed(nxt), hidden, pos, self.cache)
-        self.h = g[torch.arange(B, device=g.device), plen - 1].clone()
-        self.t1 = anchor.clone()
-        return g
-
-    @torch.no_grad()
-    def advance(self, lens, emitted, hidden, n_acc):
-        """Rows at a..a+k consume the committed stream x_{a+1..} = y_0..y_k and h^L_a..h^L_{a+k}; rows past n are
-        scratch (overwritten before anything can see them). Keeps h = g at row n. Returns g [B, k+1, H]."""
-        r = emitted.shape[1]
-        pos = lens[:, None] + torch.arange(r, device=lens.device)
-        g = self.step(self.head.target.embed(emitted), hidden, pos)
-        self.h.copy_(g[torch.arange(g.shape[0], device=g.device), n_acc])
-        return g
-
-    def absorb(self, dst, other: "MTPState", src):
-        self.cache.copy_rows(other.cache, dst, src)
-        self.h[dst], self.t1[dst] = other.h[src], other.t1[src]
-
-    @torch.no_grad()
-    def chain(self, lens, k):
-        """MTP-k: T1 from h, then k-1 chained steps feeding g back as the hidden (tentative rows at a..); each step
-        consumes the token just drafted (argmax, or its sample: the chain is an autoregressive proposal)."""
-        tok = self.t1_head(self.h)
-        cands, g = [tok.clone()], self.h
-        for j in range(1, k):
-            pos = (lens + j - 1)[:, None]
-            g = self.step(self.head.target.embed(tok[:, None]), g[:, None], pos)[:, 0]
-            tok = self.draw.pick(self.head.target.lm_head(g), j)
-            cands.append(tok)
-        return torch.stack(cands, 1)
-
-
-# --- methods ----------------------------------------------------------------------------------------------------
-class Method:
-    """A drafting method. The loop calls prefill once, then propose / commit every round. Work that should be timed
-    or captured as a CUDA graph goes through `self.run(stage, fn, *tensors)` (see `graphs.py` for what a stage may
-    do); the batch that owns the method's state replaces `run` with its timed, graphed version."""
-    name = "ar"
-    k = 0  # candidates per round
-    taps = None  # target layers the method needs
-    timer = staticmethod(no_timer)  # stage timer (benchmarks set it)
-    draw = V.Draw()  # argmax drafts; the owning batch sets its own (`verify.Draw`: samples when verifying by sampling)
-    graphable = True  # every stage obeys graphs.py's rules (a wrapper that inspects state on the host: False)
-
-    def compiles(self, eng: EngineConfig) -> bool:
-        """Every model it runs has a compiled-engine forward (`fast.py`) under `eng`: its stages compile whole."""
-        return True
-
-    def run(self, stage, fn, *inputs):
-        with self.timer(stage):
-            return fn(*inputs)
-
-    def prefill(self, st: State, ids, plen, out):
-        pass
-
-    def buffers(self) -> list[torch.Tensor]:
-        """State tensors (after prefill) that live as long as the batch and are only updated in place."""
-        mtp = getattr(self, "mtp", None)
-        return [mtp.h, mtp.t1] if mtp is not None else []
-
-    def propose(self, st: State) -> torch.Tensor:
-        return st.lens.new_zeros(st.lens.shape[0], 0)
-
-    def commit(self, st: State, out, emitted, n_acc):
-        pass
-
-    def absorb(self, dst, other: "Method", src):
-        """Take rows `src` of another batch's state of this method into rows `dst` (dynamic batching)."""
-
-
-class MTPMethod(Method):
-    def __init__(self, head, k=4, screen=None):
-        self.name, self.k, self.head, self.screen = "mtp", k, head, screen
-
-    def compiles(self, eng):
-        return fast.layer_problem(self.head.layers[0]) is None
-
-    def prefill(self, st, ids, plen, out):
-        self.mtp = MTPState(self.head, ids.shape[0], st.capacity, self.screen, self.draw, st.engine, st.eng)
-        self.mtp.prefill(ids, plen, st.anchor, out.hidden)
-
-    def propose(self, st):  # the chained MTP is this method's drafter
-        return self.run("drafter", lambda lens: self.mtp.chain(lens, self.k), st.lens)
-
-    def commit(self, st, out, emitted, n_acc):
-        self.run("mtp", self.mtp.advance, st.lens, emitted, out.hidden, n_acc)
-
-    def absorb(self, dst, other, src):
-        self.mtp.absorb(dst, other.mtp, src)
-
-
-class DrafterMethod(Method):
-    """DFlash and every DMTP variant: the variant decides the block and whether the MTP is involved."""
-
-    def __init__(self, drafter, target, head=None, screen=None):
-        self.drafter, self.target, self.head, self.screen = drafter, target, head, screen
-        self.var = drafter.injection
-        self.name = self.var.name
-        self.k = drafter.config.num_candidates
-        self.taps = drafter.config.target_layer_ids
-        if self.var.needs_mtp and head is None:
-            raise ValueError(f"variant {self.name!r} needs the target's native MTP head")
-        lay = self.var.layout(self.k)
-        self.offsets = torch.tensor(lay.offsets)
-        self.predict = torch.tensor(lay.predict)
-
-    def compiles(self, eng):
-        return fast.drafter_problem(self.drafter, eng) is None and (
-            not self.var.needs_mtp or fast.layer_problem(self.head.layers[0]) is None)
-
-    @property
-    def graphable(self):
-        """The eager flex backend builds its block mask with torch.compile (not inside a CUDA graph); the compiled
-        engine's drafter (a flex context cache) builds it from tensors."""
-        return self.drafter.config.attn_backend == "sdpa" or getattr(getattr(self, "ctx", None), "flex", False)
-
-    def _write_ctx(self, taps, g, lens):
-        pos = lens[:, None] + torch.arange(taps.shape[1], device=lens.device)
-        f = self.drafter.context(taps, g)
-        self.ctx.write_pos = pos
-        for i, (k, v) in enumerate(self.drafter.context_kv(f, pos)):
-            self.ctx.update(k, v, i)
-
-    @torch.no_grad()
-    def prefill(self, st, ids, plen, out):
-        B, T = ids.shape
-        dev = ids.device
-        self.eng = st.eng
-        self.ctx = KVCache(B, st.capacity, flex=st.engine != "hf" and fast.drafter_problem(self.drafter, st.eng) is None)
-        self.offsets, self.predict = self.offsets.to(dev), self.predict.to(dev)
-        self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
-        g = None
-        if self.var.needs_mtp:
-            self.mtp = MTPState(self.head, B, st.capacity, self.screen, self.draw, st.engine, st.eng)
-            g = self.mtp.prefill(ids, plen, st.anchor, out.hidden)
-        self._write_ctx(out.taps, g, torch.zeros_like(plen))
-
-    def _block(self, anchor, h=None):
-        """Block embeddings [B, S, H]; DMTP variants: T1 head + embeddings + the variant's fusion of E(T1), h."""
-        tgt, d = self.target, self.drafter
-        e_t1 = tgt.embed(self.mtp.t1_head(h)) if self.var.t1 else None
-        return d.block(tgt.embed(anchor), e_t1, h if self.var.t1 else None, tgt.embed(self.mask_id)[0])
-
-    def _draft(self, block, lens, prev):
-        d, tgt = self.drafter, self.target
-        bpos = lens[:, None] + self.offsets
-        if self.ctx.flex:  # the compiled engine's drafter: the block's K/V go into the context cache at bpos
-            hid = fast.drafter_forward(d, block, bpos, self.ctx, lens, self.eng)[:, self.predict]
-        else:
-            ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
-            hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
-        logits, pos = d.logits(tgt.lm_head(hid)), int(self.var.t1)  # draft position of the first predicting slot
-        if not self.draw.sampling:
-            return d.select(logits, hid, prev)  # argmax, or the DFlash2 path walked from A / T1
-        # samples: every slot from the one parallel pass (q_j depends on the block input only), or the DFlash2 walk
-        return self.draw.pick(logits, pos) if d.selector is None else self.draw.walk(d.selector, logits, hid, prev, pos)
-
-    @torch.no_grad()
-    def propose(self, st):
-        if not self.var.t1:  # DFlash: the block (A + mask embeddings) is built inside the drafter stage
-            return self.run("drafter", lambda a, lens: self._draft(self._block(a), lens, a), st.anchor, st.lens)
-        block = self.run("t1_prep", self._block, st.anchor, self.mtp.h)
-        pred = self.run("drafter", self._draft, block, st.lens, self.mtp.t1)
-        return torch.cat([self.mtp.t1[:, None], pred], 1)
-
-    @torch.no_grad()
-    def commit(self, st, out, emitted, n_acc):
-        g = self.run("mtp", self.mtp.advance, st.lens, emitted, out.hidden, n_acc) if self.var.needs_mtp else None
-        if g is None:
-            self.run("drafter_ctx", lambda taps, lens: self._write_ctx(taps, None, lens), out.taps, st.lens)
-        else:
-            self.run("drafter_ctx", self._write_ctx, out.taps, g, st.lens)
-
-    def absorb(self, dst, other, src):
-        self.ctx.copy_rows(other.ctx, dst, src)
-        if self.var.needs_mtp:
-            self.mtp.absorb(dst, other.mtp, src)
-
-
-def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4, screen=None) -> Method:
-    """`screen`: an optional `screen.T1Screen` replacing the full LM head for T1 (MTP and DMTP methods)."""
-    if name == "ar":
-        return Method()
-    if name == "mtp":
-        if mtp is None:
-            raise ValueError("method 'mtp' needs the target's native MTP head")
-        return MTPMethod(mtp, mtp_steps, screen)
-
-    get_variant(name)  # unknown names fail here with the list of known ones
-    if drafter is None:
-        raise ValueError(f"method {name!r} needs --drafter")
-    if drafter.config.variant != name:
-        raise ValueError(f"drafter was built as variant {drafter.config.variant!r}, not {name!r}")
-
-    check_compatible(drafter, target)
-    return DrafterMethod(drafter, target, mtp, screen)
-
-
-def load_method(name: str, target, mtp=None, drafters=None, mtp_steps: int = 4, screen=None) -> Method:
-    """A method by its run name: `ar`, `mtp`, or the name of a trained drafter's folder `<drafters>/<name>/drafter`
-    (e.g. `zero_init_residual_from_dflash`; its config says the variant), loaded in the target's precision."""
-    if name in ("ar", "mtp"):
-        return build_method(name, target, mtp=mtp, mtp_steps=mtp_steps, screen=screen)
-    if drafters is None:
-        raise ValueError(f"method {name!r} needs a drafters folder (<drafters>/{name}/drafter)")
-    from pathlib import Path
-
-    d = Drafter.load(Path(drafters) / name / "drafter", device=target.device, dtype=target.dtype).eval()
-    m = build_method(d.config.variant, target, drafter=d, mtp=mtp, screen=screen)
-    m.name = name
-    return m
 
 
 # --- the loop ---------------------------------------------------------------------------------------------------
@@ -339,13 +77,10 @@ def use_graphs(target, method: Method, eng: EngineConfig) -> bool:
     return target.device.type == "cuda" and not target.hybrid and method.graphable and eng.graphs
 
 
-ENGINES = ("hf", "flex", "compiled")
-
-
 def engine_for(target, eng: EngineConfig | str | None = None) -> str:
     """The decode engine that runs (`EngineConfig.engine` resolved on the target's device): "compiled" (`fast.py`'s
-    forwards, compiled, under the CUDA graphs), "flex" (`fast.py`'s forwards uncompiled) or "hf" (the HF layers with
-    dense masks: the reference). A target `fast.py` does not support (hybrid, MoE) always decodes on "hf"."""
+    forwards, compiled, under the CUDA graphs), "fast-eager" (`fast.py`'s forwards uncompiled) or "hf" (the HF layers
+    with dense masks: the reference). A target `fast.py` does not support (hybrid, MoE) always decodes on "hf"."""
     kind = EngineConfig.of(eng).kind(target.device.type)
     return "hf" if fast.target_problem(target) else kind
 
@@ -394,7 +129,7 @@ class Batch:
         for b, p in enumerate(prompts):
             ids[b, : len(p)] = torch.as_tensor(p)
         ids = ids.to(dev)  # one copy for the whole group
-        self.cache = KVCache(B, cap, flex=self.engine != "hf")
+        self.cache = KVCache(B, cap, fast=self.engine != "hf")
         pos = torch.arange(T, device=dev)[None].expand(B, T)
         if self.engine == "compiled" and self.eng.prefill == "compiled":  # fast.py's layers, one dynamic-shape graph
             out = fast.prefill_forward(target, ids, pos, self.cache, method.taps, plen)
@@ -511,7 +246,7 @@ class Batch:
     # --- one round ------------------------------------------------------------------------------------------------
     def _verify(self, anchor, cands, lens):
         ids, pos = torch.cat([anchor[:, None], cands], 1), lens[:, None] + self.ar
-        if self.cache.flex:  # the compiled engine: gpt-fast-style layers over the valid cache rows
+        if self.cache.fast:  # the compiled engine: gpt-fast-style layers over the valid cache rows
             out = fast.target_forward(self.target, ids, pos, self.cache, self.method.taps, self.engine == "compiled",
                                       self.eng)
         else:
@@ -614,8 +349,8 @@ def generate(target, method: Method, prompts: list[list[int]], temperature: floa
              verify: str = "target") -> list[Result]:
     """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt.
     A request ends at an id in `eos_ids`, at a stop string of `stop` (`stops.py`), or at `max_new_tokens`.
-    `engine`: the `EngineConfig` (None: the default). `verify`: target (default) | sample | block — how drafts are drawn and accepted at
-    T > 0 (`verify.py`)."""
+    `engine`: the `EngineConfig` (None: the default). `verify`: target (default) | sample | block — how drafts are
+    drawn and accepted at T > 0 (`verify.py`)."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
                   engine=engine, stop=stop, verify=verify)

@@ -25,18 +25,17 @@ from tqdm import tqdm
 
 from dmtp.checks import BadValue
 from dmtp.checks import temperature as TEMPERATURE
+from dmtp.config import EVAL_MODES
 from dmtp.data.datasets import chat_text, encode
 from dmtp.data.tokenizer import token_bytes
 from dmtp.dist import all_gather_objects, rank_world
 from dmtp.engine.decode import generate
 from dmtp.engine.stops import StopStrings
 
-MODES = ("natural", "fixed")
-
 
 def stop_spec(tgt, tok, mode: str, stop_strings) -> StopStrings | None:
     """The decode loop's stop strings for a mode (None: none); a clear error for a combination that cannot work."""
-    if mode not in MODES:
+    if mode not in EVAL_MODES:
         raise ValueError(f"unknown evaluation mode {mode!r} (natural, fixed)")
     if not stop_strings:
         return None

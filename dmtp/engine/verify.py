@@ -46,12 +46,12 @@ from __future__ import annotations
 
 import torch
 
-MODES = ("target", "sample", "block")
+from dmtp.config import VERIFY_MODES
 
 
 def check(verify: str) -> str:
-    if verify not in MODES:
-        raise ValueError(f"unknown verify mode {verify!r}; modes: {', '.join(MODES)}")
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"unknown verify mode {verify!r}; modes: {', '.join(VERIFY_MODES)}")
     return verify
 
 

@@ -60,11 +60,12 @@ class KVCache:
 
     is_compileable = False
 
-    def __init__(self, batch: int, capacity: int, flex: bool = False):
+    def __init__(self, batch: int, capacity: int, fast: bool = False):
         self.batch, self.capacity = batch, capacity
-        # decode steps over this cache run the compiled engine's forwards (`fast.py`: flex attention over the valid
-        # rows); its capacity is then a whole number of flex blocks. Prefill writes it through the HF path as usual.
-        self.flex = flex
+        # decode steps over this cache run the compiled engine's forwards (`fast.py`: attention over the valid rows);
+        # its capacity is then a whole number of flex-attention blocks. Prefill writes it through the HF path as usual
+        # (or `fast.prefill_forward`).
+        self.fast = fast
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         self.write_pos: torch.Tensor | None = None  # [B, q] absolute positions of the rows being written

@@ -18,10 +18,13 @@ Against the HF path (`Target.forward`, `MTPHead.forward`, `Drafter.forward`), th
     wrong attention outputs on the H200;
   - a layer's closing residual add is left to the next layer (`decoder_layer` returns (x, mlp); the next computes
     x + mlp), so it fuses with that layer's RMSNorm; the arithmetic is the HF layer's, add for add.
-Prefill stays on the HF path (prompt lengths vary); both paths write the same cache rows. `target_forward(...,
-compile=True)` compiles the target per region: one `decoder_layer` region shared by every layer (and by the MTP
-layer: same class) plus a prologue and an epilogue, so compile time does not grow with depth; the decode loop
-compiles its other stages whole and captures everything as CUDA graphs (`decode.Batch`).
+Every setting here is an argument (`EngineConfig`: kernel, cache write, tuning, drafter path), never a module global:
+compiled code is guarded on it. The prompt pass runs the HF layers by default (prompt lengths vary) or, with
+`EngineConfig.prefill = "compiled"`, `prefill_forward` (this module's layers, dense kernel, symbolic shapes); both
+write the same cache rows. `target_forward(..., compile=True)` compiles the target per region: one `decoder_layer`
+region shared by every layer (and by the MTP layer: same class) plus a prologue and an epilogue, so compile time does
+not grow with depth; the decode loop compiles its other stages whole and captures everything as CUDA graphs
+(`decode.Batch`). Uncompiled, the same forwards are the "fast-eager" engine.
 
 Supported: dense full-attention Qwen3 / Qwen3.5 layers (`layer_problem`); hybrid (Gated DeltaNet) and MoE targets, and
 DFlash2 drafters, stay on the HF path.

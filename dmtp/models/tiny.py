@@ -14,8 +14,10 @@ from pathlib import Path
 
 import torch
 
+from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
+from dmtp.models.variants import get_variant
 
 
 def target_config(arch: str = "qwen3_5", vocab: int = 96, hidden: int = 64, layers: int = 4, heads: int = 4,
@@ -70,6 +72,24 @@ def build(arch: str = "qwen3_5", seed: int = 0, dtype=torch.float32, std: float 
             if p.dim() >= 2:
                 p.normal_(0, std / max(1.0, p.shape[-1] / 64) ** 0.5)
     return tgt, mtp.requires_grad_(False).eval()
+
+
+def drafter(tgt, variant: str, layers: int = 2, seed: int = 1, **kw) -> Drafter:
+    """A small random drafter of `variant` for `tgt` (every injection weight non-zero, so every path is exercised;
+    the low-rank variants at rank 8); `kw`: other DrafterConfig fields."""
+    torch.manual_seed(seed)
+    if "rank" in get_variant(variant).settings({}):  # the low-rank variants: r = 8
+        kw = {"variant_config": {"rank": 8}, **kw}
+    c = DrafterConfig(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                      num_target_layers=tgt.num_layers, variant=variant, mask_token_id=2, **kw)
+    d = Drafter(c)
+    # give zero-initialised injection weights some value so every path is exercised
+    with torch.no_grad():
+        for n, p in d.injection.named_parameters():
+            if p.dim() >= 2 and p.abs().sum() == 0:
+                p.normal_(0, 0.05)
+    return d.eval()
 
 
 def save(tgt, mtp, path: str | Path, with_mtp: bool = True, experts: str = "fused"):

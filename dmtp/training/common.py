@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-COMPILE = ("auto", "on", "off")  # values of PretrainConfig.compile / .fused_ce and TrainConfig.compile
+from dmtp.config import COMPILE
 
 # dense bf16 tensor-core peak (FLOP/s, datasheet, no sparsity) by device-name fragment: the MFU denominator
 PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}

@@ -27,46 +27,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive
+from dmtp.config import TrainConfig
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
-from dmtp.training.common import COMPILE, compiled, to_device
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 200  # optimizer steps per drafter
-    batch_size: int = 8  # sequences per step
-    max_len: int = 512  # sequences are cut to this many tokens
-    anchors_per_seq: int = 64  # anchors sampled per sequence (cap; uniform over valid positions)
-    lr: float = 6e-4  # AdamW peak learning rate (SpecForge DFlash recipe)
-    weight_decay: float = 0.0
-    warmup_frac: float = 0.04  # linear warm-up fraction, then cosine to 0
-    clip: float = 1.0  # gradient-norm clip
-    gamma: float = 4.0  # loss weight of candidate T_k: exp(-(k-1)/gamma); 4 for 7 candidates, 7 for 15
-    seed: int = 0
-    save_every: int = 100  # checkpoint (weights + optimizer) every N steps; resumable
-    log_every: int = 10
-    amp_bf16: bool = False  # autocast the drafters and the frozen target's feature pass in bf16 on GPU
-    compile: str = "auto"  # "auto": the compiled path on CUDA, eager on CPU; "on": compiled everywhere; "off": eager
-    one_region: bool = True  # compiled path: every drafter of a step in one compiled region with one AdamW step;
-    # False: a compiled region, an AdamW and a clip per drafter (what `bench_train` compares it with)
-    stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
-    snapshots: tuple[int, ...] = ()  # also keep the weights after these steps (<name>/step<k>/): learning curves
-
-    def __post_init__(self):
-        # max_len >= 4: an anchor needs A, T1 and at least one label (1 <= a <= len - 3)
-        check(self, steps=at_least(1), batch_size=at_least(1), max_len=at_least(4), anchors_per_seq=at_least(1),
-              lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
-              seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0),
-              compile=one_of(*COMPILE))
-        self.snapshots = tuple(int(k) for k in self.snapshots)
-        bad = [k for k in self.snapshots if not 1 <= k <= self.steps]
-        if bad:
-            raise ValueError(f"train.snapshots: steps {bad} outside 1..steps={self.steps}")
+from dmtp.training.common import compiled, to_device
 
 
 # --- data -------------------------------------------------------------------------------------------------------

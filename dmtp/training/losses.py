@@ -20,8 +20,7 @@ import functools
 import torch
 
 from dmtp.checks import require
-
-CHUNK = 8192  # tokens per chunk: a chunk's bf16 logits at vocab 8192 take 128 MiB, its gradient as much
+from dmtp.config import CHUNK
 
 
 def _chunk_terms(z: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ignore_index: int):

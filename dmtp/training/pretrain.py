@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,73 +22,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive, require
+from dmtp.config import PretrainConfig, TargetArch
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_path, load_state, save_state
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
-from dmtp.training.common import COMPILE, compiled, to_device
-from dmtp.training.losses import CHUNK, linear_cross_entropy
-
-
-@dataclass
-class TargetArch:
-    hidden_size: int = 128  # model width (the drafter shares it)
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 32
-    intermediate_size: int = 384
-    max_position_embeddings: int = 4096
-    tie_word_embeddings: bool = True  # small Qwen3.5 models tie them; halves the hand-off checkpoint
-
-    def __post_init__(self):
-        check(self, hidden_size=at_least(1), num_hidden_layers=at_least(1), num_attention_heads=at_least(1),
-              num_key_value_heads=at_least(1), head_dim=at_least(8), intermediate_size=at_least(1),
-              max_position_embeddings=at_least(2))
-        require(self.num_attention_heads % self.num_key_value_heads == 0, f"num_attention_heads="
-                f"{self.num_attention_heads} is not a multiple of num_key_value_heads={self.num_key_value_heads}")
-        require(self.head_dim % 8 == 0, f"head_dim={self.head_dim}: expected a multiple of 8 (a quarter of it is "
-                "rotated, split into three mrope sections)")
-
-
-@dataclass
-class PretrainConfig:
-    tokens: int = 2_000_000  # training tokens (mini: >= 100M)
-    seq_len: int = 256
-    batch_size: int = 16  # sequences per step
-    lr: float = 2e-3
-    warmup_frac: float = 0.02
-    weight_decay: float = 0.1
-    mtp_lambda: float = 0.3  # DeepSeek-V3: 0.3 early (0.1 late)
-    mtp_lambda_late: float = 0.1  # used for the last `late_frac` of training
-    late_frac: float = 0.3
-    clip: float = 1.0
-    seed: int = 0
-    bf16: bool = True  # autocast on CUDA
-    eval_tokens: int = 200_000  # held-out tokens for the report
-    log_every: int = 20  # a history record (loss averaged over ranks) every N steps
-    save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
-    stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
-    compile: str = "auto"  # "auto": torch.compile the step on CUDA (CPU eager); "on": also on CPU; "off": eager
-    # "auto": both heads' loss through the fused chunked linear + CE (`losses.linear_cross_entropy`) on CUDA, where the
-    # materialised fp32 [tokens, vocab] logits and their gradient make the step memory-bound; "on": also on CPU;
-    # "off": `F.cross_entropy(lm_head(h).float(), y)` (the same loss, its logits materialised)
-    fused_ce: str = "auto"
-    ce_chunk: int = CHUNK  # tokens per chunk of the fused loss: its logits take ce_chunk x vocab at a time
-
-    def __post_init__(self):
-        # seq_len >= 3: the MTP term predicts x_{i+2}
-        check(self, tokens=at_least(1), seq_len=at_least(3), batch_size=at_least(1), lr=positive,
-              warmup_frac=fraction, weight_decay=non_negative, mtp_lambda=non_negative,
-              mtp_lambda_late=non_negative, late_frac=fraction, clip=positive, seed=at_least(0),
-              log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0), compile=one_of(*COMPILE),
-              fused_ce=one_of(*COMPILE), ce_chunk=at_least(1))
-        step = self.seq_len * self.batch_size
-        require(self.tokens >= step, f"tokens={self.tokens}: expected at least one step's worth, seq_len x batch_size"
-                f" = {self.seq_len} x {self.batch_size} = {step}")
-        require(self.eval_tokens >= self.seq_len, f"eval_tokens={self.eval_tokens}: expected at least one held-out "
-                f"sequence, seq_len = {self.seq_len}")
+from dmtp.training.common import compiled, to_device
+from dmtp.training.losses import linear_cross_entropy
 
 
 def build_target(arch: TargetArch, vocab_size: int, eos_id: int, dtype=torch.float32):

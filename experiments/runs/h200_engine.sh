@@ -2,7 +2,8 @@
 # One H200 command (<= 10 min): the compiled decode engine checked, then timed side by side with its baselines; every
 # figure of the engine table lands in results/mini/bench (ratios.json beside each goal, overhead.csv, baselines.csv,
 # regen.csv, profile_*.txt), written after each part so a step cut short keeps what it measured:
-#   smoke    a tiny target decodes on the compiled engine as HF's greedy does (else stop: nothing is worth timing)
+#   smoke    a tiny target decodes on the compiled engine as HF's greedy does (`python -m experiments.gpu_smoke`;
+#            else stop: nothing is worth timing)
 #   pipe     the `smoke` profile's pipeline end to end on the GPU with `mini`'s engine settings (bf16, dense kernel,
 #            compiled prompt pass, grouped admission), then bench's overhead and throughput parts on its models:
 #            every GPU path of a `mini` run (compiled pretraining with the fused loss, all drafters in one compiled
@@ -20,17 +21,17 @@
 # SWEEP_PAPER / SWEEP_MINI: contexts for bench --kernel-sweep in the paper / mini step (off when unset). TUNED=1: the
 # batch-1 baselines also time the engine with Inductor's autotuned kernels (bench --tuned; longer compiles).
 # STEPS (default smoke,paper,mini,train,trained,tests) picks steps, BUDGET (seconds, default 570) the time; $OUT
-# (a folder), if set, receives engine.log and engine.tgz (the results folder).
+# (a folder), if set, receives engine.log and engine.tgz (the results folder). Ends with every ratio record of
+# $RES/ratios.json, MET or MISS.
 #     bash experiments/runs/h200_engine.sh
 #     STEPS=smoke,trained,tests bash experiments/runs/h200_engine.sh     # once a trained mini target exists
-set -uo pipefail
-PY=python3; RES=${RES:-results/mini/bench}; W=work/mini; BUDGET=${BUDGET:-570}
+source "$(dirname "$0")/common.sh"  # PY, stamp, usage, wheels, revision
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+RES=${RES:-results/mini/bench}; W=work/mini; BUDGET=${BUDGET:-570}
 STEPS=",${STEPS:-smoke,paper,mini,train,trained,tests},"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-[ -f .whl/REVISION ] && [ ! -f REVISION ] && cp .whl/REVISION REVISION  # the commit (make device-prep): meta files
+export TOKENIZERS_PARALLELISM=false
+wheels; revision  # HumanEval's prompts (the pipe and trained steps), the commit in every meta file
 mkdir -p "$RES"
-START=$(date +%s)
-t() { echo "[run] $(date +%T) +$(( $(date +%s) - START ))s $*"; }
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 on() { [[ $STEPS == *",$1,"* ]]; }
 BENCH="$PY -m dmtp.cli.bench --tokens 128 --batch 8 --kernel-profile --out $RES ${TUNED:+--tuned}"
@@ -38,29 +39,7 @@ BENCH="$PY -m dmtp.cli.bench --tokens 128 --batch 8 --kernel-profile --out $RES 
 # (kernels.csv; each context compiles anew: ~1 min per context at the 8B shape)
 SW_P=${SWEEP_PAPER:+--kernel-sweep $SWEEP_PAPER}; SW_M=${SWEEP_MINI:+--kernel-sweep $SWEEP_MINI}
 
-smoke() {
-  $PY -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
-  timeout 150 $PY - <<'PYEOF'
-import sys, time, torch
-sys.path.insert(0, "tests")
-from conftest import make_drafter
-from dmtp.engine.decode import build_method, generate
-from dmtp.models import tiny
-P = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
-for arch in ("qwen3_5", "qwen3"):  # the compiled Qwen3 target once diverged where Qwen3.5 did not (LOG.md)
-    tgt, mtp = tiny.build(arch, seed=0)
-    tgt.model.cuda(); mtp.cuda()
-    ref = [tgt.model.generate(torch.tensor([p], device="cuda"), max_new_tokens=20, do_sample=False,
-                              pad_token_id=0)[0, len(p):].tolist() for p in P]
-    for name in ("ar", "mtp", "zero_init_residual"):
-        t0 = time.time()
-        d = make_drafter(tgt, name).cuda() if name not in ("ar", "mtp") else None
-        got = [r.output_ids for r in generate(tgt, build_method(name, tgt, drafter=d, mtp=mtp), P, 0.0, 20)]
-        print("[smoke]", arch, name, f"{time.time() - t0:.1f}s",
-              "identical to HF greedy" if got == ref else f"DIFFERS: {got}")
-        assert got == ref
-PYEOF
-}
+smoke() { timeout 150 $PY -m experiments.gpu_smoke; }
 
 pipe() {
   local w=/tmp/pipe_w r=/tmp/pipe_r e=(--set engine.dtype=bf16 --set engine.attention=dense
@@ -74,36 +53,34 @@ pipe() {
 }
 
 main() {
-  if on smoke; then t "smoke"; smoke || { t "smoke FAILED: stopping"; return 1; }; fi
-  if on pipe; then t "pipe (the smoke pipeline on the GPU, mini's engine)"; pipe || t "pipe FAILED"; fi
+  if on smoke; then stamp "smoke"; smoke || { stamp "smoke FAILED: stopping"; return 1; }; fi
+  if on pipe; then stamp "pipe (the smoke pipeline on the GPU, mini's engine)"; pipe || stamp "pipe FAILED"; fi
   if on paper; then
     keep=60; on mini && keep=240
-    t "bench --paper-shape"; timeout $(( $(left) - keep )) $BENCH --paper-shape $SW_P 2>&1 | grep -v -i "warn"
+    stamp "bench --paper-shape"; timeout $(( $(left) - keep )) $BENCH --paper-shape $SW_P 2>&1 | grep -v -i "warn"
   fi
-  if on mini; then t "bench --mini-shape"; timeout $(( $(left) - ${KEEP_MINI:-60} )) $BENCH --mini-shape $SW_M \
+  if on mini; then stamp "bench --mini-shape"; timeout $(( $(left) - ${KEEP_MINI:-60} )) $BENCH --mini-shape $SW_M \
     ${SHAPE_PARTS:+--shape-parts $SHAPE_PARTS} 2>&1 | grep -v -i "warn"; fi
   if on train && [ "$(left)" -gt 200 ]; then
-    t "bench_train"; timeout $(( $(left) - 30 )) $PY -m dmtp.cli.bench_train --profile mini --out "$RES" \
+    stamp "bench_train"; timeout $(( $(left) - 30 )) $PY -m dmtp.cli.bench_train --profile mini --out "$RES" \
       --kernel-profile 5 ${TRAIN_ARGS:-} 2>&1 | grep -a "bench-train\|Error"
   fi
   if [ -n "${TARGET:-}" ] && [ ! -e $W/target/DONE ]; then mkdir -p $W && cp -r "$TARGET" $W/target; fi
   if on trained && [ -e $W/target/config.json ] && [ -d $W/drafters ] && [ "$(left)" -gt 60 ]; then
-    t "bench on the trained target"
+    stamp "bench on the trained target"
     timeout $(( $(left) - 30 )) $PY -m dmtp.cli.bench --target $W/target --drafters $W/drafters --out "$RES" \
       --parts overhead,hf,regen --methods ar,dflash,zero_init_residual 2>&1 | grep -v -i "warn"
   fi
   if on tests && [ "$(left)" -gt 20 ]; then
-    t "tests ($(left) s left)"
+    stamp "tests ($(left) s left)"
     K="qwen3_5 and (zero_init_residual or dflash2) and (graphed_rounds or never_syncs or sampling_graphed)"
     K="$K or bf16 or large_batch or (server_captures and qwen3_5) or (stop_strings and zero_init_residual)"
     [ "${SUITE:-}" = all ] && K=""
     [ -n "${TESTS_K:-}" ] && K="$TESTS_K"
     timeout $(left) $PY -m pytest tests/test_cuda.py -q -x -p no:cacheprovider ${K:+-k "$K"} 2>&1 | tail -25
   fi
-  t "end"
-  $PY -c "import json
-for r in json.load(open('$RES/ratios.json')):
-    print('MET ' if r['met'] else 'MISS', r['target'], r['value'], r['goal'], r['note'])"
+  stamp "end"
+  if [ -f "$RES/ratios.json" ]; then $PY -m dmtp.analysis.ratios "$RES/ratios.json"; fi
 }
 if [ -n "${OUT:-}" ]; then
   main 2>&1 | tee "$OUT/engine.log"

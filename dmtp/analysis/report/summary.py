@@ -123,13 +123,13 @@ def blog_claims(art: Artifacts) -> list[tuple[str, str, str]]:
     dmtp, dflash, ref = sp.blog_run, sp.drafter_baseline, sp.reference
     ab = R.table("ablation").set_index("method").acceptance_length
     he = R.table("open_repro").set_index("dataset").loc["HumanEval"]
-    code = f"Code ablation {ab.get('fusion', math.nan):.3f} vs {ab.get('dflash', math.nan):.3f}"
+    code = f"Code ablation {ab.get(dmtp, math.nan):.3f} vs {ab.get(dflash, math.nan):.3f}"
     claims = [
         (dmtp, dflash, f"DMTP > DFlash ({code}; open reproduction HumanEval {he.dmtp:.3f} vs {he.dflash:.3f}, "
                        f"+{he.dmtp_vs_dflash_pct:.2f} %)"),
         (dmtp, "mtp", f"DMTP > MTP415 (open reproduction HumanEval {he.dmtp:.3f} vs {he.mtp:.3f})"),
         (dflash, "mtp", f"DFlash > MTP415 on code (open reproduction HumanEval {he.dflash:.3f} vs {he.mtp:.3f})"),
-        (dmtp, ref, f"fusion > {ref} (Code ablation +{R.ablation_value('fusion', 'rel_to_token_only_pct'):.2f} %)"),
+        (dmtp, ref, f"{dmtp} > {ref} (Code ablation +{R.ablation_value(dmtp, f'rel_to_{ref}_pct'):.2f} %)"),
     ]
     return [(a, b, c) for a, b, c in claims if a and b and a != b]
 

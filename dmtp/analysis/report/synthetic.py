@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dmtp.ablation import AblationSpec
 from dmtp.analysis.costmodel import round_time, simulate
 from dmtp.analysis.report.data import DEFAULT_K
+from dmtp.config import AblationSpec
 
 EOS = 0  # the synthetic end-of-text id
 BUDGETS = (125, 250, 500, 1000, 2000)  # curve snapshots when the spec names none; the final step is 2 x the last

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dmtp.ablation import GROUPS
 from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report.data import Artifacts, cube, group, load, missing_runs, paired_runs, per_unit
+from dmtp.config import GROUPS
 
 OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2": "DFlash2", "dmtp_d2": "DMTP(D2)"}
 

@@ -23,9 +23,10 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
+from dmtp.config import VERIFY_MODES
 from dmtp.io import read_json
 
-MODES = ["target", "sample", "block"]  # verify modes in table order when the experiment names none
+MODES = list(VERIFY_MODES)  # verify modes in table order when the experiment names none
 HATCH = {"target": "", "sample": "//", "block": "xx"}
 SHADE = {"target": "#4c72b0", "sample": "#dd8452", "block": "#55a868"}
 PAIRS = [("sample", "target"), ("block", "target"), ("block", "sample")]

@@ -16,13 +16,16 @@ from dataclasses import asdict, dataclass, replace
 
 from dmtp.checks import at_least, check, one_of
 
-ENGINES = ("auto", "compiled", "flex", "hf")
+ENGINES = ("auto", "compiled", "fast-eager", "hf")
 ATTENTIONS = ("flex", "dense")
 CACHE_WRITES = ("auto", "graph", "eager")
 TUNINGS = ("default", "autotune")
 DRAFTER_PATHS = ("compiled", "hf")
 PREFILLS = ("hf", "compiled")
 DTYPES = ("fp32", "bf16", "fp16")
+VERIFY_MODES = ("target", "sample", "block")  # how drafts are drawn and accepted at T > 0 (dmtp/engine/verify.py)
+EVAL_MODES = ("natural", "fixed")  # natural: a request ends at end-of-text, a stop string or the length cap; fixed:
+# exactly max_new_tokens, end-of-text ignored (dmtp/engine/runner.py)
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,8 @@ class EngineConfig:
     """How the decode loop and its compiled forwards run. Every field changes timings; `dtype` and `engine` can also
     change tokens at near-ties (every engine equals the HF reference in fp32; bf16 forwards round differently)."""
     engine: str = "auto"  # "compiled": fast.py's forwards compiled, the other stages compiled whole, under CUDA graphs;
-    # "flex": fast.py's forwards uncompiled; "hf": the HF layers with dense masks (the reference); "auto": compiled on
-    # CUDA, hf on CPU. Targets fast.py does not cover (hybrid, MoE) always decode on "hf"
+    # "fast-eager": fast.py's forwards uncompiled (debugging; CPU tests); "hf": the HF layers with dense masks (the
+    # reference); "auto": compiled on CUDA, hf on CPU. Targets fast.py does not cover (hybrid, MoE) decode on "hf"
     graphs: bool = True  # CUDA graphs of the round's stages (CUDA, full-attention targets)
     attention: str = "flex"  # attention kernel of the compiled forwards: "flex" (flex attention over the key blocks a
     # request can see) | "dense" (two GQA matmuls over the whole cache, visibility evaluated inside the softmax)
@@ -76,7 +79,7 @@ class EngineConfig:
 
     @classmethod
     def of(cls, x: "EngineConfig | str | None") -> "EngineConfig":
-        """None: the default config; a name: the default config on that engine ("hf", "flex", "compiled")."""
+        """None: the default config; a name: the default config on that engine ("hf", "fast-eager", "compiled")."""
         if x is None:
             return cls()
         if isinstance(x, str):

@@ -1,28 +1,24 @@
 """HumanEval through `ar` in both evaluation modes, on a trained target: how many prompts stop at once (the prompt
 boundary check: at most 1 % at T = 0), how requests end, and how loopy the outputs are. Writes one JSON.
 
-    python experiments/runs/boundary_check.py --target work/mini/target --out results/mini/boundary_check.json
-    python experiments/runs/boundary_check.py --target work/smoke/target --out /tmp/bc.json --n 4 \
+    python -m experiments.boundary_check --target work/mini/target --out results/mini/boundary_check.json
+    python -m experiments.boundary_check --target work/smoke/target --out /tmp/bc.json --n 4 \
         --max-new-tokens 16   # CPU, after `dmtp pipeline --profile smoke --stage corpus,tokenizer,target`
 """
 import argparse
 import collections
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
 
-import torch  # noqa: E402
-
-from dmtp.analysis.metrics import loop_summary, stopped_at_once  # noqa: E402
-from dmtp.data.humaneval import humaneval_prompts  # noqa: E402
-from dmtp.data.tokenizer import load_tokenizer  # noqa: E402
-from dmtp.engine.decode import build_method  # noqa: E402
-from dmtp.engine.runner import run_generate  # noqa: E402
-from dmtp.engine.stops import HUMANEVAL_STOPS  # noqa: E402
-from dmtp.io import write_json  # noqa: E402
-from dmtp.models.target import Target  # noqa: E402
+from dmtp.analysis.metrics import loop_summary, stopped_at_once
+from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.tokenizer import load_tokenizer
+from dmtp.engine.methods import AR
+from dmtp.engine.runner import run_generate
+from dmtp.engine.stops import HUMANEVAL_STOPS
+from dmtp.io import write_json
+from dmtp.models.target import Target
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--target", required=True, help="a target checkpoint with its tokenizer (work/<profile>/target)")
@@ -41,8 +37,8 @@ out = {"target": a.target, "n": len(rows), "max_new_tokens": a.max_new_tokens, "
 for temp in (float(t) for t in a.temperatures.split(",")):
     for mode, stops in (("natural", HUMANEVAL_STOPS), ("fixed", ())):
         t0 = time.time()
-        recs = run_generate(tgt, build_method("ar", tgt), rows, temp, a.max_new_tokens, eos, len(rows), tok=tok,
-                            mode=mode, stop_strings=stops, desc=f"ar {mode} T{temp:g}")
+        recs = run_generate(tgt, AR(), rows, temp, a.max_new_tokens, eos, len(rows), tok=tok, mode=mode,
+                            stop_strings=stops, desc=f"ar {mode} T{temp:g}")
         frac, ids = stopped_at_once(recs, eos)
         run = {"temperature": temp, "mode": mode, "stopped_at_once": frac, "stopped_at_once_ids": ids,
                "stop_reason": dict(collections.Counter(r["stop_reason"] for r in recs)),

@@ -122,6 +122,13 @@ class AblationSpec:
         return self.blog_method or self.main_method
 
     @property
+    def study_runs(self) -> tuple[str, ...]:
+        """The runs the verification-mode study decodes unless `verify.methods` names others: the baselines, the
+        drafter baseline, the blog's run and the main method."""
+        roles = self.baselines + (self.drafter_baseline, self.blog_run, self.main_method)
+        return tuple(dict.fromkeys(r for r in roles if r))
+
+    @property
     def compared(self) -> tuple[str, ...]:
         """The rows of the pairwise tests: the baselines that draft (all but "ar", the target alone), the main and
         the control runs."""

@@ -1,0 +1,274 @@
+"""The parts on a trained target (`--target`, `--drafters`), each a function of the run's `Bench` and the runs it
+times: `overhead` (stage times per round), `throughput` (end to end, dynamic batching, every method side by side),
+`hf` (batch 1 against HF's loops), `regen` (the data stage's regeneration), `screen` (the screened T1 head)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from dmtp.analysis.metrics import acceptance_length, first_token, histogram
+from dmtp.analysis.ratios import Ratio
+from dmtp.cli.bench.baselines import hf_static_generate, regeneration, regeneration_ratio
+from dmtp.cli.bench.common import (
+    device_name,
+    label_of,
+    median,
+    merge_overhead,
+    merge_rows,
+    ratio,
+    read_bytes_per_token,
+    round_goal,
+    spread,
+    stage_times,
+    timed,
+)
+from dmtp.cli.bench.shapes import draft_side_ratios
+from dmtp.config import AblationSpec, DataConfig, EngineConfig
+from dmtp.data.datasets import encode_prompts
+from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.tokenizer import find_tokenizer
+from dmtp.engine.decode import Server, capacity_for, generate
+from dmtp.engine.methods import AR, Method, load_method
+from dmtp.engine.runner import stop_spec
+from dmtp.engine.stops import HUMANEVAL_STOPS
+from dmtp.io import write_text
+from dmtp.models import torch_dtype
+from dmtp.models.mtp import MTPHead
+from dmtp.models.screen import T1Screen
+from dmtp.models.target import Target
+
+
+# --- the parts on a trained target ---------------------------------------------------------------------------------
+@dataclass
+class Bench:
+    """What every part measures with: the profile's target, MTP head, trained drafters and HumanEval prompts."""
+    a: argparse.Namespace  # the command line
+    spec: AblationSpec  # which runs are DMTP (main_method) and DFlash (drafter_baseline)
+    setup: str  # the ratio records' setup: the profile
+    data: DataConfig  # the profile's on-policy data settings (the regeneration part decodes as that stage does)
+    tgt: Target
+    mtp: MTPHead
+    eos: list[int]
+    prompts: list[list[int]]  # HumanEval prompt ids
+    eng: EngineConfig = field(default_factory=EngineConfig)  # the profile's engine: every part decodes with it
+    tok: object = None  # the target's tokenizer (natural mode's stop strings)
+    screen: T1Screen | None = field(default=None)  # built on first use
+
+    @classmethod
+    def load(cls, a, spec: AblationSpec, setup: str, data: DataConfig, eng: EngineConfig) -> "Bench":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        tok = find_tokenizer(a.target)
+        if tok is None:
+            raise ValueError(f"--target {a.target}: no tokenizer files beside config.json (the HumanEval prompts are "
+                             "text)")
+        tgt = Target.load(a.target, dtype=torch_dtype(a.dtype or eng.dtype), device=dev)
+        prompts = [p["prompt_ids"] for p in encode_prompts(tok, humaneval_prompts())]
+        eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        return cls(a, spec, setup, data, tgt, MTPHead.load(tgt, a.target), eos, prompts, eng, tok)
+
+    @property
+    def dev(self) -> str:
+        return self.tgt.device.type
+
+    def method(self, name: str) -> Method:
+        """A run's method by name, optionally "+screen" (with the screened T1 head)."""
+        base, _, extra = name.partition("+")
+        if extra == "screen" and self.screen is None:
+            self.screen = T1Screen(self.tgt, rank=self.a.screen_rank, topk=self.a.screen_topk)
+        return load_method(base, self.tgt, self.mtp, self.a.drafters, screen=self.screen if extra == "screen" else None,
+                           label=name)
+
+
+def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
+    """Per-round stage times of `ar` and every method at batch `--batch` and at each batch cap (the cost model's round
+    times, `dmtp.analysis.costmodel`), `--tokens` generated tokens, EOS ignored, the first 16 rounds excluded; at
+    `--batch` the round ratios: DMTP / DFlash, each method / AR step, the draft side / verify."""
+    a, dmtp, dflash = b.a, b.spec.main_method, b.spec.drafter_baseline
+    names = [AR.name] + [m for m in methods if m != AR.name]  # the reference first
+    rows, ratios = [], []
+    for batch in sorted({a.batch, *a.caps}):
+        prompts = [b.prompts[i % len(b.prompts)] for i in range(batch)]
+        for name in names:
+            ms, res = stage_times(b.tgt, b.method(name), prompts, a.tokens, engine=b.eng)
+            rows += [{"method": name, "stage": s, "ms_per_round": v, "batch": batch, "rounds": len(res[0].accepted),
+                      "device": device_name(b.dev), "engine": label_of(b.eng)} for s, v in ms.items()]
+            print(f"[bench] overhead {name} batch {batch}: " + ", ".join(f"{s} {v:.3f}" for s, v in ms.items()))
+    by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows if r["batch"] == a.batch}
+    if (dflash, "round") in by and (dmtp, "round") in by:
+        ratios.append(ratio(b.setup, f"{dmtp} round / {dflash} round", by[(dmtp, "round")] / by[(dflash, "round")],
+                            "<=", round_goal(b.setup), f"batch {a.batch}"))
+    ratios += draft_side_ratios(by, names, lambda n: n, b.setup, a.batch, ", trained models")
+    merge_overhead(Path(a.out) / "overhead.csv", rows)
+    return ratios
+
+
+def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
+    """End-to-end throughput, the way a user serves: HumanEval prompts in natural mode (end-of-text and HumanEval's
+    stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process. Per
+    (temperature, cap) a server per method is started and warmed up (graph capture on a first group, as at server
+    start-up); then `--repeats` timed runs of the whole request group, interleaved (every method once per repeat, the
+    order rotated by one each repeat), so a drift of the machine reaches all alike. The largest cap decodes
+    `--prompts` prompts, the others the first `--small-cap-prompts`. throughput.csv: one row per run (tok/s, per-verify
+    tau, server rounds, admitted groups and the host time admitting them); ratios: each method / AR as the median of
+    the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its per-verify gain."""
+    a = b.a
+    stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
+    rows, top = [], max(a.caps)
+    runs = [(n, v) for n in methods for v in a.verify]
+    for temp in a.temperatures:
+        for cap in a.caps:
+            reqs = b.prompts[: a.prompts if cap == top else a.small_cap_prompts]
+            servers = {}
+            for name, v in runs:  # start-up: one server per method, graphs captured on a first group
+                m = b.method(name)
+                run = name if v == "target" else f"{name}+{v}"
+                servers[run] = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
+                                      a.max_new_tokens, b.eos, seed=0, engine=b.eng, stop=stop, verify=v)
+                servers[run].run(reqs[:cap])
+            order = list(servers)
+            for rep in range(a.repeats):
+                for run in order[rep % len(order):] + order[: rep % len(order)]:
+                    srv = servers[run]
+                    before = (srv.admit_s, srv.rounds, srv.groups)
+                    res, wall = timed(b.dev, srv.run, reqs)
+                    n_out = sum(len(r.output_ids) for r in res)
+                    acc = [x for r in res for x in r.accepted]
+                    rows.append({"method": run, "temperature": temp, "batch_cap": cap, "repeat": rep,
+                                 "dataset": "humaneval", "mode": "natural", "batching": "dynamic",
+                                 "requests": len(reqs), "output_tokens": n_out, "wall_s": wall,
+                                 "tok_per_s": n_out / wall, "per_verify": acceptance_length(acc),
+                                 "verify_rounds": len(acc), "server_rounds": srv.rounds - before[1],
+                                 "groups": srv.groups - before[2], "admit_s": srv.admit_s - before[0],
+                                 "verify": run.partition("+")[2] or "target", "engine": label_of(b.eng),
+                                 "admit": b.eng.admit})
+                    print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
+                          f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
+                          f"{rows[-1]['admit_s']:.2f}s)")
+                    write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
+            del servers  # frees their slots (caches, graphs) before the next cap
+    return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup)
+
+
+SPEEDUP_GOALS = {1: 2.5, 32: 2.0}  # main method / AR tok/s at T = 0 by batch cap (the largest cap: the second)
+
+
+def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[Ratio]:
+    """From throughput.csv's runs: every method / AR at each (temperature, cap), the median of the per-repeat ratios
+    (runs of the same repeat index side by side) with their range (the main method at T = 0 against
+    `SPEEDUP_GOALS`); and DMTP's throughput gain over DFlash / its per-verify gain at every cap (goal >= 0.95 at the
+    largest cap)."""
+    dmtp, dflash = spec.main_method, spec.drafter_baseline
+    out = []
+    if "repeat" not in tp:
+        tp = tp.assign(repeat=0)
+    top = tp.batch_cap.max() if len(tp) else 0
+    for (temp, cap), g in tp.groupby(["temperature", "batch_cap"]):
+        by = {m: x.set_index("repeat") for m, x in g.groupby("method")}
+        cond = f"B{cap}, T={temp:g}"
+        if AR.name in by:
+            for m in sorted(set(by) - {AR.name}):
+                q = (by[m].tok_per_s / by[AR.name].tok_per_s).dropna().tolist()
+                if not q:
+                    continue
+                goal = SPEEDUP_GOALS.get(1 if cap == 1 else 32) if m == dmtp and temp == 0 and cap in (1, top) else None
+                out.append(ratio(setup, f"{m} tok/s / AR tok/s", median(q), ">=" if goal else "report", goal, cond,
+                                 f"{by[m].tok_per_s.median():.0f} vs {by[AR.name].tok_per_s.median():.0f} tok/s; per "
+                                 f"repeat {spread(q)}, {len(q)} repeats"))
+        if dmtp in by and dflash in by:
+            gain = (by[dmtp].tok_per_s / by[dflash].tok_per_s).dropna()
+            tau = by[dmtp].per_verify.median() / by[dflash].per_verify.median() - 1
+            q = [(x - 1) / tau if tau > 0 else float("nan") for x in gain]
+            out.append(ratio(setup, f"throughput gain / per-verify gain ({dmtp} vs {dflash})", median(q),
+                             ">=" if cap == top else "report", 0.95 if cap == top else None, cond,
+                             f"throughput {median(gain.tolist()) - 1:+.1%} (per repeat {spread(gain.tolist())}), "
+                             f"per-verify {tau:+.1%}"))
+    return out
+
+
+def hf(b: Bench, methods: list[str]) -> list[Ratio]:
+    """The engine vs a plain HF `generate` loop, batch 1, T = 0, and AR against the HBM bound."""
+    a, dev, eos, dmtp = b.a, b.dev, b.eos, b.spec.main_method
+    rows = []
+    bound = a.bandwidth / read_bytes_per_token(b.tgt)
+    hf_prompts = b.prompts[: a.hf_prompts]
+    servers = {}
+    for name in methods:  # batch-1 servers, graphs captured on a warm-up request
+        m = b.method(name)
+        servers[name] = Server(b.tgt, m, 1, capacity_for(hf_prompts, a.max_new_tokens, m.k), 0.0, a.max_new_tokens,
+                               eos, engine=b.eng)
+        servers[name].run(hf_prompts[:1])
+    for i, pr in enumerate(hf_prompts):
+        out, t_hf = timed(dev, b.tgt.model.generate, torch.tensor([pr], device=dev), max_new_tokens=a.max_new_tokens,
+                          do_sample=False, eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
+        ref = out[0, len(pr):].tolist()
+        for name, srv in servers.items():
+            (res,), t = timed(dev, srv.run, [pr])
+            rows.append({"prompt": i, "method": name, "tokens": len(res.output_ids),
+                         "ours_tok_per_s": len(res.output_ids) / t, "hf_ar_tok_per_s": len(ref) / t_hf,
+                         "speedup_vs_hf_ar": (len(res.output_ids) / t) / (len(ref) / t_hf),
+                         "identical": res.output_ids == ref, "ar_hbm_bound_tok_per_s": bound})
+    df = pd.DataFrame(rows)
+    write_text(Path(a.out) / "hf.csv", df.to_csv(index=False))
+    mean = df.groupby("method")[["ours_tok_per_s", "hf_ar_tok_per_s", "speedup_vs_hf_ar", "identical"]].mean()
+    print(mean)
+    ratios = []
+    if AR.name in mean.index:
+        ratios.append(ratio(b.setup, "engine AR / HF AR loop", mean.loc[AR.name, "speedup_vs_hf_ar"], ">=", 15,
+                            "batch 1"))
+        static = hf_static_generate(b.tgt, hf_prompts[0], a.max_new_tokens)
+        static()  # compiles
+        out, wall = static()
+        tps = len(out) / wall
+        ours = df[(df.method == AR.name) & (df.prompt == 0)].ours_tok_per_s.iloc[0]
+        ratios.append(ratio(b.setup, "engine AR / HF static-cache compiled generate", ours / tps, ">=", 1.6,
+                            "batch 1", f"{ours:.0f} vs {tps:.0f} tok/s (first prompt; natural EOS for ours)"))
+        ar = mean.loc[AR.name, "ours_tok_per_s"]
+        ratios.append(ratio(b.setup, "AR tok/s / HBM bound", ar / bound, condition="batch 1",
+                            note=f"{ar:.0f} tok/s vs {bound:.0f} "
+                                                      "tok/s"))
+    if dmtp in mean.index:
+        ratios.append(ratio(b.setup, f"engine {dmtp} / HF AR loop", mean.loc[dmtp, "speedup_vs_hf_ar"], ">=", 15,
+                            "batch 1"))
+    return ratios
+
+
+def regen(b: Bench, methods: list[str]) -> list[Ratio]:
+    """The on-policy data stage's regeneration on the trained target: `--regen-batch` HumanEval prompts (cut to the
+    profile's prompt budget, repeated as needed) at once, AR, the profile's data temperature and new tokens."""
+    a, d = b.a, b.data
+    if not a.regen_batch:
+        return []
+    reqs = [b.prompts[i % len(b.prompts)][: d.prompt_tokens] for i in range(a.regen_batch)]
+    row = regeneration(b.tgt, reqs, d.temperature, d.new_tokens, b.setup, engine=b.eng, label=label_of(b.eng))
+    merge_rows(Path(a.out) / "regen.csv", [row])
+    return [regeneration_ratio(row, b.setup)]
+
+
+def screen(b: Bench, methods: list[str]) -> list[Ratio]:
+    """The screened T1 head on the real (trained) target: T1 agreement with the exact head, first-token acceptance
+    and acceptance length with and without it (the main method; skipped when it is not among `methods`)."""
+    a, dmtp = b.a, b.spec.main_method
+    if dmtp not in methods:
+        return []
+    rows, reqs = [], b.prompts[: a.prompts]
+    for name in [dmtp, dmtp + "+screen"]:
+        m = b.method(name)
+        acc = [x for r in generate(b.tgt, m, reqs, 0.0, a.max_new_tokens, b.eos, engine=b.eng) for x in r.accepted]
+        rows.append({"method": name, "rank": a.screen_rank, "topk": a.screen_topk, "rounds": len(acc),
+                     "first_token_acceptance": first_token(histogram(acc, m.k)), "per_verify": acceptance_length(acc)})
+    with torch.no_grad():  # T1 agreement over MTP hiddens of real text (the first 64 tokens of each prompt)
+        ids = torch.tensor([p[:64] for p in reqs if len(p) >= 64][:64], device=b.dev)
+        g = b.mtp.teacher_forced(ids, b.tgt.features(ids).hidden).reshape(-1, b.tgt.hidden_size)
+        agree = float((b.screen(g) == b.tgt.lm_head(g).argmax(-1)).float().mean())
+    for r in rows:
+        r["t1_agreement"] = agree if "+screen" in r["method"] else 1.0
+    write_text(Path(a.out) / "screen.csv", pd.DataFrame(rows).to_csv(index=False))
+    print(pd.DataFrame(rows))
+    return []
+
+
+PARTS = {"overhead": overhead, "throughput": throughput, "hf": hf, "screen": screen, "regen": regen}

@@ -1,0 +1,111 @@
+"""The training settings (torch-free): the embedded target's shape and its pretraining with the native MTP head
+(dmtp/training/pretrain.py), and drafter training (dmtp/training/drafters.py).
+
+    PretrainConfig(tokens=40_000, seq_len=64, batch_size=8)   # a profile's `pretrain` section
+    TrainConfig(steps=6, batch_size=4, max_len=96)            # its `train` section (every drafter of the ablation)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive, require
+
+COMPILE = ("auto", "on", "off")  # values of PretrainConfig.compile / .fused_ce and TrainConfig.compile
+CHUNK = 8192  # tokens per chunk of the fused LM-head loss: a chunk's bf16 logits at vocab 8192 take 128 MiB, its
+# gradient as much (dmtp/training/losses.py)
+
+
+@dataclass
+class TargetArch:
+    """The embedded target: a Qwen3.5-architecture decoder, every layer full attention, with one native MTP layer."""
+    hidden_size: int = 128  # model width (the drafter shares it)
+    num_hidden_layers: int = 4  # decoder layers (the drafter taps some of them)
+    num_attention_heads: int = 4  # query heads
+    num_key_value_heads: int = 2  # key/value heads (grouped-query attention)
+    head_dim: int = 32  # attention head size (a quarter of it rotated)
+    intermediate_size: int = 384  # FFN width
+    max_position_embeddings: int = 4096  # positions the target takes (prompt + generated tokens)
+    tie_word_embeddings: bool = True  # small Qwen3.5 models tie them; halves the hand-off checkpoint
+
+    def __post_init__(self):
+        check(self, hidden_size=at_least(1), num_hidden_layers=at_least(1), num_attention_heads=at_least(1),
+              num_key_value_heads=at_least(1), head_dim=at_least(8), intermediate_size=at_least(1),
+              max_position_embeddings=at_least(2))
+        require(self.num_attention_heads % self.num_key_value_heads == 0, f"num_attention_heads="
+                f"{self.num_attention_heads} is not a multiple of num_key_value_heads={self.num_key_value_heads}")
+        require(self.head_dim % 8 == 0, f"head_dim={self.head_dim}: expected a multiple of 8 (a quarter of it is "
+                "rotated, split into three mrope sections)")
+
+
+@dataclass
+class PretrainConfig:
+    """Target + MTP pretraining (joint loss, DeepSeek-V3 style)."""
+    tokens: int = 2_000_000  # training tokens (mini: >= 100M)
+    seq_len: int = 256  # tokens per training sequence (windows cut from the token stream)
+    batch_size: int = 16  # sequences per step
+    lr: float = 2e-3  # AdamW peak learning rate (warm-up, then cosine to 0.1 x)
+    warmup_frac: float = 0.02  # linear warm-up fraction of the steps
+    weight_decay: float = 0.1  # AdamW weight decay (matrices only)
+    mtp_lambda: float = 0.3  # DeepSeek-V3: 0.3 early (0.1 late)
+    mtp_lambda_late: float = 0.1  # used for the last `late_frac` of training
+    late_frac: float = 0.3  # last fraction of the steps trained with mtp_lambda_late
+    clip: float = 1.0  # gradient-norm clip
+    seed: int = 0  # the initial weights (the pipeline seeds them with it) and the order of the training windows
+    bf16: bool = True  # autocast on CUDA
+    eval_tokens: int = 200_000  # held-out tokens for the report
+    log_every: int = 20  # a history record (loss averaged over ranks) every N steps
+    save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
+    stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
+    compile: str = "auto"  # "auto": torch.compile the step on CUDA (CPU eager); "on": also on CPU; "off": eager
+    # "auto": both heads' loss through the fused chunked linear + CE (`losses.linear_cross_entropy`) on CUDA, where the
+    # materialised fp32 [tokens, vocab] logits and their gradient make the step memory-bound; "on": also on CPU;
+    # "off": `F.cross_entropy(lm_head(h).float(), y)` (the same loss, its logits materialised)
+    fused_ce: str = "auto"
+    ce_chunk: int = CHUNK  # tokens per chunk of the fused loss: its logits take ce_chunk x vocab at a time
+
+    def __post_init__(self):
+        # seq_len >= 3: the MTP term predicts x_{i+2}
+        check(self, tokens=at_least(1), seq_len=at_least(3), batch_size=at_least(1), lr=positive,
+              warmup_frac=fraction, weight_decay=non_negative, mtp_lambda=non_negative,
+              mtp_lambda_late=non_negative, late_frac=fraction, clip=positive, seed=at_least(0),
+              log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0), compile=one_of(*COMPILE),
+              fused_ce=one_of(*COMPILE), ce_chunk=at_least(1))
+        step = self.seq_len * self.batch_size
+        require(self.tokens >= step, f"tokens={self.tokens}: expected at least one step's worth, seq_len x batch_size"
+                f" = {self.seq_len} x {self.batch_size} = {step}")
+        require(self.eval_tokens >= self.seq_len, f"eval_tokens={self.eval_tokens}: expected at least one held-out "
+                f"sequence, seq_len = {self.seq_len}")
+
+
+@dataclass
+class TrainConfig:
+    """Drafter training: every drafter of the ablation on the same batches, anchors and seed."""
+    steps: int = 200  # optimizer steps per drafter
+    batch_size: int = 8  # sequences per step
+    max_len: int = 512  # sequences are cut to this many tokens
+    anchors_per_seq: int = 64  # anchors sampled per sequence (cap; uniform over valid positions)
+    lr: float = 6e-4  # AdamW peak learning rate (SpecForge DFlash recipe)
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_frac: float = 0.04  # linear warm-up fraction, then cosine to 0
+    clip: float = 1.0  # gradient-norm clip
+    gamma: float = 4.0  # loss weight of candidate T_k: exp(-(k-1)/gamma); 4 for 7 candidates, 7 for 15
+    seed: int = 0  # initialisation, data order and anchors
+    save_every: int = 100  # checkpoint (weights + optimizer) every N steps; resumable
+    log_every: int = 10  # a history record (loss, accuracy) every N steps
+    amp_bf16: bool = False  # autocast the drafters and the frozen target's feature pass in bf16 on GPU
+    compile: str = "auto"  # "auto": the compiled path on CUDA, eager on CPU; "on": compiled everywhere; "off": eager
+    one_region: bool = True  # compiled path: every drafter of a step in one compiled region with one AdamW step;
+    # False: a compiled region, an AdamW and a clip per drafter (what `bench_train` compares it with)
+    stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
+    snapshots: tuple[int, ...] = ()  # also keep the weights after these steps (<name>/step<k>/): learning curves
+
+    def __post_init__(self):
+        # max_len >= 4: an anchor needs A, T1 and at least one label (1 <= a <= len - 3)
+        check(self, steps=at_least(1), batch_size=at_least(1), max_len=at_least(4), anchors_per_seq=at_least(1),
+              lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
+              seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0),
+              compile=one_of(*COMPILE))
+        self.snapshots = tuple(int(k) for k in self.snapshots)
+        bad = [k for k in self.snapshots if not 1 <= k <= self.steps]
+        if bad:
+            raise ValueError(f"train.snapshots: steps {bad} outside 1..steps={self.steps}")

@@ -1,0 +1,128 @@
+"""DFlash and every DMTP injection variant: one method class for all of them, the variant (the drafter checkpoint's,
+registered by name in dmtp/models/variants/) deciding the block, the context and whether the MTP is involved."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dmtp.engine.methods.base import Method
+from dmtp.engine.methods.mtp import MTPState
+from dmtp.models import fast
+from dmtp.models.cache import KVCache
+from dmtp.models.drafter import Drafter, check_compatible
+from dmtp.models.variants import get_variant
+
+
+class DrafterMethod(Method):
+    """DFlash and every DMTP variant: the variant decides the block and whether the MTP is involved."""
+    needs_drafter = True
+
+    def __init__(self, drafter, target, head=None, screen=None, label: str | None = None):
+        self.drafter, self.target, self.head, self.screen = drafter, target, head, screen
+        self.var = drafter.injection
+        self.name = label or self.var.name
+        self.k = drafter.config.num_candidates
+        self.taps = drafter.config.target_layer_ids
+        if self.var.needs_mtp and head is None:
+            raise ValueError(f"variant {self.var.name!r} needs the target's native MTP head")
+        lay = self.var.layout(self.k)
+        self.offsets = torch.tensor(lay.offsets)
+        self.predict = torch.tensor(lay.predict)
+
+    @classmethod
+    def needs_mtp(cls, drafter=None):
+        """The variant's need (`Variant.needs_mtp`; before its checkpoint is read: assumed)."""
+        return drafter is None or drafter.injection.needs_mtp
+
+    @classmethod
+    def build(cls, name, target, drafter=None, mtp=None, mtp_steps=4, screen=None, label=None):
+        get_variant(name)  # an unknown name fails here with the list of known ones
+        if drafter is None:
+            raise ValueError(f"method {name!r} needs --drafter")
+        if drafter.config.variant != name:
+            raise ValueError(f"drafter was built as variant {drafter.config.variant!r}, not {name!r}")
+        check_compatible(drafter, target)
+        return cls(drafter, target, mtp, screen, label)
+
+    @classmethod
+    def load(cls, run, target, mtp=None, drafters=None, mtp_steps=4, screen=None, label=None):
+        """The trained drafter of `run` (`<drafters>/<run>/drafter`, e.g. `zero_init_residual_from_dflash`: its config
+        names the variant), in the target's precision."""
+        if drafters is None:
+            raise ValueError(f"method {run!r} needs a drafters folder (<drafters>/{run}/drafter)")
+        d = Drafter.load(Path(drafters) / run / "drafter", device=target.device, dtype=target.dtype).eval()
+        return cls.build(d.config.variant, target, drafter=d, mtp=mtp, screen=screen, label=label or run)
+
+    def compiles(self, eng):
+        return fast.drafter_problem(self.drafter, eng) is None and (
+            not self.var.needs_mtp or fast.layer_problem(self.head.layers[0]) is None)
+
+    @property
+    def graphable(self):
+        """The drafter's own flex-attention backend builds its block mask with torch.compile (not inside a CUDA graph);
+        the compiled engine's drafter (a context cache read by `fast.py`) builds it from tensors."""
+        return self.drafter.config.attn_backend == "sdpa" or getattr(getattr(self, "ctx", None), "fast", False)
+
+    def _write_ctx(self, taps, g, lens):
+        pos = lens[:, None] + torch.arange(taps.shape[1], device=lens.device)
+        f = self.drafter.context(taps, g)
+        self.ctx.write_pos = pos
+        for i, (k, v) in enumerate(self.drafter.context_kv(f, pos)):
+            self.ctx.update(k, v, i)
+
+    @torch.no_grad()
+    def prefill(self, st, ids, plen, out):
+        B, T = ids.shape
+        dev = ids.device
+        self.eng = st.eng
+        own = st.engine != "hf" and fast.drafter_problem(self.drafter, st.eng) is None
+        self.ctx = KVCache(B, st.capacity, fast=own)
+        self.offsets, self.predict = self.offsets.to(dev), self.predict.to(dev)
+        self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
+        g = None
+        if self.var.needs_mtp:
+            self.mtp = MTPState(self.head, B, st.capacity, self.screen, self.draw, st.engine, st.eng)
+            g = self.mtp.prefill(ids, plen, st.anchor, out.hidden)
+        self._write_ctx(out.taps, g, torch.zeros_like(plen))
+
+    def _block(self, anchor, h=None):
+        """Block embeddings [B, S, H]; DMTP variants: T1 head + embeddings + the variant's fusion of E(T1), h."""
+        tgt, d = self.target, self.drafter
+        e_t1 = tgt.embed(self.mtp.t1_head(h)) if self.var.t1 else None
+        return d.block(tgt.embed(anchor), e_t1, h if self.var.t1 else None, tgt.embed(self.mask_id)[0])
+
+    def _draft(self, block, lens, prev):
+        d, tgt = self.drafter, self.target
+        bpos = lens[:, None] + self.offsets
+        if self.ctx.fast:  # the compiled engine's drafter: the block's K/V go into the context cache at bpos
+            hid = fast.drafter_forward(d, block, bpos, self.ctx, lens, self.eng)[:, self.predict]
+        else:
+            ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
+            hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
+        logits, pos = d.logits(tgt.lm_head(hid)), int(self.var.t1)  # draft position of the first predicting slot
+        if not self.draw.sampling:
+            return d.select(logits, hid, prev)  # argmax, or the DFlash2 path walked from A / T1
+        # samples: every slot from the one parallel pass (q_j depends on the block input only), or the DFlash2 walk
+        return self.draw.pick(logits, pos) if d.selector is None else self.draw.walk(d.selector, logits, hid, prev, pos)
+
+    @torch.no_grad()
+    def propose(self, st):
+        if not self.var.t1:  # DFlash: the block (A + mask embeddings) is built inside the drafter stage
+            return self.run("drafter", lambda a, lens: self._draft(self._block(a), lens, a), st.anchor, st.lens)
+        block = self.run("t1_prep", self._block, st.anchor, self.mtp.h)
+        pred = self.run("drafter", self._draft, block, st.lens, self.mtp.t1)
+        return torch.cat([self.mtp.t1[:, None], pred], 1)
+
+    @torch.no_grad()
+    def commit(self, st, out, emitted, n_acc):
+        g = self.run("mtp", self.mtp.advance, st.lens, emitted, out.hidden, n_acc) if self.var.needs_mtp else None
+        if g is None:
+            self.run("drafter_ctx", lambda taps, lens: self._write_ctx(taps, None, lens), out.taps, st.lens)
+        else:
+            self.run("drafter_ctx", self._write_ctx, out.taps, g, st.lens)
+
+    def absorb(self, dst, other, src):
+        self.ctx.copy_rows(other.ctx, dst, src)
+        if self.var.needs_mtp:
+            self.mtp.absorb(dst, other.mtp, src)
