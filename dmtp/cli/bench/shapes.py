@@ -231,6 +231,7 @@ def admission(tgt, methods: dict, prompts: list[list[int]], tokens: int, setup: 
                 srv.run(prompts[g: 2 * g])  # the first admitted group: its prompt pass compiled
                 srv.admit_s, srv.groups = 0.0, 0
                 _, wall = timed(dev, srv.run, prompts[: 4 * g])
+                srv.close()
                 rows.append({"setup": setup, "method": name, "prefill": prefill, "group": g, "groups": srv.groups,
                              "ms_per_group": 1e3 * srv.admit_s / max(srv.groups, 1), "wall_s": wall})
                 print(f"[bench] {setup} admission {name} ({prefill} prompt pass), groups of {g}: "

@@ -149,7 +149,8 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
                     write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
-            del servers  # frees their slots (caches, graphs) before the next cap
+            for srv in servers.values():  # their slots (caches, graphs) go before the next cap
+                srv.close()
     return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup)
 
 
