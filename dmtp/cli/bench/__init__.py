@@ -78,8 +78,8 @@ def main(argv=None):
                    "mini); also the ratio records' setup")
     p.add_argument("--methods", type=names, help="runs to time, comma-separated (default: the spec's ablation.bench)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a profile field for this run (repeatable, as `dmtp pipeline --set`), e.g. engine.attention=flex "
-                        "or model.arch.num_hidden_layers=24 with --mini-shape")
+                   help="a profile field for this run (repeatable, as `dmtp pipeline --set`), e.g. "
+                        "engine.attention=flex or model.arch.num_hidden_layers=24 with --mini-shape")
     p.add_argument("--out", required=True)
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"any of {','.join(PARTS)}; `ratios` alone recomputes ratios.json from the CSVs")
@@ -109,7 +109,8 @@ def main(argv=None):
     p.add_argument("--prompts", type=at_least(1), default=164,
                    help="HumanEval prompts of the throughput runs at the largest cap")
     p.add_argument("--small-cap-prompts", type=at_least(1), default=24,
-                   help="HumanEval prompts of the throughput runs at the other caps (batch 1 over 164 prompts: minutes)")
+                   help="HumanEval prompts of the throughput runs at the other caps (batch 1 over 164 prompts: "
+                        "minutes)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=256)
     p.add_argument("--temperatures", type=listed(temperature), default=[0.0, 1.0])
     p.add_argument("--verify", type=verify_modes, default=["target"],

@@ -165,9 +165,9 @@ def engine_setting(label: str, base: EngineConfig | None = None) -> EngineConfig
     unknown = set(opts) - set(LABEL_OPTIONS)
     if unknown:
         raise ValueError(f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw, tuned)")
+    write = "graph" if "gw" in opts else "eager" if engine != "hf" else "auto"
     return (base or EngineConfig()).with_(engine=engine, attention="dense" if "dense" in opts else "flex",
-                                          cache_write="graph" if "gw" in opts else "eager" if engine != "hf" else "auto",
-                                          tuning="autotune" if "tuned" in opts else "default")
+                                          cache_write=write, tuning="autotune" if "tuned" in opts else "default")
 
 
 def label_of(eng: EngineConfig) -> str:
