@@ -232,7 +232,9 @@ def test_every_mode_follows_the_target_law(models5, laws, name):
         assert pv > 1e-4, (name, mode, "joint 2-3", pv)
         acc = [a for r in res for a in r.accepted]
         if mode != "target" and m.k:
-            assert max(acc) >= 2, (name, mode)  # accepted drafts, not only residuals, produced these laws
+            # accepted drafts, not only residuals, produced these laws (a record's counts are cut at its end: token 0
+            # is the prefill's, so the first round's 2 tokens inside 3 count at most 1 accepted draft)
+            assert max(acc) == 1 and sum(acc) > N // 10, (name, mode, sum(acc))
 
 
 def test_records_carry_verify_and_bad_input_is_one_clear_error(models5):

@@ -87,7 +87,7 @@ def read_subsets(root: Path) -> dict[str, str]:
 def read_ood(root: Path) -> dict[str, tuple[str, ...]]:
     """Out-of-distribution sets of experiment.json's eval.ood -> the runs decoded on them (eval.ood_runs)."""
     path = Path(root, "experiment.json")
-    ev = json.loads(path.read_text()).get("eval", {}) if path.exists() else {}
+    ev = read_json(path).get("eval", {}) if path.exists() else {}
     return {name: tuple(ev.get("ood_runs") or ()) for name in ev.get("ood") or {}}
 
 
@@ -336,7 +336,7 @@ def discover(top: Path) -> list[tuple[int, Path]]:
            and (p / "experiment.json").exists()] if top.is_dir() else []
     if (top / "runs").is_dir() or not out:
         exp = top / "experiment.json"
-        out.append((int(json.loads(exp.read_text()).get("realization") or 0) if exp.exists() else 0, top))
+        out.append((int(read_json(exp).get("realization") or 0) if exp.exists() else 0, top))
     return sorted(out)
 
 
@@ -362,7 +362,7 @@ def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[t
     """(pooled, left out with why): the largest group of realizations with one experiment key (ties: the group
     holding the newest realization); a folder without experiment.json (only the flat layout can lack one) counts as
     an experiment of its own."""
-    keys = {k: experiment_key(json.loads((p / "experiment.json").read_text())) if (p / "experiment.json").exists()
+    keys = {k: experiment_key(read_json(p / "experiment.json")) if (p / "experiment.json").exists()
             else None for k, p in found}
     groups: dict[str, list[int]] = {}
     for k in sorted(keys):
@@ -391,7 +391,7 @@ def provenance(k: int, root: Path) -> Realization:
     metas += [m for d in ("bench", "target", "drafters") for m in Path(root, d).glob("meta*.json")]
     for m in metas:
         try:
-            meta = json.loads(m.read_text())
+            meta = read_json(m)
         except (OSError, ValueError):
             continue
         env = meta.get("env") or {}
@@ -401,8 +401,8 @@ def provenance(k: int, root: Path) -> Realization:
         if meta.get("written"):
             stamps.append(str(meta["written"]))
     bench, target = Path(root, "bench", "meta.json"), Path(root, "target", "meta.json")
-    sha = (json.loads(bench.read_text()).get("env") or {}).get("git_sha", "unknown") if bench.exists() else ""
-    corpus = (json.loads(target.read_text()).get("corpus") or {}).get("train_digest", "") if target.exists() else ""
+    sha = (read_json(bench).get("env") or {}).get("git_sha", "unknown") if bench.exists() else ""
+    corpus = (read_json(target).get("corpus") or {}).get("train_digest", "") if target.exists() else ""
     return Realization(k, root, tuple(commits.most_common()), tuple(sorted(devices)),
                        (min(stamps), max(stamps)) if stamps else ("", ""), sha, corpus)
 
@@ -438,7 +438,11 @@ def _bench(roots: list[tuple[int, Path]], top: Path, name: str) -> pd.DataFrame 
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
     """Every pooled realization of results/<profile> (module docstring) into one bundle."""
     top = Path(results) / profile
-    pooled, left_out = match(discover(top))
+    found = discover(top)
+    if not any((r / "runs").is_dir() or (r / "bench").is_dir() for _, r in found):
+        raise FileNotFoundError(f"{top} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
+                                f"bench/*.csv, itself or in realization folders r<k>/)")
+    pooled, left_out = match(found)
     for name, why in left_out:
         print(f"[report] realization {name} left out: {why}")
     newest = pooled[-1][1]  # the spec, subsets and out-of-distribution sets come from the newest pooled one
