@@ -23,6 +23,12 @@ def models(arch):
     return tiny.build(arch, seed=0)
 
 
+def token_seqs(n=12, seed=0):
+    """n random training sequences of 14-39 tokens over ids 3..95 (the drafter-training tests' data)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 96) for _ in range(rng.randrange(14, 40))] for _ in range(n)]
+
+
 def compiled_graphs(fn) -> int:
     """Graphs torch.compile holds for `fn` (one per set of guards: shapes, requires-grad flags, module types)."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import compiled_graphs, make_drafter
+from conftest import compiled_graphs, make_drafter, token_seqs
 
 from dmtp.cli.bench_train import bench_train, steady_rate
 from experiments.profiles import get_profile
@@ -83,10 +83,6 @@ def test_compiled_pretraining_and_fused_loss_follow_eager(tmp_path):
             torch.testing.assert_close(w[k], w_e[k], rtol=0, atol=2e-4, msg=k)  # of lr (2e-3): 10 % of one step
 
 
-def _seqs(n=12, seed=0):
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 96) for _ in range(rng.randrange(14, 40))] for _ in range(n)]
-
 
 @pytest.fixture(scope="module")
 def qwen3_5():
@@ -107,7 +103,7 @@ def test_compiled_drafter_training_follows_eager(qwen3_5, tmp_path):
         cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
                           compile=flag, one_region=False)
         graphs = compiled_graphs(block_loss)
-        hist = train_drafters(tgt, mtp, ds, _seqs(), cfg, tmp_path / flag, log=lambda *_: None)
+        hist = train_drafters(tgt, mtp, ds, token_seqs(), cfg, tmp_path / flag, log=lambda *_: None)
         runs[flag] = hist, {n: d.state_dict() for n, d in ds.items()}, compiled_graphs(block_loss) - graphs
     assert runs["off"][2] == 0 and runs["on"][2] == 1
     for name in ("dflash", "zero_init_residual"):
@@ -140,7 +136,7 @@ def _train(models, out, names=MIX, **kw):
     init = {n: {k: v.clone() for k, v in d.state_dict().items()} for n, d in ds.items()}
     cfg = TrainConfig(**{**dict(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
                                 clip=0.5, compile="on"), **kw})
-    hist = train_drafters(tgt, mtp, ds, _seqs(), cfg, out, log=lambda *_: None)
+    hist = train_drafters(tgt, mtp, ds, token_seqs(), cfg, out, log=lambda *_: None)
     return {n: (hist[n], d.state_dict(), init[n]) for n, d in ds.items()}
 
 

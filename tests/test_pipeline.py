@@ -57,6 +57,17 @@ def test_every_stage_writes_its_artifacts(run):
         "run"] == {"dataset": "humaneval", "prompts": 4, "temperature": 0.0, "method": "ar", "mode": "natural",
                    "seed": 0}
     assert not (work / "target_state").exists()
+    # the learning curve (budgets 2 and 4 of 6 steps): annealed branches from steps 1 and 3, both curve runs side by
+    # side, their branch states gone once done; each point evaluated with its training tokens
+    for b, at in ((2, 1), (4, 3)):
+        for m in ("dflash", "zero_init_residual"):
+            point = work / "drafters" / f"anneal{b}" / m
+            assert (point / "DONE").exists() and not (point / "trainer_state.pt").exists()
+            lrs = [h["lr"] for h in json.loads((point / "history.json").read_text()) if h["step"] > at]
+            assert lrs and lrs == sorted(lrs, reverse=True)  # decayed after the branch point
+            meta = json.loads((res / "curve" / m / f"humaneval_T0_s0_step{b}.meta.json").read_text())
+            assert meta["config"]["train_tokens"] > 0 and meta["fingerprint"]["ablation.anneal"] == 0.2
+    assert not list((work / "drafters" / "dflash").glob("step*"))  # no mid-schedule snapshots
 
 
 VOLATILE = {"written", "wall_s", "env", "elapsed_s", "tokens_per_s", "train_s"}  # timing and provenance

@@ -201,6 +201,14 @@ def test_learning_curve_rows(tmp_path):
         art.natural.set_index(["dataset", "temperature", "method"]).loc[("humaneval", 0.0, "mtp"), "acceptance_length"])
     (png,) = figures.learning_curve(art)
     assert png.name == "learning_curve.png" and png.stat().st_size > 1000
+    # the last increment (step 100 -> 200), paired over seeds and requests, by hand for its point estimate
+    inc = tables.curve_increments(art, n_boot=200).set_index("method")
+    assert list(inc.index) == ["dflash", "fusion"] and (inc.from_step == 100).all() and (inc.to_step == 200).all()
+    last, before = (art.curve[(art.curve.method == "fusion") & (art.curve.step == k)] for k in (200, 100))
+    pair = last.merge(before, on=["seed", "id"], suffixes=("", "_b"))
+    assert inc.loc["fusion", "diff"] == pytest.approx((pair.acceptance_length - pair.acceptance_length_b).mean())
+    assert inc.loc["fusion", "t_level"] == "seed" and inc.loc["fusion", "n_units"] == 3
+    assert (inc.p_holm >= inc.p).all() and (inc.lo <= inc["diff"]).all() and (inc["diff"] <= inc.hi).all()
 
 
 def test_blog_method_is_a_run_of_the_spec():

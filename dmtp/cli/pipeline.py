@@ -57,7 +57,7 @@ from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
 from dmtp.schema import override
-from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
+from dmtp.training.drafters import branch_dir, load_sequences, new_drafters, train_branch, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
 from experiments.profiles import get_profile
 
@@ -248,7 +248,7 @@ def st_drafters(c: Ctx):
         if not c.check(u) and is_main():
             u.outputs[0].mkdir(parents=True, exist_ok=True)
             stage_record(u)  # before training: a half-trained drafter is checked like a finished one
-        if not (u.outputs[0] / "DONE").exists():
+        if not all((f / "DONE").exists() for f in [u.outputs[0], *branches(c, run, seed).values()]):
             todo.setdefault(seed, []).append(run)
     barrier()
     for seed, runs in todo.items():  # before any training: a continued run needs its source
@@ -265,15 +265,22 @@ def st_drafters(c: Ctx):
     for seed in sorted(todo):
         out, runs = drafters_dir(c, seed), todo[seed]
         base = dict(drafter_config(c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), seed=c.p.stream(seed))
+        curve = [r for r in runs if snapshots(c.p, r)]
         cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=c.p.stream(seed),
-                      snapshots=tuple(spec.budgets) if any(snapshots(c.p, r) for r in runs) else ())
+                      snapshots=tuple(spec.budgets) if curve and not spec.anneal else ())
         fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in runs]
         if fresh_todo:
             c.log(f"drafters, seed {seed}: {', '.join(fresh_todo)}")
             drafters = new_drafters(tgt, fresh_todo, base, backbones=spec.backbones,
                                     variant_configs=c.p.drafter.variants)
-            train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log,
-                           snapshot_runs={r for r in fresh_todo if snapshots(c.p, r)})
+            train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log, snapshot_runs=set(curve),
+                           branches={k: spec.branch_step(k) for k in spec.budgets} if spec.anneal else None)
+        for k in spec.budgets if curve and spec.anneal else ():  # the annealed curve points: a short branch each,
+            runs_k = [r for r in curve if k in snapshots(c.p, r)]  # the runs' branches to one budget side by side
+            if runs_k:
+                c.log(f"drafters, seed {seed}: {', '.join(runs_k)} annealed from step {spec.branch_step(k)} to {k}")
+                d = new_drafters(tgt, runs_k, base, backbones=spec.backbones, variant_configs=c.p.drafter.variants)
+                train_branch(tgt, mtp, d, seqs, cfg, out, k, spec.branch_step(k), log=c.log)
         for run, (variant, src) in spec.continued.items():
             if run in runs:
                 d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"},
@@ -294,6 +301,13 @@ def st_drafters(c: Ctx):
             hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): read_json(n / "history.json")
                          for n in sorted(d.iterdir()) if (n / "history.json").exists()})
     write_json(c.res / "drafters" / "train_history.json", hist)
+
+
+def branches(c: Ctx, run: str, seed: int) -> dict[int, Path]:
+    """budget -> the folder of a curve run's annealed point (`ablation.anneal`; none without it)."""
+    if not c.p.ablation.anneal:
+        return {}
+    return {k: branch_dir(drafters_dir(c, seed), k) / run for k in snapshots(c.p, run)}
 
 
 def snapshots(p: Profile, run: str) -> tuple[int, ...]:
@@ -464,7 +478,7 @@ def st_curve(c: Ctx):
     require(n, "ablation.curve needs HumanEval in eval.sets")
     todo = []
     for (m, seed, k), u in zip(curve_plan(c.p), units(c, "curve")):
-        src = drafters_dir(c, seed) / m / (f"step{k}" if k < c.p.train.steps else "")
+        src = branches(c, m, seed).get(k) or drafters_dir(c, seed) / m / (f"step{k}" if k < c.p.train.steps else "")
         if not (src / "DONE").exists():
             raise ValueError(f"learning curve: {src} is not there (train with ablation.budgets = "
                              f"{list(spec.budgets)}: the drafters stage)")
@@ -479,7 +493,7 @@ def st_curve(c: Ctx):
     for m, seed, k, src, u in todo:
         d = Drafter.load(src / "drafter", device=tgt.device, dtype=tgt.dtype).eval()
         method = build_method(d.config.variant, tgt, drafter=d, mtp=mtp, label=m)
-        if k < c.p.train.steps:
+        if k < c.p.train.steps and not spec.anneal:
             tokens = read_json(src / "snapshot.json")["train_tokens"]
         else:
             tokens = read_json(src / "history.json")[-1].get("tokens")
@@ -628,6 +642,8 @@ def drafter_fingerprint(p: Profile, run: str, f: dict, seed: int = 0) -> dict:
     want = dict(f["drafters"], **{"ablation.seed": seed, "drafter.variants": p.drafter.variants.get(variant, {})})
     if snapshots(p, run):
         want["ablation.budgets"] = list(snapshots(p, run))
+        if a.anneal:
+            want["ablation.anneal"] = a.anneal
     if run in a.continued:
         want.update({"ablation.continued": list(a.continued[run]), "ablation.continue_steps": a.continue_steps})
     if run in a.backbones:

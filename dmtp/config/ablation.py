@@ -44,11 +44,16 @@ class AblationSpec:
     budgets: tuple[int, ...] = ()  # learning-curve budgets: training steps after which the `curve` runs are also
     # evaluated (HumanEval, T = 0, natural mode; every seed); (): no learning curve
     curve: tuple[str, ...] = ()  # runs with a learning curve
+    anneal: float = 0.2  # a curve point below the final step is an annealed branch: run b's state at step
+    # b - round(anneal * b) (at least 1 step before b), trained on to b with the learning rate decayed linearly from
+    # the run's own at the branch point to ~0 (the same batches the run sees); 0: the weights mid-schedule (a snapshot)
     only: tuple[str, ...] = ()  # train / evaluate only these runs (a subset); (): every run
     only_seeds: tuple[int, ...] = ()  # train / evaluate only these seeds (a subset of `seeds`); (): every seed
 
     def __post_init__(self):
         check(self, continue_steps=at_least(0), seeds=each(at_least(0), "tuple of seeds"))
+        if not 0 <= self.anneal < 1:
+            raise ValueError(f"ablation.anneal = {self.anneal!r}: expected a fraction of a budget in [0, 1)")
         if self.budgets:
             check(self, budgets=each(at_least(1), "tuple of training steps"))
         names = self.runs()
@@ -85,6 +90,10 @@ class AblationSpec:
     def variants(self) -> tuple[str, ...]:
         """Variants trained from scratch under their own name."""
         return self.main + self.supplementary + self.controls
+
+    def branch_step(self, budget: int) -> int:
+        """The step a learning-curve point's annealed branch leaves its run at (`anneal`; the budget itself: none)."""
+        return budget - max(1, round(self.anneal * budget)) if self.anneal and budget > 1 else budget
 
     def runs(self) -> tuple[str, ...]:
         """Every run, in report order: baselines, main, continued, supplementary, controls, backbones."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -404,11 +404,28 @@ def lr_at(step, cfg: TrainConfig):
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
 
 
+def decayed(cfg: TrainConfig, start: int, end: int):
+    """The learning rate of an annealed branch: the run's own (`lr_at`) at step `start`, decayed linearly to
+    1 / (end - start) of it at the last step, end - 1."""
+    top = lr_at(start, cfg)
+    return lambda step: top * (end - step) / (end - start)
+
+
+def branch_dir(out_dir: str | Path, budget: int) -> Path:
+    """Where the annealed branches to `budget` are trained: out_dir/anneal<budget>/ (run <name>'s under <name>/
+    there, as train_drafters lays runs out)."""
+    return Path(out_dir) / f"anneal{budget}"
+
+
 def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainConfig, out_dir: str | Path,
-                   log=print, snapshot_runs=None) -> dict[str, list[dict]]:
+                   log=print, snapshot_runs=None, branches: dict[int, int] | None = None,
+                   schedule=None) -> dict[str, list[dict]]:
     """Train every drafter in `drafters` on the same batches; checkpoints under out_dir/<name>/ (resumable).
     `cfg.snapshots`: the weights after those steps also go to out_dir/<name>/step<k>/ (for the drafters named in
-    `snapshot_runs`; None: all), with the training tokens consumed so far (snapshot.json).
+    `snapshot_runs`; None: all), with the training tokens consumed so far (snapshot.json). `branches` (budget ->
+    branch step, for the same drafters): the full training state after the branch step goes to
+    branch_dir(out_dir, budget)/<name>/trainer_state.pt, from which `train_branch` trains the annealed curve
+    point. `schedule`: step -> learning rate (default `lr_at`).
 
     Under torchrun each rank takes rows rank::world of every global batch and the trained modules are wrapped in DDP
     (`dist.data_parallel`: each drafter, or on the compiled path the drafters of a step as one module); the loss
@@ -494,10 +511,11 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         masks = {lay: layer_masks(next(iter(rules)), anchors, lay.slots, T, "flex", lay.offsets[0])
                  for lay in layouts} if flex else {}
         names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
-        out = trainer.step(names, lr_at(step, cfg), cfg, amp, feats, taps, anchors, valid, norms, masks)
+        lr = schedule(step) if schedule else lr_at(step, cfg)
+        out = trainer.step(names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks)
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
             for name, rec in read_back(out, world).items():
-                hist[name].append({**rec, "step": step + 1, "lr": lr_at(step, cfg), "elapsed_s": time.time() - t0,
+                hist[name].append({**rec, "step": step + 1, "lr": lr, "elapsed_s": time.time() - t0,
                                    "tokens": seen})
             bar.set_postfix({n: f"{hist[n][-1]['loss']:.3f}" for n in names})
         stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps
@@ -510,6 +528,14 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
                     d.save(tmp / "drafter")
                     write_json(tmp / "snapshot.json", {"step": step + 1, "train_tokens": seen})
                     (tmp / "DONE").write_text("ok\n")
+            for budget, at in (branches or {}).items():  # an annealed curve point leaves the run here
+                where = branch_dir(out_dir, budget) / name
+                if (step + 1 == at and main and (snapshot_runs is None or name in snapshot_runs)
+                        and not (where / "DONE").exists()):
+                    where.mkdir(parents=True, exist_ok=True)
+                    with atomic_path(where / "trainer_state.pt") as tmp:
+                        save_state({"model": d.state_dict(), "opt": trainer.opt_state(name), "step": step + 1,
+                                    "history": list(hist[name])}, tmp)
             if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop) and main:
                 d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
                 with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
@@ -523,6 +549,22 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
             return hist
     barrier()
     return hist
+
+
+def train_branch(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainConfig, out_dir: str | Path, budget: int,
+                 at: int, log=print) -> Path:
+    """The annealed learning-curve points at `budget` steps of the runs in `drafters` (fresh drafters of their
+    variants: the weights come from the states the runs saved after step `at`, train_drafters' `branches`): the
+    same batches on to `budget`, side by side, with the learning rate `decayed` from the runs' own at `at`. Returns
+    branch_dir(out_dir, budget), holding <name>/ with drafter/, history.json and DONE per run (resumable)."""
+    where = branch_dir(out_dir, budget)
+    for name in drafters:
+        if not (where / name / "DONE").exists() and not (where / name / "trainer_state.pt").exists():
+            raise ValueError(f"{where / name}: no branch state (the run {name} saves it after step {at} while it "
+                             f"trains; a run trained without this budget: retrain it with --force)")
+    bcfg = replace(cfg, steps=budget, snapshots=(), stop_after=0, save_every=budget)
+    train_drafters(target, mtp, drafters, seqs, bcfg, where, log=log, schedule=decayed(cfg, at, budget))
+    return where
 
 
 def _finish(path: Path, hist: list[dict], note: str):

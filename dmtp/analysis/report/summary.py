@@ -377,6 +377,14 @@ def curve_lines(art: Artifacts) -> list[str]:
         out.append(f"- `{m}`: {ci(a.acceptance_length, a.lo, a.hi)} at {a.train_tokens / 1e6:.2f} M tokens → "
                    f"{ci(b.acceptance_length, b.lo, b.hi)} at {b.train_tokens / 1e6:.2f} M tokens "
                    f"({len(g)} budgets).")
+    inc = art.tables / "curve_increments.csv"
+    for r in (pd.read_csv(inc).itertuples() if inc.exists() else ()):
+        resolved = r.p_holm < 0.05 and r.t_p_holm < 0.05
+        out.append(f"- `{r.method}`, the last increment (step {r.from_step} → {r.to_step}): "
+                   f"{ci(r.diff, r.lo, r.hi, signed=True)} (bootstrap Holm p = {r.p_holm:.3g}, t over "
+                   f"{r.n_units} {r.t_level}s Holm p = {r.t_p_holm:.3g}): "
+                   + ("still rising." if resolved and r.diff > 0 else "a fall." if resolved else
+                      "not resolved (not evidence that the curve has flattened, nor that it still rises)."))
     ref = df[(df.method == "mtp") & df.step.isna()]
     if len(ref):
         r = ref.iloc[0]

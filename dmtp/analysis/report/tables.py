@@ -575,6 +575,40 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
     return out or skip("ceiling tables (no oracle file at T > 0)")
 
 
+def curve_increments(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
+    """tables/curve_increments: per learning-curve run, the last increment (the last budget minus the one before,
+    HumanEval T = 0): paired over the realizations, seeds and requests both points have (the same prompts), with the
+    hierarchical bootstrap interval and p and the t-test at the top level; Holm over the runs (one family: the
+    sentence "the curves have (not) flattened" reads them all)."""
+    cv = art.curve
+    if cv is None or cv.empty:
+        return skip("curve increments (no curve/)")
+    rows = []
+    for m, g in cv.groupby("method", sort=True):
+        steps = sorted(set(g.step))
+        if len(steps) < 2:
+            continue
+        a, b = (g[g.step == k] for k in steps[-2:])
+        mats = S.matrices({"last": per_unit(b), "before": per_unit(a)})[0]
+        r = S.paired(mats["last"], mats["before"], n_boot=n_boot)
+        rows.append({"method": m, "from_step": steps[-2], "to_step": steps[-1],
+                     "from_tokens": a.train_tokens.mean(), "to_tokens": b.train_tokens.mean(),
+                     **{k: r[k] for k in ("diff", "lo", "hi", "p", "t_level", "n_units", "t_lo", "t_hi", "t_p",
+                                          "n_requests")}, "signs": " ".join(f"{x:+.3f}" for x in r["signs"])})
+    if not rows:
+        return skip("curve increments (fewer than 2 budgets)")
+    df = pd.DataFrame(rows)
+    df["p_holm"] = S.holm(df.p.to_numpy())
+    df["t_p_holm"] = S.holm(df.t_p.to_numpy())
+    df = df.iloc[sorted(range(len(df)), key=lambda i: art.rank(df.method.iloc[i]))]
+    return save(art, "curve_increments", df.reset_index(drop=True),
+                "Learning curve: the last increment (HumanEval, T=0, natural mode)",
+                "diff [lo, hi]: paired acceptance length at the last budget minus the budget before (same prompts, "
+                "realizations and seeds), hierarchical bootstrap 95% CI and p; t_lo/t_hi/t_p: the t-test over the "
+                "top level's units (t_level); Holm over the runs. Budgets below the final step are annealed "
+                "branches when experiment.json's ablation.anneal > 0.")
+
+
 def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
     """tables/learning_curve: acceptance length (T = 0, natural) vs drafter training tokens, one row per method x
     seed x step (request bootstrap CI), pooled rows (seed "all": two-level CI over seeds and requests at the step's
@@ -633,7 +667,7 @@ KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realizat
 
 
 ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, throughput, overhead, costmodel,
-       open_repro, pairwise, ceiling, learning_curve, zero_rounds]
+       open_repro, pairwise, ceiling, learning_curve, curve_increments, zero_rounds]
 
 
 def missing(art: Artifacts) -> list[tuple]:
