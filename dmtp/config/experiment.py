@@ -32,6 +32,8 @@ def _models():
 class DataConfig:
     """The embedded default's corpus, tokenizer and on-policy drafter data."""
     corpus_bytes: int = 8_000_000  # Python source collected from the interpreter's stdlib + site-packages
+    corpus_max_repeat: float = 0.3  # leave out files with more than this share of characters in repeated lines
+    # (`corpus.repeated_fraction`: generated tables, vendored data; 8 % of a site-packages' bytes); 1: keep every file
     tokenizer_bytes: int = 8_000_000  # text used to train the tokenizer
     vocab_size: int = 4096  # byte-level BPE vocabulary (incl. <|endoftext|> and <|mask|>)
     prompts: int = 256  # on-policy prompts cut from the corpus
@@ -42,6 +44,8 @@ class DataConfig:
     prompts_per_doc: int = 2  # at most this many prompts (functions) cut from one corpus file
 
     def __post_init__(self):  # vocab_size >= 258: the byte-level BPE holds the 256 bytes, <|endoftext|>, <|mask|>
+        if not 0 < self.corpus_max_repeat <= 1:
+            raise ValueError(f"data.corpus_max_repeat = {self.corpus_max_repeat!r}: expected a fraction in (0, 1]")
         check(self, corpus_bytes=at_least(1), tokenizer_bytes=at_least(1), vocab_size=at_least(258),
               prompts=at_least(1), prompt_tokens=at_least(1), new_tokens=at_least(1), temperature=temperature,
               batch=at_least(1), prompts_per_doc=at_least(1))
