@@ -3,6 +3,7 @@ import csv
 import gzip
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,39 @@ def test_test_files_are_kept_apart(tok, tmp_path):
         last = p["prompt"].rstrip("\n").split("\n")[-1]
         assert last.startswith("def test_") or last.endswith('."""'), p["prompt"]
         assert len(tok(p["prompt"], add_special_tokens=False)["input_ids"]) <= 64
+
+
+def test_the_pipeline_cuts_the_out_of_distribution_set_from_the_corpus(tok, tmp_path):
+    """`eval.ood`: the pipeline plans the set for `eval.ood_runs` only (T = 0, natural, the first seed) and cuts
+    its prompts from the corpus's test functions with the drafters' prompt budget, the same on every call; a corpus
+    without test functions is a named error (smoke and tiny: the standard library's)."""
+    from argparse import Namespace
+
+    from dmtp.cli import pipeline
+
+    a = Namespace(profile="smoke", work=str(tmp_path / "w"), results=str(tmp_path / "r"),
+                  set=['eval.ood={"pytests": 4}'])
+    c = pipeline.Ctx(a)
+    ood = [u for u in pipeline.eval_plan(c.p) if u[0] == "pytests"]
+    assert sorted(u[4] for u in ood) == sorted(m for m in c.p.ablation.runs() if m in c.p.eval.ood_runs)
+    assert {(n, t, mode, seed) for _, n, t, mode, _, seed in ood} == {(4, 0.0, "natural", c.p.ablation.seeds[0])}
+    root = tmp_path / "src"
+    (root / "pkg" / "tests").mkdir(parents=True)
+    for i in range(5):  # one prompt per test module (per_doc=1)
+        (root / "pkg" / f"m{i}.py").write_text(SRC.format(i=i))
+        (root / "pkg" / "tests" / f"test_m{i}.py").write_text(TEST_SRC.format(i=i))
+    build_corpus(c.work / "corpus", 10**6, heldout_frac=0.0, roots=[root], progress=False)
+    tok.save_pretrained(c.work / "tokenizer")
+    rows = pipeline.eval_prompts(c, "pytests", 4)
+    assert len(rows) == 4 and rows == pipeline.eval_prompts(c, "pytests", 4)
+    for r in rows:
+        assert 0 < len(r["prompt_ids"]) <= c.p.data.prompt_tokens and ":L" in r["id"]
+    shutil.rmtree(root / "pkg" / "tests")  # no test module left
+    build_corpus(tmp_path / "w2" / "smoke" / "corpus", 10**6, heldout_frac=0.0, roots=[root], progress=False)
+    tok.save_pretrained(tmp_path / "w2" / "smoke" / "tokenizer")
+    c2 = pipeline.Ctx(Namespace(**{**vars(a), "work": str(tmp_path / "w2")}))
+    with pytest.raises(ValueError, match=r"eval.ood\['pytests'\]: the corpus .* holds no test function"):
+        pipeline.eval_prompts(c2, "pytests", 4)
 
 
 FIXTURE = [{"task_id": "HumanEval/0", "prompt": "def f():\n", "entry_point": "f"},
