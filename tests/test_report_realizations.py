@@ -124,3 +124,25 @@ def test_one_realization_folder_and_the_flat_layout(tmp_path):
     (tmp_path / "q" / "runs").rename(tmp_path / "q" / "old")  # realization folders only: the CLI renders them
     cli(["tables", "--profile", "q", "--results", str(tmp_path)])
     assert (tmp_path / "q" / "tables" / "ablation_humaneval.csv").exists()
+
+
+def test_a_realization_without_a_bench_is_projected_to_the_timed_shapes(tmp_path):
+    """No throughput runs of its own: no predicted-vs-measured row, but the projections to every random-weight shape
+    timed in results/<profile>/bench (here the profile's own `mini-shape`), by hand: decode only, one round time."""
+    write_synthetic(code(), tmp_path, "s", n=6, temps=(0,), methods=["ar", "dflash", "zero_init_residual"],
+                    curve=False, oracle=False, bench=False)
+    (tmp_path / "s" / "bench").mkdir()
+    pd.DataFrame([{"method": f"mini-shape:{m}", "stage": "round", "ms_per_round": ms, "batch": 8}
+                  for m, ms in (("ar", 1.5), ("dflash", 1.8), ("zero_init_residual", 2.0))]
+                 ).to_csv(tmp_path / "s" / "bench" / "overhead.csv", index=False)
+    art = load("s", tmp_path, n_boot=100)
+    cm = tables.costmodel(art).set_index(["kind", "batch_cap", "method"])
+    assert set(cm.index.get_level_values("kind")) == {"projection mini-shape"}
+    recs = art.runs[(art.runs.dataset == "humaneval") & (art.runs.temperature == 0) & (art.runs.seed == 0)
+                    & (art.runs["mode"] == "natural")]
+    rounds = {m: g.accepted.map(len).sum() for m, g in recs.groupby("method")}
+    tokens = {m: g.output_tokens.sum() for m, g in recs.groupby("method")}
+    # at cap 1 the requests run one after another: time = rounds x round time
+    want = (tokens["zero_init_residual"] / (rounds["zero_init_residual"] * 2.0)) / (tokens["ar"] / (rounds["ar"] * 1.5))
+    assert cm.loc[("projection mini-shape", 1, "zero_init_residual"), "predicted_speedup"] == pytest.approx(want)
+    assert cm.loc[("projection mini-shape", 1, "ar"), "predicted_speedup"] == 1

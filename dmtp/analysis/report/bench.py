@@ -9,9 +9,9 @@ beside its per-verify gain (the ratio of per-verify taus of the same repeats).
 Cost model (one realization): `costmodel.predict` on that realization's eval records (HumanEval, T = 0, natural,
 seed 0; the first `requests` records of the timed cap), its trained models' round times per batch (overhead.csv,
 stage "round") and the admission cost measured by the throughput runs (admit_s / groups), against the measured
-speed-up at each timed cap; and the projection to the paper shape: the 8B-shape stage times at batch 8 (random
-weights: timing only) x the realization's records, decode only (no admission cost; batch 8's round time at every
-batch).
+speed-up at each timed cap; and the projections to the shapes timed with random weights (SHAPES: the 8B shape,
+the profile's own `--mini-shape`): their stage times at batch 8 x the realization's records, decode only (no
+admission cost; batch 8's round time at every batch) — also for a realization without a bench of its own.
 
     rows = throughput(tp, main="zero_init_residual", base="dflash")
     pred = predicted_vs_measured(records, tp, ov)      # one realization's
@@ -26,9 +26,12 @@ import pandas as pd
 from dmtp.analysis.costmodel import predict
 
 KEY = ["dataset", "temperature", "batch_cap"]
-PROJECTION = {"ar": "8b-shape:ar@batch1"}  # runs whose 8B-shape timing has another label ("<setup>:<run>" else)
-SHAPE = "8b-shape"  # the setup projected to: a Qwen3-8B-sized target, 5-layer drafters, random weights
-SHAPE_BATCH = 8  # the batch its stage times were taken at
+# the setups projected to (random weights: timing only) -> the runs whose timing there has another label than
+# "<setup>:<run>": 8b-shape, a Qwen3-8B-sized target with 5-layer drafters (AR: its batch-1 step); mini-shape, the
+# profile's own shape (`bench --mini-shape`)
+SHAPES = {"8b-shape": {"ar": "8b-shape:ar@batch1"}, "mini-shape": {}}
+SHAPE = "8b-shape"  # the paper-scale one
+SHAPE_BATCH = 8  # the batch their stage times were taken at
 
 
 def spread(x) -> tuple[float, float, float]:
@@ -128,14 +131,14 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
     return rows
 
 
-def projection(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]:
-    """The realization's records (as in `predicted_vs_measured`) x the 8B-shape round times at batch 8 (flex rows:
-    "8b-shape:<run>", AR's step "8b-shape:ar@batch1"), decode only, that one round time at every batch: the predicted
-    speed-up over AR at each cap, for every run with an 8B-shape timing."""
+def projection(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32), shape_name: str = SHAPE) -> list[dict]:
+    """The realization's records (as in `predicted_vs_measured`) x a shape's round times at batch 8 (rows
+    "<shape>:<run>", the labels of SHAPES), decode only, that one round time at every batch: the predicted
+    speed-up over AR at each cap, for every run with a timing at that shape."""
     times = round_times(ov)
     recs = _records(runs)
-    label = {m: PROJECTION.get(m, f"{SHAPE}:{m}") for m in recs}
-    # batch 8's round time (AR: its batch-1 step), used at every batch
+    label = {m: SHAPES.get(shape_name, {}).get(m, f"{shape_name}:{m}") for m in recs}
+    # batch 8's round time (AR at the 8B shape: its batch-1 step), used at every batch
     shape = {m: {SHAPE_BATCH: times[lab].get(SHAPE_BATCH, next(iter(times[lab].values())))}
              for m, lab in label.items() if lab in times}
     if "ar" not in shape:
@@ -143,7 +146,7 @@ def projection(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]
     rows = []
     for cap in caps:
         pred = predict({m: recs[m] for m in shape}, shape, cap)
-        rows += [{"kind": f"projection {SHAPE}", "method": m, "batch_cap": cap, "n_requests": len(recs[m]),
+        rows += [{"kind": f"projection {shape_name}", "method": m, "batch_cap": cap, "n_requests": len(recs[m]),
                   "predicted_speedup": pred[m]["speedup"], "predicted_tok_per_s": pred[m]["tok_per_s"],
                   "admit_ms": 0.0, f"round_ms_b{SHAPE_BATCH}": shape[m][SHAPE_BATCH], "timing": label[m]}
                  for m in shape]

@@ -460,8 +460,11 @@ def costmodel_lines(art: Artifacts) -> list[str]:
                    + "; ".join(f"`{r.method}` ({r.realization}) {r.predicted_speedup:.2f}x vs {r.measured_speedup:.2f}x"
                                for r in g.itertuples()) + ".")
     pr = df[df.kind.str.startswith("projection")]
-    for cap, g in pr[pr.method != "ar"].groupby("batch_cap"):
-        out.append(f"- Projection to the 8B shape, B{cap} (decode only, batch 8's round times at every batch): "
+    for (kind, cap), g in pr[pr.method != "ar"].groupby(["kind", "batch_cap"], sort=False):
+        shape = kind.removeprefix("projection ")
+        where = {"8b-shape": "8B shape", "mini-shape": "profile's own shape"}.get(shape, shape)
+        out.append(f"- Projection to the {where} (a prediction, not a measurement: random-weight stage times at batch "
+                   f"8 used at every batch, decode only, this realization's acceptance), B{cap}: "
                    + "; ".join(f"`{r.method}` ({r.realization}) {r.predicted_speedup:.2f}x AR"
                                for r in g.itertuples()) + ".")
     return out

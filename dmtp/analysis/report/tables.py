@@ -388,19 +388,21 @@ def overhead(art: Artifacts) -> pd.DataFrame | None:
 def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
     """Per pooled realization with a bench: the cost model's predicted vs measured speed-ups over AR at T = 0 and
     each timed cap (bench.predicted_vs_measured), then the projection to the 8B shape (bench.projection)."""
-    if art.throughput is None or art.overhead is None:
+    if art.overhead is None:
         return None
-    r, ov, tp = art.runs, art.overhead, art.throughput
+    r, ov = art.runs, art.overhead
+    tp = art.throughput if art.throughput is not None else pd.DataFrame(columns=["realization"])
     rows = []
     for real in art.realizations:
         recs = r[(r.realization == real.k) & (r.experiment == "ablation") & (r.dataset == "humaneval")
                  & (r.temperature == 0) & (r["mode"] == "natural") & (r.seed == 0)]
-        mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]
-        if recs.empty or mine_tp.empty or mine_ov.empty:
+        if recs.empty:
             continue
-        shape = ov[ov.method.str.startswith(B.SHAPE + ":")]
-        rows += [dict(x, realization=real.name, commit=real.bench_commit)
-                 for x in B.predicted_vs_measured(recs, mine_tp, mine_ov) + B.projection(recs, shape)]
+        mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]
+        out = B.predicted_vs_measured(recs, mine_tp, mine_ov) if not (mine_tp.empty or mine_ov.empty) else []
+        for name in B.SHAPES:  # the shapes timed with random weights, this realization's acceptance
+            out += B.projection(recs, ov[ov.method.str.startswith(name + ":")], shape_name=name)
+        rows += [dict(x, realization=real.name, commit=real.bench_commit) for x in out]
     if not rows:
         return None
     df = pd.DataFrame(rows)
