@@ -266,6 +266,7 @@ def st_drafters(c: Ctx):
         out, runs = drafters_dir(c, seed), todo[seed]
         base = dict(drafter_config(c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), seed=c.p.stream(seed))
         curve = [r for r in runs if snapshots(c.p, r)]
+        budgets = snapshots(c.p, curve[0]) if curve and spec.anneal else ()  # annealed points: every curve run's
         cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=c.p.stream(seed),
                       snapshots=tuple(spec.budgets) if curve and not spec.anneal else ())
         fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in runs]
@@ -274,13 +275,11 @@ def st_drafters(c: Ctx):
             drafters = new_drafters(tgt, fresh_todo, base, backbones=spec.backbones,
                                     variant_configs=c.p.drafter.variants)
             train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log, snapshot_runs=set(curve),
-                           branches={k: spec.branch_step(k) for k in spec.budgets} if spec.anneal else None)
-        for k in spec.budgets if curve and spec.anneal else ():  # the annealed curve points: a short branch each,
-            runs_k = [r for r in curve if k in snapshots(c.p, r)]  # the runs' branches to one budget side by side
-            if runs_k:
-                c.log(f"drafters, seed {seed}: {', '.join(runs_k)} annealed from step {spec.branch_step(k)} to {k}")
-                d = new_drafters(tgt, runs_k, base, backbones=spec.backbones, variant_configs=c.p.drafter.variants)
-                train_branch(tgt, mtp, d, seqs, cfg, out, k, spec.branch_step(k), log=c.log)
+                           branches={k: spec.branch_step(k) for k in budgets} if budgets else None)
+        for k in budgets:  # the annealed curve points: a short branch each, the curve runs' side by side
+            c.log(f"drafters, seed {seed}: {', '.join(curve)} annealed from step {spec.branch_step(k)} to {k}")
+            d = new_drafters(tgt, curve, base, backbones=spec.backbones, variant_configs=c.p.drafter.variants)
+            train_branch(tgt, mtp, d, seqs, cfg, out, k, spec.branch_step(k), log=c.log)
         for run, (variant, src) in spec.continued.items():
             if run in runs:
                 d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"},

@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 
 from ablations.code import code  # noqa: E402
 from dmtp.analysis.report import render_figures, render_report, render_tables  # noqa: E402
+from dmtp.analysis.report.data import require_artifacts  # noqa: E402
 from dmtp.analysis.report import verify as verify_study  # noqa: E402
 from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify  # noqa: E402
 from dmtp.cli.args import guard  # noqa: E402
@@ -45,10 +46,8 @@ def run(a):
                                     f"{a.profile} --stage verify` first")
         verify_study.render(root)
         return
-    elif not any((d / "runs").is_dir() or (d / "bench").is_dir() for d in [root, *root.glob("r[0-9]*")]):
-        raise FileNotFoundError(f"{root} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
-                                f"bench/*.csv, itself or in realization folders r<k>/): check --profile {a.profile} "
-                                f"and --results {a.results}")
+    else:
+        require_artifacts(root, f": check --profile {a.profile} and --results {a.results}")
     {"tables": render_tables, "figures": render_figures}.get(a.what, render_report)(a.profile, a.results)
 
 

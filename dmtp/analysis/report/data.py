@@ -340,6 +340,15 @@ def discover(top: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def require_artifacts(top: Path, hint: str = "") -> list[tuple[int, Path]]:
+    """`discover(top)`, refused when none of its realizations holds runs/ or bench/ (`hint`: what to check)."""
+    found = discover(top)
+    if not any((r / "runs").is_dir() or (r / "bench").is_dir() for _, r in found):
+        raise FileNotFoundError(f"{top} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
+                                f"bench/*.csv, itself or in realization folders r<k>/){hint}")
+    return found
+
+
 def experiment_key(exp: dict) -> dict:
     """What makes two realizations the same experiment: experiment.json without `realization` and run control
     (RUN_CONTROL, at any depth)."""
@@ -438,11 +447,7 @@ def _bench(roots: list[tuple[int, Path]], top: Path, name: str) -> pd.DataFrame 
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
     """Every pooled realization of results/<profile> (module docstring) into one bundle."""
     top = Path(results) / profile
-    found = discover(top)
-    if not any((r / "runs").is_dir() or (r / "bench").is_dir() for _, r in found):
-        raise FileNotFoundError(f"{top} holds no artifacts (runs/<experiment>/<method>/<dataset>_T<t>.jsonl or "
-                                f"bench/*.csv, itself or in realization folders r<k>/)")
-    pooled, left_out = match(found)
+    pooled, left_out = match(require_artifacts(top))
     for name, why in left_out:
         print(f"[report] realization {name} left out: {why}")
     newest = pooled[-1][1]  # the spec, subsets and out-of-distribution sets come from the newest pooled one
