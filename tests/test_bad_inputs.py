@@ -291,11 +291,14 @@ def test_bad_input_is_one_error_line(w, capsys, name, argv, msg):
     assert not (w / "out" / "o.jsonl").exists()  # nothing was decoded
 
 
+def report_tables(profile):
+    """argv of `python -m dmtp.cli.report tables` on results/<profile> of the fixture's folder."""
+    return lambda w: ["tables", "--profile", profile, "--results", str(w / "results")]
+
+
 OTHER = [  # the other entry points: (name, main, argv, message)
-    ("report unknown profile", report_cli.main, lambda w: ["tables", "--profile", "typo", "--results",
-                                                             str(w / "results")], "holds no artifacts"),
-    ("report malformed record", report_cli.main, lambda w: ["tables", "--profile", "bad", "--results",
-                                                              str(w / "results")], "humaneval_T0.jsonl:3: expected "
+    ("report unknown profile", report_cli.main, report_tables("typo"), "holds no artifacts"),
+    ("report malformed record", report_cli.main, report_tables("bad"), "humaneval_T0.jsonl:3: expected "
      "a record with `id` and `accepted`"),
     ("lossless n 0", lossless.main, lambda w: ["--target", str(w / "target"), "--out", str(w / "l"), "--n", "0"],
      "argument --n"),
@@ -311,17 +314,13 @@ OTHER = [  # the other entry points: (name, main, argv, message)
                                                    "ar"], "no tokenizer files"),
     ("bench temperature denormal", bench.main, lambda w: ["--out", str(w / "b"), "--temperatures", "0,1e-320"],
      "argument --temperatures"),
-    ("report duplicated record", report_cli.main, lambda w: ["tables", "--profile", "twice", "--results",
-                                                               str(w / "results")],
+    ("report duplicated record", report_cli.main, report_tables("twice"),
      "humaneval_T0.jsonl:2: request 'a' of this run is already on "),
-    ("report half-written run", report_cli.main, lambda w: ["tables", "--profile", "half", "--results",
-                                                              str(w / "results")],
+    ("report half-written run", report_cli.main, report_tables("half"),
      "humaneval_T0.jsonl: half-written (humaneval_T0.meta.json says finished: false)"),
-    ("report empty run file", report_cli.main, lambda w: ["tables", "--profile", "empty", "--results",
-                                                            str(w / "results")],
+    ("report empty run file", report_cli.main, report_tables("empty"),
      "humaneval_T0.jsonl: holds no records (an empty run file)"),
-    ("report experiment.json truncated", report_cli.main, lambda w: ["tables", "--profile", "badexp", "--results",
-                                                                       str(w / "results")],
+    ("report experiment.json truncated", report_cli.main, report_tables("badexp"),
      "badexp/experiment.json:1: not valid JSON"),
 ]
 

@@ -168,16 +168,21 @@ def test_selector_loss_by_hand():
     assert st["sel_cover"] == pytest.approx(0.8)
 
 
-@pytest.mark.parametrize("variant", ["zero_init_residual", "token_only"])
-def test_forward_backward_dflash2_with_dmtp_variant(models, variant):
-    tgt, mtp = models
-    d = dflash2(tgt, variant, perturb=False).train()
+def _loss(tgt, mtp, d):
+    """The drafter loss of `d` on two seeded sequences (40 and 31 tokens), 6 anchors each: (loss, stats)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, tgt.vocab_size, (2, 40), generator=g)
     lengths = torch.tensor([40, 31])
     anchors, valid = sample_anchors(lengths, 6, g)
     feats = extract(tgt, mtp, ids, lengths, d.config.target_layer_ids, need_g=True)
-    loss, stats = drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)
+    return drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)
+
+
+@pytest.mark.parametrize("variant", ["zero_init_residual", "token_only"])
+def test_forward_backward_dflash2_with_dmtp_variant(models, variant):
+    tgt, mtp = models
+    d = dflash2(tgt, variant, perturb=False).train()
+    loss, stats = _loss(tgt, mtp, d)
     assert torch.isfinite(loss) and {"loss", "acc", "sel_loss", "sel_cover", "sel_acc"} <= set(stats)
     assert stats["sel_loss"] > 0 and 0 < stats["sel_cover"] <= 1
     loss.backward()
@@ -193,12 +198,12 @@ def test_forward_backward_dflash2_with_dmtp_variant(models, variant):
     assert sel.successor_codebook.grad.abs().sum() == 0 and sel.hidden_projection.weight.grad.abs().sum() == 0
     assert all(p.grad is None for p in list(tgt.parameters()) + list(mtp.parameters()))
     moved = dflash2(tgt, variant).train()
-    drafter_loss(moved, tgt, feats, anchors, valid, gamma=4.0)[0].backward()
+    _loss(tgt, mtp, moved)[0].backward()  # the same seeded batch
     sel = moved.selector
     assert sel.successor_codebook.grad.abs().sum() > 0 and sel.hidden_projection.weight.grad.abs().sum() > 0
     # the selector term is weighted in: same batch with weight 0 gives the plain DFlash loss
     d.config.selector_loss_weight = 0.0
-    plain, _ = drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)
+    plain, _ = _loss(tgt, mtp, d)
     assert loss.item() == pytest.approx(plain.item() + 0.1 * float(stats["sel_loss"]), rel=1e-5)
 
 
@@ -326,12 +331,7 @@ def test_dmtp_d2_starts_from_a_public_dflash2_drafter(models, tmp_path):
     assert all(torch.equal(v, sd[k]) for k, v in load_file(str(path / "model.safetensors")).items())
     assert d.injection.fuse.proj.weight.abs().sum() == 0
     d.train()
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, tgt.vocab_size, (2, 40), generator=g)
-    lengths = torch.tensor([40, 31])
-    anchors, valid = sample_anchors(lengths, 6, g)
-    feats = extract(tgt, mtp, ids, lengths, d.config.target_layer_ids, need_g=True)
-    loss, _ = drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)
+    loss, _ = _loss(tgt, mtp, d)
     loss.backward()
     assert d.injection.fuse.proj.weight.grad.abs().sum() > 0
     d.eval()
