@@ -17,7 +17,9 @@
 #   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
 #   bash experiments/runs/h200_mini.sh pack            # results/mini + logs -> $OUT/mini.tgz (any time: what exists)
 #
-# Extras, after the tables: `bench` = dmtp.cli.bench on the trained models (stage times at batch 1, 8, 32; end-to-end
+# Extras, after the tables (EXTRAS, default bench,shape; EARLY: extras run before the evaluation instead, e.g.
+# EARLY=bench EXTRAS=shape puts the end-to-end benchmark on the trained models ahead of the ablation's evaluation):
+# `bench` = dmtp.cli.bench on the trained models (stage times at batch 1, 8, 32; end-to-end
 # throughput of ar, mtp, dflash, fusion, zero_init_residual at B1 and B32, T = 0 and 1, 3 interleaved repeats),
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
 # profiles, batch-1 baselines, regeneration, admission), `diag` = experiments/diag_consistency.py (teacher-forced vs
@@ -48,8 +50,8 @@ preflight() { $PY -c "from dmtp.data.humaneval import humaneval_prompts; humanev
        "nothing started"; exit 2; }; }
 export -f P sets ask folder; export H W R L PROFILE
 
-extras() {
-  local s="" e=",${EXTRAS:-bench,shape}," F='$(folder)' B="cd $H/src && timeout ${BENCH_S:-420} $PY -m dmtp.cli.bench"
+extras() {  # the extras named in $1 (a comma list), as one command line
+  local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout ${BENCH_S:-420} $PY -m dmtp.cli.bench"
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts overhead,throughput --methods ${BENCH_METHODS:-ar,mtp,dflash,fusion,\
 zero_init_residual} --caps 1,32 --temperatures 0,1 --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts \
@@ -94,8 +96,9 @@ case "${1:-}" in
 all)
   start "$@"
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
-      P --stage data && stamp drafters && halves drafters d && { stamp eval; halves eval,curve e; \
-      stamp tables; P --stage tables > $L/tables.txt 2>&1; $(extras) }; stamp end" ;;
+      P --stage data && stamp drafters && halves drafters d && { $(extras "${EARLY:-}") stamp eval; \
+      halves eval,curve e; stamp tables; P --stage tables > $L/tables.txt 2>&1; $(extras "${EXTRAS-bench,shape}") }; \
+      stamp end" ;;
 study)
   start "$@"
   runs=$(ask study-runs)
