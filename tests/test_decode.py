@@ -209,6 +209,27 @@ def test_generate_lets_go_of_its_batch_at_once(models):
         gc.enable()
 
 
+def test_the_compiled_engine_lets_go_of_its_batches(models):
+    """On the compiled engine dynamo's trace of a compiled stage (a bound method of the batch) holds the batch in a
+    reference cycle; `generate` collects it before returning, also for a second prompt length (a recompile), so no
+    batch of a data stage waits for the garbage collector with its caches."""
+    import gc
+
+    from dmtp.config import EngineConfig
+    from dmtp.engine.decode import Batch
+
+    tgt, _ = models
+    eng = EngineConfig(engine="compiled")
+    gc.collect()
+    gc.disable()
+    try:
+        for prompts in ([[5, 7, 9], [4, 8]], [[5, 7, 9, 11, 3, 6]]):
+            generate(tgt, build_method("ar", tgt), prompts, 0.0, 4, engine=eng)
+            assert not [o for o in gc.get_objects() if type(o) is Batch]
+    finally:
+        gc.enable()
+
+
 def test_a_closed_server_lets_go_of_its_slots(models):
     """`Server.close`: the slots go at once, and no admitted newcomer group's `Batch` is left behind for the garbage
     collector."""

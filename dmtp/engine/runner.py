@@ -21,6 +21,7 @@ Evaluation modes, both through the one decode loop:
 """
 from __future__ import annotations
 
+import torch
 from tqdm import tqdm
 
 from dmtp.checks import BadValue
@@ -85,6 +86,8 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
             rec.update(extra or {})
             recs.append(rec)
         bar.update(len(chunk))
+        if torch.cuda.is_available():  # device memory held between batches: flat unless something keeps a batch
+            bar.set_postfix(held=f"{torch.cuda.memory_allocated() / 2**30:.1f}GiB")
     bar.close()
     if world == 1:
         return recs
