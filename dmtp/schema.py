@@ -72,7 +72,9 @@ def _parse(tp, raw: str):
         if raw.lower() not in ("true", "false", "1", "0"):
             raise ValueError("expected true or false")
         return raw.lower() in ("true", "1")
-    if tp in (int, float, str):
+    if tp is int:
+        return _int(raw)
+    if tp in (float, str):
         return tp(raw)
     if typing.get_origin(tp) is tuple and not raw.lstrip().startswith("["):  # comma-separated items
         item = (typing.get_args(tp) or (str,))[0]
@@ -82,6 +84,21 @@ def _parse(tp, raw: str):
     except json.JSONDecodeError:
         raise ValueError(f"expected JSON for a {getattr(typing.get_origin(tp) or tp, '__name__', tp)}") from None
     return _typed(tp, v, "value")
+
+
+def _int(raw: str) -> int:
+    """An integer, also written 1e8 or 100_000_000 (token and byte budgets); 1.5e3 or 2.5 is not one."""
+    try:
+        return int(raw)
+    except ValueError:
+        pass
+    try:
+        f = float(raw)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {raw!r}") from None
+    if not f.is_integer():
+        raise ValueError(f"expected an integer, got {raw!r}")
+    return int(f)
 
 
 def from_dict(cls, d: dict, where: str = ""):

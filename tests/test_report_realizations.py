@@ -146,3 +146,19 @@ def test_a_realization_without_a_bench_is_projected_to_the_timed_shapes(tmp_path
     want = (tokens["zero_init_residual"] / (rounds["zero_init_residual"] * 2.0)) / (tokens["ar"] / (rounds["ar"] * 1.5))
     assert cm.loc[("projection mini-shape", 1, "zero_init_residual"), "predicted_speedup"] == pytest.approx(want)
     assert cm.loc[("projection mini-shape", 1, "ar"), "predicted_speedup"] == 1
+
+
+def test_of_two_lone_experiments_the_newest_is_pooled(tmp_path):
+    """Two realizations of different experiments, one each: the one whose target was written last is the report's,
+    whatever its number (a check numbered 8 run after one numbered 9)."""
+    from dmtp.analysis.report.data import match
+
+    found = []
+    for k, steps, when in ((8, 1000, "2026-12-02T02:36:00+0000"), (9, 500, "2026-12-01T22:15:00+0000")):
+        p = tmp_path / f"r{k}"
+        (p / "target").mkdir(parents=True)
+        (p / "experiment.json").write_text(json.dumps({"train": {"steps": steps}, "realization": k}))
+        (p / "target" / "meta.json").write_text(json.dumps({"written": when}))
+        found.append((k, p))
+    pooled, out = match(found)
+    assert [k for k, _ in pooled] == [8] and out == [("r9", "experiment differs from r8 in train.steps")]

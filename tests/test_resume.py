@@ -286,6 +286,11 @@ def test_configs_refuse_bad_values():
     with pytest.raises(ValueError, match=r"--set eval.temperatures=\[0, -1\]: expected a non-empty"):
         override(p, ["eval.temperatures=[0, -1]"])
     assert override(p, ["train.steps=7"]).train.steps == 7
+    # budgets written as a GPU run writes them: 1e8, 100_000_000; a fraction is not an integer
+    assert override(p, ["data.corpus_bytes=1e8"]).data.corpus_bytes == 100_000_000
+    assert override(p, ["pretrain.tokens=4_000_000"]).pretrain.tokens == 4_000_000
+    with pytest.raises(ValueError, match=r"--set train.steps=2.5: expected an integer, got '2.5'"):
+        override(p, ["train.steps=2.5"])
 
 
 def test_jsonl_errors_name_file_and_line(tmp_path):

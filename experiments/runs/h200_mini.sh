@@ -42,7 +42,8 @@ folder() { ask folder; }
 snap() { local d=${1:-$H/src}; rm -rf $d; mkdir -p $d; cp -r dmtp experiments ablations tests pyproject.toml $d/
          revision $d; }
 # background jobs that outlive the device command starting them (setsid; log + return code under $L)
-bg() { local name=$1; shift; stamp "start $name"; setsid bash -c "$*; echo \$? > $L/$name.rc" \
+bg() { local name=$1; shift; stamp "start $name"; rm -f $L/$name.rc  # a stale rc (an earlier chain's) ends no watch
+       setsid bash -c "$*; echo \$? > $L/$name.rc" \
        > $L/$name.log 2>&1 < /dev/null & }
 # every stage the chain will reach must be runnable before the first starts (HumanEval's prompts above all)
 preflight() { $PY -c "from dmtp.data.humaneval import humaneval_prompts; humaneval_prompts(1)" || {
@@ -130,7 +131,7 @@ watch)
 pack)
   F=$(folder); mkdir -p $R/$F/logs; rm -f $R/$F/logs/*.tmp; cp $L/*.log $L/*.txt $R/$F/logs/ 2>/dev/null
   # progress-bar lines dropped (a file of nothing else ends empty: grep's status 1 must not leave the .tmp behind)
-  for f in $R/$F/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$" > $f.tmp
+  for f in $R/$F/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$\|GiB\]$" > $f.tmp
     mv $f.tmp $f; done
   tar czf $OUT/$PROFILE.tgz -C $R $PROFILE; ls -la $OUT ;;
 *) usage; exit 2 ;;

@@ -131,6 +131,25 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
     return rows
 
 
+def predicted(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]:
+    """A realization whose trained models were timed (`ov`: its overhead.csv rows, round times per batch) but whose
+    throughput was not: the cost model's speed-up over AR at each cap on all its T = 0 records, decode only (no
+    admission cost): a prediction, not a measurement."""
+    times = round_times(ov[~ov.method.str.contains(":")])
+    recs = _records(runs)
+    have = [m for m in recs if m in times]
+    if "ar" not in have:
+        return []
+    rows = []
+    for cap in caps:
+        pred = predict({m: recs[m] for m in have}, times, cap)
+        rows += [{"kind": "predicted, trained models' stage times (decode only)", "method": m, "batch_cap": cap,
+                  "n_requests": len(recs[m]), "predicted_speedup": pred[m]["speedup"],
+                  "predicted_tok_per_s": pred[m]["tok_per_s"], "admit_ms": 0.0,
+                  **{f"round_ms_b{b}": v for b, v in sorted(times[m].items())}} for m in have]
+    return rows
+
+
 def projection(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32), shape_name: str = SHAPE) -> list[dict]:
     """The realization's records (as in `predicted_vs_measured`) x a shape's round times at batch 8 (rows
     "<shape>:<run>", the labels of SHAPES), decode only, that one round time at every batch: the predicted

@@ -369,14 +369,15 @@ def differences(a, b, prefix: str = "") -> list[str]:
 
 def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[tuple[str, str]]]:
     """(pooled, left out with why): the largest group of realizations with one experiment key (ties: the group
-    holding the newest realization); a folder without experiment.json (only the flat layout can lack one) counts as
-    an experiment of its own."""
+    holding the newest realization, by the date its target was written, then by number); a folder without
+    experiment.json (only the flat layout can lack one) counts as an experiment of its own."""
     keys = {k: experiment_key(read_json(p / "experiment.json")) if (p / "experiment.json").exists()
             else None for k, p in found}
     groups: dict[str, list[int]] = {}
     for k in sorted(keys):
         groups.setdefault(json.dumps(keys[k], sort_keys=True), []).append(k)
-    best = max(groups.values(), key=lambda ks: (len(ks), max(ks)))
+    paths = dict(found)
+    best = max(groups.values(), key=lambda ks: (len(ks), max(_written(paths[k]) for k in ks), max(ks)))
     pooled = [(k, p) for k, p in found if k in best]
     name = lambda k: f"r{k}" if k else "r0 (the flat layout)"  # noqa: E731
     out = []
@@ -390,6 +391,12 @@ def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[t
         out.append((name(k), f"experiment differs from {name(best[-1])} in {', '.join(diff[:4])}"
                     + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")))
     return pooled, out
+
+
+def _written(root: Path) -> str:
+    """When a realization's target was written (ISO time, sortable as text; "" when it has none)."""
+    meta = Path(root, "target", "meta.json")
+    return str(read_json(meta).get("written", "")) if meta.exists() else ""
 
 
 def provenance(k: int, root: Path) -> Realization:

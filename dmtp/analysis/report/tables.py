@@ -400,6 +400,8 @@ def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
             continue
         mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]
         out = B.predicted_vs_measured(recs, mine_tp, mine_ov) if not (mine_tp.empty or mine_ov.empty) else []
+        if not out and not mine_ov.empty:  # its models timed, their throughput not: the prediction alone
+            out = B.predicted(recs, mine_ov)
         for name in B.SHAPES:  # the shapes timed with random weights, this realization's acceptance
             out += B.projection(recs, ov[ov.method.str.startswith(name + ":")], shape_name=name)
         rows += [dict(x, realization=real.name, commit=real.bench_commit) for x in out]
@@ -421,6 +423,8 @@ def costmodel(art: Artifacts) -> pd.DataFrame | None:
                 "timed at that cap), its trained models' round time per batch (round_ms_b*, overhead.csv) and the "
                 "admission cost the throughput runs measured (admit_ms = admit_s / groups); measured_speedup = "
                 "median [min, max] of the per-repeat ratios; error_pct = 100 (predicted / measured - 1). "
+                "predicted, trained models' stage times: the same model where the throughput was not measured, "
+                "all T = 0 records, decode only (no admission cost): a prediction, not a measurement. "
                 "projection 8b-shape: the same records x the 8B-shape round times at batch 8 (random weights, "
                 "flex attention; AR's step: 8b-shape:ar@batch1), decode only (no admission cost), the one round "
                 "time used at every batch: a projection, not a measurement.", models="bench")
