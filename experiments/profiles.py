@@ -70,7 +70,8 @@ def mini() -> Profile:
         model=dict(arch=TargetArch(hidden_size=384, num_hidden_layers=32, num_attention_heads=6, num_key_value_heads=2,
                                    head_dim=64, intermediate_size=1024),
                    checkpoint_dtype="bf16"),
-        pretrain=PretrainConfig(tokens=130_000_000, seq_len=512, batch_size=96, lr=2e-3),
+        # 100 M tokens: 130 M took 377 s of the allotment (held-out top-1 67.8 %); the 30 saved tokens are ~85 s
+        pretrain=PretrainConfig(tokens=100_000_000, seq_len=512, batch_size=96, lr=2e-3),
         drafter=dict(layers=2, heads=6, kv_heads=2, intermediate=1024),
         train=TrainConfig(steps=1000, batch_size=32, max_len=384, anchors_per_seq=64, save_every=500,
                           log_every=50),

@@ -248,3 +248,28 @@ def test_a_closed_server_lets_go_of_its_slots(models):
         assert not [o for o in gc.get_objects() if isinstance(o, Batch)]
     finally:
         gc.enable()
+
+
+def test_a_batch_of_a_servers_shapes_compiles_nothing_the_server_needs(models):
+    """`generate(capacity=...)` at a server's batch, capacity and `max_new_tokens` has the server's shapes: the
+    benchmark's stage timing at a batch cap compiles each method once for the throughput runs that follow."""
+    from torch._dynamo.utils import counters
+
+    from dmtp.config import EngineConfig
+    from dmtp.engine.decode import Server, capacity_for
+
+    tgt, mtp = models
+    eng = EngineConfig(engine="compiled")
+    from dmtp.models import fast
+
+    reqs = [[5, 7, 9], [4, 8], [3 + i % 90 for i in range(130)], [7]]  # the long one comes later: a larger cache
+    m = build_method("mtp", tgt, mtp=mtp)
+    capacity = capacity_for(reqs, 6, m.k)
+    assert fast.round_capacity(capacity) != fast.round_capacity(capacity_for(reqs[:2], 6, m.k))  # shapes differ
+    generate(tgt, m, reqs[:2], 0.0, 6, eos_ids=(), engine=eng, capacity=capacity)
+    before = counters["stats"]["unique_graphs"]
+    srv = Server(tgt, build_method("mtp", tgt, mtp=mtp), 2, capacity, max_new_tokens=6, engine=eng)
+    out = srv.run(reqs)
+    srv.close()
+    assert counters["stats"]["unique_graphs"] == before and len(out) == 4
+    assert [r.output_ids for r in out[:2]] == [r.output_ids for r in generate(tgt, m, reqs[:2], 0.0, 6, engine=eng)]

@@ -347,14 +347,15 @@ def check_token_ids(prompts, vocab_size: int) -> None:
 def generate(target, method: Method, prompts: list[list[int]], temperature: float = 0.0,
              max_new_tokens: int = 128, eos_ids=(), seed: int = 0, progress=None,
              engine: EngineConfig | None = None, stop: StopStrings | None = None,
-             verify: str = "target") -> list[Result]:
+             verify: str = "target", capacity: int | None = None) -> list[Result]:
     """Decode a batch of prompts (token id lists of any lengths) with `method`; returns one Result per prompt.
     A request ends at an id in `eos_ids`, at a stop string of `stop` (`stops.py`), or at `max_new_tokens`.
     `engine`: the `EngineConfig` (None: the default). `verify`: target (default) | sample | block — how drafts are
-    drawn and accepted at T > 0 (`verify.py`)."""
+    drawn and accepted at T > 0 (`verify.py`). `capacity`: cache rows per request (default: `capacity_for` these
+    prompts; a larger one gives the batch another's shapes, so it replays what that one compiled)."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
     batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
-                  engine=engine, stop=stop, verify=verify)
+                  capacity, engine=engine, stop=stop, verify=verify)
     while not batch.finished:
         batch.step()
         if progress is not None:

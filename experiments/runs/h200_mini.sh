@@ -3,9 +3,10 @@
 # so one 30-minute allotment is used by a start command and short `watch` commands issued back to back (a held
 # machine is given back after ~30 s without a command, and everything under $HOME with it):
 #
-#   bash experiments/runs/h200_mini.sh all [SET...]    # corpus, tokenizer, target, data, drafters (two processes
-#                                                      # share the GPU: first seed | the others), eval + curve (same
-#                                                      # split), tables, then the extras (EXTRAS, default: bench,shape)
+#   bash experiments/runs/h200_mini.sh all [SET...]    # corpus, tokenizer, target, data, then drafters + eval +
+#                                                      # curve as two processes sharing the GPU (first seed | the
+#                                                      # others: each evaluates its drafters when they are trained),
+#                                                      # tables, then the extras (EXTRAS, default: bench)
 #                                                      # one realization: SET realization=k (the profile's: mini r1)
 #   bash experiments/runs/h200_mini.sh study [SET...]  # the verification-mode study alone: corpus .. data, the
 #                                                      # study's drafters (seed 0), then --stage verify one
@@ -17,10 +18,13 @@
 #   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
 #   bash experiments/runs/h200_mini.sh pack            # results/mini + logs -> $OUT/mini.tgz (any time: what exists)
 #
-# Extras, after the tables (EXTRAS, default bench,shape; EARLY: extras run before the evaluation instead, e.g.
-# EARLY=bench EXTRAS=shape puts the end-to-end benchmark on the trained models ahead of the ablation's evaluation):
-# `bench` = dmtp.cli.bench on the trained models (stage times at batch 1, 8, 32; end-to-end
-# throughput of ar, mtp, dflash, fusion, zero_init_residual at B1 and B32, T = 0 and 1, 3 interleaved repeats),
+# Extras, after the tables (EXTRAS, default bench; EARLY: extras run after every drafter is trained and before the
+# evaluation instead, e.g. EARLY=bench EXTRAS= puts the end-to-end benchmark ahead of the ablation's evaluation).
+# Each benchmark stops after BENCH_S seconds (default 420), or earlier if the chain must end by BENCH_UNTIL seconds
+# after its start (e.g. BENCH_UNTIL=1620 in an allotment of 1,800 s: what it measured so far is kept):
+# `bench` = dmtp.cli.bench on the trained models (stage times at batch 1 and 32 with the throughput runs' shapes, so
+# each method compiles once per cap; end-to-end throughput of ar, mtp, dflash, fusion, zero_init_residual at B1 (the
+# first SMALL = 16 prompts) and B32 (164), T = 0 and 1, REPEATS = 3 interleaved repeats),
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
 # profiles, batch-1 baselines, regeneration, admission), `diag` = experiments/diag_consistency.py (teacher-forced vs
 # decoded acceptance, every engine), `verify` = the verification-mode study (--stage verify).
@@ -51,12 +55,17 @@ preflight() { $PY -c "from dmtp.data.humaneval import humaneval_prompts; humanev
        "nothing started"; exit 2; }; }
 export -f P sets ask folder; export H W R L PROFILE
 
+# a benchmark's time limit: BENCH_S (default 420 s), less if the chain must end by BENCH_UNTIL seconds after its
+# start (the allotment's end less the time to pack and fetch), at least 30 s
+bench_s() { local s=${BENCH_S:-420} left=$(( ${BENCH_UNTIL:-100000} - $(date +%s) + START ))
+            [ $left -lt $s ] && s=$left; [ $s -lt 30 ] && s=30; echo $s; }
+export -f bench_s
 extras() {  # the extras named in $1 (a comma list), as one command line
-  local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout ${BENCH_S:-420} $PY -m dmtp.cli.bench"
+  local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout \$(bench_s) $PY -m dmtp.cli.bench"
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts overhead,throughput --methods ${BENCH_METHODS:-ar,mtp,dflash,fusion,\
-zero_init_residual} --caps 1,32 --temperatures 0,1 --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts \
-      ${SMALL:-24} --tokens 128) > $L/bench.txt 2>&1; "
+zero_init_residual} --caps 1,32 --batch 32 --temperatures 0,1 --repeats ${REPEATS:-3} --prompts 164 \
+      --small-cap-prompts ${SMALL:-16}) > $L/bench.txt 2>&1; "
   [[ $e == *",shape,"* ]] && s+="stamp shape; ($B --mini-shape --profile $PROFILE $(sets) --out $R/$F/bench \
       --tokens 128 --repeats ${REPEATS:-3} --kernel-profile --shape-parts ${SHAPE_PARTS:-engines,admission,baselines,\
 regen}) > $L/shape.txt 2>&1; "
@@ -96,10 +105,14 @@ export -f halves
 case "${1:-}" in
 all)
   start "$@"
+  if [ -n "${EARLY:-}" ]; then  # every drafter, the EARLY extras, then the evaluation
+    rest="halves drafters d && { $(extras "$EARLY") stamp eval; halves eval,curve e; }"
+  else  # each seed's process evaluates its drafters as soon as they are trained (one seed's evaluation overlaps
+    rest="halves drafters,eval,curve d"  # the other's training)
+  fi
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
-      P --stage data && stamp drafters && halves drafters d && { $(extras "${EARLY:-}") stamp eval; \
-      halves eval,curve e; stamp tables; P --stage tables > $L/tables.txt 2>&1; $(extras "${EXTRAS-bench,shape}") }; \
-      stamp end" ;;
+      P --stage data && stamp drafters+eval && { $rest; stamp tables; P --stage tables > $L/tables.txt 2>&1; \
+      $(extras "${EXTRAS-bench}") }; stamp end" ;;
 study)
   start "$@"
   runs=$(ask study-runs)

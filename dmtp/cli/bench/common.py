@@ -97,11 +97,11 @@ def device_name(dev) -> str:
     return torch.cuda.get_device_name() if str(dev).startswith("cuda") else str(dev)
 
 
-def stage_times(tgt, m, prompts, tokens, skip=16, engine=None):
+def stage_times(tgt, m, prompts, tokens, skip=16, engine=None, capacity=None):
     """ms per round by stage over `tokens` generated tokens (EOS ignored), first `skip` rounds excluded; `engine`:
-    `decode.engine_for` (default: compiled on CUDA)."""
+    `decode.engine_for` (default: compiled on CUDA); `capacity`: as `generate`'s."""
     m.timer = StageTimer(tgt.device.type == "cuda")
-    res = generate(tgt, m, prompts, 0.0, tokens, eos_ids=(), seed=0, engine=engine)
+    res = generate(tgt, m, prompts, 0.0, tokens, eos_ids=(), seed=0, engine=engine, capacity=capacity)
     ms = m.timer.ms_per_round(skip)
     m.timer = no_timer
     return ms, res

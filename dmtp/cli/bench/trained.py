@@ -83,17 +83,29 @@ class Bench:
                            label=name)
 
 
+def cap_requests(b: Bench, cap: int) -> list[list[int]]:
+    """The requests the throughput part serves at batch cap `cap`: `--prompts` at the largest cap, else the first
+    `--small-cap-prompts`."""
+    return b.prompts[: b.a.prompts if cap == max(b.a.caps) else b.a.small_cap_prompts]
+
+
 def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
     """Per-round stage times of `ar` and every method at batch `--batch` and at each batch cap (the cost model's round
-    times, `dmtp.analysis.costmodel`), `--tokens` generated tokens, EOS ignored, the first 16 rounds excluded; at
-    `--batch` the round ratios: DMTP / DFlash, each method / AR step, the draft side / verify."""
+    times, `dmtp.analysis.costmodel`), EOS ignored, the first 16 rounds excluded; at `--batch` the round ratios: DMTP
+    / DFlash, each method / AR step, the draft side / verify. At a batch cap the batch has the throughput part's
+    shapes (cache rows for its requests and `--max-new-tokens`, as many tokens generated), so a benchmark of both
+    parts compiles each method once per cap, not twice; at another `--batch`, `--tokens` tokens."""
     a, dmtp, dflash = b.a, b.spec.main_method, b.spec.drafter_baseline
     names = [AR.name] + [m for m in methods if m != AR.name]  # the reference first
     rows, ratios = [], []
     for batch in sorted({a.batch, *a.caps}):
-        prompts = [b.prompts[i % len(b.prompts)] for i in range(batch)]
+        reqs = cap_requests(b, batch) if batch in a.caps else b.prompts
+        prompts = [reqs[i % len(reqs)] for i in range(batch)]
+        tokens = a.max_new_tokens if batch in a.caps else a.tokens
         for name in names:
-            ms, res = stage_times(b.tgt, b.method(name), prompts, a.tokens, engine=b.eng)
+            m = b.method(name)
+            capacity = capacity_for(reqs, tokens, m.k) if batch in a.caps else None
+            ms, res = stage_times(b.tgt, m, prompts, tokens, engine=b.eng, capacity=capacity)
             rows += [{"method": name, "stage": s, "ms_per_round": v, "batch": batch, "rounds": len(res[0].accepted),
                       "device": device_name(b.dev), "engine": label_of(b.eng)} for s, v in ms.items()]
             print(f"[bench] overhead {name} batch {batch}: " + ", ".join(f"{s} {v:.3f}" for s, v in ms.items()))
@@ -117,11 +129,11 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its per-verify gain."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
-    rows, top = [], max(a.caps)
+    rows = []
     runs = [(n, v) for n in methods for v in a.verify]
     for temp in a.temperatures:
         for cap in a.caps:
-            reqs = b.prompts[: a.prompts if cap == top else a.small_cap_prompts]
+            reqs = cap_requests(b, cap)
             servers = {}
             for name, v in runs:  # start-up: one server per method, graphs captured on a first group
                 m = b.method(name)
