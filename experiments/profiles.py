@@ -174,7 +174,26 @@ PROFILES.update({"qwen3.6-27b": qwen3_6_27b, "qwen3.6-35b-a3b": qwen3_6_35b_a3b}
 
 
 # --- what the run scripts ask of a profile ---------------------------------------------------------------------------
+def parts(p: Profile) -> str:
+    """The drafter runs split into processes that share one GPU, one line of --set assignments each: the first seed's
+    baselines, main, continued and control runs; its supplementary and backbone runs; the other seeds (main and
+    control runs only). Each process trains its drafters, then evaluates them, so the shorter ones' evaluation
+    overlaps the longest's training. Within what `ablation.only` / `only_seeds` already select; empty parts dropped."""
+    a = p.ablation
+    seeds = [s for s in a.seeds if not a.only_seeds or s in a.only_seeds]
+    first = [s for s in seeds if s == a.seeds[0]]
+    rest = [s for s in seeds if s != a.seeds[0]]
+    out = []
+    for runs, ss in ((a.baselines + a.main + tuple(a.continued) + a.controls, first),
+                     (a.supplementary + tuple(a.backbones), first), (a.main + a.controls, rest)):
+        runs = a.selected(runs)
+        if runs and ss:
+            out.append(f"ablation.only={','.join(runs)} ablation.only_seeds={','.join(map(str, ss))}")
+    return "\n".join(out)
+
+
 ANSWERS = {
+    "parts": parts,
     "folder": lambda p: p.folder,  # where its realization lives under work/ and results/: <name> or <name>/r<k>
     "seeds": lambda p: f"{p.ablation.seeds[0]} {','.join(map(str, p.ablation.seeds[1:]))}",  # first, then the others
     "study-runs": lambda p: ",".join(m for m in p.study.methods if m not in p.ablation.baselines),  # their drafters

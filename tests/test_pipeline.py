@@ -224,6 +224,11 @@ def test_a_subset_of_runs(run, tmp_path):
         [f"{ds}_T0{suffix}.jsonl" for ds in ("humaneval", "humaneval8") for suffix in ("", "_s1", "_fixed")])
     exp = read_experiment(tmp_path / "smoke" / "experiment.json")
     assert exp.ablation.only == ("ar", "dflash") and exp.eval.temperatures == (0.0,)
+    # the tables of every run there is: a selection (the part one process of a shared GPU evaluated) is no other
+    # experiment
+    p = subprocess.run(cmd[:-2] + ["--results", str(tmp_path), "--stage", "tables", "--set", "eval.temperatures=0"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
 
     p = subprocess.run(cmd[:6] + ["--work", str(tmp_path / "empty"), "--results", str(tmp_path), "--stage",
                                   "drafters", "--set", "ablation.only=zero_init_residual_from_dflash"],

@@ -4,8 +4,9 @@
 # machine is given back after ~30 s without a command, and everything under $HOME with it):
 #
 #   bash experiments/runs/h200_mini.sh all [SET...]    # corpus, tokenizer, target, data, then drafters + eval +
-#                                                      # curve as two processes sharing the GPU (first seed | the
-#                                                      # others: each evaluates its drafters when they are trained),
+#                                                      # curve as three processes sharing the GPU (the first seed's
+#                                                      # main rows | its supplementary and backbone rows | the other
+#                                                      # seeds: each evaluates its drafters when they are trained),
 #                                                      # tables, then the extras (EXTRAS, default: bench)
 #                                                      # one realization: SET realization=k (the profile's: mini r1)
 #   bash experiments/runs/h200_mini.sh study [SET...]  # the verification-mode study alone: corpus .. data, the
@@ -102,13 +103,27 @@ halves() {
 }
 export -f halves
 
+# STAGE for each part of the drafter runs (`ask parts`, experiments/profiles.py: the first seed's main rows, its
+# supplementary and backbone rows, the other seeds), one process each sharing the GPU; logs $L/<tag><i>.txt; fails
+# when any fails
+split() {
+  local i=0 rc=0 line pids=()
+  while read -r line; do
+    local a=(); for s in $line; do a+=(--set "$s"); done
+    P --stage $1 "${a[@]}" > $L/${2}$i.txt 2>&1 & pids+=($!); i=$((i + 1))
+  done < <(ask parts)
+  for p in "${pids[@]}"; do wait $p || rc=1; done
+  return $rc
+}
+export -f split
+
 case "${1:-}" in
 all)
   start "$@"
   if [ -n "${EARLY:-}" ]; then  # every drafter, the EARLY extras, then the evaluation
     rest="halves drafters d && { $(extras "$EARLY") stamp eval; halves eval,curve e; }"
-  else  # each seed's process evaluates its drafters as soon as they are trained (one seed's evaluation overlaps
-    rest="halves drafters,eval,curve d"  # the other's training)
+  else  # each part's process evaluates its drafters as soon as they are trained (the shorter parts' evaluation
+    rest="split drafters,eval,curve d"  # overlaps the longest one's training)
   fi
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp data && \
       P --stage data && stamp drafters+eval && { $rest; stamp tables; P --stage tables > $L/tables.txt 2>&1; \
