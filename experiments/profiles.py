@@ -175,16 +175,17 @@ PROFILES.update({"qwen3.6-27b": qwen3_6_27b, "qwen3.6-35b-a3b": qwen3_6_35b_a3b}
 
 # --- what the run scripts ask of a profile ---------------------------------------------------------------------------
 def parts(p: Profile) -> str:
-    """The drafter runs split into processes that share one GPU, one line of --set assignments each: the first seed's
-    baselines, main, continued and control runs; its supplementary and backbone runs; the other seeds (main and
-    control runs only). Each process trains its drafters, then evaluates them, so the shorter ones' evaluation
-    overlaps the longest's training. Within what `ablation.only` / `only_seeds` already select; empty parts dropped."""
+    """The runs split into processes that share one GPU, one line of --set assignments each: the baselines (no
+    drafter: evaluated at once); the first seed's main, continued and control runs; its supplementary and backbone
+    runs; the other seeds (main and control runs only). Each process trains its drafters, then evaluates them, so
+    the shorter parts' evaluation overlaps the longest one's training. Within what `ablation.only` / `only_seeds`
+    already select; empty parts dropped."""
     a = p.ablation
     seeds = [s for s in a.seeds if not a.only_seeds or s in a.only_seeds]
     first = [s for s in seeds if s == a.seeds[0]]
     rest = [s for s in seeds if s != a.seeds[0]]
     out = []
-    for runs, ss in ((a.baselines + a.main + tuple(a.continued) + a.controls, first),
+    for runs, ss in ((a.baselines, first), (a.main + tuple(a.continued) + a.controls, first),
                      (a.supplementary + tuple(a.backbones), first), (a.main + a.controls, rest)):
         runs = a.selected(runs)
         if runs and ss:

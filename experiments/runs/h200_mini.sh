@@ -4,9 +4,10 @@
 # machine is given back after ~30 s without a command, and everything under $HOME with it):
 #
 #   bash experiments/runs/h200_mini.sh all [SET...]    # corpus, tokenizer, target, data, then drafters + eval +
-#                                                      # curve as three processes sharing the GPU (the first seed's
-#                                                      # main rows | its supplementary and backbone rows | the other
-#                                                      # seeds: each evaluates its drafters when they are trained),
+#                                                      # curve as four processes sharing the GPU (the baselines |
+#                                                      # the first seed's main rows | its supplementary and backbone
+#                                                      # rows | the other seeds: each evaluates its runs as soon as
+#                                                      # their drafters are trained),
 #                                                      # tables, then the extras (EXTRAS, default: bench)
 #                                                      # one realization: SET realization=k (the profile's: mini r1)
 #   bash experiments/runs/h200_mini.sh study [SET...]  # the verification-mode study alone: corpus .. data, the
@@ -103,9 +104,9 @@ halves() {
 }
 export -f halves
 
-# STAGE for each part of the drafter runs (`ask parts`, experiments/profiles.py: the first seed's main rows, its
-# supplementary and backbone rows, the other seeds), one process each sharing the GPU; logs $L/<tag><i>.txt; fails
-# when any fails
+# STAGE for each part of the runs (`ask parts`, experiments/profiles.py: the baselines, the first seed's main rows,
+# its supplementary and backbone rows, the other seeds), one process each sharing the GPU; logs $L/<tag><i>.txt;
+# fails when any fails
 split() {
   local i=0 rc=0 line pids=()
   while read -r line; do
