@@ -118,6 +118,21 @@ def one_writer(path: str | Path):
         os.close(fd)
 
 
+@contextlib.contextmanager
+def merging(path: str | Path):
+    """Wait for, then hold, an flock on `.<name>.merge.lock` beside `path`: a short read-modify-write of one output by
+    processes that share it (the drafter parts of a GPU: each adds its runs to drafters/meta.json)."""
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.merge.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock (the file stays: removing it would race a waiting process)
+
+
 def _text(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")

@@ -254,3 +254,21 @@ def test_one_failing_run_does_not_cost_the_others(run, tmp_path):
     runs = tmp_path / "r" / "smoke" / "runs" / "ablation"
     assert (runs / "dflash" / "humaneval_T0.jsonl").exists() and (runs / "ar" / "humaneval_T0.jsonl").exists()
     assert not (runs / "token_only" / "humaneval_T0.jsonl").exists()
+
+
+def test_drafter_parts_add_up_in_the_drafters_record(run, tmp_path):
+    """Processes that share a GPU train parts of the runs (`experiments/profiles.py` parts): each adds its runs to
+    drafters/meta.json's `trained`, none overwrites another's."""
+    root, cmd, _ = run
+    src, work = root / "work" / "smoke", tmp_path / "work" / "smoke"
+    for d in ("corpus", "tokenizer", "tokens", "target", "data"):
+        shutil.copytree(src / d, work / d)
+    for only in ("dflash", "token_only"):
+        p = subprocess.run(cmd[:6] + ["--work", str(tmp_path / "work"), "--results", str(tmp_path / "r"), "--stage",
+                                      "drafters", "--set", f"ablation.only={only}", "--set", "ablation.only_seeds=0"],
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+    meta = json.loads((tmp_path / "r" / "smoke" / "drafters" / "meta.json").read_text())
+    assert meta["trained"] == {"0": ["dflash", "token_only"]}
+    assert {"dflash", "token_only"} <= set(json.loads((tmp_path / "r" / "smoke" / "drafters" /
+                                                       "train_history.json").read_text()))

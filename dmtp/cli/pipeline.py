@@ -51,7 +51,8 @@ from dmtp.engine.methods import AR, build_method, load_method, method_class
 from dmtp.engine.runner import run_generate, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import atomic_dir, one_writer, read_json, read_jsonl, write_json, write_jsonl, write_meta, write_text
+from dmtp.io import (atomic_dir, merging, one_writer, read_json, read_jsonl, write_json, write_jsonl, write_meta,
+                     write_text)
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
@@ -289,17 +290,24 @@ def st_drafters(c: Ctx):
 
     if not is_main():
         return
-    write_meta(c.res / "drafters" / "meta.json", {"train": asdict(c.p.train), "drafter": drafter_config(
-        c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), "continue_steps": spec.continue_steps,
-        "seeds": list(spec.seeds), "budgets": list(spec.budgets)}, wall_s=time.time() - t0,
-        trained={str(s): r for s, r in todo.items()}, fingerprint=fingerprints(c.p)["drafters"])
-    hist = {}
-    for seed in spec.seeds:
-        d = drafters_dir(c, seed)
-        if d.exists():
-            hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): read_json(n / "history.json")
-                         for n in sorted(d.iterdir()) if (n / "history.json").exists()})
-    write_json(c.res / "drafters" / "train_history.json", hist)
+    meta, want = c.res / "drafters" / "meta.json", fingerprints(c.p)["drafters"]
+    with merging(meta):  # processes sharing a GPU train parts of the runs: each adds its own to the record
+        trained = {str(s): list(r) for s, r in todo.items()}
+        old = read_json(meta) if meta.exists() else {}
+        if old.get("fingerprint") == json.loads(json.dumps(want)):  # as JSON reads it back (tuples: lists)
+            for s, r in old.get("trained", {}).items():
+                trained[s] = list(dict.fromkeys(r + trained.get(s, [])))
+        write_meta(meta, {"train": asdict(c.p.train), "drafter": drafter_config(
+            c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), "continue_steps": spec.continue_steps,
+            "seeds": list(spec.seeds), "budgets": list(spec.budgets)}, wall_s=time.time() - t0,
+            trained=dict(sorted(trained.items())), fingerprint=want)
+        hist = {}
+        for seed in spec.seeds:
+            d = drafters_dir(c, seed)
+            if d.exists():
+                hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): read_json(n / "history.json")
+                             for n in sorted(d.iterdir()) if (n / "history.json").exists()})
+        write_json(c.res / "drafters" / "train_history.json", hist)
 
 
 def branches(c: Ctx, run: str, seed: int) -> dict[int, Path]:
