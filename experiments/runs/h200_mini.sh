@@ -66,7 +66,7 @@ extras() {  # the extras named in $1 (a comma list), as one command line
   local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout \$(bench_s) $PY -m dmtp.cli.bench"
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts overhead,throughput --methods ${BENCH_METHODS:-ar,mtp,dflash,fusion,\
-zero_init_residual} --caps 1,32 --batch 32 --temperatures 0,1 --repeats ${REPEATS:-3} --prompts 164 \
+zero_init_residual} --caps 1,32 --batch 32 --kernel-profile --temperatures 0,1 --repeats ${REPEATS:-3} --prompts 164 \
       --small-cap-prompts ${SMALL:-16}) > $L/bench.txt 2>&1; "
   [[ $e == *",shape,"* ]] && s+="stamp shape; ($B --mini-shape --profile $PROFILE $(sets) --out $R/$F/bench \
       --tokens 128 --repeats ${REPEATS:-3} --kernel-profile --shape-parts ${SHAPE_PARTS:-engines,admission,baselines,\

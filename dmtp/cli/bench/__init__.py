@@ -93,7 +93,8 @@ def main(argv=None):
     p.add_argument("--regen-batch", type=at_least(0), default=2048,
                    help="--mini-shape and part `regen`: prompts decoded at once as the data stage does (0: skip)")
     p.add_argument("--kernel-profile", action="store_true",
-                   help="--paper-shape / --mini-shape: also write torch-profiler kernel tables (profile_*.txt)")
+                   help="also write torch-profiler kernel tables (profile_*.txt): --paper-shape / --mini-shape; on "
+                        "trained models: ar, DFlash and DMTP at --batch")
     p.add_argument("--kernel-sweep", type=listed(at_least(2)), default=[],
                    help="--paper-shape / --mini-shape: contexts (tokens, e.g. 512,2048,8192) at which AR batch 1 is "
                         "timed with each attention kernel (kernels.csv)")

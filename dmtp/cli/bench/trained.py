@@ -26,6 +26,7 @@ from dmtp.cli.bench.common import (
     stage_times,
     timed,
 )
+from dmtp.cli.bench.profiling import kernel_profile
 from dmtp.cli.bench.shapes import draft_side_ratios
 from dmtp.config import AblationSpec, DataConfig, EngineConfig
 from dmtp.data.datasets import encode_prompts
@@ -109,6 +110,9 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
             rows += [{"method": name, "stage": s, "ms_per_round": v, "batch": batch, "rounds": len(res[0].accepted),
                       "device": device_name(b.dev), "engine": label_of(b.eng)} for s, v in ms.items()]
             print(f"[bench] overhead {name} batch {batch}: " + ", ".join(f"{s} {v:.3f}" for s, v in ms.items()))
+            if a.kernel_profile and batch == a.batch and name in (AR.name, dflash, dmtp):  # where the rounds go
+                kernel_profile(b.tgt, m, prompts, tokens, Path(a.out) / f"profile_{b.setup}_{name}_b{batch}.txt",
+                               engine=b.eng, capacity=capacity)
     by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows if r["batch"] == a.batch}
     if (dflash, "round") in by and (dmtp, "round") in by:
         ratios.append(ratio(b.setup, f"{dmtp} round / {dflash} round", by[(dmtp, "round")] / by[(dflash, "round")],
