@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import hashlib
 import json
 import os
@@ -79,7 +80,39 @@ def write_json(path, obj):
 
 
 def write_jsonl(path, rows):
-    write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+    """One JSON object a line; a path ending in .gz is written gzip-compressed (reproducibly: no name, no time)."""
+    text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
+    if str(path).endswith(".gz"):
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    else:
+        write_text(path, text)
+
+
+RECORDS = (".jsonl", ".jsonl.gz")  # a record file, plain or compressed (`compact`)
+
+
+def record_stem(path) -> str | None:
+    """A record file's name without .jsonl / .jsonl.gz (None: not a record file)."""
+    name = Path(path).name
+    return next((name[: -len(x)] for x in sorted(RECORDS, key=len, reverse=True) if name.endswith(x)), None)
+
+
+def record_meta(path) -> Path:
+    """The meta file beside a record file: <stem>.meta.json."""
+    return Path(path).with_name(f"{record_stem(path)}.meta.json")
+
+
+def compact(path) -> Path:
+    """x.jsonl -> x.jsonl.gz, the same records (read back to check), the plain file removed last."""
+    path = Path(path)
+    out = path.with_name(path.name + ".gz")
+    rows = [r for _, r in iter_jsonl(path)]
+    write_jsonl(out, rows)
+    if [r for _, r in iter_jsonl(out)] != rows:
+        raise OSError(f"{out}: does not read back as {path}")
+    path.unlink()
+    return out
 
 
 class Busy(ValueError):
@@ -133,6 +166,14 @@ def merging(path: str | Path):
         os.close(fd)  # closing drops the flock (the file stays: removing it would race a waiting process)
 
 
+def _lines(f, path):
+    """The raw lines of an open record file; a compressed one cut short or not gzip at all is an error naming it."""
+    try:
+        yield from f
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable gzip file ({e}): write it again") from None
+
+
 def _text(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
@@ -153,8 +194,8 @@ def read_json(path):
 def iter_jsonl(path):
     """(line number, object) for every non-blank line of a JSONL file; a line that is not UTF-8 or not a JSON object
     is an error naming the file and the line (1-based, counting blank lines)."""
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f, 1):
+    with (gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")) as f:
+        for i, raw in enumerate(_lines(f, path), 1):
             line = _text(raw, f"{path}:{i}")
             if not line.strip():
                 continue

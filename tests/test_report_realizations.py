@@ -162,3 +162,33 @@ def test_of_two_lone_experiments_the_newest_is_pooled(tmp_path):
         found.append((k, p))
     pooled, out = match(found)
     assert [k for k, _ in pooled] == [8] and out == [("r9", "experiment differs from r8 in train.steps")]
+
+
+def test_a_compacted_realization_reads_as_the_plain_one(tmp_path):
+    """`report compact` gzips a realization's record files; the loader reads them as the plain ones (the same
+    tables), a run kept in both forms is refused as records met twice, and a cut-off .gz names its file."""
+    import gzip
+    import shutil
+
+    for name in ("plain", "packed"):
+        write_synthetic(code(), tmp_path / name, "p", n=12, temps=(0,), methods=["ar", "dflash", "zero_init_residual"],
+                        curve=True, oracle=False, ood=False, realization=2)
+    cli(["compact", "--profile", "p", "--results", str(tmp_path / "packed"), "--realization", "2"])
+    runs = tmp_path / "packed" / "p" / "r2" / "runs"
+    assert not list(runs.glob("**/*.jsonl")) and list(runs.glob("**/*.jsonl.gz"))
+    a, b = (load("p", tmp_path / name, n_boot=50) for name in ("plain", "packed"))
+    pd.testing.assert_frame_equal(a.runs, b.runs)
+    assert a.curve is not None and len(a.curve) == len(b.curve)
+
+    gz = next(runs.glob("*/dflash/*.jsonl.gz"))
+    plain = gz.with_name(gz.name[:-3])
+    plain.write_bytes(gzip.decompress(gz.read_bytes()))
+    with pytest.raises(ValueError, match="already on"):
+        load("p", tmp_path / "packed", n_boot=50)
+    plain.unlink()
+    shutil.copy(gz, tmp_path / "whole.gz")
+    gz.write_bytes((tmp_path / "whole.gz").read_bytes()[:-20])
+    with pytest.raises(ValueError, match=f"{gz.name}: not a readable gzip file"):
+        load("p", tmp_path / "packed", n_boot=50)
+    with pytest.raises(SystemExit):
+        cli(["compact", "--profile", "p", "--results", str(tmp_path / "packed")])

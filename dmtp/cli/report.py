@@ -6,9 +6,12 @@
     python -m dmtp.cli.report report  --profile mini     # pools the realizations results/mini/r<k> of one experiment
     python -m dmtp.cli.report demo    --profile demo                       # synthetic artifacts, then the report
     python -m dmtp.cli.report verify  --profile mini [--results results]   # the verification-mode study alone
+    python -m dmtp.cli.report compact --profile mini --realization 2       # its records as .jsonl.gz (~1/6 the size)
 
 The rows' order and groups come from results/<profile>/experiment.json (written by the pipeline); `demo` writes
-synthetic runs of the Code ablation (ablations/code.py) and of the verification-mode study.
+synthetic runs of the Code ablation (ablations/code.py) and of the verification-mode study. `compact` gzips the
+record files of a finished realization (the report reads both forms; the pipeline writes and resumes plain ones), so
+that committed realizations stay small.
 """
 import argparse
 from pathlib import Path
@@ -23,20 +26,32 @@ from dmtp.analysis.report.data import require_artifacts  # noqa: E402
 from dmtp.analysis.report import verify as verify_study  # noqa: E402
 from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify  # noqa: E402
 from dmtp.cli.args import guard  # noqa: E402
+from dmtp.io import compact  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m dmtp.cli.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["tables", "figures", "report", "demo", "verify"])
+    ap.add_argument("what", choices=["tables", "figures", "report", "demo", "verify", "compact"])
     ap.add_argument("--profile", required=True, help="results/<profile> holds the artifacts")
     ap.add_argument("--results", default="results", help="results root folder")
+    ap.add_argument("--realization", type=int, help="compact: results/<profile>/r<k> (required)")
     a = ap.parse_args(argv)
     guard(f"python -m dmtp.cli.report {a.what}", run, a)
 
 
 def run(a):
     root = Path(a.results) / a.profile
+    if a.what == "compact":
+        if a.realization is None:
+            raise ValueError("compact: --realization K names the finished realization (results/<profile>/r<K>)")
+        folder = root / f"r{a.realization}"
+        require_artifacts(folder, f": check --profile {a.profile}, --realization and --results {a.results}")
+        plain = sorted(p for d in ("runs", "curve", "verify") for p in (folder / d).glob("**/*.jsonl"))
+        before = sum(p.stat().st_size for p in plain)
+        after = sum(compact(p).stat().st_size for p in plain)
+        print(f"[report] compacted {len(plain)} record files of {folder}: {before / 1e6:.1f} -> {after / 1e6:.1f} MB")
+        return
     if a.what == "demo":
         write_synthetic(code(), a.results, a.profile, temps=(0, 0.6, 1), ood=True)
         write_synthetic_verify(a.results, a.profile)  # and a verification-mode study

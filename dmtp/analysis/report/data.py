@@ -49,7 +49,7 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
 from dmtp.config import EVAL_MODES, AblationSpec
 from dmtp.engine.stops import cut_rounds
-from dmtp.io import iter_jsonl, read_json
+from dmtp.io import RECORDS, iter_jsonl, read_json, record_meta, record_stem
 from dmtp.schema import from_dict
 
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
@@ -177,15 +177,20 @@ RUN_COLS = KEYS + ["seed", "id", "k", "accepted", "hist", "n_rounds", "first_hit
                    "output_tokens", "wall_s", "stop_reason", "repeat_rate", "loop_tokens", "acceptance_length_loopfree"]
 
 
+def record_files(root: Path, pattern: str) -> list[Path]:
+    """The record files (.jsonl, or .jsonl.gz after `compact`) at root/<pattern>, sorted."""
+    return sorted(p for x in RECORDS for p in root.glob(pattern + "*" + x))
+
+
 def check_complete(path: Path) -> None:
     """A run file the report may pool: not marked unfinished by its meta (`finished: false`: `dmtp generate` was
     stopped half-way) and holding records; otherwise an error naming it."""
-    meta = path.with_suffix(".meta.json")
+    meta = record_meta(path)
     m = read_json(meta) if meta.exists() else {}
     if isinstance(m, dict) and m.get("finished") is False:
         raise ValueError(f"{path}: half-written ({meta.name} says finished: false): finish it with the command that "
                          "made it (it resumes), or remove it")
-    if not any(line.strip() for line in path.open("rb")):
+    if next(iter_jsonl(path), None) is None:
         raise ValueError(f"{path}: holds no records (an empty run file): rerun it, or remove it")
 
 
@@ -195,9 +200,9 @@ def read_runs(root: Path) -> pd.DataFrame:
     carry), a half-written or empty one, and a request of one run met twice (the same id in one seed, in one file or
     two) are errors naming the file and line."""
     rows, seen = [], {}
-    for path in sorted(Path(root, "runs").glob("*/*/*.jsonl")):
+    for path in record_files(Path(root, "runs"), "*/*/"):
         experiment, method = path.parent.parent.name, path.parent.name
-        m = RUN_NAME.match(path.stem)
+        m = RUN_NAME.match(record_stem(path))
         if not m:
             raise ValueError(f"{path}: expected a file name <dataset>_T<temperature>[_fixed][_s<seed>].jsonl")
         check_complete(path)
@@ -220,9 +225,9 @@ def read_curve(root: Path) -> pd.DataFrame | None:
     """Learning-curve requests: root/curve/<method>/<dataset>_T<t>_s<seed>_step<step>.jsonl, with train_tokens
     (and seed, step) from the sibling .meta.json (written by the pipeline's curve stage). None without curve/."""
     rows = []
-    for path in sorted(Path(root, "curve").glob("*/*.jsonl")):
-        m = CURVE_NAME.match(path.stem)
-        meta_path = path.with_suffix(".meta.json")
+    for path in record_files(Path(root, "curve"), "*/"):
+        m = CURVE_NAME.match(record_stem(path))
+        meta_path = record_meta(path)
         if not m:
             raise ValueError(f"{path}: expected a file name <dataset>_T<t>_s<seed>_step<step>.jsonl")
         if not meta_path.exists():

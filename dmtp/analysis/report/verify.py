@@ -13,7 +13,6 @@ comparisons of one metric.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -23,8 +22,9 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
+from dmtp.analysis.report.data import record_files
 from dmtp.config import VERIFY_MODES
-from dmtp.io import read_json
+from dmtp.io import iter_jsonl, read_json
 
 MODES = list(VERIFY_MODES)  # verify modes in table order when the experiment names none
 HATCH = {"target": "", "sample": "//", "block": "xx"}
@@ -49,16 +49,14 @@ def read(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame | 
     None; oracle rows or None) from results/<profile>/verify."""
     base = Path(root) / "verify"
     rows = []
-    for path in sorted(base.glob("runs/*/*/*.jsonl")):
+    for path in record_files(base / "runs", "*/*/"):
         method, mode = path.parent.parent.name, path.parent.name
         by_id: dict[str, dict] = {}
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                row = by_id.setdefault(r["id"], {"temperature": float(r["temperature"]), "method": method,
-                                                 "verify": mode, "id": r["id"], "k": int(r["n_candidates"]),
-                                                 "accepted": []})
-                row["accepted"] += [int(a) for a in r["accepted"]]
+        for _, r in iter_jsonl(path):
+            row = by_id.setdefault(r["id"], {"temperature": float(r["temperature"]), "method": method,
+                                             "verify": mode, "id": r["id"], "k": int(r["n_candidates"]),
+                                             "accepted": []})
+            row["accepted"] += [int(a) for a in r["accepted"]]
         rows += by_id.values()
     runs = pd.DataFrame(rows, columns=["temperature", "method", "verify", "id", "k", "accepted"])
     tp = pd.read_csv(base / "throughput.csv") if (base / "throughput.csv").exists() else None
