@@ -48,7 +48,7 @@ from dmtp.data.prompts import PROMPT_CUT, code_prompts
 from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.methods import AR, build_method, load_method, method_class
-from dmtp.engine.runner import run_generate, stop_spec
+from dmtp.engine.runner import compiled_graphs, run_generate, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config, write_experiment
 from dmtp.io import (atomic_dir, merging, one_writer, read_json, read_jsonl, write_json, write_jsonl, write_meta,
@@ -229,7 +229,7 @@ def st_data(c: Ctx):
                    fingerprint=u.want)  # before the data: the file never exists without its record
         write_jsonl(out, recs)
         c.log(f"data: {len(recs)} sequences, {sum(len(r['output_ids']) for r in recs)} generated tokens "
-              f"({world} rank(s))")
+              f"({world} rank(s); {compiled_graphs()} graphs compiled)")
     barrier()
 
 
@@ -435,7 +435,7 @@ def st_eval(c: Ctx):
         write_jsonl(path, recs)
         acc = [x for r in recs for x in r["accepted"]]
         c.log(f"eval {m:<28} s{seed} {ds:<10} T={temp:g} {mode:<7} per-verify tau {acceptance_length(acc):.3f}  "
-              f"({len(acc)} rounds, {wall:.1f}s)")
+              f"({len(acc)} rounds, {wall:.1f}s, {compiled_graphs()} graphs compiled in this process)")
     write_subsets(c)
     oracle_ceilings(c)
     if failed:

@@ -53,6 +53,14 @@ def cut_text(text: str, stop_strings) -> str:
     return text[: min([i for s in stop_strings if (i := text.find(s)) >= 0], default=len(text))]
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far (dynamo's count): a decode whose shapes an earlier one
+    compiled adds none."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, batch_size, seed=0, tok=None,
                  desc="generate", extra=None, shard=False, mode="natural", stop_strings=(), verify="target",
                  engine=None):
@@ -86,8 +94,9 @@ def run_generate(tgt, method, prompts, temperature, max_new_tokens, eos_ids, bat
             rec.update(extra or {})
             recs.append(rec)
         bar.update(len(chunk))
-        if torch.cuda.is_available():  # device memory held between batches: flat unless something keeps a batch
-            bar.set_postfix(held=f"{torch.cuda.memory_allocated() / 2**30:.1f}GiB")
+        if torch.cuda.is_available():  # device memory held between batches: flat unless something keeps a batch;
+            # the graphs compiled so far: flat unless each batch compiles anew
+            bar.set_postfix(graphs=compiled_graphs(), held=f"{torch.cuda.memory_allocated() / 2**30:.1f}GiB")
     bar.close()
     if world == 1:
         return recs
