@@ -49,6 +49,7 @@ snap() { local d=${1:-$H/src}; rm -rf $d; mkdir -p $d; cp -r dmtp experiments ab
          revision $d; }
 # background jobs that outlive the device command starting them (setsid; log + return code under $L)
 bg() { local name=$1; shift; stamp "start $name"; rm -f $L/$name.rc  # a stale rc (an earlier chain's) ends no watch
+       echo $START > $L/$name.start  # watch: how long the chain has run (BENCH_UNTIL counts from here)
        setsid bash -c "$*; echo \$? > $L/$name.rc" \
        > $L/$name.log 2>&1 < /dev/null & }
 # every stage the chain will reach must be runnable before the first starts (HumanEval's prompts above all)
@@ -149,7 +150,8 @@ watch)
   while [ $(date +%s) -lt $end ]; do
     [ -f $L/$job.rc ] && break; sleep 5
   done
-  echo "=== $job rc=$(cat $L/$job.rc 2>/dev/null || echo running)"
+  echo "=== $job rc=$(cat $L/$job.rc 2>/dev/null || echo running)" \
+       "(+$(( $(date +%s) - $(cat $L/$job.start 2>/dev/null || date +%s) ))s since it started)"
   grep -a "^\[run\]" $L/$job.log | tail -4
   for f in $L/all.log $L/engine.log $L/*.txt; do [ -f $f ] || continue
     echo "--- $(basename $f)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
