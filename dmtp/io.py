@@ -89,13 +89,13 @@ def write_jsonl(path, rows):
         write_text(path, text)
 
 
-RECORDS = (".jsonl", ".jsonl.gz")  # a record file, plain or compressed (`compact`)
+RECORDS = (".jsonl.gz", ".jsonl")  # a record file, compressed (`compact`) or plain: the longer suffix first
 
 
 def record_stem(path) -> str | None:
-    """A record file's name without .jsonl / .jsonl.gz (None: not a record file)."""
+    """A record file's name without .jsonl.gz / .jsonl (None: not a record file)."""
     name = Path(path).name
-    return next((name[: -len(x)] for x in sorted(RECORDS, key=len, reverse=True) if name.endswith(x)), None)
+    return next((name[: -len(x)] for x in RECORDS if name.endswith(x)), None)
 
 
 def record_meta(path) -> Path:
