@@ -197,7 +197,6 @@ def parts(p: Profile) -> str:
 ANSWERS = {
     "parts": parts,
     "folder": lambda p: p.folder,  # where its realization lives under work/ and results/: <name> or <name>/r<k>
-    "seeds": lambda p: f"{p.ablation.seeds[0]} {','.join(map(str, p.ablation.seeds[1:]))}",  # first, then the others
     "study-runs": lambda p: ",".join(m for m in p.study.methods if m not in p.ablation.baselines),  # their drafters
 }
 

@@ -41,7 +41,7 @@ export TOKENIZERS_PARALLELISM=true  # the corpus encoding runs on every core
 sets() { local a=(); [ -f $H/sets ] && for s in $(cat $H/sets); do a+=(--set "$s"); done; echo "${a[@]}"; }
 P() { (cd $H/src && $PY -m dmtp.cli pipeline --profile $PROFILE --work $W --results $R $(sets) "$@"); }
 # the profile (with the remembered --set assignments) answers the chain's questions (experiments/profiles.py):
-# folder = where its realization lives under $W and $R, seeds = "first others", study-runs = the study's drafters
+# folder = where its realization lives under $W and $R, parts = the runs' processes, study-runs = the study's drafters
 ask() { (cd $H/src && $PY -m experiments.profiles $PROFILE "$1" $(cat $H/sets 2>/dev/null)); }
 folder() { ask folder; }
 # a snapshot of the tree at DIR (default $H/src), with REVISION: the chain runs from it, whatever the tree does later
@@ -91,20 +91,6 @@ start() {
   return 0
 }
 
-# STAGE for the profile's first drafter seed and for the others as two processes sharing the GPU (one process when
-# the profile has one seed); logs $L/<tag>0.txt, $L/<tag>1.txt; fails when either fails
-halves() {
-  local first rest a=0 b=0
-  read -r first rest < <(ask seeds)
-  if [ -n "$rest" ]; then
-    P --stage $1 --set ablation.only_seeds=$rest > $L/${2}1.txt 2>&1 & local pid=$!
-  fi
-  P --stage $1 --set ablation.only_seeds=$first > $L/${2}0.txt 2>&1 || a=$?
-  [ -n "$rest" ] && { wait $pid || b=$?; }
-  [ $a = 0 ] && [ $b = 0 ]
-}
-export -f halves
-
 # STAGE for each part of the runs (`ask parts`, experiments/profiles.py: the baselines, the first seed's main rows,
 # its supplementary and backbone rows, the other seeds), one process each sharing the GPU; logs $L/<tag><i>.txt;
 # fails when any fails
@@ -123,7 +109,7 @@ case "${1:-}" in
 all)
   start "$@"
   if [ -n "${EARLY:-}" ]; then  # every drafter, the EARLY extras, then the evaluation
-    rest="halves drafters d && { $(extras "$EARLY") stamp eval; halves eval,curve e; }"
+    rest="split drafters d && { $(extras "$EARLY") stamp eval; split eval,curve e; }"
   else  # each part's process evaluates its drafters as soon as they are trained (the shorter parts' evaluation
     rest="split drafters,eval,curve d"  # overlaps the longest one's training)
   fi
