@@ -272,3 +272,29 @@ def test_drafter_parts_add_up_in_the_drafters_record(run, tmp_path):
     assert meta["trained"] == {"0": ["dflash", "token_only"]}
     assert {"dflash", "token_only"} <= set(json.loads((tmp_path / "r" / "smoke" / "drafters" /
                                                        "train_history.json").read_text()))
+
+
+def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
+    """The allotment's benchmark on the pipeline's trained models (`h200_mini.sh`'s bench): throughput before the stage
+    times, T = 1 at the largest cap only (`--small-cap-temperatures 0`), each part's rows on disk, and meta.json naming
+    the engine and the parts finished."""
+    import pandas as pd
+
+    from dmtp.cli import bench
+
+    root, _, _ = run
+    work, out = root / "work" / "smoke", tmp_path / "bench"
+    bench.main(["--profile", "smoke", "--target", str(work / "target"), "--drafters", str(work / "drafters"),
+                "--out", str(out), "--parts", "throughput,overhead", "--methods", "ar,zero_init_residual",
+                "--caps", "1,2", "--batch", "2", "--temperatures", "0,1", "--small-cap-temperatures", "0",
+                "--repeats", "1", "--prompts", "3", "--small-cap-prompts", "2", "--max-new-tokens", "24",
+                "--tokens", "20"])
+    tp = pd.read_csv(out / "throughput.csv")
+    assert set(map(tuple, tp[["temperature", "batch_cap"]].drop_duplicates().values.tolist())) == {
+        (0.0, 1), (0.0, 2), (1.0, 2)}
+    assert set(tp.method) == {"ar", "zero_init_residual"} and (tp.tok_per_s > 0).all()
+    ov = pd.read_csv(out / "overhead.csv")
+    assert set(ov.batch) == {1, 2} and set(ov.method) == {"ar", "zero_init_residual"}
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["parts_done"] == ["throughput", "overhead"] and meta["engine"]["dtype"]
+    assert meta["config"]["small_cap_temperatures"] == [0.0]

@@ -76,7 +76,8 @@ class Ratio:
     def show(self) -> "Ratio":
         """Print the record (bench's log line) and return it."""
         v = f"{self.value:.3f}" if math.isfinite(self.value) else str(self.value)
-        print(f"[bench] {'MET ' if self.met else 'MISS'} {self.target}: {v} (goal {self.goal_text}) {self.note}")
+        tag = "    " if self.direction == "report" else "MET " if self.met else "MISS"  # no goal: neither met nor missed
+        print(f"[bench] {tag} {self.target}: {v} (goal {self.goal_text}) {self.note}")
         return self
 
 

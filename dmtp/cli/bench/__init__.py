@@ -43,6 +43,7 @@ HF's loops, the kernel sweep, regeneration), `profiling` (kernel profiles), `com
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -114,6 +115,9 @@ def main(argv=None):
                         "minutes)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=256)
     p.add_argument("--temperatures", type=listed(temperature), default=[0.0, 1.0])
+    p.add_argument("--small-cap-temperatures", type=listed(temperature), default=None,
+                   help="throughput part: the temperatures (of --temperatures) decoded at the caps below the largest "
+                        "(default: all), e.g. 0 to time T = 1 at the largest cap only")
     p.add_argument("--verify", type=verify_modes, default=["target"],
                    help="throughput part: verify modes (target,sample,block); rows other than target: <method>+<mode>")
     p.add_argument("--hf-prompts", type=at_least(1), default=4)
@@ -181,8 +185,10 @@ def run(p, a):
                 raise ValueError(f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")
             checkpoint(Path(a.drafters) / base / "drafter", f"--methods {name}:", "drafter checkpoint")
     b = Bench.load(a, spec, profile, prof.data, prof.engine)
-    new = []
-    for part in a.parts.split(","):
+    write_meta(out / "meta.json", vars(a), engine=prof.engine, parts_done=[])  # before the first part: a run cut
+    new, done, t0 = [], [], time.time()                                        # short still says what produced it
+    for part in a.parts.split(","):  # in the order given (the first gets the time a --timeout leaves)
         new += PARTS[part](b, methods)
         save(new)
-    write_meta(out / "meta.json", vars(a))
+        done.append(part)
+        write_meta(out / "meta.json", vars(a), wall_s=time.time() - t0, engine=prof.engine, parts_done=done)

@@ -109,7 +109,11 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
             ms, res = stage_times(b.tgt, m, prompts, tokens, engine=b.eng, capacity=capacity)
             rows += [{"method": name, "stage": s, "ms_per_round": v, "batch": batch, "rounds": len(res[0].accepted),
                       "device": device_name(b.dev), "engine": label_of(b.eng)} for s, v in ms.items()]
-            print(f"[bench] overhead {name} batch {batch}: " + ", ".join(f"{s} {v:.3f}" for s, v in ms.items()))
+            print(f"[bench] overhead {name} batch {batch}: " + (", ".join(f"{s} {v:.3f}" for s, v in ms.items())
+                                                                 or f"no stage times (at most 16 rounds: {tokens} "
+                                                                    "tokens)"))
+            if rows:  # so far: a run cut short keeps what it timed
+                merge_overhead(Path(a.out) / "overhead.csv", rows)
             if a.kernel_profile and batch == a.batch and name in (AR.name, dflash, dmtp):  # where the rounds go
                 kernel_profile(b.tgt, m, prompts, tokens, Path(a.out) / f"profile_{b.setup}_{name}_b{batch}.txt",
                                engine=b.eng, capacity=capacity)
@@ -118,7 +122,6 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
         ratios.append(ratio(b.setup, f"{dmtp} round / {dflash} round", by[(dmtp, "round")] / by[(dflash, "round")],
                             "<=", round_goal(b.setup), f"batch {a.batch}"))
     ratios += draft_side_ratios(by, names, lambda n: n, b.setup, a.batch, ", trained models")
-    merge_overhead(Path(a.out) / "overhead.csv", rows)
     return ratios
 
 
@@ -128,15 +131,19 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     (temperature, cap) a server per method is started and warmed up (graph capture on a first group, as at server
     start-up); then `--repeats` timed runs of the whole request group, interleaved (every method once per repeat, the
     order rotated by one each repeat), so a drift of the machine reaches all alike. The largest cap decodes
-    `--prompts` prompts, the others the first `--small-cap-prompts`. throughput.csv: one row per run (tok/s, per-verify
+    `--prompts` prompts at every temperature, the others the first `--small-cap-prompts` at the temperatures of
+    `--small-cap-temperatures` (default: all). throughput.csv: one row per run (tok/s, per-verify
     tau, server rounds, admitted groups and the host time admitting them); ratios: each method / AR as the median of
     the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its per-verify gain."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
     rows = []
     runs = [(n, v) for n in methods for v in a.verify]
+    small = a.temperatures if getattr(a, "small_cap_temperatures", None) is None else a.small_cap_temperatures
     for temp in a.temperatures:
         for cap in a.caps:
+            if cap != max(a.caps) and temp not in small:
+                continue
             reqs = cap_requests(b, cap)
             servers = {}
             for name, v in runs:  # start-up: one server per method, graphs captured on a first group
