@@ -273,3 +273,27 @@ def test_a_batch_of_a_servers_shapes_compiles_nothing_the_server_needs(models):
     srv.close()
     assert counters["stats"]["unique_graphs"] == before and len(out) == 4
     assert [r.output_ids for r in out[:2]] == [r.output_ids for r in generate(tgt, m, reqs[:2], 0.0, 6, engine=eng)]
+
+
+def test_stage_timing_after_a_server_compiles_nothing_new(models):
+    """The benchmark's order: throughput (a server per method) first, then the stage times at the same cap
+    (`stage_times`, a StageTimer on the method, `generate(capacity=...)` at the server's shapes) replay its graphs."""
+    from torch._dynamo.utils import counters
+
+    from dmtp.cli.bench.common import stage_times
+    from dmtp.config import EngineConfig
+    from dmtp.engine.decode import Server, capacity_for
+
+    tgt, mtp = models
+    eng = EngineConfig(engine="compiled")
+    reqs = [[5, 7, 9], [4, 8], [3 + i % 90 for i in range(130)], [7]]
+    m = build_method("mtp", tgt, mtp=mtp)
+    capacity = capacity_for(reqs, 20, m.k)
+    srv = Server(tgt, m, 2, capacity, max_new_tokens=20, engine=eng)
+    srv.run(reqs)
+    srv.close()
+    before = counters["stats"]["unique_graphs"]
+    ms, res = stage_times(tgt, build_method("mtp", tgt, mtp=mtp), [reqs[0], reqs[1]], 20, skip=2, engine=eng,
+                          capacity=capacity)
+    assert counters["stats"]["unique_graphs"] == before
+    assert ms["round"] > 0 and len(res) == 2
