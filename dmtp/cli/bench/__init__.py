@@ -185,10 +185,14 @@ def run(p, a):
                 raise ValueError(f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")
             checkpoint(Path(a.drafters) / base / "drafter", f"--methods {name}:", "drafter checkpoint")
     b = Bench.load(a, spec, profile, prof.data, prof.engine)
-    write_meta(out / "meta.json", vars(a), engine=prof.engine, parts_done=[])  # before the first part: a run cut
-    new, done, t0 = [], [], time.time()                                        # short still says what produced it
+    new, done, t0 = [], [], time.time()
+
+    def record():  # before the first part and after each: a run cut short still says what produced it
+        write_meta(out / "meta.json", vars(a), wall_s=time.time() - t0, engine=prof.engine, parts_done=done)
+
+    record()
     for part in a.parts.split(","):  # in the order given (the first gets the time a --timeout leaves)
         new += PARTS[part](b, methods)
         save(new)
         done.append(part)
-        write_meta(out / "meta.json", vars(a), wall_s=time.time() - t0, engine=prof.engine, parts_done=done)
+        record()

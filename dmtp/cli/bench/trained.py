@@ -137,12 +137,12 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its per-verify gain."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
-    rows = []
+    rows, top = [], max(a.caps)
     runs = [(n, v) for n in methods for v in a.verify]
-    small = a.temperatures if getattr(a, "small_cap_temperatures", None) is None else a.small_cap_temperatures
+    small = a.temperatures if a.small_cap_temperatures is None else a.small_cap_temperatures
     for temp in a.temperatures:
         for cap in a.caps:
-            if cap != max(a.caps) and temp not in small:
+            if cap != top and temp not in small:
                 continue
             reqs = cap_requests(b, cap)
             servers = {}
