@@ -293,6 +293,7 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
     assert set(map(tuple, tp[["temperature", "batch_cap"]].drop_duplicates().values.tolist())) == {
         (0.0, 1), (0.0, 2), (1.0, 2)}
     assert set(tp.method) == {"ar", "zero_init_residual"} and (tp.tok_per_s > 0).all()
+    assert (tp.graphs == 0).all()  # the untimed warm-up on the whole group met every shape the timed runs meet
     ov = pd.read_csv(out / "overhead.csv")
     assert set(ov.batch) == {1, 2} and set(ov.method) == {"ar", "zero_init_residual"}
     meta = json.loads((out / "meta.json").read_text())

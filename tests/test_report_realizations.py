@@ -192,3 +192,70 @@ def test_a_compacted_realization_reads_as_the_plain_one(tmp_path):
         load("p", tmp_path / "packed", n_boot=50)
     with pytest.raises(SystemExit):
         cli(["compact", "--profile", "p", "--results", str(tmp_path / "packed")])
+
+
+def test_throughput_without_stage_times_borrows_another_realizations(tmp_path):
+    """r2 timed its throughput but was killed before its stage times: its cost-model rows use r1's round times (the
+    same experiment, so the same shapes), named in round_times_from; a batch whose round was not timed is flagged
+    and left out of the summary's error range."""
+    for k in (1, 2):
+        write_synthetic(code(), tmp_path, "b", n=8, temps=(0,), methods=["ar", "dflash", "zero_init_residual"],
+                        curve=False, oracle=False, realization=k)
+    (tmp_path / "b" / "r2" / "bench" / "overhead.csv").unlink()
+    p = tmp_path / "b" / "r1" / "bench" / "overhead.csv"
+    ov = pd.read_csv(p)
+    ov = ov[~((ov.method == "dflash") & (ov.batch == 32))]  # dflash's round never timed at B32
+    ov.to_csv(p, index=False)
+    art = load("b", tmp_path, n_boot=100)
+    cm = tables.costmodel(art)
+    pm = cm[cm.kind == "predicted vs measured"].set_index(["realization", "batch_cap", "method"])
+    assert set(pm.loc["r2"].round_times_from) == {"r1"} and set(pm.loc["r1"].round_times_from) == {"r1"}
+    assert not pm.loc[("r2", 32, "dflash"), "round_timed_at_cap"] and pm.loc[("r2", 1, "dflash"), "round_timed_at_cap"]
+    from dmtp.analysis.report.summary import costmodel_lines
+
+    b32 = next(x for x in costmodel_lines(art) if x.startswith("- B32"))
+    assert "r2 with r1's stage times" in b32 and "`dflash` (r2)" in b32 and "extrapolated" in b32
+    assert "1 method x realization rows whose round was timed at B32" not in b32  # zir r1 + zir r2: two rows
+    assert "2 method x realization rows whose round was timed at B32" in b32
+
+
+def test_admission_cost_is_the_median_over_repeats():
+    """A repeat that compiled an admission shape (10x the host time) does not move the cost model's admission cost."""
+    from dmtp.analysis.report.bench import admission_ms
+
+    tp = pd.DataFrame({"method": ["ar"] * 3 + ["m"] * 3, "admit_s": [0.5, 0.3, 0.3, 3.0, 0.3, 0.32],
+                       "groups": [10, 10, 10, 10, 10, 10]})
+    assert admission_ms(tp) == pytest.approx({"ar": 30.0, "m": 32.0})
+    assert admission_ms(tp.drop(columns="groups")) == {}
+
+
+def test_stage_times_recovered_from_a_killed_bench_log(tmp_path):
+    """`recover-overhead`: the stage times a killed bench printed become its overhead.csv (source named); a "no stage
+    times" line gives none; a measured overhead.csv is never replaced; a log without stage times is an error."""
+    from dmtp.analysis.report.bench import overhead_from_log
+
+    log = ["[bench] throughput ar T=0 B1 #0: 532.4 tok/s\n",
+           "[bench] overhead ar batch 1: verify 1.617, accept 0.014, round 1.642\n",
+           "[bench] overhead mtp batch 32: drafter 0.225, verify 1.894, round 2.237\n",
+           "[bench] overhead dflash batch 1: no stage times (at most 16 rounds: 12 tokens)\n",
+           "[bench] kernel profile -> /x/profile_mini_ar_b32.txt\n"]
+    rows = overhead_from_log(log)
+    assert {(r["method"], r["batch"], r["stage"]): r["ms_per_round"] for r in rows} == {
+        ("ar", 1, "verify"): 1.617, ("ar", 1, "accept"): 0.014, ("ar", 1, "round"): 1.642,
+        ("mtp", 32, "drafter"): 0.225, ("mtp", 32, "verify"): 1.894, ("mtp", 32, "round"): 2.237}
+    with pytest.raises(ValueError, match="no '\\[bench\\] overhead"):
+        overhead_from_log(log[:1])
+    write_synthetic(code(), tmp_path, "k", n=4, temps=(0,), methods=["ar", "mtp"], curve=False, oracle=False,
+                    realization=2)
+    real = tmp_path / "k" / "r2"
+    (real / "logs").mkdir(exist_ok=True)
+    (real / "logs" / "bench.txt").write_text("".join(log))
+    args = ["recover-overhead", "--profile", "k", "--results", str(tmp_path), "--realization", "2"]
+    with pytest.raises(SystemExit):  # the synthetic bench wrote a measured overhead.csv
+        cli(args)
+    measured = (real / "bench" / "overhead.csv").read_text()
+    assert (real / "bench" / "overhead.csv").read_text() == measured
+    (real / "bench" / "overhead.csv").unlink()
+    cli(args)
+    got = pd.read_csv(real / "bench" / "overhead.csv")
+    assert len(got) == 6 and set(got.source) == {"logs/bench.txt"}

@@ -7,14 +7,19 @@
     python -m dmtp.cli.report demo    --profile demo                       # synthetic artifacts, then the report
     python -m dmtp.cli.report verify  --profile mini [--results results]   # the verification-mode study alone
     python -m dmtp.cli.report compact --profile mini --realization 2       # its records as .jsonl.gz (r8: 2.0 -> 0.1 MB)
+    python -m dmtp.cli.report recover-overhead --profile mini --realization 2   # bench/overhead.csv from its bench log
 
 The rows' order and groups come from results/<profile>/experiment.json (written by the pipeline); `demo` writes
 synthetic runs of the Code ablation (ablations/code.py) and of the verification-mode study. `compact` gzips the
 record files of a finished realization (the report reads both forms; the pipeline writes and resumes plain ones), so
-that committed realizations stay small.
+that committed realizations stay small. `recover-overhead` writes bench/overhead.csv of a realization whose bench
+was killed before that part wrote it, from the stage times its log printed (logs/bench.txt; column source names it);
+it never replaces a measured overhead.csv.
 """
 import argparse
 from pathlib import Path
+
+import pandas as pd
 
 import matplotlib
 
@@ -26,27 +31,43 @@ from dmtp.analysis.report.data import require_artifacts  # noqa: E402
 from dmtp.analysis.report import verify as verify_study  # noqa: E402
 from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify  # noqa: E402
 from dmtp.cli.args import guard  # noqa: E402
-from dmtp.io import compact  # noqa: E402
+from dmtp.analysis.report.bench import overhead_from_log  # noqa: E402
+from dmtp.io import compact, write_text  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m dmtp.cli.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["tables", "figures", "report", "demo", "verify", "compact"])
+    ap.add_argument("what", choices=["tables", "figures", "report", "demo", "verify", "compact",
+                                            "recover-overhead"])
     ap.add_argument("--profile", required=True, help="results/<profile> holds the artifacts")
     ap.add_argument("--results", default="results", help="results root folder")
-    ap.add_argument("--realization", type=int, help="compact: results/<profile>/r<k> (required)")
+    ap.add_argument("--realization", type=int, help="compact, recover-overhead: results/<profile>/r<k> (required)")
     a = ap.parse_args(argv)
     guard(f"python -m dmtp.cli.report {a.what}", run, a)
 
 
 def run(a):
     root = Path(a.results) / a.profile
-    if a.what == "compact":
+    if a.what in ("compact", "recover-overhead"):
         if a.realization is None:
-            raise ValueError("compact: --realization K names the finished realization (results/<profile>/r<K>)")
+            raise ValueError(f"{a.what}: --realization K names the finished realization (results/<profile>/r<K>)")
         folder = root / f"r{a.realization}"
         require_artifacts(folder, f": check --profile {a.profile}, --realization and --results {a.results}")
+    if a.what == "recover-overhead":
+        log, out = folder / "logs" / "bench.txt", folder / "bench" / "overhead.csv"
+        if out.exists():
+            raise FileExistsError(f"{out} exists: a measured overhead.csv is never replaced by one read from a log")
+        if not log.exists():
+            raise FileNotFoundError(f"{log}: no bench log to read the stage times from")
+        with open(log, errors="replace") as f:
+            rows = overhead_from_log(f)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text(out, pd.DataFrame(rows).assign(source="logs/bench.txt").to_csv(index=False))
+        print(f"[report] {out}: {len(rows)} stage times of {len({(r['method'], r['batch']) for r in rows})} "
+              f"(method, batch) pairs, read from {log}")
+        return
+    if a.what == "compact":
         plain = sorted(p for d in ("runs", "curve", "verify") for p in (folder / d).glob("**/*.jsonl"))
         before = sum(p.stat().st_size for p in plain)
         after = sum(compact(p).stat().st_size for p in plain)

@@ -19,6 +19,7 @@ admission cost; batch 8's round time at every batch) — also for a realization 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -83,6 +84,26 @@ def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict |
     return pd.DataFrame(rows)
 
 
+_OVERHEAD_LINE = re.compile(r"\[bench\] overhead (\S+) batch (\d+): (.+)$")
+
+
+def overhead_from_log(lines) -> list[dict]:
+    """overhead.csv rows from a bench log's "[bench] overhead <method> batch <B>: <stage> <ms>, ..." lines (for a run
+    killed before the part wrote its CSV: the stage times it printed as it measured them); a "no stage times" line
+    gives none. Raises ValueError when no line parses."""
+    rows = []
+    for line in lines:
+        m = _OVERHEAD_LINE.search(line.rstrip("\n"))
+        if not m or m.group(3).startswith("no stage times"):
+            continue
+        for part in m.group(3).split(", "):
+            stage, _, ms = part.rpartition(" ")
+            rows.append({"method": m.group(1), "stage": stage, "ms_per_round": float(ms), "batch": int(m.group(2))})
+    if not rows:
+        raise ValueError("no '[bench] overhead <method> batch <B>: <stage> <ms>, ...' line in the log")
+    return rows
+
+
 def _triple(name: str, v: tuple) -> dict:
     return {name: v[0], f"{name}_lo": v[1], f"{name}_hi": v[2]}
 
@@ -104,8 +125,9 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
     """One realization: at T = 0 and each timed cap, every method with eval records (`runs`: HumanEval, T = 0,
     natural, seed 0, in file order), round times (`ov`: its trained models' overhead.csv rows) and throughput runs
     (`tp`), beside AR: the predicted speed-up (`costmodel.predict` on the first `requests` records, the measured
-    round time per batch and admission cost per group) against the measured one (median [min, max] of the repeats),
-    error_pct = 100 (predicted / measured - 1)."""
+    round time per batch and admission cost per group, `admission_ms`) against the measured one (median [min, max]
+    of the repeats), error_pct = 100 (predicted / measured - 1). round_timed_at_cap: the method's round was timed at
+    that batch (else `round_time` holds the nearest timed batch's: an extrapolation, not a validation)."""
     times = round_times(ov[~ov.method.str.contains(":")])
     t0 = per_repeat(tp[tp.temperature == 0])
     recs = _records(runs)
@@ -115,8 +137,7 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
         have = [m for m in sorted(set(g.method)) if m in recs and m in times]
         if "ar" not in have:
             continue
-        admit_ms = {m: 1e3 * x.admit_s.sum() / x.groups.sum() for m, x in g.groupby("method")
-                    if {"admit_s", "groups"} <= set(x) and x.groups.sum() > 0}
+        admit_ms = admission_ms(g)
         admit = int(g.admit.iloc[0]) if "admit" in g else 1
         pred = predict({m: recs[m] for m in have}, times, int(cap), n, admit_ms, admit)
         for m in have:
@@ -127,8 +148,18 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
                          "error_pct": 100 * (pred[m]["speedup"] / meas[0] - 1) if meas[0] else math.nan,
                          "measured_tok_per_s": spread(g[g.method == m].tok_per_s)[0],
                          "predicted_tok_per_s": pred[m]["tok_per_s"], "admit_ms": admit_ms.get(m, 0.0),
+                         "round_timed_at_cap": int(cap) in times[m],
                          **{f"round_ms_b{b}": v for b, v in sorted(times[m].items())}})
     return rows
+
+
+def admission_ms(tp: pd.DataFrame) -> dict[str, float]:
+    """method -> host ms per admitted group: the median over the timed repeats of admit_s / groups (a repeat that
+    compiled an admission shape is an outlier the median sets aside; a pooled mean let one such repeat double it)."""
+    if not {"admit_s", "groups"} <= set(tp):
+        return {}
+    ok = tp[tp.groups > 0]
+    return {m: float(np.median(1e3 * x.admit_s / x.groups)) for m, x in ok.groupby("method")}
 
 
 def predicted(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]:

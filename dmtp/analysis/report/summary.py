@@ -453,11 +453,20 @@ def costmodel_lines(art: Artifacts) -> list[str]:
     df = pd.read_csv(p)
     out = []
     m = df[df.kind == "predicted vs measured"]
+    if "round_timed_at_cap" not in m:
+        m = m.assign(round_timed_at_cap=True)
     for cap, g in m[m.method != "ar"].groupby("batch_cap"):
-        err = g.error_pct.abs()
-        out.append(f"- B{cap}: predicted vs measured speed-up over AR, error {err.min():.1f}–{err.max():.1f} % "
-                   f"(|error|, {len(g)} method x realization rows): "
+        ok = g[g.round_timed_at_cap.astype(bool)]
+        err = ok.error_pct.abs()
+        borrowed = sorted({f"{r.realization} with {r.round_times_from}'s" for r in g.itertuples()
+                           if "round_times_from" in g and isinstance(r.round_times_from, str)
+                           and r.round_times_from != r.realization})
+        head = (f"error {err.min():.1f}–{err.max():.1f} % (|error|, {len(ok)} method x realization rows whose round "
+                f"was timed at B{cap}{'; ' + ', '.join(borrowed) + ' stage times' if borrowed else ''})"
+                if len(ok) else f"no method's round was timed at B{cap}")
+        out.append(f"- B{cap}: predicted vs measured speed-up over AR, {head}: "
                    + "; ".join(f"`{r.method}` ({r.realization}) {r.predicted_speedup:.2f}x vs {r.measured_speedup:.2f}x"
+                               + ("" if r.round_timed_at_cap else " (round not timed at this batch: extrapolated)")
                                for r in g.itertuples()) + ".")
     pr = df[df.kind.str.startswith("projection")]
     for (kind, cap), g in pr[pr.method != "ar"].groupby(["kind", "batch_cap"], sort=False):

@@ -399,7 +399,15 @@ def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
         if recs.empty:
             continue
         mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]
+        timed_by = real.name
+        if not mine_tp.empty and mine_ov.empty:  # throughput without stage times: another pooled realization's
+            # (the same experiment key, so the same shapes and engine; a round's time does not depend on the weights)
+            other = [x for x in art.realizations if x.k != real.k and not ov[ov.realization == x.k].empty]
+            if other:
+                near = min(other, key=lambda x: abs(x.k - real.k))
+                mine_ov, timed_by = ov[ov.realization == near.k], near.name
         out = B.predicted_vs_measured(recs, mine_tp, mine_ov) if not (mine_tp.empty or mine_ov.empty) else []
+        out = [dict(x, round_times_from=timed_by) for x in out]
         if not out and not mine_ov.empty:  # its models timed, their throughput not: the prediction alone
             out = B.predicted(recs, mine_ov)
         for name in B.SHAPES:  # the shapes timed with random weights, this realization's acceptance
@@ -420,8 +428,11 @@ def costmodel(art: Artifacts) -> pd.DataFrame | None:
     return save(art, "costmodel", df, "Cost model: predicted vs measured speed-up over AR (T = 0)",
                 "predicted vs measured: dmtp.analysis.costmodel.predict on the "
                 "realization's eval records (HumanEval, T = 0, natural, seed 0; the first n_requests, as the bench "
-                "timed at that cap), its trained models' round time per batch (round_ms_b*, overhead.csv) and the "
-                "admission cost the throughput runs measured (admit_ms = admit_s / groups); measured_speedup = "
+                "timed at that cap), its trained models' round time per batch (round_ms_b*, overhead.csv; "
+                "round_times_from: the realization whose trained models were timed, another pooled one of the same "
+                "shapes where this one has throughput but no stage times; round_timed_at_cap false: that batch's "
+                "round was not timed, the nearest timed batch's stands in, an extrapolation) and the admission cost "
+                "the throughput runs measured (admit_ms = median over repeats of admit_s / groups); measured_speedup = "
                 "median [min, max] of the per-repeat ratios; error_pct = 100 (predicted / measured - 1). "
                 "predicted, trained models' stage times: the same model where the throughput was not measured, "
                 "all T = 0 records, decode only (no admission cost): a prediction, not a measurement. "

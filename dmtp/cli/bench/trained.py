@@ -34,7 +34,7 @@ from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import Server, capacity_for, generate
 from dmtp.engine.methods import AR, Method, load_method
-from dmtp.engine.runner import stop_spec
+from dmtp.engine.runner import compiled_graphs, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.io import write_text
 from dmtp.models import torch_dtype
@@ -128,12 +128,14 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
 def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     """End-to-end throughput, the way a user serves: HumanEval prompts in natural mode (end-of-text and HumanEval's
     stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process. Per
-    (temperature, cap) a server per method is started and warmed up (graph capture on a first group, as at server
-    start-up); then `--repeats` timed runs of the whole request group, interleaved (every method once per repeat, the
+    (temperature, cap) a server per method is started and warmed up on the whole request group once, untimed (graph
+    capture for every admission group and batch the timed runs meet: a first group alone left the first timed repeat
+    compiling, 10-60 % slower on the trained mini of 2026-12-02); then `--repeats` timed runs of the whole request group, interleaved (every method once per repeat, the
     order rotated by one each repeat), so a drift of the machine reaches all alike. The largest cap decodes
     `--prompts` prompts at every temperature, the others the first `--small-cap-prompts` at the temperatures of
     `--small-cap-temperatures` (default: all). throughput.csv: one row per run (tok/s, per-verify
-    tau, server rounds, admitted groups and the host time admitting them); ratios: each method / AR as the median of
+    tau, server rounds, admitted groups and the host time admitting them, graphs compiled during the run: 0 when the
+    warm-up met every shape); ratios: each method / AR as the median of
     the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its per-verify gain."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
@@ -146,17 +148,17 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                 continue
             reqs = cap_requests(b, cap)
             servers = {}
-            for name, v in runs:  # start-up: one server per method, graphs captured on a first group
+            for name, v in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
                 m = b.method(name)
                 run = name if v == "target" else f"{name}+{v}"
                 servers[run] = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
                                       a.max_new_tokens, b.eos, seed=0, engine=b.eng, stop=stop, verify=v)
-                servers[run].run(reqs[:cap])
+                servers[run].run(reqs)
             order = list(servers)
             for rep in range(a.repeats):
                 for run in order[rep % len(order):] + order[: rep % len(order)]:
                     srv = servers[run]
-                    before = (srv.admit_s, srv.rounds, srv.groups)
+                    before = (srv.admit_s, srv.rounds, srv.groups, compiled_graphs())
                     res, wall = timed(b.dev, srv.run, reqs)
                     n_out = sum(len(r.output_ids) for r in res)
                     acc = [x for r in res for x in r.accepted]
@@ -166,6 +168,7 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                                  "tok_per_s": n_out / wall, "per_verify": acceptance_length(acc),
                                  "verify_rounds": len(acc), "server_rounds": srv.rounds - before[1],
                                  "groups": srv.groups - before[2], "admit_s": srv.admit_s - before[0],
+                                 "graphs": compiled_graphs() - before[3],
                                  "verify": run.partition("+")[2] or "target", "engine": label_of(b.eng),
                                  "admit": b.eng.admit})
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
