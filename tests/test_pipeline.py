@@ -288,7 +288,7 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
                 "--out", str(out), "--parts", "throughput,overhead", "--methods", "ar,zero_init_residual",
                 "--caps", "1,2", "--batch", "2", "--temperatures", "0,1", "--small-cap-temperatures", "0",
                 "--repeats", "1", "--prompts", "3", "--small-cap-prompts", "2", "--max-new-tokens", "24",
-                "--tokens", "20"])
+                "--tokens", "20", "--kernel-profile"])
     tp = pd.read_csv(out / "throughput.csv")
     assert set(map(tuple, tp[["temperature", "batch_cap"]].drop_duplicates().values.tolist())) == {
         (0.0, 1), (0.0, 2), (1.0, 2)}
@@ -299,3 +299,7 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["parts_done"] == ["throughput", "overhead"] and meta["engine"]["dtype"]
     assert meta["config"]["small_cap_temperatures"] == [0.0]
+    for cap in (1, 2):  # one admission's host time, at the first temperature, for AR and the main method
+        for m in ("ar", "zero_init_residual"):
+            head = (out / f"profile_admission_smoke_{m}_b{cap}.txt").read_text().splitlines()[0]
+            assert head.startswith(f"admission of one request, {m}, server cap {cap}: host ") and " ms" in head

@@ -26,7 +26,8 @@ baselines.csv   --paper-shape / --mini-shape, batch 1: the compiled engine, the 
                 --tuned, "+tuned" (Inductor's autotuned kernels)
 regen.csv       the data stage's regeneration (AR, `--regen-batch` prompts at once, the profile's data temperature):
                 tok/s, ms per step, per engine label (as in baselines.csv)
-profile_*.txt   --kernel-profile: torch-profiler tables of the device kernels of a decode (where a round goes)
+profile_*.txt   --kernel-profile: torch-profiler tables of the device kernels of a decode (where a round goes);
+                profile_admission_*.txt (trained models' throughput part): one admission's host against device time
 kernels.csv     --kernel-sweep L1,L2,..: AR at batch 1 on the compiled engine with each attention kernel (flex, dense)
                 at contexts of about L tokens (prompt L - --tokens, then --tokens new): tok/s side by side — where the
                 dense kernel over the whole cache stops beating flex attention over the valid blocks
@@ -95,7 +96,7 @@ def main(argv=None):
                    help="--mini-shape and part `regen`: prompts decoded at once as the data stage does (0: skip)")
     p.add_argument("--kernel-profile", action="store_true",
                    help="also write torch-profiler kernel tables (profile_*.txt): --paper-shape / --mini-shape; on "
-                        "trained models: ar, DFlash and DMTP at --batch")
+                        "trained models: ar, DFlash and DMTP at --batch, and one admission of ar and DMTP per cap")
     p.add_argument("--kernel-sweep", type=listed(at_least(2)), default=[],
                    help="--paper-shape / --mini-shape: contexts (tokens, e.g. 512,2048,8192) at which AR batch 1 is "
                         "timed with each attention kernel (kernels.csv)")

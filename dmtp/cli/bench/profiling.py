@@ -26,3 +26,42 @@ def kernel_profile(tgt, m, prompts, tokens, path: Path, temperature: float = 0.0
     write_text(path, kernel_summary(prof.key_averages(), f"{m.name}, batch {len(prompts)}, {tokens} tokens, "
                                                             f"T = {temperature:g}, CUDA graphs off"))
     print(f"[bench] kernel profile -> {path}")
+
+
+def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> dict:
+    """Where an admission's time goes (`Server.admit_s`: the newcomers' prompt pass, the method's own prefill, the move
+    into the slots), on a server that has served `prompts` (its shapes compiled): `n` admissions of one request each,
+    timed on the host (device synchronised around each), then one under torch profiler. Writes the host time per
+    admission, the profiler's device time and its table sorted by host time (`path`); returns {host_ms,
+    device_ms}: a host time far above the device time is host-bound work (guards, wrappers, launches)."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = srv.target.device
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+
+    def admit(p):
+        t0 = time.perf_counter()
+        new = srv._new([p], t0, graphs=False)
+        srv.batch.absorb([0], new)  # slot 0 of a server whose requests all ended
+        sync(dev)
+        return time.perf_counter() - t0
+
+    with torch.no_grad():
+        sync(dev)
+        host = [admit(prompts[i % len(prompts)]) for i in range(n)]
+        with profile(activities=acts) as prof:
+            admit(prompts[n % len(prompts)])
+    avg = prof.key_averages()
+    from dmtp.analysis.kernels import device_times
+
+    dev_ms = sum(t for _, t in device_times(avg)) / 1e3 if dev.type == "cuda" else float("nan")
+    host_ms = 1e3 * sorted(host)[len(host) // 2]
+    head = (f"admission of one request, {srv.method.name}, server cap {srv.cap}: host {host_ms:.2f} ms (median of "
+            f"{n}), device {dev_ms:.2f} ms (kernels under the profiler)\n\n")
+    write_text(path, head + avg.table(sort_by="cpu_time_total", row_limit=40))
+    print(f"[bench] admission profile {srv.method.name} B{srv.cap}: host {host_ms:.2f} ms, device {dev_ms:.2f} ms "
+          f"-> {path}")
+    return {"host_ms": host_ms, "device_ms": dev_ms}

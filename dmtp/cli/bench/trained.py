@@ -26,7 +26,7 @@ from dmtp.cli.bench.common import (
     stage_times,
     timed,
 )
-from dmtp.cli.bench.profiling import kernel_profile
+from dmtp.cli.bench.profiling import admission_profile, kernel_profile
 from dmtp.cli.bench.shapes import draft_side_ratios
 from dmtp.config import AblationSpec, DataConfig, EngineConfig
 from dmtp.data.datasets import encode_prompts
@@ -135,7 +135,8 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     `--prompts` prompts at every temperature, the others the first `--small-cap-prompts` at the temperatures of
     `--small-cap-temperatures` (default: all). throughput.csv: one row per run (tok/s, per-verify
     tau, server rounds, admitted groups and the host time admitting them, graphs compiled during the run: 0 when the
-    warm-up met every shape); ratios: each method / AR as the median of
+    warm-up met every shape); with `--kernel-profile`, at the first temperature and each cap, where one admission's
+    time goes for AR and the main method (`profile_admission_*.txt`: host against device time); ratios: each method / AR as the median of
     the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its per-verify gain."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
@@ -175,6 +176,11 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
                     write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
+            if a.kernel_profile and temp == a.temperatures[0]:  # where an admission's host time goes
+                for run in (AR.name, b.spec.main_method):
+                    if run in servers:
+                        admission_profile(servers[run], reqs, Path(a.out) / f"profile_admission_{b.setup}_{run}"
+                                          f"_b{cap}.txt")
             for srv in servers.values():  # their slots (caches, graphs) go before the next cap
                 srv.close()
     return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup)
