@@ -129,15 +129,16 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     """End-to-end throughput, the way a user serves: HumanEval prompts in natural mode (end-of-text and HumanEval's
     stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process. Per
     (temperature, cap) a server per method is started and warmed up on the whole request group once, untimed (graph
-    capture for every admission group and batch the timed runs meet: a first group alone left the first timed repeat
-    compiling, 10-60 % slower on the trained mini of 2026-12-02); then `--repeats` timed runs of the whole request group, interleaved (every method once per repeat, the
-    order rotated by one each repeat), so a drift of the machine reaches all alike. The largest cap decodes
-    `--prompts` prompts at every temperature, the others the first `--small-cap-prompts` at the temperatures of
-    `--small-cap-temperatures` (default: all). throughput.csv: one row per run (tok/s, per-verify
-    tau, server rounds, admitted groups and the host time admitting them, graphs compiled during the run: 0 when the
-    warm-up met every shape); with `--kernel-profile`, at the first temperature and each cap, where one admission's
-    time goes for AR and the main method (`profile_admission_*.txt`: host against device time); ratios: each method / AR as the median of
-    the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its per-verify gain."""
+    capture for every admission group and batch the timed runs meet: a first group alone left the first timed
+    repeat compiling, 10-60 % slower on the trained mini of 2026-12-02); then `--repeats` timed runs of the whole
+    request group, interleaved (every method once per repeat, the order rotated by one each repeat), so a drift of
+    the machine reaches all alike. The largest cap decodes `--prompts` prompts at every temperature, the others the
+    first `--small-cap-prompts` at the temperatures of `--small-cap-temperatures` (default: all). throughput.csv:
+    one row per run (tok/s, per-verify tau, server rounds, admitted groups and the host time admitting them, graphs
+    compiled during the run: 0 when the warm-up met every shape); with `--kernel-profile`, at the first temperature
+    and each cap, where one admission's time goes for AR and the main method (`profile_admission_*.txt`: host
+    against device time); ratios: each method / AR as the median of the per-repeat ratios with their range, and
+    DMTP's tok/s gain over DFlash against its per-verify gain."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
     rows, top = [], max(a.caps)
