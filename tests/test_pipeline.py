@@ -299,6 +299,9 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["parts_done"] == ["throughput", "overhead"] and meta["engine"]["dtype"]
     assert meta["config"]["small_cap_temperatures"] == [0.0]
+    assert list(dict.fromkeys(ov.batch)) == [2, 1]  # the largest batch first (a limit keeps the B32 rounds)
+    assert {p.name for p in out.glob("profile_smoke_*_b2.txt")} == {"profile_smoke_ar_b2.txt",
+                                                                     "profile_smoke_zero_init_residual_b2.txt"}
     for cap in (1, 2):  # one admission's host time, at the first temperature, for AR and the main method
         for m in ("ar", "zero_init_residual"):
             head = (out / f"profile_admission_smoke_{m}_b{cap}.txt").read_text().splitlines()[0]

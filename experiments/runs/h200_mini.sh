@@ -26,8 +26,8 @@
 # after its start (e.g. BENCH_UNTIL=1620 in an allotment of 1,800 s: what it measured so far is kept):
 # `bench` = dmtp.cli.bench on the trained models: first end-to-end throughput of ar, mtp, dflash, fusion,
 # zero_init_residual at B1 (the first SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) and B32 (164 prompts,
-# T = 0 and 1), REPEATS = 3 interleaved repeats; then the stage times at batch 1 and 32 with the throughput runs'
-# shapes (nothing compiles again) and kernel profiles at batch 32 — a limit that cuts it short takes the stage times,
+# T = 0 and 1), REPEATS = 3 interleaved repeats; then the stage times at batch 32 and 1 with the throughput runs'
+# shapes (nothing compiles again), then kernel profiles at batch 32 — a limit that cuts it short takes the stage times,
 # not the throughput, and each row is on disk as soon as it is measured,
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
 # profiles, batch-1 baselines, regeneration, admission), `diag` = experiments/diag_consistency.py (teacher-forced vs

@@ -95,11 +95,13 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
     times, `dmtp.analysis.costmodel`), EOS ignored, the first 16 rounds excluded; at `--batch` the round ratios: DMTP
     / DFlash, each method / AR step, the draft side / verify. At a batch cap the batch has the throughput part's
     shapes (cache rows for its requests and `--max-new-tokens`, as many tokens generated), so a benchmark of both
-    parts compiles each method once per cap, not twice; at another `--batch`, `--tokens` tokens."""
+    parts compiles each method once per cap, not twice; at another `--batch`, `--tokens` tokens. The largest batch
+    first, and every stage time before the kernel profiles (`--kernel-profile`: at `--batch`, AR, DFlash and DMTP):
+    a limit that cuts the part short keeps the cost model's inputs (the B32 rounds were the ones r2's limit took)."""
     a, dmtp, dflash = b.a, b.spec.main_method, b.spec.drafter_baseline
     names = [AR.name] + [m for m in methods if m != AR.name]  # the reference first
-    rows, ratios = [], []
-    for batch in sorted({a.batch, *a.caps}):
+    rows, ratios, profiles = [], [], []
+    for batch in sorted({a.batch, *a.caps}, reverse=True):
         reqs = cap_requests(b, batch) if batch in a.caps else b.prompts
         prompts = [reqs[i % len(reqs)] for i in range(batch)]
         tokens = a.max_new_tokens if batch in a.caps else a.tokens
@@ -115,8 +117,10 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
             if rows:  # so far: a run cut short keeps what it timed
                 merge_overhead(Path(a.out) / "overhead.csv", rows)
             if a.kernel_profile and batch == a.batch and name in (AR.name, dflash, dmtp):  # where the rounds go
-                kernel_profile(b.tgt, m, prompts, tokens, Path(a.out) / f"profile_{b.setup}_{name}_b{batch}.txt",
-                               engine=b.eng, capacity=capacity)
+                profiles.append((m, prompts, tokens, Path(a.out) / f"profile_{b.setup}_{name}_b{batch}.txt",
+                                 capacity))
+    for m, prompts, tokens, path, capacity in profiles:  # after every stage time
+        kernel_profile(b.tgt, m, prompts, tokens, path, engine=b.eng, capacity=capacity)
     by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows if r["batch"] == a.batch}
     if (dflash, "round") in by and (dmtp, "round") in by:
         ratios.append(ratio(b.setup, f"{dmtp} round / {dflash} round", by[(dmtp, "round")] / by[(dflash, "round")],
