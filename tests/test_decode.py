@@ -278,11 +278,10 @@ def test_a_batch_of_a_servers_shapes_compiles_nothing_the_server_needs(models):
 def test_stage_timing_after_a_server_compiles_nothing_new(models):
     """The benchmark's order: throughput (a server per method) first, then the stage times at the same cap
     (`stage_times`, a StageTimer on the method, `generate(capacity=...)` at the server's shapes) replay its graphs."""
-    from torch._dynamo.utils import counters
-
     from dmtp.cli.bench.common import stage_times
     from dmtp.config import EngineConfig
     from dmtp.engine.decode import Server, capacity_for
+    from dmtp.engine.runner import compiled_graphs
 
     tgt, mtp = models
     eng = EngineConfig(engine="compiled")
@@ -292,8 +291,8 @@ def test_stage_timing_after_a_server_compiles_nothing_new(models):
     srv = Server(tgt, m, 2, capacity, max_new_tokens=20, engine=eng)
     srv.run(reqs)
     srv.close()
-    before = counters["stats"]["unique_graphs"]
+    before = compiled_graphs()
     ms, res = stage_times(tgt, build_method("mtp", tgt, mtp=mtp), [reqs[0], reqs[1]], 20, skip=2, engine=eng,
                           capacity=capacity)
-    assert counters["stats"]["unique_graphs"] == before
+    assert compiled_graphs() == before
     assert ms["round"] > 0 and len(res) == 2

@@ -39,7 +39,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m dmtp.cli.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["tables", "figures", "report", "demo", "verify", "compact",
-                                            "recover-overhead"])
+                                     "recover-overhead"])
     ap.add_argument("--profile", required=True, help="results/<profile> holds the artifacts")
     ap.add_argument("--results", default="results", help="results root folder")
     ap.add_argument("--realization", type=int, help="compact, recover-overhead: results/<profile>/r<k> (required)")

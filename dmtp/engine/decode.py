@@ -415,6 +415,15 @@ class Server:
                      self.capacity, t0, graphs, self.eng, self.stop, self.verify)
 
     @torch.no_grad()
+    def admit(self, slots: list[int], prompts: list[list[int]], t0: float):
+        """Prefill `prompts` as one group and move them into the free `slots` of the running batch (one per prompt);
+        the host time counts in `admit_s`, the group in `groups`."""
+        ta = time.perf_counter()
+        self.batch.absorb(slots, self._new(prompts, t0, graphs=False))
+        self.admit_s += time.perf_counter() - ta
+        self.groups += 1
+
+    @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
         """Decode a group of requests; `wall_s` of a result counts from the start of the group (queueing included)."""
         check_token_ids(prompts, self.target.vocab_size)  # the whole group, before its first request runs
@@ -440,10 +449,7 @@ class Server:
             busy = len(owner) - len(free)
             if queue and free and (len(free) >= min(self.eng.admit, len(queue)) or busy == 0):
                 join, queue = queue[: len(free)], queue[len(free):]
-                ta = time.perf_counter()
-                batch.absorb(free[: len(join)], self._new([prompts[i] for i in join], t0, graphs=False))
-                self.admit_s += time.perf_counter() - ta
-                self.groups += 1
+                self.admit(free[: len(join)], [prompts[i] for i in join], t0)
                 for s, i in zip(free, join):
                     owner[s] = i
                 continue  # newcomers may already be finished (EOS as the first token)

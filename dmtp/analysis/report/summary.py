@@ -459,8 +459,8 @@ def costmodel_lines(art: Artifacts) -> list[str]:
         ok = g[g.round_timed_at_cap.astype(bool)]
         err = ok.error_pct.abs()
         borrowed = sorted({f"{r.realization} with {r.round_times_from}'s" for r in g.itertuples()
-                           if "round_times_from" in g and isinstance(r.round_times_from, str)
-                           and r.round_times_from != r.realization})
+                           if isinstance(r.round_times_from, str) and r.round_times_from != r.realization}
+                          if "round_times_from" in g else ())
         head = (f"error {err.min():.1f}–{err.max():.1f} % (|error|, {len(ok)} method x realization rows whose round "
                 f"was timed at B{cap}{'; ' + ', '.join(borrowed) + ' stage times' if borrowed else ''})"
                 if len(ok) else f"no method's round was timed at B{cap}")

@@ -2,10 +2,11 @@
 profiler's table (`profile_*.txt`)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
-from dmtp.analysis.kernels import summary as kernel_summary
-from dmtp.cli.bench.common import sync
+from dmtp.analysis.kernels import device_times, summary as kernel_summary
+from dmtp.cli.bench.common import sync, timed
 from dmtp.config import EngineConfig
 from dmtp.engine.decode import generate
 from dmtp.io import write_text
@@ -34,29 +35,19 @@ def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> 
     timed on the host (device synchronised around each), then one under torch profiler. Writes the host time per
     admission, the profiler's device time and its table sorted by host time (`path`); returns {host_ms,
     device_ms}: a host time far above the device time is host-bound work (guards, wrappers, launches)."""
-    import time
-
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     dev = srv.target.device
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
 
-    def admit(p):
-        t0 = time.perf_counter()
-        new = srv._new([p], t0, graphs=False)
-        srv.batch.absorb([0], new)  # slot 0 of a server whose requests all ended
-        sync(dev)
-        return time.perf_counter() - t0
+    def admit(p):  # into slot 0 of a server whose requests all ended
+        _, wall = timed(dev, srv.admit, [0], [p], time.perf_counter())
+        return wall
 
-    with torch.no_grad():
-        sync(dev)
-        host = [admit(prompts[i % len(prompts)]) for i in range(n)]
-        with profile(activities=acts) as prof:
-            admit(prompts[n % len(prompts)])
+    host = [admit(prompts[i % len(prompts)]) for i in range(n)]
+    with profile(activities=acts) as prof:
+        admit(prompts[n % len(prompts)])
     avg = prof.key_averages()
-    from dmtp.analysis.kernels import device_times
-
     dev_ms = sum(t for _, t in device_times(avg)) / 1e3 if dev.type == "cuda" else float("nan")
     host_ms = 1e3 * sorted(host)[len(host) // 2]
     head = (f"admission of one request, {srv.method.name}, server cap {srv.cap}: host {host_ms:.2f} ms (median of "
