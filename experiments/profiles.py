@@ -80,7 +80,7 @@ def mini() -> Profile:
         eval=dict(sets={"humaneval": 164}, new_tokens=256, batch=164, temperatures=(0.0, 1.0), modes=("natural",),
                   ood={"pytests": 164}),
         verify=dict(caps=(1, 32), prompts=164, small_cap_prompts=16, repeats=2, max_new_tokens=256),
-        engine=dict(dtype="bf16", attention="dense", prefill="compiled", admit=8),
+        engine=dict(dtype="bf16", attention="dense", prefill="graphed", admit=8),
         realization=1,
     )
 

@@ -12,7 +12,7 @@ from conftest import compiled_graphs, make_drafter
 
 from ablations.code import code
 from dmtp.config import EngineConfig
-from dmtp.engine.decode import Batch, Server, generate, serve
+from dmtp.engine.decode import Batch, Server, capacity_for, generate, serve
 from dmtp.engine.methods import build_method, method_class
 from dmtp.models import fast, tiny
 from dmtp.models.attention import flex_mask
@@ -97,6 +97,21 @@ def test_dense_kernel_rounds_are_lossless(gpu_models, name, write):
     assert [r.output_ids for r in got] == [hf(tgt, p, 25) for p in PROMPTS + [[7, 7, 7], [60]]]
     eager = generate(tgt, m, PROMPTS, 0.0, 37, engine=eng.with_(graphs=False))
     assert [r.accepted for r in eager] == [r.accepted for r in res]
+
+
+@pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
+def test_graphed_prompt_pass_is_lossless(gpu_models, name):
+    """`EngineConfig.prefill = "graphed"`: a server's newcomers prefilled from CUDA graphs of their (group, length)
+    bucket decode as HF greedy does (fp32), the graphs are captured (no fallback) and replayed by a second group."""
+    tgt, mtp = gpu_models
+    prompts = PROMPTS + [[7, 7, 7], [60], list(range(3, 80)), [12, 13, 14, 15]]
+    ref = [hf(tgt, p, 25) for p in prompts]
+    eng = EngineConfig(attention="dense", prefill="graphed", admit=2)
+    srv = Server(tgt, method(name, tgt, mtp), 3, capacity_for(prompts, 25, 7), 0.0, 25, engine=eng)
+    for _ in range(2):
+        assert [r.output_ids for r in srv.run(prompts)] == ref
+    pp = srv.prompt_pass
+    assert pp.failed is None and pp.captured == len(pp.met) >= 2 and srv.groups >= 4
 
 
 @pytest.mark.parametrize("kernel", ["flex", "dense"])

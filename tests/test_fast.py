@@ -251,3 +251,53 @@ def test_prefill_on_fast_layers_and_grouped_admission_are_lossless(qwen35, name)
     srv = Server(tgt, m, 2, capacity_for(PROMPTS * 2, 12, m.k), 0.0, 12, engine=eng.with_(engine="compiled"))
     out = srv.run(PROMPTS * 2)
     assert [r.output_ids for r in out] == truth * 2 and srv.groups >= 2
+
+
+def test_prompt_buckets():
+    """Group sizes pad to the next power of two (at most the server's cap), prompt lengths to a multiple of the
+    step (at most the cache's rows); what does not fit is named."""
+    from dmtp.engine.prompts import group_bucket, length_bucket
+
+    assert [group_bucket(n, 32) for n in (1, 2, 3, 5, 8, 9, 17, 32)] == [1, 2, 4, 8, 8, 16, 32, 32]
+    assert group_bucket(5, 6) == 6 and group_bucket(1, 1) == 1
+    assert [length_bucket(t, 256) for t in (1, 64, 65, 200, 256)] == [64, 64, 128, 256, 256]
+    assert length_bucket(130, 150) == 150 and length_bucket(5, 128, step=4) == 8
+    with pytest.raises(ValueError, match="3 newcomers does not fit a server of 2"):
+        group_bucket(3, 2)
+    with pytest.raises(ValueError, match="300 tokens does not fit a cache of 256"):
+        length_bucket(300, 256)
+
+
+@pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
+def test_graphed_prompt_pass_is_lossless(qwen35, name):
+    """`EngineConfig.prefill = "graphed"` (`prompts.py`): the newcomers' prompt pass padded to its (group, length)
+    bucket gives the unpadded pass's logits, hidden states, taps and cache rows for the real requests, and a `Server`
+    admitting through it (groups of one to three, uncaptured here: CPU) decodes every request as HF greedy does."""
+    from dmtp.engine.decode import Server, capacity_for
+    from dmtp.engine.prompts import PromptPass
+
+    tgt, mtp = qwen35
+    ids = torch.randint(3, tgt.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
+    plen = torch.tensor([9, 4, 7])
+    ref_cache = KVCache(3, 128, fast=True)
+    ref = fast.prefill_forward(tgt, ids, torch.arange(9)[None].expand(3, 9), ref_cache, [0, 2], plen, compile=False)
+    pp = PromptPass(tgt, [0, 2], cap=8, graphs=False, compile=False, step=8)
+    got, view = pp(ids, plen, 128)
+    assert pp.met == {(4, 16)} and got.logits.shape == ref.logits.shape and got.hidden.shape == ref.hidden.shape
+    torch.testing.assert_close(got.logits, ref.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.taps, ref.taps, rtol=1e-5, atol=1e-5)
+    for b, n in enumerate(plen.tolist()):
+        torch.testing.assert_close(got.hidden[b, :n], ref.hidden[b, :n], rtol=1e-5, atol=1e-5)
+        for i in ref_cache.k:
+            torch.testing.assert_close(view.k[i][b, :, :n], ref_cache.k[i][b, :, :n], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(view.v[i][b, :, :n], ref_cache.v[i][b, :, :n], rtol=1e-5, atol=1e-5)
+    d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
+    m = build_method(name, tgt, drafter=d, mtp=mtp)
+    prompts = PROMPTS + [[7, 7, 7], [12, 13, 14, 15], [60], list(range(3, 70))]
+    eos = hf_greedy(tgt, PROMPTS[0], 14)[4]  # requests end at different rounds: groups of several sizes join
+    truth = [hf_greedy(tgt, p, 14, eos=eos) for p in prompts]
+    eng = EngineConfig(engine="fast-eager", prefill="graphed", attention="dense", admit=2)
+    srv = Server(tgt, m, 3, capacity_for(prompts, 14, m.k), 0.0, 14, eos_ids=[eos], engine=eng)
+    assert [r.output_ids for r in srv.run(prompts)] == truth
+    assert srv.groups >= 2 and srv.prompt_pass.met and srv.prompt_pass.failed is None
+    assert {t for _, t in srv.prompt_pass.met} >= {64, 128}  # a short and a long group's length bucket

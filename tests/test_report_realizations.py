@@ -1,6 +1,7 @@
 """Several realizations of one experiment on synthetic artifacts: which folders are pooled (the experiment check),
 realization-level inference and its wording (no ranking where the realizations disagree in sign), throughput over
 realizations and the cost model, the report's order."""
+import dataclasses
 import json
 
 import pandas as pd
@@ -259,3 +260,44 @@ def test_stage_times_recovered_from_a_killed_bench_log(tmp_path):
     cli(args)
     got = pd.read_csv(real / "bench" / "overhead.csv")
     assert len(got) == 6 and set(got.source) == {"logs/bench.txt"}
+
+
+def test_throughput_pools_only_servers_set_up_alike():
+    """Throughput repeats of several realizations pool (rows "all") only where their servers were set up alike
+    (engine, admission group, prompt pass); otherwise each realization stands and the headline rows are the newest
+    realization's."""
+    from dmtp.analysis.report.bench import serving, throughput
+    from dmtp.analysis.report.tables import headline_throughput
+
+    def rows(k, prefill, ar, main):
+        return [{"realization": k, "dataset": "humaneval", "temperature": 0.0, "batch_cap": 1, "repeat": rep,
+                 "method": m, "tok_per_s": v + rep, "per_verify": tau, "engine": "compiled", "admit": 8,
+                 "prefill": prefill} for rep in range(2) for m, v, tau in (("ar", ar, 1.0), ("dflash", main, 3.0))]
+
+    alike = pd.DataFrame(rows(3, "compiled", 500, 1200) + rows(4, "compiled", 520, 1300))
+    differ = pd.DataFrame(rows(3, "compiled", 500, 1200) + rows(4, "graphed", 520, 1600))
+    assert serving(alike) == ("compiled", "8", "compiled") and serving(differ) is None
+    pooled, apart = throughput(alike), throughput(differ)
+    assert set(pooled.realization) == {"r3", "r4", "all"} and set(apart.realization) == {"r3", "r4"}
+    assert (pooled[pooled.realization == "all"].n_repeats == 4).all()
+    head = headline_throughput(apart)
+    assert set(head.realization) == {"r4"} and head.set_index("method").tok_per_s["dflash"] == 1600.5
+    assert set(headline_throughput(pooled).realization) == {"all"}
+
+
+def test_a_server_only_prompt_pass_is_the_same_experiment():
+    """engine.prefill "graphed" graphs only a server's newcomers; `generate` (data, evaluation) runs the compiled
+    pass under it, so realizations that differ only there are one experiment (and the pipeline's record
+    fingerprints agree); "hf" against "compiled" is another experiment."""
+    from dmtp.analysis.report.data import experiment_key
+    from dmtp.cli.pipeline import fingerprints
+    from dmtp.config import EngineConfig
+    from experiments.profiles import get_profile
+
+    exp = {"name": "mini", "engine": {"prefill": "compiled", "admit": 8}, "realization": 3}
+    assert experiment_key(exp) == experiment_key(dict(exp, engine={"prefill": "graphed", "admit": 8}, realization=4))
+    assert experiment_key(exp) != experiment_key(dict(exp, engine={"prefill": "hf", "admit": 8}))
+    assert EngineConfig(prefill="graphed").records_key() == EngineConfig(prefill="compiled").records_key()
+    p = get_profile("mini")
+    q = dataclasses.replace(p, engine=p.engine.with_(prefill="compiled" if p.engine.prefill == "graphed" else "graphed"))
+    assert fingerprints(p)["drafters"] == fingerprints(q)["drafters"]

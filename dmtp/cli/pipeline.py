@@ -634,7 +634,7 @@ def fingerprints(p: Profile) -> dict[str, dict]:
     f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": fingerprint(p.pretrain),
                                           "model.checkpoint_dtype": p.model.checkpoint_dtype},
                        **({"realization": p.realization} if p.realization else {}))
-    f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine), "prompt_cut": PROMPT_CUT},
+    f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine.records_key()), "prompt_cut": PROMPT_CUT},
                      **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
                                                              "batch", "prompts_per_doc")})
     shape = {k: v for k, v in fingerprint(p.drafter).items() if k != "variants"}  # a run's own settings: per run
@@ -700,7 +700,7 @@ def units(c: Ctx, stage: str) -> list[Unit]:
             path = run_file(c.res, ds, temp, mode, m, seed)
             model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
             steps = {"eval.mtp_steps": ev.mtp_steps} if method_class(m).uses_mtp_steps else {}
-            want = dict(model, **{"engine": fingerprint(c.p.engine), "eval.new_tokens": ev.new_tokens,
+            want = dict(model, **{"engine": fingerprint(c.p.engine.records_key()), "eval.new_tokens": ev.new_tokens,
                                   "eval.batch": ev.batch}, **steps,
                         **({"eval.stops": list(stop_strings(c.p, mode))} if mode == "natural" else {}),
                         **({"prompt_cut": PROMPT_CUT, "data.prompt_tokens": c.p.data.prompt_tokens}
@@ -714,7 +714,8 @@ def units(c: Ctx, stage: str) -> list[Unit]:
         for m, seed, k in curve_plan(c.p):
             path = c.res / "curve" / m / f"humaneval_T0_s{seed}_step{k}.jsonl"
             want = dict(drafter_fingerprint(c.p, m, f, seed), **{
-                "engine": fingerprint(c.p.engine), "eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch,
+                "engine": fingerprint(c.p.engine.records_key()), "eval.new_tokens": ev.new_tokens,
+                "eval.batch": ev.batch,
                 "eval.stops": list(stop_strings(c.p, "natural"))},
                 run={"dataset": "humaneval", "prompts": ev.sets.get("humaneval", 0), "method": m, "seed": seed,
                      "step": k})

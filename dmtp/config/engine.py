@@ -21,7 +21,7 @@ ATTENTIONS = ("flex", "dense")
 CACHE_WRITES = ("auto", "graph", "eager")
 TUNINGS = ("default", "autotune")
 DRAFTER_PATHS = ("compiled", "hf")
-PREFILLS = ("hf", "compiled")
+PREFILLS = ("hf", "compiled", "graphed")
 DTYPES = ("fp32", "bf16", "fp16")
 VERIFY_MODES = ("target", "sample", "block")  # how drafts are drawn and accepted at T > 0 (dmtp/engine/verify.py)
 EVAL_MODES = ("natural", "fixed")  # natural: a request ends at end-of-text, a stop string or the length cap; fixed:
@@ -45,7 +45,9 @@ class EngineConfig:
     # (max_autotune + coordinate-descent tuning; longer compiles)
     drafter: str = "compiled"  # the drafter's decode forward on the compiled engine: "compiled" (fast.py) | "hf"
     prefill: str = "hf"  # the target's prompt pass: "hf" (the HF layers, eager) | "compiled" (fast.py's layers with
-    # the dense kernel, compiled once for every prompt shape: dynamic shapes); on the compiled engine only
+    # the dense kernel, compiled once for every prompt shape: dynamic shapes); on the compiled engine only |
+    # "graphed": a `Server`'s newcomers through the compiled pass replayed from CUDA graphs, one per (group size,
+    # prompt length) bucket (`dmtp/engine/prompts.py`; the first batch and `generate` take the compiled pass)
     admit: int = 1  # dynamic batching (`Server`): newcomers are prefilled and join once this many slots are free (or
     # the rest of the queue fits, or no request is left running): one prompt pass per group of newcomers
     dtype: str = "fp32"  # precision of the target, MTP head and drafters when decoding (fp32: exact losslessness;
@@ -74,6 +76,11 @@ class EngineConfig:
         """The settings as they ran on a device of this type (what meta files record beside the config)."""
         return dict(asdict(self), engine=self.kind(device_type), cache_write=self.write(device_type))
 
+    def records_key(self) -> dict:
+        """The settings that records decoded by `generate` (the data stage, the evaluation) depend on: all of them but
+        the `Server`-only prompt pass, "graphed" being "compiled" outside a server (`records_key_of`)."""
+        return records_key_of(asdict(self))
+
     def with_(self, **changes) -> "EngineConfig":
         return replace(self, **changes)
 
@@ -87,3 +94,9 @@ class EngineConfig:
         if not isinstance(x, cls):
             raise TypeError(f"engine={x!r}: expected an EngineConfig or an engine name ({', '.join(ENGINES)})")
         return x
+
+
+def records_key_of(engine: dict) -> dict:
+    """`EngineConfig.records_key` of an engine dict (experiment.json's "engine"): prefill "graphed" read as
+    "compiled", the pass `generate` takes under it (only a `Server`'s newcomers are graphed)."""
+    return dict(engine, prefill="compiled") if engine.get("prefill") == "graphed" else dict(engine)

@@ -48,6 +48,7 @@ from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.graphs import Graphs
 from dmtp.engine.methods import Method, State
+from dmtp.engine.prompts import PromptPass
 from dmtp.engine.stops import StopStrings, cut_rounds
 from dmtp.models import fast
 from dmtp.models.cache import KVCache
@@ -103,7 +104,7 @@ class Batch:
     @torch.no_grad()
     def __init__(self, target, method: Method, prompts, temperature, max_new_tokens, eos, gen, capacity=None,
                  t0=None, graphs: bool | None = None, engine: EngineConfig | None = None,
-                 stop: StopStrings | None = None, verify: str = "target"):
+                 stop: StopStrings | None = None, verify: str = "target", prompt_pass=None):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         check_token_ids(prompts, target.vocab_size)
@@ -130,11 +131,15 @@ class Batch:
         for b, p in enumerate(prompts):
             ids[b, : len(p)] = torch.as_tensor(p)
         ids = ids.to(dev)  # one copy for the whole group
-        self.cache = KVCache(B, cap, fast=self.engine != "hf")
         pos = torch.arange(T, device=dev)[None].expand(B, T)
-        if self.engine == "compiled" and self.eng.prefill == "compiled":  # fast.py's layers, one dynamic-shape graph
+        if prompt_pass is not None:  # a server's newcomers: the graphed pass (`prompts.py`), its cache rows viewed
+            out, self.cache = prompt_pass(ids, plen, cap)
+        elif self.engine == "compiled" and self.eng.prefill != "hf":  # fast.py's layers, one dynamic-shape graph
+            self.cache = KVCache(B, cap, fast=True)
             out = fast.prefill_forward(target, ids, pos, self.cache, method.taps, plen)
-        else:  # lengths: padding stays out of GDN states; logits only at each prompt's last position
+        else:
+            # lengths: padding stays out of GDN states; logits only at each prompt's last position
+            self.cache = KVCache(B, cap, fast=self.engine != "hf")
             out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen, logits_at=plen - 1)
         first = _pick(out.logits[:, 0], temperature, gen)
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
@@ -402,24 +407,36 @@ class Server:
         self.gen = torch.Generator(device=target.device).manual_seed(seed)
         self.batch: Batch | None = None
         self.admit_s, self.rounds, self.groups = 0.0, 0, 0
+        self.prompt_pass = self._prompt_pass()
+
+    def _prompt_pass(self):
+        """The newcomers' prompt pass under `engine.prefill = "graphed"` (`prompts.py`): on the compiled engine its
+        CUDA graphs (CUDA, full-attention targets, `engine.graphs` on); on the uncompiled fast engine the same padded
+        pass uncompiled and uncaptured (the CPU tests' path). None: the batch's own pass (the first batch's always)."""
+        if self.eng.prefill != "graphed" or self.engine == "hf":
+            return None
+        compiled = self.engine == "compiled"
+        graphs = compiled and use_graphs(self.target, self.method, self.eng)
+        return PromptPass(self.target, self.method.taps, self.cap, graphs, compile=compiled)
 
     def close(self):
         """Let go of the slots (caches, state, CUDA graphs) now, not when the server goes."""
         compiled = self.batch is not None and self.batch.engine == "compiled"
         self.batch = None
+        self.prompt_pass = self._prompt_pass()  # its graphs and static caches go too
         if compiled:
             _collect()
 
-    def _new(self, prompts, t0, graphs=None):
+    def _new(self, prompts, t0, graphs=None, prompt_pass=None):
         return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,
-                     self.capacity, t0, graphs, self.eng, self.stop, self.verify)
+                     self.capacity, t0, graphs, self.eng, self.stop, self.verify, prompt_pass)
 
     @torch.no_grad()
     def admit(self, slots: list[int], prompts: list[list[int]], t0: float):
         """Prefill `prompts` as one group and move them into the free `slots` of the running batch (one per prompt);
         the host time counts in `admit_s`, the group in `groups`."""
         ta = time.perf_counter()
-        self.batch.absorb(slots, self._new(prompts, t0, graphs=False))
+        self.batch.absorb(slots, self._new(prompts, t0, graphs=False, prompt_pass=self.prompt_pass))
         self.admit_s += time.perf_counter() - ta
         self.groups += 1
 

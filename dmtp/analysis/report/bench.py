@@ -60,14 +60,26 @@ def per_repeat(tp: pd.DataFrame, main: str = "", base: str = "") -> pd.DataFrame
     return df
 
 
+SERVING = ("engine", "admit", "prefill")  # how a throughput run's servers were set up (throughput.csv columns)
+
+
+def serving(tp: pd.DataFrame) -> tuple | None:
+    """The one server set-up (SERVING values) of every throughput row, or None when the rows differ in it."""
+    cols = [c for c in SERVING if c in tp]
+    keys = {tuple(r) for r in tp[cols].fillna("").astype(str).itertuples(index=False)} if cols else {()}
+    return next(iter(keys)) if len(keys) == 1 else None
+
+
 def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict | None = None) -> pd.DataFrame:
     """One row per (realization, dataset, temperature, batch cap, method): n_repeats, tok_per_s [min, max],
     speedup over AR [min, max], per_verify (median), and for the main method gain_pct [min, max] over the drafter
     baseline, per_verify_gain_pct and gain_over_per_verify (tok/s gain / per-verify gain); `commits`: "r<k>" -> the
-    commit its bench ran at (column `commit`). With several realizations, rows "all" pool every repeat."""
+    commit its bench ran at (column `commit`). With several realizations whose servers were set up alike
+    (`serving`: engine, admission group, prompt pass), rows "all" pool every repeat; set up differently, each
+    realization stands alone."""
     df = per_repeat(tp, main, base)
     units = [(f"r{k}", g) for k, g in df.groupby("realization", sort=True)]
-    if len(units) > 1:
+    if len(units) > 1 and serving(df) is not None:  # repeats pool only where every server was set up alike
         units.append(("all", df))
     rows = []
     for name, d in units:

@@ -48,6 +48,7 @@ import pandas as pd
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
 from dmtp.config import EVAL_MODES, AblationSpec
+from dmtp.config.engine import records_key_of
 from dmtp.engine.stops import cut_rounds
 from dmtp.io import RECORDS, iter_jsonl, read_json, record_meta, record_stem
 from dmtp.schema import from_dict
@@ -356,12 +357,15 @@ def require_artifacts(top: Path, hint: str = "") -> list[tuple[int, Path]]:
 
 def experiment_key(exp: dict) -> dict:
     """What makes two realizations the same experiment: experiment.json without `realization` and run control
-    (RUN_CONTROL, at any depth)."""
+    (RUN_CONTROL, at any depth), the engine as its records depend on it (`EngineConfig.records_key`)."""
     def drop(v):
         if isinstance(v, dict):
             return {k: drop(x) for k, x in v.items() if k not in RUN_CONTROL}
         return [drop(x) for x in v] if isinstance(v, list) else v
-    return drop({k: v for k, v in exp.items() if k != "realization"})
+    key = {k: v for k, v in exp.items() if k != "realization"}
+    if isinstance(key.get("engine"), dict):  # a server-only setting: the records are the same (records_key_of)
+        key["engine"] = records_key_of(key["engine"])
+    return drop(key)
 
 
 def differences(a, b, prefix: str = "") -> list[str]:
@@ -448,12 +452,21 @@ def read_oracle_pooled(roots: list[tuple[int, Path]]) -> dict:
 def _bench(roots: list[tuple[int, Path]], top: Path, name: str) -> pd.DataFrame | None:
     """bench/<name>.csv of every pooled realization (+ realization); overhead: also the shape timings
     ("<setup>:<method>" rows, realization -1) of results/<profile>/bench when that is no pooled realization."""
-    parts = [pd.read_csv(p).assign(realization=k) for k, r in roots if (p := r / "bench" / f"{name}.csv").exists()]
+    parts = [_with_prompt_pass(pd.read_csv(p), r / "bench" / "meta.json").assign(realization=k)
+             for k, r in roots if (p := r / "bench" / f"{name}.csv").exists()]
     shape = top / "bench" / f"{name}.csv"
     if name == "overhead" and shape.exists() and all(r != top for _, r in roots):
         ov = pd.read_csv(shape)
         parts.append(ov[ov.method.str.contains(":")].assign(realization=-1))
     return pd.concat(parts, ignore_index=True) if parts else None
+
+
+def _with_prompt_pass(df: pd.DataFrame, meta: Path) -> pd.DataFrame:
+    """A bench CSV with its `prefill` column (the prompt pass its servers admitted with), from its meta file's engine
+    where a bench of before the column lacks it ("" when unknown)."""
+    if "prefill" in df or not meta.exists():
+        return df if "prefill" in df else df.assign(prefill="")
+    return df.assign(prefill=(read_json(meta).get("engine") or {}).get("prefill", ""))
 
 
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:

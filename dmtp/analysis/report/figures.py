@@ -203,13 +203,14 @@ def conditional(art: Artifacts) -> list[Path]:
 
 
 def throughput(art: Artifacts) -> list[Path]:
-    """Blog figure 7: median tok/s vs batch cap with the repeats' [min, max] (every realization's repeats pooled),
+    """Blog figure 7: median tok/s vs batch cap with the repeats' [min, max] (every realization's repeats pooled, or
+    the newest realization's where their servers were set up differently),
     one panel per dataset (own y axis), blog B32 numbers as text."""
     tp = T.throughput_table(art)
     if tp is None:
         print("[report] skip throughput figure: no bench/throughput.csv")
         return []
-    tp = tp[tp.realization == ("all" if (tp.realization == "all").any() else tp.realization.iloc[0])]
+    tp = T.headline_throughput(tp)
     color = colors(art)
     blog = R.table("throughput")
     paths = []

@@ -252,7 +252,7 @@ def throughput_rows(art: Artifacts) -> list[dict]:
     if tab is None or not sp.main_method:
         return []
     df = tab[(tab.method == sp.main_method) & (tab.temperature == 1) & tab.gain_pct.notna()]
-    df = df[df.realization == ("all" if (df.realization == "all").any() else df.realization.max())] if len(df) else df
+    df = T.headline_throughput(df)
     blog = R.table("throughput").set_index(["workload", "method"]).tok_per_s
     out = []
     for r in df[df.batch_cap == df.batch_cap.max()].itertuples() if len(df) else []:
@@ -433,7 +433,7 @@ def throughput_lines(art: Artifacts) -> list[str]:
     if df is None:
         return []
     out = []
-    pooled = df[df.realization == ("all" if (df.realization == "all").any() else df.realization.iloc[0])]
+    pooled = T.headline_throughput(df)
     for r in pooled[(pooled.method == sp.main_method) & pooled.gain_pct.notna()].itertuples():
         out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}, {r.n_repeats} repeats): "
                    f"`{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR [{r.speedup_lo:.2f}, "

@@ -311,6 +311,15 @@ def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
                 "per_request: mean of each request's own tau; per_verify: 1 + sum k*h[k] / sum h over all rounds.")
 
 
+def headline_throughput(tab: pd.DataFrame) -> pd.DataFrame:
+    """The throughput rows a sentence or figure reads: every realization pooled ("all") where they could pool, else
+    the newest realization's (by number)."""
+    if not len(tab) or (tab.realization == "all").any():
+        return tab[tab.realization == "all"] if len(tab) else tab
+    newest = max(tab.realization, key=lambda r: int(str(r).lstrip("r")) if str(r).lstrip("r").isdigit() else -1)
+    return tab[tab.realization == newest]
+
+
 def throughput_table(art: Artifacts) -> pd.DataFrame | None:
     """The throughput rows (bench.throughput) with the blog's B32 numbers beside the T = 1 rows of its batch cap
     (Code: the blog's dflash and dmtp tok/s and gain, and its per-verify gain from the acceptance table)."""

@@ -32,27 +32,46 @@ def kernel_profile(tgt, m, prompts, tokens, path: Path, temperature: float = 0.0
 def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> dict:
     """Where an admission's time goes (`Server.admit_s`: the newcomers' prompt pass, the method's own prefill, the move
     into the slots), on a server that has served `prompts` (its shapes compiled): `n` admissions of one request each,
-    timed on the host (device synchronised around each), then one under torch profiler. Writes the host time per
-    admission, the profiler's device time and its table sorted by host time (`path`); returns {host_ms,
-    device_ms}: a host time far above the device time is host-bound work (guards, wrappers, launches)."""
+    timed on the host (device synchronised around each), then one under torch profiler. With a graphed prompt pass
+    (`EngineConfig.prefill = "graphed"`) the same admissions also run through the compiled pass, side by side (one
+    untimed first, which may compile its shape), and the first token of each request is compared between the two.
+    Writes the host times, the profiler's device time and its table sorted by host time (`path`); returns {host_ms,
+    device_ms} (+ compiled_host_ms, first_tokens_equal with a graphed pass): a host time far above the device time
+    is host-bound work (guards, wrappers, launches)."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = srv.target.device
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    reqs = [prompts[i % len(prompts)] for i in range(n)]
 
-    def admit(p):  # into slot 0 of a server whose requests all ended
+    def admit(p):  # into slot 0 of a server whose requests all ended; (host seconds, the request's first token)
         _, wall = timed(dev, srv.admit, [0], [p], time.perf_counter())
-        return wall
+        return wall, int(srv.batch.out[0, 0])
 
-    host = [admit(prompts[i % len(prompts)]) for i in range(n)]
+    host = [admit(p) for p in reqs]
+    res = {"host_ms": 1e3 * _median([w for w, _ in host])}
+    head = f"admission of one request, {srv.method.name}, server cap {srv.cap}: host {res['host_ms']:.2f} ms"
+    if srv.prompt_pass is not None:
+        graphed, srv.prompt_pass = srv.prompt_pass, None
+        try:
+            admit(reqs[0])  # its shape compiled
+            comp = [admit(p) for p in reqs]
+        finally:
+            srv.prompt_pass = graphed
+        res["compiled_host_ms"] = 1e3 * _median([w for w, _ in comp])
+        res["first_tokens_equal"] = sum(a[1] == b[1] for a, b in zip(host, comp))
+        failed = f", capture failed: {graphed.failed}" if graphed.failed else ""
+        head += (f" graphed prompt pass ({graphed.captured} graphs captured{failed}) against "
+                 f"{res['compiled_host_ms']:.2f} ms compiled; first tokens equal in {res['first_tokens_equal']} of {n}")
     with profile(activities=acts) as prof:
         admit(prompts[n % len(prompts)])
     avg = prof.key_averages()
-    dev_ms = sum(t for _, t in device_times(avg)) / 1e3 if dev.type == "cuda" else float("nan")
-    host_ms = 1e3 * sorted(host)[len(host) // 2]
-    head = (f"admission of one request, {srv.method.name}, server cap {srv.cap}: host {host_ms:.2f} ms (median of "
-            f"{n}), device {dev_ms:.2f} ms (kernels under the profiler)\n\n")
+    res["device_ms"] = sum(t for _, t in device_times(avg)) / 1e3 if dev.type == "cuda" else float("nan")
+    head += f" (median of {n}), device {res['device_ms']:.2f} ms (kernels under the profiler)\n\n"
     write_text(path, head + avg.table(sort_by="cpu_time_total", row_limit=40))
-    print(f"[bench] admission profile {srv.method.name} B{srv.cap}: host {host_ms:.2f} ms, device {dev_ms:.2f} ms "
-          f"-> {path}")
-    return {"host_ms": host_ms, "device_ms": dev_ms}
+    print(f"[bench] {head.strip()} -> {path}")
+    return res
+
+
+def _median(xs):
+    return sorted(xs)[len(xs) // 2]

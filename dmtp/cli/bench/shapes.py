@@ -219,10 +219,11 @@ def draft_side_ratios(by: dict, methods, tag, setup: str, batch: int, note: str 
 def admission(tgt, methods: dict, prompts: list[list[int]], tokens: int, setup: str, eng: EngineConfig,
                groups=(1, 8)) -> list[dict]:
     """The host time a `Server` spends admitting a group of newcomers (their prompt pass, the method's own prefill,
-    the move into the slots: `Server.admit_s`), per method and group size, on `eng` and on the HF prompt pass."""
+    the move into the slots: `Server.admit_s`), per method and group size, on `eng`'s prompt pass, the compiled one
+    and the HF one."""
     rows = []
     dev = tgt.device
-    for prefill in dict.fromkeys([eng.prefill, "hf"]):
+    for prefill in dict.fromkeys([eng.prefill, "compiled", "hf"]):
         e = eng.with_(prefill=prefill, admit=1)
         for name, m in methods.items():
             for g in groups:  # g slots: requests of one length finish together, g newcomers join at once

@@ -141,11 +141,12 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     one row per run (tok/s, per-verify tau, server rounds, admitted groups and the host time admitting them, graphs
     compiled during the run: 0 when the warm-up met every shape); with `--kernel-profile`, at the first temperature
     and each cap, where one admission's time goes for AR and the main method (`profile_admission_*.txt`: host
-    against device time); ratios: each method / AR as the median of the per-repeat ratios with their range, and
+    against device time, and with a graphed prompt pass the compiled pass's beside it: admission_profile.csv); at
+    T = 0 each run's requests equal to AR's output (`equal_ar`); ratios: each method / AR as the median of the per-repeat ratios with their range, and
     DMTP's tok/s gain over DFlash against its per-verify gain."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
-    rows, top = [], max(a.caps)
+    rows, admissions, top = [], [], max(a.caps)
     runs = [(n, v) for n in methods for v in a.verify]
     small = a.temperatures if a.small_cap_temperatures is None else a.small_cap_temperatures
     for temp in a.temperatures:
@@ -160,13 +161,15 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                 servers[run] = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
                                       a.max_new_tokens, b.eos, seed=0, engine=b.eng, stop=stop, verify=v)
                 servers[run].run(reqs)
-            order = list(servers)
+            order, outs, first = list(servers), {}, len(rows)
             for rep in range(a.repeats):
                 for run in order[rep % len(order):] + order[: rep % len(order)]:
                     srv = servers[run]
                     before = (srv.admit_s, srv.rounds, srv.groups, compiled_graphs())
                     res, wall = timed(b.dev, srv.run, reqs)
                     n_out = sum(len(r.output_ids) for r in res)
+                    if temp == 0:
+                        outs[run, rep] = [r.output_ids for r in res]
                     acc = [x for r in res for x in r.accepted]
                     rows.append({"method": run, "temperature": temp, "batch_cap": cap, "repeat": rep,
                                  "dataset": "humaneval", "mode": "natural", "batching": "dynamic",
@@ -176,19 +179,38 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                                  "groups": srv.groups - before[2], "admit_s": srv.admit_s - before[0],
                                  "graphs": compiled_graphs() - before[3],
                                  "verify": run.partition("+")[2] or "target", "engine": label_of(b.eng),
-                                 "admit": b.eng.admit})
+                                 "admit": b.eng.admit, "prefill": b.eng.prefill})
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
                     write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
+            if (AR.name, 0) in outs:  # T = 0: requests whose output equals AR's (bf16: the rest at measured ties)
+                for r in rows[first:]:
+                    got = outs[r["method"], r["repeat"]]
+                    r["equal_ar"] = sum(x == y for x, y in zip(got, outs[AR.name, 0]))
+                print(f"[bench] T=0 B{cap}: requests equal to {AR.name}'s output, per run: " + ", ".join(
+                    f"{r['method']} #{r['repeat']} {r['equal_ar']}/{r['requests']}" for r in rows[first:]))
+                write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))
             if a.kernel_profile and temp == a.temperatures[0]:  # where an admission's host time goes
                 for run in (AR.name, b.spec.main_method):
                     if run in servers:
-                        admission_profile(servers[run], reqs, Path(a.out) / f"profile_admission_{b.setup}_{run}"
-                                          f"_b{cap}.txt")
+                        adm = admission_profile(servers[run], reqs, Path(a.out) / f"profile_admission_{b.setup}_{run}"
+                                                f"_b{cap}.txt")
+                        admissions.append({"method": run, "batch_cap": cap, "prefill": b.eng.prefill, **adm})
+                        write_text(Path(a.out) / "admission_profile.csv", pd.DataFrame(admissions).to_csv(index=False))
             for srv in servers.values():  # their slots (caches, graphs) go before the next cap
                 srv.close()
-    return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup)
+    return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup) + admission_ratios(admissions, b.setup)
+
+
+def admission_ratios(admissions: list[dict], setup: str) -> list[Ratio]:
+    """A graphed prompt pass's admission against the compiled pass's, measured side by side on the same server
+    (`admission_profile`), per method and cap."""
+    return [ratio(setup, f"{r['method']} admission, graphed / compiled prompt pass",
+                  r["host_ms"] / r["compiled_host_ms"], condition=f"batch cap {r['batch_cap']}, one request",
+                  note=f"{r['host_ms']:.2f} vs {r['compiled_host_ms']:.2f} ms host; first tokens equal in "
+                       f"{r['first_tokens_equal']}")
+            for r in admissions if "compiled_host_ms" in r]
 
 
 SPEEDUP_GOALS = {1: 2.5, 32: 2.0}  # main method / AR tok/s at T = 0 by batch cap (the largest cap: the second)

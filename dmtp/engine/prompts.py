@@ -1,0 +1,104 @@
+"""The newcomers' prompt pass of a `Server` from CUDA graphs (`EngineConfig.prefill = "graphed"`).
+
+Admitting a group of newcomers runs the target over their prompts. At a deep, narrow target the compiled pass
+(`fast.prefill_forward`) is one dynamic-shape graph per layer, called once per layer from Python: its device work
+is a few milliseconds, its host work (guards, the runtime wrapper, kernel launches) tens, and the decode loop waits
+for it. Here the same compiled pass is captured into one CUDA graph per bucket — group size rounded up to a power
+of two (at most the server's cap), prompt length rounded up to a multiple of `LENGTH_STEP` — and replayed.
+
+Padding is exact for the rows that count: padded prompts are right-padded (a row past a prompt's end holds padding,
+as on the unpadded pass, and is rewritten by the first decode step that reaches it before any query sees it) and
+padded group rows are dropped. What changes with the bucket is the shape of the kernels (a GEMM over more rows, a
+softmax over a longer, masked row), so a request's prompt logits can differ from the unpadded pass in the last bits;
+every method of a server shares the same pass, which is the losslessness that counts (each method against the
+engine's own AR).
+
+The pass writes its K/V rows into a static cache per group bucket; the newcomers' batch sees views of its first rows
+and is absorbed into the running batch (`Batch.absorb`) before the next admission replays anything. Where a capture
+fails (a host synchronisation a new torch version puts inside the pass, say) the pass warns once and runs the same
+padded pass uncaptured from then on: slower, never wrong.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from dmtp.engine.graphs import Graphs
+from dmtp.models import fast
+from dmtp.models.cache import KVCache
+
+LENGTH_STEP = 64  # prompt lengths are padded up to a multiple of this: a handful of graphs covers HumanEval
+
+
+def group_bucket(n: int, cap: int) -> int:
+    """The group size a group of `n` newcomers is padded to: the next power of two, at most `cap`."""
+    if not 1 <= n <= cap:
+        raise ValueError(f"a group of {n} newcomers does not fit a server of {cap} slots")
+    return min(1 << (n - 1).bit_length(), cap)
+
+
+def length_bucket(t: int, capacity: int, step: int = LENGTH_STEP) -> int:
+    """The prompt length a group whose longest prompt has `t` tokens is padded to: a multiple of `step`, at most
+    the cache's `capacity` rows (which holds the longest prompt)."""
+    if not 1 <= t <= capacity:
+        raise ValueError(f"a prompt of {t} tokens does not fit a cache of {capacity} rows")
+    return min(-(-t // step) * step, capacity)
+
+
+class PromptPass:
+    """The graphed prompt pass of one server (one target, one method's taps, one cache capacity, `cap` slots).
+    `graphs`: capture CUDA graphs (CUDA only); off, the same padded pass runs uncaptured (CPU tests).
+    `compile`: the per-layer compiled forward (`fast.prefill_forward`), off on the uncompiled fast engine."""
+
+    def __init__(self, target, taps, cap: int, graphs: bool, compile: bool = True, step: int = LENGTH_STEP):
+        self.target, self.taps, self.cap, self.compile, self.step = target, taps, cap, compile, step
+        self.graphs = Graphs(graphs)
+        self.caches: dict[tuple[int, int], KVCache] = {}  # (group bucket, capacity) -> the static cache
+        self.pos: dict[tuple[int, int], torch.Tensor] = {}  # (group, length bucket) -> static positions
+        self.failed: str | None = None  # why capture was given up, if it was
+        self.met: set[tuple[int, int]] = set()  # the (group, length) buckets run so far
+
+    @property
+    def captured(self) -> int:
+        """Graphs captured so far (one per bucket met)."""
+        return len(self.graphs.graphs)
+
+    def __call__(self, ids: torch.Tensor, plen: torch.Tensor, capacity: int):
+        """The prompt pass of right-padded prompts ids [B, T] (lengths plen [B]) into a cache of `capacity` rows per
+        request: (TargetOut over the B rows and T positions, a KVCache of B rows viewing the static cache). The
+        views are valid until the next call."""
+        B, T = ids.shape
+        Bb, Tb = group_bucket(B, self.cap), length_bucket(T, capacity, self.step)
+        self.met.add((Bb, Tb))
+        key = (Bb, capacity)
+        if key not in self.caches:
+            self.caches[key] = KVCache(Bb, capacity, fast=True)
+        cache = self.caches[key]
+        pos = self.pos.get((Bb, Tb))
+        if pos is None:
+            pos = self.pos[(Bb, Tb)] = torch.arange(Tb, device=ids.device)[None].expand(Bb, Tb).contiguous()
+        x = ids.new_zeros(Bb, Tb)
+        x[:B, :T] = ids
+        p = plen.new_ones(Bb)  # padded group rows: a one-token prompt, dropped below
+        p[:B] = plen
+
+        def run(x, p):
+            return fast.prefill_forward(self.target, x, pos, cache, self.taps, p, compile=self.compile)
+
+        stage = f"prompt {Bb}x{Tb}x{capacity}"
+        try:
+            out = self.graphs(stage, run, x, p)
+        except RuntimeError as e:  # capture failed: run uncaptured from now on
+            if not self.graphs.enabled:
+                raise
+            torch.cuda.synchronize()
+            self.failed = f"{type(e).__name__}: {e}".splitlines()[0]
+            warnings.warn(f"graphed prompt pass: capture failed ({self.failed}); the padded pass runs uncaptured")
+            self.graphs = Graphs(False)
+            out = run(x, p)
+        view = KVCache(B, capacity, fast=True)
+        view.k = {i: t[:B] for i, t in cache.k.items()}
+        view.v = {i: t[:B] for i, t in cache.v.items()}
+        taps = out.taps[:B, :T] if out.taps is not None else None
+        return type(out)(out.logits[:B], out.hidden[:B, :T], taps), view
