@@ -172,3 +172,22 @@ def test_b1_engines_add_the_tuned_labels():
 
     own = b1_engines(Namespace(tuned=False), EngineConfig(attention="dense"))  # the profile's own engine first
     assert own[0] == "compiled+dense+gw" and own.count("compiled+dense+gw") == 1 and own[-1] == "hf"
+
+
+def test_admission_profile_times_a_graphed_pass_beside_the_compiled_one(models, tmp_path):
+    """`admission_profile` on a server with the padded (graphed) prompt pass: host times of both passes side by
+    side, after an untimed round of the same admissions, and the two passes' first tokens compared."""
+    from dmtp.cli.bench.profiling import admission_profile
+    from dmtp.config import EngineConfig
+    from dmtp.engine.decode import Server
+
+    tgt, mtp = models
+    prompts = [[5, 7, 9], [4, 8, 1, 2], [10, 20, 30, 40, 50]]
+    srv = Server(tgt, build_method("ar", tgt), 2, 64, max_new_tokens=6,
+                 engine=EngineConfig(engine="fast-eager", prefill="graphed", attention="dense"))
+    srv.run(prompts)
+    res = admission_profile(srv, prompts, tmp_path / "adm.txt", n=3)
+    assert res["host_ms"] > 0 and res["compiled_host_ms"] > 0 and res["first_tokens_equal"] == 3
+    assert srv.prompt_pass is not None  # put back after the compiled pass's turn
+    head = (tmp_path / "adm.txt").read_text().splitlines()[0]
+    assert "graphed prompt pass" in head and "first tokens equal in 3 of 3" in head
