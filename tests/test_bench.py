@@ -187,7 +187,29 @@ def test_admission_profile_times_a_graphed_pass_beside_the_compiled_one(models, 
                  engine=EngineConfig(engine="fast-eager", prefill="graphed", attention="dense"))
     srv.run(prompts)
     res = admission_profile(srv, prompts, tmp_path / "adm.txt", n=3)
-    assert res["host_ms"] > 0 and res["compiled_host_ms"] > 0 and res["first_tokens_equal"] == 3
+    assert res["group"] == 1 and res["host_ms"] > 0 and res["compiled_host_ms"] > 0 and res["first_tokens_equal"] == 3
     assert srv.prompt_pass is not None  # put back after the compiled pass's turn
     head = (tmp_path / "adm.txt").read_text().splitlines()[0]
-    assert "graphed prompt pass" in head and "first tokens equal in 3 of 3" in head
+    assert "group of 1" in head and "graphed prompt pass" in head and "first tokens equal in 3 of 3" in head
+    srv.eng = srv.eng.with_(admit=2)  # a server admitting pairs is profiled on pairs
+    res = admission_profile(srv, prompts, tmp_path / "adm2.txt", n=2)
+    assert res["group"] == 2 and res["first_tokens_equal"] == 4
+
+
+def test_a_prepared_server_captures_no_prompt_pass_while_serving(models):
+    """`Server.prepare` runs the prompt pass of every (group, length) bucket newcomers of the given length can meet;
+    serving then meets no new bucket, and decodes as before."""
+    from dmtp.config import EngineConfig
+    from dmtp.engine.decode import Server
+
+    tgt, mtp = models
+    prompts = [[5, 7, 9], [4, 8, 1, 2], list(range(3, 80)), [10, 20, 30, 40, 50], [60]]
+    eng = EngineConfig(engine="fast-eager", prefill="graphed", attention="dense")
+    ref = [r.output_ids for r in Server(tgt, build_method("ar", tgt), 3, 128, max_new_tokens=6, engine=eng).run(prompts)]
+    srv = Server(tgt, build_method("ar", tgt), 3, 128, max_new_tokens=6, engine=eng)
+    srv.prepare(max(len(p) for p in prompts))
+    pp = srv.prompt_pass
+    assert pp.met == {(g, t) for g in (1, 2, 3) for t in (64, 128)} == set(pp.buckets(77, 128))
+    before = set(pp.met)
+    assert [r.output_ids for r in srv.run(prompts)] == ref and pp.met == before
+    assert Server(tgt, build_method("ar", tgt), 3, 128, engine=eng.with_(prefill="compiled")).prepare(77) == 0

@@ -112,6 +112,10 @@ def test_graphed_prompt_pass_is_lossless(gpu_models, name):
         assert [r.output_ids for r in srv.run(prompts)] == ref
     pp = srv.prompt_pass
     assert pp.failed is None and pp.captured == len(pp.met) >= 2 and srv.groups >= 4
+    ready = Server(tgt, method(name, tgt, mtp), 3, capacity_for(prompts, 25, 7), 0.0, 25, engine=eng)
+    n = ready.prepare(max(len(p) for p in prompts))  # every bucket captured at start-up: none while serving
+    assert n == len(ready.prompt_pass.met) >= 6  # groups 1, 2, 3 x lengths 64, 128
+    assert [r.output_ids for r in ready.run(prompts)] == ref and ready.prompt_pass.captured == n
 
 
 @pytest.mark.parametrize("kernel", ["flex", "dense"])

@@ -64,6 +64,23 @@ class PromptPass:
         """Graphs captured so far (one per bucket met)."""
         return len(self.graphs.graphs)
 
+    def buckets(self, longest: int, capacity: int) -> list[tuple[int, int]]:
+        """Every (group, length) bucket a server of this cap meets with prompts of at most `longest` tokens."""
+        groups = sorted({group_bucket(n, self.cap) for n in range(1, self.cap + 1)})
+        lengths = sorted({length_bucket(t, capacity, self.step) for t in range(1, longest + 1, self.step)}
+                         | {length_bucket(longest, capacity, self.step)})
+        return [(g, t) for g in groups for t in lengths]
+
+    def capture_all(self, longest: int, capacity: int, device) -> int:
+        """Capture every bucket of `buckets(longest, capacity)` now (a serving engine's start-up), so that no
+        admission captures while requests wait; returns how many were new. One-token prompts of each shape: the
+        graphs replay any prompts of their bucket."""
+        before = self.captured
+        for g, t in self.buckets(longest, capacity):
+            if (g, t) not in self.met:
+                self(torch.ones(g, t, dtype=torch.long, device=device), torch.full((g,), t, device=device), capacity)
+        return self.captured - before
+
     def __call__(self, ids: torch.Tensor, plen: torch.Tensor, capacity: int):
         """The prompt pass of right-padded prompts ids [B, T] (lengths plen [B]) into a cache of `capacity` rows per
         request: (TargetOut over the B rows and T positions, a KVCache of B rows viewing the static cache). The

@@ -100,9 +100,9 @@ class KVCache:
         vb[bi, :, pos] = v.transpose(1, 2).to(vb.dtype)
         return kb, vb
 
-    def copy_rows(self, other: "KVCache", dst: torch.Tensor, src: torch.Tensor):
-        """Rows `src` of another cache (same capacity) into rows `dst` of this one: KV and linear-attention states
-        (dynamic batching moves freshly prefilled requests into free slots this way)."""
+    def copy_rows(self, other: "KVCache", dst: torch.Tensor, src: "torch.Tensor | slice"):
+        """Rows `src` (indices, or a slice of them) of another cache (same capacity) into rows `dst` of this one: KV
+        and linear-attention states (dynamic batching moves freshly prefilled requests into free slots this way)."""
         if other.capacity != self.capacity:
             raise ValueError(f"cache capacities differ ({other.capacity} vs {self.capacity})")
         for mine, theirs in ((self.k, other.k), (self.v, other.v), (self.conv, other.conv), (self.rec, other.rec)):

@@ -31,44 +31,46 @@ def kernel_profile(tgt, m, prompts, tokens, path: Path, temperature: float = 0.0
 
 def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> dict:
     """Where an admission's time goes (`Server.admit_s`: the newcomers' prompt pass, the method's own prefill, the move
-    into the slots), on a server that has served `prompts` (its shapes compiled): `n` admissions of one request each,
-    timed on the host (device synchronised around each) after one untimed round of the same admissions (a bucket of
-    a graphed pass that the server never met is captured there: a first r4 profile at B32 timed its captures), then
-    one under torch profiler. With a graphed prompt pass (`EngineConfig.prefill = "graphed"`) the same admissions
-    also run through the compiled pass, side by side (one untimed first, which may compile its shape), and the first
-    token of each request is compared between the two.
-    Writes the host times, the profiler's device time and its table sorted by host time (`path`); returns {host_ms,
-    device_ms} (+ compiled_host_ms, first_tokens_equal with a graphed pass): a host time far above the device time
-    is host-bound work (guards, wrappers, launches)."""
+    into the slots), on a server that has served `prompts` (its shapes compiled): `n` admissions of a group of the
+    size the server admits (`engine.admit`, at most its cap) into its first slots, timed on the host (device
+    synchronised around each) after one untimed round of the same admissions (a bucket of a graphed pass that the
+    server never met is captured there: r4's first B32 profile, of one request each, timed its captures), then one
+    under torch profiler. With a graphed prompt pass (`EngineConfig.prefill = "graphed"`) the same admissions also
+    run through the compiled pass, side by side (one untimed first, which may compile its shape), and the first
+    tokens of the newcomers are compared between the two. Writes the host times, the profiler's device time and its
+    table sorted by host time (`path`); returns {group, host_ms, device_ms} (+ compiled_host_ms, first_tokens_equal
+    with a graphed pass): a host time far above the device time is host-bound work (guards, wrappers, launches)."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = srv.target.device
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    reqs = [prompts[i % len(prompts)] for i in range(n)]
+    g = max(1, min(srv.eng.admit, srv.cap, len(srv.batch.wall)))
+    groups = [[prompts[(i * g + j) % len(prompts)] for j in range(g)] for i in range(n + 1)]
 
-    def admit(p):  # into slot 0 of a server whose requests all ended; (host seconds, the request's first token)
-        _, wall = timed(dev, srv.admit, [0], [p], time.perf_counter())
-        return wall, int(srv.batch.out[0, 0])
+    def admit(group):  # into the first slots of a server whose requests all ended; (host s, the newcomers' firsts)
+        _, wall = timed(dev, srv.admit, list(range(len(group))), group, time.perf_counter())
+        return wall, srv.batch.out[: len(group), 0].tolist()
 
-    for p in reqs:  # untimed: every request's shapes compiled and, with a graphed pass, its bucket captured
-        admit(p)
-    host = [admit(p) for p in reqs]
-    res = {"host_ms": 1e3 * _median([w for w, _ in host])}
-    head = f"admission of one request, {srv.method.name}, server cap {srv.cap}: host {res['host_ms']:.2f} ms"
+    for grp in groups[:n]:  # untimed: every group's shapes compiled and, with a graphed pass, its bucket captured
+        admit(grp)
+    host = [admit(grp) for grp in groups[:n]]
+    res = {"group": g, "host_ms": 1e3 * _median([w for w, _ in host])}
+    head = f"admission of a group of {g}, {srv.method.name}, server cap {srv.cap}: host {res['host_ms']:.2f} ms"
     if srv.prompt_pass is not None:
         graphed, srv.prompt_pass = srv.prompt_pass, None
         try:
-            admit(reqs[0])  # its shape compiled
-            comp = [admit(p) for p in reqs]
+            admit(groups[0])  # its shape compiled
+            comp = [admit(grp) for grp in groups[:n]]
         finally:
             srv.prompt_pass = graphed
         res["compiled_host_ms"] = 1e3 * _median([w for w, _ in comp])
-        res["first_tokens_equal"] = sum(a[1] == b[1] for a, b in zip(host, comp))
+        res["first_tokens_equal"] = sum(x == y for a, b in zip(host, comp) for x, y in zip(a[1], b[1]))
         failed = f", capture failed: {graphed.failed}" if graphed.failed else ""
         head += (f" graphed prompt pass ({graphed.captured} graphs captured{failed}) against "
-                 f"{res['compiled_host_ms']:.2f} ms compiled; first tokens equal in {res['first_tokens_equal']} of {n}")
+                 f"{res['compiled_host_ms']:.2f} ms compiled; first tokens equal in {res['first_tokens_equal']} of "
+                 f"{n * g}")
     with profile(activities=acts) as prof:
-        admit(prompts[n % len(prompts)])
+        admit(groups[n])
     avg = prof.key_averages()
     res["device_ms"] = sum(t for _, t in device_times(avg)) / 1e3 if dev.type == "cuda" else float("nan")
     head += f" (median of {n}), device {res['device_ms']:.2f} ms (kernels under the profiler)\n\n"

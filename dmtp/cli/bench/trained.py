@@ -131,19 +131,24 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
 
 def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     """End-to-end throughput, the way a user serves: HumanEval prompts in natural mode (end-of-text and HumanEval's
-    stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process. Per
-    (temperature, cap) a server per method is started and warmed up on the whole request group once, untimed (graph
-    capture for every admission group and batch the timed runs meet: a first group alone left the first timed
-    repeat compiling, 10-60 % slower on the trained mini of 2026-12-02); then `--repeats` timed runs of the whole
-    request group, interleaved (every method once per repeat, the order rotated by one each repeat), so a drift of
-    the machine reaches all alike. The largest cap decodes `--prompts` prompts at every temperature, the others the
-    first `--small-cap-prompts` at the temperatures of `--small-cap-temperatures` (default: all). throughput.csv:
-    one row per run (tok/s, per-verify tau, server rounds, admitted groups and the host time admitting them, graphs
-    compiled during the run: 0 when the warm-up met every shape); with `--kernel-profile`, at the first temperature
-    and each cap, where one admission's time goes for AR and the main method (`profile_admission_*.txt`: host
-    against device time, and with a graphed prompt pass the compiled pass's beside it: admission_profile.csv); at
-    T = 0 each run's requests equal to AR's output (`equal_ar`); ratios: each method / AR as the median of the per-repeat ratios with their range, and
-    DMTP's tok/s gain over DFlash against its per-verify gain."""
+    stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process.
+
+    Per (temperature, cap) a server per method is started as a serving engine starts: its graphed prompt pass
+    captured for every bucket (`Server.prepare`; r4's B32 runs, before it, captured buckets while timed), then one
+    untimed run of the whole request group (graph capture for every batch the timed runs meet: a first group alone
+    left the first timed repeat compiling, 10-60 % slower, on the trained mini of 2026-12-02). Then `--repeats` timed
+    runs of the whole request group, interleaved (every method once per repeat, the order rotated by one each
+    repeat), so a drift of the machine reaches all alike. The largest cap decodes `--prompts` prompts at every
+    temperature, the others the first `--small-cap-prompts` at the temperatures of `--small-cap-temperatures`
+    (default: all).
+
+    throughput.csv: one row per run (tok/s, per-verify tau, server rounds, admitted groups and the host time admitting
+    them, graphs compiled and prompt-pass graphs captured during the run: 0 when the start-up met every shape; at
+    T = 0 the requests equal to AR's output, `equal_ar`). With `--kernel-profile`, at the first temperature and each
+    cap, where an admission's time goes for AR and the main method (`profile_admission_*.txt`: host against device
+    time, and with a graphed prompt pass the compiled pass's beside it: admission_profile.csv). Ratios: each method /
+    AR as the median of the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its
+    per-verify gain."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
     rows, admissions, top = [], [], max(a.caps)
@@ -158,14 +163,17 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
             for name, v in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
                 m = b.method(name)
                 run = name if v == "target" else f"{name}+{v}"
-                servers[run] = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
-                                      a.max_new_tokens, b.eos, seed=0, engine=b.eng, stop=stop, verify=v)
-                servers[run].run(reqs)
+                servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
+                                            a.max_new_tokens, b.eos, seed=0, engine=b.eng, stop=stop, verify=v)
+                n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
+                if n:
+                    print(f"[bench] {run} B{cap}: {n} prompt-pass graphs captured at start-up")
+                srv.run(reqs)
             order, outs, first = list(servers), {}, len(rows)
             for rep in range(a.repeats):
                 for run in order[rep % len(order):] + order[: rep % len(order)]:
                     srv = servers[run]
-                    before = (srv.admit_s, srv.rounds, srv.groups, compiled_graphs())
+                    before = (srv.admit_s, srv.rounds, srv.groups, compiled_graphs(), captures(srv))
                     res, wall = timed(b.dev, srv.run, reqs)
                     n_out = sum(len(r.output_ids) for r in res)
                     if temp == 0:
@@ -177,7 +185,7 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                                  "tok_per_s": n_out / wall, "per_verify": acceptance_length(acc),
                                  "verify_rounds": len(acc), "server_rounds": srv.rounds - before[1],
                                  "groups": srv.groups - before[2], "admit_s": srv.admit_s - before[0],
-                                 "graphs": compiled_graphs() - before[3],
+                                 "graphs": compiled_graphs() - before[3], "captures": captures(srv) - before[4],
                                  "verify": run.partition("+")[2] or "target", "engine": label_of(b.eng),
                                  "admit": b.eng.admit, "prefill": b.eng.prefill})
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
@@ -206,11 +214,16 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
 def admission_ratios(admissions: list[dict], setup: str) -> list[Ratio]:
     """A graphed prompt pass's admission against the compiled pass's, measured side by side on the same server
     (`admission_profile`), per method and cap."""
-    return [ratio(setup, f"{r['method']} admission, graphed / compiled prompt pass",
-                  r["host_ms"] / r["compiled_host_ms"], condition=f"batch cap {r['batch_cap']}, one request",
+    return [ratio(setup, f"{r['method']} admission, graphed / compiled prompt pass", r["host_ms"] / r["compiled_host_ms"],
+                  condition=f"batch cap {r['batch_cap']}, groups of {r.get('group', 1)}",
                   note=f"{r['host_ms']:.2f} vs {r['compiled_host_ms']:.2f} ms host; first tokens equal in "
                        f"{r['first_tokens_equal']}")
             for r in admissions if "compiled_host_ms" in r]
+
+
+def captures(srv: Server) -> int:
+    """Prompt-pass graphs a server has captured (0 without a graphed pass): a timed run should capture none."""
+    return srv.prompt_pass.captured if srv.prompt_pass is not None else 0
 
 
 SPEEDUP_GOALS = {1: 2.5, 32: 2.0}  # main method / AR tok/s at T = 0 by batch cap (the largest cap: the second)

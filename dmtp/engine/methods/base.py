@@ -96,4 +96,5 @@ class Method:
         pass
 
     def absorb(self, dst, other: "Method", src):
-        """Take rows `src` of another batch's state of this method into rows `dst` (dynamic batching)."""
+        """Take rows `src` (indices, or a slice of them) of another batch's state of this method into rows `dst`
+        (dynamic batching)."""
