@@ -293,11 +293,48 @@ def test_graphed_prompt_pass_is_lossless(qwen35, name):
             torch.testing.assert_close(view.v[i][b, :, :n], ref_cache.v[i][b, :, :n], rtol=1e-5, atol=1e-5)
     d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
     m = build_method(name, tgt, drafter=d, mtp=mtp)
-    prompts = PROMPTS + [[7, 7, 7], [12, 13, 14, 15], [60], list(range(3, 70))]
+    prompts = (PROMPTS + [[7, 7, 7], [12, 13, 14, 15], [60], list(range(3, 70))]) * 2
     eos = hf_greedy(tgt, PROMPTS[0], 14)[4]  # requests end at different rounds: groups of several sizes join
     truth = [hf_greedy(tgt, p, 14, eos=eos) for p in prompts]
-    eng = EngineConfig(engine="fast-eager", prefill="graphed", attention="dense", admit=2)
-    srv = Server(tgt, m, 3, capacity_for(prompts, 14, m.k), 0.0, 14, eos_ids=[eos], engine=eng)
-    assert [r.output_ids for r in srv.run(prompts)] == truth
+    eng = EngineConfig(engine="fast-eager", prefill="graphed", attention="dense", admit=3)
+    srv = Server(tgt, m, 5, capacity_for(prompts, 14, m.k), 0.0, 14, eos_ids=[eos], engine=eng)
+    got = srv.run(prompts)
+    assert [r.output_ids for r in got] == truth
     assert srv.groups >= 2 and srv.prompt_pass.met and srv.prompt_pass.failed is None
     assert {t for _, t in srv.prompt_pass.met} >= {64, 128}  # a short and a long group's length bucket
+    assert any(g > 3 for g, _ in srv.prompt_pass.met)  # a group of 3 padded to 4 rows
+    # the method's state comes from the bucket's copy of the method: the drafts (accept counts) are those of the
+    # method's own prefill after the HF prompt pass
+    ref = Server(tgt, m, 5, capacity_for(prompts, 14, m.k), 0.0, 14, eos_ids=[eos], engine=eng.with_(prefill="hf"))
+    assert [r.accepted for r in got] == [r.accepted for r in ref.run(prompts)]
+    if m.k:
+        assert srv.prompt_pass.copies and srv.prompt_pass.state_attrs(next(iter(srv.prompt_pass.copies.values())))
+
+
+@pytest.mark.parametrize("fails", ["method", "prompt"])
+def test_a_failed_capture_falls_back_uncaptured(qwen35, fails, monkeypatch):
+    """A capture that fails (a stand-in graph store raising on its first capture) warns, is recorded, and the pass
+    runs uncaptured from then on: the method's prefill alone when its graph failed, everything when the prompt pass's
+    did; the server decodes as HF greedy does either way."""
+    from dmtp.engine.decode import Server, capacity_for
+
+    class Failing:
+        enabled, graphs = True, {}
+
+        def __call__(self, stage, fn, *inputs):
+            if stage.startswith(fails):
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return fn(*inputs)
+
+    tgt, mtp = qwen35
+    m = build_method("zero_init_residual", tgt, drafter=make_drafter(tgt, "zero_init_residual"), mtp=mtp)
+    prompts = PROMPTS * 3
+    eng = EngineConfig(engine="fast-eager", prefill="graphed", attention="dense", admit=2)
+    srv = Server(tgt, m, 2, capacity_for(prompts, 10, m.k), 0.0, 10, engine=eng)
+    srv.prompt_pass.graphs = Failing()
+    with pytest.warns(UserWarning, match="capture failed"):
+        got = srv.run(prompts)
+    assert [r.output_ids for r in got] == [hf_greedy(tgt, p, 10) for p in prompts]
+    pp = srv.prompt_pass
+    assert pp.failed.startswith(fails) and "stream is capturing" in pp.failed
+    assert pp.graph_method is False if fails == "method" else not pp.graphs.enabled

@@ -47,7 +47,8 @@ class EngineConfig:
     prefill: str = "hf"  # the target's prompt pass: "hf" (the HF layers, eager) | "compiled" (fast.py's layers with
     # the dense kernel, compiled once for every prompt shape: dynamic shapes); on the compiled engine only |
     # "graphed": a `Server`'s newcomers through the compiled pass replayed from CUDA graphs, one per (group size,
-    # prompt length) bucket (`dmtp/engine/prompts.py`; the first batch and `generate` take the compiled pass)
+    # prompt length) bucket, the method's own prefill a second graph per bucket (`dmtp/engine/prompts.py`; the
+    # first batch and `generate` take the compiled pass)
     admit: int = 1  # dynamic batching (`Server`): newcomers are prefilled and join once this many slots are free (or
     # the rest of the queue fits, or no request is left running): one prompt pass per group of newcomers
     dtype: str = "fp32"  # precision of the target, MTP head and drafters when decoding (fp32: exact losslessness;

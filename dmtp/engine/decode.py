@@ -87,6 +87,12 @@ def engine_for(target, eng: EngineConfig | str | None = None) -> str:
     return "hf" if fast.target_problem(target) else kind
 
 
+def method_engine(method: Method, engine: str, eng: EngineConfig, dev: torch.device) -> str:
+    """Where a method's own caches (MTP layer, drafter context) run: the fast path only where its stages compile; on
+    CUDA an uncompiled fast forward cannot be captured (flex attention builds its block mask on the host)."""
+    return engine if (engine == "compiled" and method.compiles(eng)) or dev.type != "cuda" else "hf"
+
+
 def capacity_for(prompts: list[list[int]], max_new_tokens: int, k: int) -> int:
     """Cache rows per request: the longest prompt, the new tokens, and two blocks of k+1 rows (a verify may write a
     whole block past the last committed row; a finished request rides along for one more)."""
@@ -147,8 +153,8 @@ class Batch:
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
         # the method's own caches (MTP layer, drafter context) take the fast path only where its stages compile: on
         # CUDA an uncompiled fast forward cannot be captured (flex attention builds its block mask on the host)
+        own = method_engine(method, self.engine, self.eng, dev)
         compiles = method.compiles(self.eng)
-        own = self.engine if (self.engine == "compiled" and compiles) or dev.type != "cuda" else "hf"
         st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=own, eng=self.eng)
         # device-side record: output tokens, count, accept count of every round
         self.out = torch.zeros(B, max_new_tokens + k + 1, dtype=torch.long, device=dev)
@@ -157,7 +163,10 @@ class Batch:
         self.acc = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
         self.n_rounds = torch.zeros(B, dtype=torch.long, device=dev)
         self.ar = torch.arange(k + 1, device=dev)
-        self.method.prefill(st, ids, plen, out)
+        if prompt_pass is not None:  # its graph of the method's prefill, for the newcomers it just prefilled
+            prompt_pass.prefill_method(self.method, st, ids, plen, out)
+        else:
+            self.method.prefill(st, ids, plen, out)
         self.graphs = Graphs(use_graphs(target, self.method, self.eng) if graphs is None else graphs)
         self.graphs.persistent(st.lens, st.anchor, st.done, *self.method.buffers())
         self.compile = self.engine == "compiled" and compiles  # stages other than verify, compiled whole
@@ -417,7 +426,9 @@ class Server:
             return None
         compiled = self.engine == "compiled"
         graphs = compiled and use_graphs(self.target, self.method, self.eng)
-        return PromptPass(self.target, self.method.taps, self.cap, graphs, compile=compiled)
+        own = type(self.method).prefill is not Method.prefill  # a method with a prefill of its own (not AR)
+        return PromptPass(self.target, self.method.taps, self.cap, graphs, compile=compiled,
+                          method=self.method if own else None)
 
     def close(self):
         """Let go of the slots (caches, state, CUDA graphs) now, not when the server goes."""
@@ -434,7 +445,11 @@ class Server:
         if self.prompt_pass is None:
             return 0
         cap = fast.round_capacity(self.capacity)  # the rows every batch of this server has (`Batch`)
-        return self.prompt_pass.capture_all(longest, cap, self.target.device)
+        dev = self.target.device
+        z = torch.zeros(1, dtype=torch.long, device=dev)
+        st = State(lens=z, anchor=z, done=z.bool(), capacity=cap, eng=self.eng,
+                   engine=method_engine(self.method, self.engine, self.eng, dev))
+        return self.prompt_pass.capture_all(longest, cap, dev, st)
 
     def _new(self, prompts, t0, graphs=None, prompt_pass=None):
         return Batch(self.target, self.method, prompts, self.temperature, self.max_new_tokens, self.eos, self.gen,

@@ -79,7 +79,8 @@ class DrafterMethod(Method):
         own = st.engine != "hf" and fast.drafter_problem(self.drafter, st.eng) is None
         self.ctx = KVCache(B, st.capacity, fast=own)
         self.offsets, self.predict = self.offsets.to(dev), self.predict.to(dev)
-        self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
+        if getattr(self, "mask_id", None) is None or self.mask_id.device != dev:  # a host copy: once (capturable)
+            self.mask_id = torch.tensor([self.drafter.config.mask_token_id], device=dev)
         g = None
         if self.var.needs_mtp:
             self.mtp = MTPState(self.head, B, st.capacity, self.screen, self.draw, st.engine, st.eng)

@@ -42,7 +42,7 @@ class MTPState:
         """Positions 0..P-1 consume E(x_1..x_{P-1}, A) and h^L_0..h^L_{P-1}. Returns g [B, Pmax, H]."""
         B, T = ids.shape
         nxt = torch.cat([ids[:, 1:], ids[:, :1]], 1).clone()
-        nxt[torch.arange(B), plen - 1] = anchor
+        nxt[torch.arange(B, device=ids.device), plen - 1] = anchor  # no host index: capturable
         pos = torch.arange(T, device=ids.device)[None].expand(B, T)
         g = self.head(self.head.target.embed(nxt), hidden, pos, self.cache)
         self.h = g[torch.arange(B, device=g.device), plen - 1].clone()
