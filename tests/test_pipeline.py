@@ -294,6 +294,8 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
         (0.0, 1), (0.0, 2), (1.0, 2)}
     assert set(tp.method) == {"ar", "zero_init_residual"} and (tp.tok_per_s > 0).all()
     assert (tp.graphs == 0).all()  # the untimed warm-up on the whole group met every shape the timed runs meet
+    assert (tp.captures == 0).all()  # no prompt-pass graph captured while timed (none on the CPU at all)
+    assert (tp[tp.temperature == 0].equal_ar == tp[tp.temperature == 0].requests).all()  # fp32: every output
     ov = pd.read_csv(out / "overhead.csv")
     assert set(ov.batch) == {1, 2} and set(ov.method) == {"ar", "zero_init_residual"}
     meta = json.loads((out / "meta.json").read_text())
@@ -302,7 +304,11 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
     assert list(dict.fromkeys(ov.batch)) == [2, 1]  # the largest batch first (a limit keeps the B32 rounds)
     assert {p.name for p in out.glob("profile_smoke_*_b2.txt")} == {"profile_smoke_ar_b2.txt",
                                                                      "profile_smoke_zero_init_residual_b2.txt"}
-    for cap in (1, 2):  # one admission's host time, at the first temperature, for AR and the main method
+    admit = json.loads((out / "meta.json").read_text())["engine"]["admit"]
+    for cap in (1, 2):  # an admission's host time (groups of the server's size), for AR and the main method
         for m in ("ar", "zero_init_residual"):
             head = (out / f"profile_admission_smoke_{m}_b{cap}.txt").read_text().splitlines()[0]
-            assert head.startswith(f"admission of one request, {m}, server cap {cap}: host ") and " ms" in head
+            g = min(admit, cap)
+            assert head.startswith(f"admission of a group of {g}, {m}, server cap {cap}: host ") and " ms" in head
+    adm = pd.read_csv(out / "admission_profile.csv")
+    assert len(adm) == 4 and (adm.host_ms > 0).all() and set(adm.batch_cap) == {1, 2}
