@@ -3,6 +3,7 @@ realization-level inference and its wording (no ranking where the realizations d
 realizations and the cost model, the report's order."""
 import dataclasses
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -301,3 +302,13 @@ def test_a_server_only_prompt_pass_is_the_same_experiment():
     p = get_profile("mini")
     q = dataclasses.replace(p, engine=p.engine.with_(prefill="compiled" if p.engine.prefill == "graphed" else "graphed"))
     assert fingerprints(p)["drafters"] == fingerprints(q)["drafters"]
+
+
+def test_the_decode_only_gain_ratio_is_the_round_ratios_bound():
+    """With no admission cost the tok/s gain is the per-verify gain over the round ratio: equal rounds give ratio 1,
+    a dearer round less (r4, B1: a per-verify gain of 1.590 at a round ratio of 1.059 gives 0.85)."""
+    from dmtp.analysis.report.bench import decode_only_ratio
+
+    assert decode_only_ratio(1.5, 1.0) == pytest.approx(1.0)
+    assert decode_only_ratio(1.590, 1.059) == pytest.approx(0.85, abs=0.005)
+    assert decode_only_ratio(1.5, 1.5) == pytest.approx(0.0) and math.isnan(decode_only_ratio(1.0, 1.05))

@@ -120,6 +120,12 @@ def _triple(name: str, v: tuple) -> dict:
     return {name: v[0], f"{name}_lo": v[1], f"{name}_hi": v[2]}
 
 
+def decode_only_ratio(per_verify_gain: float, round_ratio: float) -> float:
+    """The tok/s gain over per-verify gain a method would reach with no admission cost: its tok/s gain is then its
+    per-verify gain (a ratio, e.g. 1.55) over its round ratio against the baseline's round (e.g. 1.05)."""
+    return (per_verify_gain / round_ratio - 1) / (per_verify_gain - 1) if per_verify_gain != 1 else math.nan
+
+
 def round_times(ov: pd.DataFrame) -> dict[str, dict[int, float]]:
     """method -> {batch: ms per round} from overhead.csv rows (stage "round"; no batch column: batch 8)."""
     ov = ov[ov.stage == "round"]

@@ -20,6 +20,7 @@ import pandas as pd
 
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
+from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report.data import Artifacts, paired_runs, per_unit, summarize
 
@@ -435,6 +436,8 @@ def throughput_lines(art: Artifacts) -> list[str]:
     out = []
     pooled = T.headline_throughput(df)
     for r in pooled[(pooled.method == sp.main_method) & pooled.gain_pct.notna()].itertuples():
+        bound = _decode_only(art, r.realization, r.batch_cap, sp.main_method, sp.drafter_baseline,
+                             1 + r.per_verify_gain_pct / 100)
         out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}, {r.n_repeats} repeats): "
                    f"`{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR [{r.speedup_lo:.2f}, "
                    f"{r.speedup_hi:.2f}]; tok/s gain over `{sp.drafter_baseline}` {r.gain_pct:+.1f} % "
@@ -442,8 +445,22 @@ def throughput_lines(art: Artifacts) -> list[str]:
                    f"{r.per_verify_gain_pct:+.1f} % (ratio {r.gain_over_per_verify:.2f})"
                    + (f"; blog (35B, 4xH200 TP4, SGLang): {r.blog_gain_pct:+.2f} % tok/s for "
                       f"{r.blog_per_verify_gain_pct:+.2f} % acceptance" if not pd.isna(r.blog_gain_pct) else "")
-                   + ".")
+                   + bound + ".")
     return out
+
+
+def _decode_only(art: Artifacts, realization: str, cap: int, main: str, base: str, tau_gain: float) -> str:
+    """'; with no admission cost ...' from the realization's own round times at this batch (overhead.csv), or ''."""
+    ov = art.overhead
+    k = str(realization).lstrip("r")
+    if ov is None or not k.isdigit() or "batch" not in ov:
+        return ""
+    rt = ov[(ov.realization == int(k)) & (ov.stage == "round") & (ov.batch == cap)].set_index("method").ms_per_round
+    if main not in rt or base not in rt:
+        return ""
+    rr = float(rt[main] / rt[base])
+    return (f"; with no admission cost its round ratio x{rr:.3f} ({rt[main]:.3f} vs {rt[base]:.3f} ms, trained "
+            f"models, batch {cap}) would give a ratio of {B.decode_only_ratio(tau_gain, rr):.2f}")
 
 
 def costmodel_lines(art: Artifacts) -> list[str]:
