@@ -151,8 +151,6 @@ class Batch:
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
         self.eos_ids = set(eos)
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
-        # the method's own caches (MTP layer, drafter context) take the fast path only where its stages compile: on
-        # CUDA an uncompiled fast forward cannot be captured (flex attention builds its block mask on the host)
         own = method_engine(method, self.engine, self.eng, dev)
         compiles = method.compiles(self.eng)
         st = self.st = State(lens=plen.clone(), anchor=first, done=done, capacity=cap, engine=own, eng=self.eng)

@@ -134,8 +134,6 @@ class PromptPass:
     def _graphed(self, stage, fn, *inputs, off):
         """`fn(*inputs)` from its graph; a capture that fails calls `off` (what runs uncaptured from now on), warns
         once and runs `fn` uncaptured."""
-        if stage not in self.graphs.graphs and not self.graphs.enabled:
-            return fn(*inputs)
         try:
             return self.graphs(stage, fn, *inputs)
         except Exception as e:  # noqa: BLE001 - any capture failure: the uncaptured pass is always right
@@ -162,7 +160,6 @@ class PromptPass:
         m = self.copies.get(key)
         if m is None:
             m = self.copies[key] = copy.copy(self.method)
-            m.draw = getattr(self.method, "draw", None)
         a = anchor_b.new_zeros(Bb)
         a[:B] = anchor_b
         st0 = self.state

@@ -464,9 +464,10 @@ def _bench(roots: list[tuple[int, Path]], top: Path, name: str) -> pd.DataFrame 
 def _with_prompt_pass(df: pd.DataFrame, meta: Path) -> pd.DataFrame:
     """A bench CSV with its `prefill` column (the prompt pass its servers admitted with), from its meta file's engine
     where a bench of before the column lacks it ("" when unknown)."""
-    if "prefill" in df or not meta.exists():
-        return df if "prefill" in df else df.assign(prefill="")
-    return df.assign(prefill=(read_json(meta).get("engine") or {}).get("prefill", ""))
+    if "prefill" in df:
+        return df
+    engine = (read_json(meta).get("engine") or {}) if meta.exists() else {}
+    return df.assign(prefill=engine.get("prefill", ""))
 
 
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:

@@ -451,11 +451,10 @@ def throughput_lines(art: Artifacts) -> list[str]:
 
 def _decode_only(art: Artifacts, realization: str, cap: int, main: str, base: str, tau_gain: float) -> str:
     """'; with no admission cost ...' from the realization's own round times at this batch (overhead.csv), or ''."""
-    ov = art.overhead
-    k = str(realization).lstrip("r")
-    if ov is None or not k.isdigit() or "batch" not in ov:
+    ov, k = art.overhead, T.realization_number(realization)
+    if ov is None or k is None or "batch" not in ov:
         return ""
-    rt = ov[(ov.realization == int(k)) & (ov.stage == "round") & (ov.batch == cap)].set_index("method").ms_per_round
+    rt = ov[(ov.realization == k) & (ov.stage == "round") & (ov.batch == cap)].set_index("method").ms_per_round
     if main not in rt or base not in rt:
         return ""
     rr = float(rt[main] / rt[base])

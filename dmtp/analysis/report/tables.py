@@ -311,12 +311,20 @@ def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
                 "per_request: mean of each request's own tau; per_verify: 1 + sum k*h[k] / sum h over all rounds.")
 
 
+def realization_number(label) -> int | None:
+    """k of a realization label "r<k>" (None for "all" and other labels)."""
+    k = str(label).lstrip("r")
+    return int(k) if k.isdigit() else None
+
+
 def headline_throughput(tab: pd.DataFrame) -> pd.DataFrame:
     """The throughput rows a sentence or figure reads: every realization pooled ("all") where they could pool, else
     the newest realization's (by number)."""
-    if not len(tab) or (tab.realization == "all").any():
-        return tab[tab.realization == "all"] if len(tab) else tab
-    newest = max(tab.realization, key=lambda r: int(str(r).lstrip("r")) if str(r).lstrip("r").isdigit() else -1)
+    if not len(tab):
+        return tab
+    if (tab.realization == "all").any():
+        return tab[tab.realization == "all"]
+    newest = max(tab.realization, key=lambda r: realization_number(r) if realization_number(r) is not None else -1)
     return tab[tab.realization == newest]
 
 
