@@ -41,6 +41,7 @@ from dmtp.cli.stages import RUN_CONTROL, StageMismatch, Unit, differences, finge
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
 from dmtp.config import Profile
+from dmtp.config.training import pretrain_key
 from dmtp.data.corpus import build_corpus, corpus_summary
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
@@ -60,6 +61,7 @@ from dmtp.models.target import Target
 from dmtp.schema import override
 from dmtp.training.drafters import branch_dir, load_sequences, new_drafters, train_branch, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
+from dmtp.training.unloop import unloop
 from experiments.profiles import get_profile
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
@@ -179,7 +181,20 @@ def st_target(c: Ctx):
         return False
     wall = time.time() - t0
     if is_main():
-        ev = evaluate(tgt, mtp, np.asarray(held), c.p.pretrain.seq_len, c.p.pretrain.eval_tokens)
+        pcfg = c.p.pretrain
+        ul_hist, before = None, None
+        if pcfg.unloop_steps:  # sequence-level unlikelihood (training/unloop.py), rank 0 alone; a kill in it redoes it
+            before = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
+            c.log(f"target held-out before unlikelihood: loss {before['target_loss']:.4f}, top-1 "
+                  f"{before['target_top1']:.4f}, MTP top-1 {before['mtp_top1']:.4f}")
+            t1 = time.time()
+            ul_hist = unloop(tgt, mtp, train, replace(pcfg, seed=c.p.stream(pcfg.seed)), eos_id=eos, log=c.log)
+            c.log(f"unlikelihood: {pcfg.unloop_steps} steps in {time.time() - t1:.1f}s")
+            wall = time.time() - t0
+        ev = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
+        if before is not None:
+            ev["before_unloop"] = before
+            ev["unloop_s"] = ul_hist[-1]["elapsed_s"] if ul_hist else 0.0
         ev.update(parameters=n_params, mtp_parameters=sum(p.numel() for p in mtp.parameters()),
                   train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall, world=info["world"],
                   tokens_per_s=info["tokens_trained"] / info["train_s"] if info["train_s"] > 0 else None)
@@ -193,6 +208,8 @@ def st_target(c: Ctx):
                 shutil.copy(u.record, tmp / u.record.name)
             (tmp / "DONE").write_text("ok\n")
         write_json(c.res / "target" / "pretrain_history.json", hist)
+        if ul_hist is not None:
+            write_json(c.res / "target" / "unloop_history.json", ul_hist)
         write_json(c.res / "target" / "heldout.json", ev)
         write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.model.arch), "pretrain": asdict(c.p.pretrain)},
                    wall_s=wall, world=info["world"], resumed_at_step=info["start_step"], fingerprint=u.want,
@@ -631,7 +648,7 @@ def fingerprints(p: Profile) -> dict[str, dict]:
                     **({"data.corpus_max_repeat": d.corpus_max_repeat} if d.corpus_max_repeat < 1 else {})}}
     f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes,
                                                  "pretokenizer": PRETOKENIZER_VERSION})
-    f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": fingerprint(p.pretrain),
+    f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": pretrain_key(fingerprint(p.pretrain)),
                                           "model.checkpoint_dtype": p.model.checkpoint_dtype},
                        **({"realization": p.realization} if p.realization else {}))
     f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine.records_key()), "prompt_cut": PROMPT_CUT},

@@ -62,6 +62,19 @@ class PretrainConfig:
     # "off": `F.cross_entropy(lm_head(h).float(), y)` (the same loss, its logits materialised)
     fused_ce: str = "auto"
     ce_chunk: int = CHUNK  # tokens per chunk of the fused loss: its logits take ce_chunk x vocab at a time
+    # sequence-level unlikelihood fine-tuning after pretraining (dmtp/training/unloop.py; 0 steps: none): each step the
+    # pretraining loss of a corpus batch plus unloop_alpha x -log(1 - p) of the tokens that repeat an n-gram in the
+    # target's own greedy continuations of corpus prompts (a pool of unloop_prompts, unloop_prompt_len prompt tokens
+    # + unloop_new decoded ones, refreshed every unloop_every steps; unloop_batch of them per step)
+    unloop_steps: int = 0
+    unloop_alpha: float = 1.0
+    unloop_lr: float = 0.0  # constant after a short warm-up; 0: the pretraining schedule's last, 0.1 x lr
+    unloop_every: int = 25
+    unloop_prompts: int = 256
+    unloop_prompt_len: int = 128
+    unloop_new: int = 128
+    unloop_batch: int = 16
+    unloop_ngram: int = 4
 
     def __post_init__(self):
         # seq_len >= 3: the MTP term predicts x_{i+2}
@@ -69,7 +82,10 @@ class PretrainConfig:
               warmup_frac=fraction, weight_decay=non_negative, mtp_lambda=non_negative,
               mtp_lambda_late=non_negative, late_frac=fraction, clip=positive, seed=at_least(0),
               log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0), compile=one_of(*COMPILE),
-              fused_ce=one_of(*COMPILE), ce_chunk=at_least(1))
+              fused_ce=one_of(*COMPILE), ce_chunk=at_least(1), unloop_steps=at_least(0),
+              unloop_alpha=non_negative, unloop_lr=non_negative, unloop_every=at_least(1),
+              unloop_prompts=at_least(1), unloop_prompt_len=at_least(1), unloop_new=at_least(1),
+              unloop_batch=at_least(1), unloop_ngram=at_least(1))
         step = self.seq_len * self.batch_size
         require(self.tokens >= step, f"tokens={self.tokens}: expected at least one step's worth, seq_len x batch_size"
                 f" = {self.seq_len} x {self.batch_size} = {step}")
@@ -109,3 +125,16 @@ class TrainConfig:
         bad = [k for k in self.snapshots if not 1 <= k <= self.steps]
         if bad:
             raise ValueError(f"train.snapshots: steps {bad} outside 1..steps={self.steps}")
+
+
+UNLOOP_KEYS = tuple(f"unloop_{k}" for k in ("steps", "alpha", "lr", "every", "prompts", "prompt_len", "new", "batch",
+                                           "ngram"))
+
+
+def pretrain_key(pretrain: dict) -> dict:
+    """A pretraining section as fingerprints and experiment keys read it: without the unlikelihood settings when no
+    unlikelihood step runs (a target pretrained before they existed is the same experiment)."""
+    if pretrain.get("unloop_steps", 0):
+        return dict(pretrain)
+    return {k: v for k, v in pretrain.items() if k not in UNLOOP_KEYS}
+
