@@ -12,7 +12,7 @@ import pytest
 from ablations.code import code
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
-from dmtp.analysis.report import figures, load, render_report, tables
+from dmtp.analysis.report import figures, load, render_report, summary, tables
 from dmtp.analysis.report.data import read_runs
 from dmtp.analysis.report.synthetic import TOKENS_PER_STEP, write_synthetic
 from dmtp.cli.report import main as cli
@@ -209,6 +209,22 @@ def test_learning_curve_rows(tmp_path):
     assert inc.loc["fusion", "diff"] == pytest.approx((pair.acceptance_length - pair.acceptance_length_b).mean())
     assert inc.loc["fusion", "t_level"] == "seed" and inc.loc["fusion", "n_units"] == 3
     assert (inc.p_holm >= inc.p).all() and (inc.lo <= inc["diff"]).all() and (inc["diff"] <= inc.hi).all()
+    # the gains per budget over the drafter baseline and against the native MTP head, and their change
+    gaps = tables.curve_gaps(art, n_boot=200)
+    per = gaps[gaps.step != "change"]
+    assert sorted(per[per.method == "fusion"].step.astype(int)) == [10, 100, 200]
+    f, d = (art.curve[(art.curve.method == m) & (art.curve.step == 100)] for m in ("fusion", "dflash"))
+    pair = f.merge(d, on=["seed", "id"], suffixes=("", "_d"))
+    row = per[(per.method == "fusion") & (per.step == 100)].iloc[0]
+    assert row.vs_base == pytest.approx((pair.acceptance_length - pair.acceptance_length_d).mean())
+    assert row.vs_base_pct == pytest.approx(100 * (pair.acceptance_length.mean() / pair.acceptance_length_d.mean() - 1))
+    assert per[per.method == "dflash"].vs_base.isna().all() and per.vs_mtp.notna().all()
+    ch = gaps[gaps.step == "change"].iloc[0]
+    gain = {k: per[(per.method == "fusion") & (per.step == k)].vs_base.iloc[0] for k in (10, 200)}
+    assert ch.method == "fusion" and ch.vs_base == pytest.approx(gain[200] - gain[10])
+    assert ch.vs_base_p_holm >= ch.vs_base_p and len(gaps[gaps.step == "change"]) == 1
+    text = "\n".join(summary.gap_lines(art))
+    assert "`fusion` − `dflash` by budget" in text and "Change of `fusion`'s gain from step 10 to 200" in text
 
 
 def test_blog_method_is_a_run_of_the_spec():

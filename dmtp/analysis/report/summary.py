@@ -390,6 +390,37 @@ def curve_lines(art: Artifacts) -> list[str]:
     if len(ref):
         r = ref.iloc[0]
         out.append(f"- native MTP415 (reference line): {ci(r.acceptance_length, r.lo, r.hi)}.")
+    return out + gap_lines(art)
+
+
+def gap_lines(art: Artifacts) -> list[str]:
+    """The curve's two questions: does the gain over the drafter baseline shrink as the drafters mature, and where
+    does the baseline meet the native MTP head (tables/curve_gaps.csv)."""
+    p = art.tables / "curve_gaps.csv"
+    if not p.exists():
+        return []
+    df = pd.read_csv(p, dtype={"step": str})
+    base, out = art.spec.drafter_baseline, []
+    per = df[df.step != "change"].copy()
+    per["k"] = per.step.astype(float)
+    for m, g in per[per.method != base].groupby("method", sort=False):
+        g = g.sort_values("k")
+        out.append(f"- `{m}` − `{base}` by budget: " + "; ".join(
+            f"{r.train_tokens / 1e6:.1f} M tokens {ci(r.vs_base, r.vs_base_lo, r.vs_base_hi, signed=True)} "
+            f"({r.vs_base_pct:+.1f} %)" for r in g.itertuples()) + ".")
+    for r in df[df.step == "change"].itertuples():
+        resolved = r.vs_base_p_holm < 0.05 and r.t_p_holm < 0.05
+        verdict = ("it shrinks" if r.vs_base < 0 else "it grows") if resolved else "not resolved"
+        out.append(f"- Change of `{r.method}`'s gain from step {int(r.from_step)} to {int(r.to_step)}: "
+                   f"{ci(r.vs_base, r.vs_base_lo, r.vs_base_hi, signed=True)} (bootstrap Holm p = "
+                   f"{r.vs_base_p_holm:.3g}, t over {r.t_level}s Holm p = {r.t_p_holm:.3g}): {verdict}.")
+    b = per[per.method == base].sort_values("k")
+    if "vs_mtp" in b and b.vs_mtp.notna().any():
+        met = b[b.vs_mtp_hi >= 0]
+        out.append(f"- `{base}` − MTP415 by budget: " + "; ".join(
+            f"{r.train_tokens / 1e6:.1f} M {ci(r.vs_mtp, r.vs_mtp_lo, r.vs_mtp_hi, signed=True)}"
+            for r in b.itertuples()) + (f". Its interval first reaches 0 at {met.train_tokens.iloc[0] / 1e6:.1f} M "
+                                        "tokens." if len(met) else ": below the native head at every budget."))
     return out
 
 

@@ -643,6 +643,58 @@ def curve_increments(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
                 "branches when experiment.json's ablation.anneal > 0.")
 
 
+def curve_gaps(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
+    """tables/curve_gaps: at every learning-curve budget, each curve run's gain over the drafter baseline (paired over
+    realizations, seeds and requests: diff [lo, hi], p, and in % of the baseline's mean) and each run against the
+    native MTP head (its HumanEval T = 0 records, the same prompts: where DFlash meets MTP415). Rows with step "change":
+    the gain at the last budget minus the gain at the first (paired over the same cells), Holm over the runs: the
+    test of "DMTP's gain over DFlash shrinks as the drafters mature"."""
+    cv, base = art.curve, art.spec.drafter_baseline
+    if cv is None or cv.empty or base not in set(cv.method):
+        return skip("curve gaps (no learning curve of the drafter baseline)")
+    ds = sorted(set(cv.dataset))[0]
+    ref = group(art, "ablation", ds, 0.0, "mtp")
+    steps = sorted(set(cv[cv.method == base].step))
+    rows, change = [], []
+    for m in sorted(set(cv.method), key=art.rank):
+        have = [k for k in steps if ((cv.method == m) & (cv.step == k)).any()]
+        cells = {}
+        for k in have:
+            g, b = cv[(cv.method == m) & (cv.step == k)], cv[(cv.method == base) & (cv.step == k)]
+            units = {"m": per_unit(g), "b": per_unit(b), **({"mtp": per_unit(ref)} if len(ref) else {})}
+            mats = S.matrices(units)[0]
+            cells[k] = mats
+            row = {"method": m, "step": k, "train_tokens": g.train_tokens.mean(),
+                   "acceptance_length": float(np.nanmean(mats["m"]))}
+            if m != base:
+                r = S.paired(mats["m"], mats["b"], n_boot=n_boot)
+                row.update(vs_base=r["diff"], vs_base_lo=r["lo"], vs_base_hi=r["hi"], vs_base_p=r["p"],
+                           vs_base_pct=float(pct(np.nanmean(mats["m"]), np.nanmean(mats["b"]))))
+            if "mtp" in mats:
+                r = S.paired(mats["m"], mats["mtp"], n_boot=n_boot)
+                row.update(vs_mtp=r["diff"], vs_mtp_lo=r["lo"], vs_mtp_hi=r["hi"], vs_mtp_p=r["p"])
+            rows.append(row)
+        if m != base and len(have) >= 2:
+            a, b = cells[have[0]], cells[have[-1]]
+            if a["m"].shape == b["m"].shape:  # the same cells at both budgets
+                r = S.paired(b["m"] - b["b"], a["m"] - a["b"], n_boot=n_boot)
+                change.append({"method": m, "step": "change", "from_step": have[0], "to_step": have[-1],
+                               "vs_base": r["diff"], "vs_base_lo": r["lo"], "vs_base_hi": r["hi"],
+                               "vs_base_p": r["p"], "t_p": r["t_p"], "t_level": r["t_level"]})
+    if change:
+        for key in ("vs_base_p", "t_p"):
+            holm = S.holm(np.array([c[key] for c in change]))
+            for c, h in zip(change, holm):
+                c[key + "_holm"] = float(h)
+    df = pd.DataFrame(rows + change)
+    return save(art, "curve_gaps", df, f"Learning curve: gains per budget ({ds}, T=0, natural mode)",
+                f"vs_base [lo, hi], p: a run's paired acceptance length minus the drafter baseline's ({base}) at the "
+                "same budget (same realizations, seeds, requests; hierarchical bootstrap), vs_base_pct: in % of the "
+                "baseline's mean; vs_mtp: minus the native MTP head's (its T = 0 records, broadcast over seeds). "
+                "step 'change': the gain at the last budget minus the gain at the first, paired (bootstrap p and the "
+                "t-test at the top level, each Holm-corrected over the runs).")
+
+
 def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
     """tables/learning_curve: acceptance length (T = 0, natural) vs drafter training tokens, one row per method x
     seed x step (request bootstrap CI), pooled rows (seed "all": two-level CI over seeds and requests at the step's
@@ -701,7 +753,7 @@ KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realizat
 
 
 ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, throughput, overhead, costmodel,
-       open_repro, pairwise, ceiling, learning_curve, curve_increments, zero_rounds]
+       open_repro, pairwise, ceiling, learning_curve, curve_increments, curve_gaps, zero_rounds]
 
 
 def missing(art: Artifacts) -> list[tuple]:
