@@ -42,6 +42,15 @@ def repeat_candidates(ids: torch.Tensor, start: int, n: int = 4) -> torch.Tensor
     return torch.from_numpy(mark)
 
 
+def pool_loop_frac(cont: torch.Tensor) -> float:
+    """Tokens inside trailing loops / all tokens of the continuations [N, G] (`metrics.trailing_loop`, the evaluation's
+    loop_frac over a pool)."""
+    from dmtp.analysis.metrics import trailing_loop
+
+    rows = cont.tolist()
+    return sum(len(r) - trailing_loop(r) for r in rows) / max(1, sum(len(r) for r in rows))
+
+
 def unlikelihood(logits: torch.Tensor, ids: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
     """-mean log(1 - p(ids[:, t] | < t)) over the candidate positions t (cand[:, t]); logits[:, t - 1] predicts
     ids[:, t]. Zero (with a gradient path) when there is no candidate."""
@@ -110,6 +119,7 @@ def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, l
             if eos_id is not None:
                 cand &= pool != eos_id
             share = float(cand[:, P:].float().mean())
+            looped = pool_loop_frac(pool[:, P:])
         for gp in opt.param_groups:
             gp["lr"] = lr * min(1.0, (step + 1) / warm)
         starts = rng.integers(0, n, size=pcfg.batch_size)
@@ -129,9 +139,10 @@ def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, l
         opt.step()
         if step % cfg.log_every == 0 or step == steps - 1:
             rec = {"step": step, "loss": float(ce.detach()), "mtp_loss": float(ce_m.detach()), "ul": float(ul.detach()), "acc": float(acc),
-                   "pool_repeat_share": share, "elapsed_s": time.time() - t0}
+                   "pool_repeat_share": share, "pool_loop_frac": looped, "elapsed_s": time.time() - t0}
             hist.append(rec)
-            log(f"[unloop] step {step}: loss {rec['loss']:.3f} ul {rec['ul']:.3f} pool repeats {share:.3f}")
+            log(f"[unloop] step {step}: loss {rec['loss']:.3f} ul {rec['ul']:.3f} pool repeats {share:.3f} "
+                f"loop_frac {looped:.3f}")
     tgt.model.eval().requires_grad_(False)
     mtp.eval().requires_grad_(False)
     return hist

