@@ -130,6 +130,29 @@ def test_a_tokenizer_cut_between_its_files_is_rebuilt(run, tmp_path):
     assert (work / "tokens" / "train.npy").read_bytes() == (src / "tokens" / "train.npy").read_bytes()
 
 
+def test_target_stage_with_the_unlikelihood_step(run, tmp_path):
+    """`pretrain.unloop_steps`: the target stage measures held-out quality and AR's HumanEval loops before and after
+    the step (a chain cut after this stage still has both), writes the step's history, and keys the target on it."""
+    root, cmd, _ = run
+    src, work = root / "work" / "smoke", tmp_path / "work" / "smoke"
+    for d in ("corpus", "tokenizer", "tokens"):
+        shutil.copytree(src / d, work / d)
+    sets = ["--set", "pretrain.unloop_steps=4", "--set", "pretrain.unloop_prompt_len=16", "--set",
+            "pretrain.unloop_new=16", "--set", "pretrain.unloop_prompts=8", "--set", "pretrain.unloop_every=2"]
+    p = subprocess.run(cmd[:6] + ["--work", str(tmp_path / "work"), "--results", str(tmp_path / "r"), "--stage",
+                                  "target"] + sets, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = tmp_path / "r" / "smoke" / "target"
+    ev = json.loads((res / "heldout.json").read_text())
+    for d in (ev, ev["before_unloop"]):
+        assert 0 <= d["target_top1"] <= 1 and d["loops"]["n"] == 4 and 0 <= d["loops"]["loop_frac"] <= 1
+    hist = json.loads((res / "unloop_history.json").read_text())
+    assert hist[-1]["step"] == 3 and {"ul", "pool_repeat_share", "pool_loop_frac"} <= set(hist[-1])
+    assert "loop check (AR, T=0, HumanEval natural" in p.stdout + p.stderr
+    rec = json.loads((work / "target" / "fingerprint.json").read_text())
+    assert "unloop_steps" in json.dumps(rec)
+
+
 def test_rerun_skips_finished_stages(run):
     root, cmd, _ = run
     rec = root / "results" / "smoke" / "runs" / "ablation" / "dflash" / "humaneval8_T0.jsonl"

@@ -61,7 +61,7 @@ from dmtp.models.target import Target
 from dmtp.schema import override
 from dmtp.training.drafters import branch_dir, load_sequences, new_drafters, train_branch, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
-from dmtp.training.unloop import unloop
+from dmtp.training.unloop import loop_check, unloop
 from experiments.profiles import get_profile
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
@@ -187,13 +187,24 @@ def st_target(c: Ctx):
             before = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
             c.log(f"target held-out before unlikelihood: loss {before['target_loss']:.4f}, top-1 "
                   f"{before['target_top1']:.4f}, MTP top-1 {before['mtp_top1']:.4f}")
+            n_he = c.p.eval.sets.get("humaneval")  # AR's loops on HumanEval before and after, here: a chain cut
+            rows = encode_prompts(tok, humaneval_prompts()[:n_he]) if n_he else []  # short still has them
+            check = (lambda: loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)) if rows else (lambda: None)
+            loops = {"before": check()}
             t1 = time.time()
             ul_hist = unloop(tgt, mtp, train, replace(pcfg, seed=c.p.stream(pcfg.seed)), eos_id=eos, log=c.log)
             c.log(f"unlikelihood: {pcfg.unloop_steps} steps in {time.time() - t1:.1f}s")
+            loops["after"] = check()
+            if rows:
+                c.log("loop check (AR, T=0, HumanEval natural, fp32 weights): " + "; ".join(
+                    f"{k} loop_frac {v['loop_frac']:.3f}, {v['ended']}/{v['n']} ended" for k, v in loops.items()))
+                before["loops"] = loops["before"]
             wall = time.time() - t0
         ev = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
         if before is not None:
             ev["before_unloop"] = before
+            if loops.get("after"):
+                ev["loops"] = loops["after"]
             ev["unloop_s"] = ul_hist[-1]["elapsed_s"] if ul_hist else 0.0
         ev.update(parameters=n_params, mtp_parameters=sum(p.numel() for p in mtp.parameters()),
                   train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall, world=info["world"],

@@ -16,6 +16,7 @@ for `unloop_every` steps: the pool is slightly off-policy between refreshes, as 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -60,28 +61,57 @@ def unlikelihood(logits: torch.Tensor, ids: torch.Tensor, cand: torch.Tensor) ->
     return -(torch.log(one_minus) * m).sum() / m.sum().clamp_min(1)
 
 
+@contextlib.contextmanager
+def eager_layers(tgt):
+    """The target in eval mode with its regionally compiled layers (pretraining's, static shapes) bypassed: decoding
+    would recompile them for every cache length. Restores both on exit."""
+    was = tgt.model.training
+    tgt.model.eval()
+    layers = list(tgt.body.layers)
+    stash = [m.__dict__.pop("_compiled_call_impl", None) for m in layers]
+    try:
+        yield tgt
+    finally:
+        for m, c in zip(layers, stash):
+            if c is not None:
+                m._compiled_call_impl = c
+        tgt.model.train(was)
+
+
 @torch.no_grad()
 def greedy_pool(tgt, prompts: torch.Tensor, new: int, batch: int, eos_id: int | None) -> torch.Tensor:
     """The target's greedy continuations [N, P + new] of prompts [N, P] (equal lengths: no padding), decoded with
     HF's KV cache, `batch` rows at a time, bf16 autocast on CUDA. A row that emits end-of-text keeps emitting it
     (its tail then holds no new n-gram but the repeated eos, which `repeat_candidates` must not punish: the caller
     masks eos out)."""
-    was = tgt.model.training
-    tgt.model.eval()
-    layers = list(tgt.body.layers)  # regionally compiled layers (pretraining's, static shapes) would recompile for
-    stash = [m.__dict__.pop("_compiled_call_impl", None) for m in layers]  # every cache length: decode them eager
     out = []
-    for i in range(0, len(prompts), batch):
-        x = prompts[i: i + batch].to(tgt.device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            y = tgt.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, min_new_tokens=new,
-                                   do_sample=False, pad_token_id=eos_id, eos_token_id=None)
-        out.append(y.cpu())
-    for m, c in zip(layers, stash):
-        if c is not None:
-            m._compiled_call_impl = c
-    tgt.model.train(was)
+    with eager_layers(tgt):
+        for i in range(0, len(prompts), batch):
+            x = prompts[i: i + batch].to(tgt.device)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+                y = tgt.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new,
+                                       min_new_tokens=new, do_sample=False, pad_token_id=eos_id, eos_token_id=None)
+            out.append(y.cpu())
     return torch.cat(out)
+
+
+@torch.no_grad()
+def loop_check(tgt, rows: list[dict], new: int, eos_id: int, tok=None) -> dict:
+    """AR at T = 0 on prompt rows (id + prompt_ids), natural mode with HumanEval's stops, `new` tokens, on the HF
+    engine with the weights as they are (fp32 during the target stage; the evaluation decodes the saved checkpoint in
+    its own dtype, so its outputs may differ at near-ties): {loop_frac, repeat_rate, ended, n}."""
+    from dmtp.analysis.metrics import loop_summary
+    from dmtp.config import EngineConfig
+    from dmtp.engine.methods import AR
+    from dmtp.engine.runner import run_generate
+    from dmtp.engine.stops import HUMANEVAL_STOPS
+
+    with eager_layers(tgt):
+        recs = run_generate(tgt, AR(), rows, 0.0, new, [eos_id], len(rows), tok=tok, mode="natural",
+                            stop_strings=HUMANEVAL_STOPS, engine=EngineConfig(engine="hf"), desc="loop check")
+    ls = loop_summary(recs)
+    return {"loop_frac": ls["loop_frac"], "repeat_rate": ls["repeat_rate"],
+            "ended": sum(r["stop_reason"] != "length" for r in recs), "n": len(recs), "new_tokens": new}
 
 
 def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, log=print) -> list[dict]:
