@@ -189,23 +189,21 @@ def st_target(c: Ctx):
                   f"{before['target_top1']:.4f}, MTP top-1 {before['mtp_top1']:.4f}")
             n_he = c.p.eval.sets.get("humaneval")  # AR's loops on HumanEval before and after, here: a chain cut
             rows = encode_prompts(tok, humaneval_prompts()[:n_he]) if n_he else []  # short still has them
-            check = (lambda: loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)) if rows else (lambda: None)
-            loops = {"before": check()}
+            if rows:
+                before["loops"] = loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)
             t1 = time.time()
             ul_hist = unloop(tgt, mtp, train, replace(pcfg, seed=c.p.stream(pcfg.seed)), eos_id=eos, log=c.log)
             c.log(f"unlikelihood: {pcfg.unloop_steps} steps in {time.time() - t1:.1f}s")
-            loops["after"] = check()
-            if rows:
-                c.log("loop check (AR, T=0, HumanEval natural, fp32 weights): " + "; ".join(
-                    f"{k} loop_frac {v['loop_frac']:.3f}, {v['ended']}/{v['n']} ended" for k, v in loops.items()))
-                before["loops"] = loops["before"]
             wall = time.time() - t0
         ev = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
         if before is not None:
             ev["before_unloop"] = before
-            if loops.get("after"):
-                ev["loops"] = loops["after"]
             ev["unloop_s"] = ul_hist[-1]["elapsed_s"] if ul_hist else 0.0
+            if rows:
+                ev["loops"] = loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)
+                c.log("loop check (AR, T=0, HumanEval natural, fp32 weights): " + "; ".join(
+                    f"{k} loop_frac {v['loop_frac']:.3f}, {v['ended']}/{v['n']} ended"
+                    for k, v in (("before", before["loops"]), ("after", ev["loops"]))))
         ev.update(parameters=n_params, mtp_parameters=sum(p.numel() for p in mtp.parameters()),
                   train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall, world=info["world"],
                   tokens_per_s=info["tokens_trained"] / info["train_s"] if info["train_s"] > 0 else None)
@@ -659,7 +657,8 @@ def fingerprints(p: Profile) -> dict[str, dict]:
                     **({"data.corpus_max_repeat": d.corpus_max_repeat} if d.corpus_max_repeat < 1 else {})}}
     f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes,
                                                  "pretokenizer": PRETOKENIZER_VERSION})
-    f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch), "pretrain": pretrain_key(fingerprint(p.pretrain)),
+    f["target"] = dict(f["tokenizer"], **{"model.arch": fingerprint(p.model.arch),
+                                          "pretrain": pretrain_key(fingerprint(p.pretrain)),
                                           "model.checkpoint_dtype": p.model.checkpoint_dtype},
                        **({"realization": p.realization} if p.realization else {}))
     f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine.records_key()), "prompt_cut": PROMPT_CUT},

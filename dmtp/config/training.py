@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive, require
 
@@ -127,8 +127,7 @@ class TrainConfig:
             raise ValueError(f"train.snapshots: steps {bad} outside 1..steps={self.steps}")
 
 
-UNLOOP_KEYS = tuple(f"unloop_{k}" for k in ("steps", "alpha", "lr", "every", "prompts", "prompt_len", "new", "batch",
-                                           "ngram"))
+UNLOOP_KEYS = tuple(f.name for f in fields(PretrainConfig) if f.name.startswith("unloop_"))
 
 
 def pretrain_key(pretrain: dict) -> dict:
@@ -137,4 +136,3 @@ def pretrain_key(pretrain: dict) -> dict:
     if pretrain.get("unloop_steps", 0):
         return dict(pretrain)
     return {k: v for k, v in pretrain.items() if k not in UNLOOP_KEYS}
-

@@ -9,8 +9,9 @@ to the pretraining loss of a corpus batch (target + MTP, `pretrain.joint_terms`)
 while the probability of repeating itself falls. Greedy decoding of a small code model collapses into repeated
 statement blocks (`metrics.loop_summary`); this is the standard remedy that trains against exactly that.
 
-The continuations are decoded in pools (`PretrainConfig.unloop_prompts` at a time, with the weights of that moment) and reused
-for `unloop_every` steps: the pool is slightly off-policy between refreshes, as in the paper's batched decoding.
+The continuations are decoded in pools (`PretrainConfig.unloop_prompts` at a time, with the weights of that moment)
+and reused for `unloop_every` steps: the pool is slightly off-policy between refreshes, as in the paper's batched
+decoding.
 
     unloop(tgt, mtp, train_tokens, PretrainConfig(..., unloop_steps=200), eos_id, log=print)   # after pretrain()
 """
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dmtp.analysis.metrics import loop_summary, trailing_loop
 from dmtp.training.common import to_device
 
 
@@ -46,8 +48,6 @@ def repeat_candidates(ids: torch.Tensor, start: int, n: int = 4) -> torch.Tensor
 def pool_loop_frac(cont: torch.Tensor) -> float:
     """Tokens inside trailing loops / all tokens of the continuations [N, G] (`metrics.trailing_loop`, the evaluation's
     loop_frac over a pool)."""
-    from dmtp.analysis.metrics import trailing_loop
-
     rows = cont.tolist()
     return sum(len(r) - trailing_loop(r) for r in rows) / max(1, sum(len(r) for r in rows))
 
@@ -100,7 +100,6 @@ def loop_check(tgt, rows: list[dict], new: int, eos_id: int, tok=None) -> dict:
     """AR at T = 0 on prompt rows (id + prompt_ids), natural mode with HumanEval's stops, `new` tokens, on the HF
     engine with the weights as they are (fp32 during the target stage; the evaluation decodes the saved checkpoint in
     its own dtype, so its outputs may differ at near-ties): {loop_frac, repeat_rate, ended, n}."""
-    from dmtp.analysis.metrics import loop_summary
     from dmtp.config import EngineConfig
     from dmtp.engine.methods import AR
     from dmtp.engine.runner import run_generate
@@ -120,22 +119,22 @@ def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, l
     constant after a warm-up of a tenth of the steps) plus `unloop_alpha` x the unlikelihood loss of `unloop_batch`
     continuations from the current pool. One process (under torchrun: rank 0 alone). Returns the history (loss, ul,
     the candidates' share of the pool's continuation tokens: the repetition of the model's greedy decoding)."""
-    from dmtp.training.pretrain import NO_MASK, joint_terms
+    from dmtp.training.pretrain import NO_MASK, _windows, joint_terms
 
     dev = tgt.device
     params = list({id(p): p for p in list(tgt.model.parameters()) + list(mtp.parameters())}.values())
     for p in params:
         p.requires_grad_(True)
-    pcfg, steps = cfg, cfg.unloop_steps
+    steps = cfg.unloop_steps
     lr = cfg.unloop_lr or 0.1 * cfg.lr
     warm = max(1, steps // 10)
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, fused=dev.type == "cuda")
     rng = np.random.default_rng(cfg.seed + 1)  # not the pretraining windows' stream
-    n = len(train_tokens) - pcfg.seq_len - 1
     P, G = cfg.unloop_prompt_len, cfg.unloop_new
-    if len(train_tokens) < P + 2 or n < 1:
+    if len(train_tokens) < max(P, cfg.seq_len) + 2:
         raise ValueError(f"unloop: {len(train_tokens)} training tokens, fewer than a prompt of "
-                         f"pretrain.unloop_prompt_len={P} or a sequence of seq_len={pcfg.seq_len} needs")
+                         f"pretrain.unloop_prompt_len={P} or a sequence of seq_len={cfg.seq_len} needs")
+    windows = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng)  # the corpus batches, from the same stream
     hist, pool, cand = [], None, None
     t0 = time.time()
     tgt.model.train()
@@ -152,24 +151,22 @@ def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, l
             looped = pool_loop_frac(pool[:, P:])
         for gp in opt.param_groups:
             gp["lr"] = lr * min(1.0, (step + 1) / warm)
-        starts = rng.integers(0, n, size=pcfg.batch_size)
-        x = to_device(torch.from_numpy(np.stack([train_tokens[s: s + pcfg.seq_len] for s in starts])
-                                       .astype(np.int64)), dev)
+        x = to_device(next(windows), dev)
         rows = torch.from_numpy(rng.integers(0, len(pool), size=cfg.unloop_batch))
         u, c = pool[rows].to(dev), cand[rows]
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=pcfg.bf16 and x.is_cuda):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and x.is_cuda):
             ce, ce_m, acc, acc_m = joint_terms(tgt, mtp, x)
             h = tgt.body(input_ids=u, attention_mask=NO_MASK if tgt.mask_free else None, use_cache=False)
             logits = tgt.model.lm_head(h.last_hidden_state)
             ul = unlikelihood(logits, u, c)
-            loss = ce + pcfg.mtp_lambda_late * ce_m + cfg.unloop_alpha * ul
+            loss = ce + cfg.mtp_lambda_late * ce_m + cfg.unloop_alpha * ul
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, pcfg.clip)
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
         if step % cfg.log_every == 0 or step == steps - 1:
-            rec = {"step": step, "loss": float(ce.detach()), "mtp_loss": float(ce_m.detach()), "ul": float(ul.detach()), "acc": float(acc),
-                   "pool_repeat_share": share, "pool_loop_frac": looped, "elapsed_s": time.time() - t0}
+            rec = {"step": step, "loss": float(ce.detach()), "mtp_loss": float(ce_m.detach()), "ul": float(ul.detach()),
+                   "acc": float(acc), "pool_repeat_share": share, "pool_loop_frac": looped, "elapsed_s": time.time() - t0}
             hist.append(rec)
             log(f"[unloop] step {step}: loss {rec['loss']:.3f} ul {rec['ul']:.3f} pool repeats {share:.3f} "
                 f"loop_frac {looped:.3f}")

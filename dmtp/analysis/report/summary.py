@@ -380,7 +380,7 @@ def curve_lines(art: Artifacts) -> list[str]:
                    f"({len(g)} budgets).")
     inc = art.tables / "curve_increments.csv"
     for r in (pd.read_csv(inc).itertuples() if inc.exists() else ()):
-        resolved = r.p_holm < 0.05 and r.t_p_holm < 0.05
+        resolved = r.p_holm < S.LEVEL and r.t_p_holm < S.LEVEL
         out.append(f"- `{r.method}`, the last increment (step {r.from_step} → {r.to_step}): "
                    f"{ci(r.diff, r.lo, r.hi, signed=True)} (bootstrap Holm p = {r.p_holm:.3g}, t over "
                    f"{r.n_units} {r.t_level}s Holm p = {r.t_p_holm:.3g}): "
@@ -409,7 +409,7 @@ def gap_lines(art: Artifacts) -> list[str]:
             f"{r.train_tokens / 1e6:.1f} M tokens {ci(r.vs_base, r.vs_base_lo, r.vs_base_hi, signed=True)} "
             f"({r.vs_base_pct:+.1f} %)" for r in g.itertuples()) + ".")
     for r in df[df.step == "change"].itertuples():
-        resolved = r.vs_base_p_holm < 0.05 and r.t_p_holm < 0.05
+        resolved = r.vs_base_p_holm < S.LEVEL and r.t_p_holm < S.LEVEL
         verdict = ("it shrinks" if r.vs_base < 0 else "it grows") if resolved else "not resolved"
         out.append(f"- Change of `{r.method}`'s gain from step {int(r.from_step)} to {int(r.to_step)}: "
                    f"{ci(r.vs_base, r.vs_base_lo, r.vs_base_hi, signed=True)} (bootstrap Holm p = "
