@@ -153,6 +153,20 @@ def test_target_stage_with_the_unlikelihood_step(run, tmp_path):
     assert "unloop_steps" in json.dumps(rec)
 
 
+def test_unloop_check_measures_before_and_after(run, tmp_path):
+    """experiments/unloop_check.py (the docs' `tiny` rows): loops and held-out quality before and after the step."""
+    root, _, _ = run
+    out = tmp_path / "uc.json"
+    p = subprocess.run([sys.executable, "-m", "experiments.unloop_check", "--work", str(root / "work" / "smoke"),
+                        "--profile", "smoke", "--steps", "2", "--prompt-len", "16", "--new", "8", "--eval-new", "8",
+                        "--n", "3", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for k in ("before", "after"):
+        assert res[k]["n"] == 3 and 0 <= res[k]["loop_frac"] <= 1 and res[k]["target_loss"] > 0
+    assert res["settings"]["steps"] == 2
+
+
 def test_rerun_skips_finished_stages(run):
     root, cmd, _ = run
     rec = root / "results" / "smoke" / "runs" / "ablation" / "dflash" / "humaneval8_T0.jsonl"
