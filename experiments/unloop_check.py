@@ -1,10 +1,17 @@
 """Sequence-level unlikelihood on a trained target, against a control of the same steps without it: AR's loops on
 HumanEval (T = 0, natural mode, HumanEval's stops) and held-out quality before and after `dmtp.training.unloop`.
-The `tiny` rows of docs/DESIGN.md ("Loops and the unlikelihood step") come from it.
+The rows of docs/DESIGN.md ("Loops and the unlikelihood step") come from it. Settings not given are the profile's
+(`pretrain.unloop_*`, lr 0.1 x the pretraining peak, HumanEval's `eval.new_tokens`).
 
     dmtp pipeline --profile tiny --stage corpus,tokenizer,target --work work     # the target (CPU, ~5 min)
-    python -m experiments.unloop_check --work work/tiny --profile tiny --alpha 0    # the control (~6 min)
-    python -m experiments.unloop_check --work work/tiny --profile tiny --alpha 1 [--ngram 16]
+    python -m experiments.unloop_check --work work/tiny --profile tiny --alpha 0 \
+        --prompt-len 64 --new 96 --eval-new 128                                     # the control (~6 min)
+    python -m experiments.unloop_check --work work/tiny --profile tiny --alpha 1 [--ngram 16 | --negatives loop] \
+        --prompt-len 64 --new 96 --eval-new 128
+    python -m experiments.unloop_check --table results/mini/r30/unloop/*.json     # the arms as one markdown table
+
+On one H200 `bash experiments/runs/h200_mini.sh unloop` pretrains a `mini` target and runs the arms (UNLOOP_ARMS)
+side by side on it.
 """
 import argparse
 import json
@@ -24,20 +31,57 @@ from dmtp.training.unloop import loop_check, unloop
 from experiments.profiles import PROFILES
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-ap.add_argument("--work", required=True, help="a profile's work folder (target/ and tokens/ in it)")
+ap.add_argument("--work", help="a profile's work folder (target/ and tokens/ in it)")
 ap.add_argument("--profile", default="tiny", help="its profile (the pretraining settings)")
 ap.add_argument("--steps", type=int, default=300)
 ap.add_argument("--alpha", type=float, default=1.0, help="0: the control (the same steps, no unlikelihood term)")
-ap.add_argument("--lr", type=float, default=3e-4)
-ap.add_argument("--prompt-len", type=int, default=64)
-ap.add_argument("--new", type=int, default=96, help="decoded tokens per continuation of the pool")
-ap.add_argument("--ngram", type=int, default=4)
-ap.add_argument("--eval-new", type=int, default=128, help="HumanEval tokens per request")
+ap.add_argument("--lr", type=float, help="default: the profile's (0.1 x the pretraining peak)")
+ap.add_argument("--prompt-len", type=int, help="corpus tokens per pool prompt (default: the profile's)")
+ap.add_argument("--new", type=int, help="decoded tokens per continuation of the pool (default: the profile's)")
+ap.add_argument("--ngram", type=int, help="n of the n-gram negatives (default: the profile's)")
+ap.add_argument("--negatives", choices=("ngram", "loop"), help="which tokens are negatives (default: the profile's)")
+ap.add_argument("--eval-new", type=int, help="HumanEval tokens per request (default: the profile's eval.new_tokens)")
 ap.add_argument("--n", type=int, default=164, help="the first N HumanEval prompts")
 ap.add_argument("--out", help="a JSON with both measurements")
+ap.add_argument("--table", nargs="+", metavar="JSON", help="print the arms' JSONs (--out) as one table and exit")
 a = ap.parse_args()
+
+
+def table(paths: list[str]) -> str:
+    """One markdown row per arm (sorted by alpha), after the pretrained target's own row (the first arm's "before"):
+    the goals' columns (loop_frac, requests ended by a stop, of n) and held-out quality."""
+    res = sorted((json.load(open(p)) for p in paths),
+                 key=lambda r: (r["settings"]["alpha"], r["settings"]["negatives"], r["settings"]["ngram"]))
+    rows = ["| target | loop_frac | ended | held-out loss | top-1 | MTP top-1 | seconds |", "|---|---|---|---|---|---|---|"]
+
+    def row(name: str, m: dict, seconds: str = "") -> str:
+        return (f"| {name} | {m['loop_frac']:.3f} | {m['ended']} / {m['n']} | {m['target_loss']:.3f} | "
+                f"{100 * m['target_top1']:.2f} % | {100 * m['mtp_top1']:.2f} % | {seconds} |")
+
+    if res:
+        rows.append(row("pretrained", res[0]["before"]))
+    for r in res:
+        st = r["settings"]
+        kind = "loop negatives" if st["negatives"] == "loop" else f"{st['ngram']}-grams"
+        name = f"+ {st['steps']} steps, alpha {st['alpha']:g}" + (f", {kind}" if st["alpha"] else " (control)")
+        rows.append(row(name, r["after"], f"{r['seconds']:.0f}" if "seconds" in r else ""))
+    return "\n".join(rows)
+
+
+if a.table:
+    print(table(a.table))
+    raise SystemExit(0)
+if not a.work:
+    ap.error("--work is required (or --table)")
 torch.manual_seed(0)
 prof = PROFILES[a.profile]()
+pc = prof.pretrain
+a.lr = a.lr if a.lr is not None else (pc.unloop_lr or 0.1 * pc.lr)
+a.prompt_len = a.prompt_len or pc.unloop_prompt_len
+a.new = a.new or pc.unloop_new
+a.ngram = a.ngram or pc.unloop_ngram
+a.negatives = a.negatives or pc.unloop_negatives
+a.eval_new = a.eval_new or prof.eval.new_tokens
 tok = load_tokenizer(f"{a.work}/target")
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 tgt = Target.load(f"{a.work}/target", dtype=torch.float32, device=dev)
@@ -58,10 +102,12 @@ def measure(tag: str) -> dict:
 
 res = {"before": measure("before")}
 cfg = replace(prof.pretrain, unloop_steps=a.steps, unloop_alpha=a.alpha, unloop_lr=a.lr, unloop_prompt_len=a.prompt_len,
-              unloop_new=a.new, unloop_ngram=a.ngram, log_every=25)
+              unloop_new=a.new, unloop_ngram=a.ngram, unloop_negatives=a.negatives, log_every=25)
 t0 = time.time()
 unloop(tgt, mtp, train, cfg, eos_id=eos)
-res["after"] = measure(f"after {a.steps} steps, alpha {a.alpha}, {a.ngram}-grams ({time.time() - t0:.0f} s)")
+res["seconds"] = time.time() - t0
+kind = "loop negatives" if a.negatives == "loop" else f"{a.ngram}-grams"
+res["after"] = measure(f"after {a.steps} steps, alpha {a.alpha}, {kind} ({res['seconds']:.0f} s)")
 if a.out:
     from dmtp.io import write_json
-    write_json(a.out, dict(res, settings=vars(a)))
+    write_json(a.out, dict(res, settings={k: v for k, v in vars(a).items() if k != "table"}))

@@ -4,6 +4,7 @@ probability of the repeated tokens without touching the rest of the loss."""
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from dmtp.config import PretrainConfig, TargetArch
@@ -83,3 +84,27 @@ def test_unlikelihood_settings_key_the_experiment_only_when_they_run():
     assert experiment_key({"pretrain": asdict(on.pretrain)}) != experiment_key({"pretrain": asdict(off.pretrain)})
     assert fingerprints(off)["target"]["pretrain"] == fingerprint(old)  # run control aside
     assert fingerprints(on)["target"]["pretrain"]["unloop_steps"] == 10
+
+
+def test_loop_negatives_are_the_trailing_loop_past_its_first_copy():
+    """`unloop_negatives="loop"`: only the tokens that copy the loop a continuation ends in (>= 16 tokens, >= 2 copies:
+    the evaluation's loop_frac), from its second copy on; a row ending in no loop, and the prompt, have none."""
+    from dmtp.analysis.metrics import loop_span
+    from dmtp.training.unloop import loop_candidates, negatives
+
+    block = list(range(10, 18))  # 8 tokens
+    prompt = [1, 2, 3]
+    looped = prompt + [4, 5] + block * 3 + block[:3]  # continuation: 4 5 | block x 3 + 3 tokens
+    assert loop_span(looped[3:]) == (2, 8)
+    rows = torch.tensor([looped, prompt + list(range(40, 69))])
+    c = loop_candidates(rows, start=3)
+    want = [False] * len(looped)
+    for t in range(3 + 2 + 8, len(looped)):
+        want[t] = True
+    assert c[0].tolist() == want
+    assert not c[1].any()
+    # short repeats (a 4-gram twice) are n-gram negatives but no loop
+    short = torch.tensor([prompt + [5, 6, 7, 8, 9, 5, 6, 7, 8, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]])
+    assert negatives(short, 3, "ngram", 4).any() and not negatives(short, 3, "loop", 4).any()
+    with pytest.raises(ValueError, match="unloop_negatives"):
+        PretrainConfig(unloop_negatives="bigram")

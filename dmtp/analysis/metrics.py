@@ -161,15 +161,16 @@ def repeat_rate(tokens: Sequence[int], n: int = 8) -> float:
 LOOP_MIN_TOKENS = 16  # a trailing loop spans at least this many tokens (and at least two copies of its period)
 
 
-def trailing_loop(tokens: Sequence[int], min_tokens: int = LOOP_MIN_TOKENS) -> int:
-    """Start of the exact loop the sequence ends in; len(tokens) when it ends in none.
+def loop_span(tokens: Sequence[int], min_tokens: int = LOOP_MIN_TOKENS) -> tuple[int, int]:
+    """(start, period) of the exact loop the sequence ends in; (len(tokens), 0) when it ends in none.
 
     Rule: for a period p, the p-periodic suffix is the longest suffix with t[i] == t[i+p] for all its i < len-p;
     its length is p + Z[p] with Z the Z-function of the reversed sequence (Z[p] = longest common prefix of r and
     r[p:]). A period counts when that suffix holds >= 2 full copies (Z[p] >= p) and >= `min_tokens` tokens; the loop
-    is the longest such suffix over all periods, and a shorter suffix never counts as a loop.
-    >>> trailing_loop([9, 8, 1, 2, 3, 1, 2, 3, 1, 2], min_tokens=6)    # "1 2 3" x 2 + "1 2": starts at 2
-    2
+    is the longest such suffix over all periods (the shortest period among equals), and a shorter suffix never counts
+    as a loop.
+    >>> loop_span([9, 8, 1, 2, 3, 1, 2, 3, 1, 2], min_tokens=6)    # "1 2 3" x 2 + "1 2": starts at 2, period 3
+    (2, 3)
     """
     r = list(tokens)[::-1]
     n = len(r)
@@ -181,8 +182,19 @@ def trailing_loop(tokens: Sequence[int], min_tokens: int = LOOP_MIN_TOKENS) -> i
             z[i] += 1
         if i + z[i] > hi:
             lo, hi = i, i + z[i]
-    longest = max([p + z[p] for p in range(1, n) if z[p] >= p and p + z[p] >= min_tokens], default=0)
-    return n - longest
+    longest, period = 0, 0
+    for p in range(1, n):
+        if z[p] >= p and p + z[p] >= min_tokens and p + z[p] > longest:
+            longest, period = p + z[p], p
+    return n - longest, period
+
+
+def trailing_loop(tokens: Sequence[int], min_tokens: int = LOOP_MIN_TOKENS) -> int:
+    """Start of the exact loop the sequence ends in (`loop_span`); len(tokens) when it ends in none.
+    >>> trailing_loop([9, 8, 1, 2, 3, 1, 2, 3, 1, 2], min_tokens=6)    # "1 2 3" x 2 + "1 2": starts at 2
+    2
+    """
+    return loop_span(tokens, min_tokens)[0]
 
 
 def round_spans(accepted: Sequence[int], n_tokens: int) -> list[tuple[int, int]]:

@@ -75,6 +75,9 @@ class PretrainConfig:
     unloop_new: int = 128
     unloop_batch: int = 16
     unloop_ngram: int = 4
+    # the negatives: "ngram" (every token of a repeated unloop_ngram-gram, Welleck et al.) or "loop" (the tokens of the
+    # exact loop a continuation ends in, past its first copy: what the evaluation's loop_frac counts)
+    unloop_negatives: str = "ngram"
 
     def __post_init__(self):
         # seq_len >= 3: the MTP term predicts x_{i+2}
@@ -85,7 +88,8 @@ class PretrainConfig:
               fused_ce=one_of(*COMPILE), ce_chunk=at_least(1), unloop_steps=at_least(0),
               unloop_alpha=non_negative, unloop_lr=non_negative, unloop_every=at_least(1),
               unloop_prompts=at_least(1), unloop_prompt_len=at_least(1), unloop_new=at_least(1),
-              unloop_batch=at_least(1), unloop_ngram=at_least(1))
+              unloop_batch=at_least(1), unloop_ngram=at_least(1),
+              unloop_negatives=one_of("ngram", "loop"))
         step = self.seq_len * self.batch_size
         require(self.tokens >= step, f"tokens={self.tokens}: expected at least one step's worth, seq_len x batch_size"
                 f" = {self.seq_len} x {self.batch_size} = {step}")

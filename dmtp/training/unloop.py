@@ -1,7 +1,8 @@
 """Sequence-level unlikelihood fine-tuning of the pretrained target (Welleck et al., "Neural Text Generation with
 Unlikelihood Training", ICLR 2020, section 5.2): the target's own greedy continuations of corpus prompts are decoded,
 every token that completes an n-gram already present earlier in the sequence (prompt or continuation) is a negative
-candidate, and the step adds
+candidate (`pretrain.unloop_negatives="ngram"`; "loop": only the tokens of the trailing loop past its first copy, what
+the evaluation's loop_frac counts), and the step adds
 
     L_UL = - mean over the candidates of log(1 - p(x_t | x_<t))
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dmtp.analysis.metrics import loop_summary, trailing_loop
+from dmtp.analysis.metrics import loop_span, loop_summary, trailing_loop
 from dmtp.training.common import to_device
 
 
@@ -43,6 +44,28 @@ def repeat_candidates(ids: torch.Tensor, start: int, n: int = 4) -> torch.Tensor
                 mark[b, max(start, t - n + 1): t + 1] = True
             seen.add(g)
     return torch.from_numpy(mark)
+
+
+def loop_candidates(ids: torch.Tensor, start: int) -> torch.Tensor:
+    """Boolean [B, T]: the tokens of the exact loop a row's continuation (ids[:, start:]) ends in, past the loop's
+    first copy (`metrics.loop_span`: >= 2 copies, >= 16 tokens): the tokens that copy a statement block already
+    written, and nothing else. Narrower than `repeat_candidates`: code repeats short n-grams legitimately
+    (indentation, `self.`), while the evaluation's loop_frac counts only such trailing loops."""
+    B, T = ids.shape
+    mark = torch.zeros((B, T), dtype=torch.bool)
+    for b, row in enumerate(ids[:, start:].tolist()):
+        s, p = loop_span(row)
+        if p:
+            mark[b, start + s + p:] = True
+    return mark
+
+
+def negatives(ids: torch.Tensor, start: int, kind: str, n: int) -> torch.Tensor:
+    """The unlikelihood candidates of `pretrain.unloop_negatives`: "ngram" (`repeat_candidates`, n-grams) or "loop"
+    (`loop_candidates`)."""
+    if kind == "loop":
+        return loop_candidates(ids, start)
+    return repeat_candidates(ids, start, n)
 
 
 def pool_loop_frac(cont: torch.Tensor) -> float:
@@ -136,6 +159,7 @@ def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, l
                          f"pretrain.unloop_prompt_len={P} or a sequence of seq_len={cfg.seq_len} needs")
     windows = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng)  # the corpus batches, from the same stream
     hist, pool, cand = [], None, None
+    fused = cfg.fused_ce == "on" or (cfg.fused_ce == "auto" and dev.type == "cuda")  # as pretraining's loss
     t0 = time.time()
     tgt.model.train()
     mtp.train()
@@ -144,7 +168,7 @@ def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, l
             starts = rng.integers(0, len(train_tokens) - P - 1, size=cfg.unloop_prompts)
             prompts = torch.from_numpy(np.stack([train_tokens[s: s + P] for s in starts]).astype(np.int64))
             pool = greedy_pool(tgt, prompts, G, cfg.unloop_prompts, eos_id)
-            cand = repeat_candidates(pool, P, cfg.unloop_ngram)
+            cand = negatives(pool, P, cfg.unloop_negatives, cfg.unloop_ngram)
             if eos_id is not None:
                 cand &= pool != eos_id
             share = float(cand[:, P:].float().mean())
@@ -155,7 +179,7 @@ def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, l
         rows = torch.from_numpy(rng.integers(0, len(pool), size=cfg.unloop_batch))
         u, c = pool[rows].to(dev), cand[rows]
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and x.is_cuda):
-            ce, ce_m, acc, acc_m = joint_terms(tgt, mtp, x)
+            ce, ce_m, acc, acc_m = joint_terms(tgt, mtp, x, cfg.ce_chunk if fused else None)
             h = tgt.body(input_ids=u, attention_mask=NO_MASK if tgt.mask_free else None, use_cache=False)
             logits = tgt.model.lm_head(h.last_hidden_state)
             ul = unlikelihood(logits, u, c)

@@ -15,6 +15,13 @@
 #                                                      # temperature at a time (VERIFY_TEMPS, default 0.6 1.0),
 #                                                      # then diag (the engines on the trained drafters: may the
 #                                                      # compiled drafter be the default again?)
+#   bash experiments/runs/h200_mini.sh unloop [SET...] # the loop study: corpus, tokenizer, a target without the
+#                                                      # unlikelihood step, then the UNLOOP_ARMS (alpha:negatives:n,
+#                                                      # default: the control alpha 0, 4-gram negatives at 0.3 and
+#                                                      # 0.6, loop negatives at 1) side by side on that target,
+#                                                      # one process each (experiments/unloop_check.py: AR's
+#                                                      # HumanEval loops + held-out quality before and after), then
+#                                                      # their table (unloop/table.md); the GPU tests PRE meanwhile
 #   bash experiments/runs/h200_mini.sh engine          # h200_engine.sh (STEPS, BUDGET) in the background, from a
 #                                                      # snapshot of this tree, on the trained models if present
 #   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
@@ -134,6 +141,18 @@ study)
       --results $R) > $L/report.txt 2>&1; stamp diag; (cd $H/src && timeout 300 $PY -m \
       experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs $runs --prompts 64 \
       --out $R/$(folder)/diag/consistency.json) > $L/diag.txt 2>&1; }; stamp end" ;;
+unloop)
+  start "$@"
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # the arms share the GPU's memory
+  F=$(folder); u=""
+  for arm in ${UNLOOP_ARMS:-0:ngram:4 0.3:ngram:4 0.6:ngram:4 1:loop:4}; do
+    IFS=: read -r A N G <<< "$arm"; t=a${A}_${N}${G}
+    u+="(cd $H/src && $PY -m experiments.unloop_check --work $W/$F --profile $PROFILE --alpha $A --negatives $N \
+        --ngram $G ${UNLOOP_FLAGS:-} --out $R/$F/unloop/$t.json) > $L/u_$t.txt 2>&1 & "
+  done
+  bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp arms && \
+      mkdir -p $R/$F/unloop && { $u wait; stamp table; (cd $H/src && $PY -m experiments.unloop_check --table \
+      $R/$F/unloop/*.json) | tee $R/$F/unloop/table.md; }; stamp end" ;;
 engine)
   wheels; snap $H/src_e; ln -s $W $H/src_e/work
   bg engine "cd $H/src_e && OUT= RES=$R/$PROFILE/bench STEPS=${STEPS:-paper,mini,trained,tests} BUDGET=${BUDGET:-540} \
@@ -148,7 +167,7 @@ watch)
   grep -a "^\[run\]" $L/$job.log | tail -4
   for f in $L/all.log $L/engine.log $L/*.txt; do [ -f $f ] || continue
     echo "--- $(basename $f)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
-      "\[$PROFILE\]\|\[bench\]\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|verify " | tail -${4:-6}
+      "\[$PROFILE\]\|\[bench\]\|loop_frac\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|verify " | tail -${4:-6}
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true ;;
