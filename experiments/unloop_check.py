@@ -26,6 +26,7 @@ from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import load_tokenizer
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
+from dmtp.training.common import compiled
 from dmtp.training.pretrain import evaluate
 from dmtp.training.unloop import loop_check, unloop
 from experiments.profiles import PROFILES
@@ -101,6 +102,9 @@ def measure(tag: str) -> dict:
 
 
 res = {"before": measure("before")}
+if compiled(pc.compile, tgt.device):  # the layers compiled one by one, as pretraining does (its regional graphs), so
+    for layer in list(tgt.body.layers) + list(mtp.layers):  # an arm's steps cost what the target stage's would;
+        layer.compile(dynamic=False)  # `unloop` decodes its pools with them bypassed
 cfg = replace(prof.pretrain, unloop_steps=a.steps, unloop_alpha=a.alpha, unloop_lr=a.lr, unloop_prompt_len=a.prompt_len,
               unloop_new=a.new, unloop_ngram=a.ngram, unloop_negatives=a.negatives, log_every=25)
 t0 = time.time()

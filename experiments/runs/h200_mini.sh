@@ -18,9 +18,10 @@
 #   bash experiments/runs/h200_mini.sh unloop [SET...] # the loop study: corpus, tokenizer, a target without the
 #                                                      # unlikelihood step, then the UNLOOP_ARMS (alpha:negatives:n,
 #                                                      # default: the control alpha 0, 4-gram negatives at 0.3 and
-#                                                      # 0.6, loop negatives at 1) side by side on that target,
-#                                                      # one process each (experiments/unloop_check.py: AR's
-#                                                      # HumanEval loops + held-out quality before and after), then
+#                                                      # 0.6, loop negatives at 1) on that target, UNLOOP_PAR
+#                                                      # processes at a time (default 2), each a run of
+#                                                      # experiments/unloop_check.py (AR's HumanEval loops and
+#                                                      # held-out quality before and after), then
 #                                                      # their table (unloop/table.md); the GPU tests PRE meanwhile
 #   bash experiments/runs/h200_mini.sh engine          # h200_engine.sh (STEPS, BUDGET) in the background, from a
 #                                                      # snapshot of this tree, on the trained models if present
@@ -144,11 +145,13 @@ study)
 unloop)
   start "$@"
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # the arms share the GPU's memory
-  F=$(folder); u=""
+  # UNLOOP_PAR arms at a time (default 2: an arm's training step took ~45 GiB eager, and four OOMed on one H200)
+  F=$(folder); u=""; i=0
   for arm in ${UNLOOP_ARMS:-0:ngram:4 0.3:ngram:4 0.6:ngram:4 1:loop:4}; do
     IFS=: read -r A N G <<< "$arm"; t=a${A}_${N}${G}
     u+="(cd $H/src && $PY -m experiments.unloop_check --work $W/$F --profile $PROFILE --alpha $A --negatives $N \
         --ngram $G ${UNLOOP_FLAGS:-} --out $R/$F/unloop/$t.json) > $L/u_$t.txt 2>&1 & "
+    i=$((i + 1)); [ $((i % ${UNLOOP_PAR:-2})) -eq 0 ] && u+="wait; "
   done
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp arms && \
       mkdir -p $R/$F/unloop && { $u wait; stamp table; (cd $H/src && $PY -m experiments.unloop_check --table \
