@@ -15,6 +15,7 @@ side by side on it.
 """
 import argparse
 import json
+import os
 import time
 from dataclasses import replace
 
@@ -24,6 +25,7 @@ import torch
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import load_tokenizer
+from dmtp.io import write_json
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
 from dmtp.training.common import compiled
@@ -44,6 +46,8 @@ ap.add_argument("--negatives", choices=("ngram", "loop"), help="which tokens are
 ap.add_argument("--eval-new", type=int, help="HumanEval tokens per request (default: the profile's eval.new_tokens)")
 ap.add_argument("--n", type=int, default=164, help="the first N HumanEval prompts")
 ap.add_argument("--out", help="a JSON with both measurements")
+ap.add_argument("--before", metavar="JSON", help="the pretrained target's measurement: read from JSON when it exists "
+                "(an earlier arm on the same target wrote it), else measured and written there")
 ap.add_argument("--table", nargs="+", metavar="JSON", help="print the arms' JSONs (--out) as one table and exit")
 a = ap.parse_args()
 
@@ -101,7 +105,13 @@ def measure(tag: str) -> dict:
     return out
 
 
-res = {"before": measure("before")}
+if a.before and os.path.exists(a.before):
+    res = {"before": json.load(open(a.before))}
+    print("before (read from " + a.before + ")", json.dumps(res["before"]), flush=True)
+else:
+    res = {"before": measure("before")}
+    if a.before:
+        write_json(a.before, res["before"])
 if compiled(pc.compile, tgt.device):  # the layers compiled one by one, as pretraining does (its regional graphs), so
     for layer in list(tgt.body.layers) + list(mtp.layers):  # an arm's steps cost what the target stage's would;
         layer.compile(dynamic=False)  # `unloop` decodes its pools with them bypassed
@@ -113,5 +123,4 @@ res["seconds"] = time.time() - t0
 kind = "loop negatives" if a.negatives == "loop" else f"{a.ngram}-grams"
 res["after"] = measure(f"after {a.steps} steps, alpha {a.alpha}, {kind} ({res['seconds']:.0f} s)")
 if a.out:
-    from dmtp.io import write_json
     write_json(a.out, dict(res, settings={k: v for k, v in vars(a).items() if k != "table"}))

@@ -150,12 +150,12 @@ unloop)
   for arm in ${UNLOOP_ARMS:-0:ngram:4 0.3:ngram:4 0.6:ngram:4 1:loop:4}; do
     IFS=: read -r A N G <<< "$arm"; t=a${A}_${N}${G}
     u+="(cd $H/src && $PY -m experiments.unloop_check --work $W/$F --profile $PROFILE --alpha $A --negatives $N \
-        --ngram $G ${UNLOOP_FLAGS:-} --out $R/$F/unloop/$t.json) > $L/u_$t.txt 2>&1 & "
+        --ngram $G ${UNLOOP_FLAGS:-} --before $R/$F/unloop/before.json --out $R/$F/unloop/$t.json) > $L/u_$t.txt 2>&1 & "
     i=$((i + 1)); [ $((i % ${UNLOOP_PAR:-2})) -eq 0 ] && u+="wait; "
   done
   bg all "stamp corpus; P --stage corpus,tokenizer && stamp target && P --stage target && stamp arms && \
       mkdir -p $R/$F/unloop && { $u wait; stamp table; (cd $H/src && $PY -m experiments.unloop_check --table \
-      $R/$F/unloop/*.json) | tee $R/$F/unloop/table.md; }; stamp end" ;;
+      $R/$F/unloop/a*.json) | tee $R/$F/unloop/table.md; }; stamp end" ;;
 engine)
   wheels; snap $H/src_e; ln -s $W $H/src_e/work
   bg engine "cd $H/src_e && OUT= RES=$R/$PROFILE/bench STEPS=${STEPS:-paper,mini,trained,tests} BUDGET=${BUDGET:-540} \
