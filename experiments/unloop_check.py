@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ import torch
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import load_tokenizer
-from dmtp.io import write_json
+from dmtp.io import environment, write_json
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
 from dmtp.training.common import compiled
@@ -123,4 +123,5 @@ res["seconds"] = time.time() - t0
 kind = "loop negatives" if a.negatives == "loop" else f"{a.ngram}-grams"
 res["after"] = measure(f"after {a.steps} steps, alpha {a.alpha}, {kind} ({res['seconds']:.0f} s)")
 if a.out:
-    write_json(a.out, dict(res, settings={k: v for k, v in vars(a).items() if k != "table"}))
+    write_json(a.out, dict(res, settings={k: v for k, v in vars(a).items() if k != "table"}, unloop=asdict(cfg),
+                           env=environment()))  # the pretraining settings the step ran with, the commit

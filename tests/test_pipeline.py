@@ -164,7 +164,7 @@ def test_unloop_check_measures_before_and_after(run, tmp_path):
     res = json.loads(out.read_text())
     for k in ("before", "after"):
         assert res[k]["n"] == 3 and 0 <= res[k]["loop_frac"] <= 1 and res[k]["target_loss"] > 0
-    assert res["settings"]["steps"] == 2
+    assert res["settings"]["steps"] == 2 and res["unloop"]["unloop_steps"] == 2 and res["env"]["git_sha"]
 
 
 def test_rerun_skips_finished_stages(run):
