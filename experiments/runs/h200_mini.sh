@@ -101,7 +101,7 @@ start() {
   wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   snap
-  [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout ${PRE_S:-240} $PY -m pytest -v -p no:warnings tests/test_cuda.py \
+  [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout ${PRE_S:-240} $PY -m pytest -o addopts= -v -p no:warnings tests/test_cuda.py \
       -k '$PRE' > $L/pre.txt 2>&1"
   return 0
 }
@@ -170,7 +170,7 @@ watch)
   grep -a "^\[run\]" $L/$job.log | tail -4
   for f in $L/all.log $L/engine.log $L/*.txt; do [ -f $f ] || continue
     echo "--- $(basename $f)"; tr '\r' '\n' < $f | grep -av "^\s*$" | grep -a \
-      "\[$PROFILE\]\|\[bench\]\|loop_frac\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|verify " | tail -${4:-6}
+      "\[$PROFILE\]\|\[bench\]\|loop_frac\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|PASSED\|FAILED\|verify " | tail -${4:-6}
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true ;;
