@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
+from dmtp.config import NEGATIVES
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import load_tokenizer
@@ -29,7 +30,7 @@ from dmtp.io import environment, write_json
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
 from dmtp.training.common import compiled
-from dmtp.training.pretrain import evaluate
+from dmtp.training.pretrain import compile_layers, evaluate
 from dmtp.training.unloop import loop_check, unloop
 from experiments.profiles import PROFILES
 
@@ -42,7 +43,7 @@ ap.add_argument("--lr", type=float, help="default: the profile's (0.1 x the pret
 ap.add_argument("--prompt-len", type=int, help="corpus tokens per pool prompt (default: the profile's)")
 ap.add_argument("--new", type=int, help="decoded tokens per continuation of the pool (default: the profile's)")
 ap.add_argument("--ngram", type=int, help="n of the n-gram negatives (default: the profile's)")
-ap.add_argument("--negatives", choices=("ngram", "loop"), help="which tokens are negatives (default: the profile's)")
+ap.add_argument("--negatives", choices=NEGATIVES, help="which tokens are negatives (default: the profile's)")
 ap.add_argument("--eval-new", type=int, help="HumanEval tokens per request (default: the profile's eval.new_tokens)")
 ap.add_argument("--n", type=int, default=164, help="the first N HumanEval prompts")
 ap.add_argument("--out", help="a JSON with both measurements")
@@ -52,12 +53,17 @@ ap.add_argument("--table", nargs="+", metavar="JSON", help="print the arms' JSON
 a = ap.parse_args()
 
 
+def negatives_name(negatives: str, ngram: int) -> str:
+    return "loop negatives" if negatives == "loop" else f"{ngram}-grams"
+
+
 def table(paths: list[str]) -> str:
     """One markdown row per arm (sorted by alpha), after the pretrained target's own row (the first arm's "before"):
     the goals' columns (loop_frac, requests ended by a stop, of n) and held-out quality."""
     res = sorted((json.load(open(p)) for p in paths),
                  key=lambda r: (r["settings"]["alpha"], r["settings"]["negatives"], r["settings"]["ngram"]))
-    rows = ["| target | loop_frac | ended | held-out loss | top-1 | MTP top-1 | seconds |", "|---|---|---|---|---|---|---|"]
+    rows = ["| target | loop_frac | ended | held-out loss | top-1 | MTP top-1 | seconds |",
+            "|---|---|---|---|---|---|---|"]
 
     def row(name: str, m: dict, seconds: str = "") -> str:
         return (f"| {name} | {m['loop_frac']:.3f} | {m['ended']} / {m['n']} | {m['target_loss']:.3f} | "
@@ -67,7 +73,7 @@ def table(paths: list[str]) -> str:
         rows.append(row("pretrained", res[0]["before"]))
     for r in res:
         st = r["settings"]
-        kind = "loop negatives" if st["negatives"] == "loop" else f"{st['ngram']}-grams"
+        kind = negatives_name(st["negatives"], st["ngram"])
         name = f"+ {st['steps']} steps, alpha {st['alpha']:g}" + (f", {kind}" if st["alpha"] else " (control)")
         rows.append(row(name, r["after"], f"{r['seconds']:.0f}" if "seconds" in r else ""))
     return "\n".join(rows)
@@ -112,16 +118,15 @@ else:
     res = {"before": measure("before")}
     if a.before:
         write_json(a.before, res["before"])
-if compiled(pc.compile, tgt.device):  # the layers compiled one by one, as pretraining does (its regional graphs), so
-    for layer in list(tgt.body.layers) + list(mtp.layers):  # an arm's steps cost what the target stage's would;
-        layer.compile(dynamic=False)  # `unloop` decodes its pools with them bypassed
+if compiled(pc.compile, tgt.device):  # as pretraining does: an arm's steps cost what the target stage's would
+    compile_layers(tgt, mtp)
 cfg = replace(prof.pretrain, unloop_steps=a.steps, unloop_alpha=a.alpha, unloop_lr=a.lr, unloop_prompt_len=a.prompt_len,
               unloop_new=a.new, unloop_ngram=a.ngram, unloop_negatives=a.negatives, log_every=25)
 t0 = time.time()
 unloop(tgt, mtp, train, cfg, eos_id=eos)
 res["seconds"] = time.time() - t0
-kind = "loop negatives" if a.negatives == "loop" else f"{a.ngram}-grams"
-res["after"] = measure(f"after {a.steps} steps, alpha {a.alpha}, {kind} ({res['seconds']:.0f} s)")
+res["after"] = measure(f"after {a.steps} steps, alpha {a.alpha}, {negatives_name(a.negatives, a.ngram)} "
+                       f"({res['seconds']:.0f} s)")
 if a.out:
     write_json(a.out, dict(res, settings={k: v for k, v in vars(a).items() if k != "table"}, unloop=asdict(cfg),
                            env=environment()))  # the pretraining settings the step ran with, the commit

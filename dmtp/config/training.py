@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive, require
 
 COMPILE = ("auto", "on", "off")  # values of PretrainConfig.compile / .fused_ce and TrainConfig.compile
+NEGATIVES = ("ngram", "loop")  # values of PretrainConfig.unloop_negatives (training/unloop.py)
 CHUNK = 8192  # tokens per chunk of the fused LM-head loss: a chunk's bf16 logits at vocab 8192 take 128 MiB, its
 # gradient as much (dmtp/training/losses.py)
 
@@ -89,7 +90,7 @@ class PretrainConfig:
               unloop_alpha=non_negative, unloop_lr=non_negative, unloop_every=at_least(1),
               unloop_prompts=at_least(1), unloop_prompt_len=at_least(1), unloop_new=at_least(1),
               unloop_batch=at_least(1), unloop_ngram=at_least(1),
-              unloop_negatives=one_of("ngram", "loop"))
+              unloop_negatives=one_of(*NEGATIVES))
         step = self.seq_len * self.batch_size
         require(self.tokens >= step, f"tokens={self.tokens}: expected at least one step's worth, seq_len x batch_size"
                 f" = {self.seq_len} x {self.batch_size} = {step}")

@@ -107,6 +107,15 @@ def train_flops_per_token(tgt, mtp, seq_len: int) -> float:
     return 6.0 * N + 6.0 * A * c.num_attention_heads * c.head_dim * (seq_len + 1)
 
 
+def compile_layers(tgt, mtp) -> None:
+    """Regional compilation: each decoder layer (and the MTP layer) compiled on its own, in place; the layers share one
+    graph (the same code, parameters as its inputs), so the compile time does not grow with depth (a whole-model graph
+    of a 32-layer target took minutes); the glue between them (embedding, rotary, final norm) and the fused loss run
+    eagerly. `unloop.eager_layers` bypasses them while decoding."""
+    for layer in list(tgt.body.layers) + list(mtp.layers):
+        layer.compile(dynamic=False)
+
+
 def _windows(tokens: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator, rank: int = 0, world: int = 1):
     """Endless [batch / world, seq_len] batches: every rank draws the starts of the whole global batch from the same
     RNG stream (so the stream does not depend on the world size) and keeps rows rank::world."""
@@ -184,15 +193,11 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     it = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng, rank, world)
     tgt.model.train()
     mtp.train()
-    fused = cfg.fused_ce == "on" or (cfg.fused_ce == "auto" and dev.type == "cuda")
+    fused = compiled(cfg.fused_ce, dev)  # the same "auto" | "on" | "off" rule
     net = data_parallel(JointLM(tgt, mtp, cfg.ce_chunk if fused else None))
     fast = compiled(cfg.compile, dev)
-    if fast:  # regional compilation: each decoder layer (and the MTP layer) compiled on its own, in place; the layers
-        # share one graph (the same code, parameters as its inputs), so the compile time does not grow with depth (a
-        # whole-model graph of a 32-layer target took minutes); the glue between them (embedding, rotary, final norm)
-        # and the fused loss run eagerly
-        for layer in list(tgt.body.layers) + list(mtp.layers):
-            layer.compile(dynamic=False)
+    if fast:
+        compile_layers(tgt, mtp)
     step_terms = net
     t0 = time.time()
     bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True, disable=not main)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dmtp.analysis.metrics import loop_span, loop_summary, trailing_loop
-from dmtp.training.common import to_device
+from dmtp.training.common import compiled, to_device
 
 
 def repeat_candidates(ids: torch.Tensor, start: int, n: int = 4) -> torch.Tensor:
@@ -159,7 +159,7 @@ def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, l
                          f"pretrain.unloop_prompt_len={P} or a sequence of seq_len={cfg.seq_len} needs")
     windows = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng)  # the corpus batches, from the same stream
     hist, pool, cand = [], None, None
-    fused = cfg.fused_ce == "on" or (cfg.fused_ce == "auto" and dev.type == "cuda")  # as pretraining's loss
+    fused = compiled(cfg.fused_ce, dev)  # the fused loss where pretraining uses it
     t0 = time.time()
     tgt.model.train()
     mtp.train()
