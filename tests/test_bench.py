@@ -155,23 +155,23 @@ def test_engine_setting_labels():
     assert engine_setting("compiled+tuned").tuning == "autotune"
     for label in ("compiled", "compiled+dense", "compiled+dense+gw", "compiled+tuned", "hf"):
         assert label_of(engine_setting(label)) == label
-    assert label_of(EngineConfig(attention="dense")) == "compiled+dense+gw"  # "auto": inside the graph with dense
+    # "auto": the write inside the graph with dense attention; the library's default kernels are the autotuned ones
+    assert label_of(EngineConfig(attention="dense")) == "compiled+dense+gw+tuned"
+    assert label_of(EngineConfig(attention="dense", tuning="default")) == "compiled+dense+gw"
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['fast'\]"):
         engine_setting("compiled+fast")
 
 
-def test_b1_engines_add_the_tuned_labels():
-    from argparse import Namespace
-
+def test_b1_engines_put_the_runs_own_engine_first():
+    """Batch 1 times the library's default engine first (autotuned kernels, flex attention) beside Inductor's default
+    kernels; a profile's own engine (the embedded profiles: default kernels) goes first instead, once."""
     from dmtp.cli.bench.common import B1_ENGINES, b1_engines
-
-    assert b1_engines(Namespace(tuned=False)) == B1_ENGINES
-    got = b1_engines(Namespace(tuned=True))
-    assert got[0] == "compiled" and got[-1] == "hf" and "compiled+tuned" in got
     from dmtp.config import EngineConfig
 
-    own = b1_engines(Namespace(tuned=False), EngineConfig(attention="dense"))  # the profile's own engine first
+    assert b1_engines() == B1_ENGINES and B1_ENGINES[0] == "compiled+tuned" and "compiled" in B1_ENGINES
+    own = b1_engines(EngineConfig(attention="dense", tuning="default"))  # the profile's own engine first
     assert own[0] == "compiled+dense+gw" and own.count("compiled+dense+gw") == 1 and own[-1] == "hf"
+    assert "compiled+tuned" in own
 
 
 def test_admission_profile_times_a_graphed_pass_beside_the_compiled_one(models, tmp_path):
@@ -213,3 +213,16 @@ def test_a_prepared_server_captures_no_prompt_pass_while_serving(models):
     before = set(pp.met)
     assert [r.output_ids for r in srv.run(prompts)] == ref and pp.met == before
     assert Server(tgt, build_method("ar", tgt), 3, 128, engine=eng.with_(prefill="compiled")).prepare(77) == 0
+
+
+def test_batch1_rows_name_the_kernels_that_differ_from_the_runs_own():
+    """Beside an autotuned first engine (the library's default: the 8B shape) every untuned row says so; beside an
+    untuned one (an embedded profile's) the tuned row says it is autotuned; the options are named as before."""
+    from dmtp.cli.bench.baselines import other_words
+
+    first = "engine-compiled+tuned"
+    assert other_words("engine-compiled", first) == ", Inductor's default kernels"
+    assert other_words("engine-compiled+dense+gw", first) == (", dense attention, K/V write in the graph, "
+                                                               "Inductor's default kernels")
+    assert other_words("engine-compiled+tuned", "engine-compiled+dense+gw") == ", autotuned kernels"
+    assert other_words("engine-compiled+dense", "engine-compiled") == ", dense attention"

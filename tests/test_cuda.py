@@ -5,14 +5,17 @@ backend proposes what the dense-mask backend proposes, and the verify modes (sam
 block verification) run inside the graphs without a sync and keep the target's law. Training on a GPU: the compiled
 pretraining and drafter-training paths (flex block mask with its backward pass) follow the eager ones; the fused
 chunked LM-head loss (compiled chunk step) gives the materialised logits' loss and gradients, in fp32 and bf16."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from conftest import compiled_graphs, make_drafter
 
 from ablations.code import code
-from dmtp.config import EngineConfig
-from dmtp.engine.decode import Batch, Server, capacity_for, generate, serve
+from dmtp.config import EngineConfig as LibraryEngine
+from dmtp.engine import decode
+from dmtp.engine.decode import Batch, capacity_for
 from dmtp.engine.methods import build_method, method_class
 from dmtp.models import fast, tiny
 from dmtp.models.attention import flex_mask
@@ -29,6 +32,30 @@ from dmtp.training.drafters import (
 from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+# These tests decode on Inductor's default kernels: the library's default (`tuning = "autotune"`) costs 25-75 s of
+# compilation per method and shape on these models, and test_autotuned_kernels_are_lossless covers it.
+@dataclasses.dataclass(frozen=True)
+class EngineConfig(LibraryEngine):
+    tuning: str = "default"
+
+
+def untuned(engine):
+    """An engine argument (None, an engine name or a config) with Inductor's default kernels unless it names others."""
+    return EngineConfig(engine=engine or "auto") if engine is None or isinstance(engine, str) else engine
+
+
+def generate(*args, engine=None, **kw):
+    return decode.generate(*args, engine=untuned(engine), **kw)
+
+
+def serve(*args, engine=None, **kw):
+    return decode.serve(*args, engine=untuned(engine), **kw)
+
+
+def Server(*args, engine=None, **kw):
+    return decode.Server(*args, engine=untuned(engine), **kw)
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
 METHODS = ["ar", "mtp", "dflash", "zero_init_residual", "token_only", "mtp_context", "dflash2", "dmtp_d2"]
 

@@ -329,3 +329,29 @@ def test_meta_records_the_engine_that_decoded(tmp_path, monkeypatch):
     assert meta["env"]["git_sha"] == io.git_sha() != ""
     io.write_meta(tmp_path / "b.json", {})
     assert "engine" not in json.loads((tmp_path / "b.json").read_text())
+
+
+def test_a_copy_records_its_commit_only_when_its_code_matches_the_revision(tmp_path):
+    """A tree copied without .git (a GPU machine's snapshot) records the commit of its REVISION file only when its
+    source digest equals the one `make device-prep` wrote beside it; a REVISION older than the code (not re-made after a
+    commit) gives `<commit>+changed-<digest>`, no REVISION "unknown"."""
+    from dmtp import io
+
+    root = tmp_path / "copy"
+    (root / "dmtp" / "sub").mkdir(parents=True)
+    (root / "dmtp" / "a.py").write_text("x = 1\n")
+    (root / "dmtp" / "sub" / "b.py").write_text("y = 2\n")
+    (root / "pyproject.toml").write_text("[project]\n")
+    assert io.git_sha(root) == "unknown"
+    d = io.source_digest(root)
+    assert len(d) == 12 and d == io.source_digest(root)
+    (root / "REVISION").write_text(f"abc123 {d}\n")
+    assert io.git_sha(root) == "abc123"
+    (root / "dmtp" / "sub" / "b.py").write_text("y = 3\n")  # the code moved on, the REVISION did not
+    d2 = io.source_digest(root)
+    assert d2 != d and io.git_sha(root) == f"abc123+changed-{d2}"
+    (root / "REVISION").write_text("abc123\n")  # a REVISION of one field (before digests): not verifiable
+    assert io.git_sha(root).startswith("abc123+changed-")
+    (root / "dmtp" / "__pycache__").mkdir()  # compiled files are not code
+    (root / "dmtp" / "__pycache__" / "a.cpython-312.py").write_text("junk")
+    assert io.source_digest(root) == d2

@@ -11,6 +11,8 @@ wheels() { ls .whl/*.whl > /dev/null 2>&1 || return 0
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; }
 # REVISION (the commit the tree was copied from, `make device-prep`: the device's copy has no .git) at the root of a
-# tree (DIR, default here) is every meta file's env.git_sha
-revision() { [ -f .whl/REVISION ] && [ ! -f "${1:-.}/REVISION" ] && cp .whl/REVISION "${1:-.}/REVISION"; return 0; }
+# tree (DIR, default here) is every meta file's env.git_sha (checked against the tree's source digest: printed)
+revision() { [ -f .whl/REVISION ] && [ ! -f "${1:-.}/REVISION" ] && cp .whl/REVISION "${1:-.}/REVISION"
+  (cd "${1:-.}" && $PY -c "from dmtp.io import git_sha; s = git_sha(); print('[run] code:', s, '(REVISION is older than'
+    ' the code: records say +changed; run make device-prep after a commit)' if '+changed' in s else '')") || true; }
 export -f stamp; export START PY

@@ -18,8 +18,9 @@
 #   trained  a trained mini target at work/mini/target (or $TARGET) with drafters: bench overhead,hf,regen on it
 #   tests    tests/test_cuda.py, a subset in the time left (stop strings on the compiled engine included; SUITE=all:
 #            the whole file; TESTS_K: a pytest -k expression of your own, e.g. TESTS_K=verify_modes)
-# SWEEP_PAPER / SWEEP_MINI: contexts for bench --kernel-sweep in the paper / mini step (off when unset). TUNED=1: the
-# batch-1 baselines also time the engine with Inductor's autotuned kernels (bench --tuned; longer compiles).
+# SWEEP_PAPER / SWEEP_MINI: contexts for bench --kernel-sweep in the paper / mini step (off when unset). The batch-1
+# baselines time the library's default engine (Inductor's autotuned kernels: the 8B shape's autotune ~2 min) beside
+# Inductor's default kernels.
 # STEPS (default smoke,paper,mini,train,trained,tests) picks steps, BUDGET (seconds, default 570) the time; $OUT
 # (a folder), if set, receives engine.log and engine.tgz (the results folder). Ends with every ratio record of
 # $RES/ratios.json, MET or MISS.
@@ -34,7 +35,7 @@ wheels; revision  # HumanEval's prompts (the pipe and trained steps), the commit
 mkdir -p "$RES"
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 on() { [[ $STEPS == *",$1,"* ]]; }
-BENCH="$PY -m dmtp.cli.bench --tokens 128 --batch 8 --kernel-profile --out $RES ${TUNED:+--tuned}"
+BENCH="$PY -m dmtp.cli.bench --tokens 128 --batch 8 --kernel-profile --out $RES"
 # SWEEP_PAPER / SWEEP_MINI (contexts, e.g. 512,2048,8192): AR batch 1 with each attention kernel per context
 # (kernels.csv; each context compiles anew: ~1 min per context at the 8B shape)
 SW_P=${SWEEP_PAPER:+--kernel-sweep $SWEEP_PAPER}; SW_M=${SWEEP_MINI:+--kernel-sweep $SWEEP_MINI}

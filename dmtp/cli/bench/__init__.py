@@ -22,8 +22,9 @@ screen.csv      the screened T1 head (`screen.T1Screen`): T1 agreement with the 
 baselines.csv   --paper-shape / --mini-shape, batch 1: the compiled engine, the same loop on the HF layers, HF's
                 static-cache compiled `generate`, the plain HF loop (mini), tok/s side by side (median, min and max of
                 `--repeats` interleaved repeats), and the HBM bound; engine labels "+dense" (the dense attention
-                kernel), "+gw" (the K/V write inside the compiled graphs, exact with the dense kernel) and, with
-                --tuned, "+tuned" (Inductor's autotuned kernels)
+                kernel), "+gw" (the K/V write inside the compiled graphs, exact with the dense kernel), "+tuned"
+                (Inductor's autotuned kernels: the library's default engine, first at the 8B shape; the stage
+                times of the rounds use Inductor's default kernels, "compiled", whose compiles take seconds)
 regen.csv       the data stage's regeneration (AR, `--regen-batch` prompts at once, the profile's data temperature):
                 tok/s, ms per step, per engine label (as in baselines.csv)
 profile_*.txt   --kernel-profile: torch-profiler tables of the device kernels of a decode (where a round goes);
@@ -101,9 +102,6 @@ def main(argv=None):
                    help="--paper-shape / --mini-shape: contexts (tokens, e.g. 512,2048,8192) at which AR batch 1 is "
                         "timed with each attention kernel (kernels.csv)")
     p.add_argument("--batch", type=at_least(1), default=8)
-    p.add_argument("--tuned", action="store_true",
-                   help="--paper-shape / --mini-shape: also time the batch-1 engine with Inductor's autotuned kernels "
-                        "(+tuned: max_autotune, coordinate descent; minutes more of compilation at the 8B shape)")
     p.add_argument("--repeats", type=at_least(1), default=3,
                    help="--paper-shape / --mini-shape: timed repeats of each batch-1 system, interleaved (medians)")
     p.add_argument("--tokens", type=at_least(17), default=512, help="tokens per request in the overhead part (the "

@@ -39,6 +39,15 @@ def hf_static_generate(tgt, prompt: list[int], tokens: int):
     return once
 
 
+def other_words(label: str, first: str) -> str:
+    """The name suffix of an engine timed beside the run's own (`first`; labels "engine-<label>"): its options
+    (`label_words`), and ", Inductor's default kernels" where the run's own engine is the autotuned one and it is not."""
+    def tuned(x: str) -> bool:
+        return "tuned" in x.split("+")[1:]
+    return label_words(label.removeprefix("engine-")) + (", Inductor's default kernels"
+                                                          if tuned(first) and not tuned(label) else "")
+
+
 def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
                      engines=B1_ENGINES, repeats: int = 3) -> tuple[list[dict], list[Ratio]]:
     """Batch 1, T = 0, `tokens` new tokens after `prompt` (EOS ignored), in one process side by side: the engine
@@ -108,8 +117,8 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
            paired(first, "engine-hf", "engine AR compiled / on the HF layers")]
     for k in runners:
         if k.startswith("engine-") and k != first and k != "engine-hf":
-            out.append(paired(k, "hf-static", f"engine AR / HF static-cache compiled generate{label_words(k)}", ">=",
-                              1.6))
+            out.append(paired(k, "hf-static", f"engine AR / HF static-cache compiled generate{other_words(k, first)}",
+                              ">=", 1.6))
     if hf_loop:
         out.append(paired(first, "hf-loop", "engine AR / HF AR loop", ">=", 15))
     table = [{"setup": setup, "system": k, "batch": 1, "tokens": len(outs[k]), "tok_per_s": median(tps[k]),

@@ -178,15 +178,16 @@ def label_of(eng: EngineConfig) -> str:
         + "+tuned" * (eng.tuning == "autotune")
 
 
-B1_ENGINES = ("compiled", "compiled+dense", "compiled+dense+gw", "hf")  # the batch-1 engines; --tuned adds one
+# the batch-1 engines: the library's default (autotuned kernels, flex attention) first, then Inductor's default
+# kernels with each attention kernel and cache write, then the HF layers
+B1_ENGINES = ("compiled+tuned", "compiled", "compiled+dense", "compiled+dense+gw", "hf")
 
 
-def b1_engines(a, base: EngineConfig | None = None) -> tuple[str, ...]:
-    """The batch-1 engine labels of a run: the profile's own engine (`base`) first, then the others of `B1_ENGINES`
-    and, with --tuned, the compiled engine with autotuned kernels (flex attention) before the HF-layer loop."""
-    first = (label_of(base),) if base is not None else ()
-    rest = B1_ENGINES[:-1] + ("compiled+tuned",) * bool(a.tuned) + B1_ENGINES[-1:]
-    return first + tuple(x for x in rest if x not in first)
+def b1_engines(base: EngineConfig | None = None) -> tuple[str, ...]:
+    """The batch-1 engine labels of a run: the run's own engine first (`base`: a profile's; default the library's
+    default `EngineConfig()`), then the others of `B1_ENGINES`."""
+    first = label_of(base if base is not None else EngineConfig())
+    return (first,) + tuple(x for x in B1_ENGINES if x != first)
 
 
 def merge_overhead(path: Path, rows: list[dict]):

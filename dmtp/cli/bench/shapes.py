@@ -91,7 +91,7 @@ def paper_shape(a, dev, spec: AblationSpec, save=lambda *parts: None) -> tuple[l
                               f"{dmtp} round / {dflash} round", batch))
     save(rows, ratios)
     b1_rows, b1_ratios = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, hf_loop=False,
-                                          engines=b1_engines(a), repeats=a.repeats)
+                                          engines=b1_engines(), repeats=a.repeats)
     ratios += b1_ratios
     save(rows, ratios, b1_rows)
     if a.kernel_sweep:
@@ -175,7 +175,7 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
                            engine=own)
     b1_rows = []
     if "baselines" in parts:
-        b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, engines=b1_engines(a, own),
+        b1_rows, b1 = batch1_baselines(tgt, prompts[0], a.tokens, a.bandwidth, setup, engines=b1_engines(own),
                                        repeats=a.repeats)
         ratios += b1
         save(rows, ratios, b1_rows)
