@@ -312,3 +312,25 @@ def test_the_decode_only_gain_ratio_is_the_round_ratios_bound():
     assert decode_only_ratio(1.5, 1.0) == pytest.approx(1.0)
     assert decode_only_ratio(1.590, 1.059) == pytest.approx(0.85, abs=0.005)
     assert decode_only_ratio(1.5, 1.5) == pytest.approx(0.0) and math.isnan(decode_only_ratio(1.0, 1.05))
+
+
+def test_mini_with_the_unlikelihood_step_is_a_new_series(tmp_path):
+    """`mini` now ends its target stage with the unlikelihood step (loop negatives): its realizations are another
+    experiment than the committed r2-r4, which the report pools apart; they differ in the unlikelihood settings alone
+    (the engine's kernels included: the embedded profiles keep Inductor's default ones)."""
+    import json
+    from pathlib import Path
+
+    from dmtp.analysis.report.data import differences, experiment_key
+    from dmtp.experiment import write_experiment
+    from experiments.profiles import get_profile
+
+    committed = Path(__file__).resolve().parent.parent / "results" / "mini" / "r4" / "experiment.json"
+    if not committed.exists():
+        pytest.skip("no committed r4")
+    p = get_profile("mini")
+    assert (p.pretrain.unloop_steps, p.pretrain.unloop_alpha, p.pretrain.unloop_negatives) == (300, 1.0, "loop")
+    assert p.engine.tuning == "default"
+    now = json.loads(write_experiment(tmp_path / "experiment.json", dataclasses.replace(p, realization=5)).read_text())
+    diff = differences(experiment_key(json.loads(committed.read_text())), experiment_key(now))
+    assert diff and all(d.startswith("pretrain.unloop_") for d in diff), diff
