@@ -56,6 +56,8 @@ def serve(*args, engine=None, **kw):
 
 def Server(*args, engine=None, **kw):
     return decode.Server(*args, engine=untuned(engine), **kw)
+
+
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
 METHODS = ["ar", "mtp", "dflash", "zero_init_residual", "token_only", "mtp_context", "dflash2", "dmtp_d2"]
 

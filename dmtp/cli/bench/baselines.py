@@ -42,10 +42,9 @@ def hf_static_generate(tgt, prompt: list[int], tokens: int):
 def other_words(label: str, first: str) -> str:
     """The name suffix of an engine timed beside the run's own (`first`; labels "engine-<label>"): its options
     (`label_words`), and ", Inductor's default kernels" where the run's own engine is the autotuned one and it is not."""
-    def tuned(x: str) -> bool:
-        return "tuned" in x.split("+")[1:]
-    return label_words(label.removeprefix("engine-")) + (", Inductor's default kernels"
-                                                          if tuned(first) and not tuned(label) else "")
+    label, first = label.removeprefix("engine-"), first.removeprefix("engine-")
+    tuned = [engine_setting(x).tuning == "autotune" for x in (label, first)]
+    return label_words(label) + (", Inductor's default kernels" if tuned[1] and not tuned[0] else "")
 
 
 def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
