@@ -29,3 +29,33 @@ def test_usage_on_help(script, words, tmp_path):
                        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0 and words in r.stdout and f"bash experiments/runs/{script}" in r.stdout, r.stderr
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def _left(tmp_path, *args, env=None):
+    return subprocess.run(["bash", str(RUNS / "h200_mini.sh"), "left", *args], capture_output=True, text=True,
+                          env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", **(env or {})})
+
+
+def test_mini_chain_left_sets_the_bench_end_from_the_allotment(tmp_path):
+    """`left SECONDS` (the allotment's time left, from the last device command's lease) moves the chain's benchmark
+    end to TAIL seconds before the allotment's, in seconds after the chain's start; bad input starts nothing."""
+    import time
+    r = _left(tmp_path, "900")  # no chain yet
+    assert r.returncode == 2 and "no chain" in r.stdout
+    logs = tmp_path / "dmtp" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for bad in ("", "12s", "-5"):
+        r = _left(tmp_path, bad)
+        assert r.returncode == 2 and "budget_left_s" in r.stdout, (bad, r.stdout)
+    assert not (tmp_path / "dmtp" / "bench_until").exists()
+    start = int(time.time()) - 500  # the chain started 500 s ago
+    (logs / "all.start").write_text(f"{start}\n")
+    (logs / "all.log").write_text("[run] 12:00:00 +1s corpus\n")
+    r = _left(tmp_path, "1200", env={"TAIL": "300"})
+    assert r.returncode == 0, r.stderr
+    until = int((tmp_path / "dmtp" / "bench_until").read_text())
+    assert abs(until - (500 + 1200 - 300)) <= 2 and "keeps its limit" not in r.stdout
+    (logs / "all.log").write_text("[run] 12:00:00 +1s corpus\n[run] 12:15:00 +900s bench\n")
+    r = _left(tmp_path, "800")  # the default TAIL; a bench already running keeps its limit, and says so
+    until = int((tmp_path / "dmtp" / "bench_until").read_text())
+    assert abs(until - (500 + 800 - 360)) <= 2 and "keeps its limit" in r.stdout

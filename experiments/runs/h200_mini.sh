@@ -26,6 +26,10 @@
 #   bash experiments/runs/h200_mini.sh engine          # h200_engine.sh (STEPS, BUDGET) in the background, from a
 #                                                      # snapshot of this tree, on the trained models if present
 #   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
+#   bash experiments/runs/h200_mini.sh left SECONDS    # the allotment has SECONDS left now (`budget_left_s` of the last
+#                                                      # command's lease): the chain's benchmark ends TAIL seconds
+#                                                      # (default 360: evaluation, tables, pack, fetch, a margin)
+#                                                      # before that, replacing BENCH_UNTIL (before the bench starts)
 #   bash experiments/runs/h200_mini.sh stop [JOB]      # end a background job (default all) and its children
 #   bash experiments/runs/h200_mini.sh pack            # results/mini + logs -> $OUT/mini.tgz (any time: what exists)
 #
@@ -75,7 +79,9 @@ export -f P sets ask folder; export H W R L PROFILE
 
 # a benchmark's time limit: BENCH_S (default 420 s), less if the chain must end by BENCH_UNTIL seconds after its
 # start (the allotment's end less the time to pack and fetch), at least 30 s
-bench_s() { local s=${BENCH_S:-420} left=$(( ${BENCH_UNTIL:-100000} - $(date +%s) + START ))
+bench_s() { local s=${BENCH_S:-420} u=${BENCH_UNTIL:-100000}
+            [ -f $H/bench_until ] && u=$(cat $H/bench_until)  # `left`: set from the allotment's time while it runs
+            local left=$(( u - $(date +%s) + START ))
             [ $left -lt $s ] && s=$left; [ $s -lt 30 ] && s=30; echo $s; }
 export -f bench_s
 extras() {  # the extras named in $1 (a comma list), as one command line
@@ -100,6 +106,7 @@ regen}) > $L/shape.txt 2>&1; "
 start() {
   wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
+  rm -f $H/bench_until  # an earlier chain's `left`
   snap
   [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout ${PRE_S:-240} $PY -m pytest -o addopts= -v -p no:warnings tests/test_cuda.py \
       -k '$PRE' > $L/pre.txt 2>&1"
@@ -174,6 +181,14 @@ watch)
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true ;;
+left)  # the allotment's time left now -> the bench's end, in seconds after the chain's start (BENCH_UNTIL's unit)
+  [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "[run] left needs the allotment's seconds left (budget_left_s), got '${2:-}'"; exit 2; }
+  [ -f $L/all.start ] || { echo "[run] no chain has started under $H: nothing to limit"; exit 2; }
+  u=$(( $(date +%s) + $2 - ${TAIL:-360} - $(cat $L/all.start) ))
+  echo $u > $H/bench_until.tmp && mv $H/bench_until.tmp $H/bench_until
+  grep -aq "^\[run\].* bench$" $L/all.log 2>/dev/null && b="the running bench keeps its limit; " || b=""
+  echo "[run] ${b}the bench ends by +${u}s of the chain (now +$(( $(date +%s) - $(cat $L/all.start) ))s; $2 s left," \
+       "TAIL ${TAIL:-360} s)" ;;
 stop)  # end a background job (default all) and its children, by its process group; never `pkill -f` a pattern the
   # device command itself contains (it kills the command)
   job=${2:-all}; [ -f $L/$job.pid ] && kill -- -$(cat $L/$job.pid) 2>/dev/null; sleep 1
