@@ -191,6 +191,7 @@ def test_admission_profile_times_a_graphed_pass_beside_the_compiled_one(models, 
     assert srv.prompt_pass is not None  # put back after the compiled pass's turn
     head = (tmp_path / "adm.txt").read_text().splitlines()[0]
     assert "group of 1" in head and "graphed prompt pass" in head and "first tokens equal in 3 of 3" in head
+    assert "host time, by operator:" in (tmp_path / "adm.txt").read_text()  # the table sorted by host time
     srv.eng = srv.eng.with_(admit=2)  # a server admitting pairs is profiled on pairs
     res = admission_profile(srv, prompts, tmp_path / "adm2.txt", n=2)
     assert res["group"] == 2 and res["first_tokens_equal"] == 4

@@ -37,8 +37,8 @@ def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> 
     server never met is captured there: r4's first B32 profile, of one request each, timed its captures), then one
     under torch profiler. With a graphed prompt pass (`EngineConfig.prefill = "graphed"`) the same admissions also
     run through the compiled pass, side by side (one untimed first, which may compile its shape), and the first
-    tokens of the newcomers are compared between the two. Writes the host times, the profiler's device time and its
-    table sorted by host time (`path`); returns {group, host_ms, device_ms} (+ compiled_host_ms, first_tokens_equal
+    tokens of the newcomers are compared between the two. Writes the host times, the profiler's device time, on a GPU
+    its time by kind of kernel (`dmtp.analysis.kernels`), and the profiler's table sorted by host time (`path`); returns {group, host_ms, device_ms} (+ compiled_host_ms, first_tokens_equal
     with a graphed pass): a host time far above the device time is host-bound work (guards, wrappers, launches)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -74,7 +74,9 @@ def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> 
     avg = prof.key_averages()
     res["device_ms"] = sum(t for _, t in device_times(avg)) / 1e3 if dev.type == "cuda" else float("nan")
     head += f" (median of {n}), device {res['device_ms']:.2f} ms (kernels under the profiler)\n\n"
-    write_text(path, head + avg.table(sort_by="cpu_time_total", row_limit=40))
+    # where the device time goes (a graphed pass's kernels are seen by name too), then where the host's goes
+    body = kernel_summary(avg, "device time by kind of kernel:", row_limit=25) if dev.type == "cuda" else ""
+    write_text(path, head + body + "\nhost time, by operator:\n" + avg.table(sort_by="cpu_time_total", row_limit=40))
     print(f"[bench] {head.strip()} -> {path}")
     return res
 
