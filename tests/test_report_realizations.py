@@ -334,3 +334,27 @@ def test_mini_with_the_unlikelihood_step_is_a_new_series(tmp_path):
     now = json.loads(write_experiment(tmp_path / "experiment.json", dataclasses.replace(p, realization=5)).read_text())
     diff = differences(experiment_key(json.loads(committed.read_text())), experiment_key(now))
     assert diff and all(d.startswith("pretrain.unloop_") for d in diff), diff
+
+
+def test_costmodel_check_predicts_one_realization_from_another_realizations_round_times(pooled, tmp_path):
+    """experiments/costmodel_check.py: r1's measured speed-ups from r2's round times (the synthetic bench times each
+    realization by the same round costs, so the prediction lands within the repeats' noise); a realization without
+    throughput runs, or one without stage times, is named, not guessed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    res = pooled[0] / "p"
+    out = tmp_path / "cm.csv"
+    r = subprocess.run([sys.executable, "-m", "experiments.costmodel_check", "--records", str(res / "r1"), "--times",
+                        str(res / "r2"), "--out", str(out)], capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out)
+    assert set(df.round_times_from) == {"r2"} and set(df.records) == {"r1"}
+    spec = df[df.method != "ar"]
+    assert len(spec) >= 2 and set(df.batch_cap) == {1, 32} and spec.error_pct.abs().max() < 10
+    assert (df[df.method == "ar"].predicted_speedup == 1).all() and "largest |error|" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "experiments.costmodel_check", "--records", str(res / "r4"), "--times",
+                        str(res / "r2")], capture_output=True, text=True, cwd=root)  # r4: no bench
+    assert r.returncode != 0 and "throughput.csv is missing" in r.stderr
