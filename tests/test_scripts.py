@@ -59,3 +59,35 @@ def test_mini_chain_left_sets_the_bench_end_from_the_allotment(tmp_path):
     r = _left(tmp_path, "800")  # the default TAIL; a bench already running keeps its limit, and says so
     until = int((tmp_path / "dmtp" / "bench_until").read_text())
     assert abs(until - (500 + 800 - 360)) <= 2 and "keeps its limit" in r.stdout
+
+
+def _session(sid: int) -> list[tuple[int, int]]:
+    """(pid, process group) of every live process of session `sid` (zombies left out)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,pgid=,sid=,stat="], capture_output=True, text=True).stdout
+    return [(int(p), int(g)) for p, g, s, st in (ln.split()[:4] for ln in out.splitlines()) if int(s) == sid
+            and not st.startswith("Z")]
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None or shutil.which("ps") is None, reason="needs timeout and ps")
+def test_mini_chain_stop_ends_every_process_of_the_job_even_a_timeout_group(tmp_path):
+    """`stop JOB` ends the job's whole session: `timeout` (the chain's benchmark runs under it) moves its command into
+    a process group of its own, which a kill of the job's group alone leaves running."""
+    import time
+    logs = tmp_path / "dmtp" / "logs"
+    logs.mkdir(parents=True)
+    job = subprocess.Popen(["bash", "-c", "timeout 120 sleep 120 & sleep 120"], start_new_session=True)
+    try:
+        (logs / "j.pid").write_text(f"{job.pid}\n")
+        for _ in range(50):  # the timeout group exists
+            if len({g for _, g in _session(job.pid)}) >= 2:
+                break
+            time.sleep(0.1)
+        assert len({g for _, g in _session(job.pid)}) >= 2
+        r = subprocess.run(["bash", str(RUNS / "h200_mini.sh"), "stop", "j"], capture_output=True, text=True,
+                           env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        assert r.returncode == 0 and "j stopped" in r.stdout, r.stderr
+        job.wait(timeout=10)
+        assert _session(job.pid) == []
+    finally:
+        if job.poll() is None:
+            job.kill()

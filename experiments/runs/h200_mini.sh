@@ -189,9 +189,15 @@ left)  # the allotment's time left now -> the bench's end, in seconds after the 
   grep -aq "^\[run\].* bench$" $L/all.log 2>/dev/null && b="the running bench keeps its limit; " || b=""
   echo "[run] ${b}the bench ends by +${u}s of the chain (now +$(( $(date +%s) - $(cat $L/all.start) ))s; $2 s left," \
        "TAIL ${TAIL:-360} s)" ;;
-stop)  # end a background job (default all) and its children, by its process group; never `pkill -f` a pattern the
-  # device command itself contains (it kills the command)
-  job=${2:-all}; [ -f $L/$job.pid ] && kill -- -$(cat $L/$job.pid) 2>/dev/null; sleep 1
+stop)  # end a background job (default all) and every process of its session (setsid: the job's pid is the session
+  # id; `timeout` puts the benchmark in a process group of its own, which a group kill misses); never `pkill -f` a
+  # pattern the device command itself contains (it kills the command)
+  job=${2:-all}
+  if [ -f $L/$job.pid ]; then sid=$(cat $L/$job.pid)
+    for sig in TERM KILL; do
+      ps -e -o pid= -o sid= | awk -v s=$sid '$2 == s {print $1}' | xargs -r kill -$sig 2>/dev/null; sleep 1
+    done
+  fi
   echo "=== $job stopped (rc file: $(cat $L/$job.rc 2>/dev/null || echo none))" ;;
 pack)
   F=$(folder); mkdir -p $R/$F/logs; rm -f $R/$F/logs/*.tmp; cp $L/*.log $L/*.txt $R/$F/logs/ 2>/dev/null
