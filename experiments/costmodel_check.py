@@ -27,9 +27,7 @@ root, other = Path(a.records), Path(a.times)
 for p in (root / "bench" / "throughput.csv", other / "bench" / "overhead.csv"):
     if not p.exists():
         raise SystemExit(f"costmodel_check: {p} is missing (a realization with a benchmark: results/<profile>/r<k>)")
-runs = read_runs(root)
-recs = runs[(runs.experiment == "ablation") & (runs.dataset == "humaneval") & (runs.temperature == 0)
-            & (runs["mode"] == "natural") & (runs.seed == 0)]
+recs = B.timed_records(read_runs(root))
 if recs.empty:
     raise SystemExit(f"costmodel_check: {root} holds no HumanEval T = 0 natural records of seed 0")
 ov = pd.read_csv(other / "bench" / "overhead.csv")

@@ -133,6 +133,13 @@ def round_times(ov: pd.DataFrame) -> dict[str, dict[int, float]]:
     return {m: {int(b): float(v) for b, v in zip(batch[g.index], g.ms_per_round)} for m, g in ov.groupby("method")}
 
 
+def timed_records(runs: pd.DataFrame) -> pd.DataFrame:
+    """The eval records the cost model reads (`predicted_vs_measured`'s `runs`): the ablation's HumanEval, T = 0,
+    natural mode, drafter seed 0 — the workload the throughput runs time."""
+    return runs[(runs.experiment == "ablation") & (runs.dataset == "humaneval") & (runs.temperature == 0)
+                & (runs["mode"] == "natural") & (runs.seed == 0)]
+
+
 def _records(runs: pd.DataFrame) -> dict[str, list[dict]]:
     """method -> the cost model's records ({accepted, output_ids}: only their lengths are read), in file order."""
     return {m: [{"accepted": a, "output_ids": range(n)} for a, n in zip(g.accepted, g.output_tokens)]

@@ -411,8 +411,7 @@ def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
     tp = art.throughput if art.throughput is not None else pd.DataFrame(columns=["realization"])
     rows = []
     for real in art.realizations:
-        recs = r[(r.realization == real.k) & (r.experiment == "ablation") & (r.dataset == "humaneval")
-                 & (r.temperature == 0) & (r["mode"] == "natural") & (r.seed == 0)]
+        recs = B.timed_records(r[r.realization == real.k])
         if recs.empty:
             continue
         mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]

@@ -38,8 +38,9 @@ def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> 
     under torch profiler. With a graphed prompt pass (`EngineConfig.prefill = "graphed"`) the same admissions also
     run through the compiled pass, side by side (one untimed first, which may compile its shape), and the first
     tokens of the newcomers are compared between the two. Writes the host times, the profiler's device time, on a GPU
-    its time by kind of kernel (`dmtp.analysis.kernels`), and the profiler's table sorted by host time (`path`); returns {group, host_ms, device_ms} (+ compiled_host_ms, first_tokens_equal
-    with a graphed pass): a host time far above the device time is host-bound work (guards, wrappers, launches)."""
+    its time by kind of kernel (`dmtp.analysis.kernels`), and the profiler's table sorted by host time (`path`);
+    returns {group, host_ms, device_ms} (+ compiled_host_ms, first_tokens_equal with a graphed pass): a host time
+    far above the device time is host-bound work (guards, wrappers, launches)."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = srv.target.device
