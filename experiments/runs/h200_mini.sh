@@ -184,11 +184,10 @@ watch)
 left)  # the allotment's time left now -> the bench's end, in seconds after the chain's start (BENCH_UNTIL's unit)
   [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "[run] left needs the allotment's seconds left (budget_left_s), got '${2:-}'"; exit 2; }
   [ -f $L/all.start ] || { echo "[run] no chain has started under $H: nothing to limit"; exit 2; }
-  u=$(( $(date +%s) + $2 - ${TAIL:-360} - $(cat $L/all.start) ))
+  now=$(( $(date +%s) - $(cat $L/all.start) )); u=$(( now + $2 - ${TAIL:-360} ))  # seconds of the chain
   echo $u > $H/bench_until.tmp && mv $H/bench_until.tmp $H/bench_until
   grep -aq "^\[run\].* bench$" $L/all.log 2>/dev/null && b="the running bench keeps its limit; " || b=""
-  echo "[run] ${b}the bench ends by +${u}s of the chain (now +$(( $(date +%s) - $(cat $L/all.start) ))s; $2 s left," \
-       "TAIL ${TAIL:-360} s)" ;;
+  echo "[run] ${b}the bench ends by +${u}s of the chain (now +${now}s; $2 s left, TAIL ${TAIL:-360} s)" ;;
 stop)  # end a background job (default all) and every process of its session (setsid: the job's pid is the session
   # id; `timeout` puts the benchmark in a process group of its own, which a group kill misses); never `pkill -f` a
   # pattern the device command itself contains (it kills the command)
