@@ -40,11 +40,11 @@
 # evaluation instead, e.g. EARLY=bench EXTRAS= puts the end-to-end benchmark ahead of the ablation's evaluation).
 # Each benchmark stops after BENCH_S seconds (default 420), or earlier if the chain must end by BENCH_UNTIL seconds
 # after its start (e.g. BENCH_UNTIL=1620 in an allotment of 1,800 s: what it measured so far is kept):
-# `bench` = dmtp.cli.bench on the trained models: first end-to-end throughput of ar, mtp, dflash, fusion,
-# zero_init_residual at B1 (the first SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) and B32 (164 prompts,
-# T = 0 and 1), REPEATS = 3 interleaved repeats; then the stage times at batch 32 and 1 with the throughput runs'
-# shapes (nothing compiles again), then kernel profiles at batch 32 — a limit that cuts it short takes the stage times,
-# not the throughput, and each row is on disk as soon as it is measured,
+# `bench` = dmtp.cli.bench on the trained models: first end-to-end throughput of BENCH_METHODS (default ar, mtp,
+# dflash, fusion, zero_init_residual) at B1 (the first SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) and B32
+# (164 prompts, BENCH_TEMPS, default T = 0 and 1), REPEATS = 3 interleaved repeats; then the stage times at batch 32
+# and 1 with the throughput runs' shapes (nothing compiles again), then kernel profiles at batch 32 — a limit that
+# cuts it short takes the stage times, not the throughput, and each row is on disk as soon as it is measured,
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
 # profiles, batch-1 baselines, regeneration, admission), `diag` = experiments/diag_consistency.py (teacher-forced vs
 # decoded acceptance, every engine), `verify` = the verification-mode study (--stage verify).
@@ -88,7 +88,7 @@ extras() {  # the extras named in $1 (a comma list), as one command line
   local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout \$(bench_s) $PY -m dmtp.cli.bench"
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts throughput,overhead --methods ${BENCH_METHODS:-ar,mtp,dflash,fusion,\
-zero_init_residual} --caps 1,32 --batch 32 --kernel-profile --temperatures 0,1 --small-cap-temperatures ${SMALL_TEMPS:-0} \
+zero_init_residual} --caps 1,32 --batch 32 --kernel-profile --temperatures ${BENCH_TEMPS:-0,1} --small-cap-temperatures ${SMALL_TEMPS:-0} \
       --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts ${SMALL:-16}) > $L/bench.txt 2>&1; "
   [[ $e == *",shape,"* ]] && s+="stamp shape; ($B --mini-shape --profile $PROFILE $(sets) --out $R/$F/bench \
       --tokens 128 --repeats ${REPEATS:-3} --kernel-profile --shape-parts ${SHAPE_PARTS:-engines,admission,baselines,\
