@@ -1,7 +1,9 @@
 """The losslessness check: divergence positions and the target's top-2 gap where outputs first differ."""
+import copy
+
 import torch
 
-from dmtp.analysis.lossless import TIE, add_top2_gaps, compare, first_divergence, top2_gap
+from dmtp.analysis.lossless import SHAPES, TIE, add_top2_gaps, compare, first_divergence, margin, top2_gap
 from dmtp.models import tiny
 
 
@@ -33,4 +35,42 @@ def test_a_flip_is_a_tie_only_in_reduced_precision_and_within_its_rounding():
     assert flips[0]["tie"] is False and flips[0]["top2_gap"] >= 0
     tgt.model.to(torch.bfloat16)
     add_top2_gaps(tgt, flips, {"a": [5, 7]}, {"d": {"a": [9, 11, 3]}})
-    assert flips[0]["tie"] == (flips[0]["top2_gap"] <= TIE * max(1.0, abs(flips[0]["top1_logit"])))
+    assert flips[0]["tie_rule"] == (flips[0]["top2_gap"] <= TIE * max(1.0, abs(flips[0]["top1_logit"])))
+    assert flips[0]["tie"] == (flips[0]["tie_rule"] or flips[0]["tie_measured"])
+
+
+def _bf16_flip(tgt, a, b, prompt=(5, 7), ref=(9, 11, 3)):
+    """A flip at output position 2 (AR's token a, the method's b) of a bf16 copy of `tgt`, measured."""
+    flips = [{"id": "a", "dataset": "d", "position": 2, "ar_token": a, "token": b}]
+    add_top2_gaps(tgt, flips, {"a": list(prompt)}, {"d": {"a": list(ref) + [a]}})
+    return flips[0]
+
+
+def test_a_measured_tie_is_a_margin_within_the_bf16_forwards_own_error():
+    """`tie_measured`: AR's token minus the method's in an fp32 copy of the target (`fp32_margin`) within the bf16
+    forward's measured error on that margin (`bf16_error`, over `SHAPES` row counts). Two tokens whose LM-head rows are
+    equal tie in every precision (margin 0, error 0); the top-1 token against the last one is no tie; the measured
+    error is the bf16 margins' largest distance from the fp32 one."""
+    tgt, _ = tiny.build("qwen3", seed=0)
+    seq = [5, 7, 9, 11]
+    with torch.no_grad():
+        order = tgt.model(torch.tensor([seq])).logits[0, -1].float().argsort(descending=True).tolist()
+    with torch.no_grad():
+        logits = tgt.model(torch.tensor([seq])).logits[0, -1].float()
+    assert abs(margin(tgt, seq, (order[0], order[-1])) - float(logits[order[0]] - logits[order[-1]])) < 1e-4
+    tgt.model.to(torch.bfloat16)
+    wide = copy.deepcopy(tgt)
+    wide.model.float()  # the bf16 weights, computed in fp32: the reference for the bf16 forward's rounding
+    exact = margin(wide, seq, (order[0], order[-1]))
+    far = _bf16_flip(tgt, order[0], order[-1])
+    assert far["tie_measured"] is False and far["tie"] is (far["tie_rule"] or False)
+    assert abs(far["fp32_margin"] - exact) < 1e-5
+    narrow = [margin(tgt, seq + [order[0]] * j, (order[0], order[-1]), at=len(seq) - 1) for j in SHAPES]
+    assert abs(far["bf16_error"] - max(abs(m - exact) for m in narrow)) < 1e-5 and far["bf16_error"] > 0
+    a, b = order[1], order[2]
+    with torch.no_grad():
+        w = tgt.model.get_output_embeddings().weight
+        w[b] = w[a]  # identical rows: identical logits in any precision
+    same = _bf16_flip(tgt, a, b)
+    assert same["fp32_margin"] == 0 and same["bf16_error"] == 0 and same["tie_measured"] is True and same["tie"]
+    assert tgt.dtype == torch.bfloat16  # the measurement upcasts a copy, never the target

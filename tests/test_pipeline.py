@@ -197,8 +197,9 @@ def test_divergence_is_reported_with_position_and_top2_gap(run, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     div = (res / "smoke" / "tables" / "lossless_divergences.csv").read_text().strip().splitlines()
     head, row = div[0].split(","), div[1].split(",")
-    assert head == ["method", "dataset", "id", "position", "ar_token", "token", "mode", "top2_gap", "top1_logit", "tie"]
-    assert row[0] == "dflash" and row[3] == "1" and float(row[7]) >= 0 and row[9] == "False"  # fp32: never a tie
+    assert head == ["method", "dataset", "id", "position", "ar_token", "token", "mode", "top2_gap", "top1_logit",
+                    "tie_rule", "tie_measured", "tie"]
+    assert row[0] == "dflash" and row[3] == "1" and float(row[7]) >= 0 and row[9:] == ["False"] * 3  # fp32: no tie
 
 
 def test_results_older_than_their_model_are_redone(run):

@@ -84,8 +84,9 @@ def run(a):
         print(f"[lossless] {a.dtype} {name}: {row['identical']}/{row['n']} identical to {AR.name}")
     add_top2_gaps(tgt, flips, {x["id"]: x["prompt_ids"] for x in prompts}, {"humaneval": ref})
     write_text(out / "lossless.csv", pd.DataFrame(rows).to_csv(index=False))
-    write_text(out / "divergences.csv", pd.DataFrame(flips, columns=["method", "dataset", "id", "position", "ar_token",
-                                                                      "token", "top2_gap"]).to_csv(index=False))
+    cols = ["method", "dataset", "id", "position", "ar_token", "token", "top2_gap", "top1_logit", "tie_rule",
+            "fp32_margin", "bf16_error", "tie_measured", "tie"]
+    write_text(out / "divergences.csv", pd.DataFrame(flips, columns=cols).to_csv(index=False))
     write_meta(out / "meta.json", vars(a))
     if flips:
         print(pd.DataFrame(flips).to_string(index=False))

@@ -600,7 +600,9 @@ def lossless_check(c: Ctx):
     bad = [r for r in rows if r["identical"] != r["n"]]
     untied = [f for f in flips if not f.get("tie")]
     c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset x mode runs identical to ar"
-          + (f"; {len(flips)} requests diverge, {len(flips) - len(untied)} of them at a measured top-2 tie"
+          + (f"; {len(flips)} requests diverge, {len(flips) - len(untied)} of them at a top-2 tie of bf16 rounding "
+             f"({sum(bool(f.get('tie_rule')) for f in flips)} by the rule, "
+             f"{sum(bool(f.get('tie_measured')) for f in flips)} by the measured error)"
              + (f"; NOT at a tie: {[(f['method'], f['id'], f.get('top2_gap')) for f in untied]}" if untied else "")
              if flips else ""))
     return rows
