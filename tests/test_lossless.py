@@ -74,3 +74,18 @@ def test_a_measured_tie_is_a_margin_within_the_bf16_forwards_own_error():
     same = _bf16_flip(tgt, a, b)
     assert same["fp32_margin"] == 0 and same["bf16_error"] == 0 and same["tie_measured"] is True and same["tie"]
     assert tgt.dtype == torch.bfloat16  # the measurement upcasts a copy, never the target
+
+
+def test_flips_at_one_position_are_measured_once_and_alike():
+    """Every method of a run flips at the same positions: the second flip there reads the first's measurement."""
+    tgt, _ = tiny.build("qwen3", seed=0)
+    tgt.model.to(torch.bfloat16)
+    flips = [{"method": m, "id": "a", "dataset": "d", "position": 2, "ar_token": 4, "token": 6} for m in ("x", "y")]
+    calls = []
+    orig = tgt.features
+    tgt.features = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    add_top2_gaps(tgt, flips, {"a": [5, 7]}, {"d": {"a": [9, 11, 3]}})
+    assert len(calls) == 2 + len(SHAPES)  # once for both flips: the top-2 pass, the fp32 copy's (it copied the hook)
+    # and the bf16 margins
+    keys = ("top2_gap", "top1_logit", "tie_rule", "fp32_margin", "bf16_error", "tie_measured", "tie")
+    assert [flips[0][k] for k in keys] == [flips[1][k] for k in keys]
