@@ -20,8 +20,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# the tests in TEST_WORKERS processes (pytest-xdist; a module's tests stay in one process, so its fixtures are built
+# once); TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(PY) -m pytest tests
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 ablation-code: $(VENV)/.installed
 	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS)

@@ -9,8 +9,9 @@ from dmtp.models import tiny
 
 make_drafter = tiny.drafter  # a small random drafter of a variant (every test's)
 
-# two intra-op threads, or OMP_NUM_THREADS (=1 runs every reduction in another order: tolerances must hold for both)
-torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+# two intra-op threads, or OMP_NUM_THREADS (=1 runs every reduction in another order: tolerances must hold for both);
+# one per process when pytest-xdist runs the tests in several (`make test`: two processes on CI's two cores)
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")))
 
 
 @pytest.fixture(scope="session", params=["qwen3_5", "qwen3"])
