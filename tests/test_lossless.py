@@ -89,3 +89,23 @@ def test_flips_at_one_position_are_measured_once_and_alike():
     # and the bf16 margins
     keys = ("top2_gap", "top1_logit", "tie_rule", "fp32_margin", "bf16_error", "tie_measured", "tie")
     assert [flips[0][k] for k in keys] == [flips[1][k] for k in keys]
+
+
+def test_without_an_fp32_copy_the_rule_alone_judges_and_says_so(monkeypatch):
+    """A target whose fp32 copy does not fit (a paper-scale one on its GPU) keeps the rule's judgement, with a
+    warning naming why; nothing fails."""
+    import warnings
+
+    import dmtp.analysis.lossless as L
+
+    def no_room(target):
+        raise MemoryError("an fp32 copy needs 108.0 GiB, more than half the free device memory")
+
+    monkeypatch.setattr(L, "_upcast", no_room)
+    tgt, _ = tiny.build("qwen3", seed=0)
+    tgt.model.to(torch.bfloat16)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        f = _bf16_flip(tgt, 4, 6)
+    assert any("108.0 GiB" in str(x.message) and "rule alone" in str(x.message) for x in w)
+    assert "fp32_margin" not in f and f["tie_measured"] is False and f["tie"] is f["tie_rule"]

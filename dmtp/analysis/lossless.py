@@ -95,7 +95,11 @@ def add_top2_gaps(target, flips: list[dict], prompt_ids: dict[str, list[int]], r
 
 
 def _upcast(target):
-    """An fp32 copy of a reduced-precision target (the reference its bf16 margins are measured against)."""
+    """An fp32 copy of a reduced-precision target (the reference its bf16 margins are measured against). On a GPU
+    only where it takes at most half the free memory (a paper-scale target's copy would not fit beside it)."""
+    need = 4 * sum(p.numel() for p in target.model.parameters())
+    if target.device.type == "cuda" and need > torch.cuda.mem_get_info(target.device)[0] // 2:
+        raise MemoryError(f"an fp32 copy needs {need / 2**30:.1f} GiB, more than half the free device memory")
     wide = copy.deepcopy(target)
     wide.model.float()
     if wide.dtype != torch.float32:
