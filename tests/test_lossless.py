@@ -109,3 +109,40 @@ def test_without_an_fp32_copy_the_rule_alone_judges_and_says_so(monkeypatch):
         f = _bf16_flip(tgt, 4, 6)
     assert any("108.0 GiB" in str(x.message) and "rule alone" in str(x.message) for x in w)
     assert "fp32_margin" not in f and f["tie_measured"] is False and f["tie"] is f["tie_rule"]
+
+
+def test_the_fp32_copy_of_a_hybrid_target_runs_its_own_linear_attention():
+    """A hybrid target's Gated DeltaNet layers carry an instance-level wrapper (`target._segmented`) whose closure holds
+    the layer's own forward: copied as is, the fp32 copy's layers would call the bf16 original's (a dtype error). The
+    copy re-wraps its own layers, so its margins are fp32's and the flip is measured."""
+    from dmtp.analysis.lossless import _upcast
+
+    tgt, _ = tiny.build("qwen3_5_hybrid", seed=0)
+    tgt.model.to(torch.bfloat16)
+    wide = _upcast(tgt)
+    gdn = [m for m in wide.model.modules() if getattr(m, "_dmtp_segmented", False)]
+    assert gdn and all(c.cell_contents.__self__ is m for m in gdn for c in m.forward.__closure__
+                       if hasattr(c.cell_contents, "__self__"))
+    assert wide.features(torch.tensor([[5, 7, 9, 11]])).logits.dtype == torch.float32
+    f = _bf16_flip(tgt, 4, 6)
+    assert "fp32_margin" in f and f["bf16_error"] >= 0 and tgt.dtype == torch.bfloat16
+
+
+def test_a_measurement_that_fails_leaves_the_rule_and_a_warning(monkeypatch):
+    """Whatever goes wrong inside a measurement (here: every margin raises) costs the measurement, never the tables
+    stage: the flips keep the rule's judgement and a warning names the position."""
+    import warnings
+
+    import dmtp.analysis.lossless as L
+
+    def broken(*a, **k):
+        raise RuntimeError("expected m1 and m2 to have the same dtype")
+
+    monkeypatch.setattr(L, "margin", broken)
+    tgt, _ = tiny.build("qwen3", seed=0)
+    tgt.model.to(torch.bfloat16)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        f = _bf16_flip(tgt, 4, 6)
+    assert any("same dtype" in str(x.message) and "('d', 'a', 2)" in str(x.message) for x in w)
+    assert "fp32_margin" not in f and f["tie_measured"] is False and f["tie"] is f["tie_rule"]

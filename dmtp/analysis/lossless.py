@@ -12,6 +12,8 @@ import warnings
 
 import torch
 
+from dmtp.models.target import _segmented
+
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     if a == b:
@@ -80,14 +82,19 @@ def add_top2_gaps(target, flips: list[dict], prompt_ids: dict[str, list[int]], r
         gap, top = f["top2_gap"], f["top1_logit"] = gaps[at]
         f["tie_rule"] = reduced and gap <= TIE * max(1.0, abs(top))
         f["tie_measured"] = False
-        if wide is not None and f.get("ar_token") is not None and f.get("token") is not None:
-            pair = (f["ar_token"], f["token"])
-            if (at, pair) not in margins:
-                tail = ref[f["position"]: f["position"] + max(SHAPES)]
-                tail = tail + [pair[0]] * (max(SHAPES) - len(tail))  # rows after the position: they do not reach it
+        pair = (f.get("ar_token"), f.get("token"))
+        if wide is not None and None not in pair and (at, pair) not in margins:
+            tail = ref[f["position"]: f["position"] + max(SHAPES)]
+            tail = tail + [pair[0]] * (max(SHAPES) - len(tail))  # rows after the position: they do not reach it
+            try:
                 exact = margin(wide, seq, pair)
                 margins[at, pair] = exact, max(abs(margin(target, seq + tail[:j], pair, at=len(seq) - 1) - exact)
                                                for j in SHAPES)
+            except Exception as e:  # noqa: BLE001 - as above: the rule judges what cannot be measured
+                warnings.warn(f"lossless: the tie at {at} was not measured ({type(e).__name__}: {e}); the rest are "
+                              "judged by the rule alone")
+                wide = None
+        if (at, pair) in margins:
             exact, err = f["fp32_margin"], f["bf16_error"] = margins[at, pair]
             f["tie_measured"] = abs(exact) <= err
         f["tie"] = bool(f["tie_rule"] or f["tie_measured"])
@@ -101,6 +108,10 @@ def _upcast(target):
     if target.device.type == "cuda" and need > torch.cuda.mem_get_info(target.device)[0] // 2:
         raise MemoryError(f"an fp32 copy needs {need / 2**30:.1f} GiB, more than half the free device memory")
     wide = copy.deepcopy(target)
+    for m in wide.model.modules():  # a copied wrapper (`target._segmented`) still calls the original's forward
+        if getattr(m, "_dmtp_segmented", False):
+            del m.forward, m._dmtp_segmented
+            _segmented(m)
     wide.model.float()
     if wide.dtype != torch.float32:
         raise RuntimeError(f"an fp32 copy of the target is still {wide.dtype}")
