@@ -54,9 +54,8 @@ def test_a_measured_tie_is_a_margin_within_the_bf16_forwards_own_error():
     tgt, _ = tiny.build("qwen3", seed=0)
     seq = [5, 7, 9, 11]
     with torch.no_grad():
-        order = tgt.model(torch.tensor([seq])).logits[0, -1].float().argsort(descending=True).tolist()
-    with torch.no_grad():
         logits = tgt.model(torch.tensor([seq])).logits[0, -1].float()
+    order = logits.argsort(descending=True).tolist()
     assert abs(margin(tgt, seq, (order[0], order[-1])) - float(logits[order[0]] - logits[order[-1]])) < 1e-4
     tgt.model.to(torch.bfloat16)
     wide = copy.deepcopy(tgt)
@@ -85,29 +84,35 @@ def test_flips_at_one_position_are_measured_once_and_alike():
     orig = tgt.features
     tgt.features = lambda *a, **k: calls.append(1) or orig(*a, **k)
     add_top2_gaps(tgt, flips, {"a": [5, 7]}, {"d": {"a": [9, 11, 3]}})
-    assert len(calls) == 2 + len(SHAPES)  # once for both flips: the top-2 pass, the fp32 copy's (it copied the hook)
-    # and the bf16 margins
+    assert len(calls) == 1 + len(SHAPES)  # once for both flips: the top-2 pass (also the unpadded bf16 margin's), the
+    # fp32 copy's (it copied the hook) and the padded bf16 margins
     keys = ("top2_gap", "top1_logit", "tie_rule", "fp32_margin", "bf16_error", "tie_measured", "tie")
     assert [flips[0][k] for k in keys] == [flips[1][k] for k in keys]
 
 
-def test_without_an_fp32_copy_the_rule_alone_judges_and_says_so(monkeypatch):
-    """A target whose fp32 copy does not fit (a paper-scale one on its GPU) keeps the rule's judgement, with a
-    warning naming why; nothing fails."""
+def _flip_with(monkeypatch, name, fn):
+    """A bf16 flip measured with `dmtp.analysis.lossless.<name>` replaced by `fn`: (the flip, the warnings' texts)."""
     import warnings
 
     import dmtp.analysis.lossless as L
 
-    def no_room(target):
-        raise MemoryError("an fp32 copy needs 108.0 GiB, more than half the free device memory")
-
-    monkeypatch.setattr(L, "_upcast", no_room)
+    monkeypatch.setattr(L, name, fn)
     tgt, _ = tiny.build("qwen3", seed=0)
     tgt.model.to(torch.bfloat16)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         f = _bf16_flip(tgt, 4, 6)
-    assert any("108.0 GiB" in str(x.message) and "rule alone" in str(x.message) for x in w)
+    return f, [str(x.message) for x in w]
+
+
+def test_without_an_fp32_copy_the_rule_alone_judges_and_says_so(monkeypatch):
+    """A target whose fp32 copy does not fit (a paper-scale one on its GPU) keeps the rule's judgement, with a
+    warning naming why; nothing fails."""
+    def no_room(target):
+        raise MemoryError("an fp32 copy needs 108.0 GiB, more than half the free device memory")
+
+    f, said = _flip_with(monkeypatch, "_upcast", no_room)
+    assert any("108.0 GiB" in m and "rule alone" in m for m in said)
     assert "fp32_margin" not in f and f["tie_measured"] is False and f["tie"] is f["tie_rule"]
 
 
@@ -131,18 +136,9 @@ def test_the_fp32_copy_of_a_hybrid_target_runs_its_own_linear_attention():
 def test_a_measurement_that_fails_leaves_the_rule_and_a_warning(monkeypatch):
     """Whatever goes wrong inside a measurement (here: every margin raises) costs the measurement, never the tables
     stage: the flips keep the rule's judgement and a warning names the position."""
-    import warnings
-
-    import dmtp.analysis.lossless as L
-
     def broken(*a, **k):
         raise RuntimeError("expected m1 and m2 to have the same dtype")
 
-    monkeypatch.setattr(L, "margin", broken)
-    tgt, _ = tiny.build("qwen3", seed=0)
-    tgt.model.to(torch.bfloat16)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        f = _bf16_flip(tgt, 4, 6)
-    assert any("same dtype" in str(x.message) and "('d', 'a', 2)" in str(x.message) for x in w)
+    f, said = _flip_with(monkeypatch, "margin", broken)
+    assert any("same dtype" in m and "('d', 'a', 2)" in m for m in said)
     assert "fp32_margin" not in f and f["tie_measured"] is False and f["tie"] is f["tie_rule"]

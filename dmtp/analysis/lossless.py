@@ -72,14 +72,14 @@ def add_top2_gaps(target, flips: list[dict], prompt_ids: dict[str, list[int]], r
         except Exception as e:  # noqa: BLE001 - the rule still judges every flip; say why the measurement is missing
             warnings.warn(f"lossless: no fp32 copy of the target ({type(e).__name__}: {e}); ties judged by the rule "
                           "alone")
-    gaps, margins = {}, {}  # every method (and seed) of a run flips at the same few positions: each measured once
+    rows, margins = {}, {}  # every method (and seed) of a run flips at the same few positions: each measured once
     for f in known:
         ref = refs[f["dataset"]][f["id"]]
         seq = prompt_ids[f["id"]] + ref[: f["position"]]
         at = (f["dataset"], f["id"], f["position"])
-        if at not in gaps:
-            gaps[at] = top2_gap(target, seq)
-        gap, top = f["top2_gap"], f["top1_logit"] = gaps[at]
+        if at not in rows:
+            rows[at] = logits_after(target, seq)  # the top-2 gap and the unpadded bf16 margin read this one pass
+        gap, top = f["top2_gap"], f["top1_logit"] = _gap(rows[at])
         f["tie_rule"] = reduced and gap <= TIE * max(1.0, abs(top))
         f["tie_measured"] = False
         pair = (f.get("ar_token"), f.get("token"))
@@ -88,8 +88,9 @@ def add_top2_gaps(target, flips: list[dict], prompt_ids: dict[str, list[int]], r
             tail = tail + [pair[0]] * (max(SHAPES) - len(tail))  # rows after the position: they do not reach it
             try:
                 exact = margin(wide, seq, pair)
-                margins[at, pair] = exact, max(abs(margin(target, seq + tail[:j], pair, at=len(seq) - 1) - exact)
-                                               for j in SHAPES)
+                narrow = [_margin(rows[at], pair)] + [margin(target, seq + tail[:j], pair, at=len(seq) - 1)
+                                                      for j in SHAPES if j]
+                margins[at, pair] = exact, max(abs(m - exact) for m in narrow)
             except Exception as e:  # noqa: BLE001 - as above: the rule judges what cannot be measured
                 warnings.warn(f"lossless: the tie at {at} was not measured ({type(e).__name__}: {e}); the rest are "
                               "judged by the rule alone")
@@ -98,7 +99,6 @@ def add_top2_gaps(target, flips: list[dict], prompt_ids: dict[str, list[int]], r
             exact, err = f["fp32_margin"], f["bf16_error"] = margins[at, pair]
             f["tie_measured"] = abs(exact) <= err
         f["tie"] = bool(f["tie_rule"] or f["tie_measured"])
-    del wide
 
 
 def _upcast(target):
@@ -119,15 +119,26 @@ def _upcast(target):
 
 
 @torch.no_grad()
+def logits_after(target, seq: list[int], at: int = -1) -> torch.Tensor:
+    """The target's fp32 logits [V] at row `at` (default: the last) of an uncached pass over `seq`."""
+    return target.features(torch.tensor([seq], device=target.device)).logits[0, at].float()
+
+
+def _gap(logits: torch.Tensor) -> tuple[float, float]:
+    top = logits.topk(2).values
+    return float(top[0] - top[1]), float(top[0])
+
+
+def _margin(logits: torch.Tensor, pair: tuple[int, int]) -> float:
+    return float(logits[pair[0]] - logits[pair[1]])
+
+
 def margin(target, seq: list[int], pair: tuple[int, int], at: int | None = None) -> float:
     """The target's logit of pair[0] minus that of pair[1] at row `at` (default: the last) of an uncached pass over
     `seq`."""
-    logits = target.features(torch.tensor([seq], device=target.device)).logits[0, -1 if at is None else at]
-    return float(logits[pair[0]].float() - logits[pair[1]].float())
+    return _margin(logits_after(target, seq, -1 if at is None else at), pair)
 
 
-@torch.no_grad()
 def top2_gap(target, seq: list[int]) -> tuple[float, float]:
     """The target's top-1 minus top-2 logit after `seq` (prompt + the shared output prefix), and the top-1 logit."""
-    top = target.features(torch.tensor([seq], device=target.device)).logits[0, -1].topk(2).values
-    return float(top[0] - top[1]), float(top[0])
+    return _gap(logits_after(target, seq))
