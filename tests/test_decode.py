@@ -159,6 +159,32 @@ def test_dynamic_batching_is_lossless(models, name):
 
 
 @pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
+def test_dynamic_batching_with_late_copies_is_lossless(models, name, monkeypatch):
+    """As on CUDA when the host runs ahead: every copy to the host arrives two rounds late, so a server refills slots
+    (admission and record copies queued without a host synchronisation) while copies about their former occupants
+    are still in flight; those are skipped by slot generation, never applied to the newcomers. Requests that end at
+    their first token (end-of-text) included, over two request groups of one server."""
+    from test_stops import lagging
+
+    from dmtp.engine.decode import Server
+
+    tgt, mtp = models
+    prompts = PROMPTS + [[7, 7, 7], [12, 13, 14, 15], [60], [5, 7, 9, 11, 3]]
+    eos_at_first = hf_greedy(tgt, [60], 3)[0]  # the request [60] ends at its first token
+    ref = [hf_greedy(tgt, p, 25, eos=eos_at_first) for p in prompts]
+    assert ref[prompts.index([60])] == [eos_at_first]
+    batches = []
+    lagging(monkeypatch, batches)
+    for cap in (1, 2, 3):
+        srv = Server(tgt, method_for(name, tgt, mtp), cap=cap, capacity=64, max_new_tokens=25, eos_ids=[eos_at_first])
+        for group in (prompts, prompts[::-1]):
+            res = srv.run(group)
+            assert [r.output_ids for r in res] == [ref[prompts.index(p)] for p in group], cap
+            assert all(r.stop_reason == ("eos" if r.output_ids[-1] == eos_at_first else "length") for r in res)
+    assert any(b._pending for b in batches) and srv.groups > 0
+
+
+@pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
 def test_server_slots_outlive_a_request_group(models, name):
     """A Server keeps its slots (and, on CUDA, its graphs) between groups: a second group decodes losslessly in them."""
     from dmtp.engine.decode import Server

@@ -73,6 +73,37 @@ def _pick(logits, temperature, gen):
     return (probs / race).argmax(-1)
 
 
+def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor on `dev` without a host synchronisation: on CUDA through pinned memory, non-blocking (a copy from
+    pageable memory waits for every kernel queued before it; the pinned block is not reused before the copy is done)."""
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
+
+
+class _Arrived:
+    """The event of a copy that has already arrived (off CUDA every copy is synchronous)."""
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self):
+        pass
+
+
+def to_host(tensors: list[torch.Tensor], bufs: list[torch.Tensor] | None = None):
+    """Queue copies of device tensors to the host without waiting: (event, host tensors), the host tensors valid once
+    the event has completed (`bufs`: pinned landing buffers to reuse; default: fresh ones). Off CUDA: copies, arrived."""
+    if not tensors or tensors[0].device.type != "cuda":  # a copy, never a view of a tensor the loop updates
+        return _Arrived(), [t.clone() if bufs is None else b.copy_(t) for t, b in zip(tensors, bufs or tensors)]
+    if bufs is None:
+        bufs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+    for buf, t in zip(bufs, tensors):
+        buf.copy_(t, non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev, bufs
+
+
 def use_graphs(target, method: Method, eng: EngineConfig) -> bool:
     """CUDA graphs on CUDA for full-attention targets (hybrid targets keep a per-round history of linear states whose
     selection is host-side) unless `eng.graphs` is off."""
@@ -123,7 +154,8 @@ class Batch:
                              "only (use verify='target' with a screen)")
         self.t0 = time.perf_counter() if t0 is None else t0
         B, k = len(prompts), method.k
-        plen = torch.tensor([len(p) for p in prompts], device=dev)
+        plen = to_device(torch.tensor([len(p) for p in prompts]), dev)  # no host synchronisation: a server admits
+        # newcomers while its running rounds are still queued on the device
         T = max(len(p) for p in prompts)
         need = capacity_for(prompts, max_new_tokens, k)
         cap = capacity or need
@@ -136,7 +168,7 @@ class Batch:
         ids = torch.zeros(B, T, dtype=torch.long)
         for b, p in enumerate(prompts):
             ids[b, : len(p)] = torch.as_tensor(p)
-        ids = ids.to(dev)  # one copy for the whole group
+        ids = to_device(ids, dev)  # one copy for the whole group
         pos = torch.arange(T, device=dev)[None].expand(B, T)
         if prompt_pass is not None:  # a server's newcomers: the graphed pass (`prompts.py`), its cache rows viewed
             out, self.cache = prompt_pass(ids, plen, cap)
@@ -148,7 +180,7 @@ class Batch:
             self.cache = KVCache(B, cap, fast=self.engine != "hf")
             out = target.forward(ids, pos, self.cache, taps=method.taps, lengths=plen, logits_at=plen - 1)
         first = _pick(out.logits[:, 0], temperature, gen)
-        self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=dev)
+        self.eos = to_device(torch.tensor(sorted(eos), dtype=torch.long), dev)
         self.eos_ids = set(eos)
         done = torch.isin(first, self.eos) | (max_new_tokens <= 1)
         own = method_engine(method, self.engine, self.eng, dev)
@@ -174,14 +206,18 @@ class Batch:
         # what the host knows: done flags as of some earlier round (pinned copies, read without waiting)
         self.wall: list[float | None] = [None] * B
         self._seen = torch.zeros(B, dtype=torch.bool)
-        self._pending: collections.deque = collections.deque()
+        self._pending: collections.deque = collections.deque()  # (event, host copies, slots, generations)
         self._ring: list[torch.Tensor] = []  # pinned landing buffers, made on the first round (newcomers never step)
         self._turn = 0
+        self._gens: tuple[int, ...] = (0,) * B  # per slot: how many times it took newcomers (`absorb`); a copy in
+        # flight describes the occupants of the generations it was queued under, and the host skips a slot's row of
+        # it once the slot has new occupants
         self.match = [stop.match() for _ in prompts] if stop is not None else None  # host-side, per request
         self._stopped = torch.zeros(B, dtype=torch.bool)  # requests the host ended at a stop string
+        # the host sees the first token too (a stop string may end there): queued like a round's, not waited for
+        self._y, self._emitted = first[:, None], torch.ones(B, dtype=torch.long, device=dev)
+        self._publish(ring=False)
         self._y = self._emitted = None  # the last round's tokens [B, k+1] and count appended [B] (stop strings)
-        # the host sees the first token too: a stop string may end there
-        self._see(done.cpu(), *((first[:, None].cpu(), torch.ones(B, dtype=torch.long)) if stop is not None else ()))
 
     def _run(self, stage, fn, *inputs, updates=()):
         with self.method.timer(stage):
@@ -191,44 +227,50 @@ class Batch:
                                if compile else None)
 
     # --- what the host knows --------------------------------------------------------------------------------------
-    def _see(self, done_host: torch.Tensor, y=None, emitted=None):
-        """Host view of one round: its done flags and, with stop strings, the tokens it appended (y[b, :emitted[b]])."""
+    def _see(self, done_host: torch.Tensor, y=None, emitted=None, slots=None, gens=None):
+        """Host view of one round: its done flags and, with stop strings, the tokens it appended (y[i, :emitted[i]]).
+        Row i describes slot `slots[i]` (default: slot i) under generation `gens[i]`; a row whose slot has taken
+        newcomers since (`absorb`) describes its former occupant and is skipped."""
+        n = done_host.shape[0]
+        idx = torch.arange(n) if slots is None else torch.as_tensor(slots, dtype=torch.long)
+        ok = (torch.ones(n, dtype=torch.bool) if gens is self._gens else  # no slot refilled since it was queued
+              torch.tensor([g == self._gens[s] for g, s in zip(gens, idx.tolist())], dtype=torch.bool))
         if self.match is not None and y is not None:
-            for b in emitted.nonzero().flatten().tolist():
-                if not self._stopped[b] and self.match[b].feed(y[b, : int(emitted[b])].tolist()):
-                    self._stopped[b] = True
-                    self.st.done[b: b + 1].fill_(True)  # no sync; rounds already queued still run for b
-            done_host = done_host | self._stopped
-        new = done_host & ~self._seen
+            for i in (emitted.ne(0) & ok).nonzero().flatten().tolist():
+                s = int(idx[i])
+                if not self._stopped[s] and self.match[s].feed(y[i, : int(emitted[i])].tolist()):
+                    self._stopped[s] = True
+                    self.st.done[s: s + 1].fill_(True)  # no sync; rounds already queued still run for s
+        done = done_host | self._stopped[idx]
+        new = ok & done & ~self._seen[idx]
         if new.any():
             now = time.perf_counter() - self.t0
-            for b in new.nonzero().flatten().tolist():
-                self.wall[b] = now
-        self._seen = done_host.clone()
+            for i in new.nonzero().flatten().tolist():
+                self.wall[int(idx[i])] = now
+        seen = self._seen.clone()  # replaced, never written into: a caller may hold the last poll's flags
+        seen[idx[ok]] = done[ok]
+        self._seen = seen
 
-    def _publish(self):
-        """Queue a copy of the done flags to the host (no wait). At most 2 stay in flight: the host then waits for the
-        round before last while the GPU runs the last one."""
+    def _publish(self, ring: bool = True):
+        """Queue a copy of the done flags (with stop strings: the round's tokens and counts) to the host, no wait. At
+        most 2 stay in flight: the host then waits for the round before last while the GPU runs the last one. `ring`:
+        the round's pinned landing buffers (reused); off, fresh ones (the first token's, of other shapes)."""
         src = [self.st.done] + ([self._y, self._emitted] if self.match is not None else [])
-        if self.dev.type != "cuda":
-            self._see(*[t.cpu() for t in src])
-            return
-        if not self._ring:
-            self._ring = [[torch.zeros(t.shape, dtype=t.dtype, pin_memory=True) for t in src] for _ in range(4)]
-        bufs = self._ring[self._turn % len(self._ring)]
-        self._turn += 1
-        for buf, t in zip(bufs, src):
-            buf.copy_(t, non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record()
-        self._pending.append((ev, bufs))
+        bufs = None
+        if ring and self.dev.type == "cuda":
+            if not self._ring:
+                self._ring = [[torch.zeros(t.shape, dtype=t.dtype, pin_memory=True) for t in src] for _ in range(4)]
+            bufs = self._ring[self._turn % len(self._ring)]
+            self._turn += 1
+        ev, bufs = to_host(src, bufs)
+        self._pending.append((ev, bufs, None, self._gens))
 
     def poll(self, wait: bool = False) -> torch.Tensor:
         """Done flags [B] (host) as of the newest round whose copy has arrived; `wait` = as of the last round."""
         while self._pending and (wait or len(self._pending) > 2 or self._pending[0][0].query()):
-            ev, bufs = self._pending.popleft()
+            ev, bufs, slots, gens = self._pending.popleft()
             ev.synchronize()
-            self._see(*bufs)
+            self._see(*bufs, slots=slots, gens=gens)
         return self._seen
 
     @property
@@ -237,11 +279,7 @@ class Batch:
 
     def _result(self, b: int, out: list[int], acc: list[int], wall: float) -> Result:
         """Request b's record; a stop string cuts it after the token that completes it (`stops.py`)."""
-        found = self.match[b].found if self.match is not None else None
-        if found is not None:
-            return Result(out[: found[1]], cut_rounds(acc, found[1]), wall, "stop")
-        eos = bool(out) and out[-1] in self.eos_ids  # a round cut at end-of-text or the length cap: its count too
-        return Result(out, cut_rounds(acc, len(out)), wall, "eos" if eos else "length")
+        return _make_result(out, acc, wall, self.match[b].found if self.match is not None else None, self.eos_ids)
 
     def result(self, b: int) -> Result:
         n, r = int(self.n_out[b]), int(self.n_rounds[b])
@@ -326,9 +364,11 @@ class Batch:
         return emitted
 
     def absorb(self, slots: list[int], other: "Batch"):
-        """Move `other`'s requests (all of its rows, in order) into this batch's `slots` (same capacity)."""
-        self.poll(wait=True)  # copies still in flight describe the slots' previous occupants
-        dst = torch.tensor(slots, device=self.dev)
+        """Move `other`'s requests (all of its rows, in order) into this batch's `slots` (same capacity), without a
+        host synchronisation: the copies are queued behind the rounds in flight, whose host copies still describe the
+        slots' former occupants (skipped by generation, `_see`); `other`'s own copies in flight (its first tokens)
+        now describe `slots`."""
+        dst = to_device(torch.tensor(slots), self.dev)
         src = slice(0, len(slots))  # the first rows: views, no gather kernel per tensor (64 at 32 layers)
         self.cache.copy_rows(other.cache, dst, src)
         for f in ("lens", "anchor", "done"):
@@ -336,12 +376,55 @@ class Batch:
         for f in ("out", "n_out", "acc", "n_rounds"):
             getattr(self, f)[dst] = getattr(other, f)[src]
         self.method.absorb(dst, other.method, src)
+        gens = list(self._gens)
         for b, s in enumerate(slots):
             self.wall[s] = other.wall[b]
             if self.match is not None:
                 self.match[s] = other.match[b]
-        self._seen[slots] = other._seen[: len(slots)]  # `_see` replaces `_seen`, never writes into it
+            gens[s] += 1
+        self._gens = tuple(gens)
+        seen = self._seen.clone()  # `_see` replaces `_seen`, never writes into it
+        seen[slots] = other._seen[: len(slots)]
+        self._seen = seen
         self._stopped[slots] = other._stopped[: len(slots)]
+        for ev, bufs, rows, _ in other._pending:  # `other` never absorbed: its rows are its requests, in order
+            into = list(slots) if rows is None else [slots[r] for r in rows]
+            self._pending.append((ev, bufs, into, tuple(self._gens[s] for s in into)))
+        other._pending.clear()
+
+    def harvest(self, slots: list[int]) -> "Harvest":
+        """Queue a copy of the records of the finished requests in `slots` to the host, no wait (`Harvest.results`
+        reads them): the slots can take newcomers at once, the copy being queued before anything they write."""
+        return Harvest(self, slots)
+
+
+class Harvest:
+    """The records of finished requests on their way to the host (`Batch.harvest`): one gather and one copy for the
+    group, the host-side parts (wall time, stop-string match) taken when the request was seen finished."""
+
+    def __init__(self, batch: Batch, slots: list[int]):
+        self.n, self.width = len(slots), batch.out.shape[1]
+        self.eos_ids = batch.eos_ids
+        self.found = [batch.match[s].found if batch.match is not None else None for s in slots]
+        self.wall = [batch.wall[s] or 0.0 for s in slots]
+        idx = to_device(torch.tensor(slots), batch.dev)
+        packed = torch.cat([batch.out[idx], batch.acc[idx], batch.n_out[idx, None], batch.n_rounds[idx, None]], 1)
+        self.event, (self.host,) = to_host([packed])
+
+    def results(self) -> list[Result]:
+        self.event.synchronize()
+        rows, w = self.host.tolist(), self.width
+        return [_make_result(r[: r[-2]], r[w: w + r[-1]], wall, found, self.eos_ids)
+                for r, wall, found in zip(rows, self.wall, self.found)]
+
+
+def _make_result(out: list[int], acc: list[int], wall: float, found, eos_ids) -> Result:
+    """A request's record: cut after the token that completes a stop string (`found`, `stops.py`), else as emitted;
+    the accept counts cut with it (a round cut at end-of-text or the length cap: its count too)."""
+    if found is not None:
+        return Result(out[: found[1]], cut_rounds(acc, found[1]), wall, "stop")
+    eos = bool(out) and out[-1] in eos_ids
+    return Result(out, cut_rounds(acc, len(out)), wall, "eos" if eos else "length")
 
 
 def check_token_ids(prompts, vocab_size: int) -> None:
@@ -414,6 +497,8 @@ class Server:
         self.gen = torch.Generator(device=target.device).manual_seed(seed)
         self.batch: Batch | None = None
         self.admit_s, self.rounds, self.groups = 0.0, 0, 0
+        self.admit_host_s = 0.0  # host time spent queueing admissions (on CUDA `admit_s` is their device time)
+        self._marks: list = []  # CUDA events around each admission not yet added to `admit_s`
         self.prompt_pass = self._prompt_pass()
 
     def _prompt_pass(self):
@@ -455,12 +540,30 @@ class Server:
 
     @torch.no_grad()
     def admit(self, slots: list[int], prompts: list[list[int]], t0: float):
-        """Prefill `prompts` as one group and move them into the free `slots` of the running batch (one per prompt);
-        the host time counts in `admit_s`, the group in `groups`."""
+        """Prefill `prompts` as one group and move them into the free `slots` of the running batch (one per prompt),
+        queued behind the rounds in flight without a host synchronisation. Its time counts in `admit_s` (on CUDA the
+        device time between events around its work, settled at the end of `run`: the time the admission holds the
+        stream; elsewhere host time), the group in `groups`."""
         ta = time.perf_counter()
+        marks = None
+        if self.target.device.type == "cuda":
+            marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            marks[0].record()
         self.batch.absorb(slots, self._new(prompts, t0, graphs=False, prompt_pass=self.prompt_pass))
-        self.admit_s += time.perf_counter() - ta
+        if marks is not None:
+            marks[1].record()
+            self._marks.append(marks)
+        else:
+            self.admit_s += time.perf_counter() - ta
+        self.admit_host_s += time.perf_counter() - ta
         self.groups += 1
+
+    def _settle(self):
+        """Add the device time of the admissions since the last call to `admit_s` (waits for their events)."""
+        for a, b in self._marks:
+            b.synchronize()
+            self.admit_s += a.elapsed_time(b) / 1e3
+        self._marks = []
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -477,14 +580,15 @@ class Server:
             self.batch.t0 = t0
             owner = [None] * len(self.batch.wall)
         batch = self.batch
+        harvests: list[tuple[Harvest, list[int]]] = []  # records on their way to the host, and whose they are
         while True:
             done = batch.poll()
-            free = []
-            for s in range(len(owner)):
-                if owner[s] is not None and done[s]:
-                    out[owner[s]], owner[s] = batch.result(s), None
-                if owner[s] is None:
-                    free.append(s)
+            finished = [s for s in range(len(owner)) if owner[s] is not None and done[s]]
+            if finished:  # their records are copied out before any newcomer can overwrite the slots
+                harvests.append((batch.harvest(finished), [owner[s] for s in finished]))
+                for s in finished:
+                    owner[s] = None
+            free = [s for s in range(len(owner)) if owner[s] is None]
             busy = len(owner) - len(free)
             if queue and free and (len(free) >= min(self.eng.admit, len(queue)) or busy == 0):
                 join, queue = queue[: len(free)], queue[len(free):]
@@ -493,9 +597,14 @@ class Server:
                     owner[s] = i
                 continue  # newcomers may already be finished (EOS as the first token)
             if all(o is None for o in owner):
-                return out
+                break
             batch.step()
             self.rounds += 1
+        for h, whose in harvests:
+            for i, r in zip(whose, h.results()):
+                out[i] = r
+        self._settle()
+        return out
 
 
 @torch.no_grad()

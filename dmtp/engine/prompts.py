@@ -6,9 +6,10 @@ is a few milliseconds, its host work (guards, the runtime wrapper, kernel launch
 for it. Here the same compiled pass is captured into one CUDA graph per bucket — group size rounded up to a power
 of two (at most the server's cap), prompt length rounded up to a multiple of `LENGTH_STEP` — and replayed.
 
-Padding is exact for the rows that count: padded prompts are right-padded (a row past a prompt's end holds padding,
-as on the unpadded pass, and is rewritten by the first decode step that reaches it before any query sees it) and
-padded group rows are dropped. What changes with the bucket is the shape of the kernels (a GEMM over more rows, a
+Its attention reads the bucket's own cache rows (the padded prompt length), not the whole capacity: a prompt's
+queries see no later row, and the score matrix no longer grows with `max_new_tokens`. Padding is exact for the rows
+that count: padded prompts are right-padded (a row past a prompt's end holds padding, as on the unpadded pass, and is
+rewritten by the first decode step that reaches it before any query sees it) and padded group rows are dropped. What changes with the bucket is the shape of the kernels (a GEMM over more rows, a
 softmax over a longer, masked row), so a request's prompt logits can differ from the unpadded pass in the last bits;
 every method of a server shares the same pass, which is the losslessness that counts (each method against the
 engine's own AR).
@@ -119,7 +120,7 @@ class PromptPass:
         p[:B] = plen
 
         def run(x, p):
-            return fast.prefill_forward(self.target, x, pos, cache, self.taps, p, compile=self.compile)
+            return fast.prefill_forward(self.target, x, pos, cache, self.taps, p, compile=self.compile, rows=Tb)
 
         stage = f"prompt {Bb}x{Tb}x{capacity}"
         out = self._graphed(stage, run, x, p, off=self._all_off)

@@ -286,13 +286,16 @@ def target_forward(tgt, ids, pos, cache: KVCache, taps=None, compile: bool = Fal
 
 
 @torch.no_grad()
-def prefill_forward(tgt, ids, pos, cache: KVCache, taps, plen, compile: bool = True) -> TargetOut:
+def prefill_forward(tgt, ids, pos, cache: KVCache, taps, plen, compile: bool = True, rows: int | None = None
+                    ) -> TargetOut:
     """`Target.forward(ids, pos, cache, taps, logits_at=plen - 1)` for the prompt pass of right-padded prompts
     (ids, pos [B, T], plen [B]) through this module's layers: the dense kernel, the K/V rows written inside the graph,
     compiled with symbolic shapes (`compile`: one graph for every batch size and prompt length, instead of the HF
     layers' eager kernels one by one). Rows past a prompt's end hold padding, as on the HF path: a row is rewritten
     by the first decode step that reaches its position, before any query can see it. Logits of each prompt's last
-    row only ([B, 1, V])."""
+    row only ([B, 1, V]). `rows`: attend over the cache's first `rows` rows only, the prompt pass's own (prompts
+    padded to `rows` positions: no query can see a later row), not the whole capacity (the graphed pass, whose
+    shapes are fixed per bucket: `engine/prompts.py`)."""
     dev = ids.device
     layer_fn = compiled(decoder_layer, dev, dynamic=True) if compile else decoder_layer
     x, delta, cos, sin = _prologue(tgt, ids, pos)
@@ -301,6 +304,8 @@ def prefill_forward(tgt, ids, pos, cache: KVCache, taps, plen, compile: bool = T
     for i, layer in enumerate(tgt.body.layers):
         a = layer.self_attn  # the cache buffers, made as the HF pass makes them on its first write
         kb, vb = cache._buffers(i, x.new_empty(x.shape[0], a.config.num_key_value_heads, 0, a.head_dim))
+        if rows is not None:  # views: the rows are written into the cache all the same
+            kb, vb = kb[:, :, :rows], vb[:, :, :rows]
         x, delta = layer_fn(layer, x, delta, cos, sin, kb, vb, pos, rope, "dense", "graph")
         if taps and i in taps:
             out[i] = x + delta
