@@ -3,6 +3,7 @@ import pytest
 import torch
 from conftest import Oracle, hf_greedy, make_drafter
 
+from dmtp.config import EngineConfig
 from dmtp.engine import methods
 from dmtp.engine.decode import generate, serve
 from dmtp.engine.methods import AR, DrafterMethod, MTPMethod, build_method, load_method, method_class
@@ -175,13 +176,45 @@ def test_dynamic_batching_with_late_copies_is_lossless(models, name, monkeypatch
     assert ref[prompts.index([60])] == [eos_at_first]
     batches = []
     lagging(monkeypatch, batches)
-    for cap in (1, 2, 3):
-        srv = Server(tgt, method_for(name, tgt, mtp), cap=cap, capacity=64, max_new_tokens=25, eos_ids=[eos_at_first])
+    for cap, beside in ((1, 0), (2, 0), (3, 0), (2, 1), (3, 2)):
+        eng = EngineConfig(admit_beside=beside)
+        srv = Server(tgt, method_for(name, tgt, mtp), cap=cap, capacity=64, max_new_tokens=25, eos_ids=[eos_at_first],
+                     engine=eng)
         for group in (prompts, prompts[::-1]):
             res = srv.run(group)
-            assert [r.output_ids for r in res] == [ref[prompts.index(p)] for p in group], cap
+            assert [r.output_ids for r in res] == [ref[prompts.index(p)] for p in group], (cap, beside)
             assert all(r.stop_reason == ("eos" if r.output_ids[-1] == eos_at_first else "length") for r in res)
-    assert any(b._pending for b in batches) and srv.groups > 0
+        assert srv.groups > 0 and srv._joining is None
+    assert any(b._pending for b in batches)
+
+
+def test_newcomers_prefilled_beside_the_decode_join_later(models):
+    """`engine.admit_beside` = L: a group of newcomers is prefilled while the running requests decode and joins its
+    reserved slots L rounds later (at once when nothing else runs), losslessly; with L = 0 they join at once."""
+    from dmtp.engine.decode import Server
+
+    tgt, mtp = models
+    prompts = [PROMPTS[0], PROMPTS[2], [7, 7, 7], [60], [12, 13, 14, 15]]
+    eos = hf_greedy(tgt, PROMPTS[0], 30)[4]  # some requests end early: slots free while others still run
+    ref = [hf_greedy(tgt, p, 12, eos=eos) for p in prompts]
+    assert len({len(r) for r in ref}) > 1
+    joins = {}
+    for beside in (0, 1, 3):
+        srv = Server(tgt, method_for("zero_init_residual", tgt, mtp), cap=2, capacity=64, max_new_tokens=12,
+                     eos_ids=[eos], engine=EngineConfig(admit_beside=beside))
+        seen, begin = [], srv._begin
+
+        def spy(*a, srv=srv, seen=seen, begin=begin):  # the round count at which each group began beside
+            seen.append(srv.rounds)
+            return begin(*a)
+
+        srv._begin = spy
+        assert [r.output_ids for r in srv.run(prompts)] == ref
+        joins[beside] = (len(seen), srv.rounds, srv.groups)
+        assert srv.admit_s > 0 and srv.beside_s == 0.0  # off CUDA nothing runs beside: its time is admission's
+    assert joins[0][0] == 0 and joins[1][0] > 0 and joins[3][0] > 0
+    assert joins[0][2] == joins[1][2] == joins[3][2]  # the same groups, in the same order
+    assert joins[3][1] > joins[1][1] >= joins[0][1]  # newcomers joining later: more rounds for the same requests
 
 
 @pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])

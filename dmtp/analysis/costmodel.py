@@ -7,9 +7,10 @@ requests, a request group of dynamic batching at cap C takes
 
     T = sum over server steps s of t(B_s)  +  G * t_admit
 
-B_s = requests live at step s (the schedule below fixes it), G = admitted newcomer groups, t_admit = host time per
-admission (prompt pass + moving the rows into the slots; measured by the throughput bench, 0 in a decode-only
-projection). Throughput = output tokens / T, and a speed-up is the ratio of two such predictions on the same
+B_s = requests live at step s (the schedule below fixes it), G = admitted newcomer groups, t_admit = the time an
+admission holds the decode (prompt pass + moving the rows into the slots; measured by the throughput bench as
+`Server.admit_s` / groups: on CUDA the admissions' device time between events, since admission stopped waiting on
+the host; host time with its synchronisations before; 0 in a decode-only projection). Throughput = output tokens / T, and a speed-up is the ratio of two such predictions on the same
 requests, AR included (AR: one round per token after the first). `t(B)` is piecewise linear between the measured
 batches (flat beyond them): at these shapes a round is latency-bound, so it barely grows with B.
 
@@ -86,7 +87,7 @@ def predict(records: dict[str, list[dict]], times: dict[str, dict[int, float]], 
             t_admit_ms: dict[str, float] | None = None, admit: int = 1) -> dict[str, dict]:
     """Predicted throughput of every method of `records` (name -> its records: `accepted`, `output_ids`) at `cap` on
     the first `n` requests, from `times` (name -> {batch: ms per round}); with `ar` among them each prediction gets
-    `speedup` = its tok/s over AR's. `t_admit_ms`: name -> host ms per admitted group (default 0: decode only)."""
+    `speedup` = its tok/s over AR's. `t_admit_ms`: name -> ms per admitted group (default 0: decode only)."""
     out = {}
     for name, recs in records.items():
         if name not in times:

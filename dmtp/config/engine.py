@@ -53,13 +53,17 @@ class EngineConfig:
     # first batch and `generate` take the compiled pass)
     admit: int = 1  # dynamic batching (`Server`): newcomers are prefilled and join once this many slots are free (or
     # the rest of the queue fits, or no request is left running): one prompt pass per group of newcomers
+    admit_beside: int = 0  # dynamic batching (`Server`): rounds the running requests decode while a group of
+    # newcomers is prefilled beside them (on CUDA a second stream) before the group joins its slots; 0: it joins at
+    # once, the decode waiting for its prompt pass. A `Server`-only setting (records decoded by `generate` do not
+    # depend on it)
     dtype: str = "fp32"  # precision of the target, MTP head and drafters when decoding (fp32: exact losslessness;
     # bf16: every method equals the engine's own bf16 AR up to measured top-2 ties)
 
     def __post_init__(self):
         check(self, engine=one_of(*ENGINES), attention=one_of(*ATTENTIONS), cache_write=one_of(*CACHE_WRITES),
               tuning=one_of(*TUNINGS), drafter=one_of(*DRAFTER_PATHS), prefill=one_of(*PREFILLS),
-              dtype=one_of(*DTYPES), admit=at_least(1))
+              dtype=one_of(*DTYPES), admit=at_least(1), admit_beside=at_least(0))
         if not isinstance(self.graphs, bool):
             raise ValueError(f"graphs={self.graphs!r}: expected true or false")
 
@@ -99,7 +103,13 @@ class EngineConfig:
         return x
 
 
+SERVER_ONLY = ("admit_beside",)  # settings no record of `generate` depends on, out of the records key (an
+# experiment recorded before they existed is the same experiment)
+
+
 def records_key_of(engine: dict) -> dict:
     """`EngineConfig.records_key` of an engine dict (experiment.json's "engine"): prefill "graphed" read as
-    "compiled", the pass `generate` takes under it (only a `Server`'s newcomers are graphed)."""
-    return dict(engine, prefill="compiled") if engine.get("prefill") == "graphed" else dict(engine)
+    "compiled", the pass `generate` takes under it (only a `Server`'s newcomers are graphed); `SERVER_ONLY` left
+    out."""
+    key = {k: v for k, v in engine.items() if k not in SERVER_ONLY}
+    return dict(key, prefill="compiled") if key.get("prefill") == "graphed" else key

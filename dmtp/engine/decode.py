@@ -92,7 +92,8 @@ class _Arrived:
 
 def to_host(tensors: list[torch.Tensor], bufs: list[torch.Tensor] | None = None):
     """Queue copies of device tensors to the host without waiting: (event, host tensors), the host tensors valid once
-    the event has completed (`bufs`: pinned landing buffers to reuse; default: fresh ones). Off CUDA: copies, arrived."""
+    the event has completed (`bufs`: pinned landing buffers to reuse; default: fresh ones). Off CUDA: copies,
+    arrived."""
     if not tensors or tensors[0].device.type != "cuda":  # a copy, never a view of a tensor the loop updates
         return _Arrived(), [t.clone() if bufs is None else b.copy_(t) for t, b in zip(tensors, bufs or tensors)]
     if bufs is None:
@@ -481,7 +482,13 @@ class Server:
     later request groups replay them. Slots = the first group's size, at most `cap`; `capacity` bounds prompt +
     `max_new_tokens` (+ 2 blocks) of every request; `verify` as in `generate`. Newcomers join in groups of at least
     `engine.admit` (`EngineConfig`): each group costs one prompt pass and one move into the slots, whatever its size.
-    `admit_s` and `rounds`: host seconds spent admitting newcomers and rounds stepped, summed over runs."""
+    No admission waits on the host: its copies are pinned and non-blocking, the newcomers' first tokens reach the host
+    like a round's, and finished records are copied out without waiting (`Batch.harvest`). With
+    `engine.admit_beside` = L > 0 a group is prefilled beside the running requests (on CUDA a second stream) and
+    joins its reserved slots L rounds later, so its prompt pass overlaps the decode instead of holding it.
+    `admit_s`: seconds admissions held the decode (on CUDA device time between events; elsewhere host time);
+    `beside_s`: device seconds of the prefills run beside it; `admit_host_s`: host seconds spent queueing them;
+    `rounds`, `groups`: rounds stepped and groups admitted; all summed over runs."""
 
     def __init__(self, target, method: Method, cap: int, capacity: int, temperature: float = 0.0,
                  max_new_tokens: int = 128, eos_ids=(), seed: int = 0, engine: EngineConfig | None = None,
@@ -498,7 +505,13 @@ class Server:
         self.batch: Batch | None = None
         self.admit_s, self.rounds, self.groups = 0.0, 0, 0
         self.admit_host_s = 0.0  # host time spent queueing admissions (on CUDA `admit_s` is their device time)
-        self._marks: list = []  # CUDA events around each admission not yet added to `admit_s`
+        self.beside_s = 0.0  # device time of the prompt passes run beside the decode (`engine.admit_beside`)
+        self._marks: list = []  # CUDA events around each admission not yet added to `admit_s` (or `beside_s`)
+        # newcomers prefilled beside the decode (`engine.admit_beside`): on CUDA a second stream, which waits for the
+        # last join before it reuses what that join read (the prompt pass's static buffers, its own freed memory)
+        self.side = torch.cuda.Stream(target.device) if target.device.type == "cuda" and self.eng.admit_beside else None
+        self._joining = None  # (slots, newcomers' batch, their requests, rounds left, event when prefilled)
+        self._joined = None  # event on the decode stream after the last join
         self.prompt_pass = self._prompt_pass()
 
     def _prompt_pass(self):
@@ -516,7 +529,7 @@ class Server:
     def close(self):
         """Let go of the slots (caches, state, CUDA graphs) now, not when the server goes."""
         compiled = self.batch is not None and self.batch.engine == "compiled"
-        self.batch = None
+        self.batch = self._joining = self._joined = None
         self.prompt_pass = self._prompt_pass()  # its graphs and static caches go too
         if compiled:
             _collect()
@@ -545,25 +558,79 @@ class Server:
         device time between events around its work, settled at the end of `run`: the time the admission holds the
         stream; elsewhere host time), the group in `groups`."""
         ta = time.perf_counter()
-        marks = None
-        if self.target.device.type == "cuda":
-            marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            marks[0].record()
-        self.batch.absorb(slots, self._new(prompts, t0, graphs=False, prompt_pass=self.prompt_pass))
-        if marks is not None:
-            marks[1].record()
-            self._marks.append(marks)
-        else:
-            self.admit_s += time.perf_counter() - ta
+        self._marked(lambda: self.batch.absorb(slots, self._new(prompts, t0, graphs=False,
+                                                                prompt_pass=self.prompt_pass)))
+        self._mark_joined()
         self.admit_host_s += time.perf_counter() - ta
         self.groups += 1
 
+    def _mark_joined(self):
+        """After newcomers took their slots on the decode stream: the side stream's next prefill waits for this point
+        (it rewrites what they were read from)."""
+        if self.side is not None:
+            self._joined = torch.cuda.Event()
+            self._joined.record()
+
     def _settle(self):
-        """Add the device time of the admissions since the last call to `admit_s` (waits for their events)."""
-        for a, b in self._marks:
+        """Add the device time of the admissions since the last call to `admit_s` (prefills beside the decode to
+        `beside_s`); waits for their events."""
+        for a, b, beside in self._marks:
             b.synchronize()
-            self.admit_s += a.elapsed_time(b) / 1e3
+            if beside:
+                self.beside_s += a.elapsed_time(b) / 1e3
+            else:
+                self.admit_s += a.elapsed_time(b) / 1e3
         self._marks = []
+
+    def _marked(self, fn, beside: bool = False):
+        """fn() between two timing events on the current stream (CUDA; elsewhere its host time counts in admit_s)."""
+        if self.target.device.type != "cuda":
+            t = time.perf_counter()
+            out = fn()
+            if not beside:
+                self.admit_s += time.perf_counter() - t
+            return out
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        out = fn()
+        b.record()
+        self._marks.append((a, b, beside))
+        return out
+
+    def _begin(self, slots: list[int], prompts: list[list[int]], t0: float, reqs: list[int]):
+        """Prefill a group of newcomers beside the decode (`engine.admit_beside`): on CUDA their prompt pass is queued
+        on the side stream and runs while the running requests decode; they join their (reserved) `slots` after
+        that many rounds (`_join`)."""
+        ta = time.perf_counter()
+
+        def prefill():
+            return self._new(prompts, t0, graphs=False, prompt_pass=self.prompt_pass)
+
+        if self.side is None:  # off CUDA: the same order of events, nothing runs beside
+            new, ready = self._marked(prefill), None
+        else:
+            if self._joined is not None:
+                self.side.wait_event(self._joined)
+            with torch.cuda.stream(self.side):
+                new = self._marked(prefill, beside=True)
+                ready = torch.cuda.Event()
+                ready.record()
+        self._joining = (slots, new, reqs, self.eng.admit_beside, ready)
+        self.admit_host_s += time.perf_counter() - ta
+
+    def _join(self):
+        """The newcomers prefilled beside the decode take their slots (after the decode stream waits for their
+        prefill); returns (slots, their requests)."""
+        slots, new, reqs, _, ready = self._joining
+        self._joining = None
+        ta = time.perf_counter()
+        if ready is not None:
+            torch.cuda.current_stream().wait_event(ready)
+        self._marked(lambda: self.batch.absorb(slots, new))
+        self._mark_joined()
+        self.admit_host_s += time.perf_counter() - ta
+        self.groups += 1
+        return slots, reqs
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -580,7 +647,10 @@ class Server:
             self.batch.t0 = t0
             owner = [None] * len(self.batch.wall)
         batch = self.batch
+        if self._joined is None:  # the side stream's first prefill comes after everything queued so far (the first
+            self._mark_joined()  # batch, a `prepare`'s captures)
         harvests: list[tuple[Harvest, list[int]]] = []  # records on their way to the host, and whose they are
+        reserved: set[int] = set()  # slots whose newcomers are being prefilled beside the decode
         while True:
             done = batch.poll()
             finished = [s for s in range(len(owner)) if owner[s] is not None and done[s]]
@@ -588,18 +658,33 @@ class Server:
                 harvests.append((batch.harvest(finished), [owner[s] for s in finished]))
                 for s in finished:
                     owner[s] = None
-            free = [s for s in range(len(owner)) if owner[s] is None]
-            busy = len(owner) - len(free)
-            if queue and free and (len(free) >= min(self.eng.admit, len(queue)) or busy == 0):
+            free = [s for s in range(len(owner)) if owner[s] is None and s not in reserved]
+            busy = sum(o is not None for o in owner)
+            if self._joining is not None and (self._joining[3] <= 0 or busy == 0):
+                slots, reqs = self._join()
+                for s, i in zip(slots, reqs):
+                    owner[s] = i
+                reserved.clear()
+                continue  # newcomers may already be finished (EOS as the first token)
+            if queue and free and self._joining is None and (len(free) >= min(self.eng.admit, len(queue))
+                                                             or busy == 0):
                 join, queue = queue[: len(free)], queue[len(free):]
-                self.admit(free[: len(join)], [prompts[i] for i in join], t0)
-                for s, i in zip(free, join):
+                slots = free[: len(join)]
+                if self.eng.admit_beside and busy:  # prefilled beside the running requests, joining later
+                    self._begin(slots, [prompts[i] for i in join], t0, join)
+                    reserved.update(slots)
+                    continue
+                self.admit(slots, [prompts[i] for i in join], t0)
+                for s, i in zip(slots, join):
                     owner[s] = i
                 continue  # newcomers may already be finished (EOS as the first token)
-            if all(o is None for o in owner):
+            if busy == 0 and self._joining is None:
                 break
             batch.step()
             self.rounds += 1
+            if self._joining is not None:
+                slots, new, reqs, left, ready = self._joining
+                self._joining = (slots, new, reqs, left - 1, ready)
         for h, whose in harvests:
             for i, r in zip(whose, h.results()):
                 out[i] = r

@@ -9,8 +9,9 @@ of two (at most the server's cap), prompt length rounded up to a multiple of `LE
 Its attention reads the bucket's own cache rows (the padded prompt length), not the whole capacity: a prompt's
 queries see no later row, and the score matrix no longer grows with `max_new_tokens`. Padding is exact for the rows
 that count: padded prompts are right-padded (a row past a prompt's end holds padding, as on the unpadded pass, and is
-rewritten by the first decode step that reaches it before any query sees it) and padded group rows are dropped. What changes with the bucket is the shape of the kernels (a GEMM over more rows, a
-softmax over a longer, masked row), so a request's prompt logits can differ from the unpadded pass in the last bits;
+rewritten by the first decode step that reaches it before any query sees it) and padded group rows are dropped.
+What changes with the bucket is the shape of the kernels (a GEMM over more rows, a softmax over a longer, masked
+row), so a request's prompt logits can differ from the unpadded pass in the last bits;
 every method of a server shares the same pass, which is the losslessness that counts (each method against the
 engine's own AR).
 

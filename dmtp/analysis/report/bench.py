@@ -60,7 +60,8 @@ def per_repeat(tp: pd.DataFrame, main: str = "", base: str = "") -> pd.DataFrame
     return df
 
 
-SERVING = ("engine", "admit", "prefill")  # how a throughput run's servers were set up (throughput.csv columns)
+SERVING = ("engine", "admit", "prefill", "admit_beside")  # how a throughput run's servers were set up
+# (throughput.csv columns; a column a CSV lacks: it was written before the setting existed, and pools only with such)
 
 
 def serving(tp: pd.DataFrame) -> tuple | None:
@@ -179,8 +180,9 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
 
 
 def admission_ms(tp: pd.DataFrame) -> dict[str, float]:
-    """method -> host ms per admitted group: the median over the timed repeats of admit_s / groups (a repeat that
-    compiled an admission shape is an outlier the median sets aside; a pooled mean let one such repeat double it)."""
+    """method -> ms per admitted group (`Server.admit_s`: device time on CUDA): the median over the timed repeats of
+    admit_s / groups (a repeat that compiled an admission shape is an outlier the median sets aside; a pooled mean
+    let one such repeat double it)."""
     if not {"admit_s", "groups"} <= set(tp):
         return {}
     ok = tp[tp.groups > 0]

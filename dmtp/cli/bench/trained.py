@@ -173,7 +173,8 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
             for rep in range(a.repeats):
                 for run in order[rep % len(order):] + order[: rep % len(order)]:
                     srv = servers[run]
-                    before = (srv.admit_s, srv.rounds, srv.groups, compiled_graphs(), captures(srv))
+                    before = (srv.admit_s, srv.rounds, srv.groups, compiled_graphs(), captures(srv),
+                              srv.admit_host_s)
                     res, wall = timed(b.dev, srv.run, reqs)
                     n_out = sum(len(r.output_ids) for r in res)
                     if temp == 0:
@@ -185,9 +186,11 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                                  "tok_per_s": n_out / wall, "per_verify": acceptance_length(acc),
                                  "verify_rounds": len(acc), "server_rounds": srv.rounds - before[1],
                                  "groups": srv.groups - before[2], "admit_s": srv.admit_s - before[0],
+                                 "admit_host_s": srv.admit_host_s - before[5],
                                  "graphs": compiled_graphs() - before[3], "captures": captures(srv) - before[4],
                                  "verify": run.partition("+")[2] or "target", "engine": label_of(b.eng),
-                                 "admit": b.eng.admit, "prefill": b.eng.prefill})
+                                 "admit": b.eng.admit, "prefill": b.eng.prefill,
+                                 "admit_beside": b.eng.admit_beside})
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
