@@ -350,3 +350,31 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
             assert head.startswith(f"admission of a group of {g}, {m}, server cap {cap}: host ") and " ms" in head
     adm = pd.read_csv(out / "admission_profile.csv")
     assert len(adm) == 4 and (adm.host_ms > 0).all() and set(adm.batch_cap) == {1, 2}
+
+
+def test_bench_times_newcomers_prefilled_beside_the_decode_side_by_side(run, tmp_path):
+    """`bench --beside L`: at each cap above 1 (first temperature) AR and the main method are also served with
+    `engine.admit_beside = L`, interleaved with the plain servers (rows <method>@beside<L>, column admit_beside), with
+    the same outputs, and ratios.json gives each variant's tok/s over its plain server's."""
+    import pandas as pd
+
+    from dmtp.cli import bench
+
+    root, _, _ = run
+    work, out = root / "work" / "smoke", tmp_path / "bench"
+    bench.main(["--profile", "smoke", "--target", str(work / "target"), "--drafters", str(work / "drafters"),
+                "--out", str(out), "--parts", "throughput", "--methods", "ar,dflash,zero_init_residual",
+                "--caps", "1,2", "--temperatures", "0", "--repeats", "2", "--prompts", "4", "--small-cap-prompts", "2",
+                "--max-new-tokens", "16", "--beside", "1"])
+    tp = pd.read_csv(out / "throughput.csv")
+    two = tp[tp.batch_cap == 2]
+    assert set(two.method) == {"ar", "dflash", "zero_init_residual", "ar@beside1", "zero_init_residual@beside1"}
+    assert set(tp[tp.batch_cap == 1].method) == {"ar", "dflash", "zero_init_residual"}  # nothing runs beside at B1
+    assert two.groupby("method").admit_beside.first().to_dict() == {
+        "ar": 0, "dflash": 0, "zero_init_residual": 0, "ar@beside1": 1, "zero_init_residual@beside1": 1}
+    assert (tp.equal_ar == tp.requests).all() and (tp.verify == "target").all()
+    from dmtp.analysis import ratios as RT
+
+    names = {(r.name, r.condition) for r in RT.read(out / "ratios.json")}
+    assert {("ar@beside1 tok/s / ar tok/s", "B2, T=0"),
+            ("zero_init_residual@beside1 tok/s / zero_init_residual tok/s", "B2, T=0")} <= names

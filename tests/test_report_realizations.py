@@ -302,6 +302,12 @@ def test_a_server_only_prompt_pass_is_the_same_experiment():
     p = get_profile("mini")
     q = dataclasses.replace(p, engine=p.engine.with_(prefill="compiled" if p.engine.prefill == "graphed" else "graphed"))
     assert fingerprints(p)["drafters"] == fingerprints(q)["drafters"]
+    # newcomers prefilled beside the decode: a server-only setting, and a realization recorded before it existed
+    # (its experiment.json without the key) is the same experiment
+    beside = dict(exp, engine={"prefill": "compiled", "admit": 8, "admit_beside": 2}, realization=6)
+    assert experiment_key(exp) == experiment_key(beside)
+    q = dataclasses.replace(p, engine=p.engine.with_(admit_beside=p.engine.admit_beside + 2))
+    assert fingerprints(p) == fingerprints(q)
 
 
 def test_the_decode_only_gain_ratio_is_the_round_ratios_bound():

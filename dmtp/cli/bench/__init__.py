@@ -119,6 +119,12 @@ def main(argv=None):
                         "(default: all), e.g. 0 to time T = 1 at the largest cap only")
     p.add_argument("--verify", type=verify_modes, default=["target"],
                    help="throughput part: verify modes (target,sample,block); rows other than target: <method>+<mode>")
+    p.add_argument("--beside", type=listed(at_least(1)), default=[],
+                   help="throughput part: also serve with newcomers prefilled beside the decode (engine.admit_beside = "
+                        "each L given), at every cap above 1 and the first temperature, side by side with the others; "
+                        "rows <method>@beside<L>")
+    p.add_argument("--beside-methods", type=names, default=None,
+                   help="the methods of the --beside rows (default: AR and the ablation's main method)")
     p.add_argument("--hf-prompts", type=at_least(1), default=4)
     p.add_argument("--bandwidth", type=number(0, open_lo=True), default=4.3e12,
                    help="HBM bytes/s for the AR bound (H200: ~4.3e12)")

@@ -152,19 +152,23 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
     rows, admissions, top = [], [], max(a.caps)
-    runs = [(n, v) for n in methods for v in a.verify]
+    beside_methods = [m for m in (a.beside_methods or [AR.name, b.spec.main_method]) if m in methods]
     small = a.temperatures if a.small_cap_temperatures is None else a.small_cap_temperatures
     for temp in a.temperatures:
         for cap in a.caps:
             if cap != top and temp not in small:
                 continue
             reqs = cap_requests(b, cap)
-            servers = {}
-            for name, v in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
+            runs = [(n, v, 0) for n in methods for v in a.verify]  # (method, verify mode, engine.admit_beside)
+            if cap > 1 and temp == a.temperatures[0]:  # beside the decode: a cap of 1 has nothing running beside
+                runs += [(n, "target", L) for L in a.beside for n in beside_methods]
+            servers, eng = {}, {}
+            for name, v, L in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
                 m = b.method(name)
-                run = name if v == "target" else f"{name}+{v}"
+                run = (name if v == "target" else f"{name}+{v}") + (f"@beside{L}" if L else "")
+                eng[run] = b.eng.with_(admit_beside=L) if L else b.eng
                 servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
-                                            a.max_new_tokens, b.eos, seed=0, engine=b.eng, stop=stop, verify=v)
+                                            a.max_new_tokens, b.eos, seed=0, engine=eng[run], stop=stop, verify=v)
                 n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
                 if n:
                     print(f"[bench] {run} B{cap}: {n} prompt-pass graphs captured at start-up")
@@ -174,7 +178,7 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                 for run in order[rep % len(order):] + order[: rep % len(order)]:
                     srv = servers[run]
                     before = (srv.admit_s, srv.rounds, srv.groups, compiled_graphs(), captures(srv),
-                              srv.admit_host_s)
+                              srv.admit_host_s, srv.beside_s)
                     res, wall = timed(b.dev, srv.run, reqs)
                     n_out = sum(len(r.output_ids) for r in res)
                     if temp == 0:
@@ -188,9 +192,9 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                                  "groups": srv.groups - before[2], "admit_s": srv.admit_s - before[0],
                                  "admit_host_s": srv.admit_host_s - before[5],
                                  "graphs": compiled_graphs() - before[3], "captures": captures(srv) - before[4],
-                                 "verify": run.partition("+")[2] or "target", "engine": label_of(b.eng),
-                                 "admit": b.eng.admit, "prefill": b.eng.prefill,
-                                 "admit_beside": b.eng.admit_beside})
+                                 "verify": run.partition("@")[0].partition("+")[2] or "target",
+                                 "engine": label_of(b.eng), "admit": b.eng.admit, "prefill": b.eng.prefill,
+                                 "admit_beside": eng[run].admit_beside, "beside_s": srv.beside_s - before[6]})
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
@@ -254,6 +258,12 @@ def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[
                 out.append(ratio(setup, f"{m} tok/s / AR tok/s", median(q), ">=" if goal else "report", goal, cond,
                                  f"{by[m].tok_per_s.median():.0f} vs {by[AR.name].tok_per_s.median():.0f} tok/s; per "
                                  f"repeat {spread(q)}, {len(q)} repeats"))
+        for m in sorted(x for x in by if "@beside" in x and x.partition("@")[0] in by):  # the same server but for
+            base = m.partition("@")[0]  # newcomers prefilled beside the decode, side by side
+            q = (by[m].tok_per_s / by[base].tok_per_s).dropna().tolist()
+            if q:
+                out.append(ratio(setup, f"{m} tok/s / {base} tok/s", median(q), "report", None, cond,
+                                 f"newcomers prefilled beside the decode; per repeat {spread(q)}, {len(q)} repeats"))
         if dmtp in by and dflash in by:
             gain = (by[dmtp].tok_per_s / by[dflash].tok_per_s).dropna()
             tau = by[dmtp].per_verify.median() / by[dflash].per_verify.median() - 1
