@@ -352,7 +352,8 @@ def test_total_cases():
 def test_prompt_ids_outside_the_vocabulary_are_named(models, prompts):
     """A prompt id outside the target's vocabulary fails before any forward (on a GPU it would surface as a
     device-side assert in the embedding, far from its cause), through `generate` and `serve` alike."""
-    from dmtp.engine.decode import generate, serve
+    from dmtp.engine.decode import generate
+    from dmtp.engine.server import serve
     from dmtp.engine.methods import build_method
 
     tgt, _ = models

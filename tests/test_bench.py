@@ -179,7 +179,7 @@ def test_admission_profile_times_a_graphed_pass_beside_the_compiled_one(models, 
     side, after an untimed round of the same admissions, and the two passes' first tokens compared."""
     from dmtp.cli.bench.profiling import admission_profile
     from dmtp.config import EngineConfig
-    from dmtp.engine.decode import Server
+    from dmtp.engine.server import Server
 
     tgt, mtp = models
     prompts = [[5, 7, 9], [4, 8, 1, 2], [10, 20, 30, 40, 50]]
@@ -201,7 +201,7 @@ def test_a_prepared_server_captures_no_prompt_pass_while_serving(models):
     """`Server.prepare` runs the prompt pass of every (group, length) bucket newcomers of the given length can meet;
     serving then meets no new bucket, and decodes as before."""
     from dmtp.config import EngineConfig
-    from dmtp.engine.decode import Server
+    from dmtp.engine.server import Server
 
     tgt, mtp = models
     prompts = [[5, 7, 9], [4, 8, 1, 2], list(range(3, 80)), [10, 20, 30, 40, 50], [60]]

@@ -6,7 +6,6 @@ the FLOP count behind MFU, by hand; the training benchmark end to end. The GPU s
 pass) is in test_cuda.py."""
 import copy
 import json
-import random
 import shutil
 
 import numpy as np

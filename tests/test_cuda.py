@@ -14,7 +14,7 @@ from conftest import compiled_graphs, make_drafter
 
 from ablations.code import code
 from dmtp.config import EngineConfig as LibraryEngine
-from dmtp.engine import decode
+from dmtp.engine import decode, server
 from dmtp.engine.decode import Batch, capacity_for
 from dmtp.engine.methods import build_method, method_class
 from dmtp.models import fast, tiny
@@ -51,11 +51,11 @@ def generate(*args, engine=None, **kw):
 
 
 def serve(*args, engine=None, **kw):
-    return decode.serve(*args, engine=untuned(engine), **kw)
+    return server.serve(*args, engine=untuned(engine), **kw)
 
 
 def Server(*args, engine=None, **kw):
-    return decode.Server(*args, engine=untuned(engine), **kw)
+    return server.Server(*args, engine=untuned(engine), **kw)
 
 
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]

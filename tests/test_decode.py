@@ -5,7 +5,8 @@ from conftest import Oracle, hf_greedy, make_drafter
 
 from dmtp.config import EngineConfig
 from dmtp.engine import methods
-from dmtp.engine.decode import generate, serve
+from dmtp.engine.decode import generate
+from dmtp.engine.server import serve
 from dmtp.engine.methods import AR, DrafterMethod, MTPMethod, build_method, load_method, method_class
 from dmtp.models.variants import NAMES
 
@@ -167,7 +168,7 @@ def test_dynamic_batching_with_late_copies_is_lossless(models, name, monkeypatch
     their first token (end-of-text) included, over two request groups of one server."""
     from test_stops import lagging
 
-    from dmtp.engine.decode import Server
+    from dmtp.engine.server import Server
 
     tgt, mtp = models
     prompts = PROMPTS + [[7, 7, 7], [12, 13, 14, 15], [60], [5, 7, 9, 11, 3]]
@@ -191,7 +192,7 @@ def test_dynamic_batching_with_late_copies_is_lossless(models, name, monkeypatch
 def test_newcomers_prefilled_beside_the_decode_join_later(models):
     """`engine.admit_beside` = L: a group of newcomers is prefilled while the running requests decode and joins its
     reserved slots L rounds later (at once when nothing else runs), losslessly; with L = 0 they join at once."""
-    from dmtp.engine.decode import Server
+    from dmtp.engine.server import Server
 
     tgt, mtp = models
     prompts = [PROMPTS[0], PROMPTS[2], [7, 7, 7], [60], [12, 13, 14, 15]]
@@ -220,7 +221,7 @@ def test_newcomers_prefilled_beside_the_decode_join_later(models):
 @pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
 def test_server_slots_outlive_a_request_group(models, name):
     """A Server keeps its slots (and, on CUDA, its graphs) between groups: a second group decodes losslessly in them."""
-    from dmtp.engine.decode import Server
+    from dmtp.engine.server import Server
 
     tgt, mtp = models
     groups = [PROMPTS[:3], [[7, 7, 7], [12, 13, 14, 15], [60], PROMPTS[3], PROMPTS[0]]]
@@ -233,7 +234,7 @@ def test_server_slots_outlive_a_request_group(models, name):
 
 def test_generate_and_serve_decode_without_autograd(models, monkeypatch):
     """Every round of `generate` and `serve` runs with autograd off (the targets' weights may require grad)."""
-    from dmtp.engine import decode
+    from dmtp.engine import decode, server
 
     tgt, _ = models
     seen = []
@@ -245,7 +246,7 @@ def test_generate_and_serve_decode_without_autograd(models, monkeypatch):
     monkeypatch.setattr(decode.Batch, "step", spy)
     with torch.enable_grad():
         decode.generate(tgt, AR(), [[5, 7]], 0.0, 3)
-        decode.serve(tgt, AR(), [[5, 7], [4]], 1, 0.0, 3)
+        server.serve(tgt, AR(), [[5, 7], [4]], 1, 0.0, 3)
     assert len(seen) >= 4 and not any(seen)
 
 
@@ -294,7 +295,8 @@ def test_a_closed_server_lets_go_of_its_slots(models):
     collector."""
     import gc
 
-    from dmtp.engine.decode import Batch, Server
+    from dmtp.engine.decode import Batch
+    from dmtp.engine.server import Server
 
     tgt, mtp = models
     gc.collect()
@@ -315,7 +317,8 @@ def test_a_batch_of_a_servers_shapes_compiles_nothing_the_server_needs(models):
     from torch._dynamo.utils import counters
 
     from dmtp.config import EngineConfig
-    from dmtp.engine.decode import Server, capacity_for
+    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.server import Server
 
     tgt, mtp = models
     eng = EngineConfig(engine="compiled")
@@ -339,7 +342,8 @@ def test_stage_timing_after_a_server_compiles_nothing_new(models):
     (`stage_times`, a StageTimer on the method, `generate(capacity=...)` at the server's shapes) replay its graphs."""
     from dmtp.cli.bench.common import stage_times
     from dmtp.config import EngineConfig
-    from dmtp.engine.decode import Server, capacity_for
+    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.server import Server
     from dmtp.engine.runner import compiled_graphs
 
     tgt, mtp = models

@@ -226,7 +226,8 @@ def test_prefill_on_fast_layers_and_grouped_admission_are_lossless(qwen35, name)
     """The prompt pass through fast.py's layers (`EngineConfig.prefill = "compiled"`: the dense kernel, right-padded
     prompts of any lengths) leaves the caches the HF pass leaves: the same greedy outputs and accept counts as the HF
     prefill, through `generate` and a `Server` admitting newcomers in groups of two (`admit`)."""
-    from dmtp.engine.decode import Server, capacity_for
+    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.server import Server
 
     tgt, mtp = qwen35
     d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
@@ -273,7 +274,8 @@ def test_graphed_prompt_pass_is_lossless(qwen35, name):
     """`EngineConfig.prefill = "graphed"` (`prompts.py`): the newcomers' prompt pass padded to its (group, length)
     bucket gives the unpadded pass's logits, hidden states, taps and cache rows for the real requests, and a `Server`
     admitting through it (groups of one to three, uncaptured here: CPU) decodes every request as HF greedy does."""
-    from dmtp.engine.decode import Server, capacity_for
+    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.server import Server
     from dmtp.engine.prompts import PromptPass
 
     tgt, mtp = qwen35
@@ -316,7 +318,8 @@ def test_a_failed_capture_falls_back_uncaptured(qwen35, fails, monkeypatch):
     """A capture that fails (a stand-in graph store raising on its first capture) warns, is recorded, and the pass
     runs uncaptured from then on: the method's prefill alone when its graph failed, everything when the prompt pass's
     did; the server decodes as HF greedy does either way."""
-    from dmtp.engine.decode import Server, capacity_for
+    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.server import Server
 
     class Failing:
         enabled, graphs = True, {}

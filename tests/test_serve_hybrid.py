@@ -2,7 +2,7 @@
 import pytest
 from conftest import hf_greedy, make_drafter
 
-from dmtp.engine.decode import serve
+from dmtp.engine.server import serve
 from dmtp.engine.methods import build_method
 from dmtp.models import tiny
 

@@ -5,7 +5,8 @@ import pytest
 from conftest import hf_greedy, make_drafter
 
 from dmtp.engine import decode
-from dmtp.engine.decode import generate, serve
+from dmtp.engine.decode import generate
+from dmtp.engine.server import serve
 from dmtp.engine.methods import build_method, method_class
 from dmtp.engine.stops import HUMANEVAL_STOPS, StopStrings, cut_rounds
 

@@ -13,7 +13,8 @@ import torch
 from conftest import hf_greedy, make_drafter
 
 from dmtp.engine import verify as V
-from dmtp.engine.decode import Batch, generate, serve
+from dmtp.engine.decode import Batch, generate
+from dmtp.engine.server import serve
 from dmtp.engine.methods import build_method, method_class
 from dmtp.engine.runner import run_generate
 from dmtp.models import tiny

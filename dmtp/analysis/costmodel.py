@@ -1,7 +1,7 @@
 """What a method buys in tokens per second at a shape: end-to-end throughput predicted from a run's acceptance and a
 shape's measured stage times (pure functions; no torch).
 
-The server (`decode.Server`) steps every live request one round at a time. With `rounds_i` = the verify rounds of
+The server (`server.Server`) steps every live request one round at a time. With `rounds_i` = the verify rounds of
 request i (its record's `accepted` list: one count per round) and `t(B)` = the measured round time at B live
 requests, a request group of dynamic batching at cap C takes
 

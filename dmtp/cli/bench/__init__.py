@@ -13,7 +13,7 @@ overhead.csv    ms per round by stage (drafter, mtp, t1_prep, drafter_ctx, verif
                 "8b-shape:<name>" / "mini-shape:<name>", timing only; "+dense": the dense attention kernel, "@hf":
                 the loop on the HF layers)
 throughput.csv  total output tokens / wall time of the whole request group at each batch cap (natural EOS), with
-                dynamic batching (`decode.serve`: a finished request's slot goes to the next one at once);
+                dynamic batching (`server.serve`: a finished request's slot goes to the next one at once);
                 `--verify target,sample,block` adds rows `<method>+<mode>` per verify mode (engine/verify.py)
 hf.csv          the same requests, batch 1, T = 0: the engine vs a plain HF `generate` loop (DynamicCache, no graphs),
                 tokens/s, whether outputs are identical, and AR's HBM bound (bytes read per token / bandwidth)

@@ -21,7 +21,8 @@ from dmtp.cli.bench.common import (
     timed,
 )
 from dmtp.config import EngineConfig
-from dmtp.engine.decode import Batch, Server, capacity_for, generate
+from dmtp.engine.decode import Batch, capacity_for, generate
+from dmtp.engine.server import Server
 from dmtp.engine.methods import AR
 
 

@@ -32,7 +32,8 @@ from dmtp.config import AblationSpec, DataConfig, EngineConfig
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
-from dmtp.engine.decode import Server, capacity_for, generate
+from dmtp.engine.decode import capacity_for, generate
+from dmtp.engine.server import Server
 from dmtp.engine.methods import AR, Method, load_method
 from dmtp.engine.runner import compiled_graphs, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
