@@ -12,6 +12,7 @@ and join later (`EngineConfig.admit_beside`).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +24,16 @@ from dmtp.engine.methods import Method, State
 from dmtp.engine.prompts import PromptPass
 from dmtp.engine.stops import StopStrings
 from dmtp.models import fast
+
+
+@dataclass
+class Joining:
+    """A group of newcomers prefilled beside the decode, not yet in its slots (`Server._begin`, `_join`)."""
+    slots: list[int]  # reserved for them
+    batch: Batch  # their prefilled batch, absorbed at the join
+    requests: list[int]  # their indices in the group being served
+    rounds_left: int  # rounds the running requests decode before the join
+    ready: object  # event after their prefill on the side stream (None off CUDA)
 
 
 class Server:
@@ -60,7 +71,7 @@ class Server:
         # newcomers prefilled beside the decode (`engine.admit_beside`): on CUDA a second stream, which waits for the
         # last join before it reuses what that join read (the prompt pass's static buffers, its own freed memory)
         self.side = torch.cuda.Stream(target.device) if target.device.type == "cuda" and self.eng.admit_beside else None
-        self._joining = None  # (slots, newcomers' batch, their requests, rounds left, event when prefilled)
+        self._joining: Joining | None = None
         self._joined = None  # event on the decode stream after the last join
         self.prompt_pass = self._prompt_pass()
 
@@ -90,6 +101,7 @@ class Server:
         graphs captured."""
         if self.prompt_pass is None:
             return 0
+        self._joined = None  # the side stream's next prefill waits for these captures too (`run`)
         cap = fast.round_capacity(self.capacity)  # the rows every batch of this server has (`Batch`)
         dev = self.target.device
         z = torch.zeros(1, dtype=torch.long, device=dev)
@@ -165,22 +177,21 @@ class Server:
                 new = self._marked(prefill, beside=True)
                 ready = torch.cuda.Event()
                 ready.record()
-        self._joining = (slots, new, reqs, self.eng.admit_beside, ready)
+        self._joining = Joining(slots, new, reqs, self.eng.admit_beside, ready)
         self.admit_host_s += time.perf_counter() - ta
 
     def _join(self):
         """The newcomers prefilled beside the decode take their slots (after the decode stream waits for their
         prefill); returns (slots, their requests)."""
-        slots, new, reqs, _, ready = self._joining
-        self._joining = None
+        j, self._joining = self._joining, None
         ta = time.perf_counter()
-        if ready is not None:
-            torch.cuda.current_stream().wait_event(ready)
-        self._marked(lambda: self.batch.absorb(slots, new))
+        if j.ready is not None:
+            torch.cuda.current_stream().wait_event(j.ready)
+        self._marked(lambda: self.batch.absorb(j.slots, j.batch))
         self._mark_joined()
         self.admit_host_s += time.perf_counter() - ta
         self.groups += 1
-        return slots, reqs
+        return j.slots, j.requests
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -210,7 +221,7 @@ class Server:
                     owner[s] = None
             free = [s for s in range(len(owner)) if owner[s] is None and s not in reserved]
             busy = sum(o is not None for o in owner)
-            if self._joining is not None and (self._joining[3] <= 0 or busy == 0):
+            if self._joining is not None and (self._joining.rounds_left <= 0 or busy == 0):
                 slots, reqs = self._join()
                 for s, i in zip(slots, reqs):
                     owner[s] = i
@@ -233,8 +244,7 @@ class Server:
             batch.step()
             self.rounds += 1
             if self._joining is not None:
-                slots, new, reqs, left, ready = self._joining
-                self._joining = (slots, new, reqs, left - 1, ready)
+                self._joining.rounds_left -= 1
         for h, whose in harvests:
             for i, r in zip(whose, h.results()):
                 out[i] = r
