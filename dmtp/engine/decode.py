@@ -235,24 +235,32 @@ class Batch:
         Row i describes slot `slots[i]` (default: slot i) under generation `gens[i]`; a row whose slot has taken
         newcomers since (`absorb`) describes its former occupant and is skipped."""
         n = done_host.shape[0]
+        whole = slots is None and gens is self._gens  # this batch's round, no slot refilled since: every row counts
         idx = torch.arange(n) if slots is None else torch.as_tensor(slots, dtype=torch.long)
-        ok = (torch.ones(n, dtype=torch.bool) if gens is self._gens else  # no slot refilled since it was queued
-              torch.tensor([g == self._gens[s] for g, s in zip(gens, idx.tolist())], dtype=torch.bool))
+        ok = None if whole else torch.tensor([g == self._gens[s] for g, s in zip(gens, idx.tolist())])
         if self.match is not None and y is not None:
-            for i in (emitted.ne(0) & ok).nonzero().flatten().tolist():
+            rows = emitted.ne(0) if ok is None else emitted.ne(0) & ok
+            for i in rows.nonzero().flatten().tolist():
                 s = int(idx[i])
                 if not self._stopped[s] and self.match[s].feed(y[i, : int(emitted[i])].tolist()):
                     self._stopped[s] = True
                     self.st.done[s: s + 1].fill_(True)  # no sync; rounds already queued still run for s
-        done = done_host | self._stopped[idx]
-        new = ok & done & ~self._seen[idx]
+        if whole:
+            done = done_host | self._stopped
+            new = done & ~self._seen
+        else:
+            done = done_host | self._stopped[idx]
+            new = ok & done & ~self._seen[idx]
         if new.any():
             now = time.perf_counter() - self.t0
             for i in new.nonzero().flatten().tolist():
                 self.wall[int(idx[i])] = now
-        seen = self._seen.clone()  # replaced, never written into: a caller may hold the last poll's flags
-        seen[idx[ok]] = done[ok]
-        self._seen = seen
+        if whole:
+            self._seen = done  # replaced, never written into: a caller may hold the last poll's flags
+        else:
+            seen = self._seen.clone()
+            seen[idx[ok]] = done[ok]
+            self._seen = seen
 
     def _publish(self, ring: bool = True):
         """Queue a copy of the done flags (with stop strings: the round's tokens and counts) to the host, no wait. At
