@@ -353,8 +353,8 @@ def test_prompt_ids_outside_the_vocabulary_are_named(models, prompts):
     """A prompt id outside the target's vocabulary fails before any forward (on a GPU it would surface as a
     device-side assert in the embedding, far from its cause), through `generate` and `serve` alike."""
     from dmtp.engine.decode import generate
-    from dmtp.engine.server import serve
     from dmtp.engine.methods import build_method
+    from dmtp.engine.server import serve
 
     tgt, _ = models
     bad = [[t if t < 96 else tgt.vocab_size + t - 96 for t in p] for p in prompts]  # 96: one past the tiny vocabulary

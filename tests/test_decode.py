@@ -6,8 +6,8 @@ from conftest import Oracle, hf_greedy, make_drafter
 from dmtp.config import EngineConfig
 from dmtp.engine import methods
 from dmtp.engine.decode import generate
-from dmtp.engine.server import serve
 from dmtp.engine.methods import AR, DrafterMethod, MTPMethod, build_method, load_method, method_class
+from dmtp.engine.server import serve
 from dmtp.models.variants import NAMES
 
 METHODS = ["ar", "mtp"] + NAMES
@@ -343,8 +343,8 @@ def test_stage_timing_after_a_server_compiles_nothing_new(models):
     from dmtp.cli.bench.common import stage_times
     from dmtp.config import EngineConfig
     from dmtp.engine.decode import capacity_for
-    from dmtp.engine.server import Server
     from dmtp.engine.runner import compiled_graphs
+    from dmtp.engine.server import Server
 
     tgt, mtp = models
     eng = EngineConfig(engine="compiled")

@@ -275,8 +275,8 @@ def test_graphed_prompt_pass_is_lossless(qwen35, name):
     bucket gives the unpadded pass's logits, hidden states, taps and cache rows for the real requests, and a `Server`
     admitting through it (groups of one to three, uncaptured here: CPU) decodes every request as HF greedy does."""
     from dmtp.engine.decode import capacity_for
-    from dmtp.engine.server import Server
     from dmtp.engine.prompts import PromptPass
+    from dmtp.engine.server import Server
 
     tgt, mtp = qwen35
     ids = torch.randint(3, tgt.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))

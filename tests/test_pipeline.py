@@ -355,7 +355,8 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
 def test_bench_times_newcomers_prefilled_beside_the_decode_side_by_side(run, tmp_path):
     """`bench --beside L`: at each cap above 1 (first temperature) AR and the main method are also served with
     `engine.admit_beside = L`, interleaved with the plain servers (rows <method>@beside<L>, column admit_beside), with
-    the same outputs, and ratios.json gives each variant's tok/s over its plain server's."""
+    the same outputs, and ratios.json gives each variant's tok/s over its plain server's. `--late-temperatures 1`
+    leaves T = 1 to the part throughput-late, after the stage times, whose rows join the first part's."""
     import pandas as pd
 
     from dmtp.cli import bench
@@ -363,10 +364,15 @@ def test_bench_times_newcomers_prefilled_beside_the_decode_side_by_side(run, tmp
     root, _, _ = run
     work, out = root / "work" / "smoke", tmp_path / "bench"
     bench.main(["--profile", "smoke", "--target", str(work / "target"), "--drafters", str(work / "drafters"),
-                "--out", str(out), "--parts", "throughput", "--methods", "ar,dflash,zero_init_residual",
-                "--caps", "1,2", "--temperatures", "0", "--repeats", "2", "--prompts", "4", "--small-cap-prompts", "2",
-                "--max-new-tokens", "16", "--beside", "1"])
+                "--out", str(out), "--parts", "throughput,overhead,throughput-late", "--methods",
+                "ar,dflash,zero_init_residual", "--caps", "1,2", "--batch", "2", "--tokens", "20", "--temperatures",
+                "0,1", "--small-cap-temperatures", "0", "--late-temperatures", "1", "--repeats", "2", "--prompts", "4",
+                "--small-cap-prompts", "2", "--max-new-tokens", "16", "--beside", "1"])
+    assert json.loads((out / "meta.json").read_text())["parts_done"] == ["throughput", "overhead", "throughput-late"]
     tp = pd.read_csv(out / "throughput.csv")
+    assert set(tp[tp.temperature == 1].method) == {"ar", "dflash", "zero_init_residual"}  # T = 1: B2, no beside rows
+    assert set(tp[tp.temperature == 1].batch_cap) == {2}
+    tp = tp[tp.temperature == 0]
     two = tp[tp.batch_cap == 2]
     assert set(two.method) == {"ar", "dflash", "zero_init_residual", "ar@beside1", "zero_init_residual@beside1"}
     assert set(tp[tp.batch_cap == 1].method) == {"ar", "dflash", "zero_init_residual"}  # nothing runs beside at B1

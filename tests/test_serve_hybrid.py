@@ -2,8 +2,8 @@
 import pytest
 from conftest import hf_greedy, make_drafter
 
-from dmtp.engine.server import serve
 from dmtp.engine.methods import build_method
+from dmtp.engine.server import serve
 from dmtp.models import tiny
 
 

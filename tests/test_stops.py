@@ -6,8 +6,8 @@ from conftest import hf_greedy, make_drafter
 
 from dmtp.engine import decode
 from dmtp.engine.decode import generate
-from dmtp.engine.server import serve
 from dmtp.engine.methods import build_method, method_class
+from dmtp.engine.server import serve
 from dmtp.engine.stops import HUMANEVAL_STOPS, StopStrings, cut_rounds
 
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]

@@ -14,9 +14,9 @@ from conftest import hf_greedy, make_drafter
 
 from dmtp.engine import verify as V
 from dmtp.engine.decode import Batch, generate
-from dmtp.engine.server import serve
 from dmtp.engine.methods import build_method, method_class
 from dmtp.engine.runner import run_generate
+from dmtp.engine.server import serve
 from dmtp.models import tiny
 
 MODES = ["target", "sample", "block"]

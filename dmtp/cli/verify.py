@@ -36,8 +36,8 @@ from dmtp.config import VerifyConfig
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.engine.decode import capacity_for
-from dmtp.engine.server import Server
 from dmtp.engine.methods import AR, load_method
+from dmtp.engine.server import Server
 from dmtp.engine.stops import StopStrings
 from dmtp.io import read_jsonl, write_jsonl, write_meta, write_text
 

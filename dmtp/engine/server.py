@@ -18,8 +18,8 @@ import torch
 
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
-from dmtp.engine.decode import Batch, Harvest, Result, capacity_for, check_token_ids, collect, engine_for, \
-    method_engine, use_graphs
+from dmtp.engine.decode import (Batch, Harvest, Result, capacity_for, check_token_ids, collect, engine_for,
+                                method_engine, use_graphs)
 from dmtp.engine.methods import Method, State
 from dmtp.engine.prompts import PromptPass
 from dmtp.engine.stops import StopStrings

@@ -44,9 +44,9 @@
 # dflash, fusion, zero_init_residual) at B1 (the first SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) and B32
 # (164 prompts, BENCH_TEMPS, default T = 0 and 1), REPEATS = 3 interleaved repeats, with AR and the main method also
 # served with newcomers prefilled beside the decode at B32, T = 0 (BESIDE = 2 rounds; BESIDE= leaves them out:
-# rows <method>@beside2, side by side with the plain servers); then the stage times at batch 32
-# and 1 with the throughput runs' shapes (nothing compiles again), then kernel profiles at batch 32 — a limit that
-# cuts it short takes the stage times, not the throughput, and each row is on disk as soon as it is measured,
+# rows <method>@beside2, side by side with the plain servers); the stage times at batch 32 and 1 with the T = 0
+# throughput runs' shapes (nothing compiles again) and kernel profiles at batch 32 come before the LATE_TEMPS
+# (default T = 1) throughput, so a limit takes the T = 1 repeats first; each row is on disk as soon as measured,
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
 # profiles, batch-1 baselines, regeneration, admission), `diag` = experiments/diag_consistency.py (teacher-forced vs
 # decoded acceptance, every engine), `verify` = the verification-mode study (--stage verify).
@@ -89,8 +89,9 @@ export -f bench_s
 extras() {  # the extras named in $1 (a comma list), as one command line
   local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout \$(bench_s) $PY -m dmtp.cli.bench" bs=${BESIDE-2}
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
-      $W/$F/drafters --out $R/$F/bench --parts throughput,overhead --methods ${BENCH_METHODS:-ar,mtp,dflash,fusion,\
-zero_init_residual} --caps 1,32 --batch 32 --kernel-profile --temperatures ${BENCH_TEMPS:-0,1} --small-cap-temperatures ${SMALL_TEMPS:-0} \
+      $W/$F/drafters --out $R/$F/bench --parts throughput,overhead,throughput-late --methods ${BENCH_METHODS:-ar,mtp,\
+dflash,fusion,zero_init_residual} --caps 1,32 --batch 32 --kernel-profile --temperatures ${BENCH_TEMPS:-0,1} \
+      --small-cap-temperatures ${SMALL_TEMPS:-0} --late-temperatures ${LATE_TEMPS:-1} \
       --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts ${SMALL:-16} ${bs:+--beside $bs}) \
       > $L/bench.txt 2>&1; "
   [[ $e == *",shape,"* ]] && s+="stamp shape; ($B --mini-shape --profile $PROFILE $(sets) --out $R/$F/bench \

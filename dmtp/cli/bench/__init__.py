@@ -117,6 +117,10 @@ def main(argv=None):
     p.add_argument("--small-cap-temperatures", type=listed(temperature), default=None,
                    help="throughput part: the temperatures (of --temperatures) decoded at the caps below the largest "
                         "(default: all), e.g. 0 to time T = 1 at the largest cap only")
+    p.add_argument("--late-temperatures", type=listed(temperature), default=[],
+                   help="throughput part: temperatures (of --temperatures) left to the part throughput-late, e.g. "
+                        "--parts throughput,overhead,throughput-late --late-temperatures 1 times the stage times "
+                        "before T = 1")
     p.add_argument("--verify", type=verify_modes, default=["target"],
                    help="throughput part: verify modes (target,sample,block); rows other than target: <method>+<mode>")
     p.add_argument("--beside", type=listed(at_least(1)), default=[],

@@ -22,8 +22,8 @@ from dmtp.cli.bench.common import (
 )
 from dmtp.config import EngineConfig
 from dmtp.engine.decode import Batch, capacity_for, generate
-from dmtp.engine.server import Server
 from dmtp.engine.methods import AR
+from dmtp.engine.server import Server
 
 
 def hf_static_generate(tgt, prompt: list[int], tokens: int):

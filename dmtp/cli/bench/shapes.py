@@ -28,8 +28,8 @@ from dmtp.cli.bench.common import (
 from dmtp.cli.bench.profiling import kernel_profile
 from dmtp.config import AblationSpec, EngineConfig
 from dmtp.engine.decode import capacity_for
-from dmtp.engine.server import Server
 from dmtp.engine.methods import AR, build_method
+from dmtp.engine.server import Server
 from dmtp.experiment import drafter_config
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig

@@ -4,6 +4,7 @@ times: `overhead` (stage times per round), `throughput` (end to end, dynamic bat
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,9 +34,9 @@ from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import capacity_for, generate
-from dmtp.engine.server import Server
 from dmtp.engine.methods import AR, Method, load_method
 from dmtp.engine.runner import compiled_graphs, stop_spec
+from dmtp.engine.server import Server
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.io import write_text
 from dmtp.models import torch_dtype
@@ -130,7 +131,7 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
     return ratios
 
 
-def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
+def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
     """End-to-end throughput, the way a user serves: HumanEval prompts in natural mode (end-of-text and HumanEval's
     stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process.
 
@@ -149,13 +150,18 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
     cap, where an admission's time goes for AR and the main method (`profile_admission_*.txt`: host against device
     time, and with a graphed prompt pass the compiled pass's beside it: admission_profile.csv). Ratios: each method /
     AR as the median of the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its
-    per-verify gain."""
+    per-verify gain. The temperatures of `--late-temperatures` are left to the part `throughput-late` (`late`), which
+    appends its rows: `--parts throughput,overhead,throughput-late` times the stage times, on the shapes the first
+    part compiled, before a limit can take them."""
     a = b.a
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
+    path = Path(a.out) / "throughput.csv"
+    prior = pd.read_csv(path).to_dict("records") if late and path.exists() else []  # the first part's rows
     rows, admissions, top = [], [], max(a.caps)
+    temps = [t for t in a.temperatures if (t in a.late_temperatures) == late]
     beside_methods = [m for m in (a.beside_methods or [AR.name, b.spec.main_method]) if m in methods]
     small = a.temperatures if a.small_cap_temperatures is None else a.small_cap_temperatures
-    for temp in a.temperatures:
+    for temp in temps:
         for cap in a.caps:
             if cap != top and temp not in small:
                 continue
@@ -199,14 +205,14 @@ def throughput(b: Bench, methods: list[str]) -> list[Ratio]:
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
-                    write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))  # so far
+                    write_text(path, pd.DataFrame(prior + rows).to_csv(index=False))  # so far
             if (AR.name, 0) in outs:  # T = 0: requests whose output equals AR's (bf16: the rest at measured ties)
                 for r in rows[first:]:
                     got = outs[r["method"], r["repeat"]]
                     r["equal_ar"] = sum(x == y for x, y in zip(got, outs[AR.name, 0]))
                 print(f"[bench] T=0 B{cap}: requests equal to {AR.name}'s output, per run: " + ", ".join(
                     f"{r['method']} #{r['repeat']} {r['equal_ar']}/{r['requests']}" for r in rows[first:]))
-                write_text(Path(a.out) / "throughput.csv", pd.DataFrame(rows).to_csv(index=False))
+                write_text(path, pd.DataFrame(prior + rows).to_csv(index=False))
             if a.kernel_profile and temp == a.temperatures[0]:  # where an admission's host time goes
                 for run in (AR.name, b.spec.main_method):
                     if run in servers:
@@ -358,4 +364,5 @@ def screen(b: Bench, methods: list[str]) -> list[Ratio]:
     return []
 
 
-PARTS = {"overhead": overhead, "throughput": throughput, "hf": hf, "screen": screen, "regen": regen}
+PARTS = {"overhead": overhead, "throughput": throughput, "hf": hf, "screen": screen, "regen": regen,
+         "throughput-late": functools.partial(throughput, late=True)}
