@@ -292,10 +292,6 @@ class Batch:
         """Request b's record; a stop string cuts it after the token that completes it (`stops.py`)."""
         return _make_result(out, acc, wall, self.match[b].found if self.match is not None else None, self.eos_ids)
 
-    def result(self, b: int) -> Result:
-        n, r = int(self.n_out[b]), int(self.n_rounds[b])
-        return self._result(b, self.out[b, :n].tolist(), self.acc[b, :r].tolist(), self.wall[b] or 0.0)
-
     @property
     def results(self) -> list[Result]:
         self.poll(wait=True)
