@@ -384,3 +384,29 @@ def test_bench_times_newcomers_prefilled_beside_the_decode_side_by_side(run, tmp
     names = {(r.name, r.condition) for r in RT.read(out / "ratios.json")}
     assert {("ar@beside1 tok/s / ar tok/s", "B2, T=0"),
             ("zero_init_residual@beside1 tok/s / zero_init_residual tok/s", "B2, T=0")} <= names
+
+
+def test_a_beside_variant_that_fails_to_start_is_left_out(run, tmp_path, monkeypatch, capsys):
+    """A `--beside` server whose start-up fails is left out with a line saying why; the plain servers' measurement
+    goes on (a failure of a plain server still ends the part)."""
+    import pandas as pd
+
+    from dmtp.cli import bench
+    from dmtp.engine import server
+
+    root, _, _ = run
+    work, out = root / "work" / "smoke", tmp_path / "bench"
+
+    prepare = server.Server.prepare
+
+    def broken(self, *a, **k):  # the variant's start-up fails; the plain servers' does not
+        if self.eng.admit_beside:
+            raise RuntimeError("no side stream here")
+        return prepare(self, *a, **k)
+
+    monkeypatch.setattr(server.Server, "prepare", broken)
+    bench.main(["--profile", "smoke", "--target", str(work / "target"), "--drafters", str(work / "drafters"),
+                "--out", str(out), "--parts", "throughput", "--methods", "ar,zero_init_residual", "--caps", "2",
+                "--temperatures", "0", "--repeats", "1", "--prompts", "4", "--max-new-tokens", "12", "--beside", "1"])
+    assert "ar@beside1 B2: left out, its start-up failed: RuntimeError: no side stream here" in capsys.readouterr().out
+    assert set(pd.read_csv(out / "throughput.csv").method) == {"ar", "zero_init_residual"}

@@ -78,7 +78,7 @@ def _pick(logits, temperature, gen):
 def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     """A host tensor on `dev` without a host synchronisation: on CUDA through pinned memory, non-blocking (a copy from
     pageable memory waits for every kernel queued before it; the pinned block is not reused before the copy is done)."""
-    if dev.type != "cuda":
+    if dev.type != "cuda" or not t.numel():  # an empty tensor copies nothing
         return t.to(dev)
     return t.pin_memory().to(dev, non_blocking=True)
 

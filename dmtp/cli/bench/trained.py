@@ -176,10 +176,18 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
                 eng[run] = b.eng.with_(admit_beside=L) if L else b.eng
                 servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
                                             a.max_new_tokens, b.eos, seed=0, engine=eng[run], stop=stop, verify=v)
-                n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
-                if n:
-                    print(f"[bench] {run} B{cap}: {n} prompt-pass graphs captured at start-up")
-                srv.run(reqs)
+                try:
+                    n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
+                    if n:
+                        print(f"[bench] {run} B{cap}: {n} prompt-pass graphs captured at start-up")
+                    srv.run(reqs)
+                except Exception as e:  # noqa: BLE001 - a variant beside the measurement must not end it
+                    if not L:
+                        raise
+                    print(f"[bench] {run} B{cap}: left out, its start-up failed: "
+                          + f"{type(e).__name__}: {e}".splitlines()[0])
+                    srv.close()
+                    del servers[run]
             order, outs, first = list(servers), {}, len(rows)
             for rep in range(a.repeats):
                 for run in order[rep % len(order):] + order[: rep % len(order)]:
