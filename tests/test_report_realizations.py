@@ -286,6 +286,26 @@ def test_throughput_pools_only_servers_set_up_alike():
     assert set(headline_throughput(pooled).realization) == {"all"}
 
 
+def test_servers_timed_beside_the_plain_ones_do_not_split_the_pool():
+    """Rows <method>@beside<L> (`bench --beside`: the same server with newcomers prefilled beside the decode) stand as
+    rows of their own, with a speed-up over the same repeats' AR; they do not keep the plain servers of realizations
+    set up alike from pooling."""
+    from dmtp.analysis.report.bench import throughput
+
+    def rows(k, beside):
+        out = [{"realization": k, "dataset": "humaneval", "temperature": 0.0, "batch_cap": 32, "repeat": rep,
+                "method": m, "tok_per_s": v + rep, "per_verify": tau, "engine": "compiled", "admit": 8,
+                "prefill": "graphed", "admit_beside": 0} for rep in range(2)
+               for m, v, tau in (("ar", 500, 1.0), ("zero_init_residual", 900, 3.0))]
+        return out + ([dict(r, method=r["method"] + "@beside2", tok_per_s=r["tok_per_s"] * 1.1, admit_beside=2)
+                       for r in out] if beside else [])
+
+    df = throughput(pd.DataFrame(rows(5, True) + rows(6, False)))
+    assert set(df.realization) == {"r5", "r6", "all"}
+    b = df[(df.realization == "r5") & (df.method == "zero_init_residual@beside2")].iloc[0]
+    assert b.speedup == pytest.approx(1.1 * 900 / 500, rel=0.01) and b.n_repeats == 2
+
+
 def test_a_server_only_prompt_pass_is_the_same_experiment():
     """engine.prefill "graphed" graphs only a server's newcomers; `generate` (data, evaluation) runs the compiled
     pass under it, so realizations that differ only there are one experiment (and the pipeline's record

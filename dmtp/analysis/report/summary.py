@@ -481,6 +481,14 @@ def throughput_lines(art: Artifacts) -> list[str]:
                    + (f"; blog (35B, 4xH200 TP4, SGLang): {r.blog_gain_pct:+.2f} % tok/s for "
                       f"{r.blog_per_verify_gain_pct:+.2f} % acceptance" if not pd.isna(r.blog_gain_pct) else "")
                    + bound + ".")
+    for r in pooled[pooled.method.astype(str).str.contains("@beside")].itertuples():
+        base = pooled[(pooled.method == r.method.partition("@")[0]) & (pooled.realization == r.realization)
+                      & (pooled.temperature == r.temperature) & (pooled.batch_cap == r.batch_cap)]
+        if len(base):
+            out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}): `{r.method}` (the same server, its "
+                       f"newcomers prefilled beside the decode, `engine.admit_beside` = "
+                       f"{r.method.rpartition('beside')[2]}, timed side by side) {r.tok_per_s:.0f} tok/s against "
+                       f"{base.tok_per_s.iloc[0]:.0f}, {r.speedup:.2f}x AR against {base.speedup.iloc[0]:.2f}x.")
     return out
 
 
