@@ -153,17 +153,19 @@ def test_graphed_prompt_pass_is_lossless(gpu_models, name):
     assert same >= len(prompts) - 1, (same, len(prompts))
 
 
+@pytest.mark.parametrize("beside", [0, 2])
 @pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
-def test_a_ready_server_serves_without_a_sync(gpu_models, name):
+def test_a_ready_server_serves_without_a_sync(gpu_models, name, beside):
     """Dynamic batching in steady state (a server whose round graphs and graphed prompt pass are captured) issues no
     synchronising CUDA call while it serves: newcomers are admitted (pinned non-blocking copies, their first tokens
     queued to the host like a round's), finished records are copied out without waiting, and copies about a slot's
-    former occupant are skipped by generation. Only the group's end waits, on events. The outputs stay HF greedy's."""
+    former occupant are skipped by generation. Only the group's end waits, on events. The outputs stay HF greedy's,
+    newcomers prefilled beside the decode on a second stream (`admit_beside`) included."""
     tgt, mtp = gpu_models
     prompts = PROMPTS + [[7, 7, 7], [60], list(range(3, 80)), [12, 13, 14, 15]]
     eos = hf(tgt, PROMPTS[0], 25)[5]  # some requests end early: slots freed at different rounds
     ref = [hf(tgt, p, 25, eos) for p in prompts]
-    eng = EngineConfig(attention="dense", prefill="graphed", admit=2)
+    eng = EngineConfig(attention="dense", prefill="graphed", admit=2, admit_beside=beside)
     srv = Server(tgt, method(name, tgt, mtp), 3, capacity_for(prompts, 25, 7), 0.0, 25, eos_ids=[eos], engine=eng)
     srv.prepare(max(len(p) for p in prompts))
     assert [r.output_ids for r in srv.run(prompts)] == ref  # the round graphs captured
@@ -175,7 +177,18 @@ def test_a_ready_server_serves_without_a_sync(gpu_models, name):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert [r.output_ids for r in got] == ref[::-1]
-    assert srv.groups - groups >= 3 and srv.admit_s > 0
+    assert srv.groups - groups >= 3 and srv.admit_s > 0 and (srv.beside_s > 0) == bool(beside)
+
+
+def test_newcomers_beside_the_decode_sample_reproducibly(gpu_models):
+    """T = 1 with newcomers prefilled on a second stream: they join after a fixed number of rounds, so the host's
+    launch order, and with it every draw of the server's generator, is the same from run to run."""
+    tgt, mtp = gpu_models
+    prompts = PROMPTS + [[7, 7, 7], [60], list(range(3, 80)), [12, 13, 14, 15]]
+    eng = EngineConfig(attention="dense", prefill="graphed", admit=2, admit_beside=2)
+    runs = [[r.output_ids for r in serve(tgt, method("zero_init_residual", tgt, mtp), prompts, 3, 1.0, 25, seed=4,
+                                         engine=eng)] for _ in range(2)]
+    assert runs[0] == runs[1] and all(1 <= len(o) <= 25 for o in runs[0])
 
 
 @pytest.mark.parametrize("kernel", ["flex", "dense"])
