@@ -205,9 +205,10 @@ def test_newcomers_prefilled_beside_the_decode_join_later(models):
                      eos_ids=[eos], engine=EngineConfig(admit_beside=beside))
         seen, begin = [], srv._begin
 
-        def spy(*a, srv=srv, seen=seen, begin=begin):  # the round count at which each group began beside
-            seen.append(srv.rounds)
-            return begin(*a)
+        def spy(*a, beside=True, srv=srv, seen=seen, begin=begin):  # the round at which each group began beside
+            if beside:
+                seen.append(srv.rounds)
+            return begin(*a, beside=beside)
 
         srv._begin = spy
         assert [r.output_ids for r in srv.run(prompts)] == ref

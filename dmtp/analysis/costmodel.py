@@ -10,9 +10,10 @@ requests, a request group of dynamic batching at cap C takes
 B_s = requests live at step s (the schedule below fixes it), G = admitted newcomer groups, t_admit = the time an
 admission holds the decode (prompt pass + moving the rows into the slots; measured by the throughput bench as
 `Server.admit_s` / groups: on CUDA the admissions' device time between events, since admission stopped waiting on
-the host; host time with its synchronisations before; 0 in a decode-only projection). Throughput = output tokens / T, and a speed-up is the ratio of two such predictions on the same
-requests, AR included (AR: one round per token after the first). `t(B)` is piecewise linear between the measured
-batches (flat beyond them): at these shapes a round is latency-bound, so it barely grows with B.
+the host; host time with its synchronisations before; 0 in a decode-only projection). Throughput = output tokens /
+T, and a speed-up is the ratio of two such predictions on the same requests, AR included (AR: one round per token
+after the first). `t(B)` is piecewise linear between the measured batches (flat beyond them): at these shapes a
+round is latency-bound, so it barely grows with B.
 
     t = round_time({1: 1.31, 8: 1.35, 32: 1.52})             # ms per round at 1, 8, 32 live requests
     simulate([40, 12, 33], cap=2, t=t)["tok_per_s"]          # needs tokens= for tok/s

@@ -94,10 +94,10 @@ class _Arrived:
 
 def to_host(tensors: list[torch.Tensor], bufs: list[torch.Tensor] | None = None):
     """Queue copies of device tensors to the host without waiting: (event, host tensors), the host tensors valid once
-    the event has completed (`bufs`: pinned landing buffers to reuse; default: fresh ones). Off CUDA: copies,
+    the event has completed (`bufs`: pinned landing buffers to reuse; default: fresh ones). Off CUDA: fresh copies,
     arrived."""
     if not tensors or tensors[0].device.type != "cuda":  # a copy, never a view of a tensor the loop updates
-        return _Arrived(), [t.clone() if bufs is None else b.copy_(t) for t, b in zip(tensors, bufs or tensors)]
+        return _Arrived(), [t.clone() for t in tensors]
     if bufs is None:
         bufs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
     for buf, t in zip(bufs, tensors):
@@ -410,7 +410,7 @@ class Harvest:
     group, the host-side parts (wall time, stop-string match) taken when the request was seen finished."""
 
     def __init__(self, batch: Batch, slots: list[int]):
-        self.n, self.width = len(slots), batch.out.shape[1]
+        self.width = batch.out.shape[1]
         self.eos_ids = batch.eos_ids
         self.found = [batch.match[s].found if batch.match is not None else None for s in slots]
         self.wall = [batch.wall[s] or 0.0 for s in slots]

@@ -119,12 +119,8 @@ class Server:
         queued behind the rounds in flight without a host synchronisation. Its time counts in `admit_s` (on CUDA the
         device time between events around its work, settled at the end of `run`: the time the admission holds the
         stream; elsewhere host time), the group in `groups`."""
-        ta = time.perf_counter()
-        self._marked(lambda: self.batch.absorb(slots, self._new(prompts, t0, graphs=False,
-                                                                prompt_pass=self.prompt_pass)))
-        self._mark_joined()
-        self.admit_host_s += time.perf_counter() - ta
-        self.groups += 1
+        self._begin(slots, prompts, t0, [], beside=False)
+        self._join()
 
     def _mark_joined(self):
         """After newcomers took their slots on the decode stream: the side stream's next prefill waits for this point
@@ -159,16 +155,16 @@ class Server:
         self._marks.append((a, b, beside))
         return out
 
-    def _begin(self, slots: list[int], prompts: list[list[int]], t0: float, reqs: list[int]):
-        """Prefill a group of newcomers beside the decode (`engine.admit_beside`): on CUDA their prompt pass is queued
-        on the side stream and runs while the running requests decode; they join their (reserved) `slots` after
-        that many rounds (`_join`)."""
+    def _begin(self, slots: list[int], prompts: list[list[int]], t0: float, reqs: list[int], beside: bool = True):
+        """Prefill a group of newcomers for their (reserved) `slots`, to join them at `_join`. `beside`: beside the
+        decode (`engine.admit_beside`: on CUDA their prompt pass is queued on the side stream and runs while the
+        running requests decode, and they join after that many rounds); off, on the decode stream, to join at once."""
         ta = time.perf_counter()
 
         def prefill():
             return self._new(prompts, t0, graphs=False, prompt_pass=self.prompt_pass)
 
-        if self.side is None:  # off CUDA: the same order of events, nothing runs beside
+        if not beside or self.side is None:  # off CUDA: the same order of events, nothing runs beside
             new, ready = self._marked(prefill), None
         else:
             if self._joined is not None:
@@ -177,12 +173,12 @@ class Server:
                 new = self._marked(prefill, beside=True)
                 ready = torch.cuda.Event()
                 ready.record()
-        self._joining = Joining(slots, new, reqs, self.eng.admit_beside, ready)
+        self._joining = Joining(slots, new, reqs, self.eng.admit_beside if beside else 0, ready)
         self.admit_host_s += time.perf_counter() - ta
 
     def _join(self):
-        """The newcomers prefilled beside the decode take their slots (after the decode stream waits for their
-        prefill); returns (slots, their requests)."""
+        """The newcomers prefilled by `_begin` take their slots (after the decode stream waits for a prefill run
+        beside it); returns (slots, their requests)."""
         j, self._joining = self._joining, None
         ta = time.perf_counter()
         if j.ready is not None:

@@ -169,13 +169,13 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
             runs = [(n, v, 0) for n in methods for v in a.verify]  # (method, verify mode, engine.admit_beside)
             if cap > 1 and temp == a.temperatures[0]:  # beside the decode: a cap of 1 has nothing running beside
                 runs += [(n, "target", L) for L in a.beside for n in beside_methods]
-            servers, eng = {}, {}
+            servers = {}
             for name, v, L in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
                 m = b.method(name)
                 run = (name if v == "target" else f"{name}+{v}") + (f"@beside{L}" if L else "")
-                eng[run] = b.eng.with_(admit_beside=L) if L else b.eng
                 servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
-                                            a.max_new_tokens, b.eos, seed=0, engine=eng[run], stop=stop, verify=v)
+                                            a.max_new_tokens, b.eos, seed=0, engine=b.eng.with_(admit_beside=L),
+                                            stop=stop, verify=v)
                 try:
                     n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
                     if n:
@@ -192,10 +192,10 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
             for rep in range(a.repeats):
                 for run in order[rep % len(order):] + order[: rep % len(order)]:
                     srv = servers[run]
-                    before = (srv.admit_s, srv.rounds, srv.groups, compiled_graphs(), captures(srv),
-                              srv.admit_host_s, srv.beside_s)
+                    before = counters(srv)
                     res, wall = timed(b.dev, srv.run, reqs)
                     n_out = sum(len(r.output_ids) for r in res)
+                    spent = {k: v - before[k] for k, v in counters(srv).items()}
                     if temp == 0:
                         outs[run, rep] = [r.output_ids for r in res]
                     acc = [x for r in res for x in r.accepted]
@@ -203,13 +203,10 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
                                  "dataset": "humaneval", "mode": "natural", "batching": "dynamic",
                                  "requests": len(reqs), "output_tokens": n_out, "wall_s": wall,
                                  "tok_per_s": n_out / wall, "per_verify": acceptance_length(acc),
-                                 "verify_rounds": len(acc), "server_rounds": srv.rounds - before[1],
-                                 "groups": srv.groups - before[2], "admit_s": srv.admit_s - before[0],
-                                 "admit_host_s": srv.admit_host_s - before[5],
-                                 "graphs": compiled_graphs() - before[3], "captures": captures(srv) - before[4],
+                                 "verify_rounds": len(acc), **spent,
                                  "verify": run.partition("@")[0].partition("+")[2] or "target",
                                  "engine": label_of(b.eng), "admit": b.eng.admit, "prefill": b.eng.prefill,
-                                 "admit_beside": eng[run].admit_beside, "beside_s": srv.beside_s - before[6]})
+                                 "admit_beside": srv.eng.admit_beside})
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
@@ -241,6 +238,14 @@ def admission_ratios(admissions: list[dict], setup: str) -> list[Ratio]:
                   note=f"{r['host_ms']:.2f} vs {r['compiled_host_ms']:.2f} ms host; first tokens equal in "
                        f"{r['first_tokens_equal']}")
             for r in admissions if "compiled_host_ms" in r]
+
+
+def counters(srv: Server) -> dict:
+    """What a server has spent so far (a timed run's row takes the difference): rounds stepped, groups admitted and
+    their time (`Server.admit_s`, `admit_host_s`, `beside_s`), graphs compiled, prompt-pass graphs captured."""
+    return {"server_rounds": srv.rounds, "groups": srv.groups, "admit_s": srv.admit_s,
+            "admit_host_s": srv.admit_host_s, "beside_s": srv.beside_s, "graphs": compiled_graphs(),
+            "captures": captures(srv)}
 
 
 def captures(srv: Server) -> int:
