@@ -167,6 +167,24 @@ def test_unloop_check_measures_before_and_after(run, tmp_path):
     assert res["settings"]["steps"] == 2 and res["unloop"]["unloop_steps"] == 2 and res["env"]["git_sha"]
 
 
+def test_diag_compares_each_engine_with_the_teacher_forced_drafter(run, tmp_path):
+    """dmtp/cli/diag.py on the trained drafters: every engine walks the same greedy trajectory (lossless) with the
+    same drafts, and teacher-forced slot accuracies are fractions."""
+    root, _, _ = run
+    out = tmp_path / "diag.json"
+    p = subprocess.run([sys.executable, "-m", "dmtp.cli.diag", "--profile", "smoke", "--work", str(root / "work"),
+                        "--results", str(root / "results"), "--runs", "dflash,zero_init_residual", "--prompts", "3",
+                        "--new-tokens", "16", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    for run_ in ("dflash", "zero_init_residual"):
+        r = rep[run_]
+        assert r["fast-eager"]["same_tokens_as_hf"] is True
+        assert r["fast-eager"]["per_verify"] == r["hf"]["per_verify"] and r["hf"]["rounds"] > 0
+        assert all(0 <= x <= 1 for x in r["teacher_forced_visited"] + r["teacher_forced_all"])
+        assert len(r["teacher_forced_all"]) >= 6
+
+
 def test_rerun_skips_finished_stages(run):
     root, cmd, _ = run
     rec = root / "results" / "smoke" / "runs" / "ablation" / "dflash" / "humaneval8_T0.jsonl"

@@ -87,7 +87,7 @@ def drafter_problem(drafter, eng: EngineConfig = DEFAULT) -> str | None:
     see it). The cause was the cache write inside the compiled graph with flex attention (`EngineConfig.cache_write`);
     with the write outside it the compiled drafter proposes the HF drafter's drafts on the H200 (tests/test_cuda.py::
     test_fast_drafter_proposes_what_hf_proposes; the repro was experiments/repro_fast_drafter.py, in the history) and, on the trained `mini`
-    drafters, decodes with the HF path's acceptance round for round (experiments/diag_consistency.py, LOG.md
+    drafters, decodes with the HF path's acceptance round for round (dmtp/cli/diag.py, LOG.md
     2026-12-01 third allotment)."""
     c = drafter.config
     if c.backbone != "dflash":

@@ -48,7 +48,7 @@
 # throughput runs' shapes (nothing compiles again) and kernel profiles at batch 32 come before the LATE_TEMPS
 # (default T = 1) throughput, so a limit takes the T = 1 repeats first; each row is on disk as soon as measured,
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
-# profiles, batch-1 baselines, regeneration, admission), `diag` = experiments/diag_consistency.py (teacher-forced vs
+# profiles, batch-1 baselines, regeneration, admission), `diag` = dmtp/cli/diag.py (teacher-forced vs
 # decoded acceptance, every engine), `verify` = the verification-mode study (--stage verify).
 # Work and results live under $HOME/dmtp; the chain runs from a copy of the tree taken when it starts. SET: extra
 # `--set` assignments (e.g. train.steps=2000), passed to every stage. PROFILE (default mini): another profile, e.g.
@@ -98,7 +98,7 @@ dflash,fusion,zero_init_residual} --caps 1,32 --batch 32 --kernel-profile --temp
       --tokens 128 --repeats ${REPEATS:-3} --kernel-profile --shape-parts ${SHAPE_PARTS:-engines,admission,baselines,\
 regen}) > $L/shape.txt 2>&1; "
   [[ $e == *",diag,"* ]] && s+="stamp diag; (cd $H/src && timeout 240 $PY -m \
-      experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs dflash,zero_init_residual \
+      dmtp.cli.diag --profile $PROFILE --work $W --results $R --runs dflash,zero_init_residual \
       --prompts 64 --out $R/$F/diag/consistency.json) > $L/diag.txt 2>&1; "
   [[ $e == *",verify,"* ]] && s+="stamp verify; P --stage verify > $L/verify.txt 2>&1; "
   echo "$s"
@@ -151,7 +151,7 @@ study)
       P --stage data && stamp drafters && P --stage drafters --set ablation.only=$runs --set ablation.only_seeds=0 \
       > $L/d0.txt 2>&1 && { $v stamp report; (cd $H/src && $PY -m dmtp.cli.report verify --profile $PROFILE \
       --results $R) > $L/report.txt 2>&1; stamp diag; (cd $H/src && timeout 300 $PY -m \
-      experiments.diag_consistency --profile $PROFILE --work $W --results $R --runs $runs --prompts 64 \
+      dmtp.cli.diag --profile $PROFILE --work $W --results $R --runs $runs --prompts 64 \
       --out $R/$(folder)/diag/consistency.json) > $L/diag.txt 2>&1; }; stamp end" ;;
 unloop)
   start "$@"

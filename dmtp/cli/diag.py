@@ -8,7 +8,7 @@ This script measures both, for every decode engine available (`hf`: the HF modul
 `fast.py` uncompiled; `compiled`: `fast.py` compiled under CUDA graphs), plus the teacher-forced accuracy of every
 slot (what an engine would accept position by position if the earlier slots were right).
 
-    python -m experiments.diag_consistency --profile mini --work work --runs dflash,zero_init_residual --prompts 32
+    python -m dmtp.cli.diag --profile mini --work work --runs dflash,zero_init_residual --prompts 32
 """
 from __future__ import annotations
 
