@@ -1,11 +1,12 @@
 """The experiment as one typed object: a `Profile` (dmtp/config: data / model / pretrain / drafter / train / eval /
 verify / engine / scale sections and the `AblationSpec` it runs), written to and read back from `experiment.json`,
-and the settings derived from it (`drafter_config`). Named profiles are functions deriving from a base in
-`experiments/profiles.py`; the Code ablation is built by `ablations/code.py`. Unknown keys are an error everywhere:
-in `derive`, in `--set` overrides and in `experiment.json`. No torch: the report reads the experiment back.
+the settings derived from it (`drafter_config`) and the rules that need the models (`check_models`). Named profiles
+are functions deriving from a base in `experiments/profiles.py`; the Code ablation is built by `ablations/code.py`.
+Unknown keys are an error everywhere: in `derive`, in `--set` overrides and in `experiment.json`. No torch at
+import: the report reads the experiment back.
 
-    from experiments.profiles import get_profile          # (orchestration code; the library never imports it)
-    p = dmtp.schema.override(get_profile("tiny"), ["train.steps=10", "ablation.only=ar,dflash"])
+    from experiments.profiles import resolve              # (orchestration code; the library never imports it)
+    p = resolve("tiny", ["train.steps=10", "ablation.only=ar,dflash"])   # overrides applied, checked (`check_models`)
     write_experiment("results/tiny/experiment.json", p)      # the pipeline writes the resolved experiment ...
     read_experiment("results/tiny/experiment.json").ablation  # ... the report reads its ablation spec back
 """
@@ -15,6 +16,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from dmtp.checks import require
 from dmtp.config import Profile
 from dmtp.io import read_json, write_text
 from dmtp.schema import from_dict
@@ -32,6 +34,32 @@ def write_experiment(path: str | Path, p: Profile) -> Path:
 
 def read_experiment(path: str | Path) -> Profile:
     return from_dict(Profile, read_json(path), "experiment")
+
+
+# --- the rules that read the models ----------------------------------------------------------------------------
+def check_models(p: Profile) -> Profile:
+    """`p` checked against the models' registries (dmtp/models, torch; a variant registered from another module
+    counts once that module is imported): every variant the ablation trains exists and takes the settings
+    `drafter.variants` gives it, every backbone exists, and the embedded target has the layers the drafter taps.
+    Whatever runs a profile checks it here (`experiments.profiles.resolve`); `Profile` itself checks the rules that
+    need no torch, so the report reads an experiment back without it. Returns `p`."""
+    from dmtp.models import drafter, variants
+
+    a = p.ablation
+    for v in a.variants + tuple(v for v, _ in a.continued.values()) + tuple(v for v, _ in a.backbones.values()):
+        variants.get_variant(v)  # an unknown variant fails here, naming the known ones
+    for v, settings in p.drafter.variants.items():
+        variants.get_variant(v).make_config(settings)  # an unknown variant or setting fails here
+    for run, (_, bb) in a.backbones.items():
+        require(bb in drafter.BACKBONES, f"ablation.backbones[{run!r}]: unknown backbone {bb!r}; known: "
+                f"{', '.join(drafter.BACKBONES)}")
+    arch = p.model.arch
+    if not p.scale.target_config:  # the embedded target: the drafter taps must exist
+        taps = drafter.default_target_layer_ids(arch.num_hidden_layers, p.drafter.layers)
+        require(max(taps) < arch.num_hidden_layers - 1 and min(taps) >= 0, f"drafter.layers={p.drafter.layers} "
+                f"taps target layers {taps}: expected layers below the last of model.arch.num_hidden_layers="
+                f"{arch.num_hidden_layers}")
+    return p
 
 
 # --- derived settings -------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from ablations.code import code
 from dmtp.config import PaperScale, PretrainConfig, Profile, TargetArch, TrainConfig
+from dmtp.experiment import check_models
 from dmtp.schema import derive, override
 
 
@@ -101,9 +102,16 @@ PROFILES = {"tiny": tiny, "mini": mini, "smoke": smoke}
 
 
 def get_profile(name: str) -> Profile:
+    """The named profile as written (torch-free; `resolve` checks it against the models too)."""
     if name not in PROFILES:
         raise KeyError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
     return PROFILES[name]()
+
+
+def resolve(name: str, sets=()) -> Profile:
+    """What a command runs: the named profile with its `--set` assignments (`dmtp.schema.override`), checked against
+    the models' registries (`dmtp.experiment.check_models`: variants and their settings, backbones, taps)."""
+    return check_models(override(get_profile(name), list(sets)))
 
 
 # --- paper scale (SPEC 8, open reproduction) -----------------------------------------------------------------------

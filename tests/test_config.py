@@ -3,14 +3,39 @@ and reading it back import no torch."""
 import subprocess
 import sys
 
+import pytest
+
 import dmtp.config as C
 
 
-def test_the_experiment_imports_no_torch():
-    code = ("import sys, dmtp.experiment, dmtp.config, experiments.profiles; "
+def test_the_experiment_imports_no_torch(tmp_path):
+    """Describing an experiment, writing it and reading it back (what the report does) import no torch."""
+    code = ("import sys, dmtp.experiment as E, dmtp.config, experiments.profiles as P; "
+            f"E.write_experiment({str(tmp_path / 'e.json')!r}, P.get_profile('mini')); "
+            f"E.read_experiment({str(tmp_path / 'e.json')!r}); "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("sets, msg", [
+    (["ablation.supplementary=fuse"], "unknown variant 'fuse'; known: "),
+    (["ablation.backbones={\"d2\": [\"dflash\", \"dflash3\"]}"], "unknown backbone 'dflash3'"),
+    (["ablation.backbones={\"d2\": [\"dflash4\", \"dflash2\"]}"], "unknown variant 'dflash4'"),
+    (["drafter.variants={\"fusion\": {\"bogus\": 1}}"], "bogus"),
+    (["drafter.variants={\"nope\": {}}"], "unknown variant 'nope'"),
+    (["drafter.layers=2", "model.arch.num_hidden_layers=2"], "taps target layers"),
+])
+def test_a_command_checks_its_profile_against_the_models(sets, msg):
+    """`resolve` (what every command runs) checks what needs the models' registries; the profile itself, torch-free,
+    does not (the report must read back an experiment whatever variants this process knows)."""
+    from experiments.profiles import get_profile, resolve
+    from dmtp.schema import override
+
+    p = override(get_profile("smoke"), sets)  # a description: not checked against the models
+    with pytest.raises((KeyError, ValueError, TypeError), match=msg):
+        resolve("smoke", sets)
+    assert resolve("smoke") == get_profile("smoke") and p.name == "smoke"
 
 
 def test_each_config_is_defined_once():

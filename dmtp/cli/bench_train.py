@@ -45,7 +45,7 @@ from dmtp.io import write_json, write_meta, write_text
 from dmtp.training.common import peak_flops
 from dmtp.training.drafters import new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
-from experiments.profiles import get_profile
+from experiments.profiles import resolve
 
 # the paths: (pretraining config settings, drafter-training config settings); None: the part has no such path.
 # "compiled" is the default of both (the fused LM-head loss, one compiled region for all drafters)
@@ -186,7 +186,7 @@ def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, 
     A part runs the `paths` it has (`PATHS`), in the order given. `kernel_profile` > 0: then
     each part's last path again for that many steps under the profiler (profile_train_<part>.txt)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    prof = get_profile(profile)
+    prof = resolve(profile)
     out = Path(out)
     res: dict = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__}
     t0 = time.time()

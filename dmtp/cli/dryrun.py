@@ -17,7 +17,7 @@ from dmtp.models.drafter import BACKBONES, Drafter, DrafterConfig, check_compati
 from dmtp.models.mtp import MTPHead, mtp_num_layers
 from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY
-from experiments.profiles import get_profile
+from experiments.profiles import resolve
 
 
 def _text_config(path: str | None, prof, flag: str = "--target"):
@@ -45,7 +45,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
     """Returns {"checks": [(name, ok, detail)], "params": {...}, ...}; raises nothing on a failed check."""
     from transformers import AutoModelForCausalLM
 
-    prof = get_profile(profile)
+    prof = resolve(profile)
     sc = prof.scale
     if not sc.target_config:
         raise ValueError(f"profile {profile!r} has no paper-scale target config (dry runs are for paper-scale "

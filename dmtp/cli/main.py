@@ -43,7 +43,7 @@ from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY, get_variant
 from dmtp.schema import override
 from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
-from experiments.profiles import get_profile
+from experiments.profiles import resolve
 
 
 def cmd_variants(a):
@@ -362,7 +362,7 @@ def _train_profile(a):
     d = dict(_TRAIN_DEFAULTS)
     if a.profile:
 
-        prof = get_profile(a.profile)
+        prof = resolve(a.profile)
         t = prof.train
         d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter.layers, lr=t.lr,
                  gamma=t.gamma, dtype=prof.engine.dtype)

@@ -58,11 +58,10 @@ from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
-from dmtp.schema import override
 from dmtp.training.drafters import branch_dir, load_sequences, new_drafters, train_branch, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
 from dmtp.training.unloop import loop_check, unloop
-from experiments.profiles import get_profile
+from experiments.profiles import resolve
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
 OPTIONAL = ["verify"]  # run only when named (`--stage verify`): verification modes at T > 0, results/<p>/verify
@@ -72,7 +71,7 @@ PARALLEL = ["target", "data", "drafters"]  # the stages that run under torchrun 
 class Ctx:
     def __init__(self, a):
         name = a.profile or ("mini" if torch.cuda.is_available() else "tiny")
-        self.p = override(get_profile(name), getattr(a, "set", None) or [])
+        self.p = resolve(name, getattr(a, "set", None) or [])
         self.work = Path(a.work) / self.p.folder  # <name>, or <name>/r<k> for realization k
         self.res = Path(a.results) / self.p.folder
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"

@@ -20,14 +20,6 @@ OOD_SETS = ("pytests",)  # out-of-distribution sets: module-level test functions
 # (`code_prompts(tests=True)`): the target is pretrained on them, the drafters' on-policy prompts never hold them
 
 
-def _models():
-    """The drafter's own registries (variants, backbones, default taps; dmtp/models, torch), imported when a profile
-    is checked, not with this module: describing an experiment needs no torch."""
-    from dmtp.models import drafter, variants
-
-    return variants, drafter
-
-
 @dataclass
 class DataConfig:
     """The embedded default's corpus, tokenizer and on-policy drafter data."""
@@ -82,8 +74,6 @@ class DrafterShape:
               mask_token_id=at_least(-1))
         require(self.heads % self.kv_heads == 0, f"drafter.heads={self.heads} is not a multiple of "
                 f"drafter.kv_heads={self.kv_heads}")
-        for v, settings in self.variants.items():
-            _models()[0].get_variant(v).make_config(settings)  # an unknown variant or setting fails here
 
 
 @dataclass
@@ -203,21 +193,13 @@ class Profile:
 
 
 def check_profile(p: Profile) -> None:
-    """Rules across sections (each section checks its own fields): the ablation's variants and backbones exist,
-    the embedded target fits its pretraining sequences and has the layers the drafter taps."""
-    a, (variants, drafter) = p.ablation, _models()
-    for v in a.variants + tuple(v for v, _ in a.continued.values()) + tuple(v for v, _ in a.backbones.values()):
-        variants.get_variant(v)  # an unknown variant fails here, naming the known ones
+    """Rules across sections (each section checks its own fields): the out-of-distribution runs are runs of the
+    ablation, the embedded target fits its pretraining sequences. The rules that read the models' registries
+    (variants and their settings, backbones, the drafter's taps) are `dmtp.experiment.check_models`'s: describing,
+    writing and reading an experiment needs no torch."""
+    a = p.ablation
     bad = [r for r in p.eval.ood_runs if r not in a.runs()]
     require(not bad, f"eval.ood_runs: {bad} are not runs of ablation {a.name!r}")
-    for run, (_, bb) in a.backbones.items():
-        require(bb in drafter.BACKBONES, f"ablation.backbones[{run!r}]: unknown backbone {bb!r}; known: "
-                f"{', '.join(drafter.BACKBONES)}")
     arch = p.model.arch
     require(p.pretrain.seq_len <= arch.max_position_embeddings, f"pretrain.seq_len={p.pretrain.seq_len} exceeds "
             f"model.arch.max_position_embeddings={arch.max_position_embeddings}")
-    if not p.scale.target_config:  # the embedded target: the drafter taps must exist
-        taps = drafter.default_target_layer_ids(arch.num_hidden_layers, p.drafter.layers)
-        require(max(taps) < arch.num_hidden_layers - 1 and min(taps) >= 0, f"drafter.layers={p.drafter.layers} "
-                f"taps target layers {taps}: expected layers below the last of model.arch.num_hidden_layers="
-                f"{arch.num_hidden_layers}")

@@ -59,8 +59,7 @@ from dmtp.cli.bench.trained import PARTS, Bench, throughput_ratios
 from dmtp.config import VERIFY_MODES
 from dmtp.engine.methods import method_class
 from dmtp.io import write_meta
-from dmtp.schema import override
-from experiments.profiles import PROFILES, get_profile
+from experiments.profiles import PROFILES, resolve
 
 
 def verify_modes(s: str) -> list[str]:
@@ -146,7 +145,7 @@ def main(argv=None):
 def run(p, a):
     above = Path(a.target).parent.name if a.target else ""  # work/<profile>/target
     profile = a.profile or (above if above in PROFILES else "mini")
-    prof = override(get_profile(profile), a.set)
+    prof = resolve(profile, a.set)
     spec = prof.ablation
     out = out_dir(a.out)
     path = out / "ratios.json"
