@@ -12,11 +12,12 @@ import pytest
 import torch
 from conftest import hf_greedy, make_drafter
 
+from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
-from dmtp.engine.decode import Batch, generate
+from dmtp.engine.decode import Batch, capacity_for, generate
 from dmtp.engine.methods import build_method, method_class
 from dmtp.engine.runner import run_generate
-from dmtp.engine.server import serve
+from dmtp.engine.server import Server, serve
 from dmtp.models import tiny
 
 MODES = ["target", "sample", "block"]
@@ -236,6 +237,24 @@ def test_every_mode_follows_the_target_law(models5, laws, name):
             # accepted drafts, not only residuals, produced these laws (a record's counts are cut at its end: token 0
             # is the prefill's, so the first round's 2 tokens inside 3 count at most 1 accepted draft)
             assert max(acc) == 1 and sum(acc) > N // 10, (name, mode, sum(acc))
+
+
+def test_dynamic_batching_with_newcomers_beside_the_decode_follows_the_target_law(models5, laws):
+    """A server at T = 2 whose newcomers join in groups, prefilled beside the running requests (`admit_beside`):
+    each request's first 3 tokens follow the target's law in every mode, whichever slot and round it joined at."""
+    tgt, mtp = models5
+    marg, _ = laws
+    N, Vs = 1500, tgt.vocab_size
+    m = method("zero_init_residual", tgt, mtp, k=3)
+    prompts = [[5, 7, 9]] * N
+    for mode in MODES:
+        srv = Server(tgt, m, 16, capacity_for(prompts, 3, m.k), 2.0, 3, seed=11, verify=mode,
+                     engine=EngineConfig(admit=4, admit_beside=2))
+        seqs = np.array([r.output_ids for r in srv.run(prompts)])
+        assert seqs.shape == (N, 3) and srv.groups >= (N - 16) // 16
+        for pos in range(3):
+            pv = chi2_pvalue(np.bincount(seqs[:, pos], minlength=Vs), marg[pos] * N)
+            assert pv > 1e-4, (mode, pos, pv)
 
 
 def test_records_carry_verify_and_bad_input_is_one_clear_error(models5):
