@@ -38,6 +38,11 @@ def at_least(lo: int):
     return (lambda v: _is_int(v) and v >= lo), f"an integer >= {lo}"
 
 
+def between(lo: int, hi: int):
+    """An integer in [lo, hi]."""
+    return (lambda v: _is_int(v) and lo <= v <= hi), f"an integer from {lo} to {hi}"
+
+
 def number(lo: float | None = None, hi: float | None = None, open_lo: bool = False):
     """A finite number in [lo, hi] ((lo, hi] with open_lo)."""
     def test(v):

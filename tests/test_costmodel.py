@@ -41,3 +41,15 @@ def test_speedup_over_ar():
     m = [{"accepted": [3] * 10, "output_ids": [1] * 41}]
     p = predict({"ar": ar, "m": m}, {"ar": {1: 1.0}, "m": {1: 1.5}}, cap=1)
     assert p["m"]["speedup"] == pytest.approx(40 / 15) and p["ar"]["speedup"] == 1.0
+
+
+def test_a_finished_request_rides_along_until_the_host_sees_it():
+    """lag = 2 (the server's in_flight, GPU ahead of the host): at cap 1 each request holds its slot 2 more steps,
+    an end-of-text at the first token included; at cap 2 a late-freed slot delays its newcomer."""
+    out = simulate([5, 0, 2], cap=1, t=lambda b: 2.0, tokens=[6, 1, 3], t_admit_ms=1.0, lag=2)
+    assert out["steps"] == 7 + 3 * 2 and out["time_s"] == pytest.approx(((7 + 6) * 2.0 + 3 * 1.0) / 1e3)
+    assert simulate([3, 1, 2], cap=2, t=lambda b: 1.0, lag=1)["steps"] == 5  # lag 0: 3 steps (test_schedule_by_hand)
+    ar = [{"accepted": [0] * 40, "output_ids": [1] * 41}]
+    m = [{"accepted": [3] * 10, "output_ids": [1] * 41}]
+    p = predict({"ar": ar, "m": m}, {"ar": {1: 1.0}, "m": {1: 1.5}}, cap=1, lag=2)
+    assert p["m"]["speedup"] == pytest.approx((40 + 2) / (1.5 * (10 + 2)))  # riding costs the method more

@@ -153,19 +153,20 @@ def test_graphed_prompt_pass_is_lossless(gpu_models, name):
     assert same >= len(prompts) - 1, (same, len(prompts))
 
 
-@pytest.mark.parametrize("beside", [0, 2])
+@pytest.mark.parametrize("beside, flight", [(0, 2), (2, 2), (2, 1)])
 @pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])
-def test_a_ready_server_serves_without_a_sync(gpu_models, name, beside):
+def test_a_ready_server_serves_without_a_sync(gpu_models, name, beside, flight):
     """Dynamic batching in steady state (a server whose round graphs and graphed prompt pass are captured) issues no
     synchronising CUDA call while it serves: newcomers are admitted (pinned non-blocking copies, their first tokens
     queued to the host like a round's), finished records are copied out without waiting, and copies about a slot's
     former occupant are skipped by generation. Only the group's end waits, on events. The outputs stay HF greedy's,
-    newcomers prefilled beside the decode on a second stream (`admit_beside`) included."""
+    the next newcomers prefilled beside the decode on a second stream (`admit_beside`) and one round copy in flight
+    (`in_flight`) included."""
     tgt, mtp = gpu_models
     prompts = PROMPTS + [[7, 7, 7], [60], list(range(3, 80)), [12, 13, 14, 15]]
     eos = hf(tgt, PROMPTS[0], 25)[5]  # some requests end early: slots freed at different rounds
     ref = [hf(tgt, p, 25, eos) for p in prompts]
-    eng = EngineConfig(attention="dense", prefill="graphed", admit=2, admit_beside=beside)
+    eng = EngineConfig(attention="dense", prefill="graphed", admit=2, admit_beside=beside, in_flight=flight)
     srv = Server(tgt, method(name, tgt, mtp), 3, capacity_for(prompts, 25, 7), 0.0, 25, eos_ids=[eos], engine=eng)
     srv.prepare(max(len(p) for p in prompts))
     assert [r.output_ids for r in srv.run(prompts)] == ref  # the round graphs captured

@@ -177,46 +177,82 @@ def test_dynamic_batching_with_late_copies_is_lossless(models, name, monkeypatch
     assert ref[prompts.index([60])] == [eos_at_first]
     batches = []
     lagging(monkeypatch, batches)
-    for cap, beside in ((1, 0), (2, 0), (3, 0), (2, 1), (3, 2)):
-        eng = EngineConfig(admit_beside=beside)
+    for cap, beside, flight in ((1, 0, 2), (2, 0, 2), (3, 0, 2), (2, 1, 2), (3, 2, 2), (1, 1, 1), (3, 2, 1), (2, 0, 3)):
+        eng = EngineConfig(admit_beside=beside, in_flight=flight)
         srv = Server(tgt, method_for(name, tgt, mtp), cap=cap, capacity=64, max_new_tokens=25, eos_ids=[eos_at_first],
                      engine=eng)
         for group in (prompts, prompts[::-1]):
             res = srv.run(group)
-            assert [r.output_ids for r in res] == [ref[prompts.index(p)] for p in group], (cap, beside)
+            assert [r.output_ids for r in res] == [ref[prompts.index(p)] for p in group], (cap, beside, flight)
             assert all(r.stop_reason == ("eos" if r.output_ids[-1] == eos_at_first else "length") for r in res)
         assert srv.groups > 0 and srv._joining is None
     assert any(b._pending for b in batches)
 
 
-def test_newcomers_prefilled_beside_the_decode_join_later(models):
-    """`engine.admit_beside` = L: a group of newcomers is prefilled while the running requests decode and joins its
-    reserved slots L rounds later (at once when nothing else runs), losslessly; with L = 0 they join at once."""
+def test_fewer_copies_in_flight_free_slots_sooner(models, monkeypatch):
+    """`engine.in_flight` = k: the host waits once more than k round copies are in flight, so it sees a request finish
+    at most k rounds late (copies held back as when the GPU runs ahead: `lagging`). With k = 1 a finished request rides
+    along for one round instead of two: the same outputs in fewer server rounds."""
+    from test_stops import lagging
+
     from dmtp.engine.server import Server
 
     tgt, mtp = models
-    prompts = [PROMPTS[0], PROMPTS[2], [7, 7, 7], [60], [12, 13, 14, 15]]
+    prompts = [PROMPTS[0], [7, 7, 7], PROMPTS[2], [12, 13, 14, 15]]
+    ref = [hf_greedy(tgt, p, 10) for p in prompts]
+    lagging(monkeypatch, [])
+    rounds = {}
+    for flight in (1, 2, 3):
+        srv = Server(tgt, method_for("zero_init_residual", tgt, mtp), cap=1, capacity=64, max_new_tokens=10,
+                     engine=EngineConfig(in_flight=flight))
+        res = srv.run(prompts)
+        assert [r.output_ids for r in res] == ref
+        verify = sum(len(r.accepted) for r in res)
+        rounds[flight] = srv.rounds - verify  # rounds a finished request rode along
+    assert rounds == {1: 1 * len(prompts), 2: 2 * len(prompts), 3: 3 * len(prompts)}
+    with pytest.raises(ValueError, match="in_flight=0: expected an integer from 1 to 8"):
+        EngineConfig(in_flight=0)
+
+
+def test_the_next_group_is_prefilled_beside_the_decode_before_its_slots_are_free(models):
+    """`engine.admit_beside` = L: the next group of newcomers is prefilled while the running requests decode, before
+    its slots are free, and joins once enough slots are free and at least L rounds after its prefill began (at once
+    when nothing else runs), losslessly; with L = 0 a group is prefilled when its slots are free."""
+    from dmtp.engine.server import Server
+
+    tgt, mtp = models
+    prompts = [PROMPTS[0], PROMPTS[2], [7, 7, 7], [60], [12, 13, 14, 15], PROMPTS[1], [9, 9]]
     eos = hf_greedy(tgt, PROMPTS[0], 30)[4]  # some requests end early: slots free while others still run
     ref = [hf_greedy(tgt, p, 12, eos=eos) for p in prompts]
     assert len({len(r) for r in ref}) > 1
-    joins = {}
-    for beside in (0, 1, 3):
+    for beside, admit in ((0, 1), (1, 1), (3, 1), (2, 2)):
         srv = Server(tgt, method_for("zero_init_residual", tgt, mtp), cap=2, capacity=64, max_new_tokens=12,
-                     eos_ids=[eos], engine=EngineConfig(admit_beside=beside))
-        seen, begin = [], srv._begin
+                     eos_ids=[eos], engine=EngineConfig(admit=admit, admit_beside=beside))
+        begins, joins = [], []
+        begin, join, step = srv._begin, srv._join, srv.batch
 
-        def spy(*a, beside=True, srv=srv, seen=seen, begin=begin):  # the round at which each group began beside
-            if beside:
-                seen.append(srv.rounds)
-            return begin(*a, beside=beside)
+        def spy_begin(prompts_, t0, reqs, beside=True, srv=srv, begins=begins, begin=begin):
+            if beside:  # (round, requests running, group size) at the start of its prefill
+                running = 0 if srv.batch is None else int((~srv.batch.poll()).sum())
+                begins.append((srv.rounds, running, len(reqs)))
+            return begin(prompts_, t0, reqs, beside=beside)
 
-        srv._begin = spy
-        assert [r.output_ids for r in srv.run(prompts)] == ref
-        joins[beside] = (len(seen), srv.rounds, srv.groups)
+        def spy_join(slots, srv=srv, joins=joins, join=join):  # (rounds still to wait, requests running)
+            joins.append((srv._joining.rounds_left, int((~srv.batch.poll()).sum())))
+            return join(slots)
+
+        srv._begin, srv._join = spy_begin, spy_join
+        assert [r.output_ids for r in srv.run(prompts)] == ref, (beside, admit)
         assert srv.admit_s > 0 and srv.beside_s == 0.0  # off CUDA nothing runs beside: its time is admission's
-    assert joins[0][0] == 0 and joins[1][0] > 0 and joins[3][0] > 0
-    assert joins[0][2] == joins[1][2] == joins[3][2]  # the same groups, in the same order
-    assert joins[3][1] > joins[1][1] >= joins[0][1]  # newcomers joining later: more rounds for the same requests
+        if not beside:
+            assert not begins
+            continue
+        assert begins and all(running > 0 for _, running, _ in begins)  # prefilled while others decode
+        assert any(running == 2 for _, running, _ in begins)  # ... before any slot is free
+        assert all(left <= 0 or running == 0 for left, running in joins)  # L rounds after, or nothing runs
+        assert all(n >= admit for _, _, n in begins[:-1])  # groups of at least `admit` (the queue's rest last)
+        assert srv.groups == len(joins) and len(begins) <= len(joins)
+    assert step is None and srv._joining is None
 
 
 @pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])

@@ -370,11 +370,12 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
     assert len(adm) == 4 and (adm.host_ms > 0).all() and set(adm.batch_cap) == {1, 2}
 
 
-def test_bench_times_newcomers_prefilled_beside_the_decode_side_by_side(run, tmp_path):
-    """`bench --beside L`: at each cap above 1 (first temperature) AR and the main method are also served with
-    `engine.admit_beside = L`, interleaved with the plain servers (rows <method>@beside<L>, column admit_beside), with
-    the same outputs, and ratios.json gives each variant's tok/s over its plain server's. `--late-temperatures 1`
-    leaves T = 1 to the part throughput-late, after the stage times, whose rows join the first part's."""
+def test_bench_times_server_variants_side_by_side(run, tmp_path):
+    """`bench --beside L --in-flight N --server-variants V`: at every cap (first temperature) AR and the main method are
+    also served with those Server-only settings, interleaved with the plain servers (rows <method>@beside<L>,
+    @flight<N>, @<V>; columns admit_beside, in_flight), with the same outputs, and ratios.json gives each variant's
+    tok/s over its plain server's. `--late-temperatures 1` leaves T = 1 to the part throughput-late, after the stage
+    times, whose rows join the first part's."""
     import pandas as pd
 
     from dmtp.cli import bench
@@ -385,23 +386,31 @@ def test_bench_times_newcomers_prefilled_beside_the_decode_side_by_side(run, tmp
                 "--out", str(out), "--parts", "throughput,overhead,throughput-late", "--methods",
                 "ar,dflash,zero_init_residual", "--caps", "1,2", "--batch", "2", "--tokens", "20", "--temperatures",
                 "0,1", "--small-cap-temperatures", "0", "--late-temperatures", "1", "--repeats", "2", "--prompts", "4",
-                "--small-cap-prompts", "2", "--max-new-tokens", "16", "--beside", "1"])
+                "--small-cap-prompts", "2", "--max-new-tokens", "16", "--beside", "1", "--in-flight", "1",
+                "--server-variants", "beside1+flight1"])
     assert json.loads((out / "meta.json").read_text())["parts_done"] == ["throughput", "overhead", "throughput-late"]
     tp = pd.read_csv(out / "throughput.csv")
-    assert set(tp[tp.temperature == 1].method) == {"ar", "dflash", "zero_init_residual"}  # T = 1: B2, no beside rows
+    assert set(tp[tp.temperature == 1].method) == {"ar", "dflash", "zero_init_residual"}  # T = 1: B2, no variants
     assert set(tp[tp.temperature == 1].batch_cap) == {2}
     tp = tp[tp.temperature == 0]
-    two = tp[tp.batch_cap == 2]
-    assert set(two.method) == {"ar", "dflash", "zero_init_residual", "ar@beside1", "zero_init_residual@beside1"}
-    assert set(tp[tp.batch_cap == 1].method) == {"ar", "dflash", "zero_init_residual"}  # nothing runs beside at B1
-    assert two.groupby("method").admit_beside.first().to_dict() == {
-        "ar": 0, "dflash": 0, "zero_init_residual": 0, "ar@beside1": 1, "zero_init_residual@beside1": 1}
+    variants = {f"{m}@{v}" for m in ("ar", "zero_init_residual") for v in ("beside1", "flight1", "beside1+flight1")}
+    for cap in (1, 2):
+        assert set(tp[tp.batch_cap == cap].method) == {"ar", "dflash", "zero_init_residual"} | variants
+    settings = tp[tp.batch_cap == 1].groupby("method")[["admit_beside", "in_flight"]].first().apply(tuple, axis=1)
+    assert settings.to_dict() == {"ar": (0, 2), "dflash": (0, 2), "zero_init_residual": (0, 2),
+                                  **{f"{m}@beside1": (1, 2) for m in ("ar", "zero_init_residual")},
+                                  **{f"{m}@flight1": (0, 1) for m in ("ar", "zero_init_residual")},
+                                  **{f"{m}@beside1+flight1": (1, 1) for m in ("ar", "zero_init_residual")}}
     assert (tp.equal_ar == tp.requests).all() and (tp.verify == "target").all()
     from dmtp.analysis import ratios as RT
 
-    names = {(r.name, r.condition) for r in RT.read(out / "ratios.json")}
-    assert {("ar@beside1 tok/s / ar tok/s", "B2, T=0"),
-            ("zero_init_residual@beside1 tok/s / zero_init_residual tok/s", "B2, T=0")} <= names
+    names = {(r.name, r.condition): r.note for r in RT.read(out / "ratios.json")}
+    for cap in (1, 2):
+        for v in variants:
+            assert (f"{v} tok/s / {v.partition('@')[0]} tok/s", f"B{cap}, T=0") in names
+    assert "`engine.in_flight` = 1" in names["ar@beside1+flight1 tok/s / ar tok/s", "B1, T=0"]
+    with pytest.raises(SystemExit):  # a name that is not a variant fails before anything loads
+        bench.main(["--profile", "smoke", "--target", str(work / "target"), "--server-variants", "beside1+fly2"])
 
 
 def test_a_beside_variant_that_fails_to_start_is_left_out(run, tmp_path, monkeypatch, capsys):

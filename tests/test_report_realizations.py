@@ -306,6 +306,31 @@ def test_servers_timed_beside_the_plain_ones_do_not_split_the_pool():
     assert b.speedup == pytest.approx(1.1 * 900 / 500, rel=0.01) and b.n_repeats == 2
 
 
+def test_the_summary_says_what_each_server_variant_changed(monkeypatch):
+    """A variant row's sentence names its settings in words (`bench --server-variants beside2+flight1`); a variant
+    name this version does not know is quoted as it stands."""
+    from types import SimpleNamespace
+
+    from dmtp.analysis.report import summary
+    from dmtp.analysis.report.bench import throughput
+
+    base = [{"realization": 6, "dataset": "humaneval", "temperature": 0.0, "batch_cap": 1, "repeat": 0, "method": m,
+             "tok_per_s": v, "per_verify": tau, "engine": "compiled", "admit": 8, "prefill": "graphed",
+             "admit_beside": 0, "in_flight": 2}
+            for m, v, tau in (("ar", 600, 1.0), ("zero_init_residual", 1500, 2.9), ("dflash", 1100, 2.1))]
+    variants = [dict(base[1], method="zero_init_residual@beside2+flight1", tok_per_s=1560, admit_beside=2, in_flight=1),
+                dict(base[0], method="ar@warp9", tok_per_s=610)]
+    tab = throughput(pd.DataFrame(base + variants), "zero_init_residual", "dflash")
+    monkeypatch.setattr(summary.T, "throughput_table", lambda art: tab.assign(blog_gain_pct=float("nan")))
+    art = SimpleNamespace(spec=SimpleNamespace(main_method="zero_init_residual", drafter_baseline="dflash"),
+                          overhead=None)
+    text = "\n".join(summary.throughput_lines(art))
+    assert ("`zero_init_residual@beside2+flight1` (the same server with the next newcomers prefilled beside the decode "
+            "(`engine.admit_beside` = 2), 1 round copy in flight before the host waits (`engine.in_flight` = 1), "
+            "timed side by side) 1560 tok/s against 1500, 2.60x AR against 2.50x.") in text
+    assert "`ar@warp9` (the same server with the settings `warp9`" in text
+
+
 def test_a_server_only_prompt_pass_is_the_same_experiment():
     """engine.prefill "graphed" graphs only a server's newcomers; `generate` (data, evaluation) runs the compiled
     pass under it, so realizations that differ only there are one experiment (and the pipeline's record

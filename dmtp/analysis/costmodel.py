@@ -43,11 +43,13 @@ def round_time(points: dict[int, float]) -> Callable[[int], float]:
 
 
 def simulate(rounds: Sequence[int], cap: int, t: Callable[[int], float], tokens: Sequence[int] | None = None,
-             t_admit_ms: float = 0.0, admit: int = 1) -> dict:
+             t_admit_ms: float = 0.0, admit: int = 1, lag: int = 0) -> dict:
     """The server's schedule on requests needing `rounds[i]` rounds each, in arrival order: at most `cap` live; a
     newcomer group joins when at least min(`admit`, queue) slots are free or nothing runs (`Server.run`'s rule), and
-    costs `t_admit_ms`; every step costs t(live). A request finishing at step s frees its slot for step s + 1.
-    Returns time_s, steps, groups, mean live requests per step and, with `tokens`, tok_per_s."""
+    costs `t_admit_ms`; every step costs t(live). A request finishing at step s frees its slot for step s + 1 + `lag`:
+    it rides along (its row frozen) until the host sees it finish, `engine.in_flight` rounds when the GPU runs ahead
+    of the host (r5, B1: exactly 2 per request). Returns time_s, steps, groups, mean live requests per step (riding
+    rows included: they fill the slot) and, with `tokens`, tok_per_s."""
     if cap < 1:
         raise ValueError(f"cap={cap}: expected at least 1")
     queue = list(range(len(rounds)))
@@ -60,9 +62,9 @@ def simulate(rounds: Sequence[int], cap: int, t: Callable[[int], float], tokens:
             queue = queue[len(free):]
             for i in join:
                 slot = free.pop(0)
-                if rounds[i] > 0:
-                    left[slot] = rounds[i]
-                else:  # a request that ended at its prefill token: no round
+                if rounds[i] + lag > 0:
+                    left[slot] = rounds[i] + lag
+                else:  # a request that ended at its prefill token, seen at once: no round
                     free.append(slot)
             ms += t_admit_ms
             groups += 1
@@ -85,10 +87,11 @@ def simulate(rounds: Sequence[int], cap: int, t: Callable[[int], float], tokens:
 
 
 def predict(records: dict[str, list[dict]], times: dict[str, dict[int, float]], cap: int, n: int | None = None,
-            t_admit_ms: dict[str, float] | None = None, admit: int = 1) -> dict[str, dict]:
+            t_admit_ms: dict[str, float] | None = None, admit: int = 1, lag: int = 0) -> dict[str, dict]:
     """Predicted throughput of every method of `records` (name -> its records: `accepted`, `output_ids`) at `cap` on
     the first `n` requests, from `times` (name -> {batch: ms per round}); with `ar` among them each prediction gets
-    `speedup` = its tok/s over AR's. `t_admit_ms`: name -> ms per admitted group (default 0: decode only)."""
+    `speedup` = its tok/s over AR's. `t_admit_ms`: name -> ms per admitted group (default 0: decode only); `lag`: the
+    rounds a finished request rides along (`simulate`)."""
     out = {}
     for name, recs in records.items():
         if name not in times:
@@ -97,7 +100,7 @@ def predict(records: dict[str, list[dict]], times: dict[str, dict[int, float]], 
         rounds = [len(r["accepted"]) for r in recs]
         tokens = [len(r["output_ids"]) for r in recs]
         out[name] = simulate(rounds, cap, round_time(times[name]), tokens,
-                             (t_admit_ms or {}).get(name, 0.0), admit)
+                             (t_admit_ms or {}).get(name, 0.0), admit, lag)
     if "ar" in out:
         for name, p in out.items():
             p["speedup"] = p["tok_per_s"] / out["ar"]["tok_per_s"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from dmtp.checks import at_least, check, one_of
+from dmtp.checks import at_least, between, check, one_of
 
 ENGINES = ("auto", "compiled", "fast-eager", "hf")
 ATTENTIONS = ("flex", "dense")
@@ -53,17 +53,21 @@ class EngineConfig:
     # first batch and `generate` take the compiled pass)
     admit: int = 1  # dynamic batching (`Server`): newcomers are prefilled and join once this many slots are free (or
     # the rest of the queue fits, or no request is left running): one prompt pass per group of newcomers
-    admit_beside: int = 0  # dynamic batching (`Server`): rounds the running requests decode while a group of
-    # newcomers is prefilled beside them (on CUDA a second stream) before the group joins its slots; 0: it joins at
-    # once, the decode waiting for its prompt pass. A `Server`-only setting (records decoded by `generate` do not
-    # depend on it)
+    admit_beside: int = 0  # dynamic batching (`Server`): L > 0 prefills the next group of newcomers beside the
+    # running requests (on CUDA a second stream) before their slots are free; the group joins once enough slots are
+    # free and at least L rounds after its prefill began. 0: a group is prefilled once its slots are free, the decode
+    # waiting for its prompt pass. A `Server`-only setting (records decoded by `generate` do not depend on it)
+    in_flight: int = 2  # round copies to the host (done flags) that may be in flight before the host waits for the
+    # oldest: the host queues up to that many rounds ahead of what it has seen, so a finished request rides along
+    # (its row frozen) for up to that many rounds before its slot is freed; 1 keeps one round queued on the device
+    # while the host prepares the next. No record depends on it (out of the records key)
     dtype: str = "fp32"  # precision of the target, MTP head and drafters when decoding (fp32: exact losslessness;
     # bf16: every method equals the engine's own bf16 AR up to measured top-2 ties)
 
     def __post_init__(self):
         check(self, engine=one_of(*ENGINES), attention=one_of(*ATTENTIONS), cache_write=one_of(*CACHE_WRITES),
               tuning=one_of(*TUNINGS), drafter=one_of(*DRAFTER_PATHS), prefill=one_of(*PREFILLS),
-              dtype=one_of(*DTYPES), admit=at_least(1), admit_beside=at_least(0))
+              dtype=one_of(*DTYPES), admit=at_least(1), admit_beside=at_least(0), in_flight=between(1, 8))
         if not isinstance(self.graphs, bool):
             raise ValueError(f"graphs={self.graphs!r}: expected true or false")
 
@@ -103,8 +107,39 @@ class EngineConfig:
         return x
 
 
-SERVER_ONLY = ("admit_beside",)  # settings no record of `generate` depends on, out of the records key (an
-# experiment recorded before they existed is the same experiment)
+SERVER_ONLY = ("admit_beside", "in_flight")  # settings no record of `generate` depends on (how far the host runs
+# ahead changes when a request is seen finished, not what it emitted), out of the records key (an experiment recorded
+# before they existed is the same experiment)
+
+
+SERVER_VARIANTS = {"beside": "admit_beside", "flight": "in_flight"}  # a server variant's name: its Server-only
+# settings, e.g. "beside2+flight1" = admit_beside 2, in_flight 1 (bench rows <method>@<variant>)
+
+
+def server_variant(name: str) -> dict:
+    """The `EngineConfig` fields a server variant's name sets ("beside2+flight1" -> {"admit_beside": 2, "in_flight":
+    1}); a clear error for a name that is not one."""
+    out = {}
+    for part in name.split("+"):
+        key, num = part.rstrip("0123456789"), part[len(part.rstrip("0123456789")):]
+        if key not in SERVER_VARIANTS or not num or SERVER_VARIANTS[key] in out:
+            raise ValueError(f"server variant {name!r}: expected parts <setting><number> joined by '+', each setting "
+                             f"once, settings {', '.join(SERVER_VARIANTS)} (e.g. beside2+flight1)")
+        out[SERVER_VARIANTS[key]] = int(num)
+    try:
+        EngineConfig(**out)  # each value in its field's range
+    except ValueError as e:
+        raise ValueError(f"server variant {name!r}: {e}") from None
+    return out
+
+
+def describe_variant(name: str) -> str:
+    """A server variant in words ("beside2+flight1" -> "the next newcomers prefilled beside the decode
+    (`engine.admit_beside` = 2), 1 round copy in flight before the host waits (`engine.in_flight` = 1)")."""
+    words = {"admit_beside": lambda v: f"the next newcomers prefilled beside the decode (`engine.admit_beside` = {v})",
+             "in_flight": lambda v: f"{v} round cop{'y' if v == 1 else 'ies'} in flight before the host waits "
+                                    f"(`engine.in_flight` = {v})"}
+    return ", ".join(words[k](v) for k, v in server_variant(name).items())
 
 
 def records_key_of(engine: dict) -> dict:

@@ -264,13 +264,15 @@ class Batch:
 
     def _publish(self, ring: bool = True):
         """Queue a copy of the done flags (with stop strings: the round's tokens and counts) to the host, no wait. At
-        most 2 stay in flight: the host then waits for the round before last while the GPU runs the last one. `ring`:
+        most `engine.in_flight` (default 2) stay in flight (`poll`): with 2 the host waits for the round before last
+        while the GPU runs the last one. `ring`:
         the round's pinned landing buffers (reused); off, fresh ones (the first token's, of other shapes)."""
         src = [self.st.done] + ([self._y, self._emitted] if self.match is not None else [])
         bufs = None
         if ring and self.dev.type == "cuda":
             if not self._ring:
-                self._ring = [[torch.zeros(t.shape, dtype=t.dtype, pin_memory=True) for t in src] for _ in range(4)]
+                self._ring = [[torch.zeros(t.shape, dtype=t.dtype, pin_memory=True) for t in src]
+                              for _ in range(self.eng.in_flight + 2)]  # a buffer is read before its turn comes again
             bufs = self._ring[self._turn % len(self._ring)]
             self._turn += 1
         ev, bufs = to_host(src, bufs)
@@ -278,7 +280,7 @@ class Batch:
 
     def poll(self, wait: bool = False) -> torch.Tensor:
         """Done flags [B] (host) as of the newest round whose copy has arrived; `wait` = as of the last round."""
-        while self._pending and (wait or len(self._pending) > 2 or self._pending[0][0].query()):
+        while self._pending and (wait or len(self._pending) > self.eng.in_flight or self._pending[0][0].query()):
             ev, bufs, slots, gens = self._pending.popleft()
             ev.synchronize()
             self._see(*bufs, slots=slots, gens=gens)

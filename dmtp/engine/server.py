@@ -2,8 +2,8 @@
 
 A server keeps at most `cap` requests in flight. As soon as the host sees requests finished, their records are copied
 out (`Batch.harvest`) and the next requests in arrival order are prefilled together and moved into the freed slots
-(`Batch.absorb`); nothing of it waits on the host. Newcomers may instead be prefilled beside the running requests
-and join later (`EngineConfig.admit_beside`).
+(`Batch.absorb`); nothing of it waits on the host. The next group may instead be prefilled beside the running
+requests before its slots are free, and take them as soon as they are (`EngineConfig.admit_beside`).
 
     srv = Server(target, method, cap=32, capacity=capacity_for(prompts, 256, method.k), max_new_tokens=256)
     srv.prepare(max(len(p) for p in prompts))   # capture every prompt-pass bucket at start-up
@@ -28,8 +28,7 @@ from dmtp.models import fast
 
 @dataclass
 class Joining:
-    """A group of newcomers prefilled beside the decode, not yet in its slots (`Server._begin`, `_join`)."""
-    slots: list[int]  # reserved for them
+    """A group of newcomers prefilled, not yet in slots (`Server._begin`, `_join`)."""
     batch: Batch  # their prefilled batch, absorbed at the join
     requests: list[int]  # their indices in the group being served
     rounds_left: int  # rounds the running requests decode before the join
@@ -45,8 +44,10 @@ class Server:
     `engine.admit` (`EngineConfig`): each group costs one prompt pass and one move into the slots, whatever its size.
     No admission waits on the host: its copies are pinned and non-blocking, the newcomers' first tokens reach the host
     like a round's, and finished records are copied out without waiting (`Batch.harvest`). With
-    `engine.admit_beside` = L > 0 a group is prefilled beside the running requests (on CUDA a second stream) and
-    joins its reserved slots L rounds later, so its prompt pass overlaps the decode instead of holding it.
+    `engine.admit_beside` = L > 0 the next group (max(`engine.admit`, the slots free at its start) requests) is
+    prefilled beside the running requests (on CUDA a second stream) before its slots are free, and joins once enough
+    slots are free and at least L rounds after its prefill began: its prompt pass overlaps the decode instead of
+    holding it, and no slot waits for it.
     `admit_s`: seconds admissions held the decode (on CUDA device time between events; elsewhere host time);
     `beside_s`: device seconds of the prefills run beside it; `admit_host_s`: host seconds spent queueing them;
     `rounds`, `groups`: rounds stepped and groups admitted; all summed over runs."""
@@ -119,8 +120,8 @@ class Server:
         queued behind the rounds in flight without a host synchronisation. Its time counts in `admit_s` (on CUDA the
         device time between events around its work, settled at the end of `run`: the time the admission holds the
         stream; elsewhere host time), the group in `groups`."""
-        self._begin(slots, prompts, t0, [], beside=False)
-        self._join()
+        self._begin(prompts, t0, [], beside=False)
+        self._join(slots)
 
     def _mark_joined(self):
         """After newcomers took their slots on the decode stream: the side stream's next prefill waits for this point
@@ -155,10 +156,10 @@ class Server:
         self._marks.append((a, b, beside))
         return out
 
-    def _begin(self, slots: list[int], prompts: list[list[int]], t0: float, reqs: list[int], beside: bool = True):
-        """Prefill a group of newcomers for their (reserved) `slots`, to join them at `_join`. `beside`: beside the
-        decode (`engine.admit_beside`: on CUDA their prompt pass is queued on the side stream and runs while the
-        running requests decode, and they join after that many rounds); off, on the decode stream, to join at once."""
+    def _begin(self, prompts: list[list[int]], t0: float, reqs: list[int], beside: bool = True):
+        """Prefill a group of newcomers, to take slots at `_join`. `beside`: beside the decode (`engine.admit_beside`:
+        on CUDA their prompt pass is queued on the side stream and runs while the running requests decode, before
+        their slots are free; they may join that many rounds later); off, on the decode stream, to join at once."""
         ta = time.perf_counter()
 
         def prefill():
@@ -173,21 +174,21 @@ class Server:
                 new = self._marked(prefill, beside=True)
                 ready = torch.cuda.Event()
                 ready.record()
-        self._joining = Joining(slots, new, reqs, self.eng.admit_beside if beside else 0, ready)
+        self._joining = Joining(new, reqs, self.eng.admit_beside if beside else 0, ready)
         self.admit_host_s += time.perf_counter() - ta
 
-    def _join(self):
-        """The newcomers prefilled by `_begin` take their slots (after the decode stream waits for a prefill run
-        beside it); returns (slots, their requests)."""
+    def _join(self, slots: list[int]) -> list[int]:
+        """The newcomers prefilled by `_begin` take the free `slots` (one each, in order; the decode stream first waits
+        for a prefill run beside it); returns their requests."""
         j, self._joining = self._joining, None
         ta = time.perf_counter()
         if j.ready is not None:
             torch.cuda.current_stream().wait_event(j.ready)
-        self._marked(lambda: self.batch.absorb(j.slots, j.batch))
+        self._marked(lambda: self.batch.absorb(slots, j.batch))
         self._mark_joined()
         self.admit_host_s += time.perf_counter() - ta
         self.groups += 1
-        return j.slots, j.requests
+        return j.requests
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
@@ -207,7 +208,6 @@ class Server:
         if self._joined is None:  # the side stream's first prefill comes after everything queued so far (the first
             self._mark_joined()  # batch, a `prepare`'s captures)
         harvests: list[tuple[Harvest, list[int]]] = []  # records on their way to the host, and whose they are
-        reserved: set[int] = set()  # slots whose newcomers are being prefilled beside the decode
         while True:
             done = batch.poll()
             finished = [s for s in range(len(owner)) if owner[s] is not None and done[s]]
@@ -215,22 +215,23 @@ class Server:
                 harvests.append((batch.harvest(finished), [owner[s] for s in finished]))
                 for s in finished:
                     owner[s] = None
-            free = [s for s in range(len(owner)) if owner[s] is None and s not in reserved]
-            busy = sum(o is not None for o in owner)
-            if self._joining is not None and (self._joining.rounds_left <= 0 or busy == 0):
-                slots, reqs = self._join()
-                for s, i in zip(slots, reqs):
+            free = [s for s in range(len(owner)) if owner[s] is None]
+            busy = len(owner) - len(free)
+            j = self._joining
+            if j is not None and len(free) >= len(j.requests) and (j.rounds_left <= 0 or busy == 0):
+                slots = free[: len(j.requests)]
+                for s, i in zip(slots, self._join(slots)):
                     owner[s] = i
-                reserved.clear()
                 continue  # newcomers may already be finished (EOS as the first token)
-            if queue and free and self._joining is None and (len(free) >= min(self.eng.admit, len(queue))
-                                                             or busy == 0):
+            if queue and j is None and self.eng.admit_beside and busy:  # the next group, prefilled beside the
+                # running requests before its slots are free: max(admit, the slots free now), as the queue allows
+                n = min(max(self.eng.admit, len(free)), len(queue), len(owner))
+                join, queue = queue[:n], queue[n:]
+                self._begin([prompts[i] for i in join], t0, join)
+                continue
+            if queue and free and j is None and (len(free) >= min(self.eng.admit, len(queue)) or busy == 0):
                 join, queue = queue[: len(free)], queue[len(free):]
                 slots = free[: len(join)]
-                if self.eng.admit_beside and busy:  # prefilled beside the running requests, joining later
-                    self._begin(slots, [prompts[i] for i in join], t0, join)
-                    reserved.update(slots)
-                    continue
                 self.admit(slots, [prompts[i] for i in join], t0)
                 for s, i in zip(slots, join):
                     owner[s] = i

@@ -43,8 +43,9 @@
 # `bench` = dmtp.cli.bench on the trained models: first end-to-end throughput of BENCH_METHODS (default ar, mtp,
 # dflash, fusion, zero_init_residual) at B1 (the first SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) and B32
 # (164 prompts, BENCH_TEMPS, default T = 0 and 1), REPEATS = 3 interleaved repeats, with AR and the main method also
-# served with newcomers prefilled beside the decode at B32, T = 0 (BESIDE = 2 rounds; BESIDE= leaves them out:
-# rows <method>@beside2, side by side with the plain servers); the stage times at batch 32 and 1 with the T = 0
+# served by the server variants VARIANTS at T = 0, both caps (default beside2+flight1: the next newcomers prefilled
+# beside the decode, one round copy in flight; VARIANTS= leaves them out: rows <method>@<variant>, side by side with
+# the plain servers); the stage times at batch 32 and 1 with the T = 0
 # throughput runs' shapes (nothing compiles again) and kernel profiles at batch 32 come before the LATE_TEMPS
 # (default T = 1) throughput, so a limit takes the T = 1 repeats first; each row is on disk as soon as measured,
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
@@ -87,12 +88,12 @@ bench_s() { local s=${BENCH_S:-420} u=${BENCH_UNTIL:-100000}
             [ $left -lt $s ] && s=$left; [ $s -lt 30 ] && s=30; echo $s; }
 export -f bench_s
 extras() {  # the extras named in $1 (a comma list), as one command line
-  local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout \$(bench_s) $PY -m dmtp.cli.bench" bs=${BESIDE-2}
+  local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout \$(bench_s) $PY -m dmtp.cli.bench" sv=${VARIANTS-beside2+flight1}
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts throughput,overhead,throughput-late --methods ${BENCH_METHODS:-ar,mtp,\
 dflash,fusion,zero_init_residual} --caps 1,32 --batch 32 --kernel-profile --temperatures ${BENCH_TEMPS:-0,1} \
       --small-cap-temperatures ${SMALL_TEMPS:-0} --late-temperatures ${LATE_TEMPS:-1} \
-      --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts ${SMALL:-16} ${bs:+--beside $bs}) \
+      --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts ${SMALL:-16} ${sv:+--server-variants $sv}) \
       > $L/bench.txt 2>&1; "
   [[ $e == *",shape,"* ]] && s+="stamp shape; ($B --mini-shape --profile $PROFILE $(sets) --out $R/$F/bench \
       --tokens 128 --repeats ${REPEATS:-3} --kernel-profile --shape-parts ${SHAPE_PARTS:-engines,admission,baselines,\

@@ -60,7 +60,7 @@ def per_repeat(tp: pd.DataFrame, main: str = "", base: str = "") -> pd.DataFrame
     return df
 
 
-SERVING = ("engine", "admit", "prefill", "admit_beside")  # how a throughput run's servers were set up
+SERVING = ("engine", "admit", "prefill", "admit_beside", "in_flight")  # how a throughput run's servers were set up
 # (throughput.csv columns; a column a CSV lacks: it was written before the setting existed, and pools only with such)
 
 
@@ -80,7 +80,8 @@ def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict |
     realization stands alone."""
     df = per_repeat(tp, main, base)
     units = [(f"r{k}", g) for k, g in df.groupby("realization", sort=True)]
-    plain = df[~df.method.astype(str).str.contains("@")]  # a server variant timed beside them (`bench --beside`)
+    plain = df[~df.method.astype(str).str.contains("@")]  # a server variant timed beside them (`bench --beside`,
+    # `--in-flight`, `--server-variants`)
     if len(units) > 1 and serving(plain) is not None:  # repeats pool only where every server was set up alike
         units.append(("all", df))
     rows = []
@@ -154,7 +155,9 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
     (`tp`), beside AR: the predicted speed-up (`costmodel.predict` on the first `requests` records, the measured
     round time per batch and admission cost per group, `admission_ms`) against the measured one (median [min, max]
     of the repeats), error_pct = 100 (predicted / measured - 1). round_timed_at_cap: the method's round was timed at
-    that batch (else `round_time` holds the nearest timed batch's: an extrapolation, not a validation)."""
+    that batch (else `round_time` holds the nearest timed batch's: an extrapolation, not a validation). A finished
+    request rides along for the servers' `engine.in_flight` rounds (`costmodel.simulate`'s lag; 2 where the runs
+    predate the setting: the engine's fixed value then)."""
     times = round_times(ov[~ov.method.str.contains(":")])
     t0 = per_repeat(tp[tp.temperature == 0])
     recs = _records(runs)
@@ -166,7 +169,9 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
             continue
         admit_ms = admission_ms(g)
         admit = int(g.admit.iloc[0]) if "admit" in g else 1
-        pred = predict({m: recs[m] for m in have}, times, int(cap), n, admit_ms, admit)
+        plain = g[g.method == "ar"]  # the plain servers' host lag: engine.in_flight (2 before it was a setting)
+        lag = int(plain.in_flight.iloc[0]) if "in_flight" in plain and plain.in_flight.notna().any() else 2
+        pred = predict({m: recs[m] for m in have}, times, int(cap), n, admit_ms, admit, lag)
         for m in have:
             meas = spread(g[g.method == m].speedup)
             rows.append({"kind": "predicted vs measured", "method": m, "batch_cap": int(cap),

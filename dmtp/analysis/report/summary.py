@@ -23,6 +23,7 @@ from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report.data import Artifacts, paired_runs, per_unit, summarize
+from dmtp.config.engine import describe_variant
 
 # "close" = |a - b| below this share of b's acceptance length. The blog states no margin; 2 % is the size of the
 # gaps between neighbouring variants that its Code ablation reports as differences (mask_residual +1.92 %,
@@ -481,13 +482,17 @@ def throughput_lines(art: Artifacts) -> list[str]:
                    + (f"; blog (35B, 4xH200 TP4, SGLang): {r.blog_gain_pct:+.2f} % tok/s for "
                       f"{r.blog_per_verify_gain_pct:+.2f} % acceptance" if not pd.isna(r.blog_gain_pct) else "")
                    + bound + ".")
-    for r in pooled[pooled.method.astype(str).str.contains("@beside")].itertuples():
-        base = pooled[(pooled.method == r.method.partition("@")[0]) & (pooled.realization == r.realization)
+    for r in pooled[pooled.method.astype(str).str.contains("@")].itertuples():
+        name, _, variant = r.method.partition("@")
+        base = pooled[(pooled.method == name) & (pooled.realization == r.realization)
                       & (pooled.temperature == r.temperature) & (pooled.batch_cap == r.batch_cap)]
         if len(base):
-            out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}): `{r.method}` (the same server, its "
-                       f"newcomers prefilled beside the decode, `engine.admit_beside` = "
-                       f"{r.method.rpartition('beside')[2]}, timed side by side) {r.tok_per_s:.0f} tok/s against "
+            try:
+                how = describe_variant(variant)
+            except ValueError:  # a variant of another version of the bench: its name says what it was
+                how = f"the settings `{variant}`"
+            out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}): `{r.method}` (the same server with "
+                       f"{how}, timed side by side) {r.tok_per_s:.0f} tok/s against "
                        f"{base.tok_per_s.iloc[0]:.0f}, {r.speedup:.2f}x AR against {base.speedup.iloc[0]:.2f}x.")
     return out
 

@@ -57,9 +57,21 @@ from dmtp.cli.bench.common import merge_overhead, merge_rows
 from dmtp.cli.bench.shapes import mini_shape, paper_shape
 from dmtp.cli.bench.trained import PARTS, Bench, throughput_ratios
 from dmtp.config import VERIFY_MODES
+from dmtp.config.engine import server_variant
 from dmtp.engine.methods import method_class
 from dmtp.io import write_meta
 from experiments.profiles import PROFILES, resolve
+
+
+def server_variants(s: str) -> list[str]:
+    """argparse type: comma-separated server variants (`config.engine.server_variant`: e.g. beside2+flight1)."""
+    out = names(s)
+    for v in out:
+        try:
+            server_variant(v)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return out
 
 
 def verify_modes(s: str) -> list[str]:
@@ -123,11 +135,18 @@ def main(argv=None):
     p.add_argument("--verify", type=verify_modes, default=["target"],
                    help="throughput part: verify modes (target,sample,block); rows other than target: <method>+<mode>")
     p.add_argument("--beside", type=listed(at_least(1)), default=[],
-                   help="throughput part: also serve with newcomers prefilled beside the decode (engine.admit_beside = "
-                        "each L given), at every cap above 1 and the first temperature, side by side with the others; "
-                        "rows <method>@beside<L>")
+                   help="throughput part: also serve with the next newcomers prefilled beside the decode "
+                        "(engine.admit_beside = each L given), at every cap and the first temperature, side by side "
+                        "with the others; rows <method>@beside<L>")
+    p.add_argument("--in-flight", type=listed(at_least(1)), default=[],
+                   help="throughput part: also serve with engine.in_flight = each N given (round copies in flight "
+                        "before the host waits), as --beside; rows <method>@flight<N>")
+    p.add_argument("--server-variants", type=server_variants, default=[],
+                   help="throughput part: server variants combining those settings, as --beside, e.g. "
+                        "beside2+flight1; rows <method>@<variant>")
     p.add_argument("--beside-methods", type=names, default=None,
-                   help="the methods of the --beside rows (default: AR and the ablation's main method)")
+                   help="the methods of the server-variant rows (--beside, --in-flight, --server-variants; default: "
+                        "AR and the ablation's main method)")
     p.add_argument("--hf-prompts", type=at_least(1), default=4)
     p.add_argument("--bandwidth", type=number(0, open_lo=True), default=4.3e12,
                    help="HBM bytes/s for the AR bound (H200: ~4.3e12)")

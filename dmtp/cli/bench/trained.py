@@ -30,6 +30,7 @@ from dmtp.cli.bench.common import (
 from dmtp.cli.bench.profiling import admission_profile, kernel_profile
 from dmtp.cli.bench.shapes import draft_side_ratios
 from dmtp.config import AblationSpec, DataConfig, EngineConfig
+from dmtp.config.engine import describe_variant, server_variant
 from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
@@ -160,29 +161,32 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
     rows, admissions, top = [], [], max(a.caps)
     temps = [t for t in a.temperatures if (t in a.late_temperatures) == late]
     beside_methods = [m for m in (a.beside_methods or [AR.name, b.spec.main_method]) if m in methods]
+    variants = list(dict.fromkeys([f"beside{L}" for L in a.beside] + [f"flight{n}" for n in a.in_flight]
+                                  + list(a.server_variants)))  # Server-only settings, timed beside the plain servers
     small = a.temperatures if a.small_cap_temperatures is None else a.small_cap_temperatures
     for temp in temps:
         for cap in a.caps:
             if cap != top and temp not in small:
                 continue
             reqs = cap_requests(b, cap)
-            runs = [(n, v, 0) for n in methods for v in a.verify]  # (method, verify mode, engine.admit_beside)
-            if cap > 1 and temp == a.temperatures[0]:  # beside the decode: a cap of 1 has nothing running beside
-                runs += [(n, "target", L) for L in a.beside for n in beside_methods]
+            runs = [(n, v, "") for n in methods for v in a.verify]  # (method, verify mode, server variant)
+            if temp == a.temperatures[0]:
+                runs += [(n, "target", x) for x in variants for n in beside_methods]
             servers = {}
-            for name, v, L in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
+            for name, v, x in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
                 m = b.method(name)
-                run = (name if v == "target" else f"{name}+{v}") + (f"@beside{L}" if L else "")
+                run = (name if v == "target" else f"{name}+{v}") + (f"@{x}" if x else "")
                 servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
-                                            a.max_new_tokens, b.eos, seed=0, engine=b.eng.with_(admit_beside=L),
-                                            stop=stop, verify=v)
+                                            a.max_new_tokens, b.eos, seed=0,
+                                            engine=b.eng.with_(**server_variant(x)) if x else b.eng, stop=stop,
+                                            verify=v)
                 try:
                     n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
                     if n:
                         print(f"[bench] {run} B{cap}: {n} prompt-pass graphs captured at start-up")
                     srv.run(reqs)
                 except Exception as e:  # noqa: BLE001 - a variant beside the measurement must not end it
-                    if not L:
+                    if not x:
                         raise
                     print(f"[bench] {run} B{cap}: left out, its start-up failed: "
                           + f"{type(e).__name__}: {e}".splitlines()[0])
@@ -206,7 +210,7 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
                                  "verify_rounds": len(acc), **spent,
                                  "verify": run.partition("@")[0].partition("+")[2] or "target",
                                  "engine": label_of(b.eng), "admit": b.eng.admit, "prefill": b.eng.prefill,
-                                 "admit_beside": srv.eng.admit_beside})
+                                 "admit_beside": srv.eng.admit_beside, "in_flight": srv.eng.in_flight})
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
@@ -278,12 +282,12 @@ def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[
                 out.append(ratio(setup, f"{m} tok/s / AR tok/s", median(q), ">=" if goal else "report", goal, cond,
                                  f"{by[m].tok_per_s.median():.0f} vs {by[AR.name].tok_per_s.median():.0f} tok/s; per "
                                  f"repeat {spread(q)}, {len(q)} repeats"))
-        for m in sorted(x for x in by if "@beside" in x and x.partition("@")[0] in by):  # the same server but for
-            base = m.partition("@")[0]  # newcomers prefilled beside the decode, side by side
+        for m in sorted(x for x in by if "@" in x and x.partition("@")[0] in by):  # the same server but for its
+            base, _, variant = m.partition("@")  # Server-only settings, side by side
             q = (by[m].tok_per_s / by[base].tok_per_s).dropna().tolist()
             if q:
                 out.append(ratio(setup, f"{m} tok/s / {base} tok/s", median(q), "report", None, cond,
-                                 f"newcomers prefilled beside the decode; per repeat {spread(q)}, {len(q)} repeats"))
+                                 f"{describe_variant(variant)}; per repeat {spread(q)}, {len(q)} repeats"))
         if dmtp in by and dflash in by:
             gain = (by[dmtp].tok_per_s / by[dflash].tok_per_s).dropna()
             tau = by[dmtp].per_verify.median() / by[dflash].per_verify.median() - 1
