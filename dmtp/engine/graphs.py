@@ -22,8 +22,14 @@ import torch
 
 
 class Graphs:
-    def __init__(self, enabled: bool):
+    """`stream`: the stream graphs are captured on (default: torch's one default capture stream). A captured cuBLAS
+    call keeps the workspace of the stream it was captured on, so graphs that replay concurrently on two streams
+    (the round's stages and a server's prompt pass beside them, `EngineConfig.admit_beside`) must be captured on two
+    streams, or both write one workspace."""
+
+    def __init__(self, enabled: bool, stream=None):
         self.enabled = enabled
+        self.stream = stream
         self.pool = torch.cuda.graph_pool_handle() if enabled else None
         self.graphs: dict[str, tuple] = {}  # stage -> (graph, static inputs, outputs)
         self.keep: set[int] = set()  # data_ptrs of persistent tensors that a graph may read in place
@@ -51,7 +57,7 @@ class Graphs:
             for t, s in zip(updates, saved):
                 t.copy_(s)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                 out = fn(*static)
             for t in _tensors(out):  # later stages read this stage's outputs in place
                 self.keep.add(t.data_ptr())

@@ -67,7 +67,8 @@ class PromptPass:
         self.target, self.taps, self.cap, self.compile, self.step = target, taps, cap, compile, step
         self.method = method  # the server's method: its prefill graphed per bucket (None: the batch runs it)
         self.graph_method = method is not None  # off once its capture failed
-        self.graphs = Graphs(graphs)
+        # captured on a stream of its own: its replays may run beside the round's graphs (`Graphs`: cuBLAS workspace)
+        self.graphs = Graphs(graphs, stream=torch.cuda.Stream() if graphs else None)
         self.copies: dict[tuple, object] = {}  # bucket key -> the method copy whose state the prefill graph writes
         self._last = None  # the last call's bucket: key, static inputs, full outputs, B, T
         self.state = None  # the `State` the method's prefill reads (capacity, engines), set by the first newcomers
