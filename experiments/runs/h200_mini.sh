@@ -107,13 +107,13 @@ regen}) > $L/shape.txt 2>&1; "
 
 # the set-up of a chain: wheels, HumanEval checked, the --set assignments remembered, a snapshot of the tree; PRE (a
 # pytest -k expression of tests/test_cuda.py, e.g. PRE=fast_drafter) runs those GPU tests while corpus and tokenizer
-# keep the CPU busy (PRE_S: its time limit, default 240 s; it shares the GPU with the chain)
+# keep the CPU busy (PRE_S: its time limit, default 420 s; it shares the GPU with the chain)
 start() {
   wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   rm -f $H/bench_until  # an earlier chain's `left`
   snap
-  [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout ${PRE_S:-240} $PY -m pytest -o addopts= -v -p no:warnings tests/test_cuda.py \
+  [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout ${PRE_S:-420} $PY -m pytest -o addopts= -v -p no:warnings tests/test_cuda.py \
       -k '$PRE' > $L/pre.txt 2>&1"
   return 0
 }
