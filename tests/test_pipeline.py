@@ -371,9 +371,9 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
 
 
 def test_bench_times_server_variants_side_by_side(run, tmp_path):
-    """`bench --beside L --in-flight N --server-variants V`: at every cap (first temperature) AR and the main method are
-    also served with those Server-only settings, interleaved with the plain servers (rows <method>@beside<L>,
-    @flight<N>, @<V>; columns admit_beside, in_flight), with the same outputs, and ratios.json gives each variant's
+    """`bench --server-variants beside1,flight1,beside1+flight1`: at every cap (first temperature) AR and the main
+    method are also served with those Server-only settings, interleaved with the plain servers (rows
+    <method>@<variant>; columns admit_beside, in_flight), with the same outputs, and ratios.json gives each variant's
     tok/s over its plain server's. `--late-temperatures 1` leaves T = 1 to the part throughput-late, after the stage
     times, whose rows join the first part's."""
     import pandas as pd
@@ -386,8 +386,8 @@ def test_bench_times_server_variants_side_by_side(run, tmp_path):
                 "--out", str(out), "--parts", "throughput,overhead,throughput-late", "--methods",
                 "ar,dflash,zero_init_residual", "--caps", "1,2", "--batch", "2", "--tokens", "20", "--temperatures",
                 "0,1", "--small-cap-temperatures", "0", "--late-temperatures", "1", "--repeats", "2", "--prompts", "4",
-                "--small-cap-prompts", "2", "--max-new-tokens", "16", "--beside", "1", "--in-flight", "1",
-                "--server-variants", "beside1+flight1"])
+                "--small-cap-prompts", "2", "--max-new-tokens", "16", "--server-variants",
+                "beside1,flight1,beside1+flight1"])
     assert json.loads((out / "meta.json").read_text())["parts_done"] == ["throughput", "overhead", "throughput-late"]
     tp = pd.read_csv(out / "throughput.csv")
     assert set(tp[tp.temperature == 1].method) == {"ar", "dflash", "zero_init_residual"}  # T = 1: B2, no variants
@@ -414,7 +414,7 @@ def test_bench_times_server_variants_side_by_side(run, tmp_path):
 
 
 def test_a_beside_variant_that_fails_to_start_is_left_out(run, tmp_path, monkeypatch, capsys):
-    """A `--beside` server whose start-up fails is left out with a line saying why; the plain servers' measurement
+    """A `--server-variants` server whose start-up fails is left out with a line saying why; the plain servers' measurement
     goes on (a failure of a plain server still ends the part)."""
     import pandas as pd
 
@@ -434,6 +434,6 @@ def test_a_beside_variant_that_fails_to_start_is_left_out(run, tmp_path, monkeyp
     monkeypatch.setattr(server.Server, "prepare", broken)
     bench.main(["--profile", "smoke", "--target", str(work / "target"), "--drafters", str(work / "drafters"),
                 "--out", str(out), "--parts", "throughput", "--methods", "ar,zero_init_residual", "--caps", "2",
-                "--temperatures", "0", "--repeats", "1", "--prompts", "4", "--max-new-tokens", "12", "--beside", "1"])
+                "--temperatures", "0", "--repeats", "1", "--prompts", "4", "--max-new-tokens", "12", "--server-variants", "beside1"])
     assert "ar@beside1 B2: left out, its start-up failed: RuntimeError: no side stream here" in capsys.readouterr().out
     assert set(pd.read_csv(out / "throughput.csv").method) == {"ar", "zero_init_residual"}

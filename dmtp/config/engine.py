@@ -121,7 +121,8 @@ def server_variant(name: str) -> dict:
     1}); a clear error for a name that is not one."""
     out = {}
     for part in name.split("+"):
-        key, num = part.rstrip("0123456789"), part[len(part.rstrip("0123456789")):]
+        key = part.rstrip("0123456789")
+        num = part[len(key):]
         if key not in SERVER_VARIANTS or not num or SERVER_VARIANTS[key] in out:
             raise ValueError(f"server variant {name!r}: expected parts <setting><number> joined by '+', each setting "
                              f"once, settings {', '.join(SERVER_VARIANTS)} (e.g. beside2+flight1)")

@@ -80,8 +80,8 @@ def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict |
     realization stands alone."""
     df = per_repeat(tp, main, base)
     units = [(f"r{k}", g) for k, g in df.groupby("realization", sort=True)]
-    plain = df[~df.method.astype(str).str.contains("@")]  # a server variant timed beside them (`bench --beside`,
-    # `--in-flight`, `--server-variants`)
+    plain = df[~df.method.astype(str).str.contains("@")]  # a server variant timed beside them (`bench
+    # --server-variants`)
     if len(units) > 1 and serving(plain) is not None:  # repeats pool only where every server was set up alike
         units.append(("all", df))
     rows = []

@@ -134,19 +134,13 @@ def main(argv=None):
                         "before T = 1")
     p.add_argument("--verify", type=verify_modes, default=["target"],
                    help="throughput part: verify modes (target,sample,block); rows other than target: <method>+<mode>")
-    p.add_argument("--beside", type=listed(at_least(1)), default=[],
-                   help="throughput part: also serve with the next newcomers prefilled beside the decode "
-                        "(engine.admit_beside = each L given), at every cap and the first temperature, side by side "
-                        "with the others; rows <method>@beside<L>")
-    p.add_argument("--in-flight", type=listed(at_least(1)), default=[],
-                   help="throughput part: also serve with engine.in_flight = each N given (round copies in flight "
-                        "before the host waits), as --beside; rows <method>@flight<N>")
     p.add_argument("--server-variants", type=server_variants, default=[],
-                   help="throughput part: server variants combining those settings, as --beside, e.g. "
-                        "beside2+flight1; rows <method>@<variant>")
-    p.add_argument("--beside-methods", type=names, default=None,
-                   help="the methods of the server-variant rows (--beside, --in-flight, --server-variants; default: "
-                        "AR and the ablation's main method)")
+                   help="throughput part: also serve with these Server-only settings (`config.engine.server_variant`: "
+                        "beside<L> = engine.admit_beside L, flight<N> = engine.in_flight N, joined by '+', e.g. "
+                        "beside2+flight1), at every cap and the first temperature, side by side with the others; rows "
+                        "<method>@<variant>")
+    p.add_argument("--variant-methods", type=names, default=None,
+                   help="the methods of the --server-variants rows (default: AR and the ablation's main method)")
     p.add_argument("--hf-prompts", type=at_least(1), default=4)
     p.add_argument("--bandwidth", type=number(0, open_lo=True), default=4.3e12,
                    help="HBM bytes/s for the AR bound (H200: ~4.3e12)")

@@ -160,9 +160,7 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
     prior = pd.read_csv(path).to_dict("records") if late and path.exists() else []  # the first part's rows
     rows, admissions, top = [], [], max(a.caps)
     temps = [t for t in a.temperatures if (t in a.late_temperatures) == late]
-    beside_methods = [m for m in (a.beside_methods or [AR.name, b.spec.main_method]) if m in methods]
-    variants = list(dict.fromkeys([f"beside{L}" for L in a.beside] + [f"flight{n}" for n in a.in_flight]
-                                  + list(a.server_variants)))  # Server-only settings, timed beside the plain servers
+    variant_methods = [m for m in (a.variant_methods or [AR.name, b.spec.main_method]) if m in methods]
     small = a.temperatures if a.small_cap_temperatures is None else a.small_cap_temperatures
     for temp in temps:
         for cap in a.caps:
@@ -171,7 +169,7 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
             reqs = cap_requests(b, cap)
             runs = [(n, v, "") for n in methods for v in a.verify]  # (method, verify mode, server variant)
             if temp == a.temperatures[0]:
-                runs += [(n, "target", x) for x in variants for n in beside_methods]
+                runs += [(n, "target", x) for x in a.server_variants for n in variant_methods]
             servers = {}
             for name, v, x in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
                 m = b.method(name)
