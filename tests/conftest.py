@@ -14,6 +14,15 @@ make_drafter = tiny.drafter  # a small random drafter of a variant (every test's
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")))
 
 
+def pytest_runtest_logreport(report):
+    """With DMTP_FAILURES set (the GPU runs' test logs), each failure is appended to that file as it happens, its
+    traceback included: a run whose time limit cuts pytest before its summary keeps what failed and why."""
+    path = os.environ.get("DMTP_FAILURES")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
 @pytest.fixture(scope="session", params=["qwen3_5", "qwen3"])
 def arch(request):
     return request.param

@@ -168,6 +168,11 @@ def test_a_ready_server_serves_without_a_sync(gpu_models, name, beside, flight):
     ref = [hf(tgt, p, 25, eos) for p in prompts]
     eng = EngineConfig(attention="dense", prefill="graphed", admit=2, admit_beside=beside, in_flight=flight)
     srv = Server(tgt, method(name, tgt, mtp), 3, capacity_for(prompts, 25, 7), 0.0, 25, eos_ids=[eos], engine=eng)
+    if beside:  # the round graphs, the prompt pass's graphs and the stream it replays on: three CUDA streams (cuBLAS
+        # workspaces, `graphs.py`)
+        from dmtp.engine.graphs import capture_stream
+        streams = (capture_stream(tgt.device), srv.prompt_pass.graphs.stream, srv.side)
+        assert len({s.cuda_stream for s in streams}) == 3
     srv.prepare(max(len(p) for p in prompts))
     assert [r.output_ids for r in srv.run(prompts)] == ref  # the round graphs captured
     groups = srv.groups

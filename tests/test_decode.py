@@ -1,4 +1,6 @@
 """Losslessness of the single decode loop, for every method, against HF `generate` as an independent reference."""
+import contextlib
+
 import pytest
 import torch
 from conftest import Oracle, hf_greedy, make_drafter
@@ -253,6 +255,36 @@ def test_the_next_group_is_prefilled_beside_the_decode_before_its_slots_are_free
         assert all(n >= admit for _, _, n in begins[:-1])  # groups of at least `admit` (the queue's rest last)
         assert srv.groups == len(joins) and len(begins) <= len(joins)
     assert step is None and srv._joining is None
+
+
+def test_streams_that_run_beside_each_other_are_distinct_cuda_streams(monkeypatch):
+    """torch hands out CUDA streams round-robin from a pool (32 per priority), so a new stream object can wrap an old
+    CUDA stream; graphs captured on one CUDA stream share its cuBLAS workspace. `distinct_stream` draws until the CUDA
+    stream is none of the others', and `capture_stream` is one stream per device, made once (a fake pool of 3 here)."""
+    from dmtp.engine import graphs
+
+    made = []
+
+    class FakeStream:
+        def __init__(self, device=None):
+            self.cuda_stream = 1000 + len(made) % 3  # the pool's round-robin: the 4th stream is the 1st again
+            made.append(self)
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda idx: contextlib.nullcontext())
+    monkeypatch.setattr(graphs, "_CAPTURE", {})
+    cap = graphs.capture_stream()
+    assert graphs.capture_stream() is cap and graphs.capture_stream("cuda:0") is cap and len(made) == 1
+    side = graphs.distinct_stream(cap)
+    own = graphs.distinct_stream(cap, side, None)
+    assert len({cap.cuda_stream, side.cuda_stream, own.cuda_stream}) == 3
+    again = graphs.distinct_stream(cap, side)  # the pool wraps round to `cap`'s, then `side`'s, CUDA stream: skipped
+    assert again.cuda_stream == own.cuda_stream and len(made) == 6
+    with pytest.raises(RuntimeError, match="no stream besides 3 taken"):
+        graphs.distinct_stream(cap, side, own)
+    g = graphs.Graphs(False)  # off: no stream is made (the CPU engines)
+    assert g.stream is None and len(made) == 6 + 2 * graphs.POOL + 1
 
 
 @pytest.mark.parametrize("name", ["ar", "mtp", "zero_init_residual"])

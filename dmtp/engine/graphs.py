@@ -15,21 +15,50 @@ What this asks of a stage (the decode loop is written this way, and the capture 
     values; a stage that updates state from its own old value (the loop's bookkeeping: counters, done flags) names
     those tensors in `updates`, and the warm-up's updates are undone before the capture.
 All stages of one batch share one memory pool and replay in the order they were captured.
+
+Streams. A captured cuBLAS call keeps the workspace of the stream it was captured on (torch keeps one workspace per
+(handle, stream)), so two graphs that may replay at the same time on two streams must have been captured on two
+different CUDA streams, or both write one workspace: the round's stages and a server's prompt pass beside them
+(`EngineConfig.admit_beside`). torch hands out its streams round-robin from a pool of 32 per priority, so a new
+`torch.cuda.Stream()` can be an old one again: `capture_stream()` is the stream every `Graphs` captures on unless told
+otherwise (its warm-up runs there too), and `distinct_stream(*others)` draws one whose CUDA stream none of `others` is.
 """
 from __future__ import annotations
 
 import torch
 
+_CAPTURE: dict[int, object] = {}  # device index -> the default capture stream of `Graphs`
+POOL = 32  # streams per priority in torch's pool (handed out round-robin)
+
+
+def capture_stream(device=None):
+    """The stream `Graphs` capture on by default (one per device, made on first use): the rounds' stages."""
+    dev = None if device is None else torch.device(device)
+    idx = torch.cuda.current_device() if dev is None or dev.index is None else dev.index
+    if idx not in _CAPTURE:
+        with torch.cuda.device(idx):
+            _CAPTURE[idx] = torch.cuda.Stream()
+    return _CAPTURE[idx]
+
+
+def distinct_stream(*others, device=None):
+    """A new stream from torch's pool whose CUDA stream is none of `others`' (None entries ignored): a stream whose
+    work (or whose captured graphs' cuBLAS workspace) may run beside theirs."""
+    taken = {s.cuda_stream for s in others if s is not None}
+    for _ in range(POOL * 2 + 1):
+        s = torch.cuda.Stream() if device is None else torch.cuda.Stream(device)
+        if s.cuda_stream not in taken:
+            return s
+    raise RuntimeError(f"torch's stream pool has no stream besides {len(taken)} taken ones")
+
 
 class Graphs:
-    """`stream`: the stream graphs are captured on (default: torch's one default capture stream). A captured cuBLAS
-    call keeps the workspace of the stream it was captured on, so graphs that replay concurrently on two streams
-    (the round's stages and a server's prompt pass beside them, `EngineConfig.admit_beside`) must be captured on two
-    streams, or both write one workspace."""
+    """`stream`: the stream graphs are captured on (default `capture_stream()`); graphs that replay beside another
+    `Graphs`' must be captured on a stream of their own (`distinct_stream`, module docstring)."""
 
     def __init__(self, enabled: bool, stream=None):
         self.enabled = enabled
-        self.stream = stream
+        self.stream = (stream if stream is not None else capture_stream()) if enabled else None
         self.pool = torch.cuda.graph_pool_handle() if enabled else None
         self.graphs: dict[str, tuple] = {}  # stage -> (graph, static inputs, outputs)
         self.keep: set[int] = set()  # data_ptrs of persistent tensors that a graph may read in place
@@ -49,7 +78,7 @@ class Graphs:
         if ent is None:
             static = [x if x.data_ptr() in self.keep else x.clone() for x in inputs]
             saved = [t.clone() for t in updates]
-            side = torch.cuda.Stream()
+            side = self.stream  # the warm-up's cuBLAS calls use the workspace its graph will keep
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 fn(*static)

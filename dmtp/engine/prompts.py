@@ -34,7 +34,7 @@ import warnings
 
 import torch
 
-from dmtp.engine.graphs import Graphs
+from dmtp.engine.graphs import Graphs, capture_stream, distinct_stream
 from dmtp.models import fast
 from dmtp.models.cache import KVCache
 from dmtp.models.target import TargetOut
@@ -63,12 +63,14 @@ class PromptPass:
     `compile`: the per-layer compiled forward (`fast.prefill_forward`), off on the uncompiled fast engine."""
 
     def __init__(self, target, taps, cap: int, graphs: bool, compile: bool = True, step: int = LENGTH_STEP,
-                 method=None):
+                 method=None, beside=None):
         self.target, self.taps, self.cap, self.compile, self.step = target, taps, cap, compile, step
         self.method = method  # the server's method: its prefill graphed per bucket (None: the batch runs it)
         self.graph_method = method is not None  # off once its capture failed
-        # captured on a stream of its own: its replays may run beside the round's graphs (`Graphs`: cuBLAS workspace)
-        self.graphs = Graphs(graphs, stream=torch.cuda.Stream() if graphs else None)
+        # captured on a stream of its own: its replays may run beside the round's graphs (on the server's stream
+        # `beside`), and a captured cuBLAS call keeps its capture stream's workspace (`graphs.py`)
+        own = distinct_stream(capture_stream(target.device), beside, device=target.device) if graphs else None
+        self.graphs = Graphs(graphs, stream=own)
         self.copies: dict[tuple, object] = {}  # bucket key -> the method copy whose state the prefill graph writes
         self._last = None  # the last call's bucket: key, static inputs, full outputs, B, T
         self.state = None  # the `State` the method's prefill reads (capacity, engines), set by the first newcomers

@@ -20,6 +20,7 @@ from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.decode import (Batch, Harvest, Result, capacity_for, check_token_ids, collect, engine_for,
                                 method_engine, use_graphs)
+from dmtp.engine.graphs import capture_stream, distinct_stream
 from dmtp.engine.methods import Method, State
 from dmtp.engine.prompts import PromptPass
 from dmtp.engine.stops import StopStrings
@@ -71,7 +72,11 @@ class Server:
         self._marks: list = []  # CUDA events around each admission not yet added to `admit_s` (or `beside_s`)
         # newcomers prefilled beside the decode (`engine.admit_beside`): on CUDA a second stream, which waits for the
         # last join before it reuses what that join read (the prompt pass's static buffers, its own freed memory)
-        self.side = torch.cuda.Stream(target.device) if target.device.type == "cuda" and self.eng.admit_beside else None
+        # (a stream of its own: eager cuBLAS calls there must not share the workspace the round graphs were captured
+        # with, `graphs.py`)
+        cuda = target.device.type == "cuda"
+        self.side = distinct_stream(capture_stream(target.device), device=target.device) \
+            if cuda and self.eng.admit_beside else None
         self._joining: Joining | None = None
         self._joined = None  # event on the decode stream after the last join
         self.prompt_pass = self._prompt_pass()
@@ -86,7 +91,7 @@ class Server:
         graphs = compiled and use_graphs(self.target, self.method, self.eng)
         own = type(self.method).prefill is not Method.prefill  # a method with a prefill of its own (not AR)
         return PromptPass(self.target, self.method.taps, self.cap, graphs, compile=compiled,
-                          method=self.method if own else None)
+                          method=self.method if own else None, beside=self.side)
 
     def close(self):
         """Let go of the slots (caches, state, CUDA graphs) now, not when the server goes."""

@@ -107,14 +107,15 @@ regen}) > $L/shape.txt 2>&1; "
 
 # the set-up of a chain: wheels, HumanEval checked, the --set assignments remembered, a snapshot of the tree; PRE (a
 # pytest -k expression of tests/test_cuda.py, e.g. PRE=fast_drafter) runs those GPU tests while corpus and tokenizer
-# keep the CPU busy (PRE_S: its time limit, default 420 s; it shares the GPU with the chain)
+# keep the CPU busy (PRE_S: its time limit, default 420 s; it shares the GPU with the chain; each failure's traceback
+# lands in logs/pre_failures.txt as it happens)
 start() {
   wheels; preflight
   shift; : > $H/sets; for s in "$@"; do echo "$s" >> $H/sets; done
   rm -f $H/bench_until  # an earlier chain's `left`
   snap
-  [ -n "${PRE:-}" ] && bg pre "cd $H/src && timeout ${PRE_S:-420} $PY -m pytest -o addopts= -v -p no:warnings tests/test_cuda.py \
-      -k '$PRE' > $L/pre.txt 2>&1"
+  [ -n "${PRE:-}" ] && bg pre "cd $H/src && DMTP_FAILURES=$L/pre_failures.txt timeout ${PRE_S:-420} $PY -m pytest \
+      -o addopts= -v -p no:warnings tests/test_cuda.py -k '$PRE' > $L/pre.txt 2>&1"
   return 0
 }
 
