@@ -227,3 +227,33 @@ def test_batch1_rows_name_the_kernels_that_differ_from_the_runs_own():
                                                                "Inductor's default kernels")
     assert other_words("engine-compiled+tuned", "engine-compiled+dense+gw") == ", autotuned kernels"
     assert other_words("engine-compiled+dense", "engine-compiled") == ", dense attention"
+
+
+def test_bench_lines_carry_their_time_since_the_start(monkeypatch, tmp_path):
+    """bench's stdout stamps each line that starts with "[bench]" (one print: its text and its newline come as two
+    writes) with the seconds since the bench began, so a log cut by a time limit shows what took the time; other lines
+    pass unchanged, the report's overhead parser still reads the stamped lines, and `main` puts stdout back."""
+    import io
+    import sys
+
+    from dmtp.analysis.report.bench import overhead_from_log
+    from dmtp.cli import bench
+    from dmtp.cli.bench.common import Stamped
+
+    clock = iter([100.0, 103.4, 250.6])
+    monkeypatch.setattr("dmtp.cli.bench.common.time.perf_counter", lambda: next(clock))
+    raw = io.StringIO()
+    out = Stamped(raw)  # t0 = 100
+    print("[bench] ar B1: 4 prompt-pass graphs captured at start-up", file=out)
+    out.write("a warning\n[bench] overhead ar batch 1: verify 1.617, round 1.642\nno [bench] mid-line\n")
+    assert raw.getvalue().splitlines() == ["[+3s] [bench] ar B1: 4 prompt-pass graphs captured at start-up",
+                                           "a warning", "[+151s] [bench] overhead ar batch 1: verify 1.617, round 1.642",
+                                           "no [bench] mid-line"]
+    assert out.getvalue() == raw.getvalue()  # everything but write is the wrapped stream's
+    rows = overhead_from_log(raw.getvalue().splitlines(keepends=True))
+    assert [(r["method"], r["batch"], r["stage"]) for r in rows][:1] == [("ar", 1, "verify")]
+    monkeypatch.undo()
+    before = sys.stdout
+    with pytest.raises(SystemExit):  # an error inside the run (no --target): stdout is put back all the same
+        bench.main(["--parts", "throughput", "--profile", "smoke", "--out", str(tmp_path / "b")])
+    assert sys.stdout is before

@@ -45,6 +45,7 @@ HF's loops, the kernel sweep, regeneration), `profiling` (kernel profiles), `com
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -53,7 +54,7 @@ import torch
 
 from dmtp.analysis import ratios as RT
 from dmtp.cli.args import at_least, checkpoint, guard, listed, names, number, out_dir, temperature
-from dmtp.cli.bench.common import merge_overhead, merge_rows
+from dmtp.cli.bench.common import Stamped, merge_overhead, merge_rows
 from dmtp.cli.bench.shapes import mini_shape, paper_shape
 from dmtp.cli.bench.trained import PARTS, Bench, throughput_ratios
 from dmtp.config import VERIFY_MODES
@@ -152,7 +153,12 @@ def main(argv=None):
     parts = set(a.parts.split(","))
     if not (parts <= set(PARTS) or parts == {"ratios"}):
         p.error(f"argument --parts: expected {','.join(PARTS)} (any of them) or ratios, got {a.parts!r}")
-    guard("python -m dmtp.cli.bench", run, p, a)
+    raw = sys.stdout
+    sys.stdout = raw if isinstance(raw, Stamped) else Stamped(raw)  # each "[bench]" line with its time since the start
+    try:
+        guard("python -m dmtp.cli.bench", run, p, a)
+    finally:
+        sys.stdout = raw
 
 
 def run(p, a):

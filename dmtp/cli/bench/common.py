@@ -19,6 +19,28 @@ from dmtp.engine.methods import no_timer
 from dmtp.io import write_text
 
 
+class Stamped:
+    """A text stream whose "[bench]" lines carry the seconds since `t0`: "[+123s] [bench] ..." (a log that a time
+    limit cuts shows what took the time; the report's parsers search for "[bench] ..." anywhere in a line). Everything
+    but `write` is the wrapped stream's."""
+
+    def __init__(self, raw, t0: float | None = None):
+        self.raw, self.t0, self._bol = raw, time.perf_counter() if t0 is None else t0, True
+
+    def write(self, s: str) -> int:
+        out = []
+        for piece in s.splitlines(keepends=True):
+            if self._bol and piece.startswith("[bench]"):
+                out.append(f"[+{time.perf_counter() - self.t0:.0f}s] ")
+            out.append(piece)
+            self._bol = piece.endswith("\n")
+        self.raw.write("".join(out))
+        return len(s)
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
 class StageTimer:
     """Times named stages of every decode round (CUDA events on GPU — recorded without waiting —, perf_counter on
     CPU). Stages outside a round (prefill) are not timed."""
