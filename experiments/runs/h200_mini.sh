@@ -41,8 +41,9 @@
 # Each benchmark stops after BENCH_S seconds (default 420), or earlier if the chain must end by BENCH_UNTIL seconds
 # after its start (e.g. BENCH_UNTIL=1620 in an allotment of 1,800 s: what it measured so far is kept):
 # `bench` = dmtp.cli.bench on the trained models: first end-to-end throughput of BENCH_METHODS (default ar, mtp,
-# dflash, fusion, zero_init_residual) at B1 (the first SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) and B32
-# (164 prompts, BENCH_TEMPS, default T = 0 and 1), REPEATS = 3 interleaved repeats, with AR and the main method also
+# dflash, fusion, zero_init_residual) at B32 (164 prompts, BENCH_TEMPS, default T = 0 and 1) and then B1 (the first
+# SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) (BENCH_CAPS, default 32,1: the order they run in; r6's limit
+# fell as its B32 servers started), REPEATS = 3 interleaved repeats, with AR and the main method also
 # served by the server variants VARIANTS at T = 0, both caps (default beside2+flight1: the next newcomers prefilled
 # beside the decode, one round copy in flight; VARIANTS= leaves them out: rows <method>@<variant>, side by side with
 # the plain servers); the stage times at batch 32 and 1 with the T = 0
@@ -91,7 +92,7 @@ extras() {  # the extras named in $1 (a comma list), as one command line
   local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout \$(bench_s) $PY -m dmtp.cli.bench" sv=${VARIANTS-beside2+flight1}
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts throughput,overhead,throughput-late --methods ${BENCH_METHODS:-ar,mtp,\
-dflash,fusion,zero_init_residual} --caps 1,32 --batch 32 --kernel-profile --temperatures ${BENCH_TEMPS:-0,1} \
+dflash,fusion,zero_init_residual} --caps ${BENCH_CAPS:-32,1} --batch 32 --kernel-profile --temperatures ${BENCH_TEMPS:-0,1} \
       --small-cap-temperatures ${SMALL_TEMPS:-0} --late-temperatures ${LATE_TEMPS:-1} \
       --repeats ${REPEATS:-3} --prompts 164 --small-cap-prompts ${SMALL:-16} ${sv:+--server-variants $sv}) \
       > $L/bench.txt 2>&1; "
