@@ -331,6 +331,33 @@ def test_the_summary_says_what_each_server_variant_changed(monkeypatch):
     assert "`ar@warp9` (the same server with the settings `warp9`" in text
 
 
+def test_the_summary_says_what_tau_a_missed_speedup_goal_needs(monkeypatch):
+    """The main method's throughput sentence at a cap with a speed-up goal (T = 0, B1: 2.5x, the largest cap: 2x)
+    turns the measured speed-up into a cost per verify round (tau / speed-up, in AR steps, admissions and ride-along
+    included) and says what tau the goal needs at that cost; at T = 1, or a cap between, there is no goal to say."""
+    from types import SimpleNamespace
+
+    from dmtp.analysis.report import summary
+    from dmtp.analysis.report.bench import throughput
+
+    rows = [{"realization": 7, "dataset": "humaneval", "temperature": t, "batch_cap": cap, "repeat": 0, "method": m,
+             "tok_per_s": v * (cap / 2 if cap > 1 else 1), "per_verify": tau, "engine": "compiled", "admit": 8,
+             "prefill": "graphed", "admit_beside": 0, "in_flight": 2}
+            for t in (0.0, 1.0) for cap in (1, 8, 32)
+            for m, v, tau in (("ar", 600, 1.0), ("zero_init_residual", 1260, 2.72), ("dflash", 1050, 2.05))]
+    tab = throughput(pd.DataFrame(rows), "zero_init_residual", "dflash")
+    monkeypatch.setattr(summary.T, "throughput_table", lambda art: tab.assign(blog_gain_pct=float("nan")))
+    art = SimpleNamespace(spec=SimpleNamespace(main_method="zero_init_residual", drafter_baseline="dflash"),
+                          overhead=None)
+    lines = summary.throughput_lines(art)
+    need = {ln.split(" (")[0]: ln for ln in lines if "would need" in ln}
+    assert sorted(need) == ["- T=0, B1", "- T=0, B32"]  # no goal at B8 or at T = 1
+    # 2.10x AR at tau 2.72: a verify round costs 1.30 AR steps; 2.5x needs 2.5 x 1.295 = 3.24, 2x needs 2.59
+    assert ("its cost per verify round, end to end, is 1.30 AR steps (tau / speed-up), so the 2.5x goal would need "
+            "tau >= 3.24 per verify at that cost (it has 2.72)") in need["- T=0, B1"]
+    assert "so the 2x goal would need tau >= 2.59 per verify" in need["- T=0, B32"]
+
+
 def test_a_server_only_prompt_pass_is_the_same_experiment():
     """engine.prefill "graphed" graphs only a server's newcomers; `generate` (data, evaluation) runs the compiled
     pass under it, so realizations that differ only there are one experiment (and the pipeline's record

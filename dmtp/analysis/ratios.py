@@ -25,6 +25,14 @@ from dmtp.io import write_text
 from dmtp.schema import from_dict
 
 DIRECTIONS = ("<=", ">=", "report")
+# the main method's end-to-end tok/s over AR at T = 0 by batch cap (issue "Speculative decoding must pay": B1 and the
+# largest cap, keyed 32), which bench's ratios and the report's throughput sentences hold it to
+SPEEDUP_GOALS = {1: 2.5, 32: 2.0}
+
+
+def speedup_goal(cap: int, top: int, temperature: float) -> float | None:
+    """The main method's speed-up goal at batch cap `cap` (`top`: the run's largest cap), T = 0 only; None elsewhere."""
+    return SPEEDUP_GOALS.get(1 if cap == 1 else 32) if temperature == 0 and cap in (1, top) else None
 
 
 @dataclass(frozen=True)

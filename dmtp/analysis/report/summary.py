@@ -20,6 +20,7 @@ import pandas as pd
 
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
+from dmtp.analysis.ratios import speedup_goal
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report.data import Artifacts, paired_runs, per_unit, summarize
@@ -481,7 +482,7 @@ def throughput_lines(art: Artifacts) -> list[str]:
                    f"{r.per_verify_gain_pct:+.1f} % (ratio {r.gain_over_per_verify:.2f})"
                    + (f"; blog (35B, 4xH200 TP4, SGLang): {r.blog_gain_pct:+.2f} % tok/s for "
                       f"{r.blog_per_verify_gain_pct:+.2f} % acceptance" if not pd.isna(r.blog_gain_pct) else "")
-                   + bound + ".")
+                   + bound + need_line(r, pooled) + ".")
     for r in pooled[pooled.method.astype(str).str.contains("@")].itertuples():
         name, _, variant = r.method.partition("@")
         base = pooled[(pooled.method == name) & (pooled.realization == r.realization)
@@ -495,6 +496,20 @@ def throughput_lines(art: Artifacts) -> list[str]:
                        f"{how}, timed side by side) {r.tok_per_s:.0f} tok/s against "
                        f"{base.tok_per_s.iloc[0]:.0f}, {r.speedup:.2f}x AR against {base.speedup.iloc[0]:.2f}x.")
     return out
+
+
+def need_line(r, pooled: pd.DataFrame) -> str:
+    """'; its cost per verify round, measured end to end, is ... AR steps: the goal of ...x would need tau >= ...'
+    for a main-method row with a speed-up goal (`ratios.speedup_goal`), or ''. The cost is per-verify tau / speed-up
+    (AR emits one token a step), admissions and ride-along rounds included; holding it fixed while tau changes is a
+    first-order reading."""
+    caps = pooled[pooled.realization == r.realization].batch_cap
+    goal = speedup_goal(int(r.batch_cap), int(caps.max()), float(r.temperature)) if len(caps) else None
+    if goal is None or not r.speedup > 0 or not r.per_verify > 0:
+        return ""
+    cost = r.per_verify / r.speedup
+    return (f"; its cost per verify round, end to end, is {cost:.2f} AR steps (tau / speed-up), so the {goal:g}x goal "
+            f"would need tau >= {goal * cost:.2f} per verify at that cost (it has {r.per_verify:.2f})")
 
 
 def _decode_only(art: Artifacts, realization: str, cap: int, main: str, base: str, tau_gain: float) -> str:

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from dmtp.analysis.metrics import acceptance_length, first_token, histogram
-from dmtp.analysis.ratios import Ratio
+from dmtp.analysis.ratios import Ratio, speedup_goal
 from dmtp.cli.bench.baselines import hf_static_generate, regeneration, regeneration_ratio
 from dmtp.cli.bench.common import (
     device_name,
@@ -255,13 +255,10 @@ def captures(srv: Server) -> int:
     return srv.prompt_pass.captured if srv.prompt_pass is not None else 0
 
 
-SPEEDUP_GOALS = {1: 2.5, 32: 2.0}  # main method / AR tok/s at T = 0 by batch cap (the largest cap: the second)
-
-
 def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[Ratio]:
     """From throughput.csv's runs: every method / AR at each (temperature, cap), the median of the per-repeat ratios
     (runs of the same repeat index side by side) with their range (the main method at T = 0 against
-    `SPEEDUP_GOALS`); and DMTP's throughput gain over DFlash / its per-verify gain at every cap (goal >= 0.95 at the
+    `ratios.SPEEDUP_GOALS`); and DMTP's throughput gain over DFlash / its per-verify gain at every cap (goal >= 0.95 at the
     largest cap)."""
     dmtp, dflash = spec.main_method, spec.drafter_baseline
     out = []
@@ -276,7 +273,7 @@ def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[
                 q = (by[m].tok_per_s / by[AR.name].tok_per_s).dropna().tolist()
                 if not q:
                     continue
-                goal = SPEEDUP_GOALS.get(1 if cap == 1 else 32) if m == dmtp and temp == 0 and cap in (1, top) else None
+                goal = speedup_goal(cap, top, temp) if m == dmtp else None
                 out.append(ratio(setup, f"{m} tok/s / AR tok/s", median(q), ">=" if goal else "report", goal, cond,
                                  f"{by[m].tok_per_s.median():.0f} vs {by[AR.name].tok_per_s.median():.0f} tok/s; per "
                                  f"repeat {spread(q)}, {len(q)} repeats"))
