@@ -53,3 +53,10 @@ def test_a_finished_request_rides_along_until_the_host_sees_it():
     m = [{"accepted": [3] * 10, "output_ids": [1] * 41}]
     p = predict({"ar": ar, "m": m}, {"ar": {1: 1.0}, "m": {1: 1.5}}, cap=1, lag=2)
     assert p["m"]["speedup"] == pytest.approx((40 + 2) / (1.5 * (10 + 2)))  # riding costs the method more
+
+
+def test_a_group_pays_a_fixed_cost_and_a_cost_per_newcomer():
+    """t_admit_each_ms: an admission costs t_admit_ms + t_admit_each_ms per newcomer of its group (a prompt pass
+    grows with the group). cap 2, requests of 3, 1, 2 rounds (test_schedule_by_hand): groups of 2 then 1."""
+    out = simulate([3, 1, 2], cap=2, t=lambda b: 1.0, t_admit_ms=0.5, t_admit_each_ms=0.25)
+    assert out["groups"] == 2 and out["time_s"] == pytest.approx((3 * 1.0 + 2 * 0.5 + 3 * 0.25) / 1e3)

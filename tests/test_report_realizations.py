@@ -449,3 +449,34 @@ def test_a_throughput_claim_needs_three_repeats(tmp_path):
     (row,) = S.throughput_rows(art)
     assert row["verdict"] == "not resolved" and row["estimate"] != 0
     assert "of 1 repeat;" in row["test"] and f"of at least {S.MIN_REPEATS}" in row["test"]
+
+
+def test_admit_sweep_predicts_each_group_size_on_and_beside_the_decode(tmp_path):
+    """experiments/admit_sweep.py on the committed r5 records and r4 round times: an admission's cost fitted to r5's
+    profiles (group of 1 at B1, of 8 at B32: fixed + per newcomer, the measured device times recovered), each group
+    size predicted with admission on the decode and hidden beside it; fewer groups as they grow, admission hidden never
+    slower, AR the unit of every speed-up."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "results" / "mini"
+    if not (root / "r5" / "bench" / "admission_profile.csv").exists():
+        pytest.skip("no committed r5 benchmark")
+    out = tmp_path / "sweep.csv"
+    r = subprocess.run([sys.executable, "-m", "experiments.admit_sweep", "--records", str(root / "r5"), "--times",
+                        str(root / "r4"), "--cap", "32", "--groups", "1,8", "--lags", "2", "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out)
+    prof = pd.read_csv(root / "r5" / "bench" / "admission_profile.csv").set_index(["method", "group"]).device_ms
+    dec = df[df.admission == "decode"].set_index(["method", "admit"])
+    for m in ("ar", "zero_init_residual"):
+        fixed, each = dec.loc[(m, 1), "admit_fixed_ms"], dec.loc[(m, 1), "admit_each_ms"]
+        assert fixed + each == pytest.approx(prof[(m, 1)]) and fixed + 8 * each == pytest.approx(prof[(m, 8)])
+    key = ["method", "admit", "lag"]
+    both = df[df.admission == "decode"].merge(df[df.admission == "beside"], on=key, suffixes=("_dec", "_bes"))
+    assert (both.tok_per_s_bes >= both.tok_per_s_dec).all()
+    assert (df[df.method == "ar"].speedup == 1).all()
+    g = df.set_index(["method", "admission", "admit"]).groups
+    assert g[("ar", "decode", 1)] > g[("ar", "decode", 8)] > 1  # a group takes every free slot, at least `admit`

@@ -43,10 +43,10 @@ def round_time(points: dict[int, float]) -> Callable[[int], float]:
 
 
 def simulate(rounds: Sequence[int], cap: int, t: Callable[[int], float], tokens: Sequence[int] | None = None,
-             t_admit_ms: float = 0.0, admit: int = 1, lag: int = 0) -> dict:
+             t_admit_ms: float = 0.0, admit: int = 1, lag: int = 0, t_admit_each_ms: float = 0.0) -> dict:
     """The server's schedule on requests needing `rounds[i]` rounds each, in arrival order: at most `cap` live; a
     newcomer group joins when at least min(`admit`, queue) slots are free or nothing runs (`Server.run`'s rule), and
-    costs `t_admit_ms`; every step costs t(live). A request finishing at step s frees its slot for step s + 1 + `lag`:
+    costs `t_admit_ms` + `t_admit_each_ms` per newcomer in it; every step costs t(live). A request finishing at step s frees its slot for step s + 1 + `lag`:
     it rides along (its row frozen) until the host sees it finish, `engine.in_flight` rounds when the GPU runs ahead
     of the host (r5, B1: exactly 2 per request). Returns time_s, steps, groups, mean live requests per step (riding
     rows included: they fill the slot) and, with `tokens`, tok_per_s."""
@@ -66,7 +66,7 @@ def simulate(rounds: Sequence[int], cap: int, t: Callable[[int], float], tokens:
                     left[slot] = rounds[i] + lag
                 else:  # a request that ended at its prefill token, seen at once: no round
                     free.append(slot)
-            ms += t_admit_ms
+            ms += t_admit_ms + t_admit_each_ms * len(join)
             groups += 1
             continue
         if not left:
