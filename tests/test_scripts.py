@@ -1,4 +1,4 @@
-"""The GPU run scripts (experiments/runs/*.sh) parse and print their usage: the mini chain script answers a wrong
+"""The run scripts (experiments/runs/*.sh) parse and print their usage: the mini chain script answers a wrong
 verb with it and exit 2 (a rehearsal on a CPU: `PROFILE=smoke HOME=/tmp/r bash experiments/runs/h200_mini.sh
 study`), the others answer --help with it and start nothing."""
 import shutil
@@ -115,3 +115,39 @@ def test_gpu_test_failures_are_written_as_they_happen(tmp_path, monkeypatch):
     assert "assert [1, 2] == [1, 3]" in text and "test_y" not in text
     script = (Path(__file__).parents[1] / "experiments/runs/h200_mini.sh").read_text()
     assert "DMTP_FAILURES=$L/pre_failures.txt" in script  # the chain's PRE tests keep their failures
+
+
+def test_land_copies_a_packed_realization_compacts_and_reports_it(tmp_path):
+    """land.sh TGZ: the realization an allotment packed lands in RESULTS/<profile>/r<k> (records compacted, its own
+    REPORT.md and the pooled one rendered), the GPU tests' verdicts and failures are named, and a realization already
+    landed is never overwritten."""
+    import sys
+    import tarfile
+
+    from ablations.code import code
+    from dmtp.analysis.report.synthetic import write_synthetic
+
+    packed = write_synthetic(code(), tmp_path / "pack", "mini", n=4, temps=(0,), methods=["ar", "dflash"],
+                             curve=False, oracle=False, bench=False, realization=7)
+    (packed / "logs").mkdir()
+    (packed / "logs" / "pre.txt").write_text("t.py::a PASSED\nt.py::b FAILED\n== 1 failed, 1 passed ==\n")
+    (packed / "logs" / "pre_failures.txt").write_text("=== t.py::b (call)\nAssertionError: 1 == 2\n\n")
+    tgz = tmp_path / "mini.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        t.add(tmp_path / "pack" / "mini", arcname="mini")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RESULTS": str(tmp_path / "res"), "PY": sys.executable,
+           "PYTHONPATH": str(RUNS.parents[1])}
+    run = lambda: subprocess.run(["bash", str(RUNS / "land.sh"), str(tgz)], capture_output=True, text=True,  # noqa: E731
+                                 env=env, cwd=RUNS.parents[1])
+    r = run()
+    assert r.returncode == 0, r.stderr
+    r7 = tmp_path / "res" / "mini" / "r7"
+    assert (r7 / "REPORT.md").exists() and (tmp_path / "res" / "mini" / "REPORT.md").exists()
+    assert list(r7.glob("runs/ablation/*/*.jsonl.gz")) and not list(r7.glob("runs/ablation/*/*.jsonl"))
+    assert "GPU tests (logs/pre.txt): 1 passed, 1 failed" in r.stdout and "=== t.py::b (call)" in r.stdout
+    (r7 / "NOTES.md").write_text("kept\n")
+    again = run()
+    assert again.returncode == 0 and "r7 is already in" in again.stdout and (r7 / "NOTES.md").read_text() == "kept\n"
+    bad = subprocess.run(["bash", str(RUNS / "land.sh"), str(tmp_path / "none.tgz")], capture_output=True, text=True,
+                         env=env)
+    assert bad.returncode == 2 and "no such archive" in bad.stderr
