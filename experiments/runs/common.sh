@@ -1,5 +1,6 @@
-# Shared by the GPU run scripts (h200_mini.sh, h200_engine.sh, h200_tests.sh; land.sh): strict mode, the interpreter, what the
-# device lacks (wheels carried in .whl/; the commit in .whl/REVISION), timestamps, the usage from a script's header.
+# Shared by the run scripts (h200_mini.sh, h200_engine.sh, h200_tests.sh; land.sh): strict mode, the interpreter,
+# what the device lacks (wheels carried in .whl/; the commit in .whl/REVISION), timestamps, the usage from a script's
+# header.
 set -uo pipefail
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
