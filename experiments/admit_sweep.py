@@ -39,22 +39,20 @@ for p in (prof, ovp):
 methods = a.methods.split(",")
 recs = B.timed_records(read_runs(root))
 ov = pd.read_csv(ovp)
-rt = ov[(ov.stage == "round") & ~ov.method.str.contains(":")]
+rt = B.round_times(ov[~ov.method.str.contains(":")])
 adm = pd.read_csv(prof)
 rows = []
 for m in methods:
     g = recs[recs.method == m]
-    if g.empty or m not in set(rt.method):
+    if g.empty or m not in rt:
         raise SystemExit(f"admit_sweep: no records or round times of {m!r}")
-    times = round_time(dict(zip(rt[rt.method == m].batch, rt[rt.method == m].ms_per_round)))
-    one = adm[(adm.method == m) & (adm.group == 1)]
-    big = adm[(adm.method == m) & (adm.group > 1)]
-    if one.empty or big.empty:  # DFlash has no profile of its own: the main method's, the closest prefill
-        one, big = adm[(adm.method == "zero_init_residual") & (adm.group == 1)], \
-            adm[(adm.method == "zero_init_residual") & (adm.group > 1)]
-    g1, d1 = 1, float(one.device_ms.iloc[0])
-    gn, dn = int(big.group.iloc[0]), float(big.device_ms.iloc[0])
-    each = (dn - d1) / (gn - g1)
+    times = round_time(rt[m])
+    # DFlash has no admission profile of its own: the main method's, the closest prefill
+    own = adm[adm.method == (m if (adm.method == m).any() else "zero_init_residual")].sort_values("group")
+    if len(own) < 2 or own.group.iloc[0] != 1:
+        raise SystemExit(f"admit_sweep: {prof} has no group of 1 and larger group of {m!r} (or the main method)")
+    d1, gn, dn = float(own.device_ms.iloc[0]), int(own.group.iloc[-1]), float(own.device_ms.iloc[-1])
+    each = (dn - d1) / (gn - 1)
     fixed = d1 - each
     rounds, tokens = [len(x) for x in g.accepted], list(g.output_tokens)
     for lag in map(int, a.lags.split(",")):

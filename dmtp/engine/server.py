@@ -74,9 +74,8 @@ class Server:
         # last join before it reuses what that join read (the prompt pass's static buffers, its own freed memory)
         # (a stream of its own: eager cuBLAS calls there must not share the workspace the round graphs were captured
         # with, `graphs.py`)
-        cuda = target.device.type == "cuda"
-        self.side = distinct_stream(capture_stream(target.device), device=target.device) \
-            if cuda and self.eng.admit_beside else None
+        self.side = (distinct_stream(capture_stream(target.device), device=target.device)
+                     if target.device.type == "cuda" and self.eng.admit_beside else None)
         self._joining: Joining | None = None
         self._joined = None  # event on the decode stream after the last join
         self.prompt_pass = self._prompt_pass()

@@ -258,8 +258,8 @@ def captures(srv: Server) -> int:
 def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[Ratio]:
     """From throughput.csv's runs: every method / AR at each (temperature, cap), the median of the per-repeat ratios
     (runs of the same repeat index side by side) with their range (the main method at T = 0 against
-    `ratios.SPEEDUP_GOALS`); and DMTP's throughput gain over DFlash / its per-verify gain at every cap (goal >= 0.95 at the
-    largest cap)."""
+    `ratios.SPEEDUP_GOALS`); and DMTP's throughput gain over DFlash / its per-verify gain at every cap (goal >= 0.95
+    at the largest cap)."""
     dmtp, dflash = spec.main_method, spec.drafter_baseline
     out = []
     if "repeat" not in tp:
