@@ -61,6 +61,31 @@ def test_mini_chain_left_sets_the_bench_end_from_the_allotment(tmp_path):
     assert abs(until - (500 + 800 - 360)) <= 2 and "keeps its limit" in r.stdout
 
 
+def _bench_run(tmp_path, until: int, *cmd):
+    """`bench_run CMD` of the mini chain (its function definitions alone, START = now), BENCH_UNTIL = `until`."""
+    import time
+    text = (RUNS / "h200_mini.sh").read_text()
+    defs = text[text.index("bench_s() {"): text.index("export -f bench_s bench_run")]
+    script = f"H={tmp_path}; START={int(time.time())}; BENCH_UNTIL={until}\n{defs}\nbench_run {' '.join(cmd)}"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                          env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs timeout")
+def test_mini_chain_leaves_a_benchmark_out_when_too_little_time_is_left(tmp_path):
+    """A benchmark with less than BENCH_MIN (120 s) before its end does not start (a server's start-up alone takes
+    longer, and the evaluation after it keeps its time); with enough left it runs under `timeout`."""
+    mark = tmp_path / "ran"
+    r = _bench_run(tmp_path, 60, "touch", str(mark))
+    assert r.returncode == 0 and "left out" in r.stdout and not mark.exists(), r.stdout + r.stderr
+    r = _bench_run(tmp_path, 600, "touch", str(mark))
+    assert r.returncode == 0 and "left out" not in r.stdout and mark.exists(), r.stdout + r.stderr
+    (tmp_path / "bench_until").write_text("30\n")  # `left` moved the end: it wins over BENCH_UNTIL
+    mark.unlink()
+    r = _bench_run(tmp_path, 600, "touch", str(mark))
+    assert "left out" in r.stdout and not mark.exists()
+
+
 def _session(sid: int) -> list[tuple[int, int]]:
     """(pid, process group) of every live process of session `sid` (zombies left out)."""
     out = subprocess.run(["ps", "-e", "-o", "pid=,pgid=,sid=,stat="], capture_output=True, text=True).stdout

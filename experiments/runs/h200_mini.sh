@@ -39,7 +39,8 @@
 # Extras, after the tables (EXTRAS, default bench; EARLY: extras run after every drafter is trained and before the
 # evaluation instead, e.g. EARLY=bench EXTRAS= puts the end-to-end benchmark ahead of the ablation's evaluation).
 # Each benchmark stops after BENCH_S seconds (default 420), or earlier if the chain must end by BENCH_UNTIL seconds
-# after its start (e.g. BENCH_UNTIL=1620 in an allotment of 1,800 s: what it measured so far is kept):
+# after its start (e.g. BENCH_UNTIL=1620 in an allotment of 1,800 s: what it measured so far is kept), and does not
+# start with less than BENCH_MIN seconds (default 120) before that end (a line in its log says so):
 # `bench` = dmtp.cli.bench on the trained models: first end-to-end throughput of BENCH_METHODS (default ar, mtp,
 # dflash, fusion, zero_init_residual) at B32 (164 prompts, BENCH_TEMPS, default T = 0 and 1) and then B1 (the first
 # SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) (BENCH_CAPS, default 32,1: the order they run in; r6's limit
@@ -82,14 +83,20 @@ preflight() { $PY -c "from dmtp.data.humaneval import humaneval_prompts; humanev
 export -f P sets ask folder; export H W R L PROFILE
 
 # a benchmark's time limit: BENCH_S (default 420 s), less if the chain must end by BENCH_UNTIL seconds after its
-# start (the allotment's end less the time to pack and fetch), at least 30 s
+# start (the allotment's end less the time to pack and fetch); 0 when less than BENCH_MIN (default 120 s) is left:
+# the servers' start-up alone takes longer, and the evaluation after it must keep its time
 bench_s() { local s=${BENCH_S:-420} u=${BENCH_UNTIL:-100000}
             [ -f $H/bench_until ] && u=$(cat $H/bench_until)  # `left`: set from the allotment's time while it runs
             local left=$(( u - $(date +%s) + START ))
-            [ $left -lt $s ] && s=$left; [ $s -lt 30 ] && s=30; echo $s; }
-export -f bench_s
+            [ $left -lt $s ] && s=$left; [ $s -lt ${BENCH_MIN:-120} ] && s=0; echo $s; }
+# a benchmark command under that limit (`timeout`: a process group of its own), or a line saying it is left out
+bench_run() { local s; s=$(bench_s)
+              if [ "$s" -le 0 ]; then echo "[run] left out: less than BENCH_MIN=${BENCH_MIN:-120} s before the" \
+                "benchmark's end (BENCH_UNTIL or \`left\`): $*"; return 0; fi
+              timeout "$s" "$@"; }
+export -f bench_s bench_run
 extras() {  # the extras named in $1 (a comma list), as one command line
-  local s="" e=",$1," F='$(folder)' B="cd $H/src && timeout \$(bench_s) $PY -m dmtp.cli.bench" sv=${VARIANTS-beside2+flight1}
+  local s="" e=",$1," F='$(folder)' B="cd $H/src && bench_run $PY -m dmtp.cli.bench" sv=${VARIANTS-beside2+flight1}
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts throughput,overhead,throughput-late --methods ${BENCH_METHODS:-ar,mtp,\
 dflash,fusion,zero_init_residual} --caps ${BENCH_CAPS:-32,1} --batch 32 --kernel-profile --temperatures ${BENCH_TEMPS:-0,1} \
