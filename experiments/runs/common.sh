@@ -3,6 +3,7 @@
 # header.
 set -uo pipefail
 PY=${PY:-python3}
+[[ $PY == */* && $PY != /* ]] && PY=$PWD/$PY  # a relative path stays right where a chain's stages cd
 export PYTHONUNBUFFERED=1
 START=$(date +%s)  # stamps count from here (a chain's background jobs: from the command that started them)
 stamp() { echo "[run] $(date +%T) +$(( $(date +%s) - START ))s $*"; }

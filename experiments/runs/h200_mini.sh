@@ -213,7 +213,9 @@ stop)  # end a background job (default all) and every process of its session (se
   fi
   echo "=== $job stopped (rc file: $(cat $L/$job.rc 2>/dev/null || echo none))" ;;
 pack)
-  F=$(folder); mkdir -p $R/$F/logs; rm -f $R/$F/logs/*.tmp; cp $L/*.log $L/*.txt $R/$F/logs/ 2>/dev/null
+  F=$(folder) && [ -n "$F" ] || { echo "[run] pack: no folder for profile $PROFILE (experiments.profiles failed;" \
+    "PY must be a path that works from $H/src)"; exit 2; }
+  mkdir -p $R/$F/logs; rm -f $R/$F/logs/*.tmp; cp $L/*.log $L/*.txt $R/$F/logs/ 2>/dev/null
   # progress-bar lines dropped (a file of nothing else ends empty: grep's status 1 must not leave the .tmp behind)
   for f in $R/$F/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$\|GiB\]$" > $f.tmp
     mv $f.tmp $f; done
