@@ -142,6 +142,32 @@ def test_gpu_test_failures_are_written_as_they_happen(tmp_path, monkeypatch):
     assert "DMTP_FAILURES=$L/pre_failures.txt" in script  # the chain's PRE tests keep their failures
 
 
+def test_gpu_tests_script_reports_cut_shards_and_packs_its_logs_into_one_archive(tmp_path):
+    """h200_tests.sh on a CPU with a test file of its own: a shard that ends prints pytest's summary and its failures;
+    a shard cut by BUDGET says what passed before the cut and which test was running (pytest -v, unbuffered); with
+    OUT set, every shard's log comes back in one archive ($OUT/TAG.tgz: a device command returns at most 8 files)."""
+    import sys
+    import tarfile
+
+    (tmp_path / "test_fake.py").write_text(
+        "import time\ndef test_ok(): pass\ndef test_bad(): assert 1 == 2\n"
+        "def test_slow(): time.sleep(60)\ndef test_ok2(): pass\n")
+    env = {"HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PY": sys.executable,
+           "FILES": "test_fake.py", "P": "2", "BUDGET": "6", "TAG": "fake", "OUT": str(tmp_path / "out"),
+           "LOGS": str(tmp_path / "logs" / "fake")}
+    r = subprocess.run(["bash", str(RUNS / "h200_tests.sh")], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=120)
+    out = r.stdout
+    assert r.returncode == 1 and "4 tests in 2 shards, 6 s each at most" in out, out + r.stderr
+    assert "shard0.log: cut at 6 s: 1 passed, 0 failed so far; running test_fake.py::test_slow" in out, out
+    assert "1 failed, 1 passed" in out and "FAILED test_fake.py::test_bad" in out, out
+    with tarfile.open(tmp_path / "out" / "fake.tgz") as t:
+        assert sorted(t.getnames()) == ["fake", "fake/shard0.log", "fake/shard1.log"]
+    env["TAG"] = "a/b"
+    r = subprocess.run(["bash", str(RUNS / "h200_tests.sh")], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "TAG must be" in r.stdout
+
+
 def test_land_copies_a_packed_realization_compacts_and_reports_it(tmp_path):
     """land.sh TGZ: the realization an allotment packed lands in RESULTS/<profile>/r<k> (records compacted, its own
     REPORT.md and the pooled one rendered), the GPU tests' verdicts and failures are named, and a realization already
