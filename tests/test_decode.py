@@ -32,6 +32,44 @@ def test_lossless_greedy_batched(models, name):
         assert all(0 <= a <= k for a in r.accepted)
 
 
+@pytest.mark.parametrize("name, drafts", [("dflash", 3), ("zero_init_residual", 3), ("fusion", 2),
+                                           ("mtp_context", 5), ("mtp", 2)])
+def test_a_limited_method_verifies_a_prefix_of_its_drafts_and_stays_lossless(models, name, drafts):
+    """`<run>-k<n>` (`Method.limit`): the round's drafts are the first n of the full method's, from the same state
+    (one drafter pass, fewer slots read), each round accepts at most n (its k, the records' n_candidates, is n), and
+    the output is still the target's own greedy one, in `generate` and in a server."""
+    tgt, mtp = models
+    d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
+    full = build_method(name, tgt, drafter=d, mtp=mtp, mtp_steps=7 if name == "mtp" else 4)
+    lim = build_method(f"{name}-k{drafts}", tgt, drafter=d, mtp=mtp, mtp_steps=7 if name == "mtp" else 4)
+    assert lim.k == drafts and lim.name == f"{name}-k{drafts}" and full.k == 7 and full.name == name
+    ref = [hf_greedy(tgt, p, 19) for p in PROMPTS]
+    firsts = []
+    for m in (full, lim):
+        o = Oracle(m, ref, p_keep=1.0)
+        generate(tgt, o, PROMPTS, 0.0, 19)
+        firsts.append(o.log[0][2])  # the first round's real drafts: the same state after the prefill
+    assert firsts[1].shape[1] == drafts and torch.equal(firsts[1], firsts[0][:, :drafts])
+    res = generate(tgt, lim, PROMPTS, 0.0, 19)
+    assert [r.output_ids for r in res] == ref
+    assert all(0 <= a <= drafts for r in res for a in r.accepted)
+    assert [r.output_ids for r in serve(tgt, lim, PROMPTS, 2, 0.0, 19)] == ref
+
+
+def test_limits_out_of_range_are_clear_errors(models):
+    tgt, mtp = models
+    d = make_drafter(tgt, "zero_init_residual")
+    for bad, match in [("zero_init_residual-k8", r"in \[2, 7\]"), ("zero_init_residual-k1", r"in \[2, 7\]"),
+                       ("zero_init_residual-k0", "whole number >= 1")]:
+        with pytest.raises(ValueError, match=match):
+            build_method(bad, tgt, drafter=d, mtp=mtp)
+    with pytest.raises(ValueError, match="its run drafts nothing"):
+        build_method("ar-k2", tgt)
+    assert methods.split_drafts("dflash") == ("dflash", None) and methods.split_drafts("a_b-k12") == ("a_b", 12)
+    assert methods.split_drafts("x-kv") == ("x-kv", None)  # not a limit: the name as it is
+    assert method_class("mtp-k3") is MTPMethod and method_class("dflash-k3") is DrafterMethod
+
+
 @pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual", "mtp_context"])
 def test_lossless_with_eos_inside_block(models, name):
     tgt, mtp = models

@@ -341,19 +341,26 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
     root, _, _ = run
     work, out = root / "work" / "smoke", tmp_path / "bench"
     bench.main(["--profile", "smoke", "--target", str(work / "target"), "--drafters", str(work / "drafters"),
-                "--out", str(out), "--parts", "throughput,overhead", "--methods", "ar,zero_init_residual",
+                "--out", str(out), "--parts", "throughput,overhead", "--methods",
+                "ar,zero_init_residual,zero_init_residual-k2",
                 "--caps", "1,2", "--batch", "2", "--temperatures", "0,1", "--small-cap-temperatures", "0",
                 "--repeats", "1", "--prompts", "3", "--small-cap-prompts", "2", "--max-new-tokens", "24",
                 "--tokens", "20", "--kernel-profile"])
     tp = pd.read_csv(out / "throughput.csv")
     assert set(map(tuple, tp[["temperature", "batch_cap"]].drop_duplicates().values.tolist())) == {
         (0.0, 1), (0.0, 2), (1.0, 2)}
-    assert set(tp.method) == {"ar", "zero_init_residual"} and (tp.tok_per_s > 0).all()
+    assert set(tp.method) == {"ar", "zero_init_residual", "zero_init_residual-k2"} and (tp.tok_per_s > 0).all()
     assert (tp.graphs == 0).all()  # the untimed warm-up on the whole group met every shape the timed runs meet
     assert (tp.captures == 0).all()  # no prompt-pass graph captured while timed (none on the CPU at all)
     assert (tp[tp.temperature == 0].equal_ar == tp[tp.temperature == 0].requests).all()  # fp32: every output
     ov = pd.read_csv(out / "overhead.csv")
-    assert set(ov.batch) == {1, 2} and set(ov.method) == {"ar", "zero_init_residual"}
+    assert set(ov.batch) == {1, 2} and set(ov.method) == {"ar", "zero_init_residual", "zero_init_residual-k2"}
+    from dmtp.analysis import ratios as RT  # the limited run beside the whole one, at every cap and temperature
+
+    names = {(r.name, r.condition): r.note for r in RT.read(out / "ratios.json")}
+    note = names["zero_init_residual-k2 tok/s / zero_init_residual tok/s", "B2, T=0"]
+    assert note.startswith("its first 2 drafts verified per round; per-verify tau ")
+    assert (tp[tp.method == "zero_init_residual-k2"].per_verify <= 3).all()
     meta = json.loads((out / "meta.json").read_text())
     assert meta["parts_done"] == ["throughput", "overhead"] and meta["engine"]["dtype"]
     assert meta["config"]["small_cap_temperatures"] == [0.0]

@@ -15,20 +15,23 @@ from conftest import hf_greedy, make_drafter
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.decode import Batch, capacity_for, generate
-from dmtp.engine.methods import build_method, method_class
+from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import run_generate
 from dmtp.engine.server import Server, serve
 from dmtp.models import tiny
 
 MODES = ["target", "sample", "block"]
-METHODS = ["ar", "mtp", "dflash", "zero_init_residual", "dmtp_d2"]  # dmtp_d2: zero_init_residual x dflash2
+METHODS = ["ar", "mtp", "dflash", "zero_init_residual", "dmtp_d2",  # dmtp_d2: zero_init_residual x dflash2
+           "zero_init_residual-k2", "dmtp_d2-k2"]  # -k2: the first 2 of 7 drafts verified (`Method.limit`)
 
 
 def method(name, tgt, mtp, k=3):
     if not method_class(name).needs_drafter:
         return build_method(name, tgt, mtp=mtp, mtp_steps=k)
-    variant, backbone = ("zero_init_residual", "dflash2") if name == "dmtp_d2" else (name, "dflash")
-    return build_method(variant, tgt, drafter=make_drafter(tgt, variant, backbone=backbone), mtp=mtp)
+    base, drafts = split_drafts(name)  # "<variant>-k<n>": its first n drafts verified
+    variant, backbone = ("zero_init_residual", "dflash2") if base == "dmtp_d2" else (base, "dflash")
+    suffix = f"-k{drafts}" if drafts else ""
+    return build_method(variant + suffix, tgt, drafter=make_drafter(tgt, variant, backbone=backbone), mtp=mtp)
 
 
 # --- accept() on tables ------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from dmtp.cli import args, dryrun, pipeline, stages
 from dmtp.config import EVAL_MODES, VERIFY_MODES, EngineConfig, TrainConfig
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
-from dmtp.engine.methods import build_method, method_class
+from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
@@ -195,7 +195,7 @@ def generate_into(a, out: Path):
     if not cls.needs_drafter and a.drafter:
         raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
     if cls.needs_drafter:
-        get_variant(a.method)  # an unknown name fails with the known ones
+        get_variant(split_drafts(a.method)[0])  # an unknown name fails with the known ones ("-k<n>": a limit)
         if not a.drafter:
             raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
         args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")

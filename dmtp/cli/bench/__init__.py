@@ -59,7 +59,7 @@ from dmtp.cli.bench.shapes import mini_shape, paper_shape
 from dmtp.cli.bench.trained import PARTS, Bench, throughput_ratios
 from dmtp.config import VERIFY_MODES
 from dmtp.config.engine import server_variant
-from dmtp.engine.methods import method_class
+from dmtp.engine.methods import method_class, split_drafts
 from dmtp.io import write_meta
 from experiments.profiles import PROFILES, resolve
 
@@ -206,7 +206,7 @@ def run(p, a):
     methods = a.methods or list(spec.bench)
     checkpoint(a.target, "--target", "target checkpoint")
     for name in methods:
-        base = name.partition("+")[0]
+        base = split_drafts(name.partition("+")[0])[0]
         if method_class(base).needs_drafter:
             if not a.drafters:
                 raise ValueError(f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")

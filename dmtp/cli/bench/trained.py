@@ -35,7 +35,7 @@ from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import capacity_for, generate
-from dmtp.engine.methods import AR, Method, load_method
+from dmtp.engine.methods import AR, Method, load_method, split_drafts
 from dmtp.engine.runner import compiled_graphs, stop_spec
 from dmtp.engine.server import Server
 from dmtp.engine.stops import HUMANEVAL_STOPS
@@ -283,6 +283,15 @@ def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[
             if q:
                 out.append(ratio(setup, f"{m} tok/s / {base} tok/s", median(q), "report", None, cond,
                                  f"{describe_variant(variant)}; per repeat {spread(q)}, {len(q)} repeats"))
+        for m in sorted(by):  # a run that verifies only its first drafts (`<run>-k<n>`) against the same run whole
+            base, n = split_drafts(m)
+            if n is not None and base in by:
+                q = (by[m].tok_per_s / by[base].tok_per_s).dropna().tolist()
+                if q:
+                    out.append(ratio(setup, f"{m} tok/s / {base} tok/s", median(q), "report", None, cond,
+                                     f"its first {n} drafts verified per round; per-verify tau "
+                                     f"{by[m].per_verify.median():.2f} vs {by[base].per_verify.median():.2f}; per "
+                                     f"repeat {spread(q)}, {len(q)} repeats"))
         if dmtp in by and dflash in by:
             gain = (by[dmtp].tok_per_s / by[dflash].tok_per_s).dropna()
             tau = by[dmtp].per_verify.median() / by[dflash].per_verify.median() - 1

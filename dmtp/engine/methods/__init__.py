@@ -8,8 +8,11 @@ variant's own file under dmtp/models/variants/). Callers ask a method's class wh
     build_method("zero_init_residual", tgt, drafter=d, mtp=head)     # a variant with its drafter
     load_method("zero_init_residual_from_dflash", tgt, head, "work/mini/drafters")   # a run, by its folder
     method_class("mtp").needs_mtp()                                  # True: what to load before building it
+    load_method("zero_init_residual-k4", tgt, head, "work/mini/drafters")  # its first 4 drafts verified (`limit`)
 """
 from __future__ import annotations
+
+import re
 
 from dmtp.engine.methods.ar import AR
 from dmtp.engine.methods.base import METHODS, Method, State, no_timer, register_method
@@ -17,26 +20,49 @@ from dmtp.engine.methods.drafter import DrafterMethod
 from dmtp.engine.methods.mtp import MTPMethod, MTPState
 
 __all__ = ["AR", "METHODS", "DrafterMethod", "MTPMethod", "MTPState", "Method", "State", "build_method",
-           "load_method", "method_class", "no_timer", "register_method"]
+           "load_method", "method_class", "no_timer", "register_method", "split_drafts"]
+
+
+def split_drafts(name: str) -> tuple[str, int | None]:
+    """A run name and the drafts it verifies per round: "zero_init_residual-k4" -> ("zero_init_residual", 4) (its
+    first 4 drafts: `Method.limit`), "dflash" -> ("dflash", None) (all of them)."""
+    m = re.fullmatch(r"(.+)-k([0-9]+)", name)
+    if m is None:
+        return name, None
+    if int(m.group(2)) < 1:
+        raise ValueError(f"method {name!r}: expected <run>-k<drafts>, drafts a whole number >= 1 (e.g. "
+                         "zero_init_residual-k4: its first 4 drafts verified per round)")
+    return m.group(1), int(m.group(2))
 
 
 def method_class(name: str) -> type[Method]:
-    """The class that runs `name`: a registered method (`ar`, `mtp`), else `DrafterMethod` — a variant's name, or a
-    trained drafter run's (its checkpoint names the variant; `DrafterMethod.build` checks the variant exists)."""
-    return METHODS.get(name, DrafterMethod)
+    """The class that runs `name` (`<run>[-k<drafts>]`): a registered method (`ar`, `mtp`), else `DrafterMethod` — a
+    variant's name, or a trained drafter run's (its checkpoint names the variant; `DrafterMethod.build` checks the
+    variant exists)."""
+    return METHODS.get(split_drafts(name)[0], DrafterMethod)
+
+
+def _limited(m: Method, drafts: int | None) -> Method:
+    return m if drafts is None else m.limit(drafts)
 
 
 def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4, screen=None,
                  label: str | None = None) -> Method:
-    """The method `name` (`ar`, `mtp` or a variant's name) on `target` with the models it needs; `label`: the name
-    its records carry (default: `name`); `screen`: an optional `screen.T1Screen` replacing the full LM head for T1."""
-    return method_class(name).build(name, target, drafter=drafter, mtp=mtp, mtp_steps=mtp_steps, screen=screen,
-                                    label=label)
+    """The method `name` (`ar`, `mtp` or a variant's name; `<name>-k<drafts>`: its first drafts verified) on `target`
+    with the models it needs; `label`: the name its records carry (default: `name`); `screen`: an optional
+    `screen.T1Screen` replacing the full LM head for T1."""
+    base, drafts = split_drafts(name)
+    m = method_class(base).build(base, target, drafter=drafter, mtp=mtp, mtp_steps=mtp_steps, screen=screen,
+                                 label=label or (name if drafts is not None else None))
+    return _limited(m, drafts)
 
 
 def load_method(name: str, target, mtp=None, drafters=None, mtp_steps: int = 4, screen=None,
                 label: str | None = None) -> Method:
     """A method by its run name: `ar`, `mtp`, or the name of a trained drafter's folder `<drafters>/<name>/drafter`
-    (e.g. `zero_init_residual_from_dflash`; its config says the variant), loaded in the target's precision."""
-    return method_class(name).load(name, target, mtp=mtp, drafters=drafters, mtp_steps=mtp_steps, screen=screen,
-                                   label=label)
+    (e.g. `zero_init_residual_from_dflash`; its config says the variant), loaded in the target's precision;
+    `<run>-k<drafts>` verifies the run's first `drafts` drafts per round (`Method.limit`)."""
+    base, drafts = split_drafts(name)
+    m = method_class(base).load(base, target, mtp=mtp, drafters=drafters, mtp_steps=mtp_steps, screen=screen,
+                                label=label or (name if drafts is not None else None))
+    return _limited(m, drafts)

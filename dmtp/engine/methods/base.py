@@ -73,6 +73,14 @@ class Method:
         """The method of a run by its name (a drafter method: the checkpoint <drafters>/<run>/drafter)."""
         return cls.build(run, target, mtp=mtp, mtp_steps=mtp_steps, screen=screen, label=label)
 
+    def limit(self, drafts: int) -> "Method":
+        """Verify only the first `drafts` candidates of each round (run name `<run>-k<drafts>`, `split_drafts`): the
+        same drafts, fewer of them, so each verify forward carries drafts + 1 rows per request instead of k + 1.
+        Lossless like the method itself (a prefix of its drafts is verified as any draft is). A method that drafts
+        nothing has nothing to limit."""
+        raise ValueError(f"method {self.name!r}: its run drafts nothing (k = {self.k}), so it has no drafts to "
+                         f"limit to {drafts}")
+
     def compiles(self, eng: EngineConfig) -> bool:
         """Every model it runs has a compiled-engine forward (`fast.py`) under `eng`: its stages compile whole."""
         return True

@@ -54,6 +54,19 @@ class DrafterMethod(Method):
         d = Drafter.load(Path(drafters) / run / "drafter", device=target.device, dtype=target.dtype).eval()
         return cls.build(d.config.variant, target, drafter=d, mtp=mtp, screen=screen, label=label or run)
 
+    def limit(self, drafts):
+        """Verify the first `drafts` of the block's candidates (`zero_init_residual-k4`): the drafter still runs its
+        whole block in one pass (it was trained on it), the LM head and the draw read only the slots kept, and the
+        verify forward carries drafts + 1 rows per request. A DMTP variant's first draft is T1 from the MTP, so it
+        keeps at least one of the drafter's (drafts >= 2; `mtp-k1` is T1 alone)."""
+        full, low = self.drafter.config.num_candidates, 1 + int(self.var.t1)
+        if not isinstance(drafts, int) or not low <= drafts <= full:
+            raise ValueError(f"method {self.name!r}: drafts must be a whole number in [{low}, {full}] (its drafter "
+                             f"proposes {full} candidates{', the first T1 from the MTP' if self.var.t1 else ''}), "
+                             f"got {drafts!r}")
+        self.k = drafts
+        return self
+
     def compiles(self, eng):
         return fast.drafter_problem(self.drafter, eng) is None and (
             not self.var.needs_mtp or fast.layer_problem(self.head.layers[0]) is None)
@@ -101,7 +114,9 @@ class DrafterMethod(Method):
         else:
             ctx = [(self.ctx.k[i], self.ctx.v[i]) for i in range(len(d.layers))]
             hid = d(block, bpos, ctx, lens[:, None])[:, self.predict]  # predicting slots
-        logits, pos = d.logits(tgt.lm_head(hid)), int(self.var.t1)  # draft position of the first predicting slot
+        pos = int(self.var.t1)  # draft position of the first predicting slot
+        hid = hid[:, : self.k - pos]  # the slots of the drafts verified (all of them unless `limit`ed)
+        logits = d.logits(tgt.lm_head(hid))
         if not self.draw.sampling:
             return d.select(logits, hid, prev)  # argmax, or the DFlash2 path walked from A / T1
         # samples: every slot from the one parallel pass (q_j depends on the block input only), or the DFlash2 walk

@@ -98,6 +98,13 @@ class MTPMethod(Method):
             raise ValueError("method 'mtp' needs the target's native MTP head")
         return cls(mtp, mtp_steps, screen, label)
 
+    def limit(self, drafts):
+        """MTP-k with k = `drafts` (`mtp-k3` = `--mtp-steps 3`): the chain's first `drafts` steps."""
+        if not isinstance(drafts, int) or drafts < 1:
+            raise ValueError(f"method {self.name!r}: drafts must be a whole number >= 1, got {drafts!r}")
+        self.k = drafts
+        return self
+
     def compiles(self, eng):
         return fast.layer_problem(self.head.layers[0]) is None
 
