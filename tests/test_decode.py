@@ -40,8 +40,9 @@ def test_a_limited_method_verifies_a_prefix_of_its_drafts_and_stays_lossless(mod
     the output is still the target's own greedy one, in `generate` and in a server."""
     tgt, mtp = models
     d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
-    full = build_method(name, tgt, drafter=d, mtp=mtp, mtp_steps=7 if name == "mtp" else 4)
-    lim = build_method(f"{name}-k{drafts}", tgt, drafter=d, mtp=mtp, mtp_steps=7 if name == "mtp" else 4)
+    steps = 7 if name == "mtp" else 4  # MTP chained 7 steps: as many drafts as the drafter methods' block
+    full = build_method(name, tgt, drafter=d, mtp=mtp, mtp_steps=steps)
+    lim = build_method(f"{name}-k{drafts}", tgt, drafter=d, mtp=mtp, mtp_steps=steps)
     assert lim.k == drafts and lim.name == f"{name}-k{drafts}" and full.k == 7 and full.name == name
     ref = [hf_greedy(tgt, p, 19) for p in PROMPTS]
     firsts = []

@@ -18,7 +18,7 @@ P=${P:-8}; BUDGET=${BUDGET:-540}; TAG=${TAG:-tests}; FILES=${FILES:-tests/test_c
 LOGS=${LOGS:-/tmp/dmtp_tests/$TAG}
 export TOKENIZERS_PARALLELISM=false TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
 wheels
-rm -rf "$LOGS"; mkdir -p "$LOGS"
+mkdir -p "$LOGS" && rm -f "$LOGS"/shard*.log  # this run's shards alone (in the summary and the archive)
 mapfile -t IDS < <($PY -m pytest $FILES --collect-only -q -p no:cacheprovider ${K:+-k "$K"} 2>/dev/null | grep "::")
 echo "[tests] ${#IDS[@]} tests in $P shards, ${BUDGET} s each at most"
 [ ${#IDS[@]} -eq 0 ] && { echo "[tests] nothing collected"; exit 1; }

@@ -277,21 +277,20 @@ def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[
                 out.append(ratio(setup, f"{m} tok/s / AR tok/s", median(q), ">=" if goal else "report", goal, cond,
                                  f"{by[m].tok_per_s.median():.0f} vs {by[AR.name].tok_per_s.median():.0f} tok/s; per "
                                  f"repeat {spread(q)}, {len(q)} repeats"))
-        for m in sorted(x for x in by if "@" in x and x.partition("@")[0] in by):  # the same server but for its
-            base, _, variant = m.partition("@")  # Server-only settings, side by side
+        for m in sorted(by):  # a run beside the same run plain: a server variant (Server-only settings, side by
+            base, _, variant = m.partition("@")  # side) or its first drafts only (`<run>-k<n>`)
+            run, n = split_drafts(m)
+            if variant and base in by:
+                words = describe_variant(variant)
+            elif n is not None and run in by:
+                base, words = run, (f"its first {n} drafts verified per round; per-verify tau "
+                                    f"{by[m].per_verify.median():.2f} vs {by[run].per_verify.median():.2f}")
+            else:
+                continue
             q = (by[m].tok_per_s / by[base].tok_per_s).dropna().tolist()
             if q:
                 out.append(ratio(setup, f"{m} tok/s / {base} tok/s", median(q), "report", None, cond,
-                                 f"{describe_variant(variant)}; per repeat {spread(q)}, {len(q)} repeats"))
-        for m in sorted(by):  # a run that verifies only its first drafts (`<run>-k<n>`) against the same run whole
-            base, n = split_drafts(m)
-            if n is not None and base in by:
-                q = (by[m].tok_per_s / by[base].tok_per_s).dropna().tolist()
-                if q:
-                    out.append(ratio(setup, f"{m} tok/s / {base} tok/s", median(q), "report", None, cond,
-                                     f"its first {n} drafts verified per round; per-verify tau "
-                                     f"{by[m].per_verify.median():.2f} vs {by[base].per_verify.median():.2f}; per "
-                                     f"repeat {spread(q)}, {len(q)} repeats"))
+                                 f"{words}; per repeat {spread(q)}, {len(q)} repeats"))
         if dmtp in by and dflash in by:
             gain = (by[dmtp].tok_per_s / by[dflash].tok_per_s).dropna()
             tau = by[dmtp].per_verify.median() / by[dflash].per_verify.median() - 1

@@ -42,7 +42,11 @@ def method_class(name: str) -> type[Method]:
     return METHODS.get(split_drafts(name)[0], DrafterMethod)
 
 
-def _limited(m: Method, drafts: int | None) -> Method:
+def _by_name(make: str, name: str, target, label: str | None, **kw) -> Method:
+    """`method_class(run).<make>(run, ...)` for `name` = `<run>[-k<drafts>]`, limited to its drafts (`Method.limit`);
+    a limited run's records carry the whole name unless `label` says otherwise."""
+    base, drafts = split_drafts(name)
+    m = getattr(method_class(base), make)(base, target, label=label or (name if drafts is not None else None), **kw)
     return m if drafts is None else m.limit(drafts)
 
 
@@ -51,10 +55,7 @@ def build_method(name: str, target, drafter=None, mtp=None, mtp_steps: int = 4, 
     """The method `name` (`ar`, `mtp` or a variant's name; `<name>-k<drafts>`: its first drafts verified) on `target`
     with the models it needs; `label`: the name its records carry (default: `name`); `screen`: an optional
     `screen.T1Screen` replacing the full LM head for T1."""
-    base, drafts = split_drafts(name)
-    m = method_class(base).build(base, target, drafter=drafter, mtp=mtp, mtp_steps=mtp_steps, screen=screen,
-                                 label=label or (name if drafts is not None else None))
-    return _limited(m, drafts)
+    return _by_name("build", name, target, label, drafter=drafter, mtp=mtp, mtp_steps=mtp_steps, screen=screen)
 
 
 def load_method(name: str, target, mtp=None, drafters=None, mtp_steps: int = 4, screen=None,
@@ -62,7 +63,4 @@ def load_method(name: str, target, mtp=None, drafters=None, mtp_steps: int = 4, 
     """A method by its run name: `ar`, `mtp`, or the name of a trained drafter's folder `<drafters>/<name>/drafter`
     (e.g. `zero_init_residual_from_dflash`; its config says the variant), loaded in the target's precision;
     `<run>-k<drafts>` verifies the run's first `drafts` drafts per round (`Method.limit`)."""
-    base, drafts = split_drafts(name)
-    m = method_class(base).load(base, target, mtp=mtp, drafters=drafters, mtp_steps=mtp_steps, screen=screen,
-                                label=label or (name if drafts is not None else None))
-    return _limited(m, drafts)
+    return _by_name("load", name, target, label, mtp=mtp, drafters=drafters, mtp_steps=mtp_steps, screen=screen)
