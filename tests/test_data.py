@@ -145,6 +145,12 @@ def test_encode_corpus(corpus, tok, tmp_path):
         g.write(f.read() + json.dumps({"path": "t.py", "sha256": "", "text": docs[-1]}) + "\n")
     stream = np.load(encode_corpus(tmp_path / "c.jsonl", tok, tmp_path / "train.npy", progress=False))
     assert stream.dtype == np.uint16 and stream[-1] == 0
+    # spawned workers, chunks smaller than the corpus: the same stream, in the same order
+    par = np.load(encode_corpus(tmp_path / "c.jsonl", tok, tmp_path / "par.npy", batch_docs=3, progress=False,
+                                workers=2))
+    assert par.dtype == stream.dtype and np.array_equal(par, stream)
+    with pytest.raises(ValueError, match="workers=0"):
+        encode_corpus(tmp_path / "c.jsonl", tok, tmp_path / "none.npy", progress=False, workers=0)
     pieces = np.split(stream, np.flatnonzero(stream == 0) + 1)[:-1]      # every doc is followed by one eos
     assert [tok.decode(p[:-1].tolist()) for p in pieces] == docs
 

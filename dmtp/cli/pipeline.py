@@ -140,7 +140,7 @@ def st_tokenizer(c: Ctx):
     for split in ("train", "heldout"):
         npy = c.work / "tokens" / f"{split}.npy"
         if not npy.exists():
-            encode_corpus(c.work / "corpus" / f"{split}.jsonl", tok, npy)
+            encode_corpus(c.work / "corpus" / f"{split}.jsonl", tok, npy, workers=min(32, os.cpu_count() or 1))
 
 
 def st_target(c: Ctx):

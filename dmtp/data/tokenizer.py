@@ -17,6 +17,10 @@ ending in a lone "\n" token meant "the next line starts at column 0".) The versi
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +29,8 @@ from tqdm.auto import tqdm
 
 from dmtp.data.corpus import iter_documents
 from dmtp.io import atomic_path, read_json
+
+_WORKER_TOK = None  # a worker's tokenizer (`encode_corpus`)
 
 EOT, MASK = "<|endoftext|>", "<|mask|>"
 SPECIAL = [EOT, MASK]  # ids 0, 1 (BpeTrainer assigns special tokens first, in this order)
@@ -187,30 +193,64 @@ def prefix_stable(tok, pairs) -> list[bool]:
     return [whole[: len(head)] == head for head, whole in zip(ids[0::2], ids[1::2])]
 
 
-def encode_corpus(corpus_jsonl, tok, out_path, batch_docs: int = 256, progress=True) -> Path:
+def _encode_init(spec: str) -> None:
+    """A worker of `encode_corpus`: its own copy of the tokenizer, single-threaded (the workers are the parallelism)."""
+    global _WORKER_TOK
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER_TOK = Tokenizer.from_str(spec)
+    _WORKER_TOK.encode_special_tokens = True  # a literal "<|endoftext|>" in a source file stays plain text
+
+
+def _encode_chunk(texts: list[str], eot: int, dtype) -> np.ndarray:
+    """doc0 eot doc1 eot ... of one chunk of documents, in a worker."""
+    encs = _WORKER_TOK.encode_batch(texts, add_special_tokens=False)
+    return np.concatenate([np.asarray(e.ids + [eot], dtype=dtype) for e in encs]) if encs else np.zeros(0, dtype)
+
+
+def encode_corpus(corpus_jsonl, tok, out_path, batch_docs: int = 256, progress=True, workers: int = 1) -> Path:
     """Encode a corpus JSONL into one flat `.npy` token stream: doc0 <|endoftext|> doc1 <|endoftext|> ...
 
     Only the separators are id 0 (a "<|endoftext|>" written inside a source file is encoded as plain text).
     uint16 when the vocabulary fits, else int32. Written atomically; an existing `out_path` is kept as is.
+    `workers` > 1: that many spawned processes encode chunks of `batch_docs` documents each, collected in order, so
+    the stream is the same for any count (the pipeline's tokenizer stage uses the machine's cores: one process's
+    batch encoding ran at ~600 documents/s on `mini`'s corpus on a 16-core device machine, 35 s of r6's chain). A
+    script that calls it with workers > 1 needs the `if __name__ == "__main__":` guard that spawned processes need.
     """
     out_path, bk = Path(out_path), backend(tok)
     if out_path.exists():
         return out_path
     eot = bk.token_to_id(EOT)
     dtype = np.uint16 if bk.get_vocab_size() <= np.iinfo(np.uint16).max + 1 else np.int32
-    chunks, batch = [], []
+    if workers < 1:
+        raise ValueError(f"encode_corpus: workers={workers}, expected at least 1")
+    chunks = []
+    docs = tqdm(iter_documents(corpus_jsonl), desc=f"encode {Path(corpus_jsonl).name}", unit=" docs",
+                disable=not progress)
 
-    def flush():
-        for ids in encode_text(bk, batch):
-            chunks.append(np.asarray(ids + [eot], dtype=dtype))
-        batch.clear()
+    def batches():
+        batch = []
+        for doc in docs:
+            batch.append(doc["text"])
+            if len(batch) == batch_docs:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
-    for doc in tqdm(iter_documents(corpus_jsonl), desc=f"encode {Path(corpus_jsonl).name}", unit=" docs",
-                    disable=not progress):
-        batch.append(doc["text"])
-        if len(batch) == batch_docs:
-            flush()
-    flush()
+    if workers == 1:
+        for batch in batches():
+            chunks.extend(np.asarray(ids + [eot], dtype=dtype) for ids in encode_text(bk, batch))
+    else:  # spawned workers (no fork of a process whose tokenizer threads may be running), at most 4 chunks each
+        # in flight, collected in submission order
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_encode_init, initargs=(bk.to_str(),)) as ex:
+            pending = deque()
+            for batch in batches():
+                pending.append(ex.submit(_encode_chunk, batch, eot, dtype))
+                if len(pending) >= 4 * workers:
+                    chunks.append(pending.popleft().result())
+            chunks.extend(f.result() for f in pending)
     with atomic_path(out_path) as t, open(t, "wb") as f:
         np.save(f, np.concatenate(chunks) if chunks else np.zeros(0, dtype))
     return out_path
