@@ -152,6 +152,7 @@ def test_gpu_tests_script_reports_cut_shards_and_packs_its_logs_into_one_archive
     (tmp_path / "test_fake.py").write_text(
         "import time\ndef test_ok(): pass\ndef test_bad(): assert 1 == 2\n"
         "def test_slow(): time.sleep(60)\ndef test_ok2(): pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -q\n")  # as the repository's pyproject.toml has
     env = {"HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PY": sys.executable,
            "FILES": "test_fake.py", "P": "2", "BUDGET": "6", "TAG": "fake", "OUT": str(tmp_path / "out"),
            "LOGS": str(tmp_path / "logs" / "fake")}

@@ -19,7 +19,9 @@ LOGS=${LOGS:-/tmp/dmtp_tests/$TAG}
 export TOKENIZERS_PARALLELISM=false TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
 wheels
 mkdir -p "$LOGS" && rm -f "$LOGS"/shard*.log  # this run's shards alone (in the summary and the archive)
-mapfile -t IDS < <($PY -m pytest $FILES --collect-only -q -p no:cacheprovider ${K:+-k "$K"} 2>/dev/null | grep "::")
+# the repository's addopts (-q) would make this -qq, which lists counts per file instead of the test ids
+mapfile -t IDS < <($PY -m pytest $FILES --collect-only -q -o addopts= -p no:cacheprovider ${K:+-k "$K"} 2>/dev/null \
+  | grep "::")
 echo "[tests] ${#IDS[@]} tests in $P shards, ${BUDGET} s each at most"
 [ ${#IDS[@]} -eq 0 ] && { echo "[tests] nothing collected"; exit 1; }
 pids=()
