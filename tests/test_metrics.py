@@ -29,6 +29,18 @@ def test_per_verify_and_first_token():
     assert math.isnan(M.first_token([0, 0, 0]))
 
 
+def test_capped_per_verify_cuts_each_round_at_the_limit():
+    # rounds accepting 0..7 once each: cut at 4 -> 0 1 2 3 4 4 4 4 -> 1 + 22 / 8
+    assert M.capped_per_verify(FLAT, 4) == 1 + 22 / 8
+    assert M.capped_per_verify(FLAT, 7) == M.per_verify(FLAT) == M.capped_per_verify(FLAT, 9)
+    assert M.capped_per_verify(FLAT, 0) == 1
+    for n in range(8):  # = 1 + S_1 + ... + S_n
+        assert M.capped_per_verify(FLAT, n) == pytest.approx(1 + sum(M.cumulative(FLAT)[:n]))
+    assert math.isnan(M.capped_per_verify([0, 0], 1))
+    with pytest.raises(ValueError, match="n=-1"):
+        M.capped_per_verify(FLAT, -1)
+
+
 def test_per_request_differs_from_per_verify():
     # request a: rounds 0, 7 -> 4.5; request b: one round of 3 -> 4; empty request skipped
     reqs = [[0, 7], [3], []]

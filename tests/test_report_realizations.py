@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -480,3 +481,35 @@ def test_admit_sweep_predicts_each_group_size_on_and_beside_the_decode(tmp_path)
     assert (df[df.method == "ar"].speedup == 1).all()
     g = df.set_index(["method", "admission", "admit"]).groups
     assert g[("ar", "decode", 1)] > g[("ar", "decode", 8)] > 1  # a group takes every free slot, at least `admit`
+
+
+def test_draft_limit_estimates_each_runs_tau_with_its_counts_cut(pooled):
+    """experiments/draft_limit.py: per run and limit, the realization's pooled histogram (HumanEval, T = 0, natural,
+    seed 0) with each round's count cut at n, beside its per-verify tau and the share of rounds past n; bad runs and
+    limits are named."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dmtp.analysis import metrics as M
+    from dmtp.analysis.report.data import read_runs
+
+    root = Path(__file__).resolve().parents[1]
+    real = pooled[0] / "p" / "r1"
+    r = subprocess.run([sys.executable, "-m", "experiments.draft_limit", "--records", str(real), "--limits", "2,4",
+                        "--out", str(real.parent / "dl.csv")], capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(real.parent / "dl.csv")
+    runs = read_runs(real)
+    g = runs[(runs.dataset == "humaneval") & (runs.temperature == 0) & (runs["mode"] == "natural") & (runs.seed == 0)]
+    assert set(df.run) == set(g[g.k > 1].method) and set(df.limit) == {2, 4}
+    for row in df.itertuples():
+        h = sum(np.asarray(x) for x in g[g.method == row.run]["hist"])
+        assert row.tau == pytest.approx(M.per_verify(h)) and row.tau_capped == pytest.approx(M.capped_per_verify(h, row.limit))
+        assert row.tau_capped <= row.tau and row.rounds == h.sum()
+        assert row.rounds_above_limit_pct == pytest.approx(100 * h[row.limit + 1:].sum() / h.sum())
+    for args, words in ((["--runs", "nosuch"], "no humaneval T = 0 natural seed-0 records of nosuch"),
+                        (["--limits", "0"], "expected integers >= 1"), (["--limits", "a"], "comma list of integers")):
+        r = subprocess.run([sys.executable, "-m", "experiments.draft_limit", "--records", str(real), *args],
+                           capture_output=True, text=True, cwd=root)
+        assert r.returncode != 0 and words in r.stderr, r.stderr

@@ -50,6 +50,16 @@ def per_request(accepted_lists: Sequence[Sequence[int]]) -> float:
     return sum(vals) / len(vals) if vals else NAN
 
 
+def capped_per_verify(hist: Sequence[float], n: int) -> float:
+    """tau of the same rounds with each accepted count cut at n: 1 + sum_j min(j, n) h[j] / sum h = 1 + sum_{k<=n} S_k.
+    An estimate of what verifying only the first n drafts (`<run>-k<n>`) keeps per verify: a limited run's later rounds
+    start at other positions, so its own histogram differs. nan when there are no rounds."""
+    if n < 0:
+        raise ValueError(f"capped_per_verify: n={n}, expected >= 0")
+    total = sum(hist)
+    return 1 + sum(min(j, n) * h for j, h in enumerate(hist)) / total if total else NAN
+
+
 def first_token(hist: Sequence[float]) -> float:
     """P(L >= 1) = 1 - h[0] / sum h; nan when there are no rounds."""
     n = sum(hist)
