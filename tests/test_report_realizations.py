@@ -505,7 +505,8 @@ def test_draft_limit_estimates_each_runs_tau_with_its_counts_cut(pooled):
     assert set(df.run) == set(g[g.k > 1].method) and set(df.limit) == {2, 4}
     for row in df.itertuples():
         h = sum(np.asarray(x) for x in g[g.method == row.run]["hist"])
-        assert row.tau == pytest.approx(M.per_verify(h)) and row.tau_capped == pytest.approx(M.capped_per_verify(h, row.limit))
+        assert row.tau == pytest.approx(M.per_verify(h))
+        assert row.tau_capped == pytest.approx(M.capped_per_verify(h, row.limit))
         assert row.tau_capped <= row.tau and row.rounds == h.sum()
         assert row.rounds_above_limit_pct == pytest.approx(100 * h[row.limit + 1:].sum() / h.sum())
     for args, words in ((["--runs", "nosuch"], "no humaneval T = 0 natural seed-0 records of nosuch"),
