@@ -163,7 +163,11 @@ def test_gpu_tests_script_reports_cut_shards_and_packs_its_logs_into_one_archive
     assert "shard0.log: cut at 6 s: 1 passed, 0 failed so far; running test_fake.py::test_slow" in out, out
     assert "1 failed, 1 passed" in out and "FAILED test_fake.py::test_bad" in out, out
     with tarfile.open(tmp_path / "out" / "fake.tgz") as t:
-        assert sorted(t.getnames()) == ["fake", "fake/shard0.log", "fake/shard1.log"]
+        assert sorted(t.getnames()) == ["fake", "fake/collect.log", "fake/shard0.log", "fake/shard1.log"]
+    r = subprocess.run(["bash", str(RUNS / "h200_tests.sh")], capture_output=True, text=True, cwd=tmp_path,
+                       env={**env, "K": "no_such_test"}, timeout=120)  # nothing collected: pytest's words shown
+    assert r.returncode == 1 and "nothing collected; pytest's collection said:" in r.stdout, r.stdout
+    assert "deselected" in r.stdout, r.stdout
     env["TAG"] = "a/b"
     r = subprocess.run(["bash", str(RUNS / "h200_tests.sh")], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 2 and "TAG must be" in r.stdout

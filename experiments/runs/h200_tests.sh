@@ -18,12 +18,13 @@ P=${P:-8}; BUDGET=${BUDGET:-540}; TAG=${TAG:-tests}; FILES=${FILES:-tests/test_c
 LOGS=${LOGS:-/tmp/dmtp_tests/$TAG}
 export TOKENIZERS_PARALLELISM=false TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
 wheels
-mkdir -p "$LOGS" && rm -f "$LOGS"/shard*.log  # this run's shards alone (in the summary and the archive)
+mkdir -p "$LOGS" && rm -f "$LOGS"/shard*.log "$LOGS"/collect.log  # this run's alone (summary, archive)
 # the repository's addopts (-q) would make this -qq, which lists counts per file instead of the test ids
-mapfile -t IDS < <($PY -m pytest $FILES --collect-only -q -o addopts= -p no:cacheprovider ${K:+-k "$K"} 2>/dev/null \
-  | grep "::")
+$PY -m pytest $FILES --collect-only -q -o addopts= -p no:cacheprovider ${K:+-k "$K"} > "$LOGS/collect.log" 2>&1
+mapfile -t IDS < <(grep "::" "$LOGS/collect.log")
 echo "[tests] ${#IDS[@]} tests in $P shards, ${BUDGET} s each at most"
-[ ${#IDS[@]} -eq 0 ] && { echo "[tests] nothing collected"; exit 1; }
+[ ${#IDS[@]} -eq 0 ] && { echo "[tests] nothing collected; pytest's collection said:"; tail -15 "$LOGS/collect.log"
+                          exit 1; }
 pids=()
 for s in $(seq 0 $((P - 1))); do
   mine=()
