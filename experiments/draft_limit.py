@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dmtp.analysis import metrics as M
-from dmtp.analysis.report.data import read_runs
+from dmtp.analysis.report.data import pooled_hist, read_runs
 from dmtp.io import write_text
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,9 +48,7 @@ if unknown:
                      f"{', '.join(unknown)} in {root}; runs there: {', '.join(sorted(set(sel.method))) or 'none'}")
 rows = []
 for name in names:
-    g = sel[sel.method == name]
-    k = int(g.k.max())
-    hist = np.sum(np.stack([np.pad(h, (0, k + 1 - len(h))) for h in g["hist"]]), axis=0)
+    k, hist = pooled_hist(sel[sel.method == name])
     tau = M.per_verify(hist)
     for n in limits:
         if n >= k:

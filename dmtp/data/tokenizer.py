@@ -198,13 +198,12 @@ def _encode_init(spec: str) -> None:
     global _WORKER_TOK
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER_TOK = Tokenizer.from_str(spec)
-    _WORKER_TOK.encode_special_tokens = True  # a literal "<|endoftext|>" in a source file stays plain text
 
 
-def _encode_chunk(texts: list[str], eot: int, dtype) -> np.ndarray:
-    """doc0 eot doc1 eot ... of one chunk of documents, in a worker."""
-    encs = _WORKER_TOK.encode_batch(texts, add_special_tokens=False)
-    return np.concatenate([np.asarray(e.ids + [eot], dtype=dtype) for e in encs]) if encs else np.zeros(0, dtype)
+def _encode_chunk(texts: list[str], eot: int, dtype, tok=None) -> np.ndarray:
+    """doc0 eot doc1 eot ... of one chunk of documents (`encode_text`), by `tok` (default: a worker's own)."""
+    ids = encode_text(_WORKER_TOK if tok is None else tok, texts)
+    return np.concatenate([np.asarray(x + [eot], dtype=dtype) for x in ids]) if ids else np.zeros(0, dtype)
 
 
 def encode_corpus(corpus_jsonl, tok, out_path, batch_docs: int = 256, progress=True, workers: int = 1) -> Path:
@@ -239,8 +238,7 @@ def encode_corpus(corpus_jsonl, tok, out_path, batch_docs: int = 256, progress=T
             yield batch
 
     if workers == 1:
-        for batch in batches():
-            chunks.extend(np.asarray(ids + [eot], dtype=dtype) for ids in encode_text(bk, batch))
+        chunks.extend(_encode_chunk(batch, eot, dtype, bk) for batch in batches())
     else:  # spawned workers (no fork of a process whose tokenizer threads may be running), at most 4 chunks each
         # in flight, collected in submission order
         ctx = multiprocessing.get_context("spawn")

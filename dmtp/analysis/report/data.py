@@ -286,6 +286,13 @@ def cube(g: pd.DataFrame, col: str = "acceptance_length") -> np.ndarray:
     return S.matrices({"run": d})[0]["run"] if d else np.full((0, 0, 0), np.nan)
 
 
+def pooled_hist(g: pd.DataFrame) -> tuple[int, np.ndarray]:
+    """(K, hist): the most candidates of a round among the records `g` (rows of `read_runs`) and their histograms
+    summed, hist[j] = rounds accepting j of them, j = 0..K."""
+    K = int(g.k.max())
+    return K, np.array([h + [0] * (K + 1 - len(h)) for h in g["hist"]], float).sum(0)  # [records, K+1] summed
+
+
 def summarize(runs: pd.DataFrame, n_boot: int = 2000, spec: AblationSpec | None = None) -> pd.DataFrame:
     """One row per (experiment, dataset, temperature, mode, method), the method's realizations and seeds pooled:
     acceptance_length = mean of the realization x seed x request cube of per-request acceptance lengths (requests
@@ -299,9 +306,7 @@ def summarize(runs: pd.DataFrame, n_boot: int = 2000, spec: AblationSpec | None 
     reasons); n_rounds, output_tokens. Rows in (experiment, dataset, temperature, mode, the spec's method order)."""
     out = []
     for key, g in runs.groupby(KEYS, sort=True):
-        K = int(g.k.max())
-        H = np.array([h + [0] * (K + 1 - len(h)) for h in g["hist"]], float)  # [records, K+1]
-        hist = H.sum(0)
+        K, hist = pooled_hist(g)
         X = cube(g)
         al = S.seed_request_ci(X, n_boot=n_boot) if X.size else (np.nan,) * 3
         level, units = S.top_level(X) if X.size else ("", [])
