@@ -149,6 +149,8 @@ def test_encode_corpus(corpus, tok, tmp_path):
     par = np.load(encode_corpus(tmp_path / "c.jsonl", tok, tmp_path / "par.npy", batch_docs=3, progress=False,
                                 workers=2))
     assert par.dtype == stream.dtype and np.array_equal(par, stream)
+    from dmtp.cli.pipeline import encode_workers  # the pipeline spawns them on machines of 8 cores or more
+    assert [encode_workers(n) for n in (1, 2, 7, 8, 16, 64)] == [1, 1, 1, 8, 16, 32]
     with pytest.raises(ValueError, match="workers=0"):
         encode_corpus(tmp_path / "c.jsonl", tok, tmp_path / "none.npy", progress=False, workers=0)
     pieces = np.split(stream, np.flatnonzero(stream == 0) + 1)[:-1]      # every doc is followed by one eos

@@ -122,6 +122,14 @@ def st_corpus(c: Ctx):
     c.log(f"corpus: {json.dumps(info, default=str)[:300]}")
 
 
+def encode_workers(cores: int | None = None) -> int:
+    """Processes for the corpus encoding: one per core (at most 32) on a machine of 8 cores or more, else 1 (in
+    process). On 2 cores the spawned workers were slower (0.87x one process, `experiments/encode_check.py`); on the
+    16-core device machine, where one process encoded ~600 documents/s in r6, they are not measured yet."""
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    return min(32, cores) if cores >= 8 else 1
+
+
 def st_tokenizer(c: Ctx):
     out = c.work / "tokenizer"
     u, = units(c, "tokenizer")
@@ -140,7 +148,7 @@ def st_tokenizer(c: Ctx):
     for split in ("train", "heldout"):
         npy = c.work / "tokens" / f"{split}.npy"
         if not npy.exists():
-            encode_corpus(c.work / "corpus" / f"{split}.jsonl", tok, npy, workers=min(32, os.cpu_count() or 1))
+            encode_corpus(c.work / "corpus" / f"{split}.jsonl", tok, npy, workers=encode_workers())
 
 
 def st_target(c: Ctx):
