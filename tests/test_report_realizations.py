@@ -287,6 +287,32 @@ def test_throughput_pools_only_servers_set_up_alike():
     assert set(headline_throughput(pooled).realization) == {"all"}
 
 
+def test_throughput_pools_only_on_one_kind_of_device():
+    """tok/s on an H100 and on an H200 are different quantities: realizations whose servers were set up alike but
+    whose benches ran on different devices stand apart (no rows "all"), each row naming its device; on one device
+    they pool as before. A cost-model row whose stage times come from another device says so."""
+    from types import SimpleNamespace
+
+    from dmtp.analysis.report.bench import throughput
+    from dmtp.analysis.report.summary import _other_device
+
+    rows = [{"realization": k, "dataset": "humaneval", "temperature": 0.0, "batch_cap": 1, "repeat": rep,
+             "method": m, "tok_per_s": v + rep, "per_verify": tau, "engine": "compiled", "admit": 8,
+             "prefill": "graphed"} for k in (6, 7) for rep in range(2) for m, v, tau in (("ar", 500, 1.0),
+                                                                                         ("dflash", 900, 2.0))]
+    tp = pd.DataFrame(rows)
+    apart = throughput(tp, devices={"r6": "NVIDIA H200", "r7": "NVIDIA H100 80GB HBM3"})
+    assert set(apart.realization) == {"r6", "r7"}
+    assert dict(zip(apart.realization, apart.device)) == {"r6": "NVIDIA H200", "r7": "NVIDIA H100 80GB HBM3"}
+    pooled = throughput(tp, devices={"r6": "NVIDIA H200", "r7": "NVIDIA H200"})
+    assert set(pooled.realization) == {"r6", "r7", "all"} and set(pooled.device) == {"NVIDIA H200"}
+    assert set(throughput(tp).realization) == {"r6", "r7", "all"}  # no device recorded anywhere: as before
+    row = SimpleNamespace(device="NVIDIA H200", round_times_device="NVIDIA H100 80GB HBM3")
+    assert _other_device(row) == " (timed on NVIDIA H100 80GB HBM3, throughput on NVIDIA H200)"
+    assert _other_device(SimpleNamespace(device="NVIDIA H200", round_times_device="NVIDIA H200")) == ""
+    assert _other_device(SimpleNamespace(device=float("nan"), round_times_device="NVIDIA H200")) == ""
+
+
 def test_servers_timed_beside_the_plain_ones_do_not_split_the_pool():
     """Rows <method>@beside<L> (`bench --beside`: the same server with newcomers prefilled beside the decode) stand as
     rows of their own, with a speed-up over the same repeats' AR; they do not keep the plain servers of realizations

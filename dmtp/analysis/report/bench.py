@@ -71,24 +71,30 @@ def serving(tp: pd.DataFrame) -> tuple | None:
     return next(iter(keys)) if len(keys) == 1 else None
 
 
-def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict | None = None) -> pd.DataFrame:
+def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict | None = None,
+               devices: dict | None = None) -> pd.DataFrame:
     """One row per (realization, dataset, temperature, batch cap, method): n_repeats, tok_per_s [min, max],
     speedup over AR [min, max], per_verify (median), and for the main method gain_pct [min, max] over the drafter
     baseline, per_verify_gain_pct and gain_over_per_verify (tok/s gain / per-verify gain); `commits`: "r<k>" -> the
-    commit its bench ran at (column `commit`). With several realizations whose servers were set up alike
-    (`serving`: engine, admission group, prompt pass), rows "all" pool every repeat; set up differently, each
-    realization stands alone."""
+    commit its bench ran at (column `commit`); `devices`: "r<k>" -> the device it ran on (column `device`). With
+    several realizations whose servers were set up alike (`serving`: engine, admission group, prompt pass) on one
+    kind of device (tok/s on an H100 and on an H200 are different quantities), rows "all" pool every repeat;
+    otherwise each realization stands alone."""
     df = per_repeat(tp, main, base)
     units = [(f"r{k}", g) for k, g in df.groupby("realization", sort=True)]
     plain = df[~df.method.astype(str).str.contains("@")]  # a server variant timed beside them (`bench
     # --server-variants`)
-    if len(units) > 1 and serving(plain) is not None:  # repeats pool only where every server was set up alike
-        units.append(("all", df))
+    known = {n: (devices or {}).get(n, "") for n, _ in units}
+    one_device = len(set(known.values())) == 1  # "" for all: no device recorded anywhere (older benches)
+    if len(units) > 1 and serving(plain) is not None and one_device:  # repeats pool only where every server was set
+        units.append(("all", df))  # up alike, on one kind of device
+        known["all"] = next(iter(known.values()))
     rows = []
     for name, d in units:
         for (ds, t, cap, m), g in d.groupby(KEY + ["method"], sort=True):
             tok, su = spread(g.tok_per_s), spread(g.speedup)
-            row = {"realization": name, "commit": (commits or {}).get(name, ""), "dataset": ds, "temperature": t,
+            row = {"realization": name, "commit": (commits or {}).get(name, ""), "device": known[name],
+                   "dataset": ds, "temperature": t,
                    "batch_cap": cap, "method": m, "n_repeats": len(g), **_triple("tok_per_s", tok),
                    **_triple("speedup", su), "per_verify": float(g.per_verify.median())}
             if m == main:

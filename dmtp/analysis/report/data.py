@@ -110,6 +110,8 @@ class Realization:
     written: tuple[str, str] = ("", "")  # first and last `written` stamp of its meta files
     bench_commit: str = ""  # the commit bench/meta.json records ("": no bench)
     corpus: str = ""  # the digest of the target's pretraining documents (target/meta.json corpus.train_digest)
+    bench_device: str = ""  # the device bench/meta.json records ("": no bench, or none recorded): timings compare
+    # only between realizations whose bench ran on the same kind of device
 
     @property
     def name(self) -> str:
@@ -434,10 +436,11 @@ def provenance(k: int, root: Path) -> Realization:
         if meta.get("written"):
             stamps.append(str(meta["written"]))
     bench, target = Path(root, "bench", "meta.json"), Path(root, "target", "meta.json")
-    sha = (read_json(bench).get("env") or {}).get("git_sha", "unknown") if bench.exists() else ""
+    benv = (read_json(bench).get("env") or {}) if bench.exists() else {}
+    sha = benv.get("git_sha", "unknown") if bench.exists() else ""
     corpus = (read_json(target).get("corpus") or {}).get("train_digest", "") if target.exists() else ""
     return Realization(k, root, tuple(commits.most_common()), tuple(sorted(devices)),
-                       (min(stamps), max(stamps)) if stamps else ("", ""), sha, corpus)
+                       (min(stamps), max(stamps)) if stamps else ("", ""), sha, corpus, str(benv.get("device") or ""))
 
 
 def read_oracle_pooled(roots: list[tuple[int, Path]]) -> dict:

@@ -204,7 +204,8 @@ def conditional(art: Artifacts) -> list[Path]:
 
 def throughput(art: Artifacts) -> list[Path]:
     """Blog figure 7: median tok/s vs batch cap with the repeats' [min, max] (every realization's repeats pooled, or
-    the newest realization's where their servers were set up differently),
+    the newest realization's where their servers were set up differently or ran on different devices; the title
+    names which, and the device),
     one panel per dataset (own y axis), the blog's B32 numbers as text on the T = 1 figure (theirs are T = 1)."""
     tp = T.throughput_table(art)
     if tp is None:
@@ -233,7 +234,11 @@ def throughput(art: Artifacts) -> list[Path]:
             ax.set_xticklabels([f"B{int(b)}" for b in sorted(set(g.batch_cap))])
             ax.legend(fontsize=7, loc="lower right")
         axes[0].set_ylabel("tok/s (median, [min, max] over repeats)")
-        fig.suptitle(f"End-to-end throughput (T={t:g})")
+        which = sorted(set(g.realization))
+        dev = sorted(set(g.device)) if "device" in g else []
+        where = ", ".join(x for x in ["every realization" if which == ["all"] else ", ".join(which),
+                                      ", ".join(d for d in dev if isinstance(d, str) and d)] if x)
+        fig.suptitle(f"End-to-end throughput (T={t:g})" + (f"\n{where}" if where else ""), fontsize=10)
         paths.append(_save(art, fig, f"throughput_T{t:g}"))
     return paths
 

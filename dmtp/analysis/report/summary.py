@@ -475,7 +475,8 @@ def throughput_lines(art: Artifacts) -> list[str]:
     for r in pooled[(pooled.method == sp.main_method) & pooled.gain_pct.notna()].itertuples():
         bound = _decode_only(art, r.realization, r.batch_cap, sp.main_method, sp.drafter_baseline,
                              1 + r.per_verify_gain_pct / 100)
-        out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}, {r.n_repeats} repeats): "
+        on = f", {r.device}" if isinstance(getattr(r, "device", ""), str) and getattr(r, "device", "") else ""
+        out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} repeats): "
                    f"`{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR [{r.speedup_lo:.2f}, "
                    f"{r.speedup_hi:.2f}]; tok/s gain over `{sp.drafter_baseline}` {r.gain_pct:+.1f} % "
                    f"[{r.gain_pct_lo:+.1f}, {r.gain_pct_hi:+.1f}] against a per-verify gain of "
@@ -525,6 +526,14 @@ def _decode_only(art: Artifacts, realization: str, cap: int, main: str, base: st
             f"models, batch {cap}) would give a ratio of {B.decode_only_ratio(tau_gain, rr):.2f}")
 
 
+def _other_device(r) -> str:
+    """' (timed on <device>, throughput on <device>)' for a cost-model row whose stage times ran on another kind of
+    device than its throughput, else ''."""
+    mine, timed = (str(getattr(r, c, "") or "") for c in ("device", "round_times_device"))
+    mine, timed = ("" if x == "nan" else x for x in (mine, timed))
+    return f" (timed on {timed}, throughput on {mine})" if mine and timed and mine != timed else ""
+
+
 def costmodel_lines(art: Artifacts) -> list[str]:
     p = art.tables / "costmodel.csv"
     if not p.exists():
@@ -537,7 +546,7 @@ def costmodel_lines(art: Artifacts) -> list[str]:
     for cap, g in m[m.method != "ar"].groupby("batch_cap"):
         ok = g[g.round_timed_at_cap.astype(bool)]
         err = ok.error_pct.abs()
-        borrowed = sorted({f"{r.realization} with {r.round_times_from}'s" for r in g.itertuples()
+        borrowed = sorted({f"{r.realization} with {r.round_times_from}'s" + _other_device(r) for r in g.itertuples()
                            if isinstance(r.round_times_from, str) and r.round_times_from != r.realization}
                           if "round_times_from" in g else ())
         head = (f"error {err.min():.1f}–{err.max():.1f} % (|error|, {len(ok)} method x realization rows whose round "

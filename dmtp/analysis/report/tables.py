@@ -335,7 +335,8 @@ def throughput_table(art: Artifacts) -> pd.DataFrame | None:
         return None
     sp = art.spec
     df = B.throughput(art.throughput, sp.main_method, sp.drafter_baseline,
-                      {f"r{r.k}": r.bench_commit for r in art.realizations})
+                      {f"r{r.k}": r.bench_commit for r in art.realizations},
+                      {f"r{r.k}": r.bench_device for r in art.realizations})
     blog = R.table("throughput")
     look = {(w, m, b): v for w, m, b, v, _ in blog.itertuples(index=False)}
     at = (df.temperature == 1) & (df.method == sp.main_method)
@@ -419,11 +420,13 @@ def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
         if not mine_tp.empty and mine_ov.empty:  # throughput without stage times: another pooled realization's
             # (the same experiment key, so the same shapes and engine; a round's time does not depend on the weights)
             other = [x for x in art.realizations if x.k != real.k and not ov[ov.realization == x.k].empty]
-            if other:
-                near = min(other, key=lambda x: abs(x.k - real.k))
+            if other:  # the same kind of device first (a round's time depends on it), then the nearest number
+                near = min(other, key=lambda x: (x.bench_device != real.bench_device, abs(x.k - real.k)))
                 mine_ov, timed_by = ov[ov.realization == near.k], near.name
         out = B.predicted_vs_measured(recs, mine_tp, mine_ov) if not (mine_tp.empty or mine_ov.empty) else []
-        out = [dict(x, round_times_from=timed_by) for x in out]
+        timed_on = next((x.bench_device for x in art.realizations if x.name == timed_by), "")
+        out = [dict(x, round_times_from=timed_by, device=real.bench_device, round_times_device=timed_on)
+               for x in out]
         if not out and not mine_ov.empty:  # its models timed, their throughput not: the prediction alone
             out = B.predicted(recs, mine_ov)
         for name in B.SHAPES:  # the shapes timed with random weights, this realization's acceptance
@@ -446,7 +449,9 @@ def costmodel(art: Artifacts) -> pd.DataFrame | None:
                 "realization's eval records (HumanEval, T = 0, natural, seed 0; the first n_requests, as the bench "
                 "timed at that cap), its trained models' round time per batch (round_ms_b*, overhead.csv; "
                 "round_times_from: the realization whose trained models were timed, another pooled one of the same "
-                "shapes where this one has throughput but no stage times; round_timed_at_cap false: that batch's "
+                "shapes where this one has throughput but no stage times, on the same kind of device where one has them; "
+                "device / round_times_device: the devices the throughput and the stage times ran on (a ratio of "
+                "speed-ups read across two devices is an approximation); round_timed_at_cap false: that batch's "
                 "round was not timed, the nearest timed batch's stands in, an extrapolation) and the admission cost "
                 "the throughput runs measured (admit_ms = median over repeats of admit_s / groups); measured_speedup = "
                 "median [min, max] of the per-repeat ratios; error_pct = 100 (predicted / measured - 1). "
