@@ -93,7 +93,11 @@ def mini() -> Profile:
         eval=dict(sets={"humaneval": 164}, new_tokens=256, batch=164, temperatures=(0.0, 1.0), modes=("natural",),
                   ood={"pytests": 164}),
         verify=dict(caps=(1, 32), prompts=164, small_cap_prompts=16, repeats=2, max_new_tokens=256),
-        engine=dict(dtype="bf16", attention="dense", prefill="graphed", admit=8),
+        # the servers (bench's throughput; no record of the data stage or the evaluation depends on these two): the next
+        # group of newcomers prefilled beside the decode, one round copy in flight. Timed side by side with the former
+        # servers (admit_beside 0, in_flight 2): zero_init_residual +5.7 % at B1 (r6, H200), +7.7 % at B1 and +8.0 % at
+        # B32 (r7, H100), AR +1.8 to +2.8 %, the same outputs; its GPU tests passed (LOG.md, 2026-12-06)
+        engine=dict(dtype="bf16", attention="dense", prefill="graphed", admit=8, admit_beside=2, in_flight=1),
         realization=1,
     )
 

@@ -540,3 +540,34 @@ def test_draft_limit_estimates_each_runs_tau_with_its_counts_cut(pooled):
         r = subprocess.run([sys.executable, "-m", "experiments.draft_limit", "--records", str(real), *args],
                            capture_output=True, text=True, cwd=root)
         assert r.returncode != 0 and words in r.stderr, r.stderr
+
+
+def test_the_claims_table_is_said_in_words():
+    """Below the claims table one sentence sorts its rows into holds / fails / not resolved, each claim in a few words
+    at its temperature with our estimate; a claim of a direction not resolved says whether every realization has its
+    sign, the opposite one, or mixed signs; a closeness claim (TOST) reads no sign; a verdict no row has says none."""
+    from dmtp.analysis.report.summary import claim_label, verdict_lines
+
+    rows = [("DMTP > DFlash (Code ablation 3.963 vs 3.360; open reproduction +5.78 %): `fusion` − `dflash`", 0.0, 0.659,
+             "+0.814 / +0.565 / +0.599", "paired; Holm", "not resolved"),
+            ("DMTP > DFlash (Code ablation 3.963 vs 3.360; open reproduction +5.78 %): `fusion` − `dflash`", 1.0, 0.274,
+             "+0.298 / +0.241 / +0.282", "paired; Holm", "holds"),
+            ("DFlash > MTP415 on code (open reproduction HumanEval 6.424 vs 4.698): `dflash` − `mtp`", 0.0, -0.68,
+             "-0.968 / -0.578 / -0.492", "paired; Holm", "not resolved"),
+            ("DMTP > MTP415 (open reproduction): `fusion` − `mtp`", 0.0, -0.02, "-0.155 / -0.012 / +0.106",
+             "paired; Holm", "not resolved"),
+            ("Nov 9: 「零初始化残差与直接融合的效果接近」 — the zero-initialised residual (the current main method) "
+             "performs close to direct fusion: `zero_init_residual` − `fusion`", 0.0, 0.044, "+0.028 / +0.020 / +0.084",
+             "TOST within ±0.058", "not resolved"),
+            ("DMTP's end-to-end gain over DFlash at B32, T = 1 (blog Code: 5527 → 6564 tok/s, +18.77 %, 35B on 4xH200): "
+             "`zero_init_residual` vs `dflash` tok/s (%), B32", 1.0, 7.98, "+14.833 / +7.980", "median", "holds")]
+    df = pd.DataFrame(rows, columns=["claim", "temperature", "estimate", "by_realization", "test", "verdict"])
+    assert claim_label(rows[4][0]) == "the zero-initialised residual performs close to direct fusion"
+    (line,) = verdict_lines(df)
+    assert ("**holds**: DMTP > DFlash at T = 1 (+0.274); DMTP's end-to-end gain over DFlash at B32, T = 1 "
+            "(+7.980 %).") in line
+    assert "**fails**: none." in line
+    assert "DMTP > DFlash at T = 0 (+0.659; the claim's sign in every realization)" in line
+    assert "DFlash > MTP415 on code at T = 0 (-0.680; the opposite sign in every realization)" in line
+    assert "DMTP > MTP415 at T = 0 (-0.020; the realizations differ in sign)" in line
+    assert "the zero-initialised residual performs close to direct fusion at T = 0 (+0.044)." in line

@@ -137,7 +137,9 @@ def server_variant(name: str) -> dict:
 def describe_variant(name: str) -> str:
     """A server variant in words ("beside2+flight1" -> "the next newcomers prefilled beside the decode
     (`engine.admit_beside` = 2), 1 round copy in flight before the host waits (`engine.in_flight` = 1)")."""
-    words = {"admit_beside": lambda v: f"the next newcomers prefilled beside the decode (`engine.admit_beside` = {v})",
+    words = {"admit_beside": lambda v: (f"the next newcomers prefilled beside the decode (`engine.admit_beside` = {v})"
+                                        if v else "newcomers prefilled once their slots are free, the decode waiting "
+                                        "for their prompt pass (`engine.admit_beside` = 0)"),
              "in_flight": lambda v: f"{v} round cop{'y' if v == 1 else 'ies'} in flight before the host waits "
                                     f"(`engine.in_flight` = {v})"}
     return ", ".join(words[k](v) for k, v in server_variant(name).items())

@@ -45,9 +45,9 @@
 # dflash, fusion, zero_init_residual) at B32 (164 prompts, BENCH_TEMPS, default T = 0 and 1) and then B1 (the first
 # SMALL = 16 prompts, T = 0; SMALL_TEMPS=0,1 adds T = 1) (BENCH_CAPS, default 32,1: the order they run in; r6's limit
 # fell as its B32 servers started), REPEATS = 3 interleaved repeats, with AR and the main method also
-# served by the server variants VARIANTS at T = 0, both caps (default beside2+flight1: the next newcomers prefilled
-# beside the decode, one round copy in flight; VARIANTS= leaves them out: rows <method>@<variant>, side by side with
-# the plain servers); the stage times at batch 32 and 1 with the T = 0
+# served by the server variants VARIANTS at T = 0, both caps (default beside0+flight2: the servers as they were before
+# the profile's own became beside2+flight1, newcomers prefilled once their slots are free and two round copies in
+# flight; VARIANTS= leaves them out: rows <method>@<variant>, side by side with the plain servers); the stage times at batch 32 and 1 with the T = 0
 # throughput runs' shapes (nothing compiles again) and kernel profiles at batch 32 come before the LATE_TEMPS
 # (default T = 1) throughput, so a limit takes the T = 1 repeats first; each row is on disk as soon as measured,
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
@@ -96,7 +96,7 @@ bench_run() { local s; s=$(bench_s)
               timeout "$s" "$@"; }
 export -f bench_s bench_run
 extras() {  # the extras named in $1 (a comma list), as one command line
-  local s="" e=",$1," F='$(folder)' B="cd $H/src && bench_run $PY -m dmtp.cli.bench" sv=${VARIANTS-beside2+flight1}
+  local s="" e=",$1," F='$(folder)' B="cd $H/src && bench_run $PY -m dmtp.cli.bench" sv=${VARIANTS-beside0+flight2}
   [[ $e == *",bench,"* ]] && s+="stamp bench; ($B --profile $PROFILE $(sets) --target $W/$F/target --drafters \
       $W/$F/drafters --out $R/$F/bench --parts throughput,overhead,throughput-late --methods ${BENCH_METHODS:-ar,mtp,\
 dflash,fusion,zero_init_residual} --caps ${BENCH_CAPS:-32,1} --batch 32 --kernel-profile --temperatures ${BENCH_TEMPS:-0,1} \

@@ -15,6 +15,7 @@ closeness ("close", the Nov 9 note) is tested as one: two one-sided tests (TOST)
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
@@ -310,7 +311,37 @@ def claims_lines(art: Artifacts) -> list[str]:
         out.append(f"| {r.claim if r.claim != last else '〃'} | {r.temperature:g} | {est} | "
                    f"{r.by_realization or '—'} | {r.test} | **{r.verdict}** |")
         last = r.claim
-    return out + [""]
+    return out + ["", *verdict_lines(df), ""]
+
+
+def claim_label(claim: str) -> str:
+    """A claims-table row's claim in a few words: the text before its pair (": `a` − `b`"), without parentheses,
+    after the dash of a quoted claim ("Nov 9: 「…」 — the zero-initialised residual (…) performs close to direct
+    fusion" -> "the zero-initialised residual performs close to direct fusion")."""
+    head = claim.rsplit(": ", 1)[0] if ": " in claim else claim
+    head = head.split(" — ", 1)[1] if " — " in head else head
+    return re.sub(r"\s*\([^()]*\)", "", head).strip()
+
+
+def verdict_lines(df: pd.DataFrame) -> list[str]:
+    """The claims table in words: which claims hold, which fail, which are not resolved (each at its T, with our
+    estimate), and for a claim of a direction not resolved whether every realization's own value has its sign, the
+    opposite sign, or mixed signs (a closeness claim has no sign to read)."""
+    groups = {}
+    for r in df.itertuples():
+        vals = [float(x) for x in re.findall(r"[+-]?\d+(?:\.\d+)?", str(r.by_realization or ""))]
+        sign = ""
+        if r.verdict == VERDICT[0] and len(vals) > 1 and "TOST" not in str(r.test):
+            sign = ("; the claim's sign in every realization" if all(v > 0 for v in vals) else
+                    "; the opposite sign in every realization" if all(v < 0 for v in vals) else
+                    "; the realizations differ in sign")
+        label = claim_label(r.claim)
+        at = "" if "T = " in label else f" at T = {r.temperature:g}"
+        unit = " %" if "(%)" in r.claim.rsplit(": ", 1)[-1] else ""
+        groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign})")
+    return [f"In words (each row above at its temperature; the estimate in parentheses): "
+            + " ".join(f"**{v}**: " + ("; ".join(groups[v]) if v in groups else "none") + "."
+                       for v in (VERDICT[1], VERDICT[-1], VERDICT[0]))]
 
 
 # --- the other findings ---------------------------------------------------------------------------------------------
