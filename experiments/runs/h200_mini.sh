@@ -47,8 +47,8 @@
 # fell as its B32 servers started), REPEATS = 3 interleaved repeats, with AR and the main method also
 # served by the server variants VARIANTS at T = 0, both caps (default beside0+flight2: the servers as they were before
 # the profile's own became beside2+flight1, newcomers prefilled once their slots are free and two round copies in
-# flight; VARIANTS= leaves them out: rows <method>@<variant>, side by side with the plain servers); the stage times at batch 32 and 1 with the T = 0
-# throughput runs' shapes (nothing compiles again) and kernel profiles at batch 32 come before the LATE_TEMPS
+# flight; VARIANTS= leaves them out: rows <method>@<variant>, side by side with the plain servers); the stage times
+# at batch 32 and 1 with the T = 0 throughput runs' shapes (nothing compiles again) and kernel profiles at batch 32 come before the LATE_TEMPS
 # (default T = 1) throughput, so a limit takes the T = 1 repeats first; each row is on disk as soon as measured,
 # `shape` = bench --mini-shape (random weights at the profile's shape: rounds against AR, draft side / verify, kernel
 # profiles, batch-1 baselines, regeneration, admission), `diag` = dmtp/cli/diag.py (teacher-forced vs

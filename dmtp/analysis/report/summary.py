@@ -506,7 +506,8 @@ def throughput_lines(art: Artifacts) -> list[str]:
     for r in pooled[(pooled.method == sp.main_method) & pooled.gain_pct.notna()].itertuples():
         bound = _decode_only(art, r.realization, r.batch_cap, sp.main_method, sp.drafter_baseline,
                              1 + r.per_verify_gain_pct / 100)
-        on = f", {r.device}" if isinstance(getattr(r, "device", ""), str) and getattr(r, "device", "") else ""
+        dev = getattr(r, "device", "")
+        on = f", {dev}" if isinstance(dev, str) and dev else ""
         out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} repeats): "
                    f"`{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR [{r.speedup_lo:.2f}, "
                    f"{r.speedup_hi:.2f}]; tok/s gain over `{sp.drafter_baseline}` {r.gain_pct:+.1f} % "

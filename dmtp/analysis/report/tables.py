@@ -416,16 +416,15 @@ def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
         if recs.empty:
             continue
         mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]
-        timed_by = real.name
+        timed = real  # the realization whose trained models' stage times are used
         if not mine_tp.empty and mine_ov.empty:  # throughput without stage times: another pooled realization's
             # (the same experiment key, so the same shapes and engine; a round's time does not depend on the weights)
             other = [x for x in art.realizations if x.k != real.k and not ov[ov.realization == x.k].empty]
             if other:  # the same kind of device first (a round's time depends on it), then the nearest number
-                near = min(other, key=lambda x: (x.bench_device != real.bench_device, abs(x.k - real.k)))
-                mine_ov, timed_by = ov[ov.realization == near.k], near.name
+                timed = min(other, key=lambda x: (x.bench_device != real.bench_device, abs(x.k - real.k)))
+                mine_ov = ov[ov.realization == timed.k]
         out = B.predicted_vs_measured(recs, mine_tp, mine_ov) if not (mine_tp.empty or mine_ov.empty) else []
-        timed_on = next((x.bench_device for x in art.realizations if x.name == timed_by), "")
-        out = [dict(x, round_times_from=timed_by, device=real.bench_device, round_times_device=timed_on)
+        out = [dict(x, round_times_from=timed.name, device=real.bench_device, round_times_device=timed.bench_device)
                for x in out]
         if not out and not mine_ov.empty:  # its models timed, their throughput not: the prediction alone
             out = B.predicted(recs, mine_ov)
