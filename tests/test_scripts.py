@@ -186,6 +186,7 @@ def test_land_copies_a_packed_realization_compacts_and_reports_it(tmp_path):
     packed = write_synthetic(code(), tmp_path / "pack", "mini", n=4, temps=(0,), methods=["ar", "dflash"],
                              curve=False, oracle=False, bench=False, realization=7)
     (packed / "logs").mkdir()
+    (packed / "logs" / "all.log").write_text("[run] 07:20:00 +2s corpus\n[run] 07:43:48 +1427s end\n")
     (packed / "logs" / "pre.txt").write_text("t.py::a PASSED\nt.py::b FAILED\n== 1 failed, 1 passed ==\n")
     (packed / "logs" / "pre_failures.txt").write_text("=== t.py::b (call)\nAssertionError: 1 == 2\n\n")
     tgz = tmp_path / "mini.tgz"
@@ -207,3 +208,79 @@ def test_land_copies_a_packed_realization_compacts_and_reports_it(tmp_path):
     bad = subprocess.run(["bash", str(RUNS / "land.sh"), str(tmp_path / "none.tgz")], capture_output=True, text=True,
                          env=env)
     assert bad.returncode == 2 and "no such archive" in bad.stderr
+
+
+def test_land_keeps_an_unfinished_chain_out_of_the_pool(tmp_path):
+    """A `watch` snapshot packed before the chain ended (no 'end' stamp in logs/all.log: the machine was taken back
+    later) is named and left out; with PARTIAL=1 it lands apart, as <profile>/partial/r<k>, which the pooled report
+    never reads; a finished realization in the same archive lands as usual."""
+    import sys
+    import tarfile
+
+    from ablations.code import code
+    from dmtp.analysis.report.synthetic import write_synthetic
+
+    for k, log in ((7, "[run] 07:20:00 +2s corpus\n[run] 07:43:48 +1427s end\n"),
+                   (8, "[run] 08:53:07 +2s corpus\n[run] 09:10:16 +1031s bench\n")):
+        packed = write_synthetic(code(), tmp_path / "pack", "mini", n=4, temps=(0,), methods=["ar", "dflash"],
+                                 curve=False, oracle=False, bench=False, realization=k)
+        (packed / "logs").mkdir()
+        (packed / "logs" / "all.log").write_text(log)
+    tgz = tmp_path / "mini.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        t.add(tmp_path / "pack" / "mini", arcname="mini")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RESULTS": str(tmp_path / "res"), "PY": sys.executable,
+           "PYTHONPATH": str(RUNS.parents[1])}
+    run = lambda **e: subprocess.run(["bash", str(RUNS / "land.sh"), str(tgz)], capture_output=True,  # noqa: E731
+                                     text=True, env={**env, **e}, cwd=RUNS.parents[1])
+    r = run()
+    assert r.returncode == 0, r.stderr
+    res = tmp_path / "res" / "mini"
+    assert "r8: its chain had not ended" in r.stdout and "+1031s bench" in r.stdout and "PARTIAL=1" in r.stdout
+    assert (res / "r7" / "REPORT.md").exists() and not (res / "r8").exists() and not (res / "partial").exists()
+    r = run(PARTIAL="1")
+    assert r.returncode == 0, r.stderr
+    assert (res / "partial" / "r8" / "REPORT.md").exists() and not (res / "r8").exists(), r.stdout
+    assert "r7 is already in" in r.stdout
+    from dmtp.analysis.report.data import discover
+    assert [k for k, _ in discover(res)] == [7]
+
+
+def test_mini_chain_watch_packs_a_snapshot(tmp_path):
+    """`watch` ends with a snapshot of what exists ($OUT/<profile>.tgz, written whole through a .tmp), so that a
+    machine taken back during a later command still leaves the last one's results; it says whether the chain had
+    ended, and SNAP=0 or no $OUT packs nothing."""
+    import sys
+    import tarfile
+
+    h = tmp_path / "dmtp"
+    (h / "logs").mkdir(parents=True)
+    (h / "src").symlink_to(RUNS.parents[1])  # the chain's copy of the tree (`folder` asks experiments.profiles there)
+    (h / "logs" / "all.start").write_text("0\n")
+    (h / "logs" / "all.log").write_text("[run] 08:53:07 +2s corpus\n")
+    (h / "logs" / "d1.txt").write_text("train:  10%|#  | 100/1000 [00:28<04:12,  3.57it/s]\r[mini] stage drafters\n")
+    (h / "results" / "mini" / "r8" / "target").mkdir(parents=True)
+    (h / "results" / "mini" / "r8" / "target" / "metrics.json").write_text("{}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"HOME": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PY": sys.executable,
+           "OUT": str(out)}
+    watch = lambda **e: subprocess.run(["bash", str(RUNS / "h200_mini.sh"), "watch", "0"], capture_output=True,  # noqa: E731
+                                       text=True, env={**env, **e}, cwd=RUNS.parents[1], timeout=120)
+    (h / "sets").write_text("realization=8\n")
+    r = watch()
+    assert r.returncode == 0, r.stderr
+    assert "=== all rc=running" in r.stdout and "[run] snapshot:" in r.stdout and "had not ended" in r.stdout, r.stdout
+    with tarfile.open(out / "mini.tgz") as t:
+        names = t.getnames()
+        assert "mini/r8/target/metrics.json" in names and "mini/r8/logs/d1.txt" in names, names
+        d1 = t.extractfile("mini/r8/logs/d1.txt").read().decode()
+    assert "[mini] stage drafters" in d1 and "it/s" not in d1  # progress-bar lines dropped
+    assert not list(out.glob("*.tmp"))
+    (h / "logs" / "all.rc").write_text("0\n")
+    r = watch()
+    assert "the chain has ended" in r.stdout, r.stdout
+    (out / "mini.tgz").unlink()
+    for e in ({"SNAP": "0"}, {"OUT": ""}):
+        r = watch(**e)
+        assert r.returncode == 0 and "snapshot" not in r.stdout and not (out / "mini.tgz").exists(), (e, r.stdout)

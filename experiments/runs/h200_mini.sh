@@ -25,7 +25,8 @@
 #                                                      # their table (unloop/table.md); the GPU tests PRE meanwhile
 #   bash experiments/runs/h200_mini.sh engine          # h200_engine.sh (STEPS, BUDGET) in the background, from a
 #                                                      # snapshot of this tree, on the trained models if present
-#   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs
+#   bash experiments/runs/h200_mini.sh watch SECONDS [JOB]  # wait (at most SECONDS) for JOB (default all); logs;
+#                                                      # then a snapshot, $OUT/<profile>.tgz (pack; SNAP=0: none)
 #   bash experiments/runs/h200_mini.sh left SECONDS    # the allotment has SECONDS left now (`budget_left_s` of the last
 #                                                      # command's lease): the chain's benchmark ends TAIL seconds
 #                                                      # (default 360: evaluation, tables, pack, fetch, a margin)
@@ -141,6 +142,19 @@ split() {
 }
 export -f split
 
+# results/<profile> + logs -> $OUT/<profile>.tgz (any time: what exists; written to a .tmp first, so an archive
+# that comes back is whole)
+pack() {
+  F=$(folder) && [ -n "$F" ] || { echo "[run] pack: no folder for profile $PROFILE (experiments.profiles failed;" \
+    "PY must be a path that works from $H/src)"; return 2; }
+  [ -n "${OUT:-}" ] || { echo "[run] pack: \$OUT is not set (a device command sets it)"; return 2; }
+  mkdir -p $R/$F/logs; rm -f $R/$F/logs/*.tmp; cp $L/*.log $L/*.txt $R/$F/logs/ 2>/dev/null
+  # progress-bar lines dropped (a file of nothing else ends empty: grep's status 1 must not leave the .tmp behind)
+  for f in $R/$F/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$\|GiB\]$" > $f.tmp
+    mv $f.tmp $f; done
+  tar czf $OUT/$PROFILE.tgz.tmp -C $R $PROFILE && mv $OUT/$PROFILE.tgz.tmp $OUT/$PROFILE.tgz
+}
+
 case "${1:-}" in
 all)
   start "$@"
@@ -194,7 +208,14 @@ watch)
       "\[$PROFILE\]\|\[bench\]\|loop_frac\|rror\|first-token\|teacher\|MISS\|MET\|diff\|passed\|failed\|PASSED\|FAILED\|verify " | tail -${4:-6}
     tr '\r' '\n' < $f | grep -a "it/s\|s/it" | tail -1 | cut -c1-160
   done
-  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true ;;
+  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true
+  # a snapshot of what exists, so that a machine taken back during the next command loses only what that command
+  # would have seen (r8's allotment, LOG.md 2026-12-06: taken back at +1,150 s, nothing came back); SNAP=0: none
+  if [ -n "${OUT:-}" ] && [ "${SNAP:-1}" != 0 ] && [ -f $L/$job.start ]; then
+    pack > /dev/null 2>&1 && echo "[run] snapshot: $OUT/$PROFILE.tgz ($(( $(stat -c %s $OUT/$PROFILE.tgz) / 1024 )) KiB;" \
+      "$([ -f $L/$job.rc ] && echo "the chain has ended" || echo "the chain had not ended: land.sh lands it only with PARTIAL=1"))" \
+      || echo "[run] snapshot failed (pack): the next command's pack still brings back everything"
+  fi ;;
 left)  # the allotment's time left now -> the bench's end, in seconds after the chain's start (BENCH_UNTIL's unit)
   [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "[run] left needs the allotment's seconds left (budget_left_s), got '${2:-}'"; exit 2; }
   [ -f $L/all.start ] || { echo "[run] no chain has started under $H: nothing to limit"; exit 2; }
@@ -212,13 +233,6 @@ stop)  # end a background job (default all) and every process of its session (se
     done
   fi
   echo "=== $job stopped (rc file: $(cat $L/$job.rc 2>/dev/null || echo none))" ;;
-pack)
-  F=$(folder) && [ -n "$F" ] || { echo "[run] pack: no folder for profile $PROFILE (experiments.profiles failed;" \
-    "PY must be a path that works from $H/src)"; exit 2; }
-  mkdir -p $R/$F/logs; rm -f $R/$F/logs/*.tmp; cp $L/*.log $L/*.txt $R/$F/logs/ 2>/dev/null
-  # progress-bar lines dropped (a file of nothing else ends empty: grep's status 1 must not leave the .tmp behind)
-  for f in $R/$F/logs/*; do [ -f $f ] || continue; tr '\r' '\n' < $f | grep -av "it/s\]$\|s/it\]$\|GiB\]$" > $f.tmp
-    mv $f.tmp $f; done
-  tar czf $OUT/$PROFILE.tgz -C $R $PROFILE; ls -la $OUT ;;
+pack) pack && ls -la $OUT ;;
 *) usage; exit 2 ;;
 esac

@@ -4,6 +4,8 @@
 # never overwritten), its records compacted (.jsonl.gz), its own report rendered, then the pooled report of the
 # profile; last, what to read first: the GPU tests' verdicts (logs/pre.txt, logs/pre_failures.txt), the chain's
 # stamps and the benchmark's ratios.
+# A realization whose chain had not ended (a `watch` snapshot from an allotment cut short: no 'end' stamp in its
+# logs/all.log) never joins the pool: it is named and left out, or with PARTIAL=1 landed as <profile>/partial/r<k>.
 #   bash experiments/runs/land.sh /path/to/files_at/mini.tgz          # RESULTS (default results), PY (python3)
 source "$(dirname "$0")/common.sh"  # PY, usage
 set -euo pipefail
@@ -18,6 +20,24 @@ for d in "$tmp/$PROFILE"/r*/; do
   [ -d "$d" ] || continue
   k=$(basename "$d"); k=${k#r}
   [[ $k =~ ^[0-9]+$ ]] || continue
+  if ! grep -aq "^\[run\] .* end$" "$d/logs/all.log" 2>/dev/null; then
+    # a snapshot (`watch`) of a chain that had not ended: its records may stop mid-stage, so it never joins the pool
+    echo "[land] r$k: its chain had not ended when this archive was packed (no 'end' stamp in logs/all.log); the last"
+    grep -ah "^\[run\]" "$d/logs/all.log" 2>/dev/null | tail -3 | sed 's/^/    /' || true
+    if [ "${PARTIAL:-0}" != 1 ]; then
+      echo "[land] r$k left out of $RESULTS/$PROFILE (PARTIAL=1 lands it apart, as $RESULTS/$PROFILE/partial/r$k," \
+           "outside the pooled report)"; continue
+    fi
+    dest=$RESULTS/$PROFILE/partial/r$k
+    if [ -e "$dest" ]; then echo "[land] $dest is already here: left as it is"; continue; fi
+    mkdir -p "$RESULTS/$PROFILE/partial"
+    cp -r "$d" "$dest.tmp" && mv "$dest.tmp" "$dest"
+    echo "[land] r$k (unfinished) -> $dest"
+    $PY -m dmtp.cli.report report --profile "$PROFILE/partial/r$k" --results "$RESULTS" 2>&1 \
+      | grep -v "^\[report\] skip" || echo "[land] its own report could not be rendered (records cut mid-stage)"
+    if [ -f "$dest/bench/ratios.json" ]; then $PY -m dmtp.analysis.ratios "$dest/bench/ratios.json" | tail -25 || true; fi
+    continue
+  fi
   if [ -e "$RESULTS/$PROFILE/r$k" ]; then
     echo "[land] r$k is already in $RESULTS/$PROFILE: left as it is"; continue
   fi
