@@ -257,3 +257,47 @@ def test_bench_lines_carry_their_time_since_the_start(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):  # an error inside the run (no --target): stdout is put back all the same
         bench.main(["--parts", "throughput", "--profile", "smoke", "--out", str(tmp_path / "b")])
     assert sys.stdout is before
+
+
+def test_a_speed_up_over_other_text_than_ars_says_so():
+    """At T = 0 in bf16 a drafting method's output leaves AR's at top-2 ties and its tok/s is then over other text
+    (r21's B1 bench: 911 tokens against AR's 720): the speed-up's note says how many requests equal AR's and the
+    tokens against AR's, and with the tau on the prefixes shared with AR's outputs (`per_verify_shared`) a report line
+    estimates the speed-up on AR's own text; a method whose every output equals AR's gets neither; the report's
+    throughput rows and sentence carry the same."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from ablations.code import code
+    from dmtp.analysis.report.bench import throughput
+    from dmtp.analysis.report.summary import workload_words
+    from dmtp.cli.bench.trained import throughput_ratios
+
+    rows = []
+    for rep in range(3):
+        rows += [dict(method="ar", tok_per_s=500.0, per_verify=1.0, output_tokens=720, equal_ar=16),
+                 dict(method="dflash", tok_per_s=1000.0, per_verify=2.0, output_tokens=720, equal_ar=16,
+                      per_verify_shared=2.0),
+                 dict(method="zero_init_residual", tok_per_s=1250.0 + rep, per_verify=3.2, output_tokens=911,
+                      equal_ar=14, per_verify_shared=2.8)]
+    tp = pd.DataFrame([{**r, "temperature": 0.0, "batch_cap": 1, "repeat": i // 3, "requests": 16,
+                        "dataset": "humaneval"} for i, r in enumerate(rows)])
+    got = {x.name: x for x in throughput_ratios(tp, code(), "mini")}
+    main = got["zero_init_residual tok/s / AR tok/s"]
+    assert main.value == pytest.approx(2.502) and main.goal == 2.5
+    assert "outputs: 14 of 16 requests equal to AR's, 911 tokens against AR's 720 (+26.5%)" in main.note
+    est = got["zero_init_residual tok/s / AR tok/s on AR's outputs (estimate)"]
+    assert est.value == pytest.approx(2.502 * 2.8 / 3.2, rel=1e-3) and "2.80 vs 3.20" in est.note
+    assert main.met and est.goal == 2.5 and not est.met  # met over other text only: the estimate on AR's misses
+    assert "outputs" not in got["dflash tok/s / AR tok/s"].note
+    assert "dflash tok/s / AR tok/s on AR's outputs (estimate)" not in got
+    tab = throughput(tp.assign(realization=21), "zero_init_residual", "dflash").set_index("method")
+    z = tab.loc["zero_init_residual"]
+    assert (z.equal_ar, z.requests) == (14, 16) and z.tokens_vs_ar_pct == pytest.approx(100 * (911 / 720 - 1))
+    assert z.speedup_on_ar_outputs == pytest.approx(2.502 * 2.8 / 3.2, rel=1e-3)
+    assert workload_words(SimpleNamespace(**tab.loc["dflash"].to_dict())) == ""
+    words = workload_words(SimpleNamespace(**z.to_dict()))
+    assert words.startswith(" (outputs: 14 of 16 requests equal to AR's, +26.5 % tokens against AR's; on AR's "
+                            "outputs ~2.19x [2.19, 2.19]") and words.endswith("shared with them)")
+    assert workload_words(SimpleNamespace(speedup=2.0)) == ""  # a table from before the columns

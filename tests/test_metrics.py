@@ -134,3 +134,26 @@ def test_paired_diff_monte_carlo():
     assert r["diff"] == pytest.approx(1) and r["p"] == pytest.approx(1 / 1000)
     null = M.paired_diff(b, b)
     assert null["diff"] == 0 and null["p"] == 1
+
+
+def test_per_verify_on_the_prefix_shared_with_the_reference():
+    """per_verify_shared reads tau over the rounds whose tokens all lie inside the prefix each output shares with its
+    reference (AR's output at T = 0): an output equal to AR's keeps every round; one that left AR's at a bf16 tie
+    keeps the rounds before it (token 0 is the prefill's); lengths that do not pair are refused."""
+    import math
+
+    from dmtp.analysis.metrics import per_verify_shared, shared_prefix
+
+    assert shared_prefix([1, 2, 3], [1, 2, 4]) == 2 and shared_prefix([1, 2], [1, 2, 3]) == 2
+    assert shared_prefix([], [1]) == 0
+    same = ([3, 1], [9, 1, 2, 3, 4, 5, 6], [9, 1, 2, 3, 4, 5, 6])  # rounds emit tokens 1-4 and 5-6
+    assert per_verify_shared([same[0]], [same[1]], [same[2]]) == pytest.approx(1 + 4 / 2)
+    # leaves AR's at token 5: the second round (tokens 5-6) is on other text, so only the first counts
+    left = ([3, 7], [9, 1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8, 8], [9, 1, 2, 3, 4, 5, 6])
+    assert per_verify_shared([left[0]], [left[1]], [left[2]]) == pytest.approx(4.0)
+    both = per_verify_shared([same[0], left[0]], [same[1], left[1]], [same[2], left[2]])
+    assert both == pytest.approx(1 + (3 + 1 + 3) / 3)  # pooled over the kept rounds, not averaged per request
+    early = ([7], [9, 8, 8, 8, 8, 8, 8, 8, 8], [9, 1])  # leaves at token 1: no round inside the shared prefix
+    assert math.isnan(per_verify_shared([early[0]], [early[1]], [early[2]]))
+    with pytest.raises(ValueError, match="one of each per request"):
+        per_verify_shared([[1]], [[1, 2]], [])

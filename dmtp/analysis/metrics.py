@@ -224,6 +224,34 @@ def acceptance_length_loopfree(accepted: Sequence[int], loop_start: int, n_token
     return acceptance_length(keep)
 
 
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two outputs share (the length of the shorter when one begins the other)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def per_verify_shared(accepted_lists: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+                      references: Sequence[Sequence[int]]) -> float:
+    """Per-verify tau over the verify rounds whose emitted tokens all lie inside the prefix a request shares with its
+    reference output (`round_spans`; AR's at T = 0), pooled over requests: 1 + sum(accepted) / rounds. A bf16 method
+    whose output leaves AR's at a top-2 tie decodes other text from there (in r21's B1 bench, 2 of 16 requests ran
+    into 191 more tokens than AR's); this tau reads its acceptance on AR's own text only, and the tok/s speed-up
+    times tau_shared / tau estimates the speed-up on AR's outputs (`dmtp.cli.bench.trained.throughput_ratios`).
+    Every request equal to its reference: the plain pooled tau. nan when no round lies inside a shared prefix."""
+    if not len(accepted_lists) == len(outputs) == len(references):
+        raise ValueError(f"per_verify_shared: {len(accepted_lists)} accepted lists, {len(outputs)} outputs and "
+                         f"{len(references)} references: one of each per request")
+    keep = []
+    for acc, out, ref in zip(accepted_lists, outputs, references):
+        p = len(out) if list(out) == list(ref) else shared_prefix(out, ref)
+        keep += [a for a, (_, e) in zip(acc, round_spans(acc, len(out))) if e <= p]
+    return 1 + sum(keep) / len(keep) if keep else NAN
+
+
 def loop_stats(record: dict, n: int = 8, min_tokens: int = LOOP_MIN_TOKENS) -> dict:
     """One record's `repeat_rate` (n-grams), trailing loop (`loop_start`, `loop_tokens`, `loop_frac` = the fraction
     of its emitted tokens inside the loop) and `acceptance_length_loopfree`.

@@ -49,11 +49,16 @@ def per_repeat(tp: pd.DataFrame, main: str = "", base: str = "") -> pd.DataFrame
     tp = tp.assign(**{c: tp[c] if c in tp else v for c, v in (("repeat", 0), ("realization", 0),
                                                                ("per_verify", np.nan))})
     on = ["realization", *KEY, "repeat"]
-    ar = tp[tp.method == "ar"][on + ["tok_per_s"]].rename(columns={"tok_per_s": "ar_tok_per_s"})
+    ar = tp[tp.method == "ar"][on + ["tok_per_s"] + (["output_tokens"] if "output_tokens" in tp else [])].rename(
+        columns={"tok_per_s": "ar_tok_per_s", "output_tokens": "ar_tokens"})
     b = tp[tp.method == base][on + ["tok_per_s", "per_verify"]].rename(
         columns={"tok_per_s": "base_tok_per_s", "per_verify": "base_per_verify"})
     df = tp.merge(ar, on=on, how="left").merge(b, on=on, how="left")
     df["speedup"] = df.tok_per_s / df.ar_tok_per_s
+    if "ar_tokens" in df:  # the workload against AR's: bf16 outputs leave AR's at top-2 ties (`workload_note`)
+        df["tokens_vs_ar"] = df.output_tokens / df.ar_tokens
+    if "per_verify_shared" in df:  # the speed-up on AR's own text, estimated (`dmtp.cli.bench.trained.on_ar_outputs`)
+        df["speedup_on_ar_outputs"] = df.speedup * df.per_verify_shared / df.per_verify
     is_main = (df.method == main) & bool(main)
     df["gain"] = np.where(is_main, df.tok_per_s / df.base_tok_per_s, np.nan)
     df["per_verify_gain"] = np.where(is_main, df.per_verify / df.base_per_verify, np.nan)
@@ -76,7 +81,10 @@ def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict |
     """One row per (realization, dataset, temperature, batch cap, method): n_repeats, tok_per_s [min, max],
     speedup over AR [min, max], per_verify (median), and for the main method gain_pct [min, max] over the drafter
     baseline, per_verify_gain_pct and gain_over_per_verify (tok/s gain / per-verify gain); `commits`: "r<k>" -> the
-    commit its bench ran at (column `commit`); `devices`: "r<k>" -> the device it ran on (column `device`). With
+    commit its bench ran at (column `commit`); `devices`: "r<k>" -> the device it ran on (column `device`). At T = 0
+    the drafting methods' rows say whose workload they decoded: equal_ar (the fewest requests equal to AR's output in
+    any repeat) of requests, tokens_vs_ar_pct (their output tokens against AR's), and where the bench kept the tau on
+    the prefixes shared with AR's outputs, speedup_on_ar_outputs [min, max] (an estimate). With
     several realizations whose servers were set up alike (`serving`: engine, admission group, prompt pass) on one
     kind of device (tok/s on an H100 and on an H200 are different quantities), rows "all" pool every repeat;
     otherwise each realization stands alone."""
@@ -97,6 +105,12 @@ def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict |
                    "dataset": ds, "temperature": t,
                    "batch_cap": cap, "method": m, "n_repeats": len(g), **_triple("tok_per_s", tok),
                    **_triple("speedup", su), "per_verify": float(g.per_verify.median())}
+            if m != "ar" and "equal_ar" in g and g.equal_ar.notna().any():  # T = 0: AR's workload or not
+                row.update(equal_ar=int(g.equal_ar.min()), requests=int(g.requests.max()),
+                           tokens_vs_ar_pct=100 * (float(g.tokens_vs_ar.median()) - 1) if "tokens_vs_ar" in g
+                           else math.nan)
+                if "speedup_on_ar_outputs" in g and g.speedup_on_ar_outputs.notna().any():
+                    row.update(**_triple("speedup_on_ar_outputs", spread(g.speedup_on_ar_outputs)))
             if m == main:
                 gain, tau = spread(100 * (g.gain - 1)), spread(100 * (g.per_verify_gain - 1))
                 row.update(**_triple("gain_pct", gain), per_verify_gain_pct=tau[0],

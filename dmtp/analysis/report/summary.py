@@ -510,7 +510,7 @@ def throughput_lines(art: Artifacts) -> list[str]:
         on = f", {dev}" if isinstance(dev, str) and dev else ""
         out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} repeats): "
                    f"`{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR [{r.speedup_lo:.2f}, "
-                   f"{r.speedup_hi:.2f}]; tok/s gain over `{sp.drafter_baseline}` {r.gain_pct:+.1f} % "
+                   f"{r.speedup_hi:.2f}]" + workload_words(r) + f"; tok/s gain over `{sp.drafter_baseline}` {r.gain_pct:+.1f} % "
                    f"[{r.gain_pct_lo:+.1f}, {r.gain_pct_hi:+.1f}] against a per-verify gain of "
                    f"{r.per_verify_gain_pct:+.1f} % (ratio {r.gain_over_per_verify:.2f})"
                    + (f"; blog (35B, 4xH200 TP4, SGLang): {r.blog_gain_pct:+.2f} % tok/s for "
@@ -529,6 +529,21 @@ def throughput_lines(art: Artifacts) -> list[str]:
                        f"{how}, timed side by side) {r.tok_per_s:.0f} tok/s against "
                        f"{base.tok_per_s.iloc[0]:.0f}, {r.speedup:.2f}x AR against {base.speedup.iloc[0]:.2f}x.")
     return out
+
+
+def workload_words(r) -> str:
+    """' (outputs: 14 of 16 requests equal to AR's, +26.5 % tokens against AR's; on AR's outputs ~2.13x [..],
+    estimated)' for a T = 0 throughput row whose outputs left AR's at bf16 ties (`bench.throughput`'s equal_ar,
+    tokens_vs_ar_pct, speedup_on_ar_outputs), else ''."""
+    eq, req = getattr(r, "equal_ar", math.nan), getattr(r, "requests", math.nan)
+    if pd.isna(eq) or pd.isna(req) or eq >= req:
+        return ""
+    tok = getattr(r, "tokens_vs_ar_pct", math.nan)
+    est = getattr(r, "speedup_on_ar_outputs", math.nan)
+    return (f" (outputs: {eq:.0f} of {req:.0f} requests equal to AR's"
+            + (f", {tok:+.1f} % tokens against AR's" if not pd.isna(tok) else "")
+            + (f"; on AR's outputs ~{est:.2f}x [{r.speedup_on_ar_outputs_lo:.2f}, {r.speedup_on_ar_outputs_hi:.2f}], "
+               "estimated from its tau on the prefixes shared with them" if not pd.isna(est) else "") + ")")
 
 
 def need_line(r, pooled: pd.DataFrame) -> str:
