@@ -39,7 +39,9 @@ for d in "$tmp/$PROFILE"/r*/; do
     continue
   fi
   if [ -e "$RESULTS/$PROFILE/r$k" ]; then
-    echo "[land] r$k is already in $RESULTS/$PROFILE: left as it is"; continue
+    free=1; while [ -e "$RESULTS/$PROFILE/r$free" ] || [ -e "$tmp/$PROFILE/r$free" ]; do free=$((free + 1)); done
+    echo "[land] r$k is already in $RESULTS/$PROFILE: left as it is (a realization number names one realization;" \
+         "the first free one is r$free: start the next chain with realization=$free)"; continue
   fi
   mkdir -p "$RESULTS/$PROFILE"
   cp -r "$d" "$RESULTS/$PROFILE/r$k.tmp" && mv "$RESULTS/$PROFILE/r$k.tmp" "$RESULTS/$PROFILE/r$k"
