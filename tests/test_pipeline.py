@@ -352,7 +352,12 @@ def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
     assert set(tp.method) == {"ar", "zero_init_residual", "zero_init_residual-k2"} and (tp.tok_per_s > 0).all()
     assert (tp.graphs == 0).all()  # the untimed warm-up on the whole group met every shape the timed runs meet
     assert (tp.captures == 0).all()  # no prompt-pass graph captured while timed (none on the CPU at all)
-    assert (tp[tp.temperature == 0].equal_ar == tp[tp.temperature == 0].requests).all()  # fp32: every output
+    t0 = tp[tp.temperature == 0]
+    assert (t0.equal_ar == t0.requests).all()  # fp32: every output
+    for _, g in t0.groupby("batch_cap"):
+        assert (g.ar_output_tokens == g[g.method == "ar"].output_tokens.iloc[0]).all()
+    # every output is AR's, so the tau on the prefixes shared with AR's outputs is the whole tau
+    assert t0.per_verify_shared.to_numpy() == pytest.approx(t0.per_verify.to_numpy())
     ov = pd.read_csv(out / "overhead.csv")
     assert set(ov.batch) == {1, 2} and set(ov.method) == {"ar", "zero_init_residual", "zero_init_residual-k2"}
     from dmtp.analysis import ratios as RT  # the limited run beside the whole one, at every cap and temperature

@@ -562,6 +562,10 @@ def test_the_claims_table_is_said_in_words():
             ("DMTP's end-to-end gain over DFlash at B32, T = 1 (blog Code: 5527 → 6564 tok/s, +18.77 %, 35B on 4xH200): "
              "`zero_init_residual` vs `dflash` tok/s (%), B32", 1.0, 7.98, "+14.833 / +7.980", "median", "holds")]
     df = pd.DataFrame(rows, columns=["claim", "temperature", "estimate", "by_realization", "test", "verdict"])
+    signs = [[float(x) for x in b.split(" / ")] for b in df.by_realization]
+    df = df.assign(kind=["direction"] * 4 + ["closeness", "direction"], unit=[""] * 5 + ["%"],
+                   n_realizations_claim_sign=[sum(x > 0 for x in v) for v in signs],
+                   n_realizations_opposite_sign=[sum(x < 0 for x in v) for v in signs])
     assert claim_label(rows[4][0]) == "the zero-initialised residual performs close to direct fusion"
     (line,) = verdict_lines(df)
     assert ("**holds**: DMTP > DFlash at T = 1 (+0.274); DMTP's end-to-end gain over DFlash at B32, T = 1 "
@@ -571,3 +575,11 @@ def test_the_claims_table_is_said_in_words():
     assert "DFlash > MTP415 on code at T = 0 (-0.680; the opposite sign in every realization)" in line
     assert "DMTP > MTP415 at T = 0 (-0.020; the realizations differ in sign)" in line
     assert "the zero-initialised residual performs close to direct fusion at T = 0 (+0.044)." in line
+    # the row's own columns decide, not its words: a closeness claim reads no sign whatever its test says
+    (again,) = verdict_lines(df.assign(test="x"))
+    assert "direct fusion at T = 0 (+0.044)." in again
+    from dmtp.analysis.report.summary import _row
+    row = _row("c: `a` − `b`", 0.0, {"diff": 0.1, "diff_lo": 0.0, "diff_hi": 0.2, "signs": [0.3, -0.1, float("nan")]},
+               "t", 0, unit="%")
+    assert (row["kind"], row["unit"], row["n_realizations_claim_sign"], row["n_realizations_opposite_sign"]) == (
+        "direction", "%", 1, 1)

@@ -159,11 +159,17 @@ def close_claim(art: Artifacts) -> tuple[str, str, str] | None:
             "current main method) performs close to direct fusion")
 
 
-def _row(claim: str, t, r: dict, test: str, verdict: int) -> dict:
+def _row(claim: str, t, r: dict, test: str, verdict: int, kind: str = "direction", unit: str = "") -> dict:
+    """A claims-table row. `kind`: "direction" (a > b, positive = the claim's sign) or "closeness" (TOST: no sign);
+    `unit`: the estimate's ("" or "%"); n_realizations_claim_sign / n_realizations_opposite_sign: how many
+    realizations' own values (`signs`, shown in by_realization) have the claim's sign and the opposite one."""
+    signs = [float(x) for x in r.get("signs", []) if not pd.isna(x)]
     return {"claim": claim, "temperature": t, "estimate": r["diff"], "estimate_lo": r["diff_lo"],
             "estimate_hi": r["diff_hi"], "estimate_tlo": r.get("diff_tlo", math.nan),
             "estimate_thi": r.get("diff_thi", math.nan), "by_realization": T.signs_text(r.get("signs", [])),
-            "test": test, "verdict": VERDICT[verdict]}
+            "test": test, "verdict": VERDICT[verdict], "kind": kind, "unit": unit,
+            "n_realizations_claim_sign": sum(x > 0 for x in signs),
+            "n_realizations_opposite_sign": sum(x < 0 for x in signs)}
 
 
 def order_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
@@ -204,7 +210,7 @@ def close_rows(art: Artifacts, dataset: str, temps, n_boot: int = 2000) -> list[
         v = 1 if q < S.LEVEL else -1 if far else 0
         r = dict(r, diff_lo=r["lo"], diff_hi=r["hi"], diff_tlo=r["t_lo"], diff_thi=r["t_hi"])
         out.append(_row(f"{text}: `{a}` − `{b}`", t, r, f"TOST within ±{m:.3f} ({CLOSE_MARGIN_PCT:g} % of `{b}`), "
-                        f"Holm p = {q:.3g} over {len(got)} temperatures", v))
+                        f"Holm p = {q:.3g} over {len(got)} temperatures", v, kind="closeness"))
     return out
 
 
@@ -275,7 +281,7 @@ def throughput_rows(art: Artifacts) -> list[dict]:
                         {"diff": r.gain_pct, "diff_lo": r.gain_pct_lo, "diff_hi": r.gain_pct_hi,
                          "signs": list(mine.gain_pct)},
                         f"median [min, max] of {r.n_repeats} repeat{'s' * (r.n_repeats != 1)}; holds if every "
-                        f"repeat gains, of at least {MIN_REPEATS}", v))
+                        f"repeat gains, of at least {MIN_REPEATS}", v, unit="%"))
     return out
 
 
@@ -329,15 +335,14 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
     opposite sign, or mixed signs (a closeness claim has no sign to read)."""
     groups = {}
     for r in df.itertuples():
-        vals = [float(x) for x in re.findall(r"[+-]?\d+(?:\.\d+)?", str(r.by_realization or ""))]
+        pos, neg = int(r.n_realizations_claim_sign), int(r.n_realizations_opposite_sign)
         sign = ""
-        if r.verdict == VERDICT[0] and len(vals) > 1 and "TOST" not in str(r.test):
-            sign = ("; the claim's sign in every realization" if all(v > 0 for v in vals) else
-                    "; the opposite sign in every realization" if all(v < 0 for v in vals) else
-                    "; the realizations differ in sign")
+        if r.verdict == VERDICT[0] and r.kind == "direction" and pos + neg > 1:
+            sign = ("; the claim's sign in every realization" if neg == 0 else
+                    "; the opposite sign in every realization" if pos == 0 else "; the realizations differ in sign")
         label = claim_label(r.claim)
         at = "" if "T = " in label else f" at T = {r.temperature:g}"
-        unit = " %" if "(%)" in r.claim.rsplit(": ", 1)[-1] else ""
+        unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
         groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign})")
     return [f"In words (each row above at its temperature; the estimate in parentheses): "
             + " ".join(f"**{v}**: " + ("; ".join(groups[v]) if v in groups else "none") + "."
