@@ -210,7 +210,8 @@ watch)
   done
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader || true
   # a snapshot of what exists, so that a machine taken back during the next command loses only what that command
-  # would have seen (r8's allotment, LOG.md 2026-12-06: taken back at +1,150 s, nothing came back); SNAP=0: none
+  # would have seen (LOG.md 2026-12-06, nineteenth allotment: taken back during the evaluation, nothing came back);
+  # SNAP=0: none
   if [ -n "${OUT:-}" ] && [ "${SNAP:-1}" != 0 ] && [ -f $L/$job.start ]; then
     pack > /dev/null 2>&1 && echo "[run] snapshot: $OUT/$PROFILE.tgz ($(( $(stat -c %s $OUT/$PROFILE.tgz) / 1024 )) KiB;" \
       "$([ -f $L/$job.rc ] && echo "the chain has ended" || echo "the chain had not ended: land.sh lands it only with PARTIAL=1"))" \
