@@ -307,6 +307,9 @@ def test_throughput_pools_only_on_one_kind_of_device():
     pooled = throughput(tp, devices={"r6": "NVIDIA H200", "r7": "NVIDIA H200"})
     assert set(pooled.realization) == {"r6", "r7", "all"} and set(pooled.device) == {"NVIDIA H200"}
     assert set(throughput(tp).realization) == {"r6", "r7", "all"}  # no device recorded anywhere: as before
+    groups = tp.assign(requests=[16 if k == 6 else 64 for k in tp.realization])  # B1 over 16 and over 64 prompts
+    assert set(throughput(groups).realization) == {"r6", "r7"}
+    assert set(throughput(tp.assign(requests=16)).realization) == {"r6", "r7", "all"}
     row = SimpleNamespace(device="NVIDIA H200", round_times_device="NVIDIA H100 80GB HBM3")
     assert _other_device(row) == " (timed on NVIDIA H100 80GB HBM3, throughput on NVIDIA H200)"
     assert _other_device(SimpleNamespace(device="NVIDIA H200", round_times_device="NVIDIA H200")) == ""

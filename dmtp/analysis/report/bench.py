@@ -86,7 +86,8 @@ def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict |
     any repeat) of requests, tokens_vs_ar_pct (their output tokens against AR's), and where the bench kept the tau on
     the prefixes shared with AR's outputs, speedup_on_ar_outputs [min, max] (an estimate). With
     several realizations whose servers were set up alike (`serving`: engine, admission group, prompt pass) on one
-    kind of device (tok/s on an H100 and on an H200 are different quantities), rows "all" pool every repeat;
+    kind of device (tok/s on an H100 and on an H200 are different quantities), over request groups of one size at
+    each (temperature, cap) (B1 over 16 prompts and over 64 are different workloads), rows "all" pool every repeat;
     otherwise each realization stands alone."""
     df = per_repeat(tp, main, base)
     units = [(f"r{k}", g) for k, g in df.groupby("realization", sort=True)]
@@ -94,8 +95,9 @@ def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict |
     # --server-variants`)
     known = {n: (devices or {}).get(n, "") for n, _ in units}
     one_device = len(set(known.values())) == 1  # "" for all: no device recorded anywhere (older benches)
-    if len(units) > 1 and serving(plain) is not None and one_device:  # repeats pool only where every server was set
-        units.append(("all", df))  # up alike, on one kind of device
+    same_work = "requests" not in plain or (plain.groupby(KEY).requests.nunique(dropna=True) <= 1).all()
+    if len(units) > 1 and serving(plain) is not None and one_device and same_work:  # repeats pool only where every
+        units.append(("all", df))  # server was set up alike, on one kind of device, over the same request groups
         known["all"] = next(iter(known.values()))
     rows = []
     for name, d in units:
