@@ -247,7 +247,7 @@ def per_verify_shared(accepted_lists: Sequence[Sequence[int]], outputs: Sequence
                          f"{len(references)} references: one of each per request")
     keep = []
     for acc, out, ref in zip(accepted_lists, outputs, references):
-        p = len(out) if list(out) == list(ref) else shared_prefix(out, ref)
+        p = shared_prefix(out, ref)  # len(out) when the output is its reference
         keep += [a for a, (_, e) in zip(acc, round_spans(acc, len(out))) if e <= p]
     return 1 + sum(keep) / len(keep) if keep else NAN
 

@@ -213,9 +213,12 @@ watch)
   # would have seen (LOG.md 2026-12-06, nineteenth allotment: taken back during the evaluation, nothing came back);
   # SNAP=0: none
   if [ -n "${OUT:-}" ] && [ "${SNAP:-1}" != 0 ] && [ -f $L/$job.start ]; then
-    pack > /dev/null 2>&1 && echo "[run] snapshot: $OUT/$PROFILE.tgz ($(( $(stat -c %s $OUT/$PROFILE.tgz) / 1024 )) KiB;" \
-      "$([ -f $L/$job.rc ] && echo "the chain has ended" || echo "the chain had not ended: land.sh lands it only with PARTIAL=1"))" \
-      || echo "[run] snapshot failed (pack): the next command's pack still brings back everything"
+    if msg=$(pack 2>&1); then
+      echo "[run] snapshot: $OUT/$PROFILE.tgz ($(( $(stat -c %s $OUT/$PROFILE.tgz) / 1024 )) KiB;" \
+        "$([ -f $L/$job.rc ] && echo "the chain has ended" || echo "the chain had not ended: land.sh lands it only with PARTIAL=1"))"
+    else
+      echo "[run] snapshot failed: ${msg:-pack gave no reason}; the next command's pack still brings back everything"
+    fi
   fi ;;
 left)  # the allotment's time left now -> the bench's end, in seconds after the chain's start (BENCH_UNTIL's unit)
   [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "[run] left needs the allotment's seconds left (budget_left_s), got '${2:-}'"; exit 2; }

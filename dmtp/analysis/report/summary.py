@@ -344,7 +344,7 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
         at = "" if "T = " in label else f" at T = {r.temperature:g}"
         unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
         groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign})")
-    return [f"In words (each row above at its temperature; the estimate in parentheses): "
+    return ["In words (each row above at its temperature; the estimate in parentheses): "
             + " ".join(f"**{v}**: " + ("; ".join(groups[v]) if v in groups else "none") + "."
                        for v in (VERDICT[1], VERDICT[-1], VERDICT[0]))]
 
@@ -515,7 +515,8 @@ def throughput_lines(art: Artifacts) -> list[str]:
         on = f", {dev}" if isinstance(dev, str) and dev else ""
         out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} repeats): "
                    f"`{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR [{r.speedup_lo:.2f}, "
-                   f"{r.speedup_hi:.2f}]" + workload_words(r) + f"; tok/s gain over `{sp.drafter_baseline}` {r.gain_pct:+.1f} % "
+                   f"{r.speedup_hi:.2f}]" + workload_words(r)
+                   + f"; tok/s gain over `{sp.drafter_baseline}` {r.gain_pct:+.1f} % "
                    f"[{r.gain_pct_lo:+.1f}, {r.gain_pct_hi:+.1f}] against a per-verify gain of "
                    f"{r.per_verify_gain_pct:+.1f} % (ratio {r.gain_over_per_verify:.2f})"
                    + (f"; blog (35B, 4xH200 TP4, SGLang): {r.blog_gain_pct:+.2f} % tok/s for "

@@ -221,8 +221,8 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
                     r["equal_ar"] = sum(x == y for x, y in zip(got, ref))
                     r["ar_output_tokens"] = sum(len(x) for x in ref)
                     r["per_verify_shared"] = per_verify_shared(accs[r["method"], r["repeat"]], got, ref)
-                print(f"[bench] T=0 B{cap}: requests equal to {AR.name}'s output, output tokens and tau on the prefixes "
-                      f"shared with it, per run: " + ", ".join(
+                print(f"[bench] T=0 B{cap}: requests equal to {AR.name}'s output, output tokens and tau on the "
+                      f"prefixes shared with it, per run: " + ", ".join(
                           f"{r['method']} #{r['repeat']} {r['equal_ar']}/{r['requests']} {r['output_tokens']}/"
                           f"{r['ar_output_tokens']} {r['per_verify_shared']:.2f}" for r in rows[first:]))
                 write_text(path, pd.DataFrame(prior + rows).to_csv(index=False))
@@ -329,7 +329,8 @@ def workload_note(m: pd.DataFrame, ar: pd.DataFrame) -> str:
     tok, ref = float(m.output_tokens.median()), float(ar.output_tokens.median())
     if eq == req or not ref:
         return ""
-    return f"outputs: {eq} of {req} requests equal to AR's, {tok:.0f} tokens against AR's {ref:.0f} ({tok / ref - 1:+.1%})"
+    return (f"outputs: {eq} of {req} requests equal to AR's, {tok:.0f} tokens against AR's {ref:.0f} "
+            f"({tok / ref - 1:+.1%})")
 
 
 def on_ar_outputs(m: pd.DataFrame, ar: pd.DataFrame) -> list[float]:
