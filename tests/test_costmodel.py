@@ -60,3 +60,36 @@ def test_a_group_pays_a_fixed_cost_and_a_cost_per_newcomer():
     grows with the group). cap 2, requests of 3, 1, 2 rounds (test_schedule_by_hand): groups of 2 then 1."""
     out = simulate([3, 1, 2], cap=2, t=lambda b: 1.0, t_admit_ms=0.5, t_admit_each_ms=0.25)
     assert out["groups"] == 2 and out["time_s"] == pytest.approx((3 * 1.0 + 2 * 0.5 + 3 * 0.25) / 1e3)
+
+
+def test_prompt_passes_beside_the_decode_are_charged_in_full_and_a_variant_is_read_against_its_own_ar():
+    """bench.predicted_vs_measured at cap 1: each request costs (rounds + in_flight) round times plus its group's
+    admission, where admission = admit_s / groups + beside_s / groups (the prompt passes run beside the decode,
+    charged at their full device time); predicted_speedup_hidden leaves the beside time out. A server variant's rows
+    ("<m>@<v>") are predicted and measured against "ar@<v>", not against the plain AR."""
+    import pandas as pd
+    import pytest
+
+    from dmtp.analysis.report.bench import predicted_vs_measured
+
+    recs = {"ar": [10, 20], "m": [4, 6]}  # rounds per request; output tokens 10 + 20 for both
+    runs = pd.DataFrame([{"method": k, "accepted": [1] * r, "output_tokens": t}
+                         for k, rr in recs.items() for r, t in zip(rr, (10, 20))])
+    ov = pd.DataFrame([{"method": k, "stage": "round", "ms_per_round": ms, "batch": 1}
+                       for k, ms in (("ar", 1.0), ("m", 2.0))])
+    tp = pd.DataFrame([{"method": k, "temperature": 0, "batch_cap": 1, "repeat": 0, "dataset": "humaneval",
+                        "requests": 2, "groups": 2, "admit_s": a, "beside_s": b, "tok_per_s": tps, "admit": 1,
+                        "in_flight": f, "per_verify": 1.0, "wall_s": 30 / tps}
+                       for k, a, b, tps, f in (("ar", 0.002, 0.004, 100.0, 2), ("m", 0.002, 0.006, 150.0, 2),
+                                               ("ar@v", 0.0, 0.0, 50.0, 1), ("m@v", 0.0, 0.0, 150.0, 1))])
+    rows = {r["method"]: r for r in predicted_vs_measured(runs, tp, ov)}
+    assert set(rows) == {"ar", "m", "ar@v", "m@v"}
+    # plain: lag 2; AR 34 rounds x 1 ms + 2 x (1 + 2) ms; m 14 rounds x 2 ms + 2 x (1 + 3) ms
+    ar_t, m_t = 34 + 2 * 3, 28 + 2 * 4
+    assert rows["m"]["predicted_speedup"] == pytest.approx(ar_t / m_t)
+    assert rows["m"]["predicted_speedup_hidden"] == pytest.approx((34 + 2) / (28 + 2))
+    assert rows["m"]["beside_ms"] == pytest.approx(3.0) and rows["m"]["admit_ms"] == pytest.approx(1.0)
+    assert rows["m"]["error_pct"] == pytest.approx(100 * (ar_t / m_t / 1.5 - 1))
+    # the variant: lag 1, no admission cost; measured against ar@v (150 / 50 = 3), not against the plain AR (1.5)
+    assert rows["m@v"]["measured_speedup"] == pytest.approx(3.0)
+    assert rows["m@v"]["predicted_speedup"] == pytest.approx(32 / (12 * 2.0))

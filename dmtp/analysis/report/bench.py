@@ -175,35 +175,50 @@ def predicted_vs_measured(runs: pd.DataFrame, tp: pd.DataFrame, ov: pd.DataFrame
     """One realization: at T = 0 and each timed cap, every method with eval records (`runs`: HumanEval, T = 0,
     natural, seed 0, in file order), round times (`ov`: its trained models' overhead.csv rows) and throughput runs
     (`tp`), beside AR: the predicted speed-up (`costmodel.predict` on the first `requests` records, the measured
-    round time per batch and admission cost per group, `admission_ms`) against the measured one (median [min, max]
-    of the repeats), error_pct = 100 (predicted / measured - 1). round_timed_at_cap: the method's round was timed at
-    that batch (else `round_time` holds the nearest timed batch's: an extrapolation, not a validation). A finished
-    request rides along for the servers' `engine.in_flight` rounds (`costmodel.simulate`'s lag; 2 where the runs
-    predate the setting: the engine's fixed value then)."""
+    round time per batch and admission cost per group) against the measured one (median [min, max] of the repeats),
+    error_pct = 100 (predicted / measured - 1). round_timed_at_cap: the method's round was timed at that batch (else
+    `round_time` holds the nearest timed batch's: an extrapolation, not a validation). A finished request rides along
+    for the servers' `engine.in_flight` rounds (`costmodel.simulate`'s lag; 2 where the runs predate the setting: the
+    engine's fixed value then).
+
+    Admission per group = what it held the decode (`admission_ms`) + the device time of the prompt passes run beside
+    the decode (`beside_ms`, `engine.admit_beside`), charged in full: the overlap's worth is not a stage time the bench
+    measures. predicted_speedup_hidden: the same with the beside prompt passes wholly hidden (0 ms), the other
+    bound.
+    A server variant timed beside the plain servers (`bench --server-variants`: rows "<method>@<variant>") is
+    predicted against its own AR ("ar@<variant>"), its rows named so."""
     times = round_times(ov[~ov.method.str.contains(":")])
-    t0 = per_repeat(tp[tp.temperature == 0])
     recs = _records(runs)
+    t0 = tp[tp.temperature == 0]
+    variant = t0.method.astype(str).str.partition("@")[2]
     rows = []
-    for cap, g in t0.groupby("batch_cap", sort=True):
-        n = int(g.requests.max()) if "requests" in g else None
-        have = [m for m in sorted(set(g.method)) if m in recs and m in times]
-        if "ar" not in have:
-            continue
-        admit_ms = admission_ms(g)
-        admit = int(g.admit.iloc[0]) if "admit" in g else 1
-        plain = g[g.method == "ar"]  # the plain servers' host lag: engine.in_flight (2 before it was a setting)
-        lag = int(plain.in_flight.iloc[0]) if "in_flight" in plain and plain.in_flight.notna().any() else 2
-        pred = predict({m: recs[m] for m in have}, times, int(cap), n, admit_ms, admit, lag)
-        for m in have:
-            meas = spread(g[g.method == m].speedup)
-            rows.append({"kind": "predicted vs measured", "method": m, "batch_cap": int(cap),
-                         "n_requests": min(n or len(recs[m]), len(recs[m])), **_triple("measured_speedup", meas),
-                         "predicted_speedup": pred[m]["speedup"],
-                         "error_pct": 100 * (pred[m]["speedup"] / meas[0] - 1) if meas[0] else math.nan,
-                         "measured_tok_per_s": spread(g[g.method == m].tok_per_s)[0],
-                         "predicted_tok_per_s": pred[m]["tok_per_s"], "admit_ms": admit_ms.get(m, 0.0),
-                         "round_timed_at_cap": int(cap) in times[m],
-                         **{f"round_ms_b{b}": v for b, v in sorted(times[m].items())}})
+    for v in sorted(set(variant)):  # "" (the plain servers) first
+        tv = per_repeat(t0[variant == v].assign(method=lambda d: d.method.astype(str).str.partition("@")[0]))
+        for cap, g in tv.groupby("batch_cap", sort=True):
+            n = int(g.requests.max()) if "requests" in g else None
+            have = [m for m in sorted(set(g.method)) if m in recs and m in times]
+            if "ar" not in have:
+                continue
+            admit_ms, bes = admission_ms(g), beside_ms(g)
+            admit = int(g.admit.iloc[0]) if "admit" in g else 1
+            plain = g[g.method == "ar"]  # the servers' host lag: engine.in_flight (2 before it was a setting)
+            lag = int(plain.in_flight.iloc[0]) if "in_flight" in plain and plain.in_flight.notna().any() else 2
+            sub = {m: recs[m] for m in have}
+            pred = predict(sub, times, int(cap), n, {m: admit_ms.get(m, 0.0) + bes.get(m, 0.0) for m in have},
+                           admit, lag)
+            hidden = predict(sub, times, int(cap), n, admit_ms, admit, lag) if any(bes.values()) else pred
+            for m in have:
+                meas = spread(g[g.method == m].speedup)
+                rows.append({"kind": "predicted vs measured", "method": m + (f"@{v}" if v else ""),
+                             "batch_cap": int(cap),
+                             "n_requests": min(n or len(recs[m]), len(recs[m])), **_triple("measured_speedup", meas),
+                             "predicted_speedup": pred[m]["speedup"],
+                             "error_pct": 100 * (pred[m]["speedup"] / meas[0] - 1) if meas[0] else math.nan,
+                             "measured_tok_per_s": spread(g[g.method == m].tok_per_s)[0],
+                             "predicted_tok_per_s": pred[m]["tok_per_s"], "admit_ms": admit_ms.get(m, 0.0),
+                             "beside_ms": bes.get(m, 0.0), "predicted_speedup_hidden": hidden[m]["speedup"],
+                             "round_timed_at_cap": int(cap) in times[m],
+                             **{f"round_ms_b{b}": x for b, x in sorted(times[m].items())}})
     return rows
 
 
@@ -215,6 +230,16 @@ def admission_ms(tp: pd.DataFrame) -> dict[str, float]:
         return {}
     ok = tp[tp.groups > 0]
     return {m: float(np.median(1e3 * x.admit_s / x.groups)) for m, x in ok.groupby("method")}
+
+
+def beside_ms(tp: pd.DataFrame) -> dict[str, float]:
+    """method -> ms per admitted group of prompt passes run beside the decode (`Server.beside_s`, device time;
+    `engine.admit_beside`): the median over the timed repeats of beside_s / groups; {} for runs without the column
+    (admission then held the decode for all of its time, in `admit_s`)."""
+    if not {"beside_s", "groups"} <= set(tp):
+        return {}
+    ok = tp[(tp.groups > 0) & tp.beside_s.notna()]
+    return {m: float(np.median(1e3 * x.beside_s / x.groups)) for m, x in ok.groupby("method")}
 
 
 def predicted(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]:
