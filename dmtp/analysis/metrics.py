@@ -240,7 +240,7 @@ def per_verify_shared(accepted_lists: Sequence[Sequence[int]], outputs: Sequence
     reference output (`round_spans`; AR's at T = 0), pooled over requests: 1 + sum(accepted) / rounds. A bf16 method
     whose output leaves AR's at a top-2 tie decodes other text from there (in r21's B1 bench, 2 of 16 requests ran
     into 191 more tokens than AR's); this tau reads its acceptance on AR's own text only, and the tok/s speed-up
-    times tau_shared / tau estimates the speed-up on AR's outputs (`dmtp.cli.bench.trained.throughput_ratios`).
+    times tau_shared / tau estimates the speed-up on AR's outputs (`speedup_on_ar_outputs`).
     Every request equal to its reference: the plain pooled tau. nan when no round lies inside a shared prefix."""
     if not len(accepted_lists) == len(outputs) == len(references):
         raise ValueError(f"per_verify_shared: {len(accepted_lists)} accepted lists, {len(outputs)} outputs and "
@@ -250,6 +250,14 @@ def per_verify_shared(accepted_lists: Sequence[Sequence[int]], outputs: Sequence
         p = shared_prefix(out, ref)  # len(out) when the output is its reference
         keep += [a for a, (_, e) in zip(acc, round_spans(acc, len(out))) if e <= p]
     return 1 + sum(keep) / len(keep) if keep else NAN
+
+
+def speedup_on_ar_outputs(speedup, tau_shared, tau):
+    """The speed-up on AR's own text, estimated: the measured tok/s speed-up x `per_verify_shared` / per-verify tau (a
+    first-order estimate: a round costs the same whatever it accepts, so tok/s goes with tau). Scalars or aligned
+    pandas Series alike; nan where `tau_shared` is nan. The one formula behind the bench's `... on AR's outputs
+    (estimate)` ratios and the report's `speedup_on_ar_outputs` column."""
+    return speedup * tau_shared / tau
 
 
 def loop_stats(record: dict, n: int = 8, min_tokens: int = LOOP_MIN_TOKENS) -> dict:

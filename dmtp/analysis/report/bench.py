@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dmtp.analysis.costmodel import predict
+from dmtp.analysis.metrics import speedup_on_ar_outputs
 
 KEY = ["dataset", "temperature", "batch_cap"]
 # the setups projected to (random weights: timing only) -> the runs whose timing there has another label than
@@ -57,8 +58,8 @@ def per_repeat(tp: pd.DataFrame, main: str = "", base: str = "") -> pd.DataFrame
     df["speedup"] = df.tok_per_s / df.ar_tok_per_s
     if "ar_tokens" in df:  # the workload against AR's: bf16 outputs leave AR's at top-2 ties (`workload_note`)
         df["tokens_vs_ar"] = df.output_tokens / df.ar_tokens
-    if "per_verify_shared" in df:  # the speed-up on AR's own text, estimated (`dmtp.cli.bench.trained.on_ar_outputs`)
-        df["speedup_on_ar_outputs"] = df.speedup * df.per_verify_shared / df.per_verify
+    if "per_verify_shared" in df:  # the speed-up on AR's own text, estimated
+        df["speedup_on_ar_outputs"] = speedup_on_ar_outputs(df.speedup, df.per_verify_shared, df.per_verify)
     is_main = (df.method == main) & bool(main)
     df["gain"] = np.where(is_main, df.tok_per_s / df.base_tok_per_s, np.nan)
     df["per_verify_gain"] = np.where(is_main, df.per_verify / df.base_per_verify, np.nan)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from dmtp.analysis.metrics import acceptance_length, first_token, histogram, per_verify_shared
+from dmtp.analysis.metrics import (acceptance_length, first_token, histogram, per_verify_shared,
+                                   speedup_on_ar_outputs)
 from dmtp.analysis.ratios import Ratio, speedup_goal
 from dmtp.cli.bench.baselines import hf_static_generate, regeneration, regeneration_ratio
 from dmtp.cli.bench.common import (
@@ -339,7 +340,7 @@ def on_ar_outputs(m: pd.DataFrame, ar: pd.DataFrame) -> list[float]:
     per_verify_shared (a bench written before it)."""
     if "per_verify_shared" not in m or m.per_verify_shared.isna().all():
         return []
-    q = m.tok_per_s / ar.tok_per_s * m.per_verify_shared / m.per_verify
+    q = speedup_on_ar_outputs(m.tok_per_s / ar.tok_per_s, m.per_verify_shared, m.per_verify)
     return q.dropna().tolist()
 
 
