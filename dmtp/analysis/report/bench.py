@@ -227,20 +227,23 @@ def admission_ms(tp: pd.DataFrame) -> dict[str, float]:
     """method -> ms per admitted group (`Server.admit_s`: device time on CUDA): the median over the timed repeats of
     admit_s / groups (a repeat that compiled an admission shape is an outlier the median sets aside; a pooled mean
     let one such repeat double it)."""
-    if not {"admit_s", "groups"} <= set(tp):
-        return {}
-    ok = tp[tp.groups > 0]
-    return {m: float(np.median(1e3 * x.admit_s / x.groups)) for m, x in ok.groupby("method")}
+    return _per_group_ms(tp, "admit_s")
 
 
 def beside_ms(tp: pd.DataFrame) -> dict[str, float]:
     """method -> ms per admitted group of prompt passes run beside the decode (`Server.beside_s`, device time;
     `engine.admit_beside`): the median over the timed repeats of beside_s / groups; {} for runs without the column
     (admission then held the decode for all of its time, in `admit_s`)."""
-    if not {"beside_s", "groups"} <= set(tp):
+    return _per_group_ms(tp[tp.beside_s.notna()], "beside_s") if "beside_s" in tp else {}
+
+
+def _per_group_ms(tp: pd.DataFrame, col: str) -> dict[str, float]:
+    """method -> the median over the timed repeats of 1e3 x `col` (seconds) / groups, over repeats that admitted a
+    group; {} without the column."""
+    if not {col, "groups"} <= set(tp):
         return {}
-    ok = tp[(tp.groups > 0) & tp.beside_s.notna()]
-    return {m: float(np.median(1e3 * x.beside_s / x.groups)) for m, x in ok.groupby("method")}
+    ok = tp[tp.groups > 0]
+    return {m: float(np.median(1e3 * x[col] / x.groups)) for m, x in ok.groupby("method")}
 
 
 def predicted(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]:

@@ -597,7 +597,8 @@ def costmodel_lines(art: Artifacts) -> list[str]:
     if "round_timed_at_cap" not in m:
         m = m.assign(round_timed_at_cap=True)
     hid = m.beside_ms.fillna(0) > 0 if "beside_ms" in m else pd.Series(False, index=m.index)
-    for cap, g in m[m.method.str.partition("@")[0] != "ar"].groupby("batch_cap"):
+    not_ar = m.method.str.partition("@")[0] != "ar"  # AR's own rows (plain or a server variant's) are 1 by definition
+    for cap, g in m[not_ar].groupby("batch_cap"):
         ok = g[g.round_timed_at_cap.astype(bool)]
         err = ok.error_pct.abs()
         borrowed = sorted({f"{r.realization} with {r.round_times_from}'s" + _other_device(r) for r in g.itertuples()
@@ -610,7 +611,7 @@ def costmodel_lines(art: Artifacts) -> list[str]:
                    + "; ".join(f"`{r.method}` ({r.realization}) {r.predicted_speedup:.2f}x vs {r.measured_speedup:.2f}x"
                                + ("" if r.round_timed_at_cap else " (round not timed at this batch: extrapolated)")
                                for r in g.itertuples()) + ".")
-    side = m[hid & (m.method.str.partition("@")[0] != "ar")]
+    side = m[hid & not_ar]
     if len(side):  # the prompt passes run beside the decode: charged in full; wholly hidden, the other bound
         err = (100 * (side.predicted_speedup_hidden / side.measured_speedup - 1)).abs()
         out.append(f"- Prompt passes run beside the decode (`engine.admit_beside`) are charged at their full device "
