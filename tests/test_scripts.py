@@ -286,19 +286,3 @@ def test_mini_chain_watch_packs_a_snapshot(tmp_path):
         r = watch(**e)
         assert r.returncode == 0 and "snapshot" not in r.stdout and not (out / "mini.tgz").exists(), (e, r.stdout)
 
-
-def test_the_readme_recipes_name_free_realizations():
-    """Each `h200_mini.sh all|study|unloop ... realization=K` of the README's recipes for a realization still to run
-    names a number no folder in results/<profile> holds: land.sh never lands over one (the recipe once named r8, an
-    older reduced check's folder). Recipes of studies already landed (the learning curve r21, the loop study r30)
-    name their own folders, which must hold them."""
-    import re
-
-    root = RUNS.parents[1]
-    text = (root / "README.md").read_text()
-    found = re.findall(r"h200_mini\.sh (?:all|study|unloop)\b[^\n]*?realization=(\d+)", text)
-    assert found, "no recipe with realization=K in the README"
-    landed = {21, 30}  # studies whose recipe the README keeps beside their results
-    for k in map(int, found):
-        here = (root / "results" / "mini" / f"r{k}").exists()
-        assert here == (k in landed), (k, "results/mini holds it" if here else "a landed study without its folder")
