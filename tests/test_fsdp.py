@@ -53,11 +53,18 @@ def _run(out, names=VARIANTS, **kw):
     return train_drafters(tgt, mtp, ds, token_seqs(), _cfg(**kw), out, log=lambda *_: None)
 
 
-def _rank(rank, world, store, out, kw):
+def _ranks(rank, world, store, root):
+    """A rank of the 2-rank runs: uninterrupted (the target's layers sharded too), then another stopped after step 2
+    (the checkpoint a killed run leaves), copied by rank 0, and resumed to the end."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        _run(out, **kw)
+        _run(root / "two", shard_target="on")
+        _run(root / "split", stop_after=2, activation_checkpointing=True)
+        if rank == 0:
+            shutil.copytree(root / "split", root / "split1")
+        dist.barrier()
+        _run(root / "split", activation_checkpointing=True)
     finally:
         dist.destroy_process_group()
 
@@ -94,11 +101,19 @@ def one(tmp_path_factory):
     return out
 
 
-def test_two_ranks_follow_one_process(one, tmp_path):
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """The 2-rank runs (`_ranks`, one spawn), and the stopped run's copy resumed on one process."""
+    root = tmp_path_factory.mktemp("fsdp2")
+    mp.spawn(_ranks, args=(2, root / "store", root), nprocs=2, join=True)
+    _run(root / "split1")
+    return root
+
+
+def test_two_ranks_follow_one_process(one, two):
     """2 gloo ranks (FSDP2: each drafter per layer then as a whole; the target's layers sharded too) follow the
     plain 1-process run on the same global batch step by step; the bypassed weight of mtp_context stays frozen."""
-    out = tmp_path / "two"
-    mp.spawn(_rank, args=(2, tmp_path / "store", out, {"shard_target": "on"}), nprocs=2, join=True)
+    out = two / "two"
     assert "2 rank(s)" in (out / "dflash" / "DONE").read_text()
     assert [r["step"] for r in _history(out / "dflash")] == list(range(1, STEPS + 1))
     _assert_same_run(out, one)
@@ -107,6 +122,18 @@ def test_two_ranks_follow_one_process(one, tmp_path):
     w = _weights(out / "mtp_context")
     assert torch.equal(w["fc.weight"], init.fc.weight)
     assert not torch.equal(w["injection.fc.weight"], init.injection.fc.weight)
+
+
+def test_stopped_run_resumes_on_two_ranks_and_on_one(one, two):
+    """Stopped after step 2 on 2 ranks (its checkpoint gathered and written by rank 0, full tensors), resumed on 2
+    ranks and, from a copy, on one process: both end at the uninterrupted run's losses and weights (activation
+    checkpointing on in the 2-rank pieces: the same results)."""
+    for run in ("split", "split1"):
+        for v in VARIANTS:
+            assert not (two / run / v / "trainer_state.pt").exists() and (two / run / v / "DONE").exists()
+        _assert_same_run(two / run, one)
+    assert "2 rank(s)" in (two / "split" / "dflash" / "DONE").read_text()
+    assert "1 rank(s)" in (two / "split1" / "dflash" / "DONE").read_text()
 
 
 def test_fsdp_on_one_process_follows_the_plain_step(one, tmp_path):
@@ -186,48 +213,30 @@ def test_fsdp_switch():
             TrainConfig(**{field: "yes"})
 
 
-# --- `dmtp train` under torchrun: stopped on 2 ranks, resumed on 2 and on 1 ------------------------------------------
+# --- `dmtp train` under torchrun ------------------------------------------------------------------------------------
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def cli_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fsdp_cli")
+def test_cli_under_torchrun(tmp_path):
+    """`dmtp train` launched by torchrun on 2 ranks takes the FSDP2 path (the flags reach TrainConfig) and writes the
+    public checkpoint layout once, from rank 0."""
     tgt, mtp = tiny.build("qwen3_5", seed=0)
-    tiny.save(tgt, mtp, root / "target")
-    with open(root / "data.jsonl", "w") as f:
-        for s in token_seqs(16, seed=1):
-            f.write(json.dumps({"ids": s}) + "\n")
-    return root
-
-
-def _train(root, out, nproc, extra=()):
-    args = ["-m", "dmtp.cli.main", "train", "--target", str(root / "target"), "--data", str(root / "data.jsonl"),
-            "--variants", ",".join(VARIANTS), "--out", str(out), "--steps", str(STEPS), "--batch-size", "4",
-            "--max-len", "40", "--mask-token-id", "2", *extra]
-    launch = [sys.executable] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}"]
-    p = subprocess.run(launch + args, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    tiny.save(tgt, mtp, tmp_path / "target")
+    with open(tmp_path / "data.jsonl", "w") as f:
+        for seq in token_seqs(16, seed=1):
+            f.write(json.dumps({"ids": seq}) + "\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           "-m", "dmtp.cli.main", "train", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"),
+           "--variants", "dflash,zero_init_residual", "--out", str(out), "--steps", "2", "--batch-size", "4",
+           "--max-len", "40", "--mask-token-id", "2", "--fsdp", "auto", "--shard-target", "on",
+           "--activation-checkpointing"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stderr[-3000:]
-    return p
-
-
-def test_stopped_run_resumes_on_two_ranks_and_on_one(cli_setup):
-    """`dmtp train` on 2 ranks stopped after step 2 (`--stop-after`: the checkpoint a killed run leaves, gathered and
-    written by rank 0), resumed on 2 ranks and, from a copy, on one process: both end at the uninterrupted 1-process
-    run's loss and weights."""
-    root = cli_setup
-    _train(root, root / "one", 1)
-    _train(root, root / "split", 2, ["--stop-after", "2"])
-    for v in VARIANTS:
-        assert (root / "split" / v / "trainer_state.pt").exists() and not (root / "split" / v / "DONE").exists()
-    shutil.copytree(root / "split", root / "split1")
-    _train(root, root / "split", 2)
-    _train(root, root / "split1", 1)
-    for run in ("split", "split1"):
-        _assert_same_run(root / run, root / "one")
-        assert not (root / run / "dflash" / "trainer_state.pt").exists()
+    for v in ("dflash", "zero_init_residual"):
+        assert "2 steps" in (out / v / "DONE").read_text() and "2 rank(s)" in (out / v / "DONE").read_text()
+        assert sorted(x.name for x in (out / v / "drafter").iterdir()) == ["config.json", "model.safetensors"]
+        assert json.loads((out / v / "drafter" / "config.json").read_text())["dmtp_config"]["variant"] == v

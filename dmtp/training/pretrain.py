@@ -4,8 +4,9 @@ DeepSeek-V3-style joint loss, embedding and LM head shared:  L = CE(main logits_
 The result is an HF checkpoint whose safetensors carry the `mtp.*` keys, loaded back through `Target` / `MTPHead`.
 
 The step: target + MTP as one module (`JointLM`; under torchrun a copy of it sharded with FSDP2, `dist.shard`), its
-decoder layers torch.compile'd one by one on CUDA (`PretrainConfig.compile`; regional compilation: one graph the layers share), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised,
-grouped-query attention without repeating K/V), the LM-head loss of both heads fused and chunked on CUDA
+decoder layers torch.compile'd one by one on CUDA (`PretrainConfig.compile`; regional compilation: one graph the
+layers share), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised, grouped-query
+attention without repeating K/V), the LM-head loss of both heads fused and chunked on CUDA
 (`losses.linear_cross_entropy`: no [tokens, vocab] logits stored), fused AdamW, batches copied from pinned memory; the
 host reads values back only every `log_every` steps.
 
@@ -156,8 +157,8 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     gradients are averaged over the ranks, so N ranks compute the 1-rank gradient of the same global batch (every rank
     holds the same number of rows: the mean of the rank means is the batch mean); when the call ends (finished or
     stopped) the trained weights are gathered back into `tgt` and `mtp` on every rank, plain modules again (the
-    embedded target is small: the copy costs little). The resumable state (model, MTP, optimizer, step, history, the data
-    RNG's state) holds nothing rank-specific and only rank 0 writes it, so a run stopped on N ranks (`stop_after`)
+    embedded target is small: the copy costs little). The resumable state (model, MTP, optimizer, step, history, the
+    data RNG's state; full tensors, gathered) holds nothing rank-specific and only rank 0 writes it, so a run stopped on N ranks (`stop_after`)
     resumes on any number of ranks. History records carry `elapsed_s`, taken after the logged values were read back
     (a sync): differences between records give the steady rate, compile time excluded."""
     from tqdm import tqdm
