@@ -22,12 +22,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import token_seqs
+from conftest import compiled_graphs, token_seqs
 
 from dmtp import dist as ddist
 from dmtp.config import TrainConfig
 from dmtp.models import tiny
+from dmtp.models.layers import Layer
 from dmtp.training import drafters as train_mod
+from dmtp.training.common import _recomputed
 from dmtp.training.drafters import block_loss, drafter_loss, extract, new_drafters, sample_anchors, train_drafters
 
 VARIANTS = ["dflash", "zero_init_residual", "mtp_context"]  # block layouts with and without A, a bypassed weight
@@ -146,13 +148,18 @@ def test_fsdp_on_one_process_follows_the_plain_step(one, tmp_path):
 
 def test_sharded_compiled_layers_follow_eager(one, tmp_path, monkeypatch):
     """The compiled path under FSDP2: each decoder layer's forward compiled (AOTAutograd's eager backend here: the
-    same graphs as Inductor's without a C++ build), FSDP2's hooks outside the graphs: the eager run's results."""
+    same graphs as Inductor's without a C++ build), FSDP2's hooks outside the graphs, with and without activation
+    checkpointing: the eager run's results."""
     orig = train_mod.compile_forwards
     monkeypatch.setattr(train_mod, "compile_forwards", lambda layers: orig(layers, backend="aot_eager"))
-    _run(tmp_path / "c", fsdp="on", compile="on")
-    for v in VARIANTS:  # padded to max_len on the compiled path: the same loss, other reduction shapes
-        h, h_ref = _history(tmp_path / "c" / v), _history(one / v)
-        assert [r["loss"] for r in h] == pytest.approx([r["loss"] for r in h_ref], rel=1e-5), v
+    for ac in (False, True):  # with activation checkpointing: the recomputation traced into the layers' graphs
+        traced = _recomputed(Layer.forward) if ac else Layer.forward  # the function each layer's graph starts at
+        graphs = compiled_graphs(traced)
+        _run(tmp_path / f"c{ac}", fsdp="on", compile="on", activation_checkpointing=ac)
+        assert compiled_graphs(traced) > graphs
+        for v in VARIANTS:  # padded to max_len on the compiled path: the same loss, other reduction shapes
+            h, h_ref = _history(tmp_path / f"c{ac}" / v), _history(one / v)
+            assert [r["loss"] for r in h] == pytest.approx([r["loss"] for r in h_ref], rel=1e-5), (v, ac)
 
 
 def test_activation_checkpointing_gives_the_same_loss_and_gradients():

@@ -386,7 +386,7 @@ class _Sharded(_PerDrafter):
         return clip_sharded_([params], max_norm)[0]
 
     def state(self, name):
-        """Gathered on every rank (collective), tensor by tensor, onto the host."""
+        """Gathered by every rank (collective), tensor by tensor, onto rank 0's host (None on the others)."""
         return full_state(self.drafters[name]), full_optimizer_state(self.opts[name])
 
 

@@ -257,8 +257,8 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
                 break
     info.update(train_s=time.time() - t0, tokens_trained=(info["step"] - start) * step_tokens)
     if sharded:  # the trained weights into the caller's plain modules, on every rank
-        tgt.model.load_state_dict(full_state(t_tgt.model))
-        mtp.load_state_dict(full_state(t_mtp))
+        tgt.model.load_state_dict(full_state(t_tgt.model, everywhere=True))
+        mtp.load_state_dict(full_state(t_mtp, everywhere=True))
     if not info["finished"]:
         if main:
             log(f"[pretrain] stopped after step {info['step']}/{steps} (resumable from {state_path})")
