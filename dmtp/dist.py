@@ -98,6 +98,8 @@ def group_of_one(device):
         yield
         return
     cuda = torch.device(device).type == "cuda"
+    if cuda and torch.device(device).index is not None:  # nccl and FSDP2 work on the current device
+        torch.cuda.set_device(torch.device(device))
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield

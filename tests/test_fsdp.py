@@ -146,6 +146,24 @@ def test_fsdp_on_one_process_follows_the_plain_step(one, tmp_path):
     _assert_same_run(tmp_path / "on", one)
 
 
+def test_sharded_drafters_joining_at_other_steps(tmp_path):
+    """FSDP2 on one process: token_only stopped alone after step 2, then trained on beside a fresh DMTP(D2) drafter
+    (DFlash2 layers and selector sharded: the selector in the root), which joins at step 1 while token_only resumes
+    at step 3: both follow their plain uninterrupted runs."""
+    names = ["token_only", "dmtp_d2"]
+    backbones = {"dmtp_d2": ("zero_init_residual", "dflash2")}
+
+    def run(out, names, **kw):
+        tgt, mtp = tiny.build("qwen3_5", seed=0)
+        ds = new_drafters(tgt, names, {**_base(tgt), "selector_topk": 8, "selector_dim": 16}, backbones=backbones)
+        train_drafters(tgt, mtp, ds, token_seqs(), _cfg(**kw), out, log=lambda *_: None)
+
+    run(tmp_path / "plain", names)
+    run(tmp_path / "fsdp", ["token_only"], fsdp="on", stop_after=2)
+    run(tmp_path / "fsdp", names, fsdp="on")
+    _assert_same_run(tmp_path / "fsdp", tmp_path / "plain", names)
+
+
 def test_sharded_compiled_layers_follow_eager(one, tmp_path, monkeypatch):
     """The compiled path under FSDP2: each decoder layer's forward compiled (AOTAutograd's eager backend here: the
     same graphs as Inductor's without a C++ build), FSDP2's hooks outside the graphs, with and without activation
