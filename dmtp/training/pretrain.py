@@ -30,7 +30,7 @@ from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, fu
 from dmtp.io import atomic_path, load_state, save_state
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
-from dmtp.training.common import compiled, to_device
+from dmtp.training.common import compile_forwards, compiled, to_device
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -210,7 +210,9 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     t_tgt.model.train()
     t_mtp.train()
     fast = compiled(cfg.compile, dev)
-    if fast:
+    if fast and sharded:  # each layer's forward alone: FSDP2's gathers and reduce-scatters stay outside the graphs
+        compile_forwards(list(t_tgt.body.layers) + list(t_mtp.layers))
+    elif fast:
         compile_layers(t_tgt, t_mtp)
     step_terms = net
     t0 = time.time()
