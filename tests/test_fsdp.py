@@ -1,8 +1,9 @@
-"""FSDP2 drafter training (dmtp/dist.py, `TrainConfig.fsdp`) on the CPU in fp32 with gloo: 2 ranks follow one process on
-the same global batch (loss curve, gradient norms and final weights, the frozen target's layers sharded too); a run
-stopped mid-way on 2 ranks resumes to the uninterrupted result on 2 ranks and on 1 (`dmtp train` under torchrun);
-activation checkpointing gives the same loss and gradients; FSDP2 on one process (a process group of one) follows
-the plain step, eager and with its layers compiled; the sharded clip is clip_grad_norm_.
+"""FSDP2 training (dmtp/dist.py, `TrainConfig.fsdp`) on the CPU in fp32 with gloo: 2 ranks follow one process on the
+same global batch (drafters' loss curve, gradient norms, final weights, snapshots and branch states, the frozen
+target's layers sharded too; target pretraining); a run stopped mid-way on 2 ranks resumes to the uninterrupted
+result on 2 ranks and on 1; activation checkpointing gives the same loss and gradients; FSDP2 on one process (a
+process group of one) follows the plain step, eager and with its layers compiled, drafters joining at other steps;
+the sharded clip is clip_grad_norm_; `dmtp train` under torchrun.
 
 Tolerances (fp32): a rank sums the loss of its rows, and FSDP2 averages the two ranks' gradients in a reduce-scatter,
 where one process sums every row in one reduction: the same terms added in another order, ~1e-7 relative per sum.
@@ -49,11 +50,15 @@ def _cfg(**kw):
                                  save_every=100, clip=0.5, compile="off"), **kw})
 
 
-def _run(out, names=VARIANTS, **kw):
+SIDE = dict(snapshots=(1, 3), branches={4: 2})  # learning-curve snapshots and an annealed branch's state: more
+# checkpoints gathered and written by rank 0 (before the stop after step 2 and after the resume)
+
+
+def _run(out, names=VARIANTS, branches=None, **kw):
     """train_drafters on the tiny qwen3_5 target in this process (under whatever process group exists)."""
     tgt, mtp = tiny.build("qwen3_5", seed=0)
     ds = new_drafters(tgt, names, _base(tgt))
-    return train_drafters(tgt, mtp, ds, token_seqs(), _cfg(**kw), out, log=lambda *_: None)
+    return train_drafters(tgt, mtp, ds, token_seqs(), _cfg(**kw), out, log=lambda *_: None, branches=branches)
 
 
 def _pretrain(out, compile_flag):
@@ -80,7 +85,7 @@ def _ranks(rank, world, store, root):
         run = _pretrain(root / "pretrain_two", "off")
         if rank == 0:
             torch.save(run, root / "pretrain_two.pt")
-        kw = dict(shard_target="on", activation_checkpointing=True)
+        kw = dict(shard_target="on", activation_checkpointing=True, **SIDE)
         _run(root / "split", stop_after=2, **kw)
         if rank == 0:
             shutil.copytree(root / "split", root / "split1")
@@ -118,7 +123,7 @@ def _assert_same_run(run, ref, names=VARIANTS, steps=True):
 def one(tmp_path_factory):
     """The reference: one process, no process group, the plain eager step (`fsdp="auto"` with one rank)."""
     out = tmp_path_factory.mktemp("fsdp") / "one"
-    _run(out)
+    _run(out, **SIDE)
     return out
 
 
@@ -169,6 +174,23 @@ def test_stopped_run_resumes_on_two_ranks_and_on_one(one, two):
         _assert_same_run(two / run, one)
     assert "2 rank(s)" in (two / "split" / "dflash" / "DONE").read_text()
     assert "1 rank(s)" in (two / "split1" / "dflash" / "DONE").read_text()
+    for v in VARIANTS:  # the side checkpoints of the 2-rank pieces: full tensors, the 1-process run's
+        for k in (1, 3):
+            snap = two / "split" / v / f"step{k}"
+            assert json.loads((snap / "snapshot.json").read_text())["step"] == k
+            w, w_ref = _weights(snap), _weights(one / v / f"step{k}")
+            for key in w_ref:
+                torch.testing.assert_close(w[key], w_ref[key], rtol=0, atol=W_ATOL, msg=f"{v} step{k} {key}")
+        st, st_ref = (torch.load(r / "anneal4" / v / "trainer_state.pt", weights_only=False)
+                      for r in (two / "split", one))
+        assert st["step"] == st_ref["step"] == 2
+        for key, x in st_ref["model"].items():
+            torch.testing.assert_close(st["model"][key], x, rtol=0, atol=W_ATOL, msg=f"{v} branch {key}")
+        for i, moments in st_ref["opt"]["state"].items():  # Adam's moments at full shapes; per tensor, in norm (an
+            # element near 0 is a cancellation's rounding)
+            for key, x in moments.items():
+                assert st["opt"]["state"][i][key].shape == x.shape
+                assert (st["opt"]["state"][i][key] - x).norm() <= 1e-5 * x.norm(), (v, i, key)
 
 
 def test_fsdp_on_one_process_follows_the_plain_step(one, tmp_path):
