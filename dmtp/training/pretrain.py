@@ -158,9 +158,9 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     holds the same number of rows: the mean of the rank means is the batch mean); when the call ends (finished or
     stopped) the trained weights are gathered back into `tgt` and `mtp` on every rank, plain modules again (the
     embedded target is small: the copy costs little). The resumable state (model, MTP, optimizer, step, history, the
-    data RNG's state; full tensors, gathered) holds nothing rank-specific and only rank 0 writes it, so a run stopped on N ranks (`stop_after`)
-    resumes on any number of ranks. History records carry `elapsed_s`, taken after the logged values were read back
-    (a sync): differences between records give the steady rate, compile time excluded."""
+    data RNG's state; full tensors, gathered) holds nothing rank-specific and only rank 0 writes it, so a run stopped
+    on N ranks (`stop_after`) resumes on any number of ranks. History records carry `elapsed_s`, taken after the
+    logged values were read back (a sync): differences between records give the steady rate, compile time excluded."""
     from tqdm import tqdm
 
     out = Path(out)
