@@ -31,3 +31,36 @@ def peak_flops(device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def checkpoint_layers(layers) -> None:
+    """Activation checkpointing: each layer's forward (in place) keeps only its inputs and recomputes its activations
+    in the backward pass (non-reentrant `torch.utils.checkpoint`: the same operations, so the same loss and
+    gradients). Under FSDP2 the layer's weights are gathered again for the backward, and the recomputation uses them."""
+    for layer in layers:
+        layer.forward = _recomputed(layer.forward)
+
+
+def _recomputed(forward):
+    """`forward` under non-reentrant checkpointing; a plain function, so torch.compile traces the checkpoint into
+    its graph (`compile_forwards` after `checkpoint_layers`)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def recomputed(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return recomputed
+
+
+RECOMPILE_LIMIT = 64  # graphs a compiled function may hold (Dynamo's default is 8)
+
+
+def compile_forwards(layers, backend: str = "inductor") -> None:
+    """Regional compilation of each layer's forward (in place), static shapes; the module's hooks (FSDP2's gathers
+    and reduce-scatters) stay outside the graph. The layers share their graphs (the same code, weights as inputs):
+    one per layer class, block layout (slots per block) and whether the layer's input needs a gradient (a drafter's
+    first layer over a frozen block embedding does not), with activation checkpointing one function for every class."""
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, backend=backend, dynamic=False)
