@@ -10,6 +10,7 @@
     dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
     dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
+    dmtp reproduce --profile qwen3.6-27b --target CKPT --data-path gsm8k=PATH ...   # the blog's open reproduction
 
 Inputs are checked before any work; a bad one stops with one line naming it (exit 2). `dmtp generate` appends its
 records batch by batch and a rerun resumes; an output or drafter made with another configuration is refused
@@ -459,8 +460,34 @@ def main(argv=None):
                     "the profile's config)")
     dr.set_defaults(fn=lambda a: sys.exit(dryrun.main(a)))
 
+    rp = sub.add_parser("reproduce", help="the blog's open reproduction on a local target: regen -> train -> eval -> "
+                        "report, each stage resumable (dmtp/cli/reproduce.py)")
+    rp.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b | open-tiny (CPU, toy size)")
+    rp.add_argument("--target", required=True, help="local target checkpoint (HF layout with its mtp.* weights and "
+                    "tokenizer)")
+    rp.add_argument("--work", help="where everything goes (default runs/<profile>)")
+    rp.add_argument("--data-path", action="append", metavar="SET=PATH", default=[],
+                    help="local copy of a set in its published format, repeatable: openperfectblend, gsm8k, math500, "
+                    "humaneval, alpaca, mtbench")
+    rp.add_argument("--prompts", help="training prompts instead of OpenPerfectBlend: .jsonl / .parquet with "
+                    "`conversations`, `messages`, `prompt` or `prompt_ids`")
+    rp.add_argument("--init-from", action="append", metavar="[RUN=]PATH", default=[],
+                    help="continue a drafter run from a public DFlash checkpoint (bare PATH: zero_init_residual)")
+    rp.add_argument("--stage", default="all", help="regen,train,eval,report or all (default)")
+    rp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")
+    rp.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available; under torchrun: the rank's)")
+    rp.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
+    rp.set_defaults(fn=_reproduce)
+
     a = p.parse_args(argv)
     args.guard(f"dmtp {a.cmd}", a.fn, a)
+
+
+def _reproduce(a):
+    from dmtp.cli import reproduce  # (it reads this module's helpers)
+
+    reproduce.main(a)
 
 
 if __name__ == "__main__":
