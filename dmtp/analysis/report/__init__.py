@@ -29,6 +29,7 @@ SECTIONS = [
     ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
     ("Per-round overhead", ["overhead"], ["overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
+    ("Per turn (multi-turn sets)", ["turns"], []),
 ]
 
 
