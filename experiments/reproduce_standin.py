@@ -64,8 +64,8 @@ def write_sets(root: Path, n: int = 8, n_train: int = 16, seed: int = 0) -> dict
     f = {}
     # openai/gsm8k (main): a hub snapshot folder, main/test-00000-of-00001.parquet
     (root / "gsm8k" / "main").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"question": [_text(rng, 12) + "?" for _ in range(n)],
-                  "answer": [f"#### {i}" for i in range(n)]}).to_parquet(root / "gsm8k/main/test-00000-of-00001.parquet")
+    pd.DataFrame({"question": [_text(rng, 12) + "?" for _ in range(n)], "answer": [f"#### {i}" for i in range(n)]}
+                 ).to_parquet(root / "gsm8k/main/test-00000-of-00001.parquet")
     f["gsm8k"] = root / "gsm8k"
     # HuggingFaceH4/MATH-500: test.jsonl
     f["math500"] = root / "MATH-500" / "test.jsonl"
@@ -77,7 +77,8 @@ def write_sets(root: Path, n: int = 8, n_train: int = 16, seed: int = 0) -> dict
     f["humaneval"] = root / "HumanEval.jsonl.gz"
     with gzip.open(f["humaneval"], "wt") as fh:
         for i in range(n):
-            fh.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"{_text(rng, 8)}\"\"\"\n",
+            doc = _text(rng, 8)
+            fh.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"{doc}\"\"\"\n",
                                  "canonical_solution": "    return x\n", "test": "", "entry_point": f"f{i}"}) + "\n")
     # tatsu-lab/alpaca: alpaca_data.json, a JSON array (the original release)
     f["alpaca"] = root / "alpaca_data.json"

@@ -234,3 +234,23 @@ def test_projection_from_measured_rates():
     assert h["eval_h"] == pytest.approx(3600 / 400 / 3600)  # 36 x 100 tokens at 200 tok/s x 2 GPUs
     assert h["total_h"] == pytest.approx(h["regen_h"] + h["train_h"] + h["eval_h"])
     assert render(p).startswith("PROJECTION (not a measurement)")
+
+
+def test_training_prompts_from_a_local_file(tmp_path):
+    """--prompts: JSONL with `prompt` text (chat template applied) or `prompt_ids` (as given), parquet with
+    `messages`; a row with none of them is named."""
+    from dmtp.cli.reproduce import read_prompt_file
+
+    tok = S.tokenizer()
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"id": "a", "prompt": "Hi there"}) + "\n" + json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
+    rows = read_prompt_file(f, tok)
+    assert [r["id"] for r in rows] == ["a", "1"] and rows[1]["prompt_ids"] == [5, 6, 7]
+    assert tok.decode(rows[0]["prompt_ids"]) == "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n" \
+        "<think>\n\n</think>\n\n"
+    pq = tmp_path / "p.parquet"
+    pd.DataFrame({"messages": [[{"role": "system", "content": "x"}, {"role": "user", "content": "Q?"}]]}).to_parquet(pq)
+    assert tok.decode(read_prompt_file(pq, tok)[0]["prompt_ids"]).startswith("<|im_start|>user\nQ?")
+    f.write_text(json.dumps({"text": "no prompt field"}) + "\n")
+    with pytest.raises(ValueError, match=r"p.jsonl: row 0: expected `conversations`, `messages`, `prompt`"):
+        read_prompt_file(f, tok)

@@ -77,11 +77,11 @@ def render(p: dict) -> str:
         f"PROJECTION (not a measurement) of the full open reproduction on {p['gpus']} GPUs, from measured rates:",
         f"  regen: {f['train_prompts']:,} prompts x {f['regen_tokens_per_prompt']:g} tokens at "
         f"{r.get('regen_tok_per_s_per_gpu', math.nan):,.0f} tok/s per GPU -> {h['regen_h']:,.1f} h",
-        f"  train: {f['epochs']} epochs x {f['train_prompts']:,} sequences x {f['train_tokens_per_sequence']:g} tokens x "
-        f"{f['drafter_runs']} drafters at {r.get('train_token_runs_per_s', math.nan):,.0f} token-drafters/s "
+        f"  train: {f['epochs']} epochs x {f['train_prompts']:,} sequences x {f['train_tokens_per_sequence']:g} "
+        f"tokens x {f['drafter_runs']} drafters at {r.get('train_token_runs_per_s', math.nan):,.0f} token-drafters/s "
         f"(on {r.get('train_world', 1)} GPU(s)) -> {h['train_h']:,.1f} h",
-        f"  eval: {f['eval_requests']} requests x {f['eval_tokens_per_request']:g} tokens x {f['eval_methods']} methods "
-        f"at {r.get('eval_tok_per_s', math.nan):,.0f} tok/s per GPU -> {h['eval_h']:,.2f} h",
+        f"  eval: {f['eval_requests']} requests x {f['eval_tokens_per_request']:g} tokens x {f['eval_methods']} "
+        f"methods at {r.get('eval_tok_per_s', math.nan):,.0f} tok/s per GPU -> {h['eval_h']:,.2f} h",
         f"  total: {h['total_h']:,.1f} h. Rates measured at small size (short contexts, random weights that never stop,"
         " caps as upper bounds on lengths): the full run's rates differ.",
     ])

@@ -55,11 +55,15 @@ from dmtp.cli.stages import record as stage_record
 from dmtp.config import Profile
 from dmtp.data import datasets as D
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import append_jsonl, iter_jsonl, one_writer, read_json, write_json, write_jsonl, write_meta
+from dmtp.io import append_jsonl, one_writer, read_json, write_json, write_jsonl, write_meta
 
 STAGES = ("regen", "train", "eval", "report")
 EVAL_SETS = ("gsm8k", "math500", "humaneval", "alpaca", "mtbench")  # the blog's open-reproduction sets
 TRAIN_SET = "openperfectblend"
+# how long a rank waits at a collective for the others: regeneration and evaluation deal whole batches / files, so the
+# ranks finish minutes to hours apart at full size (torch's default of 10 minutes would end a healthy run); torchrun
+# stops every rank when one fails, so a long wait never outlives a crash
+COLLECTIVE_TIMEOUT_H = 12
 RECORD_FIELDS = ("id", "prompt_ids", "output_ids", "stop_reason")  # a merged training record: no timings, so the
 # file is the same whatever ran it
 
@@ -71,6 +75,15 @@ class Ctx:
                  init_from: dict[str, str], force: bool, device: str | None):
         self.p, self.target, self.work = p, target, work
         self.data_paths, self.prompts, self.init_from, self.force = data_paths, prompts, init_from, force
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun (as dist.init reads it)
+            import datetime
+
+            import torch
+            import torch.distributed as tdist
+
+            if not tdist.is_initialized():
+                tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                         timeout=datetime.timedelta(hours=COLLECTIVE_TIMEOUT_H))
         self.rank, self.world, rank_dev = dist.init()
         self.dev = rank_dev or args.device(device)
         self.main = self.rank == 0
@@ -327,7 +340,6 @@ def st_regen(c: Ctx) -> dict | None:
 
 
 def st_train(c: Ctx) -> dict | None:
-    from dmtp.engine.methods import method_class  # noqa: F401  (registers the methods before the variants load)
     from dmtp.models.mtp import MTPHead
     from dmtp.models.target import Target
     from dmtp.models.variants import get_variant
@@ -369,6 +381,11 @@ def st_train(c: Ctx) -> dict | None:
                             backbones=a.backbones, variant_configs=c.p.drafter.variants)
     train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log)
     wall = time.time() - t0
+    if c.main:  # what trained them: the recipe, the drafters' shape, the environment and commit
+        write_meta(out / "meta.json", {"train": asdict(cfg), "drafter": base, "runs": c.runs(),
+                                       "backbones": {k: list(v) for k, v in a.backbones.items()},
+                                       "init_from": c.init_from, "data": str(data)},
+                   wall_s=wall, world=c.world, trained=todo)
     return {"runs": todo, "steps": cfg.steps, "global_batch": cfg.batch_size, "sequences": len(seqs),
             "max_len": cfg.max_len, "train_tokens": sum(min(len(s), cfg.max_len) for s in seqs) * c.p.scale.epochs,
             "world": c.world}
@@ -469,8 +486,10 @@ def st_report(c: Ctx) -> dict | None:
         return None
     from dmtp.analysis.report import render_report
 
-    require((c.work / "experiment.json").exists(), f"{c.work}/experiment.json is not there: run the eval stage "
-            "first")
+    require(any((c.work / "runs").glob("*/*/*.jsonl")), f"{c.work}/runs holds no records: run the eval stage first "
+            "(or decode into runs/<experiment>/<run>/<set>_T0.jsonl with dmtp generate)")
+    if not (c.work / "experiment.json").exists():  # records decoded by hand (dmtp generate): the profile's spec
+        write_experiment(c.work / "experiment.json", c.p)
     path = render_report(c.work.name, c.work.parent)
     c.log(f"report: {path}")
     return {"report": str(path)}
