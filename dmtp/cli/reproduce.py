@@ -40,8 +40,10 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import time
+from array import array
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -55,7 +57,7 @@ from dmtp.cli.stages import record as stage_record
 from dmtp.config import Profile
 from dmtp.data import datasets as D
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import append_jsonl, one_writer, read_json, write_json, write_jsonl, write_meta
+from dmtp.io import append_jsonl, atomic_path, one_writer, read_json, write_json, write_jsonl, write_meta
 
 STAGES = ("regen", "train", "eval", "report")
 EVAL_SETS = ("gsm8k", "math500", "humaneval", "alpaca", "mtbench")  # the blog's open-reproduction sets
@@ -189,7 +191,9 @@ def training_prompts(c: Ctx) -> list[dict]:
             if turns:
                 rows.append({"id": s.id(r, i), "prompt_ids": D.encode(c.tok, D.chat_text(
                     c.tok, [{"role": "user", "content": turns[0]}]))})
-    kept = [r for r in rows if 0 < len(r["prompt_ids"]) <= d.prompt_tokens][: d.prompts]
+    # token ids as compact arrays (the full set: ~1.4 M prompts; Python lists of ints would take ~8x the memory)
+    kept = [dict(r, prompt_ids=array("i", r["prompt_ids"])) for r in rows
+            if 0 < len(r["prompt_ids"]) <= d.prompt_tokens][: d.prompts]
     require(kept, f"no training prompt of 1 to {d.prompt_tokens} tokens (data.prompt_tokens) in "
             f"{c.prompts or c.data_paths.get(TRAIN_SET) or TRAIN_SET}")
     ids = [r["id"] for r in kept]
@@ -211,9 +215,12 @@ def eval_prompts(c: Ctx, ds: str, n: int) -> list[dict]:
 
 
 def digest(rows: list[dict]) -> str:
-    """sha256 of prompts as decoded (ids and token ids): what a fingerprint holds of its prompts."""
-    body = [[r["id"], r["prompt_ids"]] + ([r["turns"]] if "turns" in r else []) for r in rows]
-    return hashlib.sha256(json.dumps(body).encode()).hexdigest()
+    """sha256 of prompts as decoded (ids, token ids, turns), row by row: what a fingerprint holds of its prompts."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps([r["id"], list(r["prompt_ids"])] + ([r["turns"]] if "turns" in r else [])).encode())
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 # --- fingerprints ---------------------------------------------------------------------------------------------------
@@ -248,18 +255,51 @@ def drafter_key(c: Ctx, run: str, data_key: dict, cfg) -> dict:
 
 
 # --- stages -------------------------------------------------------------------------------------------------------
-def _shard_done(path: Path) -> dict[str, dict]:
-    """Records of one shard by id; a last line cut by a kill is left out (its batch is decoded again)."""
-    done = {}
+ID_AT_START = re.compile(rb'^\{"id": ("(?:[^"\\]|\\.)*")')  # a shard line opens with its id (written first)
+
+
+def shard_index(path: Path) -> dict[str, int]:
+    """id -> byte offset of its line in one shard, read without parsing the token lists (a shard of the full set
+    holds gigabytes); a last line cut by a kill is left out (its batch is decoded again)."""
+    out, pos = {}, 0
     if not path.exists():
-        return done
-    raw = path.read_bytes()
-    raw = raw[: raw.rfind(b"\n") + 1]
-    for line in raw.decode().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            done[r["id"]] = r
-    return done
+        return out
+    with open(path, "rb") as f:
+        for line in f:
+            if line.endswith(b"\n"):
+                m = ID_AT_START.match(line)
+                if not m:
+                    raise ValueError(f"{path}: line at byte {pos} is not a regeneration record")
+                out[json.loads(m.group(1))] = pos
+            pos += len(line)
+    return out
+
+
+def merge_shards(shards: Path, prompts: list[dict], out: Path) -> dict:
+    """data/train.jsonl from the shards, in prompt order, each record cut to RECORD_FIELDS, written atomically
+    (streamed: one record in memory at a time). Returns the counts."""
+    where = {}
+    for f in sorted(shards.glob("rank*.jsonl")):  # shards of any numbers of ranks: an id's first record wins
+        for rid, pos in shard_index(f).items():
+            where.setdefault(rid, (f, pos))
+    missing = [p["id"] for p in prompts if p["id"] not in where]
+    if missing:
+        raise RuntimeError(f"regen: {len(missing)} prompts have no record in {shards} (first {missing[0]!r}): "
+                           "run the stage again")
+    files, n_tok = {}, 0
+    with atomic_path(out) as tmp, open(tmp, "w") as w:
+        try:
+            for p in prompts:
+                f, pos = where[p["id"]]
+                fh = files.get(f) or files.setdefault(f, open(f, "rb"))
+                fh.seek(pos)
+                r = json.loads(fh.readline())
+                n_tok += len(r["output_ids"])
+                w.write(json.dumps({k: r[k] for k in RECORD_FIELDS}) + "\n")
+        finally:
+            for fh in files.values():
+                fh.close()
+    return {"sequences": len(prompts), "generated_tokens": n_tok}
 
 
 def st_regen(c: Ctx) -> dict | None:
@@ -285,13 +325,25 @@ def st_regen(c: Ctx) -> dict | None:
     dist.barrier()
     own = shards / f"rank{c.rank}-of-{c.world}.jsonl"
     if own.exists():  # a line cut by a kill: dropped (its batch is decoded again)
-        raw = own.read_bytes()
-        own.write_bytes(raw[: raw.rfind(b"\n") + 1])
-    done = {}
+        with open(own, "rb+") as f:
+            f.seek(0, os.SEEK_END)
+            size = pos = f.tell()
+            while pos > 0:  # back to the last newline
+                f.seek(max(0, pos - 65536))
+                chunk = f.read(pos - max(0, pos - 65536))
+                k = chunk.rfind(b"\n")
+                if k >= 0:
+                    pos = max(0, pos - 65536) + k + 1
+                    break
+                pos = max(0, pos - 65536)
+            if pos < size:
+                f.truncate(pos)
+    done = set()
     for f in sorted(shards.glob("rank*.jsonl")):  # every shard, of any earlier number of ranks
-        done.update(_shard_done(f))
+        done |= set(shard_index(f))
     B = d.batch
     todo = [i for i in range(0, len(prompts), B) if any(p["id"] not in done for p in prompts[i: i + B])]
+    dist.barrier()  # every rank has read the shards before any appends: one `todo`, dealt the same everywhere
     mine = todo[c.rank:: c.world]
     c.log(f"regen: {len(prompts)} prompts in {len(range(0, len(prompts), B))} batches of {B}; {len(done)} already "
           f"decoded, {len(todo)} batches to go over {c.world} rank(s)")
@@ -300,7 +352,7 @@ def st_regen(c: Ctx) -> dict | None:
         tgt = Target.load(c.target, dtype=c.dtype(), device=c.dev)
         eos, seed = c.eos(), c.p.stream(1)
         for i in mine:  # batch i keeps its prompts and its seed on any number of ranks
-            chunk = prompts[i: i + B]
+            chunk = [dict(p, prompt_ids=list(p["prompt_ids"])) for p in prompts[i: i + B]]
             t0 = time.time()
             recs = run_generate(tgt, AR(), chunk, d.temperature, d.new_tokens, eos, B, seed=seed + i,
                                 desc=f"regen {i // B + 1}", engine=c.p.engine)
@@ -316,27 +368,22 @@ def st_regen(c: Ctx) -> dict | None:
     rates = dist.all_gather_objects({"rank": c.rank, "tokens": tokens, "decode_s": round(wall, 3),
                                      "batches": len(mine)})
     dist.barrier()
-    if c.main:
-        got = {}
-        for f in sorted(shards.glob("rank*.jsonl")):
-            got.update(_shard_done(f))
-        missing = [p["id"] for p in prompts if p["id"] not in got]
-        if missing:
-            raise RuntimeError(f"regen: {len(missing)} prompts have no record in {shards} (first {missing[0]!r}): "
-                               "run the stage again")
-        recs = [{k: got[p["id"]][k] for k in RECORD_FIELDS} for p in prompts]
-        info = {"sequences": len(recs), "generated_tokens": sum(len(r["output_ids"]) for r in recs),
-                "world": c.world, "ranks": rates,
-                "tok_per_s_per_gpu": [round(r["tokens"] / r["decode_s"], 1) if r["decode_s"] else None
-                                      for r in rates]}
-        write_meta(merged.record, {"data": asdict(d), "prompts": str(c.prompts or c.data_paths.get(TRAIN_SET) or
-                                                                        TRAIN_SET), "seed": f"{c.p.stream(1)} + the "
-                                   "batch's offset"}, engine=c.p.engine, fingerprint=want, **info)
-        write_jsonl(out, recs)  # after its record: the file never exists without it
-        shutil.rmtree(shards, ignore_errors=True)
-        c.log(f"regen: {len(recs)} sequences, {info['generated_tokens']} generated tokens -> {out}")
-        return info
-    return None
+    if not c.main:
+        return None
+    info = dict(world=c.world, ranks=rates, tok_per_s_per_gpu=[round(r["tokens"] / r["decode_s"], 1)
+                                                                if r["decode_s"] else None for r in rates])
+    # the record first, then the file (it never exists without it): the counts are the merge's, so it goes
+    # into a temporary name until both are written
+    tmp = out.with_name(f".{out.name}.merging")
+    info.update(merge_shards(shards, prompts, tmp))
+    write_meta(merged.record, {"data": asdict(d), "prompts": str(c.prompts or c.data_paths.get(TRAIN_SET) or
+                                                                    TRAIN_SET),
+                               "seed": f"{c.p.stream(1)} + the batch's offset"},
+               engine=c.p.engine, fingerprint=want, **info)
+    os.replace(tmp, out)
+    shutil.rmtree(shards, ignore_errors=True)
+    c.log(f"regen: {info['sequences']} sequences, {info['generated_tokens']} generated tokens -> {out}")
+    return info
 
 
 def st_train(c: Ctx) -> dict | None:
@@ -443,6 +490,7 @@ def st_eval(c: Ctx) -> dict | None:
     if not c.force:
         preflight(units)
     todo = [u for u in units if not stage_check(u, c.force, c.log)]
+    dist.barrier()  # every rank has its `todo` before any file is written: the files are dealt the same everywhere
     if c.main:
         write_experiment(c.work / "experiment.json", c.p)  # the report takes its rows from it
     mine = todo[c.rank:: c.world]  # whole (run, set) files dealt to the ranks
