@@ -473,6 +473,8 @@ def main(argv=None):
                     "`conversations`, `messages`, `prompt` or `prompt_ids`")
     rp.add_argument("--init-from", action="append", metavar="[RUN=]PATH", default=[],
                     help="continue a drafter run from a public DFlash checkpoint (bare PATH: zero_init_residual)")
+    rp.add_argument("--train-group", type=args.at_least(0), default=0, help="drafters trained side by side per "
+                    "pass over the data (default 0: all; 1: one at a time, the least memory; the weights are the same)")
     rp.add_argument("--stage", default="all", help="regen,train,eval,report or all (default)")
     rp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")

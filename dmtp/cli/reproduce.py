@@ -16,7 +16,9 @@ Stages (`--stage regen,train` runs some; each skips or resumes finished work):
   train   every drafter run of the profile's ablation spec on the same batches (`train_drafters`; data-parallel
           under torchrun), `scale.epochs` passes over the regenerated sequences at the global batch
           `train.batch_size`; `--init-from [RUN=]PATH` continues a run (default zero_init_residual) from a public
-          DFlash checkpoint. Checkpoints every `train.save_every` steps: a killed run resumes.
+          DFlash checkpoint; `--train-group N` trains N drafters at a time (each drafter sees the same batches and
+          anchors either way: less memory, the target's features computed once per group). Checkpoints every
+          `train.save_every` steps: a killed run resumes.
   eval    the blog's protocol (`eval.*`): the first n prompts of each set, chat template with thinking off, T = 0,
           natural end-of-text stop, `eval.new_tokens` a turn, MT-Bench's second turn on the model's own first
           answer, `eval.batch` requests a batch; every run of the spec, the baselines (MTP415) included. One file a
@@ -90,6 +92,7 @@ class Ctx:
         self.dev = rank_dev or args.device(device)
         self.main = self.rank == 0
         self._tok = None
+        self.train_group = 0  # drafters trained side by side per pass over the data (0: all of them)
 
     def log(self, msg: str) -> None:
         if self.main:
@@ -424,9 +427,13 @@ def st_train(c: Ctx) -> dict | None:
     a = c.spec
     need_mtp = any(get_variant(a.backbones.get(r, (r,))[0]).needs_mtp for r in todo)
     mtp = MTPHead.load(tgt, c.target) if need_mtp else None
-    drafters = new_drafters(tgt, todo, base, {r: p for r, p in c.init_from.items() if r in todo},
-                            backbones=a.backbones, variant_configs=c.p.drafter.variants)
-    train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log)
+    group = c.train_group or len(todo)
+    for k in range(0, len(todo), group):  # each group on the same batches and anchors: the same drafters as together
+        runs = todo[k: k + group]
+        drafters = new_drafters(tgt, runs, base, {r: p for r, p in c.init_from.items() if r in runs},
+                                backbones=a.backbones, variant_configs=c.p.drafter.variants)
+        train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log)
+        del drafters
     wall = time.time() - t0
     if c.main:  # what trained them: the recipe, the drafters' shape, the environment and commit
         write_meta(out / "meta.json", {"train": asdict(cfg), "drafter": base, "runs": c.runs(),
@@ -588,6 +595,7 @@ def main(a) -> None:
     c = Ctx(p, Path(target), Path(a.work or f"runs/{p.folder}"), data_paths(a.data_path), prompts,
             {}, a.force, a.device)
     c.init_from = init_paths(a.init_from, c.runs())
+    c.train_group = a.train_group
     check_inputs(c, stages)
     c.work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as held:
