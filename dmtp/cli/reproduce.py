@@ -137,7 +137,10 @@ def data_paths(items: list[str]) -> dict[str, str]:
         name, eq, path = item.partition("=")
         if not eq or not name or not path:
             raise ValueError(f"--data-path {item!r}: expected SET=PATH with SET one of {', '.join(D.SPECS)}")
-        key = D.spec(name)[0]  # an unknown set names the known ones
+        try:
+            key = D.spec(name)[0]
+        except KeyError as e:  # an unknown set: the known ones named
+            raise KeyError(f"--data-path {item}: {e.args[0]}") from None
         if not Path(path).exists():
             raise FileNotFoundError(f"--data-path {key}={path}: no such file or folder")
         out[key] = path
@@ -152,7 +155,7 @@ def init_paths(items: list[str], runs: list[str]) -> dict[str, str]:
         run, eq, path = item.partition("=") if "=" in item else ("zero_init_residual", "=", item)
         require(run in runs, f"--init-from {item!r}: {run!r} is not a drafter run of this profile "
                 f"({', '.join(runs)})")
-        args.checkpoint(path, f"--init-from {run}=", "drafter checkpoint")
+        args.checkpoint(path, "--init-from", "drafter checkpoint")
         out[run] = str(Path(path).resolve())
     return out
 
