@@ -214,6 +214,7 @@ def main(argv=None):
     p = sub.add_parser("project", help="the full protocol's time from a stages.json (a projection)")
     p.add_argument("stages")
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the full run")
+    p.add_argument("--json", help="also write the projection (rates, counts, hours) to this JSON file")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         out = Path(a.out)
@@ -227,7 +228,12 @@ def main(argv=None):
     from dmtp.analysis.projection import FULL_27B, project, render
 
     stages = json.loads(Path(a.stages).read_text())
-    print(render(project(stages, FULL_27B, gpus=a.gpus)))
+    proj = project(stages, FULL_27B, gpus=a.gpus)
+    if a.json:
+        from dmtp.io import write_json
+
+        write_json(a.json, dict(proj, source=str(a.stages)))
+    print(render(proj))
 
 
 if __name__ == "__main__":

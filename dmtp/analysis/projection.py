@@ -41,8 +41,10 @@ def rates(stages: dict) -> dict:
     if "train" in s:
         t = s["train"]
         work = t["train_tokens"] * len(t["runs"])  # token x drafter: the drafters share the target's features
-        out["train_token_runs_per_s"] = work / t["wall_s"] if t["wall_s"] else math.nan
+        secs = t.get("train_s", t["wall_s"])  # the training loops alone, where recorded
+        out["train_token_runs_per_s"] = work / secs if secs else math.nan
         out["train_runs"] = len(t["runs"])
+        out["train_resumed"] = list(t.get("resumed", []))  # a resumed stage timed only part of its steps
         out["train_world"] = t.get("world", 1)
     if "eval" in s:
         f = s["eval"]["files"]
@@ -82,6 +84,8 @@ def render(p: dict) -> str:
         f"(on {r.get('train_world', 1)} GPU(s)) -> {h['train_h']:,.1f} h",
         f"  eval: {f['eval_requests']} requests x {f['eval_tokens_per_request']:g} tokens x {f['eval_methods']} "
         f"methods at {r.get('eval_tok_per_s', math.nan):,.0f} tok/s per GPU -> {h['eval_h']:,.2f} h",
+        *([f"  (training resumed {', '.join(r['train_resumed'])} from a checkpoint: its rate is overstated)"]
+          if r.get("train_resumed") else []),
         f"  total: {h['total_h']:,.1f} h. Rates measured at small size (short contexts, random weights that never stop,"
         " caps as upper bounds on lengths): the full run's rates differ.",
     ])

@@ -430,12 +430,16 @@ def st_train(c: Ctx) -> dict | None:
     a = c.spec
     need_mtp = any(get_variant(a.backbones.get(r, (r,))[0]).needs_mtp for r in todo)
     mtp = MTPHead.load(tgt, c.target) if need_mtp else None
-    group = c.train_group or len(todo)
+    # runs continuing a killed run's checkpoint: their steps before it are not in this stage's time
+    resumed = [r for r in todo if (out / r / "trainer_state.pt").exists()]
+    group, train_s = c.train_group or len(todo), 0.0
     for k in range(0, len(todo), group):  # each group on the same batches and anchors: the same drafters as together
         runs = todo[k: k + group]
         drafters = new_drafters(tgt, runs, base, {r: p for r, p in c.init_from.items() if r in runs},
                                 backbones=a.backbones, variant_configs=c.p.drafter.variants)
+        t1 = time.time()
         train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log)
+        train_s += time.time() - t1  # the training loops alone (no loading): what the projection's rate reads
         del drafters
     wall = time.time() - t0
     if c.main:  # what trained them: the recipe, the drafters' shape, the environment and commit
@@ -445,7 +449,7 @@ def st_train(c: Ctx) -> dict | None:
                    wall_s=wall, world=c.world, trained=todo)
     return {"runs": todo, "steps": cfg.steps, "global_batch": cfg.batch_size, "sequences": len(seqs),
             "max_len": cfg.max_len, "train_tokens": sum(min(len(s), cfg.max_len) for s in seqs) * c.p.scale.epochs,
-            "world": c.world}
+            "world": c.world, "train_s": round(train_s, 3), "resumed": resumed}
 
 
 def _sha(path: Path) -> str:

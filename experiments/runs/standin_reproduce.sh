@@ -40,6 +40,7 @@ for stage in regen train eval report; do
   save
   [ "$rc" = 0 ] || { stamp "stage $stage failed ($rc)"; exit "$rc"; }
 done
-$PY -m experiments.reproduce_standin project "$WORK/stages.json" --gpus 8 | tee "$DIR/projection.txt"
+$PY -m experiments.reproduce_standin project "$WORK/stages.json" --gpus 8 --json "$DIR/projection.json" \
+  | tee "$DIR/projection.txt"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$DIR/gpu.csv" 2>/dev/null
 stamp done
