@@ -203,9 +203,7 @@ def qwen3_6_35b_a3b() -> Profile:
                              "mrope_section": [11, 11, 10], "mrope_interleaved": True},
             mtp_num_hidden_layers=1),
         assumptions=p27.scale.assumptions + ("rope_theta=1e7 (as Qwen3.6-27B)",))
-    # the internal model's numbers are the Code ablation's (SPEC 8); evaluated with the open protocol above
-    return derive(p27, "qwen3.6-35b-a3b", drafter=dict(heads=32, kv_heads=4, intermediate=6144), scale=scale,
-                  ablation=code())
+    return derive(p27, "qwen3.6-35b-a3b", drafter=dict(heads=32, kv_heads=4, intermediate=6144), scale=scale)
 
 
 def open_tiny() -> Profile:

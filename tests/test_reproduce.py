@@ -213,6 +213,7 @@ def test_paper_profiles_evaluate_with_the_blogs_protocol():
         ev = get_profile(name).eval
         assert ev.sets == {s: 80 for s in SETS} and ev.new_tokens == 1024 and ev.batch == 32
         assert ev.temperatures == (0.0,) and ev.stops == () and ev.modes == ("natural",) and ev.mtp_steps == 4
+        assert get_profile(name).ablation.runs() == tuple(RUNS)
     a = get_profile("qwen3.6-27b").ablation
     assert a.runs() == tuple(RUNS) and a.blog_run == "fusion" and a.backbones["dmtp_d2"] == ("zero_init_residual",
                                                                                             "dflash2")

@@ -62,7 +62,6 @@ from dmtp.experiment import drafter_config, write_experiment
 from dmtp.io import append_jsonl, atomic_path, one_writer, read_json, write_json, write_jsonl, write_meta
 
 STAGES = ("regen", "train", "eval", "report")
-EVAL_SETS = ("gsm8k", "math500", "humaneval", "alpaca", "mtbench")  # the blog's open-reproduction sets
 TRAIN_SET = "openperfectblend"
 # how long a rank waits at a collective for the others: regeneration and evaluation deal whole batches / files, so the
 # ranks finish minutes to hours apart at full size (torch's default of 10 minutes would end a healthy run); torchrun
@@ -464,13 +463,15 @@ def run_file(c: Ctx, run: str, ds: str, temp: float) -> Path:
 
 
 def eval_units(c: Ctx) -> tuple[list[Unit], dict[str, list[dict]]]:
+    from dmtp.engine.methods import method_class
+
     ev, a = c.p.eval, c.spec
     prompts = {ds: eval_prompts(c, ds, n) for ds, n in ev.sets.items()}
     out = []
     drafters = c.work / "drafters"
-    for ds, n in ev.sets.items():
-        for temp in ev.temperatures:
-            for run in a.selected(a.runs()):
+    for run in a.selected(a.runs()):  # run by run: one drafter in memory at a time
+        for ds, n in ev.sets.items():
+            for temp in ev.temperatures:
                 path = run_file(c, run, ds, temp)
                 if run in a.baselines:
                     model = target_key(c)
@@ -480,7 +481,7 @@ def eval_units(c: Ctx) -> tuple[list[Unit], dict[str, list[dict]]]:
                              "drafter_done": (drafters / run / "DONE").exists()}
                 want = dict(model, engine=fingerprint(c.p.engine.records_key()),
                             **{"eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch, "eval.stops": list(ev.stops)},
-                            **({"eval.mtp_steps": ev.mtp_steps} if run == "mtp" else {}),
+                            **({"eval.mtp_steps": ev.mtp_steps} if method_class(run).uses_mtp_steps else {}),
                             run={"dataset": ds, "prompts": n, "temperature": temp, "method": run,
                                  "prompts_sha256": digest(prompts[ds])})
                 out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path],
@@ -517,9 +518,12 @@ def st_eval(c: Ctx) -> dict | None:
         for u in mine:
             run, ds, temp = u.run["run"], u.run["dataset"], u.run["temperature"]
             if run not in methods:
+                methods.clear()  # the previous run's drafter is done with (the units come run by run)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
                 methods[run] = load_method(run, tgt, mtp, c.work / "drafters", ev.mtp_steps)
             t0 = time.time()
-            if ds == "mtbench":  # two turns, the second on the model's own first answer
+            if any(len(q["turns"]) > 1 for q in prompts[ds]):  # MT-Bench: turn 2 on the model's own answer 1
                 recs = mtbench_generate(tgt, methods[run], tok, prompts[ds], temp, ev.new_tokens, eos, ev.batch,
                                         seed=0, engine=c.p.engine)
             else:
@@ -598,6 +602,10 @@ def main(a) -> None:
         made = {k: p.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
         got = {k: getattr(cfg, k) for k in made}
         require(made == got, f"--profile {p.name} is made for a target of {made}; --target {target} has {got}")
+    sp = p.ablation
+    require(not sp.continued and len(sp.seeds) == 1, f"--profile {p.name}: its ablation {sp.name!r} has "
+            f"{'continued runs' if sp.continued else 'several drafter seeds'}; dmtp reproduce trains each run once "
+            "from scratch (or --init-from): run it with an open-reproduction spec (ablations/open.py)")
     prompts = args.in_file(a.prompts, "--prompts") if a.prompts else None
     c = Ctx(p, Path(target), Path(a.work or f"runs/{p.folder}"), data_paths(a.data_path), prompts,
             {}, a.force, a.device)
