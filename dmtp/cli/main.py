@@ -28,7 +28,9 @@ from pathlib import Path
 from dmtp import dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
-from dmtp.cli import args, dryrun, pipeline, stages
+from dmtp.cli import args, dryrun, pipeline, reproduce, stages
+from dmtp.cli.args import eos_ids
+from dmtp.cli.args import modified as _modified
 from dmtp.config import EVAL_MODES, VERIFY_MODES, EngineConfig, TrainConfig
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
@@ -104,36 +106,6 @@ def read_prompts(path, tok=None, vocab_size=None):
     if not out:
         raise ValueError(f"{path} holds no prompts")
     return out
-
-
-def eos_ids(flag, cfg, tok, vocab_size, target) -> list[int]:
-    """End-of-text ids: --eos (ids, or `none`), else the config's eos_token_id and the tokenizer's; never invented."""
-    if flag is not None:
-        if flag.strip().lower() == "none":
-            return []
-        try:
-            ids = [int(x) for x in flag.split(",")]
-        except ValueError:
-            raise ValueError(f"--eos {flag!r}: expected comma-separated token ids, or none") from None
-    else:
-        e = getattr(cfg, "eos_token_id", None)
-        ids = [e] if isinstance(e, int) else list(e or [])
-        if tok is not None and tok.eos_token_id is not None:
-            ids.append(tok.eos_token_id)
-        if not ids:
-            raise ValueError(f"no end-of-text id: {target}/config.json sets no eos_token_id and the folder has no "
-                             "tokenizer files; pass --eos ID[,ID] (or --eos none to always decode --max-new-tokens)")
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise ValueError(f"end-of-text id {bad[0]} ({'--eos' if flag else 'config.json'}) outside the vocabulary "
-                         f"[0, {vocab_size})")
-    return sorted(set(ids))
-
-
-def _modified(path) -> str:
-    """When a checkpoint's weights were last written (part of a run's fingerprint: retrained in place = changed)."""
-    files = sorted(Path(path).glob("*.safetensors"))
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(f.stat().st_mtime for f in files))) if files else ""
 
 
 def prompts_digest(prompts: list[dict]) -> str:
@@ -480,16 +452,10 @@ def main(argv=None):
                     help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")
     rp.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available; under torchrun: the rank's)")
     rp.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
-    rp.set_defaults(fn=_reproduce)
+    rp.set_defaults(fn=reproduce.main)
 
     a = p.parse_args(argv)
     args.guard(f"dmtp {a.cmd}", a.fn, a)
-
-
-def _reproduce(a):
-    from dmtp.cli import reproduce  # (it reads this module's helpers)
-
-    reproduce.main(a)
 
 
 if __name__ == "__main__":

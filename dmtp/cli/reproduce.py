@@ -52,7 +52,7 @@ from pathlib import Path
 from dmtp import dist
 from dmtp.checks import require
 from dmtp.cli import args
-from dmtp.cli.main import _modified, eos_ids
+from dmtp.cli.args import eos_ids
 from dmtp.cli.stages import Unit, fingerprint, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
@@ -230,7 +230,7 @@ def digest(rows: list[dict]) -> str:
 
 # --- fingerprints ---------------------------------------------------------------------------------------------------
 def target_key(c: Ctx) -> dict:
-    return {"target": str(c.target.resolve()), "target_modified": _modified(c.target)}
+    return {"target": str(c.target.resolve()), "target_modified": args.modified(c.target)}
 
 
 def regen_key(c: Ctx, prompts_sha: str) -> dict:
