@@ -1,8 +1,8 @@
 """`dmtp reproduce` end to end on the CPU: a tiny random target in the published Qwen3.5/3.6 hybrid layout (mtp.*
 keys, a chat template in its tokenizer config), a public-layout DFlash checkpoint to continue from, and tiny local
 copies of the six sets in their published formats. Every stage runs and the report's tables are rendered from the
-records; a run SIGKILLed during regeneration (then resumed on 2 ranks) and during training resumes to the same
-files, weights and records as an uninterrupted one."""
+records; a run SIGKILLed during regeneration (then resumed on 2 ranks) and during training (its evaluation then on
+2 ranks) resumes to the same files, weights and records as an uninterrupted one."""
 import json
 import os
 import shutil
@@ -131,9 +131,11 @@ def test_every_stage_writes_the_report_layout(whole, inputs):
     rep = (w / "REPORT.md").read_text()
     for title in ("Open-reproduction layout", "First-token acceptance", "Acceptance per position", "Per turn"):
         assert title in rep
-    o = pd.read_csv(w / "tables" / "open_repro.csv")
-    assert sorted(o.dataset) == sorted(SETS) and {"mtp", "dflash_lo", "dmtp_d2_hi"} <= set(o.columns)
-    assert o.set_index("dataset").loc["gsm8k", "blog_dmtp_d"] == 5.074
+    o = pd.read_csv(w / "tables" / "open_repro.csv", dtype={"turn": str})
+    pooled = o[o.turn == "all"].set_index("dataset")
+    assert sorted(pooled.index) == sorted(SETS) and {"mtp", "dflash_lo", "dmtp_d2_hi"} <= set(o.columns)
+    assert pooled.loc["gsm8k", "blog_dmtp_d"] == 5.074
+    assert sorted(o[o.dataset == "mtbench"].turn) == ["1", "2", "all"]  # MT-Bench per turn beside both pooled
     ft = pd.read_csv(w / "tables" / "first_token.csv")
     assert set(ft.method) == set(RUNS)
     assert ft[(ft.dataset == "gsm8k") & (ft.method == "fusion")].blog_pct.iloc[0] == 93.83
@@ -168,9 +170,13 @@ def test_killed_runs_resume_to_the_same_result(whole, inputs):
     assert not any((work / "drafters" / r / "DONE").exists() for r in RUNS[1:])
     assert (work / "drafters" / "dflash" / "trainer_state.pt").exists()  # at step 2; the others: not saved yet
     assert not (work / "drafters" / "fusion" / "trainer_state.pt").exists()
-    # the rest: training resumes at its checkpoint, two drafters at a time (the same weights as all five together),
-    # then eval and report
-    dmtp(_cmd(inputs, work, "--train-group", "2"))
+    # training resumes at its checkpoint, two drafters at a time (the same weights as all five together); the
+    # evaluation files dealt to 2 ranks; the report
+    dmtp(_cmd(inputs, work, "--train-group", "2", "--stage", "train"))
+    p = _run(_cmd(inputs, work, "--stage", "eval"), nproc=2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    dmtp(_cmd(inputs, work, "--stage", "report"))
+    assert (work / "REPORT.md").exists()
     for run in RUNS[1:]:
         a = load_file(str(whole / "drafters" / run / "drafter" / "model.safetensors"))
         b = load_file(str(work / "drafters" / run / "drafter" / "model.safetensors"))

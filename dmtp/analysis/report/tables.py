@@ -491,12 +491,37 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
         for c in cols:  # the blog's table is at T=0
             row[f"blog_{c}"] = R.blog_value("open_repro", key[1], blog_col.get(c, c)) if key[2] == 0 else math.nan
         rows.append(row)
+        rows += _turn_rows(art, key, cols)
     if not rows:
         return skip("open-reproduction table")
-    return save(art, "open_repro", pd.DataFrame(rows), "Open-reproduction layout (per-request acceptance length)",
+    df = pd.DataFrame(rows)
+    if "turn" in df:  # pooled rows: every turn ("all")
+        df.insert(3, "turn", df.pop("turn").map(lambda t: "all" if pd.isna(t) else str(int(t))))
+    return save(art, "open_repro", df, "Open-reproduction layout (per-request acceptance length)",
                 "Columns: " + ", ".join(f"{c} = {OPEN_LABEL[c]} ({m})" for c, m in cols.items())
                 + "; [lo, hi]: hierarchical bootstrap 95% CI over realizations, seeds and requests (MT-Bench: each "
-                "turn a request); blog_*: Qwen3.6-27B, T=0.")
+                "turn a request; its rows with a turn: that turn's requests alone); blog_*: Qwen3.6-27B, T=0.")
+
+
+def _turn_rows(art: Artifacts, key: tuple, cols: dict[str, str]) -> list[dict]:
+    """Rows of the open-reproduction layout for each turn of a multi-turn set (record ids "<question>:t<turn>"),
+    each turn's requests alone; none for a single-turn set."""
+    g = art.runs
+    g = g[(g.experiment == key[0]) & (g.dataset == key[1]) & (g.temperature == key[2]) & (g["mode"] == "natural")]
+    turn = g.id.astype(str).str.extract(TURN, expand=False)
+    if turn.isna().any() or turn.nunique() < 2:
+        return []
+    out = []
+    for t in sorted(turn.unique(), key=int):
+        row = dict(zip(["experiment", "dataset", "temperature"], key), turn=int(t))
+        for c, m in cols.items():
+            sub = g[(turn == t) & (g.method == m)]
+            ci = S.seed_request_ci(cube(sub), n_boot=2000) if len(sub) else (math.nan,) * 3
+            row.update(zip([c, c + "_lo", c + "_hi"], ci))
+        row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
+        row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
+        out.append(row)
+    return out
 
 
 TURN = r":t(\d+)$"  # MT-Bench record ids "<question_id>:t<turn>" (engine.runner.mtbench_generate)
