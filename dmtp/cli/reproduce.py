@@ -191,7 +191,13 @@ def training_prompts(c: Ctx) -> list[dict]:
     else:
         key, s = D.spec(TRAIN_SET)
         rows = []
-        for i, r in enumerate(D.load_rows(key, c.data_paths.get(key))):
+        try:
+            raw = D.load_rows(key, c.data_paths.get(key))
+        except D.DatasetUnavailable as e:
+            raise D.DatasetUnavailable(f"regen: no training prompts: give --data-path {key}=PATH (its parquet folder) "
+                                       f"or --prompts FILE (.jsonl / .parquet of prompts) "
+                                       f"({str(e).split(': ', 1)[-1].split('. Point')[0]})") from None
+        for i, r in enumerate(raw):
             turns = s.turns(r)
             if turns:
                 rows.append({"id": s.id(r, i), "prompt_ids": D.encode(c.tok, D.chat_text(
@@ -576,12 +582,8 @@ def record_stage(c: Ctx, stage: str, wall: float, info: dict) -> None:
 
 
 def check_inputs(c: Ctx, stages: list[str]) -> None:
-    """What the requested stages read, checked before any work: the training prompts and the evaluation sets."""
-    if "regen" in stages and c.prompts is None and TRAIN_SET not in c.data_paths and \
-            not os.environ.get(D.env_var(TRAIN_SET)):
-        raise FileNotFoundError(f"regen: no training prompts: give --data-path {TRAIN_SET}=PATH (its parquet "
-                                "folder) or --prompts FILE (.jsonl / .parquet of prompts)")
-    if "eval" in stages:
+    """The evaluation sets, checked before any work when the eval stage is requested."""
+    if "eval" in stages:  # (the training prompts are read first thing in regen, the first stage)
         for ds, n in c.p.eval.sets.items():
             eval_prompts(c, ds, n)  # a missing set: one line naming it
 
@@ -606,7 +608,9 @@ def main(a) -> None:
     require(not sp.continued and len(sp.seeds) == 1, f"--profile {p.name}: its ablation {sp.name!r} has "
             f"{'continued runs' if sp.continued else 'several drafter seeds'}; dmtp reproduce trains each run once "
             "from scratch (or --init-from): run it with an open-reproduction spec (ablations/open.py)")
-    prompts = args.in_file(a.prompts, "--prompts") if a.prompts else None
+    prompts = Path(a.prompts) if a.prompts else None
+    if prompts is not None and not prompts.exists():
+        raise FileNotFoundError(f"--prompts {prompts}: no such file or folder")
     c = Ctx(p, Path(target), Path(a.work or f"runs/{p.folder}"), data_paths(a.data_path), prompts,
             {}, a.force, a.device)
     c.init_from = init_paths(a.init_from, c.runs())
