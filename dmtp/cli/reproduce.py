@@ -562,7 +562,8 @@ def st_report(c: Ctx) -> dict | None:
             "(or decode into runs/<experiment>/<run>/<set>_T0.jsonl with dmtp generate)")
     if not (c.work / "experiment.json").exists():  # records decoded by hand (dmtp generate): the profile's spec
         write_experiment(c.work / "experiment.json", c.p)
-    path = render_report(c.work.name, c.work.parent)
+    path = render_report(c.work.name, c.work.parent, name=c.p.name,
+                         command=f"dmtp reproduce --profile {c.p.name} --work {c.work} --stage report")
     c.log(f"report: {path}")
     return {"report": str(path)}
 
