@@ -155,7 +155,7 @@ def paper_target(out: Path, profile: str = "qwen3.6-27b", layers: int = 4, devic
 
 
 def public_dflash(out: Path, target: Path, layers: int = 1, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
-                  intermediate: int = 128, seed: int = 0) -> Path:
+                  intermediate: int = 128, mask_token_id: int = 2, seed: int = 0) -> Path:
     """A random DFlash drafter for `target` written in the public layout (config `dflash_config`, `layers.N.*`, `fc`,
     `hidden_norm`, `norm`; no embedding or head), as z-lab's drafters ship: what `--init-from` continues."""
     import torch
@@ -186,7 +186,7 @@ def public_dflash(out: Path, target: Path, layers: int = 1, heads: int = 4, kv_h
            "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "attention_bias": False,
            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
            "num_target_layers": t.num_hidden_layers, "tie_word_embeddings": False, "block_size": 8,
-           "dflash_config": {"target_layer_ids": taps, "mask_token_id": 2}}
+           "dflash_config": {"target_layer_ids": taps, "mask_token_id": mask_token_id}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file({k: v.to(torch.bfloat16 if H > 1024 else torch.float32).contiguous() for k, v in sd.items()},
@@ -220,8 +220,12 @@ def main(argv=None):
         out = Path(a.out)
         target = tiny_target(out / "target") if a.tiny else paper_target(out / "target", a.profile, a.layers,
                                                                           a.device)
-        public_dflash(out / "dflash", target, **({} if a.tiny else dict(heads=32, kv_heads=8, head_dim=128,
-                                                                        intermediate=17408)))
+        from experiments.profiles import get_profile
+
+        d = get_profile(a.profile).drafter  # the paper drafter's shape (z-lab's Qwen3.6 drafters), one layer
+        public_dflash(out / "dflash", target, **({} if a.tiny else dict(
+            heads=d.heads, kv_heads=d.kv_heads, head_dim=d.head_dim, intermediate=d.intermediate,
+            mask_token_id=d.mask_token_id)))
         files = write_sets(out / "data", a.rows, a.train_rows)
         print(" ".join(data_flags(files)))
         return
