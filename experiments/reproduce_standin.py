@@ -113,7 +113,7 @@ def tiny_target(out: Path, arch: str = "qwen3_5_hybrid", seed: int = 0) -> Path:
 
 
 def save_tokenizer(tok, out: Path) -> None:
-    """The tokenizer files, its chat template inside tokenizer_config.json (as Qwen's releases carry it)."""
+    """The tokenizer files, its chat template inside tokenizer_config.json (as Qwen's releases ship it)."""
     tok.save_pretrained(out)
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     cfg["chat_template"] = TEMPLATE
