@@ -1,7 +1,7 @@
 """The open reproduction's full time, projected from the stage rates a small `dmtp reproduce` run measured
 (its stages.json): a projection, not a measurement. Each stage's time is its work at full size divided by the rate
 measured at small size, so whatever makes the small run's rate unlike the full run's (shorter contexts, random
-weights that never stop, another batch) carries into the projection; `render` says so beside the numbers.
+weights that never stop, another batch) passes into the projection; `render` says so beside the numbers.
 
     from dmtp.analysis.projection import FULL_27B, project, render
     print(render(project(json.load(open("runs/standin/stages.json")), FULL_27B, gpus=8)))
