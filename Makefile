@@ -9,7 +9,7 @@ WORK ?= work
 RESULTS ?= results
 
 .PHONY: venv test ablation-code bench bench-train tables figures report corpus tokenizer target data drafters eval dpcheck dppool \
-	clean-work verify device-prep
+	clean-work verify device-prep reproduce
 
 # CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
 $(VENV)/.installed: pyproject.toml
@@ -52,6 +52,19 @@ dpcheck: $(VENV)/.installed
 dppool: $(VENV)/.installed
 	$(PY) -m experiments.dpcheck --profile $(PROFILE) --out $(RESULTS)/$(PROFILE)/multigpu \
 		--pool $(wildcard $(RESULTS)/$(PROFILE)/multigpu/*/curves.csv)
+
+# the blog's open reproduction on a local target (dmtp/cli/reproduce.py): regen -> train -> eval -> report, each stage
+# resumable; NGPU > 1 runs it under torchrun (regen, train and eval data-parallel). DATA: SET=PATH items, e.g.
+#   make reproduce PROFILE=qwen3.6-27b TARGET=/models/Qwen3.6-27B NGPU=8 \
+#     DATA='openperfectblend=/data/opb gsm8k=/data/gsm8k math500=/data/math500.jsonl \
+#           humaneval=/data/HumanEval.jsonl.gz alpaca=/data/alpaca_data.json mtbench=/data/question.jsonl'
+# REPRODUCE_ARGS passes more flags (--init-from PATH, --stage eval,report, --set eval.new_tokens=128, ...)
+REPRODUCE_WORK ?= runs/$(PROFILE)
+reproduce: $(VENV)/.installed
+	@test -n "$(TARGET)" || { echo "make reproduce: give TARGET=<local target checkpoint folder>" >&2; exit 2; }
+	$(if $(filter 1,$(NGPU)),$(PY),$(PY) -m torch.distributed.run --nproc_per_node=$(NGPU)) -m dmtp.cli reproduce \
+		--profile $(PROFILE) --target $(TARGET) --work $(REPRODUCE_WORK) $(foreach d,$(DATA),--data-path $(d)) \
+		$(REPRODUCE_ARGS)
 
 # benchmarks (GPU for meaningful numbers): stage overhead, throughput per batch cap, our loop vs a plain HF loop
 bench: $(VENV)/.installed

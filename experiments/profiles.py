@@ -13,6 +13,7 @@ import argparse
 from dataclasses import replace
 
 from ablations.code import code
+from ablations.open import open_reproduction
 from dmtp.config import PaperScale, PretrainConfig, Profile, TargetArch, TrainConfig
 from dmtp.experiment import check_models
 from dmtp.schema import derive, override
@@ -129,6 +130,15 @@ MASK_TOKENS = {"qwen3": 151669, "qwen3_5": 248070}
 OPEN_PERFECTBLEND_ROWS = 1_420_909
 
 
+# The blog's open-reproduction protocol (SPEC 8): the first 80 prompts of each set, chat template with thinking off,
+# T = 0, natural end-of-text stop (no stop strings), at most 1,024 new tokens a turn, MT-Bench's second turn on the
+# model's own first answer, batch cap 32, MTP415 beside the drafters
+OPEN_PROTOCOL = dict(sets={"gsm8k": 80, "math500": 80, "humaneval": 80, "alpaca": 80, "mtbench": 80},
+                     all_methods_on=("gsm8k", "math500", "humaneval", "alpaca", "mtbench"), subsets={},
+                     temperatures=(0.0,), modes=("natural",), stops=(), new_tokens=1024, batch=32, mtp_steps=4,
+                     ood={}, ood_runs=())
+
+
 def _paper_steps(epochs: int, n: int, global_batch: int) -> int:
     return -(-epochs * n // global_batch)
 
@@ -159,16 +169,17 @@ def qwen3_6_27b() -> Profile:
     return derive(
         base(), "qwen3.6-27b",
         engine=dict(dtype="bf16"),  # target + drafter precision (evaluation weights; training: train.amp_bf16)
+        # on-policy regeneration (`dmtp reproduce`, stage regen): every OpenPerfectBlend prompt of at most 2,048 tokens
+        # (chat template, thinking off) answered by the target in up to 2,048 tokens (the training sequences are cut
+        # at scale.max_seq_len); the blog states neither the temperature nor the length: 0.8 as the embedded default
+        data=dict(prompts=OPEN_PERFECTBLEND_ROWS, prompt_tokens=2048, new_tokens=2048, temperature=0.8, batch=64),
         drafter=dict(layers=5, heads=32, kv_heads=8, intermediate=17408, head_dim=128, block_size=8, window=4096,
                      rope_theta=0.0, mask_token_id=MASK_TOKENS["qwen3_5"]),
         train=TrainConfig(steps=_paper_steps(scale.epochs, scale.train_prompts, scale.global_batch), batch_size=16,
                           max_len=scale.max_seq_len, anchors_per_seq=512, lr=6e-4, warmup_frac=0.04, clip=1.0,
                           gamma=4.0, save_every=1000, log_every=50, amp_bf16=True),
-        ablation=dict(continue_steps=0),
-        # first n rows of each set (alpaca: the spec gives no count; 500 of its 52K rows)
-        eval=dict(sets={"gsm8k": 1319, "math500": 500, "humaneval": 164, "alpaca": 500, "mtbench": 80},
-                  all_methods_on=("gsm8k", "humaneval", "math500", "alpaca", "mtbench"), subsets={},
-                  temperatures=(0.0,), new_tokens=2048, batch=32, mtp_steps=4),
+        ablation=open_reproduction(),
+        eval=OPEN_PROTOCOL,
         scale=scale,
     )
 
@@ -195,7 +206,27 @@ def qwen3_6_35b_a3b() -> Profile:
     return derive(p27, "qwen3.6-35b-a3b", drafter=dict(heads=32, kv_heads=4, intermediate=6144), scale=scale)
 
 
-PROFILES.update({"qwen3.6-27b": qwen3_6_27b, "qwen3.6-35b-a3b": qwen3_6_35b_a3b})
+def open_tiny() -> Profile:
+    """The open reproduction at toy size, on any small local target (no target config of its own): 1-layer drafters,
+    a few training steps, 4 prompts a set at 16 new tokens. What the CPU test of `dmtp reproduce` runs:
+
+        dmtp reproduce --profile open-tiny --target TINY_CKPT --work /tmp/open --data-path gsm8k=... (every set)"""
+    p27 = qwen3_6_27b()
+    return derive(
+        p27, "open-tiny",
+        engine=dict(dtype="fp32"),
+        data=dict(prompts=12, prompt_tokens=256, new_tokens=12, temperature=0.0, batch=4),
+        drafter=dict(layers=1, heads=4, kv_heads=2, intermediate=128, head_dim=16, rope_theta=10000.0,
+                     mask_token_id=2),
+        train=TrainConfig(steps=1, batch_size=4, max_len=128, anchors_per_seq=8, save_every=2, log_every=1,
+                          compile="off"),
+        eval=dict(sets={k: 4 for k in OPEN_PROTOCOL["sets"]}, new_tokens=16, batch=4),
+        scale=replace(p27.scale, target_env="", target_config={}, assumptions=(), max_seq_len=128, global_batch=4,
+                      epochs=2, train_prompts=0),
+    )
+
+
+PROFILES.update({"qwen3.6-27b": qwen3_6_27b, "qwen3.6-35b-a3b": qwen3_6_35b_a3b, "open-tiny": open_tiny})
 
 
 # --- what the run scripts ask of a profile ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from dmtp import checks
@@ -173,3 +174,33 @@ def device(name: str | None) -> str:
     elif d.type != "cpu":
         raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N")
     return name
+
+
+def eos_ids(flag, cfg, tok, vocab_size, target) -> list[int]:
+    """End-of-text ids: --eos (ids, or `none`), else the config's eos_token_id and the tokenizer's; never invented."""
+    if flag is not None:
+        if flag.strip().lower() == "none":
+            return []
+        try:
+            ids = [int(x) for x in flag.split(",")]
+        except ValueError:
+            raise ValueError(f"--eos {flag!r}: expected comma-separated token ids, or none") from None
+    else:
+        e = getattr(cfg, "eos_token_id", None)
+        ids = [e] if isinstance(e, int) else list(e or [])
+        if tok is not None and tok.eos_token_id is not None:
+            ids.append(tok.eos_token_id)
+        if not ids:
+            raise ValueError(f"no end-of-text id: {target}/config.json sets no eos_token_id and the folder has no "
+                             "tokenizer files; pass --eos ID[,ID] (or --eos none to always decode --max-new-tokens)")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"end-of-text id {bad[0]} ({'--eos' if flag else 'config.json'}) outside the vocabulary "
+                         f"[0, {vocab_size})")
+    return sorted(set(ids))
+
+
+def modified(path) -> str:
+    """When a checkpoint's weights were last written (part of a run's fingerprint: retrained in place = changed)."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(f.stat().st_mtime for f in files))) if files else ""

@@ -10,6 +10,7 @@
     dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
     dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
+    dmtp reproduce --profile qwen3.6-27b --target CKPT --data-path gsm8k=PATH ...   # the blog's open reproduction
 
 Inputs are checked before any work; a bad one stops with one line naming it (exit 2). `dmtp generate` appends its
 records batch by batch and a rerun resumes; an output or drafter made with another configuration is refused
@@ -27,7 +28,9 @@ from pathlib import Path
 from dmtp import dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
-from dmtp.cli import args, dryrun, pipeline, stages
+from dmtp.cli import args, dryrun, pipeline, reproduce, stages
+from dmtp.cli.args import eos_ids
+from dmtp.cli.args import modified as _modified
 from dmtp.config import EVAL_MODES, VERIFY_MODES, EngineConfig, TrainConfig
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
@@ -103,36 +106,6 @@ def read_prompts(path, tok=None, vocab_size=None):
     if not out:
         raise ValueError(f"{path} holds no prompts")
     return out
-
-
-def eos_ids(flag, cfg, tok, vocab_size, target) -> list[int]:
-    """End-of-text ids: --eos (ids, or `none`), else the config's eos_token_id and the tokenizer's; never invented."""
-    if flag is not None:
-        if flag.strip().lower() == "none":
-            return []
-        try:
-            ids = [int(x) for x in flag.split(",")]
-        except ValueError:
-            raise ValueError(f"--eos {flag!r}: expected comma-separated token ids, or none") from None
-    else:
-        e = getattr(cfg, "eos_token_id", None)
-        ids = [e] if isinstance(e, int) else list(e or [])
-        if tok is not None and tok.eos_token_id is not None:
-            ids.append(tok.eos_token_id)
-        if not ids:
-            raise ValueError(f"no end-of-text id: {target}/config.json sets no eos_token_id and the folder has no "
-                             "tokenizer files; pass --eos ID[,ID] (or --eos none to always decode --max-new-tokens)")
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise ValueError(f"end-of-text id {bad[0]} ({'--eos' if flag else 'config.json'}) outside the vocabulary "
-                         f"[0, {vocab_size})")
-    return sorted(set(ids))
-
-
-def _modified(path) -> str:
-    """When a checkpoint's weights were last written (part of a run's fingerprint: retrained in place = changed)."""
-    files = sorted(Path(path).glob("*.safetensors"))
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(f.stat().st_mtime for f in files))) if files else ""
 
 
 def prompts_digest(prompts: list[dict]) -> str:
@@ -466,6 +439,28 @@ def main(argv=None):
     dr.add_argument("--target", help="checkpoint whose config.json to check (default: the profile's env var, else "
                     "the profile's config)")
     dr.set_defaults(fn=lambda a: sys.exit(dryrun.main(a)))
+
+    rp = sub.add_parser("reproduce", help="the blog's open reproduction on a local target: regen -> train -> eval -> "
+                        "report, each stage resumable (dmtp/cli/reproduce.py)")
+    rp.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b | open-tiny (CPU, toy size)")
+    rp.add_argument("--target", required=True, help="local target checkpoint (HF layout with its mtp.* weights and "
+                    "tokenizer)")
+    rp.add_argument("--work", help="where everything goes (default runs/<profile>)")
+    rp.add_argument("--data-path", action="append", metavar="SET=PATH", default=[],
+                    help="local copy of a set in its published format, repeatable: openperfectblend, gsm8k, math500, "
+                    "humaneval, alpaca, mtbench")
+    rp.add_argument("--prompts", help="training prompts instead of OpenPerfectBlend: .jsonl / .parquet with "
+                    "`conversations`, `messages`, `prompt` or `prompt_ids`")
+    rp.add_argument("--init-from", action="append", metavar="[RUN=]PATH", default=[],
+                    help="continue a drafter run from a public DFlash checkpoint (bare PATH: zero_init_residual)")
+    rp.add_argument("--train-group", type=args.at_least(0), default=0, help="drafters trained side by side per "
+                    "pass over the data (default 0: all; 1: one at a time, the least memory; the weights are the same)")
+    rp.add_argument("--stage", default="all", help="regen,train,eval,report or all (default)")
+    rp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")
+    rp.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available; under torchrun: the rank's)")
+    rp.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
+    rp.set_defaults(fn=reproduce.main)
 
     a = p.parse_args(argv)
     args.guard(f"dmtp {a.cmd}", a.fn, a)

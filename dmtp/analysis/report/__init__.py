@@ -29,6 +29,7 @@ SECTIONS = [
     ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
     ("Per-round overhead", ["overhead"], ["overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
+    ("Per turn (multi-turn sets)", ["turns"], []),
 ]
 
 
@@ -81,10 +82,13 @@ def how(art: Artifacts) -> list[str]:
     if len(corpora) > 1:  # another Python installation: other files, so other targets and other `pytests` prompts
         rows += ["", f"**The pooled realizations' corpora differ** ({', '.join(sorted(corpora))}): their targets "
                  "pretrained on different files and an out-of-distribution set holds different prompts in each."]
+    made = ("Each realization is one `dmtp reproduce` run on a local target (on-policy regeneration, drafter "
+            "training, the blog's evaluation protocol; each stage's wall time in stages.json)"
+            if (art.root / "stages.json").exists() else
+            "Each realization is one `dmtp pipeline` run of the profile (its own target, on-policy data and drafter "
+            "seeds: `Profile.realization`), then `python -m dmtp.cli.bench` on its trained models")
     out = ["## How the runs were made", "",
-           "Each realization is one `dmtp pipeline` run of the profile (its own target, on-policy data and drafter "
-           "seeds: `Profile.realization`), then `python -m dmtp.cli.bench` on its trained models. The run history, "
-           "negative results included, is in LOG.md"
+           made + ". The run history, negative results included, is in LOG.md"
            + (", this profile's hand-written notes in [NOTES.md](NOTES.md)" if (art.root / "NOTES.md").exists() else "")
            + ".", "", *rows, ""]
     if art.left_out:
@@ -92,16 +96,18 @@ def how(art: Artifacts) -> list[str]:
     return out
 
 
-def render_report(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Path:
+def render_report(profile: str, results: str | Path = "results", art: Artifacts | None = None,
+                  name: str | None = None, command: str | None = None) -> Path:
     """Render every table and figure, then write results/<profile>/REPORT.md: what was found (the claims table, the
     headline figure, the acceptance tables and rankings), throughput, the cost model, the detailed tables, and last
-    how the runs were made."""
+    how the runs were made. `name` / `command`: the profile and the command named in its heading when the folder is
+    not results/<profile> (default: the folder's name, `python -m dmtp.cli.report report`)."""
     art = render_figures(profile, results, render_tables(profile, results, art))
     s = art.summary
     reals = ", ".join(r.name for r in art.realizations)
-    out = [f"# DMTP report — profile `{profile}`", "",
-           f"Rendered from `{art.root}` ({len(art.realizations)} realization(s): {reals}) by `python -m "
-           f"dmtp.cli.report report --profile {profile}`. Acceptance lengths include the bonus token; intervals are "
+    command = command or f"python -m dmtp.cli.report report --profile {profile}"
+    out = [f"# DMTP report — profile `{name or profile}`", "",
+           f"Rendered from `{art.root}` ({len(art.realizations)} realization(s): {reals}) by `{command}`. Acceptance lengths include the bonus token; intervals are "
            "95 %: [hierarchical bootstrap over realizations, drafter seeds and requests] and t [t-interval over the "
            "top level's units: realizations when there are several, else seeds]." + (
                f" Left out: {', '.join(n for n, _ in art.left_out)} (see the end)." if art.left_out else ""), ""]

@@ -23,7 +23,8 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
-from dmtp.analysis.report.data import Artifacts, cube, group, load, missing_runs, paired_runs, per_unit
+from dmtp.analysis.report.data import (Artifacts, cube, group, load, missing_runs, paired_runs, per_unit,
+                                       pooled_hist)
 from dmtp.config import GROUPS
 
 OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2": "DFlash2", "dmtp_d2": "DMTP(D2)"}
@@ -480,19 +481,74 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
     blog_col = {"dmtp_d": "dmtp"}  # the blog's open_repro table calls DMTP(D) "dmtp"
     rows = []
     for key, g in _groups(art, cols.values()):
-        by = g.set_index("method").acceptance_length
+        by = g.set_index("method")
         row = dict(zip(["experiment", "dataset", "temperature"], key))
-        row.update({c: by.get(m, math.nan) for c, m in cols.items()})
+        for c, m in cols.items():  # the value and its hierarchical bootstrap interval (printed "v [lo, hi]")
+            for suffix in ("", "_lo", "_hi"):
+                row[c + suffix] = by["acceptance_length" + suffix].get(m, math.nan)
         row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
         row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
         for c in cols:  # the blog's table is at T=0
             row[f"blog_{c}"] = R.blog_value("open_repro", key[1], blog_col.get(c, c)) if key[2] == 0 else math.nan
         rows.append(row)
+        rows += _turn_rows(art, key, cols)
     if not rows:
         return skip("open-reproduction table")
-    return save(art, "open_repro", pd.DataFrame(rows), "Open-reproduction layout (per-request acceptance length)",
+    df = pd.DataFrame(rows)
+    if "turn" in df:  # pooled rows: every turn ("all")
+        df.insert(3, "turn", df.pop("turn").map(lambda t: "all" if pd.isna(t) else str(int(t))))
+    return save(art, "open_repro", df, "Open-reproduction layout (per-request acceptance length)",
                 "Columns: " + ", ".join(f"{c} = {OPEN_LABEL[c]} ({m})" for c, m in cols.items())
-                + "; blog_*: Qwen3.6-27B, T=0.")
+                + "; [lo, hi]: hierarchical bootstrap 95% CI over realizations, seeds and requests (MT-Bench: each "
+                "turn a request; its rows with a turn: that turn's requests alone); blog_*: Qwen3.6-27B, T=0.")
+
+
+def _turn_rows(art: Artifacts, key: tuple, cols: dict[str, str]) -> list[dict]:
+    """Rows of the open-reproduction layout for each turn of a multi-turn set (record ids "<question>:t<turn>"),
+    each turn's requests alone; none for a single-turn set."""
+    g = art.runs
+    g = g[(g.experiment == key[0]) & (g.dataset == key[1]) & (g.temperature == key[2]) & (g["mode"] == "natural")]
+    turn = g.id.astype(str).str.extract(TURN, expand=False)
+    if turn.isna().any() or turn.nunique() < 2:
+        return []
+    out = []
+    for t in sorted(turn.unique(), key=int):
+        row = dict(zip(["experiment", "dataset", "temperature"], key), turn=int(t))
+        for c, m in cols.items():
+            sub = g[(turn == t) & (g.method == m)]
+            ci = S.seed_request_ci(cube(sub), n_boot=2000) if len(sub) else (math.nan,) * 3
+            row.update(zip([c, c + "_lo", c + "_hi"], ci))
+        row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
+        row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
+        out.append(row)
+    return out
+
+
+TURN = r":t(\d+)$"  # MT-Bench record ids "<question_id>:t<turn>" (engine.runner.mtbench_generate)
+
+
+def turns(art: Artifacts) -> pd.DataFrame | None:
+    """Multi-turn sets (MT-Bench) per turn: per-request acceptance length of each turn's requests, its hierarchical
+    bootstrap interval, and first-token acceptance, per method; the blog reports the turns pooled."""
+    r = art.runs
+    r = r[(r["mode"] == "natural") & r.id.astype(str).str.contains(r":t\d+$")] if len(r) else r
+    if r.empty:
+        return skip("per-turn table (no multi-turn records)")
+    r = r.assign(turn=r.id.astype(str).str.extract(TURN, expand=False).astype(int))
+    rows = []
+    for (exp, ds, t, m, turn), g in r.groupby(["experiment", "dataset", "temperature", "method", "turn"], sort=True):
+        K, hist = pooled_hist(g)
+        al = S.seed_request_ci(cube(g), n_boot=2000) if len(g) else (math.nan,) * 3
+        rows.append({"experiment": exp, "dataset": ds, "temperature": t, "method": m, "turn": turn,
+                     "n_requests": int((g.n_rounds > 0).sum()), "n_rounds": int(hist.sum()),
+                     **dict(zip(["acceptance_length", "acceptance_length_lo", "acceptance_length_hi"], al)),
+                     "first_token_pct": 100 * M.first_token(hist) if K > 0 and hist.sum() else math.nan})
+    df = pd.DataFrame(rows)
+    df = df.iloc[sorted(range(len(df)), key=lambda i: (df.experiment[i], df.dataset[i], df.temperature[i],
+                                                       art.rank(df.method[i]), df.turn[i]))].reset_index(drop=True)
+    return save(art, "turns", df, "Per turn (MT-Bench): per-request acceptance length",
+                "Each turn's requests alone (turn 2 on the model's own first answer); [lo, hi]: hierarchical bootstrap "
+                "95% CI; first_token_pct: rounds accepting >= 1 draft / rounds of that turn.")
 
 
 # --- research protocol: pairwise tests, the control, ceilings at T > 0, learning curves, zero-round requests ---------
@@ -767,7 +823,7 @@ KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realizat
 
 
 ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, throughput, overhead, costmodel,
-       open_repro, pairwise, ceiling, learning_curve, curve_increments, curve_gaps, zero_rounds]
+       open_repro, turns, pairwise, ceiling, learning_curve, curve_increments, curve_gaps, zero_rounds]
 
 
 def missing(art: Artifacts) -> list[tuple]:

@@ -1,0 +1,632 @@
+"""`dmtp reproduce`: the blog's open reproduction (SPEC §8) on a local target checkpoint, as resumable stages.
+
+    dmtp reproduce --profile qwen3.6-27b --target /models/Qwen3.6-27B --work runs/qwen3.6-27b \
+        --data-path openperfectblend=/data/open-perfectblend --data-path gsm8k=/data/gsm8k \
+        --data-path math500=/data/MATH-500/test.jsonl --data-path humaneval=/data/HumanEval.jsonl.gz \
+        --data-path alpaca=/data/alpaca_data.json --data-path mtbench=/data/mt_bench/question.jsonl
+    torchrun --nproc_per_node=8 -m dmtp.cli reproduce ...       # the same, regen / train / eval over 8 GPUs
+    dmtp reproduce --profile open-tiny --target TINY --work /tmp/open --data-path ...   # CPU, toy size (tests)
+
+Stages (`--stage regen,train` runs some; each skips or resumes finished work):
+  regen   on-policy training data: the target answers the training prompts (OpenPerfectBlend, or `--prompts FILE`,
+          chat template with thinking off) at the profile's `data.*` temperature and length. Whole batches are dealt
+          to the ranks; each rank appends its batches to its own shard as they finish (a kill loses at most the
+          batches in flight), and the shards merge atomically into data/train.jsonl in prompt order. Each batch is
+          seeded by its offset, so the merged file is the same on any number of ranks (at T = 0 byte for byte).
+  train   every drafter run of the profile's ablation spec on the same batches (`train_drafters`; data-parallel
+          under torchrun), `scale.epochs` passes over the regenerated sequences at the global batch
+          `train.batch_size`; `--init-from [RUN=]PATH` continues a run (default zero_init_residual) from a public
+          DFlash checkpoint; `--train-group N` trains N drafters at a time (each drafter sees the same batches and
+          anchors either way: less memory, the target's features computed once per group). Checkpoints every
+          `train.save_every` steps: a killed run resumes.
+  eval    the blog's protocol (`eval.*`): the first n prompts of each set, chat template with thinking off, T = 0,
+          natural end-of-text stop, `eval.new_tokens` a turn, MT-Bench's second turn on the model's own first
+          answer, `eval.batch` requests a batch; every run of the spec, the baselines (MTP415) included. One file a
+          (run, set), dealt to the ranks under torchrun.
+  report  tables, figures and REPORT.md from the records (`dmtp.analysis.report`), beside the blog's numbers.
+
+What it writes under --work (the report's layout: runs/<experiment>/<run>/<set>_T<t>.jsonl beside experiment.json):
+    data/train.jsonl (+ .meta.json)                 merged on-policy sequences: id, prompt_ids, output_ids, stop_reason
+    data/shards/rank<r>-of-<w>.jsonl                per-rank shards while regen runs (removed once merged)
+    drafters/<run>/{drafter/,history.json,DONE,fingerprint.json}
+    runs/<experiment>/<run>/<set>_T0.jsonl (+ .meta.json)   one record per request (MT-Bench: per turn)
+    experiment.json, stages.json                    the resolved profile; each stage's wall time and rates
+    tables/, figures/, REPORT.md
+Every output records its configuration (a fingerprint: a finished or half-done output of another configuration is
+refused, naming the fields, unless --force redoes it), the engine settings and the commit (`write_meta`).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+from array import array
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from dmtp import dist
+from dmtp.checks import require
+from dmtp.cli import args
+from dmtp.cli.args import eos_ids
+from dmtp.cli.stages import Unit, fingerprint, preflight
+from dmtp.cli.stages import check as stage_check
+from dmtp.cli.stages import record as stage_record
+from dmtp.config import Profile
+from dmtp.data import datasets as D
+from dmtp.experiment import drafter_config, write_experiment
+from dmtp.io import append_jsonl, atomic_path, one_writer, read_json, write_json, write_jsonl, write_meta
+
+STAGES = ("regen", "train", "eval", "report")
+TRAIN_SET = "openperfectblend"
+# how long a rank waits at a collective for the others: regeneration and evaluation deal whole batches / files, so the
+# ranks finish minutes to hours apart at full size (torch's default of 10 minutes would end a healthy run); torchrun
+# stops every rank when one fails, so a long wait never outlives a crash
+COLLECTIVE_TIMEOUT_H = 12
+RECORD_FIELDS = ("id", "prompt_ids", "output_ids", "stop_reason")  # a merged training record: no timings, so the
+# file is the same whatever ran it
+
+
+class Ctx:
+    """One `dmtp reproduce` invocation: the resolved profile, where things are, the ranks."""
+
+    def __init__(self, p: Profile, target: Path, work: Path, data_paths: dict[str, str], prompts: Path | None,
+                 init_from: dict[str, str], force: bool, device: str | None):
+        self.p, self.target, self.work = p, target, work
+        self.data_paths, self.prompts, self.init_from, self.force = data_paths, prompts, init_from, force
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun (as dist.init reads it)
+            import datetime
+
+            import torch
+            import torch.distributed as tdist
+
+            if not tdist.is_initialized():
+                tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                         timeout=datetime.timedelta(hours=COLLECTIVE_TIMEOUT_H))
+        self.rank, self.world, rank_dev = dist.init()
+        self.dev = rank_dev or args.device(device)
+        self.main = self.rank == 0
+        self._tok = None
+        self.train_group = 0  # drafters trained side by side per pass over the data (0: all of them)
+
+    def log(self, msg: str) -> None:
+        if self.main:
+            print(f"[reproduce] {msg}", flush=True)
+
+    @property
+    def tok(self):
+        from dmtp.data.tokenizer import find_tokenizer
+
+        if self._tok is None:
+            self._tok = find_tokenizer(self.target)
+            require(self._tok is not None, f"--target {self.target}: no tokenizer files beside config.json (the "
+                    "prompts go through its chat template)")
+        return self._tok
+
+    @property
+    def spec(self):
+        return self.p.ablation
+
+    def dtype(self):
+        from dmtp.models import torch_dtype
+
+        return torch_dtype(self.p.engine.dtype)
+
+    def eos(self) -> list[int]:
+        from dmtp.models.target import read_config
+
+        cfg = read_config(self.target)
+        return eos_ids(None, cfg, self.tok, cfg.vocab_size, self.target)
+
+    def runs(self) -> list[str]:
+        """The drafter runs trained: the spec's variants and backbone runs (selected by `ablation.only`)."""
+        a = self.spec
+        return a.selected(a.variants + tuple(a.backbones))
+
+
+# --- inputs -------------------------------------------------------------------------------------------------------
+def data_paths(items: list[str]) -> dict[str, str]:
+    """`--data-path SET=PATH` (repeatable) -> {set: path}; an unknown set or a missing path: one line naming it."""
+    out = {}
+    for item in items or []:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise ValueError(f"--data-path {item!r}: expected SET=PATH with SET one of {', '.join(D.SPECS)}")
+        try:
+            key = D.spec(name)[0]
+        except KeyError as e:  # an unknown set: the known ones named
+            raise KeyError(f"--data-path {item}: {e.args[0]}") from None
+        if not Path(path).exists():
+            raise FileNotFoundError(f"--data-path {key}={path}: no such file or folder")
+        out[key] = path
+    return out
+
+
+def init_paths(items: list[str], runs: list[str]) -> dict[str, str]:
+    """`--init-from [RUN=]PATH` -> {run: path}; a bare PATH continues zero_init_residual (the Nov 9 main method, made
+    to continue from DFlash weights)."""
+    out = {}
+    for item in items or []:
+        run, eq, path = item.partition("=") if "=" in item else ("zero_init_residual", "=", item)
+        require(run in runs, f"--init-from {item!r}: {run!r} is not a drafter run of this profile "
+                f"({', '.join(runs)})")
+        args.checkpoint(path, "--init-from", "drafter checkpoint")
+        out[run] = str(Path(path).resolve())
+    return out
+
+
+def read_prompt_file(path: Path, tok) -> list[dict]:
+    """Training prompts from a local .jsonl / .json / .parquet: per row `conversations` or `messages` (the first
+    user turn), `prompt` (text) or `prompt_ids` (token ids, used as given); ids from `id` or the row number."""
+    rows = D._read_file(path) if path.is_file() else D._read_local(path, "train")
+    out = []
+    for i, r in enumerate(rows):
+        rid = str(r.get("id", i))
+        if "prompt_ids" in r:
+            ids = r["prompt_ids"]
+            require(isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids),
+                    f"{path}: row {i}: `prompt_ids` must be a non-empty list of token ids")
+            out.append({"id": rid, "prompt_ids": list(ids)})
+            continue
+        turns = D._first_user(r) if ("conversations" in r or "messages" in r) else \
+            [r["prompt"]] if isinstance(r.get("prompt"), str) else None
+        require(turns is not None, f"{path}: row {i}: expected `conversations`, `messages`, `prompt` (text) or "
+                "`prompt_ids`")
+        if turns:
+            out.append({"id": rid, "prompt_ids": D.encode(tok, D.chat_text(tok, [{"role": "user",
+                                                                                   "content": turns[0]}]))})
+    return out
+
+
+def training_prompts(c: Ctx) -> list[dict]:
+    """The first `data.prompts` training prompts of at most `data.prompt_tokens` tokens (longer ones skipped):
+    --prompts FILE, else OpenPerfectBlend's first user turns."""
+    d = c.p.data
+    if c.prompts is not None:
+        rows = read_prompt_file(c.prompts, c.tok)
+    else:
+        key, s = D.spec(TRAIN_SET)
+        rows = []
+        try:
+            raw = D.load_rows(key, c.data_paths.get(key))
+        except D.DatasetUnavailable as e:
+            raise D.DatasetUnavailable(f"regen: no training prompts: give --data-path {key}=PATH (its parquet folder) "
+                                       f"or --prompts FILE (.jsonl / .parquet of prompts) "
+                                       f"({str(e).split(': ', 1)[-1].split('. Point')[0]})") from None
+        for i, r in enumerate(raw):
+            turns = s.turns(r)
+            if turns:
+                rows.append({"id": s.id(r, i), "prompt_ids": D.encode(c.tok, D.chat_text(
+                    c.tok, [{"role": "user", "content": turns[0]}]))})
+    # token ids as compact arrays (the full set: ~1.4 M prompts; Python lists of ints would take ~8x the memory)
+    kept = [dict(r, prompt_ids=array("i", r["prompt_ids"])) for r in rows
+            if 0 < len(r["prompt_ids"]) <= d.prompt_tokens][: d.prompts]
+    require(kept, f"no training prompt of 1 to {d.prompt_tokens} tokens (data.prompt_tokens) in "
+            f"{c.prompts or c.data_paths.get(TRAIN_SET) or TRAIN_SET}")
+    ids = [r["id"] for r in kept]
+    require(len(set(ids)) == len(ids), f"{c.prompts or TRAIN_SET}: prompt ids repeat (give every row its own `id`)")
+    return kept
+
+
+def eval_prompts(c: Ctx, ds: str, n: int) -> list[dict]:
+    """The first n prompts of an evaluation set (its chat template, thinking off); a set that is not there: one line
+    naming it and the flag."""
+    try:
+        rows = D.load_prompts(ds, c.tok, n, c.data_paths.get(ds))
+    except D.DatasetUnavailable as e:
+        raise D.DatasetUnavailable(f"evaluation set {ds} is missing: give a local copy with --data-path {ds}=PATH "
+                                   f"({str(e).split(': ', 1)[-1].split('. Point')[0]})") from None
+    require(len(rows) >= n, f"evaluation set {ds} ({c.data_paths.get(ds, ds)}) holds {len(rows)} prompts, the "
+            f"protocol takes the first {n} (eval.sets)")
+    return rows
+
+
+def digest(rows: list[dict]) -> str:
+    """sha256 of prompts as decoded (ids, token ids, turns), row by row: what a fingerprint holds of its prompts."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps([r["id"], list(r["prompt_ids"])] + ([r["turns"]] if "turns" in r else [])).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+# --- fingerprints ---------------------------------------------------------------------------------------------------
+def target_key(c: Ctx) -> dict:
+    return {"target": str(c.target.resolve()), "target_modified": args.modified(c.target)}
+
+
+def regen_key(c: Ctx, prompts_sha: str) -> dict:
+    d = c.p.data
+    return dict(target_key(c), engine=fingerprint(c.p.engine.records_key()), prompts_sha256=prompts_sha,
+                realization=c.p.realization,
+                **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
+                                                        "batch")})
+
+
+def train_config(c: Ctx, n_sequences: int):
+    """The drafters' TrainConfig: the profile's, with `scale.epochs` passes over the regenerated sequences at the
+    global batch `train.batch_size` (steps = ceil(epochs * n / batch)), bf16 autocast on CUDA only."""
+    t = c.p.train
+    steps = max(1, math.ceil(c.p.scale.epochs * n_sequences / t.batch_size))
+    return replace(t, steps=steps, seed=c.p.stream(0), amp_bf16=t.amp_bf16 and str(c.dev).startswith("cuda"),
+                   snapshots=())
+
+
+def drafter_key(c: Ctx, run: str, data_key: dict, cfg) -> dict:
+    a = c.spec
+    variant = a.backbones.get(run, (run,))[0]
+    return dict(data_key, train=fingerprint(cfg), drafter={k: v for k, v in fingerprint(c.p.drafter).items()
+                                                           if k != "variants"},
+                variant_settings=c.p.drafter.variants.get(variant, {}), init_from=c.init_from.get(run),
+                **({"backbone": list(a.backbones[run])} if run in a.backbones else {}))
+
+
+# --- stages -------------------------------------------------------------------------------------------------------
+ID_AT_START = re.compile(rb'^\{"id": ("(?:[^"\\]|\\.)*")')  # a shard line opens with its id (written first)
+
+
+def shard_index(path: Path) -> dict[str, int]:
+    """id -> byte offset of its line in one shard, read without parsing the token lists (a shard of the full set
+    holds gigabytes); a last line cut by a kill is left out (its batch is decoded again)."""
+    out, pos = {}, 0
+    if not path.exists():
+        return out
+    with open(path, "rb") as f:
+        for line in f:
+            if line.endswith(b"\n"):
+                m = ID_AT_START.match(line)
+                if not m:
+                    raise ValueError(f"{path}: line at byte {pos} is not a regeneration record")
+                out[json.loads(m.group(1))] = pos
+            pos += len(line)
+    return out
+
+
+def merge_shards(shards: Path, prompts: list[dict], out: Path) -> dict:
+    """data/train.jsonl from the shards, in prompt order, each record cut to RECORD_FIELDS, written atomically
+    (streamed: one record in memory at a time). Returns the counts."""
+    where = {}
+    for f in sorted(shards.glob("rank*.jsonl")):  # shards of any numbers of ranks: an id's first record wins
+        for rid, pos in shard_index(f).items():
+            where.setdefault(rid, (f, pos))
+    missing = [p["id"] for p in prompts if p["id"] not in where]
+    if missing:
+        raise RuntimeError(f"regen: {len(missing)} prompts have no record in {shards} (first {missing[0]!r}): "
+                           "run the stage again")
+    files, n_tok = {}, 0
+    with atomic_path(out) as tmp, open(tmp, "w") as w:
+        try:
+            for p in prompts:
+                f, pos = where[p["id"]]
+                fh = files.get(f) or files.setdefault(f, open(f, "rb"))
+                fh.seek(pos)
+                r = json.loads(fh.readline())
+                n_tok += len(r["output_ids"])
+                w.write(json.dumps({k: r[k] for k in RECORD_FIELDS}) + "\n")
+        finally:
+            for fh in files.values():
+                fh.close()
+    return {"sequences": len(prompts), "generated_tokens": n_tok}
+
+
+def st_regen(c: Ctx) -> dict | None:
+    """On-policy regeneration (module docstring). Returns the stage's numbers (rank 0), None when it was done."""
+    import torch
+
+    from dmtp.engine.methods import AR
+    from dmtp.engine.runner import run_generate
+    from dmtp.models.target import Target
+
+    d = c.p.data
+    folder = c.work / "data"
+    out, shards = folder / "train.jsonl", folder / "shards"
+    prompts = training_prompts(c)
+    want = regen_key(c, digest(prompts))
+    merged = Unit(str(out), want, out.with_suffix(".meta.json"), [out])
+    part = Unit(str(shards), want, shards / "fingerprint.json", [shards])
+    if stage_check(merged, c.force, c.log):
+        c.log(f"regen: {out} is there ({len(prompts)} prompts)")
+        return None
+    if not stage_check(part, c.force, c.log):
+        stage_record(part)  # before any shard: half-done shards are checked like a finished file
+    dist.barrier()
+    own = shards / f"rank{c.rank}-of-{c.world}.jsonl"
+    if own.exists():  # a line cut by a kill: dropped (its batch is decoded again)
+        with open(own, "rb+") as f:
+            f.seek(0, os.SEEK_END)
+            size = pos = f.tell()
+            while pos > 0:  # back to the last newline
+                f.seek(max(0, pos - 65536))
+                chunk = f.read(pos - max(0, pos - 65536))
+                k = chunk.rfind(b"\n")
+                if k >= 0:
+                    pos = max(0, pos - 65536) + k + 1
+                    break
+                pos = max(0, pos - 65536)
+            if pos < size:
+                f.truncate(pos)
+    done = set()
+    for f in sorted(shards.glob("rank*.jsonl")):  # every shard, of any earlier number of ranks
+        done |= set(shard_index(f))
+    B = d.batch
+    todo = [i for i in range(0, len(prompts), B) if any(p["id"] not in done for p in prompts[i: i + B])]
+    dist.barrier()  # every rank has read the shards before any appends: one `todo`, dealt the same everywhere
+    mine = todo[c.rank:: c.world]
+    c.log(f"regen: {len(prompts)} prompts in {len(range(0, len(prompts), B))} batches of {B}; {len(done)} already "
+          f"decoded, {len(todo)} batches to go over {c.world} rank(s)")
+    tokens, wall = 0, 0.0
+    if mine:
+        tgt = Target.load(c.target, dtype=c.dtype(), device=c.dev)
+        eos, seed = c.eos(), c.p.stream(1)
+        for i in mine:  # batch i keeps its prompts and its seed on any number of ranks
+            chunk = [dict(p, prompt_ids=list(p["prompt_ids"])) for p in prompts[i: i + B]]
+            t0 = time.time()
+            recs = run_generate(tgt, AR(), chunk, d.temperature, d.new_tokens, eos, B, seed=seed + i,
+                                desc=f"regen {i // B + 1}", engine=c.p.engine)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            wall += time.time() - t0
+            rows = [dict(id=p["id"], prompt_ids=p["prompt_ids"], output_ids=r["output_ids"],
+                         stop_reason=r["stop_reason"], wall_s=r["wall_s"])
+                    for p, r in zip(chunk, recs) if p["id"] not in done]
+            tokens += sum(len(r["output_ids"]) for r in rows)
+            append_jsonl(own, rows)
+        del tgt
+    rates = dist.all_gather_objects({"rank": c.rank, "tokens": tokens, "decode_s": round(wall, 3),
+                                     "batches": len(mine)})
+    dist.barrier()
+    if not c.main:
+        return None
+    info = dict(world=c.world, ranks=rates, tok_per_s_per_gpu=[round(r["tokens"] / r["decode_s"], 1)
+                                                                if r["decode_s"] else None for r in rates])
+    # the record first, then the file (it never exists without it): the counts are the merge's, so it goes
+    # into a temporary name until both are written
+    tmp = out.with_name(f".{out.name}.merging")
+    info.update(merge_shards(shards, prompts, tmp))
+    write_meta(merged.record, {"data": asdict(d), "prompts": str(c.prompts or c.data_paths.get(TRAIN_SET) or
+                                                                    TRAIN_SET),
+                               "seed": f"{c.p.stream(1)} + the batch's offset"},
+               engine=c.p.engine, fingerprint=want, **info)
+    os.replace(tmp, out)
+    shutil.rmtree(shards, ignore_errors=True)
+    c.log(f"regen: {info['sequences']} sequences, {info['generated_tokens']} generated tokens -> {out}")
+    return info
+
+
+def st_train(c: Ctx) -> dict | None:
+    from dmtp.models.mtp import MTPHead
+    from dmtp.models.target import Target
+    from dmtp.models.variants import get_variant
+    from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
+
+    data = c.work / "data" / "train.jsonl"
+    require(data.exists(), f"{data} is not there: run the regen stage first (--stage regen)")
+    meta = read_json(data.with_suffix(".meta.json"))
+    data_key = {"data": meta.get("fingerprint"), "data_sha256": _sha(data)}
+    from dmtp.models.target import read_config
+
+    cfg_t = read_config(c.target)
+    seqs = load_sequences(data, c.p.train.max_len, vocab_size=cfg_t.vocab_size)
+    cfg = train_config(c, len(seqs))
+    out = c.work / "drafters"
+    units = [Unit(str(out / r), drafter_key(c, r, data_key, cfg), out / r / "fingerprint.json", [out / r],
+                  run={"run": r}) for r in c.runs()]
+    if not c.force:
+        preflight(units)
+    for u in units:
+        if not stage_check(u, c.force, c.log) and c.main:
+            (out / u.run["run"]).mkdir(parents=True, exist_ok=True)
+            stage_record(u)  # before training: a half-trained drafter is checked like a finished one
+    dist.barrier()
+    todo = [u.run["run"] for u in units if not (out / u.run["run"] / "DONE").exists()]
+    if not todo:
+        c.log(f"train: {', '.join(c.runs())} already trained in {out}")
+        return None
+    mask = c.tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in c.tok.get_vocab() else None
+    base = dict(drafter_config(c.p, cfg_t, mask), seed=c.p.stream(0))
+    c.log(f"train: {', '.join(todo)} for {cfg.steps} steps ({c.p.scale.epochs} epochs of {len(seqs)} sequences at "
+          f"global batch {cfg.batch_size}){' from ' + str(c.init_from) if c.init_from else ''}")
+    t0 = time.time()
+    tgt = Target.load(c.target, dtype=c.dtype(), device=c.dev)
+    a = c.spec
+    need_mtp = any(get_variant(a.backbones.get(r, (r,))[0]).needs_mtp for r in todo)
+    mtp = MTPHead.load(tgt, c.target) if need_mtp else None
+    # runs continuing a killed run's checkpoint: their steps before it are not in this stage's time
+    resumed = [r for r in todo if (out / r / "trainer_state.pt").exists()]
+    group, train_s = c.train_group or len(todo), 0.0
+    for k in range(0, len(todo), group):  # each group on the same batches and anchors: the same drafters as together
+        runs = todo[k: k + group]
+        drafters = new_drafters(tgt, runs, base, {r: p for r, p in c.init_from.items() if r in runs},
+                                backbones=a.backbones, variant_configs=c.p.drafter.variants)
+        t1 = time.time()
+        train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log)
+        train_s += time.time() - t1  # the training loops alone (no loading): what the projection's rate reads
+        del drafters
+    wall = time.time() - t0
+    if c.main:  # what trained them: the recipe, the drafters' shape, the environment and commit
+        write_meta(out / "meta.json", {"train": asdict(cfg), "drafter": base, "runs": c.runs(),
+                                       "backbones": {k: list(v) for k, v in a.backbones.items()},
+                                       "init_from": c.init_from, "data": str(data)},
+                   wall_s=wall, world=c.world, trained=todo)
+    return {"runs": todo, "steps": cfg.steps, "global_batch": cfg.batch_size, "sequences": len(seqs),
+            "max_len": cfg.max_len, "train_tokens": sum(min(len(s), cfg.max_len) for s in seqs) * c.p.scale.epochs,
+            "world": c.world, "train_s": round(train_s, 3), "resumed": resumed}
+
+
+def _sha(path: Path) -> str:
+    from dmtp.io import file_sha256
+
+    return file_sha256(path)
+
+
+def run_file(c: Ctx, run: str, ds: str, temp: float) -> Path:
+    """runs/<experiment>/<run>/<set>_T<t>.jsonl: the report's layout (dmtp/analysis/report/data.py)."""
+    return c.work / "runs" / c.spec.name / run / f"{ds}_T{temp:g}.jsonl"
+
+
+def eval_units(c: Ctx) -> tuple[list[Unit], dict[str, list[dict]]]:
+    from dmtp.engine.methods import method_class
+
+    ev, a = c.p.eval, c.spec
+    prompts = {ds: eval_prompts(c, ds, n) for ds, n in ev.sets.items()}
+    out = []
+    drafters = c.work / "drafters"
+    for run in a.selected(a.runs()):  # run by run: one drafter in memory at a time
+        for ds, n in ev.sets.items():
+            for temp in ev.temperatures:
+                path = run_file(c, run, ds, temp)
+                if run in a.baselines:
+                    model = target_key(c)
+                else:
+                    rec = drafters / run / "fingerprint.json"
+                    model = {"drafter": read_json(rec).get("fingerprint") if rec.exists() else None,
+                             "drafter_done": (drafters / run / "DONE").exists()}
+                want = dict(model, engine=fingerprint(c.p.engine.records_key()),
+                            **{"eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch, "eval.stops": list(ev.stops)},
+                            **({"eval.mtp_steps": ev.mtp_steps} if method_class(run).uses_mtp_steps else {}),
+                            run={"dataset": ds, "prompts": n, "temperature": temp, "method": run,
+                                 "prompts_sha256": digest(prompts[ds])})
+                out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path],
+                                run={"run": run, "dataset": ds, "temperature": temp}))
+    return out, prompts
+
+
+def st_eval(c: Ctx) -> dict | None:
+    import torch
+
+    from dmtp.engine.methods import load_method
+    from dmtp.engine.runner import mtbench_generate, run_generate
+    from dmtp.models.mtp import MTPHead
+    from dmtp.models.target import Target
+
+    ev, a = c.p.eval, c.spec
+    for r in a.selected(a.runs()):
+        require(r in a.baselines or (c.work / "drafters" / r / "DONE").exists(),
+                f"eval: the drafter {c.work / 'drafters' / r} is not trained: run the train stage first")
+    units, prompts = eval_units(c)
+    if not c.force:
+        preflight(units)
+    todo = [u for u in units if not stage_check(u, c.force, c.log)]
+    dist.barrier()  # every rank has its `todo` before any file is written: the files are dealt the same everywhere
+    if c.main:
+        write_experiment(c.work / "experiment.json", c.p)  # the report takes its rows from it
+    mine = todo[c.rank:: c.world]  # whole (run, set) files dealt to the ranks
+    c.log(f"eval: {len(units) - len(todo)} of {len(units)} (run, set) files done; {len(todo)} to decode")
+    stats = []
+    if mine:
+        tgt = Target.load(c.target, dtype=c.dtype(), device=c.dev)
+        mtp = MTPHead.load(tgt, c.target)
+        tok, eos, methods = c.tok, c.eos(), {}
+        for u in mine:
+            run, ds, temp = u.run["run"], u.run["dataset"], u.run["temperature"]
+            if run not in methods:
+                methods.clear()  # the previous run's drafter is done with (the units come run by run)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                methods[run] = load_method(run, tgt, mtp, c.work / "drafters", ev.mtp_steps)
+            t0 = time.time()
+            if any(len(q["turns"]) > 1 for q in prompts[ds]):  # MT-Bench: turn 2 on the model's own answer 1
+                recs = mtbench_generate(tgt, methods[run], tok, prompts[ds], temp, ev.new_tokens, eos, ev.batch,
+                                        seed=0, engine=c.p.engine)
+            else:
+                recs = run_generate(tgt, methods[run], prompts[ds], temp, ev.new_tokens, eos, ev.batch, seed=0,
+                                    tok=tok, desc=f"{run} {ds}", extra={"dataset": ds},
+                                    stop_strings=ev.stops, engine=c.p.engine)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            wall = time.time() - t0
+            write_meta(u.record, {"method": run, "dataset": ds, "temperature": temp, "prompts": ev.sets[ds],
+                                  "max_new_tokens": ev.new_tokens, "batch": ev.batch, "stops": list(ev.stops),
+                                  "target": str(c.target)}, wall_s=wall, engine=c.p.engine, fingerprint=u.want)
+            write_jsonl(u.outputs[0], recs)
+            acc = [x for r in recs for x in r["accepted"]]
+            toks = sum(len(r["output_ids"]) for r in recs)
+            stats.append({"run": run, "dataset": ds, "requests": len(recs), "output_tokens": toks, "wall_s":
+                          round(wall, 3), "rounds": len(acc)})
+            c.log(f"eval {run:<20} {ds:<10} {len(recs)} requests, {toks} tokens, {len(acc)} rounds, {wall:.1f}s")
+    stats = [s for part in dist.all_gather_objects(stats) for s in part]
+    dist.barrier()
+    return {"files": stats, "world": c.world} if todo else None
+
+
+def st_report(c: Ctx) -> dict | None:
+    if not c.main:
+        return None
+    from dmtp.analysis.report import render_report
+
+    require(any((c.work / "runs").glob("*/*/*.jsonl")), f"{c.work}/runs holds no records: run the eval stage first "
+            "(or decode into runs/<experiment>/<run>/<set>_T0.jsonl with dmtp generate)")
+    if not (c.work / "experiment.json").exists():  # records decoded by hand (dmtp generate): the profile's spec
+        write_experiment(c.work / "experiment.json", c.p)
+    path = render_report(c.work.name, c.work.parent, name=c.p.name,
+                         command=f"dmtp reproduce --profile {c.p.name} --work {c.work} --stage report")
+    c.log(f"report: {path}")
+    return {"report": str(path)}
+
+
+RUN = {"regen": st_regen, "train": st_train, "eval": st_eval, "report": st_report}
+
+
+def record_stage(c: Ctx, stage: str, wall: float, info: dict) -> None:
+    """stages.json: each stage's wall time and rates (the last run that did work), what the projection reads."""
+    path = c.work / "stages.json"
+    old = read_json(path) if path.exists() else {}
+    old.setdefault("stages", {})[stage] = dict(info, wall_s=round(wall, 3))
+    from dmtp.io import environment
+
+    old.update(profile=c.p.name, target=str(c.target), env=environment(), engine=asdict(c.p.engine))
+    write_json(path, old)
+
+
+def check_inputs(c: Ctx, stages: list[str]) -> None:
+    """The evaluation sets, checked before any work when the eval stage is requested."""
+    if "eval" in stages:  # (the training prompts are read first thing in regen, the first stage)
+        for ds, n in c.p.eval.sets.items():
+            eval_prompts(c, ds, n)  # a missing set: one line naming it
+
+
+def main(a) -> None:
+    from experiments.profiles import resolve
+
+    stages = list(STAGES) if a.stage == "all" else [s.strip() for s in a.stage.split(",") if s.strip()]
+    bad = [s for s in stages if s not in STAGES]
+    if bad or not stages:
+        raise ValueError(f"--stage {a.stage}: unknown stage {(bad or [''])[0]!r}; stages: {', '.join(STAGES)} (or all)")
+    p = resolve(a.profile, a.set or [])
+    target = args.checkpoint(a.target, "--target", "target checkpoint")
+    from dmtp.models.target import read_config
+
+    cfg = read_config(target)
+    if p.scale.target_config:  # a paper profile's drafter shape is made for its own target's widths
+        made = {k: p.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
+        got = {k: getattr(cfg, k) for k in made}
+        require(made == got, f"--profile {p.name} is made for a target of {made}; --target {target} has {got}")
+    sp = p.ablation
+    require(not sp.continued and len(sp.seeds) == 1, f"--profile {p.name}: its ablation {sp.name!r} has "
+            f"{'continued runs' if sp.continued else 'several drafter seeds'}; dmtp reproduce trains each run once "
+            "from scratch (or --init-from): run it with an open-reproduction spec (ablations/open.py)")
+    prompts = Path(a.prompts) if a.prompts else None
+    if prompts is not None and not prompts.exists():
+        raise FileNotFoundError(f"--prompts {prompts}: no such file or folder")
+    c = Ctx(p, Path(target), Path(a.work or f"runs/{p.folder}"), data_paths(a.data_path), prompts,
+            {}, a.force, a.device)
+    c.init_from = init_paths(a.init_from, c.runs())
+    c.train_group = a.train_group
+    check_inputs(c, stages)
+    c.work.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as held:
+        if c.main:  # a second `dmtp reproduce` on this work folder is refused while this one runs
+            held.enter_context(one_writer(c.work / "stages.json"))
+        for s in stages:
+            t0 = time.time()
+            c.log(f"stage {s} ...")
+            info = RUN[s](c)
+            wall = time.time() - t0
+            if info is not None and c.main:
+                record_stage(c, s, wall, info)
+            c.log(f"stage {s} done in {wall:.1f}s")
+    dist.destroy()

@@ -1,0 +1,265 @@
+"""`dmtp reproduce` end to end on the CPU: a tiny random target in the published Qwen3.5/3.6 hybrid layout (mtp.*
+keys, a chat template in its tokenizer config), a public-layout DFlash checkpoint to continue from, and tiny local
+copies of the six sets in their published formats. Every stage runs and the report's tables are rendered from the
+records; a run SIGKILLed during regeneration (then resumed on 2 ranks) and during training (its evaluation then on
+2 ranks) resumes to the same files, weights and records as an uninterrupted one."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dmtp.analysis.projection import FullProtocol, project, render
+from dmtp.cli.main import main as dmtp
+from dmtp.io import read_json, read_jsonl
+from experiments import reproduce_standin as S
+from experiments.profiles import get_profile
+
+RUNS = ["mtp", "dflash", "fusion", "zero_init_residual", "dflash2", "dmtp_d2"]
+SETS = ["gsm8k", "math500", "humaneval", "alpaca", "mtbench"]
+
+# run `dmtp` with a hook that SIGKILLs the process at a chosen point: after the first regeneration batch is appended
+# to its shard, or while the second drafter's first training checkpoint is being written
+KILLER = """
+import os, signal, sys
+mode = sys.argv[1]
+if mode == "regen":
+    from dmtp.cli import reproduce
+    _append = reproduce.append_jsonl
+    def append(path, rows):
+        _append(path, rows)
+        os.kill(os.getpid(), signal.SIGKILL)
+    reproduce.append_jsonl = append
+elif mode == "train":
+    from dmtp.training import drafters
+    _save, n = drafters.save_state, [0]
+    def save_state(obj, path):  # the second checkpoint write: the first drafter's is in place, the next one's not
+        n[0] += 1
+        if n[0] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        _save(obj, path)
+    drafters.save_state = save_state
+from dmtp.cli.main import main
+main(sys.argv[2:])
+"""
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reproduce")
+    target = S.tiny_target(root / "target", arch="qwen3_5_hybrid")
+    S.public_dflash(root / "dflash", target)
+    files = S.write_sets(root / "data", n=4, n_train=12)
+    return root, target, files
+
+
+def _cmd(inputs, work, *extra):
+    root, target, files = inputs
+    return ["reproduce", "--profile", "open-tiny", "--target", str(target), "--work", str(work),
+            *S.data_flags(files), "--init-from", str(root / "dflash"), *extra]
+
+
+def _run(cmd, kill=None, nproc=1):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if nproc > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}",
+                "-m", "dmtp.cli", *cmd]
+    elif kill:
+        argv = [sys.executable, "-c", KILLER, kill, *cmd]
+    else:
+        argv = [sys.executable, "-m", "dmtp.cli", *cmd]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def whole(inputs):
+    """One uninterrupted run of every stage, in this process."""
+    work = inputs[0] / "whole"
+    dmtp(_cmd(inputs, work))
+    return work
+
+
+def test_every_stage_writes_the_report_layout(whole, inputs):
+    w = whole
+    train = read_jsonl(w / "data" / "train.jsonl")
+    assert len(train) == 12 and all(set(r) == {"id", "prompt_ids", "output_ids", "stop_reason"} for r in train)
+    tok = S.tokenizer()
+    first = tok.decode(train[0]["prompt_ids"])  # the chat template of the tokenizer config, thinking off
+    assert first.startswith("<|im_start|>user\n") and first.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not (w / "data" / "shards").exists()  # merged, then removed
+    meta = read_json(w / "data" / "train.meta.json")
+    assert meta["fingerprint"]["data.temperature"] == 0.0 and meta["env"]["git_sha"] and meta["engine"]
+    for run in RUNS[1:]:
+        assert (w / "drafters" / run / "DONE").exists()
+        hist = read_json(w / "drafters" / run / "history.json")
+        assert hist[-1]["step"] == 6  # 2 epochs x 12 sequences / global batch 4
+    zir = read_json(w / "drafters" / "zero_init_residual" / "fingerprint.json")["fingerprint"]
+    assert zir["init_from"] == str((inputs[0] / "dflash").resolve())
+    # continued from the public checkpoint: its layer weights are the start, not a fresh draw
+    pub = load_file(str(inputs[0] / "dflash" / "model.safetensors"))
+    fresh = load_file(str(w / "drafters" / "fusion" / "drafter" / "model.safetensors"))
+    ours = load_file(str(w / "drafters" / "zero_init_residual" / "drafter" / "model.safetensors"))
+    key = "layers.0.mlp.down_proj.weight"
+    assert (ours[key] - pub[key]).abs().max() < (fresh[key] - pub[key]).abs().max()
+    # evaluation: every run on every set, in runs/<experiment>/<run>/<set>_T0.jsonl, lossless at T = 0
+    for ds in SETS:
+        outs = {}
+        for run in RUNS:
+            f = w / "runs" / "open" / run / f"{ds}_T0.jsonl"
+            recs = read_jsonl(f)
+            m = read_json(f.with_suffix(".meta.json"))
+            assert m["config"]["max_new_tokens"] == 16 and m["engine"] and m["fingerprint"]["run"]["dataset"] == ds
+            assert all(r["temperature"] == 0 and r["stop_reason"] in ("eos", "length") for r in recs)
+            outs[run] = [r["output_ids"] for r in recs]
+        assert all(o == outs["mtp"] for o in outs.values()), ds  # every method emits the target's greedy output
+        assert len(outs["mtp"]) == (8 if ds == "mtbench" else 4)  # MT-Bench: two turns each
+    turn2 = [r for r in read_jsonl(w / "runs/open/mtp/mtbench_T0.jsonl") if r["turn"] == 2]
+    answer = tok.decode([t for t in read_jsonl(w / "runs/open/mtp/mtbench_T0.jsonl")[0]["output_ids"]
+                         if t != tok.eos_token_id], skip_special_tokens=True)
+    assert answer in tok.decode(turn2[0]["prompt_ids"])  # turn 2 on the model's own first answer
+    # the report: tables rendered from these records, the blog's numbers beside
+    rep = (w / "REPORT.md").read_text()
+    for title in ("Open-reproduction layout", "First-token acceptance", "Acceptance per position", "Per turn"):
+        assert title in rep
+    o = pd.read_csv(w / "tables" / "open_repro.csv", dtype={"turn": str})
+    pooled = o[o.turn == "all"].set_index("dataset")
+    assert sorted(pooled.index) == sorted(SETS) and {"mtp", "dflash_lo", "dmtp_d2_hi"} <= set(o.columns)
+    assert pooled.loc["gsm8k", "blog_dmtp_d"] == 5.074
+    assert sorted(o[o.dataset == "mtbench"].turn) == ["1", "2", "all"]  # MT-Bench per turn beside both pooled
+    ft = pd.read_csv(w / "tables" / "first_token.csv")
+    assert set(ft.method) == set(RUNS)
+    assert ft[(ft.dataset == "gsm8k") & (ft.method == "fusion")].blog_pct.iloc[0] == 93.83
+    t = pd.read_csv(w / "tables" / "turns.csv")
+    assert sorted(set(t.turn)) == [1, 2] and set(t.method) == set(RUNS)
+    for name in ("cumulative", "conditional"):
+        assert set(pd.read_csv(w / "tables" / f"{name}.csv").method.dropna()) >= set(RUNS)
+    assert (w / "figures" / "open_repro_T0.png").exists()
+    st = read_json(w / "stages.json")["stages"]
+    assert set(st) == {"regen", "train", "eval", "report"} and all(v["wall_s"] >= 0 for v in st.values())
+    assert st["regen"]["tok_per_s_per_gpu"][0] > 0 and st["train"]["steps"] == 6
+    assert len(st["eval"]["files"]) == len(RUNS) * len(SETS)
+    # a second run finds everything done
+    dmtp(_cmd(inputs, whole))
+    again = read_json(w / "stages.json")["stages"]
+    assert {k: again[k] for k in ("regen", "train", "eval")} == {k: st[k] for k in ("regen", "train", "eval")}
+
+
+def test_killed_runs_resume_to_the_same_result(whole, inputs):
+    work = inputs[0] / "killed"
+    p = _run(_cmd(inputs, work, "--stage", "regen"), kill="regen")
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    shard = work / "data" / "shards" / "rank0-of-1.jsonl"
+    assert len(read_jsonl(shard)) == 4 and not (work / "data" / "train.jsonl").exists()
+    with open(shard, "a") as f:
+        f.write('{"id": "opb-4", "output_ids": [1')  # a line cut by a kill mid-write
+    p = _run(_cmd(inputs, work, "--stage", "regen"), nproc=2)  # resumed on another number of ranks
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (work / "data" / "train.jsonl").read_bytes() == (whole / "data" / "train.jsonl").read_bytes()
+    p = _run(_cmd(inputs, work, "--stage", "train"), kill="train")
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    assert not any((work / "drafters" / r / "DONE").exists() for r in RUNS[1:])
+    assert (work / "drafters" / "dflash" / "trainer_state.pt").exists()  # at step 2; the others: not saved yet
+    assert not (work / "drafters" / "fusion" / "trainer_state.pt").exists()
+    # training resumes at its checkpoint, two drafters at a time (the same weights as all five together); the
+    # evaluation files dealt to 2 ranks; the report
+    dmtp(_cmd(inputs, work, "--train-group", "2", "--stage", "train"))
+    p = _run(_cmd(inputs, work, "--stage", "eval"), nproc=2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    dmtp(_cmd(inputs, work, "--stage", "report"))
+    assert (work / "REPORT.md").exists()
+    for run in RUNS[1:]:
+        a = load_file(str(whole / "drafters" / run / "drafter" / "model.safetensors"))
+        b = load_file(str(work / "drafters" / run / "drafter" / "model.safetensors"))
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=f"{run} {k}")
+    for run in RUNS:
+        for ds in SETS:
+            ra = read_jsonl(whole / "runs" / "open" / run / f"{ds}_T0.jsonl")
+            rb = read_jsonl(work / "runs" / "open" / run / f"{ds}_T0.jsonl")
+            assert [(r["id"], r["output_ids"], r["accepted"]) for r in rb] == \
+                [(r["id"], r["output_ids"], r["accepted"]) for r in ra], (run, ds)
+    shutil.rmtree(work)
+
+
+def test_a_missing_set_is_named_in_one_line(inputs, tmp_path, capsys, monkeypatch):
+    import datasets
+
+    monkeypatch.delenv("DMTP_DATA_MTBENCH", raising=False)
+    monkeypatch.delenv("DMTP_DATA_DOWNLOAD", raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty_cache")
+    root, target, files = inputs
+    flags = S.data_flags({k: v for k, v in files.items() if k != "mtbench"})
+    with pytest.raises(SystemExit) as e:
+        dmtp(["reproduce", "--profile", "open-tiny", "--target", str(target), "--work", str(tmp_path / "w"),
+              *flags, "--stage", "eval"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert "evaluation set mtbench is missing: give a local copy with --data-path mtbench=PATH" in err
+    with pytest.raises(SystemExit) as e:
+        dmtp(["reproduce", "--profile", "open-tiny", "--target", str(target), "--work", str(tmp_path / "w"),
+              "--stage", "regen"])
+    assert e.value.code == 2 and "--data-path openperfectblend=PATH" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        dmtp(["reproduce", "--profile", "qwen3.6-27b", "--target", str(target), *flags])
+    assert e.value.code == 2 and "is made for a target of" in capsys.readouterr().err
+
+
+def test_paper_profiles_evaluate_with_the_blogs_protocol():
+    for name in ("qwen3.6-27b", "qwen3.6-35b-a3b"):
+        ev = get_profile(name).eval
+        assert ev.sets == {s: 80 for s in SETS} and ev.new_tokens == 1024 and ev.batch == 32
+        assert ev.temperatures == (0.0,) and ev.stops == () and ev.modes == ("natural",) and ev.mtp_steps == 4
+        assert get_profile(name).ablation.runs() == tuple(RUNS)
+    a = get_profile("qwen3.6-27b").ablation
+    assert a.runs() == tuple(RUNS) and a.blog_run == "fusion" and a.backbones["dmtp_d2"] == ("zero_init_residual",
+                                                                                            "dflash2")
+
+
+def test_projection_from_measured_rates():
+    """Hand-made rates: regen 1,000 tok/s per GPU, training 2 drafters x 1,000 tokens in 10 s on 1 GPU, evaluation
+    600 tokens in 3 s."""
+    stages = {"stages": {
+        "regen": {"tok_per_s_per_gpu": [1000.0, 1000.0], "world": 2},
+        "train": {"runs": ["a", "b"], "train_tokens": 1000, "wall_s": 10.0, "world": 1},
+        "eval": {"files": [{"output_tokens": 400, "wall_s": 2.0}, {"output_tokens": 200, "wall_s": 1.0}],
+                 "world": 1}}}
+    full = FullProtocol(train_prompts=3600, regen_tokens_per_prompt=1000, epochs=1, train_tokens_per_sequence=100,
+                        drafter_runs=2, eval_requests=36, eval_tokens_per_request=100, eval_methods=1)
+    p = project(stages, full, gpus=2)
+    assert p["rates"]["train_token_runs_per_s"] == 200.0 and p["rates"]["eval_tok_per_s"] == 200.0
+    h = p["hours"]
+    assert h["regen_h"] == pytest.approx(3600 * 1000 / 2000 / 3600)  # 0.5 h
+    assert h["train_h"] == pytest.approx(3600 * 100 * 2 / 400 / 3600)  # 0.5 h
+    assert h["eval_h"] == pytest.approx(3600 / 400 / 3600)  # 36 x 100 tokens at 200 tok/s x 2 GPUs
+    assert h["total_h"] == pytest.approx(h["regen_h"] + h["train_h"] + h["eval_h"])
+    assert render(p).startswith("PROJECTION (not a measurement)")
+
+
+def test_training_prompts_from_a_local_file(tmp_path):
+    """--prompts: JSONL with `prompt` text (chat template applied) or `prompt_ids` (as given), parquet with
+    `messages`; a row with none of them is named."""
+    from dmtp.cli.reproduce import read_prompt_file
+
+    tok = S.tokenizer()
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"id": "a", "prompt": "Hi there"}) + "\n" + json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
+    rows = read_prompt_file(f, tok)
+    assert [r["id"] for r in rows] == ["a", "1"] and rows[1]["prompt_ids"] == [5, 6, 7]
+    assert tok.decode(rows[0]["prompt_ids"]) == "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n" \
+        "<think>\n\n</think>\n\n"
+    pq = tmp_path / "p.parquet"
+    pd.DataFrame({"messages": [[{"role": "system", "content": "x"}, {"role": "user", "content": "Q?"}]]}).to_parquet(pq)
+    assert tok.decode(read_prompt_file(pq, tok)[0]["prompt_ids"]).startswith("<|im_start|>user\nQ?")
+    f.write_text(json.dumps({"text": "no prompt field"}) + "\n")
+    with pytest.raises(ValueError, match=r"p.jsonl: row 0: expected `conversations`, `messages`, `prompt`"):
+        read_prompt_file(f, tok)
