@@ -30,10 +30,12 @@ import torch.nn.functional as F
 from dmtp.config import TrainConfig
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
+from dmtp.memory import drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.training.common import compiled, to_device
+from dmtp.training.losses import linear_cross_entropy
 
 
 # --- data -------------------------------------------------------------------------------------------------------
@@ -170,18 +172,35 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     return block.reshape(B, N * S, -1), pos.reshape(B, N * S), labels.reshape(B, N * S), w.reshape(B, N * S)
 
 
-def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None):
+def fused_ce_applies(drafter: Drafter) -> bool:
+    """Whether `block_loss` can take the fused chunked LM-head loss for this drafter: its logits feed nothing but the
+    CE and its accuracy (DFlash2's selector reads them, a soft cap bends them: those keep the plain path)."""
+    return drafter.selector is None and not drafter.config.final_logit_softcapping
+
+
+def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None, ce_chunk=0):
     """The part of a drafter step every variant of a backbone shares (compiled on its own once per backbone and block
     size where each drafter has its region, `compiled_block_loss`; else traced inside `drafters_loss`):
     context K/V of f [B, T, H], the drafter's layers over the blocks, the target's LM head, and the position-decayed
     CE  sum_slots w * CE / norm  over all N*S slots (labels -100 and w = 0 where there is no loss: masked, not
     indexed, so no shape depends on the data). DFlash2 adds its selector's top-k CE (prev: each slot's previous data
-    token). Returns (loss, statistics as 0-d device tensors)."""
+    token). ce_chunk > 0 (and `fused_ce_applies`): the LM head and CE through `losses.linear_cross_entropy`,
+    ce_chunk rows at a time, the [B*Q, V] logits never held whole (the same loss, accuracy and gradients; the
+    output multiplier scales the hidden states instead of the logits). Returns (loss, statistics as 0-d device
+    tensors)."""
     B, T = f.shape[:2]
     ctx_kv = drafter.context_kv(f, torch.arange(T, device=f.device)[None].expand(B, T))
     hid = drafter(block, pos, ctx_kv, ends, mask)
-    logits = drafter.logits(target.lm_head(hid)).flatten(0, 1)  # [B*Q, V] fp32
     labels, w = labels.flatten(), w.flatten()
+    if ce_chunk and fused_ce_applies(drafter):
+        h = hid.flatten(0, 1)
+        if drafter.config.output_multiplier != 1.0:
+            h = h * drafter.config.output_multiplier
+        head = target.model.lm_head.weight  # as `target.lm_head`: the hidden states in the target's dtype
+        wce, acc = linear_cross_entropy(h.to(head.dtype), head, labels, ce_chunk, row_weight=w)
+        loss = wce / norm
+        return loss, {"acc": acc, "loss": loss.detach()}
+    logits = drafter.logits(target.lm_head(hid)).flatten(0, 1)  # [B*Q, V] fp32
     ce = F.cross_entropy(logits, labels, reduction="none")  # 0 at label -100
     loss = (ce * w).sum() / norm
     sel = labels >= 0
@@ -195,14 +214,15 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
 
 
 def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float, norm=None, mask=None,
-                 core=block_loss):
+                 core=block_loss, ce_chunk=0):
     """Position-decayed CE of one drafter on a batch; returns (loss, statistics as 0-d tensors).
 
     norm: the loss normaliser. Default: this batch's weight mass. Under data parallelism the training loop passes
     the weight mass of the GLOBAL batch divided by the number of ranks (computed on the host from the global anchors,
     which every rank holds), so DDP's mean over ranks of sum_rank(w * CE) / norm is exactly the 1-rank loss of the
     same global batch, and so is its gradient. mask: the block mask(s) (`attention.layer_masks`) or None (dense,
-    built by the drafter); core: `block_loss` or its compiled version."""
+    built by the drafter); core: `block_loss` or its compiled version; ce_chunk: `block_loss`'s (0: the plain LM-head
+    loss)."""
     block, pos, labels, w = block_inputs(drafter, target, feats, anchors, valid, gamma)
     if core is not block_loss and not block.requires_grad:  # compiled: one graph whether the block is trained or not
         block = block.detach().requires_grad_()
@@ -213,7 +233,7 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     if drafter.selector is not None:
         ids = feats.ids.to(pos.device)
         prev = torch.gather(ids, 1, (pos - 1).clamp(0, ids.shape[1] - 1))
-    return core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask)
+    return core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask, ce_chunk)
 
 
 _COMPILED: list = []
@@ -237,12 +257,13 @@ class DrafterLoss(nn.Module):
         self._target = [target]
         self.core = core
 
-    def forward(self, feats, anchors, valid, gamma, norm, mask=None):
-        return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core)
+    def forward(self, feats, anchors, valid, gamma, norm, mask=None, ce_chunk=0):
+        return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core,
+                            ce_chunk)
 
 
 def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[int], anchors, valid, gamma: float,
-                  norms: tuple, masks: tuple):
+                  norms: tuple, masks: tuple, ce_chunk: int = 0):
     """The compiled path's step for every drafter at once: sum_i L_i over the drafters i on this batch, and each one's
     statistics ({name: {stat: 0-d tensor}}). norms[i], masks[i]: drafter i's loss normaliser (`drafter_loss`) and block
     mask (None: dense, built in the graph). The drafters share no trainable weight (the target and its features are
@@ -250,23 +271,28 @@ def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[i
     gradient of its own loss."""
     total, stats = 0, {}
     for (name, d), norm, mask in zip(drafters.items(), norms, masks):
-        loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask)
+        loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask,
+                                         ce_chunk=ce_chunk)
         total = total + loss
     return total, stats
 
 
 _JOINT: list = []
+_JOINT_FUSED: list = []
 RECOMPILE_LIMIT = 64  # graphs of `drafters_loss` a process may hold: one per set of drafters trained together
 
 
-def compiled_drafters_loss():
+def compiled_drafters_loss(fused: bool = False):
     """`drafters_loss` through torch.compile (one region, static shapes), one per process: one graph per set of
-    drafters at a step (their variants, backbones and shapes; the drafters are inputs, not constants)."""
-    if not _JOINT:
+    drafters at a step (their variants, backbones and shapes; the drafters are inputs, not constants). fused: the
+    version for the fused LM-head loss, which runs eagerly (`losses.linear_cross_entropy` is a graph break), so the
+    region is compiled in pieces around it rather than as one full graph."""
+    cache = _JOINT_FUSED if fused else _JOINT
+    if not cache:
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
-        _JOINT.append(torch.compile(drafters_loss, dynamic=False, fullgraph=True))
-    return _JOINT[0]
+        cache.append(torch.compile(drafters_loss, dynamic=False, fullgraph=not fused))
+    return cache[0]
 
 
 class DraftersLoss(nn.Module):
@@ -278,9 +304,9 @@ class DraftersLoss(nn.Module):
         self.drafters = nn.ModuleDict(drafters)
         self._target = [target]
 
-    def forward(self, feats, taps, anchors, valid, gamma, norms, masks):
-        return compiled_drafters_loss()(self.drafters, self._target[0], feats, taps, anchors, valid, gamma, norms,
-                                        masks)
+    def forward(self, feats, taps, anchors, valid, gamma, norms, masks, ce_chunk=0):
+        return compiled_drafters_loss(bool(ce_chunk))(self.drafters, self._target[0], feats, taps, anchors, valid,
+                                                      gamma, norms, masks, ce_chunk)
 
 
 def clip_grad_norms_(groups: list[list[torch.Tensor]], max_norm: float) -> torch.Tensor:
@@ -323,6 +349,7 @@ def load_group_states(opt: torch.optim.Optimizer, states: dict[int, dict]) -> No
 class _PerDrafter:
     """Per drafter a loss module (under torchrun in DDP), an AdamW and a clip_grad_norm_: the eager path (the
     reference) and the compiled path with one region per drafter (`TrainConfig.one_region = False`)."""
+    ce_chunk = 0  # rows per chunk of the fused LM-head loss (0: the plain loss); train_drafters sets it
 
     def __init__(self, drafters, target, params, adamw, states, core):
         self.drafters, self.params = drafters, params
@@ -339,7 +366,7 @@ class _PerDrafter:
                 gp["lr"] = lr
             with torch.autocast(**amp):
                 loss, stats = self.nets[name](drafter_features(feats, taps, d), anchors, valid, cfg.gamma,
-                                              norms[d.layout], masks.get(d.layout))
+                                              norms[d.layout], masks.get(d.layout), self.ce_chunk)
             opt.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients over ranks here
             gn = torch.nn.utils.clip_grad_norm_(self.params[name], cfg.clip)
@@ -356,6 +383,7 @@ class _OneRegion:
     one DDP module over them), one backward of the summed loss, per-drafter clipping on the device and one AdamW step
     over a param group per drafter (its own lr entry and state; fused on CUDA). Drafters at other steps (resumed
     apart) take no part: their parameters get no gradient, which AdamW skips."""
+    ce_chunk = 0  # rows per chunk of the fused LM-head loss (0: the plain loss); train_drafters sets it
 
     def __init__(self, drafters, target, params, adamw, states):
         self.drafters, self.target, self.params = drafters, target, params
@@ -375,7 +403,7 @@ class _OneRegion:
         lays = [self.drafters[n].layout for n in names]
         with torch.autocast(**amp):
             loss, stats = self.net(feats, taps, anchors, valid, cfg.gamma, tuple(norms[lay] for lay in lays),
-                                   tuple(masks.get(lay) for lay in lays))
+                                   tuple(masks.get(lay) for lay in lays), self.ce_chunk)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()  # each drafter's own gradient (see drafters_loss); DDP averages them over ranks here
         gn = clip_grad_norms_([self.params[n] for n in names], cfg.clip)
@@ -473,6 +501,9 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         trainer = _OneRegion(todo, target, params, adamw, states)
     else:
         trainer = _PerDrafter(todo, target, params, adamw, states, compiled_block_loss() if static else block_loss)
+    # the LM-head loss fused and chunked where the plain path's fp32 logits of a step would be large (memory.py)
+    rows = cfg.batch_size // world * cfg.anchors_per_seq * max(d.layout.slots for d in todo.values())
+    trainer.ce_chunk = drafter_ce_chunk(cfg.fused_ce, cfg.ce_chunk, rows, target.vocab_size)
     layouts = sorted({d.layout for d in todo.values()}, key=lambda lay: lay.kinds)
     rules = {d.config.rules() for d in todo.values()}  # per layer, what a block slot sees
     if static and len(rules) > 1:

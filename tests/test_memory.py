@@ -1,0 +1,220 @@
+"""The memory model (`dmtp.memory`): parameter counts by hand and against the models built on the meta device, each
+training and evaluation term by hand, the fit check's order of settings, the auto rule of the fused drafter loss; the
+drafter loss through the fused chunked LM-head loss equals the plain one (value, accuracy, every gradient), on the
+eager path and through the compiled one-region step."""
+import pytest
+import torch
+
+from dmtp import memory as M
+from dmtp.memory import DrafterSpec, TrainSetting, drafter_spec, plan_training, target_params, train_terms
+
+# a tiny hybrid Qwen3.5 config: one GDN layer, one attention layer, untied head, one MTP layer
+CFG = dict(model_type="qwen3_5_text", vocab_size=10, hidden_size=8, num_hidden_layers=2,
+           layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+           head_dim=4, intermediate_size=16, linear_num_value_heads=2, linear_num_key_heads=1,
+           linear_key_head_dim=4, linear_value_head_dim=4, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+           mtp_num_hidden_layers=1)
+
+
+def test_target_params_by_hand():
+    attn = 8 * 2 * 8 + 2 * 8 * 4 + 8 * 8 + 2 * 4  # q (+ gate), k, v, o, q/k norms = 264
+    gdn = 8 * 16 + 8 * 8 + 2 * 8 * 2 + 16 * 4 + 2 * 2 + 4 + 8 * 8  # qkv, z, b+a, conv, dt+A, norm, out = 360
+    ffn = 3 * 8 * 16
+    layers = (gdn + ffn + 16) + (attn + ffn + 16)
+    mtp = 2 * 8 + 2 * 8 * 8 + attn + ffn + 2 * 8 + 8
+    P = target_params(CFG)
+    assert P == dict(embedding=80, lm_head=80, layers=layers, norm=8, mtp=mtp, total=168 + layers + mtp)
+    assert target_params({**CFG, "tie_word_embeddings": True})["lm_head"] == 0
+    moe = {**CFG, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 3,
+           "shared_expert_intermediate_size": 5}
+    assert M._ffn(moe) == 8 * 4 + 4 * 3 * 8 * 3 + 3 * 8 * 5 + 8  # router, experts, shared expert, its gate
+
+
+@pytest.mark.parametrize("profile", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+def test_param_counts_equal_the_built_models(profile):
+    """The target (cut to 4 layers: every kind of layer), its MTP head and a paper drafter of the largest injection
+    variant, built on the meta device: the formulas count every parameter."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dmtp.experiment import drafter_config
+    from dmtp.models.drafter import Drafter, DrafterConfig
+    from dmtp.models.mtp import MTPHead
+    from dmtp.models.target import Target
+    from experiments.profiles import get_profile
+
+    p = get_profile(profile)
+    cfg = M.with_layers(p.scale.target_config, 4)
+    kw = dict(cfg)
+    hf = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+        mtp = MTPHead(Target(model))
+        d = Drafter(DrafterConfig(**{**drafter_config(p, hf), "num_target_layers": 64}, variant="fusion"))
+    P = target_params(cfg)
+    assert P["total"] - P["mtp"] == sum(x.numel() for x in model.parameters())
+    assert P["mtp"] == sum(x.numel() for x in mtp.parameters())
+    dr = p.drafter
+    spec = drafter_spec(cfg, dr.layers, dr.heads, dr.kv_heads, dr.head_dim, dr.intermediate, dr.block_size)
+    assert spec.params == sum(x.numel() for x in d.parameters())
+
+
+def test_paper_target_sizes():
+    """Qwen3.6-27B: 26.90 B parameters + a 0.42 B MTP head, 54.6 GB in bf16 (the issue's 53.8 GB leaves the head
+    out); its 5-layer drafter 1.78 B, 28.5 GB of fp32 weights, gradients and AdamW moments."""
+    from experiments.profiles import get_profile
+
+    cfg = get_profile("qwen3.6-27b").scale.target_config
+    P = target_params(cfg)
+    assert P["total"] - P["mtp"] == 26_895_998_464 and P["mtp"] == 424_699_392
+    d = drafter_spec(cfg, 5, 32, 8, 128, 17408, 8)
+    assert d.params == 1_782_652_160 and d.params * 16 / 1e9 == pytest.approx(28.52, abs=0.01)
+
+
+D = DrafterSpec(hidden=8, vocab=10, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, taps=2, slots=3,
+                injection=5)
+
+
+def test_train_terms_by_hand():
+    assert D.layer_params == 2 * 8 * 8 + 2 * 8 * 4 + 8 + 3 * 8 * 16 + 16 and D.params == 2 * D.layer_params + 128 + 16 + 5
+    P_t = target_params(CFG)["total"]
+    s = TrainSetting(world=2, micro_batch=3, seq_len=5, anchors=4)
+    t = train_terms(CFG, D, s)
+    R, C = 3 * 4 * 3, 3 * 5  # block rows, context rows
+    assert t["target"] == P_t * 2 and t["target_gathered"] == 0
+    assert t["drafter_state"] == D.params * 16 / 2 and t["drafter_compute"] == 2 * D.layer_params * 6
+    assert t["features"] == C * 2 * 8 * 2 + C * 2 * 8 * 6 + C * 8 * 2
+    assert t["feature_pass"] == C * max(3 * 16, 4 * (2 * 4 + 2 * 8), 32) * 2
+    per_row = 12 * 8 + 4 * 8 + 6 * 16
+    assert t["layers"] == R * 2 * per_row + 2 * C * 2 * 4 * 2
+    assert t["logits"] == R * 10 * 12
+    assert t["total"] == pytest.approx(sum(v for k, v in t.items() if k != "total"))
+    sh = train_terms(CFG, D, TrainSetting(world=2, micro_batch=3, seq_len=5, anchors=4, shard_target=True,
+                                          checkpointing=True, ce_chunk=7))
+    gdn_layer = 360 + 3 * 8 * 16  # the largest unit here (the LM head at paper scale)
+    assert sh["target"] == P_t * 2 / 2 and sh["target_gathered"] == 2 * gdn_layer * 2
+    assert sh["layers"] == R * 2 * 4 * 8 + R * per_row + 2 * C * 2 * 4 * 2
+    assert sh["logits"] == R * 8 * 2 + 7 * 10 * 16
+    one = train_terms(CFG, D, TrainSetting(world=1, micro_batch=3, seq_len=5, anchors=4))
+    assert one["drafter_state"] == D.params * 16 and one["drafter_compute"] == D.params * 2
+
+
+def test_plan_order_and_refusal():
+    """Replicated before sharded, no checkpointing before checkpointing, the largest micro-batch first; nothing fits:
+    the smallest setting tried, fits=False, and one line naming the numbers."""
+    big = dict(gpus=2, seq_len=5, anchors=4, global_batch=8)
+    full = train_terms(CFG, D, TrainSetting(world=2, micro_batch=4, seq_len=5, anchors=4))["total"]
+    p = plan_training(CFG, D, gpu_gb=full / M.GIB / M.USABLE * 1.001, **big)
+    assert p.fits and p.setting.micro_batch == 4 and p.accumulation == 1 and not p.setting.shard_target
+    assert not p.setting.checkpointing
+    p = plan_training(CFG, D, gpu_gb=full / M.GIB / M.USABLE * 0.999, **big)
+    assert p.fits and p.setting.micro_batch == 2 and p.accumulation == 2 and not p.setting.checkpointing
+    tiny = plan_training(CFG, D, gpu_gb=1e-9, **big)
+    assert not tiny.fits and len(tiny.tried) == 2 * 2 * 3  # shard x checkpointing x micro-batches 4, 2, 1
+    assert tiny.terms["total"] == min(t for _, t in tiny.tried) and tiny.setting.micro_batch == 1
+    assert tiny.setting.checkpointing and tiny.line().startswith("does NOT fit: target replicated")
+    assert "GB of 0.0 GB per GPU" in tiny.line()
+    with pytest.raises(ValueError, match="not divisible by 3 GPUs"):
+        plan_training(CFG, D, gpu_gb=80, gpus=3, seq_len=5, anchors=4, global_batch=8)
+
+
+def test_paper_plain_logits_are_tens_of_gb():
+    """At the paper profile (16 sequences per rank on 8 GPUs, 512 anchors, 8 slots, vocabulary 248,320) the plain
+    loss's logits alone are ~195 GB per rank; "auto" fuses them, the tiny and mini shapes stay plain."""
+    from experiments.profiles import get_profile
+
+    cfg = get_profile("qwen3.6-27b").scale.target_config
+    d = drafter_spec(cfg, 5, 32, 8, 128, 17408, 8)
+    t = train_terms(cfg, d, TrainSetting(world=8, micro_batch=16, seq_len=2048, anchors=512))
+    assert t["logits"] == 16 * 512 * 8 * 248320 * 12 and t["logits"] > 190e9
+    assert M.drafter_ce_chunk("auto", 0, 16 * 512 * 8, 248320) == M.ce_chunk_rows(248320) == 540
+    assert M.drafter_ce_chunk("auto", 0, 32 * 64 * 8, 8192) == 0  # mini: 0.5 GiB of logits, plain
+    assert M.drafter_ce_chunk("on", 100, 8, 10) == 100 and M.drafter_ce_chunk("off", 0, 10**9, 10**6) == 0
+    with pytest.raises(ValueError, match="fused_ce='yes'"):
+        M.drafter_ce_chunk("yes", 0, 1, 1)
+
+
+def test_eval_terms_by_hand():
+    t = M.eval_terms(CFG, D, batch=3, length=6, prefill=2)
+    assert t["weights"] == (target_params(CFG)["total"] + D.params) * 2
+    assert t["kv_cache"] == 3 * 6 * (2 * (2 * 1 * 4 * 2) + 2 * 2 * 1 * 4 * 2)  # attention + MTP layer, drafter
+    assert t["linear_state"] == 3 * 1 * (2 * 4 * 4 * 4 + 16 * 3 * 2)
+    assert t["verify_logits"] == 3 * 3 * 10 * 4
+    assert t["prefill"] == 2 * 6 * max(48, 96, 32) * 2 + 2 * 6 * 8 * 4
+
+
+def test_tables_render_every_row():
+    from experiments.profiles import get_profile
+
+    p = get_profile("qwen3.6-27b")
+    cfg, dr = p.scale.target_config, p.drafter
+    text = M.render_tables({"27B": (cfg, drafter_spec(cfg, dr.layers, dr.heads, dr.kv_heads, dr.head_dim,
+                                                      dr.intermediate, dr.block_size))})
+    rows = [r for r in text.splitlines() if r.startswith("| ") and r[2].isdigit()]
+    assert len(rows) == 4 * 2 * 2 + 2 * 2 and "| 8 | 80 | 2,048 | yes |" in text
+
+
+# --- the fused drafter loss ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen3_5():
+    from dmtp.models import tiny
+
+    return tiny.build("qwen3_5", seed=0)
+
+
+def _step(tgt, mtp, name, ce_chunk, multiplier=1.0):
+    from conftest import token_seqs
+
+    from dmtp.training.drafters import batches, drafter_features, drafter_loss, extract, new_drafters, sample_anchors
+
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1, output_multiplier=multiplier)
+    d = new_drafters(tgt, [name], base)[name]
+    ids, lengths = next(batches(token_seqs(), 4, 0))
+    anchors, valid = sample_anchors(lengths, 5, torch.Generator().manual_seed(0))
+    taps = d.config.target_layer_ids
+    feats = drafter_features(extract(tgt, mtp, ids, lengths, taps, True), taps, d)
+    loss, stats = drafter_loss(d, tgt, feats, anchors, valid, 4.0, torch.tensor(3.7), ce_chunk=ce_chunk)
+    loss.backward()
+    return loss.detach(), stats["acc"], {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name,multiplier", [("dflash", 1.0), ("zero_init_residual", 1.0), ("dflash", 0.5)])
+def test_fused_drafter_loss_equals_the_plain_one(qwen3_5, name, multiplier):
+    """Chunks of 7 rows (a short last chunk), ignored slots, position-decayed weights and a given normaliser: the
+    loss, accuracy and every drafter gradient of the materialised logits, within fp32 rounding."""
+    tgt, mtp = qwen3_5
+    ref = _step(tgt, mtp, name, 0, multiplier)
+    got = _step(tgt, mtp, name, 7, multiplier)
+    assert got[0].item() == pytest.approx(ref[0].item(), rel=1e-6) and got[1].item() == ref[1].item()
+    assert got[2].keys() == ref[2].keys()
+    for k in ref[2]:
+        assert (got[2][k] - ref[2][k]).norm() <= 1e-5 * ref[2][k].norm() + 1e-12, k
+    assert not tgt.model.lm_head.weight.requires_grad  # the frozen head: dW neither made nor stored
+
+
+def test_fused_loss_through_the_compiled_one_region_step(qwen3_5, tmp_path, monkeypatch):
+    """fused_ce="on" on the compiled path (one region, traced by AOTAutograd's eager backend: the fused loss is a
+    graph break inside it): the eager path's losses and weights, step by step."""
+    from conftest import token_seqs
+
+    from dmtp.training import drafters as train_mod
+    from dmtp.training.drafters import TrainConfig, drafters_loss, new_drafters, train_drafters
+
+    tgt, mtp = qwen3_5
+    monkeypatch.setattr(train_mod, "_JOINT_FUSED", [torch.compile(drafters_loss, backend="aot_eager",
+                                                                  dynamic=False)])
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1)
+    out = {}
+    for flag, fused in (("off", "off"), ("on", "on")):
+        ds = new_drafters(tgt, ["dflash", "zero_init_residual"], base)
+        cfg = TrainConfig(steps=3, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
+                          compile=flag, fused_ce=fused, ce_chunk=9)
+        hist = train_drafters(tgt, mtp, ds, token_seqs(), cfg, tmp_path / flag, log=lambda *_: None)
+        out[flag] = hist, {n: d.state_dict() for n, d in ds.items()}
+    for n in ("dflash", "zero_init_residual"):
+        assert [h["loss"] for h in out["on"][0][n]] == pytest.approx([h["loss"] for h in out["off"][0][n]], rel=1e-5)
+        for k, w in out["off"][1][n].items():
+            torch.testing.assert_close(out["on"][1][n][k], w, rtol=0, atol=2e-5, msg=k)
