@@ -23,11 +23,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from dmtp.config import TrainConfig
+from dmtp.data.tokens import TokenSequences, as_sequences, is_store, open_store, sequence_ids
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
 from dmtp.memory import drafter_ce_chunk
@@ -39,25 +41,22 @@ from dmtp.training.losses import linear_cross_entropy
 
 
 # --- data -------------------------------------------------------------------------------------------------------
-def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None) -> list[list[int]]:
-    """Token file: JSONL, one object per line with `prompt_ids` + `output_ids` (the `dmtp generate` schema) or `ids`.
-    A line without them, or with ids outside [0, vocab_size), is an error naming the file and line."""
+def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None):
+    """Training sequences of at least 4 tokens, each cut to max_len. A token store (`dmtp.data.tokens`: a folder,
+    memory-mapped, each batch's ids read when asked) or a JSONL, one object per line with `prompt_ids` + `output_ids`
+    (the `dmtp generate` schema) or `ids`, read whole into lists. A line without them, or with ids outside
+    [0, vocab_size), is an error naming the file and line."""
     path = Path(path)
+    if is_store(path):
+        seqs = TokenSequences(open_store(path, vocab_size), max_len)
+        if not len(seqs):
+            raise ValueError(f"{path} holds no sequence of at least 4 tokens")
+        return seqs
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
     seqs = []
     for i, r in iter_jsonl(path):
-        if "ids" in r:
-            ids = r["ids"]
-        elif "prompt_ids" in r and "output_ids" in r:
-            ids = list(r["prompt_ids"]) + list(r["output_ids"])
-        else:
-            raise ValueError(f"{path}:{i}: expected `ids`, or `prompt_ids` and `output_ids` (token id lists)")
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError(f"{path}:{i}: token ids must be a list of integers")
-        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
-        if bad:
-            raise ValueError(f"{path}:{i}: token id {bad[0]} outside the target's vocabulary [0, {vocab_size})")
+        ids = sequence_ids(path, i, r, vocab_size)
         if len(ids) >= 4:
             seqs.append(ids[:max_len])
     if not seqs:
@@ -65,19 +64,33 @@ def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None
     return seqs
 
 
-def batches(seqs, batch_size, seed):
-    """Endless shuffled epochs of padded [B, T] batches (pad 0) with lengths [B]."""
+def _row(s) -> torch.Tensor:
+    return torch.tensor(s) if isinstance(s, list) else torch.from_numpy(np.asarray(s, dtype=np.int64))
+
+
+def batches(seqs, batch_size, seed, rank: int = 0, world: int = 1, skip: int = 0):
+    """Endless shuffled epochs of padded batches (pad 0): (ids [B / world, T] of this rank's rows rank::world,
+    lengths [B] of the whole global batch), T the global batch's longest sequence. The first `skip` batches come as
+    (None, lengths) (a resumed run replays the stream without reading their ids). seqs: token lists, or
+    `load_sequences`' view of a token store (its ids read from the map for this rank's rows only)."""
+    seqs = as_sequences(seqs)
+    every = seqs.lengths()
     rng = random.Random(seed)
     order = list(range(len(seqs)))
+    n = 0
     while True:
         rng.shuffle(order)
         for i in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1, batch_size):
-            chunk = [seqs[j] for j in order[i: i + batch_size]]
-            T = max(len(s) for s in chunk)
-            ids = torch.zeros(len(chunk), T, dtype=torch.long)
-            for b, s in enumerate(chunk):
-                ids[b, : len(s)] = torch.tensor(s)
-            yield ids, torch.tensor([len(s) for s in chunk])
+            chunk = order[i: i + batch_size]
+            lengths = torch.from_numpy(every[chunk].astype(np.int64))
+            n += 1
+            if n <= skip:
+                yield None, lengths
+                continue
+            ids = torch.zeros(len(chunk[rank::world]), int(lengths.max()), dtype=torch.long)
+            for b, s in enumerate(seqs.rows(chunk[rank::world])):
+                ids[b, : len(s)] = _row(s)
+            yield ids, lengths
 
 
 def sample_anchors(lengths: torch.Tensor, n_max: int, gen: torch.Generator):
@@ -510,9 +523,9 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         raise ValueError(f"drafters trained side by side on the compiled path share one attention rule per layer, "
                          f"got {sorted(map(str, rules))}")
     amp = dict(device_type="cuda", dtype=torch.bfloat16, enabled=cfg.amp_bf16 and dev.type == "cuda")
-    it = batches(seqs, cfg.batch_size, cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
     first = min(start[n] for n in todo)
+    it = batches(seqs, cfg.batch_size, cfg.seed, rank, world, skip=first)  # this rank's rows of each global batch
+    gen = torch.Generator().manual_seed(cfg.seed)
     seen = 0  # training tokens consumed so far (the sequences' lengths, global batch): the learning curves' x axis
     for _ in range(first):  # replay the data stream to the resume point (cheap: no model work)
         _, lengths = next(it)
@@ -531,7 +544,8 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         # loss normaliser per block layout: the weight mass of the global batch / world (see drafter_loss)
         norms = torch.stack([loss_weights(lay, anchors, valid, lengths, cfg.gamma)[1].sum().clamp(min=1e-6) / world
                              for lay in layouts])
-        ids, lengths, anchors, valid = (to_device(x[rank::world], dev) for x in (ids, lengths, anchors, valid))
+        ids = to_device(ids, dev)  # (already this rank's rows)
+        lengths, anchors, valid = (to_device(x[rank::world], dev) for x in (lengths, anchors, valid))
         norms = dict(zip(layouts, to_device(norms, dev).unbind()))
         with torch.autocast(**amp):
             feats = extract(target, mtp, ids, lengths, taps, need_g)
