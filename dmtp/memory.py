@@ -5,11 +5,13 @@ Training, per rank, as `dmtp/training/drafters.py` computes a step (b sequences 
 per sequence, S slots per block, so R = b N S block rows and C = b T context rows; bf16 autocast, fp32 master
 weights):
 
-    target      frozen bf16 weights (+ the native MTP head): P_t x 2, or P_t x 2 / world sharded, plus the
-                gathered units in flight (the largest, its LM head or embedding, twice: one used, one prefetched)
+    target      frozen bf16 weights (+ the native MTP head): P_t x 2; sharded (FSDP2, `TrainConfig.shard_target`)
+                its decoder layers / world, the embedding, LM head, norm and MTP head replicated (the drafters read
+                them outside its forward), plus the gathered layers in flight (the largest, twice: one used, one
+                prefetched)
     drafters    each trained drafter's fp32 weights, gradients and AdamW moments: P_d x 16 (/ world under FSDP),
-                plus its bf16 compute copy (autocast's weight cache; under FSDP the gathered bf16 layer and its fp32
-                gradient before the reduce-scatter, two layers in flight)
+                plus its bf16 compute copy (autocast's weight cache; under FSDP the gathered bf16 unit and its fp32
+                gradient before the reduce-scatter, two units in flight: a decoder layer, or the root's fc and norms)
     features    the target's tapped layers, C x K H x 2 (bf16), and one drafter's context input made of them:
                 its column copy (x 2) and fp32 cast (x 4), the MTP hiddens g (C x H x 2)
     pass        the feature pass's largest transient (no autograd graph: one layer at a time), C x W x 2 with W the
@@ -116,12 +118,10 @@ def target_params(cfg: dict) -> dict[str, int]:
     return out
 
 
-def largest_unit(cfg: dict) -> int:
-    """Parameters of the largest piece of the target gathered at once when it is sharded (a decoder layer, the
-    embedding or the LM head)."""
-    H, V = cfg["hidden_size"], cfg["vocab_size"]
-    layer = max((_attention(cfg) if t == "full_attention" else _gdn(cfg)) + _ffn(cfg) for t in set(_types(cfg)))
-    return max(layer, V * H)
+def largest_layer(cfg: dict) -> int:
+    """Parameters of the target's largest decoder layer: what a sharded target gathers at once."""
+    return max((_attention(cfg) if t == "full_attention" else _gdn(cfg)) + _ffn(cfg) + 2 * cfg["hidden_size"]
+               for t in set(_types(cfg)))
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,11 @@ class DrafterSpec:
     def layer_params(self) -> int:
         H, A, Akv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         return 2 * H * A + 2 * H * Akv + 2 * self.head_dim + 3 * H * self.intermediate + 2 * H
+
+    @property
+    def root_params(self) -> int:
+        """What FSDP2 shards as the drafter's root, besides its layers: fc, the two norms, the injection."""
+        return self.taps * self.hidden * self.hidden + 2 * self.hidden + self.injection
 
     @property
     def params(self) -> int:
@@ -169,7 +174,7 @@ class TrainSetting:
     seq_len: int  # tokens per sequence (the compiled path pads every batch to it)
     anchors: int  # anchors per sequence
     shard_target: bool = False  # the frozen target sharded over the ranks (FSDP2) instead of replicated
-    shard_drafters: bool = True  # the drafters' weights, gradients and AdamW state sharded over the ranks (FSDP2)
+    shard_drafters: bool = True  # FSDP2: the drafters' weights, gradients and AdamW state sharded over the ranks
     checkpointing: bool = False  # activation checkpointing of every drafter layer
     ce_chunk: int = 0  # rows per chunk of the fused LM-head loss; 0: the plain loss
     drafters: int = 1  # drafters trained side by side (each its own state; their steps run one after another)
@@ -182,13 +187,13 @@ def train_terms(cfg: dict, d: DrafterSpec, s: TrainSetting) -> dict[str, float]:
     A, Akv, I = d.heads * d.head_dim, d.kv_heads * d.head_dim, d.intermediate
     b, T = s.micro_batch, s.seq_len
     R, C = b * s.anchors * d.slots, b * T
-    P_t = target_params(cfg)["total"]
-    shard_d = s.world if s.shard_drafters else 1
+    P = target_params(cfg)
+    shard_t = s.shard_target and s.world > 1
     t = {}
-    t["target"] = P_t * s.target_bytes / (s.world if s.shard_target else 1)
-    t["target_gathered"] = 2 * largest_unit(cfg) * s.target_bytes if s.shard_target and s.world > 1 else 0
-    t["drafter_state"] = s.drafters * d.params * 16 / shard_d
-    t["drafter_compute"] = 2 * d.layer_params * (2 + 4) if s.shard_drafters and s.world > 1 else d.params * 2
+    t["target"] = (P["total"] - P["layers"] + P["layers"] / (s.world if shard_t else 1)) * s.target_bytes
+    t["target_gathered"] = 2 * largest_layer(cfg) * s.target_bytes if shard_t else 0
+    t["drafter_state"] = s.drafters * d.params * 16 / (s.world if s.shard_drafters else 1)
+    t["drafter_compute"] = 2 * max(d.layer_params, d.root_params) * (2 + 4) if s.shard_drafters else d.params * 2
     t["features"] = C * K * H * 2 + C * K * H * (2 + 4) + C * H * 2
     if cfg.get("num_experts"):
         ffn_w = 3 * max(cfg["shared_expert_intermediate_size"],
@@ -248,19 +253,21 @@ def _divisors_desc(n: int) -> list[int]:
 def plan_training(cfg: dict, d: DrafterSpec, *, gpus: int, gpu_gb: float, seq_len: int, anchors: int,
                   global_batch: int, drafters: int = 1, shard_target: str = "auto", checkpointing: str = "auto",
                   fused_ce: str = "auto", ce_chunk: int = 0, micro_batch: int | None = None,
-                  shard_drafters: bool = True) -> Plan:
+                  shard_drafters: bool | None = None) -> Plan:
     """The first setting that fits, in order of cost: the target replicated before sharded (no all-gather of its
     weights every step), no activation checkpointing before checkpointing (no recomputed forward), the largest
     micro-batch (fewest accumulation steps). shard_target / checkpointing: "auto" (searched), "on", "off";
-    micro_batch: fixed (None: searched over the divisors of global_batch / gpus). When nothing fits, the plan of the
-    cheapest-in-memory setting tried, with fits=False."""
+    micro_batch: fixed (None: searched over the divisors of global_batch / gpus); shard_drafters: FSDP2 on the
+    drafters (None: on more than one GPU, as TrainConfig.fsdp="auto"). A sharded target needs more than one GPU.
+    When nothing fits, the plan of the cheapest-in-memory setting tried, with fits=False."""
     if global_batch % gpus:
         raise ValueError(f"global batch {global_batch} is not divisible by {gpus} GPUs")
     for name, v in (("shard_target", shard_target), ("checkpointing", checkpointing)):
         if v not in ("auto", "on", "off"):
             raise ValueError(f"{name}={v!r}: expected 'auto', 'on' or 'off'")
     per_rank = global_batch // gpus
-    shards = {"auto": (False, True), "on": (True,), "off": (False,)}[shard_target]
+    shards = {"auto": (False, True) if gpus > 1 else (False,), "on": (True,), "off": (False,)}[shard_target]
+    shard_drafters = gpus > 1 if shard_drafters is None else shard_drafters
     ckpts = {"auto": (False, True), "on": (True,), "off": (False,)}[checkpointing]
     micros = [micro_batch] if micro_batch else _divisors_desc(per_rank)
     cap = capacity(gpu_gb)

@@ -82,6 +82,7 @@ def test_train_terms_by_hand():
     R, C = 3 * 4 * 3, 3 * 5  # block rows, context rows
     assert t["target"] == P_t * 2 and t["target_gathered"] == 0
     assert t["drafter_state"] == D.params * 16 / 2 and t["drafter_compute"] == 2 * D.layer_params * 6
+    assert D.layer_params > D.root_params == 2 * 8 * 8 + 16 + 5
     assert t["features"] == C * 2 * 8 * 2 + C * 2 * 8 * 6 + C * 8 * 2
     assert t["feature_pass"] == C * max(3 * 16, 4 * (2 * 4 + 2 * 8), 32) * 2
     per_row = 12 * 8 + 4 * 8 + 6 * 16
@@ -90,12 +91,15 @@ def test_train_terms_by_hand():
     assert t["total"] == pytest.approx(sum(v for k, v in t.items() if k != "total"))
     sh = train_terms(CFG, D, TrainSetting(world=2, micro_batch=3, seq_len=5, anchors=4, shard_target=True,
                                           checkpointing=True, ce_chunk=7))
-    gdn_layer = 360 + 3 * 8 * 16  # the largest unit here (the LM head at paper scale)
-    assert sh["target"] == P_t * 2 / 2 and sh["target_gathered"] == 2 * gdn_layer * 2
+    layers = target_params(CFG)["layers"]
+    gdn_layer = 360 + 3 * 8 * 16 + 16  # the largest decoder layer
+    assert sh["target"] == (P_t - layers / 2) * 2 and sh["target_gathered"] == 2 * gdn_layer * 2
     assert sh["layers"] == R * 2 * 4 * 8 + R * per_row + 2 * C * 2 * 4 * 2
     assert sh["logits"] == R * 8 * 2 + 7 * 10 * 16
-    one = train_terms(CFG, D, TrainSetting(world=1, micro_batch=3, seq_len=5, anchors=4))
+    one = train_terms(CFG, D, TrainSetting(world=1, micro_batch=3, seq_len=5, anchors=4, shard_drafters=False,
+                                           shard_target=True))
     assert one["drafter_state"] == D.params * 16 and one["drafter_compute"] == D.params * 2
+    assert one["target"] == P_t * 2 and one["target_gathered"] == 0  # nothing to shard over on one rank
 
 
 def test_plan_order_and_refusal():

@@ -310,6 +310,8 @@ def cmd_train(a):
             f"[0, {cfg_t.vocab_size}) (the target's vocabulary)")
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
                   lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after, compile=a.compile)
+    cfg = replace(cfg, **{k: getattr(a, k) for k in ("fsdp", "shard_target", "activation_checkpointing")
+                          if getattr(a, k) is not None})
     seqs = load_sequences(args.in_file(a.data, "--data"), cfg.max_len, vocab_size=cfg_t.vocab_size)
     # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
     base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
@@ -435,6 +437,12 @@ def main(argv=None):
                    help="checkpoint and stop after this step (resume later)")
     t.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
                    help="compiled training path: auto = on CUDA only (default), on, off = eager")
+    t.add_argument("--fsdp", choices=["auto", "on", "off"], help="FSDP2 sharding of the drafters: auto = under "
+                   "torchrun with more than one rank (default), on = also on one process, off")
+    t.add_argument("--shard-target", choices=["auto", "on", "off"], help="under FSDP2, shard the frozen target's "
+                   "layers too (on) or replicate it (off; auto, the default: as the memory model decides)")
+    t.add_argument("--activation-checkpointing", action="store_true", default=None,
+                   help="recompute each drafter layer in the backward pass (less memory, more time)")
     t.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
     t.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     t.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from dmtp.checks import at_least, check, fraction, non_negative, one_of, positive, require
 
 COMPILE = ("auto", "on", "off")  # values of PretrainConfig.compile / .fused_ce and TrainConfig.compile
+SWITCH = ("auto", "on", "off")  # values of TrainConfig.fsdp and .shard_target
 NEGATIVES = ("ngram", "loop")  # values of PretrainConfig.unloop_negatives (training/unloop.py)
 CHUNK = 8192  # tokens per chunk of the fused LM-head loss: a chunk's bf16 logits at vocab 8192 take 128 MiB, its
 # gradient as much (dmtp/training/losses.py)
@@ -125,13 +126,26 @@ class TrainConfig:
     # The same loss and gradients either way (fp32 rounding); DFlash2 and soft-capped drafters keep the plain loss
     fused_ce: str = "auto"
     ce_chunk: int = 0  # rows per chunk of the fused loss; 0: as many as make 1 GiB of fp32 logits (memory.py)
+    # data parallelism (dmtp/dist.py): "auto": FSDP2 whenever a process group of more than one rank exists (torchrun),
+    # else the plain single-process step; "on": FSDP2 also on one process (a process group of one: the sharded step
+    # measured on one GPU); "off": the plain step (refused under more than one rank). Under FSDP2 each drafter's
+    # parameters, gradients and AdamW state are sharded per decoder layer, then the rest of the drafter; fp32 master
+    # weights; with amp_bf16 on CUDA bf16 compute and fp32 gradient reduction
+    fsdp: str = "auto"
+    # under FSDP2, the frozen target: "on": its decoder layers sharded too (gathered layer by layer for the feature
+    # pass; embedding, LM head and final norm replicated: the drafters use them outside its forward); "off":
+    # replicated on every rank; "auto": chosen by the memory model before training (unresolved: replicated)
+    shard_target: str = "auto"
+    activation_checkpointing: bool = False  # recompute each drafter layer's activations in the backward pass
+    # (less memory, one more forward of the layers; the same loss and gradients)
 
     def __post_init__(self):
         # max_len >= 4: an anchor needs A, T1 and at least one label (1 <= a <= len - 3)
         check(self, steps=at_least(1), batch_size=at_least(1), max_len=at_least(4), anchors_per_seq=at_least(1),
               lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
               seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0),
-              compile=one_of(*COMPILE), fused_ce=one_of(*COMPILE), ce_chunk=at_least(0))
+              compile=one_of(*COMPILE), fused_ce=one_of(*COMPILE), ce_chunk=at_least(0), fsdp=one_of(*SWITCH),
+              shard_target=one_of(*SWITCH))
         self.snapshots = tuple(int(k) for k in self.snapshots)
         bad = [k for k in self.snapshots if not 1 <= k <= self.steps]
         if bad:

@@ -316,7 +316,7 @@ class Drafter(nn.Module):
     def context_kv(self, f, pos):
         """Per-layer (k, v) of context rows f [B, T, H] at absolute positions pos [B, T]."""
         cos, sin = self.rope(pos, f.dtype)
-        return [layer.self_attn.kv(f, cos, sin) for layer in self.layers]
+        return [layer.context_kv(f, cos, sin) for layer in self.layers]
 
     def masks(self, ctx_end, slots, ctx_len, backend=None):
         """The visibility of every layer (`attention.layer_masks` of `config.rules()`) for N blocks of S slots with
@@ -355,10 +355,12 @@ class Drafter(nn.Module):
         return logits.argmax(-1) if self.selector is None else self.selector(logits, hid, prev_token)
 
     # --- checkpoint I/O in the public DFlash format ------------------------------------------------------------------
-    def save(self, path: str | Path):
+    def save(self, path: str | Path, state: dict | None = None):
+        """The checkpoint at `path` (atomic); state: the weights to write (default: this module's own; a sharded
+        drafter's gathered state, `dist.full_state`)."""
         with atomic_dir(path) as tmp:
             (tmp / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2))
-            sd = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+            sd = {k: v.detach().cpu().contiguous() for k, v in (self.state_dict() if state is None else state).items()}
             save_safetensors(sd, tmp / "model.safetensors")
 
     @classmethod

@@ -87,6 +87,11 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
 
+    def context_kv(self, f, cos, sin):
+        """The keys/values of context rows f [B, T, H] in this layer (`Attention.kv`): a method of the layer, so
+        that a sharded layer (FSDP2) gathers its weights for it as for its forward."""
+        return self.self_attn.kv(f, cos, sin)
+
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask, slots=None):  # slots: used by dflash2.Layer2
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -31,3 +31,22 @@ def peak_flops(device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def checkpoint_layers(layers) -> None:
+    """Activation checkpointing: each layer's forward (in place) keeps only its inputs and recomputes its activations
+    in the backward pass (non-reentrant `torch.utils.checkpoint`: the same operations, so the same loss and
+    gradients). Under FSDP2 the layer's weights are gathered again for the backward, and the recomputation uses them."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in layers:
+        layer.forward = partial(checkpoint, layer.forward, use_reentrant=False)
+
+
+def compile_forwards(layers, backend: str = "inductor") -> None:
+    """Regional compilation of each layer's forward (in place), static shapes; the module's hooks (FSDP2's gathers
+    and reduce-scatters) stay outside the graph. The layers share their graphs: the same code, weights as inputs."""
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, backend=backend, dynamic=False)

@@ -17,6 +17,7 @@ global batch computed on the host.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -30,13 +31,14 @@ import torch.nn.functional as F
 
 from dmtp.config import TrainConfig
 from dmtp.data.tokens import TokenSequences, as_sequences, is_store, open_store, sequence_ids
-from dmtp.dist import all_sum, barrier, data_parallel, rank_world
+from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, group_of_one, is_sharded,
+                       main_says, precision, rank_world, shard, shard_optimizer_state, use_fsdp)
 from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
 from dmtp.memory import drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
-from dmtp.training.common import compiled, to_device
+from dmtp.training.common import checkpoint_layers, compile_forwards, compiled, to_device
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -261,8 +263,9 @@ def compiled_block_loss():
 
 
 class DrafterLoss(nn.Module):
-    """One drafter's training loss as a module, what DistributedDataParallel wraps. The frozen target is held outside
-    the module, so DDP neither broadcasts nor reduces it."""
+    """One drafter's training loss as a module: under FSDP2 the root of the drafter's sharding (its forward gathers
+    the weights outside the decoder layers: context fc and norms, injection, selector). The frozen target is held
+    outside the module, so it is not part of the drafter's shards."""
 
     def __init__(self, drafter: Drafter, target, core=block_loss):
         super().__init__()
@@ -309,8 +312,8 @@ def compiled_drafters_loss(fused: bool = False):
 
 
 class DraftersLoss(nn.Module):
-    """The drafters of one step as one module, what DistributedDataParallel wraps on the compiled path: one backward
-    of the summed loss, and DDP averages every drafter's gradients over ranks in it. The target is held outside."""
+    """The drafters of one step as one module, the compiled one-region step's: one backward of the summed loss. The
+    target is held outside."""
 
     def __init__(self, drafters: dict[str, Drafter], target):
         super().__init__()
@@ -360,13 +363,13 @@ def load_group_states(opt: torch.optim.Optimizer, states: dict[int, dict]) -> No
 
 
 class _PerDrafter:
-    """Per drafter a loss module (under torchrun in DDP), an AdamW and a clip_grad_norm_: the eager path (the
-    reference) and the compiled path with one region per drafter (`TrainConfig.one_region = False`)."""
+    """Per drafter a loss module, an AdamW and a clip_grad_norm_, on one process: the eager path (the reference) and
+    the compiled path with one region per drafter (`TrainConfig.one_region = False`)."""
     ce_chunk = 0  # rows per chunk of the fused LM-head loss (0: the plain loss); train_drafters sets it
 
     def __init__(self, drafters, target, params, adamw, states, core):
         self.drafters, self.params = drafters, params
-        self.nets = {n: data_parallel(DrafterLoss(d, target, core)) for n, d in drafters.items()}
+        self.nets = {n: DrafterLoss(d, target, core) for n, d in drafters.items()}
         self.opts = {n: torch.optim.AdamW(ps, **adamw) for n, ps in params.items()}
         for n, sd in states.items():
             self.opts[n].load_state_dict(sd)
@@ -381,21 +384,55 @@ class _PerDrafter:
                 loss, stats = self.nets[name](drafter_features(feats, taps, d), anchors, valid, cfg.gamma,
                                               norms[d.layout], masks.get(d.layout), self.ce_chunk)
             opt.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients over ranks here
-            gn = torch.nn.utils.clip_grad_norm_(self.params[name], cfg.clip)
+            loss.backward()
+            gn = self.clip(self.params[name], cfg.clip)
             opt.step()
             out[name] = {**stats, "grad_norm": gn}
         return out
 
-    def opt_state(self, name):
-        return self.opts[name].state_dict()
+    @staticmethod
+    def clip(params, max_norm):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def state(self, name):
+        """(weights, AdamW state) of drafter `name`, as its checkpoint holds them."""
+        return self.drafters[name].state_dict(), self.opts[name].state_dict()
+
+
+class _Sharded(_PerDrafter):
+    """FSDP2 (`dist.shard`): per drafter its loss module sharded over the ranks, each decoder layer on its own (its
+    context K/V too), then the rest of the drafter as the root; the frozen target outside it. An AdamW over the
+    drafter's shards (fp32 master weights and state), a clip at the norm of the full gradient (`dist.clip_sharded_`).
+    The drafters of a step run one after another (one drafter's activations at a time). The compiled path compiles
+    each decoder layer's forward (`compile_forwards`; the gathers and reduce-scatters stay outside the graphs) and
+    gives the blocks the flex block mask on CUDA: fullgraph regions over a whole drafter cannot hold FSDP2's hooks.
+    Checkpoints hold the gathered, full tensors (`state`), the same as `_PerDrafter`'s."""
+
+    def __init__(self, drafters, target, adamw, states, mp, static: bool):
+        self.drafters, self.params, self.opts, self.nets = drafters, {}, {}, {}
+        for n, d in drafters.items():
+            if static:
+                compile_forwards(d.layers)
+            self.nets[n] = shard(DrafterLoss(d, target), d.layers, mp, methods=("context_kv",))
+            self.params[n] = [p for p in d.parameters() if p.requires_grad]  # the shards, fully_shard's new params
+            self.opts[n] = torch.optim.AdamW(self.params[n], **adamw)
+            if n in states:
+                self.opts[n].load_state_dict(shard_optimizer_state(states[n], self.opts[n]))
+
+    @staticmethod
+    def clip(params, max_norm):
+        return clip_sharded_([params], max_norm)[0]
+
+    def state(self, name):
+        """Gathered on every rank (collective), tensor by tensor, onto the host."""
+        return full_state(self.drafters[name]), full_optimizer_state(self.opts[name])
 
 
 class _OneRegion:
-    """The compiled path's step: every drafter at the step in one compiled region (`drafters_loss`; under torchrun
-    one DDP module over them), one backward of the summed loss, per-drafter clipping on the device and one AdamW step
-    over a param group per drafter (its own lr entry and state; fused on CUDA). Drafters at other steps (resumed
-    apart) take no part: their parameters get no gradient, which AdamW skips."""
+    """The compiled path's step on one process: every drafter at the step in one compiled region (`drafters_loss`),
+    one backward of the summed loss, per-drafter clipping on the device and one AdamW step over a param group per
+    drafter (its own lr entry and state; fused on CUDA). Drafters at other steps (resumed apart) take no part: their
+    parameters get no gradient, which AdamW skips."""
     ce_chunk = 0  # rows per chunk of the fused LM-head loss (0: the plain loss); train_drafters sets it
 
     def __init__(self, drafters, target, params, adamw, states):
@@ -408,9 +445,8 @@ class _OneRegion:
         load_group_states(self.opt, {self.names.index(n): sd for n, sd in states.items()})
 
     def step(self, names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks):
-        if tuple(names) != self.key:  # the old module (its DDP hooks and buckets) goes before the new one is made
-            self.key, self.net = tuple(names), None
-            self.net = data_parallel(DraftersLoss({n: self.drafters[n] for n in names}, self.target))
+        if tuple(names) != self.key:
+            self.key, self.net = tuple(names), DraftersLoss({n: self.drafters[n] for n in names}, self.target)
         for n in names:
             self.opt.param_groups[self.names.index(n)]["lr"] = lr
         lays = [self.drafters[n].layout for n in names]
@@ -418,13 +454,14 @@ class _OneRegion:
             loss, stats = self.net(feats, taps, anchors, valid, cfg.gamma, tuple(norms[lay] for lay in lays),
                                    tuple(masks.get(lay) for lay in lays), self.ce_chunk)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()  # each drafter's own gradient (see drafters_loss); DDP averages them over ranks here
+        loss.backward()  # each drafter's own gradient (see drafters_loss)
         gn = clip_grad_norms_([self.params[n] for n in names], cfg.clip)
         self.opt.step()
         return {n: {**stats[n], "grad_norm": g} for n, g in zip(names, gn.unbind())}
 
-    def opt_state(self, name):
-        return group_state(self.opt, self.names.index(name))
+    def state(self, name):
+        """(weights, AdamW state) of drafter `name`: its param group as a one-group optimizer's state."""
+        return self.drafters[name].state_dict(), group_state(self.opt, self.names.index(name))
 
 
 def read_back(out: dict[str, dict[str, torch.Tensor]], world: int) -> dict[str, dict[str, float]]:
@@ -468,15 +505,24 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     branch_dir(out_dir, budget)/<name>/trainer_state.pt, from which `train_branch` trains the annealed curve
     point. `schedule`: step -> learning rate (default `lr_at`).
 
-    Under torchrun each rank takes rows rank::world of every global batch and the trained modules are wrapped in DDP
-    (`dist.data_parallel`: each drafter, or on the compiled path the drafters of a step as one module); the loss
-    normaliser is the global batch's weight mass (`drafter_loss`), so N ranks take the 1-rank step. History records
-    (every `log_every` steps, the only host syncs) carry `elapsed_s`, measured after the values were read back:
-    differences between records give the steady step rate. A checkpoint holds one drafter's weights, its own AdamW
-    state, step and history, whichever path wrote it: either path resumes it."""
+    Under torchrun (`cfg.fsdp`, `dist.use_fsdp`) each rank takes rows rank::world of every global batch and every
+    drafter is sharded with FSDP2 (`_Sharded`; with `cfg.fsdp = "on"` also on one process, in a process group of
+    one that ends with the call); the loss normaliser is the global batch's weight mass (`drafter_loss`), so N ranks
+    take the 1-rank step. Sharded drafters stay sharded after the call: their checkpoints hold the full weights.
+    `cfg.shard_target = "on"` shards the frozen target's decoder layers too (under more than one rank), and they stay
+    so. `cfg.activation_checkpointing`: every drafter layer recomputed in the backward pass. History records (every
+    `log_every` steps, the only host syncs) carry `elapsed_s`, measured after the values were read back: differences
+    between records give the steady step rate. A checkpoint holds one drafter's full weights, its own AdamW state,
+    step and history, whichever path and number of ranks wrote it: any of them resumes it."""
+    sharded = use_fsdp(cfg.fsdp, rank_world()[1])
+    with group_of_one(target.device) if sharded else contextlib.nullcontext():
+        return _train(target, mtp, drafters, seqs, cfg, Path(out_dir), log, snapshot_runs, branches, schedule,
+                      sharded)
+
+
+def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branches, schedule, sharded):
     from tqdm import tqdm
 
-    out_dir = Path(out_dir)
     dev = target.device
     rank, world = rank_world()  # under torchrun each rank trains on rows rank::world of every global batch
     if cfg.batch_size % world:
@@ -486,7 +532,7 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     start, hist, states = {}, {}, {}
     for name, d in drafters.items():
         d.train()
-        for n, p in d.named_parameters():  # what the variant bypasses gets no gradient (DDP wants none unused)
+        for n, p in d.named_parameters():  # what the variant bypasses gets no gradient and no optimizer state
             if d.injection.bypassed and n.startswith(d.injection.bypassed):
                 p.requires_grad_(False)
         state = out_dir / name / "trainer_state.pt"
@@ -510,7 +556,15 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     params = {n: [p for p in d.parameters() if p.requires_grad] for n, d in todo.items()}
     adamw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=dev.type == "cuda")
     states = {n: sd for n, sd in states.items() if n in todo}
-    if static and cfg.one_region:
+    if cfg.activation_checkpointing:
+        for d in todo.values():
+            checkpoint_layers(d.layers)
+    if sharded:
+        if cfg.shard_target == "on" and world > 1 and not is_sharded(target.body):  # "auto": the memory model's
+            # choice, resolved before training; unresolved, replicated as "off"
+            shard(target.body, target.body.layers, frozen=True)
+        trainer = _Sharded(todo, target, adamw, states, precision(cfg.amp_bf16 and dev.type == "cuda"), static)
+    elif static and cfg.one_region:
         trainer = _OneRegion(todo, target, params, adamw, states)
     else:
         trainer = _PerDrafter(todo, target, params, adamw, states, compiled_block_loss() if static else block_loss)
@@ -564,30 +618,38 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
                                    "tokens": seen})
             bar.set_postfix({n: f"{hist[n][-1]['loss']:.3f}" for n in names})
         stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < cfg.steps
+        # checkpoints: the state is gathered on every rank under FSDP2 (so every rank takes the same decisions: those
+        # read from the file system are rank 0's), rank 0 writes it
         for name in names:
             d = todo[name]
-            if (step + 1 in cfg.snapshots and main and (snapshot_runs is None or name in snapshot_runs)
-                    and not (out_dir / name / f"step{step + 1}" / "DONE").exists()):
-                snap = out_dir / name / f"step{step + 1}"
-                with atomic_dir(snap) as tmp:  # a learning-curve point: the weights as they are after this step
-                    d.save(tmp / "drafter")
-                    write_json(tmp / "snapshot.json", {"step": step + 1, "train_tokens": seen})
-                    (tmp / "DONE").write_text("ok\n")
+            snap = out_dir / name / f"step{step + 1}"
+            if (step + 1 in cfg.snapshots and (snapshot_runs is None or name in snapshot_runs)
+                    and main_says(not (snap / "DONE").exists())):
+                weights, _ = trainer.state(name)
+                if main:
+                    with atomic_dir(snap) as tmp:  # a learning-curve point: the weights as they are after this step
+                        d.save(tmp / "drafter", weights)
+                        write_json(tmp / "snapshot.json", {"step": step + 1, "train_tokens": seen})
+                        (tmp / "DONE").write_text("ok\n")
             for budget, at in (branches or {}).items():  # an annealed curve point leaves the run here
                 where = branch_dir(out_dir, budget) / name
-                if (step + 1 == at and main and (snapshot_runs is None or name in snapshot_runs)
-                        and not (where / "DONE").exists()):
-                    where.mkdir(parents=True, exist_ok=True)
-                    with atomic_path(where / "trainer_state.pt") as tmp:
-                        save_state({"model": d.state_dict(), "opt": trainer.opt_state(name), "step": step + 1,
-                                    "history": list(hist[name])}, tmp)
-            if ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop) and main:
-                d.save(out_dir / name / "drafter")  # world-size free: resumes on any number of ranks
-                with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
-                    save_state({"model": d.state_dict(), "opt": trainer.opt_state(name), "step": step + 1,
-                                "history": hist[name]}, tmp)
-                if step + 1 == cfg.steps:  # the final checkpoint, then at once DONE (a rerun completes a kill here)
-                    _finish(out_dir / name, hist[name], f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)")
+                if (step + 1 == at and (snapshot_runs is None or name in snapshot_runs)
+                        and main_says(not (where / "DONE").exists())):
+                    weights, opt = trainer.state(name)
+                    if main:
+                        where.mkdir(parents=True, exist_ok=True)
+                        with atomic_path(where / "trainer_state.pt") as tmp:
+                            save_state({"model": weights, "opt": opt, "step": step + 1, "history": list(hist[name])},
+                                       tmp)
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop:
+                weights, opt = trainer.state(name)
+                if main:
+                    d.save(out_dir / name / "drafter", weights)  # world-size free: resumes on any number of ranks
+                    with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
+                        save_state({"model": weights, "opt": opt, "step": step + 1, "history": hist[name]}, tmp)
+                    if step + 1 == cfg.steps:  # the final checkpoint, then at once DONE (a rerun completes a kill here)
+                        _finish(out_dir / name, hist[name],
+                                f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)")
         if stop:
             barrier()
             log(f"[train] stopped after step {step + 1} (resumable)")

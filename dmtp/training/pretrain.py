@@ -3,8 +3,8 @@
 DeepSeek-V3-style joint loss, embedding and LM head shared:  L = CE(main logits_i, x_{i+1}) + lambda * CE(MTP_i, x_{i+2})
 The result is an HF checkpoint whose safetensors carry the `mtp.*` keys, loaded back through `Target` / `MTPHead`.
 
-The step: target + MTP as one module (`JointLM`) under DistributedDataParallel (torchrun), its decoder layers
-torch.compile'd one by one on CUDA (`PretrainConfig.compile`; regional compilation: one graph the layers share), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised,
+The step: target + MTP as one module (`JointLM`; under torchrun a copy of it sharded with FSDP2, `dist.shard`), its
+decoder layers torch.compile'd one by one on CUDA (`PretrainConfig.compile`; regional compilation: one graph the layers share), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised,
 grouped-query attention without repeating K/V), the LM-head loss of both heads fused and chunked on CUDA
 (`losses.linear_cross_entropy`: no [tokens, vocab] logits stored), fused AdamW, batches copied from pinned memory; the
 host reads values back only every `log_every` steps.
@@ -13,6 +13,7 @@ host reads values back only every `log_every` steps.
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from pathlib import Path
@@ -23,7 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dmtp.config import PretrainConfig, TargetArch
-from dmtp.dist import all_sum, barrier, data_parallel, rank_world
+from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, precision, rank_world, shard,
+                       shard_optimizer_state)
 from dmtp.io import atomic_path, load_state, save_state
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
@@ -77,7 +79,7 @@ def joint_terms(tgt, mtp, x, ce_chunk: int | None = None):
 
 
 class JointLM(nn.Module):
-    """Target + MTP head as one module (what DDP wraps and torch.compile traces): forward(x) = `joint_terms`."""
+    """Target + MTP head as one module (the root FSDP2 shards under torchrun): forward(x) = `joint_terms`."""
 
     def __init__(self, tgt, mtp, ce_chunk: int | None = None):
         super().__init__()
@@ -149,9 +151,12 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     """Train target + MTP jointly; resumable from out/pretrain_state.pt, which is kept after the last step (remove it
     once the trained model is saved: a rerun after a kill in between resumes at the end). Returns (history, info).
 
-    Under torchrun each rank takes rows rank::world of every global batch and DDP averages the gradients over ranks,
-    so N ranks compute the 1-rank gradient of the same global batch (every rank holds the same number of rows: the
-    mean of the rank means is the batch mean). The resumable state (model, MTP, optimizer, step, history, the data
+    Under torchrun each rank takes rows rank::world of every global batch and trains a copy of target + MTP sharded
+    with FSDP2 (per decoder layer, then the rest; bf16 compute and fp32 reductions with `bf16` on CUDA), whose
+    gradients are averaged over the ranks, so N ranks compute the 1-rank gradient of the same global batch (every rank
+    holds the same number of rows: the mean of the rank means is the batch mean); when the call ends (finished or
+    stopped) the trained weights are gathered back into `tgt` and `mtp` on every rank, plain modules again (the
+    embedded target is small: the copy costs little). The resumable state (model, MTP, optimizer, step, history, the data
     RNG's state) holds nothing rank-specific and only rank 0 writes it, so a run stopped on N ranks (`stop_after`)
     resumes on any number of ranks. History records carry `elapsed_s`, taken after the logged values were read back
     (a sync): differences between records give the steady rate, compile time excluded."""
@@ -163,25 +168,35 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     if cfg.batch_size % world:
         raise ValueError(f"pretraining batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
     main = rank == 0
-    params = list({id(p): p for p in list(tgt.model.parameters()) + list(mtp.parameters())}.values())
-    for p in params:
+    for p in list(tgt.model.parameters()) + list(mtp.parameters()):
         p.requires_grad_(True)
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
-                            fused=dev.type == "cuda")
     step_tokens = cfg.seq_len * cfg.batch_size
     steps = max(1, cfg.tokens // step_tokens)
     warm = max(1, int(cfg.warmup_frac * steps))
     state_path = out / "pretrain_state.pt"
     start, hist = 0, []
     rng = np.random.default_rng(cfg.seed)  # window starts: the only randomness of a step
-    if state_path.exists():
-        s = load_state(state_path, dev)
+    s = load_state(state_path, dev) if state_path.exists() else None
+    if s is not None:
         tgt.model.load_state_dict(s["model"])
         mtp.load_state_dict(s["mtp"])
-        opt.load_state_dict(s["opt"])
+    fused = compiled(cfg.fused_ce, dev)  # the same "auto" | "on" | "off" rule
+    sharded = world > 1
+    if sharded:  # a copy of target + MTP (JointLM's references to both copied alike) sharded in place; `tgt` and `mtp`
+        # get its weights back at the end
+        net = copy.deepcopy(JointLM(tgt, mtp, cfg.ce_chunk if fused else None))
+        t_tgt, t_mtp = net._tgt[0], net.mtp
+        shard(net, list(t_tgt.body.layers) + list(t_mtp.layers), precision(cfg.bf16 and dev.type == "cuda"))
+    else:
+        net, t_tgt, t_mtp = JointLM(tgt, mtp, cfg.ce_chunk if fused else None), tgt, mtp
+    params = list({id(p): p for p in list(t_tgt.model.parameters()) + list(t_mtp.parameters())}.values())
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
+                            fused=dev.type == "cuda")
+    if s is not None:
+        opt.load_state_dict(shard_optimizer_state(s["opt"], opt) if sharded else s["opt"])
         start, hist = s["step"], s["history"]
         if "rng" in s:
             rng.bit_generator.state = s["rng"]
@@ -191,13 +206,11 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
             log(f"[pretrain] resumed at step {start}/{steps} (state written by {s.get('world', 1)} rank(s), "
                 f"now {world})")
     it = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng, rank, world)
-    tgt.model.train()
-    mtp.train()
-    fused = compiled(cfg.fused_ce, dev)  # the same "auto" | "on" | "off" rule
-    net = data_parallel(JointLM(tgt, mtp, cfg.ce_chunk if fused else None))
+    t_tgt.model.train()
+    t_mtp.train()
     fast = compiled(cfg.compile, dev)
     if fast:
-        compile_layers(tgt, mtp)
+        compile_layers(t_tgt, t_mtp)
     step_terms = net
     t0 = time.time()
     bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True, disable=not main)
@@ -215,8 +228,11 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
             ce, ce_m, acc, acc_m = step_terms(x)
             loss = ce + lam * ce_m
         opt.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients over ranks here
-        torch.nn.utils.clip_grad_norm_(params, cfg.clip)  # after the average: the global norm
+        loss.backward()  # FSDP2 averages the gradients over ranks here
+        if sharded:  # after the average: the global norm, over every rank's shards
+            clip_sharded_([params], cfg.clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
         if step % cfg.log_every == 0 or step == steps - 1:
             m = (all_sum(torch.stack([ce, ce_m, acc, acc_m]).detach().float()) / world).tolist()
@@ -227,16 +243,21 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
         stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < steps
         # the last step too: the state outlives training until the caller has saved the finished target
         if (step + 1) % save_every == 0 or step + 1 == steps or stop:
+            # full tensors, gathered on every rank under FSDP2 (collective), written by rank 0
+            model, head, opt_state = (full_state(t_tgt.model), full_state(t_mtp), full_optimizer_state(opt)) \
+                if sharded else (tgt.model.state_dict(), mtp.state_dict(), opt.state_dict())
             if main:
                 with atomic_path(state_path) as tmp:
-                    save_state({"model": tgt.model.state_dict(), "mtp": mtp.state_dict(), "opt": opt.state_dict(),
-                                "step": step + 1, "history": hist, "rng": rng.bit_generator.state,
-                                "world": world}, tmp)
+                    save_state({"model": model, "mtp": head, "opt": opt_state, "step": step + 1, "history": hist,
+                                "rng": rng.bit_generator.state, "world": world}, tmp)
             if stop:
                 barrier()
                 info.update(finished=False, step=step + 1)
                 break
     info.update(train_s=time.time() - t0, tokens_trained=(info["step"] - start) * step_tokens)
+    if sharded:  # the trained weights into the caller's plain modules, on every rank
+        tgt.model.load_state_dict(full_state(t_tgt.model))
+        mtp.load_state_dict(full_state(t_mtp))
     if not info["finished"]:
         if main:
             log(f"[pretrain] stopped after step {info['step']}/{steps} (resumable from {state_path})")
