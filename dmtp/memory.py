@@ -77,11 +77,17 @@ def _types(cfg: dict) -> list[str]:
     return list(cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"])
 
 
+GATED = ("qwen3_5", "qwen3_next")  # model types whose attention q_proj also makes the output gate
+
+
 def _attention(cfg: dict) -> int:
-    """A full-attention block of Qwen3.5/3.6: q_proj carries the output gate (2 x heads x head_dim); q/k norms."""
-    H, D = cfg["hidden_size"], cfg["head_dim"]
+    """A full-attention block: q (Qwen3.5/3.6 and Qwen3-Next: q and the output gate, 2 x heads x head_dim), k, v, o
+    projections and the q/k norms."""
+    H = cfg["hidden_size"]
+    D = cfg.get("head_dim") or H // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * D, cfg["num_key_value_heads"] * D
-    return H * 2 * q + 2 * H * kv + q * H + 2 * D
+    gate = 2 if str(cfg.get("model_type", "")).startswith(GATED) else 1
+    return H * gate * q + 2 * H * kv + q * H + 2 * D
 
 
 def _gdn(cfg: dict) -> int:
@@ -287,6 +293,29 @@ def plan_training(cfg: dict, d: DrafterSpec, *, gpus: int, gpu_gb: float, seq_le
     return Plan(False, s, per_rank // s.micro_batch, train_terms(cfg, d, s), cap, tried)
 
 
+def check_training(cfg: dict, d: DrafterSpec, *, world: int, gpu_gb: float, batch_size: int, seq_len: int,
+                   anchors: int, fsdp: str, shard_target: str, checkpointing: bool, fused_ce: str, ce_chunk: int,
+                   drafters: int = 1) -> Plan:
+    """The training loop's own setting checked (`dmtp/training/drafters.py`: each rank takes batch_size / world
+    sequences at once, no accumulation), with `shard_target="auto"` resolved: replicated where that fits, else sharded
+    (FSDP2 on more than one rank). fsdp: TrainConfig.fsdp ("auto": FSDP2 on more than one rank)."""
+    shard_d = fsdp == "on" or (fsdp == "auto" and world > 1)
+    opts = (False, True) if shard_target == "auto" and shard_d and world > 1 else (shard_target == "on",)
+    micro = batch_size // world
+    cap = capacity(gpu_gb)
+    tried = []
+    for shard in opts:
+        s = TrainSetting(world=world, micro_batch=micro, seq_len=seq_len, anchors=anchors, shard_target=shard,
+                         shard_drafters=shard_d, checkpointing=checkpointing, drafters=drafters,
+                         ce_chunk=drafter_ce_chunk(fused_ce, ce_chunk, micro * anchors * d.slots, d.vocab))
+        terms = train_terms(cfg, d, s)
+        tried.append((s, terms["total"]))
+        if terms["total"] <= cap:
+            return Plan(True, s, 1, terms, cap, tried)
+    s, _ = min(tried, key=lambda x: x[1])
+    return Plan(False, s, 1, train_terms(cfg, d, s), cap, tried)
+
+
 # --- evaluation -----------------------------------------------------------------------------------------------------
 def eval_terms(cfg: dict, d: DrafterSpec, *, batch: int, length: int, block: int | None = None,
                prefill: int = PREFILL) -> dict[str, float]:
@@ -295,7 +324,8 @@ def eval_terms(cfg: dict, d: DrafterSpec, *, batch: int, length: int, block: int
     prefill's transient (`prefill` sequences of `length` tokens, as the feature pass)."""
     H, V = cfg["hidden_size"], cfg["vocab_size"]
     types = _types(cfg)
-    kv_pos = 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 2  # bytes per position and full-attention layer
+    D = cfg.get("head_dim") or H // cfg["num_attention_heads"]
+    kv_pos = 2 * cfg["num_key_value_heads"] * D * 2  # bytes per position and full-attention layer
     t = {"weights": (target_params(cfg)["total"] + d.params) * 2}
     full = types.count("full_attention") + (1 if cfg.get("mtp_num_hidden_layers") else 0)
     t["kv_cache"] = batch * length * (full * kv_pos + d.layers * 2 * d.kv_heads * d.head_dim * 2)
@@ -371,5 +401,5 @@ def with_layers(cfg: dict, layers: int) -> dict:
     return out
 
 
-__all__ = ["DrafterSpec", "Plan", "TrainSetting", "capacity", "ce_chunk_rows", "drafter_ce_chunk", "drafter_spec",
-           "eval_terms", "plan_eval", "plan_training", "render_tables", "target_params", "train_terms", "with_layers"]
+__all__ = ["DrafterSpec", "Plan", "TrainSetting", "capacity", "ce_chunk_rows", "check_training", "drafter_ce_chunk",
+           "drafter_spec", "eval_terms", "plan_eval", "plan_training", "render_tables", "target_params", "train_terms", "with_layers"]

@@ -222,3 +222,43 @@ def test_fused_loss_through_the_compiled_one_region_step(qwen3_5, tmp_path, monk
         assert [h["loss"] for h in out["on"][0][n]] == pytest.approx([h["loss"] for h in out["off"][0][n]], rel=1e-5)
         for k, w in out["off"][1][n].items():
             torch.testing.assert_close(out["on"][1][n][k], w, rtol=0, atol=2e-5, msg=k)
+
+
+# --- the training stage's fit check (dmtp/cli/fit.py; CPU: configs and the meta device only) ------------------------
+def _paper(profile="qwen3.6-27b", variants=("dflash", "zero_init_residual")):
+    from transformers import AutoConfig
+
+    from dmtp.experiment import drafter_config
+    from dmtp.models.drafter import DrafterConfig
+    from experiments.profiles import get_profile
+
+    p = get_profile(profile)
+    kw = dict(p.scale.target_config)
+    hf = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    return p, [DrafterConfig(**drafter_config(p, hf), variant=v) for v in variants]
+
+
+def test_fit_check_refuses_in_one_line_and_resolves_the_target_sharding():
+    from dataclasses import replace
+
+    from dmtp.cli.fit import fit_training, spec_of
+
+    p, configs = _paper()
+    cfg = p.scale.target_config
+    spec = spec_of(configs)
+    assert spec.slots == 8 and spec.params == 1_782_652_160  # zero_init_residual: block of 8, 2H^2 + 2H injection
+    train = replace(p.train, batch_size=2, max_len=2048)
+    with pytest.raises(ValueError) as e:  # one 80 GB card: the bf16 target and two drafters' AdamW state
+        fit_training(cfg, configs, train, 1, 80 * M.GIB)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("training 2 drafter(s) on 1 GPU(s) of 80 GiB does NOT fit: ")
+    assert "target 54.6" in msg and "drafter_state 57.0" in msg and "GB of 79.9 GB per GPU" in msg
+    out, line = fit_training(cfg, configs[:1], train, 1, 141 * M.GIB)  # an H200 takes one
+    assert out.shard_target == "off" and line.startswith("fits: target replicated")
+    # 2 x 80 GB at 32K tokens, a sequence per GPU: the replicated target leaves no room, the sharded one fits
+    out, line = fit_training(cfg, configs[:1], replace(train, max_len=32768), 2, 80 * M.GIB)
+    assert out.shard_target == "on" and "target sharded" in line
+    with pytest.raises(ValueError, match="--shard-target on"):  # told "off", it names the setting that fits
+        fit_training(cfg, configs[:1], replace(train, max_len=32768, shard_target="off"), 2, 80 * M.GIB)
+    with pytest.raises(ValueError, match=r"no setting fits 16 sequences per GPU; the model fits \d+ per GPU"):
+        fit_training(cfg, configs[:1], replace(train, batch_size=128, fused_ce="off"), 8, 80 * M.GIB)

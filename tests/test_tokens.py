@@ -141,3 +141,28 @@ def test_a_ranks_peak_memory_stays_flat_as_the_file_grows(tmp_path):
     assert heap10 < 1.1 * heap1 + 20_000 and heap1 < 200_000  # flat, and well under the file's 1.2 MB
     assert rss10 < rss1 + 4_000_000  # the 10.8 MB more of file are not held
     assert list_heap10 > 8 * list_heap1 and 30 * 400 * 3000 < list_heap10 < 45 * 400 * 3000  # lists
+
+
+def test_cli_train_converts_a_jsonl_once_and_takes_a_store(tmp_path, capsys):
+    """`dmtp train --data X.jsonl` converts it into --out once (a rerun reuses it); `--data STORE` trains the same
+    drafter (the same fingerprint: a store names its JSONL's digest)."""
+    from dmtp.cli.main import main
+    from dmtp.models import tiny
+
+    tgt, mtp = tiny.build("qwen3", seed=0)
+    target = tiny.save(tgt, mtp, tmp_path / "target")
+    src = write_jsonl(tmp_path / "d.jsonl", token_seqs())
+    run = lambda data, out: main(["train", "--target", str(target), "--data", str(data), "--out", str(out),  # noqa
+                                  "--steps", "2", "--batch-size", "4", "--max-len", "40", "--mask-token-id", "2",
+                                  "--device", "cpu"])
+    run(src, tmp_path / "a")
+    (store,) = (tmp_path / "a").glob("tokens-*")
+    made = (store / "tokens.bin").stat().st_mtime_ns
+    run(src, tmp_path / "a")
+    assert "nothing to train" in capsys.readouterr().out and (store / "tokens.bin").stat().st_mtime_ns == made
+    run(store, tmp_path / "b")
+    assert not list((tmp_path / "b").glob("tokens-*"))
+    hist = [json.loads((tmp_path / o / "dflash" / "history.json").read_text()) for o in "ab"]
+    assert hist[0][-1]["loss"] == hist[1][-1]["loss"]
+    fp = [json.loads((tmp_path / o / "dflash" / "fingerprint.json").read_text()) for o in "ab"]
+    assert fp[0] == fp[1]
