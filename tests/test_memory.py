@@ -262,3 +262,24 @@ def test_fit_check_refuses_in_one_line_and_resolves_the_target_sharding():
         fit_training(cfg, configs[:1], replace(train, max_len=32768, shard_target="off"), 2, 80 * M.GIB)
     with pytest.raises(ValueError, match=r"no setting fits 16 sequences per GPU; the model fits \d+ per GPU"):
         fit_training(cfg, configs[:1], replace(train, batch_size=128, fused_ce="off"), 8, 80 * M.GIB)
+
+
+def test_dryrun_says_whether_training_and_evaluation_fit(capsys):
+    """`dmtp dryrun --gpus N --gpu-mem GB [--seq-len T]`: on 8 x 80 GB the paper drafter trains (the target
+    replicated, the loss fused, a micro-batch and the accumulation to 128) and the result says so; on one 80 GB card
+    at 32K tokens nothing fits, and the command exits 1."""
+    from dmtp.cli.dryrun import dryrun, render
+    from dmtp.cli.main import main
+
+    r = dryrun("qwen3.6-27b", backbones=["dflash"], gpus=8, gpu_mem=80)
+    f = r["fit"]
+    assert r["ok"] and f["train"].fits and not f["train"].setting.shard_target and f["train"].setting.ce_chunk
+    s = f["train"].setting
+    assert s.micro_batch * f["train"].accumulation * 8 == 128 and f["seq_len"] == 2048
+    text = render(r)
+    assert "fit on 8 GPU(s) of 80 GiB" in text and "training, one drafter: fits: target replicated" in text
+    assert "evaluation (batch 32, 4,096 positions)" in text and "the largest batch that fits: " in text
+    with pytest.raises(SystemExit) as e:
+        main(["dryrun", "--profile", "qwen3.6-27b", "--gpus", "1", "--gpu-mem", "80", "--seq-len", "32768"])
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "training, one drafter: does NOT fit" in out and "32,768 tokens" in out

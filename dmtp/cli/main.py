@@ -504,6 +504,12 @@ def main(argv=None):
     dr.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b")
     dr.add_argument("--target", help="checkpoint whose config.json to check (default: the profile's env var, else "
                     "the profile's config)")
+    dr.add_argument("--gpus", type=args.at_least(1), help="GPUs to train on: say whether training and evaluation fit "
+                    "(the memory model, dmtp/memory.py) and with which setting (default with --gpu-mem: 1)")
+    dr.add_argument("--gpu-mem", type=args.number(0, open_lo=True), help="memory per GPU in GiB, as the card is "
+                    "sold: 80 (H100), 141 (H200) (default with --gpus: 80)")
+    dr.add_argument("--seq-len", type=args.at_least(4), help="tokens per training sequence (default: the profile's "
+                    "scale.max_seq_len); evaluation adds the profile's new tokens")
     dr.set_defaults(fn=lambda a: sys.exit(dryrun.main(a)))
 
     a = p.parse_args(argv)
