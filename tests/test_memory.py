@@ -283,3 +283,32 @@ def test_dryrun_says_whether_training_and_evaluation_fit(capsys):
         main(["dryrun", "--profile", "qwen3.6-27b", "--gpus", "1", "--gpu-mem", "80", "--seq-len", "32768"])
     out = capsys.readouterr().out
     assert e.value.code == 1 and "training, one drafter: does NOT fit" in out and "32,768 tokens" in out
+
+
+def test_pipeline_drafters_stage_checks_a_paper_profile(tmp_path, monkeypatch):
+    """The pipeline's drafters stage on a paper profile (GPUs faked: the check reads the config and the card's size
+    only): on one 80 GB card its drafters side by side are refused in one line; on 8 x 80 GB they fit with the target
+    sharded (resolved from "auto"), on 8 x 141 GB replicated."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from dmtp.cli import pipeline
+    from experiments.profiles import get_profile
+
+    p = get_profile("qwen3.6-27b")
+    kw = dict(p.scale.target_config)
+    AutoConfig.for_model(kw.pop("model_type"), **kw).save_pretrained(tmp_path / "target")
+    logs = []
+    c = SimpleNamespace(p=p, work=tmp_path, log=logs.append)
+    runs = [r for r in p.ablation.variants]
+    card = {"gb": 80}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=card["gb"] * M.GIB))
+    with pytest.raises(ValueError, match=rf"training {len(runs)} drafter\(s\) on 1 GPU\(s\) of 80 GiB does NOT fit"):
+        pipeline._fit_check(c, {0: runs})
+    monkeypatch.setattr(pipeline, "rank_world", lambda: (0, 8))
+    assert pipeline._fit_check(c, {0: runs}) == {0: "on"}
+    assert logs and logs[-1].startswith("drafters, seed 0: memory model: fits: target sharded")
+    card["gb"] = 141
+    assert pipeline._fit_check(c, {0: runs}) == {0: "off"}

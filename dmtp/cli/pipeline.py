@@ -266,6 +266,36 @@ def st_data(c: Ctx):
     barrier()
 
 
+def _fit_check(c: Ctx, todo: dict[int, list[str]]) -> dict[int, str]:
+    """A paper profile's drafters stage on GPUs: per seed, the memory model's check of its fresh runs trained side by
+    side (`cli.fit.fit_training`: refused in one line where they cannot fit) before the target's weights load;
+    returns seed -> the resolved `train.shard_target`."""
+    import torch
+
+    from dmtp.cli.fit import fit_training
+    from dmtp.models.drafter import DrafterConfig
+    from dmtp.models.target import read_config
+
+    spec = c.p.ablation
+    cfg_t = read_config(c.work / "target")
+    base = {k: v for k, v in drafter_config(c.p, cfg_t, 0).items() if k in DrafterConfig.__dataclass_fields__}
+    out = {}
+    for seed, runs in todo.items():
+        names = [r for r in spec.variants + tuple(spec.backbones) if r in runs] or runs[:1]
+        configs = []
+        for r in names:
+            variant, backbone = spec.backbones.get(r, (r, base.get("backbone", "dflash")))
+            if variant not in spec.variants and r not in spec.backbones:  # a continued run: its source's shape
+                variant = spec.continued[r][0]
+            configs.append(DrafterConfig(**{**base, "backbone": backbone}, variant=variant,
+                                         variant_config=c.p.drafter.variants.get(variant, {})))
+        cfg, line = fit_training(cfg_t.to_dict(), configs, c.p.train, rank_world()[1],
+                                 torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        c.log(f"drafters, seed {seed}: memory model: {line}")
+        out[seed] = cfg.shard_target
+    return out
+
+
 def drafters_dir(c: Ctx, seed: int) -> Path:
     """Where the drafters of one seed live: work/<profile>/drafters (seed 0), drafters_s<seed> (the others)."""
     return c.work / ("drafters" if seed == 0 else f"drafters_s{seed}")
@@ -292,6 +322,7 @@ def st_drafters(c: Ctx):
     if not todo:
         return
     c.need("data")
+    fit = _fit_check(c, todo) if c.p.scale.target_config and c.dev == "cuda" else {}  # before any weight loads
     tgt, mtp = c.target()
     tok = c.tok
     seqs = load_sequences(c.work / "data" / "train.jsonl", c.p.train.max_len, vocab_size=tgt.vocab_size)
@@ -302,7 +333,8 @@ def st_drafters(c: Ctx):
         curve = [r for r in runs if snapshots(c.p, r)]
         budgets = snapshots(c.p, curve[0]) if curve and spec.anneal else ()  # annealed points: every curve run's
         cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=c.p.stream(seed),
-                      snapshots=tuple(spec.budgets) if curve and not spec.anneal else ())
+                      snapshots=tuple(spec.budgets) if curve and not spec.anneal else (),
+                      **({"shard_target": fit[seed]} if seed in fit else {}))
         fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in runs]
         if fresh_todo:
             c.log(f"drafters, seed {seed}: {', '.join(fresh_todo)}")
