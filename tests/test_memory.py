@@ -312,3 +312,13 @@ def test_pipeline_drafters_stage_checks_a_paper_profile(tmp_path, monkeypatch):
     assert logs and logs[-1].startswith("drafters, seed 0: memory model: fits: target sharded")
     card["gb"] = 141
     assert pipeline._fit_check(c, {0: runs}) == {0: "off"}
+
+
+def test_the_notes_tables_are_the_models():
+    """docs/notes/tokens.md holds exactly what `experiments.memory_tables` renders (refresh: --write)."""
+    from pathlib import Path
+
+    from experiments.memory_tables import splice, tables
+
+    text = (Path(__file__).parents[1] / "docs" / "notes" / "tokens.md").read_text()
+    assert splice(text, tables()) == text

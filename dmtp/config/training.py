@@ -125,7 +125,7 @@ class TrainConfig:
     # dmtp.memory.FUSE_ABOVE_BYTES (paper scale: tens of GB; the tiny and mini profiles stay plain), "on", "off".
     # The same loss and gradients either way (fp32 rounding); DFlash2 and soft-capped drafters keep the plain loss
     fused_ce: str = "auto"
-    ce_chunk: int = 0  # rows per chunk of the fused loss; 0: as many as make 1 GiB of fp32 logits (memory.py)
+    ce_chunk: int = 0  # rows per chunk of the fused loss; 0: as many as make 0.5 GiB of fp32 logits (memory.py)
     # data parallelism (dmtp/dist.py): "auto": FSDP2 whenever a process group of more than one rank exists (torchrun),
     # else the plain single-process step; "on": FSDP2 also on one process (a process group of one: the sharded step
     # measured on one GPU); "off": the plain step (refused under more than one rank). Under FSDP2 each drafter's
