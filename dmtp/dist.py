@@ -98,6 +98,8 @@ def group_of_one(device):
         yield
         return
     cuda = torch.device(device).type == "cuda"
+    if cuda and torch.device(device).index is not None:  # nccl and FSDP2 work on the current device
+        torch.cuda.set_device(torch.device(device))
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
@@ -145,26 +147,31 @@ def is_sharded(module: torch.nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in module.modules())
 
 
-def _full(x):
-    """A full tensor from a DTensor shard (an all-gather: every rank calls it, in the same order), on the host."""
+def _full(x, keep: bool):
+    """A full tensor from a DTensor shard (an all-gather: every rank calls it, in the same order), on the host where
+    `keep`, else dropped at once (None)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(x, DTensor):
         x = x.full_tensor()
+    if not keep:
+        return None
     return x.detach().cpu() if isinstance(x, torch.Tensor) else x
 
 
-def full_state(module: torch.nn.Module) -> dict:
-    """`module.state_dict()` with every sharded tensor gathered, on the host (tensor by tensor: the device holds one
-    gathered tensor at a time). A collective under FSDP2: every rank calls it."""
-    return {k: _full(v) for k, v in module.state_dict().items()}
+def full_state(module: torch.nn.Module, everywhere: bool = False) -> dict:
+    """`module.state_dict()` with every sharded tensor gathered, on the host of rank 0 (the writer; None on the other
+    ranks) or of every rank (`everywhere`); tensor by tensor: a device holds one gathered tensor at a time. A
+    collective under FSDP2: every rank calls it."""
+    keep = everywhere or is_main()
+    return {k: _full(v, keep) for k, v in module.state_dict().items()}
 
 
 def full_optimizer_state(opt: torch.optim.Optimizer) -> dict:
     """`opt.state_dict()` with every sharded state tensor gathered (exp_avg, exp_avg_sq at the parameters' full
-    shapes): the state an unsharded optimizer of the same parameters holds. Collective, as `full_state`."""
-    sd = opt.state_dict()
-    return {"state": {i: {k: _full(v) for k, v in st.items()} for i, st in sd["state"].items()},
+    shapes): the state an unsharded optimizer of the same parameters holds, on rank 0. Collective, as `full_state`."""
+    sd, keep = opt.state_dict(), is_main()
+    return {"state": {i: {k: _full(v, keep) for k, v in st.items()} for i, st in sd["state"].items()},
             "param_groups": sd["param_groups"]}
 
 

@@ -1,7 +1,7 @@
 """The compiled training paths on CPU (inductor): pretraining and drafter training follow their eager paths step by
 step in fp32; the drafters of one backbone and block size share one compiled graph; every drafter of a step in one
-compiled graph with one AdamW step (resumed from either path's checkpoints, drafters joining at other steps, under
-DDP); per-drafter clipping and optimizer state by hand; the flex-attention block mask gives the dense mask's loss;
+compiled graph with one AdamW step (resumed from either path's checkpoints, drafters joining at other steps);
+per-drafter clipping and optimizer state by hand; the flex-attention block mask gives the dense mask's loss;
 the FLOP count behind MFU, by hand; the training benchmark end to end. The GPU side (flex attention with its backward
 pass) is in test_cuda.py."""
 import copy
@@ -11,7 +11,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from conftest import compiled_graphs, make_drafter, token_seqs
 
 from dmtp.cli.bench_train import bench_train, steady_rate
@@ -190,39 +189,20 @@ def traced():
     return fn, torch.compile(fn, backend="aot_eager", dynamic=False, fullgraph=True)
 
 
-@pytest.mark.parametrize("ddp", [False, True])
-def test_drafters_at_different_steps(qwen3_5, runs, traced, tmp_path, monkeypatch, ddp):
+def test_drafters_at_different_steps(qwen3_5, runs, traced, tmp_path, monkeypatch):
     """dflash finished, zero_init_residual resumed at step 2, token_only and dmtp_d2 fresh: steps 1-2 train the fresh
-    two in one region, steps 3-4 all three (under a 1-rank process group: a new DDP module when the set grows); dflash
-    is left alone. Each follows its uninterrupted run."""
+    two in one region, steps 3-4 all three; dflash is left alone. Each follows its uninterrupted run."""
     fn, compiled_fn = traced
     monkeypatch.setattr(train_mod, "_JOINT", [compiled_fn])
     shutil.copytree(runs["root"] / "eager" / "dflash", tmp_path / "dflash")
     _train(qwen3_5, tmp_path, names=["zero_init_residual"], stop_after=2, compile="off")
     done = (tmp_path / "dflash" / "drafter" / "model.safetensors").read_bytes()
-    if ddp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        run = _train(qwen3_5, tmp_path)
-    finally:
-        if ddp:
-            dist.destroy_process_group()
+    run = _train(qwen3_5, tmp_path)
     assert compiled_graphs(fn) == 2  # {token_only, dmtp_d2}, then {zero_init_residual, token_only, dmtp_d2}
     assert (tmp_path / "dflash" / "drafter" / "model.safetensors").read_bytes() == done and run["dflash"][0] == []
     later = ["zero_init_residual", "token_only", "dmtp_d2"]
     _assert_follows(run, runs["eager"], names=later)
     assert all((tmp_path / n / "DONE").exists() for n in later)
-
-
-def test_one_region_under_ddp(qwen3_5, runs, tmp_path):
-    """Under a process group the drafters of the step are one DistributedDataParallel module (1 gloo rank: every
-    trainable weight takes part in the forward, one backward reduces them all); the run without one."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        run = _train(qwen3_5, tmp_path / "ddp")
-    finally:
-        dist.destroy_process_group()
-    _assert_follows(run, runs["one"], rtol=1e-5)
 
 
 def test_clip_grad_norms_is_clip_grad_norm_per_group():

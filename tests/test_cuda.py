@@ -4,7 +4,9 @@ engine's own bf16 AR only at top-2 ties, hybrid targets decode losslessly (HF la
 backend proposes what the dense-mask backend proposes, and the verify modes (sampled drafts, speculative sampling,
 block verification) run inside the graphs without a sync and keep the target's law. Training on a GPU: the compiled
 pretraining and drafter-training paths (flex block mask with its backward pass) follow the eager ones; the fused
-chunked LM-head loss (compiled chunk step) gives the materialised logits' loss and gradients, in fp32 and bf16."""
+chunked LM-head loss (compiled chunk step) gives the materialised logits' loss and gradients, in fp32 and bf16; FSDP2
+drafter training in a process group of one (nccl) follows the single-process path, its bf16 policy computing in bf16
+on fp32 master weights and AdamW state."""
 import dataclasses
 
 import numpy as np
@@ -386,17 +388,57 @@ def test_compiled_engine_large_batch_sampling():
 
 
 # --- compiled training (dmtp.training): the GPU paths against the eager ones ---------------------------------------
-def _train_drafters(tgt, mtp, names, flag, out, one_region=True):
-    """4 logged steps of tiny drafters side by side on 12 random sequences (fp32)."""
+def _train_drafters(tgt, mtp, names, flag, out, one_region=True, prepare=None, **kw):
+    """4 logged steps of tiny drafters side by side on 12 random sequences (fp32 unless `kw` says otherwise;
+    `prepare`: called with the drafters before they train)."""
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
                 mask_token_id=2, seed=1, selector_topk=8, selector_dim=16)
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in torch.randint(14, 40, (12,), generator=g)]
-    cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100, compile=flag,
-                      one_region=one_region)
-    return train_drafters(tgt, mtp, new_drafters(tgt, names, base, backbones=code().backbones), seqs, cfg, out,
-                          log=lambda *_: None)
+    cfg = TrainConfig(**{**dict(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
+                                compile=flag, one_region=one_region), **kw})
+    ds = new_drafters(tgt, names, base, backbones=code().backbones)
+    if prepare is not None:
+        prepare(ds)
+    return train_drafters(tgt, mtp, ds, seqs, cfg, out, log=lambda *_: None)
+
+
+@pytest.mark.parametrize("flag", ["off", "on"])
+def test_fsdp_on_one_gpu_follows_the_single_process_path(tmp_path, flag):
+    """FSDP2 at world size 1 (`fsdp="on"`: a process group of one, nccl), eager and with its layers compiled (flex
+    block masks). In fp32: the single-process path's losses (rel 1e-4: one device, the same math, other kernel
+    boundaries). With amp_bf16: its MixedPrecisionPolicy runs every layer with bf16 weights and bf16 output while the
+    parameters and the AdamW state (the checkpoint of a run stopped after step 2) stay fp32, and the resumed run's
+    losses follow the single-process bf16-autocast path within bf16 rounding (rel 2e-2: FSDP2 rounds the weights
+    themselves to bf16, the norms' scales included, where autocast keeps elementwise weights fp32; 2^-8 = 0.4 % a
+    rounding, a few of them carried through 4 steps)."""
+    tgt, mtp = on_cuda("qwen3_5")
+    names = ["dflash", "zero_init_residual", "dmtp_d2"]
+    ref = _train_drafters(tgt, mtp, names, flag, tmp_path / "ref")
+    run = _train_drafters(tgt, mtp, names, flag, tmp_path / "fsdp", fsdp="on")
+    for n in names:
+        assert [h["loss"] for h in run[n]] == pytest.approx([h["loss"] for h in ref[n]], rel=1e-4), n
+    seen = []
+
+    def watch(ds):  # each layer's weight and output dtypes inside its forward
+        for d in ds.values():
+            for layer in d.layers:
+                layer.register_forward_hook(lambda m, a, out: seen.append((m.mlp.gate_proj.weight.dtype, out.dtype)))
+
+    ref = _train_drafters(tgt, mtp, names, flag, tmp_path / "ref16", amp_bf16=True)
+    _train_drafters(tgt, mtp, names, flag, tmp_path / "fsdp16", prepare=watch, amp_bf16=True, fsdp="on",
+                    stop_after=2)
+    assert seen and set(seen) == {(torch.bfloat16, torch.bfloat16)}
+    for n in names:
+        state = torch.load(tmp_path / "fsdp16" / n / "trainer_state.pt", weights_only=False)
+        assert state["step"] == 2 and all(v.dtype == torch.float32 for v in state["model"].values())
+        moments = [v for st in state["opt"]["state"].values() for k, v in st.items() if k != "step"]
+        assert moments and all(v.dtype == torch.float32 for v in moments)
+    run = _train_drafters(tgt, mtp, names, flag, tmp_path / "fsdp16", amp_bf16=True, fsdp="on")
+    for n in names:
+        assert [h["step"] for h in run[n]] == [1, 2, 3, 4]
+        assert [h["loss"] for h in run[n]] == pytest.approx([h["loss"] for h in ref[n]], rel=2e-2), n
 
 
 @pytest.mark.parametrize("one_region", [True, False])

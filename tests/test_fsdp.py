@@ -1,8 +1,9 @@
-"""FSDP2 drafter training (dmtp/dist.py, `TrainConfig.fsdp`) on the CPU in fp32 with gloo: 2 ranks follow one process on
-the same global batch (loss curve, gradient norms and final weights, the frozen target's layers sharded too); a run
-stopped mid-way on 2 ranks resumes to the uninterrupted result on 2 ranks and on 1 (`dmtp train` under torchrun);
-activation checkpointing gives the same loss and gradients; FSDP2 on one process (a process group of one) follows
-the plain step, eager and with its layers compiled; the sharded clip is clip_grad_norm_.
+"""FSDP2 training (dmtp/dist.py, `TrainConfig.fsdp`) on the CPU in fp32 with gloo: 2 ranks follow one process on the
+same global batch (drafters' loss curve, gradient norms, final weights, snapshots and branch states, the frozen
+target's layers sharded too; target pretraining); a run stopped mid-way on 2 ranks resumes to the uninterrupted
+result on 2 ranks and on 1; activation checkpointing gives the same loss and gradients; FSDP2 on one process (a
+process group of one) follows the plain step, eager and with its layers compiled, drafters joining at other steps;
+the sharded clip is clip_grad_norm_; `dmtp train` under torchrun.
 
 Tolerances (fp32): a rank sums the loss of its rows, and FSDP2 averages the two ranks' gradients in a reduce-scatter,
 where one process sums every row in one reduction: the same terms added in another order, ~1e-7 relative per sum.
@@ -18,16 +19,19 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import token_seqs
+from conftest import compiled_graphs, token_seqs
 
 from dmtp import dist as ddist
 from dmtp.config import TrainConfig
 from dmtp.models import tiny
+from dmtp.models.layers import Layer
 from dmtp.training import drafters as train_mod
+from dmtp.training.common import _recomputed
 from dmtp.training.drafters import block_loss, drafter_loss, extract, new_drafters, sample_anchors, train_drafters
 
 VARIANTS = ["dflash", "zero_init_residual", "mtp_context"]  # block layouts with and without A, a bypassed weight
@@ -46,18 +50,47 @@ def _cfg(**kw):
                                  save_every=100, clip=0.5, compile="off"), **kw})
 
 
-def _run(out, names=VARIANTS, **kw):
+SIDE = dict(snapshots=(1, 3), branches={4: 2})  # learning-curve snapshots and an annealed branch's state: more
+# checkpoints gathered and written by rank 0 (before the stop after step 2 and after the resume)
+
+
+def _run(out, names=VARIANTS, branches=None, **kw):
     """train_drafters on the tiny qwen3_5 target in this process (under whatever process group exists)."""
     tgt, mtp = tiny.build("qwen3_5", seed=0)
     ds = new_drafters(tgt, names, _base(tgt))
-    return train_drafters(tgt, mtp, ds, token_seqs(), _cfg(**kw), out, log=lambda *_: None)
+    return train_drafters(tgt, mtp, ds, token_seqs(), _cfg(**kw), out, log=lambda *_: None, branches=branches)
 
 
-def _rank(rank, world, store, out, kw):
+def _pretrain(out, compile_flag):
+    """5 steps of target + MTP pretraining (fp32, materialised logits) -> (losses, the caller's target weights)."""
+    from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain
+
+    torch.manual_seed(0)
+    arch = TargetArch(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                      intermediate_size=128)
+    tgt, mtp = build_target(arch, vocab_size=128, eos_id=0)
+    tokens = np.random.default_rng(0).integers(1, 128, 20_000).astype(np.int64)
+    cfg = PretrainConfig(tokens=5 * 4 * 32, seq_len=32, batch_size=4, log_every=1, bf16=False, compile=compile_flag,
+                         warmup_frac=0.5, fused_ce="off")
+    hist, _ = pretrain(tgt, mtp, tokens, cfg, out, log=lambda *_: None)
+    return [h["loss"] for h in hist], {k: v.clone() for k, v in tgt.model.state_dict().items()}
+
+
+def _ranks(rank, world, store, root):
+    """A rank of the 2-rank runs: drafters (the target's layers sharded too, activation checkpointing) stopped after
+    step 2 (the checkpoint a killed run leaves), copied by rank 0, and resumed to the end; target pretraining."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        _run(out, **kw)
+        run = _pretrain(root / "pretrain_two", "off")
+        if rank == 0:
+            torch.save(run, root / "pretrain_two.pt")
+        kw = dict(shard_target="on", activation_checkpointing=True, **SIDE)
+        _run(root / "split", stop_after=2, **kw)
+        if rank == 0:
+            shutil.copytree(root / "split", root / "split1")
+        dist.barrier()
+        _run(root / "split", **kw)
     finally:
         dist.destroy_process_group()
 
@@ -90,15 +123,37 @@ def _assert_same_run(run, ref, names=VARIANTS, steps=True):
 def one(tmp_path_factory):
     """The reference: one process, no process group, the plain eager step (`fsdp="auto"` with one rank)."""
     out = tmp_path_factory.mktemp("fsdp") / "one"
-    _run(out)
+    _run(out, **SIDE)
     return out
 
 
-def test_two_ranks_follow_one_process(one, tmp_path):
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """The 2-rank runs (`_ranks`, one spawn), and the stopped run's copy resumed on one process."""
+    root = tmp_path_factory.mktemp("fsdp2")
+    mp.spawn(_ranks, args=(2, root / "store", root), nprocs=2, join=True)
+    _run(root / "split1")
+    return root
+
+
+def test_pretraining_on_two_ranks_follows_one_process(two, tmp_path):
+    """Target + MTP pretraining on 2 ranks (a copy sharded with FSDP2) follows one process (losses rel 1e-5; weights
+    atol 1e-5 at lr 2e-3, the Adam argument above), and the caller's modules hold the trained weights as plain
+    tensors afterwards (rank 0 evaluates and saves them)."""
+    losses, weights = _pretrain(tmp_path / "one", "off")
+    losses2, weights2 = torch.load(two / "pretrain_two.pt", weights_only=False)
+    assert losses2 == pytest.approx(losses, rel=1e-5) and len(losses) == 5
+    assert weights2.keys() == weights.keys()
+    for k, w in weights.items():
+        assert type(weights2[k]) is torch.Tensor
+        torch.testing.assert_close(weights2[k], w, rtol=0, atol=1e-5, msg=k)
+
+
+def test_two_ranks_follow_one_process(one, two):
     """2 gloo ranks (FSDP2: each drafter per layer then as a whole; the target's layers sharded too) follow the
-    plain 1-process run on the same global batch step by step; the bypassed weight of mtp_context stays frozen."""
-    out = tmp_path / "two"
-    mp.spawn(_rank, args=(2, tmp_path / "store", out, {"shard_target": "on"}), nprocs=2, join=True)
+    plain 1-process run on the same global batch step by step (steps 1-2 before the stop, 3-4 after the resume);
+    the bypassed weight of mtp_context stays frozen."""
+    out = two / "split"
     assert "2 rank(s)" in (out / "dflash" / "DONE").read_text()
     assert [r["step"] for r in _history(out / "dflash")] == list(range(1, STEPS + 1))
     _assert_same_run(out, one)
@@ -109,6 +164,35 @@ def test_two_ranks_follow_one_process(one, tmp_path):
     assert not torch.equal(w["injection.fc.weight"], init.injection.fc.weight)
 
 
+def test_stopped_run_resumes_on_two_ranks_and_on_one(one, two):
+    """Stopped after step 2 on 2 ranks (its checkpoint gathered and written by rank 0, full tensors), resumed on 2
+    ranks and, from a copy, on one process (the plain step): both end at the uninterrupted run's losses and
+    weights."""
+    for run in ("split", "split1"):
+        for v in VARIANTS:
+            assert not (two / run / v / "trainer_state.pt").exists() and (two / run / v / "DONE").exists()
+        _assert_same_run(two / run, one)
+    assert "2 rank(s)" in (two / "split" / "dflash" / "DONE").read_text()
+    assert "1 rank(s)" in (two / "split1" / "dflash" / "DONE").read_text()
+    for v in VARIANTS:  # the side checkpoints of the 2-rank pieces: full tensors, the 1-process run's
+        for k in (1, 3):
+            snap = two / "split" / v / f"step{k}"
+            assert json.loads((snap / "snapshot.json").read_text())["step"] == k
+            w, w_ref = _weights(snap), _weights(one / v / f"step{k}")
+            for key in w_ref:
+                torch.testing.assert_close(w[key], w_ref[key], rtol=0, atol=W_ATOL, msg=f"{v} step{k} {key}")
+        st, st_ref = (torch.load(r / "anneal4" / v / "trainer_state.pt", weights_only=False)
+                      for r in (two / "split", one))
+        assert st["step"] == st_ref["step"] == 2
+        for key, x in st_ref["model"].items():
+            torch.testing.assert_close(st["model"][key], x, rtol=0, atol=W_ATOL, msg=f"{v} branch {key}")
+        for i, moments in st_ref["opt"]["state"].items():  # Adam's moments at full shapes; per tensor, in norm (an
+            # element near 0 is a cancellation's rounding)
+            for key, x in moments.items():
+                assert st["opt"]["state"][i][key].shape == x.shape
+                assert (st["opt"]["state"][i][key] - x).norm() <= 1e-5 * x.norm(), (v, i, key)
+
+
 def test_fsdp_on_one_process_follows_the_plain_step(one, tmp_path):
     """`fsdp="on"` without torchrun: FSDP2 in a process group of one (started and ended by the call), with activation
     checkpointing: the plain run's losses and weights; the group is gone afterwards."""
@@ -117,15 +201,38 @@ def test_fsdp_on_one_process_follows_the_plain_step(one, tmp_path):
     _assert_same_run(tmp_path / "on", one)
 
 
+def test_sharded_drafters_joining_at_other_steps(tmp_path):
+    """FSDP2 on one process: token_only stopped alone after step 2, then trained on beside a fresh DMTP(D2) drafter
+    (DFlash2 layers and selector sharded: the selector in the root), which joins at step 1 while token_only resumes
+    at step 3: both follow their plain uninterrupted runs."""
+    names = ["token_only", "dmtp_d2"]
+    backbones = {"dmtp_d2": ("zero_init_residual", "dflash2")}
+
+    def run(out, names, **kw):
+        tgt, mtp = tiny.build("qwen3_5", seed=0)
+        ds = new_drafters(tgt, names, {**_base(tgt), "selector_topk": 8, "selector_dim": 16}, backbones=backbones)
+        train_drafters(tgt, mtp, ds, token_seqs(), _cfg(**kw), out, log=lambda *_: None)
+
+    run(tmp_path / "plain", names)
+    run(tmp_path / "fsdp", ["token_only"], fsdp="on", stop_after=2)
+    run(tmp_path / "fsdp", names, fsdp="on")
+    _assert_same_run(tmp_path / "fsdp", tmp_path / "plain", names)
+
+
 def test_sharded_compiled_layers_follow_eager(one, tmp_path, monkeypatch):
     """The compiled path under FSDP2: each decoder layer's forward compiled (AOTAutograd's eager backend here: the
-    same graphs as Inductor's without a C++ build), FSDP2's hooks outside the graphs: the eager run's results."""
+    same graphs as Inductor's without a C++ build), FSDP2's hooks outside the graphs, with and without activation
+    checkpointing: the eager run's results."""
     orig = train_mod.compile_forwards
     monkeypatch.setattr(train_mod, "compile_forwards", lambda layers: orig(layers, backend="aot_eager"))
-    _run(tmp_path / "c", fsdp="on", compile="on")
-    for v in VARIANTS:  # padded to max_len on the compiled path: the same loss, other reduction shapes
-        h, h_ref = _history(tmp_path / "c" / v), _history(one / v)
-        assert [r["loss"] for r in h] == pytest.approx([r["loss"] for r in h_ref], rel=1e-5), v
+    for ac in (False, True):  # with activation checkpointing: the recomputation traced into the layers' graphs
+        traced = _recomputed(Layer.forward) if ac else Layer.forward  # the function each layer's graph starts at
+        graphs = compiled_graphs(traced)
+        _run(tmp_path / f"c{ac}", fsdp="on", compile="on", activation_checkpointing=ac)
+        assert compiled_graphs(traced) > graphs
+        for v in VARIANTS:  # padded to max_len on the compiled path: the same loss, other reduction shapes
+            h, h_ref = _history(tmp_path / f"c{ac}" / v), _history(one / v)
+            assert [r["loss"] for r in h] == pytest.approx([r["loss"] for r in h_ref], rel=1e-5), (v, ac)
 
 
 def test_activation_checkpointing_gives_the_same_loss_and_gradients():
@@ -186,48 +293,30 @@ def test_fsdp_switch():
             TrainConfig(**{field: "yes"})
 
 
-# --- `dmtp train` under torchrun: stopped on 2 ranks, resumed on 2 and on 1 ------------------------------------------
+# --- `dmtp train` under torchrun ------------------------------------------------------------------------------------
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def cli_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fsdp_cli")
+def test_cli_under_torchrun(tmp_path):
+    """`dmtp train` launched by torchrun on 2 ranks takes the FSDP2 path (the flags reach TrainConfig) and writes the
+    public checkpoint layout once, from rank 0."""
     tgt, mtp = tiny.build("qwen3_5", seed=0)
-    tiny.save(tgt, mtp, root / "target")
-    with open(root / "data.jsonl", "w") as f:
-        for s in token_seqs(16, seed=1):
-            f.write(json.dumps({"ids": s}) + "\n")
-    return root
-
-
-def _train(root, out, nproc, extra=()):
-    args = ["-m", "dmtp.cli.main", "train", "--target", str(root / "target"), "--data", str(root / "data.jsonl"),
-            "--variants", ",".join(VARIANTS), "--out", str(out), "--steps", str(STEPS), "--batch-size", "4",
-            "--max-len", "40", "--mask-token-id", "2", *extra]
-    launch = [sys.executable] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}"]
-    p = subprocess.run(launch + args, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    tiny.save(tgt, mtp, tmp_path / "target")
+    with open(tmp_path / "data.jsonl", "w") as f:
+        for seq in token_seqs(16, seed=1):
+            f.write(json.dumps({"ids": seq}) + "\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           "-m", "dmtp.cli.main", "train", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"),
+           "--variants", "dflash,zero_init_residual", "--out", str(out), "--steps", "2", "--batch-size", "4",
+           "--max-len", "40", "--mask-token-id", "2", "--fsdp", "auto", "--shard-target", "on",
+           "--activation-checkpointing"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stderr[-3000:]
-    return p
-
-
-def test_stopped_run_resumes_on_two_ranks_and_on_one(cli_setup):
-    """`dmtp train` on 2 ranks stopped after step 2 (`--stop-after`: the checkpoint a killed run leaves, gathered and
-    written by rank 0), resumed on 2 ranks and, from a copy, on one process: both end at the uninterrupted 1-process
-    run's loss and weights."""
-    root = cli_setup
-    _train(root, root / "one", 1)
-    _train(root, root / "split", 2, ["--stop-after", "2"])
-    for v in VARIANTS:
-        assert (root / "split" / v / "trainer_state.pt").exists() and not (root / "split" / v / "DONE").exists()
-    shutil.copytree(root / "split", root / "split1")
-    _train(root, root / "split", 2)
-    _train(root, root / "split1", 1)
-    for run in ("split", "split1"):
-        _assert_same_run(root / run, root / "one")
-        assert not (root / run / "dflash" / "trainer_state.pt").exists()
+    for v in ("dflash", "zero_init_residual"):
+        assert "2 steps" in (out / v / "DONE").read_text() and "2 rank(s)" in (out / v / "DONE").read_text()
+        assert sorted(x.name for x in (out / v / "drafter").iterdir()) == ["config.json", "model.safetensors"]
+        assert json.loads((out / v / "drafter" / "config.json").read_text())["dmtp_config"]["variant"] == v

@@ -37,12 +37,19 @@ def checkpoint_layers(layers) -> None:
     """Activation checkpointing: each layer's forward (in place) keeps only its inputs and recomputes its activations
     in the backward pass (non-reentrant `torch.utils.checkpoint`: the same operations, so the same loss and
     gradients). Under FSDP2 the layer's weights are gathered again for the backward, and the recomputation uses them."""
-    from functools import partial
+    for layer in layers:
+        layer.forward = _recomputed(layer.forward)
 
+
+def _recomputed(forward):
+    """`forward` under non-reentrant checkpointing; a plain function, so torch.compile traces the checkpoint into
+    its graph (`compile_forwards` after `checkpoint_layers`)."""
     from torch.utils.checkpoint import checkpoint
 
-    for layer in layers:
-        layer.forward = partial(checkpoint, layer.forward, use_reentrant=False)
+    def recomputed(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return recomputed
 
 
 def compile_forwards(layers, backend: str = "inductor") -> None:

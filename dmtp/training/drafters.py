@@ -10,7 +10,9 @@ torch.compile'd region for all drafters at that step (`drafters_loss`: block inp
 of every drafter, summed), one backward, per-drafter clipping on the device and one AdamW step with a param group per
 drafter (`TrainConfig.one_region`; off: one compiled `block_loss` region, AdamW and clip per drafter). Neither reads a
 value back to the host between log steps: the loss is masked, not indexed, and normalised by the weight mass of the
-global batch computed on the host.
+global batch computed on the host. Under torchrun (`TrainConfig.fsdp`) each drafter is sharded with FSDP2 and the
+drafters step one after another (`_Sharded`; compiled: each decoder layer's forward); the paths above are the
+single-process step, unchanged.
 
     dmtp train --target runs/tiny/target --data runs/tiny/data/train.jsonl --variants dflash,zero_init_residual \
         --out runs/tiny/drafters --steps 200          # tiny CPU run: a few minutes
@@ -235,7 +237,7 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
 
     norm: the loss normaliser. Default: this batch's weight mass. Under data parallelism the training loop passes
     the weight mass of the GLOBAL batch divided by the number of ranks (computed on the host from the global anchors,
-    which every rank holds), so DDP's mean over ranks of sum_rank(w * CE) / norm is exactly the 1-rank loss of the
+    which every rank holds), so FSDP2's mean over ranks of sum_rank(w * CE) / norm is exactly the 1-rank loss of the
     same global batch, and so is its gradient. mask: the block mask(s) (`attention.layer_masks`) or None (dense,
     built by the drafter); core: `block_loss` or its compiled version; ce_chunk: `block_loss`'s (0: the plain LM-head
     loss)."""
@@ -425,7 +427,7 @@ class _Sharded(_PerDrafter):
         return clip_sharded_([params], max_norm)[0]
 
     def state(self, name):
-        """Gathered on every rank (collective), tensor by tensor, onto the host."""
+        """Gathered by every rank (collective), tensor by tensor, onto rank 0's host (None on the others)."""
         return full_state(self.drafters[name]), full_optimizer_state(self.opts[name])
 
 

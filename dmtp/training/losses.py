@@ -95,7 +95,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 # graph per token count, and Inductor, free to reorder the unrolled chunks, need not hold one chunk's logits at a time
 # (the bound this function exists for); eager, the GPU runs the code the CPU tests check. The break costs a few kernel
 # launches per step beside GEMMs of chunk x V x H; each chunk's elementwise work is still compiled
-# (`_chunk_terms_cuda`). Under DDP the weight's gradient reaches its hook through autograd, as any eager op's does.
+# (`_chunk_terms_cuda`). Under FSDP2 the weight's gradient reaches its reduce-scatter through autograd, as any eager
+# op's does.
 @torch.compiler.disable
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK,
                          ignore_index: int = -100, row_weight: torch.Tensor | None = None

@@ -4,8 +4,9 @@ DeepSeek-V3-style joint loss, embedding and LM head shared:  L = CE(main logits_
 The result is an HF checkpoint whose safetensors carry the `mtp.*` keys, loaded back through `Target` / `MTPHead`.
 
 The step: target + MTP as one module (`JointLM`; under torchrun a copy of it sharded with FSDP2, `dist.shard`), its
-decoder layers torch.compile'd one by one on CUDA (`PretrainConfig.compile`; regional compilation: one graph the layers share), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised,
-grouped-query attention without repeating K/V), the LM-head loss of both heads fused and chunked on CUDA
+decoder layers torch.compile'd one by one on CUDA (`PretrainConfig.compile`; regional compilation: one graph the
+layers share), bf16 autocast, causal attention through SDPA's `is_causal` (no mask materialised, grouped-query
+attention without repeating K/V), the LM-head loss of both heads fused and chunked on CUDA
 (`losses.linear_cross_entropy`: no [tokens, vocab] logits stored), fused AdamW, batches copied from pinned memory; the
 host reads values back only every `log_every` steps.
 
@@ -29,7 +30,7 @@ from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, fu
 from dmtp.io import atomic_path, load_state, save_state
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
-from dmtp.training.common import compiled, to_device
+from dmtp.training.common import compile_forwards, compiled, to_device
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -156,10 +157,10 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     gradients are averaged over the ranks, so N ranks compute the 1-rank gradient of the same global batch (every rank
     holds the same number of rows: the mean of the rank means is the batch mean); when the call ends (finished or
     stopped) the trained weights are gathered back into `tgt` and `mtp` on every rank, plain modules again (the
-    embedded target is small: the copy costs little). The resumable state (model, MTP, optimizer, step, history, the data
-    RNG's state) holds nothing rank-specific and only rank 0 writes it, so a run stopped on N ranks (`stop_after`)
-    resumes on any number of ranks. History records carry `elapsed_s`, taken after the logged values were read back
-    (a sync): differences between records give the steady rate, compile time excluded."""
+    embedded target is small: the copy costs little). The resumable state (model, MTP, optimizer, step, history, the
+    data RNG's state; full tensors, gathered) holds nothing rank-specific and only rank 0 writes it, so a run stopped
+    on N ranks (`stop_after`) resumes on any number of ranks. History records carry `elapsed_s`, taken after the
+    logged values were read back (a sync): differences between records give the steady rate, compile time excluded."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -209,7 +210,9 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
     t_tgt.model.train()
     t_mtp.train()
     fast = compiled(cfg.compile, dev)
-    if fast:
+    if fast and sharded:  # each layer's forward alone: FSDP2's gathers and reduce-scatters stay outside the graphs
+        compile_forwards(list(t_tgt.body.layers) + list(t_mtp.layers))
+    elif fast:
         compile_layers(t_tgt, t_mtp)
     step_terms = net
     t0 = time.time()
@@ -256,8 +259,8 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
                 break
     info.update(train_s=time.time() - t0, tokens_trained=(info["step"] - start) * step_tokens)
     if sharded:  # the trained weights into the caller's plain modules, on every rank
-        tgt.model.load_state_dict(full_state(t_tgt.model))
-        mtp.load_state_dict(full_state(t_mtp))
+        tgt.model.load_state_dict(full_state(t_tgt.model, everywhere=True))
+        mtp.load_state_dict(full_state(t_mtp, everywhere=True))
     if not info["finished"]:
         if main:
             log(f"[pretrain] stopped after step {info['step']}/{steps} (resumable from {state_path})")
