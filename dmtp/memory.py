@@ -402,4 +402,5 @@ def with_layers(cfg: dict, layers: int) -> dict:
 
 
 __all__ = ["DrafterSpec", "Plan", "TrainSetting", "capacity", "ce_chunk_rows", "check_training", "drafter_ce_chunk",
-           "drafter_spec", "eval_terms", "plan_eval", "plan_training", "render_tables", "target_params", "train_terms", "with_layers"]
+           "drafter_spec", "eval_terms", "plan_eval", "plan_training", "render_tables", "target_params", "train_terms",
+           "with_layers"]

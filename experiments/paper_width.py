@@ -85,19 +85,19 @@ def setting(a, checkpointing: bool, d):
                         ce_chunk=drafter_ce_chunk("auto", 0, rows, d.vocab))
 
 
-def predict(cfg: dict, layers: int, base: dict, a, checkpointing: bool) -> dict:
+def predict(cfg: dict, layers: int, d, a, checkpointing: bool) -> dict:
+    """The model's terms for the stand-in at `layers` layers and drafter spec d (its shape does not depend on the
+    depth: K = 5 taps wherever they are)."""
     from dmtp.memory import train_terms, with_layers
 
-    c = with_layers(cfg, layers)
-    d = spec(c, {**base, "num_target_layers": layers, "target_layer_ids": []}, a.variant)
-    return train_terms(c, d, setting(a, checkpointing, d))
+    return train_terms(with_layers(cfg, layers), d, setting(a, checkpointing, d))
 
 
-def largest_depth(cfg: dict, base: dict, a, cap: float) -> int:
+def largest_depth(cfg: dict, d, a, cap: float) -> int:
     """The most layers (of the full depth) whose stand-in the model says trains within `cap` bytes, without
     checkpointing (the larger of the two rows); 0 when not even 5 fit."""
     for n in range(cfg["num_hidden_layers"], 4, -1):
-        if predict(cfg, n, base, a, False)["total"] <= cap:
+        if predict(cfg, n, d, a, False)["total"] <= cap:
             return n
     return 0
 
@@ -294,8 +294,8 @@ def main(argv=None):
     full = cfg["num_hidden_layers"]
     card = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
     cap = capacity(card / GIB) if card else float("inf")
-    depth = a.layers or (full if predict(cfg, full, base, a, False)["total"] <= cap else
-                         largest_depth(cfg, base, a, cap))
+    d = spec(cfg, base, a.variant)
+    depth = a.layers or (full if predict(cfg, full, d, a, False)["total"] <= cap else largest_depth(cfg, d, a, cap))
     if depth < 5:
         raise SystemExit(f"not even a 5-layer stand-in fits {card / 1e9:.1f} GB by the memory model")
     ckpts = {"both": (False, True), "off": (False,), "on": (True,)}[a.checkpointing]
@@ -338,7 +338,7 @@ def main(argv=None):
                            "max_allocated": torch.cuda.max_memory_allocated(dev),
                            "max_reserved": torch.cuda.max_memory_reserved(dev)}
                     oom = True
-                row.update(predicted=predict(cfg, depth, base, a, ck), feature_s=feature_s)
+                row.update(predicted=predict(cfg, depth, d, a, ck), feature_s=feature_s)
                 rec["rows"].append(row)
                 save()
                 if oom:
@@ -353,11 +353,9 @@ def main(argv=None):
     if depth < full:  # the full depth, predicted only
         for ck in ckpts:
             rec["rows"].append({"layers": full, "checkpointing": ck, "ran": False,
-                                "predicted": predict(cfg, full, base, a, ck),
+                                "predicted": predict(cfg, full, d, a, ck),
                                 "why": "the memory model puts it above the card's planned memory"})
-    rec["setting"] = {str(ck): asdict(setting(a, ck, spec(cfg, {**base, "num_target_layers": depth,
-                                                                   "target_layer_ids": []}, a.variant)))
-                      for ck in ckpts}
+    rec["setting"] = {str(ck): asdict(setting(a, ck, d)) for ck in ckpts}
     save()
     print(render(rec))
     print(json.dumps({"out": str(out), "wall_s": round(rec["wall_s"], 1)}))

@@ -75,7 +75,8 @@ D = DrafterSpec(hidden=8, vocab=10, layers=2, heads=2, kv_heads=1, head_dim=4, i
 
 
 def test_train_terms_by_hand():
-    assert D.layer_params == 2 * 8 * 8 + 2 * 8 * 4 + 8 + 3 * 8 * 16 + 16 and D.params == 2 * D.layer_params + 128 + 16 + 5
+    assert D.layer_params == 2 * 8 * 8 + 2 * 8 * 4 + 8 + 3 * 8 * 16 + 16
+    assert D.params == 2 * D.layer_params + 128 + 16 + 5
     P_t = target_params(CFG)["total"]
     s = TrainSetting(world=2, micro_batch=3, seq_len=5, anchors=4)
     t = train_terms(CFG, D, s)

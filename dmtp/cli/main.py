@@ -326,8 +326,8 @@ def cmd_train(a):
     data = {"sha256": data_sha}  # what the data holds, not where it lies (a store: its JSONL's digest)
     units, configs = [], {}
     for v in variants:
-        configs[v] = dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__}, variant=v,
-                           variant_config=settings.get(v, {}))
+        configs[v] = dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__},
+                                        variant=v, variant_config=settings.get(v, {}))
         require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
                 f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
         want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), dtype=a.dtype, data=data,

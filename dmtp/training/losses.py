@@ -10,10 +10,11 @@ kept), the logits z = h W^T [N, V] are made `chunk` rows at a time, and each chu
 so a chunk's logits are freed before the next is made, and the backward pass only scales the stored dh, dW by the
 loss's incoming gradient (a scalar). With row weights w (`row_weight`: the drafter loss's position decay) the loss is
 the weighted sum  sum_i w_i (lse_i - z_{i, y_i})  and dz_ij = w_i (softmax(z_i)_j - [j = y_i]), left to the caller to
-normalise. dW is neither made nor stored where the weight takes no gradient (a frozen LM head: the drafters'). The logits are made in the dtype the plain `lm_head(h)` would have (bf16 under
-autocast), logsumexp and softmax in fp32, as `F.cross_entropy(lm_head(h).float(), y)` does. The three GEMMs are
-those of the plain path (its forward and the two of its backward): no FLOPs are added, only the fp32 [N, V] logits
-and their gradient are never stored. The top-1 accuracy (argmax z_i = y_i) comes from the same pass.
+normalise. dW is neither made nor stored where the weight takes no gradient (a frozen LM head: the drafters').
+The logits are made in the dtype the plain `lm_head(h)` would have (bf16 under autocast), logsumexp and softmax in
+fp32, as `F.cross_entropy(lm_head(h).float(), y)` does. The three GEMMs are those of the plain path (its forward and
+the two of its backward; two where dW is not needed): no FLOPs are added, only the fp32 [N, V] logits and their
+gradient are never stored. The top-1 accuracy (argmax z_i = y_i) comes from the same pass.
 """
 from __future__ import annotations
 
