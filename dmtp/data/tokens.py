@@ -4,7 +4,8 @@ A store is a folder:
 
     tokens.bin     every sequence's token ids back to back, little-endian uint16 (vocabulary <= 65,536) or uint32
     offsets.npy    int64 [n + 1]: sequence i is tokens[offsets[i]:offsets[i + 1]]
-    store.json     {"format": 1, "dtype", "sequences", "tokens", "max_id", "source": {path, sha256}, "commit", ...}
+    store.json     {"format": 1, "dtype", "sequences", "tokens", "max_id", "vocab_size", "source": {name, sha256},
+                    "env": {path, git_sha}}: the source JSONL's digest names the data, `env` where and by what code
 
 `convert` writes it from the `dmtp generate` JSONL (`prompt_ids` + `output_ids`, or `ids`) in one streaming pass
 (never the whole file in memory), atomically; a generate output whose meta says it did not finish is refused.
@@ -89,8 +90,8 @@ def convert(src, dst, vocab_size: int | None = None, sha256: str | None = None) 
         np.save(tmp / "offsets.npy", np.asarray(offsets, dtype=np.int64))
         write_json(tmp / STORE_FILE, {"format": FORMAT, "dtype": dtype.str, "sequences": len(offsets) - 1,
                                       "tokens": n_tok, "max_id": max_id, "vocab_size": vocab_size,
-                                      "source": {"path": str(src.resolve()), "sha256": sha256 or file_sha256(src)},
-                                      "commit": git_sha()})
+                                      "source": {"name": src.name, "sha256": sha256 or file_sha256(src)},
+                                      "env": {"path": str(src.resolve()), "git_sha": git_sha()}})
     return dst
 
 
