@@ -323,3 +323,30 @@ def test_the_notes_tables_are_the_models():
 
     text = (Path(__file__).parents[1] / "docs" / "notes" / "tokens.md").read_text()
     assert splice(text, tables()) == text
+
+
+def test_dmtp_train_refuses_before_loading_weights(tmp_path, monkeypatch, capsys):
+    """`dmtp train --profile qwen3.6-27b` on one 80 GB GPU (faked: the check reads the config and the card's size;
+    the weights file is empty, so any attempt to load it would fail otherwise): one line, exit 2, the numbers."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from dmtp.cli import args as cli_args
+    from dmtp.cli.main import main
+    from experiments.profiles import get_profile
+
+    kw = dict(get_profile("qwen3.6-27b").scale.target_config)
+    AutoConfig.for_model(kw.pop("model_type"), **kw).save_pretrained(tmp_path / "target")
+    (tmp_path / "target" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "d.jsonl").write_text('{"ids": [1, 2, 3, 4, 5, 6]}\n')
+    monkeypatch.setattr(cli_args, "device", lambda name: "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=80 * M.GIB))
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--profile", "qwen3.6-27b", "--target", str(tmp_path / "target"), "--data",
+              str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "out"), "--variants", "dflash,zero_init_residual",
+              "--batch-size", "2"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert err.startswith("dmtp train: error: training 2 drafter(s) on 1 GPU(s) of 80 GiB does NOT fit: ")
+    assert "drafter_state 57.0" in err and not list((tmp_path / "out").glob("tokens-*"))  # before the data, too
