@@ -143,6 +143,7 @@ class DrafterSpec:
     taps: int  # target layers tapped (K): the context input is K x hidden wide
     slots: int  # block slots per anchor (S: the block size, or one less for the variants that give T1)
     injection: int = 0  # the variant's own parameters (0 for dflash; 2H^2 + 2H at most, the fusion variants)
+    fusable: bool = True  # the fused LM-head loss applies (False: DFlash2's selector or a soft cap reads the logits)
 
     @property
     def layer_params(self) -> int:
@@ -218,7 +219,7 @@ def train_terms(cfg: dict, d: DrafterSpec, s: TrainSetting) -> dict[str, float]:
     else:
         t["layers"] = R * d.layers * per_row + kv_ctx
     t["block"] = R * H * 4 * 2  # the block's input embeddings (fp32) and the normed output
-    if s.ce_chunk:
+    if s.ce_chunk and d.fusable:
         t["logits"] = R * H * 2 + min(s.ce_chunk, R) * V * FUSED_CHUNK_BYTES
     else:
         t["logits"] = R * V * PLAIN_LOGIT_BYTES
@@ -250,6 +251,11 @@ class Plan:
                 f"micro-batch {s.micro_batch} x {self.accumulation} accumulation x {s.world} GPU(s)")
         parts = ", ".join(f"{k} {gb(v)}" for k, v in self.terms.items() if k != "total" and v)
         return f"{head}: {what}: {gb(self.terms['total'])} GB of {gb(self.capacity)} GB per GPU ({parts})"
+
+
+def _chunk(d: DrafterSpec, fused_ce: str, ce_chunk: int, rows: int) -> int:
+    """The fused loss's rows per chunk for drafter d at `rows` block rows, 0 where it takes the plain loss."""
+    return drafter_ce_chunk(fused_ce, ce_chunk, rows, d.vocab) if d.fusable else 0
 
 
 def _divisors_desc(n: int) -> list[int]:
@@ -284,7 +290,7 @@ def plan_training(cfg: dict, d: DrafterSpec, *, gpus: int, gpu_gb: float, seq_le
                 rows = m * anchors * d.slots
                 s = TrainSetting(world=gpus, micro_batch=m, seq_len=seq_len, anchors=anchors, shard_target=shard,
                                  shard_drafters=shard_drafters, checkpointing=ck,
-                                 ce_chunk=drafter_ce_chunk(fused_ce, ce_chunk, rows, d.vocab), drafters=drafters)
+                                 ce_chunk=_chunk(d, fused_ce, ce_chunk, rows), drafters=drafters)
                 terms = train_terms(cfg, d, s)
                 tried.append((s, terms["total"]))
                 if terms["total"] <= cap:
@@ -307,7 +313,7 @@ def check_training(cfg: dict, d: DrafterSpec, *, world: int, gpu_gb: float, batc
     for shard in opts:
         s = TrainSetting(world=world, micro_batch=micro, seq_len=seq_len, anchors=anchors, shard_target=shard,
                          shard_drafters=shard_d, checkpointing=checkpointing, drafters=drafters,
-                         ce_chunk=drafter_ce_chunk(fused_ce, ce_chunk, micro * anchors * d.slots, d.vocab))
+                         ce_chunk=_chunk(d, fused_ce, ce_chunk, micro * anchors * d.slots))
         terms = train_terms(cfg, d, s)
         tried.append((s, terms["total"]))
         if terms["total"] <= cap:

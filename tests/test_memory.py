@@ -350,3 +350,20 @@ def test_dmtp_train_refuses_before_loading_weights(tmp_path, monkeypatch, capsys
     assert e.value.code == 2 and "\n" not in err
     assert err.startswith("dmtp train: error: training 2 drafter(s) on 1 GPU(s) of 80 GiB does NOT fit: ")
     assert "drafter_state 57.0" in err and not list((tmp_path / "out").glob("tokens-*"))  # before the data, too
+
+
+def test_dflash2_keeps_the_plain_loss_in_the_model():
+    """A DFlash2 drafter (its selector reads the logits) is not fusable: the model counts its plain logits, and a
+    set of drafters holding one is counted so (they step one after another: the peak is the largest one's)."""
+    from dataclasses import replace as dc_replace
+
+    from dmtp.cli.fit import spec_of
+
+    p, configs = _paper(variants=("dflash",))
+    d2 = dc_replace(configs[0], backbone="dflash2")
+    assert spec_of(configs).fusable and not spec_of([d2]).fusable and not spec_of(configs + [d2]).fusable
+    kw = dict(gpus=8, gpu_gb=141, seq_len=2048, anchors=512, global_batch=128, micro_batch=1)
+    cfg = p.scale.target_config
+    fused, plain = plan_training(cfg, spec_of(configs), **kw), plan_training(cfg, spec_of([d2]), **kw)
+    assert fused.setting.ce_chunk == 540 and plain.setting.ce_chunk == 0
+    assert plain.terms["logits"] == 512 * 8 * 248320 * 12 and "LM-head loss plain" in plain.line()

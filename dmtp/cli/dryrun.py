@@ -126,14 +126,17 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
 
 def fit_section(prof, target_config: dict, configs, gpus: int, gpu_mem: float, seq_len: int) -> dict:
     """The memory model's answers for this profile on `gpus` cards of `gpu_mem` GiB: the best training setting for
-    one drafter at the global batch (`plan_training`), the training loop's own setting for the ablation's drafters
-    trained side by side (`check_training`), and evaluation at the evaluation batch over seq_len + new tokens."""
+    one (dflash-backbone) drafter at the global batch (`plan_training`), the training loop's own setting for the
+    ablation's drafters trained side by side, the largest of every drafter built counted (`check_training`), and
+    evaluation at the evaluation batch over seq_len + new tokens."""
     t, sc = prof.train, prof.scale
-    d = spec_of(configs)
+    d = spec_of(configs)  # every drafter built (DFlash2's among them: the plain loss, its selector reads the logits)
+    one = spec_of([c for c in configs if c.backbone == "dflash"] or configs)  # the paper's drafter
     kw = dict(gpus=gpus, gpu_gb=gpu_mem, seq_len=seq_len, anchors=t.anchors_per_seq, fused_ce=t.fused_ce,
               ce_chunk=t.ce_chunk)
-    train = plan_training(target_config, d, global_batch=sc.global_batch, **kw)
-    n = len(prof.ablation.selected(prof.ablation.variants)) or 1
+    train = plan_training(target_config, one, global_batch=sc.global_batch, **kw)
+    a = prof.ablation
+    n = len(a.selected(a.variants)) + len(a.selected(tuple(a.backbones))) or 1  # the fresh runs of a seed
     loop = None
     if t.batch_size % gpus == 0:
         loop = check_training(target_config, d, world=gpus, gpu_gb=gpu_mem, batch_size=t.batch_size,
@@ -141,9 +144,9 @@ def fit_section(prof, target_config: dict, configs, gpus: int, gpu_mem: float, s
                               checkpointing=t.activation_checkpointing, fused_ce=t.fused_ce, ce_chunk=t.ce_chunk,
                               drafters=n)
     length = seq_len + prof.eval.new_tokens
-    ok, ev = plan_eval(target_config, d, gpu_gb=gpu_mem, batch=prof.eval.batch, length=length)
+    ok, ev = plan_eval(target_config, one, gpu_gb=gpu_mem, batch=prof.eval.batch, length=length)
     most = next((b for b in range(prof.eval.batch, 0, -1)
-                 if plan_eval(target_config, d, gpu_gb=gpu_mem, batch=b, length=length)[0]), 0)
+                 if plan_eval(target_config, one, gpu_gb=gpu_mem, batch=b, length=length)[0]), 0)
     return {"gpus": gpus, "gpu_mem": gpu_mem, "seq_len": seq_len, "global_batch": sc.global_batch, "train": train,
             "loop": loop, "loop_drafters": n, "eval_ok": ok, "eval": ev, "eval_length": length,
             "eval_batch": prof.eval.batch, "eval_most": most, "capacity": capacity(gpu_mem)}

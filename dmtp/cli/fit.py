@@ -11,11 +11,13 @@ import torch
 from dmtp.config import TrainConfig
 from dmtp.memory import GIB, DrafterSpec, check_training, plan_training
 from dmtp.models.drafter import Drafter, DrafterConfig
+from dmtp.training.drafters import fused_ce_applies
 
 
 def spec_of(configs: list[DrafterConfig]) -> DrafterSpec:
     """The largest of these drafters as the memory model reads it (built on the meta device: exact parameter counts,
-    the variant's block slots)."""
+    the variant's block slots), the fused LM-head loss counted only where it applies to every one of them (the
+    drafters step one after another: the peak is the largest one's)."""
     best = None
     for c in configs:
         with torch.device("meta"):
@@ -24,7 +26,10 @@ def spec_of(configs: list[DrafterConfig]) -> DrafterSpec:
                         heads=c.num_attention_heads, kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
                         intermediate=c.intermediate_size, taps=len(c.target_layer_ids), slots=d.layout.slots)
         s = replace(s, injection=sum(p.numel() for p in d.parameters()) - s.params)  # what the formula leaves out
+        s = replace(s, fusable=fused_ce_applies(d))
+        fusable = s.fusable if best is None else best.fusable and s.fusable
         best = s if best is None or (s.params, s.slots) > (best.params, best.slots) else best
+        best = replace(best, fusable=fusable)
     return best
 
 
