@@ -122,8 +122,9 @@ def shard(root: torch.nn.Module, layers, mp=None, methods=(), frozen: bool = Fal
     """FSDP2 over the process group: `fully_shard` each module of `layers` (`methods`: their methods called outside
     their forward, e.g. a drafter layer's context K/V, registered to gather the layer too), then `root` (what is left:
     embeddings, norms, small projections) unless `frozen`. frozen: a model that is only run forward (the frozen
-    target): its layers alone are sharded; what the caller reads outside their forwards stays replicated. In place;
-    returns root."""
+    target): its layers alone are sharded, each then a root of its own, told to free its gathered weights after its
+    forward (FSDP2 keeps a root's gathered by default, for a backward that a frozen model never has); what the caller
+    reads outside their forwards stays replicated. In place; returns root."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
@@ -133,7 +134,7 @@ def shard(root: torch.nn.Module, layers, mp=None, methods=(), frozen: bool = Fal
     mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
     kw = dict(mesh=mesh, **({"mp_policy": mp} if mp is not None else {}))
     for layer in layers:
-        fully_shard(layer, **kw)
+        fully_shard(layer, **kw, **({"reshard_after_forward": True} if frozen else {}))
         for name in methods:
             register_fsdp_forward_method(layer, name)
     if not frozen:

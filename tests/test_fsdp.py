@@ -54,9 +54,10 @@ SIDE = dict(snapshots=(1, 3), branches={4: 2})  # learning-curve snapshots and a
 # checkpoints gathered and written by rank 0 (before the stop after step 2 and after the resume)
 
 
-def _run(out, names=VARIANTS, branches=None, **kw):
-    """train_drafters on the tiny qwen3_5 target in this process (under whatever process group exists)."""
-    tgt, mtp = tiny.build("qwen3_5", seed=0)
+def _run(out, names=VARIANTS, branches=None, models=None, **kw):
+    """train_drafters on the tiny qwen3_5 target (`models`, default a fresh one) in this process (under whatever
+    process group exists)."""
+    tgt, mtp = models or tiny.build("qwen3_5", seed=0)
     ds = new_drafters(tgt, names, _base(tgt))
     return train_drafters(tgt, mtp, ds, token_seqs(), _cfg(**kw), out, log=lambda *_: None, branches=branches)
 
@@ -86,8 +87,11 @@ def _ranks(rank, world, store, root):
         if rank == 0:
             torch.save(run, root / "pretrain_two.pt")
         kw = dict(shard_target="on", activation_checkpointing=True, **SIDE)
-        _run(root / "split", stop_after=2, **kw)
-        if rank == 0:
+        tgt, mtp = tiny.build("qwen3_5", seed=0)
+        _run(root / "split", stop_after=2, models=(tgt, mtp), **kw)
+        if rank == 0:  # the target's layers after their forwards: their shards alone, nothing gathered left behind
+            types = {type(p).__name__ for p in tgt.body.layers.parameters()}
+            (root / "target_params.json").write_text(json.dumps(sorted(types)))
             shutil.copytree(root / "split", root / "split1")
         dist.barrier()
         _run(root / "split", **kw)
@@ -105,11 +109,11 @@ def _history(d):
     return json.loads((d / "history.json").read_text())
 
 
-def _assert_same_run(run, ref, names=VARIANTS, steps=True):
+def _assert_same_run(run, ref, names=VARIANTS):
+    """Step by step the same losses and gradient norms, and the same final weights (tolerances: the docstring)."""
     for v in names:
         h, h_ref = _history(run / v), _history(ref / v)
-        if steps:
-            assert [r["step"] for r in h] == [r["step"] for r in h_ref]
+        assert [r["step"] for r in h] == [r["step"] for r in h_ref]
         for key in ("loss", "grad_norm"):  # (acc: rank 0's rows only)
             assert [r[key] for r in h] == pytest.approx([r[key] for r in h_ref], rel=1e-5), (v, key)
         w, w_ref = _weights(run / v), _weights(ref / v)
@@ -155,6 +159,7 @@ def test_two_ranks_follow_one_process(one, two):
     the bypassed weight of mtp_context stays frozen."""
     out = two / "split"
     assert "2 rank(s)" in (out / "dflash" / "DONE").read_text()
+    assert json.loads((two / "target_params.json").read_text()) == ["DTensor"]
     assert [r["step"] for r in _history(out / "dflash")] == list(range(1, STEPS + 1))
     _assert_same_run(out, one)
     tgt, _ = tiny.build("qwen3_5", seed=0)

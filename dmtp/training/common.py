@@ -52,8 +52,15 @@ def _recomputed(forward):
     return recomputed
 
 
+RECOMPILE_LIMIT = 64  # graphs a compiled function may hold (Dynamo's default is 8)
+
+
 def compile_forwards(layers, backend: str = "inductor") -> None:
     """Regional compilation of each layer's forward (in place), static shapes; the module's hooks (FSDP2's gathers
-    and reduce-scatters) stay outside the graph. The layers share their graphs: the same code, weights as inputs."""
+    and reduce-scatters) stay outside the graph. The layers share their graphs (the same code, weights as inputs):
+    one per layer class, block layout (slots per block) and whether the layer's input needs a gradient (a drafter's
+    first layer over a frozen block embedding does not), with activation checkpointing one function for every class."""
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
     for layer in layers:
         layer.forward = torch.compile(layer.forward, backend=backend, dynamic=False)
