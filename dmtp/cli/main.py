@@ -389,7 +389,7 @@ def _train_data(path, vocab_size: int) -> tuple[Path, str]:
 
 def _modelled(cfg) -> bool:
     """Whether the memory model describes this target (the Qwen3 / Qwen3.5 / Qwen3.6 families)."""
-    return str(getattr(cfg, "model_type", "")).startswith(("qwen3", "qwen2"))
+    return str(getattr(cfg, "model_type", "")).startswith("qwen3")
 
 
 _TRAIN_DEFAULTS = dict(steps=200, batch_size=8, max_len=512, layers=1, lr=6e-4, gamma=4.0, mask_token_id=1,
