@@ -3,6 +3,13 @@ and backbone on the meta device (no weights, no memory), check that the pieces f
 
     dmtp dryrun --profile qwen3.6-27b                       # the profile's config (model card values)
     dmtp dryrun --profile qwen3.6-35b-a3b --target /ckpt    # the checkpoint's own config.json, compared to the profile
+    dmtp dryrun --profile qwen3.6-27b --gpus 8 --gpu-mem 80 --seq-len 32768   # + whether training and evaluation fit
+
+With --gpus / --gpu-mem, the memory model (`dmtp.memory`) says, before any weight is loaded, whether training fits
+and with which setting (the target sharded or replicated, activation checkpointing, the LM-head loss fused or not,
+the per-GPU micro-batch and the accumulation that reach the global batch), what the training loop as it runs
+(each rank takes its share of the profile's batch at once) needs, and whether evaluation fits (target + MTP +
+drafter in bf16, the caches of the evaluation batch at the prompt + new-token length), with the per-GPU numbers.
 """
 from __future__ import annotations
 
@@ -11,7 +18,9 @@ from pathlib import Path
 
 import torch
 
+from dmtp.cli.fit import spec_of
 from dmtp.experiment import drafter_config
+from dmtp.memory import capacity, check_training, plan_eval, plan_training
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import BACKBONES, Drafter, DrafterConfig, check_compatible
 from dmtp.models.mtp import MTPHead, mtp_num_layers
@@ -41,8 +50,11 @@ def _n(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
-    """Returns {"checks": [(name, ok, detail)], "params": {...}, ...}; raises nothing on a failed check."""
+def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | None = None,
+           gpu_mem: float | None = None, seq_len: int | None = None) -> dict:
+    """Returns {"checks": [(name, ok, detail)], "params": {...}, "fit": {...} or None, ...}; raises nothing on a
+    failed check. gpus / gpu_mem (GiB per card): the fit section (`fit`), at seq_len tokens per training sequence
+    (default: the profile's max_seq_len)."""
     from transformers import AutoModelForCausalLM
 
     prof = resolve(profile)
@@ -103,9 +115,41 @@ def dryrun(profile: str, target: str | None = None, backbones=None) -> dict:
                                             if t == "full_attention"),
         "mtp": _n(mtp), "drafters": {k: _n(d) for k, d in drafters.items()},
     }
+    fit = None
+    if gpus is not None or gpu_mem is not None:
+        fit = fit_section(prof, cfg.to_dict(), [d.config for d in drafters.values()], gpus or 1, gpu_mem or 80,
+                          seq_len or sc.max_seq_len)
     return {"profile": prof, "source": source, "target_path": target, "config": cfg, "checks": checks,
-            "params": params, "taps": next(iter(drafters.values())).config.target_layer_ids,
-            "ok": all(ok for _, ok, _ in checks)}
+            "params": params, "taps": next(iter(drafters.values())).config.target_layer_ids, "fit": fit,
+            "ok": all(ok for _, ok, _ in checks) and (fit is None or fit["train"].fits)}
+
+
+def fit_section(prof, target_config: dict, configs, gpus: int, gpu_mem: float, seq_len: int) -> dict:
+    """The memory model's answers for this profile on `gpus` cards of `gpu_mem` GiB: the best training setting for
+    one (dflash-backbone) drafter at the global batch (`plan_training`), the training loop's own setting for the
+    ablation's drafters trained side by side, the largest of every drafter built counted (`check_training`), and
+    evaluation at the evaluation batch over seq_len + new tokens."""
+    t, sc = prof.train, prof.scale
+    d = spec_of(configs)  # every drafter built (DFlash2's among them: the plain loss, its selector reads the logits)
+    one = spec_of([c for c in configs if c.backbone == "dflash"] or configs)  # the paper's drafter
+    kw = dict(gpus=gpus, gpu_gb=gpu_mem, seq_len=seq_len, anchors=t.anchors_per_seq, fused_ce=t.fused_ce,
+              ce_chunk=t.ce_chunk)
+    train = plan_training(target_config, one, global_batch=sc.global_batch, **kw)
+    a = prof.ablation
+    n = len(a.selected(a.variants)) + len(a.selected(tuple(a.backbones))) or 1  # the fresh runs of a seed
+    loop = None
+    if t.batch_size % gpus == 0:
+        loop = check_training(target_config, d, world=gpus, gpu_gb=gpu_mem, batch_size=t.batch_size,
+                              seq_len=seq_len, anchors=t.anchors_per_seq, fsdp=t.fsdp, shard_target=t.shard_target,
+                              checkpointing=t.activation_checkpointing, fused_ce=t.fused_ce, ce_chunk=t.ce_chunk,
+                              drafters=n)
+    length = seq_len + prof.eval.new_tokens
+    ok, ev = plan_eval(target_config, one, gpu_gb=gpu_mem, batch=prof.eval.batch, length=length)
+    most = next((b for b in range(prof.eval.batch, 0, -1)
+                 if plan_eval(target_config, one, gpu_gb=gpu_mem, batch=b, length=length)[0]), 0)
+    return {"gpus": gpus, "gpu_mem": gpu_mem, "seq_len": seq_len, "global_batch": sc.global_batch, "train": train,
+            "loop": loop, "loop_drafters": n, "eval_ok": ok, "eval": ev, "eval_length": length,
+            "eval_batch": prof.eval.batch, "eval_most": most, "capacity": capacity(gpu_mem)}
 
 
 def render(r: dict) -> str:
@@ -142,10 +186,29 @@ def render(r: dict) -> str:
     lines += [f"  FAILED {n}: {d}" for n, _, d in bad]
     if sc.assumptions:
         lines.append("assumptions (not stated by the model card): " + "; ".join(sc.assumptions))
+    f = r.get("fit")
+    if f:
+        gb = lambda x: f"{x / 1e9:.1f}"  # noqa: E731
+        lines += ["", f"fit on {f['gpus']} GPU(s) of {f['gpu_mem']:g} GiB ({gb(f['capacity'])} GB planned per GPU), "
+                      f"sequences of {f['seq_len']:,} tokens, {t.anchors_per_seq} anchors each, global batch "
+                      f"{f['global_batch']} (dmtp/memory.py):",
+                  f"  training, one drafter: {f['train'].line()}"]
+        if f["loop"] is not None:
+            lines.append(f"  training as `dmtp train` runs it ({f['loop_drafters']} drafter(s) side by side, batch "
+                         f"{t.batch_size} taken at once over the GPUs): {f['loop'].line()}")
+        else:
+            lines.append(f"  training as `dmtp train` runs it: batch {t.batch_size} does not divide over "
+                         f"{f['gpus']} GPUs")
+        ev = f["eval"]
+        lines.append(f"  evaluation (batch {f['eval_batch']}, {f['eval_length']:,} positions): "
+                     f"{'fits' if f['eval_ok'] else 'does NOT fit'}: {gb(ev['total'])} GB of {gb(f['capacity'])} "
+                     f"GB per GPU (" + ", ".join(f"{k} {gb(v)}" for k, v in ev.items() if k != "total") + "); "
+                     + (f"the largest batch that fits: {f['eval_most']}" if f["eval_most"] else
+                        "not even one sequence fits"))
     return "\n".join(lines)
 
 
 def main(a) -> int:
-    r = dryrun(a.profile, a.target)
+    r = dryrun(a.profile, a.target, gpus=a.gpus, gpu_mem=a.gpu_mem, seq_len=a.seq_len)
     print(render(r))
     return 0 if r["ok"] else 1

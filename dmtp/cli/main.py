@@ -31,8 +31,10 @@ from dmtp.checks import MIN_TEMPERATURE, require
 from dmtp.cli import args, dryrun, pipeline, reproduce, stages
 from dmtp.cli.args import eos_ids
 from dmtp.cli.args import modified as _modified
+from dmtp.cli.fit import fit_training
 from dmtp.config import EVAL_MODES, VERIFY_MODES, EngineConfig, TrainConfig
 from dmtp.data.datasets import encode, load_prompts, spec
+from dmtp.data.tokens import check_finished, convert, is_store, open_store
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
@@ -249,6 +251,8 @@ def cmd_train(a):
     import contextlib
     from dataclasses import replace
 
+    import torch
+
     mask_flag = a.mask_token_id is not None
     prof = _train_profile(a)
     variants = a.variants
@@ -285,18 +289,18 @@ def cmd_train(a):
                   lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after, compile=a.compile)
     cfg = replace(cfg, **{k: getattr(a, k) for k in ("fsdp", "shard_target", "activation_checkpointing")
                           if getattr(a, k) is not None})
-    seqs = load_sequences(args.in_file(a.data, "--data"), cfg.max_len, vocab_size=cfg_t.vocab_size)
+    data_path, data_sha = _train_data(a.data, cfg_t.vocab_size)
     # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
     base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
         dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers)
     base.update(num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
                 **({"backbone": a.backbone} if a.backbone else {}))
     settings = prof.drafter.variants if prof is not None else {}
-    data = {"sha256": file_sha256(a.data)}  # what the data holds, not where it lies
-    units = []
+    data = {"sha256": data_sha}  # what the data holds, not where it lies (a store: its JSONL's digest)
+    units, configs = [], {}
     for v in variants:
-        dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__}, variant=v,
-                           variant_config=settings.get(v, {}))
+        configs[v] = dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__},
+                                        variant=v, variant_config=settings.get(v, {}))
         require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
                 f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
         want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), dtype=a.dtype, data=data,
@@ -306,6 +310,19 @@ def cmd_train(a):
         stages.preflight(units)  # a finished or half-trained drafter of another configuration: refused, all at once
     _, _, rank_dev = dist.init()  # torchrun: one process per GPU, data-parallel over the global batch
     dev = rank_dev or args.device(a.device)
+    todo = [v for v in variants if not (out / v / "DONE").exists()]
+    if todo and torch.device(dev).type == "cuda" and _modelled(cfg_t):  # the fit check, before any weight loads
+        cfg, line = fit_training(cfg_t.to_dict(), [configs[v] for v in todo], cfg, dist.rank_world()[1],
+                                 torch.cuda.get_device_properties(torch.device(dev)).total_memory)
+        if dist.is_main():
+            print(f"memory model: {line}")
+    if not is_store(data_path):  # the JSONL as a token store in --out, converted once (rank 0), reused on reruns
+        store = out / f"tokens-{data_sha[:16]}"
+        if dist.is_main() and not is_store(store):
+            convert(data_path, store, cfg_t.vocab_size, sha256=data_sha)
+        dist.barrier()
+        data_path = store
+    seqs = load_sequences(data_path, cfg.max_len, vocab_size=cfg_t.vocab_size)
     with contextlib.ExitStack() as held:
         if dist.is_main():  # (rank 0 writes): a second `dmtp train` on one of these drafters is refused
             for u in units:
@@ -325,6 +342,27 @@ def cmd_train(a):
         drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo},
                                 variant_configs=settings)
         train_drafters(tgt, mtp, drafters, seqs, cfg, out)
+
+
+def _train_data(path, vocab_size: int) -> tuple[Path, str]:
+    """`dmtp train --data`: (path, the data's sha256) of a token JSONL or a token store (`dmtp.data.tokens`; its
+    digest is its source JSONL's, so either names the same data). Checked before any work: a store's ids against
+    the target's vocabulary; a JSONL's when it is converted."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"--data {p}: no such file")
+    if is_store(p):
+        return p, open_store(p, vocab_size).meta["source"]["sha256"]
+    if p.is_dir():
+        raise ValueError(f"--data {p}: a folder that is not a token store (no store.json); expected a token JSONL "
+                         "or a store made by `python -m dmtp.data.tokens`")
+    check_finished(p)
+    return p, file_sha256(p)
+
+
+def _modelled(cfg) -> bool:
+    """Whether the memory model describes this target (the Qwen3 / Qwen3.5 / Qwen3.6 families)."""
+    return str(getattr(cfg, "model_type", "")).startswith("qwen3")
 
 
 _TRAIN_DEFAULTS = dict(steps=200, batch_size=8, max_len=512, layers=1, lr=6e-4, gamma=4.0, mask_token_id=1,
@@ -391,7 +429,8 @@ def main(argv=None):
 
     t = sub.add_parser("train", help="train drafters (several variants on identical batches)")
     t.add_argument("--target", required=True)
-    t.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`)")
+    t.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`; converted "
+                   "once into a token store in --out) or a token store (`python -m dmtp.data.tokens`)")
     t.add_argument("--variants", type=args.names, default=["dflash"], help="comma-separated (see `dmtp variants`)")
     t.add_argument("--out", required=True)
     t.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
@@ -438,6 +477,12 @@ def main(argv=None):
     dr.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b")
     dr.add_argument("--target", help="checkpoint whose config.json to check (default: the profile's env var, else "
                     "the profile's config)")
+    dr.add_argument("--gpus", type=args.at_least(1), help="GPUs to train on: say whether training and evaluation fit "
+                    "(the memory model, dmtp/memory.py) and with which setting (default with --gpu-mem: 1)")
+    dr.add_argument("--gpu-mem", type=args.number(0, open_lo=True), help="memory per GPU in GiB, as the card is "
+                    "sold: 80 (H100), 141 (H200) (default with --gpus: 80)")
+    dr.add_argument("--seq-len", type=args.at_least(4), help="tokens per training sequence (default: the profile's "
+                    "scale.max_seq_len); evaluation adds the profile's new tokens")
     dr.set_defaults(fn=lambda a: sys.exit(dryrun.main(a)))
 
     rp = sub.add_parser("reproduce", help="the blog's open reproduction on a local target: regen -> train -> eval -> "

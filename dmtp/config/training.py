@@ -120,6 +120,12 @@ class TrainConfig:
     # False: a compiled region, an AdamW and a clip per drafter (what `bench_train` compares it with)
     stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
     snapshots: tuple[int, ...] = ()  # also keep the weights after these steps (<name>/step<k>/): learning curves
+    # the drafters' LM-head loss through the fused chunked linear + CE (`losses.linear_cross_entropy`), the [rows,
+    # vocab] logits never held whole: "auto" where the plain path's fp32 logits of one rank's step would exceed
+    # dmtp.memory.FUSE_ABOVE_BYTES (paper scale: tens of GB; the tiny and mini profiles stay plain), "on", "off".
+    # The same loss and gradients either way (fp32 rounding); DFlash2 and soft-capped drafters keep the plain loss
+    fused_ce: str = "auto"
+    ce_chunk: int = 0  # rows per chunk of the fused loss; 0: as many as make 0.5 GiB of fp32 logits (memory.py)
     # data parallelism (dmtp/dist.py): "auto": FSDP2 whenever a process group of more than one rank exists (torchrun),
     # else the plain single-process step; "on": FSDP2 also on one process (a process group of one: the sharded step
     # measured on one GPU); "off": the plain step (refused under more than one rank). Under FSDP2 each drafter's
@@ -138,7 +144,8 @@ class TrainConfig:
         check(self, steps=at_least(1), batch_size=at_least(1), max_len=at_least(4), anchors_per_seq=at_least(1),
               lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
               seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0),
-              compile=one_of(*COMPILE), fsdp=one_of(*SWITCH), shard_target=one_of(*SWITCH))
+              compile=one_of(*COMPILE), fused_ce=one_of(*COMPILE), ce_chunk=at_least(0), fsdp=one_of(*SWITCH),
+              shard_target=one_of(*SWITCH))
         self.snapshots = tuple(int(k) for k in self.snapshots)
         bad = [k for k in self.snapshots if not 1 <= k <= self.steps]
         if bad:

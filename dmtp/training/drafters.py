@@ -26,40 +26,42 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from dmtp.config import TrainConfig
+from dmtp.data.tokens import TokenSequences, as_sequences, is_store, open_store, sequence_ids
 from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, group_of_one, is_sharded,
                        main_says, precision, rank_world, shard, shard_optimizer_state, use_fsdp)
 from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
+from dmtp.memory import drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.training.common import checkpoint_layers, compile_forwards, compiled, to_device
+from dmtp.training.losses import linear_cross_entropy
 
 
 # --- data -------------------------------------------------------------------------------------------------------
-def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None) -> list[list[int]]:
-    """Token file: JSONL, one object per line with `prompt_ids` + `output_ids` (the `dmtp generate` schema) or `ids`.
-    A line without them, or with ids outside [0, vocab_size), is an error naming the file and line."""
+def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None):
+    """Training sequences of at least 4 tokens, each cut to max_len. A token store (`dmtp.data.tokens`: a folder,
+    memory-mapped, each batch's ids read when asked) or a JSONL, one object per line with `prompt_ids` + `output_ids`
+    (the `dmtp generate` schema) or `ids`, read whole into lists. A line without them, or with ids outside
+    [0, vocab_size), is an error naming the file and line."""
     path = Path(path)
+    if is_store(path):
+        seqs = TokenSequences(open_store(path, vocab_size), max_len)
+        if not len(seqs):
+            raise ValueError(f"token store {path} (from {seqs.store.meta['source']['name']}) holds no sequence of "
+                             "at least 4 tokens")
+        return seqs
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
     seqs = []
     for i, r in iter_jsonl(path):
-        if "ids" in r:
-            ids = r["ids"]
-        elif "prompt_ids" in r and "output_ids" in r:
-            ids = list(r["prompt_ids"]) + list(r["output_ids"])
-        else:
-            raise ValueError(f"{path}:{i}: expected `ids`, or `prompt_ids` and `output_ids` (token id lists)")
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError(f"{path}:{i}: token ids must be a list of integers")
-        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
-        if bad:
-            raise ValueError(f"{path}:{i}: token id {bad[0]} outside the target's vocabulary [0, {vocab_size})")
+        ids = sequence_ids(path, i, r, vocab_size)
         if len(ids) >= 4:
             seqs.append(ids[:max_len])
     if not seqs:
@@ -67,19 +69,33 @@ def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None
     return seqs
 
 
-def batches(seqs, batch_size, seed):
-    """Endless shuffled epochs of padded [B, T] batches (pad 0) with lengths [B]."""
+def _row(s) -> torch.Tensor:
+    return torch.tensor(s) if isinstance(s, list) else torch.from_numpy(np.asarray(s, dtype=np.int64))
+
+
+def batches(seqs, batch_size, seed, rank: int = 0, world: int = 1, skip: int = 0):
+    """Endless shuffled epochs of padded batches (pad 0): (ids [B / world, T] of this rank's rows rank::world,
+    lengths [B] of the whole global batch), T the global batch's longest sequence. The first `skip` batches come as
+    (None, lengths) (a resumed run replays the stream without reading their ids). seqs: token lists, or
+    `load_sequences`' view of a token store (its ids read from the map for this rank's rows only)."""
+    seqs = as_sequences(seqs)
+    every = seqs.lengths()
     rng = random.Random(seed)
     order = list(range(len(seqs)))
+    n = 0
     while True:
         rng.shuffle(order)
         for i in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1, batch_size):
-            chunk = [seqs[j] for j in order[i: i + batch_size]]
-            T = max(len(s) for s in chunk)
-            ids = torch.zeros(len(chunk), T, dtype=torch.long)
-            for b, s in enumerate(chunk):
-                ids[b, : len(s)] = torch.tensor(s)
-            yield ids, torch.tensor([len(s) for s in chunk])
+            chunk = order[i: i + batch_size]
+            lengths = torch.from_numpy(every[chunk].astype(np.int64))
+            n += 1
+            if n <= skip:
+                yield None, lengths
+                continue
+            ids = torch.zeros(len(chunk[rank::world]), int(lengths.max()), dtype=torch.long)
+            for b, s in enumerate(seqs.rows(chunk[rank::world])):
+                ids[b, : len(s)] = _row(s)
+            yield ids, lengths
 
 
 def sample_anchors(lengths: torch.Tensor, n_max: int, gen: torch.Generator):
@@ -174,18 +190,35 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     return block.reshape(B, N * S, -1), pos.reshape(B, N * S), labels.reshape(B, N * S), w.reshape(B, N * S)
 
 
-def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None):
+def fused_ce_applies(drafter: Drafter) -> bool:
+    """Whether `block_loss` can take the fused chunked LM-head loss for this drafter: its logits feed nothing but the
+    CE and its accuracy (DFlash2's selector reads them, a soft cap bends them: those keep the plain path)."""
+    return drafter.selector is None and not drafter.config.final_logit_softcapping
+
+
+def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None, ce_chunk=0):
     """The part of a drafter step every variant of a backbone shares (compiled on its own once per backbone and block
     size where each drafter has its region, `compiled_block_loss`; else traced inside `drafters_loss`):
     context K/V of f [B, T, H], the drafter's layers over the blocks, the target's LM head, and the position-decayed
     CE  sum_slots w * CE / norm  over all N*S slots (labels -100 and w = 0 where there is no loss: masked, not
     indexed, so no shape depends on the data). DFlash2 adds its selector's top-k CE (prev: each slot's previous data
-    token). Returns (loss, statistics as 0-d device tensors)."""
+    token). ce_chunk > 0 (and `fused_ce_applies`): the LM head and CE through `losses.linear_cross_entropy`,
+    ce_chunk rows at a time, the [B*Q, V] logits never held whole (the same loss, accuracy and gradients; the
+    output multiplier scales the hidden states instead of the logits). Returns (loss, statistics as 0-d device
+    tensors)."""
     B, T = f.shape[:2]
     ctx_kv = drafter.context_kv(f, torch.arange(T, device=f.device)[None].expand(B, T))
     hid = drafter(block, pos, ctx_kv, ends, mask)
-    logits = drafter.logits(target.lm_head(hid)).flatten(0, 1)  # [B*Q, V] fp32
     labels, w = labels.flatten(), w.flatten()
+    if ce_chunk and fused_ce_applies(drafter):
+        h = hid.flatten(0, 1)
+        if drafter.config.output_multiplier != 1.0:
+            h = h * drafter.config.output_multiplier
+        head = target.model.lm_head.weight  # as `target.lm_head`: the hidden states in the target's dtype
+        wce, acc = linear_cross_entropy(h.to(head.dtype), head, labels, ce_chunk, row_weight=w)
+        loss = wce / norm
+        return loss, {"acc": acc, "loss": loss.detach()}
+    logits = drafter.logits(target.lm_head(hid)).flatten(0, 1)  # [B*Q, V] fp32
     ce = F.cross_entropy(logits, labels, reduction="none")  # 0 at label -100
     loss = (ce * w).sum() / norm
     sel = labels >= 0
@@ -199,14 +232,15 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
 
 
 def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float, norm=None, mask=None,
-                 core=block_loss):
+                 core=block_loss, ce_chunk=0):
     """Position-decayed CE of one drafter on a batch; returns (loss, statistics as 0-d tensors).
 
     norm: the loss normaliser. Default: this batch's weight mass. Under data parallelism the training loop passes
     the weight mass of the GLOBAL batch divided by the number of ranks (computed on the host from the global anchors,
     which every rank holds), so FSDP2's mean over ranks of sum_rank(w * CE) / norm is exactly the 1-rank loss of the
     same global batch, and so is its gradient. mask: the block mask(s) (`attention.layer_masks`) or None (dense,
-    built by the drafter); core: `block_loss` or its compiled version."""
+    built by the drafter); core: `block_loss` or its compiled version; ce_chunk: `block_loss`'s (0: the plain LM-head
+    loss)."""
     block, pos, labels, w = block_inputs(drafter, target, feats, anchors, valid, gamma)
     if core is not block_loss and not block.requires_grad:  # compiled: one graph whether the block is trained or not
         block = block.detach().requires_grad_()
@@ -217,7 +251,7 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     if drafter.selector is not None:
         ids = feats.ids.to(pos.device)
         prev = torch.gather(ids, 1, (pos - 1).clamp(0, ids.shape[1] - 1))
-    return core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask)
+    return core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask, ce_chunk)
 
 
 _COMPILED: list = []
@@ -242,12 +276,13 @@ class DrafterLoss(nn.Module):
         self._target = [target]
         self.core = core
 
-    def forward(self, feats, anchors, valid, gamma, norm, mask=None):
-        return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core)
+    def forward(self, feats, anchors, valid, gamma, norm, mask=None, ce_chunk=0):
+        return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core,
+                            ce_chunk)
 
 
 def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[int], anchors, valid, gamma: float,
-                  norms: tuple, masks: tuple):
+                  norms: tuple, masks: tuple, ce_chunk: int = 0):
     """The compiled path's step for every drafter at once: sum_i L_i over the drafters i on this batch, and each one's
     statistics ({name: {stat: 0-d tensor}}). norms[i], masks[i]: drafter i's loss normaliser (`drafter_loss`) and block
     mask (None: dense, built in the graph). The drafters share no trainable weight (the target and its features are
@@ -255,23 +290,28 @@ def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[i
     gradient of its own loss."""
     total, stats = 0, {}
     for (name, d), norm, mask in zip(drafters.items(), norms, masks):
-        loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask)
+        loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask,
+                                         ce_chunk=ce_chunk)
         total = total + loss
     return total, stats
 
 
 _JOINT: list = []
+_JOINT_FUSED: list = []
 RECOMPILE_LIMIT = 64  # graphs of `drafters_loss` a process may hold: one per set of drafters trained together
 
 
-def compiled_drafters_loss():
+def compiled_drafters_loss(fused: bool = False):
     """`drafters_loss` through torch.compile (one region, static shapes), one per process: one graph per set of
-    drafters at a step (their variants, backbones and shapes; the drafters are inputs, not constants)."""
-    if not _JOINT:
+    drafters at a step (their variants, backbones and shapes; the drafters are inputs, not constants). fused: the
+    version for the fused LM-head loss, which runs eagerly (`losses.linear_cross_entropy` is a graph break), so the
+    region is compiled in pieces around it rather than as one full graph."""
+    cache = _JOINT_FUSED if fused else _JOINT
+    if not cache:
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
-        _JOINT.append(torch.compile(drafters_loss, dynamic=False, fullgraph=True))
-    return _JOINT[0]
+        cache.append(torch.compile(drafters_loss, dynamic=False, fullgraph=not fused))
+    return cache[0]
 
 
 class DraftersLoss(nn.Module):
@@ -283,9 +323,9 @@ class DraftersLoss(nn.Module):
         self.drafters = nn.ModuleDict(drafters)
         self._target = [target]
 
-    def forward(self, feats, taps, anchors, valid, gamma, norms, masks):
-        return compiled_drafters_loss()(self.drafters, self._target[0], feats, taps, anchors, valid, gamma, norms,
-                                        masks)
+    def forward(self, feats, taps, anchors, valid, gamma, norms, masks, ce_chunk=0):
+        return compiled_drafters_loss(bool(ce_chunk))(self.drafters, self._target[0], feats, taps, anchors, valid,
+                                                      gamma, norms, masks, ce_chunk)
 
 
 def clip_grad_norms_(groups: list[list[torch.Tensor]], max_norm: float) -> torch.Tensor:
@@ -328,6 +368,7 @@ def load_group_states(opt: torch.optim.Optimizer, states: dict[int, dict]) -> No
 class _PerDrafter:
     """Per drafter a loss module, an AdamW and a clip_grad_norm_, on one process: the eager path (the reference) and
     the compiled path with one region per drafter (`TrainConfig.one_region = False`)."""
+    ce_chunk = 0  # rows per chunk of the fused LM-head loss (0: the plain loss); train_drafters sets it
 
     def __init__(self, drafters, target, params, adamw, states, core):
         self.drafters, self.params = drafters, params
@@ -344,7 +385,7 @@ class _PerDrafter:
                 gp["lr"] = lr
             with torch.autocast(**amp):
                 loss, stats = self.nets[name](drafter_features(feats, taps, d), anchors, valid, cfg.gamma,
-                                              norms[d.layout], masks.get(d.layout))
+                                              norms[d.layout], masks.get(d.layout), self.ce_chunk)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = self.clip(self.params[name], cfg.clip)
@@ -395,6 +436,7 @@ class _OneRegion:
     one backward of the summed loss, per-drafter clipping on the device and one AdamW step over a param group per
     drafter (its own lr entry and state; fused on CUDA). Drafters at other steps (resumed apart) take no part: their
     parameters get no gradient, which AdamW skips."""
+    ce_chunk = 0  # rows per chunk of the fused LM-head loss (0: the plain loss); train_drafters sets it
 
     def __init__(self, drafters, target, params, adamw, states):
         self.drafters, self.target, self.params = drafters, target, params
@@ -413,7 +455,7 @@ class _OneRegion:
         lays = [self.drafters[n].layout for n in names]
         with torch.autocast(**amp):
             loss, stats = self.net(feats, taps, anchors, valid, cfg.gamma, tuple(norms[lay] for lay in lays),
-                                   tuple(masks.get(lay) for lay in lays))
+                                   tuple(masks.get(lay) for lay in lays), self.ce_chunk)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()  # each drafter's own gradient (see drafters_loss)
         gn = clip_grad_norms_([self.params[n] for n in names], cfg.clip)
@@ -529,15 +571,18 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
         trainer = _OneRegion(todo, target, params, adamw, states)
     else:
         trainer = _PerDrafter(todo, target, params, adamw, states, compiled_block_loss() if static else block_loss)
+    # the LM-head loss fused and chunked where the plain path's fp32 logits of a step would be large (memory.py)
+    rows = cfg.batch_size // world * cfg.anchors_per_seq * max(d.layout.slots for d in todo.values())
+    trainer.ce_chunk = drafter_ce_chunk(cfg.fused_ce, cfg.ce_chunk, rows, target.vocab_size)
     layouts = sorted({d.layout for d in todo.values()}, key=lambda lay: lay.kinds)
     rules = {d.config.rules() for d in todo.values()}  # per layer, what a block slot sees
     if static and len(rules) > 1:
         raise ValueError(f"drafters trained side by side on the compiled path share one attention rule per layer, "
                          f"got {sorted(map(str, rules))}")
     amp = dict(device_type="cuda", dtype=torch.bfloat16, enabled=cfg.amp_bf16 and dev.type == "cuda")
-    it = batches(seqs, cfg.batch_size, cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
     first = min(start[n] for n in todo)
+    it = batches(seqs, cfg.batch_size, cfg.seed, rank, world, skip=first)  # this rank's rows of each global batch
+    gen = torch.Generator().manual_seed(cfg.seed)
     seen = 0  # training tokens consumed so far (the sequences' lengths, global batch): the learning curves' x axis
     for _ in range(first):  # replay the data stream to the resume point (cheap: no model work)
         _, lengths = next(it)
@@ -556,7 +601,8 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
         # loss normaliser per block layout: the weight mass of the global batch / world (see drafter_loss)
         norms = torch.stack([loss_weights(lay, anchors, valid, lengths, cfg.gamma)[1].sum().clamp(min=1e-6) / world
                              for lay in layouts])
-        ids, lengths, anchors, valid = (to_device(x[rank::world], dev) for x in (ids, lengths, anchors, valid))
+        ids = to_device(ids, dev)  # (already this rank's rows)
+        lengths, anchors, valid = (to_device(x[rank::world], dev) for x in (lengths, anchors, valid))
         norms = dict(zip(layouts, to_device(norms, dev).unbind()))
         with torch.autocast(**amp):
             feats = extract(target, mtp, ids, lengths, taps, need_g)

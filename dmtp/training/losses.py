@@ -8,10 +8,13 @@ kept), the logits z = h W^T [N, V] are made `chunk` rows at a time, and each chu
     dh    = dz W,   dW = dz^T h                                                 (per chunk; dW summed in fp32)
 
 so a chunk's logits are freed before the next is made, and the backward pass only scales the stored dh, dW by the
-loss's incoming gradient (a scalar). The logits are made in the dtype the plain `lm_head(h)` would have (bf16 under
-autocast), logsumexp and softmax in fp32, as `F.cross_entropy(lm_head(h).float(), y)` does. The three GEMMs are
-those of the plain path (its forward and the two of its backward): no FLOPs are added, only the fp32 [N, V] logits
-and their gradient are never stored. The top-1 accuracy (argmax z_i = y_i) comes from the same pass.
+loss's incoming gradient (a scalar). With row weights w (`row_weight`: the drafter loss's position decay) the loss is
+the weighted sum  sum_i w_i (lse_i - z_{i, y_i})  and dz_ij = w_i (softmax(z_i)_j - [j = y_i]), left to the caller to
+normalise. dW is neither made nor stored where the weight takes no gradient (a frozen LM head: the drafters').
+The logits are made in the dtype the plain `lm_head(h)` would have (bf16 under autocast), logsumexp and softmax in
+fp32, as `F.cross_entropy(lm_head(h).float(), y)` does. The three GEMMs are those of the plain path (its forward and
+the two of its backward; two where dW is not needed): no FLOPs are added, only the fp32 [N, V] logits and their
+gradient are never stored. The top-1 accuracy (argmax z_i = y_i) comes from the same pass.
 """
 from __future__ import annotations
 
@@ -23,17 +26,20 @@ from dmtp.checks import require
 from dmtp.config import CHUNK
 
 
-def _chunk_terms(z: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ignore_index: int):
-    """One chunk: logits z [C, V], labels y [C], scale = 1/n -> (sum of the chunk's token losses, correct top-1
-    count, dz [C, V] in z's dtype). Elementwise work and row reductions only, which Inductor fuses."""
+def _chunk_terms(z: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, ignore_index: int,
+                 row_weight: torch.Tensor | None = None):
+    """One chunk: logits z [C, V], labels y [C], scale = 1/n (1 for a weighted sum), row_weight [C] fp32 or None
+    (every row 1) -> (sum of the chunk's weighted token losses, correct top-1 count, dz [C, V] in z's dtype).
+    Elementwise work and row reductions only, which Inductor fuses."""
     zf = z.float()
     lse = torch.logsumexp(zf, dim=-1)  # [C]
     keep = y != ignore_index
     y0 = torch.where(keep, y, 0)  # a valid index on ignored rows; their terms are zeroed below
-    loss = ((lse - zf.gather(1, y0[:, None])[:, 0]) * keep).sum()
+    kw = keep if row_weight is None else keep * row_weight
+    loss = ((lse - zf.gather(1, y0[:, None])[:, 0]) * kw).sum()
     correct = (zf.argmax(-1) == y).sum()  # never equal to ignore_index < 0
     onehot = torch.arange(z.shape[1], device=z.device) == y0[:, None]
-    dz = (torch.exp(zf - lse[:, None]) - onehot.float()) * (keep * scale)[:, None]
+    dz = (torch.exp(zf - lse[:, None]) - onehot.float()) * (kw * scale)[:, None]
     return loss, correct, dz.to(z.dtype)
 
 
@@ -47,34 +53,43 @@ def _chunk_terms_cuda():
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, labels, chunk: int, ignore_index: int, dtype: torch.dtype):
-        """h [N, H], weight [V, H], labels [N] -> (mean loss, top-1 accuracy); dh, dW stored for the backward."""
+    def forward(ctx, h, weight, labels, chunk: int, ignore_index: int, dtype: torch.dtype, row_weight=None):
+        """h [N, H], weight [V, H], labels [N], row_weight [N] or None -> (loss, top-1 accuracy); the loss is the mean
+        over the kept rows, or with row weights their weighted sum. dh (and dW where the weight takes a gradient)
+        stored for the backward."""
         terms = _chunk_terms_cuda() if h.is_cuda else _chunk_terms
+        need_h, need_w = ctx.needs_input_grad[:2]
         with torch.autocast(h.device.type, enabled=False):  # dtypes chosen by the caller, not by autocast
             hc, wc = h.to(dtype), weight.to(dtype)
             n = (labels != ignore_index).sum().clamp(min=1)  # a tensor: no host sync
-            scale = 1.0 / n.float()
-            grad_h = torch.empty_like(hc)
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            scale = 1.0 / n.float() if row_weight is None else torch.ones((), device=h.device)
+            rw = None if row_weight is None else row_weight.detach().float()
+            grad_h = torch.empty_like(hc) if need_h else None
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
             loss = torch.zeros((), dtype=torch.float32, device=h.device)
             correct = torch.zeros((), dtype=torch.int64, device=h.device)
             for s in range(0, h.shape[0], chunk):
                 hs = hc[s: s + chunk]
-                l, c, dz = terms(hs @ wc.T, labels[s: s + chunk], scale, ignore_index)
+                l, c, dz = terms(hs @ wc.T, labels[s: s + chunk], scale, ignore_index,
+                                 None if rw is None else rw[s: s + chunk])
                 loss, correct = loss + l, correct + c
-                grad_h[s: s + chunk] = dz @ wc
-                grad_w += (dz.T @ hs).float()
+                if need_h:
+                    grad_h[s: s + chunk] = dz @ wc
+                if need_w:
+                    grad_w += (dz.T @ hs).float()
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = h.dtype, weight.dtype
         acc = correct / n  # fp32, as the plain path's mean over its correct flags
         ctx.mark_non_differentiable(acc)
-        return loss / n, acc
+        return (loss / n if row_weight is None else loss), acc
 
     @staticmethod
     def backward(ctx, grad_loss, grad_acc):
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
-        return grad_h.to(h_dtype) * grad_loss, (grad_w * grad_loss).to(w_dtype), None, None, None, None
+        gh = None if grad_h is None else grad_h.to(h_dtype) * grad_loss
+        gw = None if grad_w is None else (grad_w * grad_loss).to(w_dtype)
+        return gh, gw, None, None, None, None, None
 
 
 # Under torch.compile the call is a graph break and runs eagerly. Traced, the loop over chunks would unroll into one
@@ -85,9 +100,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
 # op's does.
 @torch.compiler.disable
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK,
-                         ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+                         ignore_index: int = -100, row_weight: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean cross-entropy of the logits h @ weight.T against `labels`, top-1 accuracy), both over the rows whose
     label is not `ignore_index` (0 and 0 where there is none; F.cross_entropy gives NaN), `chunk` rows at a time.
+    row_weight [...] (as labels; no gradient flows to it): the loss is instead sum_i row_weight_i CE_i over those
+    rows, unnormalised (`F.cross_entropy(..., reduction="none")` times the weights, summed).
     h [..., H] (labels [...]), weight [V, H]: an LM head's weight, possibly tied to the input embedding (its gradient
     then adds to the embedding's). The logits take autocast's dtype where autocast is on (as `F.linear` would),
     else the inputs' common dtype; the loss is fp32, its gradients come in h's and weight's dtypes."""
@@ -98,7 +116,10 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     require(labels.shape == h.shape[:-1] and not labels.is_floating_point(), f"labels {tuple(labels.shape)} "
             f"{labels.dtype}: expected integer labels of shape {tuple(h.shape[:-1])} for hidden states "
             f"{tuple(h.shape)}")
+    require(row_weight is None or (row_weight.shape == labels.shape and row_weight.is_floating_point()),
+            f"row_weight {None if row_weight is None else tuple(row_weight.shape)}: expected floating-point weights "
+            f"of the labels' shape {tuple(labels.shape)}")
     dev = h.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.result_type(h, weight)
     return _LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), chunk, ignore_index,
-                                     dtype)
+                                     dtype, None if row_weight is None else row_weight.reshape(-1))

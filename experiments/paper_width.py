@@ -1,0 +1,365 @@
+"""The paper-width proof on one GPU: FSDP2 drafter training steps (world size 1, `train.fsdp="on"`) on a random-weight
+stand-in of Qwen3.6-27B, peak GPU memory and step time beside the memory model's prediction (`dmtp.memory`) for
+exactly that setting, with and without activation checkpointing.
+
+The stand-in is the `qwen3.6-27b` profile's target_config (hybrid 3 Gated DeltaNet + 1 attention layer pattern, width
+5120, 24/4 heads of 256, GDN 48/16 heads of 128, FFN 17408, vocabulary 248,320) with random weights (bf16) and a
+random native MTP head, its depth cut to `--layers` (the pattern kept); a 5-layer paper drafter (the profile's shape,
+fp32 master weights, bf16 compute) of `--variant`. Token ids only are needed: sequences of random ids over the whole
+vocabulary (no tokenizer). Random weights make acceptance meaningless: the run proves mechanics, memory and time.
+
+Per row (depth x activation checkpointing): `--steps` training steps through `train_drafters` (the compiled path on
+CUDA, the fused chunked LM-head loss as "auto" resolves it, the gathered checkpoint written at the end, its time
+recorded), torch.cuda.max_memory_allocated / max_memory_reserved over the steps, the steady step time (median of the
+steps after the first; the first, with compilation, apart), and the model's terms for the same setting. Depth: the
+full 64 layers where the model says they fit the card (141 GB); else the largest depth that fits (`--layers 0`, the
+default), and the full-depth rows are written as not run, with their prediction. The target's feature pass is timed
+on its own, and which Gated DeltaNet path ran is recorded (flash-linear-attention's kernels when `fla` imports, else
+transformers' torch fallback; causal-conv1d likewise).
+
+Writes <out>/paper_width.json (every setting, device, torch and transformers versions, commit, rows) and
+<out>/paper_width.md (the table).
+
+    python -m experiments.paper_width --tiny --out /tmp/pw                   # CPU, tiny width/depth: ~20 s
+    python -m experiments.paper_width --out results/paper_width/h100         # one H100: the largest depth that fits
+    python -m experiments.paper_width --out results/paper_width/h200 --steps 3   # one H200: the full 64 layers
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+GIB = 2 ** 30
+
+
+def stand_in_config(tiny: bool) -> dict:
+    """The profile's Qwen3.6-27B target config; tiny: the same pattern and vocabulary at width 64."""
+    from experiments.profiles import get_profile
+
+    cfg = dict(get_profile("qwen3.6-27b").scale.target_config)
+    if tiny:
+        cfg.update(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128,
+                   linear_num_value_heads=2, linear_num_key_heads=1, linear_key_head_dim=16,
+                   linear_value_head_dim=16, num_hidden_layers=8, layer_types=cfg["layer_types"][:8],
+                   rope_parameters={**cfg["rope_parameters"], "mrope_section": [2, 1, 1]})
+    return cfg
+
+
+def drafter_base(cfg: dict, tiny: bool) -> dict:
+    """The profile's 5-layer drafter on this target (tiny: width 64, 4/2 heads of 16, FFN 128)."""
+    from transformers import AutoConfig
+
+    from dmtp.experiment import drafter_config
+    from experiments.profiles import get_profile
+
+    kw = dict(cfg)
+    base = drafter_config(get_profile("qwen3.6-27b"), AutoConfig.for_model(kw.pop("model_type"), **kw))
+    if tiny:
+        base.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
+    return base
+
+
+def spec(cfg: dict, base: dict, variant: str):
+    """The memory model's view of the drafter (built on the meta device: exact counts, the variant's slots)."""
+    from dmtp.cli.fit import spec_of
+    from dmtp.models.drafter import DrafterConfig
+
+    return spec_of([DrafterConfig(**{k: v for k, v in base.items() if k in DrafterConfig.__dataclass_fields__},
+                                  variant=variant)])
+
+
+def setting(a, checkpointing: bool, d):
+    from dmtp.memory import TrainSetting, drafter_ce_chunk
+
+    rows = a.batch * a.anchors * d.slots
+    return TrainSetting(world=1, micro_batch=a.batch, seq_len=a.seq_len, anchors=a.anchors, shard_target=False,
+                        shard_drafters=True, checkpointing=checkpointing,
+                        ce_chunk=drafter_ce_chunk("auto", 0, rows, d.vocab))
+
+
+def predict(cfg: dict, layers: int, d, a, checkpointing: bool) -> dict:
+    """The model's terms for the stand-in at `layers` layers and drafter spec d (its shape does not depend on the
+    depth: K = 5 taps wherever they are)."""
+    from dmtp.memory import train_terms, with_layers
+
+    return train_terms(with_layers(cfg, layers), d, setting(a, checkpointing, d))
+
+
+def largest_depth(cfg: dict, d, a, cap: float) -> int:
+    """The most layers (of the full depth) whose stand-in the model says trains within `cap` bytes, without
+    checkpointing (the larger of the two rows); 0 when not even 5 fit."""
+    for n in range(cfg["num_hidden_layers"], 4, -1):
+        if predict(cfg, n, d, a, False)["total"] <= cap:
+            return n
+    return 0
+
+
+def kernels() -> dict:
+    """Which Gated DeltaNet path transformers takes: its fallback decorators import these packages when present."""
+    out = {}
+    for pkg in ("fla", "causal_conv1d"):
+        spec_ = importlib.util.find_spec(pkg)
+        ver = None
+        if spec_ is not None:
+            try:
+                mod = importlib.import_module(pkg)
+                ver = getattr(mod, "__version__", "present")
+            except Exception as e:  # importable in name, broken at import: transformers falls back too
+                ver = f"import failed: {type(e).__name__}"
+        out[pkg] = ver
+    ok = lambda v: v is not None and not str(v).startswith("import failed")  # noqa: E731
+    out["gated_delta_rule"] = "fla" if ok(out["fla"]) else "torch fallback"
+    out["conv1d"] = "causal_conv1d" if ok(out["causal_conv1d"]) else "torch fallback"
+    return out
+
+
+def gdn_bench(cfg: dict, batch: int, seq_len: int, dev, dtype, repeats: int = 3) -> dict:
+    """Seconds of one Gated DeltaNet layer's chunked delta rule at the stand-in's shapes (q, k repeated to the value
+    heads, as the layer calls it): transformers' torch reference, and flash-linear-attention's kernel where `fla`
+    imports; times the number of GDN layers gives a feature pass's share."""
+    import inspect
+
+    import torch
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+
+    nv, dk, dv = cfg["linear_num_value_heads"], cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k = (torch.randn(batch, seq_len, nv, dk, device=dev, dtype=dtype, generator=g) for _ in range(2))
+    v = torch.randn(batch, seq_len, nv, dv, device=dev, dtype=dtype, generator=g)
+    decay = -torch.rand(batch, seq_len, nv, device=dev, generator=g).float()
+    beta = torch.rand(batch, seq_len, nv, device=dev, dtype=dtype, generator=g)
+    impls = {"torch": inspect.unwrap(m.torch_chunk_gated_delta_rule)}
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        if dev.type == "cuda":
+            impls["fla"] = chunk_gated_delta_rule
+    except Exception:  # not installed, or broken: the torch path is what runs
+        pass
+    out = {}
+    for name, fn in impls.items():
+        times = []
+        for _ in range(repeats + 1):
+            sync(dev)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
+            sync(dev)
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times[1:])
+    out["gdn_layers"] = sum(t == "linear_attention" for t in cfg["layer_types"])
+    return out
+
+
+def build(cfg: dict, layers: int, device, dtype, seed: int):
+    """The random-weight stand-in at `layers` layers and its random MTP head, on `device`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dmtp.memory import with_layers
+    from dmtp.models.mtp import MTPHead
+    from dmtp.models.target import Target
+
+    kw = with_layers(cfg, layers)
+    hf = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation="sdpa")
+    tgt = Target(model)
+    return tgt, MTPHead(tgt)
+
+
+def sync(dev):
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_features(tgt, mtp, ids, taps, dev, amp, repeats: int = 3) -> float:
+    """Median seconds of the target's feature pass (taps and hidden states, no logits) plus the MTP head's."""
+    import torch
+
+    from dmtp.training.drafters import extract
+
+    lengths = torch.full((ids.shape[0],), ids.shape[1])
+    out = []
+    for _ in range(repeats + 1):  # the first warms up (kernels, autotuning)
+        sync(dev)
+        t0 = time.perf_counter()
+        with torch.autocast(**amp):
+            extract(tgt, mtp, ids, lengths, taps, True)
+        sync(dev)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out[1:])
+
+
+def run_row(tgt, mtp, base: dict, a, layers: int, checkpointing: bool, dev, work: Path) -> dict:
+    import torch
+
+    from dmtp.config import TrainConfig
+    from dmtp.training.drafters import new_drafters, train_drafters
+
+    g = torch.Generator().manual_seed(a.seed)
+    seqs = [torch.randint(0, tgt.vocab_size, (a.seq_len,), generator=g).tolist() for _ in range(a.batch)]
+    b = {**base, "num_target_layers": layers, "target_layer_ids": [], "seed": a.seed}
+    drafters = new_drafters(tgt, [a.variant], b)
+    cfg = TrainConfig(steps=a.steps, batch_size=a.batch, max_len=a.seq_len, anchors_per_seq=a.anchors,
+                      amp_bf16=dev.type == "cuda", compile=a.compile, fsdp="on", shard_target="off",
+                      activation_checkpointing=checkpointing, log_every=1, save_every=a.steps)
+    out = work / f"L{layers}_ckpt{int(checkpointing)}"
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    hist = train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=lambda *_: None)[a.variant]
+    wall = time.perf_counter() - t0
+    row = {"layers": layers, "checkpointing": checkpointing, "ran": True, "steps": a.steps, "wall_s": wall,
+           "losses": [h["loss"] for h in hist], "first_step_s": hist[0]["elapsed_s"]}
+    gaps = [y["elapsed_s"] - x["elapsed_s"] for x, y in zip(hist, hist[1:])]
+    row["step_s"] = statistics.median(gaps) if gaps else None
+    row["checkpoint_s"] = wall - hist[-1]["elapsed_s"]  # the gathered checkpoint of the last step, written
+    if dev.type == "cuda":
+        row["max_allocated"] = torch.cuda.max_memory_allocated(dev)
+        row["max_reserved"] = torch.cuda.max_memory_reserved(dev)
+    del drafters
+    gc.collect()
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def render(rec: dict) -> str:
+    gb = lambda x: "-" if x is None else f"{x / 1e9:.1f}"  # noqa: E731
+    s = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    lines = [f"Paper-width stand-in (Qwen3.6-27B config, random weights) on {rec['device']}, "
+             f"{rec['settings']['batch']} x {rec['settings']['seq_len']} tokens, {rec['settings']['anchors']} anchors, "
+             f"drafter {rec['settings']['variant']} (5 layers), FSDP2 world 1; GDN path: "
+             f"{rec['kernels']['gated_delta_rule']}, conv: {rec['kernels']['conv1d']}; commit {rec['commit']}", "",
+             "| layers | act. ckpt | ran | predicted GB | max allocated GB | max reserved GB | allocated / predicted | "
+             "step s | first step s | checkpoint s | feature pass s |",
+             "|---:|:--|:--|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    b = rec.get("gdn_bench_s")
+    for r in rec["rows"]:
+        p, m = r["predicted"]["total"], r.get("max_allocated")
+        lines.append(f"| {r['layers']} | {'on' if r['checkpointing'] else 'off'} | {'yes' if r['ran'] else 'no'} | "
+                     f"{gb(p)} | {gb(m)} | {gb(r.get('max_reserved'))} | "
+                     f"{'-' if m is None else f'{m / p:.2f}'} | {s(r.get('step_s'))} | {s(r.get('first_step_s'))} | "
+                     f"{s(r.get('checkpoint_s'))} | {s(r.get('feature_s'))} |")
+    if b:
+        lines += ["", f"One Gated DeltaNet layer's chunked delta rule at these shapes ({b['gdn_layers']} such layers "
+                      "in the stand-in): " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in b.items()
+                                                      if k != "gdn_layers")]
+    bad = [r for r in rec["rows"] if r.get("oom")]
+    lines += [f"Out of memory: {r['layers']} layers, checkpointing {'on' if r['checkpointing'] else 'off'} "
+              f"({r['oom']})" for r in bad]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m experiments.paper_width", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for paper_width.json and paper_width.md")
+    ap.add_argument("--tiny", action="store_true", help="width 64, 8 layers (the CPU check of the whole script)")
+    ap.add_argument("--layers", type=int, default=0, help="stand-in depth; 0: the full 64 where the model says they "
+                    "fit the card, else the largest depth that does")
+    ap.add_argument("--steps", type=int, default=4, help="training steps per row (the first compiles)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences per step")
+    ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
+    ap.add_argument("--anchors", type=int, default=512, help="anchors per sequence (the profile's)")
+    ap.add_argument("--variant", default="zero_init_residual", help="the drafter's variant (needs the MTP head)")
+    ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="train.compile")
+    ap.add_argument("--checkpointing", default="both", choices=["both", "off", "on"], help="rows to run")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="default: cuda when available")
+    a = ap.parse_args(argv)
+    if a.tiny:
+        a.seq_len, a.anchors, a.steps = min(a.seq_len, 64), min(a.anchors, 8), min(a.steps, 2)
+    import torch
+    import transformers
+
+    from dmtp.io import git_sha, write_json, write_text
+    from dmtp.memory import USABLE, capacity
+
+    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = stand_in_config(a.tiny)
+    base = drafter_base(cfg, a.tiny)
+    full = cfg["num_hidden_layers"]
+    card = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
+    cap = capacity(card / GIB) if card else float("inf")
+    d = spec(cfg, base, a.variant)
+    depth = a.layers or (full if predict(cfg, full, d, a, False)["total"] <= cap else largest_depth(cfg, d, a, cap))
+    if depth < 5:
+        raise SystemExit(f"not even a 5-layer stand-in fits {card / 1e9:.1f} GB by the memory model")
+    ckpts = {"both": (False, True), "off": (False,), "on": (True,)}[a.checkpointing]
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    amp = dict(device_type="cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    rec = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "card_bytes": card,
+           "planned_bytes": None if card is None else cap, "usable_share": USABLE, "torch": torch.__version__,
+           "transformers": transformers.__version__, "commit": git_sha(), "settings": vars(a) | {"depth": depth},
+           "target_config": cfg, "drafter": base, "kernels": kernels(), "rows": []}
+    t0 = time.perf_counter()
+    out = Path(a.out)
+    from dmtp.memory import with_layers
+    from dmtp.models.drafter import default_target_layer_ids
+
+    def save():
+        rec["wall_s"] = time.perf_counter() - t0
+        write_json(out / "paper_width.json", rec)
+        write_text(out / "paper_width.md", render(rec))
+
+    tries = 0
+    while True:  # the model's depth; where a row runs out of memory, 4 layers less (at most twice), if not --layers
+        t1 = time.perf_counter()
+        tgt, mtp = build(cfg, depth, dev, dtype, a.seed)
+        rec["build_s"] = time.perf_counter() - t1
+        g = torch.Generator().manual_seed(a.seed)
+        ids = torch.randint(0, tgt.vocab_size, (a.batch, a.seq_len), generator=g).to(dev)
+        feature_s = time_features(tgt, mtp, ids, default_target_layer_ids(depth, base["num_hidden_layers"]), dev, amp)
+        del ids
+        try:
+            rec["gdn_bench_s"] = gdn_bench(with_layers(cfg, depth), a.batch, a.seq_len, dev, dtype)
+        except Exception as e:  # a side measurement: recorded, the proof goes on
+            rec["gdn_bench_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        oom = False
+        with tempfile.TemporaryDirectory(prefix="paper_width.") as work:
+            for ck in ckpts:
+                try:
+                    row = run_row(tgt, mtp, base, a, depth, ck, dev, Path(work))
+                except torch.OutOfMemoryError as e:
+                    row = {"layers": depth, "checkpointing": ck, "ran": False, "oom": str(e).splitlines()[0],
+                           "max_allocated": torch.cuda.max_memory_allocated(dev),
+                           "max_reserved": torch.cuda.max_memory_reserved(dev)}
+                    oom = True
+                row.update(predicted=predict(cfg, depth, d, a, ck), feature_s=feature_s)
+                rec["rows"].append(row)
+                save()
+                if oom:
+                    break
+        if not oom or a.layers or tries == 2:
+            break
+        del tgt, mtp
+        gc.collect()
+        torch.cuda.empty_cache()
+        depth, tries = depth - 4, tries + 1
+        rec["settings"]["depth"] = depth
+    if depth < full:  # the full depth, predicted only
+        for ck in ckpts:
+            rec["rows"].append({"layers": full, "checkpointing": ck, "ran": False,
+                                "predicted": predict(cfg, full, d, a, ck),
+                                "why": "the memory model puts it above the card's planned memory"})
+    rec["setting"] = {str(ck): asdict(setting(a, ck, d)) for ck in ckpts}
+    save()
+    print(render(rec))
+    print(json.dumps({"out": str(out), "wall_s": round(rec["wall_s"], 1)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,369 @@
+"""The memory model (`dmtp.memory`): parameter counts by hand and against the models built on the meta device, each
+training and evaluation term by hand, the fit check's order of settings, the auto rule of the fused drafter loss; the
+drafter loss through the fused chunked LM-head loss equals the plain one (value, accuracy, every gradient), on the
+eager path and through the compiled one-region step."""
+import pytest
+import torch
+
+from dmtp import memory as M
+from dmtp.memory import DrafterSpec, TrainSetting, drafter_spec, plan_training, target_params, train_terms
+
+# a tiny hybrid Qwen3.5 config: one GDN layer, one attention layer, untied head, one MTP layer
+CFG = dict(model_type="qwen3_5_text", vocab_size=10, hidden_size=8, num_hidden_layers=2,
+           layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+           head_dim=4, intermediate_size=16, linear_num_value_heads=2, linear_num_key_heads=1,
+           linear_key_head_dim=4, linear_value_head_dim=4, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+           mtp_num_hidden_layers=1)
+
+
+def test_target_params_by_hand():
+    attn = 8 * 2 * 8 + 2 * 8 * 4 + 8 * 8 + 2 * 4  # q (+ gate), k, v, o, q/k norms = 264
+    gdn = 8 * 16 + 8 * 8 + 2 * 8 * 2 + 16 * 4 + 2 * 2 + 4 + 8 * 8  # qkv, z, b+a, conv, dt+A, norm, out = 360
+    ffn = 3 * 8 * 16
+    layers = (gdn + ffn + 16) + (attn + ffn + 16)
+    mtp = 2 * 8 + 2 * 8 * 8 + attn + ffn + 2 * 8 + 8
+    P = target_params(CFG)
+    assert P == dict(embedding=80, lm_head=80, layers=layers, norm=8, mtp=mtp, total=168 + layers + mtp)
+    assert target_params({**CFG, "tie_word_embeddings": True})["lm_head"] == 0
+    moe = {**CFG, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 3,
+           "shared_expert_intermediate_size": 5}
+    assert M._ffn(moe) == 8 * 4 + 4 * 3 * 8 * 3 + 3 * 8 * 5 + 8  # router, experts, shared expert, its gate
+
+
+@pytest.mark.parametrize("profile", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+def test_param_counts_equal_the_built_models(profile):
+    """The target (cut to 4 layers: every kind of layer), its MTP head and a paper drafter of the largest injection
+    variant, built on the meta device: the formulas count every parameter."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dmtp.experiment import drafter_config
+    from dmtp.models.drafter import Drafter, DrafterConfig
+    from dmtp.models.mtp import MTPHead
+    from dmtp.models.target import Target
+    from experiments.profiles import get_profile
+
+    p = get_profile(profile)
+    cfg = M.with_layers(p.scale.target_config, 4)
+    kw = dict(cfg)
+    hf = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+        mtp = MTPHead(Target(model))
+        d = Drafter(DrafterConfig(**{**drafter_config(p, hf), "num_target_layers": 64}, variant="fusion"))
+    P = target_params(cfg)
+    assert P["total"] - P["mtp"] == sum(x.numel() for x in model.parameters())
+    assert P["mtp"] == sum(x.numel() for x in mtp.parameters())
+    dr = p.drafter
+    spec = drafter_spec(cfg, dr.layers, dr.heads, dr.kv_heads, dr.head_dim, dr.intermediate, dr.block_size)
+    assert spec.params == sum(x.numel() for x in d.parameters())
+
+
+def test_paper_target_sizes():
+    """Qwen3.6-27B: 26.90 B parameters + a 0.42 B MTP head, 54.6 GB in bf16 (the issue's 53.8 GB leaves the head
+    out); its 5-layer drafter 1.78 B, 28.5 GB of fp32 weights, gradients and AdamW moments."""
+    from experiments.profiles import get_profile
+
+    cfg = get_profile("qwen3.6-27b").scale.target_config
+    P = target_params(cfg)
+    assert P["total"] - P["mtp"] == 26_895_998_464 and P["mtp"] == 424_699_392
+    d = drafter_spec(cfg, 5, 32, 8, 128, 17408, 8)
+    assert d.params == 1_782_652_160 and d.params * 16 / 1e9 == pytest.approx(28.52, abs=0.01)
+
+
+D = DrafterSpec(hidden=8, vocab=10, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, taps=2, slots=3,
+                injection=5)
+
+
+def test_train_terms_by_hand():
+    assert D.layer_params == 2 * 8 * 8 + 2 * 8 * 4 + 8 + 3 * 8 * 16 + 16
+    assert D.params == 2 * D.layer_params + 128 + 16 + 5
+    P_t = target_params(CFG)["total"]
+    s = TrainSetting(world=2, micro_batch=3, seq_len=5, anchors=4)
+    t = train_terms(CFG, D, s)
+    R, C = 3 * 4 * 3, 3 * 5  # block rows, context rows
+    assert t["target"] == P_t * 2 and t["target_gathered"] == 0
+    assert t["drafter_state"] == D.params * 16 / 2 and t["drafter_compute"] == 2 * D.layer_params * 6
+    assert D.layer_params > D.root_params == 2 * 8 * 8 + 16 + 5
+    assert t["features"] == C * 2 * 8 * 2 + C * 2 * 8 * 6 + C * 8 * 2
+    assert t["feature_pass"] == C * max(3 * 16, 4 * (2 * 4 + 2 * 8), 32) * 2
+    per_row = 12 * 8 + 4 * 8 + 6 * 16
+    assert t["layers"] == R * 2 * per_row + 2 * C * 2 * 4 * 2
+    assert t["logits"] == R * 10 * 12
+    assert t["total"] == pytest.approx(sum(v for k, v in t.items() if k != "total"))
+    sh = train_terms(CFG, D, TrainSetting(world=2, micro_batch=3, seq_len=5, anchors=4, shard_target=True,
+                                          checkpointing=True, ce_chunk=7))
+    layers = target_params(CFG)["layers"]
+    gdn_layer = 360 + 3 * 8 * 16 + 16  # the largest decoder layer
+    assert sh["target"] == (P_t - layers / 2) * 2 and sh["target_gathered"] == 2 * gdn_layer * 2
+    assert sh["layers"] == R * 2 * 4 * 8 + R * per_row + 2 * C * 2 * 4 * 2
+    assert sh["logits"] == R * 8 * 2 + 7 * 10 * 16
+    one = train_terms(CFG, D, TrainSetting(world=1, micro_batch=3, seq_len=5, anchors=4, shard_drafters=False,
+                                           shard_target=True))
+    assert one["drafter_state"] == D.params * 16 and one["drafter_compute"] == D.params * 2
+    assert one["target"] == P_t * 2 and one["target_gathered"] == 0  # nothing to shard over on one rank
+
+
+def test_plan_order_and_refusal():
+    """Replicated before sharded, no checkpointing before checkpointing, the largest micro-batch first; nothing fits:
+    the smallest setting tried, fits=False, and one line naming the numbers."""
+    big = dict(gpus=2, seq_len=5, anchors=4, global_batch=8)
+    full = train_terms(CFG, D, TrainSetting(world=2, micro_batch=4, seq_len=5, anchors=4))["total"]
+    p = plan_training(CFG, D, gpu_gb=full / M.GIB / M.USABLE * 1.001, **big)
+    assert p.fits and p.setting.micro_batch == 4 and p.accumulation == 1 and not p.setting.shard_target
+    assert not p.setting.checkpointing
+    p = plan_training(CFG, D, gpu_gb=full / M.GIB / M.USABLE * 0.999, **big)
+    assert p.fits and p.setting.micro_batch == 2 and p.accumulation == 2 and not p.setting.checkpointing
+    tiny = plan_training(CFG, D, gpu_gb=1e-9, **big)
+    assert not tiny.fits and len(tiny.tried) == 2 * 2 * 3  # shard x checkpointing x micro-batches 4, 2, 1
+    assert tiny.terms["total"] == min(t for _, t in tiny.tried) and tiny.setting.micro_batch == 1
+    assert tiny.setting.checkpointing and tiny.line().startswith("does NOT fit: target replicated")
+    assert "GB of 0.0 GB per GPU" in tiny.line()
+    with pytest.raises(ValueError, match="not divisible by 3 GPUs"):
+        plan_training(CFG, D, gpu_gb=80, gpus=3, seq_len=5, anchors=4, global_batch=8)
+
+
+def test_paper_plain_logits_are_tens_of_gb():
+    """At the paper profile (16 sequences per rank on 8 GPUs, 512 anchors, 8 slots, vocabulary 248,320) the plain
+    loss's logits alone are ~195 GB per rank; "auto" fuses them, the tiny and mini shapes stay plain."""
+    from experiments.profiles import get_profile
+
+    cfg = get_profile("qwen3.6-27b").scale.target_config
+    d = drafter_spec(cfg, 5, 32, 8, 128, 17408, 8)
+    t = train_terms(cfg, d, TrainSetting(world=8, micro_batch=16, seq_len=2048, anchors=512))
+    assert t["logits"] == 16 * 512 * 8 * 248320 * 12 and t["logits"] > 190e9
+    assert M.drafter_ce_chunk("auto", 0, 16 * 512 * 8, 248320) == M.ce_chunk_rows(248320) == 540
+    assert M.drafter_ce_chunk("auto", 0, 32 * 64 * 8, 8192) == 0  # mini: 0.5 GiB of logits, plain
+    assert M.drafter_ce_chunk("on", 100, 8, 10) == 100 and M.drafter_ce_chunk("off", 0, 10**9, 10**6) == 0
+    with pytest.raises(ValueError, match="fused_ce='yes'"):
+        M.drafter_ce_chunk("yes", 0, 1, 1)
+
+
+def test_eval_terms_by_hand():
+    t = M.eval_terms(CFG, D, batch=3, length=6, prefill=2)
+    assert t["weights"] == (target_params(CFG)["total"] + D.params) * 2
+    assert t["kv_cache"] == 3 * 6 * (2 * (2 * 1 * 4 * 2) + 2 * 2 * 1 * 4 * 2)  # attention + MTP layer, drafter
+    assert t["linear_state"] == 3 * 1 * (2 * 4 * 4 * 4 + 16 * 3 * 2)
+    assert t["verify_logits"] == 3 * 3 * 10 * 4
+    assert t["prefill"] == 2 * 6 * max(48, 96, 32) * 2 + 2 * 6 * 8 * 4
+
+
+def test_tables_render_every_row():
+    from experiments.profiles import get_profile
+
+    p = get_profile("qwen3.6-27b")
+    cfg, dr = p.scale.target_config, p.drafter
+    text = M.render_tables({"27B": (cfg, drafter_spec(cfg, dr.layers, dr.heads, dr.kv_heads, dr.head_dim,
+                                                      dr.intermediate, dr.block_size))})
+    rows = [r for r in text.splitlines() if r.startswith("| ") and r[2].isdigit()]
+    assert len(rows) == 4 * 2 * 2 + 2 * 2 and "| 8 | 80 | 2,048 | yes |" in text
+
+
+# --- the fused drafter loss ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen3_5():
+    from dmtp.models import tiny
+
+    return tiny.build("qwen3_5", seed=0)
+
+
+def _step(tgt, mtp, name, ce_chunk, multiplier=1.0):
+    from conftest import token_seqs
+
+    from dmtp.training.drafters import batches, drafter_features, drafter_loss, extract, new_drafters, sample_anchors
+
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1, output_multiplier=multiplier)
+    d = new_drafters(tgt, [name], base)[name]
+    ids, lengths = next(batches(token_seqs(), 4, 0))
+    anchors, valid = sample_anchors(lengths, 5, torch.Generator().manual_seed(0))
+    taps = d.config.target_layer_ids
+    feats = drafter_features(extract(tgt, mtp, ids, lengths, taps, True), taps, d)
+    loss, stats = drafter_loss(d, tgt, feats, anchors, valid, 4.0, torch.tensor(3.7), ce_chunk=ce_chunk)
+    loss.backward()
+    return loss.detach(), stats["acc"], {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name,multiplier", [("dflash", 1.0), ("zero_init_residual", 1.0), ("dflash", 0.5)])
+def test_fused_drafter_loss_equals_the_plain_one(qwen3_5, name, multiplier):
+    """Chunks of 7 rows (a short last chunk), ignored slots, position-decayed weights and a given normaliser: the
+    loss, accuracy and every drafter gradient of the materialised logits, within fp32 rounding."""
+    tgt, mtp = qwen3_5
+    ref = _step(tgt, mtp, name, 0, multiplier)
+    got = _step(tgt, mtp, name, 7, multiplier)
+    assert got[0].item() == pytest.approx(ref[0].item(), rel=1e-6) and got[1].item() == ref[1].item()
+    assert got[2].keys() == ref[2].keys()
+    for k in ref[2]:
+        assert (got[2][k] - ref[2][k]).norm() <= 1e-5 * ref[2][k].norm() + 1e-12, k
+    assert not tgt.model.lm_head.weight.requires_grad  # the frozen head: dW neither made nor stored
+
+
+def test_fused_loss_through_the_compiled_one_region_step(qwen3_5, tmp_path, monkeypatch):
+    """fused_ce="on" on the compiled path (one region, traced by AOTAutograd's eager backend: the fused loss is a
+    graph break inside it): the eager path's losses and weights, step by step."""
+    from conftest import token_seqs
+
+    from dmtp.training import drafters as train_mod
+    from dmtp.training.drafters import TrainConfig, drafters_loss, new_drafters, train_drafters
+
+    tgt, mtp = qwen3_5
+    monkeypatch.setattr(train_mod, "_JOINT_FUSED", [torch.compile(drafters_loss, backend="aot_eager",
+                                                                  dynamic=False)])
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1)
+    out = {}
+    for flag, fused in (("off", "off"), ("on", "on")):
+        ds = new_drafters(tgt, ["dflash", "zero_init_residual"], base)
+        cfg = TrainConfig(steps=3, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
+                          compile=flag, fused_ce=fused, ce_chunk=9)
+        hist = train_drafters(tgt, mtp, ds, token_seqs(), cfg, tmp_path / flag, log=lambda *_: None)
+        out[flag] = hist, {n: d.state_dict() for n, d in ds.items()}
+    for n in ("dflash", "zero_init_residual"):
+        assert [h["loss"] for h in out["on"][0][n]] == pytest.approx([h["loss"] for h in out["off"][0][n]], rel=1e-5)
+        for k, w in out["off"][1][n].items():
+            torch.testing.assert_close(out["on"][1][n][k], w, rtol=0, atol=2e-5, msg=k)
+
+
+# --- the training stage's fit check (dmtp/cli/fit.py; CPU: configs and the meta device only) ------------------------
+def _paper(profile="qwen3.6-27b", variants=("dflash", "zero_init_residual")):
+    from transformers import AutoConfig
+
+    from dmtp.experiment import drafter_config
+    from dmtp.models.drafter import DrafterConfig
+    from experiments.profiles import get_profile
+
+    p = get_profile(profile)
+    kw = dict(p.scale.target_config)
+    hf = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    return p, [DrafterConfig(**drafter_config(p, hf), variant=v) for v in variants]
+
+
+def test_fit_check_refuses_in_one_line_and_resolves_the_target_sharding():
+    from dataclasses import replace
+
+    from dmtp.cli.fit import fit_training, spec_of
+
+    p, configs = _paper()
+    cfg = p.scale.target_config
+    spec = spec_of(configs)
+    assert spec.slots == 8 and spec.params == 1_782_652_160  # zero_init_residual: block of 8, 2H^2 + 2H injection
+    train = replace(p.train, batch_size=2, max_len=2048)
+    with pytest.raises(ValueError) as e:  # one 80 GB card: the bf16 target and two drafters' AdamW state
+        fit_training(cfg, configs, train, 1, 80 * M.GIB)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("training 2 drafter(s) on 1 GPU(s) of 80 GiB does NOT fit: ")
+    assert "target 54.6" in msg and "drafter_state 57.0" in msg and "GB of 79.9 GB per GPU" in msg
+    out, line = fit_training(cfg, configs[:1], train, 1, 141 * M.GIB)  # an H200 takes one
+    assert out.shard_target == "off" and line.startswith("fits: target replicated")
+    # 2 x 80 GB at 32K tokens, a sequence per GPU: the replicated target leaves no room, the sharded one fits
+    out, line = fit_training(cfg, configs[:1], replace(train, max_len=32768), 2, 80 * M.GIB)
+    assert out.shard_target == "on" and "target sharded" in line
+    with pytest.raises(ValueError, match="--shard-target on"):  # told "off", it names the setting that fits
+        fit_training(cfg, configs[:1], replace(train, max_len=32768, shard_target="off"), 2, 80 * M.GIB)
+    with pytest.raises(ValueError, match=r"no setting fits 16 sequences per GPU; the model fits \d+ per GPU"):
+        fit_training(cfg, configs[:1], replace(train, batch_size=128, fused_ce="off"), 8, 80 * M.GIB)
+
+
+def test_dryrun_says_whether_training_and_evaluation_fit(capsys):
+    """`dmtp dryrun --gpus N --gpu-mem GB [--seq-len T]`: on 8 x 80 GB the paper drafter trains (the target
+    replicated, the loss fused, a micro-batch and the accumulation to 128) and the result says so; on one 80 GB card
+    at 32K tokens nothing fits, and the command exits 1."""
+    from dmtp.cli.dryrun import dryrun, render
+    from dmtp.cli.main import main
+
+    r = dryrun("qwen3.6-27b", backbones=["dflash"], gpus=8, gpu_mem=80)
+    f = r["fit"]
+    assert r["ok"] and f["train"].fits and not f["train"].setting.shard_target and f["train"].setting.ce_chunk
+    s = f["train"].setting
+    assert s.micro_batch * f["train"].accumulation * 8 == 128 and f["seq_len"] == 2048
+    text = render(r)
+    assert "fit on 8 GPU(s) of 80 GiB" in text and "training, one drafter: fits: target replicated" in text
+    assert "evaluation (batch 32, 4,096 positions)" in text and "the largest batch that fits: " in text
+    with pytest.raises(SystemExit) as e:
+        main(["dryrun", "--profile", "qwen3.6-27b", "--gpus", "1", "--gpu-mem", "80", "--seq-len", "32768"])
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "training, one drafter: does NOT fit" in out and "32,768 tokens" in out
+
+
+def test_pipeline_drafters_stage_checks_a_paper_profile(tmp_path, monkeypatch):
+    """The pipeline's drafters stage on a paper profile (GPUs faked: the check reads the config and the card's size
+    only): on one 80 GB card its drafters side by side are refused in one line; on 8 x 80 GB they fit with the target
+    sharded (resolved from "auto"), on 8 x 141 GB replicated."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from dmtp.cli import pipeline
+    from experiments.profiles import get_profile
+
+    p = get_profile("qwen3.6-27b")
+    kw = dict(p.scale.target_config)
+    AutoConfig.for_model(kw.pop("model_type"), **kw).save_pretrained(tmp_path / "target")
+    logs = []
+    c = SimpleNamespace(p=p, work=tmp_path, log=logs.append)
+    runs = [r for r in p.ablation.variants]
+    card = {"gb": 80}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=card["gb"] * M.GIB))
+    with pytest.raises(ValueError, match=rf"training {len(runs)} drafter\(s\) on 1 GPU\(s\) of 80 GiB does NOT fit"):
+        pipeline._fit_check(c, {0: runs})
+    monkeypatch.setattr(pipeline, "rank_world", lambda: (0, 8))
+    assert pipeline._fit_check(c, {0: runs}) == {0: "on"}
+    assert logs and logs[-1].startswith("drafters, seed 0: memory model: fits: target sharded")
+    card["gb"] = 141
+    assert pipeline._fit_check(c, {0: runs}) == {0: "off"}
+
+
+def test_the_notes_tables_are_the_models():
+    """docs/notes/tokens.md holds exactly what `experiments.memory_tables` renders (refresh: --write)."""
+    from pathlib import Path
+
+    from experiments.memory_tables import splice, tables
+
+    text = (Path(__file__).parents[1] / "docs" / "notes" / "tokens.md").read_text()
+    assert splice(text, tables()) == text
+
+
+def test_dmtp_train_refuses_before_loading_weights(tmp_path, monkeypatch, capsys):
+    """`dmtp train --profile qwen3.6-27b` on one 80 GB GPU (faked: the check reads the config and the card's size;
+    the weights file is empty, so any attempt to load it would fail otherwise): one line, exit 2, the numbers."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from dmtp.cli import args as cli_args
+    from dmtp.cli.main import main
+    from experiments.profiles import get_profile
+
+    kw = dict(get_profile("qwen3.6-27b").scale.target_config)
+    AutoConfig.for_model(kw.pop("model_type"), **kw).save_pretrained(tmp_path / "target")
+    (tmp_path / "target" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "d.jsonl").write_text('{"ids": [1, 2, 3, 4, 5, 6]}\n')
+    monkeypatch.setattr(cli_args, "device", lambda name: "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=80 * M.GIB))
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--profile", "qwen3.6-27b", "--target", str(tmp_path / "target"), "--data",
+              str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "out"), "--variants", "dflash,zero_init_residual",
+              "--batch-size", "2"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    assert err.startswith("dmtp train: error: training 2 drafter(s) on 1 GPU(s) of 80 GiB does NOT fit: ")
+    assert "drafter_state 57.0" in err and not list((tmp_path / "out").glob("tokens-*"))  # before the data, too
+
+
+def test_dflash2_keeps_the_plain_loss_in_the_model():
+    """A DFlash2 drafter (its selector reads the logits) is not fusable: the model counts its plain logits, and a
+    set of drafters holding one is counted so (they step one after another: the peak is the largest one's)."""
+    from dataclasses import replace as dc_replace
+
+    from dmtp.cli.fit import spec_of
+
+    p, configs = _paper(variants=("dflash",))
+    d2 = dc_replace(configs[0], backbone="dflash2")
+    assert spec_of(configs).fusable and not spec_of([d2]).fusable and not spec_of(configs + [d2]).fusable
+    kw = dict(gpus=8, gpu_gb=141, seq_len=2048, anchors=512, global_batch=128, micro_batch=1)
+    cfg = p.scale.target_config
+    fused, plain = plan_training(cfg, spec_of(configs), **kw), plan_training(cfg, spec_of([d2]), **kw)
+    assert fused.setting.ce_chunk == 540 and plain.setting.ce_chunk == 0
+    assert plain.terms["logits"] == 512 * 8 * 248320 * 12 and "LM-head loss plain" in plain.line()
