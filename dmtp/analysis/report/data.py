@@ -54,6 +54,8 @@ from dmtp.engine.stops import cut_rounds
 from dmtp.io import RECORDS, iter_jsonl, read_json, record_meta, record_stem
 from dmtp.schema import from_dict
 
+CONTRAST_BOOT = 4000  # bootstrap draws of every paired contrast a report prints (one interval per contrast: the
+# pairwise, acceptance and claims tables draw the same cells with the same seed and count)
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
 KEYS = ["experiment", "dataset", "temperature", "mode", "method"]
 MODES = EVAL_MODES  # natural: the acceptance tables; fixed: fixed length, end-of-text ignored
@@ -511,7 +513,8 @@ def records(art: Artifacts, experiment: str, dataset: str, temperature: float, m
     return group(art, experiment, dataset, temperature, method, mode).to_dict("records")
 
 
-def paired_runs(art: Artifacts, key: tuple, a: str, b: str, n_boot: int = 2000, margin: float | None = None) -> dict:
+def paired_runs(art: Artifacts, key: tuple, a: str, b: str, n_boot: int = CONTRAST_BOOT,
+                margin: float | None = None) -> dict:
     """Paired a - b of per-request acceptance length for key = (experiment, dataset, temperature[, mode]):
     stats.paired over the realizations and seeds both runs have and the requests both ran (a run with a single seed
     in a realization, e.g. a baseline without a drafter, is set beside every seed of the other); `stats.paired`'s

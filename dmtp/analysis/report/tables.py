@@ -23,7 +23,8 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
-from dmtp.analysis.report.data import Artifacts, cube, group, load, missing_runs, paired_runs, per_unit
+from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, cube, group, load, missing_runs, paired_runs,
+                                       per_unit)
 from dmtp.config import GROUPS
 
 OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2": "DFlash2", "dmtp_d2": "DMTP(D2)"}
@@ -517,7 +518,7 @@ def signs_text(signs) -> str:
     return " / ".join(f"{x:+.3f}" for x in signs)
 
 
-def pairwise(art: Artifacts, n_boot: int = 4000) -> list[pd.DataFrame] | None:
+def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] | None:
     """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired over
     realizations, seeds and requests (stats.matrices: the units and requests every row has; a baseline without a
     drafter set beside every seed of its realization): the hierarchical bootstrap and the t-test at the top level,
