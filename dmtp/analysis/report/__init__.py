@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from dmtp.analysis.ratios import read as read_ratios
-from dmtp.analysis.report import figures, summary, tables
+from dmtp.analysis.report import blog_gap, figures, summary, tables
 from dmtp.analysis.report import verify as verify_study
 from dmtp.analysis.report.data import Artifacts, load
 
@@ -25,7 +25,8 @@ SECTIONS = [
     ("Acceptance vs its ceiling at T > 0", ["ceiling_T*"], ["ceiling_T*"]),
     ("Acceptance length: DFlash vs native MTP vs DMTP", ["main_acceptance"], ["main_acceptance_T*"]),
     ("First-token acceptance", ["first_token"], ["first_token_T*"]),
-    ("Acceptance per position", ["cumulative", "conditional"], ["cumulative_T*", "conditional_T*"]),
+    ("Acceptance per position", ["cumulative", "conditional"],
+     ["cumulative_T*", "conditional_T*", "cumulative_supplementary_T*", "conditional_supplementary_T*"]),
     ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
     ("Per-round overhead", ["overhead"], ["overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
@@ -80,7 +81,7 @@ def how(art: Artifacts) -> list[str]:
     corpora = {r.corpus for r in art.realizations if r.corpus}
     if len(corpora) > 1:  # another Python installation: other files, so other targets and other `pytests` prompts
         rows += ["", f"**The pooled realizations' corpora differ** ({', '.join(sorted(corpora))}): their targets "
-                 "pretrained on different files and an out-of-distribution set holds different prompts in each."]
+                 "pretrained on different files and an out-of-distribution set has different prompts in each."]
     out = ["## How the runs were made", "",
            "Each realization is one `dmtp pipeline` run of the profile (its own target, on-policy data and drafter "
            "seeds: `Profile.realization`), then `python -m dmtp.cli.bench` on its trained models. The run history, "
@@ -112,6 +113,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += ["## Throughput", "", *summary.throughput_lines(art), "",
                 *[f"![{p.stem}](figures/{p.name})\n" for p in sorted(art.figures.glob("throughput_T*.png"),
                                                                      key=by_temperature)], tp.read_text()]
+    out += blog_gap.lines(art)
     cm = art.tables / "costmodel.md"
     if cm.exists():
         out += ["## Cost model", "", *summary.costmodel_lines(art), "", cm.read_text()]

@@ -165,7 +165,8 @@ def primary_rows(art: Artifacts, fam: Family = PRIMARY) -> list[dict]:
 
 # --- the exploratory rows -------------------------------------------------------------------------------------------
 def blog_pairs(art: Artifacts) -> list[tuple[str, str, str, tuple]]:
-    """(a, b, the blog's claim "a > b" with its numbers, temperatures) the primary family does not already decide."""
+    """(a, b, the claim "a > b" with the blog's numbers, temperatures) the primary family does not already decide: the
+    blog's other claims, the control at the temperatures not registered, the backbone pair."""
     sp = art.spec
     dmtp, dflash, ref, main = sp.blog_run, sp.drafter_baseline, sp.reference, sp.main_method or sp.blog_run
     he = R.table("open_repro").set_index("dataset").loc["HumanEval"]
@@ -179,8 +180,11 @@ def blog_pairs(art: Artifacts) -> list[tuple[str, str, str, tuple]]:
         (dmtp, ref, f"{dmtp} > {ref} (blog Code ablation +{R.ablation_value(dmtp, f'rel_to_{ref}_pct'):.2f} %)",
          (0.0, 1.0)),
     ]
-    rows += [(c.a, c.b, f"control: {c.a} > {c.b} (what the MTP hidden adds; registered at T = 0 only)", (1.0,))
-             for c in PRIMARY.claims if c.b in sp.controls]
+    registered = {(c.a, c.b, c.temperature) for c in PRIMARY.claims}
+    for c in sp.controls:  # the main method against each control, at every temperature the primary family leaves
+        if sp.main_method and c != sp.main_method:
+            ts = tuple(t for t in (0.0, 1.0) if (sp.main_method, c, t) not in registered)
+            rows.append((sp.main_method, c, f"control: {sp.main_method} > {c} (what the MTP hidden adds)", ts))
     d2, f2 = T.open_columns(art).get("dmtp_d2"), T.open_columns(art).get("dflash2")
     if d2 and f2:
         rows.append((d2, f2, f"DMTP(D2) > DFlash2 (open reproduction 27B HumanEval, T = 0: {he.dmtp_d2:.3f} vs "
@@ -450,8 +454,9 @@ def fmt_estimate(r) -> str:
     return out
 
 
-def claims_lines(art: Artifacts) -> list[str]:
-    df = claims(art)
+def claims_lines(art: Artifacts, df: pd.DataFrame | None = None) -> list[str]:
+    """The claims table as markdown and the verdicts in words (`df`: claims(art), computed here when not given)."""
+    df = claims(art) if df is None else df
     if df is None:
         return []
     out = ["| family | claim | T | ours | by realization | test | verdict |", "|---|---|---|---|---|---|---|"]

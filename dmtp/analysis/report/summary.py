@@ -148,7 +148,7 @@ def ood_lines(art: Artifacts) -> list[str]:
            + ", ".join(f"{o}: module-level test functions of the corpus's train split (the target pretrained on "
                        "them, the drafters' on-policy prompts never hold a test file; docs/DESIGN.md)" for o in ood)
            + ". Intervals as in the ablation table.")
-    out = [f"In and out of distribution (T = 0, seed 0; tables/ood.csv): {', '.join(f'`{o}`' for o in ood)} holds "
+    out = [f"In and out of distribution (T = 0, seed 0; tables/ood.csv): {', '.join(f'`{o}`' for o in ood)} consists of "
            "test functions of the corpus — pretrained on by the target, never in the drafters' data.", "",
            T.to_markdown(df.drop(columns=["acceptance_length_tlo", "acceptance_length_thi"]))]
     g = C.ood_gaps(art)
@@ -238,14 +238,59 @@ def gap_lines(art: Artifacts) -> list[str]:
     return out
 
 
+def in_short(art: Artifacts, df: pd.DataFrame | None) -> list[str]:
+    """REPORT.md's opening: the claims in plain sentences (the primary family, what runs against the blog, the
+    throughput each realization timed), each sentence short, each resting on realizations this report holds."""
+    if df is None:
+        return []
+    n = C.n_realizations(art)
+    names = ", ".join(r.name for r in art.realizations) or "one realization"
+    exp, steps = C.series(art)
+    out = ["## In short", "", f"This report rests on {n} realization{'s' * (n != 1)} ({names}) of the {exp or 'this'} "
+           f"series of {steps} training steps; every number below comes from them.", ""]
+    prim = df[df.family == C.PRIMARY_FAMILY]
+    if len(prim):
+        out += [f"The pre-registered primary family (P1-P4, on `{C.PRIMARY.claims[0].a}`) needs "
+                f"{C.PRIMARY.min_realizations} realizations; with {n}"
+                + (", each verdict is an interim reading." if n < C.PRIMARY.min_realizations else ":"), ""]
+        for r in prim.itertuples():
+            out.append(f"- {C.claim_label(r.claim)}: {r.estimate:+.3f} acceptance length, t [{r.estimate_tlo:+.3f}, "
+                       f"{r.estimate_thi:+.3f}]: {r.verdict}.")
+        out.append("")
+    else:
+        out += [f"The primary family is registered on the {C.PRIMARY.experiment} series of "
+                f"{C.PRIMARY.train_steps} steps with at least two realizations; nothing here is confirmatory, "
+                "every claim below is exploratory.", ""]
+    ex = df[df.family == C.EXPLORATORY]
+    against = ex[ex.verdict.str.contains("contrary")]
+    if len(against):
+        out += ["Against the blog (exploratory):", "", *[
+            f"- {C.claim_label(r.claim)}{'' if 'T = ' in C.claim_label(r.claim) else f' at T = {r.temperature:g}'} "
+            f"({r.estimate:+.3f}{' ' + r.unit if r.unit else ''})."
+            for r in against.itertuples()], ""]
+    agree = ex[ex.verdict.str.contains("consistent")]
+    out += [f"Of {len(ex)} exploratory rows, {len(agree)} point the blog's way and {len(against)} against it; the "
+            "rest are not resolved.", ""]
+    tab = T.throughput_table(art)
+    if tab is not None and art.spec.main_method:
+        t0 = tab[(tab.method == art.spec.main_method) & (tab.temperature == 0) & (tab.realization != "all")]
+        for real, g in t0.groupby("realization", sort=False):
+            dev = g.device.iloc[0] if "device" in g and isinstance(g.device.iloc[0], str) else ""
+            caps = "; ".join(f"{r.speedup:.2f}x AR at B{r.batch_cap}" for r in g.sort_values("batch_cap").itertuples())
+            out.append(f"- Within one realization ({real}{', ' + dev if dev else ''}), T = 0: "
+                       f"`{art.spec.main_method}` {caps} (median of {int(g.n_repeats.max())} timing repeats).")
+    return out + [""]
+
+
 def findings(art: Artifacts) -> list[str]:
     """REPORT.md's first section: the claims table, then per primary dataset the acceptance table, the rankings
     and the control; the out-of-distribution comparison; the ceilings; the learning curve."""
     prim = T.primary(art)
     if not prim:
         return []
-    out = ["## What was found", "", scope(art), "", "### The blog's claims (tables/claims.csv)", "",
-           who(art), "", *C.claims_lines(art), *[f"- {text}." for _, _, text in control_pairs(art)], ""]
+    df = C.claims(art)
+    out = [*in_short(art, df), "## What was found", "", scope(art), "", "### The blog's claims (tables/claims.csv)",
+           "", who(art), "", *C.claims_lines(art, df), *[f"- {text}." for _, _, text in control_pairs(art)], ""]
     heads = sorted(art.figures.glob("main_acceptance_T*.png"), key=lambda p: float(p.stem.rpartition("_T")[2]))
     if heads:
         out += [f"![{heads[0].stem}](figures/{heads[0].name})", ""]
