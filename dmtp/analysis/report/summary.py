@@ -84,7 +84,9 @@ def rankings(art: Artifacts, t: float, dataset: str) -> str:
     n = len(df) - sum(map(len, above.values()))
     won = [f"{m} > " + ", ".join(sorted(above[m], key=art.rank)) for m in sorted(above, key=art.rank)]
     rest = f"the other {n} of {len(df)} pairs are not resolved" if n else "every pair resolved"
-    return f"- T={t:g}: " + ("; ".join(won) + f"; {rest}." if won else f"no pair is resolved ({len(df)} pairs).")
+    if not won:
+        return f"- T={t:g}: no pair is resolved ({len(df)} pairs)."
+    return f"- T={t:g}: {rest}; resolved:" + "".join(f"\n  - {w}" for w in won)
 
 
 def scope(art: Artifacts) -> str:
@@ -97,16 +99,15 @@ def scope(art: Artifacts) -> str:
         level = (f"seed-level t-tests ({seeds} seeds: a difference must exceed {S.t_quantile(seeds):.2f} standard "
                  "errors of the seed means, more after Holm's correction)" if seeds > 1 else
                  "request-level tests (one drafter seed)")
-        return (f"**1 realization ({names}): rankings are within-realization** — they hold for this target and its "
-                f"on-policy data, and another realization may not reproduce them. Inference: {level} beside the "
+        return (f"**1 realization ({names}): rankings are within-realization**. They describe this target and its "
+                f"on-policy data; another realization may not reproduce them. Inference: {level} beside the "
                 "bootstrap over seeds and requests.")
-    return (f"**{n} realizations ({names}), pooled**: a ranking is worded only where it holds across realizations — "
-            f"the realization-level paired t-test (Holm) and the hierarchical bootstrap both reject, and every "
-            f"realization's own difference has the same sign. With {n} realizations the t-test has {n - 1} degree(s) "
-            f"of freedom: a difference is resolved only when it exceeds {S.t_quantile(n):.2f} standard errors of the "
-            "realization means (more after Holm's correction), i.e. when it is large and consistent against the "
-            "spread between realizations; a "
-            "difference of the size of that spread cannot be resolved, whatever the seeds and requests show.")
+    return (f"**{n} realizations ({names}), pooled**: a ranking is worded only where it holds across realizations. "
+            f"The realization-level paired t-test (Holm) and the hierarchical bootstrap must both reject, and every "
+            f"realization's own difference must have the same sign. With {n} realizations the t-test has {n - 1} "
+            f"degree(s) of freedom. A difference is resolved only when it exceeds {S.t_quantile(n):.2f} standard errors "
+            "of the realization means (more after Holm's correction). A difference of the size of the spread between "
+            "realizations cannot be resolved, whatever the seeds and requests show.")
 
 
 def who(art: Artifacts) -> str:
@@ -333,8 +334,8 @@ def throughput_lines(art: Artifacts) -> list[str]:
                              1 + r.per_verify_gain_pct / 100)
         dev = getattr(r, "device", "")
         on = f", {dev}" if isinstance(dev, str) and dev else ""
-        out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} timing repeats of one "
-                   f"trained pair): `{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR (repeats "
+        out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} timing repeat"
+                   f"{'s' * (r.n_repeats != 1)} of one trained pair): `{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR (repeats "
                    f"{r.speedup_lo:.2f}–{r.speedup_hi:.2f})." + workload_words(r)
                    + f" Over `{sp.drafter_baseline}`: {r.gain_pct:+.1f} % tok/s (repeats {r.gain_pct_lo:+.1f} to "
                    f"{r.gain_pct_hi:+.1f}) for {r.per_verify_gain_pct:+.1f} % per-verify tau (ratio "
@@ -428,10 +429,11 @@ def costmodel_lines(art: Artifacts) -> list[str]:
         head = (f"error {err.min():.1f}–{err.max():.1f} % (|error|, {len(ok)} method x realization rows whose round "
                 f"was timed at B{cap}{'; ' + ', '.join(borrowed) + ' stage times' if borrowed else ''})"
                 if len(ok) else f"no method's round was timed at B{cap}")
-        out.append(f"- B{cap}: predicted vs measured speed-up over AR, {head}: "
-                   + "; ".join(f"`{r.method}` ({r.realization}) {r.predicted_speedup:.2f}x vs {r.measured_speedup:.2f}x"
-                               + ("" if r.round_timed_at_cap else " (round not timed at this batch: extrapolated)")
-                               for r in g.itertuples()) + ".")
+        out.append(f"- B{cap}: predicted vs measured speed-up over AR, {head}:"
+                   + "".join(f"\n  - `{r.method}` ({r.realization}): {r.predicted_speedup:.2f}x predicted, "
+                             f"{r.measured_speedup:.2f}x measured"
+                             + ("" if r.round_timed_at_cap else " (round not timed at this batch: extrapolated)")
+                             for r in g.itertuples()))
     side = m[hid & not_ar]
     if len(side):  # the prompt passes run beside the decode: charged in full; wholly hidden, the other bound
         err = (100 * (side.predicted_speedup_hidden / side.measured_speedup - 1)).abs()
@@ -442,10 +444,10 @@ def costmodel_lines(art: Artifacts) -> list[str]:
     for (kind, cap), g in pr[pr.method != "ar"].groupby(["kind", "batch_cap"], sort=False):
         shape = kind.removeprefix("projection ")
         where = {"8b-shape": "8B shape", "mini-shape": "profile's own shape"}.get(shape, shape)
-        out.append(f"- Projection to the {where} (a prediction, not a measurement: random-weight stage times at batch "
-                   f"8 used at every batch, decode only, this realization's acceptance), B{cap}: "
-                   + "; ".join(f"`{r.method}` ({r.realization}) {r.predicted_speedup:.2f}x AR"
-                               for r in g.itertuples()) + ".")
+        out.append(f"- Projection to the {where}, B{cap} (a projection, not a measurement: decode only, random-weight "
+                   "stage times at batch 8 used at every batch, this realization's acceptance):"
+                   + "".join(f"\n  - `{r.method}` ({r.realization}): {r.predicted_speedup:.2f}x AR"
+                             for r in g.itertuples()))
     return out
 
 
