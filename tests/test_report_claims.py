@@ -154,3 +154,25 @@ def test_throughput_is_judged_per_card_kind(monkeypatch, tmp_path):
     assert h100["by_realization"] == "r1 +11.0 / r2 +12.0"
     assert h200["verdict"] == "within one realization (r3): consistent (exploratory; 3 repeats)"
     assert h200["by_realization"].startswith("r3 repeats: +13.0") and np.isnan(h200["estimate_lo"])
+
+
+def test_the_t1_gap_is_decomposed(tmp_path):
+    """tables/t1_gap: per realization with a T = 1 throughput row at its largest cap, the decode-only gain is the
+    per-verify gain over the round ratio of its own stage times, the rest is the end-to-end gain minus it; the blog's
+    row from reference.json (+18.77 % for +18.78 %, rounds x1.045 at batch 8)."""
+    from dmtp.analysis.report import blog_gap
+
+    write_synthetic(code(), tmp_path, "g", n=8, temps=(0, 1), methods=["ar", "dflash", "zero_init_residual"],
+                    curve=False, oracle=False, realization=1, modes=("natural",))
+    art = load("g", tmp_path, n_boot=100)
+    df = blog_gap.table(art)
+    mine, blog = df.iloc[0], df.iloc[-1]
+    assert mine.realization == "r1" and mine.batch_cap == 32 and len(df) == 2
+    assert mine.decode_only_gain_pct == pytest.approx(100 * ((1 + mine.per_verify_gain_pct / 100)
+                                                             / mine.round_ratio - 1))
+    assert mine.admission_and_rest_pts == pytest.approx(mine.gain_pct - mine.decode_only_gain_pct)
+    assert not np.isnan(mine.eval_per_verify_gain_pct)
+    assert (blog.gain_pct, blog.per_verify_gain_pct) == pytest.approx((18.77, 18.78), abs=0.01)
+    assert blog.round_ratio == pytest.approx(9.318 / 8.915)
+    text = "\n".join(blog_gap.lines(art))
+    assert "## The T = 1 end-to-end gap to the blog" in text and "points are the smaller per-verify gain" in text
