@@ -11,7 +11,7 @@ and two cost-model readings at T = 1 (dmtp.analysis.costmodel, decode only): on 
 realization's T = 1 acceptance) — a projection, not a measurement.
 
     from dmtp.analysis.report import load, blog_gap
-    art = load("mini/r22"); print(blog_gap.table(art))
+    art = load("mini"); print(blog_gap.table(art))
 """
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def n_realizations(art: Artifacts) -> int:
 
 
 def one(art: Artifacts) -> str:
-    """'within one realization (r22): ' for a one-realization report, else ''."""
+    """'within one realization (r<k>): ' for a one-realization report, else ''."""
     if n_realizations(art) > 1:
         return ""
     name = art.realizations[0].name if art.realizations else "the flat layout"
@@ -198,7 +198,8 @@ def blog_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
         for t in (x for x in ts if x in temps):
             r = contrast(art, dataset, t, a, b)
             if r:
-                out.append(_row(EXPLORATORY, f"{text}: `{a}` − `{b}`", t, r, _p(r), explored(art, direction_word(r, n))))
+                out.append(_row(EXPLORATORY, f"{text}: `{a}` − `{b}`", t, r, _p(r),
+                                explored(art, direction_word(r, n))))
     return out
 
 

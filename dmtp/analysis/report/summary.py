@@ -105,9 +105,9 @@ def scope(art: Artifacts) -> str:
     return (f"**{n} realizations ({names}), pooled**: a ranking is worded only where it holds across realizations. "
             f"The realization-level paired t-test (Holm) and the hierarchical bootstrap must both reject, and every "
             f"realization's own difference must have the same sign. With {n} realizations the t-test has {n - 1} "
-            f"degree(s) of freedom. A difference is resolved only when it exceeds {S.t_quantile(n):.2f} standard errors "
-            "of the realization means (more after Holm's correction). A difference of the size of the spread between "
-            "realizations cannot be resolved, whatever the seeds and requests show.")
+            f"degree(s) of freedom. A difference is resolved only when it exceeds {S.t_quantile(n):.2f} standard "
+            "errors of the realization means (more after Holm's correction). A difference of the size of the spread "
+            "between realizations cannot be resolved, whatever the seeds and requests show.")
 
 
 def who(art: Artifacts) -> str:
@@ -149,8 +149,8 @@ def ood_lines(art: Artifacts) -> list[str]:
            + ", ".join(f"{o}: module-level test functions of the corpus's train split (the target pretrained on "
                        "them, the drafters' on-policy prompts never hold a test file; docs/DESIGN.md)" for o in ood)
            + ". Intervals as in the ablation table.")
-    out = [f"In and out of distribution (T = 0, seed 0; tables/ood.csv): {', '.join(f'`{o}`' for o in ood)} consists of "
-           "test functions of the corpus — pretrained on by the target, never in the drafters' data.", "",
+    out = [f"In and out of distribution (T = 0, seed 0; tables/ood.csv): {', '.join(f'`{o}`' for o in ood)} consists "
+           "of test functions of the corpus — pretrained on by the target, never in the drafters' data.", "",
            T.to_markdown(df.drop(columns=["acceptance_length_tlo", "acceptance_length_thi"]))]
     g = C.ood_gaps(art)
     if g:
@@ -301,7 +301,7 @@ def findings(art: Artifacts) -> list[str]:
         out += [f"### Acceptance length on `{ds}`", "", "Mode natural; incl. bonus; realizations and seeds pooled; "
                 "t [95% t-interval over the top level's units]; bootstrap [95% hierarchical bootstrap CI over "
                 "realizations, seeds and requests]:", "", *acceptance_table(art, ds), "",
-                "Rankings, only as far as the pairwise verdicts carry them (tables/pairwise_T*.csv; the pairwise "
+                "Rankings, only as far as the pairwise verdicts support them (tables/pairwise_T*.csv; the pairwise "
                 "family: every pair at every temperature, Holm over all of them; exploratory):", "",
                 *filter(None, (rankings(art, t, ds) for t in temps)), ""]
     out += ood_lines(art)
@@ -335,8 +335,8 @@ def throughput_lines(art: Artifacts) -> list[str]:
         dev = getattr(r, "device", "")
         on = f", {dev}" if isinstance(dev, str) and dev else ""
         out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} timing repeat"
-                   f"{'s' * (r.n_repeats != 1)} of one trained pair): `{sp.main_method}` {r.tok_per_s:.0f} tok/s, {r.speedup:.2f}x AR (repeats "
-                   f"{r.speedup_lo:.2f}–{r.speedup_hi:.2f})." + workload_words(r)
+                   f"{'s' * (r.n_repeats != 1)} of one trained pair): `{sp.main_method}` {r.tok_per_s:.0f} tok/s, "
+                   f"{r.speedup:.2f}x AR (repeats {r.speedup_lo:.2f}–{r.speedup_hi:.2f})." + workload_words(r)
                    + f" Over `{sp.drafter_baseline}`: {r.gain_pct:+.1f} % tok/s (repeats {r.gain_pct_lo:+.1f} to "
                    f"{r.gain_pct_hi:+.1f}) for {r.per_verify_gain_pct:+.1f} % per-verify tau (ratio "
                    f"{r.gain_over_per_verify:.2f})."
@@ -376,9 +376,9 @@ def workload_words(r) -> str:
 
 def need_line(r, pooled: pd.DataFrame) -> str:
     """' Its cost per verify round, end to end, is ... AR steps (tau / speed-up), so the ...x goal would need tau
-    >= ....' for a main-method row with a speed-up goal (`ratios.speedup_goal`), or ''. The cost is per-verify tau / speed-up
-    (AR emits one token a step), admissions and ride-along rounds included; holding it fixed while tau changes is a
-    first-order reading."""
+    >= ....' for a main-method row with a speed-up goal (`ratios.speedup_goal`), or ''. The cost is per-verify tau /
+    speed-up (AR emits one token a step), admissions and ride-along rounds included; holding it fixed while tau
+    changes is a first-order reading."""
     caps = pooled[pooled.realization == r.realization].batch_cap
     goal = speedup_goal(int(r.batch_cap), int(caps.max()), float(r.temperature)) if len(caps) else None
     if goal is None or not r.speedup > 0 or not r.per_verify > 0:
