@@ -24,7 +24,7 @@ SECTIONS = [
     ("Learning curve: acceptance vs drafter training tokens", ["learning_curve"], ["learning_curve"]),
     ("Acceptance vs its ceiling at T > 0", ["ceiling_T*"], ["ceiling_T*"]),
     ("Acceptance length: DFlash vs native MTP vs DMTP", ["main_acceptance"], ["main_acceptance_T*"]),
-    ("First-token acceptance", ["first_token"], ["first_token_T*"]),
+    ("First-token acceptance", ["first_token"], ["first_token_T*", "first_token_supplementary_T*"]),
     ("Acceptance per position", ["cumulative", "conditional"],
      ["cumulative_T*", "conditional_T*", "cumulative_supplementary_T*", "conditional_supplementary_T*"]),
     ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),

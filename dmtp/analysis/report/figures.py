@@ -181,29 +181,33 @@ def open_repro(art: Artifacts) -> list[Path]:
 
 
 def first_token(art: Artifacts) -> list[Path]:
-    """First-token acceptance (%) per dataset and method with bootstrap CI; blog values as black diamonds."""
+    """First-token acceptance (%) per dataset and method with bootstrap CI; blog values as black diamonds. The main
+    rows (`main_methods`) in first_token_T<t>.png, the other variants in first_token_supplementary_T<t>.png."""
     s = art.natural
     s = s[s.k > 0] if len(s) else s
     if s.empty:
         print("[report] skip first-token figure: no data")
         return []
-    paths = []
-    for t, g, multi in _per_temp(s):
-        groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
-        methods = sorted(set(g.method), key=art.rank)
-        ours = {(_label(r.experiment, r.dataset, multi), r.method):
-                (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi) for r in g.itertuples()}
-        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(groups))), 3.6), layout="constrained")
-        ax = fig.subplots()
-        xs = grouped_bars(ax, groups, methods, ours, colors(art))
-        blog = [(xs[(_label(r.experiment, r.dataset, multi), r.method)],
-                 T.blog_first_token(r.dataset, t, T.blog_name(art, r.method))) for r in g.itertuples()]
-        blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
-        if len(blog):
-            ax.plot(blog[:, 0], blog[:, 1], "kD", ms=4, label="blog")
-        _legend(fig, ax)
-        ax.set(ylabel="first-token acceptance (%)", title=f"P(L>=1) per verify round (T={t:g})", ylim=(0, 105))
-        paths.append(_save(art, fig, f"first_token_T{t:g}"))
+    main, color, paths = main_methods(art), colors(art), []
+    color = {**color, **{c: CONTROL_COLOR for c in art.spec.controls}}
+    for part, pick in (("", lambda m: m in main), ("_supplementary", lambda m: m not in main)):
+        for t, g, multi in _per_temp(s[s.method.map(pick)]):
+            groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
+            methods = sorted(set(g.method), key=art.rank)
+            ours = {(_label(r.experiment, r.dataset, multi), r.method):
+                    (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi) for r in g.itertuples()}
+            fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(groups)) + 2), 3.6), layout="constrained")
+            ax = fig.subplots()
+            xs = grouped_bars(ax, groups, methods, ours, color)
+            blog = [(xs[(_label(r.experiment, r.dataset, multi), r.method)],
+                     T.blog_first_token(r.dataset, t, T.blog_name(art, r.method))) for r in g.itertuples()]
+            blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
+            if len(blog):
+                ax.plot(blog[:, 0], blog[:, 1], "kD", ms=4, label="blog (27B at T=0, 35B at T=1)")
+            _legend(fig, ax)
+            ax.set(ylabel="first-token acceptance (%)", ylim=(0, 105),
+                   title=f"P(L>=1) per verify round (T={t:g})" + (": other variants" if part else ""))
+            paths.append(_save(art, fig, f"first_token{part}_T{t:g}"))
     return paths
 
 
