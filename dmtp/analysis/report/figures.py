@@ -150,7 +150,7 @@ def main_acceptance(art: Artifacts) -> list[Path]:
                 b = T.pct(T.blog_acceptance(d, t, col), T.blog_acceptance(d, t, "dflash")) if col else math.nan
                 if not math.isnan(b):
                     blog[(_label(e, d, multi), m)] = b
-        fig = Figure(figsize=(max(10.5, 0.5 * (len(ours) + len(gain) + len(blog) + 2 * len(groups)) + 2.5), 3.8),
+        fig = Figure(figsize=(max(10.5, 0.3 * (len(ours) + len(gain) + len(blog) + 2 * len(groups)) + 3), 3.8),
                      layout="constrained")
         left, right = fig.subplots(1, 2)
         grouped_bars(left, groups, present, ours, color, labels=labels)
