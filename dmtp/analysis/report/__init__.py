@@ -102,9 +102,9 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
     reals = ", ".join(r.name for r in art.realizations)
     out = [f"# DMTP report — profile `{profile}`", "",
            f"Rendered from `{art.root}` ({len(art.realizations)} realization(s): {reals}) by `python -m "
-           f"dmtp.cli.report report --profile {profile}`. Acceptance lengths include the bonus token; intervals are "
-           "95 %: [hierarchical bootstrap over realizations, drafter seeds and requests] and t [t-interval over the "
-           "top level's units: realizations when there are several, else seeds]." + (
+           f"dmtp.cli.report report --profile {profile}`. Acceptance lengths include the bonus token. Intervals are "
+           "95 %: t [t-interval over the top level's units: realizations when there are several, else seeds] first, "
+           "bootstrap [hierarchical bootstrap over realizations, drafter seeds and requests] beside it." + (
                f" Left out: {', '.join(n for n, _ in art.left_out)} (see the end)." if art.left_out else ""), ""]
     out += scope(art)
     out += summary.findings(art)
