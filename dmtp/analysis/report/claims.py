@@ -446,12 +446,11 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
 def fmt_estimate(r) -> str:
     """'+0.659 t [+0.324, +0.994]; bootstrap [+0.540, +0.810]' (the t-interval first), in the row's unit."""
     unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
-    f = "+.3f" if r.kind != "rank" else "+.3f"
-    out = f"{r.estimate:{f}}{unit}"
+    out = f"{r.estimate:+.3f}{unit}"
     if not pd.isna(r.estimate_tlo):
-        out += f" t [{r.estimate_tlo:{f}}, {r.estimate_thi:{f}}]"
+        out += f" t [{r.estimate_tlo:+.3f}, {r.estimate_thi:+.3f}]"
     if not pd.isna(r.estimate_lo):
-        out += f"; bootstrap [{r.estimate_lo:{f}}, {r.estimate_hi:{f}}]"
+        out += f"; bootstrap [{r.estimate_lo:+.3f}, {r.estimate_hi:+.3f}]"
     return out
 
 
