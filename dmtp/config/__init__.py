@@ -16,5 +16,6 @@ from dmtp.config.experiment import DataConfig, DrafterShape, EvalConfig, ModelCo
 from dmtp.config.training import CHUNK, COMPILE, KERNEL_CHOICES, NEGATIVES, PretrainConfig, TargetArch, TrainConfig
 
 __all__ = ["AblationSpec", "CHUNK", "COMPILE", "DTYPES", "DataConfig", "DrafterShape", "ENGINES", "EVAL_MODES",
-           "EngineConfig", "EvalConfig", "GROUPS", "ModelConfig", "NEGATIVES", "PaperScale", "PretrainConfig",
+           "EngineConfig", "EvalConfig", "GROUPS", "KERNEL_CHOICES", "ModelConfig", "NEGATIVES", "PaperScale",
+           "PretrainConfig",
            "Profile", "TargetArch", "TrainConfig", "VERIFY_MODES", "VerifyConfig"]
