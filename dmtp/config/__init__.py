@@ -17,5 +17,4 @@ from dmtp.config.training import CHUNK, COMPILE, KERNEL_CHOICES, NEGATIVES, Pret
 
 __all__ = ["AblationSpec", "CHUNK", "COMPILE", "DTYPES", "DataConfig", "DrafterShape", "ENGINES", "EVAL_MODES",
            "EngineConfig", "EvalConfig", "GROUPS", "KERNEL_CHOICES", "ModelConfig", "NEGATIVES", "PaperScale",
-           "PretrainConfig",
-           "Profile", "TargetArch", "TrainConfig", "VERIFY_MODES", "VerifyConfig"]
+           "PretrainConfig", "Profile", "TargetArch", "TrainConfig", "VERIFY_MODES", "VerifyConfig"]
