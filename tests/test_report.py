@@ -114,7 +114,7 @@ def test_tables(hand, capsys):
     assert math.isnan(op.loc["gsm8k", "dflash2"])
 
     md = (hand / "hand" / "tables" / "ablation_code.md").read_text()
-    assert "| dflash | 0 | 3.000 [" in md
+    assert "| dflash | 0 | 3.000 t [" in md and "; bootstrap [" in md  # the t-interval first
     assert tables.throughput(art) is None and tables.overhead(art) is None
     assert "skip throughput" in capsys.readouterr().out
 

@@ -4,6 +4,7 @@ realizations and the cost model, the report's order."""
 import dataclasses
 import json
 import math
+from itertools import takewhile
 
 import numpy as np
 import pandas as pd
@@ -64,15 +65,19 @@ def test_no_ranking_where_the_realizations_disagree(pooled):
     assert r["verdict"] == "fusion vs token_only: not resolved" and r["sign_agree"] < 3
     claims = pd.read_csv(res / "p" / "tables" / "claims.csv")
     ft = claims[claims.claim.str.startswith("fusion > token_only")]
-    assert set(ft.verdict) == {"not resolved"} and len(ft) == 2  # T = 0 and 1
-    ranks = [ln for ln in text.splitlines() if ln.startswith("- T=0: ")]
-    assert ranks and not any("token_only" in ln.partition(" > ")[2] and ln.startswith("- T=0: fusion") for ln in ranks)
+    assert set(ft.verdict) == {"not resolved (exploratory)"} and len(ft) == 2  # T = 0 and 1
+    lines = text.splitlines()
+    ranks = [i for i, ln in enumerate(lines) if ln.startswith("- T=0: ")]
+    won = [ln.strip() for i in ranks for ln in takewhile(lambda x: x.startswith("  - "), lines[i + 1:])]  # resolved
+    assert ranks and not any("token_only" in ln.partition(" > ")[2] and ln.startswith("- fusion > ") for ln in won)
     # one sign in every realization, large against their spread: resolved (here against the claim); the same sign
     # but a spread as large as the mean (fusion in r3): not resolved
     dd = claims[claims.claim.str.startswith("DFlash > MTP415") & (claims.temperature == 0)].iloc[0]
-    assert dd.verdict == "fails" and dd.estimate < 0 and all(float(x) < 0 for x in dd.by_realization.split(" / "))
-    fd = claims[claims.claim.str.startswith("DMTP > DFlash") & (claims.temperature == 0)].iloc[0]
-    assert fd.verdict == "not resolved" and all(float(x) > 0 for x in fd.by_realization.split(" / "))
+    assert dd.verdict == "contrary (exploratory)" and dd.estimate < 0
+    assert all(float(x) < 0 for x in dd.by_realization.split(" / "))
+    fd = claims[claims.claim.str.startswith("P1 with the blog's DMTP model") & (claims.temperature == 0)].iloc[0]
+    assert fd.verdict == "not resolved (exploratory)" and all(float(x) > 0 for x in fd.by_realization.split(" / "))
+    assert set(claims.family) == {"exploratory"}  # a synthetic series is not the one the primary family names
     assert "indistinguishable" not in text and "≈" not in text and "best" not in text.lower()
 
 
@@ -84,7 +89,8 @@ def test_out_of_distribution_rows(pooled):
     assert (ood.n_realizations == 3).all()
     claims = pd.read_csv(res / "p" / "tables" / "claims.csv")
     (row,) = claims[claims.claim.str.contains("outside the drafter's training distribution")].itertuples()
-    assert row.test == "difference in differences, t over realizations" and len(row.by_realization.split("/")) == 3
+    assert row.test.startswith("difference in differences; t p = ") and "over 3 realizations" in row.test
+    assert len(row.by_realization.split("/")) == 3 and row.family == "exploratory"
     assert "First-token gap `mtp` − `dflash`" in text
 
 
@@ -383,7 +389,7 @@ def test_the_summary_says_what_tau_a_missed_speedup_goal_needs(monkeypatch):
     need = {ln.split(" (")[0]: ln for ln in lines if "would need" in ln}
     assert sorted(need) == ["- T=0, B1", "- T=0, B32"]  # no goal at B8 or at T = 1
     # 2.10x AR at tau 2.72: a verify round costs 1.30 AR steps; 2.5x needs 2.5 x 1.295 = 3.24, 2x needs 2.59
-    assert ("its cost per verify round, end to end, is 1.30 AR steps (tau / speed-up), so the 2.5x goal would need "
+    assert ("Its cost per verify round, end to end, is 1.30 AR steps (tau / speed-up), so the 2.5x goal would need "
             "tau >= 3.24 per verify at that cost (it has 2.72)") in need["- T=0, B1"]
     assert "so the 2x goal would need tau >= 2.59 per verify" in need["- T=0, B32"]
 
@@ -469,16 +475,17 @@ def test_costmodel_check_predicts_one_realization_from_another_realizations_roun
 
 
 def test_a_throughput_claim_needs_three_repeats(tmp_path):
-    """The blog's B32 claim is judged on at least MIN_REPEATS repeats: one repeat (a benchmark cut short) leaves it
-    not resolved whatever its sign, and the test column says the rule."""
-    from dmtp.analysis.report import summary as S
+    """The blog's B32 claim within one realization is read on at least MIN_REPEATS timing repeats: one repeat (a
+    benchmark cut short) leaves it not resolved whatever its sign, and the test column says the rule."""
+    from dmtp.analysis.report import claims as C
 
     write_synthetic(code(), tmp_path, "one", n=6, temps=(0, 1), methods=["ar", "dflash", "zero_init_residual"],
                     curve=False, oracle=False, repeats=1)
     art = load("one", tmp_path, n_boot=100)
-    (row,) = S.throughput_rows(art)
-    assert row["verdict"] == "not resolved" and row["estimate"] != 0
-    assert "of 1 repeat;" in row["test"] and f"of at least {S.MIN_REPEATS}" in row["test"]
+    (row,) = C.throughput_rows(art)
+    assert row["verdict"] == "within one realization (r0): not resolved (exploratory; 1 repeats)"
+    assert row["estimate"] != 0 and "median of 1 timing repeat of one trained pair" in row["test"]
+    assert f"at least {C.MIN_REPEATS} repeats" in row["test"] and pd.isna(row["estimate_lo"])
 
 
 def test_admit_sweep_predicts_each_group_size_on_and_beside_the_decode(tmp_path):
@@ -546,43 +553,39 @@ def test_draft_limit_estimates_each_runs_tau_with_its_counts_cut(pooled):
 
 
 def test_the_claims_table_is_said_in_words():
-    """Below the claims table one sentence sorts its rows into holds / fails / not resolved, each claim in a few words
-    at its temperature with our estimate; a claim of a direction not resolved says whether every realization has its
-    sign, the opposite one, or mixed signs; a closeness claim (TOST) reads no sign; a verdict no row has says none."""
-    from dmtp.analysis.report.summary import claim_label, verdict_lines
+    """Below the claims table each family is said in words: each verdict a bullet with its claims, each claim in a few
+    words at its temperature with our estimate; a claim of a direction not resolved says whether every realization has
+    its sign, the opposite one, or mixed signs; a closeness claim (TOST) reads no sign."""
+    from dmtp.analysis.report.claims import _row, claim_label, verdict_lines
 
-    rows = [("DMTP > DFlash (Code ablation 3.963 vs 3.360; open reproduction +5.78 %): `fusion` − `dflash`", 0.0, 0.659,
-             "+0.814 / +0.565 / +0.599", "paired; Holm", "not resolved"),
-            ("DMTP > DFlash (Code ablation 3.963 vs 3.360; open reproduction +5.78 %): `fusion` − `dflash`", 1.0, 0.274,
-             "+0.298 / +0.241 / +0.282", "paired; Holm", "holds"),
-            ("DFlash > MTP415 on code (open reproduction HumanEval 6.424 vs 4.698): `dflash` − `mtp`", 0.0, -0.68,
-             "-0.968 / -0.578 / -0.492", "paired; Holm", "not resolved"),
-            ("DMTP > MTP415 (open reproduction): `fusion` − `mtp`", 0.0, -0.02, "-0.155 / -0.012 / +0.106",
-             "paired; Holm", "not resolved"),
-            ("Nov 9: 「零初始化残差与直接融合的效果接近」 — the zero-initialised residual (the current main method) "
-             "performs close to direct fusion: `zero_init_residual` − `fusion`", 0.0, 0.044, "+0.028 / +0.020 / +0.084",
-             "TOST within ±0.058", "not resolved"),
-            ("DMTP's end-to-end gain over DFlash at B32, T = 1 (blog Code: 5527 → 6564 tok/s, +18.77 %, 35B on 4xH200): "
-             "`zero_init_residual` vs `dflash` tok/s (%), B32", 1.0, 7.98, "+14.833 / +7.980", "median", "holds")]
-    df = pd.DataFrame(rows, columns=["claim", "temperature", "estimate", "by_realization", "test", "verdict"])
+    rows = [("primary", "P1: DMTP > DFlash at T = 0: `zero_init_residual` − `dflash`", 0.0, 0.703,
+             "+0.842 / +0.585 / +0.683", "one-sided", "interim (3 of 6 realizations): rejects at 0.05 after Holm"),
+            ("primary", "P3: DMTP > MTP415 at T = 0: `zero_init_residual` − `mtp`", 0.0, 0.024,
+             "-0.126 / +0.007 / +0.190", "one-sided", "interim (3 of 6 realizations): not resolved"),
+            ("exploratory", "DFlash > MTP415 on code (open reproduction 27B: 6.424 > 4.698): `dflash` − `mtp`", 0.0,
+             -0.68, "-0.968 / -0.578 / -0.492", "t", "contrary (exploratory)"),
+            ("exploratory", "fusion > token_only (blog Code ablation +5.12 %): `fusion` − `token_only`", 0.0, 0.112,
+             "+0.163 / +0.077 / +0.095", "t", "not resolved (exploratory)"),
+            ("exploratory", "Nov 9: 「零初始化残差与直接融合的效果接近」 — the zero-initialised residual (the current "
+             "main method) performs close to direct fusion: `zero_init_residual` − `fusion`", 0.0, 0.044,
+             "+0.028 / +0.020 / +0.084", "TOST within ±0.058", "not resolved (exploratory)")]
+    df = pd.DataFrame(rows, columns=["family", "claim", "temperature", "estimate", "by_realization", "test", "verdict"])
     signs = [[float(x) for x in b.split(" / ")] for b in df.by_realization]
-    df = df.assign(kind=["direction"] * 4 + ["closeness", "direction"], unit=[""] * 5 + ["%"],
+    df = df.assign(kind=["direction"] * 4 + ["closeness"], unit=[""] * 5,
                    n_realizations_claim_sign=[sum(x > 0 for x in v) for v in signs],
                    n_realizations_opposite_sign=[sum(x < 0 for x in v) for v in signs])
-    assert claim_label(rows[4][0]) == "the zero-initialised residual performs close to direct fusion"
-    (line,) = verdict_lines(df)
-    assert ("**holds**: DMTP > DFlash at T = 1 (+0.274); DMTP's end-to-end gain over DFlash at B32, T = 1 "
-            "(+7.980 %).") in line
-    assert "**fails**: none." in line
-    assert "DMTP > DFlash at T = 0 (+0.659; the claim's sign in every realization)" in line
-    assert "DFlash > MTP415 on code at T = 0 (-0.680; the opposite sign in every realization)" in line
-    assert "DMTP > MTP415 at T = 0 (-0.020; the realizations differ in sign)" in line
-    assert "the zero-initialised residual performs close to direct fusion at T = 0 (+0.044)." in line
-    # the row's own columns decide, not its words: a closeness claim reads no sign whatever its test says
-    (again,) = verdict_lines(df.assign(test="x"))
-    assert "direct fusion at T = 0 (+0.044)." in again
-    from dmtp.analysis.report.summary import _row
-    row = _row("c: `a` − `b`", 0.0, {"diff": 0.1, "diff_lo": 0.0, "diff_hi": 0.2, "signs": [0.3, -0.1, float("nan")]},
-               "t", 0, unit="%")
-    assert (row["kind"], row["unit"], row["n_realizations_claim_sign"], row["n_realizations_opposite_sign"]) == (
-        "direction", "%", 1, 1)
+    assert claim_label(rows[4][1]) == "the zero-initialised residual performs close to direct fusion"
+    text = "\n".join(verdict_lines(df))
+    prim, _, expl = text.partition("Exploratory")
+    assert "Primary family (pre-registered, Holm over its claims):" in prim
+    assert ("- **interim (3 of 6 realizations): rejects at 0.05 after Holm**:\n"
+            "  - P1: DMTP > DFlash at T = 0 (+0.703)") in prim
+    assert "  - P3: DMTP > MTP415 at T = 0 (+0.024; the realizations differ in sign)" in prim
+    assert "- **contrary (exploratory)**:\n  - DFlash > MTP415 on code at T = 0 (-0.680)" in expl
+    assert "  - fusion > token_only at T = 0 (+0.112; the claim's sign in every realization)" in expl
+    assert "  - the zero-initialised residual performs close to direct fusion at T = 0 (+0.044)" in expl
+    assert "holds" not in text and all(len(ln) < 300 for ln in text.splitlines())
+    row = _row("exploratory", "c: `a` − `b`", 0.0, {"diff": 0.1, "diff_lo": 0.0, "diff_hi": 0.2,
+                                                    "signs": [0.3, -0.1, float("nan")]}, "t", "x", unit="%")
+    assert (row["family"], row["kind"], row["unit"], row["n_realizations_claim_sign"],
+            row["n_realizations_opposite_sign"]) == ("exploratory", "direction", "%", 1, 1)

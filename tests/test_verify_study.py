@@ -131,7 +131,7 @@ def test_report_findings_name_zero_round_requests_and_rows_above_the_ceiling(tmp
                                                                                      index=False)
     text = "\n".join(report.render(tmp_path))
     assert "T=1 `dflash` sample 7.000 > 2.000" in text  # every sampled request accepted all 6: 7 tokens a round
-    assert "`dflash` target" not in text.split("Above the target-only ceiling")[1].split("\n")[0]
+    assert "`dflash` target" not in text.split("Above the target-only ceiling")[1].split("\n- ")[0]
     assert "left out of the per-request numbers): 1 — T=1 `dflash` sample: r7." in text
     assert "T=1, `dflash`: sample > target" in text
 

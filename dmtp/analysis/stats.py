@@ -333,3 +333,55 @@ def matrices(per_unit: dict[str, dict[tuple[int, int] | int, dict[str, float]]]
                 cube[i, j] = [row[q] for q in ids]
         out[m] = cube
     return out, layout, ids
+
+
+def t_one_sided(v) -> float:
+    """p of the one-sided one-sample t-test of mean(v) > 0 (a registered claim's direction), n - 1 degrees of
+    freedom; nan with fewer than 2 finite units; every unit equal: 0 if positive, else 1."""
+    from scipy import stats as st
+
+    v = np.asarray(v, float)
+    v = v[np.isfinite(v)]
+    if len(v) < 2:
+        return NAN
+    se = v.std(ddof=1) / np.sqrt(len(v))
+    if se == 0:
+        return 0.0 if v.mean() > 0 else 1.0
+    return float(st.t.sf(v.mean() / se, len(v) - 1))
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation (average ranks for ties); nan with fewer than 3 pairs or a constant side."""
+    from scipy import stats as st
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return NAN
+    return float(np.corrcoef(st.rankdata(x), st.rankdata(y))[0, 1])
+
+
+def rank_agreement(x, y, n_perm: int = 20000, seed: int = 0) -> dict:
+    """Spearman's rho of x against y and the one-sided permutation p of rho >= observed (x's labels permuted against
+    y): every permutation when there are at most 8 values (8! = 40,320), else n_perm random ones (floored at
+    1 / (n_perm + 1)). {rho, p, n, exact}. One test replaces the n (n - 1) / 2 pairwise ones that an order would
+    otherwise need."""
+    from itertools import permutations
+
+    from scipy import stats as st
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    rho = spearman(x, y)
+    n = len(x)
+    if np.isnan(rho):
+        return {"rho": NAN, "p": NAN, "n": n, "exact": False}
+    rx, ry = st.rankdata(x), st.rankdata(y)
+    exact = n <= 8
+    perms = (np.array(list(permutations(range(n))), int) if exact
+             else np.argsort(np.random.default_rng(seed).random((n_perm, n)), axis=1))
+    px = rx[perms]  # [n_perm, n]: x's ranks permuted
+    px = px - px.mean(1, keepdims=True)
+    cy = ry - ry.mean()
+    rhos = (px @ cy) / (np.sqrt((px ** 2).sum(1)) * np.sqrt((cy ** 2).sum()))
+    hits = int((rhos >= rho - 1e-12).sum())
+    p = hits / len(perms) if exact else (hits + 1) / (len(perms) + 1)
+    return {"rho": rho, "p": float(p), "n": n, "exact": exact}

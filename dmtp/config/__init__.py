@@ -13,8 +13,8 @@ these values as arguments and read no environment variable of their own.
 from dmtp.config.ablation import GROUPS, AblationSpec
 from dmtp.config.engine import DTYPES, ENGINES, EVAL_MODES, VERIFY_MODES, EngineConfig
 from dmtp.config.experiment import DataConfig, DrafterShape, EvalConfig, ModelConfig, PaperScale, Profile, VerifyConfig
-from dmtp.config.training import CHUNK, COMPILE, NEGATIVES, PretrainConfig, TargetArch, TrainConfig
+from dmtp.config.training import CHUNK, COMPILE, KERNEL_CHOICES, NEGATIVES, PretrainConfig, TargetArch, TrainConfig
 
 __all__ = ["AblationSpec", "CHUNK", "COMPILE", "DTYPES", "DataConfig", "DrafterShape", "ENGINES", "EVAL_MODES",
-           "EngineConfig", "EvalConfig", "GROUPS", "ModelConfig", "NEGATIVES", "PaperScale", "PretrainConfig",
-           "Profile", "TargetArch", "TrainConfig", "VERIFY_MODES", "VerifyConfig"]
+           "EngineConfig", "EvalConfig", "GROUPS", "KERNEL_CHOICES", "ModelConfig", "NEGATIVES", "PaperScale",
+           "PretrainConfig", "Profile", "TargetArch", "TrainConfig", "VERIFY_MODES", "VerifyConfig"]

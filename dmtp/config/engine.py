@@ -19,7 +19,7 @@ from dmtp.checks import at_least, between, check, one_of
 ENGINES = ("auto", "compiled", "fast-eager", "hf")
 ATTENTIONS = ("flex", "dense")
 CACHE_WRITES = ("auto", "graph", "eager")
-TUNINGS = ("default", "autotune")
+TUNINGS = ("default", "fixed", "autotune")
 DRAFTER_PATHS = ("compiled", "hf")
 PREFILLS = ("hf", "compiled", "graphed")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -44,7 +44,11 @@ class EngineConfig:
     tuning: str = "autotune"  # Inductor's kernel selection for the compiled forwards on CUDA: "autotune"
     # (max_autotune + coordinate-descent tuning: 1.18x the default kernels' AR tok/s at the 8B shape, batch 1, and
     # minutes more compilation per method and shape; lossless by tests/test_cuda.py) | "default" (Inductor's
-    # heuristics: the embedded profiles, whose chains must fit an allotment). Not applied on CPU
+    # heuristics: the embedded profiles, whose chains must fit their time on the card; a reduction kernel with
+    # several launch settings, or a matmul Inductor may pad, is still timed on the device at compile time and the
+    # fastest kept, so what else runs on the card can pick another summation order) | "fixed" (Inductor's
+    # deterministic mode: the same heuristics with every timed choice that can change numerics replaced by a fixed
+    # function of the shape: kernels independent of the card's load). Not applied on CPU
     drafter: str = "compiled"  # the drafter's decode forward on the compiled engine: "compiled" (fast.py) | "hf"
     prefill: str = "hf"  # the target's prompt pass: "hf" (the HF layers, eager) | "compiled" (fast.py's layers with
     # the dense kernel, compiled once for every prompt shape: dynamic shapes); on the compiled engine only |

@@ -12,6 +12,7 @@ from dmtp.checks import at_least, check, fraction, non_negative, one_of, positiv
 
 COMPILE = ("auto", "on", "off")  # values of PretrainConfig.compile / .fused_ce and TrainConfig.compile
 SWITCH = ("auto", "on", "off")  # values of TrainConfig.fsdp and .shard_target
+KERNEL_CHOICES = ("default", "fixed")  # values of PretrainConfig.kernels and TrainConfig.kernels
 NEGATIVES = ("ngram", "loop")  # values of PretrainConfig.unloop_negatives (training/unloop.py)
 CHUNK = 8192  # tokens per chunk of the fused LM-head loss: a chunk's bf16 logits at vocab 8192 take 128 MiB, its
 # gradient as much (dmtp/training/losses.py)
@@ -59,6 +60,9 @@ class PretrainConfig:
     save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
     stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
     compile: str = "auto"  # "auto": torch.compile the step on CUDA (CPU eager); "on": also on CPU; "off": eager
+    kernels: str = "default"  # the compiled step's kernel choices on CUDA: "default" (Inductor times a reduction's
+    # launch settings and a matmul's padding on the device and keeps the fastest: the card's load can pick another
+    # summation order) | "fixed" (Inductor's deterministic mode: each such choice a fixed function of the shape)
     # "auto": both heads' loss through the fused chunked linear + CE (`losses.linear_cross_entropy`) on CUDA, where the
     # materialised fp32 [tokens, vocab] logits and their gradient make the step memory-bound; "on": also on CPU;
     # "off": `F.cross_entropy(lm_head(h).float(), y)` (the same loss, its logits materialised)
@@ -87,6 +91,7 @@ class PretrainConfig:
               warmup_frac=fraction, weight_decay=non_negative, mtp_lambda=non_negative,
               mtp_lambda_late=non_negative, late_frac=fraction, clip=positive, seed=at_least(0),
               log_every=at_least(1), save_every=at_least(0), stop_after=at_least(0), compile=one_of(*COMPILE),
+              kernels=one_of(*KERNEL_CHOICES),
               fused_ce=one_of(*COMPILE), ce_chunk=at_least(1), unloop_steps=at_least(0),
               unloop_alpha=non_negative, unloop_lr=non_negative, unloop_every=at_least(1),
               unloop_prompts=at_least(1), unloop_prompt_len=at_least(1), unloop_new=at_least(1),
@@ -116,6 +121,7 @@ class TrainConfig:
     log_every: int = 10  # a history record (loss, accuracy) every N steps
     amp_bf16: bool = False  # autocast the drafters and the frozen target's feature pass in bf16 on GPU
     compile: str = "auto"  # "auto": the compiled path on CUDA, eager on CPU; "on": compiled everywhere; "off": eager
+    kernels: str = "default"  # the compiled path's kernel choices on CUDA: "default" | "fixed" (PretrainConfig.kernels)
     one_region: bool = True  # compiled path: every drafter of a step in one compiled region with one AdamW step;
     # False: a compiled region, an AdamW and a clip per drafter (what `bench_train` compares it with)
     stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices
@@ -145,7 +151,7 @@ class TrainConfig:
               lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
               seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0),
               compile=one_of(*COMPILE), fused_ce=one_of(*COMPILE), ce_chunk=at_least(0), fsdp=one_of(*SWITCH),
-              shard_target=one_of(*SWITCH))
+              shard_target=one_of(*SWITCH), kernels=one_of(*KERNEL_CHOICES))
         self.snapshots = tuple(int(k) for k in self.snapshots)
         bad = [k for k in self.snapshots if not 1 <= k <= self.steps]
         if bad:

@@ -48,8 +48,11 @@ BLOCK = 128  # key rows per flex-attention block; a compiled cache's capacity is
 RECOMPILE_LIMIT = 64  # static shapes: one entry per (batch, rows, capacity, settings) a process decodes with
 # Inductor's options per `EngineConfig.tuning` (CUDA only): "autotune" benchmarks Inductor's Triton matmul templates
 # against cuBLAS per shape (`max_autotune`, without Inductor's own CUDA graphs: the engine captures its own) and tunes
-# the generated kernels' launch settings (`coordinate_descent_tuning`) — longer compiles
-TUNINGS = {"default": None, "autotune": {"max_autotune": True, "coordinate_descent_tuning": True}}
+# the generated kernels' launch settings (`coordinate_descent_tuning`) — longer compiles; "fixed" is Inductor's
+# `deterministic` mode: no on-device timing where it could change numerics (a reduction's block size and warps, matmul
+# padding), each such choice a fixed function of the shape, so no kernel depends on what else runs on the card
+TUNINGS = {"default": None, "fixed": {"deterministic": True},
+           "autotune": {"max_autotune": True, "coordinate_descent_tuning": True}}
 DEFAULT = EngineConfig()
 
 

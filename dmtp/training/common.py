@@ -1,9 +1,11 @@
 """What both training loops share: when to compile, how a batch reaches the GPU, and the FLOP count behind MFU."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from dmtp.config import COMPILE
+from dmtp.config import COMPILE, KERNEL_CHOICES
 
 # dense bf16 tensor-core peak (FLOP/s, datasheet, no sparsity) by device-name fragment: the MFU denominator
 PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
@@ -15,6 +17,18 @@ def compiled(flag: str, device) -> bool:
     if flag not in COMPILE:
         raise ValueError(f"compile={flag!r}: expected one of {', '.join(COMPILE)}")
     return flag == "on" or (flag == "auto" and torch.device(device).type == "cuda")
+
+
+def kernel_choices(flag: str, device):
+    """The context a training loop compiles and runs in (`TrainConfig.kernels`, `PretrainConfig.kernels`): "fixed"
+    on CUDA sets Inductor's deterministic mode (no on-device timing of a choice that can change numerics: a
+    reduction's launch settings, a matmul's padding), so the compiled step's kernels are a function of the shapes
+    alone, not of what else runs on the card; "default" (and any CPU run) changes nothing."""
+    if flag not in KERNEL_CHOICES:
+        raise ValueError(f"kernels={flag!r}: expected one of {', '.join(KERNEL_CHOICES)}")
+    if flag == "fixed" and torch.device(device).type == "cuda":
+        return torch._inductor.config.patch(deterministic=True)
+    return contextlib.nullcontext()
 
 
 def to_device(x: torch.Tensor, device) -> torch.Tensor:

@@ -40,7 +40,7 @@ from dmtp.memory import drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
-from dmtp.training.common import checkpoint_layers, compile_forwards, compiled, to_device
+from dmtp.training.common import checkpoint_layers, compile_forwards, compiled, kernel_choices, to_device
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -501,6 +501,14 @@ def branch_dir(out_dir: str | Path, budget: int) -> Path:
 def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainConfig, out_dir: str | Path,
                    log=print, snapshot_runs=None, branches: dict[int, int] | None = None,
                    schedule=None) -> dict[str, list[dict]]:
+    """`_train_drafters` inside the kernel choices `cfg.kernels` asks for (`common.kernel_choices`)."""
+    with kernel_choices(cfg.kernels, target.device):
+        return _train_drafters(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branches, schedule)
+
+
+def _train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainConfig, out_dir: str | Path,
+                    log=print, snapshot_runs=None, branches: dict[int, int] | None = None,
+                    schedule=None) -> dict[str, list[dict]]:
     """Train every drafter in `drafters` on the same batches; checkpoints under out_dir/<name>/ (resumable).
     `cfg.snapshots`: the weights after those steps also go to out_dir/<name>/step<k>/ (for the drafters named in
     `snapshot_runs`; None: all), with the training tokens consumed so far (snapshot.json). `branches` (budget ->

@@ -30,7 +30,7 @@ from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, fu
 from dmtp.io import atomic_path, load_state, save_state
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
-from dmtp.training.common import compile_forwards, compiled, to_device
+from dmtp.training.common import compile_forwards, compiled, kernel_choices, to_device
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -148,6 +148,13 @@ def evaluate(tgt, mtp, tokens: np.ndarray, seq_len: int, max_tokens: int, batch:
 
 
 def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str | Path, log=print) \
+        -> tuple[list[dict], dict]:
+    """`_pretrain` inside the kernel choices `cfg.kernels` asks for (`common.kernel_choices`)."""
+    with kernel_choices(cfg.kernels, next(tgt.parameters()).device):
+        return _pretrain(tgt, mtp, train_tokens, cfg, out, log)
+
+
+def _pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str | Path, log=print) \
         -> tuple[list[dict], dict]:
     """Train target + MTP jointly; resumable from out/pretrain_state.pt, which is kept after the last step (remove it
     once the trained model is saved: a rerun after a kill in between resumes at the end). Returns (history, info).

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dmtp.analysis.metrics import loop_span, loop_summary, trailing_loop
-from dmtp.training.common import compiled, to_device
+from dmtp.training.common import compiled, kernel_choices, to_device
 
 
 def repeat_candidates(ids: torch.Tensor, start: int, n: int = 4) -> torch.Tensor:
@@ -137,6 +137,12 @@ def loop_check(tgt, rows: list[dict], new: int, eos_id: int, tok=None) -> dict:
 
 
 def unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, log=print) -> list[dict]:
+    """`_unloop` inside the kernel choices `cfg.kernels` asks for (`common.kernel_choices`)."""
+    with kernel_choices(cfg.kernels, next(tgt.parameters()).device):
+        return _unloop(tgt, mtp, train_tokens, cfg, eos_id, log)
+
+
+def _unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, log=print) -> list[dict]:
     """Fine-tune target + MTP for `cfg.unloop_steps` steps (`cfg`: the `PretrainConfig`): each step the pretraining
     loss of a corpus batch (its shape, the late MTP weight; lr `unloop_lr`, default the pretraining schedule's last,
     constant after a warm-up of a tenth of the steps) plus `unloop_alpha` x the unlikelihood loss of `unloop_batch`

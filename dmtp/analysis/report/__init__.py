@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from dmtp.analysis.ratios import read as read_ratios
-from dmtp.analysis.report import figures, summary, tables
+from dmtp.analysis.report import blog_gap, figures, summary, tables
 from dmtp.analysis.report import verify as verify_study
 from dmtp.analysis.report.data import Artifacts, load
 
@@ -24,8 +24,9 @@ SECTIONS = [
     ("Learning curve: acceptance vs drafter training tokens", ["learning_curve"], ["learning_curve"]),
     ("Acceptance vs its ceiling at T > 0", ["ceiling_T*"], ["ceiling_T*"]),
     ("Acceptance length: DFlash vs native MTP vs DMTP", ["main_acceptance"], ["main_acceptance_T*"]),
-    ("First-token acceptance", ["first_token"], ["first_token_T*"]),
-    ("Acceptance per position", ["cumulative", "conditional"], ["cumulative_T*", "conditional_T*"]),
+    ("First-token acceptance", ["first_token"], ["first_token_T*", "first_token_supplementary_T*"]),
+    ("Acceptance per position", ["cumulative", "conditional"],
+     ["cumulative_T*", "conditional_T*", "cumulative_supplementary_T*", "conditional_supplementary_T*"]),
     ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
     ("Per-round overhead", ["overhead"], ["overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),
@@ -81,7 +82,7 @@ def how(art: Artifacts) -> list[str]:
     corpora = {r.corpus for r in art.realizations if r.corpus}
     if len(corpora) > 1:  # another Python installation: other files, so other targets and other `pytests` prompts
         rows += ["", f"**The pooled realizations' corpora differ** ({', '.join(sorted(corpora))}): their targets "
-                 "pretrained on different files and an out-of-distribution set holds different prompts in each."]
+                 "pretrained on different files and an out-of-distribution set has different prompts in each."]
     made = ("Each realization is one `dmtp reproduce` run on a local target (on-policy regeneration, drafter "
             "training, the blog's evaluation protocol; each stage's wall time in stages.json)"
             if (art.root / "stages.json").exists() else
@@ -107,9 +108,10 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
     reals = ", ".join(r.name for r in art.realizations)
     command = command or f"python -m dmtp.cli.report report --profile {profile}"
     out = [f"# DMTP report — profile `{name or profile}`", "",
-           f"Rendered from `{art.root}` ({len(art.realizations)} realization(s): {reals}) by `{command}`. Acceptance lengths include the bonus token; intervals are "
-           "95 %: [hierarchical bootstrap over realizations, drafter seeds and requests] and t [t-interval over the "
-           "top level's units: realizations when there are several, else seeds]." + (
+           f"Rendered from `{art.root}` ({len(art.realizations)} realization(s): {reals}) by `{command}`. "
+           "Acceptance lengths include the bonus token. Intervals are "
+           "95 %: t [t-interval over the top level's units: realizations when there are several, else seeds] first, "
+           "bootstrap [hierarchical bootstrap over realizations, drafter seeds and requests] beside it." + (
                f" Left out: {', '.join(n for n, _ in art.left_out)} (see the end)." if art.left_out else ""), ""]
     out += scope(art)
     out += summary.findings(art)
@@ -118,6 +120,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += ["## Throughput", "", *summary.throughput_lines(art), "",
                 *[f"![{p.stem}](figures/{p.name})\n" for p in sorted(art.figures.glob("throughput_T*.png"),
                                                                      key=by_temperature)], tp.read_text()]
+    out += blog_gap.lines(art)
     cm = art.tables / "costmodel.md"
     if cm.exists():
         out += ["## Cost model", "", *summary.costmodel_lines(art), "", cm.read_text()]

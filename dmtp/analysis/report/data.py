@@ -54,6 +54,8 @@ from dmtp.engine.stops import cut_rounds
 from dmtp.io import RECORDS, iter_jsonl, read_json, record_meta, record_stem
 from dmtp.schema import from_dict
 
+CONTRAST_BOOT = 4000  # bootstrap draws of every paired contrast a report prints (one interval per contrast: the
+# pairwise, acceptance and claims tables draw the same cells with the same seed and count)
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
 KEYS = ["experiment", "dataset", "temperature", "mode", "method"]
 MODES = EVAL_MODES  # natural: the acceptance tables; fixed: fixed length, end-of-text ignored
@@ -61,7 +63,7 @@ REALIZATION = re.compile(r"^r(?P<k>[0-9]+)$")  # results/<profile>/r<k>
 # experiment.json fields that say how a realization was run, not what it is (dmtp.cli.stages.RUN_CONTROL and the
 # subset a command selected)
 RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "fused_ce", "ce_chunk", "fsdp", "shard_target",
-               "activation_checkpointing", "only", "only_seeds")
+               "activation_checkpointing", "only", "only_seeds", "kernels")
 # <dataset>_T<temp>[_fixed][_s<seed>]
 RUN_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)(?P<fixed>_fixed)?(?:_s(?P<seed>[0-9]+))?$")
 CURVE_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)_s(?P<seed>[0-9]+)_step(?P<step>[0-9]+)$")
@@ -512,7 +514,8 @@ def records(art: Artifacts, experiment: str, dataset: str, temperature: float, m
     return group(art, experiment, dataset, temperature, method, mode).to_dict("records")
 
 
-def paired_runs(art: Artifacts, key: tuple, a: str, b: str, n_boot: int = 2000, margin: float | None = None) -> dict:
+def paired_runs(art: Artifacts, key: tuple, a: str, b: str, n_boot: int = CONTRAST_BOOT,
+                margin: float | None = None) -> dict:
     """Paired a - b of per-request acceptance length for key = (experiment, dataset, temperature[, mode]):
     stats.paired over the realizations and seeds both runs have and the requests both ran (a run with a single seed
     in a realization, e.g. a baseline without a drafter, is set beside every seed of the other); `stats.paired`'s

@@ -17,7 +17,8 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 from dmtp.analysis import metrics as M  # noqa: E402
 from dmtp.analysis import reference as R  # noqa: E402
 from dmtp.analysis.report import tables as T  # noqa: E402
-from dmtp.analysis.report.data import Artifacts  # noqa: E402
+from dmtp.analysis import stats as S  # noqa: E402
+from dmtp.analysis.report.data import Artifacts, paired_runs, per_unit  # noqa: E402
 
 # by position in the spec's run order (the Code ablation: ar grey, mtp blue, dflash orange, ...), then the methods
 # it does not name, by name
@@ -103,19 +104,67 @@ def _bar_figure(art, s, methods, name, title, blog_fn, ylabel, labels=None) -> l
     return paths
 
 
+def _interval(r, col: str) -> tuple[float, float, float, str]:
+    """(value, lo, hi, kind) of a summary row's column: the t-interval over realizations where there are several,
+    else the hierarchical bootstrap (one realization: its t would be over 1-3 seeds)."""
+    if getattr(r, "t_level", "") == "realization" and not pd.isna(getattr(r, f"{col}_tlo", math.nan)):
+        return getattr(r, col), getattr(r, f"{col}_tlo"), getattr(r, f"{col}_thi"), "t-interval over realizations"
+    return getattr(r, col), getattr(r, f"{col}_lo"), getattr(r, f"{col}_hi"), "bootstrap 95% CI"
+
+
 def main_acceptance(art: Artifacts) -> list[Path]:
-    """Grouped bars: DFlash / native MTP / DMTP (the blog's model) / the main method per dataset, bootstrap 95% CI,
-    blog values as hatched bars."""
+    """Two panels per temperature. Left: acceptance length of DFlash, native MTP, the blog's DMTP model and the main
+    method per dataset, with the t-interval over realizations (one realization: the bootstrap). Right: each one's gain
+    over DFlash (%), ours with the paired difference's t-interval (one realization: bootstrap) over DFlash's mean,
+    the blog's own relative gain beside (hatched; 27B open reproduction at T = 0, 35B at T = 1) — relative gains, so
+    the blog's larger models do not share an axis of absolute lengths with ours."""
     s, cols = art.natural, T.main_columns(art)
     if s.empty or "dmtp" not in cols or not s.method.isin(cols.values()).any():
         print("[report] skip main acceptance figure: no data")
         return []
-    dmtp = cols["dmtp"]
-    blog = lambda d, t, m: T.blog_acceptance(d, t, T.blog_name(art, m))  # noqa: E731
-    return _bar_figure(art, s, list(cols.values()), "main_acceptance", "Acceptance length", blog,
-                       "acceptance length (incl. bonus)",
-                       {dmtp: f"dmtp = blog model ({dmtp})", **({cols["main"]: f"main ({cols['main']})"}
-                                                                  if "main" in cols else {})})
+    base, dmtp = cols["dflash"], cols["dmtp"]
+    labels = {dmtp: f"{dmtp} (blog's DMTP model)", **({cols["main"]: f"{cols['main']} (main method)"}
+                                                      if "main" in cols else {})}
+    methods, color, paths = list(cols.values()), colors(art), []
+    for t, g, multi in _per_temp(s[s.method.isin(methods)]):
+        groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
+        present = [m for m in methods if m in set(g.method)]
+        kinds, ours, gain, blog = set(), {}, {}, {}
+        for r in g.itertuples():
+            key = (_label(r.experiment, r.dataset, multi), r.method)
+            v, lo, hi, kind = _interval(r, "acceptance_length")
+            ours[key] = (v, lo, hi)
+            kinds.add(kind)
+        for (e, d), gd in g.groupby(["experiment", "dataset"], sort=False):
+            by = gd.set_index("method").acceptance_length
+            if base not in by:
+                continue
+            for m in present:
+                if m == base or m not in by:
+                    continue
+                q = paired_runs(art, (e, d, t), m, base)
+                several = q.get("t_level") == "realization"
+                lo, hi = (q["t_lo"], q["t_hi"]) if several else (q["lo"], q["hi"])
+                gain[(_label(e, d, multi), m)] = tuple(100 * x / by[base] for x in (q["diff"], lo, hi))
+                col = T.blog_name(art, m) if m != cols.get("main") else ""
+                b = T.pct(T.blog_acceptance(d, t, col), T.blog_acceptance(d, t, "dflash")) if col else math.nan
+                if not math.isnan(b):
+                    blog[(_label(e, d, multi), m)] = b
+        fig = Figure(figsize=(max(10.5, 0.3 * (len(ours) + len(gain) + len(blog) + 2 * len(groups)) + 3), 3.8),
+                     layout="constrained")
+        left, right = fig.subplots(1, 2)
+        grouped_bars(left, groups, present, ours, color, labels=labels)
+        left.set(ylabel="acceptance length (incl. bonus)", title=f"Ours (T={t:g}): " + ", ".join(sorted(kinds)))
+        grouped_bars(right, groups, [m for m in present if m != base], gain, color, blog, labels)
+        right.axhline(0, color="k", lw=0.8)
+        right.set(ylabel=f"gain over {base} (%)", title="Gain over DFlash; the blog's hatched")
+        handles = {}
+        for ax in (left, right):
+            ax.tick_params(axis="x", labelsize=7)
+            handles.update({lab: h for h, lab in zip(*ax.get_legend_handles_labels())})
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside right upper", fontsize=7)
+        paths.append(_save(art, fig, f"main_acceptance_T{t:g}"))
+    return paths
 
 
 def open_repro(art: Artifacts) -> list[Path]:
@@ -132,35 +181,70 @@ def open_repro(art: Artifacts) -> list[Path]:
 
 
 def first_token(art: Artifacts) -> list[Path]:
-    """First-token acceptance (%) per dataset and method with bootstrap CI; blog values as black diamonds."""
+    """First-token acceptance (%) per dataset and method with bootstrap CI; blog values as black diamonds. The main
+    rows (`main_methods`) in first_token_T<t>.png, the other variants in first_token_supplementary_T<t>.png."""
     s = art.natural
     s = s[s.k > 0] if len(s) else s
     if s.empty:
         print("[report] skip first-token figure: no data")
         return []
-    paths = []
-    for t, g, multi in _per_temp(s):
-        groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
-        methods = sorted(set(g.method), key=art.rank)
-        ours = {(_label(r.experiment, r.dataset, multi), r.method):
-                (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi) for r in g.itertuples()}
-        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(groups))), 3.6), layout="constrained")
-        ax = fig.subplots()
-        xs = grouped_bars(ax, groups, methods, ours, colors(art))
-        blog = [(xs[(_label(r.experiment, r.dataset, multi), r.method)],
-                 T.blog_first_token(r.dataset, t, T.blog_name(art, r.method))) for r in g.itertuples()]
-        blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
-        if len(blog):
-            ax.plot(blog[:, 0], blog[:, 1], "kD", ms=4, label="blog")
-        _legend(fig, ax)
-        ax.set(ylabel="first-token acceptance (%)", title=f"P(L>=1) per verify round (T={t:g})", ylim=(0, 105))
-        paths.append(_save(art, fig, f"first_token_T{t:g}"))
+    main, color, paths = main_methods(art), colors(art), []
+    color = {**color, **{c: CONTROL_COLOR for c in art.spec.controls}}
+    for part, pick in (("", lambda m: m in main), ("_supplementary", lambda m: m not in main)):
+        for t, g, multi in _per_temp(s[s.method.map(pick)]):
+            groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
+            methods = sorted(set(g.method), key=art.rank)
+            ours = {(_label(r.experiment, r.dataset, multi), r.method):
+                    (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi) for r in g.itertuples()}
+            fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(groups)) + 2), 3.6), layout="constrained")
+            ax = fig.subplots()
+            xs = grouped_bars(ax, groups, methods, ours, color)
+            blog = [(xs[(_label(r.experiment, r.dataset, multi), r.method)],
+                     T.blog_first_token(r.dataset, t, T.blog_name(art, r.method))) for r in g.itertuples()]
+            blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
+            if len(blog):
+                ax.plot(blog[:, 0], blog[:, 1], "kD", ms=4, label="blog (27B at T=0, 35B at T=1)")
+            _legend(fig, ax)
+            ax.set(ylabel="first-token acceptance (%)", ylim=(0, 105),
+                   title=f"P(L>=1) per verify round (T={t:g})" + (": other variants" if part else ""))
+            paths.append(_save(art, fig, f"first_token{part}_T{t:g}"))
     return paths
+
+
+def main_methods(art: Artifacts) -> list[str]:
+    """The rows a reader compares first: native MTP, the drafter baseline, the blog's DMTP model, the main method and
+    the controls (the rest go to the supplementary figures)."""
+    sp = art.spec
+    return list(dict.fromkeys(m for m in ("mtp", sp.drafter_baseline, sp.blog_run, sp.main_method, *sp.controls) if m))
+
+
+CONTROL_COLOR = "#9467bd"  # a control beside the main rows: apart from every main row's colour
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
+
+
+def _position_ci(art: Artifacts, e: str, d: str, t: float, m: str, kind: str, K: int = 7, n_boot: int = 1000):
+    """[(lo, hi)] per position k = 1..K (percent): hierarchical bootstrap of the pooled ratio (rounds with L >= k
+    over rounds; conditional: over rounds with L >= k - 1)."""
+    g = art.runs
+    g = g[(g.experiment == e) & (g.dataset == d) & (g.temperature == t) & (g["mode"] == "natural") & (g.method == m)]
+    h = np.array([(list(x) + [0] * (K + 1))[:K + 1] for x in g["hist"]], float)  # [requests x units, K + 1]
+    tail = np.cumsum(h[:, ::-1], 1)[:, ::-1]  # tail[:, j] = rounds accepting >= j
+    out = []
+    for k in range(1, K + 1):
+        num = g.assign(_n=tail[:, k])
+        den = g.assign(_d=tail[:, 0] if kind == "cumulative" else tail[:, k - 1])
+        n = S.matrices({"x": per_unit(num, "_n")})[0]["x"]
+        dd = S.matrices({"x": per_unit(den, "_d")})[0]["x"]
+        _, lo, hi = S.ratio_ci(n, np.where(dd > 0, dd, np.nan), n_boot=n_boot)
+        out.append((100 * lo, 100 * hi))
+    return out
 
 
 def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
     """Per-position acceptance, k = 1..K, one panel per dataset: kind 'cumulative' P(L>=k) or 'conditional'
-    P(L>=k | L>=k-1). Blog curves (dashed, 35B T=1) are derived from its conditional rows where they exist."""
+    P(L>=k | L>=k-1). The main rows (`main_methods`) each in its own colour and marker with the hierarchical
+    bootstrap band; the other variants in `<kind>_supplementary_T<t>.png`. Blog curves (dashed, 35B T=1) are derived
+    from its conditional rows where they exist."""
     s = art.natural
     s = s[s.k > 0] if len(s) else s
     if s.empty:
@@ -168,33 +252,44 @@ def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
         return []
     fn = M.cumulative if kind == "cumulative" else M.conditional
     color = colors(art)
-    blog_methods = [m for m in (art.spec.drafter_baseline, art.spec.main_method) if m]
+    main = main_methods(art)
+    blog_methods = [m for m in (art.spec.drafter_baseline, art.spec.blog_run) if m]
     paths = []
-    for t, g, multi in _per_temp(s):
-        panels = list(dict.fromkeys(zip(g.experiment, g.dataset)))
-        ncol, nrow = min(3, len(panels)), math.ceil(len(panels) / 3)
-        fig = Figure(figsize=(3.4 * ncol + 1.8, 3.0 * nrow + 0.4), layout="constrained")
-        axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
-        legend = {}
-        for ax, (e, d) in zip(axes, panels):
-            for r in g[(g.experiment == e) & (g.dataset == d)].itertuples():
-                y = 100 * np.array(fn(r.hist))
-                ax.plot(range(1, len(y) + 1), y, "o-", ms=3, color=color[r.method], label=r.method)
-            for m in blog_methods:
-                row = R.conditional_row(d, T.blog_name(art, m))
-                if row:
-                    c = np.array(row[0]) / 100
-                    y = 100 * (np.cumprod(c) if kind == "cumulative" else c)
-                    ax.plot(range(1, 8), y, "--", color=color[m], alpha=0.6,
-                            label=f"blog {T.blog_name(art, m)} (35B, T=1)")
-            ax.set(title=f"{_label(e, d, multi)} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
-            legend.update(zip(*ax.get_legend_handles_labels()[::-1]))
-        for ax in axes[len(panels):]:
-            ax.set_visible(False)
-        for ax in axes[::ncol]:
-            ax.set_ylabel("cumulative P(L>=k) (%)" if kind == "cumulative" else "conditional P(L>=k | L>=k-1) (%)")
-        fig.legend(legend.values(), legend.keys(), loc="outside right upper", fontsize=7)
-        paths.append(_save(art, fig, f"{kind}_T{t:g}"))
+    for part, pick in (("", lambda m: m in main), ("_supplementary", lambda m: m not in main)):
+        for t, g, multi in _per_temp(s[s.method.map(pick)]):
+            panels = list(dict.fromkeys(zip(g.experiment, g.dataset)))
+            ncol, nrow = min(3, len(panels)), math.ceil(len(panels) / 3)
+            fig = Figure(figsize=(3.6 * ncol + 2.2, 3.1 * nrow + 0.5), layout="constrained")
+            axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
+            legend = {}
+            for ax, (e, d) in zip(axes, panels):
+                rows = sorted(g[(g.experiment == e) & (g.dataset == d)].itertuples(), key=lambda r: art.rank(r.method))
+                for i, r in enumerate(rows):
+                    y = 100 * np.array(fn(r.hist))
+                    x = np.arange(1, len(y) + 1)
+                    c = CONTROL_COLOR if r.method in art.spec.controls and not part else color[r.method]
+                    ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ms=3.5, lw=1.2, color=c, label=r.method)
+                    if not part:
+                        band = np.array(_position_ci(art, e, d, t, r.method, kind, len(y)))
+                        ax.fill_between(x, band[:, 0], band[:, 1], color=c, alpha=0.18, lw=0)
+                for m in blog_methods if not part and t == 1 else ():  # the blog's rows are T = 1
+                    row = R.conditional_row(d, T.blog_name(art, m))
+                    if row:
+                        c = np.array(row[0]) / 100
+                        y = 100 * (np.cumprod(c) if kind == "cumulative" else c)
+                        ax.plot(range(1, 8), y, "--", color=color[m], alpha=0.6,
+                                label=f"blog {T.blog_name(art, m)} (35B, T=1)")
+                ax.set(title=f"{_label(e, d, multi)} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
+                legend.update(zip(*ax.get_legend_handles_labels()[::-1]))
+            for ax in axes[len(panels):]:
+                ax.set_visible(False)
+            for ax in axes[::ncol]:
+                ax.set_ylabel("cumulative P(L>=k) (%)" if kind == "cumulative" else "conditional P(L>=k | L>=k-1) (%)")
+            fig.legend(legend.values(), legend.keys(), loc="outside right upper", fontsize=7)
+            fig.suptitle(("Main rows, bands: hierarchical bootstrap 95% CI" if not part else
+                          "Supplementary: the other variants (main rows in the figure without this suffix)"),
+                         fontsize=9)
+            paths.append(_save(art, fig, f"{kind}{part}_T{t:g}"))
     return paths
 
 
@@ -203,86 +298,118 @@ def conditional(art: Artifacts) -> list[Path]:
 
 
 def throughput(art: Artifacts) -> list[Path]:
-    """Blog figure 7: median tok/s vs batch cap with the repeats' [min, max] (every realization's repeats pooled, or
-    the newest realization's where their servers were set up differently or ran on different devices; the title
-    names which, and the device),
-    one panel per dataset (own y axis), the blog's B32 numbers as text on the T = 1 figure (theirs are T = 1)."""
+    """Speed-up over AR (tok/s ratio, same server, same repeat) per realization, one panel per batch cap (B1 and B32
+    apart: different workloads, no curve between them), the plain methods grouped by realization in their colours,
+    whiskers the timing repeats' [min, max] (one trained pair each: timer noise, not model variation), a line at 1
+    (AR), the main method's value written on its bar. One figure per temperature; the title names each realization's
+    card. Server variants (`@`) are left to the table."""
     tp = T.throughput_table(art)
     if tp is None:
         print("[report] skip throughput figure: no bench/throughput.csv")
         return []
-    tp = T.headline_throughput(tp)
-    color = colors(art)
-    blog = R.table("throughput")
+    tp = tp[(tp.realization != "all") & ~tp.method.astype(str).str.contains("[@:+-]", regex=True)
+            & (tp.method != "ar")]
+    color, main = colors(art), art.spec.main_method
     paths = []
     for t, g in tp.groupby("temperature"):
-        ds = sorted(set(g.dataset))
-        fig = Figure(figsize=(4 * len(ds), 3.4), layout="constrained")
-        axes = fig.subplots(1, len(ds), squeeze=False).ravel()
-        for ax, d in zip(axes, ds):
-            for m, gm in sorted(g[g.dataset == d].groupby("method"), key=lambda x: art.rank(x[0])):
-                gm = gm.sort_values("batch_cap")
-                err = [gm.tok_per_s - gm.tok_per_s_lo, gm.tok_per_s_hi - gm.tok_per_s]
-                ax.errorbar(gm.batch_cap, gm.tok_per_s, yerr=err, fmt="o-", capsize=2, color=color[m], label=m)
-            b = blog[blog.workload == R.workload(d)].set_index("method").tok_per_s
-            if len(b) == 2 and t == 1:  # the blog's end-to-end numbers are T = 1 (reference.json, throughput)
-                ax.margins(y=0.25)  # headroom: the text stays above the points
-                ax.text(0.02, 0.98, f"blog B32, T = 1 (4xH200): DFlash {b['dflash']:.0f}\n→ DMTP {b['dmtp']:.0f} tok/s "
-                        f"({T.pct(b['dmtp'], b['dflash']):+.2f}%)", transform=ax.transAxes, va="top", fontsize=7)
-            ax.set_xscale("log", base=2)
-            ax.set(title=d, xlabel="batch cap Bn", xticks=sorted(set(g.batch_cap)))
-            ax.set_xticklabels([f"B{int(b)}" for b in sorted(set(g.batch_cap))])
-            ax.legend(fontsize=7, loc="lower right")
-        axes[0].set_ylabel("tok/s (median, [min, max] over repeats)")
-        which = sorted(set(g.realization))
-        dev = sorted(set(g.device)) if "device" in g else []
-        where = ", ".join(x for x in ["every realization" if which == ["all"] else ", ".join(which),
-                                      ", ".join(d for d in dev if isinstance(d, str) and d)] if x)
-        fig.suptitle(f"End-to-end throughput (T={t:g})" + (f"\n{where}" if where else ""), fontsize=10)
+        caps = sorted(set(g.batch_cap))
+        reals = sorted(set(g.realization), key=lambda r: T.realization_number(r) or 0)
+        methods = sorted(set(g.method), key=art.rank)
+        fig = Figure(figsize=(max(4.5, 0.32 * len(methods) * len(reals) + 1.5) * len(caps) + 2.5, 4.0),
+                     layout="constrained")
+        axes = fig.subplots(1, len(caps), squeeze=False, sharey=True).ravel()
+        for ax, cap in zip(axes, caps):
+            ours = {(r.realization, r.method): (r.speedup, r.speedup_lo, r.speedup_hi)
+                    for r in g[g.batch_cap == cap].itertuples()}
+            xs = grouped_bars(ax, reals, methods, ours, color)
+            for (real, m), x in xs.items():
+                if m == main:
+                    ax.text(x, ours[(real, m)][2], f"{ours[(real, m)][0]:.2f}x", ha="center", va="bottom",
+                            fontsize=7)
+            ax.axhline(1, color="k", lw=0.8, ls="--")
+            ax.set(title=f"B{int(cap)}", ylim=(0, None))
+        axes[0].set_ylabel("speed-up over AR (x)")
+        _legend(fig, axes[0])
+        dev = {r.realization: r.device for r in g.itertuples() if isinstance(getattr(r, "device", ""), str)}
+        cards = "; ".join(f"{k}: {dev.get(k) or 'card not recorded'}" for k in reals)
+        fig.suptitle(f"End-to-end speed-up over AR (T={t:g})\nwhiskers: min-max of the timing repeats within one "
+                     f"realization\n{cards}", fontsize=9)
         paths.append(_save(art, fig, f"throughput_T{t:g}"))
     return paths
 
 
-STAGES = ["drafter", "mtp", "t1_prep", "drafter_ctx", "verify"]
-STAGE_COLORS = {"drafter": "#ff7f0e", "mtp": "#1f77b4", "t1_prep": "#d62728", "drafter_ctx": "#bcbd22",
-                "verify": "#7f7f7f", "other": "#dddddd"}
+OVERHEAD_STAGES = ["verify", "drafter", "drafter_ctx", "mtp", "t1_prep", "accept", "advance"]
+STAGE_NAMES = {"verify": "target verify pass", "drafter": "drafter forward", "drafter_ctx": "drafter context update",
+               "mtp": "MTP head (T1)", "t1_prep": "T1 embedding prep", "accept": "acceptance", "advance":
+               "cache advance", "unattributed": "round - timed stages (host, launches)",
+               "blog_rest": "verify and the rest (the blog does not break it out)"}
+STAGE_COLORS = {"verify": "#7f7f7f", "drafter": "#ff7f0e", "drafter_ctx": "#bcbd22", "mtp": "#1f77b4",
+                "t1_prep": "#d62728", "accept": "#9467bd", "advance": "#8c564b", "unattributed": "#dddddd",
+                "blog_rest": "#c7c7c7"}
+
+
+def _stack(ax, rows: list[str], parts: dict[str, dict[str, float]], scale: float, total: dict[str, float]):
+    """Horizontal stacked bars: parts[method][segment] / scale, each segment in its colour and named."""
+    for i, m in enumerate(rows):
+        left = 0.0
+        for st, v in parts[m].items():
+            if not np.isfinite(v) or v <= 0:
+                continue
+            ax.barh(i, v / scale, left=left, color=STAGE_COLORS[st], label=STAGE_NAMES[st])
+            left += v / scale
+        ax.text(left, i, f" {total[m] / scale:.3f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.18)
 
 
 def overhead(art: Artifacts) -> list[Path]:
-    """Blog §6.5 as bars: ms per round split by stage, one panel per setup (ours: `mini`, the 8b-shape timing run;
-    the blog's Code/SWE rows), DFlash beside DMTP. `other` = round minus the timed stages (acceptance,
-    bookkeeping; for the blog, everything it does not break out, verification included)."""
+    """Per-round time of the trained models by stage, in units of the AR step of the same realization, card and batch
+    (a dashed line at 1), one panel per (card, batch): median over the realizations on that card; every segment named,
+    the remainder of the round (host work, launches) as its own segment. The blog's §6.5 rows (batch 8, no AR step
+    published) in ms in the last panel."""
     ov = art.overhead
     if ov is None or ov.empty:
         print("[report] skip overhead figure: no bench/overhead.csv")
         return []
-    blog = R.table("overhead").assign(method=lambda b: "blog " + b.workload + ":" + b.method)
-    ov = ov[ov.batch == 8] if "batch" in ov else ov  # the blog's setting; trained models: median over realizations
-    df = ov.pivot_table(index="method", columns="stage", values="ms_per_round", aggfunc="median")
-    df = df.combine_first(blog.pivot_table(index="method", columns="stage", values="ms_per_round"))
-    setup = {m: (m.rpartition(":")[0] or "mini") for m in df.index}
-    groups = sorted(set(setup.values()), key=lambda g: (g.startswith("blog"), g != "mini", g))
-    fig = Figure(figsize=(4.2 * len(groups), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(groups), squeeze=False).ravel()
-    for ax, grp in zip(axes, groups):
-        rows = sorted([m for m in df.index if setup[m] == grp], key=art.rank)
-        for i, m in enumerate(rows):
-            left = 0.0
-            for st in STAGES + ["other"]:
-                v = df.loc[m].get(st, math.nan) if st != "other" else \
-                    df.loc[m, "round"] - np.nansum([df.loc[m].get(x, math.nan) for x in STAGES])
-                if v is None or not np.isfinite(v) or v <= 0:
-                    continue
-                ax.barh(i, v, left=left, color=STAGE_COLORS[st], label=st)
-                left += v
-            ax.text(left, i, f" {df.loc[m, 'round']:.2f}", va="center", fontsize=7)
-        ax.set_yticks(range(len(rows)), [m.rpartition(":")[2] for m in rows], fontsize=8)
-        ax.invert_yaxis()
-        ax.set(title=grp, xlabel="ms per round")
-        ax.margins(x=0.15)
-    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
-    fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncol=6, fontsize=7)
-    fig.suptitle("Per-round time by stage, batch 8 (blog §6.5 setting)")
+    trained = ov[(ov.realization >= 0) & ov.method.isin(art.spec.runs())] if "realization" in ov else ov.iloc[:0]
+    dev = trained.device.fillna("") if "device" in trained else pd.Series("", index=trained.index)
+    panels = []
+    for (d, batch), g in trained.assign(device=dev).groupby(["device", "batch"], sort=True):
+        df = g.pivot_table(index="method", columns="stage", values="ms_per_round", aggfunc="median")
+        if "ar" not in df.index or "round" not in df:
+            continue
+        reals = ", ".join(f"r{k}" for k in sorted(set(g.realization)))
+        panels.append((f"B{int(batch)}, {d or 'card not recorded'} ({reals})", df, float(df.loc["ar", "round"])))
+    blog = R.table("overhead")
+    blog = blog[blog.workload == "Code"].pivot_table(index="method", columns="stage", values="ms_per_round")
+    n = len(panels) + 1
+    fig = Figure(figsize=(4.0 * n, 3.2), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False).ravel()
+    for ax, (title, df, ar_ms) in zip(axes, panels):
+        rows = sorted(df.index, key=art.rank)
+        parts, total = {}, {}
+        for m in rows:
+            timed = {st: float(df.loc[m].get(st, math.nan)) for st in OVERHEAD_STAGES}
+            parts[m] = {**timed, "unattributed": float(df.loc[m, "round"]) - np.nansum(list(timed.values()))}
+            total[m] = float(df.loc[m, "round"])
+        _stack(ax, rows, parts, ar_ms, total)
+        ax.axvline(1, color="k", ls="--", lw=0.8)
+        ax.set(title=title, xlabel=f"AR steps per round (1 = {ar_ms:.2f} ms)")
+    ax = axes[-1]
+    rows = [m for m in ("dflash", "dmtp") if m in blog.index]
+    parts = {m: {"drafter": blog.loc[m].get("drafter", math.nan), "mtp": blog.loc[m].get("mtp", math.nan),
+                 "t1_prep": blog.loc[m].get("t1_prep", math.nan),
+                 "blog_rest": blog.loc[m, "round"] - np.nansum([blog.loc[m].get(x, math.nan)
+                                                                for x in ("drafter", "mtp", "t1_prep")])}
+             for m in rows}
+    _stack(ax, [f"blog {m}" for m in rows], {f"blog {m}": parts[m] for m in rows}, 1.0,
+           {f"blog {m}": float(blog.loc[m, "round"]) for m in rows})
+    ax.set(title="blog Code, batch 8 (35B, 4xH200)", xlabel="ms per round (no AR step published)")
+    handles = {h.get_label(): h for a in axes for h in a.get_legend_handles_labels()[0]}
+    fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncol=4, fontsize=7)
+    fig.suptitle("Per-round time by stage against an AR step (trained models, median over realizations per card)",
+                 fontsize=9)
     return [_save(art, fig, "overhead")]
 
 

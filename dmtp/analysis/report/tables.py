@@ -14,6 +14,7 @@ tables are mode natural; mode fixed (fixed length, end-of-text ignored) has its 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,8 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
-from dmtp.analysis.report.data import (Artifacts, cube, group, load, missing_runs, paired_runs, per_unit,
-                                       pooled_hist)
+from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, cube, group, load, missing_runs, paired_runs,
+                                       per_unit, pooled_hist)
 from dmtp.config import GROUPS
 
 OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2": "DFlash2", "dmtp_d2": "DMTP(D2)"}
@@ -95,7 +96,8 @@ def fmt(v, col: str) -> str:
 
 def to_markdown(df: pd.DataFrame) -> str:
     """Markdown table; a column c with c_lo and c_hi beside it is printed as one cell "c [lo, hi]", and with c_tlo
-    and c_thi (its t-interval) as "c [lo, hi] t [tlo, thi]"."""
+    and c_thi (its t-interval) as "c t [tlo, thi]; bootstrap [lo, hi]" (the t-interval first, as every report
+    prints a contrast)."""
     cols = [c for c in df.columns if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)
             and not (c.endswith(("_tlo", "_thi")) and c[:-4] in df.columns)]
     ci = {c for c in cols if c + "_lo" in df.columns and c + "_hi" in df.columns}
@@ -104,10 +106,10 @@ def to_markdown(df: pd.DataFrame) -> str:
     def cell(row, c):
         if pd.isna(row[c]) or c not in ci:
             return fmt(row[c], c)
-        out = f"{fmt(row[c], c)} [{fmt(row[c + '_lo'], c)}, {fmt(row[c + '_hi'], c)}]"
+        boot = f"[{fmt(row[c + '_lo'], c)}, {fmt(row[c + '_hi'], c)}]"
         if c in tci and not pd.isna(row[c + "_tlo"]):
-            out += f" t [{fmt(row[c + '_tlo'], c)}, {fmt(row[c + '_thi'], c)}]"
-        return out
+            return f"{fmt(row[c], c)} t [{fmt(row[c + '_tlo'], c)}, {fmt(row[c + '_thi'], c)}]; bootstrap {boot}"
+        return f"{fmt(row[c], c)} {boot}"
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(row, c) for c in cols) + " |" for _, row in df.iterrows()]
@@ -119,9 +121,28 @@ def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = ""
     """tables/<name>.csv and .md; the .md opens with which models made it (`made_by`: "runs" or "bench")."""
     art.tables.mkdir(parents=True, exist_ok=True)
     df.to_csv(art.tables / f"{name}.csv", index=False)
-    note = " ".join(x for x in (made_by(art, models), note) if x)
-    (art.tables / f"{name}.md").write_text(f"### {title}\n\n" + (f"{note}\n\n" if note else "") + to_markdown(df))
+    head = "\n".join(x for x in (made_by(art, models), note_items(note)) if x)
+    (art.tables / f"{name}.md").write_text(f"### {title}\n\n" + (f"{head}\n\n" if head else "") + to_markdown(df))
     return df
+
+
+def note_items(note: str, longest: int = 300) -> str:
+    """A table's note as it reads: as it stands when short, else its sentences and '; '-separated definitions
+    (outside brackets) as a bullet list, one an item, so no item runs on for hundreds of characters."""
+    if len(note) <= longest:
+        return note
+    items, depth, cur = [], 0, ""
+    for i, ch in enumerate(note):
+        depth += ch in "([" and 1 or 0
+        depth -= ch in ")]" and 1 or 0
+        cut = ch == ";" or (ch == "." and not re.search(r"(\be\.g|\bi\.e|\bvs|\d)$", cur))
+        if cut and depth == 0 and note[i + 1:i + 2] == " ":
+            items.append(cur.strip() + ("." if ch == "." else ""))
+            cur = ""
+            continue
+        cur += ch
+    items.append(cur.strip())
+    return "\n".join(f"- {x}" for x in items if x)
 
 
 def made_by(art: Artifacts, what: str = "runs") -> str:
@@ -367,8 +388,8 @@ def throughput(art: Artifacts) -> pd.DataFrame | None:
                 "strings), repeats interleaved side by side; tok_per_s = median [min, max] over repeats; speedup = "
                 "median [min, max] of the per-repeat tok/s ratios to AR; per_verify = median tau per verify round; "
                 "at T = 0 equal_ar = the fewest requests whose output equals AR's in any repeat (bf16: the rest leave "
-                "it at top-2 ties) of requests, tokens_vs_ar_pct = their output tokens against AR's (another "
-                "workload than AR's when not 0), speedup_on_ar_outputs = the speed-up x its tau on the prefixes "
+                "it at top-2 ties) of requests; tokens_vs_ar_pct = their output tokens against AR's (another "
+                "workload than AR's when not 0); speedup_on_ar_outputs = the speed-up x its tau on the prefixes "
                 "shared with AR's outputs / its tau (an estimate of the speed-up on AR's own text; benches from "
                 "2026-12-06 on); "
                 f"on the {sp.main_method} rows gain_pct = its tok/s over {sp.drafter_baseline}'s (median [min, max] of "
@@ -452,17 +473,18 @@ def costmodel(art: Artifacts) -> pd.DataFrame | None:
     return save(art, "costmodel", df, "Cost model: predicted vs measured speed-up over AR (T = 0)",
                 "predicted vs measured: dmtp.analysis.costmodel.predict on the "
                 "realization's eval records (HumanEval, T = 0, natural, seed 0; the first n_requests, as the bench "
-                "timed at that cap), its trained models' round time per batch (round_ms_b*, overhead.csv; "
-                "round_times_from: the realization whose trained models were timed, another pooled one of the same "
+                "timed at that cap), its trained models' round time per batch and the admission cost the throughput "
+                "runs measured; round_ms_b*: the round times (overhead.csv); "
+                "round_times_from: the realization whose trained models were timed (another pooled one of the same "
                 "shapes where this one has throughput but no stage times, on the same kind of device where one has "
-                "them; "
+                "them); "
                 "device / round_times_device: the devices the throughput and the stage times ran on (a ratio of "
                 "speed-ups read across two devices is an approximation); round_timed_at_cap false: that batch's "
-                "round was not timed, the nearest timed batch's stands in, an extrapolation) and the admission cost "
-                "the throughput runs measured (admit_ms = median over repeats of admit_s / groups: what admission "
+                "round was not timed, the nearest timed batch's stands in (an extrapolation); "
+                "admit_ms = median over repeats of admit_s / groups: what admission "
                 "held the decode; "
                 "beside_ms = the same of beside_s, the device time of the prompt passes run beside the decode, "
-                "charged in full; predicted_speedup_hidden: with them wholly hidden, the other bound); "
+                "charged in full; predicted_speedup_hidden: with them wholly hidden, the other bound; "
                 "rows <method>@<variant>: a server variant timed beside the plain servers, against its own AR; "
                 "measured_speedup = "
                 "median [min, max] of the per-repeat ratios; error_pct = 100 (predicted / measured - 1). "
@@ -573,7 +595,7 @@ def signs_text(signs) -> str:
     return " / ".join(f"{x:+.3f}" for x in signs)
 
 
-def pairwise(art: Artifacts, n_boot: int = 4000) -> list[pd.DataFrame] | None:
+def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] | None:
     """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired over
     realizations, seeds and requests (stats.matrices: the units and requests every row has; a baseline without a
     drafter set beside every seed of its realization): the hierarchical bootstrap and the t-test at the top level,

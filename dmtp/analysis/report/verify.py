@@ -159,8 +159,8 @@ def findings(s: pd.DataFrame, pt: pd.DataFrame, runs: pd.DataFrame) -> list[str]
         above = s[(s.k > 0) & (s.acceptance_length_lo > s.ceiling_target_only)]
         if len(above):
             out.append("- Above the target-only ceiling (lower interval bound > ceiling; no greedy drafter reaches "
-                       "these under target-only verification): " + ", ".join(
-                           f"T={r.temperature:g} `{r.method}` {r.verify} {r.acceptance_length_lo:.3f} > "
+                       "these under target-only verification):" + "".join(
+                           f"\n  - T={r.temperature:g} `{r.method}` {r.verify} {r.acceptance_length_lo:.3f} > "
                            f"{r.ceiling_target_only:.3f}" for _, r in above.iterrows()))
     if len(runs):
         z = runs[runs.accepted.map(len) == 0]
@@ -267,7 +267,7 @@ def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
     (tables / "verify.md").write_text(markdown(show))
     (tables / "verify_paired.md").write_text(markdown(pt) if len(pt) else "no paired comparisons\n")
     figs = figure(root, s, modes)
-    note = ("the ceiling column is empty: the study holds no `ar` x `target` runs to compute it along (no "
+    note = ("the column is empty: the study has no `ar` x `target` runs to compute it along (no "
             "verify/oracle.csv)"
             if orc is None else ("ceiling: acceptance length of an idealised greedy drafter accepted at the "
                                  "target's top-1 probability along the ar trajectory "
@@ -277,8 +277,8 @@ def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
             "from the drafters' tempered distributions (T1 from the MTP head), token-wise speculative sampling. "
             "`block`: the same drafts, block verification (Sun et al., ICLR 2025). All three emit the target's law "
             "(docs/DESIGN.md, tests/test_verify.py). Acceptance length and first-token acceptance with 95% request-"
-            f"bootstrap intervals; throughput: mean [min, max] over timed repeats (one repeat: its value alone; "
-            f"{repeats}); {note}."), ""]
+            f"bootstrap intervals. Throughput: mean [min, max] over timed repeats (one repeat: its value alone; "
+            f"{repeats}). Ceiling: {note.removeprefix('ceiling: ')}."), ""]
     out += findings(s, pt, runs)
     out += [f"![{p.stem}]({href}/{p.name})\n" for p in figs]
     out += ["### Acceptance and throughput", "", markdown(show),

@@ -1,0 +1,507 @@
+"""tables/claims: every claim a report makes about the blog, each with one interval per contrast and a verdict word
+no stronger than its test.
+
+Two families, named in every row. The **primary family** (`registered.PRIMARY`: P1-P4) is decided only on the series
+it is registered on: a one-sided paired t-test over realizations, Holm over the four, "holds" only with the
+registered number of realizations (fewer: "interim (k of n realizations)"). Every other row is **exploratory**: its
+interval, its test with an unadjusted p, and one of "consistent" (both intervals on the claim's side of 0 and every
+realization's own value there too), "contrary" (the same on the other side) or "not resolved", each marked
+"(exploratory)".
+
+The wording rule, for every kind of claim: a claim resting on one realization reads "within one realization" (its
+intervals cover seeds and requests, not the run-to-run spread of the whole experiment); a verdict across
+realizations needs at least two. Throughput claims are made per kind of card and within the series whose
+realizations timed them (a report pools one series): with one realization on a card kind the row gives the median
+of its timing repeats and names their range as repeats (timer and run-to-run noise of one trained pair, not model
+variation); with several it is a t-test over the realizations' medians.
+
+One contrast, one interval: a - b on a primary dataset is the pairwise table's row (tables/pairwise_T*.csv), the
+same numbers the acceptance tables print (`data.paired_runs` at `data.CONTRAST_BOOT` draws); the t-interval over
+the top level's units first, the hierarchical bootstrap beside it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from dmtp.analysis import reference as R
+from dmtp.analysis import stats as S
+from dmtp.analysis.report import bench as B
+from dmtp.analysis.report import tables as T
+from dmtp.analysis.report.data import CONTRAST_BOOT, Artifacts, paired_runs, per_unit
+from dmtp.analysis.report.registered import PRIMARY, Family
+
+# "close" = |a - b| below this share of b's acceptance length. The blog states no margin; 2 % is the size of the
+# gaps between neighbouring variants that its Code ablation reports as differences (mask_residual +1.92 %,
+# t1_residual +2.48 % over token_only): a margin as wide as those would call different variants "close". It is
+# about a tenth of DMTP's gain over DFlash there (+17.9 %), and at mini's acceptance (~2.9 at T = 0, ~1.9 at T = 1)
+# it is 0.04-0.06 tokens per request.
+CLOSE_MARGIN_PCT = 2.0
+PRIMARY_FAMILY, EXPLORATORY = "primary", "exploratory"
+WORDS = {1: "consistent", -1: "contrary", 0: "not resolved"}
+
+
+# --- the series, its realizations and one interval per contrast -----------------------------------------------------
+def series(art: Artifacts) -> tuple[str, int | None]:
+    """(experiment name, train.steps) of the pooled series (every pooled realization shares its experiment)."""
+    for r in art.realizations or ():
+        p = r.root / "experiment.json"
+        if p.exists():
+            e = json.loads(p.read_text())
+            return str(e.get("name", "")), e.get("train", {}).get("steps")
+    p = art.root / "experiment.json"
+    e = json.loads(p.read_text()) if p.exists() else {}
+    return str(e.get("name", "")), e.get("train", {}).get("steps")
+
+
+def n_realizations(art: Artifacts) -> int:
+    return max(len(art.realizations), 1)
+
+
+def one(art: Artifacts) -> str:
+    """'within one realization (r<k>): ' for a one-realization report, else ''."""
+    if n_realizations(art) > 1:
+        return ""
+    name = art.realizations[0].name if art.realizations else "the flat layout"
+    return f"within one realization ({name}): "
+
+
+def contrast(art: Artifacts, dataset: str, t: float, a: str, b: str, margin: float | None = None) -> dict | None:
+    """a - b of per-request acceptance length at (dataset, T): the pairwise table's row where the pair is in it (the
+    interval the acceptance tables print), else `data.paired_runs` at the same number of draws. Keys: diff, diff_lo,
+    diff_hi (bootstrap), diff_tlo, diff_thi (t), p (bootstrap, two-sided), t_p (t, two-sided), t_level, n_units,
+    signs (each realization's own difference); with `margin`, tost_p and tost_t_p."""
+    r = T.pair_row(art, a, b, t, dataset) if margin is None and dataset in T.primary(art) else None
+    if r is not None:
+        return {"diff": r["diff"], "diff_lo": r["diff_lo"], "diff_hi": r["diff_hi"], "diff_tlo": r["diff_tlo"],
+                "diff_thi": r["diff_thi"], "p": r["diff_p"], "t_p": r["t_p"], "t_level": r["t_level"],
+                "n_units": r["n_units"], "signs": r["signs"]}
+    q = paired_runs(art, ("ablation", dataset, t), a, b, n_boot=CONTRAST_BOOT, margin=margin)
+    if pd.isna(q["diff"]):
+        return None
+    return dict(q, diff_lo=q["lo"], diff_hi=q["hi"], diff_tlo=q["t_lo"], diff_thi=q["t_hi"])
+
+
+def direction_word(r: dict, n: int) -> int:
+    """+1 (consistent) where both intervals lie above 0 and, with several realizations, every realization's own value
+    is positive; -1 (contrary) the mirror image; 0 (not resolved) otherwise."""
+    ints = [(lo, hi) for lo, hi in ((r.get("diff_tlo"), r.get("diff_thi")), (r.get("diff_lo"), r.get("diff_hi")))
+            if lo is not None and not pd.isna(lo) and not pd.isna(hi)]
+    if not ints:
+        return 0
+    signs = [x for x in r.get("signs", []) if not pd.isna(x)] if n > 1 else []
+    if all(lo > 0 for lo, _ in ints) and all(x > 0 for x in signs):
+        return 1
+    if all(hi < 0 for _, hi in ints) and all(x < 0 for x in signs):
+        return -1
+    return 0
+
+
+def explored(art: Artifacts, d: int) -> str:
+    return f"{one(art)}{WORDS[d]} (exploratory)"
+
+
+def _row(family: str, claim: str, t, r: dict, test: str, verdict: str, kind: str = "direction",
+         unit: str = "") -> dict:
+    """A claims-table row. `kind`: "direction" (a > b: positive = the claim's sign), "closeness" (TOST), "range" (the
+    estimate inside the blog's range), "rank" (a rank correlation); `unit`: "", "%" or "pts";
+    n_realizations_claim_sign / n_realizations_opposite_sign: how many realizations' own values (`signs`) have the
+    claim's sign and the opposite one."""
+    signs = [float(x) for x in r.get("signs", []) if not pd.isna(x)]
+    return {"family": family, "claim": claim, "temperature": t, "estimate": r["diff"],
+            "estimate_tlo": r.get("diff_tlo", math.nan), "estimate_thi": r.get("diff_thi", math.nan),
+            "estimate_lo": r.get("diff_lo", math.nan), "estimate_hi": r.get("diff_hi", math.nan),
+            "by_realization": r.get("by", T.signs_text(signs)), "test": test, "verdict": verdict, "kind": kind,
+            "unit": unit, "n_realizations_claim_sign": sum(x > 0 for x in signs),
+            "n_realizations_opposite_sign": sum(x < 0 for x in signs)}
+
+
+def _p(r: dict) -> str:
+    """'t p = 0.012 over 3 realizations, bootstrap p = 0.0005 (two-sided, unadjusted)'."""
+    t = f"t p = {r['t_p']:.3g} over {r.get('n_units', 0)} {r.get('t_level', '')}s, " if not pd.isna(
+        r.get("t_p", math.nan)) else ""
+    return f"{t}bootstrap p = {r['p']:.3g} (two-sided, unadjusted)"
+
+
+# --- the primary family ---------------------------------------------------------------------------------------------
+def primary_rows(art: Artifacts, fam: Family = PRIMARY) -> list[dict]:
+    """The registered claims: on their series a one-sided paired t over realizations, Holm over the family; on any
+    other series the same contrasts as exploratory rows. The blog's own DMTP model (`beside`) follows each claim on
+    the same contrast, exploratory."""
+    exp, steps = series(art)
+    registered = fam.registered_on(exp, steps) and n_realizations(art) > 1
+    got = [(c, r) for c in fam.claims if (r := contrast(art, fam.dataset, c.temperature, c.a, c.b))]
+    p1 = [S.t_one_sided(r["signs"]) if len(r["signs"]) > 1 else math.nan for _, r in got]
+    adj = S.holm(p1)
+    n = n_realizations(art)
+    out = []
+    for (c, r), p, q in zip(got, p1, adj):
+        pair = f"`{c.a}` − `{c.b}`"
+        if registered:
+            ok = q < fam.alpha
+            if n >= fam.min_realizations:
+                v = "holds" if ok else "not resolved"
+            else:
+                v = (f"interim ({n} of {fam.min_realizations} realizations): "
+                     + ("rejects at 0.05 after Holm" if ok else "not resolved"))
+            out.append(_row(PRIMARY_FAMILY, f"{c.key}: {c.text}: {pair}", c.temperature, r,
+                            f"one-sided paired t over {len(r['signs'])} realizations, p = {p:.3g}; Holm p = {q:.3g} "
+                            f"over the {len(got)} claims of the primary family", v))
+        else:
+            why = (f"registered on the {fam.experiment} series of {fam.train_steps} steps; this is "
+                   f"{exp or 'another'} with {steps} steps" if not fam.registered_on(exp, steps)
+                   else "registered across realizations; one realization decides nothing")
+            out.append(_row(EXPLORATORY, f"{c.key} ({why}): {c.text}: {pair}", c.temperature, r, _p(r),
+                            explored(art, direction_word(r, n))))
+        if c.beside and (rb := contrast(art, fam.dataset, c.temperature, c.beside, c.b)):
+            out.append(_row(EXPLORATORY, f"{c.key} with the blog's DMTP model: `{c.beside}` − `{c.b}`",
+                            c.temperature, rb, _p(rb), explored(art, direction_word(rb, n))))
+    return out
+
+
+# --- the exploratory rows -------------------------------------------------------------------------------------------
+def blog_pairs(art: Artifacts) -> list[tuple[str, str, str, tuple]]:
+    """(a, b, the claim "a > b" with the blog's numbers, temperatures) the primary family does not already decide: the
+    blog's other claims, the control at the temperatures not registered, the backbone pair."""
+    sp = art.spec
+    dmtp, dflash, ref, main = sp.blog_run, sp.drafter_baseline, sp.reference, sp.main_method or sp.blog_run
+    he = R.table("open_repro").set_index("dataset").loc["HumanEval"]
+    code = R.table("main").set_index("workload").loc["Code"]
+    rows = [
+        (main, "mtp", f"DMTP > MTP415 (open reproduction 27B HumanEval, T = 0: {he.dmtp:.3f} vs {he.mtp:.3f}; 35B "
+                      f"Code, T = 1: {code.dmtp:.3f} vs {code.mtp:.3f})", (1.0,)),
+        (dflash, "mtp", f"DFlash > MTP415 on code (open reproduction 27B HumanEval, T = 0: {he.dflash:.3f} > "
+                        f"{he.mtp:.3f}; but the blog's own 35B Code row, T = 1, has DFlash below the native MTP: "
+                        f"{code.dflash:.3f} < {code.mtp:.3f})", (0.0, 1.0)),
+        (dmtp, ref, f"{dmtp} > {ref} (blog Code ablation +{R.ablation_value(dmtp, f'rel_to_{ref}_pct'):.2f} %)",
+         (0.0, 1.0)),
+    ]
+    registered = {(c.a, c.b, c.temperature) for c in PRIMARY.claims}
+    for c in sp.controls:  # the main method against each control, at every temperature the primary family leaves
+        if sp.main_method and c != sp.main_method:
+            ts = tuple(t for t in (0.0, 1.0) if (sp.main_method, c, t) not in registered)
+            rows.append((sp.main_method, c, f"control: {sp.main_method} > {c} (what the MTP hidden adds)", ts))
+    d2, f2 = T.open_columns(art).get("dmtp_d2"), T.open_columns(art).get("dflash2")
+    if d2 and f2:
+        rows.append((d2, f2, f"DMTP(D2) > DFlash2 (open reproduction 27B HumanEval, T = 0: {he.dmtp_d2:.3f} vs "
+                             f"{he.dflash2:.3f}, +{he.dmtp_d2_vs_dflash2_pct:.2f} %)", (0.0, 1.0)))
+    return [(a, b, text, ts) for a, b, text, ts in rows if a and b and a != b]
+
+
+def blog_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
+    n, out = n_realizations(art), []
+    for a, b, text, ts in blog_pairs(art):
+        for t in (x for x in ts if x in temps):
+            r = contrast(art, dataset, t, a, b)
+            if r:
+                out.append(_row(EXPLORATORY, f"{text}: `{a}` − `{b}`", t, r, _p(r),
+                                explored(art, direction_word(r, n))))
+    return out
+
+
+def close_pairs(art: Artifacts) -> list[tuple[str, str, str]]:
+    """The blog's two claims of closeness as (a, b, text): the Nov 9 note (the main method is close to single-anchor
+    fusion) and the Nov 4 note (double and single anchor are close trained from scratch)."""
+    sp, out = art.spec, []
+    if sp.main_method and sp.main_method != sp.blog_run:
+        out.append((sp.main_method, sp.blog_run, "Nov 9: 「零初始化残差与直接融合的效果接近」 — the zero-initialised "
+                    "residual (the current main method) performs close to direct fusion"))
+    if "double_anchor_fusion" in sp.runs() and sp.blog_run:
+        out.append(("double_anchor_fusion", sp.blog_run, "Nov 4: 「双 anchor 与单 anchor 从头训练时效果接近」 — "
+                    "double and single anchor perform close when trained from scratch"))
+    return out
+
+
+def close_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
+    """Each closeness claim at each T: TOST against ±CLOSE_MARGIN_PCT % of b (the bootstrap's and the top-level t's
+    one-sided tests, the larger p, Holm over the claim's temperatures): consistent when it rejects; contrary when
+    both 95 % intervals lie outside the margin; else not resolved (exploratory)."""
+    s = art.natural.set_index(["experiment", "dataset", "temperature", "method"])
+    out = []
+    for a, b, text in close_pairs(art):
+        got = []
+        for t in temps:
+            if ("ablation", dataset, t, b) not in s.index or ("ablation", dataset, t, a) not in s.index:
+                continue
+            m = CLOSE_MARGIN_PCT / 100 * s.loc[("ablation", dataset, t, b), "acceptance_length"]
+            r = contrast(art, dataset, t, a, b, margin=m)
+            if r is None:
+                continue
+            p = max(r["tost_p"], r["tost_t_p"]) if not pd.isna(r["tost_t_p"]) else r["tost_p"]
+            got.append((t, m, r, p))
+        for (t, m, r, _), q in zip(got, S.holm([p for *_, p in got])):
+            far = all(lo > m or hi < -m for lo, hi in ((r["diff_lo"], r["diff_hi"]), (r["diff_tlo"], r["diff_thi"]))
+                      if not pd.isna(hi))
+            d = 1 if q < S.LEVEL else -1 if far else 0
+            out.append(_row(EXPLORATORY, f"{text}: `{a}` − `{b}`", t, r,
+                            f"TOST within ±{m:.3f} ({CLOSE_MARGIN_PCT:g} % of `{b}`), Holm p = {q:.3g} over "
+                            f"{len(got)} temperatures", explored(art, d), kind="closeness"))
+    return out
+
+
+def first_rate(g: pd.DataFrame) -> pd.DataFrame:
+    """The request rows with `first_rate` = rounds accepting >= 1 draft / rounds (nan: no round)."""
+    return g.assign(first_rate=g.first_hits / g.n_rounds.where(g.n_rounds > 0))
+
+
+def first_gap(art: Artifacts, dataset: str, t: float, a: str, b: str, seed0: bool = False) -> dict | None:
+    """Paired a - b of per-request first-token acceptance (rate) at (dataset, T), `stats.paired` fields."""
+    r = first_rate(art.runs)
+    r = r[(r.experiment == "ablation") & (r.temperature == t) & (r["mode"] == "natural") & (r.dataset == dataset)]
+    if seed0:
+        r = r[r.seed == 0]
+    units = {m: per_unit(r[r.method == m], "first_rate") for m in (a, b)}
+    if not all(units.values()):
+        return None
+    cubes = S.matrices(units)[0]
+    return S.paired(cubes[a], cubes[b], n_boot=CONTRAST_BOOT)
+
+
+def first_token_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
+    """The first-token gap at T = 1, main method - drafter baseline, in points of first-token acceptance, against
+    the blog's range over its six workloads (35B, T = 1, conditional table c1: DMTP - DFlash): consistent when both
+    intervals lie inside the range, contrary when both lie wholly outside it."""
+    sp = art.spec
+    if 1.0 not in temps or not sp.main_method or not sp.drafter_baseline:
+        return []
+    c = R.table("conditional").set_index(["workload", "method"]).c1.unstack()
+    gaps = (c["dmtp"] - c["dflash"]).dropna()
+    lo, hi = float(gaps.min()), float(gaps.max())
+    r = first_gap(art, dataset, 1.0, sp.main_method, sp.drafter_baseline)
+    if r is None:
+        return []
+    r = dict(r, signs=[100 * x for x in r["signs"]], diff=100 * r["diff"], diff_lo=100 * r["lo"],
+             diff_hi=100 * r["hi"], diff_tlo=100 * r["t_lo"], diff_thi=100 * r["t_hi"])  # points
+    ints = [(a, b) for a, b in ((r["diff_tlo"], r["diff_thi"]), (r["diff_lo"], r["diff_hi"])) if not pd.isna(a)]
+    d = 1 if all(lo <= a and b <= hi for a, b in ints) else -1 if all(b < lo or a > hi for a, b in ints) else 0
+    return [_row(EXPLORATORY, f"the first-token gap at T = 1 lies in the blog's range (35B, T = 1, six workloads: "
+                 f"{lo:+.2f} to {hi:+.2f} points): `{sp.main_method}` − `{sp.drafter_baseline}`, first-token "
+                 "acceptance per request, points", 1.0, r,
+                 f"both intervals inside [{lo:+.2f}, {hi:+.2f}]; " + _p(r), explored(art, d), kind="range",
+                 unit="pts")]
+
+
+def rank_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
+    """The ablation's order against the blog's Code ablation: Spearman's rho between our acceptance and the blog's
+    over the variants both have, one-sided permutation test (`stats.rank_agreement`), each realization's own rho
+    and the t-interval over them: consistent where the permutation test rejects and every realization's rho is
+    positive (exploratory). One test in place of the 28 pairwise ones an order would need."""
+    blog = R.table("ablation").set_index("method").acceptance_length
+    s = art.natural
+    out = []
+    for t in temps:
+        g = s[(s.experiment == "ablation") & (s.dataset == dataset) & (s.temperature == t)].set_index("method")
+        ms = [m for m in blog.index if m in g.index]
+        if len(ms) < 3:
+            continue
+        ra = S.rank_agreement(g.loc[ms, "acceptance_length"].to_numpy(float), blog[ms].to_numpy(float))
+        runs = art.runs
+        runs = runs[(runs.experiment == "ablation") & (runs.dataset == dataset) & (runs.temperature == t)
+                    & (runs["mode"] == "natural") & runs.method.isin(ms)]
+        per = runs.groupby(["realization", "method"]).acceptance_length.mean().unstack()
+        rhos = [S.spearman(per.loc[k, ms].to_numpy(float), blog[ms].to_numpy(float)) for k in per.index
+                if per.loc[k, ms].notna().all()]
+        tt = S.t_test(rhos) if len(rhos) > 1 else {"lo": math.nan, "hi": math.nan, "p": math.nan, "n": len(rhos)}
+        r = {"diff": ra["rho"], "diff_tlo": tt["lo"], "diff_thi": tt["hi"], "signs": rhos,
+             "by": " / ".join(f"{x:+.3f}" for x in rhos)}
+        d = 1 if ra["p"] < S.LEVEL and all(x > 0 for x in rhos) else 0
+        out.append(_row(EXPLORATORY, f"the ablation's order is the blog's (Code ablation, {len(ms)} variants: "
+                        + ", ".join(ms) + "): Spearman's rho of ours against the blog's", t, r,
+                        f"one-sided permutation p = {ra['p']:.3g} ({'every' if ra['exact'] else 'random'} order of "
+                        f"the {len(ms)} variants); t-interval over the realizations' own rho", explored(art, d),
+                        kind="rank"))
+    return out
+
+
+def ood_gaps(art: Artifacts, a: str = "mtp", b: str | None = None, n_boot: int = 4000) -> dict | None:
+    """The out-of-distribution comparison at T = 0, seed 0: per set (HumanEval, each `eval.ood` set) the paired
+    gap a - b of per-request first-token acceptance, and the difference in differences (ood minus HumanEval) over
+    the realizations both sets have (stats.did). None without an ood set holding both runs."""
+    b = b or art.spec.drafter_baseline
+    r = first_rate(art.runs)
+    r = r[(r.experiment == "ablation") & (r.temperature == 0) & (r["mode"] == "natural") & (r.seed == 0)]
+    for ood in art.ood or {}:
+        per = {}  # dataset -> ({realization: row of the cubes}, cubes)
+        for ds in ("humaneval", ood):
+            units = {m: per_unit(r[(r.dataset == ds) & (r.method == m)], "first_rate") for m in (a, b)}
+            if all(units.values()):
+                cubes, layout, _ = S.matrices(units)
+                per[ds] = ({k: i for i, (k, _) in enumerate(layout)}, cubes)
+        if len(per) < 2:
+            continue
+        common = sorted(set(per["humaneval"][0]) & set(per[ood][0]))
+        gap = {ds: S.paired(c[a], c[b], n_boot=n_boot) for ds, (_, c) in per.items()}
+        d = {ds: (c[a] - c[b])[[idx[k] for k in common], 0] for ds, (idx, c) in per.items()}
+        return {"a": a, "b": b, "ood": ood, "gap": gap, "did": S.did(d[ood], d["humaneval"], n_boot)}
+    return None
+
+
+def ood_rows(art: Artifacts) -> list[dict]:
+    """Out of distribution: DMTP against MTP415 on each ood set (the blog's DMTP > MTP415, where the suite finds it
+    reversed), and the native head's first-token advantage in and out of distribution (difference in differences)."""
+    n, out = n_realizations(art), []
+    sp = art.spec
+    for ood, runs in (art.ood or {}).items():
+        for a in dict.fromkeys(x for x in (sp.main_method, sp.blog_run) if x in runs and "mtp" in runs):
+            r = contrast(art, ood, 0.0, a, "mtp")
+            if r:
+                who = "DMTP" if a == sp.main_method else "the blog's DMTP model"
+                out.append(_row(EXPLORATORY, f"{who} > MTP415 out of distribution ({ood}: test functions the target "
+                                f"pretrained on, never in the drafters' data): `{a}` − `mtp`", 0.0, r, _p(r),
+                                explored(art, direction_word(r, n))))
+    g = ood_gaps(art)
+    if g is not None:
+        r = g["did"]
+        r = dict(r, diff_lo=r["lo"], diff_hi=r["hi"], diff_tlo=r["t_lo"], diff_thi=r["t_hi"])
+        out.append(_row(EXPLORATORY, f"the native MTP head's first-token advantage is largest outside the drafter's "
+                        f"training distribution: (`{g['a']}` − `{g['b']}`) on {g['ood']} minus on humaneval "
+                        "(first-token acceptance, per request, seed 0)", 0.0, r,
+                        f"difference in differences; {_p(r)}", explored(art, direction_word(r, n))))
+    return out
+
+
+MIN_REPEATS = 3  # timing repeats a one-realization throughput row needs before the repeats' sign is read at all
+
+
+def throughput_rows(art: Artifacts) -> list[dict]:
+    """The blog's B32 claim (DMTP's tok/s gain over DFlash, T = 1) per kind of card, at the largest batch cap timed at
+    T = 1, from every pooled realization that timed it (the report's series). Several realizations on a card kind:
+    the t-test over their median gains (exploratory verdict). One: within one realization, the median of its timing
+    repeats with each repeat listed: consistent / contrary when every one of at least MIN_REPEATS repeats has that
+    sign, else not resolved — the repeats measure timer noise of one trained pair, not model or seed variation."""
+    tab = T.throughput_table(art)
+    sp = art.spec
+    if tab is None or not sp.main_method:
+        return []
+    df = tab[(tab.method == sp.main_method) & (tab.temperature == 1) & tab.gain_pct.notna()
+             & (tab.realization != "all")]
+    if not len(df):
+        return []
+    reps = B.per_repeat(art.throughput, sp.main_method, sp.drafter_baseline)
+    reps = reps[(reps.method == sp.main_method) & (reps.temperature == 1) & reps.gain.notna()]
+    blog = R.table("throughput").set_index(["workload", "method"]).tok_per_s
+    exp, steps = series(art)
+    out = []
+    for (ds, dev), g in df.groupby(["dataset", df.device.fillna("").astype(str)], sort=True):
+        cap = g.batch_cap.max()
+        g = g[g.batch_cap == cap]
+        w = R.workload(ds)
+        text = (f"DMTP's end-to-end gain over DFlash at B{cap}, T = 1 (blog {w}: {blog[w, 'dflash']:.0f} → "
+                f"{blog[w, 'dmtp']:.0f} tok/s, {T.pct(blog[w, 'dmtp'], blog[w, 'dflash']):+.2f} % for "
+                f"{R.blog_value('main', ds, 'dmtp_vs_dflash_pct'):+.2f} % acceptance, 35B on 4xH200)"
+                if (w, "dmtp") in blog.index else f"DMTP's end-to-end gain over DFlash at B{cap}, T = 1")
+        where = f"{dev or 'card not recorded'}, {exp or 'this'} series of {steps} steps"
+        claim = f"{text}, on {where}: `{sp.main_method}` vs `{sp.drafter_baseline}` tok/s (%)"
+        if len(g) > 1:
+            tt = S.t_test(list(g.gain_pct))
+            r = {"diff": float(np.mean(g.gain_pct)), "diff_tlo": tt["lo"], "diff_thi": tt["hi"],
+                 "signs": list(g.gain_pct), "by": " / ".join(f"{x.realization} {x.gain_pct:+.1f}"
+                                                             for x in g.itertuples())}
+            out.append(_row(EXPLORATORY, claim, 1.0, r, f"t over {len(g)} realizations' median gains (each over its "
+                            f"own timing repeats), p = {tt['p']:.3g} (two-sided, unadjusted)",
+                            explored(art, direction_word(r, len(g))), unit="%"))
+            continue
+        x = g.iloc[0]
+        k = int(T.realization_number(x.realization) or 0)
+        mine = reps[(reps.realization == k) & (reps.batch_cap == cap) & (reps.dataset == ds)]
+        gains = sorted(100 * (mine.gain - 1))
+        d = (0 if len(gains) < MIN_REPEATS else 1 if min(gains) > 0 else -1 if max(gains) < 0 else 0)
+        r = {"diff": x.gain_pct, "signs": [x.gain_pct],
+             "by": f"{x.realization} repeats: " + ", ".join(f"{v:+.1f}" for v in gains)}
+        out.append(_row(EXPLORATORY, claim, 1.0, r,
+                        f"median of {len(gains)} timing repeat{'s' * (len(gains) != 1)} of one trained pair (timer "
+                        f"and run-to-run noise, not model variation); read only with at least {MIN_REPEATS} repeats",
+                        f"within one realization ({x.realization}): {WORDS[d]} (exploratory; {len(gains)} repeats)",
+                        unit="%"))
+    return out
+
+
+def claims(art: Artifacts) -> pd.DataFrame | None:
+    """tables/claims: the primary family, then every exploratory claim (the module docstring's rules)."""
+    prim = T.primary(art)
+    if not prim:
+        return None
+    ds = prim[0]
+    s = art.natural
+    temps = sorted(set(s[(s.experiment == "ablation") & (s.dataset == ds)].temperature))
+    rows = (primary_rows(art) + blog_rows(art, ds, temps) + close_rows(art, ds, temps)
+            + first_token_rows(art, ds, temps) + rank_rows(art, ds, temps) + ood_rows(art) + throughput_rows(art))
+    if not rows:
+        return None
+    n = n_realizations(art)
+    return T.save(art, "claims", pd.DataFrame(rows), "The blog's claims: the primary family, then exploratory",
+                  f"family: primary = {PRIMARY.name}; exploratory = every other row (unadjusted p, verdict "
+                  "consistent / contrary / not resolved). estimate = our value (acceptance length on "
+                  f"{ds} unless the claim says otherwise); t [estimate_tlo, estimate_thi] = 95% t-interval over the "
+                  "top level's units (realizations when there are several, else seeds); [estimate_lo, estimate_hi] = "
+                  "hierarchical bootstrap 95% CI — the same interval the acceptance and pairwise tables print for the "
+                  "same contrast; by_realization = each realization's own value (throughput: its timing repeats)."
+                  + (" One realization: every verdict is within it." if n == 1 else ""))
+
+
+def fmt_estimate(r) -> str:
+    """'+0.659 t [+0.324, +0.994]; bootstrap [+0.540, +0.810]' (the t-interval first), in the row's unit."""
+    unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
+    out = f"{r.estimate:+.3f}{unit}"
+    if not pd.isna(r.estimate_tlo):
+        out += f" t [{r.estimate_tlo:+.3f}, {r.estimate_thi:+.3f}]"
+    if not pd.isna(r.estimate_lo):
+        out += f"; bootstrap [{r.estimate_lo:+.3f}, {r.estimate_hi:+.3f}]"
+    return out
+
+
+def claims_lines(art: Artifacts, df: pd.DataFrame | None = None) -> list[str]:
+    """The claims table as markdown and the verdicts in words (`df`: claims(art), computed here when not given)."""
+    df = claims(art) if df is None else df
+    if df is None:
+        return []
+    out = ["| family | claim | T | ours | by realization | test | verdict |", "|---|---|---|---|---|---|---|"]
+    last = None
+    for r in df.itertuples():
+        out.append(f"| {r.family} | {r.claim if r.claim != last else '〃'} | {r.temperature:g} | {fmt_estimate(r)} | "
+                   f"{r.by_realization or '—'} | {r.test} | **{r.verdict}** |")
+        last = r.claim
+    return out + ["", *verdict_lines(df)]
+
+
+def claim_label(claim: str) -> str:
+    """A claims-table row's claim in a few words: the text before its pair (": `a` − `b`"), without parentheses,
+    after the dash of a quoted claim ("Nov 9: 「…」 — the zero-initialised residual (…) performs close to direct
+    fusion" -> "the zero-initialised residual performs close to direct fusion")."""
+    head = claim.rsplit(": ", 1)[0] if ": `" in claim else claim
+    head = head.split(" — ", 1)[1] if " — " in head else head
+    while re.search(r"\([^()]*\)", head):
+        head = re.sub(r"\s*\([^()]*\)", "", head)
+    return head.strip()
+
+
+def verdict_lines(df: pd.DataFrame) -> list[str]:
+    """The claims table in words, per family: each verdict a bullet, its claims under it (each at its T, with our
+    estimate), and for a claim of a direction not resolved whether every realization's own value has its sign, the
+    opposite sign, or mixed signs."""
+    out = []
+    for fam, title in ((PRIMARY_FAMILY, "Primary family (pre-registered, Holm over its claims)"),
+                       (EXPLORATORY, "Exploratory (unadjusted p; no claim is decided)")):
+        g = df[df.family == fam] if "family" in df else df
+        if not len(g):
+            continue
+        groups: dict[str, list[str]] = {}
+        for r in g.itertuples():
+            pos, neg = int(r.n_realizations_claim_sign), int(r.n_realizations_opposite_sign)
+            sign = ""
+            if "not resolved" in r.verdict and r.kind == "direction" and pos + neg > 1:
+                sign = ("; the claim's sign in every realization" if neg == 0 else
+                        "; the opposite sign in every realization" if pos == 0 else "; the realizations differ in sign")
+            label = claim_label(r.claim)
+            at = "" if "T = " in label else f" at T = {r.temperature:g}"
+            unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
+            groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign})")
+        out += [f"{title}:", ""]
+        for v, items in groups.items():
+            out += [f"- **{v}**:", *[f"  - {x}" for x in items]]
+        out.append("")
+    return out

@@ -1,0 +1,57 @@
+"""The pre-registered primary family: the four claims the `mini` series is run to test, as data (one place).
+
+The family is fixed before the realizations that decide it exist (docs/DESIGN.md, "The pre-registered primary
+family"). Each claim is a paired contrast a - b of per-request acceptance length on one dataset at one temperature;
+the test is one-sided (the blog's direction, a > b) on the realization means of the difference, a paired t-test over
+realizations, and the family's p-values are adjusted together (Holm over the four). A claim is decided ("holds" /
+"not resolved") only on the registered series with at least `min_realizations` realizations; on fewer it is an
+interim reading and says so, and on any other series (another profile or training budget, e.g. the 4,000-step speed
+series or `tiny`) the same contrasts are exploratory. Every other comparison a report prints is exploratory.
+
+    from dmtp.analysis.report.registered import PRIMARY
+    [c.key for c in PRIMARY.claims]   # ['P1', 'P2', 'P3', 'P4']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str  # its name in every report ("P1")
+    a: str  # the run the claim puts above (the main method)
+    b: str  # the run it is compared with
+    temperature: float  # the sampling temperature of both runs
+    text: str  # the claim in words, as a report prints it
+    beside: str = ""  # a run printed beside `a` on the same contrast, exploratory (the blog's own DMTP model)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # how reports name the family
+    experiment: str  # experiment.json `name` of the series the family is registered on (the profile)
+    train_steps: int  # experiment.json train.steps of that series: the 1,000-step series, not the 4,000-step one
+    dataset: str  # the evaluation set of every claim
+    metric: str  # the record column compared: per-request acceptance length (incl. bonus)
+    alpha: float  # one-sided level of each test, after Holm over the family
+    min_realizations: int  # realizations the registered test needs (5 degrees of freedom at the top level)
+    claims: tuple[Claim, ...]  # the family, in order
+
+    def registered_on(self, experiment: str, train_steps) -> bool:
+        """Whether a pooled series is the one this family is registered on."""
+        return experiment == self.experiment and train_steps == self.train_steps
+
+
+MAIN, BLOG = "zero_init_residual", "fusion"  # the main method; the blog's DMTP model, printed beside it
+
+PRIMARY = Family(
+    name="primary family (pre-registered: P1-P4, one-sided paired t over realizations, Holm over 4)",
+    experiment="mini", train_steps=1000, dataset="humaneval", metric="acceptance_length", alpha=0.05,
+    min_realizations=6,
+    claims=(
+        Claim("P1", MAIN, "dflash", 0.0, "DMTP > DFlash at T = 0", BLOG),
+        Claim("P2", MAIN, "dflash", 1.0, "DMTP > DFlash at T = 1", BLOG),
+        Claim("P3", MAIN, "mtp", 0.0, "DMTP > MTP415 at T = 0", BLOG),
+        Claim("P4", MAIN, "double_anchor_token_only", 0.0,
+              "what the MTP hidden adds: zero_init_residual > double_anchor_token_only at T = 0"),
+    ))

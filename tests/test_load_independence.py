@@ -1,0 +1,143 @@
+"""Kernel choices that do not depend on what else runs on the card. On CPU: the settings ("fixed" kernels for the
+engine and both training loops, Inductor's deterministic mode) are typed, checked and applied only on CUDA. On a GPU
+(skipped without CUDA): a compiled reduction-heavy step and a few compiled drafter-training steps give the same bits
+alone and while another process keeps the card busy — the test that says whether two realizations' chains may share
+one GPU.
+
+    python -m pytest -q tests/test_load_independence.py        # on one H100/H200: about 3 min
+"""
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dmtp.cli.stages import RUN_CONTROL
+from dmtp.config import EngineConfig, KERNEL_CHOICES
+from dmtp.config.training import PretrainConfig, TrainConfig
+from dmtp.models import fast
+from dmtp.training.common import kernel_choices
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+LOAD = """
+import sys, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+print("busy", flush=True)
+while True:
+    a = (a @ a).clamp_(-1, 1)
+"""
+
+
+def test_fixed_kernels_are_a_typed_setting_applied_on_cuda_only():
+    assert KERNEL_CHOICES == ("default", "fixed") and EngineConfig(tuning="fixed").tuning == "fixed"
+    assert fast.compile_options(torch.device("cuda"), "fixed") == {"deterministic": True}
+    assert fast.compile_options(torch.device("cpu"), "fixed") == {"epilogue_fusion": False}
+    assert TrainConfig(kernels="fixed").kernels == PretrainConfig(kernels="fixed").kernels == "fixed"
+    with pytest.raises(ValueError, match="kernels"):
+        TrainConfig(kernels="timed")
+    with pytest.raises(ValueError, match="kernels='x': expected one of default, fixed"):
+        kernel_choices("x", "cpu")
+    before = torch._inductor.config.deterministic
+    with kernel_choices("fixed", "cpu"):
+        assert torch._inductor.config.deterministic == before  # CPU: nothing changes
+    with kernel_choices("fixed", torch.device("cuda")):  # the patch itself needs no device
+        assert torch._inductor.config.deterministic is True
+    with kernel_choices("default", torch.device("cuda")):
+        assert torch._inductor.config.deterministic == before
+    assert torch._inductor.config.deterministic == before
+    assert "kernels" in RUN_CONTROL  # how a run executes, not what it is: a realization with fixed kernels pools
+
+
+def _step(x, w):
+    """A reduction-heavy step of the mini drafter's widths: RMS norm, a projection, log-softmax, a row sum."""
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return torch.log_softmax(h @ w, -1).sum(-1)
+
+
+def _compiled_out(tuning: str, shapes) -> list[torch.Tensor]:
+    """`_step` compiled afresh (no cache: every timed choice made again now) under `tuning`, on fixed inputs."""
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    outs = []
+    with torch._inductor.config.patch(force_disable_caches=True):
+        fn = fast.compile_fn(_step, torch.device("cuda"), tuning)
+        for rows, d, v in shapes:
+            x = torch.randn(rows, d, device="cuda", generator=g, dtype=torch.bfloat16)
+            w = torch.randn(d, v, device="cuda", generator=g, dtype=torch.bfloat16) / d ** 0.5
+            outs.append(fn(x, w).float().cpu())
+    return outs
+
+
+class Busy:
+    """Another process keeping the card busy with bf16 matmuls while the block runs."""
+
+    def __enter__(self):
+        self.p = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, text=True)
+        assert self.p.stdout.readline().strip() == "busy"
+        time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc):
+        self.p.kill()
+        self.p.wait()
+
+
+SHAPES = [(32 * 8, 768, 4099), (512, 1024, 2048), (8, 768, 50000)]  # odd widths: several reduction configs
+
+
+@cuda
+def test_fixed_kernels_give_the_same_bits_under_load():
+    alone = _compiled_out("fixed", SHAPES)
+    with Busy():
+        loaded = _compiled_out("fixed", SHAPES)
+    for a, b, s in zip(alone, loaded, SHAPES):
+        assert torch.equal(a, b), f"fixed kernels differ under load at shape {s}"
+
+
+def _drafter_weights(tmp, kernels: str, device: str = "cuda", compile: str = "on") -> dict[str, torch.Tensor]:
+    """Four drafter-training steps (the tiny target, two variants; compiled by default) with `kernels`; the trained
+    weights."""
+    from ablations.code import code
+    from dmtp.models import tiny
+    from dmtp.training.drafters import new_drafters, train_drafters
+
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    tgt.model.to(device)
+    mtp.to(device)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in torch.randint(14, 40, (12,), generator=g)]
+    cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=1, save_every=100,
+                      compile=compile, kernels=kernels)
+    torch._dynamo.reset()
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1, selector_topk=8, selector_dim=16)
+    drafters = new_drafters(tgt, ["dflash", "zero_init_residual"], base, backbones=code().backbones)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        train_drafters(tgt, mtp, drafters, seqs, cfg, tmp, log=lambda *_: None)
+    return {f"{n}.{k}": v.detach().float().cpu().clone() for n, d in drafters.items()
+            for k, v in d.state_dict().items()}
+
+
+def test_the_training_helper_runs_and_is_bit_reproducible_on_cpu(tmp_path):
+    """The GPU test's helper end to end on CPU (eager: Inductor's CPU compile is minutes here): two runs, equal bits."""
+    a = _drafter_weights(tmp_path / "a", "fixed", "cpu", "off")
+    b = _drafter_weights(tmp_path / "b", "fixed", "cpu", "off")
+    assert len(a) > 10 and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@cuda
+def test_drafter_training_with_fixed_kernels_is_the_same_alone_and_under_load(tmp_path):
+    """Alone twice (is the compiled training step bit-reproducible at all?), then under load: every weight equal.
+    Where the first comparison fails, training is not bit-reproducible even alone (atomic adds in a backward pass):
+    realizations are then independent draws whatever the load, and the second comparison says nothing more."""
+    a = _drafter_weights(tmp_path / "a", "fixed")
+    b = _drafter_weights(tmp_path / "b", "fixed")
+    same = [k for k in a if torch.equal(a[k], b[k])]
+    assert len(same) == len(a), f"not bit-reproducible alone: {len(a) - len(same)} of {len(a)} tensors differ"
+    with Busy():
+        c = _drafter_weights(tmp_path / "c", "fixed")
+    diff = [k for k in a if not torch.equal(a[k], c[k])]
+    assert not diff, f"under load {len(diff)} of {len(a)} tensors differ, e.g. {diff[:3]}"
