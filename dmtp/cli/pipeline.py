@@ -4,12 +4,18 @@
     dmtp pipeline --profile mini --stage target   # one H200 (then `--stage all` for the rest)
     dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r     # CI smoke, seconds
     dmtp pipeline --profile mini --stage verify   # opt-in: verification modes at T > 0 (dmtp/cli/verify.py)
+    dmtp pipeline --profile mini --deadline 3300 --archive mini.tgz   # a job limit; `dmtp land mini.tgz` elsewhere
 
 Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
 and is skipped when its output exists (evaluation runs: and is newer than the checkpoint they measure, so results
 checked out from another run are redone), so a re-run resumes where a killed one stopped. Each output records the
 configuration it was made with (`stages.py`); a finished or half-done stage whose configuration differs from the
 requested one is refused before any work, naming the fields, unless `--force` redoes it.
+
+Under a wall-clock limit (`--deadline SECONDS`, `dmtp/cli/clock.py`) the optional stages that would not finish are
+left out, the running stage is interrupted at the deadline (less `--reserve`), and the same command resumes;
+`--archive FILE.tgz` packs results/<profile> after every stage (`dmtp/cli/archive.py`). The pipeline ends by
+printing each stage's state and the CPU time it used.
 
 Under torchrun (`make target|data|drafters NGPU=2`) the stages target, data and drafters run data-parallel, one
 process per GPU; rank 0 alone writes. `--set pretrain.tokens=20000000` (repeatable) overrides a profile field.
@@ -37,6 +43,8 @@ from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.analysis.report import render_tables
 from dmtp.checks import require
 from dmtp.cli import verify as verify_study
+from dmtp.cli.archive import STATUS, pack
+from dmtp.cli.clock import OPTIONAL_UNDER_DEADLINE, Deadline, DeadlineReached, read_costs, record_cost
 from dmtp.cli.stages import RUN_CONTROL, StageMismatch, Unit, differences, fingerprint, mismatch, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
@@ -810,24 +818,77 @@ def main(a):
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not set(stages) <= set(PARALLEL):
         raise ValueError(f"under torchrun only the stages {','.join(PARALLEL)} run (data-parallel); run "
                          f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")
+    limit = getattr(a, "deadline", None)
+    archive = getattr(a, "archive", None)
+    if (limit is not None or archive) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--deadline and --archive run in one process (no torchrun)")
+    clock = Deadline(limit, getattr(a, "reserve", 30.0))
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
     runnable(c.p, stages)
+    costs = read_costs(c.work, getattr(a, "costs", None))
     if not c.force:  # every finished or half-done output with another configuration, refused before any work
         preflight([u for s in stages for u in units(c, s)])
     if rank_dev:
         c.dev = rank_dev
     if world > 1:
         c.log(f"{world} data-parallel ranks ({'nccl' if rank_dev.startswith('cuda') else 'gloo'})")
+    state = {s: "todo" for s in stages}
+    cpu0 = _cpu_s()
     with contextlib.ExitStack() as held:
         if is_main():  # one writer per output: a second pipeline on any of them is refused, naming this one
             for out in dict.fromkeys(u.outputs[0] for s in stages for u in units(c, s)):
                 held.enter_context(one_writer(out))
         for s in stages:
+            if s in OPTIONAL_UNDER_DEADLINE and not clock.fits(costs.get(s)):
+                c.log(f"stage {s} left out: it costs ~{costs[s]:.0f}s, {max(clock.left(), 0):.0f}s are left before "
+                      "the deadline (the same command without --deadline runs it)")
+                state[s] = "skipped"
+                continue
             t0 = time.time()
             c.log(f"stage {s} ...")
-            if RUN[s](c) is False:
+            try:
+                clock.arm()
+                done = RUN[s](c) is not False
+            except DeadlineReached:
+                state[s] = "stopped"
+                c.log(f"stage {s} stopped at the deadline after {time.time() - t0:.0f}s (resumable: the same command "
+                      "resumes it)")
+                break
+            finally:
+                clock.disarm()
+            if not done:
+                state[s] = "stopped"
                 c.log(f"stage {s} stopped early (resumable); later stages not run")
                 break
+            state[s] = "done"
+            record_cost(c.work, s, time.time() - t0)
             c.log(f"stage {s} done in {time.time() - t0:.1f}s")
+            if archive and is_main():
+                _pack(c, state, archive)
+    if archive and is_main() and state[s] != "done":  # the last stage was left out or stopped: its state too
+        _pack(c, state, archive)
+    c.log(f"pipeline: {', '.join(f'{s} {v}' for s, v in state.items())}; CPU time {_cpu_s() - cpu0:.0f}s "
+          "(this process and its children)")
     dist.destroy()
+    if "stopped" in state.values() and limit is not None:
+        raise SystemExit(3)  # the deadline cut the run: not an error of the input, not a finished run
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the corpus encoding's workers)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _pack(c: Ctx, state: dict, archive) -> None:
+    """results/<folder>/pipeline.json (the run's state) and the archive of results/<folder> (`dmtp land` lands it)."""
+    missing = [s for s, v in state.items() if v in ("todo", "stopped")]
+    write_meta(c.res / STATUS, {"profile": c.p.name, "stages": state}, folder=c.p.folder, finished=not missing,
+               missing=missing, skipped=[s for s, v in state.items() if v == "skipped"])
+    t0 = time.time()
+    pack(c.res.parents[c.p.folder.count("/")], c.p.folder, Path(archive))
+    c.log(f"packed results/{c.p.folder} into {archive} ({Path(archive).stat().st_size / 1e6:.1f} MB, "
+          f"{time.time() - t0:.1f}s)")
