@@ -27,6 +27,9 @@ def tiny() -> Profile:
     """2-core CPU: a 4-layer 128-wide target, 1-layer drafters, 8 + 24 HumanEval prompts."""
     return derive(
         base(), "tiny",
+        # the standard library of CPython 3.11.7 alone (the CPU environment's Python: requirements/cpu.lock); its
+        # train digest is checked before the corpus is written
+        data=dict(corpus_sources=("stdlib==3.11.7",), corpus_digest="c421305be893fb21"),
         model=dict(arch=TargetArch(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                                    head_dim=32, intermediate_size=384)),
         pretrain=PretrainConfig(tokens=1_500_000, seq_len=256, batch_size=16, lr=3e-3),
@@ -48,7 +51,8 @@ def smoke() -> Profile:
     """CI: every stage of the pipeline in well under a minute of compute; numbers are meaningless."""
     return derive(
         tiny(), "smoke",
-        data=dict(corpus_bytes=600_000, tokenizer_bytes=600_000, vocab_size=512, prompts=16, new_tokens=24, batch=16),
+        data=dict(corpus_bytes=600_000, tokenizer_bytes=600_000, vocab_size=512, prompts=16, new_tokens=24, batch=16,
+                  corpus_sources=("stdlib",), corpus_digest=""),  # any Python's standard library: CI on any version
         model=dict(arch=TargetArch(hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
                                    head_dim=32, intermediate_size=128)),
         pretrain=PretrainConfig(tokens=40_000, seq_len=64, batch_size=8),
@@ -74,8 +78,12 @@ def mini() -> Profile:
     realization=k`, results/mini/r<k>); the report pools those of one experiment."""
     return derive(
         tiny(), "mini",
+        # the corpus: the three sources every mini result records (Python 3.12.3, torch 2.11.0+cu130, transformers
+        # 5.17.0; environment.yml), ~0.1 GB under the 300 MB cap. It is no longer "whatever the interpreter's
+        # site-packages hold", so realizations made with it are a series of their own (the report pools by experiment)
         data=dict(corpus_bytes=300_000_000, tokenizer_bytes=10_000_000, vocab_size=8192, prompts=40_000,
-                  prompt_tokens=128, new_tokens=256, batch=2048, prompts_per_doc=6),
+                  prompt_tokens=128, new_tokens=256, batch=2048, prompts_per_doc=6,
+                  corpus_sources=("stdlib==3.12.3", "torch==2.11.0+cu130", "transformers==5.17.0"), corpus_digest=""),
         model=dict(arch=TargetArch(hidden_size=384, num_hidden_layers=32, num_attention_heads=6, num_key_value_heads=2,
                                    head_dim=64, intermediate_size=1024),
                    checkpoint_dtype="bf16"),

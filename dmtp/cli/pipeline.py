@@ -126,8 +126,12 @@ def st_corpus(c: Ctx):
     u, = units(c, "corpus")
     if not c.check(u):
         stage_record(u)  # tagged before the work: a half-built corpus is checked like a finished one
-    info = build_corpus(c.work / "corpus", max_bytes=c.p.data.corpus_bytes, max_repeat=c.p.data.corpus_max_repeat)
-    c.log(f"corpus: {json.dumps(info, default=str)[:300]}")
+    d = c.p.data
+    info = build_corpus(c.work / "corpus", max_bytes=d.corpus_bytes, max_repeat=d.corpus_max_repeat,
+                        sources=d.corpus_sources, expect_digest=d.corpus_digest)
+    c.log(f"corpus: {info['n_train']} + {info['n_heldout']} documents, {info['train_bytes'] / 1e6:.1f} MB, train "
+          f"digest {info['train_digest']} from " + ", ".join(f"{s['name']} {s['version']}" for s in info["sources"])
+          + (" (the pinned digest)" if d.corpus_digest else " (no digest pinned: data.corpus_digest)"))
 
 
 def encode_workers(cores: int | None = None) -> int:
@@ -670,7 +674,7 @@ def fingerprints(p: Profile) -> dict[str, dict]:
     """Stage -> the settings its output depends on: its own and those of every stage it reads (keys as `--set`
     names them), without run control (stop_after, save_every, log_every)."""
     d = p.data
-    f = {"corpus": {"data.corpus_bytes": d.corpus_bytes,
+    f = {"corpus": {"data.corpus_bytes": d.corpus_bytes, "data.corpus_sources": list(d.corpus_sources),
                     **({"data.corpus_max_repeat": d.corpus_max_repeat} if d.corpus_max_repeat < 1 else {})}}
     f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes,
                                                  "pretokenizer": PRETOKENIZER_VERSION})
