@@ -5,7 +5,7 @@ into the base's section, unknown keys fail). The schema, with a comment per fiel
     dmtp pipeline --profile mini     # one H100/H200 (`bash experiments/one_gpu.sh`: its parts share the GPU)
     dmtp pipeline --profile smoke    # CI: the same stages, seconds
     dmtp dryrun --profile qwen3.6-27b  # paper scale: target (config only), MTP head, every drafter on the meta device
-    python -m experiments.profiles mini folder realization=2   # what experiments/one_gpu.sh asks (`ANSWERS`)
+    python -m experiments.profiles mini folder realization=3   # what experiments/one_gpu.sh asks (`ANSWERS`)
 """
 from __future__ import annotations
 
@@ -233,7 +233,7 @@ ANSWERS = {
 
 
 def main(argv=None):
-    """python -m experiments.profiles mini folder realization=2   # mini/r2: the answer for the profile with the
+    """python -m experiments.profiles mini folder realization=K   # mini/r<K>: the answer for the profile with the
     --set assignments that follow"""
     ap = argparse.ArgumentParser(prog="python -m experiments.profiles", description=main.__doc__)
     ap.add_argument("profile", choices=list(PROFILES))

@@ -136,8 +136,8 @@ def st_corpus(c: Ctx):
 
 def encode_workers(cores: int | None = None) -> int:
     """Processes for the corpus encoding: one per core (at most 32) on a machine of 8 cores or more, else 1 (in
-    process). On 2 cores the spawned workers were slower (0.87x one process, `experiments/encode_check.py`); on the
-    16-core device machine the tokenizer stage took 19.8 s with 16 workers (r7) against 40.9 s in one process (r6)."""
+    process). On 2 cores the spawned workers were slower (0.87x one process, `experiments/encode_check.py`); on a
+    16-core GPU host the tokenizer stage of `mini` took 19.8 s with 16 workers against 40.9 s in one process."""
     cores = (os.cpu_count() or 1) if cores is None else cores
     return min(32, cores) if cores >= 8 else 1
 
@@ -206,7 +206,7 @@ def st_target(c: Ctx):
             before = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
             c.log(f"target held-out before unlikelihood: loss {before['target_loss']:.4f}, top-1 "
                   f"{before['target_top1']:.4f}, MTP top-1 {before['mtp_top1']:.4f}")
-            n_he = c.p.eval.sets.get("humaneval")  # AR's loops on HumanEval before and after, here: a chain cut
+            n_he = c.p.eval.sets.get("humaneval")  # AR's loops on HumanEval before and after, here: a run cut
             rows = encode_prompts(tok, humaneval_prompts()[:n_he]) if n_he else []  # short still has them
             if rows:
                 before["loops"] = loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)

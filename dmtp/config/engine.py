@@ -44,7 +44,7 @@ class EngineConfig:
     tuning: str = "autotune"  # Inductor's kernel selection for the compiled forwards on CUDA: "autotune"
     # (max_autotune + coordinate-descent tuning: 1.18x the default kernels' AR tok/s at the 8B shape, batch 1, and
     # minutes more compilation per method and shape; lossless by tests/test_cuda.py) | "default" (Inductor's
-    # heuristics: the embedded profiles, whose chains must fit an allotment). Not applied on CPU
+    # heuristics: the embedded profiles, which compile every method at many shapes). Not applied on CPU
     drafter: str = "compiled"  # the drafter's decode forward on the compiled engine: "compiled" (fast.py) | "hf"
     prefill: str = "hf"  # the target's prompt pass: "hf" (the HF layers, eager) | "compiled" (fast.py's layers with
     # the dense kernel, compiled once for every prompt shape: dynamic shapes); on the compiled engine only |

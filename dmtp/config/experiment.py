@@ -180,7 +180,7 @@ class Profile:
     scale: PaperScale = field(default_factory=PaperScale)  # paper-scale target/training (empty: embedded)
     realization: int = 0  # an independent replication of the whole experiment: k >= 1 shifts the target's, the
     # on-policy data's and every drafter's seed by 1000 k (`stream`) and lives in <work|results>/<name>/r<k>; 0: the
-    # profile's own seeds, <work|results>/<name> (the report pools the realizations r1, r2, ... of one experiment)
+    # profile's own seeds, <work|results>/<name> (the report pools the realizations r<k> of one experiment)
 
     def __post_init__(self):
         check(self, realization=at_least(0))
