@@ -16,11 +16,12 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # CPU machines: every package at the version requirements/cpu.lock pins (CI and a newcomer resolve the same
 # environment; torch is its CPU build, never a CUDA wheel), then the suite itself without dependencies. GPU machines
 # keep the torch they have (environment.yml describes the one the committed results came from).
+INSTALL_GPU = $(PY) -m pip install -q -e '.[dev,eval]' -c constraints.txt
+INSTALL_CPU = $(PY) -m pip install -q -r requirements/cpu.lock $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+	&& $(PY) -m pip install -q --no-deps -e .
 $(VENV)/.installed: pyproject.toml requirements/cpu.lock
 	test -d $(VENV) || python3 -m venv $(if $(HAS_CUDA),--system-site-packages,) $(VENV)
-	$(if $(HAS_CUDA),$(PY) -m pip install -q -e '.[dev,eval]' -c constraints.txt,\
-	  $(PY) -m pip install -q -r requirements/cpu.lock $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
-	  && $(PY) -m pip install -q --no-deps -e .)
+	$(if $(HAS_CUDA),$(INSTALL_GPU),$(INSTALL_CPU))
 	touch $@
 
 venv: $(VENV)/.installed
