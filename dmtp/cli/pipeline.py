@@ -827,6 +827,10 @@ def main(a):
     if (limit is not None or archive) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("--deadline and --archive run in one process (no torchrun)")
     clock = Deadline(limit, getattr(a, "reserve", 30.0))
+    if archive:  # checked before any work: a run of hours must not fail at its first pack
+        from dmtp.cli.args import out_file
+
+        out_file(archive, "--archive")
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
     runnable(c.p, stages)
