@@ -1,6 +1,6 @@
 """The embedded default end to end: corpus -> tokenizer -> target+MTP -> on-policy data -> drafters -> eval -> tables.
 
-    dmtp pipeline --profile tiny                  # 2-core CPU, <= 15 min; what `make ablation-code` runs
+    dmtp pipeline --profile tiny                  # 2-core CPU, ~10 min: every stage, a smoke run of the method
     dmtp pipeline --profile mini --stage target   # one H200 (then `--stage all` for the rest)
     dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r     # CI smoke, seconds
     dmtp pipeline --profile mini --stage verify   # opt-in: verification modes at T > 0 (dmtp/cli/verify.py)
