@@ -841,7 +841,7 @@ def main(a):
         c.dev = rank_dev
     if world > 1:
         c.log(f"{world} data-parallel ranks ({'nccl' if rank_dev.startswith('cuda') else 'gloo'})")
-    state = {s: "todo" for s in stages}
+    state, cut = {s: "todo" for s in stages}, False
     cpu0 = _cpu_s()
     with contextlib.ExitStack() as held:
         if is_main():  # one writer per output: a second pipeline on any of them is refused, naming this one
@@ -859,7 +859,7 @@ def main(a):
                 clock.arm()
                 done = RUN[s](c) is not False
             except DeadlineReached:
-                state[s] = "stopped"
+                state[s], cut = "stopped", True
                 c.log(f"stage {s} stopped at the deadline after {time.time() - t0:.0f}s (resumable: the same command "
                       "resumes it)")
                 break
@@ -879,7 +879,7 @@ def main(a):
     c.log(f"pipeline: {', '.join(f'{s} {v}' for s, v in state.items())}; CPU time {_cpu_s() - cpu0:.0f}s "
           "(this process and its children)")
     dist.destroy()
-    if "stopped" in state.values() and limit is not None:
+    if cut:
         raise SystemExit(3)  # the deadline cut the run: not an error of the input, not a finished run
 
 
