@@ -26,7 +26,8 @@ def base() -> Profile:
 def tiny() -> Profile:
     """2-core CPU, a smoke run of the whole method: a 4-layer 128-wide target, 1-layer drafters, 8 + 24 HumanEval
     prompts. Its drafters see ~0.26 M tokens (1/40 of mini's) and stop learning at ~10 % first-token accuracy, so
-    DFlash stays near 1.07 and the variants cannot differ: `mini` (one GPU) is the smallest run that shows the method."""
+    DFlash stays near 1.07 and the variants cannot differ: `mini` (one GPU) is the smallest run that shows the
+    method."""
     return derive(
         base(), "tiny",
         # the standard library of CPython 3.11.7 alone (the CPU environment's Python: requirements/cpu.lock); its

@@ -389,7 +389,8 @@ def test_corpus_sources_are_named_pinned_and_recorded_without_paths(tmp_path):
 
     v = md.version("iniconfig")
     c = build_corpus(tmp_path / "a", 10**6, sources=[f"iniconfig=={v}", "stdlib"], progress=False, max_repeat=0.3)
-    assert c["sources"] == [{"name": "iniconfig", "version": v}, {"name": "stdlib", "version": platform.python_version()}]
+    assert c["sources"] == [{"name": "iniconfig", "version": v},
+                            {"name": "stdlib", "version": platform.python_version()}]
     with open(c["manifest"]) as f:
         paths = [r["path"] for r in csv.DictReader(f)]
     assert any(p.startswith("iniconfig/iniconfig/") for p in paths) and any(p.startswith("stdlib/") for p in paths)
@@ -427,7 +428,8 @@ def test_tiny_corpus_is_the_pinned_standard_library():
     with tempfile.TemporaryDirectory() as out:
         c = build_corpus(out, d.corpus_bytes, max_repeat=d.corpus_max_repeat, sources=d.corpus_sources,
                          expect_digest=d.corpus_digest, progress=False)
-    assert c["stdlib_only"] and c["train_digest"] == d.corpus_digest and c["train_bytes"] == meta["corpus"]["train_bytes"]
+    assert c["stdlib_only"] and c["train_digest"] == d.corpus_digest
+    assert c["train_bytes"] == meta["corpus"]["train_bytes"]
 
 
 def test_mini_starts_a_new_series_apart_from_the_committed_realizations():

@@ -18,8 +18,10 @@ def test_one_gpu_runs_the_stages_then_one_process_per_part_then_the_tables(tmp_p
     --set assignments before the part's own), then the tables; a failing part fails the script, naming its log."""
     log = tmp_path / "calls.txt"
     stub = tmp_path / "py"
-    stub.write_text(f"#!/usr/bin/env bash\nif [ \"$2\" = experiments.profiles ]; then exec {sys.executable} \"$@\"; fi\n"
-                    f"echo \"$*\" >> {log}\n[ -n \"${{FAIL:-}}\" ] && [[ \"$*\" == *only_seeds=1* ]] && exit 1\nexit 0\n")
+    stub.write_text(f"#!/usr/bin/env bash\n"
+                    f"if [ \"$2\" = experiments.profiles ]; then exec {sys.executable} \"$@\"; fi\n"
+                    f"echo \"$*\" >> {log}\n"
+                    f"[ -n \"${{FAIL:-}}\" ] && [[ \"$*\" == *only_seeds=1* ]] && exit 1\nexit 0\n")
     stub.chmod(0o755)
     env = dict(os.environ, PY=str(stub), PROFILE="smoke", WORK=str(tmp_path / "w"), RESULTS=str(tmp_path / "r"),
                PYTHONPATH=str(ROOT))

@@ -72,9 +72,9 @@ def resolve_source(spec: str) -> Source:
         files = tuple((f, str(dist.locate_file(f))) for f in listed if "__pycache__" not in f)
     if pin and pin.strip() != version:
         raise ValueError(f"corpus source {spec!r}: {version} is installed (Python's version for stdlib); the pinned "
-                         f"corpus needs {pin.strip()} (another version gives another corpus, so other results): install "
-                         f"the pinned one, or build another corpus: data.corpus_sources with {name!r} unpinned, and "
-                         "no pinned digest (--set data.corpus_digest=)")
+                         f"corpus needs {pin.strip()} (another version gives another corpus, so other results): "
+                         f"install the pinned one, or build another corpus: data.corpus_sources with {name!r} "
+                         "unpinned, and no pinned digest (--set data.corpus_digest=)")
     return Source(name, version, files)
 
 
