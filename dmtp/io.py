@@ -261,7 +261,7 @@ def save_safetensors(tensors: dict, path):
         raise OSError(f"{path}: cannot be written ({str(e).splitlines()[0][:200]})") from None
 
 
-SOURCE_DIRS = ("dmtp", "experiments", "ablations")  # the code a result depends on (what the run scripts' snapshot holds)
+SOURCE_DIRS = ("dmtp", "experiments", "ablations")  # the code a result depends on
 
 
 def source_digest(root: Path | None = None) -> str:
@@ -278,16 +278,16 @@ def source_digest(root: Path | None = None) -> str:
 
 
 def revision_line(root: Path | None = None) -> str:
-    """What `make device-prep` writes to .whl/REVISION: the commit (`git_sha`) and the tree's `source_digest`."""
+    """What `make revision` writes to REVISION: the commit (`git_sha`) and the tree's `source_digest`."""
     return f"{git_sha(root)} {source_digest(root)}"
 
 
 def git_sha(root: Path | None = None) -> str:
     """The commit of the code (`-dirty` with uncommitted changes to tracked files). Where the tree is a copy without
-    .git (a GPU machine's snapshot): the commit in the REVISION file at its root (`make device-prep`, copied by the
-    run scripts) when the copy's `source_digest` equals the one recorded beside it; otherwise the commit with
-    "+changed-<digest>" (the REVISION is older than the code: `make device-prep` was not re-run after a commit), or
-    "unknown" without a REVISION."""
+    .git (copied to a cluster node, unpacked from an archive): the commit in the REVISION file at its root
+    (`make revision` before copying) when the copy's `source_digest` equals the one recorded beside it; otherwise the
+    commit with "+changed-<digest>" (the REVISION is older than the code: `make revision` was not re-run after a
+    commit), or "unknown" without a REVISION."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent.parent
     try:
         if (root / ".git").exists():

@@ -6,7 +6,7 @@ fitted to the measured admission profiles (admission_profile.csv: device time of
 decode (that fitted cost) and hidden beside it (`engine.admit_beside`: `--beside-ms` per group, the rows moved into
 their slots), each with the rounds a finished request rides along (`--lags`: `engine.in_flight`).
 
-    python -m experiments.admit_sweep --records results/mini/r5 --times results/mini/r4 --cap 32
+    python -m experiments.admit_sweep --records results/mini/r<j> --times results/mini/r<k> --cap 32
 """
 import argparse
 from pathlib import Path

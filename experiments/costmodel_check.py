@@ -2,11 +2,11 @@
 throughput runs' admission cost) predicted from ANOTHER realization's trained-model round times (overhead.csv) of the
 same shape and engine. A round's time depends on the shapes, not on the weights, so a realization whose benchmark ran
 out of time before its stage timing still gets a check; the report borrows round times only inside one pooled
-experiment, this compares across series (e.g. r5, the first target with the unlikelihood step, against r4's stage
-times). Prints and writes (--out, CSV) the rows of `dmtp.analysis.report.bench.predicted_vs_measured`.
+experiment, this compares across series (e.g. a target with the unlikelihood step against the stage times of one
+without it). Prints and writes (--out, CSV) the rows of `dmtp.analysis.report.bench.predicted_vs_measured`.
 
-    python -m experiments.costmodel_check --records results/mini/r5 --times results/mini/r4 \
-        --out results/mini/r5/bench/costmodel_with_r4_times.csv
+    python -m experiments.costmodel_check --records results/mini/r<j> --times results/mini/r<k> \
+        --out results/mini/r<j>/bench/costmodel_with_r<k>_times.csv
 """
 import argparse
 from pathlib import Path

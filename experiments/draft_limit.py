@@ -5,8 +5,8 @@ other positions. `bench --methods <run>,<run>-k<n>` measures the real thing, tok
 (--out, CSV) one row per run and limit: per-verify tau, tau with the counts cut at n, the change, and the share of
 rounds that accepted more than n drafts.
 
-    python -m experiments.draft_limit --records results/mini/r5 --limits 4,5
-    python -m experiments.draft_limit --records results/mini/r6 --runs zero_init_residual --temperature 1
+    python -m experiments.draft_limit --records results/mini/r<k> --limits 4,5
+    python -m experiments.draft_limit --records results/mini/r<k> --runs zero_init_residual --temperature 1
 """
 import argparse
 from pathlib import Path

@@ -1,6 +1,6 @@
 """Does the compiled engine decode as HF's greedy `generate` does, on tiny Qwen3.5 and Qwen3 targets (the compiled
-Qwen3 target once diverged where Qwen3.5 did not: LOG.md), for `ar`, `mtp` and a DMTP variant? The first step of
-`experiments/runs/h200_engine.sh`: nothing is worth timing otherwise (exit 1 on the first difference).
+Qwen3 target can diverge where Qwen3.5 does not), for `ar`, `mtp` and a DMTP variant? Run it before timing the
+engine: nothing is worth timing otherwise (exit 1 on the first difference).
 
     python -m experiments.gpu_smoke            # one GPU, ~1-2 min (compiles); on a CPU the engine's default is "hf"
 """

@@ -2,10 +2,10 @@
 into the base's section, unknown keys fail). The schema, with a comment per field, is `dmtp/config/`.
 
     dmtp pipeline --profile tiny     # 2-core CPU, <= 15 min
-    dmtp pipeline --profile mini     # one H200, ~15-20 min (two device commands: `--stage target`, then the rest)
+    dmtp pipeline --profile mini     # one H100/H200 (`bash experiments/one_gpu.sh`: its parts share the GPU)
     dmtp pipeline --profile smoke    # CI: the same stages, seconds
     dmtp dryrun --profile qwen3.6-27b  # paper scale: target (config only), MTP head, every drafter on the meta device
-    python -m experiments.profiles mini folder realization=2   # a field the run scripts ask for (`ANSWERS`)
+    python -m experiments.profiles mini folder realization=3   # what experiments/one_gpu.sh asks (`ANSWERS`)
 """
 from __future__ import annotations
 
@@ -25,22 +25,28 @@ def base() -> Profile:
 
 
 def tiny() -> Profile:
-    """2-core CPU: a 4-layer 128-wide target, 1-layer drafters, 8 + 24 HumanEval prompts."""
+    """2-core CPU, a smoke run of the whole method: a 4-layer 128-wide target, 1-layer drafters, 8 + 24 HumanEval
+    prompts. Its drafters see ~0.26 M tokens (1/40 of mini's) and stop learning at ~10 % first-token accuracy, so
+    DFlash stays near 1.07 and the variants cannot differ: `mini` (one GPU) is the smallest run that shows the
+    method."""
     return derive(
         base(), "tiny",
+        # the standard library of CPython 3.11.7 alone (the CPU environment's Python: requirements/cpu.lock); its
+        # train digest is checked before the corpus is written
+        data=dict(corpus_sources=("stdlib==3.11.7",), corpus_digest="c421305be893fb21"),
         model=dict(arch=TargetArch(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                                    head_dim=32, intermediate_size=384)),
         pretrain=PretrainConfig(tokens=1_500_000, seq_len=256, batch_size=16, lr=3e-3),
         train=TrainConfig(steps=150, batch_size=8, max_len=224, anchors_per_seq=32, save_every=50),
         ablation=dict(continue_steps=50, seeds=(0,)),  # one seed: the 2-core CPU budget
         eval=dict(sets={"humaneval": 24}, new_tokens=64,
-                  ood={}, ood_runs=("ar", "mtp", "dflash", "fusion", "zero_init_residual")),  # (stdlib only: no
-        # pytest-style test module in the corpus; mini's site-packages have them)
+                  ood={}, ood_runs=("ar", "mtp", "dflash", "fusion", "zero_init_residual")),  # (the standard
+        # library's corpus holds no pytest-style test module to cut out-of-distribution prompts from; mini's has)
         verify=dict(caps=(1, 8), prompts=24, small_cap_prompts=4, repeats=1, max_new_tokens=64),
-        # Inductor's default kernels (the library's default is autotuned): a CPU ignores the setting, and `mini`
-        # (derived from here) must fit its chain in one allotment, where autotuning every method's compile at each
-        # batch shape across ~15 server start-ups and 4 evaluation processes would cost minutes (an autotuned
-        # lossless test took 25-75 s of compilation on the tiny test models)
+        # Inductor's default kernels (the library's default is autotuned): a CPU ignores the setting, and for `mini`
+        # (derived from here) autotuning every method's compile at each batch shape across ~15 server start-ups and
+        # 4 evaluation processes would cost minutes of a run of ~25 (an autotuned lossless test took 25-75 s of
+        # compilation on the tiny test models)
         engine=dict(tuning="default"),
     )
 
@@ -49,7 +55,8 @@ def smoke() -> Profile:
     """CI: every stage of the pipeline in well under a minute of compute; numbers are meaningless."""
     return derive(
         tiny(), "smoke",
-        data=dict(corpus_bytes=600_000, tokenizer_bytes=600_000, vocab_size=512, prompts=16, new_tokens=24, batch=16),
+        data=dict(corpus_bytes=600_000, tokenizer_bytes=600_000, vocab_size=512, prompts=16, new_tokens=24, batch=16,
+                  corpus_sources=("stdlib",), corpus_digest=""),  # any Python's standard library: CI on any version
         model=dict(arch=TargetArch(hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
                                    head_dim=32, intermediate_size=128)),
         pretrain=PretrainConfig(tokens=40_000, seq_len=64, batch_size=8),
@@ -63,28 +70,31 @@ def smoke() -> Profile:
 
 
 def mini() -> Profile:
-    """One H200, sized for one 30-minute allotment end to end (`experiments/runs/h200_mini.sh all`; the stage budget:
-    docs/DESIGN.md, "Fitting one allotment": the chain took 1,453-1,524 s in r2-r4, before the unlikelihood step
-    was added), in the paper's cost regime:
+    """One H100 or H200, end to end in about 25 minutes (`bash experiments/one_gpu.sh`; stage times in
+    results/mini/NOTES.md), in the paper's cost regime:
     a deep, narrow target (32 layers of width 384, ~55 M parameters + a 1.9 M native MTP head; MobileLLM's
     deep-and-thin shape) against 2-layer drafters and the 1-layer MTP step, so a round's draft side is a small part of
     verify as for Qwen3.6 (64 layers against 5 + 1); decoded in bf16 as the paper does, with the dense attention kernel
     (at this shape every stage is kernel-latency bound: docs/DESIGN.md, "The mini target"). Drafters: 1,000 steps on
     ~10 M on-policy tokens, 2 drafter seeds of the main and control rows; T = 0 and 1, natural mode (HumanEval's stop
     strings). The target ends with the unlikelihood step against its greedy loops (AR's loop_frac on HumanEval
-    0.73-0.84 without it, 0.26 with it in the loop study). Each allotment is one realization (`--set realization=k`,
-    results/mini/r<k>; r2-r4 were made before the unlikelihood step: another experiment key, pooled apart)."""
+    0.73-0.84 without it, 0.26 with it in the loop study). Independent repeats are realizations (`--set
+    realization=k`, results/mini/r<k>); the report pools those of one experiment."""
     return derive(
         tiny(), "mini",
+        # the corpus: the three sources every mini result records (Python 3.12.3, torch 2.11.0+cu130, transformers
+        # 5.17.0; environment.yml), ~0.1 GB under the 300 MB cap. It is no longer "whatever the interpreter's
+        # site-packages hold", so realizations made with it are a series of their own (the report pools by experiment)
         data=dict(corpus_bytes=300_000_000, tokenizer_bytes=10_000_000, vocab_size=8192, prompts=40_000,
-                  prompt_tokens=128, new_tokens=256, batch=2048, prompts_per_doc=6),
+                  prompt_tokens=128, new_tokens=256, batch=2048, prompts_per_doc=6,
+                  corpus_sources=("stdlib==3.12.3", "torch==2.11.0+cu130", "transformers==5.17.0"), corpus_digest=""),
         model=dict(arch=TargetArch(hidden_size=384, num_hidden_layers=32, num_attention_heads=6, num_key_value_heads=2,
                                    head_dim=64, intermediate_size=1024),
                    checkpoint_dtype="bf16"),
-        # 100 M tokens: 130 M took 377 s of the allotment (held-out top-1 67.8 %); the 30 saved tokens are ~85 s.
+        # 100 M tokens: 130 M took 377 s on an H200 (held-out top-1 67.8 %); the 30 M fewer save ~85 s.
         # Then 300 steps of sequence-level unlikelihood on the trailing loops of the target's own greedy
         # continuations (alpha 1, "loop" negatives: the loop study's arm that met both loop goals with the least
-        # loss of top-1, results/mini/r30/unloop, docs/DESIGN.md "Loops and the unlikelihood step"; ~150 s)
+        # loss of top-1, docs/DESIGN.md "Loops and the unlikelihood step"; ~150 s)
         pretrain=PretrainConfig(tokens=100_000_000, seq_len=512, batch_size=96, lr=2e-3,
                                 unloop_steps=300, unloop_alpha=1.0, unloop_negatives="loop"),
         drafter=dict(layers=2, heads=6, kv_heads=2, intermediate=1024),
@@ -95,9 +105,10 @@ def mini() -> Profile:
                   ood={"pytests": 164}),
         verify=dict(caps=(1, 32), prompts=164, small_cap_prompts=16, repeats=2, max_new_tokens=256),
         # the servers (bench's throughput; no record of the data stage or the evaluation depends on these two): the next
-        # group of newcomers prefilled beside the decode, one round copy in flight. Timed side by side with the former
-        # servers (admit_beside 0, in_flight 2): zero_init_residual +5.7 % at B1 (r6, H200), +7.7 % at B1 and +8.0 % at
-        # B32 (r7, H100), AR +1.8 to +2.8 %, the same outputs; its GPU tests passed (LOG.md, 2026-12-06)
+        # group of newcomers prefilled beside the decode, one round copy in flight. Timed side by side with the
+        # servers that wait for the newcomers' prompt pass with two round copies in flight (admit_beside 0,
+        # in_flight 2): zero_init_residual +5.7 % at B1 on an H200, +7.7 % at B1 and +8.0 % at B32 on an H100, AR
+        # +1.8 to +2.8 %, the same outputs
         engine=dict(dtype="bf16", attention="dense", prefill="graphed", admit=8, admit_beside=2, in_flight=1),
         realization=1,
     )
@@ -229,7 +240,7 @@ def open_tiny() -> Profile:
 PROFILES.update({"qwen3.6-27b": qwen3_6_27b, "qwen3.6-35b-a3b": qwen3_6_35b_a3b, "open-tiny": open_tiny})
 
 
-# --- what the run scripts ask of a profile ---------------------------------------------------------------------------
+# --- what experiments/one_gpu.sh asks of a profile ----------------------------------------------------------------
 def parts(p: Profile) -> str:
     """The runs split into processes that share one GPU, one line of --set assignments each: the baselines (no
     drafter: evaluated at once); the first seed's main, continued and control runs; its supplementary and backbone
@@ -252,12 +263,11 @@ def parts(p: Profile) -> str:
 ANSWERS = {
     "parts": parts,
     "folder": lambda p: p.folder,  # where its realization lives under work/ and results/: <name> or <name>/r<k>
-    "study-runs": lambda p: ",".join(m for m in p.study.methods if m not in p.ablation.baselines),  # their drafters
 }
 
 
 def main(argv=None):
-    """python -m experiments.profiles mini folder realization=2   # mini/r2: the answer for the profile with the
+    """python -m experiments.profiles mini folder realization=K   # mini/r<K>: the answer for the profile with the
     --set assignments that follow"""
     ap = argparse.ArgumentParser(prog="python -m experiments.profiles", description=main.__doc__)
     ap.add_argument("profile", choices=list(PROFILES))

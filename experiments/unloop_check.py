@@ -8,10 +8,10 @@ The rows of docs/DESIGN.md ("Loops and the unlikelihood step") come from it. Set
         --prompt-len 64 --new 96 --eval-new 128                                     # the control (~6 min)
     python -m experiments.unloop_check --work work/tiny --profile tiny --alpha 1 [--ngram 16 | --negatives loop] \
         --prompt-len 64 --new 96 --eval-new 128
-    python -m experiments.unloop_check --table results/mini/r30/unloop/*.json     # the arms as one markdown table
+    python -m experiments.unloop_check --table results/mini/r<k>/unloop/*.json    # the arms as one markdown table
 
-On one H200 `bash experiments/runs/h200_mini.sh unloop` pretrains a `mini` target and runs the arms (UNLOOP_ARMS)
-side by side on it.
+On one GPU: `dmtp pipeline --profile mini --stage corpus,tokenizer,target --set pretrain.unloop_steps=0`, then the
+arms side by side on that target (`--work work/mini`), each writing its own JSON.
 """
 import argparse
 import json

@@ -15,8 +15,8 @@ torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1" if os.environ.ge
 
 
 def pytest_runtest_logreport(report):
-    """With DMTP_FAILURES set (the GPU runs' test logs), each failure is appended to that file as it happens, its
-    traceback included: a run whose time limit cuts pytest before its summary keeps what failed and why."""
+    """With DMTP_FAILURES set, each failure is appended to that file as it happens, its traceback included: a run
+    whose time limit cuts pytest before its summary keeps what failed and why."""
     path = os.environ.get("DMTP_FAILURES")
     if path and report.failed:
         with open(path, "a") as f:

@@ -258,6 +258,13 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("set without value", lambda w: P(w, "--set", "novalue"), "expected KEY=VALUE"),
     ("set a typo'd type", lambda w: P(w, "--set", "train.steps=ten"), "--set train.steps=ten"),
     ("unknown stage", lambda w: P(w)[:-1] + ["bogus"], "unknown stage 'bogus'"),
+    ("deadline not positive", lambda w: P(w, "--deadline", "0"), "argument --deadline: expected a finite number > 0"),
+    ("archive a folder", lambda w: P(w, "--archive", str(w)), ": is a folder; expected a file path"),
+    ("costs not an object", lambda w: P(w, "--deadline", "60", "--costs", str(w / "target" / "config.json")),
+     "expected a JSON object stage -> seconds"),
+    ("corpus digest not hex", lambda w: P(w, "--set", "data.corpus_digest=xyz"), "data.corpus_digest = 'xyz': "
+     "expected 16 hex digits"),
+    ("land no archive", lambda w: ["land", str(w / "none.tgz")], "none.tgz: no such archive"),
     ("unknown profile", lambda w: P(w)[:2] + ["bogus"] + P(w)[3:], "unknown profile 'bogus'"),
     ("paper profile", lambda w: P(w)[:2] + ["qwen3.6-27b"] + P(w)[3:], "is paper-scale"),
     ("eval on an empty work folder", lambda w: P(w)[:-1] + ["eval"], "smoke/drafters/dflash is not there or not "

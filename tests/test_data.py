@@ -4,6 +4,7 @@ import gzip
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -376,3 +377,78 @@ def test_token_bytes(tok):
     for s in [UNICODE, SRC.format(i=3), "x\t=\t'\\n'  \n\n\n    \x00\r"]:
         ids = encode_text(tok, [s])[0]
         assert b"".join(table[i] for i in ids) == s.encode()
+
+
+def test_corpus_sources_are_named_pinned_and_recorded_without_paths(tmp_path):
+    """A source is the standard library or an installed distribution: its version is recorded, a pin to another
+    version and a missing distribution are refused before any work, document paths are `<source>/<path inside it>`
+    (nothing of where Python or the checkout lives), and a pinned digest that the sources do not give is refused
+    before anything is written."""
+    import importlib.metadata as md
+    import platform
+
+    v = md.version("iniconfig")
+    c = build_corpus(tmp_path / "a", 10**6, sources=[f"iniconfig=={v}", "stdlib"], progress=False, max_repeat=0.3)
+    assert c["sources"] == [{"name": "iniconfig", "version": v},
+                            {"name": "stdlib", "version": platform.python_version()}]
+    with open(c["manifest"]) as f:
+        paths = [r["path"] for r in csv.DictReader(f)]
+    assert any(p.startswith("iniconfig/iniconfig/") for p in paths) and any(p.startswith("stdlib/") for p in paths)
+    done = (tmp_path / "a" / "DONE").read_text() + (tmp_path / "a" / "manifest.csv").read_text()
+    assert sys.prefix not in done and str(Path.cwd()) not in done and not c["stdlib_only"]
+    with pytest.raises(ValueError, match=f"'iniconfig==0.0.1': {v} is installed"):
+        build_corpus(tmp_path / "b", 10**6, sources=["iniconfig==0.0.1"], progress=False)
+    with pytest.raises(ValueError, match="no distribution 'no-such-dist'"):
+        build_corpus(tmp_path / "b", 10**6, sources=["no-such-dist"], progress=False)
+    with pytest.raises(ValueError, match=f"train digest {c['train_digest']}, not the pinned"):
+        build_corpus(tmp_path / "b", 10**6, sources=[f"iniconfig=={v}", "stdlib"], progress=False, max_repeat=0.3,
+                     expect_digest="0123456789abcdef")
+    assert not (tmp_path / "b").exists()
+    again = build_corpus(tmp_path / "a", 10**6, sources=[f"iniconfig=={v}", "stdlib"], progress=False,
+                         max_repeat=0.3, expect_digest=c["train_digest"])
+    assert again["resumed"] and again["train_digest"] == c["train_digest"]
+
+
+def test_tiny_corpus_is_the_pinned_standard_library():
+    """`tiny`'s corpus is CPython 3.11.7's standard library alone, and gives the train digest its committed target
+    records (results/tiny/target/meta.json): the same documents the committed results were trained on."""
+    import json
+    import platform
+
+    from experiments.profiles import get_profile
+
+    d = get_profile("tiny").data
+    assert d.corpus_sources == ("stdlib==3.11.7",)
+    meta = json.loads((Path(__file__).parents[1] / "results" / "tiny" / "target" / "meta.json").read_text())
+    assert meta["corpus"]["train_digest"] == d.corpus_digest
+    if platform.python_version() != "3.11.7":
+        pytest.skip("the pinned standard library is CPython 3.11.7's")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        c = build_corpus(out, d.corpus_bytes, max_repeat=d.corpus_max_repeat, sources=d.corpus_sources,
+                         expect_digest=d.corpus_digest, progress=False)
+    assert c["stdlib_only"] and c["train_digest"] == d.corpus_digest
+    assert c["train_bytes"] == meta["corpus"]["train_bytes"]
+
+
+def test_mini_starts_a_new_series_apart_from_the_committed_realizations():
+    """`mini`'s committed realizations were trained on whatever the GPU interpreter's site-packages held (train digest
+    56dab7de8644b913 from r2 on, not rebuildable from the repository); the profile now names pinned sources, so its
+    experiment differs from theirs and the report pools new realizations apart from them."""
+    import json
+    from dataclasses import asdict
+
+    from dmtp.analysis.report.data import differences, experiment_key
+    from experiments.profiles import get_profile
+
+    p = get_profile("mini")
+    assert p.data.corpus_sources == ("stdlib==3.12.3", "torch==2.11.0+cu130", "transformers==5.17.0")
+    r7 = Path(__file__).parents[1] / "results" / "mini" / "r7"
+    meta = json.loads((r7 / "target" / "meta.json").read_text())
+    assert meta["corpus"]["train_digest"] == "56dab7de8644b913" and "sources" not in meta["corpus"]
+    assert (meta["env"]["python"], meta["env"]["torch"], meta["env"]["transformers"]) == ("3.12.3", "2.11.0+cu130",
+                                                                                       "5.17.0")
+    old = experiment_key(json.loads((r7 / "experiment.json").read_text()))
+    new = experiment_key(json.loads(json.dumps(asdict(p))))
+    assert "data.corpus_sources" in differences(old, new)

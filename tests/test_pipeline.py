@@ -84,6 +84,8 @@ def artifacts(root):
     markers without their seconds; any other file as its bytes (weights, token streams, tables, figures)."""
     out = {}
     for p in sorted(f for f in root.rglob("*") if f.is_file()):
+        if p.name == "stage_times.json":  # the stages' measured wall times (--deadline's costs): timing only
+            continue
         if p.suffix == ".json":
             out[str(p.relative_to(root))] = _strip(json.loads(p.read_text()))
         elif p.suffix == ".jsonl":
@@ -331,7 +333,7 @@ def test_drafter_parts_add_up_in_the_drafters_record(run, tmp_path):
 
 
 def test_bench_on_the_trained_models_times_throughput_first(run, tmp_path):
-    """The allotment's benchmark on the pipeline's trained models (`h200_mini.sh`'s bench): throughput before the stage
+    """The benchmark on the pipeline's trained models (`make bench`): throughput before the stage
     times, T = 1 at the largest cap only (`--small-cap-temperatures 0`), each part's rows on disk, and meta.json naming
     the engine and the parts finished."""
     import pandas as pd
@@ -449,3 +451,84 @@ def test_a_beside_variant_that_fails_to_start_is_left_out(run, tmp_path, monkeyp
                 "--temperatures", "0", "--repeats", "1", "--prompts", "4", "--max-new-tokens", "12", "--server-variants", "beside1"])
     assert "ar@beside1 B2: left out, its start-up failed: RuntimeError: no side stream here" in capsys.readouterr().out
     assert set(pd.read_csv(out / "throughput.csv").method) == {"ar", "zero_init_residual"}
+
+
+def test_a_deadline_leaves_out_an_optional_stage_packs_and_a_rerun_resumes(run, tmp_path):
+    """`--deadline` with a declared cost the time left cannot hold: the learning curve is left out, every other stage
+    runs, the archive holds the results with pipeline.json (finished, curve skipped); the same command without the
+    deadline runs only the curve; `dmtp land` lands the archive elsewhere (records gzipped, REPORT.md) and never over
+    a landed run."""
+    import tarfile
+
+    root, cmd, _ = run
+    shutil.copytree(root / "work", tmp_path / "work")
+    shutil.copytree(root / "results", tmp_path / "results")
+    for d in (tmp_path / "results" / "smoke" / "curve").iterdir():
+        shutil.rmtree(d)
+    (tmp_path / "work" / "smoke" / "stage_times.json").unlink()  # measured anew below
+    (tmp_path / "costs.json").write_text('{"curve": 1e6}')
+    base = cmd[:6] + ["--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")]
+    arc = tmp_path / "out" / "smoke.tgz"
+    p = subprocess.run(base + ["--deadline", "3600", "--costs", str(tmp_path / "costs.json"), "--archive", str(arc)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "stage curve left out: it costs ~1000000s" in p.stdout and "curve skipped, tables done" in p.stdout
+    assert re.search(r"CPU time \d+s", p.stdout), p.stdout[-500:]
+    with tarfile.open(arc) as t:
+        names = t.getnames()
+        state = json.loads(t.extractfile("smoke/pipeline.json").read())
+    assert "smoke/tables/lossless_T0.csv" in names and not [n for n in names if "/curve/" in n and n.endswith(".jsonl")]
+    assert state["finished"] and state["skipped"] == ["curve"] and state["config"]["stages"]["tables"] == "done"
+    times = json.loads((tmp_path / "work" / "smoke" / "stage_times.json").read_text())
+    assert set(times) == {"corpus", "tokenizer", "target", "data", "drafters", "eval", "tables"}
+    target = (tmp_path / "work" / "smoke" / "target" / "DONE").stat().st_mtime
+    p = subprocess.run(base, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "curve done" in p.stdout and (tmp_path / "results" / "smoke" / "curve" / "dflash").is_dir()
+    assert (tmp_path / "work" / "smoke" / "target" / "DONE").stat().st_mtime == target  # resumed, not redone
+    land = [sys.executable, "-m", "dmtp.cli.main", "land", str(arc), "--results", str(tmp_path / "landed")]
+    p = subprocess.run(land, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    there = tmp_path / "landed" / "smoke"
+    assert (there / "REPORT.md").exists() and (there / "pipeline.json").exists()
+    assert list(there.glob("runs/ablation/*/*.jsonl.gz")) and not list(there.glob("runs/ablation/*/*.jsonl"))
+    p = subprocess.run(land, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2 and "is never overwritten" in p.stderr
+
+
+def test_a_stage_cut_by_the_deadline_is_packed_unfinished_and_resumed(run, tmp_path, monkeypatch):
+    """The deadline interrupts the running stage (here the tables, made slow): exit 3, the archive says what is left,
+    `dmtp land` refuses it unless --partial (then apart, under partial/), and the same command resumes and finishes."""
+    import time as clock_time
+
+    from dmtp.cli import clock, main as cli, pipeline
+
+    root, cmd, _ = run
+    shutil.copytree(root / "work", tmp_path / "work")
+    shutil.copytree(root / "results", tmp_path / "results")
+    now = [0.0]
+    monkeypatch.setattr(pipeline, "Deadline", lambda limit, reserve: clock.Deadline(limit, reserve, lambda: now[0]))
+
+    def late_eval(c):  # the eval stage (already done) ends one second before the deadline
+        now[0] = 99.0
+
+    monkeypatch.setitem(pipeline.RUN, "eval", late_eval)
+    monkeypatch.setitem(pipeline.RUN, "tables", lambda c: clock_time.sleep(30))
+    argv = ["pipeline", "--profile", "smoke", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
+            "--deadline", "100", "--reserve", "0", "--archive", str(tmp_path / "smoke.tgz")]
+    t0 = clock_time.time()
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 3 and clock_time.time() - t0 < 25
+    state = json.loads((tmp_path / "results" / "smoke" / "pipeline.json").read_text())
+    assert not state["finished"] and state["missing"] == ["tables"], state
+    land = [sys.executable, "-m", "dmtp.cli.main", "land", str(tmp_path / "smoke.tgz"), "--results",
+            str(tmp_path / "landed"), "--no-report"]
+    p = subprocess.run(land, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2 and "stages left: tables" in p.stderr, p.stderr
+    p = subprocess.run(land + ["--partial"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and (tmp_path / "landed" / "smoke" / "partial" / "r0" / "target").is_dir(), p.stderr
+    monkeypatch.undo()
+    cli.main(argv)  # resumes: the tables, then a finished archive
+    state = json.loads((tmp_path / "results" / "smoke" / "pipeline.json").read_text())
+    assert state["finished"] and state["config"]["stages"]["tables"] == "done"

@@ -332,8 +332,8 @@ def test_meta_records_the_engine_that_decoded(tmp_path, monkeypatch):
 
 
 def test_a_copy_records_its_commit_only_when_its_code_matches_the_revision(tmp_path):
-    """A tree copied without .git (a GPU machine's snapshot) records the commit of its REVISION file only when its
-    source digest equals the one `make device-prep` wrote beside it; a REVISION older than the code (not re-made after a
+    """A tree copied without .git (to a cluster node) records the commit of its REVISION file only when its
+    source digest equals the one `make revision` wrote beside it; a REVISION older than the code (not re-made after a
     commit) gives `<commit>+changed-<digest>`, no REVISION "unknown"."""
     from dmtp import io
 

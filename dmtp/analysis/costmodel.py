@@ -48,7 +48,7 @@ def simulate(rounds: Sequence[int], cap: int, t: Callable[[int], float], tokens:
     newcomer group joins when at least min(`admit`, queue) slots are free or nothing runs (`Server.run`'s rule), and
     costs `t_admit_ms` + `t_admit_each_ms` per newcomer in it; every step costs t(live). A request finishing at
     step s frees its slot for step s + 1 + `lag`: it rides along (its row frozen) until the host sees it finish,
-    `engine.in_flight` rounds when the GPU runs ahead of the host (r5, B1: exactly 2 per request). Returns time_s,
+    `engine.in_flight` rounds when the GPU runs ahead of the host (measured on mini at B1: exactly 2 per request). Returns time_s,
     steps, groups, mean live requests per step (riding rows included: they fill the slot) and, with `tokens`,
     tok_per_s."""
     if cap < 1:

@@ -238,8 +238,8 @@ def per_verify_shared(accepted_lists: Sequence[Sequence[int]], outputs: Sequence
                       references: Sequence[Sequence[int]]) -> float:
     """Per-verify tau over the verify rounds whose emitted tokens all lie inside the prefix a request shares with its
     reference output (`round_spans`; AR's at T = 0), pooled over requests: 1 + sum(accepted) / rounds. A bf16 method
-    whose output leaves AR's at a top-2 tie decodes other text from there (in r21's B1 bench, 2 of 16 requests ran
-    into 191 more tokens than AR's); this tau reads its acceptance on AR's own text only, and the tok/s speed-up
+    whose output leaves AR's at a top-2 tie decodes other text from there (in one mini B1 benchmark 2 of 16 requests
+    ran into 191 more tokens than AR's); this tau reads its acceptance on AR's own text only, and the tok/s speed-up
     times tau_shared / tau estimates the speed-up on AR's outputs (`speedup_on_ar_outputs`).
     Every request equal to its reference: the plain pooled tau. nan when no round lies inside a shared prefix."""
     if not len(accepted_lists) == len(outputs) == len(references):

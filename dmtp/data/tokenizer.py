@@ -213,7 +213,7 @@ def encode_corpus(corpus_jsonl, tok, out_path, batch_docs: int = 256, progress=T
     uint16 when the vocabulary fits, else int32. Written atomically; an existing `out_path` is kept as is.
     `workers` > 1: that many spawned processes encode chunks of `batch_docs` documents each, collected in order, so
     the stream is the same for any count (the pipeline's tokenizer stage: `pipeline.encode_workers`; one process's
-    batch encoding ran at ~600 documents/s on `mini`'s corpus on a 16-core device machine, 35 s of r6's chain). A
+    batch encoding ran at ~600 documents/s on `mini`'s corpus on a 16-core GPU host, 35 s for the whole corpus). A
     script that calls it with workers > 1 needs the `if __name__ == "__main__":` guard that spawned processes need.
     """
     out_path, bk = Path(out_path), backend(tok)

@@ -85,13 +85,12 @@ def target_problem(tgt) -> str | None:
 
 def drafter_problem(drafter, eng: EngineConfig = DEFAULT) -> str | None:
     """None when `drafter_forward` may decode this drafter under `eng` (`eng.drafter = "hf"` keeps drafters on the HF
-    drafter path). The compiled drafter once proposed other drafts on the trained `mini` drafters (DFlash first-token
-    acceptance 0.21 where the HF drafter path gives 0.86, LOG.md 2026-12-01; outputs identical: losslessness does not
-    see it). The cause was the cache write inside the compiled graph with flex attention (`EngineConfig.cache_write`);
-    with the write outside it the compiled drafter proposes the HF drafter's drafts on the H200 (tests/test_cuda.py::
-    test_fast_drafter_proposes_what_hf_proposes; the repro was experiments/repro_fast_drafter.py, in the history) and, on the trained `mini`
-    drafters, decodes with the HF path's acceptance round for round (dmtp/cli/diag.py, LOG.md
-    2026-12-01 third allotment)."""
+    drafter path). A compiled drafter can propose other drafts than the HF path without any losslessness test seeing
+    it (the outputs stay identical): with the cache write inside the compiled graph and flex attention
+    (`EngineConfig.cache_write`), DFlash's first-token acceptance on the trained `mini` drafters was 0.21 where the HF
+    drafter path gives 0.86. With the write outside the graph the compiled drafter proposes the HF drafter's drafts on
+    the H200 (tests/test_cuda.py::test_fast_drafter_proposes_what_hf_proposes) and, on the trained `mini` drafters,
+    decodes with the HF path's acceptance round for round (dmtp/cli/diag.py)."""
     c = drafter.config
     if c.backbone != "dflash":
         return f"{c.backbone} backbone"
@@ -182,7 +181,7 @@ _write_eager = torch.compiler.disable(_write_rows)
 # "eager" outside it). On CUDA (torch 2.11, H200) a graph that writes the cache and then reads it with flex attention
 # gave wrong attention outputs, whatever the write (indexed or index_copy_ over flattened rows) and even when the rows
 # written held the same values already; the same graph with the dense kernel, eager flex attention, and the write
-# outside the graph were right (LOG.md 2026-12-01, second entry). It made the
+# outside the graph were right. It made the
 # compiled drafter propose wrong drafts and the compiled Qwen3 target diverge from HF greedy; CUDA graphs capture the
 # eager write as any other kernel. So "auto" writes outside the graph on CUDA with flex attention only.
 

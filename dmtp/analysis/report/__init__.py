@@ -13,9 +13,10 @@ import pandas as pd
 from dmtp.analysis.ratios import read as read_ratios
 from dmtp.analysis.report import blog_gap, figures, summary, tables
 from dmtp.analysis.report import verify as verify_study
-from dmtp.analysis.report.data import Artifacts, load
+from dmtp.analysis.report.data import Artifacts, find_results, load
 
-__all__ = ["Artifacts", "load", "tables", "figures", "summary", "render_tables", "render_figures", "render_report"]
+__all__ = ["Artifacts", "find_results", "load", "tables", "figures", "summary", "render_tables", "render_figures",
+           "render_report"]
 
 # REPORT.md's detailed sections: (title, table files, figure-name prefixes)
 SECTIONS = [

@@ -484,9 +484,19 @@ def _with_prompt_pass(df: pd.DataFrame, meta: Path) -> pd.DataFrame:
     return df.assign(prefill=engine.get("prefill", ""))
 
 
+def find_results(results: str | Path = "results") -> Path:
+    """`results` where it exists as given; a relative path missing here is looked for in the folders above the
+    working directory, nearest first (a notebook's kernel runs in notebooks/, the results lie at the repository's
+    root); as given when found nowhere (the error then names it)."""
+    p = Path(results)
+    if p.is_absolute() or p.exists():
+        return p
+    return next((d / p for d in Path.cwd().resolve().parents if (d / p).is_dir()), p)
+
+
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
-    """Every pooled realization of results/<profile> (module docstring) into one bundle."""
-    top = Path(results) / profile
+    """Every pooled realization of results/<profile> (module docstring) into one bundle (`results`: `find_results`)."""
+    top = find_results(results) / profile
     pooled, left_out = match(require_artifacts(top))
     for name, why in left_out:
         print(f"[report] realization {name} left out: {why}")

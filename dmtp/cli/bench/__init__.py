@@ -5,7 +5,7 @@
     python -m dmtp.cli.bench --mini-shape --out results/mini/bench       # random weights, mini shape: timing only
     python -m dmtp.cli.bench --target work/tiny/target --drafters work/tiny/drafters --out /tmp/b \
         --tokens 64 --caps 1,2 --prompts 8 --max-new-tokens 32 --parts overhead,hf   # CPU smoke run, ~1 min
-(`experiments/runs/h200_engine.sh` runs the random-weight parts and the GPU tests in one H200 command.)
+(`make bench-shapes` runs the random-weight parts; `make test-gpu` the GPU tests.)
 
 overhead.csv    ms per round by stage (drafter, mtp, t1_prep, drafter_ctx, verify, round) at batch `--batch`,
                 `--tokens` generated tokens ignoring EOS, the first 16 rounds excluded; with --paper-shape /

@@ -74,8 +74,8 @@ def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,
                 tps.setdefault(k, []).append(len(out) / wall)
                 outs[k] = out
     # HF's compiled generate first, in a block of its own: its compile (mode "reduce-overhead": CUDA graph trees)
-    # left the engine's graphs captured before it replaying into an illegal memory access on the H200 (torch 2.11;
-    # LOG.md, 2026-12-01); graphs captured after it replay correctly.
+    # left the engine's graphs captured before it replaying into an illegal memory access on the H200 (torch 2.11);
+    # graphs captured after it replay correctly.
     static = hf_static_generate(tgt, prompt, tokens)
     static()  # compiles
     time_them({"hf-static": static}, repeats)

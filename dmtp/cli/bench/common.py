@@ -76,8 +76,8 @@ class StageTimer:
 
     def ms_per_round(self, skip: int = 16) -> dict[str, float]:
         """Median ms per round of each stage over the rounds that ran it (a stage run twice in a round counts both),
-        the first `skip` rounds excluded. The median, not the mean: a few stalled rounds once moved a mean "round" 40 %
-        above the sum of its stages, where every later run measured the sum (LOG.md, 2026-12-01)."""
+        the first `skip` rounds excluded. The median, not the mean: a few stalled rounds can move a mean "round" 40 %
+        above the sum of its stages, where the medians add up."""
         if self.cuda:
             torch.cuda.synchronize()
         per = defaultdict(list)

@@ -34,7 +34,7 @@ def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> 
     into the slots), on a server that has served `prompts` (its shapes compiled): `n` admissions of a group of the
     size the server admits (`engine.admit`, at most its cap) into its first slots, timed on the host (device
     synchronised around each) after one untimed round of the same admissions (a bucket of a graphed pass that the
-    server never met is captured there: r4's first B32 profile, of one request each, timed its captures), then one
+    server never met is captured there; timed, such a capture would be measured as an admission), then one
     under torch profiler. With a graphed prompt pass (`EngineConfig.prefill = "graphed"`) the same admissions also
     run through the compiled pass, side by side (one untimed first, which may compile its shape), and the first
     tokens of the newcomers are compared between the two. Writes the host times, the profiler's device time, on a GPU

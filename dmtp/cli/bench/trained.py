@@ -101,7 +101,7 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
     shapes (cache rows for its requests and `--max-new-tokens`, as many tokens generated), so a benchmark of both
     parts compiles each method once per cap, not twice; at another `--batch`, `--tokens` tokens. The largest batch
     first, and every stage time before the kernel profiles (`--kernel-profile`: at `--batch`, AR, DFlash and DMTP):
-    a limit that cuts the part short keeps the cost model's inputs (the B32 rounds were the ones r2's limit took)."""
+    a limit that cuts the part short keeps the cost model's inputs (the largest batch's rounds first)."""
     a, dmtp, dflash = b.a, b.spec.main_method, b.spec.drafter_baseline
     names = [AR.name] + [m for m in methods if m != AR.name]  # the reference first
     rows, ratios, profiles = [], [], []
@@ -138,9 +138,9 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
     stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process.
 
     Per (temperature, cap) a server per method is started as a serving engine starts: its graphed prompt pass
-    captured for every bucket (`Server.prepare`; r4's B32 runs, before it, captured buckets while timed), then one
+    captured for every bucket (`Server.prepare`: otherwise the timed runs would capture buckets), then one
     untimed run of the whole request group (graph capture for every batch the timed runs meet: a first group alone
-    left the first timed repeat compiling, 10-60 % slower, on the trained mini of 2026-12-02). Then `--repeats` timed
+    left the first timed repeat compiling, 10-60 % slower, on the trained mini). Then `--repeats` timed
     runs of the whole request group, interleaved (every method once per repeat, the order rotated by one each
     repeat), so a drift of the machine reaches all alike. The largest cap decodes `--prompts` prompts at every
     temperature, the others the first `--small-cap-prompts` at the temperatures of `--small-cap-temperatures`
@@ -322,7 +322,7 @@ def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[
 def workload_note(m: pd.DataFrame, ar: pd.DataFrame) -> str:
     """'' when a method's T = 0 runs decoded AR's workload (every request equal to AR's output), else what differs:
     requests equal to AR's and output tokens against AR's. In bf16 a method's output leaves AR's at a top-2 tie and
-    its tok/s is then over other text (r21's B1 bench: 911 tokens against AR's 720, 14 of 16 requests equal), so its
+    its tok/s is then over other text (a mini B1 benchmark: 911 tokens against AR's 720, 14 of 16 requests equal), so its
     speed-up is not over AR's workload alone. Rows of one (temperature, cap), indexed by repeat."""
     if "equal_ar" not in m or m.equal_ar.isna().all():
         return ""

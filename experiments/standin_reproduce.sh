@@ -6,11 +6,15 @@
 # 3 epochs at global batch 8, eager. Random weights never stop by themselves: the run measures each stage's wall time
 # and the regeneration's tok/s per GPU (stages.json), never acceptance; the projection of the full protocol's time
 # from them is written beside (labelled a projection).
-#   experiments/runs/standin_reproduce.sh DIR     # DIR receives stages.json, projection.txt, REPORT.md, tables/, metas
+#   experiments/standin_reproduce.sh DIR     # DIR receives stages.json, projection.txt, REPORT.md, tables/, metas
 # PROFILE, BUILD (the stand-in's build flags) and SIZES (the --set flags) change the sizes; the chain at CPU toy size:
-#   PROFILE=open-tiny BUILD="--tiny --rows 4 --train-rows 12" SIZES="" experiments/runs/standin_reproduce.sh /tmp/x
-source "$(dirname "$0")/common.sh"
-DIR=${1:?usage: experiments/runs/standin_reproduce.sh DIR}
+#   PROFILE=open-tiny BUILD="--tiny --rows 4 --train-rows 12" SIZES="" experiments/standin_reproduce.sh /tmp/x
+set -uo pipefail
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1
+START=$(date +%s)
+stamp() { echo "[standin] $(date +%T) +$(( $(date +%s) - START ))s $*"; }
+DIR=${1:?usage: experiments/standin_reproduce.sh DIR}
 IN=${STANDIN:-/tmp/standin}
 PROFILE=${PROFILE:-qwen3.6-27b}
 BUILD=${BUILD:---device cuda --layers 4 --rows 8 --train-rows 64}
@@ -19,7 +23,6 @@ SIZES=${SIZES-"--set data.prompts=64 --set data.new_tokens=128 --set data.batch=
   --set train.log_every=4 --set eval.sets={\"gsm8k\":8,\"math500\":8,\"humaneval\":8,\"alpaca\":8,\"mtbench\":8}
   --set eval.new_tokens=128"}
 mkdir -p "$DIR"
-wheels; revision
 stamp "build the stand-in under $IN"
 [ -f "$IN/done" ] || { $PY -m experiments.reproduce_standin build --out "$IN" $BUILD > "$IN.flags" \
   && touch "$IN/done"; } || exit 1

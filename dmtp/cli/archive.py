@@ -1,0 +1,100 @@
+"""A run's results as one archive, and landing it on another machine.
+
+    dmtp pipeline --profile mini --deadline 3300 --archive /shared/mini.tgz   # packs results/<folder> after each stage
+    dmtp land /shared/mini.tgz [--results results] [--partial]               # here: the archive into results/
+
+The archive is a gzipped tar of `results/<folder>` (`<profile>` or `<profile>/r<k>`) holding `pipeline.json`, the
+state of the run that packed it (stages done, skipped or stopped; `finished`). It is rewritten whole, through a
+temporary file, after every stage, so a job killed at its time limit leaves the archive of its last finished stage.
+`land` copies the folder into `results/` where no folder of that name exists (a finished realization is never
+overwritten), gzips its records (`.jsonl.gz`, as committed realizations are kept) and renders its REPORT.md. An archive
+of a run that had not finished is refused unless `--partial`, which lands it apart, as `<profile>/partial/...`, where
+the pooled report never reads it.
+"""
+from __future__ import annotations
+
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from dmtp.io import atomic_path, compact, read_json
+
+STATUS = "pipeline.json"  # the run's state, inside the packed folder
+
+
+def pack(results: Path, folder: str, archive: Path) -> Path:
+    """`results/<folder>` -> `archive` (tar.gz, members under `<folder>`), replaced whole or not at all."""
+    src = Path(results) / folder
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src}: nothing to pack (no results folder)")
+    with atomic_path(archive) as tmp:
+        with tarfile.open(tmp, "w:gz") as t:
+            t.add(src, arcname=folder, filter=lambda m: None if Path(m.name).name.startswith(".") else m)
+    return Path(archive)
+
+
+def _safe_members(t: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
+    """Every member of a results archive: plain files and folders under one relative top folder."""
+    out = []
+    for m in t.getmembers():
+        p = Path(m.name)
+        if p.is_absolute() or ".." in p.parts or not (m.isfile() or m.isdir()):
+            raise ValueError(f"{archive}: member {m.name!r} is not a plain file or folder under a relative path; "
+                             "expected an archive written by `dmtp pipeline --archive`")
+        out.append(m)
+    return out
+
+
+def _status_folder(root: Path, archive: Path) -> tuple[str, dict]:
+    """(folder, state) of the one packed run under `root` (its `pipeline.json`)."""
+    found = sorted(root.rglob(STATUS))
+    if len(found) != 1:
+        raise ValueError(f"{archive}: holds {len(found)} {STATUS} files; expected one (an archive written by "
+                         "`dmtp pipeline --archive`)")
+    state = read_json(found[0])
+    folder = found[0].parent.relative_to(root).as_posix()
+    if state.get("folder") != folder:
+        raise ValueError(f"{archive}: {STATUS} names folder {state.get('folder')!r} but lies in {folder!r}")
+    return folder, state
+
+
+def land(archive: Path, results: Path, partial: bool = False, report: bool = True, log=print) -> Path:
+    """Land a packed run into `results` (see the module docstring); returns the folder it landed in."""
+    archive, results = Path(archive), Path(results)
+    if not archive.is_file():
+        raise FileNotFoundError(f"{archive}: no such archive")
+    with tempfile.TemporaryDirectory(dir=results.parent if results.parent.exists() else None) as tmp:
+        try:
+            with tarfile.open(archive, "r:gz") as t:
+                t.extractall(tmp, members=_safe_members(t, archive), filter="data")
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise ValueError(f"{archive}: not a readable tar.gz ({e})") from None
+        folder, state = _status_folder(Path(tmp), archive)
+        dest_name = folder
+        if not state.get("finished"):
+            missing = ", ".join(state.get("missing", [])) or "unknown"
+            if not partial:
+                raise ValueError(f"{archive}: its run had not finished (stages left: {missing}); rerun the pipeline "
+                                 "to finish it, or land it apart with --partial")
+            profile, _, rest = folder.partition("/")
+            dest_name = f"{profile}/partial/{rest or 'r0'}"
+        dest = results / dest_name
+        if dest.exists():
+            raise FileExistsError(f"{dest} exists: a landed run is never overwritten (move it away first)")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staged = dest.parent / f".{dest.name}.landing"
+        shutil.rmtree(staged, ignore_errors=True)
+        shutil.copytree(Path(tmp) / folder, staged)
+        staged.rename(dest)
+    plain = sorted(p for d in ("runs", "curve", "verify") for p in (dest / d).glob("**/*.jsonl"))
+    for p in plain:
+        compact(p)
+    log(f"[land] {archive} -> {dest} ({len(plain)} record files gzipped; "
+        f"{'finished' if state.get('finished') else 'unfinished: stages left ' + ', '.join(state.get('missing', []))})")
+    if report and (dest / "runs").is_dir():
+        from dmtp.analysis.report import render_report
+
+        render_report(dest.relative_to(results).as_posix(), results)
+        log(f"[land] {dest / 'REPORT.md'}")
+    return dest

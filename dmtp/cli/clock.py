@@ -1,0 +1,93 @@
+"""A wall-clock limit for the pipeline (`dmtp pipeline --deadline SECONDS`): a scheduler's job limit, a spot
+instance's notice.
+
+Optional stages (`OPTIONAL_UNDER_DEADLINE`: the learning curve, the verification-mode study) start only when their
+cost fits in the time left; their cost is the longest measured run of the stage in this work folder
+(`work/<folder>/stage_times.json`, written as stages finish) or a declared one (`--costs FILE`, a JSON object
+stage -> seconds, e.g. that file from another machine). A stage of unknown cost is started. The stages the results
+need always start; at the deadline less `reserve` seconds the running stage is interrupted (every artifact is written
+atomically and every stage resumes, so nothing half-written is left), the results are packed (`--archive`), and the
+same command, rerun, resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from dmtp.io import read_json, write_json
+
+OPTIONAL_UNDER_DEADLINE = ("curve", "verify")  # left out when they would not finish in time; the tables need neither
+TIMES = "stage_times.json"  # work/<folder>/: stage -> the longest measured wall time (s)
+
+
+class DeadlineReached(BaseException):
+    """The deadline interrupted a stage. A BaseException, so that the stages' per-run `except Exception` (one failing
+    evaluation run does not cost the others) does not swallow it."""
+
+
+class Deadline:
+    """Seconds left before `limit_s` (from construction) less `reserve_s`; None: no limit."""
+
+    def __init__(self, limit_s: float | None, reserve_s: float = 30.0, clock=time.monotonic):
+        if limit_s is not None and limit_s <= 0:
+            raise ValueError(f"--deadline {limit_s}: expected a positive number of seconds")
+        if reserve_s < 0:
+            raise ValueError(f"--reserve {reserve_s}: expected seconds >= 0")
+        self.limit_s, self.reserve_s, self.clock, self.t0 = limit_s, reserve_s, clock, clock()
+
+    def left(self) -> float:
+        """Seconds of work left (infinite without a limit; may be negative)."""
+        if self.limit_s is None:
+            return float("inf")
+        return self.limit_s - self.reserve_s - (self.clock() - self.t0)
+
+    def fits(self, cost: float | None) -> bool:
+        """A stage of this cost (None: unknown, started) finishes in the time left."""
+        return cost is None or cost <= self.left()
+
+    def arm(self) -> None:
+        """Raise DeadlineReached in the main thread when the time left runs out (SIGALRM; no-op without a limit)."""
+        if self.limit_s is None:
+            return
+        left = self.left()
+        if left <= 0:
+            raise DeadlineReached()
+
+        def fire(signum, frame):
+            raise DeadlineReached()
+
+        signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, left)
+
+    def disarm(self) -> None:
+        if self.limit_s is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def read_costs(work: Path, declared: str | Path | None = None) -> dict[str, float]:
+    """Stage -> seconds: the measured times of `work` (TIMES), overridden by a declared file (`--costs`)."""
+    costs = {}
+    path = Path(work) / TIMES
+    if path.exists():
+        costs.update(read_json(path))
+    if declared is not None:
+        try:
+            d = json.loads(Path(declared).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"--costs {declared}: cannot be read as JSON ({e})") from None
+        if not isinstance(d, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in d.values()):
+            raise ValueError(f"--costs {declared}: expected a JSON object stage -> seconds (numbers >= 0)")
+        costs.update({k: float(v) for k, v in d.items()})
+    return costs
+
+
+def record_cost(work: Path, stage: str, seconds: float) -> None:
+    """Keep the longest measured wall time of `stage` in `work`/TIMES (a rerun that only skips finished work is
+    quick: the longest run is the conservative estimate of what the stage costs)."""
+    path = Path(work) / TIMES
+    times = read_json(path) if path.exists() else {}
+    if seconds > times.get(stage, -1.0):
+        times[stage] = round(seconds, 1)
+        write_json(path, times)
