@@ -70,6 +70,10 @@ def w(tmp_path_factory):
     _edit(root / "target", root / "t_nan", tensors=_set("model.layers.1.mlp.up_proj.weight", float("nan")))
     _edit(root / "target", root / "t_overflow", tensors=_set("model.norm.weight", 3e38))  # finite, logits are not
     _edit(root / "target", root / "t_tokjson", files={"tokenizer.json": b'{"version": "1.0", "trunc'})
+    _edit(root / "target", root / "t_rope", config=lambda c: c.update(rope_scaling={"type": "linear", "factor": 0.0}))
+    _edit(root / "target", root / "t_yarn", config=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                                    "beta_fast": float("nan")}))
+    _edit(root / "zir", root / "d_rope", config=lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 0}))
     _edit(root / "zir", root / "d_noinj", tensors=lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("injection")])
     _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update(
         {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
@@ -174,7 +178,15 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("target NaN weights", lambda w: ["generate", "--target", str(w / "t_nan")] + G(w)[3:],
      "non-finite weights (NaN or infinity) in model.layers.1.mlp.up_proj.weight"),
     ("target non-finite logits", lambda w: ["generate", "--target", str(w / "t_overflow")] + G(w)[3:],
-     "t_overflow: a forward pass gives non-finite logits in float32"),
+     "t_overflow: a forward pass of 32 positions gives non-finite logits in float32 (NaN or infinity); likely cause: "),
+    ("target RoPE factor 0", lambda w: ["generate", "--target", str(w / "t_rope")] + G(w)[3:],
+     "t_rope/config.json: rope factor=0.0 (rope_type linear): expected a finite number > 0"),
+    ("target RoPE beta NaN", lambda w: ["generate", "--target", str(w / "t_yarn")] + G(w)[3:],
+     "t_yarn/config.json: rope beta_fast=nan: expected a finite number"),
+    ("drafter RoPE factor 0", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "d_rope")] + G(w)[5:],
+     "rope factor=0 (rope_type linear): expected a finite number > 0"),
+    ("train on a target with RoPE factor 0", lambda w: ["train", "--target", str(w / "t_rope")] + TR(w)[3:],
+     "t_rope/config.json: rope factor=0.0"),
     ("target tokenizer truncated", lambda w: ["generate", "--target", str(w / "t_tokjson")] + G(w)[3:],
      "t_tokjson/tokenizer.json:1: not valid JSON"),
     ("drafter without its injection", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "d_noinj")]

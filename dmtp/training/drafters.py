@@ -33,7 +33,7 @@ from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state,
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
-from dmtp.training.common import compiled, to_device
+from dmtp.training.common import check_finite_loss, compiled, to_device, watch_finite
 
 
 # --- data -------------------------------------------------------------------------------------------------------
@@ -488,6 +488,7 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         seen += int(lengths.sum())
         sample_anchors(lengths, cfg.anchors_per_seq, gen)
     t0 = time.time()
+    bad: dict[str, torch.Tensor] = {}  # per drafter: a non-finite loss since the last log step (on the device)
     bar = tqdm(range(first, cfg.steps), desc=f"train {','.join(todo)}"[:60], dynamic_ncols=True, disable=not main)
     for step in bar:
         ids, lengths = next(it)
@@ -513,8 +514,14 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
         names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
         lr = schedule(step) if schedule else lr_at(step, cfg)
         out = trainer.step(names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks)
+        for name in names:  # a non-finite loss at any step, read back with the next log step's values
+            bad[name] = watch_finite(bad.get(name), out[name]["loss"])
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
+            for name in names:
+                out[name]["nonfinite"] = bad.pop(name)
             for name, rec in read_back(out, world).items():
+                check_finite_loss(f"drafter training {out_dir / name}", step + 1, rec.pop("nonfinite"), rec, lr,
+                                  target)
                 hist[name].append({**rec, "step": step + 1, "lr": lr, "elapsed_s": time.time() - t0,
                                    "tokens": seen})
             bar.set_postfix({n: f"{hist[n][-1]['loss']:.3f}" for n in names})

