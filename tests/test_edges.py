@@ -139,3 +139,95 @@ def test_drafter_training_with_a_nan_loss_is_refused(models, tmp_path):
     with pytest.raises(ValueError, match=r"drafter training .*dflash: the training loss is not finite .* by step 4"):
         train_drafters(tgt, mtp, ds, token_seqs(), cfg, tmp_path, log=lambda *_: None)
     assert not (tmp_path / "dflash" / "DONE").exists() and not (tmp_path / "dflash" / "drafter").exists()
+
+
+# --- the identity of an input is its resolved file -----------------------------------------------------------------
+def test_one_writer_holds_the_file_not_the_path(tmp_path, monkeypatch):
+    """A second writer of one file through a symlink, a `..` path or a relative path is refused."""
+    from dmtp.io import Busy, one_writer
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "a" / "o.jsonl")
+    monkeypatch.chdir(tmp_path / "a")
+    with one_writer(tmp_path / "a" / "o.jsonl"):
+        for other in (tmp_path / "link.jsonl", tmp_path / "a" / ".." / "a" / "o.jsonl", "o.jsonl"):
+            with pytest.raises(Busy, match="being written by pid"):
+                with one_writer(other):
+                    pass
+    with one_writer(tmp_path / "link.jsonl"):  # released: free again
+        pass
+
+
+# --- every write failure names its cause ---------------------------------------------------------------------------
+@pytest.fixture
+def full(tmp_path):
+    """A path whose writes fail as on a full disk (a symlink to /dev/full)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    p = tmp_path / "full.bin"
+    p.symlink_to("/dev/full")
+    return p
+
+
+def test_a_full_disk_is_named(full, monkeypatch):
+    from pathlib import Path
+
+    from dmtp.io import append_jsonl, save_state, write_json
+
+    with pytest.raises(OSError, match=f"{full}: cannot be written \\(No space left on device\\)") as e:
+        save_state({"w": torch.zeros(100_000)}, full)  # torch's own writer would say "unexpected pos ..."
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(OSError, match=f"{full}: cannot be written \\(No space left on device\\)"):
+        append_jsonl(full, [{"id": "a"}])
+
+    def no_space(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", no_space)
+    with pytest.raises(OSError, match=r"meta.json: cannot be written \(No space left on device\)"):
+        write_json(full.parent / "meta.json", {"a": 1})
+    assert not list(full.parent.glob(".meta.json.*"))  # no temp file left
+
+
+# --- weight files readable by others ---------------------------------------------------------------------------------
+def test_every_weight_writer_leaves_files_readable(models, tmp_path):
+    """save_target_with_mtp on its own, a drafter's save, saved training state: 0644 under umask 022 (the mode a plain
+    open gives), never safetensors' or mkstemp's private 0600."""
+    from conftest import make_drafter
+
+    from dmtp.io import save_state
+    from dmtp.models.mtp import save_target_with_mtp
+
+    tgt, mtp = models
+    mask = os.umask(0)
+    os.umask(mask)
+    want = 0o666 & ~mask
+    save_target_with_mtp(tgt.model, mtp, tmp_path / "t")
+    make_drafter(tgt, "dflash", layers=1).save(tmp_path / "d")
+    save_state({"w": torch.zeros(3)}, tmp_path / "s.pt")
+    files = [*(tmp_path / "t").iterdir(), *(tmp_path / "d").iterdir(), tmp_path / "s.pt"]
+    assert any(f.suffix == ".safetensors" for f in files)
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: oct(want) for f in files}
+
+
+# --- provenance counts source files only ---------------------------------------------------------------------------
+def test_a_run_rewriting_tracked_results_is_not_dirty(tmp_path):
+    from dmtp.io import git_sha
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+
+    for f in ("dmtp/x.py", "results/r/REPORT.md", "README.md", "pyproject.toml"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    (tmp_path / "results/r/REPORT.md").write_text("rerun\n")  # what a rerun of the pipeline rewrites
+    (tmp_path / "README.md").write_text("edited\n")
+    assert not git_sha(tmp_path).endswith("-dirty")
+    (tmp_path / "dmtp/x.py").write_text("2\n")
+    assert git_sha(tmp_path).endswith("-dirty")
+    (tmp_path / "dmtp/x.py").write_text("1\n")
+    (tmp_path / "pyproject.toml").write_text("2\n")
+    assert git_sha(tmp_path).endswith("-dirty")
