@@ -267,6 +267,17 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("set eval gsm8k", lambda w: P(w, "--set", "eval.subsets={}", "--set", 'eval.sets={"gsm8k": 2}'),
      "the pipeline evaluates on HumanEval only"),
     ("set unknown field", lambda w: P(w, "--set", "bogus=1"), "Profile has no field 'bogus'"),
+    ("set one key of a dict", lambda w: P(w, "--set", "eval.sets.humaneval=3"), "--set eval.sets.humaneval=3: "
+     "eval.sets is a dict-valued field: set it whole, as a JSON object (the keys you keep included), e.g. --set "
+     "'eval.sets={\"humaneval\": 3}'"),
+    ("set an absurd token budget", lambda w: P(w, "--set", "pretrain.tokens=1e30"), "--set pretrain.tokens=1e30: "
+     "expected an integer of at most 9,007,199,254,740,991 (2**53 - 1)"),
+    ("set an absurd count in a list", lambda w: P(w, "--set", f"verify.caps=[1, {2**60}]"), "--set verify.caps=[1, "
+     f"{2**60}]: expected integers of at most"),
+    ("set rules across assignments", lambda w: P(w, "--set", "train.snapshots=[5]", "--set", "train.steps=2"),
+     "--set train.snapshots=[5], --set train.steps=2: train.snapshots: steps [5] outside 1..steps=2"),
+    ("train steps absurd", lambda w: TR(w, "--steps", str(10**30)), "argument --steps: expected an integer >= 1 and "
+     "at most 9,007,199,254,740,991"),
     ("set without value", lambda w: P(w, "--set", "novalue"), "expected KEY=VALUE"),
     ("set a typo'd type", lambda w: P(w, "--set", "train.steps=ten"), "--set train.steps=ten"),
     ("unknown stage", lambda w: P(w)[:-1] + ["bogus"], "unknown stage 'bogus'"),

@@ -231,3 +231,25 @@ def test_a_run_rewriting_tracked_results_is_not_dirty(tmp_path):
     (tmp_path / "dmtp/x.py").write_text("1\n")
     (tmp_path / "pyproject.toml").write_text("2\n")
     assert git_sha(tmp_path).endswith("-dirty")
+
+
+# --- --set is checked once, after every assignment -----------------------------------------------------------------
+@pytest.mark.parametrize("sets", [
+    ["pretrain.tokens=100", "pretrain.batch_size=1", "pretrain.seq_len=16", "pretrain.eval_tokens=100"],
+    ["pretrain.seq_len=4096", "model.arch.max_position_embeddings=8192"],
+    ["train.steps=5", "train.snapshots=[5]"],
+])
+def test_set_assignments_valid_together_in_any_order(sets):
+    """Assignments valid only together pass whatever their order (each alone would break a rule across fields)."""
+    from dmtp.schema import override
+    from experiments.profiles import get_profile
+
+    base = get_profile("smoke")
+    for order in (sets, sets[::-1]):
+        p = override(base, order)
+        for a in order:
+            key, _, raw = a.partition("=")
+            obj = p
+            for part in key.split("."):
+                obj = getattr(obj, part)
+            assert str(obj).replace(" ", "").strip("()[],") == raw.strip("[]")

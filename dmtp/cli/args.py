@@ -22,7 +22,7 @@ USER_ERRORS = (ValueError, KeyError, OSError, NotImplementedError, ImportError) 
 
 
 def at_least(lo: int, hi: int | None = None):
-    """argparse type: an integer >= lo (and <= hi)."""
+    """argparse type: an integer >= lo (and <= hi; at most `checks.MAX_INT` in any case: a larger count is a typo)."""
     want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
 
     def parse(s):
@@ -32,6 +32,8 @@ def at_least(lo: int, hi: int | None = None):
             raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
         if v < lo or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
+        if v > checks.MAX_INT:
+            raise argparse.ArgumentTypeError(f"expected {want} and at most {checks.MAX_INT:,} (2**53 - 1), got {v}")
         return v
     return parse
 
