@@ -101,3 +101,14 @@ def require(ok: bool, message: str) -> None:
     """A cross-field rule: raise ValueError(message) unless ok."""
     if not ok:
         raise ValueError(message)
+
+
+def text(s: str, where: str) -> str:
+    """`s` if it is encodable text; a lone surrogate (JSON's "\\ud800": a valid escape, no character) is an error
+    naming `where` and the character's position, not a tokenizer's or writer's traceback later."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: not encodable text: a lone surrogate {s[e.start]!r} at character {e.start + 1} "
+                         "(a \\ud800-\\udfff escape that is half of a pair, or bytes that are not UTF-8)") from None
+    return s

@@ -78,6 +78,7 @@ def w(tmp_path_factory):
     _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update(
         {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
     _edit(root / "zir", root / "d_nan", tensors=_set("norm.weight", float("inf")))
+    (root / "surrogate.jsonl").write_text('{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "x = \\ud800"}\n')
     (root / "not_utf8.jsonl").write_bytes(b'{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "\xff"}\n')
     (root / "data_not_utf8.jsonl").write_bytes(b'{"ids": [3, 4, 5, 6, 7]}\n\n{"ids": [3], "x": "\xfe"}\n')
     # the pipeline: a finished target whose record is corrupt; eval results made with 12 new tokens
@@ -221,6 +222,8 @@ CASES = [  # (name, argv builder, what the error line must say)
      "made with another configuration (temperature: 1.0 -> 0.0"),
     ("out without meta", lambda w: G(w)[:-2] + ["--out", str(w / "taken.jsonl")],
      "exists without a record of how it was made (in taken.jsonl.meta.json)"),
+    ("prompt with a lone surrogate", lambda w: G(w, prompts="surrogate"), "surrogate.jsonl:2: `prompt`: not encodable "
+     "text: a lone surrogate '\\ud800' at character 5"),
     ("prompts not UTF-8", lambda w: G(w, prompts="not_utf8"), "not_utf8.jsonl:2: not UTF-8 text (byte 0xff"),
     ("seed beyond a generator's", lambda w: G(w, "--seed", "99999999999999999999999"), "argument --seed: expected an "
      "integer in [0, 4294967295]"),

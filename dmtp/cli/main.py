@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from dmtp import dist
+from dmtp import checks, dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
 from dmtp.cli import args, dryrun, pipeline, stages
@@ -91,6 +91,7 @@ def read_prompts(path, tok=None, vocab_size=None):
         elif "prompt" in r:
             if not isinstance(r["prompt"], str):
                 raise ValueError(f"{path}:{i}: `prompt` must be a string")
+            checks.text(r["prompt"], f"{path}:{i}: `prompt`")
             if tok is None:
                 raise ValueError(f"{path}:{i}: a text prompt, but the target has no tokenizer files (give "
                                  "`prompt_ids`)")
@@ -212,6 +213,8 @@ def generate_into(a, out: Path):
         raise ValueError("--stop is not supported with --dataset mtbench (two turns)")
     if "" in stops:
         raise ValueError("--stop '': a stop string must not be empty")
+    for x in stops:
+        checks.text(x, f"--stop {x!r}")
     if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
         if tok is None:
             raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
