@@ -9,8 +9,10 @@
 
 A rule is a (test, expectation) pair; `check` also refuses NaN and infinities in every float field of a dataclass,
 and integers beyond `MAX_INT` in every field (an item of a list or a dict value too), with or without a rule: a
-token budget of 10**30 is a typo, and downstream counts (steps, progress bars, tensors) overflow on it. Configs check themselves in `__post_init__`, so a value set from a profile, a `--set` override
-or a command-line flag is checked in the same place (`dataclasses.replace` runs `__post_init__` again).
+token budget of 10**30 is a typo, and downstream counts (steps, progress bars, tensors) overflow on it. Configs
+check themselves in `__post_init__`, so a value set from a profile, a `--set` override or a command-line flag is
+checked in the same place (`dataclasses.replace` runs `__post_init__` again; `schema.override` once, after every
+assignment).
 """
 from __future__ import annotations
 

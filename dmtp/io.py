@@ -116,6 +116,25 @@ def record_meta(path) -> Path:
     return Path(path).with_name(f"{record_stem(path)}.meta.json")
 
 
+def metas_of(path) -> list[Path]:
+    """The meta files a record file may have beside it: <stem>.meta.json (the pipeline's runs, `record_meta`) and
+    <file>.meta.json (`dmtp generate --out FILE`), those that exist."""
+    return [m for m in dict.fromkeys([record_meta(path), Path(str(path) + ".meta.json")]) if m.exists()]
+
+
+def check_finished(path) -> dict | None:
+    """A stage's record file read as an input: refused (an error naming it) when a meta beside it says
+    `finished: false` (the stage was stopped half-way: its records are a prefix of the output). Returns that meta
+    (None without one)."""
+    meta = None
+    for m in metas_of(path):
+        meta = read_json(m)
+        if isinstance(meta, dict) and meta.get("finished") is False:
+            raise ValueError(f"{path}: half-written ({m.name} says finished: false): finish it with the command that "
+                             "made it (it resumes), or remove it")
+    return meta
+
+
 def compact(path) -> Path:
     """x.jsonl -> x.jsonl.gz, the same records (read back to check), the plain file removed last."""
     path = Path(path)
@@ -326,13 +345,13 @@ def revision_line(root: Path | None = None) -> str:
     return f"{git_sha(root)} {source_digest(root)}"
 
 
-SOURCE_FILES = ("pyproject.toml", "constraints.txt")  # beside SOURCE_DIRS: what decides the code and packages a result ran
+SOURCE_FILES = ("pyproject.toml", "constraints.txt")  # with SOURCE_DIRS: the code and packages a result ran with
 
 
 def git_sha(root: Path | None = None) -> str:
-    """The commit of the code (`-dirty` with uncommitted changes to tracked SOURCE files: `SOURCE_DIRS` and
-    `SOURCE_FILES`; a run that rewrites tracked results, notes or docs leaves the code it ran as committed). Where the tree is a copy without
-    .git (a GPU machine's snapshot): the commit in the REVISION file at its root (`make device-prep`, copied by the
+    """The commit of the code (`-dirty` with uncommitted changes to tracked source files: `SOURCE_DIRS` and
+    `SOURCE_FILES`; a run that rewrites tracked results, notes or docs leaves the code it ran as committed). Where
+    the tree is a copy without .git (a GPU machine's snapshot): the commit in the REVISION file at its root (`make device-prep`, copied by the
     run scripts) when the copy's `source_digest` equals the one recorded beside it; otherwise the commit with
     "+changed-<digest>" (the REVISION is older than the code: `make device-prep` was not re-run after a commit), or
     "unknown" without a REVISION."""

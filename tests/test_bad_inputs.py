@@ -103,6 +103,14 @@ def w(tmp_path_factory):
         (root / f"{name}.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
                                                     for r in rows))
     (root / "a_file").write_text("x")
+    dec = "".join(json.dumps({"id": str(i), "prompt_ids": [3, 4], "output_ids": [5, 6, 7], "accepted": [1]}) + "\n"
+                  for i in range(4))
+    (root / "killed.jsonl").write_text(dec)  # a `dmtp generate` output stopped half-way
+    (root / "killed.jsonl.meta.json").write_text(json.dumps({"finished": False, "fingerprint": {}}))
+    (root / "nometa.jsonl").write_text(dec)  # decoded records, no meta to say they are complete
+    (root / "training" / "dflash").mkdir(parents=True)  # a drafter training under way: its save, no DONE
+    shutil.copytree(root / "zir", root / "training" / "dflash" / "drafter")
+    (root / "training" / "dflash" / "trainer_state.pt").write_bytes(b"")
     (root / "out_dir").mkdir()
     (root / "taken.jsonl").write_text('{"id": "a", "accepted": []}\n')  # records with no meta beside them
     (root / "other.jsonl").write_text('{"id": "a", "accepted": []}\n')
@@ -252,6 +260,13 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("train profile", lambda w: TR(w, "--profile", "bogus"), "unknown profile 'bogus'"),
     ("train out is a file", lambda w: TR(w)[:5] + ["--out", str(w / "a_file")] + TR(w)[7:], "is a file"),
     ("train data not UTF-8", lambda w: TR(w, data="data_not_utf8"), "data_not_utf8.jsonl:3: not UTF-8 text"),
+    ("train on a killed decode", lambda w: TR(w, data="killed"), "killed.jsonl: half-written (killed.jsonl.meta.json "
+     "says finished: false): finish it with the command that made it (it resumes)"),
+    ("train on decoded records without meta", lambda w: TR(w, data="nometa"), "nometa.jsonl: decoded records without "
+     "their meta (nometa.jsonl.meta.json): whether the decode finished is unknown"),
+    ("generate with a drafter still training", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter",
+                                                                       str(w / "training" / "dflash" / "drafter")]
+     + G(w)[5:], "drafter: the checkpoint of an unfinished training"),
     ("train seed beyond a generator's", lambda w: TR(w, "--seed", str(2**32)), "argument --seed"),
     ("train init-from another width", lambda w: TR(w, "--variants", "zero_init_residual", "--init-from",
                                                    f"zero_init_residual={w / 'wide'}"),
@@ -344,6 +359,9 @@ OTHER = [  # the other entry points: (name, main, argv, message)
     ("bench parts", bench.main, lambda w: ["--out", str(w / "b"), "--parts", "speed"], "argument --parts"),
     ("bench no tokenizer", bench.main, lambda w: ["--out", str(w / "b"), "--target", str(w / "target"), "--methods",
                                                    "ar"], "no tokenizer files"),
+    ("bench a drafter still training", bench.main, lambda w: ["--out", str(w / "b"), "--target", str(w / "target"),
+                                                             "--drafters", str(w / "training"), "--methods", "dflash"],
+     "training/dflash/drafter: the checkpoint of an unfinished training"),
     ("bench temperature denormal", bench.main, lambda w: ["--out", str(w / "b"), "--temperatures", "0,1e-320"],
      "argument --temperatures"),
     ("report duplicated record", report_cli.main, report_tables("twice"),

@@ -300,7 +300,7 @@ def cmd_train(a):
         if not eq or v not in variants:
             raise ValueError(f"--init-from {item!r}: expected VARIANT=PATH with VARIANT one of --variants "
                              f"({','.join(variants)})")
-        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint"))
+        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False))
         try:
             got = widths(DrafterConfig.from_hf_dict(read_json(Path(path) / "config.json")))
         except (ValueError, TypeError) as e:  # not JSON, a field out of range

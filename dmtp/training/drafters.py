@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from dmtp.config import TrainConfig
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
-from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
+from dmtp.io import atomic_dir, atomic_path, check_finished, iter_jsonl, load_state, save_state, write_json, write_text
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
@@ -39,10 +39,18 @@ from dmtp.training.common import check_finite_loss, compiled, to_device, watch_f
 # --- data -------------------------------------------------------------------------------------------------------
 def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None) -> list[list[int]]:
     """Token file: JSONL, one object per line with `prompt_ids` + `output_ids` (the `dmtp generate` schema) or `ids`.
-    A line without them, or with ids outside [0, vocab_size), is an error naming the file and line."""
+    A line without them, or with ids outside [0, vocab_size), is an error naming the file and line. A decode's output
+    is read only once its stage finished: refused when its meta says `finished: false`, or when its records (they
+    carry `accepted`) have no meta beside them to say so."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
+    meta = check_finished(path)
+    first = next(iter_jsonl(path), (0, {}))[1]
+    if meta is None and "accepted" in first:
+        raise ValueError(f"{path}: decoded records without their meta ({path.name}.meta.json): whether the decode "
+                         "finished is unknown; rerun the `dmtp generate` that writes it (it resumes, then marks it "
+                         "finished)")
     seqs = []
     for i, r in iter_jsonl(path):
         if "ids" in r:

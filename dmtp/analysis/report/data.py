@@ -51,7 +51,7 @@ from dmtp.config import EVAL_MODES, AblationSpec
 from dmtp.config.engine import records_key_of
 from dmtp.config.training import pretrain_key
 from dmtp.engine.stops import cut_rounds
-from dmtp.io import RECORDS, iter_jsonl, read_json, record_meta, record_stem
+from dmtp.io import RECORDS, check_finished, iter_jsonl, read_json, record_meta, record_stem
 from dmtp.schema import from_dict
 
 DEFAULT_K = {"ar": 0, "mtp": 4}  # candidates per round when a record has no n_candidates; everything else: 7
@@ -189,11 +189,7 @@ def record_files(root: Path, pattern: str) -> list[Path]:
 def check_complete(path: Path) -> None:
     """A run file the report may pool: not marked unfinished by its meta (`finished: false`: `dmtp generate` was
     stopped half-way) and holding records; otherwise an error naming it."""
-    meta = record_meta(path)
-    m = read_json(meta) if meta.exists() else {}
-    if isinstance(m, dict) and m.get("finished") is False:
-        raise ValueError(f"{path}: half-written ({meta.name} says finished: false): finish it with the command that "
-                         "made it (it resumes), or remove it")
+    check_finished(path)
     if next(iter_jsonl(path), None) is None:
         raise ValueError(f"{path}: holds no records (an empty run file): rerun it, or remove it")
 
@@ -240,6 +236,7 @@ def read_curve(root: Path) -> pd.DataFrame | None:
         meta = meta.get("config", meta)  # dmtp.io.write_meta nests the run's fields under "config"
         if meta.get("train_tokens") is None:
             raise ValueError(f"{meta_path}: expected `train_tokens` (drafter training tokens up to the snapshot)")
+        check_complete(path)
         method = path.parent.name
         for line, r in iter_jsonl(path):
             row = _request_row(path, line, r, method, DEFAULT_K.get(method, 7))

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
-from dmtp.analysis.report.data import record_files
+from dmtp.analysis.report.data import check_complete, record_files
 from dmtp.config import VERIFY_MODES
 from dmtp.io import iter_jsonl, read_json
 
@@ -51,6 +51,7 @@ def read(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame | 
     rows = []
     for path in record_files(base / "runs", "*/*/"):
         method, mode = path.parent.parent.name, path.parent.name
+        check_complete(path)  # a run the verify stage finished
         by_id: dict[str, dict] = {}
         for _, r in iter_jsonl(path):
             row = by_id.setdefault(r["id"], {"temperature": float(r["temperature"]), "method": method,
