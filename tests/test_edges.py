@@ -253,3 +253,62 @@ def test_set_assignments_valid_together_in_any_order(sets):
             for part in key.split("."):
                 obj = getattr(obj, part)
             assert str(obj).replace(" ", "").strip("()[],") == raw.strip("[]")
+
+
+# --- realizations: a copy is not a second one, a folder without finished runs is none --------------------------------
+SMALL = ["ar", "dflash", "zero_init_residual"]
+
+
+def _realizations(res, ks):
+    from ablations.code import code
+    from dmtp.analysis.report.synthetic import write_synthetic
+
+    for k in ks:
+        write_synthetic(code(), res, "p", n=6, temps=(0,), modes=("natural",), methods=SMALL, curve=False,
+                        oracle=False, bench=False, realization=k)
+
+
+def test_a_copied_realization_is_refused_naming_both(tmp_path):
+    import shutil
+
+    from dmtp.analysis.report import load
+
+    _realizations(tmp_path, [1])
+    shutil.copytree(tmp_path / "p" / "r1", tmp_path / "p" / "r2")  # the same records and seeds in another folder
+    with pytest.raises(ValueError, match=r"p/r1 and .*p/r2 hold the same records \(digest [0-9a-f]+\): one "
+                                         r"realization in two folders"):
+        load("p", tmp_path, n_boot=50)
+    exp = json.loads((tmp_path / "p" / "r2" / "experiment.json").read_text())
+    (tmp_path / "p" / "r2" / "experiment.json").write_text(json.dumps({**exp, "realization": 2}))
+    with pytest.raises(ValueError, match="hold the same records"):  # relabelled: still the same records
+        load("p", tmp_path, n_boot=50)
+    shutil.rmtree(tmp_path / "p" / "r2")
+    _realizations(tmp_path, [2])
+    (tmp_path / "p" / "r2" / "experiment.json").write_text(json.dumps({**exp, "realization": 1}))
+    with pytest.raises(ValueError, match=r"r1 and .*r2 record the same seeds \(experiment.json realization 1\)"):
+        load("p", tmp_path, n_boot=50)
+
+
+def test_a_realization_without_finished_runs_is_not_counted(tmp_path):
+    """r3 holds experiment.json and no run, r4 only a half-written run: neither is counted; the report's text and
+    its tables say the same number of realizations."""
+    import pandas as pd
+
+    from dmtp.analysis.report import load, render_report
+
+    _realizations(tmp_path, [1, 2])
+    (tmp_path / "p" / "r3").mkdir()
+    exp = (tmp_path / "p" / "r1" / "experiment.json").read_text()
+    (tmp_path / "p" / "r3" / "experiment.json").write_text(exp.replace('"realization": 1', '"realization": 3'))
+    _realizations(tmp_path, [4])
+    for meta in (tmp_path / "p" / "r4" / "runs").rglob("*.meta.json"):
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "finished": False}))
+    art = load("p", tmp_path, n_boot=50)
+    assert [r.name for r in art.realizations] == ["r1", "r2"]
+    assert [n for n, _ in art.left_out] == ["r3", "r4"] and all("no finished run" in w for _, w in art.left_out)
+    text = render_report("p", tmp_path, art).read_text()
+    assert "**2 realizations (r1, r2), pooled**" in text and "- r3: no finished run" in text
+    assert set(art.natural.n_realizations) == {2}
+    assert not any("3 realizations" in ln or "4 realizations" in ln for ln in text.splitlines())
+    for name in ("ablation_humaneval.csv", "pairwise_T0.csv"):
+        assert set(pd.read_csv(tmp_path / "p" / "tables" / name).n_realizations) == {2}

@@ -36,6 +36,7 @@ comparisons are paired by realization, seed and request.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -409,6 +410,62 @@ def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[t
     return pooled, out
 
 
+def finished_runs(root: Path) -> list[Path]:
+    """The run files of a realization that its stage finished (records present; no meta saying `finished: false`)."""
+    out = []
+    for path in record_files(Path(root, "runs"), "*/*/"):
+        try:
+            check_complete(path)
+        except ValueError:
+            continue
+        out.append(path)
+    return out
+
+
+def without_runs(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[tuple[str, str]]]:
+    """(realizations, left out with why): a realization folder without a finished run (experiment.json alone: what an
+    evaluation stopped before its first run leaves) is no realization: not counted, named. When no folder has a
+    finished run (a bench-only profile, or a single half-written run: `read_runs` names it), all are kept."""
+    have = [(k, p) for k, p in found if finished_runs(p)]
+    if not have:
+        return found, []
+    name = lambda k: f"r{k}" if k else "r0 (the flat layout)"  # noqa: E731
+    return have, [(name(k), "no finished run (runs/ holds no complete record file: an evaluation stopped before its "
+                            "first run finished); not counted as a realization") for k, p in found if (k, p) not in have]
+
+
+def record_digest(root: Path) -> str:
+    """sha256 (16 hex digits) of a realization's records: every run file's path under runs/ and its records as JSON
+    (so a compressed copy of the same records has the same digest)."""
+    h = hashlib.sha256()
+    for path in record_files(Path(root, "runs"), "*/*/"):
+        rel = path.relative_to(root).as_posix()
+        h.update(f"{rel[: len(rel) - len(path.name)]}{record_stem(path)}\0".encode())
+        for _, r in iter_jsonl(path):
+            h.update(json.dumps(r, sort_keys=True).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def refuse_copies(pooled: list[tuple[int, Path]]) -> None:
+    """Two realizations pooled as independent must be: folders holding the same records (one realization copied
+    into another r<k>/), or recording the same seeds (experiment.json `realization`: every seed derives from it),
+    are refused, naming both (pooled, a copy would count twice and narrow the interval to nothing)."""
+    seen_digest: dict[str, Path] = {}
+    seen_seeds: dict[int, Path] = {}
+    for k, p in pooled:
+        exp = p / "experiment.json"
+        rec = int(read_json(exp).get("realization") or 0) if exp.exists() else k
+        d = record_digest(p)
+        if d in seen_digest:
+            raise ValueError(f"{seen_digest[d]} and {p} hold the same records (digest {d}): one realization in two "
+                             "folders (a copy?) is not two independent ones; remove the copy")
+        if rec in seen_seeds:
+            raise ValueError(f"{seen_seeds[rec]} and {p} record the same seeds (experiment.json realization {rec}): "
+                             "not independent realizations (a copy?); remove one, or rerun it as its own realization "
+                             "(--set realization=K)")
+        seen_digest[d], seen_seeds[rec] = p, p
+
+
 def _written(root: Path) -> str:
     """When a realization's target was written (ISO time, sortable as text; "" when it has none)."""
     meta = Path(root, "target", "meta.json")
@@ -481,7 +538,10 @@ def _with_prompt_pass(df: pd.DataFrame, meta: Path) -> pd.DataFrame:
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
     """Every pooled realization of results/<profile> (module docstring) into one bundle."""
     top = Path(results) / profile
-    pooled, left_out = match(require_artifacts(top))
+    found, empty = without_runs(require_artifacts(top))
+    pooled, left_out = match(found)
+    left_out = empty + left_out
+    refuse_copies(pooled)
     for name, why in left_out:
         print(f"[report] realization {name} left out: {why}")
     newest = pooled[-1][1]  # the spec, subsets and out-of-distribution sets come from the newest pooled one
