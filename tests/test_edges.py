@@ -312,3 +312,25 @@ def test_a_realization_without_finished_runs_is_not_counted(tmp_path):
     assert not any("3 realizations" in ln or "4 realizations" in ln for ln in text.splitlines())
     for name in ("ablation_humaneval.csv", "pairwise_T0.csv"):
         assert set(pd.read_csv(tmp_path / "p" / "tables" / name).n_realizations) == {2}
+
+
+def test_the_verification_section_names_its_models(tmp_path):
+    """The verification study's section names the commit its runs were made at, and says so in bold when its runs
+    predate the realization's target (left from earlier models)."""
+    from dmtp.analysis.report import verify
+    from dmtp.analysis.report.synthetic import write_synthetic_verify
+
+    root = write_synthetic_verify(tmp_path, "p", n=4, methods=("ar", "mtp"), temps=(1.0,), modes=("target",),
+                                  caps=(1,))
+    assert verify.made_by(root) == "Models: no recorded commit (the study's runs have no meta files beside them)."
+    for f in (root / "verify" / "runs").glob("*/*/*.jsonl"):
+        f.with_suffix(".meta.json").write_text(json.dumps({"env": {"git_sha": "abc123"},
+                                                           "written": "2026-01-02T00:00:00+0000"}))
+    (root / "target").mkdir()
+    (root / "target" / "meta.json").write_text(json.dumps({"written": "2026-01-01T00:00:00+0000"}))
+    line = verify.made_by(root)
+    assert line.startswith("Models: the study's runs at abc123, written 2026-01-02") and "earlier" not in line
+    (root / "target" / "meta.json").write_text(json.dumps({"written": "2026-03-01T00:00:00+0000"}))
+    section = verify.render(root, n_boot=50)
+    assert section[2].startswith("Models: the study's runs at abc123") and "**Left from earlier models**: these " \
+        "runs predate its target (written 2026-03-01T00:00:00+0000)" in section[2]

@@ -125,7 +125,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
     lossless = [pd.read_csv(p).assign(realization=r.name) for r in art.realizations
                 if (p := r.root / "tables" / "lossless_T0.csv").exists()]  # by the pipeline: T=0 outputs vs `ar`
     if lossless:
-        out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "",
+        out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "", tables.made_by(art), "",
                 tables.to_markdown(pd.concat(lossless, ignore_index=True).fillna(""))]
     for title, tabs, figs in SECTIONS:
         out += _section(art, title, tabs, figs)
