@@ -33,11 +33,41 @@ def _readable(root: Path) -> None:
         os.chmod(p, full & ~mask)
 
 
-def write_error(path, e: OSError) -> OSError:
-    """An OSError of a failed write that names the file and the cause ("No space left on device"), whatever the
+class WriteError(OSError):
+    """A failed write, named: `<path>: cannot be written (<cause>)`; `errno` kept from the cause."""
+
+
+def write_error(path, e: OSError) -> WriteError:
+    """The error of a failed write that names the file and the cause ("No space left on device"), whatever the
     writer reported (Python's write names no file; torch's zip writer says only "unexpected pos ...")."""
+    if isinstance(e, WriteError):
+        return e
     cause = e.strerror or (str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
-    return OSError(e.errno, f"{path}: cannot be written ({cause})")
+    err = WriteError(f"{path}: cannot be written ({cause})")
+    err.errno = e.errno
+    return err
+
+
+def _as_final(e: Exception, tmp, path) -> Exception:
+    """A named write failure of temp file / folder `tmp` told as one of `path` (what the user asked to write)."""
+    if isinstance(e, WriteError) and str(tmp) in str(e):
+        err = WriteError(str(e).replace(str(tmp), str(path)))
+        err.errno = e.errno
+        return err
+    return e
+
+
+def write_failure(path, e: Exception) -> Exception | None:
+    """The error to raise for a failure inside a write of `path`: an OSError that names no file, or a Rust writer's
+    I/O error (safetensors: `IoError(Os { ..., message: "No space left on device" })`), as `write_error`; None: `e`
+    is no write failure, or names its file already."""
+    if isinstance(e, OSError):
+        return None if isinstance(e, WriteError) or e.filename is not None or str(path) in str(e) else \
+            write_error(path, e)
+    text = str(e)
+    if "IoError" in text or "No space left" in text:
+        return write_error(path, OSError(None, _io_message(text)))
+    return None
 
 
 @contextlib.contextmanager
@@ -52,10 +82,11 @@ def atomic_path(path: str | Path):
         yield Path(tmp)
         _readable(Path(tmp))
         os.replace(tmp, path)
-    except OSError as e:
-        if e.filename is not None or str(path) in str(e):
+    except Exception as e:
+        named = _as_final(write_failure(path, e) or e, tmp, path)
+        if named is e:
             raise
-        raise write_error(path, e) from None
+        raise named from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -64,12 +95,19 @@ def atomic_path(path: str | Path):
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
     """Yield a temp directory beside `path`; it replaces `path` only if the block finishes (readable, with all it
-    holds: `_readable`)."""
+    holds: `_readable`). A write that fails inside it without naming its file is raised naming `path`
+    (`write_failure`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except Exception as e:  # a writer's failure inside the folder, named (`write_failure`)
+            named = _as_final(write_failure(path, e) or e, tmp, path)
+            if named is e:
+                raise
+            raise named from None
         _readable(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")

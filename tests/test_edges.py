@@ -334,3 +334,28 @@ def test_the_verification_section_names_its_models(tmp_path):
     section = verify.render(root, n_boot=50)
     assert section[2].startswith("Models: the study's runs at abc123") and "**Left from earlier models**: these " \
         "runs predate its target (written 2026-03-01T00:00:00+0000)" in section[2]
+
+
+def test_a_full_disk_inside_a_checkpoint_write_is_named(models, tmp_path, monkeypatch):
+    """save_pretrained's safetensors error on a full disk, inside the target stage's atomic folder and from
+    save_target_with_mtp on its own: one OSError naming the checkpoint and "No space left on device"."""
+    import safetensors
+    import safetensors.torch
+
+    from dmtp.io import atomic_dir
+    from dmtp.models.mtp import save_target_with_mtp
+
+    def full(*a, **k):
+        raise safetensors.SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                                          'message: "No space left on device" })')
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    import transformers.modeling_utils as mu
+    monkeypatch.setattr(mu, "safe_save_file", full, raising=False)
+    tgt, mtp = models
+    with pytest.raises(OSError, match=r"/t: cannot be written \(No space left on device\)"):
+        save_target_with_mtp(tgt.model, mtp, tmp_path / "t")
+    with pytest.raises(OSError, match=r"/target: cannot be written \(No space left on device\)"):
+        with atomic_dir(tmp_path / "target") as tmp:
+            save_target_with_mtp(tgt.model, mtp, tmp)
+    assert not (tmp_path / "target").exists()
