@@ -154,7 +154,7 @@ def test_one_writer_holds_the_file_not_the_path(tmp_path, monkeypatch):
             with pytest.raises(Busy, match="being written by pid"):
                 with one_writer(other):
                     pass
-    with one_writer(tmp_path / "link.jsonl"):  # released: free again
+    with one_writer(tmp_path / "link.jsonl"):  # let go: free again
         pass
 
 

@@ -41,7 +41,7 @@ def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None
     """Token file: JSONL, one object per line with `prompt_ids` + `output_ids` (the `dmtp generate` schema) or `ids`.
     A line without them, or with ids outside [0, vocab_size), is an error naming the file and line. A decode's output
     is read only once its stage finished: refused when its meta says `finished: false`, or when its records (they
-    carry `accepted`) have no meta beside them to say so."""
+    hold `accepted`) have no meta beside them to say so."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
