@@ -449,21 +449,26 @@ def record_digest(root: Path) -> str:
 def refuse_copies(pooled: list[tuple[int, Path]]) -> None:
     """Two realizations pooled as independent must be: folders holding the same records (one realization copied
     into another r<k>/), or recording the same seeds (experiment.json `realization`: every seed derives from it),
-    are refused, naming both (pooled, a copy would count twice and narrow the interval to nothing)."""
+    are refused, naming both (pooled, a copy would count twice and narrow the interval to nothing). A folder without
+    record files (bench only) has no records to compare; one whose experiment.json names no realization, its
+    folder's number."""
     seen_digest: dict[str, Path] = {}
     seen_seeds: dict[int, Path] = {}
     for k, p in pooled:
         exp = p / "experiment.json"
-        rec = int(read_json(exp).get("realization") or 0) if exp.exists() else k
-        d = record_digest(p)
-        if d in seen_digest:
+        named = read_json(exp).get("realization") if exp.exists() else None
+        rec = k if named is None else int(named)
+        d = record_digest(p) if record_files(Path(p, "runs"), "*/*/") else None
+        if d is not None and d in seen_digest:
             raise ValueError(f"{seen_digest[d]} and {p} hold the same records (digest {d}): one realization in two "
                              "folders (a copy?) is not two independent ones; remove the copy")
         if rec in seen_seeds:
             raise ValueError(f"{seen_seeds[rec]} and {p} record the same seeds (experiment.json realization {rec}): "
                              "not independent realizations (a copy?); remove one, or rerun it as its own realization "
                              "(--set realization=K)")
-        seen_digest[d], seen_seeds[rec] = p, p
+        seen_seeds[rec] = p
+        if d is not None:
+            seen_digest[d] = p
 
 
 def _written(root: Path) -> str:
