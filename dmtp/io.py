@@ -389,10 +389,10 @@ SOURCE_FILES = ("pyproject.toml", "constraints.txt")  # with SOURCE_DIRS: the co
 def git_sha(root: Path | None = None) -> str:
     """The commit of the code (`-dirty` with uncommitted changes to tracked source files: `SOURCE_DIRS` and
     `SOURCE_FILES`; a run that rewrites tracked results, notes or docs leaves the code it ran as committed). Where
-    the tree is a copy without .git (a GPU machine's snapshot): the commit in the REVISION file at its root (`make device-prep`, copied by the
-    run scripts) when the copy's `source_digest` equals the one recorded beside it; otherwise the commit with
-    "+changed-<digest>" (the REVISION is older than the code: `make device-prep` was not re-run after a commit), or
-    "unknown" without a REVISION."""
+    the tree is a copy without .git (a GPU machine's snapshot): the commit in the REVISION file at its root (`make
+    device-prep`, copied by the run scripts) when the copy's `source_digest` equals the one recorded beside it;
+    otherwise the commit with "+changed-<digest>" (the REVISION is older than the code: `make device-prep` was not
+    re-run after a commit), or "unknown" without a REVISION."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent.parent
     try:
         if (root / ".git").exists():

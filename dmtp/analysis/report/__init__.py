@@ -119,7 +119,8 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += ["No run artifacts found.", ""]
     gone = tables.missing(art)
     if gone:
-        out += ["## Missing runs", "", tables.made_by(art), "", "These runs are absent, so their rows are missing from the tables below:", "",
+        out += ["## Missing runs", "", tables.made_by(art), "",
+                "These runs are absent, so their rows are missing from the tables below:", "",
                 *[f"- `runs/{e}/{m}/{d}_T{t:g}.jsonl`" for e, d, t, m in gone], ""]
     out += summary.zero_round_lines(art)
     lossless = [pd.read_csv(p).assign(realization=r.name) for r in art.realizations

@@ -430,8 +430,9 @@ def without_runs(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]],
     if not have:
         return found, []
     name = lambda k: f"r{k}" if k else "r0 (the flat layout)"  # noqa: E731
-    return have, [(name(k), "no finished run (runs/ holds no complete record file: an evaluation stopped before its "
-                            "first run finished); not counted as a realization") for k, p in found if (k, p) not in have]
+    why = ("no finished run (runs/ holds no complete record file: an evaluation stopped before its first run "
+           "finished); not counted as a realization")
+    return have, [(name(k), why) for k, p in found if (k, p) not in have]
 
 
 def record_digest(root: Path) -> str:

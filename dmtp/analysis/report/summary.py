@@ -472,7 +472,8 @@ def findings(art: Artifacts) -> list[str]:
     prim = T.primary(art)
     if not prim:
         return []
-    out = ["## What was found", "", T.made_by(art), "", scope(art), "", "### The blog's claims and the control (tables/claims.csv)", "",
+    out = ["## What was found", "", T.made_by(art), "", scope(art), "",
+           "### The blog's claims and the control (tables/claims.csv)", "",
            who(art), "", *claims_lines(art), *[f"- {text}." for _, _, text in control_pairs(art)], ""]
     heads = sorted(art.figures.glob("main_acceptance_T*.png"), key=lambda p: float(p.stem.rpartition("_T")[2]))
     if heads:

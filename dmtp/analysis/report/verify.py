@@ -245,6 +245,17 @@ def figure(root: Path, s: pd.DataFrame, modes: list[str] = MODES) -> list[Path]:
     return paths
 
 
+def _when(stamp: str):
+    """A meta file's `written` stamp as a comparable time (its own UTC offset applied); unparsable: the text."""
+    from datetime import datetime, timezone
+
+    try:
+        t = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z")
+    except ValueError:
+        return (1, stamp)
+    return (0, t.astimezone(timezone.utc).isoformat())
+
+
 def made_by(root: Path) -> str:
     """Which models and commit the study comes from: the commits its run meta files record and when they were
     written; said in bold when the runs are older than the realization's target or drafters (meta.json `written`):
@@ -262,13 +273,13 @@ def made_by(root: Path) -> str:
     if not commits:
         return "Models: no recorded commit (the study's runs have no meta files beside them)."
     shas = ", ".join(sorted(commits, key=lambda s: -commits[s]))
-    when = f", written {min(stamps)} to {max(stamps)}" if stamps else ""
+    when = f", written {min(stamps, key=_when)} to {max(stamps, key=_when)}" if stamps else ""
     line = f"Models: the study's runs at {shas}{when}."
     newer = []
     for what in ("target", "drafters"):
         meta = Path(root, what, "meta.json")
         w = str(read_json(meta).get("written", "")) if meta.exists() else ""
-        if w and stamps and min(stamps) < w:
+        if w and stamps and _when(min(stamps, key=_when)) < _when(w):
             newer.append(f"its {what} (written {w})")
     if newer:
         line += (f" **Left from earlier models**: these runs predate {' and '.join(newer)}, so they measure models "
