@@ -228,6 +228,8 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("out under a file", lambda w: G(w)[:-2] + ["--out", str(w / "a_file" / "o.jsonl")], "cannot write there"),
     ("out of another run", lambda w: G(w)[:-2] + ["--out", str(w / "other.jsonl")],
      "made with another configuration (temperature: 1.0 -> 0.0"),
+    ("out is the prompts file", lambda w: G(w)[:-2] + ["--out", str(w / "out_dir" / ".." / "prompts.jsonl")],
+     "prompts.jsonl: is the --prompts file"),
     ("out without meta", lambda w: G(w)[:-2] + ["--out", str(w / "taken.jsonl")],
      "exists without a record of how it was made (in taken.jsonl.meta.json)"),
     ("prompt with a lone surrogate", lambda w: G(w, prompts="surrogate"), "surrogate.jsonl:2: `prompt`: not encodable "

@@ -179,7 +179,9 @@ def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, 
 def cmd_generate(a):
     if bool(a.prompts) == bool(a.dataset):
         raise ValueError("give exactly one of --prompts FILE and --dataset NAME")
-    out = args.out_file(a.out)
+    out = args.out_file(a.out).resolve()  # the file itself: its meta beside it, whatever path reaches it
+    if a.prompts and Path(a.prompts).resolve() == out:
+        raise ValueError(f"--out {a.out}: is the --prompts file ({a.prompts}); choose another --out")
     with one_writer(out):  # a second `dmtp generate` on this --out is refused while this one runs
         generate_into(a, out)
 
