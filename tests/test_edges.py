@@ -359,3 +359,31 @@ def test_a_full_disk_inside_a_checkpoint_write_is_named(models, tmp_path, monkey
         with atomic_dir(tmp_path / "target") as tmp:
             save_target_with_mtp(tgt.model, mtp, tmp)
     assert not (tmp_path / "target").exists()
+
+
+def test_a_training_continued_from_a_repointed_symlink_is_another_configuration(tmp_path, capsys):
+    """`dmtp train --init-from V=LINK`: the fingerprint holds the file LINK resolves to (and when it was written),
+    not the path as typed, so a LINK pointing at another checkpoint is another configuration, refused."""
+    import shutil
+
+    from dmtp.cli.main import main as dmtp
+
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    tiny.save(tgt, mtp, tmp_path / "target")
+    d = tiny.drafter(tgt, "dflash", layers=1)
+    d.save(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same bytes and times, another file
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"ids": list(range(3, 30))}) + "\n" for _ in range(4)))
+    argv = ["train", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"), "--out",
+            str(tmp_path / "out"), "--variants", "dflash", "--init-from", f"dflash={tmp_path / 'link'}", "--steps", "1",
+            "--batch-size", "2", "--layers", "1", "--mask-token-id", "2"]
+    dmtp(argv)
+    dmtp(argv)  # the same file: nothing to train
+    assert "nothing to train" in capsys.readouterr().out
+    (tmp_path / "link").unlink()
+    (tmp_path / "link").symlink_to(tmp_path / "b")
+    with pytest.raises(SystemExit):
+        dmtp(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "made with another configuration" in err and "(init_from: " in err, err

@@ -302,7 +302,7 @@ def cmd_train(a):
         if not eq or v not in variants:
             raise ValueError(f"--init-from {item!r}: expected VARIANT=PATH with VARIANT one of --variants "
                              f"({','.join(variants)})")
-        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False))
+        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
         try:
             got = widths(DrafterConfig.from_hf_dict(read_json(Path(path) / "config.json")))
         except (ValueError, TypeError) as e:  # not JSON, a field out of range
@@ -329,8 +329,10 @@ def cmd_train(a):
                            variant_config=settings.get(v, {}))
         require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
                 f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
-        want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), dtype=a.dtype, data=data,
-                                       target=str(Path(a.target).resolve()), target_modified=_modified(a.target)))
+        init_id = {"init_modified": _modified(init[v])} if v in init else {}  # the file it names, as it is now
+        want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), **init_id, dtype=a.dtype,
+                                       data=data, target=str(Path(a.target).resolve()),
+                                       target_modified=_modified(a.target)))
         units.append(stages.Unit(str(out / v), want, out / v / "fingerprint.json", [out / v]))
     if not a.force:
         stages.preflight(units)  # a finished or half-trained drafter of another configuration: refused, all at once
