@@ -387,3 +387,26 @@ def test_a_training_continued_from_a_repointed_symlink_is_another_configuration(
         dmtp(argv)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "made with another configuration" in err and "(init_from: " in err, err
+
+
+def test_every_report_reader_refuses_a_half_written_run(tmp_path):
+    """The verification study's and the learning curve's readers refuse a run file whose meta says finished: false,
+    as the runs' reader does (one rule, io.check_finished)."""
+    from ablations.code import code
+    from dmtp.analysis.report import verify
+    from dmtp.analysis.report.data import read_curve
+    from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify
+
+    root = write_synthetic_verify(tmp_path, "v", n=3, methods=("ar", "mtp"), temps=(1.0,), modes=("target",),
+                                  caps=(1,))
+    run = next((root / "verify" / "runs").glob("*/*/*.jsonl"))
+    run.with_suffix(".meta.json").write_text(json.dumps({"finished": False}))
+    with pytest.raises(ValueError, match=f"{run}: half-written .*says finished: false"):
+        verify.read(root)
+    cur = write_synthetic(code(), tmp_path, "c", n=3, temps=(0,), modes=("natural",), methods=["ar", "dflash"],
+                          curve=True, oracle=False, bench=False)
+    f = next((cur / "curve").glob("*/*.jsonl"))
+    meta = f.with_name(f.name.replace(".jsonl", ".meta.json"))
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "finished": False}))
+    with pytest.raises(ValueError, match="half-written"):
+        read_curve(cur)
