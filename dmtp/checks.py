@@ -8,8 +8,11 @@
             check(self, steps=at_least(1), lr=positive)   # TrainConfig(steps=0) -> BadValue("steps=0: expected ...")
 
 A rule is a (test, expectation) pair; `check` also refuses NaN and infinities in every float field of a dataclass,
-with or without a rule. Configs check themselves in `__post_init__`, so a value set from a profile, a `--set` override
-or a command-line flag is checked in the same place (`dataclasses.replace` runs `__post_init__` again).
+and integers beyond `MAX_INT` in every field (an item of a list or a dict value too), with or without a rule: a
+token budget of 10**30 is a typo, and downstream counts (steps, progress bars, tensors) overflow on it. Configs
+check themselves in `__post_init__`, so a value set from a profile, a `--set` override or a command-line flag is
+checked in the same place (`dataclasses.replace` runs `__post_init__` again; `schema.override` once, after every
+assignment).
 """
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ class BadValue(ValueError):
     def __init__(self, name: str, value, expected: str):
         self.name, self.value, self.expected = name, value, expected
         super().__init__(f"{name}={value!r}: expected {expected}")
+
+
+MAX_INT = 2**53 - 1  # the largest integer a config may hold: exact as a float (JSON readers, numpy, progress bars)
 
 
 def _is_int(v) -> bool:
@@ -77,7 +83,8 @@ def each(rule, what: str = "list"):
 
 
 def check(obj, **rules) -> None:
-    """Raise BadValue for the first field of `obj` that breaks its rule or is a NaN/infinite float."""
+    """Raise BadValue for the first field of `obj` that breaks its rule, is a NaN/infinite float or holds an integer
+    beyond MAX_INT."""
     for name, (test, expected) in rules.items():
         v = getattr(obj, name)
         if not test(v):
@@ -86,9 +93,24 @@ def check(obj, **rules) -> None:
         v = getattr(obj, f.name)
         if isinstance(v, float) and not math.isfinite(v):
             raise BadValue(f.name, v, "a finite number")
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+        if any(_is_int(x) and abs(x) > MAX_INT for x in items):
+            raise BadValue(f.name, v, f"{'an integer' if _is_int(v) else 'integers'} of at most {MAX_INT:,} "
+                           "(2**53 - 1)")
 
 
 def require(ok: bool, message: str) -> None:
     """A cross-field rule: raise ValueError(message) unless ok."""
     if not ok:
         raise ValueError(message)
+
+
+def text(s: str, where: str) -> str:
+    """`s` if it is encodable text; a lone surrogate (JSON's "\\ud800": a valid escape, no character) is an error
+    naming `where` and the character's position, not a tokenizer's or writer's traceback later."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: not encodable text: a lone surrogate {s[e.start]!r} at character {e.start + 1} "
+                         "(a \\ud800-\\udfff escape that is half of a pair, or bytes that are not UTF-8)") from None
+    return s

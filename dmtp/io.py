@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -32,9 +33,47 @@ def _readable(root: Path) -> None:
         os.chmod(p, full & ~mask)
 
 
+class WriteError(OSError):
+    """A failed write, named: `<path>: cannot be written (<cause>)`; `errno` kept from the cause."""
+
+
+def write_error(path, e: OSError) -> WriteError:
+    """The error of a failed write that names the file and the cause ("No space left on device"), whatever the
+    writer reported (Python's write names no file; torch's zip writer says only "unexpected pos ...")."""
+    if isinstance(e, WriteError):
+        return e
+    cause = e.strerror or (str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+    err = WriteError(f"{path}: cannot be written ({cause})")
+    err.errno = e.errno
+    return err
+
+
+def _as_final(e: Exception, tmp, path) -> Exception:
+    """A named write failure of temp file / folder `tmp` told as one of `path` (what the user asked to write)."""
+    if isinstance(e, WriteError) and str(tmp) in str(e):
+        err = WriteError(str(e).replace(str(tmp), str(path)))
+        err.errno = e.errno
+        return err
+    return e
+
+
+def write_failure(path, e: Exception) -> Exception | None:
+    """The error to raise for a failure inside a write of `path`: an OSError that names no file, or a Rust writer's
+    I/O error (safetensors: `IoError(Os { ..., message: "No space left on device" })`), as `write_error`; None: `e`
+    is no write failure, or names its file already."""
+    if isinstance(e, OSError):
+        return None if isinstance(e, WriteError) or e.filename is not None or str(path) in str(e) else \
+            write_error(path, e)
+    text = str(e)
+    if "IoError" in text or "No space left" in text:
+        return write_error(path, OSError(None, _io_message(text)))
+    return None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path):
-    """Yield a temp file path beside `path`; rename onto it only if the block finishes (readable: `_readable`)."""
+    """Yield a temp file path beside `path`; rename onto it only if the block finishes (readable: `_readable`). An
+    OSError in the block that names no file (a write's "No space left on device") is raised naming `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -43,6 +82,11 @@ def atomic_path(path: str | Path):
         yield Path(tmp)
         _readable(Path(tmp))
         os.replace(tmp, path)
+    except Exception as e:
+        named = _as_final(write_failure(path, e) or e, tmp, path)
+        if named is e:
+            raise
+        raise named from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -51,12 +95,19 @@ def atomic_path(path: str | Path):
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
     """Yield a temp directory beside `path`; it replaces `path` only if the block finishes (readable, with all it
-    holds: `_readable`)."""
+    holds: `_readable`). A write that fails inside it without naming its file is raised naming `path`
+    (`write_failure`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except Exception as e:  # a writer's failure inside the folder, named (`write_failure`)
+            named = _as_final(write_failure(path, e) or e, tmp, path)
+            if named is e:
+                raise
+            raise named from None
         _readable(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
@@ -103,6 +154,25 @@ def record_meta(path) -> Path:
     return Path(path).with_name(f"{record_stem(path)}.meta.json")
 
 
+def metas_of(path) -> list[Path]:
+    """The meta files a record file may have beside it: <stem>.meta.json (the pipeline's runs, `record_meta`) and
+    <file>.meta.json (`dmtp generate --out FILE`), those that exist."""
+    return [m for m in dict.fromkeys([record_meta(path), Path(str(path) + ".meta.json")]) if m.exists()]
+
+
+def check_finished(path) -> dict | None:
+    """A stage's record file read as an input: refused (an error naming it) when a meta beside it says
+    `finished: false` (the stage was stopped half-way: its records are a prefix of the output). Returns that meta
+    (None without one)."""
+    meta = None
+    for m in metas_of(path):
+        meta = read_json(m)
+        if isinstance(meta, dict) and meta.get("finished") is False:
+            raise ValueError(f"{path}: half-written ({m.name} says finished: false): finish it with the command that "
+                             "made it (it resumes), or remove it")
+    return meta
+
+
 def compact(path) -> Path:
     """x.jsonl -> x.jsonl.gz, the same records (read back to check), the plain file removed last."""
     path = Path(path)
@@ -123,8 +193,10 @@ class Busy(ValueError):
 def one_writer(path: str | Path):
     """Hold the lock file `.<name>.lock` beside `path` while the block runs: a second writer of `path` is refused
     (Busy) naming the holder's pid and host. The lock is an flock, which the kernel drops with its holder, so a lock
-    file left by a killed process is free again; a released lock file is removed."""
-    path = Path(path)
+    file left by a killed process is free again; a released lock file is removed. It is keyed on the file itself,
+    `path` resolved (symlinks, `..`, a relative path): two writers reaching one file by different paths are refused
+    too."""
+    path = Path(path).resolve()
     lock = path.with_name(f".{path.name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -154,8 +226,9 @@ def one_writer(path: str | Path):
 @contextlib.contextmanager
 def merging(path: str | Path):
     """Wait for, then hold, an flock on `.<name>.merge.lock` beside `path`: a short read-modify-write of one output by
-    processes that share it (the drafter parts of a GPU: each adds its runs to drafters/meta.json)."""
-    path = Path(path)
+    processes that share it (the drafter parts of a GPU: each adds its runs to drafters/meta.json);
+    keyed, like `one_writer`, on the resolved path."""
+    path = Path(path).resolve()
     lock = path.with_name(f".{path.name}.merge.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
@@ -213,11 +286,16 @@ def read_jsonl(path) -> list[dict]:
 
 
 def append_jsonl(path, rows):
-    """Append rows and flush them to disk (a resumable run's progress: lines already written survive a kill)."""
-    with open(path, "a") as f:
-        f.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
-        f.flush()
-        os.fsync(f.fileno())
+    """Append rows and flush them to disk (a resumable run's progress: lines already written survive a kill); a failed
+    write names the file and its cause."""
+    text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
+    try:
+        with open(path, "a") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise write_error(path, e) from None
 
 
 def file_sha256(path) -> str:
@@ -230,13 +308,20 @@ def file_sha256(path) -> str:
 
 
 def save_state(obj, path):
-    """torch.save of resumable state; a failed write (disk full, ...) is an OSError naming the file."""
+    """torch.save of resumable state, readable by others (`_readable`); a failed write (disk full, ...) is an
+    OSError naming the file and its cause. torch writes through a Python file object here: its own file writer
+    reports a full disk only as "unexpected pos N vs M", a Python write as "No space left on device"."""
     import torch
 
     try:
-        torch.save(obj, path)
-    except RuntimeError as e:  # PytorchStreamWriter failed writing file ...
-        raise OSError(f"{path}: cannot be written ({str(e).splitlines()[0][:200]})") from None
+        with open(path, "wb") as f:
+            torch.save(obj, f)
+    except OSError as e:
+        raise write_error(path, e) from None
+    except RuntimeError as e:  # the writer's own report; the OSError beneath it, when there is one, names the cause
+        inner = e.__context__ if isinstance(e.__context__, OSError) else OSError(None, str(e).splitlines()[0][:200])
+        raise write_error(path, inner) from None
+    _readable(Path(path))
 
 
 def load_state(path, device):
@@ -252,13 +337,29 @@ def load_state(path, device):
 
 
 def save_safetensors(tensors: dict, path):
-    """safetensors' save_file; a failed write (disk full, ...) is an OSError naming the file."""
+    """safetensors' save_file, the file readable by others (`_readable`: save_file creates it 0600); a failed write
+    (disk full, ...) is an OSError naming the file and its cause."""
     from safetensors.torch import save_file
 
     try:
         save_file(tensors, str(path), metadata={"format": "pt"})
-    except Exception as e:  # SafetensorError: IoError(... StorageFull ...)
-        raise OSError(f"{path}: cannot be written ({str(e).splitlines()[0][:200]})") from None
+    except OSError as e:
+        raise write_error(path, e) from None
+    except Exception as e:  # SafetensorError: IoError(Os { code: 28, kind: StorageFull, message: "No space ..." })
+        raise write_error(path, OSError(None, _io_message(str(e)))) from None
+    _readable(Path(path))
+
+
+def _io_message(text: str) -> str:
+    """The cause inside a Rust I/O error's text (`message: "No space left on device"`), else its first line."""
+    m = re.search(r'message: "([^"]+)"', text)
+    return m.group(1) if m else text.splitlines()[0][:200]
+
+
+def make_readable(root: str | Path) -> None:
+    """Give a written artifact (a file, or a folder and all it holds) the modes a plain open / mkdir gives, whatever
+    wrote it (`_readable`): for writers outside this module (`save_pretrained`)."""
+    _readable(Path(root))
 
 
 SOURCE_DIRS = ("dmtp", "experiments", "ablations")  # the code a result depends on
@@ -282,19 +383,24 @@ def revision_line(root: Path | None = None) -> str:
     return f"{git_sha(root)} {source_digest(root)}"
 
 
+SOURCE_FILES = ("pyproject.toml", "constraints.txt")  # with SOURCE_DIRS: the code and packages a result ran with
+
+
 def git_sha(root: Path | None = None) -> str:
-    """The commit of the code (`-dirty` with uncommitted changes to tracked files). Where the tree is a copy without
-    .git (copied to a cluster node, unpacked from an archive): the commit in the REVISION file at its root
-    (`make revision` before copying) when the copy's `source_digest` equals the one recorded beside it; otherwise the
-    commit with "+changed-<digest>" (the REVISION is older than the code: `make revision` was not re-run after a
-    commit), or "unknown" without a REVISION."""
+    """The commit of the code (`-dirty` with uncommitted changes to tracked source files: `SOURCE_DIRS` and
+    `SOURCE_FILES`; a run that rewrites tracked results, notes or docs leaves the code it ran as committed). Where
+    the tree is a copy without .git (copied to a cluster node, unpacked from an archive): the commit in the REVISION
+    file at its root (`make revision` before copying) when the copy's `source_digest` equals the one recorded beside
+    it; otherwise the commit with "+changed-<digest>" (the REVISION is older than the code: `make revision` was not
+    re-run after a commit), or "unknown" without a REVISION."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent.parent
     try:
         if (root / ".git").exists():
             sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
             if sha.returncode == 0:
-                dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                       capture_output=True, text=True, timeout=5)
+                dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                        *SOURCE_DIRS, *SOURCE_FILES], cwd=root, capture_output=True, text=True,
+                                       timeout=5)
                 return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except Exception:
         pass

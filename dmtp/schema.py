@@ -8,6 +8,7 @@ reads the experiment's ablation spec with it).
 """
 from __future__ import annotations
 
+import copy
 import json
 import types
 import typing
@@ -36,34 +37,85 @@ def override(p, assignments: list[str]):
     """`KEY=VALUE` assignments (`pretrain.tokens=20000000`, `data.batch=4`, `ablation.only=dflash,token_only`)
     applied to a profile. A value is read as its field's declared type (bool: true/false; tuple: JSON list or
     comma-separated; dict: JSON), so a typo fails instead of training on a string; the name stays, so the work and
-    results folders are the profile's."""
+    results folders are the profile's. The result is checked once, after every assignment (each config's
+    `__post_init__`, innermost first): a value that is valid only together with another assignment is accepted in
+    any order, and a failed check names the assignment that set the field, or those that touched the failing
+    section."""
+    done: list[tuple[str, str]] = []
     for a in assignments:
         key, eq, raw = a.partition("=")
         if not eq or not key:
             raise ValueError(f"--set {a!r}: expected KEY=VALUE, e.g. pretrain.tokens=20000000")
         try:
             p = _assign(p, key.split("."), raw, key)
-        except BadValue as e:  # the field's own check (dmtp.checks), or a rule across fields
-            raise ValueError(f"--set {key}={raw}: expected {e.expected}" if e.name == key.split(".")[-1]
-                             else f"--set {key}={raw}: {e}") from None
         except ValueError as e:
             raise ValueError(str(e) if str(e).startswith("--set ") else f"--set {key}={raw}: {e}") from None
-    return p
+        done.append((key, raw))
+    try:
+        return _checked(p, "")
+    except _Invalid as bad:
+        e, where = bad.error, bad.where
+        if isinstance(e, BadValue):  # a field's own check: the assignment that set it
+            key = f"{where}.{e.name}" if where else e.name
+            mine = [(k, r) for k, r in done if k == key]
+            if mine:
+                raise ValueError(f"--set {key}={mine[-1][1]}: expected {e.expected}") from None
+        inside = [(k, r) for k, r in done if not where or k == where or k.startswith(where + ".")] or done
+        msg = str(e)
+        if msg.startswith("--set "):
+            raise ValueError(msg) from None
+        raise ValueError(f"{', '.join(f'--set {k}={r}' for k, r in inside)}: {msg}") from None
+
+
+class _Invalid(Exception):
+    """A config that failed its check, and where it sits in the profile (dotted; "" for the profile itself)."""
+
+    def __init__(self, where: str, error: ValueError):
+        super().__init__(where, error)
+        self.where, self.error = where, error
+
+
+def _checked(obj, where: str):
+    """`obj` rebuilt through its dataclass checks (`__post_init__`), its nested configs first."""
+    if not is_dataclass(obj):
+        return obj
+    kids = {f.name: _checked(getattr(obj, f.name), f"{where}.{f.name}" if where else f.name) for f in fields(obj)
+            if is_dataclass(getattr(obj, f.name))}
+    try:
+        return replace(obj, **kids)
+    except (ValueError, TypeError) as e:
+        raise _Invalid(where, e if isinstance(e, ValueError) else ValueError(str(e))) from None
+
+
+def _set(obj, name: str, value):
+    """A copy of dataclass `obj` with one field set, unchecked (`override` checks the whole profile at the end)."""
+    new = copy.copy(obj)
+    object.__setattr__(new, name, value)
+    return new
 
 
 def _assign(obj, path: list[str], raw: str, key: str):
+    if isinstance(obj, dict):  # a dict-valued field takes a whole JSON object, not one key at a time
+        field = key[: -len(".".join(path)) - 1]
+        try:
+            item = json.loads(raw)
+        except json.JSONDecodeError:
+            item = raw
+        example = json.dumps({**obj, path[0]: item})
+        raise ValueError(f"--set {key}={raw}: {field} is a dict-valued field: set it whole, as a JSON object (the "
+                         f"keys you keep included), e.g. --set '{field}={example}'")
     names = {f.name for f in fields(obj)} if is_dataclass(obj) else set()
     if path[0] not in names or path[0] == "name":
         raise KeyError(f"--set {key}: {type(obj).__name__} has no field {path[0]!r}"
                        + (f" (fields: {', '.join(sorted(names - {'name'}))})" if names else ""))
     if len(path) > 1:
-        return replace(obj, **{path[0]: _assign(getattr(obj, path[0]), path[1:], raw, key)})
+        return _set(obj, path[0], _assign(getattr(obj, path[0]), path[1:], raw, key))
     tp = typing.get_type_hints(type(obj))[path[0]]
     try:
         val = _parse(tp, raw)
     except (ValueError, TypeError) as e:
         raise ValueError(f"--set {key}={raw}: {e}") from None
-    return replace(obj, **{path[0]: val})
+    return _set(obj, path[0], val)
 
 
 def _parse(tp, raw: str):

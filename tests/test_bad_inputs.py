@@ -70,10 +70,15 @@ def w(tmp_path_factory):
     _edit(root / "target", root / "t_nan", tensors=_set("model.layers.1.mlp.up_proj.weight", float("nan")))
     _edit(root / "target", root / "t_overflow", tensors=_set("model.norm.weight", 3e38))  # finite, logits are not
     _edit(root / "target", root / "t_tokjson", files={"tokenizer.json": b'{"version": "1.0", "trunc'})
+    _edit(root / "target", root / "t_rope", config=lambda c: c.update(rope_scaling={"type": "linear", "factor": 0.0}))
+    _edit(root / "target", root / "t_yarn", config=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                                    "beta_fast": float("nan")}))
+    _edit(root / "zir", root / "d_rope", config=lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 0}))
     _edit(root / "zir", root / "d_noinj", tensors=lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("injection")])
     _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update(
         {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
     _edit(root / "zir", root / "d_nan", tensors=_set("norm.weight", float("inf")))
+    (root / "surrogate.jsonl").write_text('{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "x = \\ud800"}\n')
     (root / "not_utf8.jsonl").write_bytes(b'{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "\xff"}\n')
     (root / "data_not_utf8.jsonl").write_bytes(b'{"ids": [3, 4, 5, 6, 7]}\n\n{"ids": [3], "x": "\xfe"}\n')
     # the pipeline: a finished target whose record is corrupt; eval results made with 12 new tokens
@@ -98,6 +103,14 @@ def w(tmp_path_factory):
         (root / f"{name}.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
                                                     for r in rows))
     (root / "a_file").write_text("x")
+    dec = "".join(json.dumps({"id": str(i), "prompt_ids": [3, 4], "output_ids": [5, 6, 7], "accepted": [1]}) + "\n"
+                  for i in range(4))
+    (root / "killed.jsonl").write_text(dec)  # a `dmtp generate` output stopped half-way
+    (root / "killed.jsonl.meta.json").write_text(json.dumps({"finished": False, "fingerprint": {}}))
+    (root / "nometa.jsonl").write_text(dec)  # decoded records, no meta to say they are complete
+    (root / "training" / "dflash").mkdir(parents=True)  # a drafter training under way: its save, no DONE
+    shutil.copytree(root / "zir", root / "training" / "dflash" / "drafter")
+    (root / "training" / "dflash" / "trainer_state.pt").write_bytes(b"")
     (root / "out_dir").mkdir()
     (root / "taken.jsonl").write_text('{"id": "a", "accepted": []}\n')  # records with no meta beside them
     (root / "other.jsonl").write_text('{"id": "a", "accepted": []}\n')
@@ -174,7 +187,15 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("target NaN weights", lambda w: ["generate", "--target", str(w / "t_nan")] + G(w)[3:],
      "non-finite weights (NaN or infinity) in model.layers.1.mlp.up_proj.weight"),
     ("target non-finite logits", lambda w: ["generate", "--target", str(w / "t_overflow")] + G(w)[3:],
-     "t_overflow: a forward pass gives non-finite logits in float32"),
+     "t_overflow: a forward pass of 32 positions gives non-finite logits in float32 (NaN or infinity); likely cause: "),
+    ("target RoPE factor 0", lambda w: ["generate", "--target", str(w / "t_rope")] + G(w)[3:],
+     "t_rope/config.json: rope factor=0.0 (rope_type linear): expected a finite number > 0"),
+    ("target RoPE beta NaN", lambda w: ["generate", "--target", str(w / "t_yarn")] + G(w)[3:],
+     "t_yarn/config.json: rope beta_fast=nan: expected a finite number"),
+    ("drafter RoPE factor 0", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "d_rope")] + G(w)[5:],
+     "rope factor=0 (rope_type linear): expected a finite number > 0"),
+    ("train on a target with RoPE factor 0", lambda w: ["train", "--target", str(w / "t_rope")] + TR(w)[3:],
+     "t_rope/config.json: rope factor=0.0"),
     ("target tokenizer truncated", lambda w: ["generate", "--target", str(w / "t_tokjson")] + G(w)[3:],
      "t_tokjson/tokenizer.json:1: not valid JSON"),
     ("drafter without its injection", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "d_noinj")]
@@ -207,8 +228,12 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("out under a file", lambda w: G(w)[:-2] + ["--out", str(w / "a_file" / "o.jsonl")], "cannot write there"),
     ("out of another run", lambda w: G(w)[:-2] + ["--out", str(w / "other.jsonl")],
      "made with another configuration (temperature: 1.0 -> 0.0"),
+    ("out is the prompts file", lambda w: G(w)[:-2] + ["--out", str(w / "out_dir" / ".." / "prompts.jsonl")],
+     "prompts.jsonl: is the --prompts file"),
     ("out without meta", lambda w: G(w)[:-2] + ["--out", str(w / "taken.jsonl")],
      "exists without a record of how it was made (in taken.jsonl.meta.json)"),
+    ("prompt with a lone surrogate", lambda w: G(w, prompts="surrogate"), "surrogate.jsonl:2: `prompt`: not encodable "
+     "text: a lone surrogate '\\ud800' at character 5"),
     ("prompts not UTF-8", lambda w: G(w, prompts="not_utf8"), "not_utf8.jsonl:2: not UTF-8 text (byte 0xff"),
     ("seed beyond a generator's", lambda w: G(w, "--seed", "99999999999999999999999"), "argument --seed: expected an "
      "integer in [0, 4294967295]"),
@@ -237,6 +262,13 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("train profile", lambda w: TR(w, "--profile", "bogus"), "unknown profile 'bogus'"),
     ("train out is a file", lambda w: TR(w)[:5] + ["--out", str(w / "a_file")] + TR(w)[7:], "is a file"),
     ("train data not UTF-8", lambda w: TR(w, data="data_not_utf8"), "data_not_utf8.jsonl:3: not UTF-8 text"),
+    ("train on a killed decode", lambda w: TR(w, data="killed"), "killed.jsonl: half-written (killed.jsonl.meta.json "
+     "says finished: false): finish it with the command that made it (it resumes)"),
+    ("train on decoded records without meta", lambda w: TR(w, data="nometa"), "nometa.jsonl: decoded records without "
+     "their meta (nometa.jsonl.meta.json): whether the decode finished is unknown"),
+    ("generate with a drafter still training", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter",
+                                                                       str(w / "training" / "dflash" / "drafter")]
+     + G(w)[5:], "drafter: the checkpoint of an unfinished training"),
     ("train seed beyond a generator's", lambda w: TR(w, "--seed", str(2**32)), "argument --seed"),
     ("train init-from another width", lambda w: TR(w, "--variants", "zero_init_residual", "--init-from",
                                                    f"zero_init_residual={w / 'wide'}"),
@@ -255,6 +287,17 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("set eval gsm8k", lambda w: P(w, "--set", "eval.subsets={}", "--set", 'eval.sets={"gsm8k": 2}'),
      "the pipeline evaluates on HumanEval only"),
     ("set unknown field", lambda w: P(w, "--set", "bogus=1"), "Profile has no field 'bogus'"),
+    ("set one key of a dict", lambda w: P(w, "--set", "eval.sets.humaneval=3"), "--set eval.sets.humaneval=3: "
+     "eval.sets is a dict-valued field: set it whole, as a JSON object (the keys you keep included), e.g. --set "
+     "'eval.sets={\"humaneval\": 3}'"),
+    ("set an absurd token budget", lambda w: P(w, "--set", "pretrain.tokens=1e30"), "--set pretrain.tokens=1e30: "
+     "expected an integer of at most 9,007,199,254,740,991 (2**53 - 1)"),
+    ("set an absurd count in a list", lambda w: P(w, "--set", f"verify.caps=[1, {2**60}]"), "--set verify.caps=[1, "
+     f"{2**60}]: expected integers of at most"),
+    ("set rules across assignments", lambda w: P(w, "--set", "train.snapshots=[5]", "--set", "train.steps=2"),
+     "--set train.snapshots=[5], --set train.steps=2: train.snapshots: steps [5] outside 1..steps=2"),
+    ("train steps absurd", lambda w: TR(w, "--steps", str(10**30)), "argument --steps: expected an integer >= 1 and "
+     "at most 9,007,199,254,740,991"),
     ("set without value", lambda w: P(w, "--set", "novalue"), "expected KEY=VALUE"),
     ("set a typo'd type", lambda w: P(w, "--set", "train.steps=ten"), "--set train.steps=ten"),
     ("unknown stage", lambda w: P(w)[:-1] + ["bogus"], "unknown stage 'bogus'"),
@@ -325,6 +368,9 @@ OTHER = [  # the other entry points: (name, main, argv, message)
     ("bench parts", bench.main, lambda w: ["--out", str(w / "b"), "--parts", "speed"], "argument --parts"),
     ("bench no tokenizer", bench.main, lambda w: ["--out", str(w / "b"), "--target", str(w / "target"), "--methods",
                                                    "ar"], "no tokenizer files"),
+    ("bench a drafter still training", bench.main, lambda w: ["--out", str(w / "b"), "--target", str(w / "target"),
+                                                             "--drafters", str(w / "training"), "--methods", "dflash"],
+     "training/dflash/drafter: the checkpoint of an unfinished training"),
     ("bench temperature denormal", bench.main, lambda w: ["--out", str(w / "b"), "--temperatures", "0,1e-320"],
      "argument --temperatures"),
     ("report duplicated record", report_cli.main, report_tables("twice"),

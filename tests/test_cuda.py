@@ -627,3 +627,43 @@ def test_switched_off_compiled_drafter_keeps_drafters_on_hf_and_captures(gpu_mod
         assert fast.drafter_problem(m.drafter, eng) is not None
         ref = [hf(tgt, p, 12) for p in PROMPTS]
         assert [r.output_ids for r in generate(tgt, m, PROMPTS, 0.0, 12, engine=eng)] == ref
+
+
+def _nan_on_cuda(bad: int = 77):
+    """A full-attention tiny target on CUDA whose forward is NaN on prompts holding token `bad` (its embedding row
+    NaN), finite on the others."""
+    tgt, mtp = on_cuda("qwen3")
+    with torch.no_grad():
+        tgt.body.embed_tokens.weight[bad] = float("nan")
+    return tgt, mtp
+
+
+@pytest.mark.parametrize("engine", ["compiled", "fast-eager", "hf"])
+def test_first_forward_not_finite_is_refused_on_gpu(engine):
+    """Every engine on CUDA: a decode whose first forward is NaN is one error, for AR and the MTP method."""
+    tgt, mtp = _nan_on_cuda()
+    for name in ("ar", "mtp"):
+        with pytest.raises(ValueError, match="first forward of a decode .* non-finite logits"):
+            generate(tgt, method(name, tgt, mtp), [[5, 77, 9], [4, 8]], 0.0, 12, engine=EngineConfig(engine=engine))
+
+
+@pytest.mark.parametrize("name", ["ar", "zero_init_residual"])
+def test_first_forward_check_adds_no_sync(name):
+    """The first-forward check rides on the copies the host already reads: a ready server (graphs captured) admits
+    newcomers without a synchronising CUDA call when they are finite, and refuses a NaN newcomer group from the host
+    side, still without one (`set_sync_debug_mode("error")` would raise on any)."""
+    tgt, mtp = _nan_on_cuda()
+    good = PROMPTS + [[7, 7, 7], [60], list(range(3, 70)), [12, 13, 14, 15]]
+    eng = EngineConfig(attention="dense", prefill="graphed", admit=2)
+    m = method(name, tgt, mtp)
+    srv = Server(tgt, m, 3, capacity_for(good + [[77] * 8], 25, 7), 0.0, 25, engine=eng)
+    srv.prepare(max(len(p) for p in good))
+    ref = [r.output_ids for r in srv.run(good)]  # the round graphs captured
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        assert [r.output_ids for r in srv.run(good)] == ref
+        with pytest.raises(ValueError, match="non-finite logits"):
+            srv.run(good[:4] + [[5, 77, 9, 77]] + good[4:])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -23,7 +23,7 @@ USER_ERRORS = (ValueError, KeyError, OSError, NotImplementedError, ImportError) 
 
 
 def at_least(lo: int, hi: int | None = None):
-    """argparse type: an integer >= lo (and <= hi)."""
+    """argparse type: an integer >= lo (and <= hi; at most `checks.MAX_INT` in any case: a larger count is a typo)."""
     want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
 
     def parse(s):
@@ -33,6 +33,8 @@ def at_least(lo: int, hi: int | None = None):
             raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
         if v < lo or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
+        if v > checks.MAX_INT:
+            raise argparse.ArgumentTypeError(f"expected {want} and at most {checks.MAX_INT:,} (2**53 - 1), got {v}")
         return v
     return parse
 
@@ -143,8 +145,9 @@ def in_file(path, flag: str) -> Path:
     return p
 
 
-def checkpoint(path, flag: str, what: str = "checkpoint") -> Path:
-    """A checkpoint folder: exists, holds config.json and weights."""
+def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True) -> Path:
+    """A checkpoint folder: exists, holds config.json and weights; with `finished`, not the checkpoint of a drafter
+    training still under way (`unfinished_training`)."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"{flag} {p}: no such folder (expected a {what} folder with config.json)")
@@ -152,7 +155,22 @@ def checkpoint(path, flag: str, what: str = "checkpoint") -> Path:
         raise FileNotFoundError(f"{flag} {p}: no config.json (expected a {what} folder)")
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise FileNotFoundError(f"{flag} {p}: no weights (*.safetensors or *.bin) beside config.json")
+    why = unfinished_training(p) if finished else None
+    if why:
+        raise ValueError(f"{flag} {p}: {why}")
     return p
+
+
+def unfinished_training(p: Path) -> str | None:
+    """Why checkpoint folder `p` is a training's intermediate save, or None: `dmtp train` (and the pipeline's drafters
+    stage) save <run>/drafter every `save_every` steps and write <run>/DONE after the last; a <run> with its
+    training state or record and no DONE is still training, or was stopped."""
+    run = p.resolve().parent
+    if p.resolve().name == "drafter" and not (run / "DONE").exists() and any(
+            (run / f).exists() for f in ("trainer_state.pt", "fingerprint.json")):
+        return (f"the checkpoint of an unfinished training ({run} has no DONE): finish it (rerun the `dmtp train` or "
+                "pipeline stage that trains it: it resumes), or copy the folder out to use it as it is")
+    return None
 
 
 def device(name: str | None) -> str:

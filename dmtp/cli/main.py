@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from dmtp import dist
+from dmtp import checks, dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
 from dmtp.cli import archive, args, dryrun, pipeline, reproduce, stages
@@ -98,6 +98,7 @@ def read_prompts(path, tok=None, vocab_size=None):
         elif "prompt" in r:
             if not isinstance(r["prompt"], str):
                 raise ValueError(f"{path}:{i}: `prompt` must be a string")
+            checks.text(r["prompt"], f"{path}:{i}: `prompt`")
             if tok is None:
                 raise ValueError(f"{path}:{i}: a text prompt, but the target has no tokenizer files (give "
                                  "`prompt_ids`)")
@@ -155,7 +156,9 @@ def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, 
 def cmd_generate(a):
     if bool(a.prompts) == bool(a.dataset):
         raise ValueError("give exactly one of --prompts FILE and --dataset NAME")
-    out = args.out_file(a.out)
+    out = args.out_file(a.out).resolve()  # the file itself: its meta beside it, whatever path reaches it
+    if a.prompts and Path(a.prompts).resolve() == out:
+        raise ValueError(f"--out {a.out}: is the --prompts file ({a.prompts}); choose another --out")
     with one_writer(out):  # a second `dmtp generate` on this --out is refused while this one runs
         generate_into(a, out)
 
@@ -189,6 +192,8 @@ def generate_into(a, out: Path):
         raise ValueError("--stop is not supported with --dataset mtbench (two turns)")
     if "" in stops:
         raise ValueError("--stop '': a stop string must not be empty")
+    for x in stops:
+        checks.text(x, f"--stop {x!r}")
     if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
         if tok is None:
             raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
@@ -276,7 +281,7 @@ def cmd_train(a):
         if not eq or v not in variants:
             raise ValueError(f"--init-from {item!r}: expected VARIANT=PATH with VARIANT one of --variants "
                              f"({','.join(variants)})")
-        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint"))
+        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
         try:
             got = widths(DrafterConfig.from_hf_dict(read_json(Path(path) / "config.json")))
         except (ValueError, TypeError) as e:  # not JSON, a field out of range
@@ -305,8 +310,10 @@ def cmd_train(a):
                                         variant=v, variant_config=settings.get(v, {}))
         require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
                 f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
-        want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), dtype=a.dtype, data=data,
-                                       target=str(Path(a.target).resolve()), target_modified=_modified(a.target)))
+        init_id = {"init_modified": _modified(init[v])} if v in init else {}  # the file it names, as it is now
+        want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), **init_id, dtype=a.dtype,
+                                       data=data, target=str(Path(a.target).resolve()),
+                                       target_modified=_modified(a.target)))
         units.append(stages.Unit(str(out / v), want, out / v / "fingerprint.json", [out / v]))
     if not a.force:
         stages.preflight(units)  # a finished or half-trained drafter of another configuration: refused, all at once

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from dmtp import checks
+
 _MATH = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -248,6 +250,9 @@ def load_prompts(name: str, tok, n: int | None = None, path=None, download: bool
         turns = s.turns(r)
         if not turns:
             continue
+        for t, x in enumerate(turns):
+            if isinstance(x, str):
+                checks.text(x, f"dataset {key!r} from {path or s.hub[0]}, row {i + 1}, turn {t + 1}")
         text = chat_text(tok, [{"role": "user", "content": turns[0]}])
         out.append({"id": s.id(r, i), "dataset": key, "turns": turns, "text": text, "prompt_ids": encode(tok, text)})
         if n is not None and len(out) == n:

@@ -54,6 +54,7 @@ from dmtp.engine.methods import Method, State
 from dmtp.engine.stops import StopStrings, cut_rounds
 from dmtp.models import fast
 from dmtp.models.cache import KVCache
+from dmtp.models.finite import nonfinite
 
 
 @dataclass
@@ -200,6 +201,8 @@ class Batch:
             prompt_pass.prefill_method(self.method, st, ids, plen, out)
         else:
             self.method.prefill(st, ids, plen, out)
+        self._checks: collections.deque = collections.deque()  # (event, host flag): a first forward not finite
+        self._check_finite(out.logits, *self.method.buffers())
         self.graphs = Graphs(use_graphs(target, self.method, self.eng) if graphs is None else graphs)
         self.graphs.persistent(st.lens, st.anchor, st.done, *self.method.buffers())
         self.compile = self.engine == "compiled" and compiles  # stages other than verify, compiled whole
@@ -221,6 +224,26 @@ class Batch:
         self._y, self._emitted = first[:, None], torch.ones(B, dtype=torch.long, device=dev)
         self._publish(ring=False)
         self._y = self._emitted = None  # the last round's tokens [B, k+1] and count appended [B] (stop strings)
+
+    def _check_finite(self, *tensors):
+        """Queue a check that the first forward's logits (and the method's state after its prefill: the MTP hidden)
+        are finite: one device-side flag copied to the host without waiting, read by `poll` before the done flags
+        queued after it. So the host refuses a batch whose first forward is NaN before it sees any of its requests
+        finished, and the decode loop gains no synchronisation."""
+        bad = torch.zeros((), dtype=torch.bool, device=self.dev)
+        for t in tensors:
+            if t.is_floating_point():
+                bad = bad | ~torch.isfinite(t).all()
+        self._checks.append(to_host([bad[None]]))
+
+    def _read_checks(self, wait: bool = False):
+        """Raise if a first-forward check that has arrived (all of them with `wait`) found non-finite numbers."""
+        while self._checks and (wait or self._checks[0][0].query()):
+            ev, (flag,) = self._checks.popleft()
+            ev.synchronize()
+            if bool(flag[0]):
+                raise ValueError(nonfinite("", f"the first forward of a decode ({self.method.name}, engine "
+                                               f"{self.engine}) gives non-finite logits or states", self.target))
 
     def _run(self, stage, fn, *inputs, updates=()):
         with self.method.timer(stage):
@@ -279,10 +302,13 @@ class Batch:
         self._pending.append((ev, bufs, None, self._gens))
 
     def poll(self, wait: bool = False) -> torch.Tensor:
-        """Done flags [B] (host) as of the newest round whose copy has arrived; `wait` = as of the last round."""
+        """Done flags [B] (host) as of the newest round whose copy has arrived; `wait` = as of the last round. A
+        first-forward check queued before them is read first (`_check_finite`)."""
+        self._read_checks(wait)
         while self._pending and (wait or len(self._pending) > self.eng.in_flight or self._pending[0][0].query()):
             ev, bufs, slots, gens = self._pending.popleft()
             ev.synchronize()
+            self._read_checks()  # queued before this copy on its stream: arrived with it
             self._see(*bufs, slots=slots, gens=gens)
         return self._seen
 
@@ -396,6 +422,8 @@ class Batch:
         seen[slots] = other._seen[: len(slots)]
         self._seen = seen
         self._stopped[slots] = other._stopped[: len(slots)]
+        self._checks.extend(other._checks)  # its first forward's check, read before its first tokens
+        other._checks.clear()
         for ev, bufs, rows, _ in other._pending:  # `other` never absorbed: its rows are its requests, in order
             into = list(slots) if rows is None else [slots[r] for r in rows]
             self._pending.append((ev, bufs, into, tuple(self._gens[s] for s in into)))

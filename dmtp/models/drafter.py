@@ -24,6 +24,7 @@ from dmtp.checks import at_least, check, non_negative, positive, require
 from dmtp.io import atomic_dir, save_safetensors
 from dmtp.models.attention import Rule, layer_masks
 from dmtp.models.dflash2 import Layer2, Selector, is_dflash2, reset_parameters
+from dmtp.models.finite import rope_problem
 from dmtp.models.layers import Layer, RMSNorm, rope_cos_sin
 from dmtp.models.variants import get_variant
 from dmtp.models.weights import check_finite, check_fits
@@ -208,6 +209,9 @@ def _rope_from_hf(d: dict, default_theta: float) -> tuple[float, dict | None]:
 def rope_frequencies(c: "DrafterConfig"):
     """(inv_freq [head_dim/2] float32, attention scale) of a scaled RoPE, computed by `transformers` as the public
     DFlash code's `Qwen3RotaryEmbedding` does; None for plain RoPE. Unsupported kinds are refused."""
+    why = rope_problem({**(c.rope_scaling or {}), "rope_theta": c.rope_theta})
+    if why:  # a factor of 0 divides every position by zero
+        raise ValueError(f"{why} (rope_scaling / rope_theta)")
     if not c.rope_scaling:
         return None
     kind = c.rope_scaling.get("rope_type", "default")

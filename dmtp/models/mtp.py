@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from dmtp.io import save_safetensors
+from dmtp.io import make_readable, save_safetensors, write_failure
 from dmtp.models.cache import KVCache, causal_mask
 from dmtp.models.weights import check_finite, check_fits
 
@@ -198,9 +198,16 @@ def read_prefixed_tensors(path: str | Path, prefix: str) -> dict[str, torch.Tens
 def save_target_with_mtp(model: nn.Module, mtp: MTPHead, path: str | Path, max_shard_size: str = "15MB",
                          experts: str = "fused"):
     """save_pretrained + the `mtp.*` keys in a shard of their own, listed in the index like real Qwen3.5 checkpoints.
-    experts: "fused" (as the module holds them) or "per_expert" (the Qwen3.5/3.6-MoE checkpoint layout)."""
+    experts: "fused" (as the module holds them) or "per_expert" (the Qwen3.5/3.6-MoE checkpoint layout). Every file
+    is left readable by others (0644 under umask 022), as every artifact of the suite."""
     path = Path(path)
-    model.save_pretrained(path, max_shard_size=max_shard_size)
+    try:
+        model.save_pretrained(path, max_shard_size=max_shard_size)
+    except Exception as e:  # a full disk: safetensors' IoError named as one (`write_failure`)
+        named = write_failure(path, e)
+        if named is None:
+            raise
+        raise named from None
     index_path = path / "model.safetensors.index.json"
     if index_path.exists():
         index = json.loads(index_path.read_text())
@@ -222,3 +229,4 @@ def save_target_with_mtp(model: nn.Module, mtp: MTPHead, path: str | Path, max_s
     cfg = json.loads(cfg_path.read_text())
     cfg.setdefault("mtp_num_hidden_layers", 1)
     cfg_path.write_text(json.dumps(cfg, indent=2))
+    make_readable(path)  # save_pretrained's shards are 0600 (safetensors' save_file): weights are read by others

@@ -17,7 +17,11 @@ import torch
 import torch.nn as nn
 
 from dmtp.models.cache import KVCache, causal_mask
+from dmtp.models.finite import check_rope, nonfinite
 from dmtp.models.weights import check_finite, refuse_misfit
+
+
+PROBE = 32  # positions of the finite-logits probe at load (a degenerate RoPE can stay finite over the first few)
 
 
 @dataclass
@@ -34,20 +38,24 @@ def _text_model(model: nn.Module) -> nn.Module:
 
 
 def read_config(path: str | Path):
-    """A checkpoint's text config from its config.json alone (no weights): vocabulary, positions, eos, widths."""
+    """A checkpoint's text config from its config.json alone (no weights): vocabulary, positions, eos, widths; RoPE
+    settings that would make non-finite positions are refused (`finite.check_rope`)."""
     from transformers import AutoConfig
 
     try:
         cfg = AutoConfig.from_pretrained(str(path))
     except Exception as e:  # missing or broken config.json, an unknown model_type
         raise ValueError(f"{path}/config.json cannot be read: {str(e).splitlines()[0][:200]}") from None
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    check_rope(cfg, f"{path}/config.json")
+    return cfg
 
 
 class Target(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model.eval().requires_grad_(False)
+        self.source: str | None = None  # the checkpoint folder it was loaded from (`load`), named in errors
         self.body = _text_model(model)
         self.config = self.body.config
         self.hidden_size = self.config.hidden_size
@@ -66,9 +74,10 @@ class Target(nn.Module):
     # --- loading -----------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, dtype=torch.float32, device="cpu", attn_implementation: str = "sdpa") -> "Target":
-        """The checkpoint's model, refused (one line naming it) unless its weights are exactly what config.json
-        describes (transformers would re-initialise, drop or resize them with a report) and a forward pass gives
-        finite logits."""
+        """The checkpoint's model, refused (one line naming it) unless its RoPE settings are sound, its weights are
+        exactly what config.json describes (transformers would re-initialise, drop or resize them with a report) and
+        a forward pass gives finite logits (a probe of `PROBE` positions; every decode checks its own first forward
+        too, `decode.Batch`)."""
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -88,10 +97,14 @@ class Target(nn.Module):
         own = lambda keys: [k for k in keys if not k.startswith("mtp.")]  # noqa: E731 (mtp.*: the head, mtp.py)
         refuse_misfit(what, info["mismatched_keys"], own(info["missing_keys"]), own(info["unexpected_keys"]))
         tgt = cls(model.to(device))
+        tgt.source = str(path)
+        check_rope(tgt.config, f"{path}/config.json")
         check_finite(what, tgt.model.named_parameters())
-        ids = torch.arange(min(8, tgt.vocab_size), device=tgt.device)[None]
+        n = min(PROBE, tgt.config.max_position_embeddings)
+        ids = (torch.arange(n, device=tgt.device) % tgt.vocab_size)[None]
         if not bool(torch.isfinite(tgt.features(ids).logits).all()):
-            raise ValueError(f"{what}: a forward pass gives non-finite logits in {str(dtype).removeprefix('torch.')}")
+            raise ValueError(nonfinite(what, f"a forward pass of {n} positions gives non-finite logits in "
+                                             f"{str(dtype).removeprefix('torch.')}", tgt))
         return tgt
 
     @property

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -78,3 +79,24 @@ def compile_forwards(layers, backend: str = "inductor") -> None:
     cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
     for layer in layers:
         layer.forward = torch.compile(layer.forward, backend=backend, dynamic=False)
+def watch_finite(flag: torch.Tensor | None, *losses: torch.Tensor) -> torch.Tensor:
+    """`flag` | any of `losses` not finite: a device-side boolean kept over the steps between two log steps (no host
+    synchronisation; `check_finite_loss` reads it with the logged values)."""
+    bad = ~torch.isfinite(torch.stack([x.detach().float().reshape(()) for x in losses])).all()
+    return bad if flag is None else flag | bad
+
+
+def check_finite_loss(what: str, step: int, flag: float, values: dict, lr: float, target=None) -> None:
+    """Refuse a training whose loss went non-finite (NaN or infinity) at any step up to `step` (`flag`, read back
+    with the logged `values`), naming the run, the step and the likely cause: the target's forward (its RoPE
+    settings, its dtype) or the learning rate. Checked before anything of that step is saved."""
+    from dmtp.models.finite import likely_cause
+
+    shown = {k: v for k, v in values.items() if isinstance(v, float) and ("loss" in k or k == "ul")}
+    if not flag and all(map(math.isfinite, shown.values())):
+        return
+    logged = ", ".join(f"{k} {v:.4g}" for k, v in shown.items())
+    cause = (f"the target's forward ({likely_cause(target)}), " if target is not None else "") + \
+        f"or a learning rate too high (lr {lr:g})"
+    raise ValueError(f"{what}: the training loss is not finite (NaN or infinity) by step {step} (logged: {logged});"
+                     f" likely cause: {cause}")

@@ -35,12 +35,13 @@ from dmtp.config import TrainConfig
 from dmtp.data.tokens import TokenSequences, as_sequences, is_store, open_store, sequence_ids
 from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, group_of_one, is_sharded,
                        main_says, precision, rank_world, shard, shard_optimizer_state, use_fsdp)
-from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
+from dmtp.io import atomic_dir, atomic_path, check_finished, iter_jsonl, load_state, save_state, write_json, write_text
 from dmtp.memory import drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
-from dmtp.training.common import checkpoint_layers, compile_forwards, compiled, kernel_choices, to_device
+from dmtp.training.common import (check_finite_loss, checkpoint_layers, compile_forwards, compiled, kernel_choices,
+                                  to_device, watch_finite)
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -49,7 +50,9 @@ def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None
     """Training sequences of at least 4 tokens, each cut to max_len. A token store (`dmtp.data.tokens`: a folder,
     memory-mapped, each batch's ids read when asked) or a JSONL, one object per line with `prompt_ids` + `output_ids`
     (the `dmtp generate` schema) or `ids`, read whole into lists. A line without them, or with ids outside
-    [0, vocab_size), is an error naming the file and line."""
+    [0, vocab_size), is an error naming the file and line. A decode's output is read only once its stage finished:
+    refused when its meta says `finished: false`, or when its records (they hold `accepted`) have no meta beside them
+    to say so."""
     path = Path(path)
     if is_store(path):
         seqs = TokenSequences(open_store(path, vocab_size), max_len)
@@ -59,6 +62,12 @@ def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None
         return seqs
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
+    meta = check_finished(path)
+    first = next(iter_jsonl(path), (0, {}))[1]
+    if meta is None and "accepted" in first:
+        raise ValueError(f"{path}: decoded records without their meta ({path.name}.meta.json): whether the decode "
+                         "finished is unknown; rerun the `dmtp generate` that writes it (it resumes, then marks it "
+                         "finished)")
     seqs = []
     for i, r in iter_jsonl(path):
         ids = sequence_ids(path, i, r, vocab_size)
@@ -597,6 +606,7 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
         seen += int(lengths.sum())
         sample_anchors(lengths, cfg.anchors_per_seq, gen)
     t0 = time.time()
+    bad: dict[str, torch.Tensor] = {}  # per drafter: a non-finite loss since the last log step (on the device)
     bar = tqdm(range(first, cfg.steps), desc=f"train {','.join(todo)}"[:60], dynamic_ncols=True, disable=not main)
     for step in bar:
         ids, lengths = next(it)
@@ -623,8 +633,14 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
         names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
         lr = schedule(step) if schedule else lr_at(step, cfg)
         out = trainer.step(names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks)
+        for name in names:  # a non-finite loss at any step, read back with the next log step's values
+            bad[name] = watch_finite(bad.get(name), out[name]["loss"])
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
+            for name in names:
+                out[name]["nonfinite"] = bad.pop(name)
             for name, rec in read_back(out, world).items():
+                check_finite_loss(f"drafter training {out_dir / name}", step + 1, rec.pop("nonfinite"), rec, lr,
+                                  target)
                 hist[name].append({**rec, "step": step + 1, "lr": lr, "elapsed_s": time.time() - t0,
                                    "tokens": seen})
             bar.set_postfix({n: f"{hist[n][-1]['loss']:.3f}" for n in names})

@@ -30,7 +30,8 @@ from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, fu
 from dmtp.io import atomic_path, load_state, save_state
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
-from dmtp.training.common import compile_forwards, compiled, kernel_choices, to_device
+from dmtp.training.common import (check_finite_loss, compile_forwards, compiled, kernel_choices, to_device,
+                                  watch_finite)
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -223,6 +224,7 @@ def _pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str 
         compile_layers(t_tgt, t_mtp)
     step_terms = net
     t0 = time.time()
+    bad = None  # a non-finite loss since the last log step (a device-side flag)
     bar = tqdm(range(start, steps), desc="pretrain target+MTP", dynamic_ncols=True, disable=not main)
     save_every = cfg.save_every or max(50, steps // 10)
     info = {"start_step": start, "steps": steps, "world": world, "finished": True, "step": steps, "compiled": fast,
@@ -244,10 +246,13 @@ def _pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str 
         else:
             torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
+        bad = watch_finite(bad, ce, ce_m)  # read back with the next log step's values (no synchronisation here)
         if step % cfg.log_every == 0 or step == steps - 1:
-            m = (all_sum(torch.stack([ce, ce_m, acc, acc_m]).detach().float()) / world).tolist()
+            m = (all_sum(torch.stack([ce, ce_m, acc, acc_m, bad.float()]).detach().float()) / world).tolist()
             rec = {"step": step, "lr": lr, "loss": m[0], "mtp_loss": m[1], "acc": m[2], "mtp_acc": m[3],
                    "tokens": (step + 1) * step_tokens, "elapsed_s": time.time() - t0}
+            check_finite_loss(f"target pretraining {out}", step + 1, m[4], rec, lr, tgt)
+            bad = None
             hist.append(rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", mtp=f"{rec['mtp_loss']:.3f}")
         stop = cfg.stop_after and step + 1 == cfg.stop_after and step + 1 < steps

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dmtp.analysis.metrics import loop_span, loop_summary, trailing_loop
-from dmtp.training.common import compiled, kernel_choices, to_device
+from dmtp.training.common import check_finite_loss, compiled, kernel_choices, to_device, watch_finite
 
 
 def repeat_candidates(ids: torch.Tensor, start: int, n: int = 4) -> torch.Tensor:
@@ -167,6 +167,7 @@ def _unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, 
     hist, pool, cand = [], None, None
     fused = compiled(cfg.fused_ce, dev)  # the fused loss where pretraining uses it
     t0 = time.time()
+    bad = None  # a non-finite loss since the last log step (a device-side flag)
     tgt.model.train()
     mtp.train()
     for step in range(steps):
@@ -194,9 +195,13 @@ def _unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
+        bad = watch_finite(bad, ce, ce_m, ul)  # read back with the next log step's values
         if step % cfg.log_every == 0 or step == steps - 1:
             rec = {"step": step, "loss": float(ce.detach()), "mtp_loss": float(ce_m.detach()), "ul": float(ul.detach()),
                    "acc": float(acc), "pool_repeat_share": share, "pool_loop_frac": looped, "elapsed_s": time.time() - t0}
+            check_finite_loss("unlikelihood fine-tuning of the target", step + 1, float(bad), rec,
+                              opt.param_groups[0]["lr"], tgt)
+            bad = None
             hist.append(rec)
             log(f"[unloop] step {step}: loss {rec['loss']:.3f} ul {rec['ul']:.3f} pool repeats {share:.3f} "
                 f"loop_frac {looped:.3f}")

@@ -129,13 +129,14 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += ["No run artifacts found.", ""]
     gone = tables.missing(art)
     if gone:
-        out += ["## Missing runs", "", "These runs are absent, so their rows are missing from the tables below:", "",
+        out += ["## Missing runs", "", tables.made_by(art), "",
+                "These runs are absent, so their rows are missing from the tables below:", "",
                 *[f"- `runs/{e}/{m}/{d}_T{t:g}.jsonl`" for e, d, t, m in gone], ""]
     out += summary.zero_round_lines(art)
     lossless = [pd.read_csv(p).assign(realization=r.name) for r in art.realizations
                 if (p := r.root / "tables" / "lossless_T0.csv").exists()]  # by the pipeline: T=0 outputs vs `ar`
     if lossless:
-        out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "",
+        out += ["## Losslessness at T=0 (every method's outputs vs the target alone)", "", tables.made_by(art), "",
                 tables.to_markdown(pd.concat(lossless, ignore_index=True).fillna(""))]
     for title, tabs, figs in SECTIONS:
         out += _section(art, title, tabs, figs)
@@ -156,7 +157,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
     if len(s):
         cols = ["experiment", "dataset", "temperature", "mode", "method", "k", "n_realizations", "n_seeds",
                 "n_requests", "n_zero_round", "n_rounds", "output_tokens"]
-        out += ["## Artifacts", "", tables.to_markdown(s[cols])]
+        out += ["## Artifacts", "", tables.made_by(art), "", tables.to_markdown(s[cols])]
     path = art.root / "REPORT.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))

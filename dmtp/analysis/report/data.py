@@ -36,6 +36,7 @@ comparisons are paired by realization, seed and request.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -51,7 +52,7 @@ from dmtp.config import EVAL_MODES, AblationSpec
 from dmtp.config.engine import records_key_of
 from dmtp.config.training import pretrain_key
 from dmtp.engine.stops import cut_rounds
-from dmtp.io import RECORDS, iter_jsonl, read_json, record_meta, record_stem
+from dmtp.io import RECORDS, check_finished, iter_jsonl, read_json, record_meta, record_stem
 from dmtp.schema import from_dict
 
 CONTRAST_BOOT = 4000  # bootstrap draws of every paired contrast a report prints (one interval per contrast: the
@@ -192,11 +193,7 @@ def record_files(root: Path, pattern: str) -> list[Path]:
 def check_complete(path: Path) -> None:
     """A run file the report may pool: not marked unfinished by its meta (`finished: false`: `dmtp generate` was
     stopped half-way) and holding records; otherwise an error naming it."""
-    meta = record_meta(path)
-    m = read_json(meta) if meta.exists() else {}
-    if isinstance(m, dict) and m.get("finished") is False:
-        raise ValueError(f"{path}: half-written ({meta.name} says finished: false): finish it with the command that "
-                         "made it (it resumes), or remove it")
+    check_finished(path)
     if next(iter_jsonl(path), None) is None:
         raise ValueError(f"{path}: holds no records (an empty run file): rerun it, or remove it")
 
@@ -243,6 +240,7 @@ def read_curve(root: Path) -> pd.DataFrame | None:
         meta = meta.get("config", meta)  # dmtp.io.write_meta nests the run's fields under "config"
         if meta.get("train_tokens") is None:
             raise ValueError(f"{meta_path}: expected `train_tokens` (drafter training tokens up to the snapshot)")
+        check_complete(path)
         method = path.parent.name
         for line, r in iter_jsonl(path):
             row = _request_row(path, line, r, method, DEFAULT_K.get(method, 7))
@@ -415,6 +413,68 @@ def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[t
     return pooled, out
 
 
+def finished_runs(root: Path) -> list[Path]:
+    """The run files of a realization that its stage finished (records present; no meta saying `finished: false`)."""
+    out = []
+    for path in record_files(Path(root, "runs"), "*/*/"):
+        try:
+            check_complete(path)
+        except ValueError:
+            continue
+        out.append(path)
+    return out
+
+
+def without_runs(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[tuple[str, str]]]:
+    """(realizations, left out with why): a realization folder without a finished run (experiment.json alone: what an
+    evaluation stopped before its first run leaves) is no realization: not counted, named. When no folder has a
+    finished run (a bench-only profile, or a single half-written run: `read_runs` names it), all are kept."""
+    have = [(k, p) for k, p in found if finished_runs(p)]
+    if not have:
+        return found, []
+    name = lambda k: f"r{k}" if k else "r0 (the flat layout)"  # noqa: E731
+    why = ("no finished run (runs/ holds no complete record file: an evaluation stopped before its first run "
+           "finished); not counted as a realization")
+    return have, [(name(k), why) for k, p in found if (k, p) not in have]
+
+
+def record_digest(root: Path) -> str:
+    """sha256 (16 hex digits) of a realization's records: every run file's path under runs/ and its records as JSON
+    (so a compressed copy of the same records has the same digest)."""
+    h = hashlib.sha256()
+    for path in record_files(Path(root, "runs"), "*/*/"):
+        rel = path.relative_to(root).as_posix()
+        h.update(f"{rel[: len(rel) - len(path.name)]}{record_stem(path)}\0".encode())
+        for _, r in iter_jsonl(path):
+            h.update(json.dumps(r, sort_keys=True).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def refuse_copies(pooled: list[tuple[int, Path]]) -> None:
+    """Two realizations pooled as independent must be: folders holding the same records (one realization copied
+    into another r<k>/), or recording the same seeds (experiment.json `realization`: every seed derives from it),
+    are refused, naming both (pooled, a copy would count twice and narrow the interval to nothing). A folder without
+    record files (bench only) has no records to compare; one whose experiment.json names no realization, its
+    folder's number."""
+    seen_digest: dict[str, Path] = {}
+    seen_seeds: dict[int, Path] = {}
+    for k, p in pooled:
+        exp = p / "experiment.json"
+        named = read_json(exp).get("realization") if exp.exists() else None
+        rec = k if named is None else int(named)
+        d = record_digest(p) if record_files(Path(p, "runs"), "*/*/") else None
+        if d is not None and d in seen_digest:
+            raise ValueError(f"{seen_digest[d]} and {p} hold the same records (digest {d}): one realization in two "
+                             "folders (a copy?) is not two independent ones; remove the copy")
+        if rec in seen_seeds:
+            raise ValueError(f"{seen_seeds[rec]} and {p} record the same seeds (experiment.json realization {rec}): "
+                             "not independent realizations (a copy?); remove one, or rerun it as its own realization "
+                             "(--set realization=K)")
+        seen_seeds[rec] = p
+        if d is not None:
+            seen_digest[d] = p
+
+
 def _written(root: Path) -> str:
     """When a realization's target was written (ISO time, sortable as text; "" when it has none)."""
     meta = Path(root, "target", "meta.json")
@@ -497,7 +557,10 @@ def find_results(results: str | Path = "results") -> Path:
 def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> Artifacts:
     """Every pooled realization of results/<profile> (module docstring) into one bundle (`results`: `find_results`)."""
     top = find_results(results) / profile
-    pooled, left_out = match(require_artifacts(top))
+    found, empty = without_runs(require_artifacts(top))
+    pooled, left_out = match(found)
+    left_out = empty + left_out
+    refuse_copies(pooled)
     for name, why in left_out:
         print(f"[report] realization {name} left out: {why}")
     newest = pooled[-1][1]  # the spec, subsets and out-of-distribution sets come from the newest pooled one

@@ -290,8 +290,9 @@ def findings(art: Artifacts) -> list[str]:
     if not prim:
         return []
     df = C.claims(art)
-    out = [*in_short(art, df), "## What was found", "", scope(art), "", "### The blog's claims (tables/claims.csv)",
-           "", who(art), "", *C.claims_lines(art, df), *[f"- {text}." for _, _, text in control_pairs(art)], ""]
+    out = [*in_short(art, df), "## What was found", "", T.made_by(art), "", scope(art), "",
+           "### The blog's claims and the control (tables/claims.csv)", "", who(art), "", *C.claims_lines(art, df),
+           *[f"- {text}." for _, _, text in control_pairs(art)], ""]
     heads = sorted(art.figures.glob("main_acceptance_T*.png"), key=lambda p: float(p.stem.rpartition("_T")[2]))
     if heads:
         out += [f"![{heads[0].stem}](figures/{heads[0].name})", ""]
@@ -457,7 +458,7 @@ def zero_round_lines(art: Artifacts) -> list[str]:
     z = T.zero_rounds(art)
     if z is None:
         return []
-    out = ["## Requests without a verify round", "",
+    out = ["## Requests without a verify round", "", T.made_by(art), "",
            "Their first generated token ended them (end-of-text or a stop string): no acceptance length, kept in "
            "every count (n_zero_round). Full list: tables/zero_round.csv.", ""]
     multi = z.realization.nunique() > 1

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
-from dmtp.analysis.report.data import record_files
+from dmtp.analysis.report.data import check_complete, record_files
 from dmtp.config import VERIFY_MODES
 from dmtp.io import iter_jsonl, read_json
 
@@ -51,6 +51,7 @@ def read(root: Path) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame | 
     rows = []
     for path in record_files(base / "runs", "*/*/"):
         method, mode = path.parent.parent.name, path.parent.name
+        check_complete(path)  # a run the verify stage finished
         by_id: dict[str, dict] = {}
         for _, r in iter_jsonl(path):
             row = by_id.setdefault(r["id"], {"temperature": float(r["temperature"]), "method": method,
@@ -244,6 +245,49 @@ def figure(root: Path, s: pd.DataFrame, modes: list[str] = MODES) -> list[Path]:
     return paths
 
 
+def _when(stamp: str):
+    """A meta file's `written` stamp as a comparable time (its own UTC offset applied); unparsable: the text."""
+    from datetime import datetime, timezone
+
+    try:
+        t = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z")
+    except ValueError:
+        return (1, stamp)
+    return (0, t.astimezone(timezone.utc).isoformat())
+
+
+def made_by(root: Path) -> str:
+    """Which models and commit the study comes from: the commits its run meta files record and when they were
+    written; said in bold when the runs are older than the realization's target or drafters (meta.json `written`):
+    a study left from earlier models, which the pipeline's verify stage redoes."""
+    commits, stamps = {}, []
+    for m in sorted(Path(root, "verify", "runs").glob("*/*/*.meta.json")):
+        try:
+            meta = read_json(m)
+        except (OSError, ValueError):
+            continue
+        sha = str((meta.get("env") or {}).get("git_sha", "unknown"))
+        commits[sha] = commits.get(sha, 0) + 1
+        if meta.get("written"):
+            stamps.append(str(meta["written"]))
+    if not commits:
+        return "Models: no recorded commit (the study's runs have no meta files beside them)."
+    shas = ", ".join(sorted(commits, key=lambda s: -commits[s]))
+    when = f", written {min(stamps, key=_when)} to {max(stamps, key=_when)}" if stamps else ""
+    line = f"Models: the study's runs at {shas}{when}."
+    newer = []
+    for what in ("target", "drafters"):
+        meta = Path(root, what, "meta.json")
+        w = str(read_json(meta).get("written", "")) if meta.exists() else ""
+        if w and stamps and _when(min(stamps, key=_when)) < _when(w):
+            newer.append(f"its {what} (written {w})")
+    if newer:
+        line += (f" **Left from earlier models**: these runs predate {' and '.join(newer)}, so they measure models "
+                 "that are no longer this realization's; rerun `dmtp pipeline --stage verify` to measure the current "
+                 "ones.")
+    return line
+
+
 def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
     """Write tables/verify.{csv,md}, tables/verify_paired.{csv,md}, figures/verify_T*.png; return the REPORT.md
     section ([] when the profile has no verify study), its figures linked under `href` (relative to REPORT.md)."""
@@ -272,7 +316,9 @@ def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
             if orc is None else ("ceiling: acceptance length of an idealised greedy drafter accepted at the "
                                  "target's top-1 probability along the ar trajectory "
                                  "(`dmtp.analysis.oracle.oracle_ceiling`), for target-only verification with k drafts"))
+    models = made_by(root)
     out = ["## Verification at T > 0: target-only vs speculative sampling vs block verification", "",
+           *([models, ""] if models else []),
            ("`target`: greedy drafts, the target samples its own token (the blog's rule). `sample`: drafts sampled "
             "from the drafters' tempered distributions (T1 from the MTP head), token-wise speculative sampling. "
             "`block`: the same drafts, block verification (Sun et al., ICLR 2025). All three emit the target's law "

@@ -1,0 +1,412 @@
+"""No silent wrong result at the edges, one test per class: non-finite logits whatever made them (every decode's first
+forward, every training loss), the identity of an input (a lock through a symlink), writes that fail naming their
+cause, weight files readable by others, provenance that counts source files only. The bad-input table
+(test_bad_inputs.py) holds the command-line cases of the same classes."""
+import copy
+import errno
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from dmtp.engine.decode import generate
+from dmtp.engine.methods import build_method
+from dmtp.engine.server import serve
+from dmtp.models import tiny
+
+
+BAD = 77  # the token whose embedding is NaN in `nan_on`
+
+
+@pytest.fixture(scope="module")
+def nan_on():
+    """A tiny full-attention target whose forward is NaN on prompts holding token BAD (its embedding row NaN: the
+    load-time weight check would refuse it, a decode of a target built in memory is not checked there), finite on
+    the others: what a degenerate RoPE or an overflow makes, on chosen requests."""
+    tgt, mtp = copy.deepcopy(tiny.build("qwen3", seed=0))
+    with torch.no_grad():
+        tgt.body.embed_tokens.weight[BAD] = float("nan")
+    return tgt, mtp
+
+
+LONG = [list(range(60, 90)), list(range(70, 95))]  # both hold BAD
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast-eager"])
+def test_first_forward_not_finite_is_refused(nan_on, engine):
+    """generate, on every CPU engine, every kind of method: one error naming non-finite logits, no records."""
+    tgt, mtp = nan_on
+    for name in ("ar", "mtp"):
+        m = build_method(name, tgt, mtp=mtp)
+        with pytest.raises(ValueError, match="first forward of a decode .* non-finite logits"):
+            generate(tgt, m, LONG, 0.0, 8, engine=engine)
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast-eager"])
+def test_first_forward_not_finite_is_refused_in_serve(nan_on, engine):
+    """The server path: a newcomer whose prompt pass is NaN (a long prompt; the short one before it stays finite)
+    joins a running batch and is refused before its record is returned; the first group alike."""
+    from dmtp.config import EngineConfig
+
+    tgt, _ = nan_on
+    eng = EngineConfig(engine=engine, prefill="graphed")
+    short = [3, 4, 5, 6]
+    with pytest.raises(ValueError, match="non-finite logits"):
+        serve(tgt, build_method("ar", tgt), [short, LONG[0]], 1, 0.0, 4, engine=eng)
+    with pytest.raises(ValueError, match="non-finite logits"):
+        serve(tgt, build_method("ar", tgt), LONG, 2, 0.0, 4, engine=eng)
+    assert serve(tgt, build_method("ar", tgt), [short, short[:3]], 1, 0.0, 4, engine=eng)[1].output_ids
+
+
+def test_finite_decode_unchanged(models):
+    """The check changes nothing on a sound target (the same tokens as without it: greedy HF)."""
+    from conftest import hf_greedy
+
+    tgt, mtp = models
+    res = generate(tgt, build_method("mtp", tgt, mtp=mtp), LONG, 0.0, 6)
+    for r, p in zip(res, LONG):
+        assert r.output_ids == hf_greedy(tgt, p, 6)[: len(r.output_ids)]
+
+
+# --- every training loss ---------------------------------------------------------------------------------------------
+def _nan_target(vocab=40):
+    """A tiny trainable target + MTP whose final norm is NaN: every loss non-finite from the first step."""
+    from dmtp.config import TargetArch
+    from dmtp.training.pretrain import build_target
+
+    torch.manual_seed(0)
+    tgt, mtp = build_target(TargetArch(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=16, intermediate_size=64), vocab, eos_id=0)
+    with torch.no_grad():
+        tgt.body.norm.weight.fill_(float("nan"))
+    return tgt, mtp
+
+
+def test_pretraining_with_a_nan_loss_is_refused(tmp_path):
+    """Pretraining: refused at the first log step after the NaN (log_every 3: the flag kept over steps 1 and 2),
+    before the state of that step is saved."""
+    import numpy as np
+
+    from dmtp.config import PretrainConfig
+    from dmtp.training.pretrain import pretrain
+
+    tgt, mtp = _nan_target()
+    tokens = np.random.default_rng(0).integers(1, 40, 4000).astype(np.int64)
+    cfg = PretrainConfig(tokens=4 * 16 * 4, seq_len=16, batch_size=4, log_every=3, save_every=100, bf16=False,
+                         compile="off", fused_ce="off")
+    with pytest.raises(ValueError, match=r"target pretraining .*: the training loss is not finite \(NaN or "
+                                         r"infinity\) by step 1 .*likely cause: the target's forward"):
+        pretrain(tgt, mtp, tokens, cfg, tmp_path / "p", log=lambda *_: None)
+    assert not (tmp_path / "p" / "pretrain_state.pt").exists()
+
+
+def test_unlikelihood_with_a_nan_loss_is_refused():
+    import numpy as np
+
+    from dmtp.config import PretrainConfig
+    from dmtp.training.unloop import unloop
+
+    tgt, mtp = _nan_target()
+    tokens = np.random.default_rng(0).integers(1, 40, 4000).astype(np.int64)
+    cfg = PretrainConfig(tokens=4000, seq_len=16, batch_size=4, log_every=2, unloop_steps=3, unloop_every=10,
+                         unloop_prompts=4, unloop_prompt_len=8, unloop_new=4, unloop_batch=2, bf16=False,
+                         fused_ce="off")
+    with pytest.raises(ValueError, match="unlikelihood fine-tuning of the target: the training loss is not finite"):
+        unloop(tgt, mtp, tokens, cfg, eos_id=0, log=lambda s: None)
+
+
+def test_drafter_training_with_a_nan_loss_is_refused(models, tmp_path):
+    """A drafter whose loss turns NaN between log steps (its norm weight NaN from step 2 on): refused at the log
+    step, no DONE and no final checkpoint."""
+    from conftest import token_seqs
+
+    from dmtp.config import TrainConfig
+    from dmtp.training.drafters import new_drafters, train_drafters
+
+    tgt, mtp = models
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2, seed=1)
+    ds = new_drafters(tgt, ["dflash"], base)
+    cfg = TrainConfig(steps=4, batch_size=4, max_len=40, anchors_per_seq=5, log_every=4, save_every=100,
+                      compile="off")
+    d = ds["dflash"]
+    hook = d.norm.register_forward_hook(lambda m, i, o: o * float("nan") if m.training and hook.calls.append(1)
+                                        is None and len(hook.calls) == 2 else o)
+    hook.calls = []
+    with pytest.raises(ValueError, match=r"drafter training .*dflash: the training loss is not finite .* by step 4"):
+        train_drafters(tgt, mtp, ds, token_seqs(), cfg, tmp_path, log=lambda *_: None)
+    assert not (tmp_path / "dflash" / "DONE").exists() and not (tmp_path / "dflash" / "drafter").exists()
+
+
+# --- the identity of an input is its resolved file -----------------------------------------------------------------
+def test_one_writer_holds_the_file_not_the_path(tmp_path, monkeypatch):
+    """A second writer of one file through a symlink, a `..` path or a relative path is refused."""
+    from dmtp.io import Busy, one_writer
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "a" / "o.jsonl")
+    monkeypatch.chdir(tmp_path / "a")
+    with one_writer(tmp_path / "a" / "o.jsonl"):
+        for other in (tmp_path / "link.jsonl", tmp_path / "a" / ".." / "a" / "o.jsonl", "o.jsonl"):
+            with pytest.raises(Busy, match="being written by pid"):
+                with one_writer(other):
+                    pass
+    with one_writer(tmp_path / "link.jsonl"):  # let go: free again
+        pass
+
+
+# --- every write failure names its cause ---------------------------------------------------------------------------
+@pytest.fixture
+def full(tmp_path):
+    """A path whose writes fail as on a full disk (a symlink to /dev/full)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    p = tmp_path / "full.bin"
+    p.symlink_to("/dev/full")
+    return p
+
+
+def test_a_full_disk_is_named(full, monkeypatch):
+    from pathlib import Path
+
+    from dmtp.io import append_jsonl, save_state, write_json
+
+    with pytest.raises(OSError, match=f"{full}: cannot be written \\(No space left on device\\)") as e:
+        save_state({"w": torch.zeros(100_000)}, full)  # torch's own writer would say "unexpected pos ..."
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(OSError, match=f"{full}: cannot be written \\(No space left on device\\)"):
+        append_jsonl(full, [{"id": "a"}])
+
+    def no_space(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", no_space)
+    with pytest.raises(OSError, match=r"meta.json: cannot be written \(No space left on device\)"):
+        write_json(full.parent / "meta.json", {"a": 1})
+    assert not list(full.parent.glob(".meta.json.*"))  # no temp file left
+
+
+# --- weight files readable by others ---------------------------------------------------------------------------------
+def test_every_weight_writer_leaves_files_readable(models, tmp_path):
+    """save_target_with_mtp on its own, a drafter's save, saved training state: 0644 under umask 022 (the mode a plain
+    open gives), never safetensors' or mkstemp's private 0600."""
+    from conftest import make_drafter
+
+    from dmtp.io import save_state
+    from dmtp.models.mtp import save_target_with_mtp
+
+    tgt, mtp = models
+    mask = os.umask(0)
+    os.umask(mask)
+    want = 0o666 & ~mask
+    save_target_with_mtp(tgt.model, mtp, tmp_path / "t")
+    make_drafter(tgt, "dflash", layers=1).save(tmp_path / "d")
+    save_state({"w": torch.zeros(3)}, tmp_path / "s.pt")
+    files = [*(tmp_path / "t").iterdir(), *(tmp_path / "d").iterdir(), tmp_path / "s.pt"]
+    assert any(f.suffix == ".safetensors" for f in files)
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: oct(want) for f in files}
+
+
+# --- provenance counts source files only ---------------------------------------------------------------------------
+def test_a_run_rewriting_tracked_results_is_not_dirty(tmp_path):
+    from dmtp.io import git_sha
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+
+    for f in ("dmtp/x.py", "results/r/REPORT.md", "README.md", "pyproject.toml"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    (tmp_path / "results/r/REPORT.md").write_text("rerun\n")  # what a rerun of the pipeline rewrites
+    (tmp_path / "README.md").write_text("edited\n")
+    assert not git_sha(tmp_path).endswith("-dirty")
+    (tmp_path / "dmtp/x.py").write_text("2\n")
+    assert git_sha(tmp_path).endswith("-dirty")
+    (tmp_path / "dmtp/x.py").write_text("1\n")
+    (tmp_path / "pyproject.toml").write_text("2\n")
+    assert git_sha(tmp_path).endswith("-dirty")
+
+
+# --- --set is checked once, after every assignment -----------------------------------------------------------------
+@pytest.mark.parametrize("sets", [
+    ["pretrain.tokens=100", "pretrain.batch_size=1", "pretrain.seq_len=16", "pretrain.eval_tokens=100"],
+    ["pretrain.seq_len=4096", "model.arch.max_position_embeddings=8192"],
+    ["train.steps=5", "train.snapshots=[5]"],
+])
+def test_set_assignments_valid_together_in_any_order(sets):
+    """Assignments valid only together pass whatever their order (each alone would break a rule across fields)."""
+    from dmtp.schema import override
+    from experiments.profiles import get_profile
+
+    base = get_profile("smoke")
+    for order in (sets, sets[::-1]):
+        p = override(base, order)
+        for a in order:
+            key, _, raw = a.partition("=")
+            obj = p
+            for part in key.split("."):
+                obj = getattr(obj, part)
+            assert str(obj).replace(" ", "").strip("()[],") == raw.strip("[]")
+
+
+# --- realizations: a copy is not a second one, a folder without finished runs is none --------------------------------
+SMALL = ["ar", "dflash", "zero_init_residual"]
+
+
+def _realizations(res, ks):
+    from ablations.code import code
+    from dmtp.analysis.report.synthetic import write_synthetic
+
+    for k in ks:
+        write_synthetic(code(), res, "p", n=6, temps=(0,), modes=("natural",), methods=SMALL, curve=False,
+                        oracle=False, bench=False, realization=k)
+
+
+def test_a_copied_realization_is_refused_naming_both(tmp_path):
+    import shutil
+
+    from dmtp.analysis.report import load
+
+    _realizations(tmp_path, [1])
+    shutil.copytree(tmp_path / "p" / "r1", tmp_path / "p" / "r2")  # the same records and seeds in another folder
+    with pytest.raises(ValueError, match=r"p/r1 and .*p/r2 hold the same records \(digest [0-9a-f]+\): one "
+                                         r"realization in two folders"):
+        load("p", tmp_path, n_boot=50)
+    exp = json.loads((tmp_path / "p" / "r2" / "experiment.json").read_text())
+    (tmp_path / "p" / "r2" / "experiment.json").write_text(json.dumps({**exp, "realization": 2}))
+    with pytest.raises(ValueError, match="hold the same records"):  # relabelled: still the same records
+        load("p", tmp_path, n_boot=50)
+    shutil.rmtree(tmp_path / "p" / "r2")
+    _realizations(tmp_path, [2])
+    (tmp_path / "p" / "r2" / "experiment.json").write_text(json.dumps({**exp, "realization": 1}))
+    with pytest.raises(ValueError, match=r"r1 and .*r2 record the same seeds \(experiment.json realization 1\)"):
+        load("p", tmp_path, n_boot=50)
+
+
+def test_a_realization_without_finished_runs_is_not_counted(tmp_path):
+    """r3 holds experiment.json and no run, r4 only a half-written run: neither is counted; the report's text and
+    its tables say the same number of realizations."""
+    import pandas as pd
+
+    from dmtp.analysis.report import load, render_report
+
+    _realizations(tmp_path, [1, 2])
+    (tmp_path / "p" / "r3").mkdir()
+    exp = (tmp_path / "p" / "r1" / "experiment.json").read_text()
+    (tmp_path / "p" / "r3" / "experiment.json").write_text(exp.replace('"realization": 1', '"realization": 3'))
+    _realizations(tmp_path, [4])
+    for meta in (tmp_path / "p" / "r4" / "runs").rglob("*.meta.json"):
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "finished": False}))
+    art = load("p", tmp_path, n_boot=50)
+    assert [r.name for r in art.realizations] == ["r1", "r2"]
+    assert [n for n, _ in art.left_out] == ["r3", "r4"] and all("no finished run" in w for _, w in art.left_out)
+    text = render_report("p", tmp_path, art).read_text()
+    assert "**2 realizations (r1, r2), pooled**" in text and "- r3: no finished run" in text
+    assert set(art.natural.n_realizations) == {2}
+    assert not any("3 realizations" in ln or "4 realizations" in ln for ln in text.splitlines())
+    for name in ("ablation_humaneval.csv", "pairwise_T0.csv"):
+        assert set(pd.read_csv(tmp_path / "p" / "tables" / name).n_realizations) == {2}
+
+
+def test_the_verification_section_names_its_models(tmp_path):
+    """The verification study's section names the commit its runs were made at, and says so in bold when its runs
+    predate the realization's target (left from earlier models)."""
+    from dmtp.analysis.report import verify
+    from dmtp.analysis.report.synthetic import write_synthetic_verify
+
+    root = write_synthetic_verify(tmp_path, "p", n=4, methods=("ar", "mtp"), temps=(1.0,), modes=("target",),
+                                  caps=(1,))
+    assert verify.made_by(root) == "Models: no recorded commit (the study's runs have no meta files beside them)."
+    for f in (root / "verify" / "runs").glob("*/*/*.jsonl"):
+        f.with_suffix(".meta.json").write_text(json.dumps({"env": {"git_sha": "abc123"},
+                                                           "written": "2026-01-02T00:00:00+0000"}))
+    (root / "target").mkdir()
+    (root / "target" / "meta.json").write_text(json.dumps({"written": "2026-01-01T00:00:00+0000"}))
+    line = verify.made_by(root)
+    assert line.startswith("Models: the study's runs at abc123, written 2026-01-02") and "earlier" not in line
+    (root / "target" / "meta.json").write_text(json.dumps({"written": "2026-03-01T00:00:00+0000"}))
+    section = verify.render(root, n_boot=50)
+    assert section[2].startswith("Models: the study's runs at abc123") and "**Left from earlier models**: these " \
+        "runs predate its target (written 2026-03-01T00:00:00+0000)" in section[2]
+
+
+def test_a_full_disk_inside_a_checkpoint_write_is_named(models, tmp_path, monkeypatch):
+    """save_pretrained's safetensors error on a full disk, inside the target stage's atomic folder and from
+    save_target_with_mtp on its own: one OSError naming the checkpoint and "No space left on device"."""
+    import safetensors
+    import safetensors.torch
+
+    from dmtp.io import atomic_dir
+    from dmtp.models.mtp import save_target_with_mtp
+
+    def full(*a, **k):
+        raise safetensors.SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                                          'message: "No space left on device" })')
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    import transformers.modeling_utils as mu
+    monkeypatch.setattr(mu, "safe_save_file", full, raising=False)
+    tgt, mtp = models
+    with pytest.raises(OSError, match=r"/t: cannot be written \(No space left on device\)"):
+        save_target_with_mtp(tgt.model, mtp, tmp_path / "t")
+    with pytest.raises(OSError, match=r"/target: cannot be written \(No space left on device\)"):
+        with atomic_dir(tmp_path / "target") as tmp:
+            save_target_with_mtp(tgt.model, mtp, tmp)
+    assert not (tmp_path / "target").exists()
+
+
+def test_a_training_continued_from_a_repointed_symlink_is_another_configuration(tmp_path, capsys):
+    """`dmtp train --init-from V=LINK`: the fingerprint holds the file LINK resolves to (and when it was written),
+    not the path as typed, so a LINK pointing at another checkpoint is another configuration, refused."""
+    import shutil
+
+    from dmtp.cli.main import main as dmtp
+
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    tiny.save(tgt, mtp, tmp_path / "target")
+    d = tiny.drafter(tgt, "dflash", layers=1)
+    d.save(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same bytes and times, another file
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"ids": list(range(3, 30))}) + "\n" for _ in range(4)))
+    argv = ["train", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"), "--out",
+            str(tmp_path / "out"), "--variants", "dflash", "--init-from", f"dflash={tmp_path / 'link'}", "--steps", "1",
+            "--batch-size", "2", "--layers", "1", "--mask-token-id", "2"]
+    dmtp(argv)
+    dmtp(argv)  # the same file: nothing to train
+    assert "nothing to train" in capsys.readouterr().out
+    (tmp_path / "link").unlink()
+    (tmp_path / "link").symlink_to(tmp_path / "b")
+    with pytest.raises(SystemExit):
+        dmtp(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "made with another configuration" in err and "(init_from: " in err, err
+
+
+def test_every_report_reader_refuses_a_half_written_run(tmp_path):
+    """The verification study's and the learning curve's readers refuse a run file whose meta says finished: false,
+    as the runs' reader does (one rule, io.check_finished)."""
+    from ablations.code import code
+    from dmtp.analysis.report import verify
+    from dmtp.analysis.report.data import read_curve
+    from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify
+
+    root = write_synthetic_verify(tmp_path, "v", n=3, methods=("ar", "mtp"), temps=(1.0,), modes=("target",),
+                                  caps=(1,))
+    run = next((root / "verify" / "runs").glob("*/*/*.jsonl"))
+    run.with_suffix(".meta.json").write_text(json.dumps({"finished": False}))
+    with pytest.raises(ValueError, match=f"{run}: half-written .*says finished: false"):
+        verify.read(root)
+    cur = write_synthetic(code(), tmp_path, "c", n=3, temps=(0,), modes=("natural",), methods=["ar", "dflash"],
+                          curve=True, oracle=False, bench=False)
+    f = next((cur / "curve").glob("*/*.jsonl"))
+    meta = f.with_name(f.name.replace(".jsonl", ".meta.json"))
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "finished": False}))
+    with pytest.raises(ValueError, match="half-written"):
+        read_curve(cur)
