@@ -44,8 +44,7 @@ from dmtp.config import Profile
 from dmtp.config.experiment import drafter_key
 from dmtp.config.training import pretrain_key
 from dmtp.data.corpus import build_corpus, corpus_summary
-from dmtp.data.datasets import encode_prompts
-from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.prompts import PROMPT_CUT, code_prompts
 from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.dist import barrier, is_main, rank_world
