@@ -429,6 +429,7 @@ def main(argv=None):
     g.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
     g.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "
                    "configuration")
+    args.compile_cache_flag(g)
     g.set_defaults(fn=cmd_generate)
 
     t = sub.add_parser("train", help="train drafters (several variants on identical batches)")
@@ -465,6 +466,7 @@ def main(argv=None):
     t.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     t.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "
                    "with another configuration")
+    args.compile_cache_flag(t)
     t.set_defaults(fn=cmd_train)
 
     pl = sub.add_parser("pipeline", help="embedded default end to end (corpus -> target -> drafters -> tables)")
@@ -476,6 +478,7 @@ def main(argv=None):
                     help="override a profile field, e.g. pretrain.tokens=20000000 or data.batch=512 (repeatable)")
     pl.add_argument("--force", action="store_true", help="redo finished or started stages whose recorded "
                     "configuration differs from the requested one (default: refuse, naming the fields)")
+    args.compile_cache_flag(pl)
     pl.set_defaults(fn=pipeline.main)
 
     dr = sub.add_parser("dryrun", help="paper-scale profile: target (config only), MTP head and every drafter on the "
@@ -486,7 +489,13 @@ def main(argv=None):
     dr.set_defaults(fn=lambda a: sys.exit(dryrun.main(a)))
 
     a = p.parse_args(argv)
-    args.guard(f"dmtp {a.cmd}", a.fn, a)
+    args.guard(f"dmtp {a.cmd}", _run, a)
+
+
+def _run(a):
+    """The command, its compile caches pointed at `--compile-cache` first (before anything compiles)."""
+    args.use_compile_cache(getattr(a, "compile_cache", None))
+    return a.fn(a)
 
 
 if __name__ == "__main__":

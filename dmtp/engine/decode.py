@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dmtp.compiling import announce
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.graphs import Graphs
@@ -458,8 +459,14 @@ def generate(target, method: Method, prompts: list[list[int]], temperature: floa
     drawn and accepted at T > 0 (`verify.py`). `capacity`: cache rows per request (default: `capacity_for` these
     prompts; a larger one gives the batch another's shapes, so it replays what that one compiled)."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
-    batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
-                  capacity, engine=engine, stop=stop, verify=verify)
+    compiles = engine_for(target, EngineConfig.of(engine)) == "compiled"
+    with announce(f"the decode graphs of {method.name} for batch {len(prompts)}", active=compiles):
+        batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
+                      capacity, engine=engine, stop=stop, verify=verify)
+        if not batch.finished:  # the first round compiles (and captures) every stage
+            batch.step()
+            if progress is not None:
+                progress(int(batch.poll().sum()))
     while not batch.finished:
         batch.step()
         if progress is not None:

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dmtp.compiling import announce
 from dmtp.config import TrainConfig
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_dir, atomic_path, iter_jsonl, load_state, save_state, write_json, write_text
@@ -512,7 +513,9 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
                  for lay in layouts} if flex else {}
         names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
         lr = schedule(step) if schedule else lr_at(step, cfg)
-        out = trainer.step(names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks)
+        with announce(f"the training step of {','.join(todo)} (batch {cfg.batch_size} x {cfg.max_len})",
+                      active=static and main and step == first):  # the first step compiles forward and backward
+            out = trainer.step(names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks)
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host
             for name, rec in read_back(out, world).items():
                 hist[name].append({**rec, "step": step + 1, "lr": lr, "elapsed_s": time.time() - t0,

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dmtp.compiling import announce
 from dmtp.config import PretrainConfig, TargetArch
 from dmtp.dist import all_sum, barrier, data_parallel, rank_world
 from dmtp.io import atomic_path, load_state, save_state
@@ -211,13 +212,15 @@ def pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str |
             gp["lr"] = lr
         lam = cfg.mtp_lambda if step < (1 - cfg.late_frac) * steps else cfg.mtp_lambda_late
         x = to_device(next(it), dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and x.is_cuda):
-            ce, ce_m, acc, acc_m = step_terms(x)
-            loss = ce + lam * ce_m
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients over ranks here
-        torch.nn.utils.clip_grad_norm_(params, cfg.clip)  # after the average: the global norm
-        opt.step()
+        with announce(f"the pretraining step (batch {cfg.batch_size} x {cfg.seq_len})", active=fast and main and
+                      step == start):  # the first step compiles the layers' forward and backward
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and x.is_cuda):
+                ce, ce_m, acc, acc_m = step_terms(x)
+                loss = ce + lam * ce_m
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients over ranks here
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip)  # after the average: the global norm
+            opt.step()
         if step % cfg.log_every == 0 or step == steps - 1:
             m = (all_sum(torch.stack([ce, ce_m, acc, acc_m]).detach().float()) / world).tolist()
             rec = {"step": step, "lr": lr, "loss": m[0], "mtp_loss": m[1], "acc": m[2], "mtp_acc": m[3],
