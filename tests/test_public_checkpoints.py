@@ -357,8 +357,9 @@ def test_dmtp_drafters_are_refused_by_public_readers(tmp_path, variant, backbone
 def test_d2_recipe_continues_a_public_dflash2_drafter(tmp_path, capsys):
     """docs/notes/formats.md's DMTP(D2) recipe: `dmtp train --variants dmtp_d2 --init-from dmtp_d2=PATH` trains the
     ablation's run `dmtp_d2` (zero_init_residual on the dflash2 backbone) from a public DFlash2 checkpoint, beside a
-    plain `dflash` run on the same batches; the result is a DMTP(D2) drafter keeping the checkpoint's attention. A
-    name that is neither a variant nor a run is one line naming both lists."""
+    fresh `dflash` run on the same batches trained with `--attention public`; the first is a DMTP(D2) drafter keeping
+    the checkpoint's attention, the second a drafter the public reference reads and computes exactly. A name that is
+    neither a variant nor a run is one line naming both lists."""
     from conftest import token_seqs
 
     from dmtp.cli.main import main as dmtp
@@ -373,8 +374,9 @@ def test_d2_recipe_continues_a_public_dflash2_drafter(tmp_path, capsys):
                        is_causal=False)
     out = tmp_path / "drafters"
     argv = ["train", "--target", str(target), "--data", str(data), "--out", str(out), "--steps", "2",
-            "--batch-size", "2", "--max-len", "32", "--layers", "2", "--mask-token-id", "2"]
-    dmtp(argv + ["--variants", "dflash,dmtp_d2", "--init-from", f"dmtp_d2={pub}"])
+            "--batch-size", "2", "--max-len", "32", "--layers", "3", "--mask-token-id", "2"]
+    dmtp(argv + ["--variants", "dflash,dmtp_d2", "--init-from", f"dmtp_d2={pub}", "--attention", "public",
+                 "--sliding-window", "6"])
     d2 = Drafter.load(out / "dmtp_d2" / "drafter")
     c = d2.config
     assert (c.variant, c.backbone, c.rules()) == ("zero_init_residual", "dflash2", (Rule(sliding=6),) * 2)
@@ -383,7 +385,9 @@ def test_d2_recipe_continues_a_public_dflash2_drafter(tmp_path, capsys):
     start = Drafter.load(pub)  # the public layers were the starting point: trained, not re-initialised
     assert not torch.equal(d2.layers[0].self_attn.q_proj.weight, start.layers[0].self_attn.q_proj.weight)
     assert (d2.layers[0].self_attn.q_proj.weight - start.layers[0].self_attn.q_proj.weight).abs().max() < 0.05
-    assert Drafter.load(out / "dflash" / "drafter").config.backbone == "dflash"
+    plain = Drafter.load(out / "dflash" / "drafter")
+    assert (plain.config.backbone, plain.config.rules()) == ("dflash", (Rule(sliding=6, causal=True),) * 2 + (Rule(),))
+    assert _max_diff(plain, PublicDrafter(out / "dflash" / "drafter")) == 0.0
     with pytest.raises(SystemExit):
         dmtp(argv + ["--variants", "dmtp_dd"])
     assert "unknown variant or run 'dmtp_dd'" in capsys.readouterr().err

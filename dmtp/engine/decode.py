@@ -16,8 +16,8 @@ The engine (docs/DESIGN.md, "Decode engine"):
   - caches are preallocated (`cache.KVCache`); rejecting candidates is not advancing a length, never a copy;
   - the MTP has a private KV cache; its advance always runs k+1 rows at a..a+k (the committed stream's first n+1
     rows plus scratch rows that the next advance overwrites before anything can see them) — a fixed shape;
-  - the drafter's context K/V lives in one cache with a row per absolute position; the 4096-position anchor window
-    is a mask over it, not a copy;
+  - the drafter's context K/V lives in one cache with a row per absolute position; each layer's visibility (the
+    anchor window, or the public rule's sliding window) is a mask over it, not a copy;
   - outputs, accept counts, EOS and length checks are kept on the device; the host learns which requests finished
     from a pinned copy of the done flags that it reads a round or two later without waiting (no synchronisation per
     round in steady state); stop strings (`stop=`, `stops.py`) are matched on the host from pinned copies of each
