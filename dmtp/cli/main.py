@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from ablations.code import code
 from dmtp import dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
@@ -46,7 +47,6 @@ from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY, get_variant
 from dmtp.schema import override
 from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
-from ablations.code import code
 from experiments.profiles import resolve
 
 

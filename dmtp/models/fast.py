@@ -8,8 +8,9 @@ Against the HF path (`Target.forward`, `MTPHead.forward`, `Drafter.forward`), th
   - attention (`EngineConfig.attention`) is flex attention with a block mask built from the query positions
     inside the graph: the kernel visits only the 128-row key blocks a request can see (target / MTP: rows 0..p for a
     query at p; drafter: what its layer's `attention.Rule` shows it), GQA natively (no K/V repeated across the
-    groups), and no dense mask over the cache; or "dense": two GQA-native matmuls over the whole cache with the visibility evaluated
-    from indices inside the softmax kernel (no mask tensor either) — more rows read, cuBLAS at every size;
+    groups), and no dense mask over the cache; or "dense": two GQA-native matmuls over the whole cache with the
+    visibility evaluated from indices inside the softmax kernel (no mask tensor either) — more rows read, cuBLAS at
+    every size;
   - the drafter's block writes its K/V into the context cache at the block's own positions (rows >= the anchor a,
     which no query can see before `drafter_ctx` rewrites them with committed context), so a block attends to one
     range of cache rows instead of a concatenation [context ; block];
@@ -130,7 +131,7 @@ def window(anchor: torch.Tensor, bpos: torch.Tensor, rule: Rule):
     visible. The bounds are contiguous copies, not column views of bpos: a mask_mod's captured tensors are indexed by
     the kernel (a suspect of the CUDA-only wrong drafts, `drafter_problem`; unconfirmed)."""
     start, end = bpos[:, 0].contiguous(), bpos[:, -1].contiguous()
-    W, SW, causal = rule.window, rule.sliding, rule.causal
+    W, SW, in_order = rule.window, rule.sliding, rule.causal
 
     def mask_mod(b, h, q_idx, kv_idx):
         a, p = anchor[b], start[b] + q_idx
@@ -138,12 +139,12 @@ def window(anchor: torch.Tensor, bpos: torch.Tensor, rule: Rule):
         if W:
             ctx = ctx & (kv_idx >= a - W)
         blk = (kv_idx >= start[b]) & (kv_idx <= end[b])
-        if causal:
+        if in_order:
             blk = blk & (kv_idx <= p)
         ok = ctx | blk
         if SW:
             ok = ok & (p - kv_idx < SW)
-            if not causal:
+            if not in_order:
                 ok = ok & (kv_idx - p < SW)
         return ok
 
