@@ -311,6 +311,9 @@ def test_public_rule_trains_as_the_reference_computes(tmp_path):
         d = get_profile(name).drafter
         assert (d.attention, d.sliding_window, d.layers) == ("public", 2048, 5)
     assert all(get_profile(n).drafter.attention == "anchor" for n in ("tiny", "mini", "smoke"))
+    for bad in (dict(attention="sliding"), dict(attention="public", sliding_window=0)):
+        with pytest.raises(ValueError, match="attention|sliding_window"):
+            DrafterShape(**bad)
 
 
 @pytest.mark.parametrize("variant,backbone", [("zero_init_residual", "dflash"), ("fusion", "dflash"),
