@@ -65,8 +65,8 @@ def check_models(p: Profile) -> Profile:
 # --- derived settings -------------------------------------------------------------------------------------------
 def drafter_config(p: Profile, target_config, mask_token_id: int | None = None) -> dict:
     """DrafterConfig fields of this profile's drafters on a target (its HF text config: `Target.config`, or
-    `read_config(path)` before loading): the shape from `p.drafter`; widths, depth, context length (and RoPE base
-    and head size where the profile says 0) from the target. `mask_token_id`: the tokenizer's <|mask|>, used when the
+    `read_config(path)` before loading): the shape and attention rule from `p.drafter`; widths, depth, context
+    length (and RoPE base and head size where the profile says 0) from the target. `mask_token_id`: the tokenizer's <|mask|>, used when the
     profile names none."""
     d, t = p.drafter, target_config
     mask = d.mask_token_id if d.mask_token_id >= 0 else mask_token_id
@@ -77,5 +77,5 @@ def drafter_config(p: Profile, target_config, mask_token_id: int | None = None) 
     return dict(hidden_size=t.hidden_size, vocab_size=t.vocab_size, num_target_layers=t.num_hidden_layers,
                 num_hidden_layers=d.layers, num_attention_heads=d.heads, num_key_value_heads=d.kv_heads,
                 head_dim=d.head_dim or getattr(t, "head_dim", None) or t.hidden_size // d.heads,
-                intermediate_size=d.intermediate, block_size=d.block_size, window=d.window, rope_theta=theta,
+                intermediate_size=d.intermediate, block_size=d.block_size, rope_theta=theta, **d.attention_fields(),
                 mask_token_id=mask, max_position_embeddings=t.max_position_embeddings, attn_backend="sdpa")

@@ -430,6 +430,9 @@ def environment() -> dict:
     if torch.cuda.is_available():
         env["device"] = torch.cuda.get_device_name(0)
         env["cuda"] = torch.version.cuda
+    from dmtp.compiling import cache_dir
+
+    env["compile_cache"] = cache_dir()  # where torch.compile's caches are, as torch resolves it (`--compile-cache`)
     return env
 
 

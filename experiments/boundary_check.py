@@ -12,7 +12,7 @@ import time
 import torch
 
 from dmtp.analysis.metrics import loop_summary, stopped_at_once
-from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.datasets import humaneval_prompts
 from dmtp.data.tokenizer import load_tokenizer
 from dmtp.engine.methods import AR
 from dmtp.engine.runner import run_generate

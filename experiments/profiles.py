@@ -184,8 +184,11 @@ def qwen3_6_27b() -> Profile:
         # (chat template, thinking off) answered by the target in up to 2,048 tokens (the training sequences are cut
         # at scale.max_seq_len); the blog states neither the temperature nor the length: 0.8 as the embedded default
         data=dict(prompts=OPEN_PERFECTBLEND_ROWS, prompt_tokens=2048, new_tokens=2048, temperature=0.8, batch=64),
+        # attention: z-lab's Qwen3.6 drafters' rule (4 causal sliding layers of window 2048, then a bidirectional
+        # full-attention layer), which the public reference and the serving engines compute, instead of SPEC 3.3's
+        # anchor window (`window`, unused under it), which they refuse to load
         drafter=dict(layers=5, heads=32, kv_heads=8, intermediate=17408, head_dim=128, block_size=8, window=4096,
-                     rope_theta=0.0, mask_token_id=MASK_TOKENS["qwen3_5"]),
+                     attention="public", sliding_window=2048, rope_theta=0.0, mask_token_id=MASK_TOKENS["qwen3_5"]),
         train=TrainConfig(steps=_paper_steps(scale.epochs, scale.train_prompts, scale.global_batch), batch_size=16,
                           max_len=scale.max_seq_len, anchors_per_seq=512, lr=6e-4, warmup_frac=0.04, clip=1.0,
                           gamma=4.0, save_every=1000, log_every=50, amp_bf16=True),

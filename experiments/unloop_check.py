@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 from dmtp.config import NEGATIVES
-from dmtp.data.datasets import encode_prompts
-from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.tokenizer import load_tokenizer
 from dmtp.io import environment, write_json
 from dmtp.models.mtp import MTPHead

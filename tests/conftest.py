@@ -1,11 +1,15 @@
 import os
 import random
 
-import pytest
-import torch
+# the tests run as the commands do (dmtp/cli/__init__.py): the hub's documented offline setting, read when
+# huggingface_hub is imported, so before any import below
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from dmtp.engine.methods import Method
-from dmtp.models import tiny
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from dmtp.engine.methods import Method  # noqa: E402
+from dmtp.models import tiny  # noqa: E402
 
 make_drafter = tiny.drafter  # a small random drafter of a variant (every test's)
 

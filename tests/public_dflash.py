@@ -9,8 +9,9 @@ sliding layers and, when not causal, `key - query < window` too; full-attention 
 mask at all. A layer is causal when `is_causal` says so, else when it is a sliding layer.
 
 A checkpoint folder is read as the reference reads it: config.json through transformers' `Qwen3Config` (which keeps
-`sliding_window` only with `use_sliding_window` and derives `layer_types` when absent), draft values from
-`dflash_config` first, then the top level; DFlash2's codebooks stored without `.weight`.
+`sliding_window` only with `use_sliding_window` and derives `layer_types` when absent; another `model_type` is only
+warned about), draft values from `dflash_config` first, then the top level, `target_layer_ids` required (the
+reference's `DFlashDraftModel.__init__` raises without them); DFlash2's codebooks stored without `.weight`.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class PublicDrafter:
     def __init__(self, path: Path):
         raw = json.loads((Path(path) / "config.json").read_text())
         self.cfg = Qwen3Config.from_dict(raw)  # what `from_pretrained` builds; an unknown layer type fails here
+        if self.value("target_layer_ids") is None:
+            raise ValueError("Draft config must define dflash_config.target_layer_ids.")
         self.sd = load_file(str(Path(path) / "model.safetensors"))
         self.dflash2 = "DFlash2DraftModel" in raw.get("architectures", [])
         self.head_dim = self.cfg.head_dim

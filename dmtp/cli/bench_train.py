@@ -40,6 +40,7 @@ import torch
 
 from dmtp.analysis.kernels import summary as kernel_summary
 from dmtp.analysis.ratios import Ratio, merge, read, write
+from dmtp.cli.args import compile_cache_flag, use_compile_cache
 from dmtp.experiment import drafter_config
 from dmtp.io import write_json, write_meta, write_text
 from dmtp.training.common import peak_flops
@@ -230,7 +231,9 @@ def main(argv=None):
     ap.add_argument("--kernel-profile", type=int, default=0, metavar="STEPS",
                     help="then the last path of each part again, --warm + STEPS steps under the profiler: device "
                          "time by kind of kernel -> profile_train_<part>.txt")
+    compile_cache_flag(ap)
     a = ap.parse_args(argv)
+    use_compile_cache(a.compile_cache)  # before anything compiles
     parts, paths = a.parts.split(","), a.paths.split(",")
     bad = sorted(set(parts) - {"pretrain", "drafters"}) + sorted(set(paths) - set(PATHS))
     if bad:

@@ -20,8 +20,7 @@ import torch
 
 from dmtp.cli.pipeline import Ctx, drafters_dir
 from dmtp.config import ENGINES
-from dmtp.data.datasets import encode_prompts
-from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.engine.methods import load_method
 from dmtp.engine.runner import run_generate
 from dmtp.training.drafters import block_inputs, extract

@@ -17,8 +17,7 @@ import torch
 
 from dmtp.analysis.lossless import add_top2_gaps, compare
 from dmtp.cli.args import at_least, checkpoint, guard, names, out_dir
-from dmtp.data.datasets import encode_prompts
-from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.methods import AR, load_method, method_class
 from dmtp.engine.runner import run_generate

@@ -8,6 +8,8 @@
     dmtp generate --target PATH --method ar --prompts he.jsonl --mode natural --stop humaneval --out out.jsonl
     dmtp train --target PATH --data tokens.jsonl --variants dflash,zero_init_residual --out DIR --steps 200
     dmtp train --profile qwen3.6-27b --target PATH --data train.jsonl --variants dflash,zero_init_residual --out DIR
+    dmtp train --target PATH --data train.jsonl --variants dflash,dmtp_d2 --attention public --out DIR
+    dmtp train --target PATH --data train.jsonl --variants dmtp_d2 --init-from dmtp_d2=PUBLIC_DFLASH2 --out DIR
     dmtp pipeline --profile tiny            # the embedded default end to end (what `make ablation-code` runs)
     dmtp pipeline --profile mini --deadline 3300 --archive mini.tgz   # within a job's time limit; rerun resumes
     dmtp land mini.tgz                      # on another machine: the packed results into results/
@@ -27,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from ablations.code import code
 from dmtp import checks, dist
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
@@ -34,7 +37,8 @@ from dmtp.cli import archive, args, dryrun, pipeline, reproduce, stages
 from dmtp.cli.args import eos_ids
 from dmtp.cli.args import modified as _modified
 from dmtp.cli.fit import fit_training
-from dmtp.config import EVAL_MODES, VERIFY_MODES, EngineConfig, TrainConfig
+from dmtp.config import EVAL_MODES, VERIFY_MODES, DrafterShape, EngineConfig, TrainConfig
+from dmtp.config.experiment import DRAFTER_ATTENTION
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokens import check_finished, convert, is_store, open_store
 from dmtp.data.tokenizer import find_tokenizer
@@ -262,9 +266,17 @@ def cmd_train(a):
 
     mask_flag = a.mask_token_id is not None
     prof = _train_profile(a)
-    variants = a.variants
+    variants = a.variants  # variant names, or the ablation's backbone runs (dflash2, dmtp_d2: a variant on a backbone)
+    runs = {r: tuple(vb) for r, vb in (prof.ablation if prof else code()).backbones.items()}
+    backbones = {r: vb for r, vb in runs.items() if r in variants}
     for v in variants:
-        get_variant(v)  # an unknown name fails with the known ones
+        require(v in REGISTRY or v in backbones, f"--variants: unknown variant or run {v!r}; variants: "
+                f"{', '.join(sorted(REGISTRY))}; runs on another backbone: "
+                + ", ".join(f"{r} ({vb[0]} on {vb[1]})" for r, vb in runs.items()))
+        if v in backbones and a.backbone not in (None, backbones[v][1]):
+            raise ValueError(f"--backbone {a.backbone}: run {v!r} is {backbones[v][0]} on the {backbones[v][1]} "
+                             "backbone")
+    run_variant = lambda r: backbones.get(r, (r,))[0]  # noqa: E731
     # --- everything checked before the target is loaded ---
     out = args.out_dir(a.out)
     args.checkpoint(a.target, "--target", "target checkpoint")
@@ -279,7 +291,7 @@ def cmd_train(a):
     for item in (a.init_from.split(",") if a.init_from else []):
         v, eq, path = item.partition("=")
         if not eq or v not in variants:
-            raise ValueError(f"--init-from {item!r}: expected VARIANT=PATH with VARIANT one of --variants "
+            raise ValueError(f"--init-from {item!r}: expected NAME=PATH with NAME one of --variants "
                              f"({','.join(variants)})")
         init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
         try:
@@ -300,14 +312,18 @@ def cmd_train(a):
     # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
     base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
         dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers)
-    base.update(num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed,
+    shape = replace(prof.drafter if prof is not None else DrafterShape(), layers=a.layers, attention=a.attention,
+                    sliding_window=a.sliding_window)  # the attention rule (a one-line error for a bad window)
+    base.update(num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed, **shape.attention_fields(),
                 **({"backbone": a.backbone} if a.backbone else {}))
     settings = prof.drafter.variants if prof is not None else {}
     data = {"sha256": data_sha}  # what the data holds, not where it lies (a store: its JSONL's digest)
     units, configs = [], {}
     for v in variants:
-        configs[v] = dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__},
-                                        variant=v, variant_config=settings.get(v, {}))
+        over = dict(variant=run_variant(v), variant_config=settings.get(run_variant(v), {}),
+                    **({"backbone": backbones[v][1]} if v in backbones else {}))
+        configs[v] = dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__
+                                           and k not in over}, **over)
         require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
                 f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
         init_id = {"init_modified": _modified(init[v])} if v in init else {}  # the file it names, as it is now
@@ -346,9 +362,9 @@ def cmd_train(a):
             return
         # --- the work ---
         tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)
-        need_mtp = any(get_variant(v).needs_mtp for v in todo)  # dflash alone needs no MTP head
+        need_mtp = any(get_variant(run_variant(v)).needs_mtp for v in todo)  # dflash alone needs no MTP head
         mtp = MTPHead.load(tgt, a.target) if need_mtp else None
-        drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo},
+        drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo}, backbones=backbones,
                                 variant_configs=settings)
         train_drafters(tgt, mtp, drafters, seqs, cfg, out)
 
@@ -375,7 +391,7 @@ def _modelled(cfg) -> bool:
 
 
 _TRAIN_DEFAULTS = dict(steps=200, batch_size=8, max_len=512, layers=1, lr=6e-4, gamma=4.0, mask_token_id=1,
-                       dtype="fp32")
+                       dtype="fp32", attention=DrafterShape.attention, sliding_window=DrafterShape.sliding_window)
 
 
 def _train_profile(a):
@@ -387,7 +403,8 @@ def _train_profile(a):
         prof = resolve(a.profile)
         t = prof.train
         d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter.layers, lr=t.lr,
-                 gamma=t.gamma, dtype=prof.engine.dtype)
+                 gamma=t.gamma, dtype=prof.engine.dtype, attention=prof.drafter.attention,
+                 sliding_window=prof.drafter.sliding_window)
         if prof.drafter.mask_token_id >= 0:
             d.update(mask_token_id=prof.drafter.mask_token_id)
     for k, v in d.items():
@@ -434,13 +451,16 @@ def main(argv=None):
     g.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
     g.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "
                    "configuration")
+    args.compile_cache_flag(g)
     g.set_defaults(fn=cmd_generate)
 
     t = sub.add_parser("train", help="train drafters (several variants on identical batches)")
     t.add_argument("--target", required=True)
     t.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`; converted "
                    "once into a token store in --out) or a token store (`python -m dmtp.data.tokens`)")
-    t.add_argument("--variants", type=args.names, default=["dflash"], help="comma-separated (see `dmtp variants`)")
+    t.add_argument("--variants", type=args.names, default=["dflash"], help="comma-separated (see `dmtp variants`), or "
+                   "the ablation's runs on another backbone: dflash2 (dflash on dflash2), dmtp_d2 (zero_init_residual "
+                   "on dflash2), each trained into --out/<name>")
     t.add_argument("--out", required=True)
     t.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
                    "explicit flags override it")
@@ -449,10 +469,17 @@ def main(argv=None):
     t.add_argument("--max-len", type=args.at_least(4), help="sequences cut to this many tokens (default 512)")
     t.add_argument("--layers", type=args.at_least(1), help="drafter layers (default 1)")
     t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone, SPEC §9 (default: dflash)")
+    t.add_argument("--attention", choices=list(DRAFTER_ATTENTION), help="drafter attention: anchor = SPEC 3.3's "
+                   "anchor window (the suite's; public readers refuse it), public = the public Qwen3.6 DFlash "
+                   "drafters' rule (sliding layers, then one full-attention layer), which the public reference and "
+                   "the serving engines compute (default: the profile's, else anchor)")
+    t.add_argument("--sliding-window", type=args.at_least(1), help="window of the sliding layers under --attention "
+                   "public (default: the profile's, else 2048)")
     t.add_argument("--lr", type=args.number(0, open_lo=True), help="peak learning rate (default 6e-4)")
     t.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
     t.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default 1)")
-    t.add_argument("--init-from", help="variant=PATH,... continue from DFlash-format checkpoints")
+    t.add_argument("--init-from", help="NAME=PATH,... continue a --variants entry from a DFlash-format checkpoint "
+                   "(e.g. dmtp_d2=PATH: DMTP(D2) from a public DFlash2 drafter); it keeps the checkpoint's attention")
     t.add_argument("--seed", type=args.SEED, default=0)
     t.add_argument("--stop-after", type=args.at_least(0), default=0,
                    help="checkpoint and stop after this step (resume later)")
@@ -468,6 +495,7 @@ def main(argv=None):
     t.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     t.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "
                    "with another configuration")
+    args.compile_cache_flag(t)
     t.set_defaults(fn=cmd_train)
 
     pl = sub.add_parser("pipeline", help="embedded default end to end (corpus -> target -> drafters -> tables)")
@@ -489,6 +517,7 @@ def main(argv=None):
                     "costs (default: the times measured in work/<profile>/stage_times.json)")
     pl.add_argument("--archive", metavar="FILE.tgz", help="pack results/<profile> into this archive after each "
                     "stage (rewritten whole); `dmtp land FILE.tgz` lands it on another machine")
+    args.compile_cache_flag(pl)
     pl.set_defaults(fn=pipeline.main)
 
     la = sub.add_parser("land", help="land a packed run (`dmtp pipeline --archive`) into results/")
@@ -535,7 +564,13 @@ def main(argv=None):
     rp.set_defaults(fn=reproduce.main)
 
     a = p.parse_args(argv)
-    args.guard(f"dmtp {a.cmd}", a.fn, a)
+    args.guard(f"dmtp {a.cmd}", _run, a)
+
+
+def _run(a):
+    """The command, its compile caches pointed at `--compile-cache` first (before anything compiles)."""
+    args.use_compile_cache(getattr(a, "compile_cache", None))
+    return a.fn(a)
 
 
 if __name__ == "__main__":

@@ -49,10 +49,10 @@ from dmtp.cli.stages import RUN_CONTROL, StageMismatch, Unit, differences, finge
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
 from dmtp.config import Profile
+from dmtp.config.experiment import drafter_key
 from dmtp.config.training import pretrain_key
 from dmtp.data.corpus import build_corpus, corpus_summary
-from dmtp.data.datasets import encode_prompts
-from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.prompts import PROMPT_CUT, code_prompts
 from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
 from dmtp.data.tokens import convert, is_store, open_store
@@ -730,7 +730,7 @@ def fingerprints(p: Profile) -> dict[str, dict]:
     f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine.records_key()), "prompt_cut": PROMPT_CUT},
                      **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
                                                              "batch", "prompts_per_doc")})
-    shape = {k: v for k, v in fingerprint(p.drafter).items() if k != "variants"}  # a run's own settings: per run
+    shape = drafter_key({k: v for k, v in fingerprint(p.drafter).items() if k != "variants"})  # variants: per run
     train = {k: v for k, v in fingerprint(p.train).items() if k != "snapshots"}  # snapshots: per run (budgets)
     f["drafters"] = dict(f["data"], train=train, drafter=shape)
     return f

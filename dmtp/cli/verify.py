@@ -33,8 +33,7 @@ from dmtp.analysis.metrics import acceptance_length
 from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.cli.bench.common import timed
 from dmtp.config import VerifyConfig
-from dmtp.data.datasets import encode_prompts
-from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.engine.decode import capacity_for
 from dmtp.engine.methods import AR, load_method
 from dmtp.engine.server import Server

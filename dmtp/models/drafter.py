@@ -2,10 +2,11 @@
 
 Checkpoint: Qwen3-style `config.json` (+ `block_size`, `num_target_layers`, `layer_types`, `sliding_window`,
 `dflash_config: {target_layer_ids, mask_token_id, ...}`, and our `dmtp_config: {variant, variant_config, window,
-...}`), weights `layers.N.*` (Qwen3 decoder layers), `fc` (K*H -> H, no bias), `hidden_norm`, `norm`; injection
-weights under `injection.*`; the DFlash2 backbone's (`backbone="dflash2"`, see `dflash2.py`) in the public DFlash2
-layout, `layers.N.attention_conv.*`, `layers.N.mlp_conv.*` and `candidate_selector.*`. No embedding or LM head: the
-target's are used, frozen.
+...}`; a DMTP drafter names itself `DMTPDraftModel` / `dmtp_drafter` and keeps `dflash_config` inside `dmtp_config`,
+so public readers refuse it: `DMTP_ARCH`), weights `layers.N.*` (Qwen3 decoder layers), `fc` (K*H -> H, no bias),
+`hidden_norm`, `norm`; injection weights under `injection.*`; the DFlash2 backbone's (`backbone="dflash2"`, see
+`dflash2.py`) in the public DFlash2 layout, `layers.N.attention_conv.*`, `layers.N.mlp_conv.*` and
+`candidate_selector.*`. No embedding or LM head: the target's are used, frozen.
 
 Context feature f_i = hidden_norm(fc([h^{l_1}_i ; ... ; h^{l_K}_i])) (a variant may change it). Every layer attends
 with queries from block slots only; keys/values are [k_proj(f_ctx) ; k_proj(block)] with k_norm + RoPE at absolute
@@ -32,6 +33,15 @@ from dmtp.models.weights import check_finite, check_fits
 # per-layer attention (`layer_types`): the public kinds, and ours (SPEC §3.3), which the public code cannot compute
 FULL, SLIDING, ANCHOR = "full_attention", "sliding_attention", "anchor_window_attention"
 LAYER_TYPES = (FULL, SLIDING, ANCHOR)
+# `architectures` per backbone: the public names (z-lab's reference, SGLang and vLLM register them) for drafters those
+# readers compute exactly (`Variant.public`), ours for every other variant, with a `model_type` no reader registers:
+# vLLM and SGLang (the draft config through transformers' AutoConfig, the class through their registries) and
+# transformers' AutoModel refuse it by name, and z-lab's `DFlashDraftModel.from_pretrained`, which only warns about
+# the model type, finds no `dflash_config.target_layer_ids` (ours keep them in `dmtp_config.dflash_config`) and
+# refuses too. Run as plain DFlash, such a drafter would drop `injection.*` and draft without T1.
+PUBLIC_ARCH = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+DMTP_ARCH = {"dflash": "DMTPDraftModel", "dflash2": "DMTPDFlash2DraftModel"}
+DMTP_MODEL_TYPE = "dmtp_drafter"
 
 
 @dataclass
@@ -134,13 +144,17 @@ class DrafterConfig:
         # the visibility in the fields the public code and the serving engines read (HF's Qwen3Config keeps
         # `sliding_window` only with `use_sliding_window`); our anchor-window layers are named as such, a layer type
         # HF's config validation refuses: a public reader fails instead of computing another attention beyond the
-        # window
-        out.update(architectures=["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"], model_type="qwen3",
+        # window. A drafter the public readers would misread (`Variant.public` false) carries names of its own and
+        # its DFlash fields under `dmtp_config` (PUBLIC_ARCH / DMTP_ARCH above)
+        public = get_variant(self.variant).public
+        dm = {"variant": self.variant, "window": self.window, "backbone": self.backbone,
+              "variant_config": get_variant(self.variant).settings(self.variant_config)}
+        out.update(architectures=[(PUBLIC_ARCH if public else DMTP_ARCH)[self.backbone]],
+                   model_type="qwen3" if public else DMTP_MODEL_TYPE,
                    hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
                    layer_types=self.resolved_layer_types(), use_sliding_window=self.sliding_window > 0,
-                   sliding_window=self.sliding_window or None, dflash_config=dc,
-                   dmtp_config={"variant": self.variant, "window": self.window, "backbone": self.backbone,
-                                "variant_config": get_variant(self.variant).settings(self.variant_config)})
+                   sliding_window=self.sliding_window or None, **({"dflash_config": dc} if public else {}),
+                   dmtp_config=dm if public else dict(dm, dflash_config=dc))
         if self.is_causal is not None:
             out["is_causal"] = self.is_causal
         if self.rope_scaling:
@@ -153,7 +167,8 @@ class DrafterConfig:
     def from_hf_dict(cls, d: dict) -> "DrafterConfig":
         known = {f.name for f in fields(cls)} - {"layer_types", "sliding_window", "is_causal"}
         kw = {k: v for k, v in d.items() if k in known}
-        dc = d.get("dflash_config") or {}
+        dm = d.get("dmtp_config") or {}
+        dc = d.get("dflash_config") or dm.get("dflash_config") or {}  # public drafters', or ours (DMTP_ARCH)
 
         def draft_value(name, default=None):  # as the reference reads them: dflash_config first, then top level
             return dc.get(name, d.get(name, default))
@@ -167,10 +182,9 @@ class DrafterConfig:
                              ("selector_topk", "selector_top_k"), ("selector_dim", "selector_rank")):
             if draft_value(public) is not None:
                 kw[ours] = draft_value(public)
-        if "DFlash2DraftModel" in (d.get("architectures") or []):
+        if {PUBLIC_ARCH["dflash2"], DMTP_ARCH["dflash2"]} & set(d.get("architectures") or []):
             kw["backbone"] = "dflash2"
         kw.update(_attention_from_hf(d))
-        dm = d.get("dmtp_config") or {}
         kw.update({k: v for k, v in dm.items() if k in known})
         legacy = dm.get("lowrank_rank", d.get("lowrank_rank"))  # older checkpoints: one shared field, every variant
         own = get_variant(kw.get("variant", cls.variant)).settings({})

@@ -7,9 +7,10 @@ Against the HF path (`Target.forward`, `MTPHead.forward`, `Drafter.forward`), th
     written out (Qwen3.5: the query projection carries a per-head output gate, o = attn * sigmoid(gate));
   - attention (`EngineConfig.attention`) is flex attention with a block mask built from the query positions
     inside the graph: the kernel visits only the 128-row key blocks a request can see (target / MTP: rows 0..p for a
-    query at p; drafter: its anchor window and its block), GQA natively (no K/V repeated across the groups), and no
-    dense mask over the cache; or "dense": two GQA-native matmuls over the whole cache with the visibility evaluated
-    from indices inside the softmax kernel (no mask tensor either) — more rows read, cuBLAS at every size;
+    query at p; drafter: what its layer's `attention.Rule` shows it), GQA natively (no K/V repeated across the
+    groups), and no dense mask over the cache; or "dense": two GQA-native matmuls over the whole cache with the
+    visibility evaluated from indices inside the softmax kernel (no mask tensor either) — more rows read, cuBLAS at
+    every size;
   - the drafter's block writes its K/V into the context cache at the block's own positions (rows >= the anchor a,
     which no query can see before `drafter_ctx` rewrites them with committed context), so a block attends to one
     range of cache rows instead of a concatenation [context ; block];
@@ -40,6 +41,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from dmtp.config import EngineConfig
+from dmtp.models.attention import Rule
 from dmtp.models.cache import KVCache
 from dmtp.models.layers import apply_rope, rope_cos_sin
 from dmtp.models.target import TargetOut
@@ -94,8 +96,6 @@ def drafter_problem(drafter, eng: EngineConfig = DEFAULT) -> str | None:
     c = drafter.config
     if c.backbone != "dflash":
         return f"{c.backbone} backbone"
-    if len(set(c.rules())) > 1 or c.rules()[0].sliding or c.rules()[0].causal:
-        return "sliding-attention layers or a causal block (layer_types, is_causal)"
     if c.rope_scaling:
         return f"scaled RoPE ({c.rope_scaling.get('rope_type')})"
     if eng.drafter == "hf":
@@ -125,19 +125,33 @@ def causal(pos: torch.Tensor):
     return mask_mod, torch.zeros_like(pos[:, 0]), pos.max(1).values + 1
 
 
-def window(anchor: torch.Tensor, bpos: torch.Tensor, size: int):
-    """A drafter block at contiguous positions bpos [B, S] (anchor position a [B]) sees context rows a-size..a-1 and
-    its own rows, as `attention.visible` says (a single-anchor block starts at a+1: row a is not visible). The bounds
-    are contiguous copies, not column views of bpos: a mask_mod's captured tensors are indexed by the kernel (a
-    suspect of the CUDA-only wrong drafts, `drafter_problem`; unconfirmed)."""
+def window(anchor: torch.Tensor, bpos: torch.Tensor, rule: Rule):
+    """What a drafter block at contiguous positions bpos [B, S] (anchor position a [B]) sees under one layer's
+    `attention.Rule`, as `attention.visible` says: context rows k < a (a-window..a-1 under an anchor window), its own
+    rows (k <= p for the query at position p when the block is causal), and under a sliding window only rows with
+    p - k < sliding (and k - p < sliding in a bidirectional block). A single-anchor block starts at a+1: row a is not
+    visible. The bounds are contiguous copies, not column views of bpos: a mask_mod's captured tensors are indexed by
+    the kernel (a suspect of the CUDA-only wrong drafts, `drafter_problem`; unconfirmed)."""
     start, end = bpos[:, 0].contiguous(), bpos[:, -1].contiguous()
+    W, SW, in_order = rule.window, rule.sliding, rule.causal
 
     def mask_mod(b, h, q_idx, kv_idx):
-        a = anchor[b]
-        ctx = (kv_idx < a) & (kv_idx >= a - size)
-        return ctx | ((kv_idx >= start[b]) & (kv_idx <= end[b]))
+        a, p = anchor[b], start[b] + q_idx
+        ctx = kv_idx < a
+        if W:
+            ctx = ctx & (kv_idx >= a - W)
+        blk = (kv_idx >= start[b]) & (kv_idx <= end[b])
+        if in_order:
+            blk = blk & (kv_idx <= p)
+        ok = ctx | blk
+        if SW:
+            ok = ok & (p - kv_idx < SW)
+            if not in_order:
+                ok = ok & (kv_idx - p < SW)
+        return ok
 
-    return mask_mod, anchor - size, end + 1
+    lo = anchor - W if W else start - (SW - 1) if SW else torch.zeros_like(anchor)
+    return mask_mod, lo, end + 1
 
 
 _flex_eager = torch.compiler.disable(flex_attention)
@@ -333,7 +347,8 @@ def drafter_forward(d, block, bpos, cache: KVCache, anchor, eng: EngineConfig = 
     context being the rows of `cache` (`context_kv` of committed positions): normed hidden states [B, S, H]."""
     c = d.config
     cos, sin = rope_cos_sin(bpos, c.head_dim, c.rope_theta, block.dtype)
-    vis = window(anchor, bpos, c.rules()[0].window or cache.k[0].shape[2])  # 0: every earlier row (Drafter.forward)
+    rules = c.rules()  # one visibility per distinct rule of the layers (the public rule: sliding, then full)
+    vis = {r: window(anchor, bpos, r) for r in dict.fromkeys(rules)}
     B, S, _ = block.shape
     x = block
     write = eng.write(block.device.type)
@@ -343,7 +358,7 @@ def drafter_forward(d, block, bpos, cache: KVCache, anchor, eng: EngineConfig = 
         q = apply_rope(a.q_norm(a.q_proj(h).view(B, S, -1, c.head_dim)).transpose(1, 2), cos, sin)
         k, v = a.kv(h, cos, sin)
         _write(cache.k[i], cache.v[i], k, v, bpos, write)
-        o = attend(q, cache.k[i], cache.v[i], vis, kind=eng.attention)
+        o = attend(q, cache.k[i], cache.v[i], vis[rules[i]], kind=eng.attention)
         x = x + a.o_proj(o.transpose(1, 2).reshape(B, S, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return d.norm(x)

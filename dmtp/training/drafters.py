@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dmtp.compiling import announce
 from dmtp.config import TrainConfig
 from dmtp.data.tokens import TokenSequences, as_sequences, is_store, open_store, sequence_ids
 from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, group_of_one, is_sharded,
@@ -632,7 +633,9 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
                  for lay in layouts} if flex else {}
         names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
         lr = schedule(step) if schedule else lr_at(step, cfg)
-        out = trainer.step(names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks)
+        with announce(f"the training step of {','.join(todo)} (batch {cfg.batch_size} x {cfg.max_len})",
+                      active=static and main and step == first):  # the first step compiles forward and backward
+            out = trainer.step(names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks)
         for name in names:  # a non-finite loss at any step, read back with the next log step's values
             bad[name] = watch_finite(bad.get(name), out[name]["loss"])
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host

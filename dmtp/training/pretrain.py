@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dmtp.compiling import announce
 from dmtp.config import PretrainConfig, TargetArch
 from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, precision, rank_world, shard,
                        shard_optimizer_state)
@@ -236,16 +237,18 @@ def _pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str 
             gp["lr"] = lr
         lam = cfg.mtp_lambda if step < (1 - cfg.late_frac) * steps else cfg.mtp_lambda_late
         x = to_device(next(it), dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and x.is_cuda):
-            ce, ce_m, acc, acc_m = step_terms(x)
-            loss = ce + lam * ce_m
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # FSDP2 averages the gradients over ranks here
-        if sharded:  # after the average: the global norm, over every rank's shards
-            clip_sharded_([params], cfg.clip)
-        else:
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-        opt.step()
+        with announce(f"the pretraining step (batch {cfg.batch_size} x {cfg.seq_len})", active=fast and main and
+                      step == start):  # the first step compiles the layers' forward and backward
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.bf16 and x.is_cuda):
+                ce, ce_m, acc, acc_m = step_terms(x)
+                loss = ce + lam * ce_m
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # FSDP2 averages the gradients over ranks here
+            if sharded:  # after the average: the global norm, over every rank's shards
+                clip_sharded_([params], cfg.clip)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+            opt.step()
         bad = watch_finite(bad, ce, ce_m)  # read back with the next log step's values (no synchronisation here)
         if step % cfg.log_every == 0 or step == steps - 1:
             m = (all_sum(torch.stack([ce, ce_m, acc, acc_m, bad.float()]).detach().float()) / world).tolist()

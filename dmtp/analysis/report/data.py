@@ -50,6 +50,7 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
 from dmtp.config import EVAL_MODES, AblationSpec
 from dmtp.config.engine import records_key_of
+from dmtp.config.experiment import drafter_key
 from dmtp.config.training import pretrain_key
 from dmtp.engine.stops import cut_rounds
 from dmtp.io import RECORDS, check_finished, iter_jsonl, read_json, record_meta, record_stem
@@ -376,6 +377,8 @@ def experiment_key(exp: dict) -> dict:
         key["engine"] = records_key_of(key["engine"])
     if isinstance(key.get("pretrain"), dict):  # no unlikelihood step: its settings are no part of the experiment
         key["pretrain"] = pretrain_key(key["pretrain"])
+    if isinstance(key.get("drafter"), dict):  # the anchor rule: the attention settings are no part of it either
+        key["drafter"] = drafter_key(key["drafter"])
     return drop(key)
 
 

@@ -53,7 +53,8 @@ import pandas as pd
 import torch
 
 from dmtp.analysis import ratios as RT
-from dmtp.cli.args import at_least, checkpoint, guard, listed, names, number, out_dir, temperature
+from dmtp.cli.args import (at_least, checkpoint, compile_cache_flag, guard, listed, names, number, out_dir, temperature,
+                           use_compile_cache)
 from dmtp.cli.bench.common import Stamped, merge_overhead, merge_rows
 from dmtp.cli.bench.shapes import mini_shape, paper_shape
 from dmtp.cli.bench.trained import PARTS, Bench, throughput_ratios
@@ -149,6 +150,7 @@ def main(argv=None):
     p.add_argument("--screen-topk", type=at_least(1), default=64)
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16"],
                    help="precision of the models (default: the profile's engine.dtype)")
+    compile_cache_flag(p)
     a = p.parse_args(argv)
     parts = set(a.parts.split(","))
     if not (parts <= set(PARTS) or parts == {"ratios"}):
@@ -162,6 +164,7 @@ def main(argv=None):
 
 
 def run(p, a):
+    use_compile_cache(a.compile_cache)  # before anything compiles
     above = Path(a.target).parent.name if a.target else ""  # work/<profile>/target
     profile = a.profile or (above if above in PROFILES else "mini")
     prof = resolve(profile, a.set)

@@ -32,8 +32,7 @@ from dmtp.cli.bench.profiling import admission_profile, kernel_profile
 from dmtp.cli.bench.shapes import draft_side_ratios
 from dmtp.config import AblationSpec, DataConfig, EngineConfig
 from dmtp.config.engine import describe_variant, server_variant
-from dmtp.data.datasets import encode_prompts
-from dmtp.data.humaneval import humaneval_prompts
+from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.decode import capacity_for, generate
 from dmtp.engine.methods import AR, Method, load_method, split_drafts

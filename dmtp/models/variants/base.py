@@ -75,6 +75,9 @@ class Variant(nn.Module):
     t1: bool = False  # T1 from the MTP is given (DMTP); else the drafter proposes T1 itself
     needs_mtp_context: bool = False  # context() reads the per-position MTP hidden g_i
     bypassed: tuple[str, ...] = ()  # drafter parameters (name prefixes) the variant never uses: frozen in training
+    public: bool = False  # the public DFlash reference and the serving engines compute this variant exactly (plain
+    # DFlash: block [A, M...], nothing injected): its checkpoints keep the public architecture name; any other variant
+    # saves a name of its own, which those readers refuse (`DrafterConfig.to_hf_dict`)
     Config: type = NoConfig  # the variant's own hyperparameters (a dataclass with defaults)
 
     def __init__(self, cfg):

@@ -8,3 +8,4 @@ class DFlash(Variant):
     name = "dflash"
     description = "baseline DFlash: [A, M x7], drafter proposes T1..T7"
     anchor, t1 = True, False
+    public = True
