@@ -287,8 +287,8 @@ def cmd_train(a):
             f"[0, {cfg_t.vocab_size}) (the target's vocabulary)")
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
                   lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after, compile=a.compile)
-    cfg = replace(cfg, **{k: getattr(a, k) for k in ("fsdp", "shard_target", "activation_checkpointing")
-                          if getattr(a, k) is not None})
+    cfg = replace(cfg, **{k: getattr(a, k) for k in ("fsdp", "shard_target", "activation_checkpointing", "micro_batch",
+                                                     "grad_sync") if getattr(a, k) is not None})
     data_path, data_sha = _train_data(a.data, cfg_t.vocab_size)
     # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
     base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
@@ -436,7 +436,8 @@ def main(argv=None):
     t.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
                    "explicit flags override it")
     t.add_argument("--steps", type=args.at_least(1), help="optimizer steps (default 200)")
-    t.add_argument("--batch-size", type=args.at_least(1), help="sequences per step (default 8)")
+    t.add_argument("--batch-size", type=args.at_least(1), help="sequences per optimizer step over all GPUs: the "
+                   "global batch (default 8)")
     t.add_argument("--max-len", type=args.at_least(4), help="sequences cut to this many tokens (default 512)")
     t.add_argument("--layers", type=args.at_least(1), help="drafter layers (default 1)")
     t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone, SPEC §9 (default: dflash)")
@@ -455,6 +456,12 @@ def main(argv=None):
                    "layers too (on) or replicate it (off; auto, the default: as the memory model decides)")
     t.add_argument("--activation-checkpointing", action="store_true", default=None,
                    help="recompute each drafter layer in the backward pass (less memory, more time)")
+    t.add_argument("--micro-batch", type=args.at_least(1), help="sequences per GPU per forward/backward: the "
+                   "global --batch-size reached by gradient accumulation (default: the memory model's choice on "
+                   "CUDA, else each GPU's whole share at once)")
+    t.add_argument("--grad-sync", choices=["auto", "last", "every"], help="under FSDP2 with accumulation, reduce the "
+                   "gradients after the last micro-batch (last) or after every one (every: less memory); auto, the "
+                   "default: as the memory model decides")
     t.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
     t.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     t.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "

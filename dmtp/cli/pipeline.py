@@ -282,30 +282,22 @@ def token_store(c: Ctx, vocab_size: int) -> Path:
 def _fit_check(c: Ctx, todo: dict[int, list[str]]) -> dict[int, str]:
     """A paper profile's drafters stage on GPUs: per seed, the memory model's check of its fresh runs trained side by
     side (`cli.fit.fit_training`: refused in one line where they cannot fit) before the target's weights load;
-    returns seed -> the resolved `train.shard_target`."""
+    returns seed -> the settings the plan resolved (`train.micro_batch`, `shard_target`, `grad_sync`)."""
     import torch
 
-    from dmtp.cli.fit import fit_training
-    from dmtp.models.drafter import DrafterConfig
+    from dmtp.cli.fit import fit_training, run_configs
     from dmtp.models.target import read_config
 
     spec = c.p.ablation
     cfg_t = read_config(c.work / "target")
-    base = {k: v for k, v in drafter_config(c.p, cfg_t, 0).items() if k in DrafterConfig.__dataclass_fields__}
     out = {}
     for seed, runs in todo.items():
         names = [r for r in spec.variants + tuple(spec.backbones) if r in runs] or runs[:1]
-        configs = []
-        for r in names:
-            variant, backbone = spec.backbones.get(r, (r, base.get("backbone", "dflash")))
-            if variant not in spec.variants and r not in spec.backbones:  # a continued run: its source's shape
-                variant = spec.continued[r][0]
-            configs.append(DrafterConfig(**{**base, "backbone": backbone}, variant=variant,
-                                         variant_config=c.p.drafter.variants.get(variant, {})))
+        configs = list(run_configs(c.p, cfg_t, names).values())
         cfg, line = fit_training(cfg_t.to_dict(), configs, c.p.train, rank_world()[1],
                                  torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         c.log(f"drafters, seed {seed}: memory model: {line}")
-        out[seed] = cfg.shard_target
+        out[seed] = {k: getattr(cfg, k) for k in ("micro_batch", "shard_target", "grad_sync")}
     return out
 
 
@@ -347,7 +339,7 @@ def st_drafters(c: Ctx):
         budgets = snapshots(c.p, curve[0]) if curve and spec.anneal else ()  # annealed points: every curve run's
         cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=c.p.stream(seed),
                       snapshots=tuple(spec.budgets) if curve and not spec.anneal else (),
-                      **({"shard_target": fit[seed]} if seed in fit else {}))
+                      **fit.get(seed, {}))
         fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in runs]
         if fresh_todo:
             c.log(f"drafters, seed {seed}: {', '.join(fresh_todo)}")
