@@ -397,13 +397,13 @@ def render_tables(models: dict[str, tuple[dict, DrafterSpec]], *, gpus=(1, 2, 4,
                     p = plan_training(cfg, d, gpus=n, gpu_gb=card, seq_len=T, anchors=anchors,
                                       global_batch=global_batch)
                     s, t = p.setting, p.terms
+                    reduce = ("once" if s.defer_sync else "every") if s.shard_drafters and p.accumulation > 1 else "-"
                     act = t["features"] + t["feature_pass"] + t["layers"] + t["block"] + t["logits"]
                     out.append(f"| {n} | {card} | {T:,} | {'yes' if p.fits else '**no**'} | "
                                f"{'sharded' if s.shard_target else 'replicated'} | "
                                f"{'on' if s.checkpointing else 'off'} | {'fused' if s.ce_chunk else 'plain'} | "
                                f"{s.micro_batch} x {p.accumulation} | "
-                               f"{('once' if s.defer_sync else 'every') if s.shard_drafters and p.accumulation > 1 else '-'}"
-                               f" | {gb(t['target'] + t['target_gathered'])} | "
+                               f"{reduce} | {gb(t['target'] + t['target_gathered'])} | "
                                f"{gb(t['drafter_state'] + t['drafter_compute'])} | {gb(t['grad_accum'])} | {gb(act)} | "
                                f"{gb(t['logits'])} | {gb(t['total'])} |")
         out += ["", f"Evaluation, per GPU (batch {eval_batch}; target + MTP + drafter in bf16):", "",

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import compiled_graphs
-from test_fsdp import VARIANTS, _assert_same_run, _history, _run
+from test_fsdp import _assert_same_run, _history, _run
 
 from dmtp.config import TrainConfig
 from dmtp.training import drafters as train_mod

@@ -315,7 +315,8 @@ def test_dryrun_says_whether_training_and_evaluation_fit(capsys):
     assert s.micro_batch * f["train"].accumulation * 8 == 128 and f["seq_len"] == 2048
     text = render(r)
     assert "fit on 8 GPU(s) of 80 GiB" in text and "training, one drafter: fits: target replicated" in text
-    assert "evaluation (batch 32, 3,072 positions)" in text  # 2,048 + the protocol's 1,024 new tokens and "the largest batch that fits: " in text
+    # 2,048 tokens + the protocol's 1,024 new ones
+    assert "evaluation (batch 32, 3,072 positions)" in text and "the largest batch that fits: " in text
     with pytest.raises(SystemExit) as e:
         main(["dryrun", "--profile", "qwen3.6-27b", "--gpus", "1", "--gpu-mem", "80", "--seq-len", "32768"])
     out = capsys.readouterr().out

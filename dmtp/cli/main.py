@@ -34,8 +34,8 @@ from dmtp.cli.args import modified as _modified
 from dmtp.cli.fit import fit_training
 from dmtp.config import EVAL_MODES, VERIFY_MODES, EngineConfig, TrainConfig
 from dmtp.data.datasets import encode, load_prompts, spec
-from dmtp.data.tokens import check_finished, convert, is_store, open_store
 from dmtp.data.tokenizer import find_tokenizer
+from dmtp.data.tokens import check_finished, is_store, open_store, store_of
 from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
@@ -317,11 +317,7 @@ def cmd_train(a):
         if dist.is_main():
             print(f"memory model: {line}")
     if not is_store(data_path):  # the JSONL as a token store in --out, converted once (rank 0), reused on reruns
-        store = out / f"tokens-{data_sha[:16]}"
-        if dist.is_main() and not is_store(store):
-            convert(data_path, store, cfg_t.vocab_size, sha256=data_sha)
-        dist.barrier()
-        data_path = store
+        data_path = store_of(data_path, out / f"tokens-{data_sha[:16]}", cfg_t.vocab_size, sha256=data_sha)
     seqs = load_sequences(data_path, cfg.max_len, vocab_size=cfg_t.vocab_size)
     with contextlib.ExitStack() as held:
         if dist.is_main():  # (rank 0 writes): a second `dmtp train` on one of these drafters is refused

@@ -47,14 +47,14 @@ from dmtp.data.datasets import encode_prompts
 from dmtp.data.humaneval import humaneval_prompts
 from dmtp.data.prompts import PROMPT_CUT, code_prompts
 from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
-from dmtp.data.tokens import convert, is_store, open_store
+from dmtp.data.tokens import store_of
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.methods import AR, build_method, load_method, method_class
 from dmtp.engine.runner import compiled_graphs, run_generate, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import (atomic_dir, file_sha256, merging, one_writer, read_json, read_jsonl, write_json, write_jsonl,
-                     write_meta, write_text)
+from dmtp.io import (atomic_dir, merging, one_writer, read_json, read_jsonl, write_json, write_jsonl, write_meta,
+                     write_text)
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
@@ -270,16 +270,10 @@ def st_data(c: Ctx):
 def token_store(c: Ctx, vocab_size: int) -> Path:
     """The data stage's on-policy tokens as a token store (work/data/train.tokens, memory-mapped: each rank reads its
     rows of every batch), converted from train.jsonl by rank 0 when missing or made from another train.jsonl."""
-    src, dst = c.work / "data" / "train.jsonl", c.work / "data" / "train.tokens"
-    if is_main():
-        sha = file_sha256(src)
-        if not is_store(dst) or open_store(dst).meta["source"]["sha256"] != sha:
-            convert(src, dst, vocab_size, sha256=sha)
-    barrier()
-    return dst
+    return store_of(c.work / "data" / "train.jsonl", c.work / "data" / "train.tokens", vocab_size)
 
 
-def _fit_check(c: Ctx, todo: dict[int, list[str]]) -> dict[int, str]:
+def _fit_check(c: Ctx, todo: dict[int, list[str]]) -> dict[int, dict]:
     """A paper profile's drafters stage on GPUs: per seed, the memory model's check of its fresh runs trained side by
     side (`cli.fit.fit_training`: refused in one line where they cannot fit) before the target's weights load;
     returns seed -> the settings the plan resolved (`train.micro_batch`, `shard_target`, `grad_sync`)."""
