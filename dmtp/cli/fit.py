@@ -17,6 +17,11 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.training.drafters import fused_ce_applies
 
 
+def modelled(target_config) -> bool:
+    """Whether the memory model describes this target (its HF config: the Qwen3 / Qwen3.5 / Qwen3.6 families)."""
+    return str(getattr(target_config, "model_type", "")).startswith("qwen3")
+
+
 def spec_of(configs: list[DrafterConfig]) -> DrafterSpec:
     """The largest of these drafters as the memory model reads it (built on the meta device: exact parameter counts,
     the variant's block slots), the fused LM-head loss counted only where it applies to every one of them (the

@@ -31,7 +31,7 @@ from dmtp.checks import MIN_TEMPERATURE, require
 from dmtp.cli import args, dryrun, pipeline, reproduce, stages
 from dmtp.cli.args import eos_ids
 from dmtp.cli.args import modified as _modified
-from dmtp.cli.fit import fit_training
+from dmtp.cli.fit import fit_training, modelled
 from dmtp.config import EVAL_MODES, VERIFY_MODES, EngineConfig, TrainConfig
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
@@ -311,7 +311,7 @@ def cmd_train(a):
     _, _, rank_dev = dist.init()  # torchrun: one process per GPU, data-parallel over the global batch
     dev = rank_dev or args.device(a.device)
     todo = [v for v in variants if not (out / v / "DONE").exists()]
-    if todo and torch.device(dev).type == "cuda" and _modelled(cfg_t):  # the fit check, before any weight loads
+    if todo and torch.device(dev).type == "cuda" and modelled(cfg_t):  # the fit check, before any weight loads
         cfg, line = fit_training(cfg_t.to_dict(), [configs[v] for v in todo], cfg, dist.rank_world()[1],
                                  torch.cuda.get_device_properties(torch.device(dev)).total_memory)
         if dist.is_main():
@@ -354,11 +354,6 @@ def _train_data(path, vocab_size: int) -> tuple[Path, str]:
                          "or a store made by `python -m dmtp.data.tokens`")
     check_finished(p)
     return p, file_sha256(p)
-
-
-def _modelled(cfg) -> bool:
-    """Whether the memory model describes this target (the Qwen3 / Qwen3.5 / Qwen3.6 families)."""
-    return str(getattr(cfg, "model_type", "")).startswith("qwen3")
 
 
 _TRAIN_DEFAULTS = dict(steps=200, batch_size=8, max_len=512, layers=1, lr=6e-4, gamma=4.0, mask_token_id=1,
@@ -502,7 +497,8 @@ def main(argv=None):
     rp.add_argument("--init-from", action="append", metavar="[RUN=]PATH", default=[],
                     help="continue a drafter run from a public DFlash checkpoint (bare PATH: zero_init_residual)")
     rp.add_argument("--train-group", type=args.at_least(0), default=0, help="drafters trained side by side per "
-                    "pass over the data (default 0: all; 1: one at a time, the least memory; the weights are the same)")
+                    "pass over the data (default 0: on GPUs the largest groups the memory model fits, else all; 1: one at a "
+                    "time, the least memory; the weights are the same)")
     rp.add_argument("--stage", default="all", help="regen,train,eval,report or all (default)")
     rp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")
