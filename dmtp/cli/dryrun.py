@@ -142,20 +142,20 @@ def fit_section(prof, target, configs, gpus: int, gpu_mem: float, seq_len: int) 
     train = plan_training(target_config, one, global_batch=t.batch_size, **kw)
     a = prof.ablation
     runs = run_configs(prof, target, a.selected(a.variants) + a.selected(tuple(a.backbones)))
-    loop = groups = None
+    loop = groups = refused = None
     if t.batch_size % gpus == 0 and runs:
         loop = plan_for(target_config, list(runs.values()), t, gpus, gpu_mem * GIB)
         if not loop.fits:
             try:
                 groups = fit_groups(target_config, runs, t, gpus, gpu_mem * GIB)
-            except ValueError:
-                groups = []
+            except ValueError as e:  # not even one run alone: the training stage's one-line refusal
+                refused = str(e)
     length = seq_len + prof.eval.new_tokens
     ok, ev = plan_eval(target_config, one, gpu_gb=gpu_mem, batch=prof.eval.batch, length=length)
     most = next((b for b in range(prof.eval.batch, 0, -1)
                  if plan_eval(target_config, one, gpu_gb=gpu_mem, batch=b, length=length)[0]), 0)
     return {"gpus": gpus, "gpu_mem": gpu_mem, "seq_len": seq_len, "global_batch": t.batch_size, "train": train,
-            "loop": loop, "loop_drafters": len(runs), "groups": groups, "eval_ok": ok, "eval": ev,
+            "loop": loop, "loop_drafters": len(runs), "groups": groups, "refused": refused, "eval_ok": ok, "eval": ev,
             "eval_length": length, "eval_batch": prof.eval.batch, "eval_most": most, "capacity": capacity(gpu_mem)}
 
 
@@ -208,8 +208,8 @@ def render(r: dict) -> str:
                 lines.append(f"  in groups of {len(f['groups'][0][0])} (what `dmtp reproduce` trains one after "
                              "another; --train-group overrides):")
                 lines += [f"    {','.join(g)}: {line}" for g, _, line in f["groups"]]
-            elif f["groups"] == []:
-                lines.append("  not even one of them alone fits (see the single drafter's plan above)")
+            elif f["refused"]:
+                lines.append(f"  not even one of them alone: {f['refused']}")
         else:
             lines.append(f"  training as the training stage runs it: global batch {t.batch_size} does not divide "
                          f"over {f['gpus']} GPUs")

@@ -12,7 +12,11 @@ drafter (`TrainConfig.one_region`; off: one compiled `block_loss` region, AdamW 
 value back to the host between log steps: the loss is masked, not indexed, and normalised by the weight mass of the
 global batch computed on the host. Under torchrun (`TrainConfig.fsdp`) each drafter is sharded with FSDP2 and the
 drafters step one after another (`_Sharded`; compiled: each decoder layer's forward); the paths above are the
-single-process step, unchanged.
+single-process step, unchanged. Gradient accumulation (`TrainConfig.micro_batch`): a rank's rows of the global batch
+in micro-batches, the target's features made per micro-batch, every drafter's forward and backward on it, the
+gradients summed; the loss normaliser stays the global batch's weight mass, so the summed gradients are the whole
+batch's and one optimizer step follows (under FSDP2 one reduce-scatter after the last micro-batch, or one per
+micro-batch: `TrainConfig.grad_sync`).
 
     dmtp train --target runs/tiny/target --data runs/tiny/data/train.jsonl --variants dflash,zero_init_residual \
         --out runs/tiny/drafters --steps 200          # tiny CPU run: a few minutes
@@ -588,7 +592,11 @@ def train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainCo
     Under torchrun (`cfg.fsdp`, `dist.use_fsdp`) each rank takes rows rank::world of every global batch and every
     drafter is sharded with FSDP2 (`_Sharded`; with `cfg.fsdp = "on"` also on one process, in a process group of
     one that ends with the call); the loss normaliser is the global batch's weight mass (`drafter_loss`), so N ranks
-    take the 1-rank step. Sharded drafters stay sharded after the call: their checkpoints hold the full weights.
+    take the 1-rank step. `cfg.micro_batch` (0: a rank's whole share at once): each rank takes its rows in
+    micro-batches of that many sequences and sums their gradients before the step (the same normaliser, so the same
+    step; `cfg.grad_sync` under FSDP2: reduce-scatter after the last micro-batch or every one); the micro-batch is
+    run control, a checkpoint resumes with any. Sharded drafters stay sharded after the call: their checkpoints hold
+    the full weights.
     `cfg.shard_target = "on"` shards the frozen target's decoder layers too (under more than one rank), and they stay
     so. `cfg.activation_checkpointing`: every drafter layer recomputed in the backward pass. History records (every
     `log_every` steps, the only host syncs) carry `elapsed_s`, measured after the values were read back: differences
