@@ -202,25 +202,32 @@ def _step(tgt, mtp, name, ce_chunk, multiplier=1.0):
 
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
-                mask_token_id=2, seed=1, output_multiplier=multiplier)
-    d = new_drafters(tgt, [name], base)[name]
+                mask_token_id=2, seed=1, output_multiplier=multiplier, selector_topk=8, selector_dim=16)
+    d = new_drafters(tgt, [name], base, backbones={"dmtp_d2": ("zero_init_residual", "dflash2")})[name]
+    if d.selector is not None:  # transitions off zero (a fresh selector's predecessor codebook is 0)
+        torch.nn.init.normal_(d.selector.predecessor_codebook, std=0.5, generator=torch.Generator().manual_seed(2))
     ids, lengths = next(batches(token_seqs(), 4, 0))
     anchors, valid = sample_anchors(lengths, 5, torch.Generator().manual_seed(0))
     taps = d.config.target_layer_ids
     feats = drafter_features(extract(tgt, mtp, ids, lengths, taps, True), taps, d)
     loss, stats = drafter_loss(d, tgt, feats, anchors, valid, 4.0, torch.tensor(3.7), ce_chunk=ce_chunk)
     loss.backward()
-    return loss.detach(), stats["acc"], {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
+    return loss.detach(), stats, {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("name,multiplier", [("dflash", 1.0), ("zero_init_residual", 1.0), ("dflash", 0.5)])
+@pytest.mark.parametrize("name,multiplier", [("dflash", 1.0), ("zero_init_residual", 1.0), ("dflash", 0.5),
+                                             ("dmtp_d2", 1.0), ("dmtp_d2", 0.5)])
 def test_fused_drafter_loss_equals_the_plain_one(qwen3_5, name, multiplier):
     """Chunks of 7 rows (a short last chunk), ignored slots, position-decayed weights and a given normaliser: the
-    loss, accuracy and every drafter gradient of the materialised logits, within fp32 rounding."""
+    loss, accuracy and every drafter gradient of the materialised logits, within fp32 rounding. DMTP(D2): its
+    selector rescores the top-k logits the chunks keep (its statistics and the selector's gradients too)."""
     tgt, mtp = qwen3_5
     ref = _step(tgt, mtp, name, 0, multiplier)
     got = _step(tgt, mtp, name, 7, multiplier)
-    assert got[0].item() == pytest.approx(ref[0].item(), rel=1e-6) and got[1].item() == ref[1].item()
+    assert got[0].item() == pytest.approx(ref[0].item(), rel=1e-6) and got[1]["acc"].item() == ref[1]["acc"].item()
+    assert got[1].keys() == ref[1].keys() and (name != "dmtp_d2" or "sel_loss" in got[1])
+    for k in ref[1]:
+        assert got[1][k].item() == pytest.approx(ref[1][k].item(), rel=1e-5), k
     assert got[2].keys() == ref[2].keys()
     for k in ref[2]:
         assert (got[2][k] - ref[2][k]).norm() <= 1e-5 * ref[2][k].norm() + 1e-12, k
@@ -391,18 +398,21 @@ def test_dmtp_train_refuses_before_loading_weights(tmp_path, monkeypatch, capsys
     assert "drafter_state 57.0" in err and not list((tmp_path / "out").glob("tokens-*"))  # before the data, too
 
 
-def test_dflash2_keeps_the_plain_loss_in_the_model():
-    """A DFlash2 drafter (its selector reads the logits) is not fusable: the model counts its plain logits, and a
-    set of drafters holding one is counted so (they step one after another: the peak is the largest one's)."""
+def test_dflash2_takes_the_fused_loss_in_the_model():
+    """A DFlash2 drafter takes the fused loss (its selector's top-k made chunk by chunk); a soft-capped one (its
+    logits bent) is not fusable: the model counts its plain logits, and a set of drafters holding one is counted so
+    (they step one after another: the peak is the largest one's)."""
     from dataclasses import replace as dc_replace
 
     from dmtp.cli.fit import spec_of
 
     p, configs = _paper(variants=("dflash",))
     d2 = dc_replace(configs[0], backbone="dflash2")
-    assert spec_of(configs).fusable and not spec_of([d2]).fusable and not spec_of(configs + [d2]).fusable
+    capped = dc_replace(configs[0], final_logit_softcapping=30.0)
+    assert spec_of(configs).fusable and spec_of([d2]).fusable and spec_of(configs + [d2]).fusable
+    assert not spec_of([capped]).fusable and not spec_of(configs + [capped]).fusable
     kw = dict(gpus=8, gpu_gb=141, seq_len=2048, anchors=512, global_batch=128, micro_batch=1)
     cfg = p.scale.target_config
-    fused, plain = plan_training(cfg, spec_of(configs), **kw), plan_training(cfg, spec_of([d2]), **kw)
+    fused, plain = plan_training(cfg, spec_of([d2]), **kw), plan_training(cfg, spec_of([capped]), **kw)
     assert fused.setting.ce_chunk == 540 and plain.setting.ce_chunk == 0
     assert plain.terms["logits"] == 512 * 8 * 248320 * 12 and "LM-head loss plain" in plain.line()

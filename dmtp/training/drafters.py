@@ -196,8 +196,9 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
 
 def fused_ce_applies(drafter: Drafter) -> bool:
     """Whether `block_loss` can take the fused chunked LM-head loss for this drafter: its logits feed nothing but the
-    CE and its accuracy (DFlash2's selector reads them, a soft cap bends them: those keep the plain path)."""
-    return drafter.selector is None and not drafter.config.final_logit_softcapping
+    CE, its accuracy and DFlash2's selector (which reads each row's top-k logits, made chunk by chunk in the fused
+    loss); a soft cap bends them: that keeps the plain path."""
+    return not drafter.config.final_logit_softcapping
 
 
 def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None, ce_chunk=0,
@@ -222,9 +223,16 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
         if drafter.config.output_multiplier != 1.0:
             h = h * drafter.config.output_multiplier
         head = target.model.lm_head.weight  # as `target.lm_head`: the hidden states in the target's dtype
-        wce, acc = linear_cross_entropy(h.to(head.dtype), head, labels, ce_chunk, row_weight=w)
-        loss = wce / norm
-        return loss, {"acc": acc, "loss": loss.detach()}
+        sel = drafter.selector
+        k = min(sel.k, head.shape[0]) if sel is not None else 0
+        wce, acc, *top = linear_cross_entropy(h.to(head.dtype), head, labels, ce_chunk, row_weight=w, topk=k)
+        loss, stats = wce / norm, {"acc": acc}
+        if sel is not None:  # DFlash2: the selector rescores the top-k logits the chunks kept (as the plain path's)
+            sl, st = selector_loss(sel, None, hid.flatten(0, 1), prev.flatten(), labels, w, topk=top)
+            loss = loss + drafter.config.selector_loss_weight * (sl if parts == 1 else sl / parts)
+            stats.update(st)
+        stats["loss"] = loss.detach()
+        return loss, stats
     logits = drafter.logits(target.lm_head(hid)).flatten(0, 1)  # [B*Q, V] fp32
     ce = F.cross_entropy(logits, labels, reduction="none")  # 0 at label -100
     loss = (ce * w).sum() / norm
