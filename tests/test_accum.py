@@ -61,17 +61,18 @@ def test_fsdp_on_one_process_accumulates(whole, tmp_path):
         _assert_same_run(tmp_path / sync, whole)
 
 
-def test_compiled_one_region_accumulates(tmp_path):
-    """The compiled one-region step (CPU, inductor) in 2 micro-batches follows the eager whole-batch step; at one
+def test_compiled_one_region_accumulates(tmp_path, monkeypatch):
+    """The compiled one-region step (`drafters_loss` through AOTAutograd's eager backend, as its own function: the
+    graphs Inductor would get, without a C++ build) in 2 micro-batches follows the eager whole-batch step; at one
     micro-batch a step is the region's one call with the same shapes as before: one graph for the drafters."""
     names = ["dflash", "zero_init_residual"]
     _run(tmp_path / "eager", names=names)
-    fn = train_mod.drafters_loss
-    graphs = compiled_graphs(fn)
+    fn = lambda *a: train_mod.drafters_loss(*a)  # noqa: E731
+    monkeypatch.setattr(train_mod, "_JOINT", [torch.compile(fn, backend="aot_eager", dynamic=False, fullgraph=True)])
     _run(tmp_path / "one", names=names, compile="on")
-    assert compiled_graphs(fn) == graphs + 1
+    assert compiled_graphs(fn) == 1
     _run(tmp_path / "two", names=names, compile="on", micro_batch=2)
-    assert compiled_graphs(fn) == graphs + 2  # the micro-batch's shapes: one more graph, then reused every step
+    assert compiled_graphs(fn) == 2  # the micro-batch's shapes: one more graph, then reused every step
     for run in ("one", "two"):
         for v in names:  # padded to max_len on the compiled path: the same loss, other reduction shapes
             h, h_ref = _history(tmp_path / run / v), _history(tmp_path / "eager" / v)
@@ -105,3 +106,34 @@ def test_bad_micro_batch_is_refused(tmp_path):
         TrainConfig(grad_sync="sometimes")
     with pytest.raises(ValueError, match=r"train.micro_batch=4 does not divide the 2 sequences of each of 4"):
         train_mod.micro_split(TrainConfig(batch_size=8, micro_batch=4), 4)
+
+
+def test_cli_micro_batch_is_run_control(tmp_path):
+    """`dmtp train --micro-batch 1 --grad-sync every` reaches TrainConfig; a run stopped that way resumes without the
+    flags (the micro-batch and the reduction are not in the drafter's fingerprint) to the whole-batch run's loss."""
+    import json
+
+    from conftest import token_seqs
+
+    from dmtp.cli.main import main
+    from dmtp.models import tiny
+
+    tgt, mtp = tiny.build("qwen3", seed=0)
+    target = tiny.save(tgt, mtp, tmp_path / "target")
+    with open(tmp_path / "d.jsonl", "w") as f:
+        f.writelines(json.dumps({"ids": s}) + "\n" for s in token_seqs())
+    run = lambda out, *extra: main(["train", "--target", str(target), "--data", str(tmp_path / "d.jsonl"),  # noqa
+                                    "--out", str(out), "--steps", "3", "--batch-size", "4", "--max-len", "40",
+                                    "--mask-token-id", "2", "--device", "cpu", *extra])
+    run(tmp_path / "split", "--micro-batch", "1", "--grad-sync", "every", "--stop-after", "2")
+    assert not (tmp_path / "split" / "dflash" / "DONE").exists()
+    run(tmp_path / "split")
+    run(tmp_path / "whole")
+    h = [json.loads((tmp_path / o / "dflash" / "history.json").read_text()) for o in ("split", "whole")]
+    assert [r["step"] for r in h[0]] == [r["step"] for r in h[1]] == [3]  # (logged every 10 steps, and the last)
+    assert h[0][-1]["loss"] == pytest.approx(h[1][-1]["loss"], rel=1e-5)
+    assert json.loads((tmp_path / "split" / "dflash" / "fingerprint.json").read_text()) == \
+        json.loads((tmp_path / "whole" / "dflash" / "fingerprint.json").read_text())
+    with pytest.raises(SystemExit) as e:  # a micro-batch that does not divide the batch: one line, exit 2
+        run(tmp_path / "bad", "--micro-batch", "3")
+    assert e.value.code == 2
