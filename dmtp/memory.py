@@ -12,6 +12,10 @@ weights):
     drafters    each trained drafter's fp32 weights, gradients and AdamW moments: P_d x 16 (/ world under FSDP),
                 plus its bf16 compute copy (autocast's weight cache; under FSDP the gathered bf16 unit and its fp32
                 gradient before the reduce-scatter, two units in flight: a decoder layer, or the root's fc and norms)
+    grad_accum  gradient accumulation under FSDP with the reduce-scatter after the last micro-batch only
+                (`TrainConfig.grad_sync="last"`): FSDP2 sums each drafter's gradients unsharded in fp32 between
+                micro-batches, P_d x 4 per drafter trained side by side (0 with one micro-batch, one process without
+                FSDP, or a reduce-scatter after every micro-batch)
     features    the target's tapped layers, C x K H x 2 (bf16), and one drafter's context input made of them:
                 its column copy (x 2) and fp32 cast (x 4), the MTP hiddens g (C x H x 2)
     pass        the feature pass's largest transient (no autograd graph: one layer at a time), C x W x 2 with W the
@@ -48,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GB = 1e9
+SWITCH = ("auto", "on", "off")  # values of plan_training's shard_target and checkpointing
 GIB = 2 ** 30
 USABLE = 0.93  # share of a card's capacity the plan may fill
 FUSE_ABOVE_BYTES = 2 * GIB  # TrainConfig.fused_ce="auto": fused where the plain path's fp32 logits exceed this
@@ -186,6 +191,14 @@ class TrainSetting:
     ce_chunk: int = 0  # rows per chunk of the fused LM-head loss; 0: the plain loss
     drafters: int = 1  # drafters trained side by side (each its own state; their steps run one after another)
     target_bytes: int = 2  # bytes per target weight (bf16)
+    accumulation: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    defer_sync: bool = True  # FSDP with accumulation: gradients reduce-scattered after the last micro-batch only
+    # (held unsharded in fp32 until then); False: after every micro-batch (they stay sharded)
+
+    @property
+    def grad_sync(self) -> str:
+        """`TrainConfig.grad_sync` for this setting."""
+        return "last" if self.defer_sync else "every"
 
 
 def train_terms(cfg: dict, d: DrafterSpec, s: TrainSetting) -> dict[str, float]:
@@ -201,6 +214,7 @@ def train_terms(cfg: dict, d: DrafterSpec, s: TrainSetting) -> dict[str, float]:
     t["target_gathered"] = 2 * largest_layer(cfg) * s.target_bytes if shard_t else 0
     t["drafter_state"] = s.drafters * d.params * 16 / (s.world if s.shard_drafters else 1)
     t["drafter_compute"] = 2 * max(d.layer_params, d.root_params) * (2 + 4) if s.shard_drafters else d.params * 2
+    t["grad_accum"] = s.drafters * d.params * 4 if s.shard_drafters and s.accumulation > 1 and s.defer_sync else 0
     t["features"] = C * K * H * 2 + C * K * H * (2 + 4) + C * H * 2
     if cfg.get("num_experts"):
         ffn_w = 3 * max(cfg["shared_expert_intermediate_size"],
@@ -246,9 +260,11 @@ class Plan:
         """The plan in one line, GB per rank."""
         s, gb = self.setting, lambda x: f"{x / GB:.1f}"
         head = "fits" if self.fits else "does NOT fit"
+        sync = f", gradients reduced {'once a step' if s.defer_sync else 'every micro-batch'}" \
+            if s.shard_drafters and self.accumulation > 1 else ""
         what = (f"target {'sharded' if s.shard_target else 'replicated'}, activation checkpointing "
                 f"{'on' if s.checkpointing else 'off'}, LM-head loss {'fused' if s.ce_chunk else 'plain'}, "
-                f"micro-batch {s.micro_batch} x {self.accumulation} accumulation x {s.world} GPU(s)")
+                f"micro-batch {s.micro_batch} x {self.accumulation} accumulation x {s.world} GPU(s){sync}")
         parts = ", ".join(f"{k} {gb(v)}" for k, v in self.terms.items() if k != "total" and v)
         return f"{head}: {what}: {gb(self.terms['total'])} GB of {gb(self.capacity)} GB per GPU ({parts})"
 
@@ -265,19 +281,23 @@ def _divisors_desc(n: int) -> list[int]:
 def plan_training(cfg: dict, d: DrafterSpec, *, gpus: int, gpu_gb: float, seq_len: int, anchors: int,
                   global_batch: int, drafters: int = 1, shard_target: str = "auto", checkpointing: str = "auto",
                   fused_ce: str = "auto", ce_chunk: int = 0, micro_batch: int | None = None,
-                  shard_drafters: bool | None = None) -> Plan:
+                  shard_drafters: bool | None = None, grad_sync: str = "auto") -> Plan:
     """The first setting that fits, in order of cost: the target replicated before sharded (no all-gather of its
     weights every step), no activation checkpointing before checkpointing (no recomputed forward), the largest
-    micro-batch (fewest accumulation steps). shard_target / checkpointing: "auto" (searched), "on", "off";
-    micro_batch: fixed (None: searched over the divisors of global_batch / gpus); shard_drafters: FSDP2 on the
-    drafters (None: on more than one GPU, as TrainConfig.fsdp="auto"). A sharded target needs more than one GPU.
-    When nothing fits, the plan of the cheapest-in-memory setting tried, with fits=False."""
+    micro-batch (fewest accumulation steps), under FSDP with accumulation one reduce-scatter a step before one per
+    micro-batch. shard_target / checkpointing: "auto" (searched), "on", "off"; micro_batch: fixed (None: searched
+    over the divisors of global_batch / gpus); shard_drafters: FSDP2 on the drafters (None: on more than one GPU, as
+    TrainConfig.fsdp="auto"); grad_sync: TrainConfig.grad_sync ("auto": searched). A sharded target needs more than
+    one GPU. When nothing fits, the plan of the cheapest-in-memory setting tried, with fits=False."""
     if global_batch % gpus:
         raise ValueError(f"global batch {global_batch} is not divisible by {gpus} GPUs")
-    for name, v in (("shard_target", shard_target), ("checkpointing", checkpointing)):
-        if v not in ("auto", "on", "off"):
-            raise ValueError(f"{name}={v!r}: expected 'auto', 'on' or 'off'")
+    for name, v, ok in (("shard_target", shard_target, SWITCH), ("checkpointing", checkpointing, SWITCH),
+                        ("grad_sync", grad_sync, ("auto", "last", "every"))):
+        if v not in ok:
+            raise ValueError(f"{name}={v!r}: expected one of {', '.join(map(repr, ok))}")
     per_rank = global_batch // gpus
+    if micro_batch and per_rank % micro_batch:
+        raise ValueError(f"micro-batch {micro_batch} does not divide the {per_rank} sequences per GPU")
     shards = {"auto": (False, True) if gpus > 1 else (False,), "on": (True,), "off": (False,)}[shard_target]
     shard_drafters = gpus > 1 if shard_drafters is None else shard_drafters
     ckpts = {"auto": (False, True), "on": (True,), "off": (False,)}[checkpointing]
@@ -287,39 +307,35 @@ def plan_training(cfg: dict, d: DrafterSpec, *, gpus: int, gpu_gb: float, seq_le
     for shard in shards:
         for ck in ckpts:
             for m in micros:
-                rows = m * anchors * d.slots
-                s = TrainSetting(world=gpus, micro_batch=m, seq_len=seq_len, anchors=anchors, shard_target=shard,
-                                 shard_drafters=shard_drafters, checkpointing=ck,
-                                 ce_chunk=_chunk(d, fused_ce, ce_chunk, rows), drafters=drafters)
-                terms = train_terms(cfg, d, s)
-                tried.append((s, terms["total"]))
-                if terms["total"] <= cap:
-                    return Plan(True, s, per_rank // m, terms, cap, tried)
+                rows, acc = m * anchors * d.slots, per_rank // m
+                syncs = {"auto": (True, False), "last": (True,), "every": (False,)}[grad_sync] \
+                    if shard_drafters and acc > 1 else (grad_sync != "every",)
+                for defer in syncs:
+                    s = TrainSetting(world=gpus, micro_batch=m, seq_len=seq_len, anchors=anchors, shard_target=shard,
+                                     shard_drafters=shard_drafters, checkpointing=ck,
+                                     ce_chunk=_chunk(d, fused_ce, ce_chunk, rows), drafters=drafters,
+                                     accumulation=acc, defer_sync=defer)
+                    terms = train_terms(cfg, d, s)
+                    tried.append((s, terms["total"]))
+                    if terms["total"] <= cap:
+                        return Plan(True, s, acc, terms, cap, tried)
     s, _ = min(tried, key=lambda x: x[1])
-    return Plan(False, s, per_rank // s.micro_batch, train_terms(cfg, d, s), cap, tried)
+    return Plan(False, s, s.accumulation, train_terms(cfg, d, s), cap, tried)
 
 
 def check_training(cfg: dict, d: DrafterSpec, *, world: int, gpu_gb: float, batch_size: int, seq_len: int,
                    anchors: int, fsdp: str, shard_target: str, checkpointing: bool, fused_ce: str, ce_chunk: int,
-                   drafters: int = 1) -> Plan:
-    """The training loop's own setting checked (`dmtp/training/drafters.py`: each rank takes batch_size / world
-    sequences at once, no accumulation), with `shard_target="auto"` resolved: replicated where that fits, else sharded
-    (FSDP2 on more than one rank). fsdp: TrainConfig.fsdp ("auto": FSDP2 on more than one rank)."""
+                   drafters: int = 1, micro_batch: int = 0, grad_sync: str = "auto") -> Plan:
+    """The training loop's setting (`dmtp/training/drafters.py`, `TrainConfig`) planned: the global batch_size over
+    `world` ranks in micro-batches of `micro_batch` (0: searched, the largest that fits), activation checkpointing as
+    given, `shard_target` and `grad_sync` "auto" searched (replicated before sharded; one reduce-scatter a step
+    before one per micro-batch). fsdp: TrainConfig.fsdp ("auto": FSDP2 on more than one rank; "on": also on one)."""
     shard_d = fsdp == "on" or (fsdp == "auto" and world > 1)
-    opts = (False, True) if shard_target == "auto" and shard_d and world > 1 else (shard_target == "on",)
-    micro = batch_size // world
-    cap = capacity(gpu_gb)
-    tried = []
-    for shard in opts:
-        s = TrainSetting(world=world, micro_batch=micro, seq_len=seq_len, anchors=anchors, shard_target=shard,
-                         shard_drafters=shard_d, checkpointing=checkpointing, drafters=drafters,
-                         ce_chunk=_chunk(d, fused_ce, ce_chunk, micro * anchors * d.slots))
-        terms = train_terms(cfg, d, s)
-        tried.append((s, terms["total"]))
-        if terms["total"] <= cap:
-            return Plan(True, s, 1, terms, cap, tried)
-    s, _ = min(tried, key=lambda x: x[1])
-    return Plan(False, s, 1, train_terms(cfg, d, s), cap, tried)
+    shard_t = shard_target if shard_d and world > 1 else "on" if shard_target == "on" else "off"
+    return plan_training(cfg, d, gpus=world, gpu_gb=gpu_gb, seq_len=seq_len, anchors=anchors,
+                         global_batch=batch_size, drafters=drafters, shard_target=shard_t,
+                         checkpointing="on" if checkpointing else "off", fused_ce=fused_ce, ce_chunk=ce_chunk,
+                         micro_batch=micro_batch or None, shard_drafters=shard_d, grad_sync=grad_sync)
 
 
 # --- evaluation -----------------------------------------------------------------------------------------------------
@@ -369,23 +385,27 @@ def render_tables(models: dict[str, tuple[dict, DrafterSpec]], *, gpus=(1, 2, 4,
                 f"{P['mtp'] / 1e9:.2f} B); drafter {d.params / 1e9:.3f} B ({d.layers} layers, width {d.hidden}, "
                 f"{d.slots} slots, {d.taps} taps; fp32 weights + grads + AdamW = {gb(d.params * 16)} GB); "
                 f"{anchors} anchors per sequence, global batch {global_batch}.", "",
-                "Training, per GPU (GB; `micro x acc`: sequences per forward x accumulation steps):", "",
-                "| GPUs | card | tokens | fits | target | ckpt | CE | micro x acc | target GB | drafter GB | "
-                "activations GB | of which logits | total GB |",
-                "|---:|---:|---:|:--|:--|:--|:--|:--|---:|---:|---:|---:|---:|"]
+                "Training, per GPU (GB; `micro x acc`: sequences per forward x accumulation steps; `reduce`: under "
+                "FSDP with accumulation, the gradients reduce-scattered once a step, held unsharded in fp32 between "
+                "micro-batches (`grad GB`), or after every micro-batch):", "",
+                "| GPUs | card | tokens | fits | target | ckpt | CE | micro x acc | reduce | target GB | drafter GB | "
+                "grad GB | activations GB | of which logits | total GB |",
+                "|---:|---:|---:|:--|:--|:--|:--|:--|:--|---:|---:|---:|---:|---:|---:|"]
         for n in gpus:
             for card in cards:
                 for T in lengths:
                     p = plan_training(cfg, d, gpus=n, gpu_gb=card, seq_len=T, anchors=anchors,
                                       global_batch=global_batch)
                     s, t = p.setting, p.terms
+                    reduce = ("once" if s.defer_sync else "every") if s.shard_drafters and p.accumulation > 1 else "-"
                     act = t["features"] + t["feature_pass"] + t["layers"] + t["block"] + t["logits"]
                     out.append(f"| {n} | {card} | {T:,} | {'yes' if p.fits else '**no**'} | "
                                f"{'sharded' if s.shard_target else 'replicated'} | "
                                f"{'on' if s.checkpointing else 'off'} | {'fused' if s.ce_chunk else 'plain'} | "
-                               f"{s.micro_batch} x {p.accumulation} | {gb(t['target'] + t['target_gathered'])} | "
-                               f"{gb(t['drafter_state'] + t['drafter_compute'])} | {gb(act)} | {gb(t['logits'])} | "
-                               f"{gb(t['total'])} |")
+                               f"{s.micro_batch} x {p.accumulation} | "
+                               f"{reduce} | {gb(t['target'] + t['target_gathered'])} | "
+                               f"{gb(t['drafter_state'] + t['drafter_compute'])} | {gb(t['grad_accum'])} | {gb(act)} | "
+                               f"{gb(t['logits'])} | {gb(t['total'])} |")
         out += ["", f"Evaluation, per GPU (batch {eval_batch}; target + MTP + drafter in bf16):", "",
                 "| card | tokens | fits | weights GB | KV cache GB | GDN state GB | verify logits GB | prefill GB | "
                 "total GB |", "|---:|---:|:--|---:|---:|---:|---:|---:|---:|"]

@@ -1,6 +1,7 @@
 """The memory model's tables (`dmtp.memory.render_tables`) for the paper profiles: Qwen3.6-27B and Qwen3.6-35B-A3B on
-1, 2, 4 and 8 GPUs of 80 and 141 GB at 2,048 and 32K tokens, training (one drafter, global batch 128) and evaluation
-(batch 32). Printed, or written into a markdown file between the markers BEGIN and END below (the rest of it kept).
+1, 2, 4 and 8 GPUs of 80 and 141 GB at 2,048 and 32K tokens, training (one drafter, the global batch
+`train.batch_size`, 128) and evaluation (batch 32). Printed, or written into a markdown file between the markers
+BEGIN and END below (the rest of it kept).
 
     python -m experiments.memory_tables                                   # print (CPU, seconds)
     python -m experiments.memory_tables --write docs/notes/tokens.md      # refresh the notes' tables
@@ -26,7 +27,7 @@ def tables() -> str:
         models[f"{title} (`{name}`)"] = (cfg, drafter_spec(cfg, d.layers, d.heads, d.kv_heads, d.head_dim,
                                                            d.intermediate, d.block_size))
     p = get_profile("qwen3.6-27b")
-    return render_tables(models, anchors=p.train.anchors_per_seq, global_batch=p.scale.global_batch,
+    return render_tables(models, anchors=p.train.anchors_per_seq, global_batch=p.train.batch_size,
                          eval_batch=p.eval.batch)
 
 

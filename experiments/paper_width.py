@@ -79,10 +79,12 @@ def spec(cfg: dict, base: dict, variant: str):
 def setting(a, checkpointing: bool, d):
     from dmtp.memory import TrainSetting, drafter_ce_chunk
 
-    rows = a.batch * a.anchors * d.slots
-    return TrainSetting(world=1, micro_batch=a.batch, seq_len=a.seq_len, anchors=a.anchors, shard_target=False,
+    micro = a.micro_batch or a.batch
+    rows = micro * a.anchors * d.slots
+    return TrainSetting(world=1, micro_batch=micro, seq_len=a.seq_len, anchors=a.anchors, shard_target=False,
                         shard_drafters=True, checkpointing=checkpointing,
-                        ce_chunk=drafter_ce_chunk("auto", 0, rows, d.vocab))
+                        ce_chunk=drafter_ce_chunk("auto", 0, rows, d.vocab), accumulation=a.batch // micro,
+                        defer_sync=a.grad_sync == "last")
 
 
 def predict(cfg: dict, layers: int, d, a, checkpointing: bool) -> dict:
@@ -214,7 +216,8 @@ def run_row(tgt, mtp, base: dict, a, layers: int, checkpointing: bool, dev, work
     drafters = new_drafters(tgt, [a.variant], b)
     cfg = TrainConfig(steps=a.steps, batch_size=a.batch, max_len=a.seq_len, anchors_per_seq=a.anchors,
                       amp_bf16=dev.type == "cuda", compile=a.compile, fsdp="on", shard_target="off",
-                      activation_checkpointing=checkpointing, log_every=1, save_every=a.steps)
+                      activation_checkpointing=checkpointing, log_every=1, save_every=a.steps,
+                      micro_batch=a.micro_batch, grad_sync=a.grad_sync)
     out = work / f"L{layers}_ckpt{int(checkpointing)}"
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -272,6 +275,10 @@ def main(argv=None):
                     "fit the card, else the largest depth that does")
     ap.add_argument("--steps", type=int, default=4, help="training steps per row (the first compiles)")
     ap.add_argument("--batch", type=int, default=1, help="sequences per step")
+    ap.add_argument("--micro-batch", type=int, default=0, help="sequences per forward/backward (gradient "
+                    "accumulation over batch / micro-batch; 0: the whole batch at once)")
+    ap.add_argument("--grad-sync", default="last", choices=["last", "every"], help="with accumulation: FSDP2's "
+                    "reduce-scatter after the last micro-batch (the full fp32 gradient held between them) or every one")
     ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
     ap.add_argument("--anchors", type=int, default=512, help="anchors per sequence (the profile's)")
     ap.add_argument("--variant", default="zero_init_residual", help="the drafter's variant (needs the MTP head)")

@@ -161,7 +161,9 @@ def qwen3_6_27b() -> Profile:
     heads of 256, rotary dim 64, GDN 48 v / 16 qk heads of 128, FFN 17408, vocab 248320 padded, native 262144
     context, MTP) and its config.json (rope_theta 1e7); `assumptions` lists what is neither. Drafter width follows
     z-lab's Qwen3.6-27B DFlash drafter (32 heads of 128, 8 kv heads, FFN 17408), at the paper's 5 layers.
-    The target checkpoint: $DMTP_TARGET_QWEN3_6_27B or --target. Global batch 128 = e.g. 8 GPUs x 16."""
+    The target checkpoint: $DMTP_TARGET_QWEN3_6_27B or --target. `train.batch_size` is the global batch, 128
+    sequences an optimizer step; the fit check picks the per-GPU micro-batch for the GPUs present (e.g. 2 x 8
+    accumulation on 8 x 80 GB), `train.micro_batch` overrides it."""
     scale = PaperScale(
         target_env="DMTP_TARGET_QWEN3_6_27B",
         target_config=dict(
@@ -189,7 +191,8 @@ def qwen3_6_27b() -> Profile:
         # anchor window (`window`, unused under it), which they refuse to load
         drafter=dict(layers=5, heads=32, kv_heads=8, intermediate=17408, head_dim=128, block_size=8, window=4096,
                      attention="public", sliding_window=2048, rope_theta=0.0, mask_token_id=MASK_TOKENS["qwen3_5"]),
-        train=TrainConfig(steps=_paper_steps(scale.epochs, scale.train_prompts, scale.global_batch), batch_size=16,
+        train=TrainConfig(steps=_paper_steps(scale.epochs, scale.train_prompts, scale.global_batch),
+                          batch_size=scale.global_batch,
                           max_len=scale.max_seq_len, anchors_per_seq=512, lr=6e-4, warmup_frac=0.04, clip=1.0,
                           gamma=4.0, save_every=1000, log_every=50, amp_bf16=True),
         ablation=open_reproduction(),

@@ -55,6 +55,37 @@ def test_fused_loss_and_gradients_equal_the_materialised_ones(chunk, ignore):
         assert (got[2][0, ::3] == 0).all() and (got[2][2, 5:] == 0).all()
 
 
+@pytest.mark.parametrize("chunk", [7, 1000])
+def test_topk_logits_and_their_gradient_equal_the_materialised_ones(chunk):
+    """topk > 0 (DFlash2's selector reads each row's top-k logits): the values and indices of `z.float().topk(k)`
+    over the whole logits, made chunk by chunk, and the gradient that reaches h and w through the values (a
+    downstream term c . values beside the CE) equals the materialised path's, within fp32 rounding."""
+    h, w, y = inputs()
+    y[1, ::4] = -100  # rows without a label still rank their logits (the selector masks them itself)
+    c = torch.randn(3, 20, 5, generator=torch.Generator().manual_seed(1))
+
+    def materialised(h, w, y):
+        loss, acc = plain(h, w, y)
+        v, i = F.linear(h, w).float().topk(5, -1)
+        return loss + (c * v).sum(), acc, i
+
+    def fused(h, w, y):
+        loss, acc, v, i = linear_cross_entropy(h, w, y, chunk=chunk, topk=5)
+        assert v.shape == i.shape == (3, 20, 5) and v.dtype == torch.float32
+        return loss + (c * v).sum(), acc, i
+
+    out = {}
+    for name, fn in (("ref", materialised), ("got", fused)):
+        loss, acc, idx = fn(h, w, y)
+        h.grad = w.grad = None
+        loss.backward()
+        out[name] = loss.detach(), idx, h.grad.clone(), w.grad.clone()
+    (l0, i0, gh0, gw0), (l1, i1, gh1, gw1) = out["ref"], out["got"]
+    assert torch.equal(i1, i0) and l1.item() == pytest.approx(l0.item(), rel=1e-6)
+    assert rel(gh1, gh0) < 1e-5 and rel(gw1, gw0) < 1e-5
+    assert linear_cross_entropy(h, w, y, topk=0)[0].shape == () and len(linear_cross_entropy(h, w, y)) == 2
+
+
 def test_tied_embedding_gradients_add_up():
     """The LM head's weight is the input embedding, read by both heads (main and MTP): its gradient is the sum of
     the lookup's and both losses', as with the materialised logits."""

@@ -114,12 +114,41 @@ def test_plan_order_and_refusal():
     p = plan_training(CFG, D, gpu_gb=full / M.GIB / M.USABLE * 0.999, **big)
     assert p.fits and p.setting.micro_batch == 2 and p.accumulation == 2 and not p.setting.checkpointing
     tiny = plan_training(CFG, D, gpu_gb=1e-9, **big)
-    assert not tiny.fits and len(tiny.tried) == 2 * 2 * 3  # shard x checkpointing x micro-batches 4, 2, 1
+    # shard x checkpointing x (micro-batch 4 at once; 2 and 1 accumulated, reduced once a step or every micro-batch)
+    assert not tiny.fits and len(tiny.tried) == 2 * 2 * (1 + 2 + 2)
     assert tiny.terms["total"] == min(t for _, t in tiny.tried) and tiny.setting.micro_batch == 1
+    assert not tiny.setting.defer_sync and tiny.terms["grad_accum"] == 0
     assert tiny.setting.checkpointing and tiny.line().startswith("does NOT fit: target replicated")
     assert "GB of 0.0 GB per GPU" in tiny.line()
     with pytest.raises(ValueError, match="not divisible by 3 GPUs"):
         plan_training(CFG, D, gpu_gb=80, gpus=3, seq_len=5, anchors=4, global_batch=8)
+
+
+def test_accumulation_terms_and_sync_order():
+    """Under FSDP with accumulation and one reduce-scatter a step, each drafter's full fp32 gradient is held between
+    micro-batches (P_d x 4 per drafter side by side); with one micro-batch, one process without FSDP or a
+    reduce-scatter every micro-batch, nothing more. The plan tries once a step before every micro-batch at a
+    micro-batch size, and a larger micro-batch before either at a smaller one."""
+    kw = dict(world=2, micro_batch=2, seq_len=5, anchors=4, drafters=3)
+    base = train_terms(CFG, D, TrainSetting(**kw, accumulation=2, defer_sync=False))
+    held = train_terms(CFG, D, TrainSetting(**kw, accumulation=2))
+    assert base["grad_accum"] == 0 and held["grad_accum"] == 3 * D.params * 4
+    assert held["total"] - base["total"] == 3 * D.params * 4
+    assert train_terms(CFG, D, TrainSetting(**kw))["grad_accum"] == 0  # one micro-batch
+    assert train_terms(CFG, D, TrainSetting(**{**kw, "world": 1}, shard_drafters=False,
+                                            accumulation=2))["grad_accum"] == 0
+    big = dict(gpus=2, seq_len=5, anchors=4, global_batch=8, drafters=3, shard_target="off", checkpointing="off")
+    gb = lambda t: t / M.GIB / M.USABLE  # noqa: E731
+    p = plan_training(CFG, D, gpu_gb=gb(held["total"]) * 1.0001, **big)  # micro 4 no, micro 2 once a step: fits
+    assert p.fits and p.setting.micro_batch == 2 and p.setting.defer_sync and p.accumulation == 2
+    assert "gradients reduced once a step" in p.line()
+    p = plan_training(CFG, D, gpu_gb=gb(held["total"]) * 0.9999, **big)  # only every micro-batch fits at 2
+    assert p.fits and p.setting.micro_batch == 2 and not p.setting.defer_sync
+    assert "gradients reduced every micro-batch" in p.line()
+    p = plan_training(CFG, D, gpu_gb=gb(held["total"]) * 0.9999, grad_sync="last", **big)  # told once: micro 1
+    assert p.fits and p.setting.micro_batch == 1 and p.setting.defer_sync and p.accumulation == 4
+    with pytest.raises(ValueError, match="grad_sync='sometimes'"):
+        plan_training(CFG, D, gpu_gb=80, grad_sync="sometimes", **big)
 
 
 def test_paper_plain_logits_are_tens_of_gb():
@@ -173,25 +202,32 @@ def _step(tgt, mtp, name, ce_chunk, multiplier=1.0):
 
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
-                mask_token_id=2, seed=1, output_multiplier=multiplier)
-    d = new_drafters(tgt, [name], base)[name]
+                mask_token_id=2, seed=1, output_multiplier=multiplier, selector_topk=8, selector_dim=16)
+    d = new_drafters(tgt, [name], base, backbones={"dmtp_d2": ("zero_init_residual", "dflash2")})[name]
+    if d.selector is not None:  # transitions off zero (a fresh selector's predecessor codebook is 0)
+        torch.nn.init.normal_(d.selector.predecessor_codebook, std=0.5, generator=torch.Generator().manual_seed(2))
     ids, lengths = next(batches(token_seqs(), 4, 0))
     anchors, valid = sample_anchors(lengths, 5, torch.Generator().manual_seed(0))
     taps = d.config.target_layer_ids
     feats = drafter_features(extract(tgt, mtp, ids, lengths, taps, True), taps, d)
     loss, stats = drafter_loss(d, tgt, feats, anchors, valid, 4.0, torch.tensor(3.7), ce_chunk=ce_chunk)
     loss.backward()
-    return loss.detach(), stats["acc"], {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
+    return loss.detach(), stats, {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("name,multiplier", [("dflash", 1.0), ("zero_init_residual", 1.0), ("dflash", 0.5)])
+@pytest.mark.parametrize("name,multiplier", [("dflash", 1.0), ("zero_init_residual", 1.0), ("dflash", 0.5),
+                                             ("dmtp_d2", 1.0), ("dmtp_d2", 0.5)])
 def test_fused_drafter_loss_equals_the_plain_one(qwen3_5, name, multiplier):
     """Chunks of 7 rows (a short last chunk), ignored slots, position-decayed weights and a given normaliser: the
-    loss, accuracy and every drafter gradient of the materialised logits, within fp32 rounding."""
+    loss, accuracy and every drafter gradient of the materialised logits, within fp32 rounding. DMTP(D2): its
+    selector rescores the top-k logits the chunks keep (its statistics and the selector's gradients too)."""
     tgt, mtp = qwen3_5
     ref = _step(tgt, mtp, name, 0, multiplier)
     got = _step(tgt, mtp, name, 7, multiplier)
-    assert got[0].item() == pytest.approx(ref[0].item(), rel=1e-6) and got[1].item() == ref[1].item()
+    assert got[0].item() == pytest.approx(ref[0].item(), rel=1e-6) and got[1]["acc"].item() == ref[1]["acc"].item()
+    assert got[1].keys() == ref[1].keys() and (name != "dmtp_d2" or "sel_loss" in got[1])
+    for k in ref[1]:
+        assert got[1][k].item() == pytest.approx(ref[1][k].item(), rel=1e-5), k
     assert got[2].keys() == ref[2].keys()
     for k in ref[2]:
         assert (got[2][k] - ref[2][k]).norm() <= 1e-5 * ref[2][k].norm() + 1e-12, k
@@ -261,8 +297,15 @@ def test_fit_check_refuses_in_one_line_and_resolves_the_target_sharding():
     assert out.shard_target == "on" and "target sharded" in line
     with pytest.raises(ValueError, match="--shard-target on"):  # told "off", it names the setting that fits
         fit_training(cfg, configs[:1], replace(train, max_len=32768, shard_target="off"), 2, 80 * M.GIB)
-    with pytest.raises(ValueError, match=r"no setting fits 16 sequences per GPU; the model fits \d+ per GPU"):
-        fit_training(cfg, configs[:1], replace(train, batch_size=128, fused_ce="off"), 8, 80 * M.GIB)
+    # the global batch of 128 on 8 x 80 GB: the micro-batch left to the model (2 a GPU, 8 micro-batches) or set
+    out, line = fit_training(cfg, configs[:1], replace(train, batch_size=128), 8, 80 * M.GIB)
+    assert (out.micro_batch, out.shard_target, out.grad_sync) == (2, "off", "every")
+    assert "micro-batch 2 x 8 accumulation x 8 GPU(s)" in line
+    assert fit_training(cfg, configs[:1], replace(train, batch_size=128, micro_batch=1), 8, 80 * M.GIB)[0] \
+        .micro_batch == 1
+    with pytest.raises(ValueError, match=r"micro-batch 16 x 1 accumulation .* the model fits it with --micro-batch 2 "
+                                         r"\(x 8 accumulation\) --shard-target off --grad-sync every$"):
+        fit_training(cfg, configs[:1], replace(train, batch_size=128, micro_batch=16), 8, 80 * M.GIB)
 
 
 def test_dryrun_says_whether_training_and_evaluation_fit(capsys):
@@ -279,7 +322,8 @@ def test_dryrun_says_whether_training_and_evaluation_fit(capsys):
     assert s.micro_batch * f["train"].accumulation * 8 == 128 and f["seq_len"] == 2048
     text = render(r)
     assert "fit on 8 GPU(s) of 80 GiB" in text and "training, one drafter: fits: target replicated" in text
-    assert "evaluation (batch 32, 4,096 positions)" in text and "the largest batch that fits: " in text
+    # 2,048 tokens + the protocol's 1,024 new ones
+    assert "evaluation (batch 32, 3,072 positions)" in text and "the largest batch that fits: " in text
     with pytest.raises(SystemExit) as e:
         main(["dryrun", "--profile", "qwen3.6-27b", "--gpus", "1", "--gpu-mem", "80", "--seq-len", "32768"])
     out = capsys.readouterr().out
@@ -288,8 +332,9 @@ def test_dryrun_says_whether_training_and_evaluation_fit(capsys):
 
 def test_pipeline_drafters_stage_checks_a_paper_profile(tmp_path, monkeypatch):
     """The pipeline's drafters stage on a paper profile (GPUs faked: the check reads the config and the card's size
-    only): on one 80 GB card its drafters side by side are refused in one line; on 8 x 80 GB they fit with the target
-    sharded (resolved from "auto"), on 8 x 141 GB replicated."""
+    only): on one 80 GB card its drafters side by side are refused in one line; on 8 x 80 GB the three fit with the
+    target replicated (resolved from "auto") at one sequence per GPU, 16 micro-batches reduced one by one (once a
+    step would hold 3 x 7.1 GB of full gradients); on 8 x 141 GB at 8 sequences per GPU, reduced once a step."""
     from types import SimpleNamespace
 
     from transformers import AutoConfig
@@ -309,10 +354,11 @@ def test_pipeline_drafters_stage_checks_a_paper_profile(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=rf"training {len(runs)} drafter\(s\) on 1 GPU\(s\) of 80 GiB does NOT fit"):
         pipeline._fit_check(c, {0: runs})
     monkeypatch.setattr(pipeline, "rank_world", lambda: (0, 8))
-    assert pipeline._fit_check(c, {0: runs}) == {0: "on"}
-    assert logs and logs[-1].startswith("drafters, seed 0: memory model: fits: target sharded")
+    assert pipeline._fit_check(c, {0: runs}) == {0: dict(micro_batch=1, shard_target="off", grad_sync="every")}
+    assert logs and logs[-1].startswith("drafters, seed 0: memory model: fits: target replicated")
+    assert "micro-batch 1 x 16 accumulation x 8 GPU(s), gradients reduced every micro-batch" in logs[-1]
     card["gb"] = 141
-    assert pipeline._fit_check(c, {0: runs}) == {0: "off"}
+    assert pipeline._fit_check(c, {0: runs}) == {0: dict(micro_batch=8, shard_target="off", grad_sync="last")}
 
 
 def test_the_notes_tables_are_the_models():
@@ -352,18 +398,21 @@ def test_dmtp_train_refuses_before_loading_weights(tmp_path, monkeypatch, capsys
     assert "drafter_state 57.0" in err and not list((tmp_path / "out").glob("tokens-*"))  # before the data, too
 
 
-def test_dflash2_keeps_the_plain_loss_in_the_model():
-    """A DFlash2 drafter (its selector reads the logits) is not fusable: the model counts its plain logits, and a
-    set of drafters holding one is counted so (they step one after another: the peak is the largest one's)."""
+def test_dflash2_takes_the_fused_loss_in_the_model():
+    """A DFlash2 drafter takes the fused loss (its selector's top-k made chunk by chunk); a soft-capped one (its
+    logits bent) is not fusable: the model counts its plain logits, and a set of drafters holding one is counted so
+    (they step one after another: the peak is the largest one's)."""
     from dataclasses import replace as dc_replace
 
     from dmtp.cli.fit import spec_of
 
     p, configs = _paper(variants=("dflash",))
     d2 = dc_replace(configs[0], backbone="dflash2")
-    assert spec_of(configs).fusable and not spec_of([d2]).fusable and not spec_of(configs + [d2]).fusable
+    capped = dc_replace(configs[0], final_logit_softcapping=30.0)
+    assert spec_of(configs).fusable and spec_of([d2]).fusable and spec_of(configs + [d2]).fusable
+    assert not spec_of([capped]).fusable and not spec_of(configs + [capped]).fusable
     kw = dict(gpus=8, gpu_gb=141, seq_len=2048, anchors=512, global_batch=128, micro_batch=1)
     cfg = p.scale.target_config
-    fused, plain = plan_training(cfg, spec_of(configs), **kw), plan_training(cfg, spec_of([d2]), **kw)
+    fused, plain = plan_training(cfg, spec_of([d2]), **kw), plan_training(cfg, spec_of([capped]), **kw)
     assert fused.setting.ce_chunk == 540 and plain.setting.ce_chunk == 0
     assert plain.terms["logits"] == 512 * 8 * 248320 * 12 and "LM-head loss plain" in plain.line()

@@ -7,9 +7,11 @@ and backbone on the meta device (no weights, no memory), check that the pieces f
 
 With --gpus / --gpu-mem, the memory model (`dmtp.memory`) says, before any weight is loaded, whether training fits
 and with which setting (the target sharded or replicated, activation checkpointing, the LM-head loss fused or not,
-the per-GPU micro-batch and the accumulation that reach the global batch), what the training loop as it runs
-(each rank takes its share of the profile's batch at once) needs, and whether evaluation fits (target + MTP +
-drafter in bf16, the caches of the evaluation batch at the prompt + new-token length), with the per-GPU numbers.
+the per-GPU micro-batch and the accumulation that reach the global batch `train.batch_size`), what the training
+stage plans for the ablation's drafters side by side (`cli.fit`: the micro-batch chosen, checkpointing as the profile
+sets it) and, where they do not fit together, the drafter groups `dmtp reproduce` trains one after another, and
+whether evaluation fits (target + MTP + drafter in bf16, the caches of the evaluation batch at the prompt + new-token
+length), with the per-GPU numbers.
 """
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from dmtp.cli.fit import spec_of
+from dmtp.cli.fit import fit_groups, plan_for, run_configs, spec_of
 from dmtp.experiment import drafter_config
-from dmtp.memory import capacity, check_training, plan_eval, plan_training
+from dmtp.memory import GIB, capacity, plan_eval, plan_training
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import BACKBONES, Drafter, DrafterConfig, check_compatible
 from dmtp.models.mtp import MTPHead, mtp_num_layers
@@ -117,39 +119,44 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
     }
     fit = None
     if gpus is not None or gpu_mem is not None:
-        fit = fit_section(prof, cfg.to_dict(), [d.config for d in drafters.values()], gpus or 1, gpu_mem or 80,
+        fit = fit_section(prof, cfg, [d.config for d in drafters.values()], gpus or 1, gpu_mem or 80,
                           seq_len or sc.max_seq_len)
     return {"profile": prof, "source": source, "target_path": target, "config": cfg, "checks": checks,
             "params": params, "taps": next(iter(drafters.values())).config.target_layer_ids, "fit": fit,
             "ok": all(ok for _, ok, _ in checks) and (fit is None or fit["train"].fits)}
 
 
-def fit_section(prof, target_config: dict, configs, gpus: int, gpu_mem: float, seq_len: int) -> dict:
-    """The memory model's answers for this profile on `gpus` cards of `gpu_mem` GiB: the best training setting for
-    one (dflash-backbone) drafter at the global batch (`plan_training`), the training loop's own setting for the
-    ablation's drafters trained side by side, the largest of every drafter built counted (`check_training`), and
-    evaluation at the evaluation batch over seq_len + new tokens."""
-    t, sc = prof.train, prof.scale
-    d = spec_of(configs)  # every drafter built (DFlash2's among them: the plain loss, its selector reads the logits)
+def fit_section(prof, target, configs, gpus: int, gpu_mem: float, seq_len: int) -> dict:
+    """The memory model's answers for this profile on `gpus` cards of `gpu_mem` GiB (target: its HF text config):
+    the best training setting for one (dflash-backbone) drafter at the global batch `train.batch_size`
+    (`plan_training`), the training stage's plan for the ablation's fresh runs side by side (`cli.fit.plan_for`:
+    the micro-batch chosen, the rest as the profile sets it) and, where they do not fit together, the groups
+    `dmtp reproduce` would train (`cli.fit.fit_groups`), and evaluation at the evaluation batch over seq_len + new
+    tokens. configs: every drafter built (the largest counted where the plan covers them all)."""
+    from dataclasses import replace
+
+    t, target_config = replace(prof.train, max_len=seq_len), target.to_dict()
     one = spec_of([c for c in configs if c.backbone == "dflash"] or configs)  # the paper's drafter
     kw = dict(gpus=gpus, gpu_gb=gpu_mem, seq_len=seq_len, anchors=t.anchors_per_seq, fused_ce=t.fused_ce,
               ce_chunk=t.ce_chunk)
-    train = plan_training(target_config, one, global_batch=sc.global_batch, **kw)
+    train = plan_training(target_config, one, global_batch=t.batch_size, **kw)
     a = prof.ablation
-    n = len(a.selected(a.variants)) + len(a.selected(tuple(a.backbones))) or 1  # the fresh runs of a seed
-    loop = None
-    if t.batch_size % gpus == 0:
-        loop = check_training(target_config, d, world=gpus, gpu_gb=gpu_mem, batch_size=t.batch_size,
-                              seq_len=seq_len, anchors=t.anchors_per_seq, fsdp=t.fsdp, shard_target=t.shard_target,
-                              checkpointing=t.activation_checkpointing, fused_ce=t.fused_ce, ce_chunk=t.ce_chunk,
-                              drafters=n)
+    runs = run_configs(prof, target, a.selected(a.variants) + a.selected(tuple(a.backbones)))
+    loop = groups = refused = None
+    if t.batch_size % gpus == 0 and runs:
+        loop = plan_for(target_config, list(runs.values()), t, gpus, gpu_mem * GIB)
+        if not loop.fits:
+            try:
+                groups = fit_groups(target_config, runs, t, gpus, gpu_mem * GIB)
+            except ValueError as e:  # not even one run alone: the training stage's one-line refusal
+                refused = str(e)
     length = seq_len + prof.eval.new_tokens
     ok, ev = plan_eval(target_config, one, gpu_gb=gpu_mem, batch=prof.eval.batch, length=length)
     most = next((b for b in range(prof.eval.batch, 0, -1)
                  if plan_eval(target_config, one, gpu_gb=gpu_mem, batch=b, length=length)[0]), 0)
-    return {"gpus": gpus, "gpu_mem": gpu_mem, "seq_len": seq_len, "global_batch": sc.global_batch, "train": train,
-            "loop": loop, "loop_drafters": n, "eval_ok": ok, "eval": ev, "eval_length": length,
-            "eval_batch": prof.eval.batch, "eval_most": most, "capacity": capacity(gpu_mem)}
+    return {"gpus": gpus, "gpu_mem": gpu_mem, "seq_len": seq_len, "global_batch": t.batch_size, "train": train,
+            "loop": loop, "loop_drafters": len(runs), "groups": groups, "refused": refused, "eval_ok": ok, "eval": ev,
+            "eval_length": length, "eval_batch": prof.eval.batch, "eval_most": most, "capacity": capacity(gpu_mem)}
 
 
 def render(r: dict) -> str:
@@ -194,11 +201,18 @@ def render(r: dict) -> str:
                       f"{f['global_batch']} (dmtp/memory.py):",
                   f"  training, one drafter: {f['train'].line()}"]
         if f["loop"] is not None:
-            lines.append(f"  training as `dmtp train` runs it ({f['loop_drafters']} drafter(s) side by side, batch "
-                         f"{t.batch_size} taken at once over the GPUs): {f['loop'].line()}")
+            lines.append(f"  training the ablation's {f['loop_drafters']} drafters side by side (the training stage's "
+                         f"plan: micro-batch chosen, checkpointing {'on' if t.activation_checkpointing else 'off'} "
+                         f"as the profile sets it): {f['loop'].line()}")
+            if f["groups"]:
+                lines.append(f"  in groups of {len(f['groups'][0][0])} (what `dmtp reproduce` trains one after "
+                             "another; --train-group overrides):")
+                lines += [f"    {','.join(g)}: {line}" for g, _, line in f["groups"]]
+            elif f["refused"]:
+                lines.append(f"  not even one of them alone: {f['refused']}")
         else:
-            lines.append(f"  training as `dmtp train` runs it: batch {t.batch_size} does not divide over "
-                         f"{f['gpus']} GPUs")
+            lines.append(f"  training as the training stage runs it: global batch {t.batch_size} does not divide "
+                         f"over {f['gpus']} GPUs")
         ev = f["eval"]
         lines.append(f"  evaluation (batch {f['eval_batch']}, {f['eval_length']:,} positions): "
                      f"{'fits' if f['eval_ok'] else 'does NOT fit'}: {gb(ev['total'])} GB of {gb(f['capacity'])} "

@@ -1,17 +1,25 @@
-"""The fit check of the training stage (`dmtp train`, the pipeline's drafters stage): before any weight is loaded,
-the memory model (`dmtp.memory`) on the target's config and the drafters' shapes (built on the meta device) says
-whether the loop's setting fits the GPUs, resolves `TrainConfig.shard_target="auto"`, and refuses a setting that
-cannot fit in one line with the numbers and what would fit."""
+"""The fit check of the training stage (`dmtp train`, the pipeline's drafters stage, `dmtp reproduce`): before any
+weight is loaded, the memory model (`dmtp.memory`) on the target's config and the drafters' shapes (built on the meta
+device) plans the loop's setting on the GPUs: it chooses what the configuration leaves to it (`TrainConfig.micro_batch`
+0: the per-GPU micro-batch, hence the accumulation that reaches the global batch; `shard_target`, `grad_sync`
+"auto"; the drafter groups of `dmtp reproduce`), and refuses a setting that cannot fit in one line with the numbers
+and what would fit."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import torch
 
-from dmtp.config import TrainConfig
+from dmtp.config import Profile, TrainConfig
+from dmtp.experiment import drafter_config
 from dmtp.memory import GIB, DrafterSpec, check_training, plan_training
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.training.drafters import fused_ce_applies
+
+
+def modelled(target_config) -> bool:
+    """Whether the memory model describes this target (its HF config: the Qwen3 / Qwen3.5 / Qwen3.6 families)."""
+    return str(getattr(target_config, "model_type", "")).startswith("qwen3")
 
 
 def spec_of(configs: list[DrafterConfig]) -> DrafterSpec:
@@ -35,29 +43,75 @@ def spec_of(configs: list[DrafterConfig]) -> DrafterSpec:
 
 def fit_training(target_config: dict, configs: list[DrafterConfig], cfg: TrainConfig, world: int,
                  gpu_bytes: int) -> tuple[TrainConfig, str]:
-    """(cfg with shard_target resolved, the plan's line) for training `configs` side by side on `world` GPUs of
-    `gpu_bytes` each; a ValueError in one line (the numbers, and the setting the model says would fit) where the
-    setting cannot fit."""
-    d = spec_of(configs)
-    gb = gpu_bytes / GIB
-    kw = dict(seq_len=cfg.max_len, anchors=cfg.anchors_per_seq, fused_ce=cfg.fused_ce, ce_chunk=cfg.ce_chunk)
-    plan = check_training(target_config, d, world=world, gpu_gb=gb, batch_size=cfg.batch_size, fsdp=cfg.fsdp,
-                          shard_target=cfg.shard_target, checkpointing=cfg.activation_checkpointing,
-                          drafters=len(configs), **kw)
+    """(cfg resolved, the plan's line) for training `configs` side by side on `world` GPUs of `gpu_bytes` each: what
+    the user left to the model is chosen (`micro_batch` 0: the largest micro-batch that fits, so the global
+    `batch_size` is reached by accumulation; `shard_target` and `grad_sync` "auto"), what they set is kept; a
+    ValueError in one line (the numbers, and the setting the model says would fit) where that cannot fit. The one
+    fit check of `dmtp train`, the pipeline's drafters stage and `dmtp reproduce`."""
+    plan = plan_for(target_config, configs, cfg, world, gpu_bytes)
     if plan.fits:
-        shard = "on" if plan.setting.shard_target else "off"
-        return (replace(cfg, shard_target=shard) if cfg.shard_target == "auto" else cfg), plan.line()
-    per_rank = cfg.batch_size // world
-    hint = plan_training(target_config, d, gpus=world, gpu_gb=gb, global_batch=cfg.batch_size, micro_batch=per_rank,
-                         drafters=len(configs), **kw)
-    if hint.fits:
-        s = hint.setting
-        fix = (f"the model fits it with --shard-target {'on' if s.shard_target else 'off'}"
-               f"{' --activation-checkpointing' if s.checkpointing else ''}")
+        s = plan.setting
+        out = replace(cfg, micro_batch=s.micro_batch)
+        if cfg.shard_target == "auto":
+            out = replace(out, shard_target="on" if s.shard_target else "off")
+        if cfg.grad_sync == "auto":
+            out = replace(out, grad_sync=s.grad_sync)
+        return out, plan.line()
+    d, gb = spec_of(configs), gpu_bytes / GIB
+    best = plan_training(target_config, d, gpus=world, gpu_gb=gb, global_batch=cfg.batch_size, drafters=len(configs),
+                         seq_len=cfg.max_len, anchors=cfg.anchors_per_seq, fused_ce=cfg.fused_ce,
+                         ce_chunk=cfg.ce_chunk, shard_drafters=plan.setting.shard_drafters)
+    if best.fits:
+        s = best.setting
+        fix = (f"the model fits it with --micro-batch {s.micro_batch} (x {best.accumulation} accumulation) "
+               f"--shard-target {'on' if s.shard_target else 'off'}"
+               f"{' --activation-checkpointing' if s.checkpointing else ''}"
+               f"{' --grad-sync every' if not s.defer_sync and best.accumulation > 1 else ''}")
     else:
-        best = plan_training(target_config, d, gpus=world, gpu_gb=gb, global_batch=cfg.batch_size,
-                             drafters=len(configs), **kw)
-        fix = (f"no setting fits {per_rank} sequences per GPU; the model fits {best.setting.micro_batch} per GPU "
-               f"(--batch-size {best.setting.micro_batch * world}, or more GPUs)" if best.fits else
-               "nothing fits even one sequence per GPU: more or larger GPUs, a shorter --max-len or fewer anchors")
+        fix = ("nothing fits even one sequence per GPU: more or larger GPUs, fewer drafters side by side, a shorter "
+               "--max-len or fewer anchors")
     raise ValueError(f"training {len(configs)} drafter(s) on {world} GPU(s) of {gb:.0f} GiB {plan.line()}; {fix}")
+
+
+def plan_for(target_config: dict, configs: list[DrafterConfig], cfg: TrainConfig, world: int, gpu_bytes: int):
+    """The memory model's plan (`memory.Plan`) for `cfg` as set: checkpointing as given, `micro_batch`,
+    `shard_target`, `grad_sync` searched where left to it."""
+    return check_training(target_config, spec_of(configs), world=world, gpu_gb=gpu_bytes / GIB,
+                          batch_size=cfg.batch_size, seq_len=cfg.max_len, anchors=cfg.anchors_per_seq, fsdp=cfg.fsdp,
+                          shard_target=cfg.shard_target, checkpointing=cfg.activation_checkpointing,
+                          fused_ce=cfg.fused_ce, ce_chunk=cfg.ce_chunk, drafters=len(configs),
+                          micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync)
+
+
+def fit_groups(target_config: dict, configs: dict[str, DrafterConfig], cfg: TrainConfig, world: int,
+               gpu_bytes: int, size: int = 0) -> list[tuple[list[str], TrainConfig, str]]:
+    """The runs `configs` (name -> config, in training order) in groups trained side by side, each with its
+    resolved config and plan line (`fit_training`): `size` runs a group where given, else the largest group size
+    at which every group fits (all side by side first: the target's features computed once for all of them). A
+    ValueError in one line where even one run alone cannot fit."""
+    names = list(configs)
+    sizes = [size] if size else range(len(names), 0, -1)
+    err = None
+    for k in sizes:
+        groups = [names[i: i + k] for i in range(0, len(names), k)]
+        try:
+            return [(g, *fit_training(target_config, [configs[n] for n in g], cfg, world, gpu_bytes)) for g in groups]
+        except ValueError as e:  # the smallest size's refusal is the one reported
+            err = e
+    raise err
+
+
+def run_configs(p: Profile, target_config, runs) -> dict[str, DrafterConfig]:
+    """The DrafterConfig of each drafter run of profile `p`'s ablation on a target (its HF text config), as trained:
+    a backbone run's variant and backbone from `ablation.backbones`, a continued run's shape its source's, the
+    others the variant of their name on the profile's backbone."""
+    spec = p.ablation
+    base = {k: v for k, v in drafter_config(p, target_config, 0).items() if k in DrafterConfig.__dataclass_fields__}
+    out = {}
+    for r in runs:
+        variant, backbone = spec.backbones.get(r, (r, base.get("backbone", "dflash")))
+        if r in spec.continued and r not in spec.variants and r not in spec.backbones:
+            variant = spec.continued[r][0]
+        out[r] = DrafterConfig(**{**base, "backbone": backbone}, variant=variant,
+                               variant_config=p.drafter.variants.get(variant, {}))
+    return out

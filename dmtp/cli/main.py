@@ -36,12 +36,12 @@ from dmtp.checks import MIN_TEMPERATURE, require
 from dmtp.cli import archive, args, dryrun, pipeline, reproduce, stages
 from dmtp.cli.args import eos_ids
 from dmtp.cli.args import modified as _modified
-from dmtp.cli.fit import fit_training
+from dmtp.cli.fit import fit_training, modelled
 from dmtp.config import EVAL_MODES, VERIFY_MODES, DrafterShape, EngineConfig, TrainConfig
 from dmtp.config.experiment import DRAFTER_ATTENTION
 from dmtp.data.datasets import encode, load_prompts, spec
-from dmtp.data.tokens import check_finished, convert, is_store, open_store
 from dmtp.data.tokenizer import find_tokenizer
+from dmtp.data.tokens import check_finished, is_store, open_store, store_of
 from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
@@ -306,8 +306,8 @@ def cmd_train(a):
             f"[0, {cfg_t.vocab_size}) (the target's vocabulary)")
     cfg = replace(prof.train if prof else TrainConfig(), steps=a.steps, batch_size=a.batch_size, max_len=a.max_len,
                   lr=a.lr, gamma=a.gamma, seed=a.seed, stop_after=a.stop_after, compile=a.compile)
-    cfg = replace(cfg, **{k: getattr(a, k) for k in ("fsdp", "shard_target", "activation_checkpointing")
-                          if getattr(a, k) is not None})
+    cfg = replace(cfg, **{k: getattr(a, k) for k in ("fsdp", "shard_target", "activation_checkpointing", "micro_batch",
+                                                     "grad_sync") if getattr(a, k) is not None})
     data_path, data_sha = _train_data(a.data, cfg_t.vocab_size)
     # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
     base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
@@ -336,17 +336,13 @@ def cmd_train(a):
     _, _, rank_dev = dist.init()  # torchrun: one process per GPU, data-parallel over the global batch
     dev = rank_dev or args.device(a.device)
     todo = [v for v in variants if not (out / v / "DONE").exists()]
-    if todo and torch.device(dev).type == "cuda" and _modelled(cfg_t):  # the fit check, before any weight loads
+    if todo and torch.device(dev).type == "cuda" and modelled(cfg_t):  # the fit check, before any weight loads
         cfg, line = fit_training(cfg_t.to_dict(), [configs[v] for v in todo], cfg, dist.rank_world()[1],
                                  torch.cuda.get_device_properties(torch.device(dev)).total_memory)
         if dist.is_main():
             print(f"memory model: {line}")
     if not is_store(data_path):  # the JSONL as a token store in --out, converted once (rank 0), reused on reruns
-        store = out / f"tokens-{data_sha[:16]}"
-        if dist.is_main() and not is_store(store):
-            convert(data_path, store, cfg_t.vocab_size, sha256=data_sha)
-        dist.barrier()
-        data_path = store
+        data_path = store_of(data_path, out / f"tokens-{data_sha[:16]}", cfg_t.vocab_size, sha256=data_sha)
     seqs = load_sequences(data_path, cfg.max_len, vocab_size=cfg_t.vocab_size)
     with contextlib.ExitStack() as held:
         if dist.is_main():  # (rank 0 writes): a second `dmtp train` on one of these drafters is refused
@@ -383,11 +379,6 @@ def _train_data(path, vocab_size: int) -> tuple[Path, str]:
                          "or a store made by `python -m dmtp.data.tokens`")
     check_finished(p)
     return p, file_sha256(p)
-
-
-def _modelled(cfg) -> bool:
-    """Whether the memory model describes this target (the Qwen3 / Qwen3.5 / Qwen3.6 families)."""
-    return str(getattr(cfg, "model_type", "")).startswith("qwen3")
 
 
 _TRAIN_DEFAULTS = dict(steps=200, batch_size=8, max_len=512, layers=1, lr=6e-4, gamma=4.0, mask_token_id=1,
@@ -465,7 +456,8 @@ def main(argv=None):
     t.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
                    "explicit flags override it")
     t.add_argument("--steps", type=args.at_least(1), help="optimizer steps (default 200)")
-    t.add_argument("--batch-size", type=args.at_least(1), help="sequences per step (default 8)")
+    t.add_argument("--batch-size", type=args.at_least(1), help="sequences per optimizer step over all GPUs: the "
+                   "global batch (default 8)")
     t.add_argument("--max-len", type=args.at_least(4), help="sequences cut to this many tokens (default 512)")
     t.add_argument("--layers", type=args.at_least(1), help="drafter layers (default 1)")
     t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone, SPEC §9 (default: dflash)")
@@ -491,6 +483,12 @@ def main(argv=None):
                    "layers too (on) or replicate it (off; auto, the default: as the memory model decides)")
     t.add_argument("--activation-checkpointing", action="store_true", default=None,
                    help="recompute each drafter layer in the backward pass (less memory, more time)")
+    t.add_argument("--micro-batch", type=args.at_least(1), help="sequences per GPU per forward/backward: the "
+                   "global --batch-size reached by gradient accumulation (default: the memory model's choice on "
+                   "CUDA, else each GPU's whole share at once)")
+    t.add_argument("--grad-sync", choices=["auto", "last", "every"], help="under FSDP2 with accumulation, reduce the "
+                   "gradients after the last micro-batch (last) or after every one (every: less memory); auto, the "
+                   "default: as the memory model decides")
     t.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
     t.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     t.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "
@@ -555,7 +553,8 @@ def main(argv=None):
     rp.add_argument("--init-from", action="append", metavar="[RUN=]PATH", default=[],
                     help="continue a drafter run from a public DFlash checkpoint (bare PATH: zero_init_residual)")
     rp.add_argument("--train-group", type=args.at_least(0), default=0, help="drafters trained side by side per "
-                    "pass over the data (default 0: all; 1: one at a time, the least memory; the weights are the same)")
+                    "pass over the data (default 0: on GPUs the largest groups the memory model fits, else all; 1: one at a "
+                    "time, the least memory; the weights are the same)")
     rp.add_argument("--stage", default="all", help="regen,train,eval,report or all (default)")
     rp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")

@@ -55,14 +55,14 @@ from dmtp.data.corpus import build_corpus, corpus_summary
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.prompts import PROMPT_CUT, code_prompts
 from dmtp.data.tokenizer import PRETOKENIZER_VERSION, encode_corpus, load_tokenizer, tokenizer_version, train_tokenizer
-from dmtp.data.tokens import convert, is_store, open_store
+from dmtp.data.tokens import store_of
 from dmtp.dist import barrier, is_main, rank_world
 from dmtp.engine.methods import AR, build_method, load_method, method_class
 from dmtp.engine.runner import compiled_graphs, run_generate, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import (atomic_dir, file_sha256, merging, one_writer, read_json, read_jsonl, write_json, write_jsonl,
-                     write_meta, write_text)
+from dmtp.io import (atomic_dir, merging, one_writer, read_json, read_jsonl, write_json, write_jsonl, write_meta,
+                     write_text)
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
@@ -282,42 +282,28 @@ def st_data(c: Ctx):
 def token_store(c: Ctx, vocab_size: int) -> Path:
     """The data stage's on-policy tokens as a token store (work/data/train.tokens, memory-mapped: each rank reads its
     rows of every batch), converted from train.jsonl by rank 0 when missing or made from another train.jsonl."""
-    src, dst = c.work / "data" / "train.jsonl", c.work / "data" / "train.tokens"
-    if is_main():
-        sha = file_sha256(src)
-        if not is_store(dst) or open_store(dst).meta["source"]["sha256"] != sha:
-            convert(src, dst, vocab_size, sha256=sha)
-    barrier()
-    return dst
+    return store_of(c.work / "data" / "train.jsonl", c.work / "data" / "train.tokens", vocab_size)
 
 
-def _fit_check(c: Ctx, todo: dict[int, list[str]]) -> dict[int, str]:
+def _fit_check(c: Ctx, todo: dict[int, list[str]]) -> dict[int, dict]:
     """A paper profile's drafters stage on GPUs: per seed, the memory model's check of its fresh runs trained side by
     side (`cli.fit.fit_training`: refused in one line where they cannot fit) before the target's weights load;
-    returns seed -> the resolved `train.shard_target`."""
+    returns seed -> the settings the plan resolved (`train.micro_batch`, `shard_target`, `grad_sync`)."""
     import torch
 
-    from dmtp.cli.fit import fit_training
-    from dmtp.models.drafter import DrafterConfig
+    from dmtp.cli.fit import fit_training, run_configs
     from dmtp.models.target import read_config
 
     spec = c.p.ablation
     cfg_t = read_config(c.work / "target")
-    base = {k: v for k, v in drafter_config(c.p, cfg_t, 0).items() if k in DrafterConfig.__dataclass_fields__}
     out = {}
     for seed, runs in todo.items():
         names = [r for r in spec.variants + tuple(spec.backbones) if r in runs] or runs[:1]
-        configs = []
-        for r in names:
-            variant, backbone = spec.backbones.get(r, (r, base.get("backbone", "dflash")))
-            if variant not in spec.variants and r not in spec.backbones:  # a continued run: its source's shape
-                variant = spec.continued[r][0]
-            configs.append(DrafterConfig(**{**base, "backbone": backbone}, variant=variant,
-                                         variant_config=c.p.drafter.variants.get(variant, {})))
+        configs = list(run_configs(c.p, cfg_t, names).values())
         cfg, line = fit_training(cfg_t.to_dict(), configs, c.p.train, rank_world()[1],
                                  torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         c.log(f"drafters, seed {seed}: memory model: {line}")
-        out[seed] = cfg.shard_target
+        out[seed] = {k: getattr(cfg, k) for k in ("micro_batch", "shard_target", "grad_sync")}
     return out
 
 
@@ -359,7 +345,7 @@ def st_drafters(c: Ctx):
         budgets = snapshots(c.p, curve[0]) if curve and spec.anneal else ()  # annealed points: every curve run's
         cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=c.p.stream(seed),
                       snapshots=tuple(spec.budgets) if curve and not spec.anneal else (),
-                      **({"shard_target": fit[seed]} if seed in fit else {}))
+                      **fit.get(seed, {}))
         fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in runs]
         if fresh_todo:
             c.log(f"drafters, seed {seed}: {', '.join(fresh_todo)}")

@@ -17,8 +17,11 @@ Stages (`--stage regen,train` runs some; each skips or resumes finished work):
           under torchrun), `scale.epochs` passes over the regenerated sequences at the global batch
           `train.batch_size`; `--init-from [RUN=]PATH` continues a run (default zero_init_residual) from a public
           DFlash checkpoint; `--train-group N` trains N drafters at a time (each drafter sees the same batches and
-          anchors either way: less memory, the target's features computed once per group). Checkpoints every
-          `train.save_every` steps: a killed run resumes.
+          anchors either way: less memory, the target's features computed once per group; default on GPUs: the
+          largest groups the memory model fits, else all). The sequences are read from a token store converted once
+          (data/train.tokens); on GPUs the fit check of `dmtp train` runs before any weight loads (the per-GPU
+          micro-batch, hence the gradient accumulation to `train.batch_size`, chosen where `train.micro_batch` is
+          0); FSDP2 under torchrun. Checkpoints every `train.save_every` steps: a killed run resumes.
   eval    the blog's protocol (`eval.*`): the first n prompts of each set, chat template with thinking off, T = 0,
           natural end-of-text stop, `eval.new_tokens` a turn, MT-Bench's second turn on the model's own first
           answer, `eval.batch` requests a batch; every run of the spec, the baselines (MTP415) included. One file a
@@ -27,6 +30,7 @@ Stages (`--stage regen,train` runs some; each skips or resumes finished work):
 
 What it writes under --work (the report's layout: runs/<experiment>/<run>/<set>_T<t>.jsonl beside experiment.json):
     data/train.jsonl (+ .meta.json)                 merged on-policy sequences: id, prompt_ids, output_ids, stop_reason
+    data/train.tokens/                              the same as a token store (what training reads)
     data/shards/rank<r>-of-<w>.jsonl                per-rank shards while regen runs (removed once merged)
     drafters/<run>/{drafter/,history.json,DONE,fingerprint.json}
     runs/<experiment>/<run>/<set>_T0.jsonl (+ .meta.json)   one record per request (MT-Bench: per turn)
@@ -91,7 +95,8 @@ class Ctx:
         self.dev = rank_dev or args.device(device)
         self.main = self.rank == 0
         self._tok = None
-        self.train_group = 0  # drafters trained side by side per pass over the data (0: all of them)
+        self.train_group = 0  # drafters trained side by side per pass over the data (0: as the fit check finds on
+        # GPUs, else all of them)
 
     def log(self, msg: str) -> None:
         if self.main:
@@ -398,19 +403,22 @@ def st_regen(c: Ctx) -> dict | None:
 
 
 def st_train(c: Ctx) -> dict | None:
+    from dmtp.data.tokens import store_of
     from dmtp.models.mtp import MTPHead
-    from dmtp.models.target import Target
+    from dmtp.models.target import Target, read_config
     from dmtp.models.variants import get_variant
     from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 
     data = c.work / "data" / "train.jsonl"
     require(data.exists(), f"{data} is not there: run the regen stage first (--stage regen)")
     meta = read_json(data.with_suffix(".meta.json"))
-    data_key = {"data": meta.get("fingerprint"), "data_sha256": _sha(data)}
-    from dmtp.models.target import read_config
-
+    sha = _sha(data)
+    data_key = {"data": meta.get("fingerprint"), "data_sha256": sha}
     cfg_t = read_config(c.target)
-    seqs = load_sequences(data, c.p.train.max_len, vocab_size=cfg_t.vocab_size)
+    # the merged sequences as a token store (data/train.tokens, memory-mapped: each rank reads its rows of every
+    # batch), converted once by rank 0 and reused while train.jsonl is the same file
+    seqs = load_sequences(store_of(data, c.work / "data" / "train.tokens", cfg_t.vocab_size, sha256=sha),
+                          c.p.train.max_len, vocab_size=cfg_t.vocab_size)
     cfg = train_config(c, len(seqs))
     out = c.work / "drafters"
     units = [Unit(str(out / r), drafter_key(c, r, data_key, cfg), out / r / "fingerprint.json", [out / r],
@@ -426,6 +434,7 @@ def st_train(c: Ctx) -> dict | None:
     if not todo:
         c.log(f"train: {', '.join(c.runs())} already trained in {out}")
         return None
+    groups = train_groups(c, cfg_t, cfg, todo)  # the fit check: before any weight loads
     mask = c.tok.convert_tokens_to_ids("<|mask|>") if "<|mask|>" in c.tok.get_vocab() else None
     base = dict(drafter_config(c.p, cfg_t, mask), seed=c.p.stream(0))
     c.log(f"train: {', '.join(todo)} for {cfg.steps} steps ({c.p.scale.epochs} epochs of {len(seqs)} sequences at "
@@ -437,24 +446,46 @@ def st_train(c: Ctx) -> dict | None:
     mtp = MTPHead.load(tgt, c.target) if need_mtp else None
     # runs continuing a killed run's checkpoint: their steps before it are not in this stage's time
     resumed = [r for r in todo if (out / r / "trainer_state.pt").exists()]
-    group, train_s = c.train_group or len(todo), 0.0
-    for k in range(0, len(todo), group):  # each group on the same batches and anchors: the same drafters as together
-        runs = todo[k: k + group]
+    train_s = 0.0
+    for runs, gcfg, line in groups:  # each group on the same batches and anchors: the same drafters as together
+        if line:
+            c.log(f"train: {','.join(runs)}: memory model: {line}")
         drafters = new_drafters(tgt, runs, base, {r: p for r, p in c.init_from.items() if r in runs},
                                 backbones=a.backbones, variant_configs=c.p.drafter.variants)
         t1 = time.time()
-        train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log)
+        train_drafters(tgt, mtp, drafters, seqs, gcfg, out, log=c.log)  # FSDP2 under torchrun (train.fsdp "auto")
         train_s += time.time() - t1  # the training loops alone (no loading): what the projection's rate reads
         del drafters
     wall = time.time() - t0
-    if c.main:  # what trained them: the recipe, the drafters' shape, the environment and commit
+    if c.main:  # what trained them: the recipe, the drafters' shape, the groups and the environment and commit
         write_meta(out / "meta.json", {"train": asdict(cfg), "drafter": base, "runs": c.runs(),
                                        "backbones": {k: list(v) for k, v in a.backbones.items()},
-                                       "init_from": c.init_from, "data": str(data)},
+                                       "init_from": c.init_from, "data": str(data),
+                                       "groups": [{"runs": runs, "micro_batch": g.micro_batch,
+                                                   "shard_target": g.shard_target, "grad_sync": g.grad_sync,
+                                                   "plan": line} for runs, g, line in groups]},
                    wall_s=wall, world=c.world, trained=todo)
     return {"runs": todo, "steps": cfg.steps, "global_batch": cfg.batch_size, "sequences": len(seqs),
-            "max_len": cfg.max_len, "train_tokens": sum(min(len(s), cfg.max_len) for s in seqs) * c.p.scale.epochs,
-            "world": c.world, "train_s": round(train_s, 3), "resumed": resumed}
+            "max_len": cfg.max_len, "train_tokens": int(seqs.lengths().sum()) * c.p.scale.epochs,
+            "world": c.world, "train_s": round(train_s, 3), "resumed": resumed,
+            "groups": [runs for runs, _, _ in groups]}
+
+
+def train_groups(c: Ctx, cfg_t, cfg, todo: list[str]) -> list[tuple[list[str], object, str | None]]:
+    """The runs `todo` in the groups trained one after another, each with its TrainConfig and the memory model's
+    line: on CUDA (a target the model describes) the fit check of `dmtp train` per group (`cli.fit.fit_groups`), the
+    groups of `--train-group` or the largest that fit, the micro-batch, target sharding and gradient reduction
+    chosen where the profile leaves them (refused in one line where even one run alone cannot fit); elsewhere
+    `--train-group` runs a group (default all), the profile's settings as they are."""
+    import torch
+
+    from dmtp.cli.fit import fit_groups, modelled, run_configs
+
+    if modelled(cfg_t) and str(c.dev).startswith("cuda"):
+        gpu = torch.cuda.get_device_properties(torch.device(c.dev)).total_memory
+        return fit_groups(cfg_t.to_dict(), run_configs(c.p, cfg_t, todo), cfg, c.world, gpu, size=c.train_group)
+    k = c.train_group or len(todo)
+    return [(todo[i: i + k], cfg, None) for i in range(0, len(todo), k)]
 
 
 def _sha(path: Path) -> str:

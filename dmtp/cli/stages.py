@@ -26,10 +26,11 @@ from dmtp.io import read_json, write_json
 
 # how a run is cut into pieces, logged and executed (compile: eager or compiled; fused_ce, ce_chunk: the LM-head loss
 # fused and chunked or not; one_region: the drafters' compiled step in one region or one each; fsdp, shard_target,
-# activation_checkpointing: sharded or not, recomputed or not; kernels: the compiled steps' launch settings timed on
+# activation_checkpointing: sharded or not, recomputed or not; micro_batch, grad_sync: the global batch taken in
+# micro-batches, its gradients reduced once or per micro-batch; kernels: the compiled steps' launch settings timed on
 # the device or fixed per shape; the same math), not what it makes
 RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "fused_ce", "ce_chunk", "one_region", "fsdp",
-               "shard_target", "activation_checkpointing", "kernels")
+               "shard_target", "activation_checkpointing", "micro_batch", "grad_sync", "kernels")
 
 
 class StageMismatch(ValueError):

@@ -13,6 +13,7 @@ from dmtp.checks import at_least, check, fraction, non_negative, one_of, positiv
 COMPILE = ("auto", "on", "off")  # values of PretrainConfig.compile / .fused_ce and TrainConfig.compile
 SWITCH = ("auto", "on", "off")  # values of TrainConfig.fsdp and .shard_target
 KERNEL_CHOICES = ("default", "fixed")  # values of PretrainConfig.kernels and TrainConfig.kernels
+GRAD_SYNC = ("auto", "last", "every")  # values of TrainConfig.grad_sync
 NEGATIVES = ("ngram", "loop")  # values of PretrainConfig.unloop_negatives (training/unloop.py)
 CHUNK = 8192  # tokens per chunk of the fused LM-head loss: a chunk's bf16 logits at vocab 8192 take 128 MiB, its
 # gradient as much (dmtp/training/losses.py)
@@ -108,7 +109,12 @@ class PretrainConfig:
 class TrainConfig:
     """Drafter training: every drafter of the ablation on the same batches, anchors and seed."""
     steps: int = 200  # optimizer steps per drafter
-    batch_size: int = 8  # sequences per step
+    batch_size: int = 8  # sequences per optimizer step: the global batch, over every rank and micro-batch
+    # sequences per rank per forward/backward (gradient accumulation: batch_size / (ranks x micro_batch) micro-batches
+    # per step, their gradients summed, the loss normalised by the global batch's weight mass: the same step as the
+    # whole batch at once); 0: the memory model's choice where the fit check runs (`dmtp train`, the pipeline's
+    # drafters stage, `dmtp reproduce` on CUDA), else each rank's whole share at once
+    micro_batch: int = 0
     max_len: int = 512  # sequences are cut to this many tokens
     anchors_per_seq: int = 64  # anchors sampled per sequence (cap; uniform over valid positions)
     lr: float = 6e-4  # AdamW peak learning rate (SpecForge DFlash recipe)
@@ -144,6 +150,11 @@ class TrainConfig:
     shard_target: str = "auto"
     activation_checkpointing: bool = False  # recompute each drafter layer's activations in the backward pass
     # (less memory, one more forward of the layers; the same loss and gradients)
+    # under FSDP2 with more than one micro-batch, when the gradients are reduce-scattered: "last": once, after the
+    # last micro-batch (each drafter's full fp32 gradient held unsharded between micro-batches, 4 bytes a parameter);
+    # "every": after each micro-batch (the gradients stay sharded; one reduce-scatter per micro-batch); "auto": the
+    # memory model's choice where the fit check runs ("last" where it fits), else "last"
+    grad_sync: str = "auto"
 
     def __post_init__(self):
         # max_len >= 4: an anchor needs A, T1 and at least one label (1 <= a <= len - 3)
@@ -151,7 +162,10 @@ class TrainConfig:
               lr=positive, weight_decay=non_negative, warmup_frac=fraction, clip=positive, gamma=positive,
               seed=at_least(0), save_every=at_least(1), log_every=at_least(1), stop_after=at_least(0),
               compile=one_of(*COMPILE), fused_ce=one_of(*COMPILE), ce_chunk=at_least(0), fsdp=one_of(*SWITCH),
-              shard_target=one_of(*SWITCH), kernels=one_of(*KERNEL_CHOICES))
+              shard_target=one_of(*SWITCH), micro_batch=at_least(0), grad_sync=one_of(*GRAD_SYNC),
+              kernels=one_of(*KERNEL_CHOICES))
+        require(not self.micro_batch or self.batch_size % self.micro_batch == 0, f"train.micro_batch="
+                f"{self.micro_batch}: expected a divisor of train.batch_size={self.batch_size} (0: chosen)")
         self.snapshots = tuple(int(k) for k in self.snapshots)
         bad = [k for k in self.snapshots if not 1 <= k <= self.steps]
         if bad:

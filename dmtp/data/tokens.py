@@ -171,6 +171,21 @@ class TokenSequences:
         return out
 
 
+def store_of(src, dst, vocab_size: int | None = None, sha256: str | None = None) -> Path:
+    """The token JSONL `src` as the store `dst`, converted once (`convert`) and reused while it was made from the same
+    file (its source sha256, `sha256` when the caller has it); under torchrun rank 0 converts and the others wait at
+    a barrier, then map the same files."""
+    from dmtp.dist import barrier, is_main
+
+    dst = Path(dst)
+    if is_main():
+        sha = sha256 or file_sha256(src)
+        if not is_store(dst) or read_json(dst / STORE_FILE)["source"]["sha256"] != sha:
+            convert(src, dst, vocab_size, sha256=sha)
+    barrier()
+    return dst
+
+
 def as_sequences(seqs):
     """`batches`' view of its input: a store's or a list's sequences as they are, token lists wrapped."""
     return seqs if isinstance(seqs, (ListSequences, TokenSequences)) else ListSequences(list(seqs))

@@ -122,6 +122,11 @@ class Selector(nn.Module):
 
     def _scores(self, logits, z, prev):  # z = W_h h, projected already
         unary, cand = logits.float().topk(min(self.k, logits.shape[-1]), -1)
+        return self.rescore(unary, cand, z, prev)
+
+    def rescore(self, unary, cand, z, prev):
+        """The scores of the top-k candidates `cand` [..., k] whose logits are `unary` [..., k] (fp32): unary plus the
+        transition from prev, z = W_h h projected already."""
         trans = torch.einsum("...r,...kr->...k", (self.predecessor_codebook[prev] * z).float(),
                              self.successor_codebook[cand].float())
         return unary + trans, cand
@@ -139,13 +144,17 @@ class Selector(nn.Module):
         return torch.stack(out, 1)
 
 
-def selector_loss(sel: Selector, logits, hid, prev, labels, w):
+def selector_loss(sel: Selector, logits, hid, prev, labels, w, topk=None):
     """Teacher-forced CE over the top-k set: rows [M] of block slots with the drafter's logits [M, V], hidden
     [M, H], the data's previous token prev [M], labels [M] (-100: no loss) and position weights w [M]. Rows whose
     label is not among the top-k carry no selector loss; the rest are weighted like the main loss (normalised by
     their weight mass). Masked rather than indexed, so the shapes do not depend on the data (no host sync, one
-    compiled graph); the statistics stay on the device."""
-    s, cand = sel.scores(logits, hid, prev)
+    compiled graph); the statistics stay on the device. topk: (values [M, k] fp32, indices [M, k]) of the logits,
+    made elsewhere (the fused LM-head loss, chunk by chunk) instead of `logits` (then None)."""
+    if topk is None:
+        s, cand = sel.scores(logits, hid, prev)
+    else:
+        s, cand = sel.rescore(*topk, sel.hidden_projection(hid.to(sel.successor_codebook.dtype)), prev)
     hit = cand == labels[:, None]
     has = hit.any(-1)  # never for label -100
     idx = hit.float().argmax(-1)

@@ -12,7 +12,11 @@ drafter (`TrainConfig.one_region`; off: one compiled `block_loss` region, AdamW 
 value back to the host between log steps: the loss is masked, not indexed, and normalised by the weight mass of the
 global batch computed on the host. Under torchrun (`TrainConfig.fsdp`) each drafter is sharded with FSDP2 and the
 drafters step one after another (`_Sharded`; compiled: each decoder layer's forward); the paths above are the
-single-process step, unchanged.
+single-process step, unchanged. Gradient accumulation (`TrainConfig.micro_batch`): a rank's rows of the global batch
+in micro-batches, the target's features made per micro-batch, every drafter's forward and backward on it, the
+gradients summed; the loss normaliser stays the global batch's weight mass, so the summed gradients are the whole
+batch's and one optimizer step follows (under FSDP2 one reduce-scatter after the last micro-batch, or one per
+micro-batch: `TrainConfig.grad_sync`).
 
     dmtp train --target runs/tiny/target --data runs/tiny/data/train.jsonl --variants dflash,zero_init_residual \
         --out runs/tiny/drafters --steps 200          # tiny CPU run: a few minutes
@@ -202,11 +206,13 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
 
 def fused_ce_applies(drafter: Drafter) -> bool:
     """Whether `block_loss` can take the fused chunked LM-head loss for this drafter: its logits feed nothing but the
-    CE and its accuracy (DFlash2's selector reads them, a soft cap bends them: those keep the plain path)."""
-    return drafter.selector is None and not drafter.config.final_logit_softcapping
+    CE, its accuracy and DFlash2's selector (which reads each row's top-k logits, made chunk by chunk in the fused
+    loss); a soft cap bends them: that keeps the plain path."""
+    return not drafter.config.final_logit_softcapping
 
 
-def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None, ce_chunk=0):
+def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None, ce_chunk=0,
+               parts=1):
     """The part of a drafter step every variant of a backbone shares (compiled on its own once per backbone and block
     size where each drafter has its region, `compiled_block_loss`; else traced inside `drafters_loss`):
     context K/V of f [B, T, H], the drafter's layers over the blocks, the target's LM head, and the position-decayed
@@ -214,8 +220,10 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
     indexed, so no shape depends on the data). DFlash2 adds its selector's top-k CE (prev: each slot's previous data
     token). ce_chunk > 0 (and `fused_ce_applies`): the LM head and CE through `losses.linear_cross_entropy`,
     ce_chunk rows at a time, the [B*Q, V] logits never held whole (the same loss, accuracy and gradients; the
-    output multiplier scales the hidden states instead of the logits). Returns (loss, statistics as 0-d device
-    tensors)."""
+    output multiplier scales the hidden states instead of the logits). parts: the micro-batches of the step (gradient
+    accumulation): DFlash2's selector term, normalised by its own rows' weight mass, is divided by it, so the summed
+    micro-batch gradients hold the mean of their selector terms (as ranks average theirs). Returns (loss, statistics
+    as 0-d device tensors)."""
     B, T = f.shape[:2]
     ctx_kv = drafter.context_kv(f, torch.arange(T, device=f.device)[None].expand(B, T))
     hid = drafter(block, pos, ctx_kv, ends, mask)
@@ -225,9 +233,16 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
         if drafter.config.output_multiplier != 1.0:
             h = h * drafter.config.output_multiplier
         head = target.model.lm_head.weight  # as `target.lm_head`: the hidden states in the target's dtype
-        wce, acc = linear_cross_entropy(h.to(head.dtype), head, labels, ce_chunk, row_weight=w)
-        loss = wce / norm
-        return loss, {"acc": acc, "loss": loss.detach()}
+        sel = drafter.selector
+        k = min(sel.k, head.shape[0]) if sel is not None else 0
+        wce, acc, *top = linear_cross_entropy(h.to(head.dtype), head, labels, ce_chunk, row_weight=w, topk=k)
+        loss, stats = wce / norm, {"acc": acc}
+        if sel is not None:  # DFlash2: the selector rescores the top-k logits the chunks kept (as the plain path's)
+            sl, st = selector_loss(sel, None, hid.flatten(0, 1), prev.flatten(), labels, w, topk=top)
+            loss = loss + drafter.config.selector_loss_weight * (sl if parts == 1 else sl / parts)
+            stats.update(st)
+        stats["loss"] = loss.detach()
+        return loss, stats
     logits = drafter.logits(target.lm_head(hid)).flatten(0, 1)  # [B*Q, V] fp32
     ce = F.cross_entropy(logits, labels, reduction="none")  # 0 at label -100
     loss = (ce * w).sum() / norm
@@ -235,22 +250,23 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
     stats = {"acc": ((logits.argmax(-1) == labels) & sel).sum() / sel.sum().clamp(min=1)}
     if drafter.selector is not None:  # DFlash2: + CE over the top-k set, teacher-forced previous token
         sl, st = selector_loss(drafter.selector, logits, hid.flatten(0, 1), prev.flatten(), labels, w)
-        loss = loss + drafter.config.selector_loss_weight * sl
+        loss = loss + drafter.config.selector_loss_weight * (sl if parts == 1 else sl / parts)
         stats.update(st)
     stats["loss"] = loss.detach()
     return loss, stats
 
 
 def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float, norm=None, mask=None,
-                 core=block_loss, ce_chunk=0):
+                 core=block_loss, ce_chunk=0, parts=1):
     """Position-decayed CE of one drafter on a batch; returns (loss, statistics as 0-d tensors).
 
     norm: the loss normaliser. Default: this batch's weight mass. Under data parallelism the training loop passes
     the weight mass of the GLOBAL batch divided by the number of ranks (computed on the host from the global anchors,
     which every rank holds), so FSDP2's mean over ranks of sum_rank(w * CE) / norm is exactly the 1-rank loss of the
     same global batch, and so is its gradient. mask: the block mask(s) (`attention.layer_masks`) or None (dense,
-    built by the drafter); core: `block_loss` or its compiled version; ce_chunk: `block_loss`'s (0: the plain LM-head
-    loss)."""
+    built by the drafter); core: `block_loss` or its compiled version; ce_chunk, parts: `block_loss`'s (0: the plain
+    LM-head loss; 1: the whole batch at once). With gradient accumulation each micro-batch takes the same norm (the
+    global batch's), so the summed micro-batch gradients are the whole batch's."""
     block, pos, labels, w = block_inputs(drafter, target, feats, anchors, valid, gamma)
     if core is not block_loss and not block.requires_grad:  # compiled: one graph whether the block is trained or not
         block = block.detach().requires_grad_()
@@ -261,7 +277,7 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     if drafter.selector is not None:
         ids = feats.ids.to(pos.device)
         prev = torch.gather(ids, 1, (pos - 1).clamp(0, ids.shape[1] - 1))
-    return core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask, ce_chunk)
+    return core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask, ce_chunk, parts)
 
 
 _COMPILED: list = []
@@ -286,13 +302,13 @@ class DrafterLoss(nn.Module):
         self._target = [target]
         self.core = core
 
-    def forward(self, feats, anchors, valid, gamma, norm, mask=None, ce_chunk=0):
+    def forward(self, feats, anchors, valid, gamma, norm, mask=None, ce_chunk=0, parts=1):
         return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core,
-                            ce_chunk)
+                            ce_chunk, parts)
 
 
 def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[int], anchors, valid, gamma: float,
-                  norms: tuple, masks: tuple, ce_chunk: int = 0):
+                  norms: tuple, masks: tuple, ce_chunk: int = 0, parts: int = 1):
     """The compiled path's step for every drafter at once: sum_i L_i over the drafters i on this batch, and each one's
     statistics ({name: {stat: 0-d tensor}}). norms[i], masks[i]: drafter i's loss normaliser (`drafter_loss`) and block
     mask (None: dense, built in the graph). The drafters share no trainable weight (the target and its features are
@@ -301,7 +317,7 @@ def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[i
     total, stats = 0, {}
     for (name, d), norm, mask in zip(drafters.items(), norms, masks):
         loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask,
-                                         ce_chunk=ce_chunk)
+                                         ce_chunk=ce_chunk, parts=parts)
         total = total + loss
     return total, stats
 
@@ -333,9 +349,9 @@ class DraftersLoss(nn.Module):
         self.drafters = nn.ModuleDict(drafters)
         self._target = [target]
 
-    def forward(self, feats, taps, anchors, valid, gamma, norms, masks, ce_chunk=0):
+    def forward(self, feats, taps, anchors, valid, gamma, norms, masks, ce_chunk=0, parts=1):
         return compiled_drafters_loss(bool(ce_chunk))(self.drafters, self._target[0], feats, taps, anchors, valid,
-                                                      gamma, norms, masks, ce_chunk)
+                                                      gamma, norms, masks, ce_chunk, parts)
 
 
 def clip_grad_norms_(groups: list[list[torch.Tensor]], max_norm: float) -> torch.Tensor:
@@ -387,21 +403,36 @@ class _PerDrafter:
         for n, sd in states.items():
             self.opts[n].load_state_dict(sd)
 
-    def step(self, names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks):
+    def step(self, names, lr, cfg, amp, parts, n_parts, taps, norms):
+        """One optimizer step of the drafters `names` over the step's micro-batches (`parts`: `Micro`s, made one at
+        a time): per micro-batch the target's features once, then every drafter's forward and backward (gradients
+        summed over the micro-batches); then per drafter its clip and AdamW step."""
+        for name in names:
+            for gp in self.opts[name].param_groups:
+                gp["lr"] = lr
+            self.opts[name].zero_grad(set_to_none=True)
+        got = {n: [] for n in names}
+        for j, mb in enumerate(parts):
+            for name in names:
+                d = self.drafters[name]
+                self.sync(name, j == n_parts - 1)
+                with torch.autocast(**amp):
+                    loss, stats = self.nets[name](drafter_features(mb.feats, taps, d), mb.anchors, mb.valid,
+                                                  cfg.gamma, norms[d.layout], mb.masks.get(d.layout), self.ce_chunk,
+                                                  n_parts)
+                loss.backward()
+                got[name].append((stats, mb.labelled.get(d.layout, 1.0)))
+                del loss
+            del mb
         out = {}
         for name in names:
-            d, opt = self.drafters[name], self.opts[name]
-            for gp in opt.param_groups:
-                gp["lr"] = lr
-            with torch.autocast(**amp):
-                loss, stats = self.nets[name](drafter_features(feats, taps, d), anchors, valid, cfg.gamma,
-                                              norms[d.layout], masks.get(d.layout), self.ce_chunk)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
             gn = self.clip(self.params[name], cfg.clip)
-            opt.step()
-            out[name] = {**stats, "grad_norm": gn}
+            self.opts[name].step()
+            out[name] = {**combine_stats(got[name]), "grad_norm": gn}
         return out
+
+    def sync(self, name, last: bool) -> None:
+        """Before drafter `name`'s backward of a micro-batch: nothing to reduce on one process."""
 
     @staticmethod
     def clip(params, max_norm):
@@ -421,8 +452,9 @@ class _Sharded(_PerDrafter):
     gives the blocks the flex block mask on CUDA: fullgraph regions over a whole drafter cannot hold FSDP2's hooks.
     Checkpoints hold the gathered, full tensors (`state`), the same as `_PerDrafter`'s."""
 
-    def __init__(self, drafters, target, adamw, states, mp, static: bool):
+    def __init__(self, drafters, target, adamw, states, mp, static: bool, every: bool = False):
         self.drafters, self.params, self.opts, self.nets = drafters, {}, {}, {}
+        self.every = every  # reduce-scatter the gradients after every micro-batch (`TrainConfig.grad_sync`)
         for n, d in drafters.items():
             if static:
                 compile_forwards(d.layers)
@@ -431,6 +463,12 @@ class _Sharded(_PerDrafter):
             self.opts[n] = torch.optim.AdamW(self.params[n], **adamw)
             if n in states:
                 self.opts[n].load_state_dict(shard_optimizer_state(states[n], self.opts[n]))
+
+    def sync(self, name, last: bool) -> None:
+        """Gradient accumulation under FSDP2: the reduce-scatter of drafter `name`'s gradients only after the last
+        micro-batch's backward (before it, FSDP2 sums them unsharded in fp32), or after every one (`every`: they stay
+        sharded, summed shard by shard)."""
+        self.nets[name].set_requires_gradient_sync(last or self.every)
 
     @staticmethod
     def clip(params, max_norm):
@@ -457,24 +495,54 @@ class _OneRegion:
                                      foreach=not adamw["fused"])
         load_group_states(self.opt, {self.names.index(n): sd for n, sd in states.items()})
 
-    def step(self, names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks):
+    def step(self, names, lr, cfg, amp, parts, n_parts, taps, norms):
         if tuple(names) != self.key:
             self.key, self.net = tuple(names), DraftersLoss({n: self.drafters[n] for n in names}, self.target)
         for n in names:
             self.opt.param_groups[self.names.index(n)]["lr"] = lr
         lays = [self.drafters[n].layout for n in names]
-        with torch.autocast(**amp):
-            loss, stats = self.net(feats, taps, anchors, valid, cfg.gamma, tuple(norms[lay] for lay in lays),
-                                   tuple(masks.get(lay) for lay in lays), self.ce_chunk)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()  # each drafter's own gradient (see drafters_loss)
+        got = {n: [] for n in names}
+        for mb in parts:  # gradient accumulation: one region call and one backward per micro-batch
+            with torch.autocast(**amp):
+                loss, stats = self.net(mb.feats, taps, mb.anchors, mb.valid, cfg.gamma,
+                                       tuple(norms[lay] for lay in lays), tuple(mb.masks.get(lay) for lay in lays),
+                                       self.ce_chunk, n_parts)
+            loss.backward()  # each drafter's own gradient (see drafters_loss)
+            for n, lay in zip(names, lays):
+                got[n].append((stats[n], mb.labelled.get(lay, 1.0)))
+            del loss, mb
         gn = clip_grad_norms_([self.params[n] for n in names], cfg.clip)
         self.opt.step()
-        return {n: {**stats[n], "grad_norm": g} for n, g in zip(names, gn.unbind())}
+        return {n: {**combine_stats(got[n]), "grad_norm": g} for n, g in zip(names, gn.unbind())}
 
     def state(self, name):
         """(weights, AdamW state) of drafter `name`: its param group as a one-group optimizer's state."""
         return self.drafters[name].state_dict(), group_state(self.opt, self.names.index(name))
+
+
+@dataclass
+class Micro:
+    """One micro-batch of a step on this rank: its rows' features, anchors [b, N] and valid [b, N] on the device, the
+    block masks per layout (compiled path on CUDA; else empty), and per layout its labelled block slots (the weight
+    of its statistics in the step's; empty when the step is one micro-batch)."""
+    feats: Features
+    anchors: torch.Tensor
+    valid: torch.Tensor
+    masks: dict
+    labelled: dict
+
+
+def combine_stats(parts: list[tuple[dict, float]]) -> dict:
+    """A step's statistics from its micro-batches' (stats, labelled slots): "loss" summed (each micro-batch's is its
+    share of the global batch's loss: the norm is the global weight mass), the others (accuracies, DFlash2's selector
+    terms) averaged with the micro-batches' labelled slots as weights. One micro-batch: its own, untouched."""
+    if len(parts) == 1:
+        return parts[0][0]
+    total = sum(w for _, w in parts)
+    share = [w / total if total else 1 / len(parts) for _, w in parts]
+    return {k: (sum(s[k] for s, _ in parts) if k == "loss" else sum(s[k] * a for (s, _), a in zip(parts, share)))
+            for k in parts[0][0]}
 
 
 def read_back(out: dict[str, dict[str, torch.Tensor]], world: int) -> dict[str, dict[str, float]]:
@@ -485,6 +553,27 @@ def read_back(out: dict[str, dict[str, torch.Tensor]], world: int) -> dict[str, 
     vals = [{**out[n], "loss": x} for n, x in zip(names, losses.unbind())]
     flat = iter(torch.stack([x.float() for v in vals for x in v.values()]).tolist())
     return {n: {k: next(flat) for k in v} for n, v in zip(names, vals)}
+
+
+def micro_batches(target, mtp, ids, lengths, anchors, valid, micro: int, taps, need_g: bool, amp: dict, layouts,
+                  rule, gamma: float):
+    """This rank's rows of a step (ids [b, T] on the host, its lengths, anchors and valid) as micro-batches of `micro`
+    rows, made one at a time (`Micro`: the target's features of those rows; `rule`: the flex block masks' attention
+    rule, None for no masks). Every micro-batch keeps the global batch's padded length T (the compiled path's fixed
+    shapes)."""
+    dev, n, T = target.device, ids.shape[0] // micro, ids.shape[1]
+    for j in range(n):
+        rows = slice(j * micro, (j + 1) * micro)
+        labelled = {} if n == 1 else {
+            lay: float((loss_weights(lay, anchors[rows], valid[rows], lengths[rows], gamma)[1] > 0).sum())
+            for lay in layouts}
+        x, ln, a, v = (to_device(t[rows], dev) for t in (ids, lengths, anchors, valid))
+        with torch.autocast(**amp):
+            feats = extract(target, mtp, x, ln, taps, need_g)
+        masks = {lay: layer_masks(rule, a, lay.slots, T, "flex", lay.offsets[0]) for lay in layouts} \
+            if rule is not None else {}
+        yield Micro(feats, a, v, masks, labelled)
+        del feats, masks  # the next micro-batch's features are made once this one's are dropped
 
 
 def lr_at(step, cfg: TrainConfig):
@@ -529,7 +618,11 @@ def _train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainC
     Under torchrun (`cfg.fsdp`, `dist.use_fsdp`) each rank takes rows rank::world of every global batch and every
     drafter is sharded with FSDP2 (`_Sharded`; with `cfg.fsdp = "on"` also on one process, in a process group of
     one that ends with the call); the loss normaliser is the global batch's weight mass (`drafter_loss`), so N ranks
-    take the 1-rank step. Sharded drafters stay sharded after the call: their checkpoints hold the full weights.
+    take the 1-rank step. `cfg.micro_batch` (0: a rank's whole share at once): each rank takes its rows in
+    micro-batches of that many sequences and sums their gradients before the step (the same normaliser, so the same
+    step; `cfg.grad_sync` under FSDP2: reduce-scatter after the last micro-batch or every one); the micro-batch is
+    run control, a checkpoint resumes with any. Sharded drafters stay sharded after the call: their checkpoints hold
+    the full weights.
     `cfg.shard_target = "on"` shards the frozen target's decoder layers too (under more than one rank), and they stay
     so. `cfg.activation_checkpointing`: every drafter layer recomputed in the backward pass. History records (every
     `log_every` steps, the only host syncs) carry `elapsed_s`, measured after the values were read back: differences
@@ -541,6 +634,17 @@ def _train_drafters(target, mtp, drafters: dict[str, Drafter], seqs, cfg: TrainC
                       sharded)
 
 
+def micro_split(cfg: TrainConfig, world: int) -> tuple[int, int]:
+    """(sequences per micro-batch, micro-batches per step) of each of `world` ranks: `cfg.micro_batch` (0: a rank's
+    whole share of the global batch at once); one line naming the field where it does not divide the share."""
+    per_rank = cfg.batch_size // world
+    micro = cfg.micro_batch or per_rank
+    if per_rank % micro:
+        raise ValueError(f"train.micro_batch={cfg.micro_batch} does not divide the {per_rank} sequences of each of "
+                         f"{world} rank(s) (train.batch_size={cfg.batch_size})")
+    return micro, per_rank // micro
+
+
 def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branches, schedule, sharded):
     from tqdm import tqdm
 
@@ -548,6 +652,7 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
     rank, world = rank_world()  # under torchrun each rank trains on rows rank::world of every global batch
     if cfg.batch_size % world:
         raise ValueError(f"global batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
+    micro, n_parts = micro_split(cfg, world)  # gradient accumulation: n_parts micro-batches of `micro` rows a rank
     main = rank == 0
     static = compiled(cfg.compile, dev)  # the compiled path: fixed shapes, flex block masks, compiled losses
     start, hist, states = {}, {}, {}
@@ -584,13 +689,14 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
         if cfg.shard_target == "on" and world > 1 and not is_sharded(target.body):  # "auto": the memory model's
             # choice, resolved before training; unresolved, replicated as "off"
             shard(target.body, target.body.layers, frozen=True)
-        trainer = _Sharded(todo, target, adamw, states, precision(cfg.amp_bf16 and dev.type == "cuda"), static)
+        trainer = _Sharded(todo, target, adamw, states, precision(cfg.amp_bf16 and dev.type == "cuda"), static,
+                           every=cfg.grad_sync == "every")
     elif static and cfg.one_region:
         trainer = _OneRegion(todo, target, params, adamw, states)
     else:
         trainer = _PerDrafter(todo, target, params, adamw, states, compiled_block_loss() if static else block_loss)
     # the LM-head loss fused and chunked where the plain path's fp32 logits of a step would be large (memory.py)
-    rows = cfg.batch_size // world * cfg.anchors_per_seq * max(d.layout.slots for d in todo.values())
+    rows = micro * cfg.anchors_per_seq * max(d.layout.slots for d in todo.values())
     trainer.ce_chunk = drafter_ce_chunk(cfg.fused_ce, cfg.ce_chunk, rows, target.vocab_size)
     layouts = sorted({d.layout for d in todo.values()}, key=lambda lay: lay.kinds)
     rules = {d.config.rules() for d in todo.values()}  # per layer, what a block slot sees
@@ -617,25 +723,21 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
             if ids.shape[1] > cfg.max_len:
                 raise ValueError(f"a training sequence of {ids.shape[1]} tokens exceeds max_len {cfg.max_len}")
             ids = F.pad(ids, (0, cfg.max_len - ids.shape[1]))
-        # loss normaliser per block layout: the weight mass of the global batch / world (see drafter_loss)
+        # loss normaliser per block layout: the weight mass of the global batch / world (see drafter_loss), the same
+        # for every micro-batch
         norms = torch.stack([loss_weights(lay, anchors, valid, lengths, cfg.gamma)[1].sum().clamp(min=1e-6) / world
                              for lay in layouts])
-        ids = to_device(ids, dev)  # (already this rank's rows)
-        lengths, anchors, valid = (to_device(x[rank::world], dev) for x in (lengths, anchors, valid))
         norms = dict(zip(layouts, to_device(norms, dev).unbind()))
-        with torch.autocast(**amp):
-            feats = extract(target, mtp, ids, lengths, taps, need_g)
         # the flex block mask on GPUs (flex attention has no backward pass on CPU: the compiled CPU path compiles
         # the dense mask into the graph instead)
         flex = static and dev.type == "cuda"
-        T = ids.shape[1]
-        masks = {lay: layer_masks(next(iter(rules)), anchors, lay.slots, T, "flex", lay.offsets[0])
-                 for lay in layouts} if flex else {}
+        parts = micro_batches(target, mtp, ids, *(x[rank::world] for x in (lengths, anchors, valid)), micro, taps,
+                              need_g, amp, layouts, next(iter(rules)) if flex else None, cfg.gamma)
         names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
         lr = schedule(step) if schedule else lr_at(step, cfg)
         with announce(f"the training step of {','.join(todo)} (batch {cfg.batch_size} x {cfg.max_len})",
                       active=static and main and step == first):  # the first step compiles forward and backward
-            out = trainer.step(names, lr, cfg, amp, feats, taps, anchors, valid, norms, masks)
+            out = trainer.step(names, lr, cfg, amp, parts, n_parts, taps, norms)
         for name in names:  # a non-finite loss at any step, read back with the next log step's values
             bad[name] = watch_finite(bad.get(name), out[name]["loss"])
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:  # the only reads back to the host

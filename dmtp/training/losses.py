@@ -14,7 +14,9 @@ normalise. dW is neither made nor stored where the weight takes no gradient (a f
 The logits are made in the dtype the plain `lm_head(h)` would have (bf16 under autocast), logsumexp and softmax in
 fp32, as `F.cross_entropy(lm_head(h).float(), y)` does. The three GEMMs are those of the plain path (its forward and
 the two of its backward; two where dW is not needed): no FLOPs are added, only the fp32 [N, V] logits and their
-gradient are never stored. The top-1 accuracy (argmax z_i = y_i) comes from the same pass.
+gradient are never stored. The top-1 accuracy (argmax z_i = y_i) comes from the same pass, and so, with `topk` > 0,
+each row's k largest logits and their indices (DFlash2's path selector rescores them): the values keep their gradient
+path, d z_ic / d h_i = W_c, added in the backward from the stored indices (k rows of W a row, chunk by chunk).
 """
 from __future__ import annotations
 
@@ -53,10 +55,12 @@ def _chunk_terms_cuda():
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, labels, chunk: int, ignore_index: int, dtype: torch.dtype, row_weight=None):
-        """h [N, H], weight [V, H], labels [N], row_weight [N] or None -> (loss, top-1 accuracy); the loss is the mean
-        over the kept rows, or with row weights their weighted sum. dh (and dW where the weight takes a gradient)
-        stored for the backward."""
+    def forward(ctx, h, weight, labels, chunk: int, ignore_index: int, dtype: torch.dtype, row_weight=None,
+                topk: int = 0):
+        """h [N, H], weight [V, H], labels [N], row_weight [N] or None -> (loss, top-1 accuracy, top-k logits [N, k]
+        fp32, their indices [N, k]; both [N, 0] with topk 0); the loss is the mean over the kept rows, or with row
+        weights their weighted sum. dh (and dW where the weight takes a gradient) stored for the backward, with the
+        top-k indices."""
         terms = _chunk_terms_cuda() if h.is_cuda else _chunk_terms
         need_h, need_w = ctx.needs_input_grad[:2]
         with torch.autocast(h.device.type, enabled=False):  # dtypes chosen by the caller, not by autocast
@@ -68,28 +72,43 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
             loss = torch.zeros((), dtype=torch.float32, device=h.device)
             correct = torch.zeros((), dtype=torch.int64, device=h.device)
+            vals = torch.empty(h.shape[0], topk, dtype=torch.float32, device=h.device)
+            idx = torch.empty(h.shape[0], topk, dtype=torch.int64, device=h.device)
             for s in range(0, h.shape[0], chunk):
                 hs = hc[s: s + chunk]
-                l, c, dz = terms(hs @ wc.T, labels[s: s + chunk], scale, ignore_index,
+                z = hs @ wc.T
+                if topk:  # as `z.float().topk(k)` over the whole [N, V] logits, row by row
+                    vals[s: s + chunk], idx[s: s + chunk] = z.float().topk(topk, dim=-1)
+                l, c, dz = terms(z, labels[s: s + chunk], scale, ignore_index,
                                  None if rw is None else rw[s: s + chunk])
+                del z
                 loss, correct = loss + l, correct + c
                 if need_h:
                     grad_h[s: s + chunk] = dz @ wc
                 if need_w:
                     grad_w += (dz.T @ hs).float()
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.dtypes = h.dtype, weight.dtype
+        ctx.save_for_backward(grad_h, grad_w, idx, weight, h if topk and need_w else None)
+        ctx.dtypes, ctx.chunk = (h.dtype, weight.dtype, dtype), chunk
         acc = correct / n  # fp32, as the plain path's mean over its correct flags
-        ctx.mark_non_differentiable(acc)
-        return (loss / n if row_weight is None else loss), acc
+        ctx.mark_non_differentiable(acc, idx)
+        return (loss / n if row_weight is None else loss), acc, vals, idx
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_acc):
-        grad_h, grad_w = ctx.saved_tensors
-        h_dtype, w_dtype = ctx.dtypes
+    def backward(ctx, grad_loss, grad_acc, grad_vals, grad_idx):
+        grad_h, grad_w, idx, weight, h = ctx.saved_tensors
+        h_dtype, w_dtype, dtype = ctx.dtypes
         gh = None if grad_h is None else grad_h.to(h_dtype) * grad_loss
-        gw = None if grad_w is None else (grad_w * grad_loss).to(w_dtype)
-        return gh, gw, None, None, None, None, None
+        gw = None if grad_w is None else grad_w * grad_loss
+        if grad_vals is not None and idx.shape[1]:  # the top-k logits' gradient: d z_ic / d h_i = W_c, per chunk
+            for s in range(0, idx.shape[0], ctx.chunk):
+                g, i = grad_vals[s: s + ctx.chunk].to(dtype), idx[s: s + ctx.chunk]
+                if gh is not None:
+                    gh[s: s + ctx.chunk] += torch.einsum("nk,nkh->nh", g, weight[i].to(dtype)).to(h_dtype)
+                if gw is not None:  # d z_ic / d W_c = h_i
+                    gw.index_add_(0, i.flatten(), (g[..., None] * h[s: s + ctx.chunk, None].to(dtype))
+                                  .flatten(0, 1).float())
+        gw = None if gw is None else gw.to(w_dtype)
+        return gh, gw, None, None, None, None, None, None
 
 
 # Under torch.compile the call is a graph break and runs eagerly. Traced, the loop over chunks would unroll into one
@@ -100,15 +119,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
 # op's does.
 @torch.compiler.disable
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK,
-                         ignore_index: int = -100, row_weight: torch.Tensor | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+                         ignore_index: int = -100, row_weight: torch.Tensor | None = None, topk: int = 0):
     """(mean cross-entropy of the logits h @ weight.T against `labels`, top-1 accuracy), both over the rows whose
     label is not `ignore_index` (0 and 0 where there is none; F.cross_entropy gives NaN), `chunk` rows at a time.
     row_weight [...] (as labels; no gradient flows to it): the loss is instead sum_i row_weight_i CE_i over those
     rows, unnormalised (`F.cross_entropy(..., reduction="none")` times the weights, summed).
     h [..., H] (labels [...]), weight [V, H]: an LM head's weight, possibly tied to the input embedding (its gradient
     then adds to the embedding's). The logits take autocast's dtype where autocast is on (as `F.linear` would),
-    else the inputs' common dtype; the loss is fp32, its gradients come in h's and weight's dtypes."""
+    else the inputs' common dtype; the loss is fp32, its gradients come in h's and weight's dtypes.
+    topk > 0: also (values [..., k] fp32, indices [..., k]) of each row's k largest logits, as `z.float().topk(k)`
+    of the whole logits gives them, the values differentiable (the gradient reaches h, and weight, through them)."""
     require(isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1,
             f"chunk={chunk!r}: expected an integer >= 1 (tokens per chunk)")
     require(weight.dim() == 2 and h.shape[-1:] == weight.shape[1:], f"weight {tuple(weight.shape)}: expected "
@@ -119,7 +139,12 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     require(row_weight is None or (row_weight.shape == labels.shape and row_weight.is_floating_point()),
             f"row_weight {None if row_weight is None else tuple(row_weight.shape)}: expected floating-point weights "
             f"of the labels' shape {tuple(labels.shape)}")
+    require(isinstance(topk, int) and 0 <= topk <= weight.shape[0], f"topk={topk!r}: expected 0..{weight.shape[0]}")
     dev = h.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.result_type(h, weight)
-    return _LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), chunk, ignore_index,
-                                     dtype, None if row_weight is None else row_weight.reshape(-1))
+    loss, acc, vals, idx = _LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), chunk,
+                                                     ignore_index, dtype,
+                                                     None if row_weight is None else row_weight.reshape(-1), topk)
+    if not topk:
+        return loss, acc
+    return loss, acc, vals.reshape(*h.shape[:-1], topk), idx.reshape(*h.shape[:-1], topk)

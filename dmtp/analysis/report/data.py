@@ -65,7 +65,7 @@ REALIZATION = re.compile(r"^r(?P<k>[0-9]+)$")  # results/<profile>/r<k>
 # experiment.json fields that say how a realization was run, not what it is (dmtp.cli.stages.RUN_CONTROL and the
 # subset a command selected)
 RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "fused_ce", "ce_chunk", "fsdp", "shard_target",
-               "activation_checkpointing", "only", "only_seeds", "kernels")
+               "activation_checkpointing", "micro_batch", "grad_sync", "only", "only_seeds", "kernels")
 # <dataset>_T<temp>[_fixed][_s<seed>]
 RUN_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)(?P<fixed>_fixed)?(?:_s(?P<seed>[0-9]+))?$")
 CURVE_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)_s(?P<seed>[0-9]+)_step(?P<step>[0-9]+)$")
