@@ -173,6 +173,18 @@ def check_finished(path) -> dict | None:
     return meta
 
 
+def check_decoded(path) -> dict | None:
+    """A token JSONL read as training data: `check_finished`, and records of a decode (they hold `accepted`) without
+    a meta beside them are refused too (whether that decode finished is unknown). Returns the meta (None without)."""
+    meta = check_finished(path)
+    first = next(iter_jsonl(path), (0, {}))[1]
+    if meta is None and "accepted" in first:
+        raise ValueError(f"{path}: decoded records without their meta ({Path(path).name}.meta.json): whether the "
+                         "decode finished is unknown; rerun the `dmtp generate` that writes it (it resumes, then marks "
+                         "it finished)")
+    return meta
+
+
 def compact(path) -> Path:
     """x.jsonl -> x.jsonl.gz, the same records (read back to check), the plain file removed last."""
     path = Path(path)

@@ -44,7 +44,7 @@ def test_store_roundtrip_and_meta(tmp_path):
 def test_bad_inputs(tmp_path):
     src = write_jsonl(tmp_path / "d.jsonl", token_seqs(4))
     (tmp_path / "d.jsonl.meta.json").write_text(json.dumps({"finished": False}))
-    with pytest.raises(ValueError, match="did not finish"):
+    with pytest.raises(ValueError, match="half-written"):
         convert(src, tmp_path / "x")
     assert not (tmp_path / "x").exists()
     (tmp_path / "d.jsonl.meta.json").write_text(json.dumps({"finished": True}))

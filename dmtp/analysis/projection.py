@@ -73,7 +73,7 @@ def project(stages: dict, full: FullProtocol = FULL_27B, gpus: int = 8) -> dict:
 
 
 def render(p: dict) -> str:
-    """Lines for LOG.md: the rates measured, the counts assumed and the hours projected, labelled a projection."""
+    """Lines for a run's log: the rates measured, the counts assumed and the hours projected, labelled a projection."""
     r, h, f = p["rates"], p["hours"], p["full"]
     return "\n".join([
         f"PROJECTION (not a measurement) of the full open reproduction on {p['gpus']} GPUs, from measured rates:",

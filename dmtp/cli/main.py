@@ -41,12 +41,12 @@ from dmtp.config import EVAL_MODES, VERIFY_MODES, DrafterShape, EngineConfig, Tr
 from dmtp.config.experiment import DRAFTER_ATTENTION
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
-from dmtp.data.tokens import check_finished, is_store, open_store, store_of
+from dmtp.data.tokens import is_store, open_store, store_of
 from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
-from dmtp.io import append_jsonl, file_sha256, iter_jsonl, one_writer, read_json, read_jsonl, write_meta
+from dmtp.io import append_jsonl, check_decoded, file_sha256, iter_jsonl, one_writer, read_json, read_jsonl, write_meta
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
@@ -377,7 +377,7 @@ def _train_data(path, vocab_size: int) -> tuple[Path, str]:
     if p.is_dir():
         raise ValueError(f"--data {p}: a folder that is not a token store (no store.json); expected a token JSONL "
                          "or a store made by `python -m dmtp.data.tokens`")
-    check_finished(p)
+    check_decoded(p)
     return p, file_sha256(p)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dmtp.io import atomic_dir, file_sha256, git_sha, iter_jsonl, read_json, write_json
+from dmtp.io import atomic_dir, check_decoded, file_sha256, git_sha, iter_jsonl, read_json, write_json
 
 FORMAT = 1
 STORE_FILE = "store.json"
@@ -51,25 +51,13 @@ def is_store(path) -> bool:
     return (Path(path) / STORE_FILE).is_file()
 
 
-def check_finished(src: Path) -> None:
-    """A `dmtp generate` output (it writes <out>.meta.json beside the records) must say it finished: a stopped run's
-    records are a partial set. A JSONL without a meta file (made by other means) is taken as it is."""
-    meta = Path(str(src) + ".meta.json")
-    if meta.exists():
-        m = read_json(meta)
-        if not isinstance(m, dict) or m.get("finished") is not True:
-            raise ValueError(f"{src}: its generate run did not finish ({meta.name} says finished="
-                             f"{m.get('finished') if isinstance(m, dict) else None!r}): rerun `dmtp generate` with "
-                             "the same arguments to complete it")
-
-
 def convert(src, dst, vocab_size: int | None = None, sha256: str | None = None) -> Path:
     """The JSONL `src` as a store at `dst` (written atomically; ids checked against vocab_size). sha256: the
     source's digest when the caller has it (else computed). Returns dst."""
     src, dst = Path(src), Path(dst)
     if not src.is_file():
         raise FileNotFoundError(f"training token file {src} does not exist")
-    check_finished(src)
+    check_decoded(src)
     dtype = np.dtype("<u2") if vocab_size is not None and vocab_size <= 2 ** 16 else np.dtype("<u4")
     offsets, n_tok, max_id = [0], 0, -1
     with atomic_dir(dst) as tmp:

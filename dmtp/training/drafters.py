@@ -40,7 +40,7 @@ from dmtp.config import TrainConfig
 from dmtp.data.tokens import TokenSequences, as_sequences, is_store, open_store, sequence_ids
 from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, group_of_one, is_sharded,
                        main_says, precision, rank_world, shard, shard_optimizer_state, use_fsdp)
-from dmtp.io import atomic_dir, atomic_path, check_finished, iter_jsonl, load_state, save_state, write_json, write_text
+from dmtp.io import atomic_dir, atomic_path, check_decoded, iter_jsonl, load_state, save_state, write_json, write_text
 from dmtp.memory import drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
@@ -67,12 +67,7 @@ def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None
         return seqs
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
-    meta = check_finished(path)
-    first = next(iter_jsonl(path), (0, {}))[1]
-    if meta is None and "accepted" in first:
-        raise ValueError(f"{path}: decoded records without their meta ({path.name}.meta.json): whether the decode "
-                         "finished is unknown; rerun the `dmtp generate` that writes it (it resumes, then marks it "
-                         "finished)")
+    check_decoded(path)
     seqs = []
     for i, r in iter_jsonl(path):
         ids = sequence_ids(path, i, r, vocab_size)
