@@ -86,7 +86,12 @@ def artifacts(root):
     for p in sorted(f for f in root.rglob("*") if f.is_file()):
         if p.name == "stage_times.json":  # the stages' measured wall times (--deadline's costs): timing only
             continue
-        if p.suffix == ".json":
+        if p.name == "store.json":  # the token store: its source's digest is the JSONL's bytes, whose records carry
+            # their wall times; the tokens themselves (tokens.bin, offsets.npy) are compared as bytes below
+            meta = _strip(json.loads(p.read_text()))
+            meta["source"].pop("sha256")
+            out[str(p.relative_to(root))] = meta
+        elif p.suffix == ".json":
             out[str(p.relative_to(root))] = _strip(json.loads(p.read_text()))
         elif p.suffix == ".jsonl":
             out[str(p.relative_to(root))] = [_strip(json.loads(x)) for x in p.read_text().splitlines() if x.strip()]
