@@ -4,7 +4,7 @@
 BEGIN and END below (the rest of it kept).
 
     python -m experiments.memory_tables                                   # print (CPU, seconds)
-    python -m experiments.memory_tables --write docs/notes/tokens.md      # refresh the notes' tables
+    python -m experiments.memory_tables --write docs/memory-tables.md     # refresh docs/memory-tables.md
 """
 from __future__ import annotations
 

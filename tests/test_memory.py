@@ -361,13 +361,13 @@ def test_pipeline_drafters_stage_checks_a_paper_profile(tmp_path, monkeypatch):
     assert pipeline._fit_check(c, {0: runs}) == {0: dict(micro_batch=8, shard_target="off", grad_sync="last")}
 
 
-def test_the_notes_tables_are_the_models():
-    """docs/notes/tokens.md holds exactly what `experiments.memory_tables` renders (refresh: --write)."""
+def test_the_docs_tables_are_the_models():
+    """docs/memory-tables.md holds exactly what `experiments.memory_tables` renders (refresh: --write)."""
     from pathlib import Path
 
     from experiments.memory_tables import splice, tables
 
-    text = (Path(__file__).parents[1] / "docs" / "notes" / "tokens.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "memory-tables.md").read_text()
     assert splice(text, tables()) == text
 
 

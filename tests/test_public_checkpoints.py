@@ -358,7 +358,7 @@ def test_dmtp_drafters_are_refused_by_public_readers(tmp_path, variant, backbone
 
 
 def test_d2_recipe_continues_a_public_dflash2_drafter(tmp_path, capsys):
-    """docs/notes/formats.md's DMTP(D2) recipe: `dmtp train --variants dmtp_d2 --init-from dmtp_d2=PATH` trains the
+    """docs/DESIGN.md's DMTP(D2) recipe: `dmtp train --variants dmtp_d2 --init-from dmtp_d2=PATH` trains the
     ablation's run `dmtp_d2` (zero_init_residual on the dflash2 backbone) from a public DFlash2 checkpoint, beside a
     fresh `dflash` run on the same batches trained with `--attention public`; the first is a DMTP(D2) drafter keeping
     the checkpoint's attention, the second a drafter the public reference reads and computes exactly. A name that is

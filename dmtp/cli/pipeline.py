@@ -818,7 +818,8 @@ def units(c: Ctx, stage: str) -> list[Unit]:
 def runnable(p: Profile, stages: list[str]) -> None:
     """What the embedded pipeline can run, checked before any stage (a profile's own fields check themselves)."""
     require(not p.scale.target_config, f"profile {p.name} is paper-scale (an external target): the pipeline builds "
-            "the embedded default only; run its steps with dmtp generate / dmtp train (README: Paper-scale runs)")
+            "the embedded default only; run it with dmtp reproduce, or its steps with dmtp generate / dmtp train "
+            "(README: 'Bringing your own model')")
     sets = p.eval.sets
     other = sorted(set(sets) - {"humaneval"})
     require(not other, f"eval.sets={sets}: the pipeline evaluates on HumanEval only (its small target has no chat "
