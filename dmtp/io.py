@@ -404,8 +404,12 @@ def git_sha(root: Path | None = None) -> str:
     the tree is a copy without .git (copied to a cluster node, unpacked from an archive): the commit in the REVISION
     file at its root (`make revision` before copying) when the copy's `source_digest` equals the one recorded beside
     it; otherwise the commit with "+changed-<digest>" (the REVISION is older than the code: `make revision` was not
-    re-run after a commit), or "unknown" without a REVISION."""
+    re-run after a commit), or "unknown" without a REVISION.
+    A copy can also carry a .git of another commit than its code (a tree copied over an older checkout): where git
+    calls the sources changed and a REVISION's digest equals the tree's, the REVISION's commit is the code's."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent.parent
+    rev = root / "REVISION"
+    fields = rev.read_text().split() if rev.exists() else []
     try:
         if (root / ".git").exists():
             sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
@@ -413,11 +417,12 @@ def git_sha(root: Path | None = None) -> str:
                 dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
                                         *SOURCE_DIRS, *SOURCE_FILES], cwd=root, capture_output=True, text=True,
                                        timeout=5)
-                return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+                if not dirty.stdout.strip():
+                    return sha.stdout.strip()
+                if not (len(fields) > 1 and fields[1] == source_digest(root)):
+                    return sha.stdout.strip() + "-dirty"
     except Exception:
         pass
-    rev = root / "REVISION"
-    fields = rev.read_text().split() if rev.exists() else []
     if not fields:
         return "unknown"
     here = source_digest(root)

@@ -355,3 +355,29 @@ def test_a_copy_records_its_commit_only_when_its_code_matches_the_revision(tmp_p
     (root / "dmtp" / "__pycache__").mkdir()  # compiled files are not code
     (root / "dmtp" / "__pycache__" / "a.cpython-312.py").write_text("junk")
     assert io.source_digest(root) == d2
+
+
+def test_a_copy_over_an_older_checkout_records_its_revision(tmp_path):
+    """A tree copied over an older checkout keeps that checkout's .git: git calls the sources changed, and the
+    REVISION whose digest equals the tree's names the commit (never `<old commit>-dirty`); with sources changed past
+    the REVISION too, git's `-dirty` stands; a clean checkout is git's commit, whatever REVISION lies beside it."""
+    import subprocess
+
+    from dmtp import io
+
+    root = tmp_path / "copy"
+    (root / "dmtp").mkdir(parents=True)
+    (root / "dmtp" / "a.py").write_text("x = 1\n")
+    git = lambda *a: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=root,  # noqa: E731
+                                    check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "old")
+    old = git("rev-parse", "HEAD")
+    (root / "REVISION").write_text(f"abc123 {io.source_digest(root)}\n")
+    assert io.git_sha(root) == old  # clean: git's commit
+    (root / "dmtp" / "a.py").write_text("x = 2\n")  # the newer code copied over the old checkout
+    (root / "REVISION").write_text(f"abc123 {io.source_digest(root)}\n")
+    assert io.git_sha(root) == "abc123"
+    (root / "dmtp" / "a.py").write_text("x = 3\n")  # changed past the REVISION as well
+    assert io.git_sha(root) == f"{old}-dirty"
