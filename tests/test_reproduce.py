@@ -278,3 +278,17 @@ def test_training_prompts_from_a_local_file(tmp_path):
     f.write_text(json.dumps({"text": "no prompt field"}) + "\n")
     with pytest.raises(ValueError, match=r"p.jsonl: row 0: expected `conversations`, `messages`, `prompt`"):
         read_prompt_file(f, tok)
+
+
+def test_projection_prefers_the_steady_regeneration_rate():
+    """A rank's first batch compiles and tunes its graphs: where ranks decoded more than one batch, the projection
+    takes the rate past the first (steady_tok_per_s_per_gpu); with one batch a rank it takes the whole rate and says
+    that it includes compiling."""
+    full = FullProtocol(train_prompts=3600, regen_tokens_per_prompt=1000)
+    one = {"stages": {"regen": {"tok_per_s_per_gpu": [250.0], "steady_tok_per_s_per_gpu": [None], "world": 1}}}
+    two = {"stages": {"regen": {"tok_per_s_per_gpu": [250.0], "steady_tok_per_s_per_gpu": [1000.0], "world": 1}}}
+    p1, p2 = project(one, full, gpus=1), project(two, full, gpus=1)
+    assert p1["rates"]["regen_tok_per_s_per_gpu"] == 250.0 and not p1["rates"]["regen_steady"]
+    assert p2["rates"]["regen_tok_per_s_per_gpu"] == 1000.0 and p2["rates"]["regen_steady"]
+    assert p2["hours"]["regen_h"] == pytest.approx(3600 * 1000 / 1000 / 3600)
+    assert "includes compiling" in render(p1).splitlines()[1] and "includes compiling" not in render(p2)

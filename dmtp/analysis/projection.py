@@ -35,8 +35,10 @@ def rates(stages: dict) -> dict:
     out = {}
     if "regen" in s:
         r = s["regen"]
-        per_gpu = [x for x in r.get("tok_per_s_per_gpu", []) if x]
+        steady = [x for x in r.get("steady_tok_per_s_per_gpu", []) if x]  # past the first batch (compiled)
+        per_gpu = steady or [x for x in r.get("tok_per_s_per_gpu", []) if x]
         out["regen_tok_per_s_per_gpu"] = sum(per_gpu) / len(per_gpu) if per_gpu else math.nan
+        out["regen_steady"] = bool(steady)
         out["regen_world"] = r.get("world", 1)
     if "train" in s:
         t = s["train"]
@@ -78,7 +80,8 @@ def render(p: dict) -> str:
     return "\n".join([
         f"PROJECTION (not a measurement) of the full open reproduction on {p['gpus']} GPUs, from measured rates:",
         f"  regen: {f['train_prompts']:,} prompts x {f['regen_tokens_per_prompt']:g} tokens at "
-        f"{r.get('regen_tok_per_s_per_gpu', math.nan):,.0f} tok/s per GPU -> {h['regen_h']:,.1f} h",
+        f"{r.get('regen_tok_per_s_per_gpu', math.nan):,.0f} tok/s per GPU -> {h['regen_h']:,.1f} h"
+        + ("" if r.get("regen_steady", True) else " (one batch a GPU: its rate includes compiling and tuning)"),
         f"  train: {f['epochs']} epochs x {f['train_prompts']:,} sequences x {f['train_tokens_per_sequence']:g} "
         f"tokens x {f['drafter_runs']} drafters at {r.get('train_token_runs_per_s', math.nan):,.0f} token-drafters/s "
         f"(on {r.get('train_world', 1)} GPU(s)) -> {h['train_h']:,.1f} h",

@@ -560,6 +560,7 @@ def main(argv=None):
                     help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")
     rp.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available; under torchrun: the rank's)")
     rp.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
+    args.compile_cache_flag(rp)
     rp.set_defaults(fn=reproduce.main)
 
     a = p.parse_args(argv)

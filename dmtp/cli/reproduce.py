@@ -363,7 +363,7 @@ def st_regen(c: Ctx) -> dict | None:
     mine = todo[c.rank:: c.world]
     c.log(f"regen: {len(prompts)} prompts in {len(range(0, len(prompts), B))} batches of {B}; {len(done)} already "
           f"decoded, {len(todo)} batches to go over {c.world} rank(s)")
-    tokens, wall = 0, 0.0
+    tokens, wall, first = 0, 0.0, None  # first: (tokens, seconds) of this rank's first batch, which compiles
     if mine:
         tgt = Target.load(c.target, dtype=c.dtype(), device=c.dev)
         eos, seed = c.eos(), c.p.stream(1)
@@ -379,15 +379,22 @@ def st_regen(c: Ctx) -> dict | None:
                          stop_reason=r["stop_reason"], wall_s=r["wall_s"])
                     for p, r in zip(chunk, recs) if p["id"] not in done]
             tokens += sum(len(r["output_ids"]) for r in rows)
+            first = first or (tokens, wall)
             append_jsonl(own, rows)
         del tgt
+    steady = (tokens - first[0], wall - first[1]) if first and len(mine) > 1 else (0, 0.0)
     rates = dist.all_gather_objects({"rank": c.rank, "tokens": tokens, "decode_s": round(wall, 3),
-                                     "batches": len(mine)})
+                                     "batches": len(mine), "steady_tokens": steady[0],
+                                     "steady_s": round(steady[1], 3)})
     dist.barrier()
     if not c.main:
         return None
+    # tok/s per GPU over every batch, and past each rank's first batch (its graphs compiled and tuned: the steady
+    # rate a long regeneration runs at; None where a rank decoded one batch)
     info = dict(world=c.world, ranks=rates, tok_per_s_per_gpu=[round(r["tokens"] / r["decode_s"], 1)
-                                                                if r["decode_s"] else None for r in rates])
+                                                                if r["decode_s"] else None for r in rates],
+                steady_tok_per_s_per_gpu=[round(r["steady_tokens"] / r["steady_s"], 1) if r["steady_s"] else None
+                                          for r in rates])
     # the record first, then the file (it never exists without it): the counts are the merge's, so it goes
     # into a temporary name until both are written
     tmp = out.with_name(f".{out.name}.merging")
