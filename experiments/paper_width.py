@@ -69,8 +69,8 @@ def drafter_base(cfg: dict, tiny: bool) -> dict:
 
 def spec(cfg: dict, base: dict, variant: str):
     """The memory model's view of the drafter (built on the meta device: exact counts, the variant's slots)."""
-    from dmtp.cli.fit import spec_of
     from dmtp.models.drafter import DrafterConfig
+    from dmtp.training.drafters import spec_of
 
     return spec_of([DrafterConfig(**{k: v for k, v in base.items() if k in DrafterConfig.__dataclass_fields__},
                                   variant=variant)])

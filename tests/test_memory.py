@@ -278,7 +278,8 @@ def _paper(profile="qwen3.6-27b", variants=("dflash", "zero_init_residual")):
 def test_fit_check_refuses_in_one_line_and_resolves_the_target_sharding():
     from dataclasses import replace
 
-    from dmtp.cli.fit import fit_training, spec_of
+    from dmtp.cli.fit import fit_training
+    from dmtp.training.drafters import spec_of
 
     p, configs = _paper()
     cfg = p.scale.target_config
@@ -404,7 +405,7 @@ def test_dflash2_takes_the_fused_loss_in_the_model():
     (they step one after another: the peak is the largest one's)."""
     from dataclasses import replace as dc_replace
 
-    from dmtp.cli.fit import spec_of
+    from dmtp.training.drafters import spec_of
 
     p, configs = _paper(variants=("dflash",))
     d2 = dc_replace(configs[0], backbone="dflash2")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from dmtp.cli.fit import fit_groups, plan_for, run_configs, spec_of
+from dmtp.cli.fit import fit_groups, plan_for, run_configs
 from dmtp.experiment import drafter_config
 from dmtp.memory import GIB, capacity, plan_eval, plan_training
 from dmtp.models import torch_dtype
@@ -28,6 +28,7 @@ from dmtp.models.drafter import BACKBONES, Drafter, DrafterConfig, check_compati
 from dmtp.models.mtp import MTPHead, mtp_num_layers
 from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY
+from dmtp.training.drafters import spec_of
 from experiments.profiles import resolve
 
 

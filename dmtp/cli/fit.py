@@ -8,37 +8,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
 from dmtp.config import Profile, TrainConfig
 from dmtp.experiment import drafter_config
-from dmtp.memory import GIB, DrafterSpec, check_training, plan_training
-from dmtp.models.drafter import Drafter, DrafterConfig
-from dmtp.training.drafters import fused_ce_applies
+from dmtp.memory import GIB, check_training, plan_training
+from dmtp.models.drafter import DrafterConfig
+from dmtp.training.drafters import spec_of
 
 
 def modelled(target_config) -> bool:
     """Whether the memory model describes this target (its HF config: the Qwen3 / Qwen3.5 / Qwen3.6 families)."""
     return str(getattr(target_config, "model_type", "")).startswith("qwen3")
-
-
-def spec_of(configs: list[DrafterConfig]) -> DrafterSpec:
-    """The largest of these drafters as the memory model reads it (built on the meta device: exact parameter counts,
-    the variant's block slots), the fused LM-head loss counted only where it applies to every one of them (the
-    drafters step one after another: the peak is the largest one's)."""
-    best = None
-    for c in configs:
-        with torch.device("meta"):
-            d = Drafter(c)
-        s = DrafterSpec(hidden=c.hidden_size, vocab=c.vocab_size, layers=c.num_hidden_layers,
-                        heads=c.num_attention_heads, kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
-                        intermediate=c.intermediate_size, taps=len(c.target_layer_ids), slots=d.layout.slots)
-        s = replace(s, injection=sum(p.numel() for p in d.parameters()) - s.params)  # what the formula leaves out
-        s = replace(s, fusable=fused_ce_applies(d))
-        fusable = s.fusable if best is None else best.fusable and s.fusable
-        best = s if best is None or (s.params, s.slots) > (best.params, best.slots) else best
-        best = replace(best, fusable=fusable)
-    return best
 
 
 def fit_training(target_config: dict, configs: list[DrafterConfig], cfg: TrainConfig, world: int,

@@ -41,7 +41,7 @@ from dmtp.data.tokens import TokenSequences, as_sequences, is_store, open_store,
 from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, group_of_one, is_sharded,
                        main_says, precision, rank_world, shard, shard_optimizer_state, use_fsdp)
 from dmtp.io import atomic_dir, atomic_path, check_decoded, iter_jsonl, load_state, save_state, write_json, write_text
-from dmtp.memory import drafter_ce_chunk
+from dmtp.memory import DrafterSpec, drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
@@ -830,3 +830,22 @@ def new_drafters(target, variants: list[str], base: dict, init_from: dict | None
             d = Drafter(cfg).to(target.device)
         out[name] = d
     return out
+
+
+def spec_of(configs: list[DrafterConfig]) -> DrafterSpec:
+    """The largest of these drafters as the memory model reads it (built on the meta device: exact parameter counts,
+    the variant's block slots), the fused LM-head loss counted only where it applies to every one of them (the
+    drafters step one after another: the peak is the largest one's)."""
+    best = None
+    for c in configs:
+        with torch.device("meta"):
+            d = Drafter(c)
+        s = DrafterSpec(hidden=c.hidden_size, vocab=c.vocab_size, layers=c.num_hidden_layers,
+                        heads=c.num_attention_heads, kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                        intermediate=c.intermediate_size, taps=len(c.target_layer_ids), slots=d.layout.slots)
+        s = replace(s, injection=sum(p.numel() for p in d.parameters()) - s.params)  # what the formula leaves out
+        s = replace(s, fusable=fused_ce_applies(d))
+        fusable = s.fusable if best is None else best.fusable and s.fusable
+        best = s if best is None or (s.params, s.slots) > (best.params, best.slots) else best
+        best = replace(best, fusable=fusable)
+    return best
