@@ -289,3 +289,19 @@ def test_reference_transcription_is_self_consistent():
     assert R.blog_value("main", "mt_bench", "dmtp") == 3.406
     assert R.blog_value("open_repro", "MT-Bench", "dmtp_d2") == 4.052
     assert math.isnan(R.blog_value("open_repro", "agent", "dflash"))
+
+
+def test_the_report_says_whether_the_corpus_is_the_pinned_one(tmp_path):
+    """How the runs were made: each realization's corpus digest against the profile's pinned `data.corpus_digest`
+    (equal, or different in bold), or a line saying the profile pinned none."""
+    from types import SimpleNamespace
+
+    from dmtp.analysis.report import corpus_lines
+
+    art = SimpleNamespace(root=tmp_path, realizations=[SimpleNamespace(name="r1", corpus="a" * 16),
+                                                       SimpleNamespace(name="r2", corpus="b" * 16)])
+    (tmp_path / "experiment.json").write_text(json.dumps({"data": {"corpus_digest": "a" * 16}}))
+    text = " ".join(corpus_lines(art))
+    assert "equal in r1" in text and f"**different** in r2 ({'b' * 16})" in text
+    (tmp_path / "experiment.json").write_text(json.dumps({"data": {}}))
+    assert "pinned no corpus digest" in " ".join(corpus_lines(art))

@@ -14,6 +14,7 @@ from dmtp.analysis.ratios import read as read_ratios
 from dmtp.analysis.report import blog_gap, figures, summary, tables
 from dmtp.analysis.report import verify as verify_study
 from dmtp.analysis.report.data import Artifacts, find_results, load
+from dmtp.io import read_json
 
 __all__ = ["Artifacts", "find_results", "load", "tables", "figures", "summary", "render_tables", "render_figures",
            "render_report"]
@@ -72,6 +73,24 @@ def scope(art: Artifacts) -> list[str]:
     return [f"> {line}" for line in first.splitlines()] + [""] if first.startswith("Scope:") else []
 
 
+def corpus_lines(art: Artifacts) -> list[str]:
+    """Whether each realization's corpus is the one its profile pins (`data.corpus_digest` in experiment.json: the
+    digest of the committed runs' corpus where the profile pins one)."""
+    exp = art.root / "experiment.json"
+    pinned = ((read_json(exp).get("data") or {}).get("corpus_digest") or "") if exp.exists() else ""
+    have = [r for r in art.realizations if r.corpus]
+    if not have:
+        return []
+    if not pinned:
+        return ["", "The profile pinned no corpus digest when these ran: whether their corpus equals another run's is "
+                "read from the digests above."]
+    same = [r.name for r in have if r.corpus == pinned]
+    other = [f"{r.name} ({r.corpus})" for r in have if r.corpus != pinned]
+    return ["", f"Corpus against the profile's pinned digest {pinned}: "
+            + "; ".join(x for x in (f"equal in {', '.join(same)}" if same else "",
+                                    f"**different** in {', '.join(other)}" if other else "") if x) + "."]
+
+
 def how(art: Artifacts) -> list[str]:
     """The short 'how the runs were made': the realizations pooled (folder, commits, devices, dates), those left
     out, and where the history is."""
@@ -81,6 +100,7 @@ def how(art: Artifacts) -> list[str]:
         rows.append(f"| {r.name} | `{r.root}` | {commits} | {', '.join(r.devices) or '—'} | "
                     f"{' … '.join(x for x in r.written if x) or '—'} | {r.corpus or '—'} |")
     corpora = {r.corpus for r in art.realizations if r.corpus}
+    rows += corpus_lines(art)
     if len(corpora) > 1:  # another Python installation: other files, so other targets and other `pytests` prompts
         rows += ["", f"**The pooled realizations' corpora differ** ({', '.join(sorted(corpora))}): their targets "
                  "pretrained on different files and an out-of-distribution set has different prompts in each."]
