@@ -7,7 +7,8 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PROFILE ?= $(if $(HAS_CUDA),mini,tiny)
 WORK ?= work
 RESULTS ?= results
-# where pip finds the CPU build of torch that requirements/cpu.lock pins (empty: pip's own configuration)
+# where pip finds the CPU build of torch that requirements/cpu.lock pins when no local wheel folder of pip's own
+# configuration holds it (tried first, without any index); empty: pip's configuration alone
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: venv lock test test-all test-gpu ablation-code bench bench-shapes bench-train tables figures report corpus tokenizer target \
@@ -17,8 +18,10 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # environment; torch is its CPU build, never a CUDA wheel), then the suite itself without dependencies. GPU machines
 # keep the torch they have (environment.yml describes the one the committed results came from).
 INSTALL_GPU = $(PY) -m pip install -q -e '.[dev,eval]' -c constraints.txt
-INSTALL_CPU = $(PY) -m pip install -q -r requirements/cpu.lock $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
-	&& $(PY) -m pip install -q --no-deps -e .
+TORCH_PIN = $(shell grep -m1 '^torch==' requirements/cpu.lock)
+INSTALL_CPU = { $(PY) -m pip install -q --no-index $(TORCH_PIN) 2>/dev/null \
+	|| $(PY) -m pip install -q $(TORCH_PIN) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)); } \
+	&& $(PY) -m pip install -q -r requirements/cpu.lock && $(PY) -m pip install -q --no-deps -e .
 $(VENV)/.installed: pyproject.toml requirements/cpu.lock
 	test -d $(VENV) || python3 -m venv $(if $(HAS_CUDA),--system-site-packages,) $(VENV)
 	$(if $(HAS_CUDA),$(INSTALL_GPU),$(INSTALL_CPU))
