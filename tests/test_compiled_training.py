@@ -181,6 +181,21 @@ def test_one_region_resumes(qwen3_5, runs, tmp_path):
     assert compiled_graphs(drafters_loss) == graphs
 
 
+def test_the_fused_step_leaves_the_plain_region_whole(qwen3_5, tmp_path, monkeypatch):
+    """The fused LM-head loss's step (a graph break in the loop over drafters: that frame runs eagerly, a mark torch
+    keeps on the code object) and then the plain one-region step in the same process: the plain step is still ONE
+    graph of `drafters_loss` (traced by AOTAutograd's eager backend, as the compiled path's)."""
+    monkeypatch.setattr(train_mod, "_JOINT_FUSED", [torch.compile(train_mod.drafters_loss_fused, backend="aot_eager",
+                                                                  dynamic=False)])
+    monkeypatch.setattr(train_mod, "_JOINT", [torch.compile(drafters_loss, backend="aot_eager", dynamic=False,
+                                                            fullgraph=True)])
+    names = ["dflash", "token_only"]
+    for fused in ("on", "off"):
+        graphs = compiled_graphs(drafters_loss)
+        _train(qwen3_5, tmp_path / fused, names=names, steps=2, fused_ce=fused, ce_chunk=9)
+    assert compiled_graphs(drafters_loss) - graphs == 1
+
+
 @pytest.fixture(scope="module")
 def traced():
     """`drafters_loss` through AOTAutograd's eager backend, as its own function (its own graphs): the same graph per

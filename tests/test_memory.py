@@ -240,10 +240,10 @@ def test_fused_loss_through_the_compiled_one_region_step(qwen3_5, tmp_path, monk
     from conftest import token_seqs
 
     from dmtp.training import drafters as train_mod
-    from dmtp.training.drafters import TrainConfig, drafters_loss, new_drafters, train_drafters
+    from dmtp.training.drafters import TrainConfig, drafters_loss_fused, new_drafters, train_drafters
 
     tgt, mtp = qwen3_5
-    monkeypatch.setattr(train_mod, "_JOINT_FUSED", [torch.compile(drafters_loss, backend="aot_eager",
+    monkeypatch.setattr(train_mod, "_JOINT_FUSED", [torch.compile(drafters_loss_fused, backend="aot_eager",
                                                                   dynamic=False)])
     base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
                 num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,

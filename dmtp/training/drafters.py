@@ -317,6 +317,21 @@ def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[i
     return total, stats
 
 
+def drafters_loss_fused(drafters: nn.ModuleDict, target, feats: Features, taps: list[int], anchors, valid,
+                        gamma: float, norms: tuple, masks: tuple, ce_chunk: int = 0, parts: int = 1):
+    """`drafters_loss` for the fused LM-head loss, a function of its own: the fused loss is a graph break inside the
+    loop over drafters, where torch.compile cannot resume, so it marks the looping frame's code to run eagerly (each
+    drafter's step compiled as its own frames). That mark lives on the code object, shared by every torch.compile of
+    the function: had the fused path compiled `drafters_loss` itself, a later plain one-region step in the same
+    process would silently run in pieces, even under fullgraph=True."""
+    total, stats = 0, {}
+    for (name, d), norm, mask in zip(drafters.items(), norms, masks):
+        loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask,
+                                         ce_chunk=ce_chunk, parts=parts)
+        total = total + loss
+    return total, stats
+
+
 _JOINT: list = []
 _JOINT_FUSED: list = []
 RECOMPILE_LIMIT = 64  # graphs of `drafters_loss` a process may hold: one per set of drafters trained together
@@ -326,12 +341,13 @@ def compiled_drafters_loss(fused: bool = False):
     """`drafters_loss` through torch.compile (one region, static shapes), one per process: one graph per set of
     drafters at a step (their variants, backbones and shapes; the drafters are inputs, not constants). fused: the
     version for the fused LM-head loss, which runs eagerly (`losses.linear_cross_entropy` is a graph break), so the
-    region is compiled in pieces around it rather than as one full graph."""
+    region is compiled in pieces around it rather than as one full graph (`drafters_loss_fused`)."""
     cache = _JOINT_FUSED if fused else _JOINT
     if not cache:
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
-        cache.append(torch.compile(drafters_loss, dynamic=False, fullgraph=not fused))
+        fn = drafters_loss_fused if fused else drafters_loss
+        cache.append(torch.compile(fn, dynamic=False, fullgraph=not fused))
     return cache[0]
 
 
