@@ -5,8 +5,8 @@ start until the first line of --out exists), its total wall time and its compile
 OUT/compile_cache.json and printed.
 
     python -m experiments.compile_cache_check --out /tmp/cc                       # GPU: ~5 min (the first run cold)
-    python -m experiments.compile_cache_check --out /tmp/cc --hidden 64 --layers 2 --prompts 2 --max-new-tokens 4 \
-        --engine engine=fast-eager                                               # CPU, tiny: ~1 min (nothing compiles)
+    python -m experiments.compile_cache_check --out /tmp/cc --hidden 64 --layers 4 --prompts 2 --max-new-tokens 4 \
+        --engine engine=compiled                                                 # CPU (Inductor's C++): ~1 min
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from dmtp.io import write_json, write_jsonl
+from dmtp.io import environment, write_json, write_jsonl
 from dmtp.models import tiny
 
 
@@ -92,7 +92,7 @@ def main(argv=None):
     same = [json.loads(x)["output_ids"] for x in (out / "run1.jsonl").read_text().splitlines()] == \
         [json.loads(x)["output_ids"] for x in (out / "run2.jsonl").read_text().splitlines()]
     res = {"config": vars(a), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "runs": runs, "same_outputs": same}
+           "environment": {**environment(), "compile_cache": str(cache)}, "runs": runs, "same_outputs": same}
     write_json(out / "compile_cache.json", res)
     for r in runs:
         print(f"run {r['run']}: first record after {r['first_record_s']:.1f} s, wall {r['wall_s']:.1f} s")
