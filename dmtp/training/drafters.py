@@ -27,6 +27,7 @@ import contextlib
 import math
 import random
 import time
+import types
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -317,19 +318,16 @@ def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[i
     return total, stats
 
 
-def drafters_loss_fused(drafters: nn.ModuleDict, target, feats: Features, taps: list[int], anchors, valid,
-                        gamma: float, norms: tuple, masks: tuple, ce_chunk: int = 0, parts: int = 1):
-    """`drafters_loss` for the fused LM-head loss, a function of its own: the fused loss is a graph break inside the
-    loop over drafters, where torch.compile cannot resume, so it marks the looping frame's code to run eagerly (each
-    drafter's step compiled as its own frames). That mark lives on the code object, shared by every torch.compile of
-    the function: had the fused path compiled `drafters_loss` itself, a later plain one-region step in the same
-    process would silently run in pieces, even under fullgraph=True."""
-    total, stats = 0, {}
-    for (name, d), norm, mask in zip(drafters.items(), norms, masks):
-        loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask,
-                                         ce_chunk=ce_chunk, parts=parts)
-        total = total + loss
-    return total, stats
+def _own_copy(fn, name: str):
+    """`fn` as a function with a code object of its own (the same body, another name)."""
+    return types.FunctionType(fn.__code__.replace(co_name=name), fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+# `drafters_loss` for the fused LM-head loss. The fused loss is a graph break inside the loop over drafters, where
+# torch.compile cannot resume, so it marks the looping frame's code object to run eagerly (each drafter's step compiled
+# as its own frames). Every torch.compile of a function shares that mark: had the fused path compiled `drafters_loss`
+# itself, a later plain one-region step in the same process would run in pieces, silently, even under fullgraph=True.
+drafters_loss_fused = _own_copy(drafters_loss, "drafters_loss_fused")
 
 
 _JOINT: list = []
