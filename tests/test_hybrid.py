@@ -128,24 +128,31 @@ def test_lossless_greedy_with_rollback(hybrid, name):
                 torch.testing.assert_close(m[1][b], g[int(lens[b]) - 1], rtol=1e-3, atol=2e-3)  # kernel-path noise
 
 
-def test_vlm_checkpoint_layout(tmp_path):
-    """Qwen3.5/3.6 ship as `Qwen3_5ForConditionalGeneration` (model_type qwen3_5, nested text_config, vision tower,
-    `model.language_model.*` keys, `mtp.*` beside them): `Target.load` takes the text model, `MTPHead.load` the head."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+@pytest.mark.parametrize("arch,experts", [("qwen3_5_hybrid", "fused"), ("qwen3_5_moe", "fused"),
+                                          ("qwen3_5_moe", "per_expert")])
+def test_vlm_checkpoint_layout(tmp_path, arch, experts):
+    """Qwen3.5/3.6 ship as `Qwen3_5ForConditionalGeneration` / `Qwen3_5MoeForConditionalGeneration` (model_type
+    qwen3_5 / qwen3_5_moe, nested text_config, vision tower, `model.language_model.*` keys, `mtp.*` beside them; the
+    MoE's experts fused or one tensor per expert): `Target.load` takes the text model, `MTPHead.load` the head."""
+    import transformers
 
     from dmtp.models.mtp import save_target_with_mtp
 
+    moe = arch == "qwen3_5_moe"
+    Config = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
+    VLM = transformers.Qwen3_5MoeForConditionalGeneration if moe else transformers.Qwen3_5ForConditionalGeneration
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                   temporal_patch_size=2, spatial_merge_size=2)
     torch.manual_seed(0)
-    vlm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=tiny.target_config("qwen3_5_hybrid").to_dict(),
-                                                        vision_config=vision)).eval()
+    vlm = VLM(Config(text_config=tiny.target_config(arch).to_dict(), vision_config=vision)).eval()
     tgt0 = Target(vlm)
     mtp = MTPHead(tgt0)
-    save_target_with_mtp(vlm, mtp, tmp_path / "vlm")
-    assert any(k.startswith("model.language_model.layers.0.linear_attn") for k in _keys(tmp_path / "vlm"))
+    save_target_with_mtp(vlm, mtp, tmp_path / "vlm", experts=experts)
+    keys = _keys(tmp_path / "vlm")
+    assert any(k.startswith("model.language_model.layers.0.linear_attn") for k in keys)
+    assert not moe or ("mtp.layers.0.mlp.experts.0.gate_proj.weight" in keys) == (experts == "per_expert")
     tgt = Target.load(tmp_path / "vlm")
-    assert tgt.hybrid and tgt.model.config.model_type == "qwen3_5_text"
+    assert tgt.hybrid and tgt.model.config.model_type == ("qwen3_5_moe_text" if moe else "qwen3_5_text")
     ids = torch.randint(3, tgt.vocab_size, (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(tgt.features(ids).logits, vlm(input_ids=ids).logits.float())

@@ -160,6 +160,23 @@ def test_every_stage_writes_the_report_layout(whole, inputs):
     assert (store / "store.json").stat().st_mtime_ns == converted
 
 
+def test_the_moe_layout_runs_every_stage(tmp_path):
+    """The same command on a tiny Qwen3.5-MoE target (the 35B-A3B layout: routed experts and a shared one in its
+    fused, transposed storage, mtp.* keys): every stage, every run on every set, lossless at T = 0."""
+    target = S.tiny_target(tmp_path / "target", arch="qwen3_5_moe")
+    assert read_json(target / "config.json")["model_type"] == "qwen3_5_moe_text"
+    S.public_dflash(tmp_path / "dflash", target)
+    files = S.write_sets(tmp_path / "data", n=4, n_train=12)
+    work = tmp_path / "work"
+    dmtp(_cmd((tmp_path, target, files), work))
+    for ds in SETS:
+        outs = {run: [r["output_ids"] for r in read_jsonl(work / "runs" / "open" / run / f"{ds}_T0.jsonl")]
+                for run in RUNS}
+        assert all(o == outs["mtp"] for o in outs.values()) and len(outs["mtp"]) == (8 if ds == "mtbench" else 4), ds
+    o = pd.read_csv(work / "tables" / "open_repro.csv", dtype={"turn": str})
+    assert sorted(o[o.turn == "all"].dataset) == sorted(SETS)
+
+
 def test_killed_runs_resume_to_the_same_result(whole, inputs):
     work = inputs[0] / "killed"
     p = _run(_cmd(inputs, work, "--stage", "regen"), kill="regen")
