@@ -3,7 +3,8 @@ same global batch (drafters' loss curve, gradient norms, final weights, snapshot
 target's layers sharded too; target pretraining); a run stopped mid-way on 2 ranks resumes to the uninterrupted
 result on 2 ranks and on 1; activation checkpointing gives the same loss and gradients; FSDP2 on one process (a
 process group of one) follows the plain step, eager and with its layers compiled, drafters joining at other steps;
-the sharded clip is clip_grad_norm_; `dmtp train` under torchrun.
+the sharded clip is clip_grad_norm_; 3 ranks, whose shards are padded, follow one process too; `dmtp train` under
+torchrun.
 
 Tolerances (fp32): a rank sums the loss of its rows, and FSDP2 averages the two ranks' gradients in a reduce-scatter,
 where one process sums every row in one reduction: the same terms added in another order, ~1e-7 relative per sum.
@@ -167,6 +168,25 @@ def test_two_ranks_follow_one_process(one, two):
     w = _weights(out / "mtp_context")
     assert torch.equal(w["fc.weight"], init.fc.weight)
     assert not torch.equal(w["injection.fc.weight"], init.injection.fc.weight)
+
+
+def _three(rank, world, store, root):
+    """A rank of the 3-rank run: every width of the tiny drafters and target (64, 32, 16, ...) splits unevenly over
+    3 ranks, so FSDP2 pads its shards; the gathered checkpoint, the sharded clip and the loss normaliser must see
+    through the padding."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        _run(root / "three", batch_size=6, shard_target="on")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_three_ranks_with_uneven_shards_follow_one_process(tmp_path):
+    """Global batch 6 on 3 ranks (2 rows each, shards padded) against one process on the same 6 rows."""
+    mp.spawn(_three, args=(3, tmp_path / "store", tmp_path), nprocs=3, join=True)
+    _run(tmp_path / "one", batch_size=6)
+    _assert_same_run(tmp_path / "three", tmp_path / "one")
 
 
 def test_stopped_run_resumes_on_two_ranks_and_on_one(one, two):
