@@ -267,13 +267,19 @@ def _text(raw: bytes, where: str) -> str:
                          "line)") from None
 
 
-def read_json(path):
-    """A JSON file's content; a file that is not UTF-8 or not JSON is an error naming the file and the line."""
-    raw = Path(path).read_bytes()
+def read_json(path, kind: type | None = dict, where: str | None = None):
+    """A JSON file's content, of type `kind` (an object unless told: every file the suite writes is one but a training
+    history, a list; None: any); a file that is not UTF-8, not JSON or of another type is an error naming the file
+    (`where`: the name to give it, e.g. its place in an archive) and the line."""
+    raw, where = Path(path).read_bytes(), where or str(path)
     try:
-        return json.loads(_text(raw, str(path)))
+        out = json.loads(_text(raw, where))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+        raise ValueError(f"{where}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+    if kind is not None and not isinstance(out, kind):
+        what = {dict: "a JSON object", list: "a JSON list"}.get(kind, kind.__name__)
+        raise ValueError(f"{where}: expected {what}, got {type(out).__name__}")
+    return out
 
 
 def iter_jsonl(path):

@@ -33,19 +33,31 @@ def derive(base, name: str | None = None, **over):
     return replace(base, **over)
 
 
-def override(p, assignments: list[str]):
+def override(p, assignments: list[str], flag: str = "--set"):
     """`KEY=VALUE` assignments (`pretrain.tokens=20000000`, `data.batch=4`, `ablation.only=dflash,token_only`)
     applied to a profile. A value is read as its field's declared type (bool: true/false; tuple: JSON list or
     comma-separated; dict: JSON), so a typo fails instead of training on a string; the name stays, so the work and
     results folders are the profile's. The result is checked once, after every assignment (each config's
     `__post_init__`, innermost first): a value that is valid only together with another assignment is accepted in
     any order, and a failed check names the assignment that set the field, or those that touched the failing
-    section."""
+    section. `flag`: the command-line flag the assignments came from, named in errors."""
+    try:
+        return _override(p, assignments)
+    except (ValueError, KeyError) as e:
+        if flag == "--set":
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise type(e)(msg.replace("--set ", f"{flag} ")) from None
+
+
+def _override(p, assignments: list[str]):
     done: list[tuple[str, str]] = []
     for a in assignments:
         key, eq, raw = a.partition("=")
         if not eq or not key:
-            raise ValueError(f"--set {a!r}: expected KEY=VALUE, e.g. pretrain.tokens=20000000")
+            first = fields(p)[0].name if is_dataclass(p) and not hasattr(p, "pretrain") else ""
+            example = f"{first}={getattr(p, first)}" if first else "pretrain.tokens=20000000"
+            raise ValueError(f"--set {a!r}: expected KEY=VALUE, e.g. {example}")
         try:
             p = _assign(p, key.split("."), raw, key)
         except ValueError as e:

@@ -58,7 +58,7 @@ def test_a_branch_is_its_run_until_the_learning_rate_differs(models, tmp_path):
     annealed = _fresh(tgt)
     where = train_branch(tgt, mtp, {name: annealed}, token_seqs(), cfg, tmp_path, 6, 4, log=lambda *_: None) / name
     assert (where / "DONE").exists() and (where / "drafter").is_dir()
-    hist = read_json(where / "history.json")
+    hist = read_json(where / "history.json", list)
     top = lr_at(4, cfg)
     assert [h["step"] for h in hist][-2:] == [5, 6]
     assert [h["lr"] for h in hist][-2:] == pytest.approx([top, top / 2])

@@ -105,7 +105,7 @@ def test_every_stage_writes_the_report_layout(whole, inputs):
     converted = (store / "store.json").stat().st_mtime_ns
     for run in RUNS[1:]:
         assert (w / "drafters" / run / "DONE").exists()
-        hist = read_json(w / "drafters" / run / "history.json")
+        hist = read_json(w / "drafters" / run / "history.json", list)
         assert hist[-1]["step"] == 6  # 2 epochs x 12 sequences / global batch 4
     zir = read_json(w / "drafters" / "zero_init_residual" / "fingerprint.json")["fingerprint"]
     assert zir["init_from"] == str((inputs[0] / "dflash").resolve())

@@ -52,7 +52,8 @@ def _status_folder(root: Path, archive: Path) -> tuple[str, dict]:
     if len(found) != 1:
         raise ValueError(f"{archive}: holds {len(found)} {STATUS} files; expected one (an archive written by "
                          "`dmtp pipeline --archive`)")
-    state = read_json(found[0])
+    inside = found[0].relative_to(root).as_posix()
+    state = read_json(found[0], where=f"{archive}: {inside}")
     folder = found[0].parent.relative_to(root).as_posix()
     if state.get("folder") != folder:
         raise ValueError(f"{archive}: {STATUS} names folder {state.get('folder')!r} but lies in {folder!r}")

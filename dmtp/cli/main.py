@@ -210,7 +210,7 @@ def generate_into(a, out: Path):
             where = f"{a.prompts}:{p['line']}" if "line" in p else f"{dataset} prompt {p['id']}"
             raise ValueError(f"{where}: {len(p['prompt_ids'])} prompt tokens + --max-new-tokens {a.max_new_tokens} "
                              f"exceed the target's {limit} positions (max_position_embeddings)")
-    eng = override(EngineConfig(dtype=a.dtype), a.engine)  # every setting checked before a model loads
+    eng = override(EngineConfig(dtype=a.dtype), a.engine, "--engine")  # every setting checked before a model loads
     want = stages.fingerprint(dict(
         target=str(Path(a.target).resolve()), target_modified=_modified(a.target), method=a.method,
         drafter=str(Path(a.drafter).resolve()) if a.drafter else None,

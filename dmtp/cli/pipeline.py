@@ -381,7 +381,7 @@ def st_drafters(c: Ctx):
         for seed in spec.seeds:
             d = drafters_dir(c, seed)
             if d.exists():
-                hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): read_json(n / "history.json")
+                hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): read_json(n / "history.json", list)
                              for n in sorted(d.iterdir()) if (n / "history.json").exists()})
         write_json(c.res / "drafters" / "train_history.json", hist)
 
@@ -580,7 +580,7 @@ def st_curve(c: Ctx):
         if k < c.p.train.steps and not spec.anneal:
             tokens = read_json(src / "snapshot.json")["train_tokens"]
         else:
-            tokens = read_json(src / "history.json")[-1].get("tokens")
+            tokens = read_json(src / "history.json", list)[-1].get("tokens")
             require(tokens is not None, f"{src}/history.json has no training-token count (trained before it was "
                     "recorded): retrain with --force")
         t0 = time.time()

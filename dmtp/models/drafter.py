@@ -108,7 +108,11 @@ class DrafterConfig:
         require(self.is_causal in (None, True, False), f"is_causal {self.is_causal!r}: expected true, false or null")
         if not self.target_layer_ids:
             self.target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
-        self.target_layer_ids = [int(x) for x in self.target_layer_ids]
+        # a tap indexes the target's hidden states: a negative one would count from the end, a fraction be cut
+        require(isinstance(self.target_layer_ids, (list, tuple)) and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.target_layer_ids),
+            f"target_layer_ids={self.target_layer_ids!r}: expected a list of target layer indices, integers >= 0")
+        self.target_layer_ids = list(self.target_layer_ids)
 
     @property
     def num_candidates(self) -> int:
