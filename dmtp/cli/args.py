@@ -108,6 +108,12 @@ def guard(prog: str, fn, *args):
         sys.exit(2)
 
 
+def _cause(p: Path, e: OSError) -> str:
+    """Why a folder could not be made at `p`: a file where a parent folder should be, or the system's reason."""
+    blocker = next((q for q in p.parents if q.exists() and not q.is_dir()), None)
+    return f"{blocker} is a file, not a folder" if blocker else (e.strerror or str(e))
+
+
 def out_file(path, flag: str = "--out") -> Path:
     """An output file path checked before any work: not a folder, its folder creatable and writable."""
     p = Path(path)
@@ -119,7 +125,7 @@ def out_file(path, flag: str = "--out") -> Path:
         if p.exists():
             open(p, "a").close()
     except OSError as e:
-        raise ValueError(f"{flag} {p}: cannot write there ({e.strerror or e})") from None
+        raise ValueError(f"{flag} {p}: cannot write there ({_cause(p, e)})") from None
     return p
 
 
@@ -132,7 +138,7 @@ def out_dir(path, flag: str = "--out") -> Path:
         p.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=p).close()
     except OSError as e:
-        raise ValueError(f"{flag} {p}: cannot write there ({e.strerror or e})") from None
+        raise ValueError(f"{flag} {p}: cannot write there ({_cause(p, e)})") from None
     return p
 
 

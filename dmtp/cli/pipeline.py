@@ -865,6 +865,9 @@ def main(a):
         out_file(archive, "--archive")
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
+    from dmtp.cli.args import out_dir
+
+    out_dir(c.work, "--work"), out_dir(c.res, "--results")  # a file there, or no right to write: named now
     runnable(c.p, stages)
     costs = read_costs(c.work, getattr(a, "costs", None))
     if not c.force:  # every finished or half-done output with another configuration, refused before any work

@@ -650,7 +650,7 @@ def main(a) -> None:
     prompts = Path(a.prompts) if a.prompts else None
     if prompts is not None and not prompts.exists():
         raise FileNotFoundError(f"--prompts {prompts}: no such file or folder")
-    c = Ctx(p, Path(target), Path(a.work or f"runs/{p.folder}"), data_paths(a.data_path), prompts,
+    c = Ctx(p, Path(target), args.out_dir(a.work or f"runs/{p.folder}", "--work"), data_paths(a.data_path), prompts,
             {}, a.force, a.device)
     c.init_from = init_paths(a.init_from, c.runs())
     c.train_group = a.train_group

@@ -662,6 +662,10 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
     if cfg.batch_size % world:
         raise ValueError(f"global batch {cfg.batch_size} is not divisible by {world} data-parallel ranks")
     micro, n_parts = micro_split(cfg, world)  # gradient accumulation: n_parts micro-batches of `micro` rows a rank
+    n_seqs = len(as_sequences(seqs))  # every step is a whole global batch of distinct sequences
+    if n_seqs < cfg.batch_size:
+        raise ValueError(f"the training data holds {n_seqs} sequence(s), fewer than one batch of "
+                         f"train.batch_size={cfg.batch_size}: give more data or a batch size of at most {n_seqs}")
     main = rank == 0
     static = compiled(cfg.compile, dev)  # the compiled path: fixed shapes, flex block masks, compiled losses
     start, hist, states = {}, {}, {}
