@@ -42,6 +42,7 @@ LAYER_TYPES = (FULL, SLIDING, ANCHOR)
 PUBLIC_ARCH = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 DMTP_ARCH = {"dflash": "DMTPDraftModel", "dflash2": "DMTPDFlash2DraftModel"}
 DMTP_MODEL_TYPE = "dmtp_drafter"
+DRAFTER_ARCHS = frozenset(PUBLIC_ARCH.values()) | frozenset(DMTP_ARCH.values())  # config.json names of a drafter
 
 
 @dataclass
@@ -169,6 +170,10 @@ class DrafterConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "DrafterConfig":
+        archs = d.get("architectures") or []
+        if archs and not DRAFTER_ARCHS & set(archs) and not (d.get("dflash_config") or d.get("dmtp_config")):
+            raise ValueError(f"architectures {archs}: not a drafter checkpoint (a target model's?); expected one of "
+                             f"{', '.join(sorted(DRAFTER_ARCHS))}, or a dflash_config")
         known = {f.name for f in fields(cls)} - {"layer_types", "sliding_window", "is_causal"}
         kw = {k: v for k, v in d.items() if k in known}
         dm = d.get("dmtp_config") or {}

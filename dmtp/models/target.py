@@ -10,6 +10,7 @@ exact recurrent state after any committed row (`cache.py` explains the scheme); 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def read_config(path: str | Path):
     settings that would make non-finite positions are refused (`finite.check_rope`)."""
     from transformers import AutoConfig
 
+    _not_a_drafter(path)
     try:
         cfg = AutoConfig.from_pretrained(str(path))
     except Exception as e:  # missing or broken config.json, an unknown model_type
@@ -49,6 +51,19 @@ def read_config(path: str | Path):
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     check_rope(cfg, f"{path}/config.json")
     return cfg
+
+
+def _not_a_drafter(path: str | Path) -> None:
+    """Refuse a drafter checkpoint given as a target (its config.json loads as a small Qwen3 model, then fails
+    far from the cause)."""
+    from dmtp.models.drafter import DRAFTER_ARCHS
+
+    try:
+        archs = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):  # unreadable or not an object: AutoConfig names the problem
+        return
+    if DRAFTER_ARCHS & set(archs):
+        raise ValueError(f"{path}: a drafter checkpoint (config.json architectures {archs}), not a target model")
 
 
 class Target(nn.Module):
@@ -84,6 +99,7 @@ class Target(nn.Module):
         path = Path(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"no HF checkpoint at {path} (config.json missing)")
+        _not_a_drafter(path)
         what, verbosity = f"target checkpoint {path}", hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # its load report: the mismatches are named below instead
         try:
