@@ -147,6 +147,8 @@ def data_paths(items: list[str]) -> dict[str, str]:
             raise KeyError(f"--data-path {item}: {e.args[0]}") from None
         if not Path(path).exists():
             raise FileNotFoundError(f"--data-path {key}={path}: no such file or folder")
+        require(out.get(key, path) == path, f"--data-path {key} given twice ({out.get(key)}, {path}): which copy "
+                "to read is ambiguous; give it once")
         out[key] = path
     return out
 
@@ -160,7 +162,10 @@ def init_paths(items: list[str], runs: list[str]) -> dict[str, str]:
         require(run in runs, f"--init-from {item!r}: {run!r} is not a drafter run of this profile "
                 f"({', '.join(runs)})")
         args.checkpoint(path, "--init-from", "drafter checkpoint")
-        out[run] = str(Path(path).resolve())
+        where = str(Path(path).resolve())
+        require(out.get(run, where) == where, f"--init-from: run {run!r} given twice ({out.get(run)}, {where}); "
+                "give each run one checkpoint")
+        out[run] = where
     return out
 
 

@@ -136,7 +136,23 @@ def find_tokenizer(path):
     path = Path(path)
     if not any((path / f).exists() for f in TOKENIZER_FILES):
         return None
-    return load_tokenizer(path)
+    tok = load_tokenizer(path)
+    vocab = _model_vocab(path)
+    if vocab is not None and len(tok) > vocab:  # its ids beyond the embedding would fail mid-decode, far from here
+        raise ValueError(f"{path}: the tokenizer has {len(tok)} tokens, more than the model's vocabulary of {vocab} "
+                         "(config.json vocab_size): a tokenizer of another model?")
+    return tok
+
+
+def _model_vocab(path: Path) -> int | None:
+    """vocab_size of the checkpoint's config.json in `path` (its text config), or None without one."""
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):  # no config (a tokenizer alone), or one that its own reader reports
+        return None
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    v = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def backend(tok) -> Tokenizer:
