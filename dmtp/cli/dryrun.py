@@ -68,6 +68,11 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
     flag = "--target" if target else f"${sc.target_env}"
     target = target or (os.environ.get(sc.target_env) if sc.target_env else None)
     cfg, source, mismatch = _text_config(target, prof, flag)
+    widths = {k: mismatch[k] for k in ("hidden_size", "vocab_size") if k in mismatch}
+    if widths:  # the profile's drafters (their mask token, their width) cannot be built for this target at all
+        raise ValueError(f"--profile {profile} is made for a target of "
+                         f"{ {k: a for k, (a, _) in widths.items()} } (its config); {flag} {target} has "
+                         f"{ {k: b for k, (_, b) in widths.items()} }")
     dtype = torch_dtype(prof.engine.dtype)
     checks = []
 

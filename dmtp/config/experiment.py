@@ -138,6 +138,8 @@ class EvalConfig:
                 f"eval.ood_runs={list(self.ood_runs)}: expected run names (at least one when eval.ood names a set)")
         require(all(isinstance(x, str) and x for x in self.stops),
                 f"eval.stops={list(self.stops)}: expected non-empty stop strings (or 'humaneval')")
+        require(bool(self.sets), "eval.sets={}: expected at least one dataset (an evaluation of no prompts makes "
+                "empty tables)")
         for ds, n in self.sets.items():
             require(isinstance(n, int) and not isinstance(n, bool) and n >= 1,
                     f"eval.sets={self.sets}: expected dataset name -> number of prompts >= 1")
