@@ -78,6 +78,20 @@ def w(tmp_path_factory):
     _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update(
         {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
     _edit(root / "zir", root / "d_nan", tensors=_set("norm.weight", float("inf")))
+    _edit(root / "zir", root / "d_negtap", config=lambda c: c["dmtp_config"]["dflash_config"].update(
+        target_layer_ids=[-1]))  # would index the hidden states from the end
+    from experiments.reproduce_standin import tokenizer
+
+    tokenizer().save_pretrained(root / "t_bigtok")  # 258 tokens, a model of 96
+    for f in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(root / "target" / f, root / "t_bigtok" / f)
+    import io
+    import tarfile
+
+    with tarfile.open(root / "list_status.tgz", "w:gz") as t:  # its pipeline.json a list, not the run's state
+        info = tarfile.TarInfo("smoke/pipeline.json")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"[1]"))
     (root / "surrogate.jsonl").write_text('{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "x = \\ud800"}\n')
     (root / "not_utf8.jsonl").write_bytes(b'{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "\xff"}\n')
     (root / "data_not_utf8.jsonl").write_bytes(b'{"ids": [3, 4, 5, 6, 7]}\n\n{"ids": [3], "x": "\xfe"}\n')
@@ -327,7 +341,44 @@ CASES = [  # (name, argv builder, what the error line must say)
                                                   "--results", str(w / "pr_made"), "--stage", "tables", "--set",
                                                   "eval.new_tokens=13"],
      "experiment.json: the runs were made with another experiment than the one requested (eval.new_tokens: 12 -> 13)"),
+    # checkpoints of the other kind, of another model, or contradicting themselves
+    ("target is a drafter", lambda w: ["generate", "--target", str(w / "zir")] + G(w)[3:],
+     "zir: a drafter checkpoint (config.json architectures ['DMTPDraftModel']), not a target model"),
+    ("drafter is a target", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "target")] + G(w)[5:],
+     "target/config.json: architectures ['Qwen3_5ForCausalLM']: not a drafter checkpoint (a target model's?)"),
+    ("train init-from a target", lambda w: TR(w, "--variants", "zero_init_residual", "--init-from",
+                                              f"zero_init_residual={w / 'target'}"), "not a drafter checkpoint"),
+    ("drafter tap negative", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "d_negtap")] + G(w)[5:],
+     "d_negtap/config.json: target_layer_ids=[-1]: expected a list of target layer indices, integers >= 0"),
+    ("tokenizer beyond the vocabulary", lambda w: ["generate", "--target", str(w / "t_bigtok")] + G(w)[3:],
+     "t_bigtok: the tokenizer has 258 tokens, more than the model's vocabulary of 96 (config.json vocab_size)"),
+    ("engine setting unknown", lambda w: G(w, "--engine", "bogus=1"), "--engine bogus: EngineConfig has no field"),
+    ("engine setting without value", lambda w: G(w, "--engine", "fast"), "--engine 'fast': expected KEY=VALUE, e.g. "
+     "engine=auto"),
+    ("train batch beyond the data", lambda w: TR(w, "--batch-size", "8", "--steps", "1"), "the training data holds 4 "
+     "sequence(s), fewer than one batch of train.batch_size=8"),
+    # output folders that are files, options given twice, stages made empty
+    ("pipeline work is a file", lambda w: P(w)[:4] + [str(w / "a_file")] + P(w)[5:], "a_file/smoke: cannot write "
+     "there ("),
+    ("pipeline results under a file", lambda w: P(w)[:6] + [str(w / "a_file")] + P(w)[7:],
+     "a_file is a file, not a folder)"),
+    ("reproduce work is a file", lambda w: ["reproduce", "--profile", "open-tiny", "--target", str(w / "target"),
+                                            "--work", str(w / "a_file")], "a_file: is a file; expected a folder"),
+    ("reproduce data-path twice", lambda w: ["reproduce", "--profile", "open-tiny", "--target", str(w / "target"),
+                                             "--work", str(w / "rw"), "--data-path", f"gsm8k={w / 'prompts.jsonl'}",
+                                             "--data-path", f"gsm8k={w / 'data.jsonl'}"],
+     "--data-path gsm8k given twice ("),
+    ("reproduce init-from twice", lambda w: ["reproduce", "--profile", "open-tiny", "--target", str(w / "target"),
+                                             "--work", str(w / "rw"), "--init-from", f"dflash={w / 'zir'}",
+                                             "--init-from", f"dflash={w / 'wide'}"], "run 'dflash' given twice"),
+    ("set eval sets empty", lambda w: P(w, "--set", "eval.subsets={}", "--set", "eval.sets={}"),
+     "eval.sets={}: expected at least one dataset"),
+    ("land a status that is no object", lambda w: ["land", str(w / "list_status.tgz"), "--results", str(w / "lr")],
+     "list_status.tgz: smoke/pipeline.json: expected a JSON object, got list"),
     # dmtp dryrun
+    ("dryrun target of another width", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target", str(w / "target")],
+     "--profile qwen3.6-27b is made for a target of {'hidden_size': 5120, 'vocab_size': 248320} (its config); "
+     "--target"),
     ("dryrun target missing", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target", str(w / "nope")],
      "nope: no config.json there (expected the target checkpoint's folder)"),
 ]
