@@ -78,6 +78,7 @@ def w(tmp_path_factory):
     _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update(
         {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
     _edit(root / "zir", root / "d_nan", tensors=_set("norm.weight", float("inf")))
+    _edit(root / "target", root / "t_dtype", config=lambda c: c.update(dtype="float99"))
     _edit(root / "zir", root / "d_negtap", config=lambda c: c["dmtp_config"]["dflash_config"].update(
         target_layer_ids=[-1]))  # would index the hidden states from the end
     from experiments.reproduce_standin import tokenizer
@@ -352,6 +353,8 @@ CASES = [  # (name, argv builder, what the error line must say)
      "d_negtap/config.json: target_layer_ids=[-1]: expected a list of target layer indices, integers >= 0"),
     ("tokenizer beyond the vocabulary", lambda w: ["generate", "--target", str(w / "t_bigtok")] + G(w)[3:],
      "t_bigtok: the tokenizer has 258 tokens, more than the model's vocabulary of 96 (config.json vocab_size)"),
+    ("target dtype unknown", lambda w: ["generate", "--target", str(w / "t_dtype")] + G(w)[3:],
+     "t_dtype/config.json: dtype='float99': expected a torch dtype name"),
     ("engine setting unknown", lambda w: G(w, "--engine", "bogus=1"), "--engine bogus: EngineConfig has no field"),
     ("engine setting without value", lambda w: G(w, "--engine", "fast"), "--engine 'fast': expected KEY=VALUE, e.g. "
      "engine=auto"),

@@ -43,7 +43,7 @@ def read_config(path: str | Path):
     settings that would make non-finite positions are refused (`finite.check_rope`)."""
     from transformers import AutoConfig
 
-    _not_a_drafter(path)
+    _check_raw_config(path)
     try:
         cfg = AutoConfig.from_pretrained(str(path))
     except Exception as e:  # missing or broken config.json, an unknown model_type
@@ -53,17 +53,27 @@ def read_config(path: str | Path):
     return cfg
 
 
-def _not_a_drafter(path: str | Path) -> None:
-    """Refuse a drafter checkpoint given as a target (its config.json loads as a small Qwen3 model, then fails
-    far from the cause)."""
+def _check_raw_config(path: str | Path) -> None:
+    """What config.json says before transformers reads it: a drafter checkpoint given as a target (it loads as a small
+    Qwen3 model, then fails far from the cause), a dtype field that names no torch dtype (transformers' error names
+    neither the file nor the field)."""
     from dmtp.models.drafter import DRAFTER_ARCHS
 
     try:
-        archs = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):  # unreadable or not an object: AutoConfig names the problem
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):  # unreadable: AutoConfig names the problem
         return
+    if not isinstance(raw, dict):
+        return
+    archs = raw.get("architectures") or []
     if DRAFTER_ARCHS & set(archs):
         raise ValueError(f"{path}: a drafter checkpoint (config.json architectures {archs}), not a target model")
+    for where, cfg in (("", raw), ("text_config.", raw.get("text_config"))):
+        for key in ("dtype", "torch_dtype"):
+            v = cfg.get(key) if isinstance(cfg, dict) else None
+            if v is not None and not (isinstance(v, str) and isinstance(getattr(torch, v, None), torch.dtype)):
+                raise ValueError(f"{path}/config.json: {where}{key}={v!r}: expected a torch dtype name (e.g. "
+                                 "bfloat16)")
 
 
 class Target(nn.Module):
@@ -99,7 +109,7 @@ class Target(nn.Module):
         path = Path(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"no HF checkpoint at {path} (config.json missing)")
-        _not_a_drafter(path)
+        _check_raw_config(path)
         what, verbosity = f"target checkpoint {path}", hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # its load report: the mismatches are named below instead
         try:
