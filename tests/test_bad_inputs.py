@@ -89,10 +89,11 @@ def w(tmp_path_factory):
     import io
     import tarfile
 
-    with tarfile.open(root / "list_status.tgz", "w:gz") as t:  # its pipeline.json a list, not the run's state
-        info = tarfile.TarInfo("smoke/pipeline.json")
-        info.size = 3
-        t.addfile(info, io.BytesIO(b"[1]"))
+    for name, state in (("list_status", b"[1]"), ("str_status", b'{"folder": "smoke", "finished": "no"}')):
+        with tarfile.open(root / f"{name}.tgz", "w:gz") as t:  # a state that is no object; `finished` a string
+            info = tarfile.TarInfo("smoke/pipeline.json")
+            info.size = len(state)
+            t.addfile(info, io.BytesIO(state))
     (root / "surrogate.jsonl").write_text('{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "x = \\ud800"}\n')
     (root / "not_utf8.jsonl").write_bytes(b'{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "\xff"}\n')
     (root / "data_not_utf8.jsonl").write_bytes(b'{"ids": [3, 4, 5, 6, 7]}\n\n{"ids": [3], "x": "\xfe"}\n')
@@ -378,6 +379,10 @@ CASES = [  # (name, argv builder, what the error line must say)
      "eval.sets={}: expected at least one dataset"),
     ("land a status that is no object", lambda w: ["land", str(w / "list_status.tgz"), "--results", str(w / "lr")],
      "list_status.tgz: smoke/pipeline.json: expected a JSON object, got list"),
+    ("land a status finished 'no'", lambda w: ["land", str(w / "str_status.tgz"), "--results", str(w / "lr")],
+     "str_status.tgz: smoke/pipeline.json: finished='no', missing=[]: expected true or false"),
+    ("land into a file", lambda w: ["land", str(w / "str_status.tgz"), "--results", str(w / "a_file")],
+     "a_file: is a file; expected a folder"),
     # dmtp dryrun
     ("dryrun target of another width", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target", str(w / "target")],
      "--profile qwen3.6-27b is made for a target of {'hidden_size': 5120, 'vocab_size': 248320} (its config); "

@@ -57,6 +57,11 @@ def _status_folder(root: Path, archive: Path) -> tuple[str, dict]:
     folder = found[0].parent.relative_to(root).as_posix()
     if state.get("folder") != folder:
         raise ValueError(f"{archive}: {STATUS} names folder {state.get('folder')!r} but lies in {folder!r}")
+    missing = state.get("missing", [])
+    if not isinstance(state.get("finished"), bool) or not (isinstance(missing, list)
+                                                            and all(isinstance(m, str) for m in missing)):
+        raise ValueError(f"{archive}: {inside}: finished={state.get('finished')!r}, missing={missing!r}: expected "
+                         "true or false, and a list of stage names")
     return folder, state
 
 
@@ -65,6 +70,9 @@ def land(archive: Path, results: Path, partial: bool = False, report: bool = Tru
     archive, results = Path(archive), Path(results)
     if not archive.is_file():
         raise FileNotFoundError(f"{archive}: no such archive")
+    from dmtp.cli.args import out_dir
+
+    out_dir(results, "--results")  # a file there, or no right to write: named before anything is unpacked
     with tempfile.TemporaryDirectory(dir=results.parent if results.parent.exists() else None) as tmp:
         try:
             with tarfile.open(archive, "r:gz") as t:
