@@ -322,6 +322,10 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("set a typo'd type", lambda w: P(w, "--set", "train.steps=ten"), "--set train.steps=ten"),
     ("unknown stage", lambda w: P(w)[:-1] + ["bogus"], "unknown stage 'bogus'"),
     ("deadline not positive", lambda w: P(w, "--deadline", "0"), "argument --deadline: expected a finite number > 0"),
+    ("deadline beyond the timer", lambda w: P(w, "--deadline", "1e300"), "--deadline 1e+300: expected a positive "
+     "number of seconds, at most 1e+08"),
+    ("reserve eats the deadline", lambda w: P(w, "--deadline", "60", "--reserve", "100"), "--reserve 100: expected "
+     "seconds >= 0 and below --deadline 60"),
     ("archive a folder", lambda w: P(w, "--archive", str(w)), ": is a folder; expected a file path"),
     ("costs not an object", lambda w: P(w, "--deadline", "60", "--costs", str(w / "target" / "config.json")),
      "expected a JSON object stage -> seconds"),

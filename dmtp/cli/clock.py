@@ -27,14 +27,18 @@ class DeadlineReached(BaseException):
     evaluation run does not cost the others) does not swallow it."""
 
 
+MAX_SECONDS = 1e8  # the longest deadline (three years): beyond it the interval timer's time_t overflows
+
+
 class Deadline:
     """Seconds left before `limit_s` (from construction) less `reserve_s`; None: no limit."""
 
     def __init__(self, limit_s: float | None, reserve_s: float = 30.0, clock=time.monotonic):
-        if limit_s is not None and limit_s <= 0:
-            raise ValueError(f"--deadline {limit_s}: expected a positive number of seconds")
-        if reserve_s < 0:
-            raise ValueError(f"--reserve {reserve_s}: expected seconds >= 0")
+        if limit_s is not None and not 0 < limit_s <= MAX_SECONDS:
+            raise ValueError(f"--deadline {limit_s:g}: expected a positive number of seconds, at most {MAX_SECONDS:g}")
+        if reserve_s < 0 or (limit_s is not None and reserve_s >= limit_s):
+            raise ValueError(f"--reserve {reserve_s:g}: expected seconds >= 0"
+                             + ("" if limit_s is None else f" and below --deadline {limit_s:g} (no time left to work)"))
         self.limit_s, self.reserve_s, self.clock, self.t0 = limit_s, reserve_s, clock, clock()
 
     def left(self) -> float:
