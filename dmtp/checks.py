@@ -114,3 +114,10 @@ def text(s: str, where: str) -> str:
         raise ValueError(f"{where}: not encodable text: a lone surrogate {s[e.start]!r} at character {e.start + 1} "
                          "(a \\ud800-\\udfff escape that is half of a pair, or bytes that are not UTF-8)") from None
     return s
+
+
+def gist(e: BaseException, limit: int = 300) -> str:
+    """An exception's message as one line: every line of it joined (a library's first line is often only a heading,
+    e.g. "Validation error for field 'eos_token_id':"), cut at `limit` characters."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

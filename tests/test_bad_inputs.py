@@ -78,6 +78,7 @@ def w(tmp_path_factory):
     _edit(root / "zir", root / "d_shape", tensors=lambda sd: sd.update(
         {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
     _edit(root / "zir", root / "d_nan", tensors=_set("norm.weight", float("inf")))
+    _edit(root / "target", root / "t_types", config=lambda c: c.update(layer_types=c["layer_types"][:3]))
     _edit(root / "target", root / "t_dtype", config=lambda c: c.update(dtype="float99"))
     _edit(root / "zir", root / "d_negtap", config=lambda c: c["dmtp_config"]["dflash_config"].update(
         target_layer_ids=[-1]))  # would index the hidden states from the end
@@ -358,6 +359,9 @@ CASES = [  # (name, argv builder, what the error line must say)
      "d_negtap/config.json: target_layer_ids=[-1]: expected a list of target layer indices, integers >= 0"),
     ("tokenizer beyond the vocabulary", lambda w: ["generate", "--target", str(w / "t_bigtok")] + G(w)[3:],
      "t_bigtok: the tokenizer has 258 tokens, more than the model's vocabulary of 96 (config.json vocab_size)"),
+    ("target layer types of another count", lambda w: ["generate", "--target", str(w / "t_types")] + G(w)[3:],
+     "t_types/config.json cannot be read: Class validation error for validator 'validate_layer_type': ValueError: "
+     "`num_hidden_layers` (4) must be equal to the number of `layer_types` (3)"),  # the library's lines, joined
     ("target dtype unknown", lambda w: ["generate", "--target", str(w / "t_dtype")] + G(w)[3:],
      "t_dtype/config.json: dtype='float99': expected a torch dtype name"),
     ("engine setting unknown", lambda w: G(w, "--engine", "bogus=1"), "--engine bogus: EngineConfig has no field"),

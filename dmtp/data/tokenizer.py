@@ -27,6 +27,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 
+from dmtp.checks import gist
 from dmtp.data.corpus import iter_documents
 from dmtp.io import atomic_path, read_json
 
@@ -124,7 +125,7 @@ def load_tokenizer(path):
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # files that parse but do not make a tokenizer (a vocabulary missing, ...)
-        raise ValueError(f"tokenizer in {path} cannot be loaded: {str(e).splitlines()[0][:200]}") from None
+        raise ValueError(f"tokenizer in {path} cannot be loaded: {gist(e)}") from None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

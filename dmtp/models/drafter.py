@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from dmtp.checks import at_least, check, non_negative, positive, require
+from dmtp.checks import at_least, check, gist, non_negative, positive, require
 from dmtp.io import atomic_dir, save_safetensors
 from dmtp.models.attention import Rule, layer_masks
 from dmtp.models.dflash2 import Layer2, Selector, is_dflash2, reset_parameters
@@ -415,7 +415,7 @@ class Drafter(nn.Module):
                 sd[k[:-len(".weight")]] = sd.pop(k)  # an nn.Embedding's key (the published files have none)
         except Exception as e:  # truncated / not safetensors (SafetensorError)
             raise ValueError(f"drafter checkpoint {path}/model.safetensors cannot be loaded: "
-                             f"{str(e).splitlines()[0][:300]}") from None
+                             f"{gist(e)}") from None
         old = [k for k in sd if k.startswith("selector.") or ".conv_attn." in k or ".conv_mlp." in k]
         if old:
             raise ValueError(f"drafter checkpoint {path}: DFlash2 weights in the suite's former layout ({old[:3]}); "

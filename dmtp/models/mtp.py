@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from dmtp.checks import gist
 from dmtp.io import make_readable, save_safetensors, write_failure
 from dmtp.models.cache import KVCache, causal_mask
 from dmtp.models.weights import check_finite, check_fits
@@ -191,7 +192,7 @@ def read_prefixed_tensors(path: str | Path, prefix: str) -> dict[str, torch.Tens
                     if k.startswith(prefix):
                         out[k[len(prefix):]] = fh.get_tensor(k)
         except Exception as e:  # SafetensorError (truncated, empty, not safetensors), a missing shard
-            raise ValueError(f"{f}: cannot be read as safetensors ({str(e).splitlines()[0][:200]})") from None
+            raise ValueError(f"{f}: cannot be read as safetensors ({gist(e)})") from None
     return out
 
 

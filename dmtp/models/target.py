@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from dmtp.checks import gist
 from dmtp.models.cache import KVCache, causal_mask
 from dmtp.models.finite import check_rope, nonfinite
 from dmtp.models.weights import check_finite, refuse_misfit
@@ -47,7 +48,7 @@ def read_config(path: str | Path):
     try:
         cfg = AutoConfig.from_pretrained(str(path))
     except Exception as e:  # missing or broken config.json, an unknown model_type
-        raise ValueError(f"{path}/config.json cannot be read: {str(e).splitlines()[0][:200]}") from None
+        raise ValueError(f"{path}/config.json cannot be read: {gist(e)}") from None
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     check_rope(cfg, f"{path}/config.json")
     return cfg
@@ -117,7 +118,7 @@ class Target(nn.Module):
                 path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,
                 ignore_mismatched_sizes=True)
         except Exception as e:  # a broken config.json or weights file (OSError, SafetensorError, ...)
-            raise ValueError(f"{what} cannot be loaded: {str(e).splitlines()[0][:300]}") from None
+            raise ValueError(f"{what} cannot be loaded: {gist(e)}") from None
         finally:
             hf_logging.set_verbosity(verbosity)
         own = lambda keys: [k for k in keys if not k.startswith("mtp.")]  # noqa: E731 (mtp.*: the head, mtp.py)
