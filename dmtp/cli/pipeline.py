@@ -695,6 +695,10 @@ def st_tables(c: Ctx):
         require(not d, f"{path}: the runs were made with another experiment than the one requested "
                 f"({', '.join(d[:6])}); the tables show the runs there are: drop the --set, or run the eval stage "
                 "with it first")
+    runs = c.res / "runs" / "ablation"
+    if not runs.is_dir():  # no run decoded yet: nothing to tabulate
+        raise FileNotFoundError(f"{runs} is not there: run the eval stage first (dmtp pipeline --profile {c.p.name} "
+                                "--stage eval)")
     write_subsets(c)
     lossless_check(c)
     render_tables(c.p.folder, c.res.parents[c.p.folder.count("/")])
