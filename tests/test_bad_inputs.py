@@ -339,8 +339,8 @@ CASES = [  # (name, argv builder, what the error line must say)
      "finished: run the drafters stage first (dmtp pipeline --profile smoke --stage drafters)"),
     ("eval of a baseline on an empty work folder", lambda w: P(w)[:-1] + ["eval", "--set", "ablation.only=ar"],
      "smoke/target is not there or not finished: run the target stage first"),
-    ("tables on an empty results folder", lambda w: P(w)[:-1] + ["tables"], "smoke/runs/ablation is not there: run "
-     "the eval stage first (dmtp pipeline --profile smoke --stage eval)"),
+    ("tables on an empty results folder", lambda w: P(w)[:6] + [str(w / "pr_none"), "--stage", "tables"],
+     "smoke/runs/ablation is not there: run the eval stage first (dmtp pipeline --profile smoke --stage eval)"),
     ("drafters on an empty work folder", lambda w: P(w)[:-1] + ["drafters"], "smoke/data/train.jsonl is not there "
      "or not finished: run the data stage first"),
     ("a corrupt stage record", lambda w: ["pipeline", "--profile", "smoke", "--work", str(w / "pw_corrupt"),
