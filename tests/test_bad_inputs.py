@@ -79,6 +79,7 @@ def w(tmp_path_factory):
         {"fc.weight": sd["fc.weight"][:, :16].contiguous()}))
     _edit(root / "zir", root / "d_nan", tensors=_set("norm.weight", float("inf")))
     _edit(root / "target", root / "t_types", config=lambda c: c.update(layer_types=c["layer_types"][:3]))
+    _edit(root / "target", root / "t_list", files={"config.json": b"[1, 2]"})
     _edit(root / "target", root / "t_dtype", config=lambda c: c.update(dtype="float99"))
     _edit(root / "zir", root / "d_negtap", config=lambda c: c["dmtp_config"]["dflash_config"].update(
         target_layer_ids=[-1]))  # would index the hidden states from the end
@@ -364,6 +365,8 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("target layer types of another count", lambda w: ["generate", "--target", str(w / "t_types")] + G(w)[3:],
      "t_types/config.json cannot be read: Class validation error for validator 'validate_layer_type': ValueError: "
      "`num_hidden_layers` (4) must be equal to the number of `layer_types` (3)"),  # the library's lines, joined
+    ("target config a list", lambda w: ["generate", "--target", str(w / "t_list")] + G(w)[3:],
+     "t_list/config.json: expected a JSON object, got list"),
     ("target dtype unknown", lambda w: ["generate", "--target", str(w / "t_dtype")] + G(w)[3:],
      "t_dtype/config.json: dtype='float99': expected a torch dtype name"),
     ("engine setting unknown", lambda w: G(w, "--engine", "bogus=1"), "--engine bogus: EngineConfig has no field"),

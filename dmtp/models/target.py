@@ -65,7 +65,7 @@ def _check_raw_config(path: str | Path) -> None:
     except (OSError, ValueError):  # unreadable: AutoConfig names the problem
         return
     if not isinstance(raw, dict):
-        return
+        raise ValueError(f"{path}/config.json: expected a JSON object, got {type(raw).__name__}")
     archs = raw.get("architectures") or []
     if DRAFTER_ARCHS & set(archs):
         raise ValueError(f"{path}: a drafter checkpoint (config.json architectures {archs}), not a target model")
