@@ -51,6 +51,8 @@ def w(tmp_path_factory):
         cfg = json.loads((root / "noeos" / f).read_text())
         cfg.pop("eos_token_id", None)
         (root / "noeos" / f).write_text(json.dumps(cfg))
+    shutil.copytree(root / "target", root / "geneos")
+    (root / "geneos" / "generation_config.json").write_text(json.dumps({"eos_token_id": "<|endoftext|>"}))
     tiny.save(tgt, mtp, root / "nomtp", with_mtp=False)
     shutil.copytree(root / "target", root / "trunc")
     b = (root / "trunc" / "model.safetensors").read_bytes()
@@ -258,6 +260,8 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("eos not ids", lambda w: G(w, "--eos", "abc"), "--eos 'abc': expected comma-separated token ids, or none"),
     ("eos out of range", lambda w: G(w, "--eos", "500"), "end-of-text id 500 (--eos) outside the vocabulary"),
     ("no eos anywhere", lambda w: ["generate", "--target", str(w / "noeos")] + G(w)[3:], "no end-of-text id"),
+    ("eos of generation_config not ids", lambda w: ["generate", "--target", str(w / "geneos")] + G(w)[3:],
+     "generation_config.json: eos_token_id must be a token id or a list of ids, not '<|endoftext|>'"),
     # dmtp generate: evaluation mode and stop strings
     ("mode unknown", lambda w: G(w, "--mode", "greedy"), "argument --mode: invalid choice: 'greedy'"),
     ("stop with fixed", lambda w: G(w, "--mode", "fixed", "--stop", "x"), "--stop takes --mode natural"),

@@ -237,3 +237,21 @@ def test_mode_errors(byte_models):
                     ({"mode": "greedy"}, "unknown evaluation mode 'greedy'")]:
         with pytest.raises(ValueError, match=msg):
             run_generate(tgt, ar, rows, 0.0, 4, [0], 1, **kw)
+
+
+def test_end_of_text_ids_come_from_every_file_that_names_one(tmp_path):
+    """config.json's eos_token_id, generation_config.json's (Qwen releases list `<|im_end|>` and `<|endoftext|>`
+    there; the engines stop at each) and the tokenizer's, all of them; --eos replaces them."""
+    import json
+    from types import SimpleNamespace
+
+    from dmtp.cli.args import eos_ids
+
+    cfg, tok = SimpleNamespace(eos_token_id=3), SimpleNamespace(eos_token_id=5)
+    assert eos_ids(None, cfg, tok, 10, tmp_path) == [3, 5]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 3]}))
+    assert eos_ids(None, cfg, tok, 10, tmp_path) == [3, 5, 7]
+    assert eos_ids("4", cfg, tok, 10, tmp_path) == [4] and eos_ids("none", cfg, tok, 10, tmp_path) == []
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 12}))
+    with pytest.raises(ValueError, match=r"end-of-text id 12 \(.*generation_config.json.*\) outside the vocabulary"):
+        eos_ids(None, cfg, tok, 10, tmp_path)

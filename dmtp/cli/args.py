@@ -10,6 +10,7 @@ of the suite and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -200,8 +201,25 @@ def device(name: str | None) -> str:
     return name
 
 
+def _generation_eos(target) -> list[int]:
+    """The end-of-text ids of `target`/generation_config.json (where releases list every id the model ends a turn
+    with, e.g. Qwen's `<|im_end|>` and `<|endoftext|>`; serving engines stop at each), or none."""
+    path = Path(target) / "generation_config.json"
+    if not path.exists():
+        return []
+    try:
+        e = json.loads(path.read_text()).get("eos_token_id")
+    except (ValueError, AttributeError):
+        raise ValueError(f"{path}: not a JSON object") from None
+    ids = [e] if isinstance(e, int) else e if isinstance(e, list) else [] if e is None else None
+    if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{path}: eos_token_id must be a token id or a list of ids, not {e!r}")
+    return ids
+
+
 def eos_ids(flag, cfg, tok, vocab_size, target) -> list[int]:
-    """End-of-text ids: --eos (ids, or `none`), else the config's eos_token_id and the tokenizer's; never invented."""
+    """End-of-text ids: --eos (ids, or `none`), else the config's eos_token_id, generation_config.json's and the
+    tokenizer's (all of them: a turn ends at any); never invented."""
     if flag is not None:
         if flag.strip().lower() == "none":
             return []
@@ -211,16 +229,17 @@ def eos_ids(flag, cfg, tok, vocab_size, target) -> list[int]:
             raise ValueError(f"--eos {flag!r}: expected comma-separated token ids, or none") from None
     else:
         e = getattr(cfg, "eos_token_id", None)
-        ids = [e] if isinstance(e, int) else list(e or [])
+        ids = ([e] if isinstance(e, int) else list(e or [])) + _generation_eos(target)
         if tok is not None and tok.eos_token_id is not None:
             ids.append(tok.eos_token_id)
         if not ids:
-            raise ValueError(f"no end-of-text id: {target}/config.json sets no eos_token_id and the folder has no "
-                             "tokenizer files; pass --eos ID[,ID] (or --eos none to always decode --max-new-tokens)")
+            raise ValueError(f"no end-of-text id: {target}/config.json and generation_config.json set no eos_token_id "
+                             "and the folder has no tokenizer files; pass --eos ID[,ID] (or --eos none to always "
+                             "decode --max-new-tokens)")
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
-        raise ValueError(f"end-of-text id {bad[0]} ({'--eos' if flag else 'config.json'}) outside the vocabulary "
-                         f"[0, {vocab_size})")
+        where = "--eos" if flag else f"{target}: config.json, generation_config.json or the tokenizer"
+        raise ValueError(f"end-of-text id {bad[0]} ({where}) outside the vocabulary [0, {vocab_size})")
     return sorted(set(ids))
 
 

@@ -427,7 +427,8 @@ def main(argv=None):
     g.add_argument("--max-new-tokens", type=args.at_least(1), default=128)
     g.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
     g.add_argument("--batch-size", type=args.at_least(1), default=16)
-    g.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: the target's config and tokenizer)")
+    g.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: every id the target's config.json, "
+                   "generation_config.json and tokenizer name)")
     g.add_argument("--mode", default="natural", choices=EVAL_MODES, help="natural: stop at EOS / --stop strings / "
                    "length; fixed: ignore EOS, decode exactly --max-new-tokens")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable (a newline from bash: "
