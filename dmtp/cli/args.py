@@ -152,7 +152,9 @@ def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True)
     if not p.is_dir():
         raise FileNotFoundError(f"{flag} {p}: no such folder (expected a {what} folder with config.json)")
     if not (p / "config.json").exists():
-        raise FileNotFoundError(f"{flag} {p}: no config.json (expected a {what} folder)")
+        inner = p / "drafter"  # a training run's folder (`dmtp train --out DIR` writes DIR/<run>/drafter)
+        hint = f"; {inner} is one: pass that" if (inner / "config.json").exists() else ""
+        raise FileNotFoundError(f"{flag} {p}: no config.json (expected a {what} folder){hint}")
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise FileNotFoundError(f"{flag} {p}: no weights (*.safetensors or *.bin) beside config.json")
     why = unfinished_training(p) if finished else None

@@ -179,7 +179,13 @@ def generate_into(a, out: Path):
     if not cls.needs_drafter and a.drafter:
         raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
     if cls.needs_drafter:
-        get_variant(split_drafts(a.method)[0])  # an unknown name fails with the known ones ("-k<n>": a limit)
+        base = split_drafts(a.method)[0]
+        if base in code().backbones:  # a run name of the ablation (dmtp_d2: a variant on another backbone)
+            variant, backbone = code().backbones[base]
+            raise ValueError(f"--method {a.method}: a run of the ablation ({variant} on the {backbone} backbone), not "
+                             f"a method: give --method {variant + a.method[len(base):]} and that run's drafter (its "
+                             "checkpoint holds the backbone)")
+        get_variant(base)  # an unknown name fails with the known ones ("-k<n>": a limit)
         if not a.drafter:
             raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
         args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")
