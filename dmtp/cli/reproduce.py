@@ -666,5 +666,6 @@ def main(a) -> None:
             wall = time.time() - t0
             if info is not None and c.main:
                 record_stage(c, s, wall, info)
+            dist.barrier()  # rank 0 writes a stage's merged files last (train.jsonl, ...): the next stage reads them
             c.log(f"stage {s} done in {wall:.1f}s")
     dist.destroy()
