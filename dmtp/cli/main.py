@@ -1,8 +1,10 @@
 """`dmtp` command line.
 
     dmtp variants
-    dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \
+    dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \\
         --max-new-tokens 128 --out out.jsonl
+    dmtp generate --target T --method zero_init_residual --drafter DIR/zero_init_residual/drafter ...  # trained
+    dmtp generate --target T --method zero_init_residual --drafter DIR/dmtp_d2/drafter ...   # DFlash2: by variant
     dmtp generate --target PATH --method mtp --dataset gsm8k [--data-path FILE] --out gsm8k.jsonl
     dmtp generate ... --temperature 1 --verify block   # drafts sampled, block verification (target | sample | block)
     dmtp generate --target PATH --method ar --prompts he.jsonl --mode natural --stop humaneval --out out.jsonl
@@ -14,7 +16,9 @@
     dmtp pipeline --profile mini --deadline 3300 --archive mini.tgz   # within a job's time limit; rerun resumes
     dmtp land mini.tgz                      # on another machine: the packed results into results/
     dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
+    dmtp dryrun --profile qwen3.6-27b --target CKPT --gpus 8 --gpu-mem 80   # its config, and the per-GPU plan
     dmtp reproduce --profile qwen3.6-27b --target CKPT --data-path gsm8k=PATH ...   # the blog's open reproduction
+    dmtp reproduce --profile open-tiny --target TINY_CKPT ...   # the same protocol at toy size (a CPU rehearsal)
 
 Inputs are checked before any work; a bad one stops with one line naming it (exit 2). `dmtp generate` appends its
 records batch by batch and a rerun resumes; an output or drafter made with another configuration is refused
