@@ -65,6 +65,10 @@ def cmd_variants(a):
     w = max(map(len, REGISTRY))
     for name, cls in sorted(REGISTRY.items()):
         print(f"{name:<{w}}  {cls.description}")
+    print("\nruns on another backbone (`dmtp train --variants` takes the run's name; `dmtp generate --method` the "
+          "variant's):")
+    for run, (variant, backbone) in code().backbones.items():
+        print(f"{run:<{w}}  {variant} on the {backbone} backbone")
 
 
 def load_models(target_path, drafter_path, method, device, dtype):
