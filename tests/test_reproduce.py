@@ -247,6 +247,23 @@ def test_a_missing_set_is_named_in_one_line(inputs, tmp_path, capsys, monkeypatc
     assert e.value.code == 2 and "is made for a target of" in capsys.readouterr().err
 
 
+def test_a_drafter_of_another_target_is_refused_before_any_work(inputs, tmp_path, capsys):
+    """--init-from a public DFlash drafter made for another model (another width): one line naming both widths
+    before regeneration, not a shape error once training starts."""
+    root, target, files = inputs
+    wide = S.public_dflash(tmp_path / "wide", target)
+    cfg = read_json(wide / "config.json")
+    (wide / "config.json").write_text(json.dumps(dict(cfg, hidden_size=2048)))
+    work = tmp_path / "w"
+    with pytest.raises(SystemExit) as e:
+        dmtp(["reproduce", "--profile", "open-tiny", "--target", str(target), "--work", str(work),
+              *S.data_flags(files), "--init-from", f"fusion={wide}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and not (work / "data").exists()
+    assert f"--init-from fusion={wide}: a drafter for a target of {{'hidden_size': 2048, 'vocab_size': 260}}, " \
+        "--target has {'hidden_size': 64, 'vocab_size': 260}" in err
+
+
 def test_paper_profiles_evaluate_with_the_blogs_protocol():
     for name in ("qwen3.6-27b", "qwen3.6-35b-a3b"):
         ev = get_profile(name).eval

@@ -163,6 +163,22 @@ def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True)
     return p
 
 
+def drafter_of(path, flag: str, target_cfg) -> None:
+    """A drafter checkpoint to continue is made for a target of `target_cfg`'s widths (hidden, vocabulary); else
+    refused in one line naming both, before any work."""
+    from dmtp.io import read_json
+    from dmtp.models.drafter import DrafterConfig
+
+    keys = ("hidden_size", "vocab_size")
+    try:
+        d = DrafterConfig.from_hf_dict(read_json(Path(path) / "config.json"))
+    except (ValueError, TypeError) as e:  # not JSON, a field out of range
+        raise ValueError(f"{flag}{path}: config.json: {e}") from None
+    got, want = ({k: getattr(c, k) for k in keys} for c in (d, target_cfg))
+    if got != want:
+        raise ValueError(f"{flag}{path}: a drafter for a target of {got}, --target has {want}")
+
+
 def unfinished_training(p: Path) -> str | None:
     """Why checkpoint folder `p` is a training's intermediate save, or None: `dmtp train` (and the pipeline's drafters
     stage) save <run>/drafter every `save_every` steps and write <run>/DONE after the last; a <run> with its

@@ -50,7 +50,7 @@ from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
-from dmtp.io import append_jsonl, check_decoded, file_sha256, iter_jsonl, one_writer, read_json, read_jsonl, write_meta
+from dmtp.io import append_jsonl, check_decoded, file_sha256, iter_jsonl, one_writer, read_jsonl, write_meta
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
@@ -308,12 +308,7 @@ def cmd_train(a):
             raise ValueError(f"--init-from {item!r}: expected NAME=PATH with NAME one of --variants "
                              f"({','.join(variants)})")
         init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
-        try:
-            got = widths(DrafterConfig.from_hf_dict(read_json(Path(path) / "config.json")))
-        except (ValueError, TypeError) as e:  # not JSON, a field out of range
-            raise ValueError(f"--init-from {v}={path}: config.json: {e}") from None
-        require(got == widths(cfg_t), f"--init-from {v}={path}: a drafter for a target of {got}, --target has "
-                f"{widths(cfg_t)}")
+        args.drafter_of(path, f"--init-from {v}=", cfg_t)
     where = "--mask-token-id" if mask_flag else f"profile {a.profile}'s drafter.mask_token_id" if a.profile and \
         prof.drafter.mask_token_id >= 0 else "the default --mask-token-id"
     require(0 <= a.mask_token_id < cfg_t.vocab_size, f"{where} {a.mask_token_id}: expected a token id in "
