@@ -262,6 +262,15 @@ def test_a_drafter_of_another_target_is_refused_before_any_work(inputs, tmp_path
     assert e.value.code == 2 and len(err.splitlines()) == 1 and not (work / "data").exists()
     assert f"--init-from fusion={wide}: a drafter for a target of {{'hidden_size': 2048, 'vocab_size': 260}}, " \
         "--target has {'hidden_size': 64, 'vocab_size': 260}" in err
+    (wide / "config.json").write_text(json.dumps(dict(cfg, dflash_config=dict(cfg["dflash_config"],
+                                                                              target_layer_ids=[1, 20]))))
+    with pytest.raises(SystemExit) as e:
+        dmtp(["reproduce", "--profile", "open-tiny", "--target", str(target), "--work", str(work),
+              *S.data_flags(files), "--init-from", str(wide)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and not (work / "data").exists()
+    assert err.endswith(f"--init-from {wide}: a drafter for a deeper target (it reads layers [1, 20]), --target has "
+                        "4 layers"), err
 
 
 def test_paper_profiles_evaluate_with_the_blogs_protocol():

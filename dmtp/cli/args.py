@@ -164,8 +164,8 @@ def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True)
 
 
 def drafter_of(path, flag: str, target_cfg) -> None:
-    """A drafter checkpoint to continue is made for a target of `target_cfg`'s widths (hidden, vocabulary); else
-    refused in one line naming both, before any work."""
+    """A drafter checkpoint to continue is made for a target of `target_cfg`'s widths (hidden, vocabulary) and
+    reads layers it has; else refused in one line naming both, before any work."""
     from dmtp.io import read_json
     from dmtp.models.drafter import DrafterConfig
 
@@ -177,6 +177,10 @@ def drafter_of(path, flag: str, target_cfg) -> None:
     got, want = ({k: getattr(c, k) for k in keys} for c in (d, target_cfg))
     if got != want:
         raise ValueError(f"{flag}{path}: a drafter for a target of {got}, --target has {want}")
+    layers = target_cfg.num_hidden_layers  # the taps read layers 0..L-2 (the last one's output is post-norm)
+    if max(d.target_layer_ids) >= layers - 1:
+        raise ValueError(f"{flag}{path}: a drafter for a deeper target (it reads layers {d.target_layer_ids}), "
+                         f"--target has {layers} layers")
 
 
 def unfinished_training(p: Path) -> str | None:
