@@ -5,6 +5,8 @@ stop by themselves: the runs they make measure time, never acceptance.
 
     python -m experiments.reproduce_standin build --out /tmp/standin            # paper width (qwen3.6-27b), 4 layers
     python -m experiments.reproduce_standin build --out /tmp/tiny --tiny        # CPU toy size (what the test uses)
+    python -m experiments.reproduce_standin build --out /tmp/vl --tiny --arch qwen3_5_moe --layout vl \
+        --experts per_expert                                                   # the 35B-A3B's released layout
     python -m experiments.reproduce_standin project runs/standin/stages.json    # the full protocol's time, projected
 
 `build` writes OUT/target (config.json, safetensors with mtp.*, tokenizer files), OUT/data/<set> (gsm8k parquet
@@ -100,16 +102,42 @@ def write_sets(root: Path, n: int = 8, n_train: int = 16, seed: int = 0) -> dict
     return f
 
 
-def tiny_target(out: Path, arch: str = "qwen3_5_hybrid", seed: int = 0) -> Path:
+def tiny_target(out: Path, arch: str = "qwen3_5_hybrid", seed: int = 0, layout: str = "text",
+                experts: str = "fused") -> Path:
     """A tiny random target (dmtp.models.tiny) in the published Qwen3.5 layout with mtp.* keys and the tokenizer
-    above (vocabulary 260: the tokenizer's 258 ids and two spare)."""
+    above (vocabulary 260: the tokenizer's 258 ids and two spare). layout "vl": the same weights as Qwen3.5/3.6 ship
+    them (`Qwen3_5[Moe]ForConditionalGeneration`: nested text_config, a small vision tower, `model.language_model.*`
+    keys); experts (MoE): "fused" or "per_expert" (one tensor per expert, as the Qwen3.6-35B-A3B checkpoint)."""
     from dmtp.models import tiny
 
     tok = tokenizer()
     tgt, mtp = tiny.build(arch, seed=seed, vocab=len(tok) + 2, eos=tok.eos_token_id)
-    tiny.save(tgt, mtp, out)
+    if layout == "vl":
+        save_vl(tgt.model, mtp, out, experts)
+    elif layout == "text":
+        tiny.save(tgt, mtp, out, experts=experts)
+    else:
+        raise ValueError(f"layout must be 'text' or 'vl', not {layout!r}")
     save_tokenizer(tok, out)
     return out
+
+
+def save_vl(text_model, mtp, out: Path, experts: str = "fused") -> None:
+    """`text_model`'s weights (a Qwen3.5 / Qwen3.5-MoE causal LM) inside the vision-language class the Qwen3.5/3.6
+    releases use, with a one-block vision tower, saved with its MTP head."""
+    import transformers
+
+    from dmtp.models.mtp import save_target_with_mtp
+
+    moe = text_model.config.model_type == "qwen3_5_moe_text"
+    Config = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
+    VLM = transformers.Qwen3_5MoeForConditionalGeneration if moe else transformers.Qwen3_5ForConditionalGeneration
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, temporal_patch_size=2,
+                  spatial_merge_size=2, out_hidden_size=text_model.config.hidden_size)
+    vlm = VLM(Config(text_config=text_model.config.to_dict(), vision_config=vision))
+    vlm.model.language_model.load_state_dict(text_model.model.state_dict())
+    vlm.lm_head.load_state_dict(text_model.lm_head.state_dict())
+    save_target_with_mtp(vlm.to(text_model.dtype), mtp, out, experts=experts)
 
 
 def save_tokenizer(tok, out: Path) -> None:
@@ -206,6 +234,12 @@ def main(argv=None):
     b = sub.add_parser("build", help="target, data sets and a public DFlash checkpoint under --out")
     b.add_argument("--out", required=True)
     b.add_argument("--tiny", action="store_true", help="CPU toy size (dmtp.models.tiny) instead of paper width")
+    b.add_argument("--arch", default="qwen3_5_hybrid", choices=("qwen3_5_hybrid", "qwen3_5_moe"),
+                   help="with --tiny: dense hybrid (the 27B's kind) or MoE (the 35B-A3B's)")
+    b.add_argument("--layout", default="text", choices=("text", "vl"),
+                   help="with --tiny: text model classes, or the vision-language class Qwen3.5/3.6 ship as")
+    b.add_argument("--experts", default="fused", choices=("fused", "per_expert"),
+                   help="with --tiny --arch qwen3_5_moe: how expert weights are stored (per_expert: as released)")
     b.add_argument("--profile", default="qwen3.6-27b", help="paper profile whose target config is cut")
     b.add_argument("--layers", type=int, default=4, help="target depth at paper width (a multiple of 4)")
     b.add_argument("--rows", type=int, default=8, help="rows of each evaluation set")
@@ -218,8 +252,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.cmd == "build":
         out = Path(a.out)
-        target = tiny_target(out / "target") if a.tiny else paper_target(out / "target", a.profile, a.layers,
-                                                                          a.device)
+        target = tiny_target(out / "target", a.arch, layout=a.layout, experts=a.experts) if a.tiny else \
+            paper_target(out / "target", a.profile, a.layers, a.device)
         from experiments.profiles import get_profile
 
         d = get_profile(a.profile).drafter  # the paper drafter's shape (z-lab's Qwen3.6 drafters), one layer

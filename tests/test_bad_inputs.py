@@ -64,6 +64,7 @@ def w(tmp_path_factory):
                               head_dim=16, intermediate_size=64, num_target_layers=4, variant="zero_init_residual",
                               mask_token_id=2)).save(root / name)
     shutil.copytree(root / "zir", root / "dtrunc")
+    shutil.copytree(root / "zir", root / "zir_run" / "drafter")  # a `dmtp train` run folder: weights in drafter/
     (root / "dtrunc" / "model.safetensors").write_bytes(b"\x00" * 16)
     # weights and config.json that do not fit, numbers that are not finite, unreadable tokenizer files
     _edit(root / "target", root / "t_hidden", config=lambda c: c.update(hidden_size=96))
@@ -192,6 +193,13 @@ CASES = [  # (name, argv builder, what the error line must say)
      "method 'ar-k2': its run drafts nothing (k = 0), so it has no drafts to limit to 2"),
     ("limit 0", lambda w: G(w)[:4] + ["dflash-k0", "--drafter", str(w / "zir")] + G(w)[5:],
      "expected <run>-k<drafts>, drafts a whole number >= 1"),
+    ("run name as method", lambda w: G(w)[:4] + ["dmtp_d2-k4", "--drafter", str(w / "zir")] + G(w)[5:],
+     "--method dmtp_d2-k4: a run of the ablation (zero_init_residual on the dflash2 backbone), not a method: give "
+     "--method zero_init_residual-k4"),
+    ("drafter run folder", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "zir_run")] + G(w)[5:],
+     "zir_run: no config.json (expected a drafter checkpoint folder); "),
+    ("drafter run folder named", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "zir_run")]
+     + G(w)[5:], "zir_run/drafter is one: pass that"),
     ("target missing", lambda w: ["generate", "--target", str(w / "nope")] + G(w)[3:], "no such folder"),
     ("target without config", lambda w: ["generate", "--target", str(w / "empty")] + G(w)[3:], "no config.json"),
     ("target truncated", lambda w: ["generate", "--target", str(w / "trunc")] + G(w)[3:],

@@ -49,6 +49,19 @@ def test_dry_run_against_a_checkpoint_config(tmp_path, capsys):
         main(["dryrun", "--profile", "qwen3.6-27b", "--target", str(ckpt)])
     out = capsys.readouterr().out
     assert e.value.code == 1 and "FAILED config matches profile: linear_conv_kernel_dim: profile 4 != 3" in out
+    # another model's config (fewer layers): long lists are named by their length or first difference, not printed
+    text.update(num_hidden_layers=40, layer_types=text["layer_types"][:40], linear_conv_kernel_dim=4)
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
+    with pytest.raises(SystemExit) as e:
+        main(["dryrun", "--profile", "qwen3.6-27b", "--target", str(ckpt)])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "FAILED" in x)
+    assert e.value.code == 1 and line.endswith("num_hidden_layers: profile 64 != 40, layer_types: profile 64 entries "
+                                               "!= 40"), line
+    text.update(num_hidden_layers=64, layer_types=["full_attention"] * 64)
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
+    with pytest.raises(SystemExit) as e:
+        main(["dryrun", "--profile", "qwen3.6-27b", "--target", str(ckpt)])
+    assert "layer_types: profile [0] 'linear_attention' != 'full_attention'" in capsys.readouterr().out
 
 
 def test_embedded_profiles_have_no_paper_scale():

@@ -2,7 +2,8 @@
 keys, a chat template in its tokenizer config), a public-layout DFlash checkpoint to continue from, and tiny local
 copies of the six sets in their published formats. Every stage runs and the report's tables are rendered from the
 records; a run SIGKILLed during regeneration (then resumed on 2 ranks) and during training (its evaluation then on
-2 ranks) resumes to the same files, weights and records as an uninterrupted one."""
+2 ranks) resumes to the same files, weights and records as an uninterrupted one. The released vision-language layout
+(per-expert MoE) runs every stage in one 2-rank torchrun."""
 import json
 import os
 import shutil
@@ -246,6 +247,32 @@ def test_a_missing_set_is_named_in_one_line(inputs, tmp_path, capsys, monkeypatc
     assert e.value.code == 2 and "is made for a target of" in capsys.readouterr().err
 
 
+def test_a_drafter_of_another_target_is_refused_before_any_work(inputs, tmp_path, capsys):
+    """--init-from a public DFlash drafter made for another model (another width): one line naming both widths
+    before regeneration, not a shape error once training starts."""
+    root, target, files = inputs
+    wide = S.public_dflash(tmp_path / "wide", target)
+    cfg = read_json(wide / "config.json")
+    (wide / "config.json").write_text(json.dumps(dict(cfg, hidden_size=2048)))
+    work = tmp_path / "w"
+    with pytest.raises(SystemExit) as e:
+        dmtp(["reproduce", "--profile", "open-tiny", "--target", str(target), "--work", str(work),
+              *S.data_flags(files), "--init-from", f"fusion={wide}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and not (work / "data").exists()
+    assert f"--init-from fusion={wide}: a drafter for a target of {{'hidden_size': 2048, 'vocab_size': 260}}, " \
+        "--target has {'hidden_size': 64, 'vocab_size': 260}" in err
+    (wide / "config.json").write_text(json.dumps(dict(cfg, dflash_config=dict(cfg["dflash_config"],
+                                                                              target_layer_ids=[1, 20]))))
+    with pytest.raises(SystemExit) as e:
+        dmtp(["reproduce", "--profile", "open-tiny", "--target", str(target), "--work", str(work),
+              *S.data_flags(files), "--init-from", str(wide)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and not (work / "data").exists()
+    assert err.endswith(f"--init-from {wide}: a drafter for a deeper target (it reads layers [1, 20]), --target has "
+                        "4 layers"), err
+
+
 def test_paper_profiles_evaluate_with_the_blogs_protocol():
     for name in ("qwen3.6-27b", "qwen3.6-35b-a3b"):
         ev = get_profile(name).eval
@@ -309,3 +336,29 @@ def test_projection_prefers_the_steady_regeneration_rate():
     assert p2["rates"]["regen_tok_per_s_per_gpu"] == 1000.0 and p2["rates"]["regen_steady"]
     assert p2["hours"]["regen_h"] == pytest.approx(3600 * 1000 / 1000 / 3600)
     assert "includes compiling" in render(p1).splitlines()[1] and "includes compiling" not in render(p2)
+
+
+def test_the_vl_layout_runs_every_stage_on_two_ranks(tmp_path):
+    """Qwen3.6's published layout (`Qwen3_5MoeForConditionalGeneration`: nested text_config, a vision tower,
+    `model.language_model.*` keys, one tensor per expert, `mtp.*` beside) through the multi-GPU command on a fresh
+    work folder: every stage in one torchrun of 2 ranks (the other ranks wait for rank 0's merged files between
+    stages), lossless at T = 0, and the greedy output of the same weights saved in the text layout."""
+    target = S.tiny_target(tmp_path / "target", arch="qwen3_5_moe", layout="vl", experts="per_expert")
+    assert read_json(target / "config.json")["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    S.public_dflash(tmp_path / "dflash", target)
+    files = S.write_sets(tmp_path / "data", n=4, n_train=12)
+    work = tmp_path / "work"
+    p = _run(_cmd((tmp_path, target, files), work, "--set", "ablation.only=mtp,zero_init_residual"), nproc=2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert set(read_json(work / "stages.json")["stages"]) == {"regen", "train", "eval", "report"}
+    recs = {run: {ds: read_jsonl(work / "runs" / "open" / run / f"{ds}_T0.jsonl") for ds in SETS}
+            for run in ("mtp", "zero_init_residual")}
+    for ds in SETS:
+        assert [r["output_ids"] for r in recs["zero_init_residual"][ds]] == [r["output_ids"] for r in recs["mtp"][ds]]
+    twin = S.tiny_target(tmp_path / "twin", arch="qwen3_5_moe")  # the same weights, text layout, fused experts
+    out = tmp_path / "ar.jsonl"
+    dmtp(["generate", "--target", str(twin), "--method", "ar", "--dataset", "gsm8k", "--data-path",
+          str(files["gsm8k"]), "--max-new-tokens", "16", "--batch-size", "4", "--out", str(out)])
+    ar = read_jsonl(out)
+    want = [(r["id"], r["prompt_tokens"], r["output_ids"]) for r in recs["mtp"]["gsm8k"]]
+    assert [(r["id"], len(r["prompt_ids"]), r["output_ids"]) for r in ar] == want

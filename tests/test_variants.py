@@ -20,6 +20,18 @@ def test_registry_has_exactly_the_nine_variants_and_the_control():
         get_variant("fuse")
 
 
+def test_the_variants_command_lists_the_registry_and_the_backbone_runs(capsys):
+    """`dmtp variants`: every registered variant with its description, then the runs on another backbone by the
+    variant they decode as (what `dmtp generate --method` takes for them)."""
+    from dmtp.cli.main import main
+
+    main(["variants"])
+    out = capsys.readouterr().out.splitlines()
+    assert [x.split()[0] for x in out[: len(NAMES)]] == sorted(NAMES)
+    assert any(x.split() == ["dmtp_d2", "zero_init_residual", "on", "the", "dflash2", "backbone"] for x in out)
+    assert any(x.split() == ["dflash2", "dflash", "on", "the", "dflash2", "backbone"] for x in out)
+
+
 def test_layouts():
     lay = {n: get_variant(n).layout(get_variant(n), 7) for n in NAMES}
     assert lay["dflash"].kinds == ("A",) + ("M",) * 7 and lay["dflash"].offsets == tuple(range(8))

@@ -159,13 +159,35 @@ def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True)
     if not p.is_dir():
         raise FileNotFoundError(f"{flag} {p}: no such folder (expected a {what} folder with config.json)")
     if not (p / "config.json").exists():
-        raise FileNotFoundError(f"{flag} {p}: no config.json (expected a {what} folder)")
+        inner = p / "drafter"  # a training run's folder (`dmtp train --out DIR` writes DIR/<run>/drafter)
+        hint = f"; {inner} is one: pass that" if (inner / "config.json").exists() else ""
+        raise FileNotFoundError(f"{flag} {p}: no config.json (expected a {what} folder){hint}")
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise FileNotFoundError(f"{flag} {p}: no weights (*.safetensors or *.bin) beside config.json")
     why = unfinished_training(p) if finished else None
     if why:
         raise ValueError(f"{flag} {p}: {why}")
     return p
+
+
+def drafter_of(path, flag: str, target_cfg) -> None:
+    """A drafter checkpoint to continue is made for a target of `target_cfg`'s widths (hidden, vocabulary) and
+    reads layers it has; else refused in one line naming both, before any work."""
+    from dmtp.io import read_json
+    from dmtp.models.drafter import DrafterConfig
+
+    keys = ("hidden_size", "vocab_size")
+    try:
+        d = DrafterConfig.from_hf_dict(read_json(Path(path) / "config.json"))
+    except (ValueError, TypeError) as e:  # not JSON, a field out of range
+        raise ValueError(f"{flag}{path}: config.json: {e}") from None
+    got, want = ({k: getattr(c, k) for k in keys} for c in (d, target_cfg))
+    if got != want:
+        raise ValueError(f"{flag}{path}: a drafter for a target of {got}, --target has {want}")
+    layers = target_cfg.num_hidden_layers  # the taps read layers 0..L-2 (the last one's output is post-norm)
+    if max(d.target_layer_ids) >= layers - 1:
+        raise ValueError(f"{flag}{path}: a drafter for a deeper target (it reads layers {d.target_layer_ids}), "
+                         f"--target has {layers} layers")
 
 
 def unfinished_training(p: Path) -> str | None:

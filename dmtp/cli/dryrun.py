@@ -84,7 +84,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
         tgt = Target(model)
         mtp = MTPHead(tgt)
     H, L = tgt.hidden_size, tgt.num_layers
-    check("config matches profile", not mismatch, ", ".join(f"{k}: profile {a} != {b}" for k, (a, b) in
+    check("config matches profile", not mismatch, ", ".join(f"{k}: {_differ(a, b)}" for k, (a, b) in
                                                               mismatch.items()))
     check("layer types known", set(tgt.layer_types) <= {"full_attention", "linear_attention"},
           f"{tgt.layer_types.count('linear_attention')} linear + {tgt.layer_types.count('full_attention')} full")
@@ -226,6 +226,17 @@ def render(r: dict) -> str:
                      + (f"the largest batch that fits: {f['eval_most']}" if f["eval_most"] else
                         "not even one sequence fits"))
     return "\n".join(lines)
+
+
+def _differ(a, b) -> str:
+    """A profile value against the checkpoint's, in words; a long list (layer_types) by its length or its first
+    differing entry, not printed whole."""
+    if isinstance(a, list) and isinstance(b, list) and max(len(a), len(b)) > 8:
+        if len(a) != len(b):
+            return f"profile {len(a)} entries != {len(b)}"
+        i = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        return f"profile [{i}] {a[i]!r} != {b[i]!r}"
+    return f"profile {a} != {b}"
 
 
 def main(a) -> int:

@@ -1,8 +1,10 @@
 """`dmtp` command line.
 
     dmtp variants
-    dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \
+    dmtp generate --target PATH [--drafter PATH] --method NAME --prompts FILE.jsonl --temperature 0 \\
         --max-new-tokens 128 --out out.jsonl
+    dmtp generate --target T --method zero_init_residual --drafter DIR/zero_init_residual/drafter ...  # trained
+    dmtp generate --target T --method zero_init_residual --drafter DIR/dmtp_d2/drafter ...   # DFlash2: by variant
     dmtp generate --target PATH --method mtp --dataset gsm8k [--data-path FILE] --out gsm8k.jsonl
     dmtp generate ... --temperature 1 --verify block   # drafts sampled, block verification (target | sample | block)
     dmtp generate --target PATH --method ar --prompts he.jsonl --mode natural --stop humaneval --out out.jsonl
@@ -14,7 +16,9 @@
     dmtp pipeline --profile mini --deadline 3300 --archive mini.tgz   # within a job's time limit; rerun resumes
     dmtp land mini.tgz                      # on another machine: the packed results into results/
     dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
+    dmtp dryrun --profile qwen3.6-27b --target CKPT --gpus 8 --gpu-mem 80   # its config, and the per-GPU plan
     dmtp reproduce --profile qwen3.6-27b --target CKPT --data-path gsm8k=PATH ...   # the blog's open reproduction
+    dmtp reproduce --profile open-tiny --target TINY_CKPT ...   # the same protocol at toy size (a CPU rehearsal)
 
 Inputs are checked before any work; a bad one stops with one line naming it (exit 2). `dmtp generate` appends its
 records batch by batch and a rerun resumes; an output or drafter made with another configuration is refused
@@ -46,7 +50,7 @@ from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
-from dmtp.io import append_jsonl, check_decoded, file_sha256, iter_jsonl, one_writer, read_json, read_jsonl, write_meta
+from dmtp.io import append_jsonl, check_decoded, file_sha256, iter_jsonl, one_writer, read_jsonl, write_meta
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
@@ -61,6 +65,10 @@ def cmd_variants(a):
     w = max(map(len, REGISTRY))
     for name, cls in sorted(REGISTRY.items()):
         print(f"{name:<{w}}  {cls.description}")
+    print("\nruns on another backbone (`dmtp train --variants` takes the run's name; `dmtp generate --method` the "
+          "variant's):")
+    for run, (variant, backbone) in code().backbones.items():
+        print(f"{run:<{w}}  {variant} on the {backbone} backbone")
 
 
 def load_models(target_path, drafter_path, method, device, dtype):
@@ -179,7 +187,13 @@ def generate_into(a, out: Path):
     if not cls.needs_drafter and a.drafter:
         raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
     if cls.needs_drafter:
-        get_variant(split_drafts(a.method)[0])  # an unknown name fails with the known ones ("-k<n>": a limit)
+        base = split_drafts(a.method)[0]
+        if base in code().backbones:  # a run name of the ablation (dmtp_d2: a variant on another backbone)
+            variant, backbone = code().backbones[base]
+            raise ValueError(f"--method {a.method}: a run of the ablation ({variant} on the {backbone} backbone), not "
+                             f"a method: give --method {variant + a.method[len(base):]} and that run's drafter (its "
+                             "checkpoint holds the backbone)")
+        get_variant(base)  # an unknown name fails with the known ones ("-k<n>": a limit)
         if not a.drafter:
             raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
         args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")
@@ -294,12 +308,7 @@ def cmd_train(a):
             raise ValueError(f"--init-from {item!r}: expected NAME=PATH with NAME one of --variants "
                              f"({','.join(variants)})")
         init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
-        try:
-            got = widths(DrafterConfig.from_hf_dict(read_json(Path(path) / "config.json")))
-        except (ValueError, TypeError) as e:  # not JSON, a field out of range
-            raise ValueError(f"--init-from {v}={path}: config.json: {e}") from None
-        require(got == widths(cfg_t), f"--init-from {v}={path}: a drafter for a target of {got}, --target has "
-                f"{widths(cfg_t)}")
+        args.drafter_of(path, f"--init-from {v}=", cfg_t)
     where = "--mask-token-id" if mask_flag else f"profile {a.profile}'s drafter.mask_token_id" if a.profile and \
         prof.drafter.mask_token_id >= 0 else "the default --mask-token-id"
     require(0 <= a.mask_token_id < cfg_t.vocab_size, f"{where} {a.mask_token_id}: expected a token id in "

@@ -153,15 +153,16 @@ def data_paths(items: list[str]) -> dict[str, str]:
     return out
 
 
-def init_paths(items: list[str], runs: list[str]) -> dict[str, str]:
+def init_paths(items: list[str], runs: list[str], target_cfg) -> dict[str, str]:
     """`--init-from [RUN=]PATH` -> {run: path}; a bare PATH continues zero_init_residual (the Nov 9 main method, made
-    to continue from DFlash weights)."""
+    to continue from DFlash weights). Each checkpoint must be a drafter for the target's widths."""
     out = {}
     for item in items or []:
         run, eq, path = item.partition("=") if "=" in item else ("zero_init_residual", "=", item)
         require(run in runs, f"--init-from {item!r}: {run!r} is not a drafter run of this profile "
                 f"({', '.join(runs)})")
         args.checkpoint(path, "--init-from", "drafter checkpoint")
+        args.drafter_of(path, f"--init-from {item.partition('=')[0] + '=' if '=' in item else ''}", target_cfg)
         where = str(Path(path).resolve())
         require(out.get(run, where) == where, f"--init-from: run {run!r} given twice ({out.get(run)}, {where}); "
                 "give each run one checkpoint")
@@ -657,7 +658,7 @@ def main(a) -> None:
         raise FileNotFoundError(f"--prompts {prompts}: no such file or folder")
     c = Ctx(p, Path(target), args.out_dir(a.work or f"runs/{p.folder}", "--work"), data_paths(a.data_path), prompts,
             {}, a.force, a.device)
-    c.init_from = init_paths(a.init_from, c.runs())
+    c.init_from = init_paths(a.init_from, c.runs(), cfg)
     c.train_group = a.train_group
     check_inputs(c, stages)
     c.work.mkdir(parents=True, exist_ok=True)
@@ -671,5 +672,6 @@ def main(a) -> None:
             wall = time.time() - t0
             if info is not None and c.main:
                 record_stage(c, s, wall, info)
+            dist.barrier()  # rank 0 writes a stage's merged files last (train.jsonl, ...): the next stage reads them
             c.log(f"stage {s} done in {wall:.1f}s")
     dist.destroy()
