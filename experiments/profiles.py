@@ -136,6 +136,14 @@ def resolve(name: str, sets=()) -> Profile:
 # 151669, the `<|MASK|>` token DFlash adds to the tokenizer. Both ids lie inside the target's embedding matrix.
 MASK_TOKENS = {"qwen3": 151669, "qwen3_5": 248070}
 
+
+def family_mask_token(model_type: str, vocab_size: int) -> int | None:
+    """The MASK id the public DFlash drafters of a target's family use (`MASK_TOKENS`; Qwen3.5/3.6 in every layout:
+    qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text), or None: another family, or an id outside its vocabulary."""
+    family = "qwen3_5" if model_type.startswith("qwen3_5") else model_type
+    mask = MASK_TOKENS.get(family)
+    return mask if mask is not None and mask < vocab_size else None
+
 # OpenPerfectBlend (mlabonne/open-perfectblend) conversations: the training prompt count used to size `train.steps`
 # (assumption: ~1.42 M rows; re-derive from the real count with `PaperScale.train_prompts`).
 OPEN_PERFECTBLEND_ROWS = 1_420_909

@@ -102,3 +102,24 @@ def test_train_takes_the_recipe_from_a_profile(tmp_path):
         smoke.drafter.layers, smoke.drafter.heads, smoke.drafter.intermediate)
     hist = json.loads(next((tmp_path / "dr").rglob("history.json")).read_text())
     assert hist[-1]["step"] == 2  # --steps overrides the profile's 6
+
+
+def test_train_takes_the_mask_token_of_the_targets_family(tmp_path):
+    """`dmtp train` without --mask-token-id or a profile: the id the public DFlash drafters of the target's family use
+    (a Qwen3 target: 151669), where it lies inside the vocabulary; another family or a small vocabulary keeps 1."""
+    import json
+
+    from dmtp.cli.main import main as dmtp
+    from dmtp.io import write_jsonl
+    from dmtp.models import tiny
+    from experiments.profiles import family_mask_token
+
+    assert family_mask_token("qwen3_5_moe_text", 248320) == 248070 == family_mask_token("qwen3_5", 248320)
+    assert family_mask_token("qwen3_5_text", 96) is None and family_mask_token("llama", 10**6) is None
+    tgt, mtp = tiny.build("qwen3", vocab=151936, hidden=32, layers=4, heads=2, kv_heads=1, head_dim=16, intermediate=64)
+    tiny.save(tgt, mtp, tmp_path / "target")
+    write_jsonl(tmp_path / "data.jsonl", [{"ids": list(range(3 + i, 27 + i))} for i in range(4)])
+    dmtp(["train", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"), "--variants", "dflash",
+          "--steps", "1", "--batch-size", "2", "--max-len", "24", "--out", str(tmp_path / "d")])
+    cfg = json.loads((tmp_path / "d" / "dflash" / "drafter" / "config.json").read_text())
+    assert cfg["dflash_config"]["mask_token_id"] == 151669

@@ -58,7 +58,7 @@ from dmtp.models.target import Target, read_config
 from dmtp.models.variants import REGISTRY, get_variant
 from dmtp.schema import override
 from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
-from experiments.profiles import resolve
+from experiments.profiles import family_mask_token, resolve
 
 
 def cmd_variants(a):
@@ -295,6 +295,8 @@ def cmd_train(a):
     out = args.out_dir(a.out)
     args.checkpoint(a.target, "--target", "target checkpoint")
     cfg_t = read_config(a.target)
+    if not mask_flag and not (prof is not None and prof.drafter.mask_token_id >= 0):
+        a.mask_token_id = family_mask_token(cfg_t.model_type, cfg_t.vocab_size) or a.mask_token_id
     widths = lambda c: {k: getattr(c, k) for k in ("hidden_size", "vocab_size")}  # noqa: E731
     if prof is not None and prof.scale.target_config:  # a paper-scale recipe is made for its own target
         made_for = {k: prof.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
@@ -479,7 +481,8 @@ def main(argv=None):
                    "public (default: the profile's, else 2048)")
     t.add_argument("--lr", type=args.number(0, open_lo=True), help="peak learning rate (default 6e-4)")
     t.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
-    t.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default 1)")
+    t.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default: the profile's, else the "
+                   "id the public DFlash drafters of the target's family use: Qwen3.5/3.6 248070, Qwen3 151669; else 1)")
     t.add_argument("--init-from", help="NAME=PATH,... continue a --variants entry from a DFlash-format checkpoint "
                    "(e.g. dmtp_d2=PATH: DMTP(D2) from a public DFlash2 drafter); it keeps the checkpoint's attention")
     t.add_argument("--seed", type=args.SEED, default=0)
