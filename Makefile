@@ -8,7 +8,8 @@ PROFILE ?= $(if $(HAS_CUDA),mini,tiny)
 WORK ?= work
 RESULTS ?= results
 # where pip finds the CPU build of torch that requirements/cpu.lock pins when no local wheel folder of pip's own
-# configuration holds it (tried first, without any index); empty: pip's configuration alone
+# configuration holds it (tried first, the wheel alone without any index: the lock pins its dependencies); empty:
+# pip's configuration alone
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: venv lock test test-all test-gpu ablation-code bench bench-shapes bench-train tables figures report corpus tokenizer target \
@@ -19,7 +20,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # keep the torch they have (environment.yml describes the one the committed results came from).
 INSTALL_GPU = $(PY) -m pip install -q -e '.[dev,eval]' -c constraints.txt
 TORCH_PIN = $(shell grep -m1 '^torch==' requirements/cpu.lock)
-INSTALL_CPU = { $(PY) -m pip install -q --no-index $(TORCH_PIN) 2>/dev/null \
+INSTALL_CPU = { $(PY) -m pip install -q --no-index --no-deps $(TORCH_PIN) 2>/dev/null \
 	|| $(PY) -m pip install -q $(TORCH_PIN) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)); } \
 	&& $(PY) -m pip install -q -r requirements/cpu.lock && $(PY) -m pip install -q --no-deps -e .
 $(VENV)/.installed: pyproject.toml requirements/cpu.lock
