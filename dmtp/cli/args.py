@@ -130,11 +130,21 @@ def out_file(path, flag: str = "--out") -> Path:
     return p
 
 
-def out_dir(path, flag: str = "--out") -> Path:
-    """An output folder checked before any work: not a file, creatable and writable."""
+def out_dir(path, flag: str = "--out", create: bool = True) -> Path:
+    """An output folder checked before any work: not a file, creatable and writable. create=False: checked without
+    making it (a run that may end with nothing to do leaves no folder): no file where it or a parent folder should
+    be, and its nearest existing folder writable."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: is a file; expected a folder")
+    if not create:
+        blocker = next((q for q in p.parents if q.exists() and not q.is_dir()), None)
+        if blocker is not None:
+            raise ValueError(f"{flag} {p}: cannot write there ({blocker} is a file, not a folder)")
+        base = next(q for q in (p, *p.parents) if q.exists())
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {p}: cannot write there (Permission denied: {base})")
+        return p
     try:
         p.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=p).close()

@@ -871,11 +871,12 @@ def main(a):
     c = Ctx(a)
     from dmtp.cli.args import out_dir
 
-    out_dir(c.work, "--work"), out_dir(c.res, "--results")  # a file there, or no right to write: named now
     runnable(c.p, stages)
     costs = read_costs(c.work, getattr(a, "costs", None))
     if not c.force:  # every finished or half-done output with another configuration, refused before any work
         preflight([u for s in stages for u in units(c, s)])
+    for path, flag in ((c.work, "--work"), (c.res, "--results")):  # a file there, or no right to write: named now
+        out_dir(path, flag, create=False)
     if rank_dev:
         c.dev = rank_dev
     if world > 1:
