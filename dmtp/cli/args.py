@@ -109,9 +109,14 @@ def guard(prog: str, fn, *args):
         sys.exit(2)
 
 
+def _file_in_the_way(p: Path) -> Path | None:
+    """A file where a parent folder of `p` should be, or None."""
+    return next((q for q in p.parents if q.exists() and not q.is_dir()), None)
+
+
 def _cause(p: Path, e: OSError) -> str:
     """Why a folder could not be made at `p`: a file where a parent folder should be, or the system's reason."""
-    blocker = next((q for q in p.parents if q.exists() and not q.is_dir()), None)
+    blocker = _file_in_the_way(p)
     return f"{blocker} is a file, not a folder" if blocker else (e.strerror or str(e))
 
 
@@ -138,7 +143,7 @@ def out_dir(path, flag: str = "--out", create: bool = True) -> Path:
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: is a file; expected a folder")
     if not create:
-        blocker = next((q for q in p.parents if q.exists() and not q.is_dir()), None)
+        blocker = _file_in_the_way(p)
         if blocker is not None:
             raise ValueError(f"{flag} {p}: cannot write there ({blocker} is a file, not a folder)")
         base = next(q for q in (p, *p.parents) if q.exists())
