@@ -10,7 +10,6 @@ of the suite and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -241,13 +240,12 @@ def device(name: str | None) -> str:
 def _generation_eos(target) -> list[int]:
     """The end-of-text ids of `target`/generation_config.json (where releases list every id the model ends a turn
     with, e.g. Qwen's `<|im_end|>` and `<|endoftext|>`; serving engines stop at each), or none."""
+    from dmtp.io import read_json
+
     path = Path(target) / "generation_config.json"
     if not path.exists():
         return []
-    try:
-        e = json.loads(path.read_text()).get("eos_token_id")
-    except (ValueError, AttributeError):
-        raise ValueError(f"{path}: not a JSON object") from None
+    e = read_json(path).get("eos_token_id")  # not JSON, or not an object: an error naming the file
     ids = [e] if isinstance(e, int) else e if isinstance(e, list) else [] if e is None else None
     if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError(f"{path}: eos_token_id must be a token id or a list of ids, not {e!r}")
