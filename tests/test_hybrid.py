@@ -158,3 +158,31 @@ def test_vlm_checkpoint_layout(tmp_path, arch, experts):
         torch.testing.assert_close(tgt.features(ids).logits, vlm(input_ids=ids).logits.float())
     h = tgt.features(ids).hidden
     torch.testing.assert_close(MTPHead.load(tgt, tmp_path / "vlm").teacher_forced(ids, h), mtp.teacher_forced(ids, h))
+
+
+@pytest.mark.parametrize("vl", [False, True])
+def test_a_fresh_moe_head_holds_initialised_experts(monkeypatch, vl):
+    """transformers 5 builds the fused MoE experts on `torch.empty` and leaves their values to the model's
+    `_init_weights`, which a bare MTP layer never meets: `MTPHead` gives them the family's init (normal, std =
+    initializer_range), whatever the fresh memory held (here filled with NaN), for the text and the VL model."""
+    import transformers
+
+    cfg = tiny.target_config("qwen3_5_moe")
+    if vl:
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                      temporal_patch_size=2, spatial_merge_size=2)
+        model = transformers.Qwen3_5MoeForConditionalGeneration(
+            transformers.Qwen3_5MoeConfig(text_config=cfg.to_dict(), vision_config=vision))
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    tgt = Target(model.eval())
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    torch.manual_seed(0)
+    head = MTPHead(tgt)
+    monkeypatch.undo()
+    for name, p in head.named_parameters():
+        assert bool(torch.isfinite(p).all()), name
+    experts = head.layers[0].mlp.experts
+    for p in (experts.gate_up_proj, experts.down_proj, head.layers[0].mlp.gate.weight):
+        assert p.std().item() == pytest.approx(cfg.initializer_range, rel=0.2)

@@ -33,6 +33,24 @@ def mtp_num_layers(config) -> int:
     return 0
 
 
+def _init_like_target(layers: nn.Module, model) -> None:
+    """Give every parameter of a freshly built decoder layer the value its model family would. Some of the family's
+    modules leave their parameters to the model's `_init_weights` (transformers 5's fused MoE experts hold
+    `torch.empty` memory, which may hold NaN; its router holds zeros), and a bare layer never meets it: every module
+    but `nn.Linear` / `nn.Embedding` (which initialise themselves on construction, and are left as built) goes
+    through it here. A dense layer's norms get the constant they were built with, so a dense head is unchanged."""
+    init = getattr(model, "_init_weights", None)
+    with torch.no_grad():
+        for module in layers.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                continue
+            if init is not None:
+                init(module)
+            elif not all(bool(torch.isfinite(p).all()) for p in module.parameters(recurse=False)):
+                raise ValueError(f"{type(module).__name__} of the MTP layer was built with non-finite weights and "
+                                 f"{type(model).__name__} has no `_init_weights` to give them values")
+
+
 def _layer_config(config):
     cfg = copy.deepcopy(config)
     cfg.num_hidden_layers = 1
@@ -54,6 +72,7 @@ class MTPHead(nn.Module):
         self.layers = nn.ModuleList([layer_cls(_layer_config(cfg), 0)])
         self.norm = Norm(H, eps=eps)
         self._target = [target]  # not a submodule: the target is frozen and saved separately
+        _init_like_target(self.layers, target.body)  # the text model: its config is the text config
         self.to(device=target.device, dtype=target.dtype)
 
     @property
