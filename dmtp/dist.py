@@ -50,7 +50,10 @@ def barrier():
 
 
 def destroy():
+    """End the process group at the end of a run that finished on every rank: a barrier first, so no rank closes its
+    connections while another is still inside a collective (or its last stage's writes)."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -85,3 +85,40 @@ class Oracle(Method):
 
     def commit(self, st, out, emitted, n_acc):
         self.inner.commit(st, out, emitted, n_acc)
+
+
+def _gloo_rank(rank, fn, world, root, args):
+    """One rank of `gloo_ranks`: its stderr (and a Python traceback on a fatal signal) into root/rank<r>.log, a gloo
+    group over a file store, fn(rank, world, root, *args), a barrier (no rank closes its connections while another
+    is still in a collective), the group ended."""
+    import faulthandler
+
+    import torch.distributed as dist
+
+    log = open(root / f"rank{rank}.log", "w", buffering=1)  # noqa: SIM115 (open for the process's life)
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(log, all_threads=True)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=world)
+    try:
+        fn(rank, world, root, *args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def gloo_ranks(fn, world: int, root, *args) -> None:
+    """fn(rank, world, root, *args) on `world` spawned CPU processes in one gloo group. A rank that raises or dies
+    fails the test with every rank's log tail in the message (what a fatal signal printed included)."""
+    import torch.multiprocessing as mp
+
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        mp.spawn(_gloo_rank, args=(fn, world, root, args), nprocs=world, join=True)
+    except mp.ProcessException as err:
+        tails = []
+        for r in range(world):
+            log = root / f"rank{r}.log"
+            text = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+            tails.append(f"--- rank {r} (last 3,000 characters of its stderr) ---\n{text}")
+        raise AssertionError(f"{err}\n" + "\n".join(tails)) from None

@@ -13,9 +13,7 @@ reduction: the same terms in another order, ~1e-7 relative per sum. Losses and g
 weight by a part of lr; a missing or doubled micro-batch moves whole tensors by ~lr)."""
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import compiled_graphs
+from conftest import compiled_graphs, gloo_ranks
 from test_fsdp import _assert_same_run, _history, _run
 
 from dmtp.config import TrainConfig
@@ -31,14 +29,9 @@ def whole(tmp_path_factory):
     return out
 
 
-def _ranks(rank, world, store, root):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        _run(root / "last", micro_batch=1)  # 2 micro-batches a rank, one reduce-scatter after the last
-        _run(root / "every", micro_batch=1, grad_sync="every", shard_target="on")
-    finally:
-        dist.destroy_process_group()
+def _ranks(rank, world, root):
+    _run(root / "last", micro_batch=1)  # 2 micro-batches a rank, one reduce-scatter after the last
+    _run(root / "every", micro_batch=1, grad_sync="every", shard_target="on")
 
 
 def test_micro_batches_take_the_whole_batch_step(whole, tmp_path):
@@ -47,7 +40,7 @@ def test_micro_batches_take_the_whole_batch_step(whole, tmp_path):
     gradient norms and final weights of the whole batch at once, step by step."""
     _run(tmp_path / "four", micro_batch=1)
     _assert_same_run(tmp_path / "four", whole)
-    mp.spawn(_ranks, args=(2, tmp_path / "store", tmp_path), nprocs=2, join=True)
+    gloo_ranks(_ranks, 2, tmp_path)
     for run in ("last", "every"):
         assert "2 rank(s)" in (tmp_path / run / "dflash" / "DONE").read_text()
         _assert_same_run(tmp_path / run, whole)

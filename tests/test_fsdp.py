@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import compiled_graphs, token_seqs
+from conftest import compiled_graphs, gloo_ranks, token_seqs
 
 from dmtp import dist as ddist
 from dmtp.config import TrainConfig
@@ -78,26 +77,21 @@ def _pretrain(out, compile_flag):
     return [h["loss"] for h in hist], {k: v.clone() for k, v in tgt.model.state_dict().items()}
 
 
-def _ranks(rank, world, store, root):
+def _ranks(rank, world, root):
     """A rank of the 2-rank runs: drafters (the target's layers sharded too, activation checkpointing) stopped after
     step 2 (the checkpoint a killed run leaves), copied by rank 0, and resumed to the end; target pretraining."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        run = _pretrain(root / "pretrain_two", "off")
-        if rank == 0:
-            torch.save(run, root / "pretrain_two.pt")
-        kw = dict(shard_target="on", activation_checkpointing=True, **SIDE)
-        tgt, mtp = tiny.build("qwen3_5", seed=0)
-        _run(root / "split", stop_after=2, models=(tgt, mtp), **kw)
-        if rank == 0:  # the target's layers after their forwards: their shards alone, nothing gathered left behind
-            types = {type(p).__name__ for p in tgt.body.layers.parameters()}
-            (root / "target_params.json").write_text(json.dumps(sorted(types)))
-            shutil.copytree(root / "split", root / "split1")
-        dist.barrier()
-        _run(root / "split", **kw)
-    finally:
-        dist.destroy_process_group()
+    run = _pretrain(root / "pretrain_two", "off")
+    if rank == 0:
+        torch.save(run, root / "pretrain_two.pt")
+    kw = dict(shard_target="on", activation_checkpointing=True, **SIDE)
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    _run(root / "split", stop_after=2, models=(tgt, mtp), **kw)
+    if rank == 0:  # the target's layers after their forwards: their shards alone, nothing gathered left behind
+        types = {type(p).__name__ for p in tgt.body.layers.parameters()}
+        (root / "target_params.json").write_text(json.dumps(sorted(types)))
+        shutil.copytree(root / "split", root / "split1")
+    dist.barrier()
+    _run(root / "split", **kw)
 
 
 def _weights(d):
@@ -136,7 +130,7 @@ def one(tmp_path_factory):
 def two(tmp_path_factory):
     """The 2-rank runs (`_ranks`, one spawn), and the stopped run's copy resumed on one process."""
     root = tmp_path_factory.mktemp("fsdp2")
-    mp.spawn(_ranks, args=(2, root / "store", root), nprocs=2, join=True)
+    gloo_ranks(_ranks, 2, root)
     _run(root / "split1")
     return root
 
@@ -170,21 +164,16 @@ def test_two_ranks_follow_one_process(one, two):
     assert not torch.equal(w["injection.fc.weight"], init.injection.fc.weight)
 
 
-def _three(rank, world, store, root):
+def _three(rank, world, root):
     """A rank of the 3-rank run: every width of the tiny drafters and target (64, 32, 16, ...) splits unevenly over
     3 ranks, so FSDP2 pads its shards; the gathered checkpoint, the sharded clip and the loss normaliser must see
     through the padding."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        _run(root / "three", batch_size=6, shard_target="on")
-    finally:
-        dist.destroy_process_group()
+    _run(root / "three", batch_size=6, shard_target="on")
 
 
 def test_three_ranks_with_uneven_shards_follow_one_process(tmp_path):
     """Global batch 6 on 3 ranks (2 rows each, shards padded) against one process on the same 6 rows."""
-    mp.spawn(_three, args=(3, tmp_path / "store", tmp_path), nprocs=3, join=True)
+    gloo_ranks(_three, 3, tmp_path)
     _run(tmp_path / "one", batch_size=6)
     _assert_same_run(tmp_path / "three", tmp_path / "one")
 
