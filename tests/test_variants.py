@@ -152,3 +152,30 @@ def test_position_decayed_loss_weights(models):
         expect = torch.tensor([torch.exp(torch.tensor(-(k - 1) / 4.0)) for k in ks])
         torch.testing.assert_close(row_w[row_w > 0], expect)
         assert torch.equal(row_l[labels[0, :S] >= 0], feats.ids[0, row_p[labels[0, :S] >= 0]])
+
+
+@pytest.mark.parametrize("backbone", ["dflash", "dflash2"])
+def test_no_fresh_weight_holds_uninitialised_memory(monkeypatch, backbone):
+    """Fresh memory may hold anything, NaN included: with every `torch.empty` filled with NaN while they are built,
+    every variant's drafter (both backbones) and the MTP head of every tiny target family come out finite: no
+    parameter or buffer is left to whatever memory held."""
+    from dmtp.models import tiny
+    from dmtp.models.drafter import Drafter, DrafterConfig
+    from dmtp.models.mtp import MTPHead
+
+    targets = {arch: tiny.build(arch, seed=0)[0] for arch in ("qwen3", "qwen3_5", "qwen3_5_moe")}
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    built = {f"{arch} MTP head": MTPHead(tgt) for arch, tgt in targets.items()}
+    tgt = targets["qwen3_5"]
+    for name in NAMES:
+        kw = {"variant_config": {"rank": 8}} if "rank" in get_variant(name).settings({}) else {}
+        built[name] = Drafter(DrafterConfig(
+            hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, intermediate_size=128, num_target_layers=tgt.num_layers,
+            variant=name, mask_token_id=2, backbone=backbone, **kw))
+    monkeypatch.undo()
+    for what, module in built.items():
+        bad = [n for n, t in [*module.named_parameters(), *module.named_buffers()]
+               if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        assert not bad, (what, bad)
