@@ -110,6 +110,9 @@ class Ctx:
             self._tok = find_tokenizer(self.target)
             require(self._tok is not None, f"--target {self.target}: no tokenizer files beside config.json (the "
                     "prompts go through its chat template)")
+            require(bool(getattr(self._tok, "chat_template", None)), f"--target {self.target}: its tokenizer has no "
+                    "chat template (tokenizer_config.json `chat_template` or chat_template.jinja): the protocol "
+                    "renders every prompt through it with thinking off")
         return self._tok
 
     @property

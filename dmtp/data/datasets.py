@@ -71,7 +71,10 @@ def _first_user(row):
 
 def _mt_turns(row):
     turns = row.get("prompt", row.get("turns"))
-    return [str(t) for t in turns]
+    if not isinstance(turns, list) or len(turns) != 2:
+        raise ValueError(f"`turns` (or `prompt`) = {str(turns)[:60]!r}: expected MT-Bench's two user turns, a list "
+                         "of two strings")
+    return turns
 
 
 SPECS: dict[str, Spec] = {
@@ -134,13 +137,17 @@ def _plain(v):
 
 def _read_file(path: Path) -> list[dict]:
     name = path.name.lower()
-    if name.endswith(".parquet"):
-        import pandas as pd
+    kind = "parquet" if name.endswith(".parquet") else "gzip-compressed text" if name.endswith(".gz") else "UTF-8 text"
+    try:  # a truncated or mislabelled copy: one line naming the file, not the reader's exception
+        if name.endswith(".parquet"):
+            import pandas as pd
 
-        return [{k: _plain(v) for k, v in r.items()} for r in pd.read_parquet(path).to_dict("records")]
-    opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
+            return [{k: _plain(v) for k, v in r.items()} for r in pd.read_parquet(path).to_dict("records")]
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, EOFError, ValueError) as e:  # gzip.BadGzipFile, a cut stream, UnicodeDecodeError, ArrowInvalid
+        raise ValueError(f"{path}: cannot be read as {kind} ({checks.gist(e)})") from None
     s = text.lstrip()
     if s.startswith("["):  # a JSON array of records
         try:
@@ -238,18 +245,40 @@ def encode_prompts(tok, prompts: list[dict]) -> list[dict]:
     return [{"id": p["id"], "prompt_ids": encode(tok, p["prompt"])} for p in prompts]
 
 
+def _prompt_rows(key: str, s: Spec, path, n: int | None):
+    """(row's id, its user turns) of the first `n` rows of a set that hold a user turn (a training conversation
+    without one is skipped), each checked: a row whose turns are not non-empty text (a null or empty field, MT-Bench
+    without its two turns) or whose id an earlier row has is an error naming the file and row, and a set that yields
+    no prompt at all is one."""
+    where, seen = path or s.hub[0], {}
+    for i, r in enumerate(load_rows(key, path)):
+        try:
+            turns, rid = s.turns(r), s.id(r, i)
+        except ValueError as e:
+            raise ValueError(f"dataset {key!r} from {where}, row {i + 1}: {checks.gist(e)}") from None
+        except (TypeError, KeyError, AttributeError) as e:  # a null or non-text field where the format has text
+            raise ValueError(f"dataset {key!r} from {where}, row {i + 1}: fields {list(s.columns)} not of the "
+                             f"format's types (text) ({type(e).__name__}: {checks.gist(e)})") from None
+        if not turns:
+            continue
+        for t, x in enumerate(turns):
+            checks.require(isinstance(x, str) and x.strip() != "", f"dataset {key!r} from {where}, row {i + 1}, turn "
+                           f"{t + 1}: {str(x)[:40]!r}: expected non-empty text")
+            checks.text(x, f"dataset {key!r} from {where}, row {i + 1}, turn {t + 1}")
+        checks.require(rid not in seen, f"dataset {key!r} from {where}, row {i + 1}: id {rid!r} already used by row "
+                       f"{seen.get(rid, 0) + 1}")
+        seen[rid] = i
+        yield rid, turns
+        if n is not None and len(seen) == n:
+            return
+    checks.require(bool(seen), f"dataset {key!r} from {where}: no row holds a user turn")
+
+
 def text_prompts(name: str, n: int | None = None, path=None) -> list[dict]:
     """The first `n` (all if None) rows of a set as plain-text prompts, no template: [{"id", "prompt"}] (the first
     user turn; `encode_prompts` tokenizes them)."""
     key, s = spec(name)
-    out = []
-    for i, r in enumerate(load_rows(key, path)):
-        turns = s.turns(r)
-        if turns:
-            out.append({"id": s.id(r, i), "prompt": turns[0]})
-        if n is not None and len(out) == n:
-            break
-    return out
+    return [{"id": rid, "prompt": turns[0]} for rid, turns in _prompt_rows(key, s, path, n)]
 
 
 def humaneval_prompts(n: int | None = None, path=None) -> list[dict]:
@@ -263,15 +292,7 @@ def load_prompts(name: str, tok, n: int | None = None, path=None) -> list[dict]:
     `dmtp generate` prompt schema plus the raw turns; MT-Bench's second turn is built by `mtbench_generate`)."""
     key, s = spec(name)
     out = []
-    for i, r in enumerate(load_rows(key, path)):
-        turns = s.turns(r)
-        if not turns:
-            continue
-        for t, x in enumerate(turns):
-            if isinstance(x, str):
-                checks.text(x, f"dataset {key!r} from {path or s.hub[0]}, row {i + 1}, turn {t + 1}")
+    for rid, turns in _prompt_rows(key, s, path, n):
         text = chat_text(tok, [{"role": "user", "content": turns[0]}])
-        out.append({"id": s.id(r, i), "dataset": key, "turns": turns, "text": text, "prompt_ids": encode(tok, text)})
-        if n is not None and len(out) == n:
-            break
+        out.append({"id": rid, "dataset": key, "turns": turns, "text": text, "prompt_ids": encode(tok, text)})
     return out

@@ -117,6 +117,12 @@ class MTPHead(nn.Module):
             raise ValueError(
                 f"checkpoint {path} has no `{MTP_PREFIX}*` weights: the target ships no native MTP head "
                 "(methods `mtp` and every DMTP variant need one; `ar` and `dflash` do not)")
+        layers = sorted({int(k.split(".")[1]) for k in sd if k.startswith("layers.") and k.split(".")[1].isdigit()})
+        declared = getattr(target.config, "mtp_num_hidden_layers", None)
+        if declared is not None and declared != len(layers) or len(layers) > 1:
+            raise ValueError(f"{path}/config.json: mtp_num_hidden_layers={declared!r}, its `{MTP_PREFIX}*` weights "
+                             f"hold {len(layers)} layer(s) ({', '.join(f'{MTP_PREFIX}layers.{i}' for i in layers)}); "
+                             "expected one MTP layer, declared and present (as Qwen3.5/3.6 ship it)")
         head = cls(target)
         sd = _unfuse_experts(sd, head.state_dict())
         what = f"MTP head of {path} (its `{MTP_PREFIX}*` tensors, in the target's layer format)"

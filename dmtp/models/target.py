@@ -49,7 +49,13 @@ def read_config(path: str | Path):
         cfg = AutoConfig.from_pretrained(str(path))
     except Exception as e:  # missing or broken config.json, an unknown model_type
         raise ValueError(f"{path}/config.json cannot be read: {gist(e)}") from None
+    model_type = getattr(cfg, "model_type", None)
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if not all(isinstance(getattr(cfg, k, None), int) for k in ("vocab_size", "hidden_size", "num_hidden_layers")):
+        # a model_type whose config class keeps `text_config` as a plain object, or one without a text model's sizes
+        raise ValueError(f"{path}/config.json: model_type {model_type!r} gives no text config "
+                         "with integer vocab_size, hidden_size and num_hidden_layers (expected a Qwen3.5/3.6 "
+                         "checkpoint's model_type, e.g. qwen3_5 or qwen3_5_moe)")
     check_rope(cfg, f"{path}/config.json")
     return cfg
 
