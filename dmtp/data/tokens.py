@@ -90,6 +90,7 @@ class Store:
     tokens: np.ndarray  # memmap [tokens] of the store's dtype
     offsets: np.ndarray  # memmap [sequences + 1] int64
     meta: dict
+    vocab_size: int | None = None  # the target's vocabulary the ids were checked against (None: unchecked)
 
 
 def open_store(path, vocab_size: int | None = None) -> Store:
@@ -101,6 +102,12 @@ def open_store(path, vocab_size: int | None = None) -> Store:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path}/{STORE_FILE}: format {meta.get('format') if isinstance(meta, dict) else None!r}, "
                          f"expected {FORMAT}")
+    fields = {"sequences": int, "tokens": int, "max_id": int, "dtype": str, "source": dict}
+    bad = [k for k, t in fields.items() if not isinstance(meta.get(k), t) or isinstance(meta.get(k), bool)]
+    if bad or not isinstance(meta["source"].get("sha256"), str) or meta["dtype"] not in ("<u2", "<u4"):
+        raise ValueError(f"{path}/{STORE_FILE}: damaged token store (fields {bad or ['source.sha256', 'dtype']} "
+                         "missing or of another type; expected integers sequences, tokens, max_id, dtype '<u2' or "
+                         "'<u4', source {name, sha256}): convert it again with `python -m dmtp.data.tokens`")
     try:
         offsets = np.load(path / "offsets.npy", mmap_mode="r")
         dtype = np.dtype(meta["dtype"])
@@ -108,14 +115,14 @@ def open_store(path, vocab_size: int | None = None) -> Store:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: damaged token store ({type(e).__name__}: {e})") from None
     if offsets.ndim != 1 or len(offsets) != meta["sequences"] + 1 or int(offsets[-1]) != meta["tokens"] or \
-            size != meta["tokens"] * dtype.itemsize:
+            size != meta["tokens"] * dtype.itemsize or int(offsets[0]) != 0 or bool((np.diff(offsets) < 0).any()):
         raise ValueError(f"{path}: damaged token store (offsets.npy, tokens.bin and {STORE_FILE} disagree: "
                          f"{len(offsets) - 1} sequences, {size} bytes, {STORE_FILE} says {meta['sequences']} "
-                         f"sequences, {meta['tokens']} tokens)")
+                         f"sequences, {meta['tokens']} tokens; the offsets must rise from 0)")
     if vocab_size is not None and meta["max_id"] >= vocab_size:
         raise ValueError(f"{path}: token id {meta['max_id']} outside the target's vocabulary [0, {vocab_size})")
     tokens = np.memmap(path / "tokens.bin", dtype=dtype, mode="r") if size else np.zeros(0, dtype)
-    return Store(path, tokens, offsets, meta)
+    return Store(path, tokens, offsets, meta, vocab_size)
 
 
 class ListSequences:
@@ -152,10 +159,17 @@ class TokenSequences:
         return self._lengths
 
     def rows(self, idx) -> list:
-        out = []
+        out, st = [], self.store
         for j in idx:
-            start = int(self.store.offsets[self.keep[j]])
-            out.append(self.store.tokens[start: start + int(self._lengths[j])])
+            start = int(st.offsets[self.keep[j]])
+            row = st.tokens[start: start + int(self._lengths[j])]
+            # the ids as read, against the vocabulary (store.json's max_id says what convert saw, not what is there
+            # now): an id the embedding cannot hold is named here, not a device-side assert inside the forward
+            if st.vocab_size is not None and len(row) and int(row.max()) >= st.vocab_size:
+                raise ValueError(f"{st.path}: sequence {int(self.keep[j])} holds token id {int(row.max())} outside "
+                                 f"the target's vocabulary [0, {st.vocab_size}), while {STORE_FILE} says max_id "
+                                 f"{st.meta['max_id']}: tokens.bin was changed after conversion; convert it again")
+            out.append(row)
         return out
 
 
