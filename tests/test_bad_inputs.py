@@ -91,6 +91,21 @@ def w(tmp_path_factory):
     tokenizer().save_pretrained(root / "t_bigtok")  # 258 tokens, a model of 96
     for f in ("config.json", "generation_config.json", "model.safetensors"):
         shutil.copy(root / "target" / f, root / "t_bigtok" / f)
+    from experiments.reproduce_standin import tiny_target
+
+    tiny_target(root / "vl", layout="vl")  # the released layout: nested text_config, mtp.* in their own shard
+    for name, edit in (("vl_mtp0", lambda c: [d.update(mtp_num_hidden_layers=0) for d in (c, c["text_config"])]),
+                       ("vl_mtp2", lambda c: [d.update(mtp_num_hidden_layers=2) for d in (c, c["text_config"])]),
+                       ("vl_llama", lambda c: c.update(model_type="llama4_text"))):
+        shutil.copytree(root / "vl", root / name)
+        cfg = json.loads((root / name / "config.json").read_text())
+        edit(cfg)
+        (root / name / "config.json").write_text(json.dumps(cfg))
+    shutil.copytree(root / "vl", root / "vl_notpl")  # a tokenizer without its chat template
+    tc = json.loads((root / "vl_notpl" / "tokenizer_config.json").read_text())
+    tc.pop("chat_template", None)
+    (root / "vl_notpl" / "tokenizer_config.json").write_text(json.dumps(tc))
+    (root / "vl_notpl" / "chat_template.jinja").unlink(missing_ok=True)
     import io
     import tarfile
 
@@ -409,6 +424,18 @@ CASES = [  # (name, argv builder, what the error line must say)
      "str_status.tgz: smoke/pipeline.json: finished='no', missing=[]: expected true or false"),
     ("land into a file", lambda w: ["land", str(w / "str_status.tgz"), "--results", str(w / "a_file")],
      "a_file: is a file; expected a folder"),
+    # released-layout checkpoints (nested text_config, mtp.* in their own shard) contradicting themselves
+    ("MTP layers declared 0, one held", lambda w: ["generate", "--target", str(w / "vl_mtp0"), "--method", "mtp"]
+     + G(w)[5:], "vl_mtp0/config.json: mtp_num_hidden_layers=0, its `mtp.*` weights hold 1 layer(s) (mtp.layers.0); "
+     "expected one MTP layer, declared and present"),
+    ("MTP layers declared 2, one held", lambda w: ["generate", "--target", str(w / "vl_mtp2"), "--method", "mtp"]
+     + G(w)[5:], "vl_mtp2/config.json: mtp_num_hidden_layers=2, its `mtp.*` weights hold 1 layer(s)"),
+    ("released layout under another model_type", lambda w: ["generate", "--target", str(w / "vl_llama")] + G(w)[3:],
+     "vl_llama/config.json: model_type 'llama4_text' gives no text config with integer vocab_size, hidden_size and "
+     "num_hidden_layers"),
+    ("reproduce on a tokenizer without a chat template", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_notpl"), "--work", str(w / "rw_notpl"),
+        "--stage", "regen", "--prompts", str(w / "prompts.jsonl")], "vl_notpl: its tokenizer has no chat template"),
     # dmtp dryrun
     ("dryrun target of another width", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target", str(w / "target")],
      "--profile qwen3.6-27b is made for a target of {'hidden_size': 5120, 'vocab_size': 248320} (its config); "

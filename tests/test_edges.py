@@ -410,3 +410,111 @@ def test_every_report_reader_refuses_a_half_written_run(tmp_path):
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "finished": False}))
     with pytest.raises(ValueError, match="half-written"):
         read_curve(cur)
+
+
+@pytest.mark.parametrize("name,rows,msg", [
+    ("mtbench", [{"question_id": 1, "category": "x", "turns": ["Write a poem."]}], "row 1: `turns` (or `prompt`) = "
+     "\"['Write a poem.']\": expected MT-Bench's two user turns, a list of two strings"),
+    ("mtbench", [{"question_id": 1, "category": "x", "turns": []}], "row 1: `turns` (or `prompt`) = '[]': expected"),
+    ("mtbench", [{"question_id": 1, "category": "x", "turns": "Write a poem."}], "expected MT-Bench's two user turns"),
+    ("mtbench", [{"question_id": 1, "category": "x", "turns": ["a", None]}], "row 1, turn 2: 'None': expected "
+     "non-empty text"),
+    ("humaneval", [{"task_id": "H/0", "prompt": "def f():\n"}, {"task_id": "H/0", "prompt": "def g():\n"}],
+     "row 2: id 'H/0' already used by row 1"),
+    ("humaneval", [{"task_id": "H/0", "prompt": ""}], "row 1, turn 1: '': expected non-empty text"),
+    ("gsm8k", [{"question": None, "answer": "#### 4"}], "row 1: fields ['question', 'answer'] not of the format's "
+     "types (text) (TypeError"),
+])
+@pytest.mark.parametrize("reader", ["load_prompts", "text_prompts"])
+def test_a_published_set_row_of_another_shape_is_named(tmp_path, name, rows, msg, reader):
+    """A local copy of a published set whose row holds a null, empty or mistyped field, MT-Bench without its two
+    turns, or an id an earlier row has: one error naming the file and row (before, a traceback, or prompts silently
+    dropped, repeated or split into characters), through the templated and the plain-text reader alike."""
+    from dmtp.data import datasets as D
+
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    def tok(text, add_special_tokens):  # a plain tokenizer (no chat template): one id a character
+        return {"input_ids": [ord(c) % 96 for c in text]}
+
+    call = (lambda: D.load_prompts(name, tok, path=path)) if reader == "load_prompts" else \
+        (lambda: D.text_prompts(name, path=path))
+    with pytest.raises(ValueError) as e:
+        call()
+    assert f"dataset {name!r} from {path}" in str(e.value) and msg in str(e.value), e.value
+
+
+@pytest.mark.parametrize("name,raw", [("HumanEval.jsonl.gz", "cut"), ("HumanEval.jsonl.gz", "plain"),
+                                      ("test.parquet", "cut")])
+def test_an_unreadable_local_copy_is_named(tmp_path, name, raw):
+    """A truncated or mislabelled local copy (a .gz cut short or not compressed, a parquet cut short): one error
+    naming the file and how it was read, not the reader's EOFError / gzip / arrow exception."""
+    import gzip
+
+    from dmtp.data import datasets as D
+
+    body = json.dumps({"task_id": "H/0", "prompt": "def f():\n"}).encode() * 50
+    full = gzip.compress(body) if name.endswith(".gz") else b"PAR1" + body + b"PAR1"
+    (tmp_path / name).write_bytes(full[: len(full) // 2] if raw == "cut" else body)
+    with pytest.raises(ValueError, match=f"{tmp_path / name}: cannot be read as "
+                                         f"{'gzip-compressed text' if name.endswith('.gz') else 'parquet'} \\("):
+        D.load_rows("humaneval", tmp_path / name)
+
+
+def _store(tmp_path, edit_meta=None, edit_offsets=None, edit_tokens=None):
+    import numpy as np
+
+    from dmtp.data.tokens import STORE_FILE, convert
+
+    tmp_path.mkdir(exist_ok=True)
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"ids": list(range(3, 12 + i))}) + "\n" for i in range(4)))
+    d = convert(src, tmp_path / "store", 96)
+    if edit_meta:
+        meta = json.loads((d / STORE_FILE).read_text())
+        edit_meta(meta)
+        (d / STORE_FILE).write_text(json.dumps(meta))
+    if edit_offsets:
+        o = np.load(d / "offsets.npy")
+        edit_offsets(o)
+        np.save(d / "offsets.npy", o)
+    if edit_tokens:
+        t = np.fromfile(d / "tokens.bin", dtype="<u2")
+        edit_tokens(t)
+        t.tofile(d / "tokens.bin")
+    return d
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (dict(edit_meta=lambda m: m.update(sequences="4")), "store.json: damaged token store (fields ['sequences'] "
+     "missing or of another type"),
+    (dict(edit_meta=lambda m: m.pop("source")), "fields ['source'] missing"),
+    (dict(edit_meta=lambda m: m.update(dtype="float32")), "dtype '<u2' or '<u4'"),
+    (dict(edit_offsets=lambda o: o.__setitem__(slice(1, 3), o[[2, 1]])), "the offsets must rise from 0"),
+    (dict(edit_offsets=lambda o: o.__setitem__(0, 3)), "the offsets must rise from 0"),
+])
+def test_a_hand_edited_token_store_is_refused(tmp_path, edit, msg):
+    """A store whose index is mistyped, or whose offsets do not rise from 0 (sequences overlapping or cut: batches of
+    the wrong tokens, silently), is refused on opening, naming it."""
+    from dmtp.data.tokens import open_store
+
+    with pytest.raises(ValueError, match="damaged token store") as e:
+        open_store(_store(tmp_path, **edit), 96)
+    assert msg in str(e.value), e.value
+
+
+def test_a_token_store_whose_data_outgrew_its_index_is_named_when_read(tmp_path):
+    """tokens.bin edited after conversion (store.json's max_id still in the vocabulary): the id outside the
+    vocabulary is named when its sequence is read for a batch, not an IndexError (a device-side assert on a GPU)
+    inside the embedding; an untouched store reads as converted."""
+    import numpy as np
+
+    from dmtp.data.tokens import TokenSequences, open_store
+
+    ok = TokenSequences(open_store(_store(tmp_path / "a"), 96), max_len=64)
+    assert [list(map(int, r)) for r in ok.rows(range(len(ok)))] == [list(range(3, 12 + i)) for i in range(4)]
+    seqs = TokenSequences(open_store(_store(tmp_path / "b", edit_tokens=lambda t: t.__setitem__(12, 500)), 96), 64)
+    assert np.asarray(seqs.rows([0])[0]).max() < 96  # the sequence before the edited one reads
+    with pytest.raises(ValueError, match=r"store: sequence 1 holds token id 500 outside the target's vocabulary "
+                                         r"\[0, 96\), while store.json says max_id 14"):
+        seqs.rows([0, 1])
