@@ -309,6 +309,8 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("train DMTP variant, no MTP head", lambda w: ["train", "--target", str(w / "nomtp")] + TR(w, "--variants",
      "zero_init_residual", "--steps", "1")[3:], "has no `mtp.*` weights: the target ships no native MTP head"),
     ("train profile", lambda w: TR(w, "--profile", "bogus"), "unknown profile 'bogus'"),
+    ("train target sharded without FSDP", lambda w: TR(w, "--fsdp", "off", "--shard-target", "on"),
+     "train.shard_target='on' shards the target under FSDP2, and train.fsdp='off' runs the plain step"),
     ("train out is a file", lambda w: TR(w)[:5] + ["--out", str(w / "a_file")] + TR(w)[7:], "is a file"),
     ("train data not UTF-8", lambda w: TR(w, data="data_not_utf8"), "data_not_utf8.jsonl:3: not UTF-8 text"),
     ("train on a killed decode", lambda w: TR(w, data="killed"), "killed.jsonl: half-written (killed.jsonl.meta.json "

@@ -164,6 +164,9 @@ class TrainConfig:
               compile=one_of(*COMPILE), fused_ce=one_of(*COMPILE), ce_chunk=at_least(0), fsdp=one_of(*SWITCH),
               shard_target=one_of(*SWITCH), micro_batch=at_least(0), grad_sync=one_of(*GRAD_SYNC),
               kernels=one_of(*KERNEL_CHOICES))
+        require(not (self.fsdp == "off" and self.shard_target == "on"), "train.shard_target='on' shards the target "
+                "under FSDP2, and train.fsdp='off' runs the plain step: give train.fsdp on (or auto under torchrun), or "
+                "train.shard_target off")
         require(not self.micro_batch or self.batch_size % self.micro_batch == 0, f"train.micro_batch="
                 f"{self.micro_batch}: expected a divisor of train.batch_size={self.batch_size} (0: chosen)")
         self.snapshots = tuple(int(k) for k in self.snapshots)
