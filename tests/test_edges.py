@@ -518,3 +518,20 @@ def test_a_token_store_whose_data_outgrew_its_index_is_named_when_read(tmp_path)
     with pytest.raises(ValueError, match=r"store: sequence 1 holds token id 500 outside the target's vocabulary "
                                          r"\[0, 96\), while store.json says max_id 14"):
         seqs.rows([0, 1])
+
+
+@pytest.mark.parametrize("line", ['{"id": "b", "prompt_ids": [1, 2\n', '{"id": "b", "prompt_ids": [1]}\n'])
+def test_a_shard_line_that_is_no_whole_record_is_named_at_merge(tmp_path, line):
+    """A regeneration shard whose line opens with its id and ends with a newline but is no whole record (damaged,
+    or without its fields): the merge names the shard, the byte and the id, and leaves no merged file."""
+    from dmtp.cli.reproduce import merge_shards
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "rank0-of-2.jsonl").write_text(json.dumps({"id": "a", "prompt_ids": [1], "output_ids": [2],
+                                                          "stop_reason": "eos"}) + "\n")
+    (shards / "rank1-of-2.jsonl").write_text(line)
+    with pytest.raises(ValueError, match=r"rank1-of-2.jsonl: line at byte 0 \(id 'b'\) is not a whole regeneration "
+                                         r"record \((JSONDecodeError|KeyError)"):
+        merge_shards(shards, [{"id": "a"}, {"id": "b"}], tmp_path / "train.jsonl")
+    assert not (tmp_path / "train.jsonl").exists()

@@ -54,7 +54,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from dmtp import dist
-from dmtp.checks import require
+from dmtp.checks import gist, require
 from dmtp.cli import args
 from dmtp.cli.args import eos_ids
 from dmtp.cli.stages import Unit, fingerprint, preflight
@@ -318,9 +318,14 @@ def merge_shards(shards: Path, prompts: list[dict], out: Path) -> dict:
                 f, pos = where[p["id"]]
                 fh = files.get(f) or files.setdefault(f, open(f, "rb"))
                 fh.seek(pos)
-                r = json.loads(fh.readline())
-                n_tok += len(r["output_ids"])
-                w.write(json.dumps({k: r[k] for k in RECORD_FIELDS}) + "\n")
+                try:  # a line that opens with its id, ends with a newline, and is still not a whole record
+                    r = json.loads(fh.readline())
+                    n_tok += len(r["output_ids"])
+                    w.write(json.dumps({k: r[k] for k in RECORD_FIELDS}) + "\n")
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ValueError(f"{f}: line at byte {pos} (id {p['id']!r}) is not a whole regeneration record "
+                                     f"({type(e).__name__}: {gist(e)}): remove that line and run the stage again "
+                                     "(its batch is decoded again)") from None
         finally:
             for fh in files.values():
                 fh.close()
