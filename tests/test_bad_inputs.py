@@ -101,6 +101,18 @@ def w(tmp_path_factory):
         cfg = json.loads((root / name / "config.json").read_text())
         edit(cfg)
         (root / name / "config.json").write_text(json.dumps(cfg))
+    shutil.copytree(root / "vl", root / "vl_int")  # an MTP tensor stored as integers (cast on load: cut to zeros)
+    sd = load_file(str(root / "vl_int" / "model-mtp.safetensors"))
+    sd["mtp.fc.weight"] = sd["mtp.fc.weight"].to(torch.int32)
+    save_file(sd, str(root / "vl_int" / "model-mtp.safetensors"), metadata={"format": "pt"})
+    shutil.copytree(root / "vl", root / "vl_index")
+    (root / "vl_index" / "model.safetensors.index.json").write_text('{"weight_map": {"a": ')
+    shutil.copytree(root / "vl", root / "vl_tplraise")  # a chat template whose own text raises
+    tc = json.loads((root / "vl_tplraise" / "tokenizer_config.json").read_text())
+    tc["chat_template"] = "{{ raise_exception('System role not supported') }}"
+    (root / "vl_tplraise" / "tokenizer_config.json").write_text(json.dumps(tc))
+    (root / "vl_tplraise" / "chat_template.jinja").unlink(missing_ok=True)
+    (root / "humaneval.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
     shutil.copytree(root / "vl", root / "vl_notpl")  # a tokenizer without its chat template
     tc = json.loads((root / "vl_notpl" / "tokenizer_config.json").read_text())
     tc.pop("chat_template", None)
@@ -435,6 +447,15 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("released layout under another model_type", lambda w: ["generate", "--target", str(w / "vl_llama")] + G(w)[3:],
      "vl_llama/config.json: model_type 'llama4_text' gives no text config with integer vocab_size, hidden_size and "
      "num_hidden_layers"),
+    ("MTP weights stored as integers", lambda w: ["generate", "--target", str(w / "vl_int"), "--method", "mtp"]
+     + G(w)[5:], "vl_int (its `mtp.*` tensors, in the target's layer format): weights of a non-floating dtype where "
+     "the model holds floating-point ones: mtp.fc.weight (int32)"),
+    ("MTP shard index truncated", lambda w: ["generate", "--target", str(w / "vl_index"), "--method", "mtp"]
+     + G(w)[5:], "vl_index/model.safetensors.index.json:1: not valid JSON"),
+    ("chat template that raises", lambda w: ["generate", "--target", str(w / "vl_tplraise"), "--method", "ar",
+                                             "--dataset", "humaneval", "--data-path", str(w / "humaneval.jsonl"),
+                                             "--out", str(w / "out" / "o.jsonl")],
+     "vl_tplraise: its chat template cannot render a user turn (TemplateError: System role not supported)"),
     ("reproduce on a tokenizer without a chat template", lambda w: [
         "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_notpl"), "--work", str(w / "rw_notpl"),
         "--stage", "regen", "--prompts", str(w / "prompts.jsonl")], "vl_notpl: its tokenizer has no chat template"),

@@ -231,7 +231,13 @@ def chat_text(tok, messages: list[dict]) -> str:
     """Render a conversation up to the next assistant turn: the chat template (thinking off) when the tokenizer has
     one, else the contents joined by blank lines (plain text for base / embedded-default models)."""
     if getattr(tok, "chat_template", None):
-        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        try:
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        except Exception as e:  # jinja2's TemplateError / TemplateSyntaxError, raised by the template's own text
+            raise ValueError(f"{getattr(tok, 'name_or_path', '') or 'the tokenizer'}: its chat template cannot render "
+                             f"a user turn ({type(e).__name__}: "
+                             f"{checks.gist(e)}); expected a template that renders `messages` with "
+                             "add_generation_prompt and enable_thinking=False") from None
     return "\n\n".join(m["content"] for m in messages) + ("\n\n" if len(messages) > 1 else "")
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from dmtp.checks import gist
-from dmtp.io import make_readable, save_safetensors, write_failure
+from dmtp.io import make_readable, read_json, save_safetensors, write_failure
 from dmtp.models.cache import KVCache, causal_mask
 from dmtp.models.weights import check_finite, check_fits
 
@@ -201,8 +201,10 @@ def safetensor_files(path: str | Path) -> list[Path]:
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / f for f in files]
+        wmap = read_json(index).get("weight_map")
+        if not isinstance(wmap, dict) or not all(isinstance(f, str) for f in wmap.values()):
+            raise ValueError(f"{index}: weight_map = {str(wmap)[:40]}: expected an object tensor name -> shard file")
+        return [path / f for f in sorted(set(wmap.values()))]
     return sorted(path.glob("*.safetensors"))
 
 

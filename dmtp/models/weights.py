@@ -30,10 +30,16 @@ def refuse_misfit(what: str, shapes=(), missing=(), unexpected=()) -> None:
 
 def check_fits(what: str, want: dict, got: dict, optional=()) -> None:
     """`got` (the checkpoint's tensors) holds every tensor of `want` (the module's state dict) at its shape and
-    nothing else; keys starting with a prefix in `optional` may be absent."""
+    nothing else, a floating-point tensor wherever the module holds one (an integer or boolean tensor would be cast
+    on load, its weights cut to whole numbers); keys starting with a prefix in `optional` may be absent."""
     refuse_misfit(what, [(k, got[k].shape, v.shape) for k, v in want.items() if k in got and got[k].shape != v.shape],
                   [k for k in want if k not in got and not k.startswith(tuple(optional))],
                   [k for k in got if k not in want])
+    bad = sorted(f"{k} ({str(got[k].dtype).removeprefix('torch.')})" for k, v in want.items()
+                 if k in got and v.is_floating_point() and not got[k].is_floating_point())
+    if bad:
+        raise ValueError(f"{what}: weights of a non-floating dtype where the model holds floating-point ones: "
+                         f"{_names(bad)}")
 
 
 def check_finite(what: str, named_tensors) -> None:
