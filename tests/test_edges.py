@@ -535,3 +535,29 @@ def test_a_shard_line_that_is_no_whole_record_is_named_at_merge(tmp_path, line):
                                          r"record \((JSONDecodeError|KeyError)"):
         merge_shards(shards, [{"id": "a"}, {"id": "b"}], tmp_path / "train.jsonl")
     assert not (tmp_path / "train.jsonl").exists()
+
+
+def test_a_trainer_state_of_another_training_is_not_resumed(tmp_path, capsys):
+    """trainer_state.pt copied in from a training of other settings (another learning rate): refused on resume,
+    naming the state and the run's record, not continued as if it were this run's; the run's own state resumes."""
+    import shutil
+
+    from dmtp.cli.main import main as dmtp
+
+    tgt, mtp = tiny.build("qwen3_5", seed=0)
+    tiny.save(tgt, mtp, tmp_path / "target")
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"ids": list(range(3, 30))}) + "\n" for _ in range(4)))
+
+    def train(out, *extra):
+        dmtp(["train", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "d.jsonl"), "--out",
+              str(tmp_path / out), "--mask-token-id", "2", "--steps", "3", "--batch-size", "2", *extra])
+
+    train("a", "--stop-after", "1")
+    train("b", "--stop-after", "1", "--lr", "1e-3")
+    shutil.copy(tmp_path / "a" / "dflash" / "trainer_state.pt", tmp_path / "b" / "dflash" / "trainer_state.pt")
+    with pytest.raises(SystemExit) as e:
+        train("b", "--lr", "1e-3")
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "b/dflash/trainer_state.pt: saved by a training of another configuration" in err, err
+    train("a")  # its own state: resumed and finished
+    assert (tmp_path / "a" / "dflash" / "DONE").exists()

@@ -41,7 +41,8 @@ from dmtp.config import TrainConfig
 from dmtp.data.tokens import TokenSequences, as_sequences, is_store, open_store, sequence_ids
 from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, full_state, group_of_one, is_sharded,
                        main_says, precision, rank_world, shard, shard_optimizer_state, use_fsdp)
-from dmtp.io import atomic_dir, atomic_path, check_decoded, iter_jsonl, load_state, save_state, write_json, write_text
+from dmtp.io import (atomic_dir, atomic_path, check_decoded, iter_jsonl, load_state, read_json, save_state,
+                     write_json, write_text)
 from dmtp.memory import DrafterSpec, drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
@@ -49,6 +50,19 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.training.common import (check_finite_loss, checkpoint_layers, compile_forwards, compiled, kernel_choices,
                                   to_device, watch_finite)
 from dmtp.training.losses import linear_cross_entropy
+
+
+def run_key(folder: Path) -> str | None:
+    """A digest of the configuration recorded in `folder`/fingerprint.json (None without one): saved in each
+    trainer_state.pt, so a state copied from a training of other settings is refused on resume, not continued."""
+    import hashlib
+    import json
+
+    rec = folder / "fingerprint.json"
+    if not rec.exists():
+        return None
+    fp = read_json(rec).get("fingerprint")
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # --- data -------------------------------------------------------------------------------------------------------
@@ -668,20 +682,24 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
                          f"train.batch_size={cfg.batch_size}: give more data or a batch size of at most {n_seqs}")
     main = rank == 0
     static = compiled(cfg.compile, dev)  # the compiled path: fixed shapes, flex block masks, compiled losses
-    start, hist, states = {}, {}, {}
+    start, hist, states, keys = {}, {}, {}, {}
     for name, d in drafters.items():
         d.train()
         for n, p in d.named_parameters():  # what the variant bypasses gets no gradient and no optimizer state
             if d.injection.bypassed and n.startswith(d.injection.bypassed):
                 p.requires_grad_(False)
         state = out_dir / name / "trainer_state.pt"
-        start[name], hist[name] = 0, []
+        start[name], hist[name], keys[name] = 0, [], run_key(out_dir / name)
         if (out_dir / name / "DONE").exists():
             start[name] = cfg.steps
         elif state.exists():
             s = load_state(state, dev)
             if s["step"] > cfg.steps:
                 raise ValueError(f"{state} is at step {s['step']}, beyond the {cfg.steps} steps requested")
+            if s.get("run") and keys[name] and s["run"] != keys[name]:
+                raise ValueError(f"{state}: saved by a training of another configuration (run key {s['run']}; "
+                                 f"{out_dir / name / 'fingerprint.json'} gives {keys[name]}): remove it to restart "
+                                 "that training from step 0")
             d.load_state_dict(s["model"])
             states[name], start[name], hist[name] = s["opt"], s["step"], s["history"]
             log(f"[train] {name}: resumed at step {s['step']}")
@@ -784,14 +802,15 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
                     if main:
                         where.mkdir(parents=True, exist_ok=True)
                         with atomic_path(where / "trainer_state.pt") as tmp:
-                            save_state({"model": weights, "opt": opt, "step": step + 1, "history": list(hist[name])},
-                                       tmp)
+                            save_state({"model": weights, "opt": opt, "step": step + 1, "history": list(hist[name]),
+                                        "run": keys[name]}, tmp)
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or stop:
                 weights, opt = trainer.state(name)
                 if main:
                     d.save(out_dir / name / "drafter", weights)  # world-size free: resumes on any number of ranks
                     with atomic_path(out_dir / name / "trainer_state.pt") as tmp:
-                        save_state({"model": weights, "opt": opt, "step": step + 1, "history": hist[name]}, tmp)
+                        save_state({"model": weights, "opt": opt, "step": step + 1, "history": hist[name],
+                                    "run": keys[name]}, tmp)
                     if step + 1 == cfg.steps:  # the final checkpoint, then at once DONE (a rerun completes a kill here)
                         _finish(out_dir / name, hist[name],
                                 f"{cfg.steps} steps, {time.time() - t0:.1f}s, {world} rank(s)")
