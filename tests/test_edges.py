@@ -561,3 +561,16 @@ def test_a_trainer_state_of_another_training_is_not_resumed(tmp_path, capsys):
     assert e.value.code == 2 and "b/dflash/trainer_state.pt: saved by a training of another configuration" in err, err
     train("a")  # its own state: resumed and finished
     assert (tmp_path / "a" / "dflash" / "DONE").exists()
+
+
+def test_a_token_store_of_another_vocabulary_is_refused(tmp_path):
+    """A store converted for another target's vocabulary (its ids all below this one's: they would train, silently,
+    as another tokenizer's tokens) is refused naming both sizes; one converted without a vocabulary is not."""
+    from dmtp.data.tokens import open_store
+
+    d = _store(tmp_path, edit_meta=lambda m: m.update(vocab_size=260))
+    with pytest.raises(ValueError, match=r"store: a token store converted for a vocabulary of 260 \(store.json "
+                                         r"vocab_size\), the target's is 96"):
+        open_store(d, 96)
+    unbound = _store(tmp_path / "none", edit_meta=lambda m: m.update(vocab_size=None))
+    assert open_store(unbound, 96).meta["sequences"] == 4

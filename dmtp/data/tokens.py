@@ -119,6 +119,11 @@ def open_store(path, vocab_size: int | None = None) -> Store:
         raise ValueError(f"{path}: damaged token store (offsets.npy, tokens.bin and {STORE_FILE} disagree: "
                          f"{len(offsets) - 1} sequences, {size} bytes, {STORE_FILE} says {meta['sequences']} "
                          f"sequences, {meta['tokens']} tokens; the offsets must rise from 0)")
+    made_for = meta.get("vocab_size")
+    if vocab_size is not None and made_for is not None and made_for != vocab_size:
+        raise ValueError(f"{path}: a token store converted for a vocabulary of {made_for} ({STORE_FILE} vocab_size), "
+                         f"the target's is {vocab_size}: its ids are another tokenizer's (on-policy data comes from "
+                         "the target it trains for)")
     if vocab_size is not None and meta["max_id"] >= vocab_size:
         raise ValueError(f"{path}: token id {meta['max_id']} outside the target's vocabulary [0, {vocab_size})")
     tokens = np.memmap(path / "tokens.bin", dtype=dtype, mode="r") if size else np.zeros(0, dtype)
