@@ -118,9 +118,10 @@ class MTPHead(nn.Module):
                 f"checkpoint {path} has no `{MTP_PREFIX}*` weights: the target ships no native MTP head "
                 "(methods `mtp` and every DMTP variant need one; `ar` and `dflash` do not)")
         layers = sorted({int(k.split(".")[1]) for k in sd if k.startswith("layers.") and k.split(".")[1].isdigit()})
-        declared = getattr(target.config, "mtp_num_hidden_layers", None)
+        key, declared = next(((k, v) for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers")
+                              if (v := getattr(target.config, k, None)) is not None), ("mtp_num_hidden_layers", None))
         if declared is not None and declared != len(layers) or len(layers) > 1:
-            raise ValueError(f"{path}/config.json: mtp_num_hidden_layers={declared!r}, its `{MTP_PREFIX}*` weights "
+            raise ValueError(f"{path}/config.json: {key}={declared!r}, its `{MTP_PREFIX}*` weights "
                              f"hold {len(layers)} layer(s) ({', '.join(f'{MTP_PREFIX}layers.{i}' for i in layers)}); "
                              "expected one MTP layer, declared and present (as Qwen3.5/3.6 ship it)")
         head = cls(target)

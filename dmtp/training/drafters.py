@@ -24,6 +24,8 @@ micro-batch: `TrainConfig.grad_sync`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import random
 import time
@@ -55,9 +57,6 @@ from dmtp.training.losses import linear_cross_entropy
 def run_key(folder: Path) -> str | None:
     """A digest of the configuration recorded in `folder`/fingerprint.json (None without one): saved in each
     trainer_state.pt, so a state copied from a training of other settings is refused on resume, not continued."""
-    import hashlib
-    import json
-
     rec = folder / "fingerprint.json"
     if not rec.exists():
         return None
