@@ -342,16 +342,30 @@ def save_state(obj, path):
     _readable(Path(path))
 
 
-def load_state(path, device):
-    """torch.load of resumable state (pretraining, drafter training); a truncated or foreign file is an error
-    naming it."""
+def load_state(path, device, required=()):
+    """torch.load of resumable state (pretraining, drafter training) as plain data only (`weights_only=True`:
+    tensors, numbers, strings, lists and dicts; nothing a file can hold runs code on loading). A truncated or foreign
+    file, a pickled object of any other type, or a state without one of the `required` keys is an error naming the
+    file (and the key)."""
     import torch
 
     try:
-        return torch.load(path, map_location=device, weights_only=False)
-    except Exception as e:  # truncated zip (PytorchStreamReader ...), not a torch file (UnpicklingError), ...
-        raise ValueError(f"{path}: cannot be read as saved training state ({str(e).splitlines()[0][:200]}); "
-                         "remove it to restart that training from step 0") from None
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # truncated zip (PytorchStreamReader ...), not a torch file, a forbidden global, ...
+        first = str(e).strip().splitlines()
+        why = next((x.strip() for x in first if "Unsupported global" in x or "GLOBAL" in x), first[0] if first else "")
+        raise ValueError(f"{path}: cannot be read as saved training state ({why[:200]}); only tensors, numbers, "
+                         "strings, lists and dicts are loaded from a state file: remove it to restart that training "
+                         "from step 0") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: saved training state is a dict, this file holds a {type(state).__name__}; remove it "
+                         "to restart that training from step 0")
+    missing = [k for k in required if k not in state]
+    if missing:
+        raise ValueError(f"{path}: saved training state without the key(s) {', '.join(map(repr, missing))} (it holds "
+                         f"{', '.join(map(repr, sorted(map(str, state))))[:200] or 'nothing'}); remove it to restart "
+                         "that training from step 0")
+    return state
 
 
 def save_safetensors(tensors: dict, path):

@@ -96,8 +96,8 @@ tok = load_tokenizer(f"{a.work}/target")
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 tgt = Target.load(f"{a.work}/target", dtype=torch.float32, device=dev)
 mtp = MTPHead.load(tgt, f"{a.work}/target")
-train = np.load(f"{a.work}/tokens/train.npy", mmap_mode="r")
-held = np.asarray(np.load(f"{a.work}/tokens/heldout.npy", mmap_mode="r"))
+train = np.load(f"{a.work}/tokens/train.npy", mmap_mode="r", allow_pickle=False)
+held = np.asarray(np.load(f"{a.work}/tokens/heldout.npy", mmap_mode="r", allow_pickle=False))
 eos = tok.convert_tokens_to_ids("<|endoftext|>")
 rows = encode_prompts(tok, humaneval_prompts()[:a.n])
 

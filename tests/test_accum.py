@@ -77,7 +77,7 @@ def test_stopped_accumulating_run_resumes(whole, tmp_path):
     """Stopped after step 2 in micro-batches of 2, resumed in micro-batches of 1 (the micro-batch is run control: a
     checkpoint does not depend on it): the uninterrupted whole-batch run."""
     _run(tmp_path / "split", micro_batch=2, stop_after=2)
-    state = torch.load(tmp_path / "split" / "dflash" / "trainer_state.pt", weights_only=False)
+    state = torch.load(tmp_path / "split" / "dflash" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 2 and not (tmp_path / "split" / "dflash" / "DONE").exists()
     _run(tmp_path / "split", micro_batch=1)
     _assert_same_run(tmp_path / "split", whole)

@@ -431,7 +431,7 @@ def test_fsdp_on_one_gpu_follows_the_single_process_path(tmp_path, flag):
                     stop_after=2)
     assert seen and set(seen) == {(torch.bfloat16, torch.bfloat16)}
     for n in names:
-        state = torch.load(tmp_path / "fsdp16" / n / "trainer_state.pt", weights_only=False)
+        state = torch.load(tmp_path / "fsdp16" / n / "trainer_state.pt", weights_only=True)
         assert state["step"] == 2 and all(v.dtype == torch.float32 for v in state["model"].values())
         moments = [v for st in state["opt"]["state"].values() for k, v in st.items() if k != "step"]
         assert moments and all(v.dtype == torch.float32 for v in moments)

@@ -140,7 +140,7 @@ def test_pretraining_on_two_ranks_follows_one_process(two, tmp_path):
     atol 1e-5 at lr 2e-3, the Adam argument above), and the caller's modules hold the trained weights as plain
     tensors afterwards (rank 0 evaluates and saves them)."""
     losses, weights = _pretrain(tmp_path / "one", "off")
-    losses2, weights2 = torch.load(two / "pretrain_two.pt", weights_only=False)
+    losses2, weights2 = torch.load(two / "pretrain_two.pt", weights_only=True)
     assert losses2 == pytest.approx(losses, rel=1e-5) and len(losses) == 5
     assert weights2.keys() == weights.keys()
     for k, w in weights.items():
@@ -195,7 +195,7 @@ def test_stopped_run_resumes_on_two_ranks_and_on_one(one, two):
             w, w_ref = _weights(snap), _weights(one / v / f"step{k}")
             for key in w_ref:
                 torch.testing.assert_close(w[key], w_ref[key], rtol=0, atol=W_ATOL, msg=f"{v} step{k} {key}")
-        st, st_ref = (torch.load(r / "anneal4" / v / "trainer_state.pt", weights_only=False)
+        st, st_ref = (torch.load(r / "anneal4" / v / "trainer_state.pt", weights_only=True)
                       for r in (two / "split", one))
         assert st["step"] == st_ref["step"] == 2
         for key, x in st_ref["model"].items():

@@ -233,7 +233,7 @@ def test_pretraining_state_outlives_training(tmp_path):
     tgt, mtp = build_target(arch, 100, 0)
     hist, info = pretrain(tgt, mtp, toks, cfg, tmp_path, log=lambda m: None)
     assert info["finished"] and (tmp_path / "pretrain_state.pt").exists()
-    assert torch.load(tmp_path / "pretrain_state.pt", weights_only=False)["step"] == 3
+    assert torch.load(tmp_path / "pretrain_state.pt", weights_only=True)["step"] == 3
     torch.manual_seed(0)
     tgt2, mtp2 = build_target(arch, 100, 0)
     hist2, info2 = pretrain(tgt2, mtp2, toks, cfg, tmp_path, log=lambda m: None)
@@ -381,3 +381,42 @@ def test_a_copy_over_an_older_checkout_records_its_revision(tmp_path):
     assert io.git_sha(root) == "abc123"
     (root / "dmtp" / "a.py").write_text("x = 3\n")  # changed past the REVISION as well
     assert io.git_sha(root) == f"{old}-dirty"
+
+
+class _Payload:
+    """A pickled object whose loading runs a shell command (what a crafted state file in a shared folder holds)."""
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_state_file_runs_nothing(ckpt, tmp_path):
+    """State files load as plain data (weights_only): a state holding a pickled callable is refused with its file
+    named, before anything in it runs, in drafter training and in pretraining; a state without a key it needs names
+    the key."""
+    root, tgt, mtp = ckpt
+    seqs = train_mod.load_sequences(root / "data.jsonl", 16, vocab_size=tgt.vocab_size)
+    cfg = TrainConfig(steps=2, batch_size=2, max_len=16, anchors_per_seq=4, save_every=1, log_every=1)
+    base = dict(hidden_size=tgt.hidden_size, vocab_size=tgt.vocab_size, num_target_layers=tgt.num_layers,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                mask_token_id=2)
+    marker = tmp_path / "ran"
+    (tmp_path / "dflash").mkdir()
+    state = tmp_path / "dflash" / "trainer_state.pt"
+    torch.save({"model": {}, "opt": {}, "step": 1, "history": [], "x": _Payload(marker)}, state)
+    with pytest.raises(ValueError, match=r"dflash/trainer_state.pt: cannot be read as saved training state"):
+        train_drafters(tgt, mtp, new_drafters(tgt, ["dflash"], base), seqs, cfg, tmp_path, log=lambda m: None)
+    assert not marker.exists()
+    torch.save({"opt": {}, "step": 1, "history": []}, state)  # plain data, but not a state this trainer wrote
+    with pytest.raises(ValueError, match=r"trainer_state.pt: saved training state without the key\(s\) 'model'"):
+        train_drafters(tgt, mtp, new_drafters(tgt, ["dflash"], base), seqs, cfg, tmp_path, log=lambda m: None)
+    arch = TargetArch(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=32, intermediate_size=64, max_position_embeddings=64)
+    pcfg = PretrainConfig(tokens=16 * 4 * 3, seq_len=16, batch_size=4, eval_tokens=16, log_every=1)
+    torch.save(_Payload(marker), tmp_path / "pretrain_state.pt")
+    t2, m2 = build_target(arch, 100, 0)
+    with pytest.raises(ValueError, match=r"pretrain_state.pt: cannot be read as saved training state"):
+        pretrain(t2, m2, torch.randint(2, 100, (4000,)).numpy(), pcfg, tmp_path, log=lambda m: None)
+    assert not marker.exists()

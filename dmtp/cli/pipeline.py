@@ -190,8 +190,8 @@ def st_target(c: Ctx):
     mtp.to(c.dev)
     n_params = sum(p.numel() for p in tgt.model.parameters())
     c.log(f"target: {n_params / 1e6:.1f} M parameters (+ MTP {sum(p.numel() for p in mtp.parameters()) / 1e6:.1f} M)")
-    train = np.load(c.work / "tokens" / "train.npy", mmap_mode="r")
-    held = np.load(c.work / "tokens" / "heldout.npy", mmap_mode="r")
+    train = np.load(c.work / "tokens" / "train.npy", mmap_mode="r", allow_pickle=False)
+    held = np.load(c.work / "tokens" / "heldout.npy", mmap_mode="r", allow_pickle=False)
     for name, toks, need in (("train", train, c.p.pretrain.seq_len + 2), ("heldout", held, c.p.pretrain.seq_len + 1)):
         require(len(toks) >= need, f"{c.work / 'tokens' / name}.npy holds {len(toks)} tokens, fewer than "
                 f"pretrain.seq_len={c.p.pretrain.seq_len} needs ({need}); raise corpus_bytes or lower the seq_len")

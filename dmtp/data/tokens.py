@@ -109,7 +109,7 @@ def open_store(path, vocab_size: int | None = None) -> Store:
                          "missing or of another type; expected integers sequences, tokens, max_id, dtype '<u2' or "
                          "'<u4', source {name, sha256}): convert it again with `python -m dmtp.data.tokens`")
     try:
-        offsets = np.load(path / "offsets.npy", mmap_mode="r")
+        offsets = np.load(path / "offsets.npy", mmap_mode="r", allow_pickle=False)
         dtype = np.dtype(meta["dtype"])
         size = (path / "tokens.bin").stat().st_size
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -122,7 +122,7 @@ class Target(nn.Module):
         try:
             model, info = AutoModelForCausalLM.from_pretrained(
                 path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,
-                ignore_mismatched_sizes=True)
+                ignore_mismatched_sizes=True, use_safetensors=True)  # never a pickled weights file
         except Exception as e:  # a broken config.json or weights file (OSError, SafetensorError, ...)
             raise ValueError(f"{what} cannot be loaded: {gist(e)}") from None
         finally:

@@ -692,7 +692,7 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
         if (out_dir / name / "DONE").exists():
             start[name] = cfg.steps
         elif state.exists():
-            s = load_state(state, dev)
+            s = load_state(state, dev, required=("model", "opt", "step", "history"))
             if s["step"] > cfg.steps:
                 raise ValueError(f"{state} is at step {s['step']}, beyond the {cfg.steps} steps requested")
             if s.get("run") and keys[name] and s["run"] != keys[name]:

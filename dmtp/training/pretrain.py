@@ -186,7 +186,8 @@ def _pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str 
     state_path = out / "pretrain_state.pt"
     start, hist = 0, []
     rng = np.random.default_rng(cfg.seed)  # window starts: the only randomness of a step
-    s = load_state(state_path, dev) if state_path.exists() else None
+    s = load_state(state_path, dev, required=("model", "mtp", "opt", "step", "history")) \
+        if state_path.exists() else None
     if s is not None:
         tgt.model.load_state_dict(s["model"])
         mtp.load_state_dict(s["mtp"])
