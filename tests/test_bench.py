@@ -150,27 +150,28 @@ def test_engine_setting_labels():
     from dmtp.config import EngineConfig
 
     e = engine_setting("compiled+dense+gw")
-    assert (e.engine, e.attention, e.cache_write, e.tuning) == ("compiled", "dense", "graph", "default")
+    assert (e.engine, e.attention, e.cache_write, e.tuning) == ("compiled", "dense", "graph", "fixed")
     assert engine_setting("compiled").cache_write == "eager" and engine_setting("hf").engine == "hf"
     assert engine_setting("compiled+tuned").tuning == "autotune"
-    for label in ("compiled", "compiled+dense", "compiled+dense+gw", "compiled+tuned", "hf"):
+    assert engine_setting("compiled+timed").tuning == "default"
+    for label in ("compiled", "compiled+dense", "compiled+dense+gw", "compiled+tuned", "compiled+timed", "hf"):
         assert label_of(engine_setting(label)) == label
-    # "auto": the write inside the graph with dense attention; the library's default kernels are the autotuned ones
-    assert label_of(EngineConfig(attention="dense")) == "compiled+dense+gw+tuned"
-    assert label_of(EngineConfig(attention="dense", tuning="default")) == "compiled+dense+gw"
+    # "auto": the write inside the graph with dense attention; the library's default kernels are the fixed ones
+    assert label_of(EngineConfig(attention="dense")) == "compiled+dense+gw"
+    assert label_of(EngineConfig(attention="dense", tuning="default")) == "compiled+dense+gw+timed"
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['fast'\]"):
         engine_setting("compiled+fast")
 
 
 def test_b1_engines_put_the_runs_own_engine_first():
-    """Batch 1 times the library's default engine first (autotuned kernels, flex attention) beside Inductor's default
-    kernels; a profile's own engine (the embedded profiles: default kernels) goes first instead, once."""
+    """Batch 1 times the library's default engine first (fixed kernel choices, flex attention) beside the autotuned
+    kernels; a profile's own engine goes first instead, once."""
     from dmtp.cli.bench.common import B1_ENGINES, b1_engines
     from dmtp.config import EngineConfig
 
-    assert b1_engines() == B1_ENGINES and B1_ENGINES[0] == "compiled+tuned" and "compiled" in B1_ENGINES
+    assert b1_engines() == B1_ENGINES and B1_ENGINES[0] == "compiled" and "compiled+tuned" in B1_ENGINES
     own = b1_engines(EngineConfig(attention="dense", tuning="default"))  # the profile's own engine first
-    assert own[0] == "compiled+dense+gw" and own.count("compiled+dense+gw") == 1 and own[-1] == "hf"
+    assert own[0] == "compiled+dense+gw+timed" and own.count("compiled+dense+gw+timed") == 1 and own[-1] == "hf"
     assert "compiled+tuned" in own
 
 
@@ -217,14 +218,14 @@ def test_a_prepared_server_captures_no_prompt_pass_while_serving(models):
 
 
 def test_batch1_rows_name_the_kernels_that_differ_from_the_runs_own():
-    """Beside an autotuned first engine (the library's default: the 8B shape) every untuned row says so; beside an
-    untuned one (an embedded profile's) the tuned row says it is autotuned; the options are named as before."""
+    """Beside an autotuned first engine every untuned row says so; beside an untuned one (the library's default) the
+    tuned row says it is autotuned; the options are named as before."""
     from dmtp.cli.bench.baselines import other_words
 
     first = "engine-compiled+tuned"
-    assert other_words("engine-compiled", first) == ", Inductor's default kernels"
+    assert other_words("engine-compiled", first) == ", untuned kernels"
     assert other_words("engine-compiled+dense+gw", first) == (", dense attention, K/V write in the graph, "
-                                                               "Inductor's default kernels")
+                                                               "untuned kernels")
     assert other_words("engine-compiled+tuned", "engine-compiled+dense+gw") == ", autotuned kernels"
     assert other_words("engine-compiled+dense", "engine-compiled") == ", dense attention"
 

@@ -449,7 +449,7 @@ def main(argv=None):
     g.add_argument("--engine", action="append", metavar="KEY=VALUE", default=[],
                    help="a decode-engine setting (dmtp/config/engine.py EngineConfig), repeatable: "
                    "engine=hf|fast-eager|compiled, attention=flex|dense, cache_write=auto|graph|eager, "
-                   "tuning=default|autotune, drafter=compiled|hf, graphs=true|false")
+                   "tuning=fixed|default|autotune (fixed: identical records run to run), drafter=compiled|hf, graphs=true|false")
     g.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
     g.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "

@@ -41,14 +41,14 @@ class EngineConfig:
     cache_write: str = "auto"  # where the compiled forwards write their K/V rows: "graph" (inside the compiled graph),
     # "eager" (outside it: a graph break per write), "auto" = eager on CUDA with flex attention (a compiled graph that
     # writes the cache and reads it with flex attention gave wrong outputs on the H200), graph otherwise
-    tuning: str = "autotune"  # Inductor's kernel selection for the compiled forwards on CUDA: "autotune"
-    # (max_autotune + coordinate-descent tuning: 1.18x the default kernels' AR tok/s at the 8B shape, batch 1, and
-    # minutes more compilation per method and shape; lossless by tests/test_cuda.py) | "default" (Inductor's
-    # heuristics: the embedded profiles, which compile every method at many shapes; a reduction kernel with
-    # several launch settings, or a matmul Inductor may pad, is still timed on the device at compile time and the
-    # fastest kept, so what else runs on the card can pick another summation order) | "fixed" (Inductor's
-    # deterministic mode: the same heuristics with every timed choice that can change numerics replaced by a fixed
-    # function of the shape: kernels independent of the card's load). Not applied on CPU
+    tuning: str = "fixed"  # Inductor's kernel selection for the compiled forwards on CUDA: "fixed" (Inductor's
+    # deterministic mode: its heuristics with every timed choice that can change numerics replaced by a fixed function
+    # of the shape, so records do not depend on when, after what, or beside what the compilation ran: identical
+    # commands give identical records, `experiments/determinism_check.py`) | "default" (Inductor's heuristics; a
+    # reduction kernel with several launch settings, or a matmul Inductor may pad, is timed on the device at compile
+    # time and the fastest kept, so what else runs on the card can pick another summation order) | "autotune"
+    # (max_autotune + coordinate-descent tuning: faster decoding at large shapes for minutes more compilation per
+    # method and shape; its choices are timed too). Not applied on CPU
     drafter: str = "compiled"  # the drafter's decode forward on the compiled engine: "compiled" (fast.py) | "hf"
     prefill: str = "hf"  # the target's prompt pass: "hf" (the HF layers, eager) | "compiled" (fast.py's layers with
     # the dense kernel, compiled once for every prompt shape: dynamic shapes); on the compiled engine only |

@@ -61,9 +61,10 @@ class PretrainConfig:
     save_every: int = 0  # resumable state every N steps (0: max(50, steps // 10))
     stop_after: int = 0  # write the resumable state and stop after this step (0: run to the end)
     compile: str = "auto"  # "auto": torch.compile the step on CUDA (CPU eager); "on": also on CPU; "off": eager
-    kernels: str = "default"  # the compiled step's kernel choices on CUDA: "default" (Inductor times a reduction's
-    # launch settings and a matmul's padding on the device and keeps the fastest: the card's load can pick another
-    # summation order) | "fixed" (Inductor's deterministic mode: each such choice a fixed function of the shape)
+    kernels: str = "fixed"  # the compiled step's kernel choices on CUDA: "fixed" (Inductor's deterministic mode: each
+    # choice a fixed function of the shape, so a run's weights do not depend on what else runs on the card) |
+    # "default" (Inductor times a reduction's launch settings and a matmul's padding on the device and keeps the
+    # fastest: the card's load can pick another summation order)
     # "auto": both heads' loss through the fused chunked linear + CE (`losses.linear_cross_entropy`) on CUDA, where the
     # materialised fp32 [tokens, vocab] logits and their gradient make the step memory-bound; "on": also on CPU;
     # "off": `F.cross_entropy(lm_head(h).float(), y)` (the same loss, its logits materialised)
@@ -127,7 +128,7 @@ class TrainConfig:
     log_every: int = 10  # a history record (loss, accuracy) every N steps
     amp_bf16: bool = False  # autocast the drafters and the frozen target's feature pass in bf16 on GPU
     compile: str = "auto"  # "auto": the compiled path on CUDA, eager on CPU; "on": compiled everywhere; "off": eager
-    kernels: str = "default"  # the compiled path's kernel choices on CUDA: "default" | "fixed" (PretrainConfig.kernels)
+    kernels: str = "fixed"  # the compiled path's kernel choices on CUDA: "fixed" | "default" (PretrainConfig.kernels)
     one_region: bool = True  # compiled path: every drafter of a step in one compiled region with one AdamW step;
     # False: a compiled region, an AdamW and a clip per drafter (what `bench_train` compares it with)
     stop_after: int = 0  # checkpoint and stop after this step (0: run to the end) - splits a run into time slices

@@ -3,9 +3,12 @@
     python -c "from dmtp.data import build_corpus; print(build_corpus('/tmp/c', 8_000_000, sources=['stdlib']))"
     python -c "from dmtp.data import build_corpus; build_corpus('/tmp/c', 200_000, roots=['dmtp'])"   # a folder
 
-A source is `stdlib` (the running interpreter's standard library, without its site-packages) or the name of an
-installed distribution (`torch`: the `*.py` files its RECORD lists), optionally pinned to a version
-(`stdlib==3.11.7`, `torch==2.11.0+cu130`: another version installed is refused, since it gives another corpus).
+A source is `stdlib` (the running interpreter's standard library, without its site-packages) or the name of a
+distribution (`sympy`: the `*.py` files its RECORD lists), optionally pinned to a version (`stdlib==3.11.7`,
+`sympy==1.14.0`; the version compared is the one results record, `torch.__version__` with its local tag). A pinned
+distribution is read where it is installed at that version, else from its pure-Python wheel in `wheels_dir()`
+(`make wheels`): a wheel's files are the same bytes on every machine, which a Python's standard library is not (a
+distribution's build may leave out CPython's test suite). Another version, and no wheel, is refused.
 A document's path is `<source>/<path inside it>`, so nothing recorded depends on where Python or the checkout lives.
 Output dir: `train.jsonl` / `heldout.jsonl` (one {"path", "sha256", "text"} per line, so document boundaries
 survive), `manifest.csv` (path, sha256, bytes, split) and `DONE` (JSON stats with the sources' versions and the
@@ -16,11 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import hashlib
 import json
 import os
 import platform
+import re
 import sysconfig
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +41,26 @@ _BANNED = ("human_eval", "humaneval")  # lowercase; matched against paths and do
 @dataclass(frozen=True)
 class Source:
     """Where documents come from: `name` labels their paths, `version` is recorded, `files` are (path inside the
-    source, absolute path) pairs in sorted order."""
+    source, key) pairs in sorted order, read through `read` / `size` (a key is an absolute path on disk, or a member of
+    a wheel); `origin` says which ("installed", "wheel <file> sha256 <16 hex>", "folder")."""
     name: str
     version: str
     files: tuple[tuple[str, str], ...]
+    origin: str = "installed"
+    wheel: str = ""  # the wheel file the members are read from ("" : files on disk)
+
+    def read(self, key: str) -> bytes:
+        if self.wheel:
+            return _zip(self.wheel).read(key)
+        return Path(key).read_bytes()
+
+    def size(self, key: str) -> int:
+        return _zip(self.wheel).getinfo(key).file_size if self.wheel else os.path.getsize(key)
+
+
+@functools.lru_cache(maxsize=16)
+def _zip(path: str) -> zipfile.ZipFile:
+    return zipfile.ZipFile(path)
 
 
 def _walk(root: str, skip=("site-packages", "dist-packages")) -> tuple[tuple[str, str], ...]:
@@ -53,35 +75,113 @@ def _walk(root: str, skip=("site-packages", "dist-packages")) -> tuple[tuple[str
     return tuple(out)
 
 
-def resolve_source(spec: str) -> Source:
-    """`stdlib` or an installed distribution's name, optionally `==version` (checked against what is installed)."""
+def wheels_dir() -> Path:
+    """Where pinned sources are looked up as wheels when the installed version is another: `$DMTP_WHEELS`, else
+    `~/.cache/dmtp/wheels` (`make wheels` downloads the pinned profiles' pure-Python wheels there)."""
+    return Path(os.environ.get("DMTP_WHEELS") or Path.home() / ".cache" / "dmtp" / "wheels").expanduser()
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def installed_version(name: str, dist=None) -> str:
+    """The version results record for an installed distribution: its import package's `__version__` where it has
+    one (torch's `2.11.0+cu130`, local tag included, where the distribution's metadata may say `2.11.0`), else the
+    distribution's metadata version."""
+    import importlib
+    import importlib.metadata as md
+
+    dist = dist or md.distribution(name)
+    tops = [t.strip() for t in (dist.read_text("top_level.txt") or "").split() if t.strip()] or [_norm(name)]
+    for top in tops[:1]:
+        try:
+            v = getattr(importlib.import_module(top), "__version__", None)
+        except Exception:  # noqa: BLE001 - a package that cannot be imported here: its metadata says
+            v = None
+        if isinstance(v, str) and v:
+            return v
+    return dist.version
+
+
+def _wheel_files(path: Path) -> tuple[tuple[str, str], ...]:
+    """The `*.py` members of a wheel as (path once installed, member), sorted: `<dist>.data/purelib|platlib/` mapped
+    to the installed root, the metadata folders and other `.data` parts (scripts, headers) left out."""
+    out = []
+    for m in _zip(str(path)).namelist():
+        rel = m
+        head = m.split("/", 1)[0]
+        if head.endswith(".data"):
+            parts = m.split("/", 2)
+            if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                continue
+            rel = parts[2]
+        elif head.endswith(".dist-info"):
+            continue
+        if rel.endswith(".py") and "__pycache__" not in rel and ".." not in rel.split("/"):
+            out.append((rel, m))
+    return tuple(sorted(out))
+
+
+def _wheel_source(name: str, pin: str, folder: Path) -> Source | None:
+    """The pure-Python wheel of `name==pin` in `folder`, or None; a wheel of that name and version that is not pure
+    Python (another platform's files) is refused."""
+    if not folder.is_dir():
+        return None
+    found = sorted(p for p in folder.glob("*.whl")
+                   if len(parts := p.name[:-4].split("-")) >= 5 and _norm(parts[0]) == _norm(name) and parts[1] == pin)
+    if not found:
+        return None
+    pure = [p for p in found if p.name.endswith("-none-any.whl")]
+    if not pure:
+        raise ValueError(f"corpus source {name}=={pin}: {found[0]} is built for one platform; the corpus reads pure-"
+                         "Python wheels (py3-none-any) only, whose files are the same on every machine")
+    path = pure[0]
+    h = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return Source(name, pin, _wheel_files(path), origin=f"wheel {path.name} sha256 {h}", wheel=str(path))
+
+
+def resolve_source(spec: str, wheels: Path | None = None) -> Source:
+    """`stdlib` or a distribution's name, optionally `==version`. Unpinned: what is installed. Pinned: the installed
+    distribution if its recorded version (`installed_version`) is the pin, else the pure-Python wheel of that version
+    in `wheels` (default `wheels_dir()`: the same files on every machine), else refused."""
     import importlib.metadata as md
 
     name, _, pin = spec.partition("==")
-    name = name.strip()
+    name, pin = name.strip(), pin.strip()
     if name == "stdlib":
         version = platform.python_version()
-        files = _walk(os.path.realpath(sysconfig.get_paths()["stdlib"]))
+        src = Source(name, version, _walk(os.path.realpath(sysconfig.get_paths()["stdlib"])))
     else:
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
-            raise ValueError(f"corpus source {spec!r}: no distribution {name!r} is installed") from None
-        version = dist.version
+            dist = None
+        version = installed_version(name, dist) if dist is not None else None
+        if dist is None or (pin and version != pin):
+            folder = wheels if wheels is not None else wheels_dir()
+            if pin and (src := _wheel_source(name, pin, folder)) is not None:
+                return src
+            have = f"{version} is installed" if dist is not None else f"no distribution {name!r} is installed"
+            raise ValueError(f"corpus source {spec!r}: {have}" + (f", and {folder} holds no pure-Python wheel of it"
+                             if pin else "") + ": " + (f"python -m pip download --no-deps --only-binary=:all: "
+                             f"{name}=={pin} -d {folder} (or `make wheels`) gives the pinned files, the same on every "
+                             "machine; or build another corpus: data.corpus_sources with it unpinned and no pinned "
+                             "digest (--set data.corpus_digest=)" if pin else f"install {name}"))
         listed = sorted(str(f) for f in (dist.files or ()) if str(f).endswith(".py") and ".." not in Path(f).parts)
-        files = tuple((f, str(dist.locate_file(f))) for f in listed if "__pycache__" not in f)
-    if pin and pin.strip() != version:
-        raise ValueError(f"corpus source {spec!r}: {version} is installed (Python's version for stdlib); the pinned "
-                         f"corpus needs {pin.strip()} (another version gives another corpus, so other results): "
+        src = Source(name, version, tuple((f, str(dist.locate_file(f))) for f in listed if "__pycache__" not in f))
+    if pin and pin != src.version:
+        raise ValueError(f"corpus source {spec!r}: {src.version} is installed (Python's version for stdlib); the pinned "
+                         f"corpus needs {pin} (another version gives another corpus, so other results): "
                          f"install the pinned one, or build another corpus: data.corpus_sources with {name!r} "
                          "unpinned, and no pinned digest (--set data.corpus_digest=)")
-    return Source(name, version, files)
+    return src
 
 
 def _folder_source(root: str) -> Source:
     """A folder as a source: its `*.py` files, labelled by the folder's name."""
     root = os.path.realpath(root)
-    return Source(os.path.basename(root.rstrip(os.sep)) or "root", "", _walk(root, skip=()))
+    return Source(os.path.basename(root.rstrip(os.sep)) or "root", "", _walk(root, skip=()), origin="folder")
 
 
 def _banned(s: str) -> bool:
@@ -116,7 +216,7 @@ def _split(sha: str, heldout_frac: float) -> str:
 
 
 def _scan(sources: list[Source], max_file_bytes: int, progress: bool, max_repeat: float = 1.0):
-    """Hash every eligible file of `sources` -> ({sha256: (source index, path, absolute path, bytes)}, skip counts);
+    """Hash every eligible file of `sources` -> ({sha256: (source index, path, key, bytes)}, skip counts);
     of identical files the first (in source order, then path order) is kept."""
     by_hash, skipped = {}, {"too_big": 0, "not_utf8": 0, "humaneval": 0, "duplicate": 0, "empty": 0, "repetitive": 0}
     bar = tqdm(desc="scan *.py", unit=" files", disable=not progress)
@@ -128,12 +228,12 @@ def _scan(sources: list[Source], max_file_bytes: int, progress: bool, max_repeat
                 skipped["humaneval"] += 1
                 continue
             try:
-                size = os.path.getsize(p)
+                size = src.size(p)
                 if size > max_file_bytes:
                     skipped["too_big"] += 1  # generated tables, vendored test data
                     continue
-                raw = Path(p).read_bytes()
-            except OSError:
+                raw = src.read(p)
+            except (OSError, KeyError):
                 continue
             try:
                 text = raw.decode("utf-8")
@@ -243,8 +343,8 @@ def build_corpus(out_dir, max_bytes: int, max_file_bytes: int = 200_000, heldout
     chosen.sort()  # written in hash order
     recorded = [{"name": s.name, "version": s.version} for s in srcs]
     _check_digest(digest(s for s in chosen if _split(s, heldout_frac) == "train"), expect_digest, recorded, out_dir)
-    docs = ((by_hash[s][1], s, Path(by_hash[s][2]).read_bytes().decode("utf-8")) for s in chosen)
-    extra = {"sources": recorded, "roots": [s.name for s in srcs], "n_candidates": len(by_hash), "skipped": skipped,
+    docs = ((by_hash[s][1], s, srcs[by_hash[s][0]].read(by_hash[s][2]).decode("utf-8")) for s in chosen)
+    extra = {"sources": recorded, "origins": {s.name: s.origin for s in srcs}, "roots": [s.name for s in srcs], "n_candidates": len(by_hash), "skipped": skipped,
              "stdlib_only": all(srcs[by_hash[s][0]].name == "stdlib" for s in chosen)}
     return _result(out_dir, _write(out_dir, docs, heldout_frac, config, extra, progress), resumed=False)
 
@@ -316,6 +416,6 @@ def corpus_summary(out_dir: Path) -> dict:
         return {}
     done = read_json(done_path)
     keys = ("n_train", "n_heldout", "train_bytes", "heldout_bytes", "train_digest", "heldout_digest", "sources",
-            "roots", "stdlib_only")
+            "origins", "roots", "stdlib_only")
     return {k: done[k] for k in keys if k in done}
 

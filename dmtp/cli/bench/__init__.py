@@ -23,8 +23,8 @@ baselines.csv   --paper-shape / --mini-shape, batch 1: the compiled engine, the 
                 static-cache compiled `generate`, the plain HF loop (mini), tok/s side by side (median, min and max of
                 `--repeats` interleaved repeats), and the HBM bound; engine labels "+dense" (the dense attention
                 kernel), "+gw" (the K/V write inside the compiled graphs, exact with the dense kernel), "+tuned"
-                (Inductor's autotuned kernels: the library's default engine, first at the 8B shape; the stage
-                times of the rounds use Inductor's default kernels, "compiled", whose compiles take seconds)
+                (Inductor's autotuned kernels), "+timed" (Inductor's default heuristics, launch settings timed on
+                the device); no option: the library's default, fixed kernel choices (the same records run to run)
 regen.csv       the data stage's regeneration (AR, `--regen-batch` prompts at once, the profile's data temperature):
                 tok/s, ms per step, per engine label (as in baselines.csv)
 profile_*.txt   --kernel-profile: torch-profiler tables of the device kernels of a decode (where a round goes);

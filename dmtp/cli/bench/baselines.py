@@ -42,10 +42,10 @@ def hf_static_generate(tgt, prompt: list[int], tokens: int):
 
 def other_words(label: str, first: str) -> str:
     """The name suffix of an engine timed beside the run's own (`first`; labels "engine-<label>"): its options
-    (`label_words`), and ", Inductor's default kernels" where the run's own engine is the autotuned one and it is not."""
+    (`label_words`), and ", untuned kernels" where the run's own engine is the autotuned one and it is not."""
     label, first = label.removeprefix("engine-"), first.removeprefix("engine-")
     tuned = [engine_setting(x).tuning == "autotune" for x in (label, first)]
-    return label_words(label) + (", Inductor's default kernels" if tuned[1] and not tuned[0] else "")
+    return label_words(label) + (", untuned kernels" if tuned[1] and not tuned[0] else "")
 
 
 def batch1_baselines(tgt, prompt, tokens, bandwidth, setup, hf_loop=True,

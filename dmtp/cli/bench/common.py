@@ -168,7 +168,8 @@ def round_goal(profile: str) -> float:
 
 
 KINDS = {"flex": "", "dense": "+dense"}  # the compiled engine's attention kernels (`EngineConfig.attention`): suffix
-LABEL_OPTIONS = {"dense": "dense attention", "gw": "K/V write in the graph", "tuned": "autotuned kernels"}
+LABEL_OPTIONS = {"dense": "dense attention", "gw": "K/V write in the graph", "tuned": "autotuned kernels",
+                 "timed": "Inductor's timed kernel choices"}
 
 
 def label_words(label: str) -> str:
@@ -179,17 +180,19 @@ def label_words(label: str) -> str:
 
 
 def engine_setting(label: str, base: EngineConfig | None = None) -> EngineConfig:
-    """An engine label — "<engine>[+dense][+gw][+tuned]" — as the named `EngineConfig` it stands for, derived from
-    `base` (default: the default config): flex attention with its K/V write outside the graphs on CUDA unless
-    "+dense" (dense attention, the write outside the graphs) / "+gw" (the write inside the compiled graphs) /
-    "+tuned" (Inductor's autotuned kernels)."""
+    """An engine label — "<engine>[+dense][+gw][+tuned|+timed]" — as the named `EngineConfig` it stands for, derived
+    from `base` (default: the default config): flex attention with its K/V write outside the graphs on CUDA and fixed
+    kernel choices unless "+dense" (dense attention, the write outside the graphs) / "+gw" (the write inside the
+    compiled graphs) / "+tuned" (Inductor's autotuned kernels) / "+timed" (Inductor's default heuristics, whose
+    launch settings are timed on the device)."""
     engine, *opts = label.split("+")
     unknown = set(opts) - set(LABEL_OPTIONS)
     if unknown:
         raise ValueError(f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw, tuned)")
     write = "graph" if "gw" in opts else "eager" if engine != "hf" else "auto"
     return (base or EngineConfig()).with_(engine=engine, attention="dense" if "dense" in opts else "flex",
-                                          cache_write=write, tuning="autotune" if "tuned" in opts else "default")
+                                          cache_write=write,
+                                          tuning="autotune" if "tuned" in opts else "default" if "timed" in opts else "fixed")
 
 
 def label_of(eng: EngineConfig) -> str:
@@ -197,12 +200,12 @@ def label_of(eng: EngineConfig) -> str:
     if eng.kind("cuda") == "hf":
         return "hf"
     return eng.kind("cuda") + "+dense" * (eng.attention == "dense") + "+gw" * (eng.write("cuda") == "graph") \
-        + "+tuned" * (eng.tuning == "autotune")
+        + "+tuned" * (eng.tuning == "autotune") + "+timed" * (eng.tuning == "default")
 
 
-# the batch-1 engines: the library's default (autotuned kernels, flex attention) first, then Inductor's default
-# kernels with each attention kernel and cache write, then the HF layers
-B1_ENGINES = ("compiled+tuned", "compiled", "compiled+dense", "compiled+dense+gw", "hf")
+# the batch-1 engines: the library's default (fixed kernel choices, flex attention) first, then the autotuned kernels,
+# each attention kernel and cache write, then the HF layers
+B1_ENGINES = ("compiled", "compiled+tuned", "compiled+dense", "compiled+dense+gw", "hf")
 
 
 def b1_engines(base: EngineConfig | None = None) -> tuple[str, ...]:
