@@ -12,7 +12,7 @@ RESULTS ?= results
 # pip's configuration alone
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv lock test test-all test-gpu ablation-code bench bench-shapes bench-train tables figures report corpus tokenizer target \
+.PHONY: venv wheels lock test test-all test-gpu ablation-code bench bench-shapes bench-train tables figures report corpus tokenizer target \
 	data drafters eval dpcheck dppool clean-work verify revision reproduce
 
 # CPU machines: every package at the version requirements/cpu.lock pins (CI and a newcomer resolve the same
@@ -29,6 +29,13 @@ $(VENV)/.installed: pyproject.toml requirements/cpu.lock
 	touch $@
 
 venv: $(VENV)/.installed
+
+# the pure-Python wheels a profile's pinned corpus sources name, into $(DMTP_WHEELS) (default ~/.cache/dmtp/wheels),
+# where the corpus stage reads them when the installed versions differ (the same bytes on every machine)
+DMTP_WHEELS ?= $(HOME)/.cache/dmtp/wheels
+wheels: $(VENV)/.installed
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -d $(DMTP_WHEELS) \
+		$$($(PY) -m experiments.profiles $(PROFILE) wheels)
 
 # requirements/cpu.lock from the CPU venv as it is now (after adding a package to pyproject.toml and installing it)
 lock:

@@ -82,12 +82,14 @@ def mini() -> Profile:
     realization=k`, results/mini/r<k>); the report pools those of one experiment."""
     return derive(
         tiny(), "mini",
-        # the corpus: the three sources every mini result records (Python 3.12.3, torch 2.11.0+cu130, transformers
-        # 5.17.0; environment.yml), ~0.1 GB under the 300 MB cap. It is no longer "whatever the interpreter's
-        # site-packages hold", so realizations made with it are a series of their own (the report pools by experiment)
-        data=dict(corpus_bytes=300_000_000, tokenizer_bytes=10_000_000, vocab_size=8192, prompts=40_000,
-                  prompt_tokens=128, new_tokens=256, batch=2048, prompts_per_doc=6,
-                  corpus_sources=("stdlib==3.12.3", "torch==2.11.0+cu130", "transformers==5.17.0"), corpus_digest=""),
+        # the corpus: four pure-Python distributions at pinned versions (transformers and torch's own dependencies:
+        # environment.yml), read from the installed distribution or its wheel (`make wheels`), the same bytes on every
+        # machine (73.2 MB of train text, pinned by digest; sympy's, networkx's and mpmath's pytest modules give the
+        # `pytests` set). Its non-test files give ~24 k prompts at 20 per file, so each prompt is answered twice
+        data=dict(corpus_bytes=300_000_000, tokenizer_bytes=10_000_000, vocab_size=8192, prompts=20_000,
+                  prompt_tokens=128, new_tokens=256, batch=2048, prompts_per_doc=20, samples=2,
+                  corpus_sources=("transformers==5.17.0", "sympy==1.14.0", "networkx==3.6.1", "mpmath==1.3.0"),
+                  corpus_digest="07aacf3fa29bd752"),
         model=dict(arch=TargetArch(hidden_size=384, num_hidden_layers=32, num_attention_heads=6, num_key_value_heads=2,
                                    head_dim=64, intermediate_size=1024),
                    checkpoint_dtype="bf16"),
@@ -109,7 +111,9 @@ def mini() -> Profile:
         # servers that wait for the newcomers' prompt pass with two round copies in flight (admit_beside 0,
         # in_flight 2): zero_init_residual +5.7 % at B1 on an H200, +7.7 % at B1 and +8.0 % at B32 on an H100, AR
         # +1.8 to +2.8 %, the same outputs
-        engine=dict(dtype="bf16", attention="dense", prefill="graphed", admit=8, admit_beside=2, in_flight=1),
+        # kernels: the fixed choices (records independent of what else runs on the card: realizations may share one)
+        engine=dict(dtype="bf16", attention="dense", prefill="graphed", admit=8, admit_beside=2, in_flight=1,
+                    tuning="fixed"),
         realization=1,
     )
 
@@ -276,6 +280,8 @@ def parts(p: Profile) -> str:
 
 ANSWERS = {
     "parts": parts,
+    "wheels": lambda p: " ".join(x for x in p.data.corpus_sources if "==" in x and not x.startswith("stdlib")),  # what
+    # `make wheels` downloads: the pinned distributions of the corpus
     "folder": lambda p: p.folder,  # where its realization lives under work/ and results/: <name> or <name>/r<k>
 }
 

@@ -3,6 +3,7 @@ import csv
 import gzip
 import hashlib
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -447,8 +448,8 @@ def test_tiny_corpus_is_the_pinned_standard_library():
 
 def test_mini_starts_a_new_series_apart_from_the_committed_realizations():
     """`mini`'s committed realizations were trained on whatever the GPU interpreter's site-packages held (train digest
-    56dab7de8644b913 from r2 on, not rebuildable from the repository); the profile now names pinned sources, so its
-    experiment differs from theirs and the report pools new realizations apart from them."""
+    56dab7de8644b913 from r2 on, not rebuildable from the repository); the profile names pinned pure-Python sources
+    and their digest, so its experiment differs from theirs and the report pools new realizations apart from them."""
     import json
     from dataclasses import asdict
 
@@ -456,12 +457,104 @@ def test_mini_starts_a_new_series_apart_from_the_committed_realizations():
     from experiments.profiles import get_profile
 
     p = get_profile("mini")
-    assert p.data.corpus_sources == ("stdlib==3.12.3", "torch==2.11.0+cu130", "transformers==5.17.0")
+    assert p.data.corpus_sources == ("transformers==5.17.0", "sympy==1.14.0", "networkx==3.6.1", "mpmath==1.3.0")
+    assert p.data.corpus_digest and p.engine.tuning == "fixed"
     r7 = Path(__file__).parents[1] / "results" / "mini" / "r7"
     meta = json.loads((r7 / "target" / "meta.json").read_text())
     assert meta["corpus"]["train_digest"] == "56dab7de8644b913" and "sources" not in meta["corpus"]
-    assert (meta["env"]["python"], meta["env"]["torch"], meta["env"]["transformers"]) == ("3.12.3", "2.11.0+cu130",
-                                                                                       "5.17.0")
     old = experiment_key(json.loads((r7 / "experiment.json").read_text()))
     new = experiment_key(json.loads(json.dumps(asdict(p))))
     assert "data.corpus_sources" in differences(old, new)
+
+
+def _pinned_here(sources) -> bool:
+    from dmtp.data.corpus import installed_version
+
+    try:
+        return all(installed_version(n) == v for n, v in (s.split("==") for s in sources))
+    except Exception:  # noqa: BLE001 - not installed
+        return False
+
+
+def test_mini_corpus_is_its_pinned_digest_and_holds_the_pytests_set(tmp_path):
+    """`mini`'s corpus from this machine's installed distributions (requirements/cpu.lock pins the same versions as
+    environment.yml) gives the pinned digest, and the `pytests` set (164 module-level test functions, cut as the
+    evaluation cuts it) comes whole out of it with a margin: the corpus stage and the set a GPU run needs, on a CPU."""
+    from dmtp.data import code_prompts, load_tokenizer, train_tokenizer
+    from experiments.profiles import get_profile
+
+    d, ev = get_profile("mini").data, get_profile("mini").eval
+    if not _pinned_here(d.corpus_sources):
+        pytest.skip("this environment holds other versions of mini's corpus sources than requirements/cpu.lock")
+    c = build_corpus(tmp_path / "c", d.corpus_bytes, max_repeat=d.corpus_max_repeat, sources=d.corpus_sources,
+                     expect_digest=d.corpus_digest, progress=False)
+    assert c["train_digest"] == d.corpus_digest and set(c["origins"].values()) == {"installed"}
+    train_tokenizer(c["train"], tmp_path / "tok", vocab_size=d.vocab_size, max_bytes=2_000_000)
+    tok = load_tokenizer(tmp_path / "tok")
+    n = ev.ood["pytests"]
+    rows = code_prompts(c["train"], tok, 2 * n, seed=0, per_doc=1, max_prompt_tokens=d.prompt_tokens, tests=True,
+                        workers=1)
+    assert len(rows) == 2 * n  # a margin of 2x the 164 the evaluation asks for
+    assert all(r["id"] and "def test" in r["prompt"] for r in rows)
+
+
+def test_a_pinned_source_is_read_from_its_wheel_with_the_same_bytes(tmp_path, monkeypatch):
+    """A pinned distribution installed at another version is read from its pure-Python wheel in the wheels folder
+    (`DMTP_WHEELS`), and the corpus is the one the installed files give (a wheel made here from the installed files:
+    the same members, `<dist>.data/purelib/` mapped to the installed root, metadata left out); a platform wheel is
+    refused; with no wheel the error says how to get one."""
+    import importlib.metadata as md
+    import zipfile
+
+    from dmtp.data import corpus as corpus_mod
+
+    dist = md.distribution("iniconfig")
+    v = dist.version
+    files = [f for f in dist.files if str(f).endswith(".py") and ".." not in str(f)]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / f"iniconfig-{v}-py3-none-any.whl", "w") as z:
+        for f in files:
+            name = str(f) if not str(f).endswith("__init__.py") else f"iniconfig-{v}.data/purelib/{f}"
+            z.writestr(name, dist.locate_file(f).read_bytes())
+        z.writestr(f"iniconfig-{v}.dist-info/METADATA", f"Name: iniconfig\nVersion: {v}\n")
+        z.writestr(f"iniconfig-{v}.data/scripts/tool.py", "print('not a module')\n")
+    installed = build_corpus(tmp_path / "a", 10**6, sources=[f"iniconfig=={v}"], progress=False)
+    monkeypatch.setenv("DMTP_WHEELS", str(wheels))
+    monkeypatch.setattr(corpus_mod, "installed_version", lambda name, dist=None: "0.0.0")  # another version here
+    from_wheel = build_corpus(tmp_path / "b", 10**6, sources=[f"iniconfig=={v}"], progress=False)
+    assert from_wheel["train_digest"] == installed["train_digest"] and from_wheel["n_train"] == installed["n_train"]
+    assert from_wheel["origins"]["iniconfig"].startswith(f"wheel iniconfig-{v}-py3-none-any.whl sha256 ")
+    (wheels / f"iniconfig-{v}-py3-none-any.whl").rename(wheels / f"iniconfig-{v}-cp312-cp312-linux_x86_64.whl")
+    with pytest.raises(ValueError, match="is built for one platform"):
+        build_corpus(tmp_path / "c", 10**6, sources=[f"iniconfig=={v}"], progress=False)
+    (wheels / f"iniconfig-{v}-cp312-cp312-linux_x86_64.whl").unlink()
+    with pytest.raises(ValueError, match=rf"0.0.0 is installed, and {wheels} holds no pure-Python wheel of it: "
+                                         rf"python -m pip download --no-deps --only-binary=:all: iniconfig=={v}"):
+        build_corpus(tmp_path / "c", 10**6, sources=[f"iniconfig=={v}"], progress=False)
+
+
+def test_a_pin_compares_the_version_results_record(monkeypatch):
+    """torch's distribution metadata may say 2.11.0 where `torch.__version__` (what every result records) says
+    2.11.0+cu130: a pin is compared with the recorded version, local tag included."""
+    import importlib.metadata as md
+
+    import torch
+
+    from dmtp.data.corpus import installed_version, resolve_source
+
+    real = md.distribution("torch")
+
+    class Faked:  # the distribution as a CUDA build's metadata shows it: the version without its local tag
+        version = torch.__version__.split("+")[0]
+        files = real.files
+        read_text = real.read_text
+        locate_file = real.locate_file
+
+    monkeypatch.setattr(md, "distribution", lambda name: Faked() if name == "torch" else real)
+    assert installed_version("torch") == torch.__version__
+    src = resolve_source(f"torch=={torch.__version__}")
+    assert src.version == torch.__version__ and src.origin == "installed" and src.files
+    if "+" in torch.__version__:
+        with pytest.raises(ValueError, match=re.escape(f"'torch=={Faked.version}': {torch.__version__} is installed")):
+            resolve_source(f"torch=={Faked.version}")

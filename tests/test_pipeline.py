@@ -537,3 +537,53 @@ def test_a_stage_cut_by_the_deadline_is_packed_unfinished_and_resumed(run, tmp_p
     cli.main(argv)  # resumes: the tables, then a finished archive
     state = json.loads((tmp_path / "results" / "smoke" / "pipeline.json").read_text())
     assert state["finished"] and state["config"]["stages"]["tables"] == "done"
+
+
+def test_the_preflight_refuses_a_shortfall_before_the_target_trains(run, tmp_path, capsys):
+    """Right after the corpus and tokenizer, every input a later stage reads is checked: too few data prompts or
+    out-of-distribution prompts in the corpus is one error line naming each shortfall (exit 2), before the target
+    stage begins; the same command with settings the corpus can give goes on."""
+    from dmtp.cli import main as cli
+
+    root, _, _ = run
+    shutil.copytree(root / "work" / "smoke" / "corpus", tmp_path / "work" / "smoke" / "corpus")
+    argv = ["pipeline", "--profile", "smoke", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
+            "--stage", "corpus,tokenizer,target", "--set", "data.prompts=1000000", "--set", "data.prompts_per_doc=1",
+            "--set", 'eval.ood={"pytests": 100000}']
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "preflight: " in err, err
+    assert "eval set pytests: eval.ood['pytests']" in err and "of the 100000 asked for" in err, err
+    assert "data prompts: data.prompts" in err and "of the 950000 asked for" in err, err
+    assert (tmp_path / "work" / "smoke" / "tokenizer" / "tokenizer_config.json").exists()  # what ran before it stays
+    assert not (tmp_path / "work" / "smoke" / "target").exists()
+    cli.main(argv[:-6] + ["--stage", "corpus,tokenizer"])  # the profile's own settings pass
+    assert "data prompts" in json.loads((tmp_path / "work" / "smoke" / "preflight.json").read_text())["notes"]
+
+
+def test_a_failing_stage_still_packs_what_finished(run, tmp_path, monkeypatch):
+    """A stage that fails (an error, not the deadline) marks itself failed, the archive is packed with every finished
+    stage's results and says what is left, and the error reaches the user."""
+    from dmtp.cli import main as cli, pipeline
+
+    root, _, _ = run
+    shutil.copytree(root / "work", tmp_path / "work")
+    shutil.copytree(root / "results", tmp_path / "results")
+
+    def broken(c):
+        raise RuntimeError("the evaluation broke")
+
+    monkeypatch.setitem(pipeline.RUN, "eval", broken)
+    argv = ["pipeline", "--profile", "smoke", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
+            "--archive", str(tmp_path / "smoke.tgz")]
+    with pytest.raises(RuntimeError, match="the evaluation broke"):
+        cli.main(argv)
+    state = json.loads((tmp_path / "results" / "smoke" / "pipeline.json").read_text())
+    assert not state["finished"] and state["config"]["stages"]["eval"] == "failed"
+    assert state["missing"] == ["eval", "curve", "tables"] and state["config"]["stages"]["drafters"] == "done"
+    import tarfile
+
+    with tarfile.open(tmp_path / "smoke.tgz") as t:
+        names = t.getnames()
+    assert "smoke/pipeline.json" in names and any(n.startswith("smoke/target/") for n in names)

@@ -67,6 +67,8 @@ from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
+from dmtp.preflight import Check
+from dmtp.preflight import run as run_checks
 from dmtp.training.drafters import branch_dir, load_sequences, new_drafters, train_branch, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
 from dmtp.training.unloop import loop_check, unloop
@@ -75,6 +77,8 @@ from experiments.profiles import resolve
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
 OPTIONAL = ["verify"]  # run only when named (`--stage verify`): verification modes at T > 0, results/<p>/verify
 PARALLEL = ["target", "data", "drafters"]  # the stages that run under torchrun (the others: one process)
+NEEDS_INPUTS = ["target", "data", "drafters", "eval", "curve"]  # stages after which an input shortfall would cost
+# finished work: `check_inputs` runs before the first of them (and after the tokenizer stage)
 
 
 class Ctx:
@@ -260,9 +264,9 @@ def st_data(c: Ctx):
     tgt, _ = c.target()
     tok = c.tok
     d = c.p.data
-    prompts = code_prompts(c.work / "corpus" / "train.jsonl", tok, d.prompts, max_prompt_tokens=d.prompt_tokens,
-                           seed=c.p.stream(0), per_doc=d.prompts_per_doc)
-    rows = [r for r in encode_prompts(tok, prompts) if r["prompt_ids"]]
+    rows = [r for r in encode_prompts(tok, data_prompts(c)) if r["prompt_ids"]]
+    if d.samples > 1:  # each prompt answered `samples` times, the j-th answers of all prompts after the (j-1)-th
+        rows = [dict(r, id=f"{r['id']}#{j}") for j in range(d.samples) for r in rows]
     t0 = time.time()
     recs = run_generate(tgt, AR(), rows, d.temperature, d.new_tokens, [tok.eos_token_id],
                         d.batch, seed=c.p.stream(1), desc="on-policy data", shard=True, engine=c.eng)
@@ -437,6 +441,55 @@ def eval_prompts(c: Ctx, ds: str, n: int) -> list[dict]:
                 "(test modules under a test/tests folder or named test_*.py): a larger data.corpus_bytes, or no eval.ood")
         return encode_prompts(c.tok, rows)
     return encode_prompts(c.tok, humaneval_prompts()[:n])
+
+
+MIN_PROMPT_FRAC = 0.95  # the data stage needs at least this share of the `data.prompts` the profile asks for
+
+
+def data_prompts(c: Ctx) -> list[dict]:
+    """The on-policy data's prompts, cut from the corpus's train split (the same for the preflight and the data
+    stage: a pure function of the corpus, tokenizer and settings)."""
+    d = c.p.data
+    return code_prompts(c.work / "corpus" / "train.jsonl", c.tok, d.prompts, max_prompt_tokens=d.prompt_tokens,
+                        seed=c.p.stream(0), per_doc=d.prompts_per_doc)
+
+
+def input_checks(c: Ctx) -> list[Check]:
+    """What the later stages read, checked once the corpus and tokenizer exist (before the target trains): the
+    HumanEval problems asked for, each out-of-distribution set cut whole from the corpus, and enough data prompts."""
+    p, d, out = c.p, c.p.data, []
+
+    def count(what: str, have: int, want: int, fix: str) -> str:
+        require(have >= want, f"{what}: {have} of the {want} asked for; {fix}")
+        return f"{have} of {want}"
+
+    if n := p.eval.sets.get("humaneval"):
+        out.append(Check("HumanEval", lambda: count("eval.sets['humaneval']", len(humaneval_prompts()), n,
+                                                    "HumanEval has no more problems")))
+    for ds, n in p.eval.ood.items():
+        out.append(Check(f"eval set {ds}", lambda ds=ds, n=n: count(
+            f"eval.ood[{ds!r}] (test functions of {c.work / 'corpus'})", len(eval_prompts(c, ds, n)), n,
+            "a corpus with more test modules (data.corpus_sources), or fewer prompts")))
+    want = -(-d.prompts * int(MIN_PROMPT_FRAC * 100) // 100)
+    out.append(Check("data prompts", lambda: count(
+        f"data.prompts (functions of {c.work / 'corpus'} at data.prompts_per_doc={d.prompts_per_doc}; at least "
+        f"{MIN_PROMPT_FRAC:.0%} are needed)", len(data_prompts(c)), want,
+        "a larger corpus (data.corpus_sources, data.corpus_bytes), a larger data.prompts_per_doc, or fewer "
+        "data.prompts (data.samples answers each prompt several times)") + f" (of {d.prompts} asked for)"))
+    return out
+
+
+def check_inputs(c: Ctx) -> None:
+    """`input_checks` through the preflight (every shortfall in one line, exit 2), once per configuration: the notes
+    are kept in work/<profile>/preflight.json under the settings they were made with."""
+    want = fingerprint({"data": fingerprints(c.p)["data"], "eval.sets": c.p.eval.sets, "eval.ood": c.p.eval.ood,
+                        "min_prompt_frac": MIN_PROMPT_FRAC})
+    path = c.work / "preflight.json"
+    if path.exists() and read_json(path).get("fingerprint") == want:
+        return
+    notes = run_checks(input_checks(c), log=c.log)
+    if is_main():
+        write_json(path, {"fingerprint": want, "notes": notes})
 
 
 def run_file(res: Path, ds: str, temp: float, mode: str, run: str, seed: int) -> Path:
@@ -719,7 +772,8 @@ def fingerprints(p: Profile) -> dict[str, dict]:
                        **({"realization": p.realization} if p.realization else {}))
     f["data"] = dict(f["target"], **{"engine": fingerprint(p.engine.records_key()), "prompt_cut": PROMPT_CUT},
                      **{f"data.{k}": getattr(d, k) for k in ("prompts", "prompt_tokens", "new_tokens", "temperature",
-                                                             "batch", "prompts_per_doc")})
+                                                             "batch", "prompts_per_doc")},
+                     **({"data.samples": d.samples} if d.samples != 1 else {}))
     shape = drafter_key({k: v for k, v in fingerprint(p.drafter).items() if k != "variants"})  # variants: per run
     train = {k: v for k, v in fingerprint(p.train).items() if k != "snapshots"}  # snapshots: per run (budgets)
     f["drafters"] = dict(f["data"], train=train, drafter=shape)
@@ -881,7 +935,7 @@ def main(a):
         c.dev = rank_dev
     if world > 1:
         c.log(f"{world} data-parallel ranks ({'nccl' if rank_dev.startswith('cuda') else 'gloo'})")
-    state, cut = {s: "todo" for s in stages}, False
+    state, cut, inputs_checked = {s: "todo" for s in stages}, False, False
     cpu0 = _cpu_s()
     with contextlib.ExitStack() as held:
         if is_main():  # one writer per output: a second pipeline on any of them is refused, naming this one
@@ -894,15 +948,27 @@ def main(a):
                 state[s] = "skipped"
                 continue
             t0 = time.time()
-            c.log(f"stage {s} ...")
             try:
                 clock.arm()
+                if s in NEEDS_INPUTS and not inputs_checked:  # before the first minute of a stage that reads them
+                    check_inputs(c)
+                    inputs_checked = True
+                c.log(f"stage {s} ...")
                 done = RUN[s](c) is not False
+                if done and s == "tokenizer" and not inputs_checked:  # right after it: what later stages will read
+                    check_inputs(c)
+                    inputs_checked = True
             except DeadlineReached:
                 state[s], cut = "stopped", True
                 c.log(f"stage {s} stopped at the deadline after {time.time() - t0:.0f}s (resumable: the same command "
                       "resumes it)")
                 break
+            except BaseException:  # an error, Ctrl-C: what the finished stages wrote still goes into the archive
+                state[s] = "failed"
+                if archive and is_main():
+                    with contextlib.suppress(Exception):
+                        _pack(c, state, archive)
+                raise
             finally:
                 clock.disarm()
             if not done:
@@ -933,7 +999,7 @@ def _cpu_s() -> float:
 
 def _pack(c: Ctx, state: dict, archive) -> None:
     """results/<folder>/pipeline.json (the run's state) and the archive of results/<folder> (`dmtp land` lands it)."""
-    missing = [s for s, v in state.items() if v in ("todo", "stopped")]
+    missing = [s for s, v in state.items() if v in ("todo", "stopped", "failed")]
     write_meta(c.res / STATUS, {"profile": c.p.name, "stages": state}, folder=c.p.folder, finished=not missing,
                missing=missing, skipped=[s for s, v in state.items() if v == "skipped"])
     t0 = time.time()

@@ -26,8 +26,9 @@ class DataConfig:
     """The embedded default's corpus, tokenizer and on-policy drafter data."""
     corpus_bytes: int = 8_000_000  # at most this many bytes of Python source, taken from corpus_sources in order
     corpus_sources: tuple[str, ...] = ("stdlib",)  # where the corpus's *.py files come from, in order: "stdlib" (the
-    # interpreter's standard library) or an installed distribution's name, each optionally pinned ("torch==2.11.0");
-    # a pinned source installed at another version is refused (`dmtp.data.corpus`)
+    # interpreter's standard library) or a distribution's name, each optionally pinned ("sympy==1.14.0"); a pinned
+    # source is read where it is installed at that version, else from its pure-Python wheel (`make wheels`), else
+    # refused (`dmtp.data.corpus`)
     corpus_digest: str = ""  # the train digest the pinned sources give (16 hex digits), checked before the corpus is
     # written; "": not checked
     corpus_max_repeat: float = 0.3  # leave out files with more than this share of characters in repeated lines
@@ -40,6 +41,7 @@ class DataConfig:
     temperature: float = 0.8  # sampling temperature of the on-policy responses
     batch: int = 64  # prompts per generation batch
     prompts_per_doc: int = 2  # at most this many prompts (functions) cut from one corpus file
+    samples: int = 1  # responses sampled per prompt (at `temperature`): the data holds prompts x samples sequences
 
     def __post_init__(self):  # vocab_size >= 258: the byte-level BPE holds the 256 bytes, <|endoftext|>, <|mask|>
         if not 0 < self.corpus_max_repeat <= 1:
@@ -51,7 +53,7 @@ class DataConfig:
                 "expected 16 hex digits or \"\"")
         check(self, corpus_bytes=at_least(1), tokenizer_bytes=at_least(1), vocab_size=at_least(258),
               prompts=at_least(1), prompt_tokens=at_least(1), new_tokens=at_least(1), temperature=temperature,
-              batch=at_least(1), prompts_per_doc=at_least(1))
+              batch=at_least(1), prompts_per_doc=at_least(1), samples=at_least(1))
 
 
 @dataclass
