@@ -42,11 +42,12 @@ def test_fixed_kernels_are_a_typed_setting_applied_on_cuda_only():
     before = torch._inductor.config.deterministic
     with kernel_choices("fixed", "cpu"):
         assert torch._inductor.config.deterministic == before  # CPU: nothing changes
-    with kernel_choices("fixed", torch.device("cuda")):  # the patch itself needs no device
-        assert torch._inductor.config.deterministic is True
+    with kernel_choices("fixed", torch.device("cuda")):  # the settings themselves need no device
+        assert torch._inductor.config.deterministic is True and torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
     with kernel_choices("default", torch.device("cuda")):
-        assert torch._inductor.config.deterministic == before
-    assert torch._inductor.config.deterministic == before
+        assert torch._inductor.config.deterministic == before and not torch.are_deterministic_algorithms_enabled()
+    assert torch._inductor.config.deterministic == before and not torch.are_deterministic_algorithms_enabled()
     assert "kernels" in RUN_CONTROL  # how a run executes, not what it is: a realization with fixed kernels pools
 
 
@@ -130,9 +131,9 @@ def test_the_training_helper_runs_and_is_bit_reproducible_on_cpu(tmp_path):
 
 @cuda
 def test_drafter_training_with_fixed_kernels_is_the_same_alone_and_under_load(tmp_path):
-    """Alone twice (is the compiled training step bit-reproducible at all?), then under load: every weight equal.
-    Where the first comparison fails, training is not bit-reproducible even alone (atomic adds in a backward pass):
-    realizations are then independent draws whatever the load, and the second comparison says nothing more."""
+    """Alone twice, then under load: every weight equal. Without PyTorch's deterministic algorithms (part of the fixed
+    kernels) the first comparison fails on an H100: 34 of 53 tensors differ, by up to 6e-6 after four steps (atomic
+    adds in a backward pass)."""
     a = _drafter_weights(tmp_path / "a", "fixed")
     b = _drafter_weights(tmp_path / "b", "fixed")
     same = [k for k in a if torch.equal(a[k], b[k])]

@@ -299,6 +299,9 @@ def use_compile_cache(path: str | None) -> str | None:
     AOT-autograd and autotuning caches there and, unless `TRITON_CACHE_DIR` says otherwise, Triton's kernels; every
     meta.json records the directory in effect, `io.environment`). None or 'none': torch's own default. Returns the
     directory."""
+    from dmtp.training.common import deterministic_cublas
+
+    deterministic_cublas()  # before any CUDA work: the training loops' fixed kernels need it (`kernel_choices`)
     if path in (None, "", "none"):
         return None
     d = Path(path).expanduser().resolve()

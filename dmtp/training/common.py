@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import torch
 
@@ -20,16 +21,39 @@ def compiled(flag: str, device) -> bool:
     return flag == "on" or (flag == "auto" and torch.device(device).type == "cuda")
 
 
+CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's fixed workspace: its results then do not depend on the streams in use
+
+
+def deterministic_cublas() -> None:
+    """Give cuBLAS the fixed workspace deterministic algorithms need (`CUBLAS_WORKSPACE_CONFIG`), unless the user
+    set one: read when cuBLAS first starts in the process, so the entry points call this before any CUDA work."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+
+
 def kernel_choices(flag: str, device):
-    """The context a training loop compiles and runs in (`TrainConfig.kernels`, `PretrainConfig.kernels`): "fixed"
-    on CUDA sets Inductor's deterministic mode (no on-device timing of a choice that can change numerics: a
-    reduction's launch settings, a matmul's padding), so the compiled step's kernels are a function of the shapes
-    alone, not of what else runs on the card; "default" (and any CPU run) changes nothing."""
+    """The context a training loop compiles and runs in (`TrainConfig.kernels`, `PretrainConfig.kernels`). "fixed" on
+    CUDA: Inductor's deterministic mode (no on-device timing of a choice that can change numerics: a reduction's
+    launch settings, a matmul's padding) and PyTorch's deterministic algorithms (no atomic adds in a backward pass:
+    an embedding's or a scatter's gradient summed in a fixed order), so a run's weights are a function of its inputs
+    alone, whatever else runs on the card; an op without a deterministic form warns. "default" (and any CPU run)
+    changes nothing."""
     if flag not in KERNEL_CHOICES:
         raise ValueError(f"kernels={flag!r}: expected one of {', '.join(KERNEL_CHOICES)}")
-    if flag == "fixed" and torch.device(device).type == "cuda":
-        return torch._inductor.config.patch(deterministic=True)
-    return contextlib.nullcontext()
+    if flag != "fixed" or torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    return _deterministic()
+
+
+@contextlib.contextmanager
+def _deterministic():
+    deterministic_cublas()
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with torch._inductor.config.patch(deterministic=True):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def to_device(x: torch.Tensor, device) -> torch.Tensor:

@@ -1,0 +1,155 @@
+"""Can several realizations' chains share one GPU? K copies of a reduced `mini` chain (the target pretrained on a few
+million tokens, the on-policy data, two drafters, HumanEval at T = 0) run at once as K processes on one card, for
+each K given: the wall time of each stage per chain (side by side with K = 1), and whether every chain's outputs —
+the target's weights, the data, the drafters' weights, the evaluation records — equal the lone chain's bit for bit.
+
+    python -m experiments.chains_check --work /tmp/cw --out /tmp/chains                     # K = 1, 2, 3 (one GPU)
+    python -m experiments.chains_check --work /tmp/cw --out /tmp/chains --k 1,2 --profile smoke   # CPU, a minute
+
+The corpus and tokenizer are built once in --work (`dmtp pipeline --stage corpus,tokenizer`) and copied into each
+chain's own work folder; each chain then runs `--stage target,data,drafters,eval` with the slice's settings (--set,
+repeatable, after the defaults below). Writes OUT/chains.json and OUT/chains.csv (K, chain, stage, seconds) and prints
+a table: per K the median stage time over its chains, the throughput gain K x t1 / tK, and the chains whose outputs
+differ from the lone chain's. An untimed lone chain runs first (`--no-warm-up`: none), so K = 1 is not charged the
+compiles the later chains read from the cache; its outputs are compared as well.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dmtp.io import environment, iter_jsonl, write_json
+
+SLICE = {  # a reduced chain of the profile: every stage, each a minute or less on one GPU
+    "mini": ["pretrain.tokens=4000000", "pretrain.unloop_steps=20", "data.prompts=2048", "data.samples=1",
+             "train.steps=100", "train.save_every=100", "ablation.only=ar,dflash,zero_init_residual",
+             "ablation.seeds=[0]", "eval.temperatures=[0.0]", "eval.ood={}"],
+    "smoke": ["ablation.only=ar,dflash", "ablation.seeds=[0]", "eval.temperatures=[0.0]", "eval.modes=[\"natural\"]",
+              "eval.subsets={}"],
+}
+STAGES = ("target", "data", "drafters", "eval")
+RECORD_KEYS = ("id", "output_ids", "accepted", "stop_reason")  # what a record says was decoded (no timings)
+
+
+def pipeline(profile: str, work: Path, results: Path, stages: str, sets: list[str]) -> list[str]:
+    return [sys.executable, "-m", "dmtp.cli", "pipeline", "--profile", profile, "--work", str(work), "--results",
+            str(results), "--stage", stages] + [x for s in sets for x in ("--set", s)]
+
+
+def folder(profile: str, sets: list[str]) -> str:
+    out = subprocess.run([sys.executable, "-m", "experiments.profiles", profile, "folder", *sets], check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def digests(work: Path, results: Path) -> dict[str, str]:
+    """What a chain made, as digests: weights files whole, the data and the records by what they decoded."""
+    out = {}
+    for p in sorted(work.rglob("*.safetensors")):
+        out[str(p.relative_to(work))] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    for p in sorted(list(work.rglob("data/train.jsonl")) + list(results.rglob("runs/**/*.jsonl"))):
+        h = hashlib.sha256()
+        for _, r in iter_jsonl(p):
+            h.update(json.dumps([r.get(k) for k in RECORD_KEYS]).encode())
+        root = work if p.is_relative_to(work) else results
+        out[str(p.relative_to(root))] = h.hexdigest()[:16]
+    return out
+
+
+def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> list[dict]:
+    """K chains at once; per chain its stage times, wall time and output digests."""
+    procs = []
+    for i in range(1, k + 1):
+        d = Path(a.out) / (tag or f"k{k}") / f"c{i}"
+        shutil.rmtree(d, ignore_errors=True)
+        (d / "work" / sub).mkdir(parents=True)
+        for name in ("corpus", "tokenizer", "tokens", "preflight.json"):
+            src = base / sub / name
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, d / "work" / sub / name)
+        log = open(d / "log.txt", "w")
+        cmd = pipeline(a.profile, d / "work", d / "results", ",".join(STAGES), sets)
+        procs.append((i, d, log, time.perf_counter(), subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+    out = []
+    for i, d, log, t0, p in procs:
+        rc = p.wait()
+        wall = time.perf_counter() - t0
+        log.close()
+        text = (d / "log.txt").read_text()
+        if rc:
+            raise SystemExit(f"K={k} chain {i} failed (exit {rc}):\n{text[-3000:]}")
+        times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stage (\w+) done in ([\d.]+)s", text)}
+        out.append({"k": k, "chain": i, "wall_s": round(wall, 1), "stages": times, **({"tag": tag} if tag else {}),
+                    "digests": digests(d / "work", d / "results")})
+        print(f"{tag or f'K={k}'} chain {i}: {wall:.0f} s ({', '.join(f'{s} {t:.0f}' for s, t in times.items())})", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", required=True, help="where the corpus and tokenizer are built once")
+    ap.add_argument("--out", required=True, help="chains' folders, chains.json, chains.csv")
+    ap.add_argument("--profile", default="mini")
+    ap.add_argument("--k", default="1,2,3", help="chain counts, in order (the first is the reference: 1)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="after the slice's settings")
+    ap.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="no untimed lone chain first (its "
+                    "compiles fill the cache, so K = 1 is timed as warm as the chains after it)")
+    a = ap.parse_args(argv)
+    ks = [int(x) for x in a.k.split(",")]
+    if ks[0] != 1:
+        raise SystemExit("--k: the first count is the lone chain, 1")
+    sets = SLICE.get(a.profile, []) + a.set
+    base = Path(a.work)
+    sub = folder(a.profile, sets)
+    t0 = time.perf_counter()
+    subprocess.run(pipeline(a.profile, base, base / "results", "corpus,tokenizer", sets), check=True)
+    prep = time.perf_counter() - t0
+    warm = run_k(1, a, base, sub, sets, tag="warm-up") if a.warm_up else []  # fills the compile cache: K = 1 then
+    # starts as warm as the chains after it; its outputs are compared too (a cold compile against a cached one)
+    rows = [r for k in ks for r in run_k(k, a, base, sub, sets)]
+    ref = rows[0]
+    rows = warm + rows
+    for r in rows:
+        r["differs"] = sorted(x for x in set(ref["digests"]) | set(r["digests"])
+                              if ref["digests"].get(x) != r["digests"].get(x))
+    summary = []
+    for k in ks:
+        mine = [r for r in rows if r["k"] == k and "tag" not in r]
+        row = {"k": k, "wall_s": statistics.median(r["wall_s"] for r in mine),
+               "chains_differing": [r["chain"] for r in mine if r["differs"]]}
+        for s in STAGES:
+            row[s] = statistics.median(r["stages"].get(s, float("nan")) for r in mine)
+        row["throughput_x"] = round(k * ref["wall_s"] / row["wall_s"], 2)
+        summary.append(row)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    write_json(Path(a.out) / "chains.json", {"profile": a.profile, "sets": sets, "prepare_s": round(prep, 1),
+                                              "environment": environment(), "summary": summary,
+                                              "chains": [{k: v for k, v in r.items() if k != "digests"} | {
+                                                  "outputs": len(r["digests"])} for r in rows]})
+    with open(Path(a.out) / "chains.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["k", "chain", "stage", "seconds"])
+        for r in rows:
+            for s, t in r["stages"].items():
+                w.writerow([r["k"], r["chain"], s, t])
+            w.writerow([r["k"], r["chain"], "wall", r["wall_s"]])
+    print(f"{'K':>2} {'wall':>7} " + " ".join(f"{s:>9}" for s in STAGES) + "  through.  differ")
+    for row in summary:
+        print(f"{row['k']:>2} {row['wall_s']:7.0f} " + " ".join(f"{row[s]:9.1f}" for s in STAGES)
+              + f"  {row['throughput_x']:6.2f}x  {row['chains_differing'] or 'none'}")
+    n = len(ref["digests"])
+    print(f"outputs compared per chain: {n}; differing: "
+          + ("; ".join(f"{r.get('tag') or 'K=%d' % r['k']} c{r['chain']}: {len(r['differs'])} ({r['differs'][:3]})"
+                       for r in rows if r["differs"]) or "none"))
+
+
+if __name__ == "__main__":
+    main()
