@@ -325,10 +325,12 @@ class Drafter(nn.Module):
         """Context features f [B, T, H] from tapped target states (and, for some variants, MTP hiddens g)."""
         return self.injection.context(self, self._cast(taps), self._cast(g))
 
-    def block(self, e_anchor, e_t1, h_mtp, e_mask):
-        """Block input embeddings [..., S, H] for this drafter's variant (inputs in the target's dtype)."""
+    def block(self, e_anchor, e_t1, h_mtp, e_mask, given=None):
+        """Block input embeddings [..., S, H] for this drafter's variant (inputs in the target's dtype); `given`: the
+        per-block count of MTP-chain tokens of a variant that lays out "G" slots (`variants/given.py`)."""
         c = self._cast
-        return self.injection.block(c(e_anchor), c(e_t1), c(h_mtp), c(e_mask), self.config.num_candidates)
+        kw = {} if given is None else {"given": given}
+        return self.injection.block(c(e_anchor), c(e_t1), c(h_mtp), c(e_mask), self.config.num_candidates, **kw)
 
     def rope(self, pos, dtype):
         """(cos, sin) at absolute positions pos."""

@@ -49,6 +49,7 @@ from dmtp.memory import DrafterSpec, drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
+from dmtp.models.variants.base import given_counts
 from dmtp.training.common import (check_finite_loss, checkpoint_layers, compile_forwards, compiled, kernel_choices,
                                   to_device, watch_finite)
 from dmtp.training.losses import linear_cross_entropy
@@ -177,7 +178,8 @@ def _const(key, make):
 
 def loss_weights(layout, anchors, valid, lengths, gamma: float):
     """Per block slot [B, N, S]: absolute position a + offset, and the loss weight exp(-(k-1)/gamma) of a predicting
-    slot (candidate T_k at offset k) of a valid anchor whose label lies inside its sequence, 0 elsewhere."""
+    slot (candidate T_k at offset k) of a valid anchor whose label lies inside its sequence, 0 elsewhere; a layout
+    with given slots ("G"): predicting only past the block's given count (`given_counts` of its anchor)."""
     dev = anchors.device
     offs = _const(("offs", layout, dev), lambda: torch.tensor(layout.offsets, device=dev))
     decay = _const(("decay", layout, gamma, dev), lambda: torch.tensor(
@@ -185,6 +187,8 @@ def loss_weights(layout, anchors, valid, lengths, gamma: float):
         device=dev))
     pos = anchors[..., None] + offs  # [B, N, S]
     ok = valid[..., None] & (pos < lengths.to(dev)[:, None, None])
+    if layout.given:  # the slots after the given tokens (offsets past g)
+        ok = ok & (offs > given_counts(anchors, layout.given)[..., None])
     return pos, decay * ok
 
 
@@ -201,12 +205,16 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     e = lambda t: target.embed(t)  # noqa: E731
     A = take(ids, anchors)
     T1 = take(ids, anchors + 1)
-    h = None
+    h, given = None, None
     if var.t1:
         h = torch.gather(feats.g, 1, (anchors - 1)[..., None].expand(B, N, feats.g.shape[-1]))
+    if lay.given:  # the chain's tokens teacher-forced, x_{a+1..a+G}, and each block's count g of them
+        G = lay.given
+        T1 = take(ids, (anchors[..., None] + 1 + torch.arange(G, device=dev)).reshape(B, N * G)).reshape(B, N, G)
+        given = given_counts(anchors, G)
     mask_id = _const(("mask", c.mask_token_id, dev), lambda: torch.tensor([c.mask_token_id], device=dev))
     e_mask = target.embed(mask_id)[0]
-    block = drafter.block(e(A), e(T1) if var.t1 else None, h, e_mask)  # [B, N, S, H]
+    block = drafter.block(e(A), e(T1) if var.t1 else None, h, e_mask, given)  # [B, N, S, H]
     pos, w = loss_weights(lay, anchors, valid, feats.lengths, gamma)
     labels = take(ids, pos.reshape(B, -1)).reshape(B, N, S)
     labels = torch.where(w > 0, labels, torch.full_like(labels, -100))

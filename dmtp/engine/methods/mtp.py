@@ -64,17 +64,27 @@ class MTPState:
         self.h[dst], self.t1[dst] = other.h[src], other.t1[src]
 
     @torch.no_grad()
-    def chain(self, lens, k):
+    def chain(self, lens, k, confidence: bool = False):
         """MTP-k: T1 from h, then k-1 chained steps feeding g back as the hidden (tentative rows at a..); each step
-        consumes the token just drafted (argmax, or its sample: the chain is an autoregressive proposal)."""
-        tok = self.t1_head(self.h)
+        consumes the token just drafted (argmax, or its sample: the chain is an autoregressive proposal).
+        `confidence`: also each step's top probability [B, k] (softmax of its logits at T = 1, which depends only on
+        the tokens drawn before the step; T1 then through the full LM head, not a screen) for `given`'s rule."""
+        if confidence:
+            logits = self.head.target.lm_head(self.h)
+            tok = self.t1.copy_(self.draw.pick(logits, 0))
+            conf = [torch.softmax(logits.float(), -1).amax(-1)]
+        else:
+            tok = self.t1_head(self.h)
         cands, g = [tok.clone()], self.h
         for j in range(1, k):
             pos = (lens + j - 1)[:, None]
             g = self.step(self.head.target.embed(tok[:, None]), g[:, None], pos)[:, 0]
-            tok = self.draw.pick(self.head.target.lm_head(g), j)
+            logits = self.head.target.lm_head(g)
+            tok = self.draw.pick(logits, j)
             cands.append(tok)
-        return torch.stack(cands, 1)
+            if confidence:
+                conf.append(torch.softmax(logits.float(), -1).amax(-1))
+        return (torch.stack(cands, 1), torch.stack(conf, 1)) if confidence else torch.stack(cands, 1)
 
 
 @register_method
