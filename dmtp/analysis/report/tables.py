@@ -404,7 +404,7 @@ def overhead(art: Artifacts) -> pd.DataFrame | None:
     "<setup>:<method>" rows: random-weight shape timings), with the blog's §6.5 rows beside (blog:<workload>:<m>)."""
     if art.overhead is None or art.overhead.empty:
         return skip("overhead table (bench/overhead.csv)")
-    stages = ["drafter", "mtp", "t1_prep", "drafter_ctx", "verify", "round"]
+    stages = ["drafter", "mtp", "mtp_chain", "t1_prep", "drafter_ctx", "verify", "round"]
     ov = art.overhead
     ov = ov[ov.batch == B.SHAPE_BATCH] if "batch" in ov else ov
     ours = ov.pivot_table(index="method", columns="stage", values="ms_per_round", aggfunc="median")

@@ -21,7 +21,7 @@ from dmtp.engine.methods.drafter import DrafterMethod
 from dmtp.engine.methods.mtp import MTPMethod, MTPState
 
 __all__ = ["AR", "METHODS", "DrafterMethod", "MTPMethod", "MTPState", "Method", "State", "build_method",
-           "load_method", "method_class", "no_timer", "register_method", "split_drafts", "split_rule"]
+           "load_method", "method_class", "no_timer", "register_method", "run_of", "split_drafts", "split_rule"]
 
 
 def split_drafts(name: str) -> tuple[str, int | None]:
@@ -50,11 +50,16 @@ def split_rule(name: str) -> tuple[str, dict]:
     return m.group(1), {"threshold": 0.0, "most": int(m.group(3))}
 
 
+def run_of(name: str) -> str:
+    """The run (or variant) a method name decodes: `<run>[-p<threshold>|-g<count>][-k<drafts>]` -> `<run>`."""
+    return split_rule(split_drafts(name)[0])[0]
+
+
 def method_class(name: str) -> type[Method]:
     """The class that runs `name` (`<run>[-k<drafts>]`): a registered method (`ar`, `mtp`), else `DrafterMethod` — a
     variant's name, or a trained drafter run's (its checkpoint names the variant; `DrafterMethod.build` checks the
     variant exists)."""
-    return METHODS.get(split_rule(split_drafts(name)[0])[0], DrafterMethod)
+    return METHODS.get(run_of(name), DrafterMethod)
 
 
 def _by_name(make: str, name: str, target, label: str | None, **kw) -> Method:
