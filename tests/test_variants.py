@@ -12,7 +12,7 @@ from dmtp.training.drafters import drafter_loss, extract, sample_anchors
 NINE = ["dflash", "token_only", "t1_residual", "mask_residual", "context_fusion", "mtp_context", "fusion",
         "double_anchor_fusion", "zero_init_residual"]
 CONTROLS = ["double_anchor_token_only"]  # zero_init_residual without the MTP hidden
-BEYOND = ["given"]  # the blog's closing directions: adaptive multi-step MTP
+BEYOND = ["given", "zero_init_residual_joint"]  # the blog's closing directions: adaptive multi-step MTP, joint training
 
 
 def test_registry_has_exactly_the_nine_variants_and_the_control():

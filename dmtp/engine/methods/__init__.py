@@ -8,6 +8,7 @@ variant's own file under dmtp/models/variants/). Callers ask a method's class wh
     build_method("zero_init_residual", tgt, drafter=d, mtp=head)     # a variant with its drafter
     load_method("zero_init_residual_from_dflash", tgt, head, "work/mini/drafters")   # a run, by its folder
     method_class("mtp").needs_mtp()                                  # True: what to load before building it
+    load_method("mtp.zero_init_residual_joint", tgt, head, "work/mini/drafters")  # MTP415 on that run's tuned head
     load_method("zero_init_residual-k4", tgt, head, "work/mini/drafters")  # its first 4 drafts verified (`limit`)
     load_method("given-p0.9", tgt, head, "work/mini/drafters")  # `given` at threshold 0.9; given-g2: 2 tokens always
 """
@@ -56,10 +57,11 @@ def run_of(name: str) -> str:
 
 
 def method_class(name: str) -> type[Method]:
-    """The class that runs `name` (`<run>[-k<drafts>]`): a registered method (`ar`, `mtp`), else `DrafterMethod` — a
+    """The class that runs `name` (`<run>[-k<drafts>]`): a registered method (`ar`, `mtp`; `mtp.<run>`: on the MTP head
+    trained with <run>), else `DrafterMethod` — a
     variant's name, or a trained drafter run's (its checkpoint names the variant; `DrafterMethod.build` checks the
     variant exists)."""
-    return METHODS.get(run_of(name), DrafterMethod)
+    return METHODS.get(run_of(name).partition(".")[0], DrafterMethod)
 
 
 def _by_name(make: str, name: str, target, label: str | None, **kw) -> Method:

@@ -11,7 +11,16 @@ from dmtp.engine.methods.mtp import MTPState
 from dmtp.models import fast
 from dmtp.models.cache import KVCache
 from dmtp.models.drafter import Drafter, check_compatible
+from dmtp.models.mtp import MTPHead
 from dmtp.models.variants import get_variant
+
+
+def tuned_head(target, path: Path):
+    """The MTP head trained with a drafter (`Variant.trains_mtp`), from its checkpoint folder's mtp.safetensors."""
+    if not (path / "mtp.safetensors").exists():
+        raise FileNotFoundError(f"drafter checkpoint {path}: no mtp.safetensors (its variant trains the MTP head and "
+                                "saves it there)")
+    return MTPHead.load(target, path)
 
 
 class DrafterMethod(Method):
@@ -19,6 +28,7 @@ class DrafterMethod(Method):
     needs_drafter = True
 
     def __init__(self, drafter, target, head=None, screen=None, label: str | None = None):
+        head = drafter.mtp_head if drafter.mtp_head is not None else head  # a head trained with the drafter
         self.drafter, self.target, self.head, self.screen = drafter, target, head, screen
         self.var = drafter.injection
         self.name = label or self.var.name
@@ -57,7 +67,10 @@ class DrafterMethod(Method):
         names the variant), in the target's precision."""
         if drafters is None:
             raise ValueError(f"method {run!r} needs a drafters folder (<drafters>/{run}/drafter)")
-        d = Drafter.load(Path(drafters) / run / "drafter", device=target.device, dtype=target.dtype).eval()
+        path = Path(drafters) / run / "drafter"
+        d = Drafter.load(path, device=target.device, dtype=target.dtype).eval()
+        if d.injection.trains_mtp:  # the head trained with it (`zero_init_residual_joint`), saved beside
+            d.mtp_head = tuned_head(target, path)
         return cls.build(d.config.variant, target, drafter=d, mtp=mtp, screen=screen, label=label or run)
 
     def limit(self, drafts):

@@ -2,6 +2,8 @@
 T1 from the MTP keeps (`MTPState`: its private KV cache and the hidden that predicts the next T1)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from dmtp.config import EngineConfig
@@ -107,6 +109,18 @@ class MTPMethod(Method):
         if mtp is None:
             raise ValueError("method 'mtp' needs the target's native MTP head")
         return cls(mtp, mtp_steps, screen, label)
+
+    @classmethod
+    def load(cls, run, target, mtp=None, drafters=None, mtp_steps=4, screen=None, label=None):
+        """`mtp`, or `mtp.<run>`: MTP-k with the head trained beside run <run>'s drafter (`zero_init_residual_joint`:
+        <drafters>/<run>/drafter/mtp.safetensors), the control of what tuning the head buys."""
+        own = run.partition(".")[2]
+        if own:
+            if drafters is None:
+                raise ValueError(f"method {run!r} needs a drafters folder (<drafters>/{own}/drafter)")
+            from dmtp.engine.methods.drafter import tuned_head  # (drafter.py imports this module)
+            mtp = tuned_head(target, Path(drafters) / own / "drafter")
+        return cls.build(run, target, mtp=mtp, mtp_steps=mtp_steps, screen=screen, label=label or run)
 
     def limit(self, drafts):
         """MTP-k with k = `drafts` (`mtp-k3` = `--mtp-steps 3`): the chain's first `drafts` steps."""

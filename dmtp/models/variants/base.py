@@ -90,6 +90,8 @@ class Variant(nn.Module):
     anchor: bool = True  # keep A in the block
     t1: bool = False  # T1 from the MTP is given (DMTP); else the drafter proposes T1 itself
     needs_mtp_context: bool = False  # context() reads the per-position MTP hidden g_i
+    trains_mtp: bool = False  # a copy of the MTP head trains beside the drafter and is saved with it (its Config's
+    # `mtp_weight`: the weight of the head's own loss); decoding reads T1 from that copy
     bypassed: tuple[str, ...] = ()  # drafter parameters (name prefixes) the variant never uses: frozen in training
     public: bool = False  # the public DFlash reference and the serving engines compute this variant exactly (plain
     # DFlash: block [A, M...], nothing injected): its checkpoints keep the public architecture name; any other variant
