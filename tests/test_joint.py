@@ -58,7 +58,8 @@ def test_joint_loss_is_the_drafters_plus_the_weighted_head_loss(models):
     base, _ = drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)
     d.mtp_head = plain
     torch.testing.assert_close(loss, base + 0.1 * ce)
-    assert stats["mtp_loss"] == pytest.approx(float(ce), rel=1e-5) and stats["loss"] == pytest.approx(float(loss.detach()))
+    assert stats["mtp_loss"] == pytest.approx(float(ce), rel=1e-5)
+    assert stats["loss"] == pytest.approx(float(loss.detach()))
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in d.mtp_head.parameters())
     assert all(p.grad is None for p in mtp.parameters())

@@ -231,11 +231,12 @@ def test_directions_rows_and_figure_appear_when_their_runs_exist(hand, tmp_path)
     art = load("hand", hand, n_boot=100)
     assert tables.directions(art) is None and figures.directions(art) == []
     root = tmp_path / "dirs"
-    spec = code(supplementary=("given", "zero_init_residual_joint"), baselines=("ar", "mtp", "mtp.zero_init_residual_joint"))
+    spec = code(supplementary=("given", "zero_init_residual_joint"),
+                baselines=("ar", "mtp", "mtp.zero_init_residual_joint"))
     write_spec(root, spec)
     for t in (0, 1):
         write(root, "ablation", "mtp", "humaneval", t, {"a": [4, 0], "b": [1]}, k=4)  # 3.0, 2.0 -> 2.5
-        write(root, "ablation", "mtp.zero_init_residual_joint", "humaneval", t, {"a": [4, 4], "b": [2]}, k=4)  # 5, 3 -> 4.0
+        write(root, "ablation", "mtp.zero_init_residual_joint", "humaneval", t, {"a": [4, 4], "b": [2]}, k=4)  # 4.0
         write(root, "ablation", "dflash", "humaneval", t, {"a": [3, 3], "b": [1]})  # 4, 2 -> 3.0
         write(root, "ablation", "zero_init_residual", "humaneval", t, {"a": [5, 5], "b": [3]})  # 6, 4 -> 5.0
         write(root, "ablation", "given", "humaneval", t, {"a": [6, 6], "b": [4]})  # 7, 5 -> 6.0

@@ -293,7 +293,7 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.injection = get_variant(c.variant)(c)
-        self.mtp_head = None  # a trainable copy of the MTP head (`Variant.trains_mtp`; `training.drafters.attach_head`),
+        self.mtp_head = None  # a trained copy of the MTP head (`Variant.trains_mtp`; `training.drafters.attach_head`),
         # saved beside the drafter's weights as mtp.safetensors in the target's `mtp.*` layout
         self.first_offset = self.layout.offsets[0]  # slot 0's position - the anchor's (a plain int: compiled code
         # that builds masks guards on its value, not on the variant's type)

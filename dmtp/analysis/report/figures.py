@@ -340,10 +340,12 @@ def throughput(art: Artifacts) -> list[Path]:
 
 OVERHEAD_STAGES = ["verify", "drafter", "drafter_ctx", "mtp", "mtp_chain", "t1_prep", "accept", "advance"]
 STAGE_NAMES = {"verify": "target verify pass", "drafter": "drafter forward", "drafter_ctx": "drafter context update",
-               "mtp": "MTP head (T1)", "mtp_chain": "MTP chain (given T1..Tg)", "t1_prep": "T1 embedding prep", "accept": "acceptance", "advance":
+               "mtp": "MTP head (T1)", "mtp_chain": "MTP chain (given T1..Tg)", "t1_prep": "T1 embedding prep",
+               "accept": "acceptance", "advance":
                "cache advance", "unattributed": "round - timed stages (host, launches)",
                "blog_rest": "verify and the rest (the blog does not break it out)"}
-STAGE_COLORS = {"verify": "#7f7f7f", "drafter": "#ff7f0e", "drafter_ctx": "#bcbd22", "mtp": "#1f77b4", "mtp_chain": "#17becf",
+STAGE_COLORS = {"verify": "#7f7f7f", "drafter": "#ff7f0e", "drafter_ctx": "#bcbd22", "mtp": "#1f77b4",
+                "mtp_chain": "#17becf",
                 "t1_prep": "#d62728", "accept": "#9467bd", "advance": "#8c564b", "unattributed": "#dddddd",
                 "blog_rest": "#c7c7c7"}
 

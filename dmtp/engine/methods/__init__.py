@@ -47,7 +47,7 @@ def split_rule(name: str) -> tuple[str, dict]:
     if m.group(2) == "p":
         return m.group(1), {"threshold": float(m.group(3))}
     if "." in m.group(3):
-        raise ValueError(f"method {name!r}: expected <run>-g<count>, a whole number of MTP-given tokens (e.g. given-g2)")
+        raise ValueError(f"method {name!r}: expected <run>-g<count>, a whole number of MTP-given tokens (given-g2)")
     return m.group(1), {"threshold": 0.0, "most": int(m.group(3))}
 
 
