@@ -20,6 +20,24 @@ def test_stage_timer_covers_every_stage(models):
     assert ms["round"] >= max(ms["verify"], ms["drafter"])  # stages nest inside the round
 
 
+def test_the_overhead_part_times_given_with_its_mtp_chain(models):
+    """`given` through `stage_times` (the overhead part's timing, the cost model's round times): its MTP chain is a
+    stage of its own (`mtp_chain`, beside the drafter, the MTP advance and the block's prep), timed once per round,
+    and a fixed count of 0 runs no chain; the draft side (`DRAFT_STAGES`) counts it."""
+    from dmtp.cli.bench.common import DRAFT_STAGES, stage_times
+
+    tgt, mtp = models
+    d = make_drafter(tgt, "given")
+    ms, res = stage_times(tgt, build_method("given-p0.3", tgt, drafter=d, mtp=mtp), [[5, 7, 9], [4, 8, 1, 2]], 40,
+                          skip=2)
+    assert {"round", "verify", "mtp_chain", "t1_prep", "drafter", "mtp", "drafter_ctx"} <= set(ms)
+    assert all(v > 0 for v in ms.values()) and "mtp_chain" in DRAFT_STAGES
+    assert ms["round"] >= ms["mtp_chain"] + ms["drafter"]  # stages nest inside the round
+    assert all(len(r.output_ids) == 40 for r in res)  # EOS ignored: the timed rounds are the whole decode
+    none, _ = stage_times(tgt, build_method("given-g0", tgt, drafter=d, mtp=mtp), [[5, 7, 9]], 20, skip=2)
+    assert "mtp_chain" not in none and {"t1_prep", "drafter"} <= set(none)
+
+
 def test_stage_timer_reports_the_median_round():
     """One stalled round moves the mean, not the reported per-round time; a stage run twice in a round counts both."""
     t = StageTimer(cuda=False)

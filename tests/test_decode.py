@@ -12,12 +12,15 @@ from dmtp.engine.methods import AR, DrafterMethod, MTPMethod, build_method, load
 from dmtp.engine.server import serve
 from dmtp.models.variants import NAMES
 
-METHODS = ["ar", "mtp"] + NAMES
+# given: its checkpoint's threshold (0.6: rarely met by the tiny random MTP head), a threshold the tiny head's top
+# probabilities straddle (0.3: counts 0..3 per request), and the fixed counts 3 and 0 (the chain always / never used)
+METHODS = ["ar", "mtp"] + NAMES + ["given-p0.3", "given-g3", "given-g0"]
 PROMPTS = [[5, 7, 9, 11, 3], [4, 8], [10, 20, 30, 40, 50, 60, 70, 80, 90], [33]]
 
 
 def method_for(name, tgt, mtp, k=4):
-    d = make_drafter(tgt, name) if method_class(name).needs_drafter else None
+    variant = methods.split_rule(methods.split_drafts(name)[0])[0]
+    d = make_drafter(tgt, variant) if method_class(name).needs_drafter else None
     return build_method(name, tgt, drafter=d, mtp=mtp, mtp_steps=k)
 
 
@@ -71,7 +74,62 @@ def test_limits_out_of_range_are_clear_errors(models):
     assert method_class("mtp-k3") is MTPMethod and method_class("dflash-k3") is DrafterMethod
 
 
-@pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual", "mtp_context"])
+def first_drafts(tgt, method, truth):
+    """The first round's drafts [B, k] of `method` on PROMPTS (the state after the prefill) and its counts g where
+    the method chains the MTP (`DrafterMethod._chain`, spied on the batch's copy)."""
+    counts, chain = [], DrafterMethod._chain
+
+    def spy(self, lens):
+        out = chain(self, lens)
+        counts.append(out[1].clone())
+        return out
+
+    o = Oracle(method, truth, p_keep=1.0)
+    DrafterMethod._chain = spy
+    try:
+        generate(tgt, o, PROMPTS, 0.0, 19)
+    finally:
+        DrafterMethod._chain = chain
+    return o.log[0][2], (counts[0] if counts else None)
+
+
+def test_given_drafts_the_chain_then_the_drafter_and_fixed_counts_are_thresholds(models):
+    """`given`: a round's drafts are the MTP chain's first g tokens (MTP-3's drafts from the same state), then the
+    drafter's pass over a block given those g; g per request is the count of leading chain steps at least as
+    confident as the threshold, so threshold 0 is the fixed count 3 (`given-g3`) and a threshold above 1 the count
+    0 (`given-g0`: no chain, the drafter's own block), and at 0.3 the tiny head's requests get different counts."""
+    tgt, mtp = models
+    d = make_drafter(tgt, "given")
+    truth = [hf_greedy(tgt, p, 19) for p in PROMPTS]
+    run = {n: first_drafts(tgt, build_method(n, tgt, drafter=d, mtp=mtp, mtp_steps=3), truth)
+           for n in ("given-p0", "given-g3", "given-p1.5", "given-g0", "given-p0.3", "mtp")}
+    assert torch.equal(run["given-p0"][0], run["given-g3"][0]) and run["given-g3"][1].tolist() == [3] * 4
+    assert torch.equal(run["given-p1.5"][0], run["given-g0"][0]) and run["given-p1.5"][1].tolist() == [0] * 4
+    assert run["given-g0"][1] is None  # a count of 0 runs no chain
+    assert torch.equal(run["given-g3"][0][:, :3], run["mtp"][0])  # T1..T3: the MTP chain's
+    drafts, count = run["given-p0.3"]
+    assert len(set(count.tolist())) > 1, count  # the threshold chooses per request
+    for b, g in enumerate(count.tolist()):
+        assert drafts[b, :g].tolist() == run["mtp"][0][b, :g].tolist()
+
+
+def test_given_count_rules_are_clear_errors(models):
+    tgt, mtp = models
+    d, z = make_drafter(tgt, "given"), make_drafter(tgt, "zero_init_residual")
+    with pytest.raises(ValueError, match=r"a given count must be a whole number in \[0, 3\]"):
+        build_method("given-g4", tgt, drafter=d, mtp=mtp)
+    with pytest.raises(ValueError, match="takes no count of MTP-given tokens"):
+        build_method("zero_init_residual-p0.5", tgt, drafter=z, mtp=mtp)
+    with pytest.raises(ValueError, match="takes no count of MTP-given tokens"):
+        build_method("mtp-g2", tgt, mtp=mtp)
+    with pytest.raises(ValueError, match="whole number of MTP-given tokens"):
+        build_method("given-g1.5", tgt, drafter=d, mtp=mtp)
+    assert methods.split_rule("given-p0.85-x") == ("given-p0.85-x", {})  # not a rule: the name as it is
+    m = build_method("given-p0.9-k5", tgt, drafter=d, mtp=mtp)
+    assert (m.name, m.threshold, m.most, m.k) == ("given-p0.9-k5", 0.9, 3, 5)
+
+
+@pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual", "mtp_context", "given-p0.3"])
 def test_lossless_with_eos_inside_block(models, name):
     tgt, mtp = models
     prompt = PROMPTS[0]
@@ -188,7 +246,7 @@ def test_methods_declare_what_they_need(models, tmp_path):
     assert build_method("dflash", tgt, drafter=d, label="dflash+screen").name == "dflash+screen"
 
 
-@pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual", "context_fusion"])
+@pytest.mark.parametrize("name", ["ar", "mtp", "dflash", "zero_init_residual", "context_fusion", "given-p0.3"])
 def test_dynamic_batching_is_lossless(models, name):
     """serve(): at most `cap` requests in flight, newcomers prefilled and moved into freed slots mid-flight."""
     tgt, mtp = models

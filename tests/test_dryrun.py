@@ -15,7 +15,7 @@ def test_paper_profile_dry_run(name, billions, mtp_b):
     assert r["ok"], [c for c in r["checks"] if not c[1]]
     p, sc, P = r["profile"], r["profile"].scale, r["params"]
     assert billions[0] < P["target"] / 1e9 < billions[1] and mtp_b[0] < P["mtp"] / 1e9 < mtp_b[1]
-    assert len(P["drafters"]) == 20  # 10 variants (9 + the control) x 2 backbones
+    assert len(P["drafters"]) == 24  # 12 variants (9 + the control + given and the joint run's) x 2 backbones
     d = p.drafter
     assert d.layers == 5 and d.block_size == 8 and d.window == 4096 and sc.max_seq_len == 2048
     assert sc.global_batch == 128 and sc.epochs == 3 and p.engine.dtype == "bf16" and p.train.amp_bf16
@@ -24,7 +24,7 @@ def test_paper_profile_dry_run(name, billions, mtp_b):
     assert r["taps"] == ([1, 16, 31, 46, 61] if L == 64 else [1, 10, 19, 28, 37])
     assert r["config"].layer_types.count("full_attention") == L // 4
     text = render(r)
-    assert "checks: 86/86 ok" in text and "assumptions" in text and sc.target_env in text
+    assert "checks: 102/102 ok" in text and "assumptions" in text and sc.target_env in text
 
 
 def test_dry_run_against_a_checkpoint_config(tmp_path, capsys):
@@ -42,7 +42,7 @@ def test_dry_run_against_a_checkpoint_config(tmp_path, capsys):
                                                   ["Qwen3_5ForConditionalGeneration"], "text_config": text}))
     with pytest.raises(SystemExit) as e:
         main(["dryrun", "--profile", "qwen3.6-27b", "--target", str(ckpt)])
-    assert e.value.code == 0 and "checks: 86/86 ok" in capsys.readouterr().out
+    assert e.value.code == 0 and "checks: 102/102 ok" in capsys.readouterr().out
     text["linear_conv_kernel_dim"] = 3
     (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text}))
     with pytest.raises(SystemExit) as e:

@@ -223,6 +223,42 @@ def test_figures_and_report(hand):
     assert "### Code ablation — humaneval8" in text and "Per-request vs per-verify" in text
 
 
+def test_directions_rows_and_figure_appear_when_their_runs_exist(hand, tmp_path):
+    """The closing directions' table and figure: absent without their runs; with `given` (and a fixed count),
+    `zero_init_residual_joint` and MTP415 on its tuned head, one row per run, dataset and T with its acceptance length
+    and first-token acceptance, paired differences from MTP415, DFlash and the main method on the same requests,
+    and the figure (cumulative acceptance by position, the accepted-count shares), in REPORT.md's own section."""
+    art = load("hand", hand, n_boot=100)
+    assert tables.directions(art) is None and figures.directions(art) == []
+    root = tmp_path / "dirs"
+    spec = code(supplementary=("given", "zero_init_residual_joint"),
+                baselines=("ar", "mtp", "mtp.zero_init_residual_joint"))
+    write_spec(root, spec)
+    for t in (0, 1):
+        write(root, "ablation", "mtp", "humaneval", t, {"a": [4, 0], "b": [1]}, k=4)  # 3.0, 2.0 -> 2.5
+        write(root, "ablation", "mtp.zero_init_residual_joint", "humaneval", t, {"a": [4, 4], "b": [2]}, k=4)  # 4.0
+        write(root, "ablation", "dflash", "humaneval", t, {"a": [3, 3], "b": [1]})  # 4, 2 -> 3.0
+        write(root, "ablation", "zero_init_residual", "humaneval", t, {"a": [5, 5], "b": [3]})  # 6, 4 -> 5.0
+        write(root, "ablation", "given", "humaneval", t, {"a": [6, 6], "b": [4]})  # 7, 5 -> 6.0
+        write(root, "ablation", "given-g2", "humaneval", t, {"a": [2, 2], "b": [0]})  # 3, 1 -> 2.0
+        write(root, "ablation", "zero_init_residual_joint", "humaneval", t, {"a": [7, 5], "b": [3]})  # 7, 4 -> 5.5
+    art = load("dirs", tmp_path, n_boot=100)
+    report = render_report("dirs", tmp_path, art)
+    df = csv(tmp_path, "directions", "dirs").set_index(["temperature", "method"])
+    assert sorted(df.loc[0].index) == sorted(["given", "given-g2", "zero_init_residual_joint",
+                                             "mtp.zero_init_residual_joint"])
+    assert df.loc[(0, "given"), "acceptance_length"] == pytest.approx(6.0)
+    assert df.loc[(0, "given"), "vs_dflash"] == pytest.approx(3.0)
+    assert df.loc[(0, "given"), "vs_zero_init_residual"] == pytest.approx(1.0)
+    assert df.loc[(0, "given-g2"), "vs_mtp"] == pytest.approx(-0.5)
+    assert df.loc[(1, "mtp.zero_init_residual_joint"), "vs_mtp"] == pytest.approx(1.5)
+    assert df.loc[(0, "zero_init_residual_joint"), "first_token_pct"] == pytest.approx(100.0)
+    figs = {p.name: p.stat().st_size for p in (tmp_path / "dirs" / "figures").glob("directions_T*.png")}
+    assert set(figs) == {"directions_T0.png", "directions_T1.png"} and min(figs.values()) > 1000
+    text = report.read_text()
+    assert "The blog's closing directions" in text and "![directions_T0](figures/directions_T0.png)" in text
+
+
 def test_empty_profile_skips(tmp_path, capsys):
     (tmp_path / "none" / "runs").mkdir(parents=True)  # a profile folder without any run yet
     cli(["report", "--profile", "none", "--results", str(tmp_path)])

@@ -1,4 +1,6 @@
 """Every injection variant: one interface, forward + backward, frozen parts stay frozen, zero-init identity."""
+import math
+
 import pytest
 import torch
 from conftest import make_drafter
@@ -10,11 +12,13 @@ from dmtp.training.drafters import drafter_loss, extract, sample_anchors
 NINE = ["dflash", "token_only", "t1_residual", "mask_residual", "context_fusion", "mtp_context", "fusion",
         "double_anchor_fusion", "zero_init_residual"]
 CONTROLS = ["double_anchor_token_only"]  # zero_init_residual without the MTP hidden
+BEYOND = ["given", "zero_init_residual_joint"]  # the blog's closing directions: adaptive multi-step MTP, joint training
 
 
 def test_registry_has_exactly_the_nine_variants_and_the_control():
-    """Every file of dmtp/models/variants/ is found (there is no import list); the nine of SPEC §4 + the control."""
-    assert sorted(NAMES) == sorted(NINE + CONTROLS)
+    """Every file of dmtp/models/variants/ is found (there is no import list); the nine of SPEC §4 + the control, and
+    the blog's next direction (`given`)."""
+    assert sorted(NAMES) == sorted(NINE + CONTROLS + BEYOND)
     assert all(REGISTRY[n].description for n in NAMES)
     with pytest.raises(KeyError, match="unknown variant 'fuse'"):
         get_variant("fuse")
@@ -38,9 +42,10 @@ def test_layouts():
     assert lay["token_only"].kinds == ("T1",) + ("M",) * 6 and lay["token_only"].offsets == tuple(range(1, 8))
     assert lay["zero_init_residual"].kinds == ("A", "T1") + ("M",) * 6
     assert lay["zero_init_residual"].offsets == tuple(range(8))
-    for n in NAMES:  # every variant proposes 7 candidates in total
-        t1 = 1 if get_variant(n).t1 else 0
-        assert len(lay[n].predict) + t1 == 7
+    assert lay["given"].kinds == ("A", "G", "G", "G") + ("M",) * 4 and lay["given"].offsets == tuple(range(8))
+    for n in NAMES:  # every variant proposes 7 candidates in total (given: g from the chain, 7 - g drafted)
+        assert len(lay[n].predict) + lay[n].kinds.count("T1") == 7
+        assert lay[n].given == (3 if n == "given" else 0)
 
 
 def _batch(tgt, mtp, drafter, seed=0):
@@ -52,7 +57,7 @@ def _batch(tgt, mtp, drafter, seed=0):
     return feats, anchors, valid
 
 
-@pytest.mark.parametrize("name", NINE + CONTROLS)
+@pytest.mark.parametrize("name", NINE + CONTROLS + BEYOND)
 def test_forward_backward_and_frozen(models, name):
     tgt, mtp = models
     d = make_drafter(tgt, name).train()
@@ -99,6 +104,32 @@ def test_zero_init_residual_is_double_anchor_token_only(models):
     c = Drafter(make_drafter(tgt, "double_anchor_token_only").config)
     assert c.injection.layout(7) == d.injection.layout(7)
     assert torch.equal(c.block(eA, eT, h, eM[0]), expect)
+
+
+def test_given_block_holds_the_first_g_chain_tokens_then_masks(models):
+    """`given`'s block per count g: [A, E(T1) + W[...] (g >= 1), E(T2) .. E(Tg), M ...]; a chain shorter than G (a
+    decode-time cap) leaves the slots past it MASK; at initialisation W = 0, so g = 1 is zero_init_residual's block."""
+    tgt, _ = models
+    from dmtp.models.drafter import Drafter
+
+    torch.manual_seed(0)
+    fresh = Drafter(make_drafter(tgt, "given").config)
+    eA, eM, h = torch.randn(4, tgt.hidden_size), torch.randn(tgt.hidden_size), torch.randn(4, tgt.hidden_size)
+    eT = torch.randn(4, 3, tgt.hidden_size)
+    g = torch.tensor([0, 1, 2, 3])
+    blk = fresh.block(eA, eT, h, eM, g)
+    assert blk.shape == (4, 8, tgt.hidden_size)
+    for b in range(4):
+        expect = [eA[b]] + [eT[b, j] for j in range(g[b])] + [eM] * (7 - g[b])
+        assert torch.equal(blk[b], torch.stack(expect))
+    z = Drafter(make_drafter(tgt, "zero_init_residual").config)
+    assert torch.equal(blk[1], z.block(eA[1:2], eT[1:2, 0], h[1:2], eM)[0])
+    d = make_drafter(tgt, "given")  # W != 0: the first given slot fused, the later ones plain embeddings
+    blk = d.block(eA, eT, h, eM, g)
+    torch.testing.assert_close(blk[3, 1], eT[3, 0] + d.injection.fuse(eT[3, 0], h[3]))
+    assert torch.equal(blk[3, 2:4], eT[3, 1:]) and not torch.equal(blk[3, 1], eT[3, 0])
+    short = d.block(eA, eT[:, :2], h, eM, torch.tensor([2, 2, 2, 2]))  # a chain of 2 (`given-g2`)
+    assert torch.equal(short[2:, :3], blk[2:, :3]) and torch.equal(short[:, 3:], eM.expand(4, 5, -1))
 
 
 def reference_mask(ctx_end, slots, ctx_len, window):
@@ -152,6 +183,38 @@ def test_position_decayed_loss_weights(models):
         expect = torch.tensor([torch.exp(torch.tensor(-(k - 1) / 4.0)) for k in ks])
         torch.testing.assert_close(row_w[row_w > 0], expect)
         assert torch.equal(row_l[labels[0, :S] >= 0], feats.ids[0, row_p[labels[0, :S] >= 0]])
+
+
+def test_given_trains_past_a_count_drawn_per_anchor(models):
+    """`given`'s training blocks: g per anchor (`given_counts`, near uniform over 0..3 and the same on the host, where
+    the loss normaliser is computed), the data's x_{a+1..a+g} in the given slots, the loss on the slots after them
+    (candidate T_k weighted exp(-(k-1)/gamma), k > g) and none on the given ones."""
+    from dmtp.models.variants.base import given_counts
+    from dmtp.training.drafters import block_inputs, loss_weights
+
+    tgt, mtp = models
+    counts = given_counts(torch.arange(1, 4001), 3)
+    assert set(counts.tolist()) == {0, 1, 2, 3} and all(900 < int((counts == g).sum()) < 1100 for g in range(4))
+    d = make_drafter(tgt, "given")
+    feats, anchors, valid = _batch(tgt, mtp, d)
+    block, pos, labels, w = block_inputs(d, tgt, feats, anchors, valid, gamma=4.0)
+    lay = d.injection.layout(7)
+    _, host_w = loss_weights(lay, anchors, valid, feats.lengths, 4.0)
+    assert torch.equal(host_w.reshape(w.shape), w)
+    B, N = anchors.shape
+    g, w, blk = given_counts(anchors, 3), w.reshape(B, N, 8), block.reshape(B, N, 8, -1)
+    for b in range(B):
+        for n in range(N):
+            a, gn = int(anchors[b, n]), int(g[b, n])
+            if not valid[b, n] or a + 8 > int(feats.lengths[b]):
+                continue
+            expect = [0.0] * (gn + 1) + [math.exp(-(k - 1) / 4.0) for k in range(gn + 1, 8)]
+            torch.testing.assert_close(w[b, n], torch.tensor(expect))
+            for j in range(2, gn + 1):  # later given slots: the data's token embeddings
+                assert torch.equal(blk[b, n, j], tgt.embed(feats.ids[b, a + j]))
+    loss, _ = drafter_loss(d, tgt, feats, anchors, valid, gamma=4.0)
+    loss.backward()
+    assert d.injection.fuse.proj.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("backbone", ["dflash", "dflash2"])

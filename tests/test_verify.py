@@ -15,23 +15,26 @@ from conftest import hf_greedy, make_drafter
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
 from dmtp.engine.decode import Batch, capacity_for, generate
-from dmtp.engine.methods import build_method, method_class, split_drafts
+from dmtp.engine.methods import build_method, method_class, split_drafts, split_rule
 from dmtp.engine.runner import run_generate
 from dmtp.engine.server import Server, serve
 from dmtp.models import tiny
 
 MODES = ["target", "sample", "block"]
 METHODS = ["ar", "mtp", "dflash", "zero_init_residual", "dmtp_d2",  # dmtp_d2: zero_init_residual x dflash2
-           "zero_init_residual-k2", "dmtp_d2-k2"]  # -k2: the first 2 of 7 drafts verified (`Method.limit`)
+           "zero_init_residual-k2", "dmtp_d2-k2",  # -k2: the first 2 of 7 drafts verified (`Method.limit`)
+           "given-p0.3"]  # T1..Tg from the MTP chain, g per request (the tiny head's top probabilities straddle 0.3)
 
 
 def method(name, tgt, mtp, k=3):
     if not method_class(name).needs_drafter:
         return build_method(name, tgt, mtp=mtp, mtp_steps=k)
     base, drafts = split_drafts(name)  # "<variant>-k<n>": its first n drafts verified
-    variant, backbone = ("zero_init_residual", "dflash2") if base == "dmtp_d2" else (base, "dflash")
-    suffix = f"-k{drafts}" if drafts else ""
-    return build_method(variant + suffix, tgt, drafter=make_drafter(tgt, variant, backbone=backbone), mtp=mtp)
+    variant, backbone = split_rule(base)[0], "dflash"  # "given-p<threshold>": its count rule
+    if variant == "dmtp_d2":  # the variant on the DFlash2 backbone
+        variant, backbone = "zero_init_residual", "dflash2"
+        name = variant + (f"-k{drafts}" if drafts else "")
+    return build_method(name, tgt, drafter=make_drafter(tgt, variant, backbone=backbone), mtp=mtp)
 
 
 # --- accept() on tables ------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from dmtp.config.experiment import DRAFTER_ATTENTION
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.data.tokens import is_store, open_store, store_of
-from dmtp.engine.methods import build_method, method_class, split_drafts
+from dmtp.engine.methods import build_method, method_class, run_of
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
@@ -187,13 +187,13 @@ def generate_into(a, out: Path):
     if not cls.needs_drafter and a.drafter:
         raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
     if cls.needs_drafter:
-        base = split_drafts(a.method)[0]
+        base = run_of(a.method)
         if base in code().backbones:  # a run name of the ablation (dmtp_d2: a variant on another backbone)
             variant, backbone = code().backbones[base]
             raise ValueError(f"--method {a.method}: a run of the ablation ({variant} on the {backbone} backbone), not "
                              f"a method: give --method {variant + a.method[len(base):]} and that run's drafter (its "
                              "checkpoint holds the backbone)")
-        get_variant(base)  # an unknown name fails with the known ones ("-k<n>": a limit)
+        get_variant(base)  # an unknown name fails with the known ones ("-k<n>": a limit; "-p<t>", "-g<n>": a rule)
         if not a.drafter:
             raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
         args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")

@@ -27,6 +27,7 @@ from dmtp.models.attention import Rule, layer_masks
 from dmtp.models.dflash2 import Layer2, Selector, is_dflash2, reset_parameters
 from dmtp.models.finite import rope_problem
 from dmtp.models.layers import Layer, RMSNorm, rope_cos_sin
+from dmtp.models.mtp import MTP_PREFIX
 from dmtp.models.variants import get_variant
 from dmtp.models.weights import check_finite, check_fits
 
@@ -43,6 +44,7 @@ PUBLIC_ARCH = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 DMTP_ARCH = {"dflash": "DMTPDraftModel", "dflash2": "DMTPDFlash2DraftModel"}
 DMTP_MODEL_TYPE = "dmtp_drafter"
 DRAFTER_ARCHS = frozenset(PUBLIC_ARCH.values()) | frozenset(DMTP_ARCH.values())  # config.json names of a drafter
+HEAD = "mtp_head."  # state-dict prefix of a trained MTP head attached to the drafter (`Drafter.mtp_head`)
 
 
 @dataclass
@@ -291,6 +293,8 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.injection = get_variant(c.variant)(c)
+        self.mtp_head = None  # a trained copy of the MTP head (`Variant.trains_mtp`; `training.drafters.attach_head`),
+        # saved beside the drafter's weights as mtp.safetensors in the target's `mtp.*` layout
         self.first_offset = self.layout.offsets[0]  # slot 0's position - the anchor's (a plain int: compiled code
         # that builds masks guards on its value, not on the variant's type)
         self._rope = rope_frequencies(c)  # scaled RoPE (a plain attribute: stays float32 whatever the dtype)
@@ -325,10 +329,12 @@ class Drafter(nn.Module):
         """Context features f [B, T, H] from tapped target states (and, for some variants, MTP hiddens g)."""
         return self.injection.context(self, self._cast(taps), self._cast(g))
 
-    def block(self, e_anchor, e_t1, h_mtp, e_mask):
-        """Block input embeddings [..., S, H] for this drafter's variant (inputs in the target's dtype)."""
+    def block(self, e_anchor, e_t1, h_mtp, e_mask, given=None):
+        """Block input embeddings [..., S, H] for this drafter's variant (inputs in the target's dtype); `given`: the
+        per-block count of MTP-chain tokens of a variant that lays out "G" slots (`variants/given.py`)."""
         c = self._cast
-        return self.injection.block(c(e_anchor), c(e_t1), c(h_mtp), c(e_mask), self.config.num_candidates)
+        kw = {} if given is None else {"given": given}
+        return self.injection.block(c(e_anchor), c(e_t1), c(h_mtp), c(e_mask), self.config.num_candidates, **kw)
 
     def rope(self, pos, dtype):
         """(cos, sin) at absolute positions pos."""
@@ -384,11 +390,15 @@ class Drafter(nn.Module):
     # --- checkpoint I/O in the public DFlash format ------------------------------------------------------------------
     def save(self, path: str | Path, state: dict | None = None):
         """The checkpoint at `path` (atomic); state: the weights to write (default: this module's own; a sharded
-        drafter's gathered state, `dist.full_state`)."""
+        drafter's gathered state, `dist.full_state`). A trained MTP head (`mtp_head.*`) goes to mtp.safetensors as
+        `mtp.*`, the target's layout (`MTPHead.load` reads it from the folder)."""
         with atomic_dir(path) as tmp:
             (tmp / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2))
             sd = {k: v.detach().cpu().contiguous() for k, v in (self.state_dict() if state is None else state).items()}
+            head = {MTP_PREFIX + k[len(HEAD):]: sd.pop(k) for k in [k for k in sd if k.startswith(HEAD)]}
             save_safetensors(sd, tmp / "model.safetensors")
+            if head:
+                save_safetensors(head, tmp / "mtp.safetensors")
 
     @classmethod
     def load(cls, path: str | Path, device="cpu", dtype=torch.float32, **overrides) -> "Drafter":

@@ -49,6 +49,7 @@ from dmtp.memory import DrafterSpec, drafter_ce_chunk
 from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
+from dmtp.models.variants.base import given_counts
 from dmtp.training.common import (check_finite_loss, checkpoint_layers, compile_forwards, compiled, kernel_choices,
                                   to_device, watch_finite)
 from dmtp.training.losses import linear_cross_entropy
@@ -143,26 +144,63 @@ class Features:
     lengths: torch.Tensor  # [B]
     taps: torch.Tensor  # [B, T, K*H]
     g: torch.Tensor | None  # [B, T, H]: g_i = MTP hidden at i (predicts x_{i+2}); zero at T-1
+    hidden: torch.Tensor | None = None  # [B, T, H]: h^L, kept for a drafter that trains its own MTP head
 
 
 @torch.no_grad()
-def extract(target, mtp, ids, lengths, taps, need_g: bool) -> Features:
+def extract(target, mtp, ids, lengths, taps, need_g: bool, keep_hidden: bool = False) -> Features:
     out = target.features(ids, taps, logits=False)
     g = None
     if need_g:
         g = mtp.teacher_forced(ids, out.hidden)
         g = torch.cat([g, torch.zeros_like(g[:, :1])], 1)
-    return Features(ids, lengths, out.taps, g)
+    return Features(ids, lengths, out.taps, g, out.hidden if keep_hidden else None)
 
 
 def drafter_features(feats: Features, taps: list[int], drafter: Drafter) -> Features:
     """The features of one drafter: its own target layers out of `feats.taps`, which holds the layers `taps`."""
     H = feats.taps.shape[-1] // len(taps)
     cols = [feats.taps[..., i * H:(i + 1) * H] for i in map(taps.index, drafter.config.target_layer_ids)]
-    return Features(feats.ids, feats.lengths, torch.cat(cols, -1), feats.g)
+    return Features(feats.ids, feats.lengths, torch.cat(cols, -1), feats.g, feats.hidden)
+
+
+def attach_head(drafter: Drafter, mtp) -> Drafter:
+    """A trainable fp32 copy of the frozen MTP head `mtp` on a drafter whose variant trains one
+    (`Variant.trains_mtp`), as `drafter.mtp_head` (its parameters train and save with the drafter's); others as
+    they are."""
+    if not drafter.injection.trains_mtp or drafter.mtp_head is not None:
+        return drafter
+    if mtp is None:
+        raise ValueError(f"variant {drafter.config.variant!r} trains a copy of the target's MTP head: the target has "
+                         "none")
+    head = type(mtp)(mtp.target)
+    head.load_state_dict(mtp.state_dict())
+    drafter.mtp_head = head.float().requires_grad_(True).train()
+    return drafter
+
+
+def head_loss(drafter: Drafter, target, feats: Features, norm=None):
+    """A trained MTP head's own next-token loss on the batch, CE(LMHead(g_i), x_{i+2}) summed over every position
+    inside its sequence / norm (default: their count; under data parallelism the global batch's count / world, as
+    `drafter_loss`'s norm), and the features with g from that head, stop-gradiented (what the drafter reads)."""
+    ids = feats.ids.to(feats.hidden.device)
+    g = drafter.mtp_head.teacher_forced(ids, feats.hidden.to(drafter.mtp_head.fc.weight.dtype))  # [B, T-1, H]
+    T = ids.shape[1]
+    ok = (torch.arange(2, T, device=ids.device)[None] < feats.lengths.to(ids.device)[:, None]).flatten()
+    logits = target.lm_head(g[:, :-1].to(target.dtype)).float().flatten(0, 1)  # g_i predicts x_{i+2}
+    ce = F.cross_entropy(logits, ids[:, 2:].flatten(), reduction="none") * ok
+    loss = ce.sum() / (ok.sum().clamp(min=1) if norm is None else norm)
+    g = torch.cat([g.detach(), torch.zeros_like(g[:, :1])], 1)
+    return replace(feats, g=g), loss
+
+
+def head_norm(lengths: torch.Tensor, world: int) -> torch.Tensor:
+    """The head loss's normaliser of a global batch (`head_loss`): its positions with a label, / world."""
+    return (lengths - 2).clamp(min=0).sum().clamp(min=1) / world
 
 
 _CONST: dict = {}
+HEAD_NORM = "mtp_head"  # the step's `norms` entry of the trained MTP heads' loss normaliser (`head_norm`)
 
 
 def _const(key, make):
@@ -177,7 +215,8 @@ def _const(key, make):
 
 def loss_weights(layout, anchors, valid, lengths, gamma: float):
     """Per block slot [B, N, S]: absolute position a + offset, and the loss weight exp(-(k-1)/gamma) of a predicting
-    slot (candidate T_k at offset k) of a valid anchor whose label lies inside its sequence, 0 elsewhere."""
+    slot (candidate T_k at offset k) of a valid anchor whose label lies inside its sequence, 0 elsewhere; a layout
+    with given slots ("G"): predicting only past the block's given count (`given_counts` of its anchor)."""
     dev = anchors.device
     offs = _const(("offs", layout, dev), lambda: torch.tensor(layout.offsets, device=dev))
     decay = _const(("decay", layout, gamma, dev), lambda: torch.tensor(
@@ -185,6 +224,8 @@ def loss_weights(layout, anchors, valid, lengths, gamma: float):
         device=dev))
     pos = anchors[..., None] + offs  # [B, N, S]
     ok = valid[..., None] & (pos < lengths.to(dev)[:, None, None])
+    if layout.given:  # the slots after the given tokens (offsets past g)
+        ok = ok & (offs > given_counts(anchors, layout.given)[..., None])
     return pos, decay * ok
 
 
@@ -201,12 +242,16 @@ def block_inputs(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     e = lambda t: target.embed(t)  # noqa: E731
     A = take(ids, anchors)
     T1 = take(ids, anchors + 1)
-    h = None
+    h, given = None, None
     if var.t1:
         h = torch.gather(feats.g, 1, (anchors - 1)[..., None].expand(B, N, feats.g.shape[-1]))
+    if lay.given:  # the chain's tokens teacher-forced, x_{a+1..a+G}, and each block's count g of them
+        G = lay.given
+        T1 = take(ids, (anchors[..., None] + 1 + torch.arange(G, device=dev)).reshape(B, N * G)).reshape(B, N, G)
+        given = given_counts(anchors, G)
     mask_id = _const(("mask", c.mask_token_id, dev), lambda: torch.tensor([c.mask_token_id], device=dev))
     e_mask = target.embed(mask_id)[0]
-    block = drafter.block(e(A), e(T1) if var.t1 else None, h, e_mask)  # [B, N, S, H]
+    block = drafter.block(e(A), e(T1) if var.t1 else None, h, e_mask, given)  # [B, N, S, H]
     pos, w = loss_weights(lay, anchors, valid, feats.lengths, gamma)
     labels = take(ids, pos.reshape(B, -1)).reshape(B, N, S)
     labels = torch.where(w > 0, labels, torch.full_like(labels, -100))
@@ -266,7 +311,7 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
 
 
 def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float, norm=None, mask=None,
-                 core=block_loss, ce_chunk=0, parts=1):
+                 core=block_loss, ce_chunk=0, parts=1, head_norm=None):
     """Position-decayed CE of one drafter on a batch; returns (loss, statistics as 0-d tensors).
 
     norm: the loss normaliser. Default: this batch's weight mass. Under data parallelism the training loop passes
@@ -275,7 +320,11 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     same global batch, and so is its gradient. mask: the block mask(s) (`attention.layer_masks`) or None (dense,
     built by the drafter); core: `block_loss` or its compiled version; ce_chunk, parts: `block_loss`'s (0: the plain
     LM-head loss; 1: the whole batch at once). With gradient accumulation each micro-batch takes the same norm (the
-    global batch's), so the summed micro-batch gradients are the whole batch's."""
+    global batch's), so the summed micro-batch gradients are the whole batch's. A drafter training its own MTP head
+    (`attach_head`) adds `mtp_weight` x that head's loss (`head_loss`, normalised by `head_norm`) and reads its g."""
+    extra = None
+    if drafter.mtp_head is not None:
+        feats, extra = head_loss(drafter, target, feats, head_norm)
     block, pos, labels, w = block_inputs(drafter, target, feats, anchors, valid, gamma)
     if core is not block_loss and not block.requires_grad:  # compiled: one graph whether the block is trained or not
         block = block.detach().requires_grad_()
@@ -286,7 +335,11 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     if drafter.selector is not None:
         ids = feats.ids.to(pos.device)
         prev = torch.gather(ids, 1, (pos - 1).clamp(0, ids.shape[1] - 1))
-    return core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask, ce_chunk, parts)
+    loss, stats = core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask, ce_chunk, parts)
+    if extra is not None:
+        loss = loss + drafter.injection.config.mtp_weight * extra
+        stats = dict(stats, loss=loss.detach(), mtp_loss=extra.detach())
+    return loss, stats
 
 
 _COMPILED: list = []
@@ -311,13 +364,13 @@ class DrafterLoss(nn.Module):
         self._target = [target]
         self.core = core
 
-    def forward(self, feats, anchors, valid, gamma, norm, mask=None, ce_chunk=0, parts=1):
+    def forward(self, feats, anchors, valid, gamma, norm, mask=None, ce_chunk=0, parts=1, head_norm=None):
         return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core,
-                            ce_chunk, parts)
+                            ce_chunk, parts, head_norm)
 
 
 def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[int], anchors, valid, gamma: float,
-                  norms: tuple, masks: tuple, ce_chunk: int = 0, parts: int = 1):
+                  norms: tuple, masks: tuple, ce_chunk: int = 0, parts: int = 1, head_norm=None):
     """The compiled path's step for every drafter at once: sum_i L_i over the drafters i on this batch, and each one's
     statistics ({name: {stat: 0-d tensor}}). norms[i], masks[i]: drafter i's loss normaliser (`drafter_loss`) and block
     mask (None: dense, built in the graph). The drafters share no trainable weight (the target and its features are
@@ -326,7 +379,7 @@ def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[i
     total, stats = 0, {}
     for (name, d), norm, mask in zip(drafters.items(), norms, masks):
         loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask,
-                                         ce_chunk=ce_chunk, parts=parts)
+                                         ce_chunk=ce_chunk, parts=parts, head_norm=head_norm)
         total = total + loss
     return total, stats
 
@@ -371,9 +424,9 @@ class DraftersLoss(nn.Module):
         self.drafters = nn.ModuleDict(drafters)
         self._target = [target]
 
-    def forward(self, feats, taps, anchors, valid, gamma, norms, masks, ce_chunk=0, parts=1):
+    def forward(self, feats, taps, anchors, valid, gamma, norms, masks, ce_chunk=0, parts=1, head_norm=None):
         return compiled_drafters_loss(bool(ce_chunk))(self.drafters, self._target[0], feats, taps, anchors, valid,
-                                                      gamma, norms, masks, ce_chunk, parts)
+                                                      gamma, norms, masks, ce_chunk, parts, head_norm)
 
 
 def clip_grad_norms_(groups: list[list[torch.Tensor]], max_norm: float) -> torch.Tensor:
@@ -441,7 +494,7 @@ class _PerDrafter:
                 with torch.autocast(**amp):
                     loss, stats = self.nets[name](drafter_features(mb.feats, taps, d), mb.anchors, mb.valid,
                                                   cfg.gamma, norms[d.layout], mb.masks.get(d.layout), self.ce_chunk,
-                                                  n_parts)
+                                                  n_parts, norms.get(HEAD_NORM))
                 loss.backward()
                 got[name].append((stats, mb.labelled.get(d.layout, 1.0)))
                 del loss
@@ -529,7 +582,7 @@ class _OneRegion:
             with torch.autocast(**amp):
                 loss, stats = self.net(mb.feats, taps, mb.anchors, mb.valid, cfg.gamma,
                                        tuple(norms[lay] for lay in lays), tuple(mb.masks.get(lay) for lay in lays),
-                                       self.ce_chunk, n_parts)
+                                       self.ce_chunk, n_parts, norms.get(HEAD_NORM))
             loss.backward()  # each drafter's own gradient (see drafters_loss)
             for n, lay in zip(names, lays):
                 got[n].append((stats[n], mb.labelled.get(lay, 1.0)))
@@ -578,7 +631,7 @@ def read_back(out: dict[str, dict[str, torch.Tensor]], world: int) -> dict[str, 
 
 
 def micro_batches(target, mtp, ids, lengths, anchors, valid, micro: int, taps, need_g: bool, amp: dict, layouts,
-                  rule, gamma: float):
+                  rule, gamma: float, keep_hidden: bool = False):
     """This rank's rows of a step (ids [b, T] on the host, its lengths, anchors and valid) as micro-batches of `micro`
     rows, made one at a time (`Micro`: the target's features of those rows; `rule`: the flex block masks' attention
     rule, None for no masks). Every micro-batch keeps the global batch's padded length T (the compiled path's fixed
@@ -591,7 +644,7 @@ def micro_batches(target, mtp, ids, lengths, anchors, valid, micro: int, taps, n
             for lay in layouts}
         x, ln, a, v = (to_device(t[rows], dev) for t in (ids, lengths, anchors, valid))
         with torch.autocast(**amp):
-            feats = extract(target, mtp, x, ln, taps, need_g)
+            feats = extract(target, mtp, x, ln, taps, need_g, keep_hidden)
         masks = {lay: layer_masks(rule, a, lay.slots, T, "flex", lay.offsets[0]) for lay in layouts} \
             if rule is not None else {}
         yield Micro(feats, a, v, masks, labelled)
@@ -683,6 +736,7 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
     static = compiled(cfg.compile, dev)  # the compiled path: fixed shapes, flex block masks, compiled losses
     start, hist, states, keys = {}, {}, {}, {}
     for name, d in drafters.items():
+        attach_head(d, mtp)  # a variant that trains the MTP head: its copy, before a resumed state is loaded into it
         d.train()
         for n, p in d.named_parameters():  # what the variant bypasses gets no gradient and no optimizer state
             if d.injection.bypassed and n.startswith(d.injection.bypassed):
@@ -708,6 +762,7 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
     if not todo:
         return hist
     need_g = any(d.injection.needs_mtp for d in todo.values())
+    joint = any(d.mtp_head is not None for d in todo.values())  # a head trains: h^L kept for it
     taps = sorted({t for d in todo.values() for t in d.config.target_layer_ids})
     params = {n: [p for p in d.parameters() if p.requires_grad] for n, d in todo.items()}
     adamw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=dev.type == "cuda")
@@ -758,11 +813,13 @@ def _train(target, mtp, drafters, seqs, cfg, out_dir, log, snapshot_runs, branch
         norms = torch.stack([loss_weights(lay, anchors, valid, lengths, cfg.gamma)[1].sum().clamp(min=1e-6) / world
                              for lay in layouts])
         norms = dict(zip(layouts, to_device(norms, dev).unbind()))
+        if joint:
+            norms[HEAD_NORM] = to_device(head_norm(lengths, world), dev)
         # the flex block mask on GPUs (flex attention has no backward pass on CPU: the compiled CPU path compiles
         # the dense mask into the graph instead)
         flex = static and dev.type == "cuda"
         parts = micro_batches(target, mtp, ids, *(x[rank::world] for x in (lengths, anchors, valid)), micro, taps,
-                              need_g, amp, layouts, next(iter(rules)) if flex else None, cfg.gamma)
+                              need_g, amp, layouts, next(iter(rules)) if flex else None, cfg.gamma, joint)
         names = [n for n in todo if step >= start[n]]  # drafters resumed at a later step join there
         lr = schedule(step) if schedule else lr_at(step, cfg)
         with announce(f"the training step of {','.join(todo)} (batch {cfg.batch_size} x {cfg.max_len})",

@@ -29,6 +29,8 @@ SECTIONS = [
     ("First-token acceptance", ["first_token"], ["first_token_T*", "first_token_supplementary_T*"]),
     ("Acceptance per position", ["cumulative", "conditional"],
      ["cumulative_T*", "conditional_T*", "cumulative_supplementary_T*", "conditional_supplementary_T*"]),
+    ("The blog's closing directions: adaptive multi-step MTP, the MTP head trained with the drafter (exploratory)",
+     ["directions"], ["directions_T*"]),
     ("Per-request vs per-verify acceptance length", ["per_request_vs_verify"], []),
     ("Per-round overhead", ["overhead"], ["overhead"]),
     ("Open-reproduction layout", ["open_repro"], ["open_repro_T*"]),

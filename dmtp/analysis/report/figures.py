@@ -338,12 +338,14 @@ def throughput(art: Artifacts) -> list[Path]:
     return paths
 
 
-OVERHEAD_STAGES = ["verify", "drafter", "drafter_ctx", "mtp", "t1_prep", "accept", "advance"]
+OVERHEAD_STAGES = ["verify", "drafter", "drafter_ctx", "mtp", "mtp_chain", "t1_prep", "accept", "advance"]
 STAGE_NAMES = {"verify": "target verify pass", "drafter": "drafter forward", "drafter_ctx": "drafter context update",
-               "mtp": "MTP head (T1)", "t1_prep": "T1 embedding prep", "accept": "acceptance", "advance":
+               "mtp": "MTP head (T1)", "mtp_chain": "MTP chain (given T1..Tg)", "t1_prep": "T1 embedding prep",
+               "accept": "acceptance", "advance":
                "cache advance", "unattributed": "round - timed stages (host, launches)",
                "blog_rest": "verify and the rest (the blog does not break it out)"}
 STAGE_COLORS = {"verify": "#7f7f7f", "drafter": "#ff7f0e", "drafter_ctx": "#bcbd22", "mtp": "#1f77b4",
+                "mtp_chain": "#17becf",
                 "t1_prep": "#d62728", "accept": "#9467bd", "advance": "#8c564b", "unattributed": "#dddddd",
                 "blog_rest": "#c7c7c7"}
 
@@ -472,7 +474,57 @@ def learning_curve(art: Artifacts) -> list[Path]:
     return [_save(art, fig, "learning_curve")]
 
 
-ALL = [main_acceptance, first_token, position, conditional, throughput, overhead, open_repro, ceiling, learning_curve]
+def direction_runs(art: Artifacts) -> tuple[list[str], list[str]]:
+    """(the runs of the blog's closing directions present: `given` and its count rules, `zero_init_residual_joint`,
+    MTP415 on its tuned head `mtp.<run>`; the references beside them: MTP415, the drafter baseline, the main
+    method). Both empty when no direction run exists."""
+    have = set(art.natural.method) if len(art.natural) else set()
+    mine = sorted((m for m in have if m.split("-")[0] in DIRECTIONS or m.startswith("mtp.")), key=art.rank)
+    refs = [m for m in ("mtp", art.spec.drafter_baseline, art.spec.main_method) if m and m in have]
+    return (mine, refs) if mine else ([], [])
+
+
+DIRECTIONS = ("given", "zero_init_residual_joint")  # variants of the blog's closing directions (docs/DESIGN.md)
+
+
+def directions(art: Artifacts) -> list[Path]:
+    """The closing directions at a glance, one figure per temperature: per dataset, the cumulative acceptance
+    P(L >= k) by position k (top) and the share of rounds accepting exactly k drafts (bottom, the histogram behind the
+    acceptance length), the direction runs (solid) beside MTP415, DFlash and the main method (dashed), pooled over
+    realizations (exploratory: no test)."""
+    mine, refs = direction_runs(art)
+    if not mine:
+        return []
+    s = art.natural[art.natural.method.isin(mine + refs)]
+    color, paths = colors(art), []
+    for t, g, multi in _per_temp(s):
+        panels = list(dict.fromkeys(zip(g.experiment, g.dataset)))
+        fig = Figure(figsize=(3.8 * len(panels) + 2.4, 6.0), layout="constrained")
+        axes = fig.subplots(2, len(panels), squeeze=False)
+        legend = {}
+        for j, (e, d) in enumerate(panels):
+            rows = sorted(g[(g.experiment == e) & (g.dataset == d)].itertuples(), key=lambda r: art.rank(r.method))
+            for i, r in enumerate(rows):
+                h = np.asarray(r.hist, float)
+                style = dict(marker=MARKERS[i % len(MARKERS)], ms=3.5, lw=1.2, color=color[r.method],
+                             ls="--" if r.method in refs else "-", label=r.method)
+                y = 100 * np.array(M.cumulative(list(r.hist)))
+                axes[0, j].plot(np.arange(1, len(y) + 1), y, **style)
+                axes[1, j].plot(np.arange(len(h)), 100 * h / max(h.sum(), 1), **style)
+            axes[0, j].set(title=f"{_label(e, d, multi)} (T={t:g})", xlabel="position k", ylim=(0, 100))
+            axes[1, j].set(xlabel="drafts accepted in a round (k)", ylim=(0, None))
+            legend.update(zip(*axes[0, j].get_legend_handles_labels()[::-1]))
+        axes[0, 0].set_ylabel("cumulative P(L>=k) (%)")
+        axes[1, 0].set_ylabel("rounds accepting exactly k (%)")
+        fig.legend(legend.values(), legend.keys(), loc="outside right upper", fontsize=7)
+        fig.suptitle("The blog's closing directions (solid) beside MTP415, DFlash and DMTP (dashed); exploratory",
+                     fontsize=9)
+        paths.append(_save(art, fig, f"directions_T{t:g}"))
+    return paths
+
+
+ALL = [main_acceptance, first_token, position, conditional, directions, throughput, overhead, open_repro, ceiling,
+       learning_curve]
 
 
 def render(art: Artifacts) -> list[Path]:

@@ -290,6 +290,37 @@ def first_token(art: Artifacts) -> pd.DataFrame | None:
                 "95% CI over realizations, seeds and requests.")
 
 
+def directions(art: Artifacts) -> pd.DataFrame | None:
+    """The blog's closing directions (`figures.direction_runs`: `given` and its count rules, the joint run, MTP415 on
+    its tuned head) per dataset and temperature: acceptance length and first-token acceptance with their intervals,
+    and the paired difference from each reference (MTP415, the drafter baseline, the main method; the joint run's
+    MTP415 control from MTP415 on the target's head). Exploratory rows: intervals, no test decides them."""
+    from dmtp.analysis.report.figures import direction_runs
+
+    mine, refs = direction_runs(art)
+    if not mine:
+        return skip("directions table (no run of given / zero_init_residual_joint)")
+    rows = []
+    for key, g in _groups(art, mine + refs):
+        by = g.set_index("method")
+        for m in (m for m in mine if m in by.index):
+            row = dict(zip(["experiment", "dataset", "temperature"], key), method=m, k=by.loc[m, "k"])
+            row.update(_ci(by.loc[m], "acceptance_length"))
+            row.update({c.replace("first_token", "first_token_pct"): 100 * by.loc[m, c]
+                        for c in ("first_token", "first_token_lo", "first_token_hi")})
+            for ref in (r for r in refs if r in by.index):
+                row.update(_paired(art, key, m, ref, f"vs_{ref}"))
+            rows.append(row)
+    if not rows:
+        return skip("directions table")
+    return save(art, "directions", pd.DataFrame(rows), "The blog's closing directions (exploratory)",
+                "Mode natural. given: T1..Tg from the MTP chain, g per round by its top probability "
+                "(given-p<t>: threshold t; given-g<n>: always n); zero_init_residual_joint: the MTP head trained "
+                "with the drafter on its own weighted loss; mtp.<run>: MTP415 on that run's tuned head. Acceptance "
+                "length per request incl. bonus, hierarchical bootstrap 95% CI (t: over the top level's units); "
+                "vs_<run>: paired difference (bootstrap and t intervals, p). Exploratory: no claim is decided here.")
+
+
 def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """Cumulative P(L>=k) and conditional P(L>=k | L>=k-1), k = 1..7, in percent; the conditional table also
     carries the blog's rows (source = blog) for the workloads our datasets map to."""
@@ -404,7 +435,7 @@ def overhead(art: Artifacts) -> pd.DataFrame | None:
     "<setup>:<method>" rows: random-weight shape timings), with the blog's §6.5 rows beside (blog:<workload>:<m>)."""
     if art.overhead is None or art.overhead.empty:
         return skip("overhead table (bench/overhead.csv)")
-    stages = ["drafter", "mtp", "t1_prep", "drafter_ctx", "verify", "round"]
+    stages = ["drafter", "mtp", "mtp_chain", "t1_prep", "drafter_ctx", "verify", "round"]
     ov = art.overhead
     ov = ov[ov.batch == B.SHAPE_BATCH] if "batch" in ov else ov
     ours = ov.pivot_table(index="method", columns="stage", values="ms_per_round", aggfunc="median")
@@ -844,7 +875,8 @@ def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
 KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realization", "seed", "id"]
 
 
-ALL = [ablation, main_acceptance, first_token, position, per_request_vs_verify, throughput, overhead, costmodel,
+ALL = [ablation, main_acceptance, first_token, directions, position, per_request_vs_verify, throughput, overhead,
+       costmodel,
        open_repro, turns, pairwise, ceiling, learning_curve, curve_increments, curve_gaps, zero_rounds]
 
 

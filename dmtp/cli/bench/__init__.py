@@ -7,7 +7,7 @@
         --tokens 64 --caps 1,2 --prompts 8 --max-new-tokens 32 --parts overhead,hf   # CPU smoke run, ~1 min
 (`make bench-shapes` runs the random-weight parts; `make test-gpu` the GPU tests.)
 
-overhead.csv    ms per round by stage (drafter, mtp, t1_prep, drafter_ctx, verify, round) at batch `--batch`,
+overhead.csv    ms per round by stage (drafter, mtp, mtp_chain, t1_prep, drafter_ctx, verify, round) at batch `--batch`,
                 `--tokens` generated tokens ignoring EOS, the first 16 rounds excluded; with --paper-shape /
                 --mini-shape the same at a Qwen3-8B-sized / mini-sized target with random weights (methods
                 "8b-shape:<name>" / "mini-shape:<name>", timing only; "+dense": the dense attention kernel, "@hf":
@@ -60,7 +60,7 @@ from dmtp.cli.bench.shapes import mini_shape, paper_shape
 from dmtp.cli.bench.trained import PARTS, Bench, throughput_ratios
 from dmtp.config import VERIFY_MODES
 from dmtp.config.engine import server_variant
-from dmtp.engine.methods import method_class, split_drafts
+from dmtp.engine.methods import method_class, run_of
 from dmtp.io import write_meta
 from experiments.profiles import PROFILES, resolve
 
@@ -209,7 +209,7 @@ def run(p, a):
     methods = a.methods or list(spec.bench)
     checkpoint(a.target, "--target", "target checkpoint")
     for name in methods:
-        base = split_drafts(name.partition("+")[0])[0]
+        base = run_of(name.partition("+")[0])
         if method_class(base).needs_drafter:
             if not a.drafters:
                 raise ValueError(f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")

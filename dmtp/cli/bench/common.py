@@ -159,7 +159,8 @@ def round_floor(target, mtp, dflash_round_ms: float, bandwidth: float, setup: st
 ROUND_GOAL = {"mini": 1.10}  # DMTP round / DFlash round at a small target's shape (latency-bound stages)
 ROUND_AR_GOAL = 1.5  # DMTP round / AR step at batch 8: speculation pays only when a round costs few AR steps
 DRAFT_SHARE_GOAL = 0.15  # draft side / verify at batch 8: the paper's cost regime (5 + 1 layers against 64)
-DRAFT_STAGES = ("t1_prep", "drafter", "mtp", "drafter_ctx")  # a round's draft side (verify excluded)
+DRAFT_STAGES = ("mtp_chain", "t1_prep", "drafter", "mtp", "drafter_ctx")  # a round's draft side (verify excluded;
+# mtp_chain: `given`'s chained MTP steps)
 
 
 def round_goal(profile: str) -> float:

@@ -81,6 +81,12 @@ class Method:
         raise ValueError(f"method {self.name!r}: its run drafts nothing (k = {self.k}), so it has no drafts to "
                          f"limit to {drafts}")
 
+    def rule(self, threshold: float | None = None, most: int | None = None) -> "Method":
+        """How many MTP-chain tokens a round's block is given (run names `<run>-p<threshold>`, `<run>-g<count>`): only
+        a variant with given slots takes one (`DrafterMethod.rule`)."""
+        raise ValueError(f"method {self.name!r} takes no count of MTP-given tokens (a -p<threshold> / -g<count> run "
+                         "name is for the variant 'given')")
+
     def compiles(self, eng: EngineConfig) -> bool:
         """Every model it runs has a compiled-engine forward (`fast.py`) under `eng`: its stages compile whole."""
         return True

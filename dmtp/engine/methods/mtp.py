@@ -2,6 +2,8 @@
 T1 from the MTP keeps (`MTPState`: its private KV cache and the hidden that predicts the next T1)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from dmtp.config import EngineConfig
@@ -64,17 +66,27 @@ class MTPState:
         self.h[dst], self.t1[dst] = other.h[src], other.t1[src]
 
     @torch.no_grad()
-    def chain(self, lens, k):
+    def chain(self, lens, k, confidence: bool = False):
         """MTP-k: T1 from h, then k-1 chained steps feeding g back as the hidden (tentative rows at a..); each step
-        consumes the token just drafted (argmax, or its sample: the chain is an autoregressive proposal)."""
-        tok = self.t1_head(self.h)
+        consumes the token just drafted (argmax, or its sample: the chain is an autoregressive proposal).
+        `confidence`: also each step's top probability [B, k] (softmax of its logits at T = 1, which depends only on
+        the tokens drawn before the step; T1 then through the full LM head, not a screen) for `given`'s rule."""
+        if confidence:
+            logits = self.head.target.lm_head(self.h)
+            tok = self.t1.copy_(self.draw.pick(logits, 0))
+            conf = [torch.softmax(logits.float(), -1).amax(-1)]
+        else:
+            tok = self.t1_head(self.h)
         cands, g = [tok.clone()], self.h
         for j in range(1, k):
             pos = (lens + j - 1)[:, None]
             g = self.step(self.head.target.embed(tok[:, None]), g[:, None], pos)[:, 0]
-            tok = self.draw.pick(self.head.target.lm_head(g), j)
+            logits = self.head.target.lm_head(g)
+            tok = self.draw.pick(logits, j)
             cands.append(tok)
-        return torch.stack(cands, 1)
+            if confidence:
+                conf.append(torch.softmax(logits.float(), -1).amax(-1))
+        return (torch.stack(cands, 1), torch.stack(conf, 1)) if confidence else torch.stack(cands, 1)
 
 
 @register_method
@@ -97,6 +109,18 @@ class MTPMethod(Method):
         if mtp is None:
             raise ValueError("method 'mtp' needs the target's native MTP head")
         return cls(mtp, mtp_steps, screen, label)
+
+    @classmethod
+    def load(cls, run, target, mtp=None, drafters=None, mtp_steps=4, screen=None, label=None):
+        """`mtp`, or `mtp.<run>`: MTP-k with the head trained beside run <run>'s drafter (`zero_init_residual_joint`:
+        <drafters>/<run>/drafter/mtp.safetensors), the control of what tuning the head buys."""
+        own = run.partition(".")[2]
+        if own:
+            if drafters is None:
+                raise ValueError(f"method {run!r} needs a drafters folder (<drafters>/{own}/drafter)")
+            from dmtp.engine.methods.drafter import tuned_head  # (drafter.py imports this module)
+            mtp = tuned_head(target, Path(drafters) / own / "drafter")
+        return cls.build(run, target, mtp=mtp, mtp_steps=mtp_steps, screen=screen, label=label or run)
 
     def limit(self, drafts):
         """MTP-k with k = `drafts` (`mtp-k3` = `--mtp-steps 3`): the chain's first `drafts` steps."""

@@ -4,7 +4,9 @@ A variant is an `nn.Module` stored as `drafter.injection` (its weights save unde
 three hooks: `t1_embed` (what goes into the T1 slot), `mask_embed` (what goes into MASK slots) and `context` (the
 context features). Two class flags give the block layout:
     anchor=True  -> slot for A at position a          t1=True -> slot for T1 (from the MTP) at position a+1
-and MASK slots fill the rest up to `num_candidates` predicted-or-given candidates (7 by default).
+and MASK slots fill the rest up to `num_candidates` predicted-or-given candidates (7 by default). A variant whose
+MTP head gives a per-block count of tokens (`given.py`) lays out "G" slots instead: slot j of them holds the MTP
+chain's T_j where j <= the block's count, else MASK, and predicts in the second case (`Layout.given`, `given_counts`).
 
 A variant's own hyperparameters are a dataclass `Config` on its class (e.g. `LowRankConfig.rank`): the drafter
 config carries them as `variant_config` (saved in the checkpoint's `dmtp_config`), the variant reads `self.config`.
@@ -40,7 +42,8 @@ def get_variant(name: str) -> type["Variant"]:
 
 @dataclass(frozen=True)
 class Layout:
-    kinds: tuple[str, ...]  # per slot: "A" (last committed token), "T1" (MTP proposal) or "M" (MASK)
+    kinds: tuple[str, ...]  # per slot: "A" (last committed token), "T1" (MTP proposal), "M" (MASK) or "G" (the MTP
+    # chain's token at that offset where the block's given count reaches it, else MASK)
     offsets: tuple[int, ...]  # slot position relative to the anchor position a
 
     @property
@@ -49,8 +52,21 @@ class Layout:
 
     @property
     def predict(self) -> tuple[int, ...]:
-        """Slots whose output is a candidate: the MASK slots; slot with offset k predicts T_k = x_{a+k}."""
-        return tuple(i for i, k in enumerate(self.kinds) if k == "M")
+        """Slots whose output is a candidate: the MASK slots, and the "G" slots past the block's given count; slot
+        with offset k predicts T_k = x_{a+k}."""
+        return tuple(i for i, k in enumerate(self.kinds) if k in ("M", "G"))
+
+    @property
+    def given(self) -> int:
+        """The most MTP-chain tokens a block holds ("G" slots; 0: a fixed layout)."""
+        return self.kinds.count("G")
+
+
+def given_counts(anchors: torch.Tensor, most: int) -> torch.Tensor:
+    """The given count g of each training block, in 0..most: a fixed hash of its anchor position (Knuth's
+    multiplicative one, high bits), so the host (loss normaliser) and the device (blocks) agree without drawing
+    from the anchors' generator; anchors are uniform over a sequence, so g is near uniform over 0..most."""
+    return ((anchors.long() % (1 << 20)) * 2654435761 % (1 << 32) >> 16) % (most + 1)
 
 
 class _class_property:
@@ -74,6 +90,8 @@ class Variant(nn.Module):
     anchor: bool = True  # keep A in the block
     t1: bool = False  # T1 from the MTP is given (DMTP); else the drafter proposes T1 itself
     needs_mtp_context: bool = False  # context() reads the per-position MTP hidden g_i
+    trains_mtp: bool = False  # a copy of the MTP head trains beside the drafter and is saved with it (its Config's
+    # `mtp_weight`: the weight of the head's own loss); decoding reads T1 from that copy
     bypassed: tuple[str, ...] = ()  # drafter parameters (name prefixes) the variant never uses: frozen in training
     public: bool = False  # the public DFlash reference and the serving engines compute this variant exactly (plain
     # DFlash: block [A, M...], nothing injected): its checkpoints keep the public architecture name; any other variant
@@ -127,8 +145,9 @@ class Variant(nn.Module):
         return drafter.hidden_norm(drafter.fc(taps))
 
     # --- shared ---------------------------------------------------------------------------------------------------
-    def block(self, e_anchor, e_t1, h_mtp, e_mask, num_candidates: int) -> torch.Tensor:
-        """Block input embeddings [..., S, H] from E(A), E(T1), h_MTP (each [..., H]) and E(MASK) [H]."""
+    def block(self, e_anchor, e_t1, h_mtp, e_mask, num_candidates: int, given=None) -> torch.Tensor:
+        """Block input embeddings [..., S, H] from E(A), E(T1), h_MTP (each [..., H]) and E(MASK) [H]; `given`: the
+        per-block count of a "G" layout (`given.py`), None for the fixed layouts."""
         lay = self.layout(num_candidates)
         ref = e_anchor if e_anchor is not None else e_t1
         h = h_mtp.detach() if h_mtp is not None else None  # sg: no gradient reaches the MTP
