@@ -997,9 +997,16 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def unfinished(c: Ctx) -> list[str]:
+    """The stages of the whole run (`STAGES`, the runs `ablation.only` selects) whose outputs are not all there:
+    what this invocation did not run counts too (a run split into processes, one of which failed)."""
+    return [s for s in STAGES if any(not finished(s, u) for u in units(c, s))]
+
+
 def _pack(c: Ctx, state: dict, archive) -> None:
     """results/<folder>/pipeline.json (the run's state) and the archive of results/<folder> (`dmtp land` lands it)."""
     missing = [s for s, v in state.items() if v in ("todo", "stopped", "failed")]
+    missing += [s for s in unfinished(c) if s not in missing and s != "tables"]
     write_meta(c.res / STATUS, {"profile": c.p.name, "stages": state}, folder=c.p.folder, finished=not missing,
                missing=missing, skipped=[s for s, v in state.items() if v == "skipped"])
     t0 = time.time()
