@@ -47,7 +47,8 @@ def run_once(out: Path, k: int, target: Path, drafter: Path, cache: Path, a) -> 
     argv = [sys.executable, "-m", "dmtp.cli", "generate", "--target", str(target), "--method", a.method,
             "--prompts", str(out / "prompts.jsonl"), "--batch-size", str(a.prompts), "--max-new-tokens",
             str(a.max_new_tokens), "--eos", "none", "--dtype", a.dtype, "--compile-cache", str(cache),
-            "--out", str(rec)] + (["--drafter", str(drafter)] if a.method not in ("ar", "mtp") else [])
+            "--out", str(rec)] + (["--drafter", str(drafter)] if a.method not in ("ar", "mtp") else []) \
+        + (["--temperature", str(a.temperature)] if getattr(a, "temperature", 0) else [])
     for e in a.engine:
         argv += ["--engine", e]
     t0 = time.perf_counter()

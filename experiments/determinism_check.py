@@ -10,6 +10,7 @@ for token with the first:
 
     python -m experiments.determinism_check --out /tmp/det                            # the engine's default tuning
     python -m experiments.determinism_check --out /tmp/det2 --engine tuning=autotune  # another setting
+    python -m experiments.determinism_check --out /tmp/det3 --temperature 0.8         # sampled, as the data stage
     python -m experiments.determinism_check --out /tmp/det --hidden 64 --layers 2 --prompts 2 --max-new-tokens 4 \
         --engine engine=fast-eager                                                    # CPU smoke (seconds)
 
@@ -48,14 +49,14 @@ from dmtp.engine.runner import run_generate
 from dmtp.io import read_jsonl, write_jsonl
 from dmtp.models import torch_dtype
 from dmtp.schema import override
-target, drafter, method, dtype, prompts, n_new, out, engine = sys.argv[1:9]
+target, drafter, method, dtype, prompts, n_new, out, engine, temp = sys.argv[1:10]
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 tgt, mtp, d = load_models(target, drafter if method not in ("ar", "mtp") else None, method, dev, torch_dtype(dtype))
 m = build_method(method, tgt, drafter=d, mtp=mtp)
 eng = override(EngineConfig(dtype=dtype), json.loads(engine), "--engine")
 rows = read_jsonl(prompts)
 for k in (1, 2):
-    recs = run_generate(tgt, m, rows, 0.0, int(n_new), [], len(rows), 0, engine=eng)
+    recs = run_generate(tgt, m, rows, float(temp), int(n_new), [], len(rows), 0, engine=eng)
     write_jsonl(f"{out}{k}.jsonl", recs)
 """
 
@@ -87,6 +88,7 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled (the seed fixed), as the data stage")
     ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE", help="passed to dmtp generate")
     ap.add_argument("--no-load", action="store_true", help="the fresh run without a busy card (CPU, or no spare memory)")
     a = ap.parse_args(argv)
@@ -115,7 +117,7 @@ def main(argv=None):
     eng = dict(e.split("=", 1) for e in a.engine)
     subprocess.run([sys.executable, "-c", TWICE, str(target), str(drafter), a.method, a.dtype,
                     str(out / "prompts.jsonl"), str(a.max_new_tokens), str(out / "inproc"),
-                    json.dumps([f"{k}={v}" for k, v in eng.items()])], check=True,
+                    json.dumps([f"{k}={v}" for k, v in eng.items()]), str(a.temperature)], check=True,
                    env={**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(out / "cache1")})
     runs.append({"name": "inproc", "wall_s": round(time.perf_counter() - t0, 2)})
     recs["inproc1"], recs["inproc2"] = outputs(out / "inproc1.jsonl"), outputs(out / "inproc2.jsonl")
@@ -129,6 +131,7 @@ def main(argv=None):
         print(f"{name:20s} {p['differ']:3d} of {p['prompts']} prompts differ"
               + (f" (first at positions {p['first_positions']})" if p["differ"] else ""))
     print(f"identical: {res['identical']}; written {out / 'determinism.json'}")
+    return res
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Kernel choices that do not depend on what else runs on the card. On CPU: the settings ("fixed" kernels for the
-engine and both training loops, Inductor's deterministic mode) are typed, checked and applied only on CUDA. On a GPU
-(skipped without CUDA): a compiled reduction-heavy step and a few compiled drafter-training steps give the same bits
-alone and while another process keeps the card busy — the test that says whether two realizations' chains may share
-one GPU.
+"""Identical commands give identical records, whatever else runs on the card. On CPU: the settings ("fixed" kernels
+for the engine and both training loops: Inductor's deterministic mode, and in training PyTorch's deterministic
+algorithms) are typed, checked and applied only on CUDA. On a GPU (skipped without CUDA): a compiled
+reduction-heavy step, a few compiled drafter-training steps, a few pretraining steps and `dmtp generate` (greedy
+and sampled; cold, warm and fresh compile caches; in one process twice) give the same bits alone and while another
+process keeps the card busy — the tests that say whether two realizations' chains may share one GPU.
 
-    python -m pytest -q tests/test_load_independence.py        # on one H100/H200: about 3 min
+    python -m pytest -q tests/test_load_independence.py        # on one H100/H200: about 8 min
 """
 import subprocess
 import sys
@@ -140,5 +141,52 @@ def test_drafter_training_with_fixed_kernels_is_the_same_alone_and_under_load(tm
     assert len(same) == len(a), f"not bit-reproducible alone: {len(a) - len(same)} of {len(a)} tensors differ"
     with Busy():
         c = _drafter_weights(tmp_path / "c", "fixed")
+    diff = [k for k in a if not torch.equal(a[k], c[k])]
+    assert not diff, f"under load {len(diff)} of {len(a)} tensors differ, e.g. {diff[:3]}"
+
+
+@cuda
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_identical_generate_commands_give_identical_records(tmp_path, temperature):
+    """The compile-cache check's shape (random 8-layer 1024-wide target, a random drafter, 12 prompts, bf16), decoded
+    by `dmtp generate` in a cold process, a warm one, a process with a fresh cache beside a busy process, and one
+    process twice: every record equal, greedy and sampled (the data stage samples at 0.8)."""
+    from experiments import determinism_check
+
+    res = determinism_check.main(["--out", str(tmp_path), "--max-new-tokens", "32",
+                                  "--temperature", str(temperature)])
+    assert res["identical"], res["comparisons"]
+
+
+def _pretrain_weights(tmp, load: bool = False) -> dict[str, torch.Tensor]:
+    """Eight compiled pretraining steps of a 4-layer target of `mini`'s width with fixed kernels: its weights."""
+    from dmtp.config.training import TargetArch
+    from dmtp.training.pretrain import build_target, pretrain
+
+    arch = TargetArch(hidden_size=384, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+                      intermediate_size=1024, max_position_embeddings=512)
+    cfg = PretrainConfig(tokens=8 * 8 * 256, seq_len=256, batch_size=8, eval_tokens=256, log_every=4,
+                         kernels="fixed")
+    toks = torch.randint(2, 4000, (200_000,), generator=torch.Generator().manual_seed(0)).numpy()
+    torch.manual_seed(0)
+    tgt, mtp = build_target(arch, 4096, 0)
+    tgt.model.to("cuda")
+    mtp.to("cuda")
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        pretrain(tgt, mtp, toks, cfg, tmp, log=lambda *_: None)
+    return {k: v.detach().float().cpu().clone() for k, v in list(tgt.model.state_dict().items())
+            + [(f"mtp.{k}", v) for k, v in mtp.state_dict().items()]}
+
+
+@cuda
+def test_pretraining_with_fixed_kernels_is_the_same_alone_and_under_load(tmp_path):
+    """Eight pretraining steps alone twice, then under load: every weight of the target and its MTP head equal."""
+    a = _pretrain_weights(tmp_path / "a")
+    b = _pretrain_weights(tmp_path / "b")
+    diff = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not diff, f"not bit-reproducible alone: {len(diff)} of {len(a)} tensors differ, e.g. {diff[:3]}"
+    with Busy():
+        c = _pretrain_weights(tmp_path / "c")
     diff = [k for k in a if not torch.equal(a[k], c[k])]
     assert not diff, f"under load {len(diff)} of {len(a)} tensors differ, e.g. {diff[:3]}"
