@@ -430,9 +430,9 @@ def test_the_decode_only_gain_ratio_is_the_round_ratios_bound():
 
 def test_mini_with_the_unlikelihood_step_is_a_new_series(tmp_path):
     """`mini` now ends its target stage with the unlikelihood step (loop negatives): its realizations are another
-    experiment than the committed r2-r4, which the report pools apart; they differ in the unlikelihood settings and
-    the corpus's named sources alone (the engine's kernels included: the embedded profiles keep Inductor's default
-    ones)."""
+    experiment than the committed r2-r4, which the report pools apart; they differ in the unlikelihood settings, the
+    corpus (its pinned sources and digest), the data prompts (20,000 answered twice) and the fixed kernel choices
+    alone."""
     import json
     from pathlib import Path
 
@@ -445,11 +445,12 @@ def test_mini_with_the_unlikelihood_step_is_a_new_series(tmp_path):
         pytest.skip("no committed r4")
     p = get_profile("mini")
     assert (p.pretrain.unloop_steps, p.pretrain.unloop_alpha, p.pretrain.unloop_negatives) == (300, 1.0, "loop")
-    assert p.engine.tuning == "default"
+    assert p.engine.tuning == "fixed"
     now = json.loads(write_experiment(tmp_path / "experiment.json", dataclasses.replace(p, realization=5)).read_text())
     diff = differences(experiment_key(json.loads(committed.read_text())), experiment_key(now))
     assert any(d.startswith("pretrain.unloop_") for d in diff), diff
-    assert all(d.startswith(("pretrain.unloop_", "data.corpus_sources", "data.corpus_digest")) for d in diff), diff
+    assert all(d.startswith(("pretrain.unloop_", "data.corpus_sources", "data.corpus_digest", "data.prompts",
+                             "data.samples", "engine.tuning")) for d in diff), diff
 
 
 def test_costmodel_check_predicts_one_realization_from_another_realizations_round_times(pooled, tmp_path):

@@ -481,7 +481,10 @@ def input_checks(c: Ctx) -> list[Check]:
 
 def check_inputs(c: Ctx) -> None:
     """`input_checks` through the preflight (every shortfall in one line, exit 2), once per configuration: the notes
-    are kept in work/<profile>/preflight.json under the settings they were made with."""
+    are kept in work/<profile>/preflight.json under the settings they were made with. Without a finished corpus and
+    tokenizer there is nothing to check from (a stage that reads them names what is missing)."""
+    if not all(finished(s, u) for s in ("corpus", "tokenizer") for u in units(c, s)):
+        return  # nothing to check from yet: the stage that needs them names the missing one
     want = fingerprint({"data": fingerprints(c.p)["data"], "eval.sets": c.p.eval.sets, "eval.ood": c.p.eval.ood,
                         "min_prompt_frac": MIN_PROMPT_FRAC})
     path = c.work / "preflight.json"
@@ -1006,7 +1009,7 @@ def unfinished(c: Ctx) -> list[str]:
 def _pack(c: Ctx, state: dict, archive) -> None:
     """results/<folder>/pipeline.json (the run's state) and the archive of results/<folder> (`dmtp land` lands it)."""
     missing = [s for s, v in state.items() if v in ("todo", "stopped", "failed")]
-    missing += [s for s in unfinished(c) if s not in missing and s != "tables"]
+    missing += [s for s in unfinished(c) if s not in missing and state.get(s) != "skipped" and s != "tables"]
     write_meta(c.res / STATUS, {"profile": c.p.name, "stages": state}, folder=c.p.folder, finished=not missing,
                missing=missing, skipped=[s for s, v in state.items() if v == "skipped"])
     t0 = time.time()
