@@ -2,6 +2,7 @@
 never a traceback. Most cases fail before any model is loaded; they run the command in-process, a few as real
 subprocesses (the exit code and stderr a user sees)."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,17 @@ def w(tmp_path_factory):
         cfg = json.loads((root / name / "config.json").read_text())
         edit(cfg)
         (root / name / "config.json").write_text(json.dumps(cfg))
+    shutil.copytree(root / "vl", root / "vl_notext")  # the released layout without its text_config
+    cfg = json.loads((root / "vl_notext" / "config.json").read_text())
+    (root / "vl_notext" / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "text_config"}))
+    _edit(root / "vl", root / "vl_pos64", config=lambda c: c.update(max_position_embeddings=64))
+    _edit(root / "vl", root / "vl_noeos", config=lambda c: c.pop("eos_token_id"),
+          files={"generation_config.json": b"{}"})  # no end-of-text id anywhere (the tokenizer's removed below)
+    tc = json.loads((root / "vl_noeos" / "tokenizer_config.json").read_text())
+    (root / "vl_noeos" / "tokenizer_config.json").write_text(json.dumps(dict(tc, eos_token=None)))
+    _edit(root / "target", root / "t_heads0", config=lambda c: c.update(num_attention_heads=0))
+    _edit(root / "target", root / "t_int", tensors=lambda sd: sd.update(
+        {"model.layers.1.mlp.up_proj.weight": sd["model.layers.1.mlp.up_proj.weight"].to(torch.int32)}))
     shutil.copytree(root / "vl", root / "vl_int")  # an MTP tensor stored as integers (cast on load: cut to zeros)
     sd = load_file(str(root / "vl_int" / "model-mtp.safetensors"))
     sd["mtp.fc.weight"] = sd["mtp.fc.weight"].to(torch.int32)
@@ -113,6 +125,9 @@ def w(tmp_path_factory):
     (root / "vl_tplraise" / "tokenizer_config.json").write_text(json.dumps(tc))
     (root / "vl_tplraise" / "chat_template.jinja").unlink(missing_ok=True)
     (root / "humaneval.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
+    (root / "humaneval_long.jsonl").write_text("".join(json.dumps({"task_id": f"HumanEval/{i}", "prompt": "def f():\n"
+                                                                   + "    x = 1\n" * 8 * (i == 0)}) + "\n"
+                                                       for i in range(4)))
     shutil.copytree(root / "vl", root / "vl_notpl")  # a tokenizer without its chat template
     tc = json.loads((root / "vl_notpl" / "tokenizer_config.json").read_text())
     tc.pop("chat_template", None)
@@ -230,7 +245,7 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("target missing", lambda w: ["generate", "--target", str(w / "nope")] + G(w)[3:], "no such folder"),
     ("target without config", lambda w: ["generate", "--target", str(w / "empty")] + G(w)[3:], "no config.json"),
     ("target truncated", lambda w: ["generate", "--target", str(w / "trunc")] + G(w)[3:],
-     "cannot be loaded: Error while deserializing header"),
+     "cannot be loaded: model.safetensors: Error while deserializing header"),
     ("drafter truncated", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "dtrunc")] + G(w)[5:],
      "model.safetensors cannot be loaded"),
     ("drafter of another width", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "wide")] + G(w)[5:],
@@ -459,6 +474,45 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("reproduce on a tokenizer without a chat template", lambda w: [
         "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_notpl"), "--work", str(w / "rw_notpl"),
         "--stage", "regen", "--prompts", str(w / "prompts.jsonl")], "vl_notpl: its tokenizer has no chat template"),
+    # a target's config.json against its weights, before any model is built or any stage runs (dmtp.preflight)
+    ("released layout without text_config", lambda w: ["generate", "--target", str(w / "vl_notext")] + G(w)[3:],
+     "vl_notext/config.json: model_type 'qwen3_5' keeps the text model's settings in `text_config`, which is "
+     "missing: expected an object with the text model's vocab_size, hidden_size, num_hidden_layers"),
+    ("train on a released layout without text_config", lambda w: ["train", "--target", str(w / "vl_notext")]
+     + TR(w)[3:], "vl_notext/config.json: model_type 'qwen3_5' keeps the text model's settings in `text_config`"),
+    ("reproduce on a released layout without text_config", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_notext"), "--work", str(w / "rw_notext"),
+        "--stage", "regen", "--prompts", str(w / "prompts.jsonl")], "keeps the text model's settings in `text_config`"),
+    ("dryrun on a released layout without text_config", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
+                                                                   str(w / "vl_notext")],
+     "vl_notext/config.json: model_type 'qwen3_5' keeps the text model's settings in `text_config`"),
+    ("target with no attention heads", lambda w: ["generate", "--target", str(w / "t_heads0")] + G(w)[3:],
+     "t_heads0/config.json: num_attention_heads=0: expected an integer >= 1"),
+    ("dryrun target with no attention heads", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
+                                                         str(w / "t_heads0")],
+     "t_heads0/config.json: num_attention_heads=0: expected an integer >= 1"),
+    ("target weights stored as integers", lambda w: ["generate", "--target", str(w / "t_int")] + G(w)[3:],
+     "t_int: weights of a non-floating dtype where the model holds floating-point ones: "
+     "model.layers.1.mlp.up_proj.weight (I32)"),
+    ("train on target weights stored as integers", lambda w: ["train", "--target", str(w / "t_int")] + TR(w)[3:],
+     "model.layers.1.mlp.up_proj.weight (I32)"),
+    ("reproduce: MTP layers disagreeing, refused before the regeneration", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_mtp2"), "--work", str(w / "rw_mtp2"),
+        "--prompts", str(w / "prompts.jsonl")], "vl_mtp2/config.json: mtp_num_hidden_layers=2, its `mtp.*` weights "
+     "hold 1 layer(s)"),
+    ("reproduce: regeneration beyond the target's positions", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_pos64"), "--work", str(w / "rw_pos64"),
+        "--stage", "regen", "--prompts", str(w / "prompts.jsonl")],
+     "data.prompt_tokens=256 + data.new_tokens=12 exceed the target's 64 positions (max_position_embeddings)"),
+    ("reproduce: evaluation beyond the target's positions", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_pos64"), "--work", str(w / "rw_pos64"),
+        "--stage", "eval", "--data-path", f"humaneval={w / 'humaneval_long.jsonl'}"],
+     "evaluation set humaneval: prompt 'HumanEval/0' takes"),
+    ("reproduce without an end-of-text id", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_noeos"), "--work", str(w / "rw_noeos"),
+        "--stage", "regen", "--prompts", str(w / "prompts.jsonl")],
+     "set no eos_token_id and the folder's tokenizer names none; set eos_token_id in its config.json or "
+     "generation_config.json"),
     # dmtp dryrun
     ("dryrun target of another width", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target", str(w / "target")],
      "--profile qwen3.6-27b is made for a target of {'hidden_size': 5120, 'vocab_size': 248320} (its config); "
@@ -484,6 +538,9 @@ def test_bad_input_is_one_error_line(w, capsys, name, argv, msg):
     line = _fails(argv(w), capsys)
     assert "error:" in line and msg in line, line
     assert not (w / "out" / "o.jsonl").exists()  # nothing was decoded
+    assert not list(w.glob("rw*")), list(w.glob("rw*"))  # `dmtp reproduce`: no work folder made
+    if argv(w)[0] == "reproduce":  # a remedy it offers is one it has
+        assert "--eos" not in line, line
 
 
 def report_tables(profile):
@@ -591,3 +648,34 @@ def test_notebooks_on_missing_artifacts(tmp_path):
 
     with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'typo'} holds no artifacts"):
         load("typo", tmp_path)
+
+
+def test_a_target_config_is_checked_against_its_weights_before_any_model_is_built(w, monkeypatch, tmp_path):
+    """`Target.load` compares config.json, built on the meta device, with the safetensors headers before transformers
+    builds anything: a released layout without text_config (whose default text model has billions of parameters),
+    weights of another shape, layers config.json has no place for, integer weights, and a MoE layer whose experts,
+    stored one by one, do not add up to the config's, are refused without a model allocated; the per-expert layout
+    itself passes."""
+    import transformers
+
+    from dmtp.models.target import Target, check_weights
+
+    tgt, mtp = tiny.build("qwen3_5_moe", seed=0)
+    tiny.save(tgt, mtp, tmp_path / "moe")
+    assert "model.layers.0.mlp.experts.7.down_proj.weight" in json.loads(
+        (tmp_path / "moe" / "model.safetensors.index.json").read_text())["weight_map"]  # stored one by one
+    assert "72 tensors as config.json describes" in check_weights(tmp_path / "moe")
+    _edit(tmp_path / "moe", tmp_path / "moe_cut", tensors=lambda sd: [sd.pop(k) for k in list(sd)
+                                                                      if k.startswith("model.layers.0.mlp.experts.7")])
+
+    def never(*a, **k):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    for folder, msg in [(w / "vl_notext", "keeps the text model's settings in `text_config`, which is missing"),
+                        (w / "t_hidden", "lm_head.weight: [96, 64] in the checkpoint, [96, 96] by config.json"),
+                        (w / "t_layers", "holds tensors its config.json has no place for (model.layers.2."),
+                        (w / "t_int", "model.layers.1.mlp.up_proj.weight (I32)"),
+                        (tmp_path / "moe_cut", "lacks tensors its config.json needs (model.layers.0.mlp.experts.")]:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            Target.load(folder)
