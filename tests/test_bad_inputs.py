@@ -125,6 +125,10 @@ def w(tmp_path_factory):
     (root / "vl_tplraise" / "tokenizer_config.json").write_text(json.dumps(tc))
     (root / "vl_tplraise" / "chat_template.jinja").unlink(missing_ok=True)
     (root / "humaneval.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
+    (root / "gsm8k_train" / "main").mkdir(parents=True)  # a GSM8K snapshot holding its train split only
+    (root / "gsm8k_train" / "main" / "train.jsonl").write_text(json.dumps({"question": "Q", "answer": "#### 1"}) + "\n")
+    (root / "number.jsonl").write_text("5\n")  # a set file whose first row is a number
+    (root / "empty_q.jsonl").write_text(json.dumps({"question": "", "answer": "#### 1"}) + "\n")
     (root / "humaneval_long.jsonl").write_text("".join(json.dumps({"task_id": f"HumanEval/{i}", "prompt": "def f():\n"
                                                                    + "    x = 1\n" * 8 * (i == 0)}) + "\n"
                                                        for i in range(4)))
@@ -513,6 +517,20 @@ CASES = [  # (name, argv builder, what the error line must say)
         "--stage", "regen", "--prompts", str(w / "prompts.jsonl")],
      "set no eos_token_id and the folder's tokenizer names none; set eos_token_id in its config.json or "
      "generation_config.json"),
+    # published sets: the split by its file names, rows that are objects, the user's own text non-empty
+    ("set folder without the test split", lambda w: ["generate", "--target", str(w / "vl"), "--method", "ar",
+                                                     "--dataset", "gsm8k", "--data-path", str(w / "gsm8k_train"),
+                                                     "--out", str(w / "out" / "o.jsonl")],
+     "gsm8k_train: no file of the 'test' split (expected test.jsonl, test.parquet, test-00000-of-00001.parquet or a "
+     "test/ folder); its files are of the ['train'] split(s)"),
+    ("set file whose first row is a number", lambda w: ["generate", "--target", str(w / "vl"), "--method", "ar",
+                                                        "--dataset", "humaneval", "--data-path",
+                                                        str(w / "number.jsonl"), "--out", str(w / "out" / "o.jsonl")],
+     "number.jsonl:1: expected a JSON object (a row of the set), got int"),
+    ("set question left empty", lambda w: ["generate", "--target", str(w / "vl"), "--method", "ar", "--dataset",
+                                           "gsm8k", "--data-path", str(w / "empty_q.jsonl"), "--out",
+                                           str(w / "out" / "o.jsonl")],
+     "row 1: `question` = '': expected non-empty text"),
     # dmtp dryrun
     ("dryrun target of another width", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target", str(w / "target")],
      "--profile qwen3.6-27b is made for a target of {'hidden_size': 5120, 'vocab_size': 248320} (its config); "
@@ -679,3 +697,36 @@ def test_a_target_config_is_checked_against_its_weights_before_any_model_is_buil
                         (tmp_path / "moe_cut", "lacks tensors its config.json needs (model.layers.0.mlp.experts.")]:
         with pytest.raises(ValueError, match=re.escape(msg)):
             Target.load(folder)
+
+
+def test_reproduce_training_prompts_are_checked_row_by_row(w, capsys, tmp_path):
+    """`dmtp reproduce`'s training prompts are checked as the decode path's: a lone surrogate, a content part that is
+    not text, a prompt left empty and a row that is not an object stop the regeneration stage in one line naming the
+    file and row, before anything is decoded; content parts and a conversation kept as a JSON string are read as
+    their text (the same token ids as the plain prompt)."""
+    from dmtp.cli.reproduce import read_prompt_file
+    from dmtp.data.tokenizer import find_tokenizer
+
+    def prompts(name, *rows):
+        (tmp_path / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+        return tmp_path / name
+
+    tok = find_tokenizer(w / "vl")
+    same = prompts("same.jsonl", {"prompt": "Explain tides."},
+                   {"messages": [{"role": "user", "content": [{"type": "text", "text": "Explain "},
+                                                              {"type": "text", "text": "tides."}]}]},
+                   {"conversations": json.dumps([{"from": "human", "value": "Explain tides."}])})
+    ids = [r["prompt_ids"] for r in read_prompt_file(same, tok)]
+    assert len(ids) == 3 and ids[0] == ids[1] == ids[2]
+    for name, row, msg in [
+            ("surrogate.jsonl", '{"prompt": "x = \\ud800"}', "surrogate.jsonl: row 2: not encodable text: a lone "
+                                                              "surrogate '\\ud800' at character 5"),
+            ("image.jsonl", {"messages": [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}]},
+             "image.jsonl: row 2: `content`: content parts of kind ['image']: expected text"),
+            ("empty.jsonl", {"prompt": " "}, "empty.jsonl: row 2: `prompt` = ' ': expected non-empty text"),
+            ("number.jsonl", "7", "number.jsonl:2: expected a JSON object (a row of the set), got int")]:
+        work = tmp_path / f"w_{name}"
+        line = _fails(["reproduce", "--profile", "open-tiny", "--target", str(w / "vl"), "--work", str(work),
+                       "--stage", "regen", "--prompts", str(prompts(name, {"prompt": "fine"}, row))], capsys)
+        assert "error:" in line and msg in line, line
+        assert not (work / "data").exists()

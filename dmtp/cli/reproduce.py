@@ -53,7 +53,7 @@ from array import array
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from dmtp import dist
+from dmtp import checks, dist
 from dmtp.checks import gist, require
 from dmtp.cli import args
 from dmtp.cli.args import eos_ids
@@ -176,25 +176,42 @@ def init_paths(items: list[str], runs: list[str], target_cfg) -> dict[str, str]:
 
 def read_prompt_file(path: Path, tok) -> list[dict]:
     """Training prompts from a local .jsonl / .json / .parquet: per row `conversations` or `messages` (the first
-    user turn), `prompt` (text) or `prompt_ids` (token ids, used as given); ids from `id` or the row number."""
+    user turn), `prompt` (text) or `prompt_ids` (token ids, used as given); ids from `id` or the row number. A row
+    that is none of these, an empty prompt, or text that cannot be encoded is an error naming the file and row."""
     rows = D._read_file(path) if path.is_file() else D._read_local(path, "train")
     out = []
     for i, r in enumerate(rows):
-        rid = str(r.get("id", i))
+        rid, where = str(r.get("id", i)), f"{path}: row {i + 1}"
         if "prompt_ids" in r:
             ids = r["prompt_ids"]
             require(isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids),
-                    f"{path}: row {i}: `prompt_ids` must be a non-empty list of token ids")
+                    f"{where}: `prompt_ids` must be a non-empty list of token ids")
             out.append({"id": rid, "prompt_ids": list(ids)})
             continue
-        turns = D._first_user(r) if ("conversations" in r or "messages" in r) else \
-            [r["prompt"]] if isinstance(r.get("prompt"), str) else None
-        require(turns is not None, f"{path}: row {i}: expected `conversations`, `messages`, `prompt` (text) or "
-                "`prompt_ids`")
+        if "conversations" in r or "messages" in r:
+            turns = user_turn(r, D._first_user, where)
+        else:
+            require("prompt" in r, f"{where}: expected `conversations`, `messages`, `prompt` (text) or "
+                    "`prompt_ids`")
+            turns = user_turn(r, lambda r: [D._own(r, "prompt")], where)
         if turns:
             out.append({"id": rid, "prompt_ids": D.encode(tok, D.chat_text(tok, [{"role": "user",
                                                                                    "content": turns[0]}]))})
     return out
+
+
+def user_turn(row: dict, turns, where: str) -> list[str]:
+    """`turns(row)` (a set's user turns, [] for a row without one), checked as a prompt's text: an error in the row's
+    format or text that cannot be encoded (a lone surrogate) is one line naming `where`."""
+    try:
+        got = turns(row)
+    except ValueError as e:
+        raise ValueError(f"{where}: {gist(e)}") from None
+    except (TypeError, KeyError, AttributeError) as e:  # a field of another type where the format has text
+        raise ValueError(f"{where}: not the set's format ({type(e).__name__}: {gist(e)})") from None
+    for t in got[:1]:
+        checks.text(t, where)
+    return got
 
 
 def training_prompts(c: Ctx) -> list[dict]:
@@ -213,7 +230,7 @@ def training_prompts(c: Ctx) -> list[dict]:
                                        f"or --prompts FILE (.jsonl / .parquet of prompts) "
                                        f"({str(e).split(': ', 1)[-1].split('. Point')[0]})") from None
         for i, r in enumerate(raw):
-            turns = s.turns(r)
+            turns = user_turn(r, s.turns, f"{c.data_paths.get(key) or key}: row {i + 1}")
             if turns:
                 rows.append({"id": s.id(r, i), "prompt_ids": D.encode(c.tok, D.chat_text(
                     c.tok, [{"role": "user", "content": turns[0]}]))})
