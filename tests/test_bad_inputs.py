@@ -149,6 +149,8 @@ def w(tmp_path_factory):
     (root / "not_utf8.jsonl").write_bytes(b'{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "\xff"}\n')
     (root / "data_not_utf8.jsonl").write_bytes(b'{"ids": [3, 4, 5, 6, 7]}\n\n{"ids": [3], "x": "\xfe"}\n')
     # the pipeline: a finished target whose record is corrupt; eval results made with 12 new tokens
+    (root / "pw_times" / "smoke").mkdir(parents=True)  # measured stage times, one of them not a number
+    (root / "pw_times" / "smoke" / "stage_times.json").write_text('{"corpus": 12.5, "target": "slow"}')
     (root / "pw_corrupt" / "smoke" / "target").mkdir(parents=True)
     (root / "pw_corrupt" / "smoke" / "target" / "DONE").write_text("ok\n")
     (root / "pw_corrupt" / "smoke" / "target" / "fingerprint.json").write_text('{"fingerprint": {"data.cor')
@@ -170,6 +172,15 @@ def w(tmp_path_factory):
         (root / f"{name}.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
                                                     for r in rows))
     (root / "a_file").write_text("x")
+    from dmtp.data.tokens import convert
+
+    for name in ("store_nosrc", "store_edited"):  # token stores: store.json without its source; tokens.bin edited
+        convert(root / "data.jsonl", root / name, vocab_size=96)
+    meta = json.loads((root / "store_nosrc" / "store.json").read_text())
+    (root / "store_nosrc" / "store.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "source"}))
+    raw = bytearray((root / "store_edited" / "tokens.bin").read_bytes())
+    raw[:2] = (7).to_bytes(2, "little")
+    (root / "store_edited" / "tokens.bin").write_bytes(bytes(raw))
     dec = "".join(json.dumps({"id": str(i), "prompt_ids": [3, 4], "output_ids": [5, 6, 7], "accepted": [1]}) + "\n"
                   for i in range(4))
     (root / "killed.jsonl").write_text(dec)  # a `dmtp generate` output stopped half-way
@@ -404,6 +415,9 @@ CASES = [  # (name, argv builder, what the error line must say)
      "smoke/runs/ablation is not there: run the eval stage first (dmtp pipeline --profile smoke --stage eval)"),
     ("drafters on an empty work folder", lambda w: P(w)[:-1] + ["drafters"], "smoke/data/train.jsonl is not there "
      "or not finished: run the data stage first"),
+    ("a stage time that is not a number, under --deadline", lambda w: P(w, "--deadline", "100")[:4]
+     + [str(w / "pw_times")] + P(w, "--deadline", "100")[5:],
+     "pw_times/smoke/stage_times.json: stage 'target': 'slow': expected a JSON object stage -> seconds (numbers >= 0)"),
     ("a corrupt stage record", lambda w: ["pipeline", "--profile", "smoke", "--work", str(w / "pw_corrupt"),
                                           "--results", str(w / "pr"), "--stage", "target"],
      "smoke/target/fingerprint.json:1: not valid JSON"),
@@ -432,6 +446,11 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("engine setting unknown", lambda w: G(w, "--engine", "bogus=1"), "--engine bogus: EngineConfig has no field"),
     ("engine setting without value", lambda w: G(w, "--engine", "fast"), "--engine 'fast': expected KEY=VALUE, e.g. "
      "engine=auto"),
+    ("train on a token store without its source", lambda w: TR(w)[:4] + [str(w / "store_nosrc")] + TR(w)[5:],
+     "store_nosrc/store.json: damaged token store (fields ['source'] missing or of another type"),
+    ("train on a token store edited after conversion", lambda w: TR(w)[:4] + [str(w / "store_edited")] + TR(w)[5:],
+     "store_edited/tokens.bin: changed after conversion (its sha256 is not store.json's tokens_sha256): convert it "
+     "again"),
     ("train batch beyond the data", lambda w: TR(w, "--batch-size", "8", "--steps", "1"), "the training data holds 4 "
      "sequence(s), fewer than one batch of train.batch_size=8"),
     # output folders that are files, options given twice, stages made empty
@@ -449,6 +468,17 @@ CASES = [  # (name, argv builder, what the error line must say)
                                              "--work", str(w / "rw"), "--init-from", f"dflash={w / 'zir'}",
                                              "--init-from", f"dflash={w / 'zir_run' / 'drafter'}"],
      "run 'dflash' given twice"),
+    ("train init-from twice for one run", lambda w: TR(w, "--variants", "zero_init_residual", "--init-from",
+                                                     f"zero_init_residual={w / 'zir'}", "--init-from",
+                                                     f"zero_init_residual={w / 'zir_run' / 'drafter'}"),
+     "--init-from: run 'zero_init_residual' given twice ("),
+    ("train init-from twice in one list", lambda w: TR(w, "--variants", "zero_init_residual", "--init-from",
+                                                      f"zero_init_residual={w / 'zir'},zero_init_residual="
+                                                      f"{w / 'zir_run' / 'drafter'}"),
+     "--init-from: run 'zero_init_residual' given twice ("),
+    ("reproduce epochs 0", lambda w: ["reproduce", "--profile", "open-tiny", "--target", str(w / "target"), "--work",
+                                      str(w / "rw"), "--set", "scale.epochs=0"],
+     "--set scale.epochs=0: expected an integer >= 1"),
     ("set eval sets empty", lambda w: P(w, "--set", "eval.subsets={}", "--set", "eval.sets={}"),
      "eval.sets={}: expected at least one dataset"),
     ("land a status that is no object", lambda w: ["land", str(w / "list_status.tgz"), "--results", str(w / "lr")],
@@ -730,3 +760,47 @@ def test_reproduce_training_prompts_are_checked_row_by_row(w, capsys, tmp_path):
                        "--stage", "regen", "--prompts", str(prompts(name, {"prompt": "fine"}, row))], capsys)
         assert "error:" in line and msg in line, line
         assert not (work / "data").exists()
+
+
+def _packed(path, files: dict):
+    """A tar.gz of `files` (member name -> text), as `dmtp pipeline --archive` would pack them."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as t:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            t.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+def test_landing_names_what_is_in_the_way(tmp_path, capsys):
+    """`dmtp land`: an archive whose pipeline.json lies at its top (no run folder) is refused naming it; a dangling
+    symlink where the run lands, or on the way there, is named and nothing is left behind; a run packed as
+    <profile> lands beside the partial landings of the same run (<profile>/partial/), never over a landed run."""
+    done = {"folder": "smoke", "finished": True, "missing": []}
+    top = _packed(tmp_path / "top.tgz", {"pipeline.json": json.dumps({**done, "folder": "."}), "runs/x.txt": "x"})
+    line = _fails(["land", str(top), "--results", str(tmp_path / "r"), "--no-report"], capsys)
+    assert "top.tgz: pipeline.json: expected pipeline.json inside the run's folder, <profile>/pipeline.json or " \
+        "<profile>/r<k>/pipeline.json" in line, line
+    finished = _packed(tmp_path / "done.tgz", {"smoke/pipeline.json": json.dumps(done), "smoke/tables/t.md": "t"})
+    half = _packed(tmp_path / "half.tgz", {"smoke/pipeline.json": json.dumps(dict(done, finished=False,
+                                                                                  missing=["tables"])),
+                                           "smoke/target/DONE": "ok"})
+    r1 = _packed(tmp_path / "r1.tgz", {"smoke/r1/pipeline.json": json.dumps(dict(done, folder="smoke/r1"))})
+    for archive in (finished, r1):  # results/smoke dangling: the destination itself, or a folder on the way
+        res = tmp_path / f"r_{archive.stem}"
+        res.mkdir()
+        (res / "smoke").symlink_to(tmp_path / "nowhere")
+        line = _fails(["land", str(archive), "--results", str(res), "--no-report"], capsys)
+        assert f"{res / 'smoke'}: a symlink to {tmp_path / 'nowhere'}, which does not exist: remove it" in line, line
+        assert sorted(p.name for p in res.iterdir()) == ["smoke"]  # nothing staged and left behind
+    res = tmp_path / "landed"
+    dmtp(["land", str(half), "--results", str(res), "--partial", "--no-report"])
+    dmtp(["land", str(finished), "--results", str(res), "--no-report"])
+    assert sorted(p.name for p in (res / "smoke").iterdir()) == ["partial", "pipeline.json", "tables"]
+    assert (res / "smoke" / "partial" / "r0" / "target" / "DONE").exists()
+    line = _fails(["land", str(finished), "--results", str(res), "--no-report"], capsys)
+    assert "smoke exists: a landed run is never overwritten" in line, line
+    assert not list(res.rglob(".*landing"))

@@ -234,10 +234,10 @@ def test_a_split_is_read_by_its_published_file_names(tmp_path, tok):
 
 
 def test_a_prompt_is_the_users_own_text(tmp_path, tok):
-    """Content parts ([{"type": "text", "text": ...}]) are joined as their text; conversations kept as JSON strings are
+    """Content parts ([{"type": "text" | "input_text", "text": ...}]) are joined as their text; conversations kept as JSON strings are
     read as conversations; a question or instruction left empty is refused even where the set's suffix or Input block
     would make the turn non-empty; a part of another kind, and a row that is no JSON object, are named."""
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Explain "}, {"type": "text", "text": "tides."}]}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Explain "}, {"type": "input_text", "text": "tides."}]}]
     opb = tmp_path / "opb.jsonl"
     opb.write_text("".join(json.dumps(r) + "\n" for r in [
         {"conversations": parts}, {"conversations": json.dumps([{"from": "human", "value": "As a string."}])},

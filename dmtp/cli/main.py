@@ -307,12 +307,15 @@ def cmd_train(a):
                 f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without "
                 "--profile")
     init = {}
-    for item in (a.init_from.split(",") if a.init_from else []):
+    for item in [x for flag in a.init_from or [] for x in flag.split(",")]:
         v, eq, path = item.partition("=")
         if not eq or v not in variants:
             raise ValueError(f"--init-from {item!r}: expected NAME=PATH with NAME one of --variants "
                              f"({','.join(variants)})")
-        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
+        where = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
+        require(init.get(v, where) == where, f"--init-from: run {v!r} given twice ({init.get(v)}, {where}); give "
+                "each run one checkpoint")
+        init[v] = where
         args.drafter_of(path, f"--init-from {v}=", cfg_t)
     where = "--mask-token-id" if mask_flag else f"profile {a.profile}'s drafter.mask_token_id" if a.profile and \
         prof.drafter.mask_token_id >= 0 else "the default --mask-token-id"
@@ -486,8 +489,9 @@ def main(argv=None):
     t.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
     t.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default: the profile's, else the "
                    "id the public DFlash drafters of the target's family use: Qwen3.5/3.6 248070, Qwen3 151669; else 1)")
-    t.add_argument("--init-from", help="NAME=PATH,... continue a --variants entry from a DFlash-format checkpoint "
-                   "(e.g. dmtp_d2=PATH: DMTP(D2) from a public DFlash2 drafter); it keeps the checkpoint's attention")
+    t.add_argument("--init-from", action="append", help="NAME=PATH,... continue a --variants entry from a "
+                   "DFlash-format checkpoint (e.g. dmtp_d2=PATH: DMTP(D2) from a public DFlash2 drafter); it keeps the "
+                   "checkpoint's attention; repeatable, one checkpoint a run")
     t.add_argument("--seed", type=args.SEED, default=0)
     t.add_argument("--stop-after", type=args.at_least(0), default=0,
                    help="checkpoint and stop after this step (resume later)")

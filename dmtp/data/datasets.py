@@ -70,13 +70,17 @@ def _own(row, field: str) -> str:
     return v
 
 
+TEXT_PARTS = ("text", "input_text")  # content-part types that hold text (chat completions', responses')
+
+
 def _content(v, field: str):
-    """A message's content as text: a string as it is; OpenAI-style content parts ([{"type": "text", "text": ...}])
-    joined as their text, as chat templates render them; a part of another type is an error naming it."""
+    """A message's content as text: a string as it is; OpenAI-style content parts ([{"type": "text", "text": ...}],
+    or "input_text") joined as their text, as chat templates render them; a part of another type is an error naming
+    it."""
     if not isinstance(v, list):
         return v
-    if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in v):
-        kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in v} - {"text"})
+    if not all(isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str) for p in v):
+        kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in v} - set(TEXT_PARTS))
         raise ValueError(f"`{field}`: content parts of kind {kinds or ['text without a string `text`']}: expected "
                          "text, or parts {\"type\": \"text\", \"text\": ...}")
     return "".join(p["text"] for p in v)

@@ -76,8 +76,8 @@ def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None
     if is_store(path):
         seqs = TokenSequences(open_store(path, vocab_size), max_len)
         if not len(seqs):
-            raise ValueError(f"token store {path} (from {seqs.store.meta['source']['name']}) holds no sequence of "
-                             "at least 4 tokens")
+            name = seqs.store.meta["source"].get("name", "?")
+            raise ValueError(f"token store {path} (from {name}) holds no sequence of at least 4 tokens")
         return seqs
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
