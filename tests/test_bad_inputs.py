@@ -525,6 +525,12 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("dryrun target with no attention heads", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
                                                          str(w / "t_heads0")],
      "t_heads0/config.json: num_attention_heads=0: expected an integer >= 1"),
+    ("dryrun on a checkpoint whose MTP layers disagree", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
+                                                                   str(w / "vl_mtp2")],
+     "vl_mtp2/config.json: mtp_num_hidden_layers=2, its `mtp.*` weights hold 1 layer(s)"),
+    ("dryrun on target weights stored as integers", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
+                                                               str(w / "t_int")],
+     "model.layers.1.mlp.up_proj.weight (I32)"),
     ("target weights stored as integers", lambda w: ["generate", "--target", str(w / "t_int")] + G(w)[3:],
      "t_int: weights of a non-floating dtype where the model holds floating-point ones: "
      "model.layers.1.mlp.up_proj.weight (I32)"),

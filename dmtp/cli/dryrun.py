@@ -45,7 +45,7 @@ def _text_config(path: str | None, prof, flag: str = "--target"):
             raise FileNotFoundError(f"{flag} {path}: no config.json there (expected the target checkpoint's folder)")
         cfg = read_config(path)
         if any(Path(path).glob("*.safetensors")):  # a checkpoint with its weights: they must be what config.json says
-            preflight.run(target_checks(path, mtp=True, flag=flag))
+            preflight.run(target_checks(path, mtp=mtp_num_layers(cfg) >= 1, flag=flag))
         got = cfg.to_dict()
         bad = {k: (v, got.get(k)) for k, v in want.items() if k in got and k != "model_type" and got.get(k) != v}
         return cfg, str(Path(path) / "config.json"), bad

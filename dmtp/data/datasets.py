@@ -11,7 +11,8 @@ Where a set is read from (first that applies): `path=` (CLI `--data-path`), the 
 the hub id through `datasets.load_dataset`, as the hub's documented setting `HF_HUB_OFFLINE` allows: the `dmtp`
 commands run with it on unless the environment says otherwise (dmtp/cli/__init__.py), so they read the local HF
 cache only and nothing waits on the network; `HF_HUB_OFFLINE=0` lets them fetch. A local copy is a .json /
-.jsonl(.gz) / .parquet file, or a folder holding such files (a hub snapshot; files naming the split win) or a
+.jsonl(.gz) / .parquet file, or a folder holding such files (a hub snapshot: the files of the set's split, named
+exactly as published, `split_of`; a folder whose files name no split is a set published as one file) or a
 `save_to_disk` folder, with the dataset's own column names (table below).
 
 Prompt text per set (gsm8k, math500: the z-lab DFlash benchmark's format):

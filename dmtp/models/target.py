@@ -130,15 +130,30 @@ def _text_keys(names) -> dict[str, str]:
     return {("model." + _TEXT.sub("", k) if _TEXT.match(k) else k): k for k in names if not k.startswith(_NOT_TEXT)}
 
 
-def check_weights(path: str | Path, cfg=None) -> str:
+def _unmatched(want: dict, got: dict, name: dict) -> tuple[list, list]:
+    """(missing, unexpected) checkpoint names: tensors of one side only. Inside a layer, those that add up to the
+    model's element count are one layout of the same weights (experts stored one by one), not a misfit."""
+    miss = [k for k in want if k not in got]
+    extra = [k for k in got if k not in want]
+    layer = lambda k: (m.group(1) if (m := _LAYER.match(k.removeprefix("model."))) else None)  # noqa: E731
+    for i in {layer(k) for k in miss + extra} - {None}:
+        a = [k for k in miss if layer(k) == i]
+        b = [k for k in extra if layer(k) == i]
+        if a and b and sum(math.prod(want[k]) for k in a) == sum(math.prod(got[k][0]) for k in b):
+            miss, extra = [k for k in miss if k not in a], [k for k in extra if k not in b]
+    return miss, [name.get(k, k) for k in extra]
+
+
+def check_weights(path: str | Path) -> str:
     """The checkpoint's tensors (their names, shapes and dtypes from the safetensors headers: nothing read or
     allocated) against the text model its config.json builds on the meta device: every tensor at its shape, none
     missing, none the model has no place for, each layer's tensors of the element count the config gives (a
     checkpoint may store experts one by one where the model fuses them), floating point wherever the model is.
-    Refused in one line naming the checkpoint and the first tensors at fault; returns a short note."""
+    Refused in one line naming the checkpoint and the first tensors at fault (config.json itself first:
+    `read_config`); returns a short note."""
     from transformers import AutoModelForCausalLM
 
-    cfg = read_config(path) if cfg is None else cfg
+    read_config(path)
     what = f"target checkpoint {path}"
     index = tensor_index(path, what)
     full = _full_config(path)
@@ -170,24 +185,9 @@ def target_checks(path: str | Path, mtp: bool = False, flag: str = "--target") -
     from dmtp.preflight import Check
 
     def check():
-        cfg = read_config(path)
-        notes = [check_weights(path, cfg)] + ([check_mtp_weights(path, cfg)] if mtp else [])
+        notes = [check_weights(path)] + ([check_mtp_weights(path, read_config(path))] if mtp else [])
         return "; ".join(notes)
     return [Check(flag, check)]
-
-
-def _unmatched(want: dict, got: dict, name: dict) -> tuple[list, list]:
-    """(missing, unexpected) checkpoint names: tensors of one side only. Inside a layer, those that add up to the
-    model's element count are one layout of the same weights (experts stored one by one), not a misfit."""
-    miss = [k for k in want if k not in got]
-    extra = [k for k in got if k not in want]
-    layer = lambda k: (m.group(1) if (m := _LAYER.match(k.removeprefix("model."))) else None)  # noqa: E731
-    for i in {layer(k) for k in miss + extra} - {None}:
-        a = [k for k in miss if layer(k) == i]
-        b = [k for k in extra if layer(k) == i]
-        if a and b and sum(math.prod(want[k]) for k in a) == sum(math.prod(got[k][0]) for k in b):
-            miss, extra = [k for k in miss if k not in a], [k for k in extra if k not in b]
-    return miss, [name.get(k, k) for k in extra]
 
 
 def _full_config(path):
