@@ -111,6 +111,7 @@ def w(tmp_path_factory):
     tc = json.loads((root / "vl_noeos" / "tokenizer_config.json").read_text())
     (root / "vl_noeos" / "tokenizer_config.json").write_text(json.dumps(dict(tc, eos_token=None)))
     _edit(root / "target", root / "t_heads0", config=lambda c: c.update(num_attention_heads=0))
+    _edit(root / "target", root / "t_sliding", config=lambda c: c["layer_types"].__setitem__(1, "sliding_attention"))
     _edit(root / "target", root / "t_int", tensors=lambda sd: sd.update(
         {"model.layers.1.mlp.up_proj.weight": sd["model.layers.1.mlp.up_proj.weight"].to(torch.int32)}))
     shutil.copytree(root / "vl", root / "vl_int")  # an MTP tensor stored as integers (cast on load: cut to zeros)
@@ -476,6 +477,10 @@ CASES = [  # (name, argv builder, what the error line must say)
                                                       f"zero_init_residual={w / 'zir'},zero_init_residual="
                                                       f"{w / 'zir_run' / 'drafter'}"),
      "--init-from: run 'zero_init_residual' given twice ("),
+    ("set one key twice", lambda w: P(w, "--set", "eval.new_tokens=10", "--set", "eval.new_tokens=20"),
+     "--set eval.new_tokens given twice (eval.new_tokens=10, eval.new_tokens=20): which value to use is ambiguous"),
+    ("engine setting twice", lambda w: G(w, "--engine", "engine=hf", "--engine", "engine=compiled"),
+     "--engine engine given twice (engine=hf, engine=compiled)"),
     ("reproduce epochs 0", lambda w: ["reproduce", "--profile", "open-tiny", "--target", str(w / "target"), "--work",
                                       str(w / "rw"), "--set", "scale.epochs=0"],
      "--set scale.epochs=0: expected an integer >= 1"),
@@ -531,6 +536,9 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("dryrun on target weights stored as integers", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
                                                                str(w / "t_int")],
      "model.layers.1.mlp.up_proj.weight (I32)"),
+    ("target with a layer type the suite does not run", lambda w: ["generate", "--target", str(w / "t_sliding")]
+     + G(w)[3:], "t_sliding/config.json: layer_types holds ['sliding_attention']: expected full_attention or "
+     "linear_attention layers"),
     ("target weights stored as integers", lambda w: ["generate", "--target", str(w / "t_int")] + G(w)[3:],
      "t_int: weights of a non-floating dtype where the model holds floating-point ones: "
      "model.layers.1.mlp.up_proj.weight (I32)"),

@@ -63,6 +63,7 @@ def read_config(path: str | Path):
     return cfg
 
 
+LAYER_TYPES = ("full_attention", "linear_attention")  # the decoder layers a target may hold
 SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")  # a text model's, each >= 1
 SOME_SIZES = ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")  # >= 1 where set
 
@@ -77,6 +78,10 @@ def _check_sizes(cfg, where: str) -> None:
     heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None)
     if kv is not None and heads % kv:
         raise ValueError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
+    unknown = sorted(set(getattr(cfg, "layer_types", None) or []) - set(LAYER_TYPES))
+    if unknown:
+        raise ValueError(f"{where}: layer_types holds {unknown}: expected {' or '.join(LAYER_TYPES)} layers (the "
+                         "target's decoder layers the suite runs: attention, Gated DeltaNet)")
 
 
 def _check_raw_config(path: str | Path) -> None:
@@ -211,7 +216,7 @@ class Target(nn.Module):
         self.num_layers = self.config.num_hidden_layers
         self.vocab_size = self.config.vocab_size
         self.layer_types = list(getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers)
-        unknown = set(self.layer_types) - {"full_attention", "linear_attention"}
+        unknown = set(self.layer_types) - set(LAYER_TYPES)
         if unknown:
             raise NotImplementedError(f"target has layer types {sorted(unknown)}; supported: full_attention, "
                                       "linear_attention (Gated DeltaNet)")
