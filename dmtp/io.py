@@ -207,8 +207,11 @@ def one_writer(path: str | Path):
     (Busy) naming the holder's pid and host. The lock is an flock, which the kernel drops with its holder, so a lock
     file left by a killed process is free again; a released lock file is removed. It is keyed on the file itself,
     `path` resolved (symlinks, `..`, a relative path): two writers reaching one file by different paths are refused
-    too."""
+    too; a file with other names (hard links), which no path resolves to, is refused as an output."""
     path = Path(path).resolve()
+    if path.is_file() and path.stat().st_nlink > 1:  # another name of this file would take another lock
+        raise Busy(f"{path}: a file with {path.stat().st_nlink} names (hard links): a writer through another of them "
+                   "would not be refused; give an output of its own (copy the file, or choose another output)")
     lock = path.with_name(f".{path.name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -318,10 +321,11 @@ def append_jsonl(path, rows):
 
 def file_sha256(path) -> str:
     """The sha256 of a file's bytes (a fingerprint records what an input holds, not where it lies)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    h, buf = hashlib.sha256(), bytearray(1 << 16)  # read into one buffer: no new bytes object per block
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 

@@ -37,7 +37,8 @@ def override(p, assignments: list[str], flag: str = "--set"):
     """`KEY=VALUE` assignments (`pretrain.tokens=20000000`, `data.batch=4`, `ablation.only=dflash,token_only`)
     applied to a profile. A value is read as its field's declared type (bool: true/false; tuple: JSON list or
     comma-separated; dict: JSON), so a typo fails instead of training on a string; the name stays, so the work and
-    results folders are the profile's. The result is checked once, after every assignment (each config's
+    results folders are the profile's. A key given twice with two values is refused (neither wins silently). The
+    result is checked once, after every assignment (each config's
     `__post_init__`, innermost first): a value that is valid only together with another assignment is accepted in
     any order, and a failed check names the assignment that set the field, or those that touched the failing
     section. `flag`: the command-line flag the assignments came from, named in errors."""
@@ -58,6 +59,10 @@ def _override(p, assignments: list[str]):
             first = fields(p)[0].name if is_dataclass(p) and not hasattr(p, "pretrain") else ""
             example = f"{first}={getattr(p, first)}" if first else "pretrain.tokens=20000000"
             raise ValueError(f"--set {a!r}: expected KEY=VALUE, e.g. {example}")
+        twice = [r for k, r in done if k == key and r != raw]
+        if twice:  # the later one would win silently
+            raise ValueError(f"--set {key} given twice ({key}={twice[0]}, {key}={raw}): which value to use is "
+                             "ambiguous; give it once")
         try:
             p = _assign(p, key.split("."), raw, key)
         except ValueError as e:

@@ -1,7 +1,8 @@
 """Gradient accumulation in drafter training (`TrainConfig.micro_batch`, `TrainConfig.grad_sync`): the global batch
 taken in micro-batches is the same optimizer step as the whole batch at once, on the CPU in fp32 with gloo: one
 process in 4 micro-batches and 2 ranks (FSDP2) in 2 micro-batches each follow one process taking the whole batch
-(eager; the reduce-scatter after the last micro-batch or after every one); the compiled one-region step in 2
+(eager; the reduce-scatter after the last micro-batch or after every one), a DFlash2 drafter among them (its selector
+term and every logged statistic the global batch's); the compiled one-region step in 2
 micro-batches follows the eager whole-batch step and, at one micro-batch, keeps its single graph; a run stopped
 mid-way resumes to the uninterrupted result, with another micro-batch size too; bad settings are refused in one
 line.
@@ -13,45 +14,73 @@ reduction: the same terms in another order, ~1e-7 relative per sum. Losses and g
 weight by a part of lr; a missing or doubled micro-batch moves whole tensors by ~lr)."""
 import pytest
 import torch
-from conftest import compiled_graphs, gloo_ranks
-from test_fsdp import _assert_same_run, _history, _run
+from conftest import compiled_graphs, gloo_ranks, token_seqs
+from test_fsdp import BACKBONES, VARIANTS, _assert_same_run, _base, _cfg, _history, _run
 
 from dmtp.config import TrainConfig
+from dmtp.models import tiny
 from dmtp.training import drafters as train_mod
-from dmtp.training.drafters import combine_stats
+from dmtp.training.drafters import (batches, combine_stats, drafter_features, drafter_loss, extract, new_drafters,
+                                    rates, read_back, sample_anchors)
+
+NAMES = [*VARIANTS, "dmtp_d2"]  # and a DFlash2 drafter (BACKBONES), whose selector term has its own mass
 
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
     """The reference: one process, the global batch of 4 at once (eager)."""
     out = tmp_path_factory.mktemp("accum") / "whole"
-    _run(out)
+    _run(out, NAMES)
     return out
 
 
 def _ranks(rank, world, root):
-    _run(root / "last", micro_batch=1)  # 2 micro-batches a rank, one reduce-scatter after the last
-    _run(root / "every", micro_batch=1, grad_sync="every", shard_target="on")
+    _run(root / "last", NAMES, micro_batch=1)  # 2 micro-batches a rank, one reduce-scatter after the last
+    _run(root / "every", NAMES, micro_batch=1, grad_sync="every", shard_target="on")
 
 
 def test_micro_batches_take_the_whole_batch_step(whole, tmp_path):
     """1 process in 4 micro-batches of 1 sequence, and 2 gloo ranks (FSDP2) in 2 micro-batches each (gradients
-    reduce-scattered after the last micro-batch, or after every one with the target sharded too): the losses,
-    gradient norms and final weights of the whole batch at once, step by step."""
-    _run(tmp_path / "four", micro_batch=1)
-    _assert_same_run(tmp_path / "four", whole)
+    reduce-scattered after the last micro-batch, or after every one with the target sharded too): the losses (the
+    DFlash2 selector term's too), accuracies, gradient norms and final weights of the whole batch at once, step by
+    step."""
+    _run(tmp_path / "four", NAMES, micro_batch=1)
+    _assert_same_run(tmp_path / "four", whole, NAMES)
     gloo_ranks(_ranks, 2, tmp_path)
     for run in ("last", "every"):
         assert "2 rank(s)" in (tmp_path / run / "dflash" / "DONE").read_text()
-        _assert_same_run(tmp_path / run, whole)
+        _assert_same_run(tmp_path / run, whole, NAMES)
+
+
+def test_dflash2_logs_the_global_batch_selector_term(whole):
+    """The DFlash2 drafter's step-1 record is the whole global batch's, made here by one `drafter_loss` over the 4
+    sequences with the fresh weights: its selector term  sum w * [label in top-k] * CE_topk / sum w,  coverage and
+    accuracies (the runs above log the same on 4 micro-batches and on 2 ranks). The batch is one where the term is
+    not the same on every sequence, so a per-part normalisation would log another value."""
+    cfg, (tgt, mtp) = _cfg(), tiny.build("qwen3_5", seed=0)
+    d = new_drafters(tgt, ["dmtp_d2"], _base(tgt), backbones=BACKBONES)["dmtp_d2"]
+    ids, lengths = next(batches(token_seqs(), cfg.batch_size, cfg.seed))
+    anchors, valid = sample_anchors(lengths, cfg.anchors_per_seq, torch.Generator().manual_seed(cfg.seed))
+    taps = d.config.target_layer_ids
+
+    def stats(rows):
+        feats = drafter_features(extract(tgt, mtp, ids[rows], lengths[rows], taps, True), taps, d)
+        return drafter_loss(d, tgt, feats, anchors[rows], valid[rows], cfg.gamma)[1]
+
+    ref = rates({k: float(v) for k, v in stats(slice(None)).items()})
+    rec = _history(whole / "dmtp_d2")[0]
+    for key in ("loss", "sel_loss", "sel_cover", "sel_acc", "acc"):
+        assert rec[key] == pytest.approx(ref[key], rel=1e-5), key
+    per_row = [float(stats(slice(b, b + 1))["sel_loss"]) for b in range(cfg.batch_size)]
+    assert max(per_row) - min(per_row) > 0.1 * ref["sel_loss"]
 
 
 def test_fsdp_on_one_process_accumulates(whole, tmp_path):
     """FSDP2 in a process group of one, 2 micro-batches: with the reduction deferred to the last micro-batch (FSDP2
     sums the unsharded gradients) and with one reduction per micro-batch: the whole batch's step."""
     for sync in ("last", "every"):
-        _run(tmp_path / sync, fsdp="on", micro_batch=2, grad_sync=sync)
-        _assert_same_run(tmp_path / sync, whole)
+        _run(tmp_path / sync, NAMES, fsdp="on", micro_batch=2, grad_sync=sync)
+        _assert_same_run(tmp_path / sync, whole, NAMES)
 
 
 def test_compiled_one_region_accumulates(tmp_path, monkeypatch):
@@ -84,12 +113,20 @@ def test_stopped_accumulating_run_resumes(whole, tmp_path):
 
 
 def test_combined_statistics():
-    """A step's statistics from its micro-batches: the loss summed (each is its share of the global loss), the rest
-    weighted by the labelled slots; one micro-batch untouched."""
-    one = {"loss": torch.tensor(0.5), "acc": torch.tensor(0.25)}
-    assert combine_stats([(one, 7.0)]) is one
-    got = combine_stats([(one, 1.0), ({"loss": torch.tensor(1.5), "acc": torch.tensor(1.0)}, 3.0)])
-    assert got["loss"].item() == pytest.approx(2.0) and got["acc"].item() == pytest.approx(0.25 / 4 + 3 / 4)
+    """A step's statistics from its micro-batches, by hand: each summed (loss shares of the global batch, counts), one
+    micro-batch untouched; read back on one rank, the counts become the logged ratios (acc = hits / labelled,
+    sel_cover = covered / labelled, sel_acc = selector hits / covered), the gradient norm as it is."""
+    t = torch.tensor
+    one = {"loss": t(0.5), "hits": t(1.0), "labelled": t(4.0), "sel_loss": t(0.25), "sel_covered": t(2.0),
+           "sel_hits": t(1.0)}
+    assert combine_stats([one]) is one
+    two = {"loss": t(1.5), "hits": t(3.0), "labelled": t(4.0), "sel_loss": t(0.5), "sel_covered": t(6.0),
+           "sel_hits": t(6.0)}
+    got = combine_stats([one, two])
+    assert {k: v.item() for k, v in got.items()} == {"loss": 2.0, "hits": 4.0, "labelled": 8.0, "sel_loss": 0.75,
+                                                     "sel_covered": 8.0, "sel_hits": 7.0}
+    rec = read_back({"d": {**got, "grad_norm": t(0.125)}}, world=1)["d"]
+    assert rec == {"loss": 2.0, "sel_loss": 0.75, "acc": 0.5, "sel_cover": 1.0, "sel_acc": 7 / 8, "grad_norm": 0.125}
 
 
 def test_bad_micro_batch_is_refused(tmp_path):

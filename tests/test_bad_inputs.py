@@ -2,6 +2,7 @@
 never a traceback. Most cases fail before any model is loaded; they run the command in-process, a few as real
 subprocesses (the exit code and stderr a user sees)."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,18 @@ def w(tmp_path_factory):
         cfg = json.loads((root / name / "config.json").read_text())
         edit(cfg)
         (root / name / "config.json").write_text(json.dumps(cfg))
+    shutil.copytree(root / "vl", root / "vl_notext")  # the released layout without its text_config
+    cfg = json.loads((root / "vl_notext" / "config.json").read_text())
+    (root / "vl_notext" / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "text_config"}))
+    _edit(root / "vl", root / "vl_pos64", config=lambda c: c.update(max_position_embeddings=64))
+    _edit(root / "vl", root / "vl_noeos", config=lambda c: c.pop("eos_token_id"),
+          files={"generation_config.json": b"{}"})  # no end-of-text id anywhere (the tokenizer's removed below)
+    tc = json.loads((root / "vl_noeos" / "tokenizer_config.json").read_text())
+    (root / "vl_noeos" / "tokenizer_config.json").write_text(json.dumps(dict(tc, eos_token=None)))
+    _edit(root / "target", root / "t_heads0", config=lambda c: c.update(num_attention_heads=0))
+    _edit(root / "target", root / "t_sliding", config=lambda c: c["layer_types"].__setitem__(1, "sliding_attention"))
+    _edit(root / "target", root / "t_int", tensors=lambda sd: sd.update(
+        {"model.layers.1.mlp.up_proj.weight": sd["model.layers.1.mlp.up_proj.weight"].to(torch.int32)}))
     shutil.copytree(root / "vl", root / "vl_int")  # an MTP tensor stored as integers (cast on load: cut to zeros)
     sd = load_file(str(root / "vl_int" / "model-mtp.safetensors"))
     sd["mtp.fc.weight"] = sd["mtp.fc.weight"].to(torch.int32)
@@ -113,6 +126,13 @@ def w(tmp_path_factory):
     (root / "vl_tplraise" / "tokenizer_config.json").write_text(json.dumps(tc))
     (root / "vl_tplraise" / "chat_template.jinja").unlink(missing_ok=True)
     (root / "humaneval.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
+    (root / "gsm8k_train" / "main").mkdir(parents=True)  # a GSM8K snapshot holding its train split only
+    (root / "gsm8k_train" / "main" / "train.jsonl").write_text(json.dumps({"question": "Q", "answer": "#### 1"}) + "\n")
+    (root / "number.jsonl").write_text("5\n")  # a set file whose first row is a number
+    (root / "empty_q.jsonl").write_text(json.dumps({"question": "", "answer": "#### 1"}) + "\n")
+    (root / "humaneval_long.jsonl").write_text("".join(json.dumps({"task_id": f"HumanEval/{i}", "prompt": "def f():\n"
+                                                                   + "    x = 1\n" * 8 * (i == 0)}) + "\n"
+                                                       for i in range(4)))
     shutil.copytree(root / "vl", root / "vl_notpl")  # a tokenizer without its chat template
     tc = json.loads((root / "vl_notpl" / "tokenizer_config.json").read_text())
     tc.pop("chat_template", None)
@@ -130,6 +150,8 @@ def w(tmp_path_factory):
     (root / "not_utf8.jsonl").write_bytes(b'{"id": "a", "prompt_ids": [3]}\n{"id": "b", "prompt": "\xff"}\n')
     (root / "data_not_utf8.jsonl").write_bytes(b'{"ids": [3, 4, 5, 6, 7]}\n\n{"ids": [3], "x": "\xfe"}\n')
     # the pipeline: a finished target whose record is corrupt; eval results made with 12 new tokens
+    (root / "pw_times" / "smoke").mkdir(parents=True)  # measured stage times, one of them not a number
+    (root / "pw_times" / "smoke" / "stage_times.json").write_text('{"corpus": 12.5, "target": "slow"}')
     (root / "pw_corrupt" / "smoke" / "target").mkdir(parents=True)
     (root / "pw_corrupt" / "smoke" / "target" / "DONE").write_text("ok\n")
     (root / "pw_corrupt" / "smoke" / "target" / "fingerprint.json").write_text('{"fingerprint": {"data.cor')
@@ -151,6 +173,15 @@ def w(tmp_path_factory):
         (root / f"{name}.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
                                                     for r in rows))
     (root / "a_file").write_text("x")
+    from dmtp.data.tokens import convert
+
+    for name in ("store_nosrc", "store_edited"):  # token stores: store.json without its source; tokens.bin edited
+        convert(root / "data.jsonl", root / name, vocab_size=96)
+    meta = json.loads((root / "store_nosrc" / "store.json").read_text())
+    (root / "store_nosrc" / "store.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "source"}))
+    raw = bytearray((root / "store_edited" / "tokens.bin").read_bytes())
+    raw[:2] = (7).to_bytes(2, "little")
+    (root / "store_edited" / "tokens.bin").write_bytes(bytes(raw))
     dec = "".join(json.dumps({"id": str(i), "prompt_ids": [3, 4], "output_ids": [5, 6, 7], "accepted": [1]}) + "\n"
                   for i in range(4))
     (root / "killed.jsonl").write_text(dec)  # a `dmtp generate` output stopped half-way
@@ -230,7 +261,7 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("target missing", lambda w: ["generate", "--target", str(w / "nope")] + G(w)[3:], "no such folder"),
     ("target without config", lambda w: ["generate", "--target", str(w / "empty")] + G(w)[3:], "no config.json"),
     ("target truncated", lambda w: ["generate", "--target", str(w / "trunc")] + G(w)[3:],
-     "cannot be loaded: Error while deserializing header"),
+     "cannot be loaded: model.safetensors: Error while deserializing header"),
     ("drafter truncated", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "dtrunc")] + G(w)[5:],
      "model.safetensors cannot be loaded"),
     ("drafter of another width", lambda w: G(w)[:4] + ["zero_init_residual", "--drafter", str(w / "wide")] + G(w)[5:],
@@ -385,6 +416,9 @@ CASES = [  # (name, argv builder, what the error line must say)
      "smoke/runs/ablation is not there: run the eval stage first (dmtp pipeline --profile smoke --stage eval)"),
     ("drafters on an empty work folder", lambda w: P(w)[:-1] + ["drafters"], "smoke/data/train.jsonl is not there "
      "or not finished: run the data stage first"),
+    ("a stage time that is not a number, under --deadline", lambda w: P(w, "--deadline", "100")[:4]
+     + [str(w / "pw_times")] + P(w, "--deadline", "100")[5:],
+     "pw_times/smoke/stage_times.json: stage 'target': 'slow': expected a JSON object stage -> seconds (numbers >= 0)"),
     ("a corrupt stage record", lambda w: ["pipeline", "--profile", "smoke", "--work", str(w / "pw_corrupt"),
                                           "--results", str(w / "pr"), "--stage", "target"],
      "smoke/target/fingerprint.json:1: not valid JSON"),
@@ -413,6 +447,11 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("engine setting unknown", lambda w: G(w, "--engine", "bogus=1"), "--engine bogus: EngineConfig has no field"),
     ("engine setting without value", lambda w: G(w, "--engine", "fast"), "--engine 'fast': expected KEY=VALUE, e.g. "
      "engine=auto"),
+    ("train on a token store without its source", lambda w: TR(w)[:4] + [str(w / "store_nosrc")] + TR(w)[5:],
+     "store_nosrc/store.json: damaged token store (fields ['source'] missing or of another type"),
+    ("train on a token store edited after conversion", lambda w: TR(w)[:4] + [str(w / "store_edited")] + TR(w)[5:],
+     "store_edited/tokens.bin: changed after conversion (its sha256 is not store.json's tokens_sha256): convert it "
+     "again"),
     ("train batch beyond the data", lambda w: TR(w, "--batch-size", "8", "--steps", "1"), "the training data holds 4 "
      "sequence(s), fewer than one batch of train.batch_size=8"),
     # output folders that are files, options given twice, stages made empty
@@ -430,6 +469,21 @@ CASES = [  # (name, argv builder, what the error line must say)
                                              "--work", str(w / "rw"), "--init-from", f"dflash={w / 'zir'}",
                                              "--init-from", f"dflash={w / 'zir_run' / 'drafter'}"],
      "run 'dflash' given twice"),
+    ("train init-from twice for one run", lambda w: TR(w, "--variants", "zero_init_residual", "--init-from",
+                                                     f"zero_init_residual={w / 'zir'}", "--init-from",
+                                                     f"zero_init_residual={w / 'zir_run' / 'drafter'}"),
+     "--init-from: run 'zero_init_residual' given twice ("),
+    ("train init-from twice in one list", lambda w: TR(w, "--variants", "zero_init_residual", "--init-from",
+                                                      f"zero_init_residual={w / 'zir'},zero_init_residual="
+                                                      f"{w / 'zir_run' / 'drafter'}"),
+     "--init-from: run 'zero_init_residual' given twice ("),
+    ("set one key twice", lambda w: P(w, "--set", "eval.new_tokens=10", "--set", "eval.new_tokens=20"),
+     "--set eval.new_tokens given twice (eval.new_tokens=10, eval.new_tokens=20): which value to use is ambiguous"),
+    ("engine setting twice", lambda w: G(w, "--engine", "engine=hf", "--engine", "engine=compiled"),
+     "--engine engine given twice (engine=hf, engine=compiled)"),
+    ("reproduce epochs 0", lambda w: ["reproduce", "--profile", "open-tiny", "--target", str(w / "target"), "--work",
+                                      str(w / "rw"), "--set", "scale.epochs=0"],
+     "--set scale.epochs=0: expected an integer >= 1"),
     ("set eval sets empty", lambda w: P(w, "--set", "eval.subsets={}", "--set", "eval.sets={}"),
      "eval.sets={}: expected at least one dataset"),
     ("land a status that is no object", lambda w: ["land", str(w / "list_status.tgz"), "--results", str(w / "lr")],
@@ -459,6 +513,68 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("reproduce on a tokenizer without a chat template", lambda w: [
         "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_notpl"), "--work", str(w / "rw_notpl"),
         "--stage", "regen", "--prompts", str(w / "prompts.jsonl")], "vl_notpl: its tokenizer has no chat template"),
+    # a target's config.json against its weights, before any model is built or any stage runs (dmtp.preflight)
+    ("released layout without text_config", lambda w: ["generate", "--target", str(w / "vl_notext")] + G(w)[3:],
+     "vl_notext/config.json: model_type 'qwen3_5' keeps the text model's settings in `text_config`, which is "
+     "missing: expected an object with the text model's vocab_size, hidden_size, num_hidden_layers"),
+    ("train on a released layout without text_config", lambda w: ["train", "--target", str(w / "vl_notext")]
+     + TR(w)[3:], "vl_notext/config.json: model_type 'qwen3_5' keeps the text model's settings in `text_config`"),
+    ("reproduce on a released layout without text_config", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_notext"), "--work", str(w / "rw_notext"),
+        "--stage", "regen", "--prompts", str(w / "prompts.jsonl")], "keeps the text model's settings in `text_config`"),
+    ("dryrun on a released layout without text_config", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
+                                                                   str(w / "vl_notext")],
+     "vl_notext/config.json: model_type 'qwen3_5' keeps the text model's settings in `text_config`"),
+    ("target with no attention heads", lambda w: ["generate", "--target", str(w / "t_heads0")] + G(w)[3:],
+     "t_heads0/config.json: num_attention_heads=0: expected an integer >= 1"),
+    ("dryrun target with no attention heads", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
+                                                         str(w / "t_heads0")],
+     "t_heads0/config.json: num_attention_heads=0: expected an integer >= 1"),
+    ("dryrun on a checkpoint whose MTP layers disagree", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
+                                                                   str(w / "vl_mtp2")],
+     "vl_mtp2/config.json: mtp_num_hidden_layers=2, its `mtp.*` weights hold 1 layer(s)"),
+    ("dryrun on target weights stored as integers", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target",
+                                                               str(w / "t_int")],
+     "model.layers.1.mlp.up_proj.weight (I32)"),
+    ("target with a layer type the suite does not run", lambda w: ["generate", "--target", str(w / "t_sliding")]
+     + G(w)[3:], "t_sliding/config.json: layer_types holds ['sliding_attention']: expected full_attention or "
+     "linear_attention layers"),
+    ("target weights stored as integers", lambda w: ["generate", "--target", str(w / "t_int")] + G(w)[3:],
+     "t_int: weights of a non-floating dtype where the model holds floating-point ones: "
+     "model.layers.1.mlp.up_proj.weight (I32)"),
+    ("train on target weights stored as integers", lambda w: ["train", "--target", str(w / "t_int")] + TR(w)[3:],
+     "model.layers.1.mlp.up_proj.weight (I32)"),
+    ("reproduce: MTP layers disagreeing, refused before the regeneration", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_mtp2"), "--work", str(w / "rw_mtp2"),
+        "--prompts", str(w / "prompts.jsonl")], "vl_mtp2/config.json: mtp_num_hidden_layers=2, its `mtp.*` weights "
+     "hold 1 layer(s)"),
+    ("reproduce: regeneration beyond the target's positions", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_pos64"), "--work", str(w / "rw_pos64"),
+        "--stage", "regen", "--prompts", str(w / "prompts.jsonl")],
+     "data.prompt_tokens=256 + data.new_tokens=12 exceed the target's 64 positions (max_position_embeddings)"),
+    ("reproduce: evaluation beyond the target's positions", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_pos64"), "--work", str(w / "rw_pos64"),
+        "--stage", "eval", "--data-path", f"humaneval={w / 'humaneval_long.jsonl'}"],
+     "evaluation set humaneval: prompt 'HumanEval/0' takes"),
+    ("reproduce without an end-of-text id", lambda w: [
+        "reproduce", "--profile", "open-tiny", "--target", str(w / "vl_noeos"), "--work", str(w / "rw_noeos"),
+        "--stage", "regen", "--prompts", str(w / "prompts.jsonl")],
+     "set no eos_token_id and the folder's tokenizer names none; set eos_token_id in its config.json or "
+     "generation_config.json"),
+    # published sets: the split by its file names, rows that are objects, the user's own text non-empty
+    ("set folder without the test split", lambda w: ["generate", "--target", str(w / "vl"), "--method", "ar",
+                                                     "--dataset", "gsm8k", "--data-path", str(w / "gsm8k_train"),
+                                                     "--out", str(w / "out" / "o.jsonl")],
+     "gsm8k_train: no file of the 'test' split (expected test.jsonl, test.parquet, test-00000-of-00001.parquet or a "
+     "test/ folder); its files are of the ['train'] split(s)"),
+    ("set file whose first row is a number", lambda w: ["generate", "--target", str(w / "vl"), "--method", "ar",
+                                                        "--dataset", "humaneval", "--data-path",
+                                                        str(w / "number.jsonl"), "--out", str(w / "out" / "o.jsonl")],
+     "number.jsonl:1: expected a JSON object (a row of the set), got int"),
+    ("set question left empty", lambda w: ["generate", "--target", str(w / "vl"), "--method", "ar", "--dataset",
+                                           "gsm8k", "--data-path", str(w / "empty_q.jsonl"), "--out",
+                                           str(w / "out" / "o.jsonl")],
+     "row 1: `question` = '': expected non-empty text"),
     # dmtp dryrun
     ("dryrun target of another width", lambda w: ["dryrun", "--profile", "qwen3.6-27b", "--target", str(w / "target")],
      "--profile qwen3.6-27b is made for a target of {'hidden_size': 5120, 'vocab_size': 248320} (its config); "
@@ -484,6 +600,9 @@ def test_bad_input_is_one_error_line(w, capsys, name, argv, msg):
     line = _fails(argv(w), capsys)
     assert "error:" in line and msg in line, line
     assert not (w / "out" / "o.jsonl").exists()  # nothing was decoded
+    assert not list(w.glob("rw*")), list(w.glob("rw*"))  # `dmtp reproduce`: no work folder made
+    if argv(w)[0] == "reproduce":  # a remedy it offers is one it has
+        assert "--eos" not in line, line
 
 
 def report_tables(profile):
@@ -591,3 +710,111 @@ def test_notebooks_on_missing_artifacts(tmp_path):
 
     with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'typo'} holds no artifacts"):
         load("typo", tmp_path)
+
+
+def test_a_target_config_is_checked_against_its_weights_before_any_model_is_built(w, monkeypatch, tmp_path):
+    """`Target.load` compares config.json, built on the meta device, with the safetensors headers before transformers
+    builds anything: a released layout without text_config (whose default text model has billions of parameters),
+    weights of another shape, layers config.json has no place for, integer weights, and a MoE layer whose experts,
+    stored one by one, do not add up to the config's, are refused without a model allocated; the per-expert layout
+    itself passes."""
+    import transformers
+
+    from dmtp.models.target import Target, check_weights
+
+    tgt, mtp = tiny.build("qwen3_5_moe", seed=0)
+    tiny.save(tgt, mtp, tmp_path / "moe")
+    assert "model.layers.0.mlp.experts.7.down_proj.weight" in json.loads(
+        (tmp_path / "moe" / "model.safetensors.index.json").read_text())["weight_map"]  # stored one by one
+    assert "72 tensors as config.json describes" in check_weights(tmp_path / "moe")
+    _edit(tmp_path / "moe", tmp_path / "moe_cut", tensors=lambda sd: [sd.pop(k) for k in list(sd)
+                                                                      if k.startswith("model.layers.0.mlp.experts.7")])
+
+    def never(*a, **k):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    for folder, msg in [(w / "vl_notext", "keeps the text model's settings in `text_config`, which is missing"),
+                        (w / "t_hidden", "lm_head.weight: [96, 64] in the checkpoint, [96, 96] by config.json"),
+                        (w / "t_layers", "holds tensors its config.json has no place for (model.layers.2."),
+                        (w / "t_int", "model.layers.1.mlp.up_proj.weight (I32)"),
+                        (tmp_path / "moe_cut", "lacks tensors its config.json needs (model.layers.0.mlp.experts.")]:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            Target.load(folder)
+
+
+def test_reproduce_training_prompts_are_checked_row_by_row(w, capsys, tmp_path):
+    """`dmtp reproduce`'s training prompts are checked as the decode path's: a lone surrogate, a content part that is
+    not text, a prompt left empty and a row that is not an object stop the regeneration stage in one line naming the
+    file and row, before anything is decoded; content parts and a conversation kept as a JSON string are read as
+    their text (the same token ids as the plain prompt)."""
+    from dmtp.cli.reproduce import read_prompt_file
+    from dmtp.data.tokenizer import find_tokenizer
+
+    def prompts(name, *rows):
+        (tmp_path / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+        return tmp_path / name
+
+    tok = find_tokenizer(w / "vl")
+    same = prompts("same.jsonl", {"prompt": "Explain tides."},
+                   {"messages": [{"role": "user", "content": [{"type": "text", "text": "Explain "},
+                                                              {"type": "text", "text": "tides."}]}]},
+                   {"conversations": json.dumps([{"from": "human", "value": "Explain tides."}])})
+    ids = [r["prompt_ids"] for r in read_prompt_file(same, tok)]
+    assert len(ids) == 3 and ids[0] == ids[1] == ids[2]
+    for name, row, msg in [
+            ("surrogate.jsonl", '{"prompt": "x = \\ud800"}', "surrogate.jsonl: row 2: not encodable text: a lone "
+                                                              "surrogate '\\ud800' at character 5"),
+            ("image.jsonl", {"messages": [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}]},
+             "image.jsonl: row 2: `content`: content parts of kind ['image']: expected text"),
+            ("empty.jsonl", {"prompt": " "}, "empty.jsonl: row 2: `prompt` = ' ': expected non-empty text"),
+            ("number.jsonl", "7", "number.jsonl:2: expected a JSON object (a row of the set), got int")]:
+        work = tmp_path / f"w_{name}"
+        line = _fails(["reproduce", "--profile", "open-tiny", "--target", str(w / "vl"), "--work", str(work),
+                       "--stage", "regen", "--prompts", str(prompts(name, {"prompt": "fine"}, row))], capsys)
+        assert "error:" in line and msg in line, line
+        assert not (work / "data").exists()
+
+
+def _packed(path, files: dict):
+    """A tar.gz of `files` (member name -> text), as `dmtp pipeline --archive` would pack them."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as t:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            t.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+def test_landing_names_what_is_in_the_way(tmp_path, capsys):
+    """`dmtp land`: an archive whose pipeline.json lies at its top (no run folder) is refused naming it; a dangling
+    symlink where the run lands, or on the way there, is named and nothing is left behind; a run packed as
+    <profile> lands beside the partial landings of the same run (<profile>/partial/), never over a landed run."""
+    done = {"folder": "smoke", "finished": True, "missing": []}
+    top = _packed(tmp_path / "top.tgz", {"pipeline.json": json.dumps({**done, "folder": "."}), "runs/x.txt": "x"})
+    line = _fails(["land", str(top), "--results", str(tmp_path / "r"), "--no-report"], capsys)
+    assert "top.tgz: pipeline.json: expected pipeline.json inside the run's folder, <profile>/pipeline.json or " \
+        "<profile>/r<k>/pipeline.json" in line, line
+    finished = _packed(tmp_path / "done.tgz", {"smoke/pipeline.json": json.dumps(done), "smoke/tables/t.md": "t"})
+    half = _packed(tmp_path / "half.tgz", {"smoke/pipeline.json": json.dumps(dict(done, finished=False,
+                                                                                  missing=["tables"])),
+                                           "smoke/target/DONE": "ok"})
+    r1 = _packed(tmp_path / "r1.tgz", {"smoke/r1/pipeline.json": json.dumps(dict(done, folder="smoke/r1"))})
+    for archive in (finished, r1):  # results/smoke dangling: the destination itself, or a folder on the way
+        res = tmp_path / f"r_{archive.stem}"
+        res.mkdir()
+        (res / "smoke").symlink_to(tmp_path / "nowhere")
+        line = _fails(["land", str(archive), "--results", str(res), "--no-report"], capsys)
+        assert f"{res / 'smoke'}: a symlink to {tmp_path / 'nowhere'}, which does not exist: remove it" in line, line
+        assert sorted(p.name for p in res.iterdir()) == ["smoke"]  # nothing staged and left behind
+    res = tmp_path / "landed"
+    dmtp(["land", str(half), "--results", str(res), "--partial", "--no-report"])
+    dmtp(["land", str(finished), "--results", str(res), "--no-report"])
+    assert sorted(p.name for p in (res / "smoke").iterdir()) == ["partial", "pipeline.json", "tables"]
+    assert (res / "smoke" / "partial" / "r0" / "target" / "DONE").exists()
+    line = _fails(["land", str(finished), "--results", str(res), "--no-report"], capsys)
+    assert "smoke exists: a landed run is never overwritten" in line, line
+    assert not list(res.rglob(".*landing"))

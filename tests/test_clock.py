@@ -36,3 +36,18 @@ def test_costs_are_the_longest_measured_times_overridden_by_declared_ones(tmp_pa
         (tmp_path / "bad.json").write_text(bad)
         with pytest.raises(ValueError, match="--costs .*bad.json"):
             read_costs(tmp_path, tmp_path / "bad.json")
+
+
+def test_a_damaged_stage_times_file_is_named(tmp_path):
+    """The measured times (work/<folder>/stage_times.json) and a declared file are read alike: a cost that is not a
+    finite number of seconds >= 0 (text, true, infinity, negative) is one line naming the file and the stage."""
+    for bad in ('{"curve": "slow"}', '{"curve": true}', '{"curve": Infinity}', '{"curve": -3}'):
+        (tmp_path / TIMES).write_text(bad)
+        with pytest.raises(ValueError, match=f"{TIMES}: stage 'curve': .*: expected a JSON object stage -> seconds "
+                                             r"\(numbers >= 0\); remove it"):
+            read_costs(tmp_path)
+        with pytest.raises(ValueError, match=f"{TIMES}: stage 'curve'"):
+            record_cost(tmp_path, "target", 1.0)
+        (tmp_path / "declared.json").write_text(bad)
+        with pytest.raises(ValueError, match=r"--costs .*declared.json: stage 'curve'"):
+            read_costs(tmp_path / "none", tmp_path / "declared.json")

@@ -196,3 +196,71 @@ def test_commands_run_with_the_hubs_documented_offline_setting():
                                      text=True, check=True).stdout.split()
     assert run() == ["True", "True"]
     assert run(HF_HUB_OFFLINE="0") == ["False", "False"]
+
+
+def test_a_split_is_read_by_its_published_file_names(tmp_path, tok):
+    """A set's folder is read by its published file names, the split named exactly (test.jsonl, a hub shard
+    test-00000-of-00001[-hash].parquet, a test/ folder), never by a substring: a GSM8K folder holding only its train
+    file is refused naming the splits it has; `latest/` and `contest.jsonl` name no split; a hub snapshot's other
+    config (socratic/) is not read beside main/; a file that names no split is a set published as one file."""
+    def rows(n):
+        return pd.DataFrame({"question": [f"Q{n}-{i}" for i in range(2)], "answer": ["#### 1"] * 2})
+
+    only_train = tmp_path / "train_only" / "main"
+    only_train.mkdir(parents=True)
+    rows("train").to_parquet(only_train / "train-00000-of-00001.parquet")
+    with pytest.raises(ValueError, match=r"train_only: no file of the 'test' split \(expected test.jsonl.*its files "
+                                         r"are of the \['train'\] split\(s\)"):
+        D.load_rows("gsm8k", tmp_path / "train_only")
+    snap = tmp_path / "snapshot"
+    for sub, name in [("latest", "train-00000-of-00001-0a1b2c3d4e5f.parquet"), ("main", "test-00000-of-00001.parquet"),
+                      ("socratic", "test-00000-of-00001.parquet"), ("main", "contest.parquet")]:
+        (snap / sub).mkdir(parents=True, exist_ok=True)
+        rows(f"{sub}/{name}").to_parquet(snap / sub / name)
+    got = [r["question"] for r in D.load_rows("gsm8k", snap)]
+    assert got == ["Qmain/test-00000-of-00001.parquet-0", "Qmain/test-00000-of-00001.parquet-1"]
+    assert [D.split_of(snap / p, snap) for p in ("latest/data.jsonl", "contest.jsonl", "test/part.jsonl",
+                                                 "dev-00001-of-00002.parquet", "question.jsonl")] == \
+        [None, None, "test", "dev", None]
+    one = tmp_path / "fastchat" / "latest"  # a set published as one file, whatever its folder is called
+    one.mkdir(parents=True)
+    (one / "question.jsonl").write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["a", "b"]}) + "\n")
+    assert len(D.load_rows("mtbench", tmp_path / "fastchat")) == 1
+    import datasets  # a `save_to_disk` copy without the split: named, not its first split instead
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_pandas(rows("saved"))}).save_to_disk(tmp_path / "saved")
+    with pytest.raises(ValueError, match=r"saved: a saved dataset without the 'test' split \(it holds \['train'\]\)"):
+        D.load_rows("gsm8k", tmp_path / "saved")
+
+
+def test_a_prompt_is_the_users_own_text(tmp_path, tok):
+    """Content parts ([{"type": "text" | "input_text", "text": ...}]) are joined as their text; conversations kept as JSON strings are
+    read as conversations; a question or instruction left empty is refused even where the set's suffix or Input block
+    would make the turn non-empty; a part of another kind, and a row that is no JSON object, are named."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Explain "}, {"type": "input_text", "text": "tides."}]}]
+    opb = tmp_path / "opb.jsonl"
+    opb.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"conversations": parts}, {"conversations": json.dumps([{"from": "human", "value": "As a string."}])},
+        {"messages": [{"role": "user", "content": "  "}, {"role": "user", "content": "Second."}]}]))
+    assert [r["turns"][0] for r in D.load_prompts("openperfectblend", tok, path=opb)] == \
+        ["Explain tides.", "As a string.", "Second."]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    opb.write_text(json.dumps({"conversations": image}) + "\n")
+    with pytest.raises(ValueError, match=r"row 1: `content`: content parts of kind \['image_url'\]: expected text"):
+        D.load_prompts("openperfectblend", tok, path=opb)
+    cases = {"gsm8k": ({"question": "", "answer": "#### 1"}, r"row 2: `question` = '': expected non-empty text"),
+             "alpaca": ({"instruction": " ", "input": "Good morning", "output": ""},
+                        r"row 2: `instruction` = ' ': expected non-empty text"),
+             "math500": ({"problem": None}, r"row 2: `problem` = 'None': expected non-empty text")}
+    good = {"gsm8k": {"question": "Q", "answer": "#### 1"}, "alpaca": {"instruction": "I", "input": ""},
+            "math500": {"problem": "P"}}
+    for name, (row, msg) in cases.items():
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text(json.dumps(good[name]) + "\n" + json.dumps(row) + "\n")
+        with pytest.raises(ValueError, match=msg):
+            D.load_prompts(name, tok, path=f)
+    for text, msg in [("5\n", r"number.jsonl:1: expected a JSON object \(a row of the set\), got int"),
+                      ('[{"prompt": "x", "task_id": "a"}, "b"]', r"number.jsonl: row 2: expected a JSON object")]:
+        (tmp_path / "number.jsonl").write_text(text)
+        with pytest.raises(ValueError, match=msg):
+            D.load_rows("humaneval", tmp_path / "number.jsonl")

@@ -158,14 +158,21 @@ def test_selector_loss_by_hand():
     labels = torch.stack([top[0, 2], top[1, 0], torch.tensor(outside), top[3, 3], top[4, 1]])
     w = torch.tensor([1.0, 0.5, 0.7, 0.25, 2.0])
     loss, st = selector_loss(sel, logits, hid, prev, labels, w)
-    terms, mass = 0.0, 0.0
+    terms, hits = 0.0, 0
     A, B, W = sel.predecessor_codebook, sel.successor_codebook, sel.hidden_projection.weight
     for m in [0, 1, 3, 4]:
         s = torch.stack([logits[m, c] + (A[prev[m]] * (W @ hid[m]) * B[c]).sum() for c in top[m].tolist()])
         i = top[m].tolist().index(int(labels[m]))
-        terms, mass = terms + w[m] * -(s.log_softmax(0)[i]), mass + w[m]
-    torch.testing.assert_close(loss, terms / mass)
-    assert st["sel_cover"] == pytest.approx(0.8)
+        terms, hits = terms + w[m] * -(s.log_softmax(0)[i]), hits + int(s.argmax() == i)
+    # normalised by every labelled row's weight (4.45), the uncovered row's included: the term adds over rows
+    torch.testing.assert_close(loss, terms / w.sum())
+    assert (st["sel_covered"].item(), st["sel_hits"].item()) == (4, hits)
+    # a given normaliser (the training loop's: the global batch's mass over the ranks); rows split in two parts sum
+    # to the whole
+    torch.testing.assert_close(selector_loss(sel, logits, hid, prev, labels, w, torch.tensor(9.0))[0], terms / 9)
+    parts = [selector_loss(sel, logits[r], hid[r], prev[r], labels[r], w[r], w.sum())[0]
+             for r in (slice(0, 2), slice(2, 5))]
+    torch.testing.assert_close(sum(parts), loss)
 
 
 def _loss(tgt, mtp, d):
@@ -183,8 +190,8 @@ def test_forward_backward_dflash2_with_dmtp_variant(models, variant):
     tgt, mtp = models
     d = dflash2(tgt, variant, perturb=False).train()
     loss, stats = _loss(tgt, mtp, d)
-    assert torch.isfinite(loss) and {"loss", "acc", "sel_loss", "sel_cover", "sel_acc"} <= set(stats)
-    assert stats["sel_loss"] > 0 and 0 < stats["sel_cover"] <= 1
+    assert torch.isfinite(loss) and set(stats) == {"loss", "hits", "labelled", "sel_loss", "sel_covered", "sel_hits"}
+    assert stats["sel_loss"] > 0 and 0 < stats["sel_covered"] <= stats["labelled"]
     loss.backward()
     for n, p in d.named_parameters():
         assert p.grad is not None, n

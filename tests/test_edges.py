@@ -158,6 +158,26 @@ def test_one_writer_holds_the_file_not_the_path(tmp_path, monkeypatch):
         pass
 
 
+def test_an_output_with_other_names_is_refused(tmp_path, capsys):
+    """A file reached through a hard link has no one resolved path: an output with other names is refused (one
+    line, nothing written), so two writers through two of its names cannot both run; `dmtp generate` too."""
+    from dmtp.cli.main import main
+    from dmtp.io import Busy, one_writer
+
+    (tmp_path / "o.jsonl").write_text("")
+    os.link(tmp_path / "o.jsonl", tmp_path / "hard.jsonl")
+    for name in ("o.jsonl", "hard.jsonl"):
+        with pytest.raises(Busy, match=f"{name}: a file with 2 names \\(hard links\\)"):
+            with one_writer(tmp_path / name):
+                pass
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--target", str(tmp_path / "t"), "--method", "ar", "--prompts", str(tmp_path / "p.jsonl"),
+              "--out", str(tmp_path / "hard.jsonl")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "hard.jsonl: a file with 2 names (hard links)" in err and "Traceback" not in err
+    assert (tmp_path / "o.jsonl").read_text() == "" and not list(tmp_path.glob(".*lock"))
+
+
 # --- every write failure names its cause ---------------------------------------------------------------------------
 @pytest.fixture
 def full(tmp_path):
@@ -421,9 +441,8 @@ def test_every_report_reader_refuses_a_half_written_run(tmp_path):
      "non-empty text"),
     ("humaneval", [{"task_id": "H/0", "prompt": "def f():\n"}, {"task_id": "H/0", "prompt": "def g():\n"}],
      "row 2: id 'H/0' already used by row 1"),
-    ("humaneval", [{"task_id": "H/0", "prompt": ""}], "row 1, turn 1: '': expected non-empty text"),
-    ("gsm8k", [{"question": None, "answer": "#### 4"}], "row 1: fields ['question', 'answer'] not of the format's "
-     "types (text) (TypeError"),
+    ("humaneval", [{"task_id": "H/0", "prompt": ""}], "row 1: `prompt` = '': expected non-empty text"),
+    ("gsm8k", [{"question": None, "answer": "#### 4"}], "row 1: `question` = 'None': expected non-empty text"),
 ])
 @pytest.mark.parametrize("reader", ["load_prompts", "text_prompts"])
 def test_a_published_set_row_of_another_shape_is_named(tmp_path, name, rows, msg, reader):
@@ -504,16 +523,21 @@ def test_a_hand_edited_token_store_is_refused(tmp_path, edit, msg):
 
 
 def test_a_token_store_whose_data_outgrew_its_index_is_named_when_read(tmp_path):
-    """tokens.bin edited after conversion (store.json's max_id still in the vocabulary): the id outside the
-    vocabulary is named when its sequence is read for a batch, not an IndexError (a device-side assert on a GPU)
-    inside the embedding; an untouched store reads as converted."""
+    """tokens.bin edited after conversion (store.json's max_id still in the vocabulary): refused when opened (its
+    sha256 is not the one converted); a store that predates that record: the id outside the vocabulary is named
+    when its sequence is read for a batch, not an IndexError (a device-side assert on a GPU) inside the embedding;
+    an untouched store reads as converted."""
     import numpy as np
 
     from dmtp.data.tokens import TokenSequences, open_store
 
     ok = TokenSequences(open_store(_store(tmp_path / "a"), 96), max_len=64)
     assert [list(map(int, r)) for r in ok.rows(range(len(ok)))] == [list(range(3, 12 + i)) for i in range(4)]
-    seqs = TokenSequences(open_store(_store(tmp_path / "b", edit_tokens=lambda t: t.__setitem__(12, 500)), 96), 64)
+    with pytest.raises(ValueError, match=r"store/tokens.bin: changed after conversion"):
+        open_store(_store(tmp_path / "c", edit_tokens=lambda t: t.__setitem__(12, 500)), 96)
+    old = _store(tmp_path / "b", edit_tokens=lambda t: t.__setitem__(12, 500),
+                 edit_meta=lambda m: [m.pop("tokens_sha256"), m.pop("offsets_sha256")])
+    seqs = TokenSequences(open_store(old, 96), 64)
     assert np.asarray(seqs.rows([0])[0]).max() < 96  # the sequence before the edited one reads
     with pytest.raises(ValueError, match=r"store: sequence 1 holds token id 500 outside the target's vocabulary "
                                          r"\[0, 96\), while store.json says max_id 14"):

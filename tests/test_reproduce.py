@@ -320,7 +320,7 @@ def test_training_prompts_from_a_local_file(tmp_path):
     pd.DataFrame({"messages": [[{"role": "system", "content": "x"}, {"role": "user", "content": "Q?"}]]}).to_parquet(pq)
     assert tok.decode(read_prompt_file(pq, tok)[0]["prompt_ids"]).startswith("<|im_start|>user\nQ?")
     f.write_text(json.dumps({"text": "no prompt field"}) + "\n")
-    with pytest.raises(ValueError, match=r"p.jsonl: row 0: expected `conversations`, `messages`, `prompt`"):
+    with pytest.raises(ValueError, match=r"p.jsonl: row 1: expected `conversations`, `messages`, `prompt`"):
         read_prompt_file(f, tok)
 
 

@@ -166,3 +166,43 @@ def test_cli_train_converts_a_jsonl_once_and_takes_a_store(tmp_path, capsys):
     assert hist[0][-1]["loss"] == hist[1][-1]["loss"]
     fp = [json.loads((tmp_path / o / "dflash" / "fingerprint.json").read_text()) for o in "ab"]
     assert fp[0] == fp[1]
+
+
+def test_a_store_is_its_conversion(tmp_path):
+    """store.json holds tokens.bin's sha256 as converted: a store whose tokens.bin was edited since (even at its
+    size and time) is refused naming the file, and `store_of` (its own stores in --out) converts it again rather
+    than reuse it (offsets.npy too); a store.json without its source, or unreadable, is converted again, not a
+    cryptic key."""
+    import os
+
+    from dmtp.data import tokens as T
+
+    seqs = token_seqs(6)
+    src = write_jsonl(tmp_path / "d.jsonl", seqs)
+    dst = T.store_of(src, tmp_path / "s", vocab_size=100)
+    made = open_store(dst).meta["tokens_sha256"]
+    f = dst / "tokens.bin"
+    st = f.stat()
+    raw = bytearray(f.read_bytes())
+    raw[0] ^= 1  # one id changed, the size the same
+    f.write_bytes(bytes(raw))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # and its time as it was
+    T._VERIFIED.clear()  # (a new process)
+    with pytest.raises(ValueError, match=r"s/tokens.bin: changed after conversion \(its sha256 is not store.json's "
+                                         r"tokens_sha256\): convert it again"):
+        open_store(dst)
+    T.store_of(src, dst, vocab_size=100)
+    st = open_store(dst)
+    assert st.meta["tokens_sha256"] == made
+    assert [st.tokens[st.offsets[i]:st.offsets[i + 1]].tolist() for i in range(6)] == seqs
+    offsets = np.load(dst / "offsets.npy")
+    offsets[1], offsets[2] = offsets[1] + 1, offsets[2] - 1  # sequence boundaries moved, the offsets still rising
+    np.save(dst / "offsets.npy", offsets)
+    T._VERIFIED.clear()
+    with pytest.raises(ValueError, match=r"offsets.npy: changed after conversion \(its sha256 is not store.json's "
+                                         r"offsets_sha256\)"):
+        open_store(dst)
+    for broken in ({k: v for k, v in json.loads((dst / "store.json").read_text()).items() if k != "source"}, "{"):
+        (dst / "store.json").write_text(broken if isinstance(broken, str) else json.dumps(broken))
+        T.store_of(src, dst, vocab_size=100)
+        assert open_store(dst).meta["source"]["name"] == "d.jsonl"

@@ -7,12 +7,14 @@ The archive is a gzipped tar of `results/<folder>` (`<profile>` or `<profile>/r<
 state of the run that packed it (stages done, skipped or stopped; `finished`). It is rewritten whole, through a
 temporary file, after every stage, so a job killed at its time limit leaves the archive of its last finished stage.
 `land` copies the folder into `results/` where no folder of that name exists (a finished realization is never
-overwritten), gzips its records (`.jsonl.gz`, as committed realizations are kept) and renders its REPORT.md. An archive
+overwritten; a run packed as `<profile>` lands beside its own earlier partial landings, `<profile>/partial/`), gzips its records (`.jsonl.gz`, as committed realizations are kept) and renders its REPORT.md. An archive
 of a run that had not finished is refused unless `--partial`, which lands it apart, as `<profile>/partial/...`, where
 the pooled report never reads it.
 """
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -53,8 +55,11 @@ def _status_folder(root: Path, archive: Path) -> tuple[str, dict]:
         raise ValueError(f"{archive}: holds {len(found)} {STATUS} files; expected one (an archive written by "
                          "`dmtp pipeline --archive`)")
     inside = found[0].relative_to(root).as_posix()
-    state = read_json(found[0], where=f"{archive}: {inside}")
     folder = found[0].parent.relative_to(root).as_posix()
+    if not re.fullmatch(r"[^/]+(/r\d+)?", folder) or folder.split("/")[0] in (".", "partial"):
+        raise ValueError(f"{archive}: {inside}: expected {STATUS} inside the run's folder, <profile>/{STATUS} or "
+                         f"<profile>/r<k>/{STATUS} (as `dmtp pipeline --archive` packs it)")
+    state = read_json(found[0], where=f"{archive}: {inside}")
     if state.get("folder") != folder:
         raise ValueError(f"{archive}: {STATUS} names folder {state.get('folder')!r} but lies in {folder!r}")
     missing = state.get("missing", [])
@@ -63,6 +68,24 @@ def _status_folder(root: Path, archive: Path) -> tuple[str, dict]:
         raise ValueError(f"{archive}: {inside}: finished={state.get('finished')!r}, missing={missing!r}: expected "
                          "true or false, and a list of stage names")
     return folder, state
+
+
+def _destination(results: Path, name: str, run: Path) -> Path:
+    """results/<name>, where the run may land: every folder on the way a folder (a symlink to one is followed; a
+    dangling symlink or a file is named), and the destination new, or the folder of this run's partial landings
+    alone (`<profile>/partial/`, which a run packed as `<profile>` lands beside)."""
+    dest = results / name
+    for q in [results / Path(*Path(name).parts[:i]) for i in range(1, len(Path(name).parts) + 1)]:
+        if q.is_symlink() and not q.exists():
+            raise ValueError(f"{q}: a symlink to {os.readlink(q)}, which does not exist: remove it, or make it the "
+                             "folder it names, before landing there")
+        if q.exists() and not q.is_dir():
+            raise ValueError(f"{q}: is a file; expected a folder to land the run in")
+    if dest.exists():
+        held = {p.name for p in dest.iterdir() if not p.name.startswith(".")}
+        if not held <= {"partial"} or (run / "partial").exists():
+            raise FileExistsError(f"{dest} exists: a landed run is never overwritten (move it away first)")
+    return dest
 
 
 def land(archive: Path, results: Path, partial: bool = False, report: bool = True, log=print) -> Path:
@@ -88,14 +111,20 @@ def land(archive: Path, results: Path, partial: bool = False, report: bool = Tru
                                  "to finish it, or land it apart with --partial")
             profile, _, rest = folder.partition("/")
             dest_name = f"{profile}/partial/{rest or 'r0'}"
-        dest = results / dest_name
-        if dest.exists():
-            raise FileExistsError(f"{dest} exists: a landed run is never overwritten (move it away first)")
+        dest = _destination(results, dest_name, Path(tmp) / folder)
         dest.parent.mkdir(parents=True, exist_ok=True)
         staged = dest.parent / f".{dest.name}.landing"
         shutil.rmtree(staged, ignore_errors=True)
-        shutil.copytree(Path(tmp) / folder, staged)
-        staged.rename(dest)
+        try:
+            shutil.copytree(Path(tmp) / folder, staged)
+            if dest.is_dir():  # the folder of this run's earlier partial landings: the run lands beside them
+                for entry in sorted(staged.iterdir()):
+                    entry.rename(dest / entry.name)
+                staged.rmdir()
+            else:
+                staged.rename(dest)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
     plain = sorted(p for d in ("runs", "curve", "verify") for p in (dest / d).glob("**/*.jsonl"))
     for p in plain:
         compact(p)

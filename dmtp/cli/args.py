@@ -252,9 +252,13 @@ def _generation_eos(target) -> list[int]:
     return ids
 
 
-def eos_ids(flag, cfg, tok, vocab_size, target) -> list[int]:
+EOS_REMEDY = "pass --eos ID[,ID] (or --eos none to always decode --max-new-tokens)"
+
+
+def eos_ids(flag, cfg, tok, vocab_size, target, remedy: str = EOS_REMEDY) -> list[int]:
     """End-of-text ids: --eos (ids, or `none`), else the config's eos_token_id, generation_config.json's and the
-    tokenizer's (all of them: a turn ends at any); never invented."""
+    tokenizer's (all of them: a turn ends at any); never invented. `remedy`: what the error tells a user without any
+    to do (a command without --eos names its own)."""
     if flag is not None:
         if flag.strip().lower() == "none":
             return []
@@ -269,8 +273,7 @@ def eos_ids(flag, cfg, tok, vocab_size, target) -> list[int]:
             ids.append(tok.eos_token_id)
         if not ids:
             raise ValueError(f"no end-of-text id: {target}/config.json and generation_config.json set no eos_token_id "
-                             "and the folder has no tokenizer files; pass --eos ID[,ID] (or --eos none to always "
-                             "decode --max-new-tokens)")
+                             f"and the folder's tokenizer names none; {remedy}")
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
         where = "--eos" if flag else f"{target}: config.json, generation_config.json or the tokenizer"

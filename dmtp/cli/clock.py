@@ -12,6 +12,7 @@ same command, rerun, resumes where it stopped.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from pathlib import Path
@@ -71,27 +72,36 @@ class Deadline:
 
 
 def read_costs(work: Path, declared: str | Path | None = None) -> dict[str, float]:
-    """Stage -> seconds: the measured times of `work` (TIMES), overridden by a declared file (`--costs`)."""
-    costs = {}
+    """Stage -> seconds: the measured times of `work` (TIMES), overridden by a declared file (`--costs`); either
+    holding anything but an object of finite seconds >= 0 is one line naming the file and the stage."""
     path = Path(work) / TIMES
-    if path.exists():
-        costs.update(read_json(path))
+    costs = _seconds(read_json(path), f"{path}", "remove it (the stages write it again as they finish)") \
+        if path.exists() else {}
     if declared is not None:
         try:
             d = json.loads(Path(declared).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"--costs {declared}: cannot be read as JSON ({e})") from None
-        if not isinstance(d, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in d.values()):
-            raise ValueError(f"--costs {declared}: expected a JSON object stage -> seconds (numbers >= 0)")
-        costs.update({k: float(v) for k, v in d.items()})
+        costs.update(_seconds(d, f"--costs {declared}", "fix the file"))
     return costs
+
+
+def _seconds(d, where: str, remedy: str) -> dict[str, float]:
+    """A stage-times object as {stage: seconds}, each a finite number >= 0 (true/false are not numbers)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected a JSON object stage -> seconds (numbers >= 0), got {type(d).__name__}")
+    for k, v in d.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{where}: stage {k!r}: {v!r}: expected a JSON object stage -> seconds (numbers >= 0); "
+                             f"{remedy}")
+    return {k: float(v) for k, v in d.items()}
 
 
 def record_cost(work: Path, stage: str, seconds: float) -> None:
     """Keep the longest measured wall time of `stage` in `work`/TIMES (a rerun that only skips finished work is
     quick: the longest run is the conservative estimate of what the stage costs)."""
     path = Path(work) / TIMES
-    times = read_json(path) if path.exists() else {}
+    times = read_costs(work)
     if seconds > times.get(stage, -1.0):
         times[stage] = round(seconds, 1)
         write_json(path, times)

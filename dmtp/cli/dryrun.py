@@ -20,13 +20,15 @@ from pathlib import Path
 
 import torch
 
+from dmtp import preflight
+from dmtp.checks import gist
 from dmtp.cli.fit import fit_groups, plan_for, run_configs
 from dmtp.experiment import drafter_config
 from dmtp.memory import GIB, capacity, plan_eval, plan_training
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import BACKBONES, Drafter, DrafterConfig, check_compatible
 from dmtp.models.mtp import MTPHead, mtp_num_layers
-from dmtp.models.target import Target, read_config
+from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY
 from dmtp.training.drafters import spec_of
 from experiments.profiles import resolve
@@ -42,6 +44,8 @@ def _text_config(path: str | None, prof, flag: str = "--target"):
         if not (Path(path) / "config.json").exists():
             raise FileNotFoundError(f"{flag} {path}: no config.json there (expected the target checkpoint's folder)")
         cfg = read_config(path)
+        if any(Path(path).glob("*.safetensors")):  # a checkpoint with its weights: they must be what config.json says
+            preflight.run(target_checks(path, mtp=mtp_num_layers(cfg) >= 1, flag=flag))
         got = cfg.to_dict()
         bad = {k: (v, got.get(k)) for k, v in want.items() if k in got and k != "model_type" and got.get(k) != v}
         return cfg, str(Path(path) / "config.json"), bad
@@ -79,10 +83,14 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
     def check(name, ok, detail=""):
         checks.append((name, bool(ok), detail))
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-        tgt = Target(model)
-        mtp = MTPHead(tgt)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+            tgt = Target(model)
+            mtp = MTPHead(tgt)
+    except Exception as e:  # a config its model class cannot build: named, not a traceback
+        raise ValueError(f"{source}: the target and its MTP head cannot be built from it ({type(e).__name__}: "
+                         f"{gist(e)})") from None
     H, L = tgt.hidden_size, tgt.num_layers
     check("config matches profile", not mismatch, ", ".join(f"{k}: {_differ(a, b)}" for k, (a, b) in
                                                               mismatch.items()))

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from ablations.code import code
-from dmtp import checks, dist
+from dmtp import checks, dist, preflight
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
 from dmtp.cli import archive, args, dryrun, pipeline, reproduce, stages
@@ -54,7 +54,7 @@ from dmtp.io import append_jsonl, check_decoded, file_sha256, iter_jsonl, one_wr
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
-from dmtp.models.target import Target, read_config
+from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY, get_variant
 from dmtp.schema import override
 from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
@@ -199,6 +199,8 @@ def generate_into(a, out: Path):
         args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")
     dataset = spec(a.dataset)[0] if a.dataset else None
     cfg = read_config(a.target)
+    needs_mtp = get_variant(split_drafts(a.method)[0]).needs_mtp if cls.needs_drafter else cls.needs_mtp()
+    preflight.run(target_checks(a.target, mtp=needs_mtp))  # the weights against config.json, before any is loaded
     tok = find_tokenizer(a.target)
     eos = eos_ids(a.eos, cfg, tok, cfg.vocab_size, a.target)
     stops = [s for x in a.stop or [] for s in (HUMANEVAL_STOPS if x == "humaneval" else [x])]
@@ -292,9 +294,10 @@ def cmd_train(a):
                              "backbone")
     run_variant = lambda r: backbones.get(r, (r,))[0]  # noqa: E731
     # --- everything checked before the target is loaded ---
-    out = args.out_dir(a.out)
     args.checkpoint(a.target, "--target", "target checkpoint")
     cfg_t = read_config(a.target)
+    preflight.run(target_checks(a.target, mtp=any(get_variant(run_variant(v)).needs_mtp for v in variants)))
+    out = args.out_dir(a.out)
     if not mask_flag and not (prof is not None and prof.drafter.mask_token_id >= 0):
         a.mask_token_id = family_mask_token(cfg_t.model_type, cfg_t.vocab_size) or a.mask_token_id
     widths = lambda c: {k: getattr(c, k) for k in ("hidden_size", "vocab_size")}  # noqa: E731
@@ -304,12 +307,15 @@ def cmd_train(a):
                 f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without "
                 "--profile")
     init = {}
-    for item in (a.init_from.split(",") if a.init_from else []):
+    for item in [x for flag in a.init_from or [] for x in flag.split(",")]:
         v, eq, path = item.partition("=")
         if not eq or v not in variants:
             raise ValueError(f"--init-from {item!r}: expected NAME=PATH with NAME one of --variants "
                              f"({','.join(variants)})")
-        init[v] = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
+        where = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
+        require(init.get(v, where) == where, f"--init-from: run {v!r} given twice ({init.get(v)}, {where}); give "
+                "each run one checkpoint")
+        init[v] = where
         args.drafter_of(path, f"--init-from {v}=", cfg_t)
     where = "--mask-token-id" if mask_flag else f"profile {a.profile}'s drafter.mask_token_id" if a.profile and \
         prof.drafter.mask_token_id >= 0 else "the default --mask-token-id"
@@ -483,8 +489,9 @@ def main(argv=None):
     t.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
     t.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default: the profile's, else the "
                    "id the public DFlash drafters of the target's family use: Qwen3.5/3.6 248070, Qwen3 151669; else 1)")
-    t.add_argument("--init-from", help="NAME=PATH,... continue a --variants entry from a DFlash-format checkpoint "
-                   "(e.g. dmtp_d2=PATH: DMTP(D2) from a public DFlash2 drafter); it keeps the checkpoint's attention")
+    t.add_argument("--init-from", action="append", help="NAME=PATH,... continue a --variants entry from a "
+                   "DFlash-format checkpoint (e.g. dmtp_d2=PATH: DMTP(D2) from a public DFlash2 drafter); it keeps the "
+                   "checkpoint's attention; repeatable, one checkpoint a run")
     t.add_argument("--seed", type=args.SEED, default=0)
     t.add_argument("--stop-after", type=args.at_least(0), default=0,
                    help="checkpoint and stop after this step (resume later)")

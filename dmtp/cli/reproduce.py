@@ -53,7 +53,7 @@ from array import array
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from dmtp import dist
+from dmtp import checks, dist
 from dmtp.checks import gist, require
 from dmtp.cli import args
 from dmtp.cli.args import eos_ids
@@ -128,7 +128,8 @@ class Ctx:
         from dmtp.models.target import read_config
 
         cfg = read_config(self.target)
-        return eos_ids(None, cfg, self.tok, cfg.vocab_size, self.target)
+        return eos_ids(None, cfg, self.tok, cfg.vocab_size, self.target, remedy="set eos_token_id in its config.json "
+                       "or generation_config.json (the protocol ends every turn at the target's end of text)")
 
     def runs(self) -> list[str]:
         """The drafter runs trained: the spec's variants and backbone runs (selected by `ablation.only`)."""
@@ -175,25 +176,42 @@ def init_paths(items: list[str], runs: list[str], target_cfg) -> dict[str, str]:
 
 def read_prompt_file(path: Path, tok) -> list[dict]:
     """Training prompts from a local .jsonl / .json / .parquet: per row `conversations` or `messages` (the first
-    user turn), `prompt` (text) or `prompt_ids` (token ids, used as given); ids from `id` or the row number."""
+    user turn), `prompt` (text) or `prompt_ids` (token ids, used as given); ids from `id` or the row number. A row
+    that is none of these, an empty prompt, or text that cannot be encoded is an error naming the file and row."""
     rows = D._read_file(path) if path.is_file() else D._read_local(path, "train")
     out = []
     for i, r in enumerate(rows):
-        rid = str(r.get("id", i))
+        rid, where = str(r.get("id", i)), f"{path}: row {i + 1}"
         if "prompt_ids" in r:
             ids = r["prompt_ids"]
             require(isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids),
-                    f"{path}: row {i}: `prompt_ids` must be a non-empty list of token ids")
+                    f"{where}: `prompt_ids` must be a non-empty list of token ids")
             out.append({"id": rid, "prompt_ids": list(ids)})
             continue
-        turns = D._first_user(r) if ("conversations" in r or "messages" in r) else \
-            [r["prompt"]] if isinstance(r.get("prompt"), str) else None
-        require(turns is not None, f"{path}: row {i}: expected `conversations`, `messages`, `prompt` (text) or "
-                "`prompt_ids`")
+        if "conversations" in r or "messages" in r:
+            turns = user_turn(r, D._first_user, where)
+        else:
+            require("prompt" in r, f"{where}: expected `conversations`, `messages`, `prompt` (text) or "
+                    "`prompt_ids`")
+            turns = user_turn(r, lambda r: [D._own(r, "prompt")], where)
         if turns:
             out.append({"id": rid, "prompt_ids": D.encode(tok, D.chat_text(tok, [{"role": "user",
                                                                                    "content": turns[0]}]))})
     return out
+
+
+def user_turn(row: dict, turns, where: str) -> list[str]:
+    """`turns(row)` (a set's user turns, [] for a row without one), checked as a prompt's text: an error in the row's
+    format or text that cannot be encoded (a lone surrogate) is one line naming `where`."""
+    try:
+        got = turns(row)
+    except ValueError as e:
+        raise ValueError(f"{where}: {gist(e)}") from None
+    except (TypeError, KeyError, AttributeError) as e:  # a field of another type where the format has text
+        raise ValueError(f"{where}: not the set's format ({type(e).__name__}: {gist(e)})") from None
+    for t in got[:1]:
+        checks.text(t, where)
+    return got
 
 
 def training_prompts(c: Ctx) -> list[dict]:
@@ -212,7 +230,7 @@ def training_prompts(c: Ctx) -> list[dict]:
                                        f"or --prompts FILE (.jsonl / .parquet of prompts) "
                                        f"({str(e).split(': ', 1)[-1].split('. Point')[0]})") from None
         for i, r in enumerate(raw):
-            turns = s.turns(r)
+            turns = user_turn(r, s.turns, f"{c.data_paths.get(key) or key}: row {i + 1}")
             if turns:
                 rows.append({"id": s.id(r, i), "prompt_ids": D.encode(c.tok, D.chat_text(
                     c.tok, [{"role": "user", "content": turns[0]}]))})
@@ -634,11 +652,51 @@ def record_stage(c: Ctx, stage: str, wall: float, info: dict) -> None:
     write_json(path, old)
 
 
-def check_inputs(c: Ctx, stages: list[str]) -> None:
-    """The evaluation sets, checked before any work when the eval stage is requested."""
-    if "eval" in stages:  # (the training prompts are read first thing in regen, the first stage)
-        for ds, n in c.p.eval.sets.items():
-            eval_prompts(c, ds, n)  # a missing set: one line naming it
+def early_checks(c: Ctx, cfg, stages: list[str]) -> list:
+    """What the requested stages need, checked before any work (`dmtp.preflight`: every shortfall in one line): the
+    target's weights against its config.json built on the meta device, and its native MTP head's layers where a
+    stage reads it (eval: the MTP baseline; train: the DMTP runs); the tokenizer's chat template and end-of-text ids
+    (regen, eval); the regeneration's prompt and new-token budget within the target's positions; each evaluation
+    set, there and within the positions. (The training prompts are read first thing in regen, the first stage.)"""
+    from dmtp.models.target import target_checks
+    from dmtp.models.variants import get_variant
+    from dmtp.preflight import Check
+
+    a = c.spec
+    mtp = "eval" in stages or ("train" in stages and any(get_variant(a.backbones.get(r, (r,))[0]).needs_mtp
+                                                          for r in c.runs()))
+    checks = target_checks(c.target, mtp=mtp)
+    if {"regen", "eval"} & set(stages):
+        checks.append(Check("--target tokenizer", lambda: f"end-of-text ids {c.eos()}"))
+    if "regen" in stages:
+        checks.append(Check("regeneration length", lambda: regen_positions(c, cfg)))
+    if "eval" in stages:
+        checks += [Check(f"eval {ds}", lambda ds=ds, n=n: eval_positions(c, cfg, ds, n))
+                   for ds, n in c.p.eval.sets.items()]
+    return checks
+
+
+def regen_positions(c: Ctx, cfg) -> str:
+    """The regeneration's longest request, data.prompt_tokens + data.new_tokens, within the target's positions."""
+    d, limit = c.p.data, cfg.max_position_embeddings
+    require(d.prompt_tokens + d.new_tokens <= limit, f"data.prompt_tokens={d.prompt_tokens} + data.new_tokens="
+            f"{d.new_tokens} exceed the target's {limit} positions (max_position_embeddings): lower them (--set)")
+    return f"{d.prompt_tokens} + {d.new_tokens} of {limit} positions"
+
+
+def eval_positions(c: Ctx, cfg, ds: str, n: int) -> str:
+    """An evaluation set's first n prompts (`eval_prompts`), each with its turns' eval.new_tokens within the target's
+    positions (a multi-turn prompt counts its first turn and every turn's new tokens: at least what it takes)."""
+    try:
+        c.tok
+    except ValueError:
+        return "not read (the target's tokenizer is refused)"
+    rows, limit, new = eval_prompts(c, ds, n), cfg.max_position_embeddings, c.p.eval.new_tokens
+    longest = max(rows, key=lambda r: len(r["prompt_ids"]) + new * len(r.get("turns") or [0]))
+    need = len(longest["prompt_ids"]) + new * len(longest.get("turns") or [0])
+    require(need <= limit, f"evaluation set {ds}: prompt {longest['id']!r} takes {need} positions with "
+            f"eval.new_tokens={new} a turn, more than the target's {limit} (max_position_embeddings)")
+    return f"{len(rows)} prompts, at most {need} of {limit} positions"
 
 
 def main(a) -> None:
@@ -664,11 +722,13 @@ def main(a) -> None:
     prompts = Path(a.prompts) if a.prompts else None
     if prompts is not None and not prompts.exists():
         raise FileNotFoundError(f"--prompts {prompts}: no such file or folder")
-    c = Ctx(p, Path(target), args.out_dir(a.work or f"runs/{p.folder}", "--work"), data_paths(a.data_path), prompts,
-            {}, a.force, a.device)
+    c = Ctx(p, Path(target), args.out_dir(a.work or f"runs/{p.folder}", "--work", create=False),
+            data_paths(a.data_path), prompts, {}, a.force, a.device)
     c.init_from = init_paths(a.init_from, c.runs(), cfg)
     c.train_group = a.train_group
-    check_inputs(c, stages)
+    from dmtp.preflight import run as run_checks
+
+    run_checks(early_checks(c, cfg, stages), log=c.log)  # nothing written before every check passed
     c.work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as held:
         if c.main:  # a second `dmtp reproduce` on this work folder is refused while this one runs

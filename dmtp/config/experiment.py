@@ -190,6 +190,9 @@ class PaperScale:
     train_set: str = "openperfectblend"  # training prompts; responses regenerated on-policy by the target
     train_prompts: int = 0  # prompts in train_set (sets train.steps = ceil(epochs * n / global_batch))
 
+    def __post_init__(self):  # epochs 0 would still train (a step count is at least 1): refused instead
+        check(self, max_seq_len=at_least(4), global_batch=at_least(1), epochs=at_least(1), train_prompts=at_least(0))
+
 
 @dataclass
 class Profile:

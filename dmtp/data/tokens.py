@@ -5,7 +5,9 @@ A store is a folder:
     tokens.bin     every sequence's token ids back to back, little-endian uint16 (vocabulary <= 65,536) or uint32
     offsets.npy    int64 [n + 1]: sequence i is tokens[offsets[i]:offsets[i + 1]]
     store.json     {"format": 1, "dtype", "sequences", "tokens", "max_id", "vocab_size", "source": {name, sha256},
-                    "env": {path, git_sha}}: the source JSONL's digest names the data, `env` where and by what code
+                    "tokens_sha256", "offsets_sha256", "env": {path, git_sha}}: the source JSONL's digest names the
+                    data, tokens.bin's and offsets.npy's the store as converted (one changed since is refused, or
+                    converted again where it is `store_of`'s), `env` where and by what code
 
 `convert` writes it from the `dmtp generate` JSONL (`prompt_ids` + `output_ids`, or `ids`) in one streaming pass
 (never the whole file in memory), atomically; a generate output whose meta says it did not finish is refused.
@@ -18,6 +20,7 @@ the same seed.
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +62,7 @@ def convert(src, dst, vocab_size: int | None = None, sha256: str | None = None) 
         raise FileNotFoundError(f"training token file {src} does not exist")
     check_decoded(src)
     dtype = np.dtype("<u2") if vocab_size is not None and vocab_size <= 2 ** 16 else np.dtype("<u4")
-    offsets, n_tok, max_id = [0], 0, -1
+    offsets, n_tok, max_id, digest = [0], 0, -1, hashlib.sha256()
     with atomic_dir(dst) as tmp:
         with open(tmp / "tokens.bin", "wb") as f:
             for i, r in iter_jsonl(src):
@@ -70,7 +73,9 @@ def convert(src, dst, vocab_size: int | None = None, sha256: str | None = None) 
                         raise ValueError(f"{src}:{i}: token id {int(a.max())} does not fit {dtype.name} (give "
                                          "the target's vocab_size)")
                     max_id = max(max_id, int(a.max()))
-                    f.write(a.astype(dtype).tobytes())
+                    raw = a.astype(dtype).tobytes()
+                    f.write(raw)
+                    digest.update(raw)
                 n_tok += len(ids)
                 offsets.append(n_tok)
         if len(offsets) == 1:
@@ -79,6 +84,8 @@ def convert(src, dst, vocab_size: int | None = None, sha256: str | None = None) 
         write_json(tmp / STORE_FILE, {"format": FORMAT, "dtype": dtype.str, "sequences": len(offsets) - 1,
                                       "tokens": n_tok, "max_id": max_id, "vocab_size": vocab_size,
                                       "source": {"name": src.name, "sha256": sha256 or file_sha256(src)},
+                                      "tokens_sha256": digest.hexdigest(),
+                                      "offsets_sha256": file_sha256(tmp / "offsets.npy"),
                                       "env": {"path": str(src.resolve()), "git_sha": git_sha()}})
     return dst
 
@@ -126,8 +133,31 @@ def open_store(path, vocab_size: int | None = None) -> Store:
                          "the target it trains for)")
     if vocab_size is not None and meta["max_id"] >= vocab_size:
         raise ValueError(f"{path}: token id {meta['max_id']} outside the target's vocabulary [0, {vocab_size})")
+    why = changed(path, meta)
+    if why:
+        raise ValueError(f"{why}: convert it again with `python -m dmtp.data.tokens`")
     tokens = np.memmap(path / "tokens.bin", dtype=dtype, mode="r") if size else np.zeros(0, dtype)
     return Store(path, tokens, offsets, meta, vocab_size)
+
+
+_VERIFIED: set = set()  # tokens.bin files (path, size, mtime) found as converted, in this process: hashed once
+
+
+def changed(path: Path, meta: dict) -> str | None:
+    """Why the store's tokens.bin or offsets.npy is not what `convert` wrote (its sha256 against store.json's
+    `tokens_sha256`, `offsets_sha256`), None when both are (or the store predates the record)."""
+    for name, key in (("tokens.bin", "tokens_sha256"), ("offsets.npy", "offsets_sha256")):
+        want = meta.get(key)
+        if want is None:
+            continue
+        f = Path(path) / name
+        st = f.stat()
+        seen = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+        if seen not in _VERIFIED:
+            if file_sha256(f) != want:
+                return f"{f}: changed after conversion (its sha256 is not {STORE_FILE}'s {key})"
+            _VERIFIED.add(seen)
+    return None
 
 
 class ListSequences:
@@ -187,10 +217,21 @@ def store_of(src, dst, vocab_size: int | None = None, sha256: str | None = None)
     dst = Path(dst)
     if is_main():
         sha = sha256 or file_sha256(src)
-        if not is_store(dst) or read_json(dst / STORE_FILE)["source"]["sha256"] != sha:
+        if not _reusable(dst, sha):
             convert(src, dst, vocab_size, sha256=sha)
     barrier()
     return dst
+
+
+def _reusable(dst: Path, sha: str) -> bool:
+    """Whether the store `dst` (`store_of`'s own) holds the conversion of the JSONL of digest `sha`, its tokens.bin
+    as written; a store.json that is unreadable, lacks a field or names another source: converted again."""
+    try:
+        meta = read_json(dst / STORE_FILE) if is_store(dst) else None
+    except ValueError:
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("source"), dict) and meta["source"].get("sha256") == sha \
+        and isinstance(meta.get("tokens_sha256"), str) and changed(dst, meta) is None
 
 
 def as_sequences(seqs):

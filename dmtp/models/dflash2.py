@@ -144,13 +144,21 @@ class Selector(nn.Module):
         return torch.stack(out, 1)
 
 
-def selector_loss(sel: Selector, logits, hid, prev, labels, w, topk=None):
+def selector_loss(sel: Selector, logits, hid, prev, labels, w, norm=None, topk=None):
     """Teacher-forced CE over the top-k set: rows [M] of block slots with the drafter's logits [M, V], hidden
-    [M, H], the data's previous token prev [M], labels [M] (-100: no loss) and position weights w [M]. Rows whose
-    label is not among the top-k carry no selector loss; the rest are weighted like the main loss (normalised by
-    their weight mass). Masked rather than indexed, so the shapes do not depend on the data (no host sync, one
-    compiled graph); the statistics stay on the device. topk: (values [M, k] fp32, indices [M, k]) of the logits,
-    made elsewhere (the fused LM-head loss, chunk by chunk) instead of `logits` (then None)."""
+    [M, H], the data's previous token prev [M], labels [M] (-100: no loss) and position weights w [M]. A row whose
+    label is not among its top-k carries no selector loss (the selector cannot pick it):
+
+        loss = sum_rows w * [label in top-k] * CE_topk / norm
+
+    with the main loss's normaliser `norm` (default: these rows' weight mass, w.sum()). The term adds over rows, so
+    micro-batches and ranks that take the global batch's normaliser (divided by the ranks) sum to the whole batch's
+    term exactly; a normaliser of the covered rows' mass would depend on every row's top-k, known only after every
+    forward of the step. Masked rather than indexed, so the shapes do not depend on the data (no host sync, one
+    compiled graph). Statistics as counts on the device, summed over micro-batches and ranks before any ratio:
+    sel_covered (labelled rows whose label is in the top-k), sel_hits (of those, the selector's pick is the label).
+    topk: (values [M, k] fp32, indices [M, k]) of the logits, made elsewhere (the fused LM-head loss, chunk by chunk)
+    instead of `logits` (then None)."""
     if topk is None:
         s, cand = sel.scores(logits, hid, prev)
     else:
@@ -158,13 +166,11 @@ def selector_loss(sel: Selector, logits, hid, prev, labels, w, topk=None):
     hit = cand == labels[:, None]
     has = hit.any(-1)  # never for label -100
     idx = hit.float().argmax(-1)
-    wh = w * has
-    ce = F.cross_entropy(s, idx, reduction="none")
-    loss = (ce * wh).sum() / wh.sum().clamp(min=1e-6)
-    n = has.sum()
-    cover = n / (labels >= 0).sum().clamp(min=1)
-    acc = ((s.argmax(-1) == idx) & has).sum() / n.clamp(min=1)
-    return loss, {"sel_loss": loss.detach(), "sel_cover": cover.float(), "sel_acc": acc.float()}
+    if norm is None:
+        norm = w.sum().clamp(min=1e-6)
+    loss = (F.cross_entropy(s, idx, reduction="none") * (w * has)).sum() / norm
+    hits = ((s.argmax(-1) == idx) & has).sum()
+    return loss, {"sel_loss": loss.detach(), "sel_covered": has.sum().float(), "sel_hits": hits.float()}
 
 
 def is_dflash2(key: str) -> bool:

@@ -18,9 +18,9 @@ import torch
 import torch.nn as nn
 
 from dmtp.checks import gist
-from dmtp.io import make_readable, read_json, save_safetensors, write_failure
+from dmtp.io import make_readable, save_safetensors, write_failure
 from dmtp.models.cache import KVCache, causal_mask
-from dmtp.models.weights import check_finite, check_fits
+from dmtp.models.weights import check_finite, check_fits, safetensor_files, tensor_index
 
 MTP_PREFIX = "mtp."
 
@@ -31,6 +31,30 @@ def mtp_num_layers(config) -> int:
         if v:
             return int(v)
     return 0
+
+
+def check_mtp_layers(path, config, names) -> str:
+    """The native MTP head's layers in a checkpoint (`names`: its `mtp.*` tensor names without the prefix) against
+    the count config.json declares (either key its families use): one layer, declared and present, else one line
+    naming the file and the key. Returns a short note."""
+    if not names:
+        raise ValueError(
+            f"checkpoint {path} has no `{MTP_PREFIX}*` weights: the target ships no native MTP head "
+            "(methods `mtp` and every DMTP variant need one; `ar` and `dflash` do not)")
+    layers = sorted({int(k.split(".")[1]) for k in names if k.startswith("layers.") and k.split(".")[1].isdigit()})
+    key, declared = next(((k, v) for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers")
+                          if (v := getattr(config, k, None)) is not None), ("mtp_num_hidden_layers", None))
+    if declared is not None and declared != len(layers) or len(layers) > 1:
+        raise ValueError(f"{path}/config.json: {key}={declared!r}, its `{MTP_PREFIX}*` weights "
+                         f"hold {len(layers)} layer(s) ({', '.join(f'{MTP_PREFIX}layers.{i}' for i in layers)}); "
+                         "expected one MTP layer, declared and present (as Qwen3.5/3.6 ship it)")
+    return f"{len(layers)} MTP layer"
+
+
+def check_mtp_weights(path, config) -> str:
+    """`check_mtp_layers` from the checkpoint's safetensors headers alone (nothing read or allocated)."""
+    index = tensor_index(path, f"target checkpoint {path}")
+    return check_mtp_layers(path, config, [k[len(MTP_PREFIX):] for k in index if k.startswith(MTP_PREFIX)])
 
 
 def _init_like_target(layers: nn.Module, model) -> None:
@@ -113,17 +137,7 @@ class MTPHead(nn.Module):
     @classmethod
     def load(cls, target, path: str | Path) -> "MTPHead":
         sd = read_prefixed_tensors(path, MTP_PREFIX)
-        if not sd:
-            raise ValueError(
-                f"checkpoint {path} has no `{MTP_PREFIX}*` weights: the target ships no native MTP head "
-                "(methods `mtp` and every DMTP variant need one; `ar` and `dflash` do not)")
-        layers = sorted({int(k.split(".")[1]) for k in sd if k.startswith("layers.") and k.split(".")[1].isdigit()})
-        key, declared = next(((k, v) for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers")
-                              if (v := getattr(target.config, k, None)) is not None), ("mtp_num_hidden_layers", None))
-        if declared is not None and declared != len(layers) or len(layers) > 1:
-            raise ValueError(f"{path}/config.json: {key}={declared!r}, its `{MTP_PREFIX}*` weights "
-                             f"hold {len(layers)} layer(s) ({', '.join(f'{MTP_PREFIX}layers.{i}' for i in layers)}); "
-                             "expected one MTP layer, declared and present (as Qwen3.5/3.6 ship it)")
+        check_mtp_layers(path, target.config, sd)
         head = cls(target)
         sd = _unfuse_experts(sd, head.state_dict())
         what = f"MTP head of {path} (its `{MTP_PREFIX}*` tensors, in the target's layer format)"
@@ -196,17 +210,6 @@ def split_experts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             out[k] = t
     return out
-
-
-def safetensor_files(path: str | Path) -> list[Path]:
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        wmap = read_json(index).get("weight_map")
-        if not isinstance(wmap, dict) or not all(isinstance(f, str) for f in wmap.values()):
-            raise ValueError(f"{index}: weight_map = {str(wmap)[:40]}: expected an object tensor name -> shard file")
-        return [path / f for f in sorted(set(wmap.values()))]
-    return sorted(path.glob("*.safetensors"))
 
 
 def read_prefixed_tensors(path: str | Path, prefix: str) -> dict[str, torch.Tensor]:

@@ -11,6 +11,8 @@ exact recurrent state after any committed row (`cache.py` explains the scheme); 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import torch.nn as nn
 from dmtp.checks import gist
 from dmtp.models.cache import KVCache, causal_mask
 from dmtp.models.finite import check_rope, nonfinite
-from dmtp.models.weights import check_finite, refuse_misfit
+from dmtp.models.weights import check_finite, refuse_misfit, tensor_index
 
 
 PROBE = 32  # positions of the finite-logits probe at load (a degenerate RoPE can stay finite over the first few)
@@ -56,8 +58,30 @@ def read_config(path: str | Path):
         raise ValueError(f"{path}/config.json: model_type {model_type!r} gives no text config "
                          "with integer vocab_size, hidden_size and num_hidden_layers (expected a Qwen3.5/3.6 "
                          "checkpoint's model_type, e.g. qwen3_5 or qwen3_5_moe)")
+    _check_sizes(cfg, f"{path}/config.json")
     check_rope(cfg, f"{path}/config.json")
     return cfg
+
+
+LAYER_TYPES = ("full_attention", "linear_attention")  # the decoder layers a target may hold
+SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")  # a text model's, each >= 1
+SOME_SIZES = ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")  # >= 1 where set
+
+
+def _check_sizes(cfg, where: str) -> None:
+    """Every size of the text config a whole number >= 1 (0 heads divides by zero where the model is built), and the
+    query heads a multiple of the key/value heads."""
+    for k in SIZES + SOME_SIZES:
+        v = getattr(cfg, k, None)
+        if (k in SIZES or v is not None) and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"{where}: {k}={v!r}: expected an integer >= 1")
+    heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None)
+    if kv is not None and heads % kv:
+        raise ValueError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
+    unknown = sorted(set(getattr(cfg, "layer_types", None) or []) - set(LAYER_TYPES))
+    if unknown:
+        raise ValueError(f"{where}: layer_types holds {unknown}: expected {' or '.join(LAYER_TYPES)} layers (the "
+                         "target's decoder layers the suite runs: attention, Gated DeltaNet)")
 
 
 def _check_raw_config(path: str | Path) -> None:
@@ -73,14 +97,112 @@ def _check_raw_config(path: str | Path) -> None:
     if not isinstance(raw, dict):
         raise ValueError(f"{path}/config.json: expected a JSON object, got {type(raw).__name__}")
     archs = raw.get("architectures") or []
-    if DRAFTER_ARCHS & set(archs):
+    if isinstance(archs, list) and DRAFTER_ARCHS & set(map(str, archs)):
         raise ValueError(f"{path}: a drafter checkpoint (config.json architectures {archs}), not a target model")
+    _check_text_config(path, raw)
     for where, cfg in (("", raw), ("text_config.", raw.get("text_config"))):
         for key in ("dtype", "torch_dtype"):
             v = cfg.get(key) if isinstance(cfg, dict) else None
             if v is not None and not (isinstance(v, str) and isinstance(getattr(torch, v, None), torch.dtype)):
                 raise ValueError(f"{path}/config.json: {where}{key}={v!r}: expected a torch dtype name (e.g. "
                                  "bfloat16)")
+
+
+def _check_text_config(path, raw: dict) -> None:
+    """A released (vision-language) layout keeps the text model's settings in `text_config`: without it transformers
+    fills in its default text model (billions of parameters, allocated before any shape is compared)."""
+    from transformers import CONFIG_MAPPING
+
+    mt = raw.get("model_type")
+    cls = CONFIG_MAPPING[mt] if isinstance(mt, str) and mt in CONFIG_MAPPING else None
+    if cls is not None and "text_config" in (getattr(cls, "sub_configs", None) or {}) and \
+            not isinstance(raw.get("text_config"), dict):
+        got = "missing" if raw.get("text_config") is None else f"a {type(raw['text_config']).__name__}"
+        raise ValueError(f"{path}/config.json: model_type {mt!r} keeps the text model's settings in `text_config`, "
+                         f"which is {got}: expected an object with the text model's vocab_size, hidden_size, "
+                         "num_hidden_layers, ... (as the released checkpoints ship it)")
+
+
+# the text model's tensors of a checkpoint, under either layout: "model." (text) or "model.language_model."
+# (released, vision-language); the MTP head (`mtp.*`, mtp.py) and a vision tower are not the text model's
+_TEXT = re.compile(r"^(model\.language_model\.|model\.)")
+_NOT_TEXT = ("mtp.", "model.visual.", "visual.")
+_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def _text_keys(names) -> dict[str, str]:
+    """{name as the text model holds it (model.*, lm_head.weight): the checkpoint's name}."""
+    return {("model." + _TEXT.sub("", k) if _TEXT.match(k) else k): k for k in names if not k.startswith(_NOT_TEXT)}
+
+
+def _unmatched(want: dict, got: dict, name: dict) -> tuple[list, list]:
+    """(missing, unexpected) checkpoint names: tensors of one side only. Inside a layer, those that add up to the
+    model's element count are one layout of the same weights (experts stored one by one), not a misfit."""
+    miss = [k for k in want if k not in got]
+    extra = [k for k in got if k not in want]
+    layer = lambda k: (m.group(1) if (m := _LAYER.match(k.removeprefix("model."))) else None)  # noqa: E731
+    for i in {layer(k) for k in miss + extra} - {None}:
+        a = [k for k in miss if layer(k) == i]
+        b = [k for k in extra if layer(k) == i]
+        if a and b and sum(math.prod(want[k]) for k in a) == sum(math.prod(got[k][0]) for k in b):
+            miss, extra = [k for k in miss if k not in a], [k for k in extra if k not in b]
+    return miss, [name.get(k, k) for k in extra]
+
+
+def check_weights(path: str | Path) -> str:
+    """The checkpoint's tensors (their names, shapes and dtypes from the safetensors headers: nothing read or
+    allocated) against the text model its config.json builds on the meta device: every tensor at its shape, none
+    missing, none the model has no place for, each layer's tensors of the element count the config gives (a
+    checkpoint may store experts one by one where the model fuses them), floating point wherever the model is.
+    Refused in one line naming the checkpoint and the first tensors at fault (config.json itself first:
+    `read_config`); returns a short note."""
+    from transformers import AutoModelForCausalLM
+
+    read_config(path)
+    what = f"target checkpoint {path}"
+    index = tensor_index(path, what)
+    full = _full_config(path)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(full)
+    except Exception as e:  # a config the model class rejects
+        raise ValueError(f"{path}/config.json: its model cannot be built ({type(e).__name__}: {gist(e)})") from None
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    name = _text_keys(index)
+    got = {k: index[c] for k, c in name.items()}
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in got:
+        want.pop("lm_head.weight", None)  # the head is the embedding: a checkpoint may leave its copy out
+    shapes = [(name[k], got[k][0], v) for k, v in want.items() if k in got and tuple(got[k][0]) != v]
+    refuse_misfit(what, shapes, *_unmatched(want, got, name))
+    ints = sorted(f"{name.get(k, k)} ({dt})" for k, (_, dt) in got.items() if not dt.startswith(("F", "BF")))
+    if ints:
+        raise ValueError(f"{what}: weights of a non-floating dtype where the model holds floating-point ones: "
+                         f"{', '.join(ints[:3])}{f' and {len(ints) - 3} more' if len(ints) > 3 else ''}")
+    n = sum(p.numel() for p in model.parameters())
+    return f"{len(want)} tensors as config.json describes ({n:,} parameters)"
+
+
+def target_checks(path: str | Path, mtp: bool = False, flag: str = "--target") -> list:
+    """The early check of a target checkpoint (`dmtp.preflight`), one per checkpoint: its config.json (`read_config`),
+    its weights against the model that config builds on the meta device (`check_weights`) and, with `mtp`, its
+    native MTP head's layers against the count declared; from config.json and the safetensors headers alone."""
+    from dmtp.models.mtp import check_mtp_weights
+    from dmtp.preflight import Check
+
+    def check():
+        notes = [check_weights(path)] + ([check_mtp_weights(path, read_config(path))] if mtp else [])
+        return "; ".join(notes)
+    return [Check(flag, check)]
+
+
+def _full_config(path):
+    """The checkpoint's whole config (a released layout's too), as `Target.load` builds the model from it."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except Exception as e:
+        raise ValueError(f"{path}/config.json cannot be read: {gist(e)}") from None
 
 
 class Target(nn.Module):
@@ -94,7 +216,7 @@ class Target(nn.Module):
         self.num_layers = self.config.num_hidden_layers
         self.vocab_size = self.config.vocab_size
         self.layer_types = list(getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers)
-        unknown = set(self.layer_types) - {"full_attention", "linear_attention"}
+        unknown = set(self.layer_types) - set(LAYER_TYPES)
         if unknown:
             raise NotImplementedError(f"target has layer types {sorted(unknown)}; supported: full_attention, "
                                       "linear_attention (Gated DeltaNet)")
@@ -116,7 +238,7 @@ class Target(nn.Module):
         path = Path(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"no HF checkpoint at {path} (config.json missing)")
-        _check_raw_config(path)
+        check_weights(path)  # the config against the weights' headers, before anything is allocated
         what, verbosity = f"target checkpoint {path}", hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # its load report: the mismatches are named below instead
         try:

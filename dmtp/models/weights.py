@@ -7,7 +7,12 @@ pieces re-initialised, dropped or NaN).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+from dmtp.checks import gist
+from dmtp.io import read_json
 
 
 def _names(keys, limit: int = 3) -> str:
@@ -47,3 +52,36 @@ def check_finite(what: str, named_tensors) -> None:
     bad = [n for n, t in named_tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         raise ValueError(f"{what}: non-finite weights (NaN or infinity) in {_names(bad)}")
+
+
+def safetensor_files(path: str | Path) -> list[Path]:
+    """A checkpoint folder's weight files: the shards its index names, else every *.safetensors file."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        wmap = read_json(index).get("weight_map")
+        if not isinstance(wmap, dict) or not all(isinstance(f, str) for f in wmap.values()):
+            raise ValueError(f"{index}: weight_map = {str(wmap)[:40]}: expected an object tensor name -> shard file")
+        return [path / f for f in sorted(set(wmap.values()))]
+    return sorted(path.glob("*.safetensors"))
+
+
+def tensor_index(path: str | Path, what: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{tensor name: (shape, safetensors dtype: "F32", "BF16", "I32", ...)} of a checkpoint folder, from its files'
+    headers alone (no tensor is read). A folder without safetensors weights, a shard missing or unreadable: one line
+    naming `what`."""
+    from safetensors import safe_open
+
+    files = safetensor_files(path)
+    if not files:
+        raise ValueError(f"{what}: no *.safetensors weights (pickled *.bin weights are never loaded)")
+    out = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    s = fh.get_slice(k)
+                    out[k] = (tuple(s.get_shape()), s.get_dtype())
+        except Exception as e:  # SafetensorError (truncated, empty, not safetensors), a missing shard
+            raise ValueError(f"{what} cannot be loaded: {f.name}: {gist(e)}") from None
+    return out

@@ -77,8 +77,8 @@ def load_sequences(path: str | Path, max_len: int, vocab_size: int | None = None
     if is_store(path):
         seqs = TokenSequences(open_store(path, vocab_size), max_len)
         if not len(seqs):
-            raise ValueError(f"token store {path} (from {seqs.store.meta['source']['name']}) holds no sequence of "
-                             "at least 4 tokens")
+            name = seqs.store.meta["source"].get("name", "?")
+            raise ValueError(f"token store {path} (from {name}) holds no sequence of at least 4 tokens")
         return seqs
     if not path.exists():
         raise FileNotFoundError(f"training token file {path} does not exist")
@@ -265,19 +265,18 @@ def fused_ce_applies(drafter: Drafter) -> bool:
     return not drafter.config.final_logit_softcapping
 
 
-def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None, ce_chunk=0,
-               parts=1):
+def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, prev=None, mask=None, ce_chunk=0):
     """The part of a drafter step every variant of a backbone shares (compiled on its own once per backbone and block
     size where each drafter has its region, `compiled_block_loss`; else traced inside `drafters_loss`):
     context K/V of f [B, T, H], the drafter's layers over the blocks, the target's LM head, and the position-decayed
     CE  sum_slots w * CE / norm  over all N*S slots (labels -100 and w = 0 where there is no loss: masked, not
-    indexed, so no shape depends on the data). DFlash2 adds its selector's top-k CE (prev: each slot's previous data
-    token). ce_chunk > 0 (and `fused_ce_applies`): the LM head and CE through `losses.linear_cross_entropy`,
-    ce_chunk rows at a time, the [B*Q, V] logits never held whole (the same loss, accuracy and gradients; the
-    output multiplier scales the hidden states instead of the logits). parts: the micro-batches of the step (gradient
-    accumulation): DFlash2's selector term, normalised by its own rows' weight mass, is divided by it, so the summed
-    micro-batch gradients hold the mean of their selector terms (as ranks average theirs). Returns (loss, statistics
-    as 0-d device tensors)."""
+    indexed, so no shape depends on the data). DFlash2 adds its selector's top-k CE over the same normaliser (prev:
+    each slot's previous data token; `dflash2.selector_loss`), so the whole loss adds over micro-batches and ranks.
+    ce_chunk > 0 (and `fused_ce_applies`): the LM head and CE through `losses.linear_cross_entropy`, ce_chunk rows
+    at a time, the [B*Q, V] logits never held whole (the same loss, accuracy and gradients; the output multiplier
+    scales the hidden states instead of the logits). Returns (loss, statistics as 0-d device tensors, each adding
+    over micro-batches and ranks: "loss" and "sel_loss" this part's share, "hits" and "labelled" the top-1 correct
+    and labelled slots, DFlash2's counts; `rates` makes the logged ratios of their sums)."""
     B, T = f.shape[:2]
     ctx_kv = drafter.context_kv(f, torch.arange(T, device=f.device)[None].expand(B, T))
     hid = drafter(block, pos, ctx_kv, ends, mask)
@@ -290,37 +289,37 @@ def block_loss(drafter: Drafter, target, block, pos, f, ends, labels, w, norm, p
         sel = drafter.selector
         k = min(sel.k, head.shape[0]) if sel is not None else 0
         wce, acc, *top = linear_cross_entropy(h.to(head.dtype), head, labels, ce_chunk, row_weight=w, topk=k)
-        loss, stats = wce / norm, {"acc": acc}
+        n = (labels >= 0).sum().float()
+        loss, stats = wce / norm, {"hits": (acc * n.clamp(min=1)).round(), "labelled": n}  # acc: hits / max(n, 1)
         if sel is not None:  # DFlash2: the selector rescores the top-k logits the chunks kept (as the plain path's)
-            sl, st = selector_loss(sel, None, hid.flatten(0, 1), prev.flatten(), labels, w, topk=top)
-            loss = loss + drafter.config.selector_loss_weight * (sl if parts == 1 else sl / parts)
+            sl, st = selector_loss(sel, None, hid.flatten(0, 1), prev.flatten(), labels, w, norm, topk=top)
+            loss = loss + drafter.config.selector_loss_weight * sl
             stats.update(st)
         stats["loss"] = loss.detach()
         return loss, stats
     logits = drafter.logits(target.lm_head(hid)).flatten(0, 1)  # [B*Q, V] fp32
     ce = F.cross_entropy(logits, labels, reduction="none")  # 0 at label -100
     loss = (ce * w).sum() / norm
-    sel = labels >= 0
-    stats = {"acc": ((logits.argmax(-1) == labels) & sel).sum() / sel.sum().clamp(min=1)}
+    stats = {"hits": (logits.argmax(-1) == labels).sum().float(), "labelled": (labels >= 0).sum().float()}
     if drafter.selector is not None:  # DFlash2: + CE over the top-k set, teacher-forced previous token
-        sl, st = selector_loss(drafter.selector, logits, hid.flatten(0, 1), prev.flatten(), labels, w)
-        loss = loss + drafter.config.selector_loss_weight * (sl if parts == 1 else sl / parts)
+        sl, st = selector_loss(drafter.selector, logits, hid.flatten(0, 1), prev.flatten(), labels, w, norm)
+        loss = loss + drafter.config.selector_loss_weight * sl
         stats.update(st)
     stats["loss"] = loss.detach()
     return loss, stats
 
 
 def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamma: float, norm=None, mask=None,
-                 core=block_loss, ce_chunk=0, parts=1, head_norm=None):
+                 core=block_loss, ce_chunk=0, head_norm=None):
     """Position-decayed CE of one drafter on a batch; returns (loss, statistics as 0-d tensors).
 
     norm: the loss normaliser. Default: this batch's weight mass. Under data parallelism the training loop passes
     the weight mass of the GLOBAL batch divided by the number of ranks (computed on the host from the global anchors,
     which every rank holds), so FSDP2's mean over ranks of sum_rank(w * CE) / norm is exactly the 1-rank loss of the
     same global batch, and so is its gradient. mask: the block mask(s) (`attention.layer_masks`) or None (dense,
-    built by the drafter); core: `block_loss` or its compiled version; ce_chunk, parts: `block_loss`'s (0: the plain
-    LM-head loss; 1: the whole batch at once). With gradient accumulation each micro-batch takes the same norm (the
-    global batch's), so the summed micro-batch gradients are the whole batch's. A drafter training its own MTP head
+    built by the drafter); core: `block_loss` or its compiled version; ce_chunk: `block_loss`'s (0: the plain
+    LM-head loss). With gradient accumulation each micro-batch takes the same norm (the global batch's), so the
+    summed micro-batch gradients are the whole batch's (DFlash2's selector term too: it takes the same norm). A drafter training its own MTP head
     (`attach_head`) adds `mtp_weight` x that head's loss (`head_loss`, normalised by `head_norm`) and reads its g."""
     extra = None
     if drafter.mtp_head is not None:
@@ -335,7 +334,7 @@ def drafter_loss(drafter: Drafter, target, feats: Features, anchors, valid, gamm
     if drafter.selector is not None:
         ids = feats.ids.to(pos.device)
         prev = torch.gather(ids, 1, (pos - 1).clamp(0, ids.shape[1] - 1))
-    loss, stats = core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask, ce_chunk, parts)
+    loss, stats = core(drafter, target, block, pos, f, anchors, labels, w, norm, prev, mask, ce_chunk)
     if extra is not None:
         loss = loss + drafter.injection.config.mtp_weight * extra
         stats = dict(stats, loss=loss.detach(), mtp_loss=extra.detach())
@@ -364,13 +363,13 @@ class DrafterLoss(nn.Module):
         self._target = [target]
         self.core = core
 
-    def forward(self, feats, anchors, valid, gamma, norm, mask=None, ce_chunk=0, parts=1, head_norm=None):
+    def forward(self, feats, anchors, valid, gamma, norm, mask=None, ce_chunk=0, head_norm=None):
         return drafter_loss(self.drafter, self._target[0], feats, anchors, valid, gamma, norm, mask, self.core,
-                            ce_chunk, parts, head_norm)
+                            ce_chunk, head_norm)
 
 
 def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[int], anchors, valid, gamma: float,
-                  norms: tuple, masks: tuple, ce_chunk: int = 0, parts: int = 1, head_norm=None):
+                  norms: tuple, masks: tuple, ce_chunk: int = 0, head_norm=None):
     """The compiled path's step for every drafter at once: sum_i L_i over the drafters i on this batch, and each one's
     statistics ({name: {stat: 0-d tensor}}). norms[i], masks[i]: drafter i's loss normaliser (`drafter_loss`) and block
     mask (None: dense, built in the graph). The drafters share no trainable weight (the target and its features are
@@ -379,7 +378,7 @@ def drafters_loss(drafters: nn.ModuleDict, target, feats: Features, taps: list[i
     total, stats = 0, {}
     for (name, d), norm, mask in zip(drafters.items(), norms, masks):
         loss, stats[name] = drafter_loss(d, target, drafter_features(feats, taps, d), anchors, valid, gamma, norm, mask,
-                                         ce_chunk=ce_chunk, parts=parts, head_norm=head_norm)
+                                         ce_chunk=ce_chunk, head_norm=head_norm)
         total = total + loss
     return total, stats
 
@@ -424,9 +423,9 @@ class DraftersLoss(nn.Module):
         self.drafters = nn.ModuleDict(drafters)
         self._target = [target]
 
-    def forward(self, feats, taps, anchors, valid, gamma, norms, masks, ce_chunk=0, parts=1, head_norm=None):
+    def forward(self, feats, taps, anchors, valid, gamma, norms, masks, ce_chunk=0, head_norm=None):
         return compiled_drafters_loss(bool(ce_chunk))(self.drafters, self._target[0], feats, taps, anchors, valid,
-                                                      gamma, norms, masks, ce_chunk, parts, head_norm)
+                                                      gamma, norms, masks, ce_chunk, head_norm)
 
 
 def clip_grad_norms_(groups: list[list[torch.Tensor]], max_norm: float) -> torch.Tensor:
@@ -494,9 +493,9 @@ class _PerDrafter:
                 with torch.autocast(**amp):
                     loss, stats = self.nets[name](drafter_features(mb.feats, taps, d), mb.anchors, mb.valid,
                                                   cfg.gamma, norms[d.layout], mb.masks.get(d.layout), self.ce_chunk,
-                                                  n_parts, norms.get(HEAD_NORM))
+                                                  norms.get(HEAD_NORM))
                 loss.backward()
-                got[name].append((stats, mb.labelled.get(d.layout, 1.0)))
+                got[name].append(stats)
                 del loss
             del mb
         out = {}
@@ -582,10 +581,10 @@ class _OneRegion:
             with torch.autocast(**amp):
                 loss, stats = self.net(mb.feats, taps, mb.anchors, mb.valid, cfg.gamma,
                                        tuple(norms[lay] for lay in lays), tuple(mb.masks.get(lay) for lay in lays),
-                                       self.ce_chunk, n_parts, norms.get(HEAD_NORM))
+                                       self.ce_chunk, norms.get(HEAD_NORM))
             loss.backward()  # each drafter's own gradient (see drafters_loss)
-            for n, lay in zip(names, lays):
-                got[n].append((stats[n], mb.labelled.get(lay, 1.0)))
+            for n in names:
+                got[n].append(stats[n])
             del loss, mb
         gn = clip_grad_norms_([self.params[n] for n in names], cfg.clip)
         self.opt.step()
@@ -598,36 +597,49 @@ class _OneRegion:
 
 @dataclass
 class Micro:
-    """One micro-batch of a step on this rank: its rows' features, anchors [b, N] and valid [b, N] on the device, the
-    block masks per layout (compiled path on CUDA; else empty), and per layout its labelled block slots (the weight
-    of its statistics in the step's; empty when the step is one micro-batch)."""
+    """One micro-batch of a step on this rank: its rows' features, anchors [b, N] and valid [b, N] on the device, and
+    the block masks per layout (compiled path on CUDA; else empty)."""
     feats: Features
     anchors: torch.Tensor
     valid: torch.Tensor
     masks: dict
-    labelled: dict
 
 
-def combine_stats(parts: list[tuple[dict, float]]) -> dict:
-    """A step's statistics from its micro-batches' (stats, labelled slots): "loss" summed (each micro-batch's is its
-    share of the global batch's loss: the norm is the global weight mass), the others (accuracies, DFlash2's selector
-    terms) averaged with the micro-batches' labelled slots as weights. One micro-batch: its own, untouched."""
+def combine_stats(parts: list[dict]) -> dict:
+    """A step's statistics from its micro-batches': each adds (`block_loss`: loss shares of the global batch, counts),
+    so summed. One micro-batch: its own, untouched."""
     if len(parts) == 1:
-        return parts[0][0]
-    total = sum(w for _, w in parts)
-    share = [w / total if total else 1 / len(parts) for _, w in parts]
-    return {k: (sum(s[k] for s, _ in parts) if k == "loss" else sum(s[k] * a for (s, _), a in zip(parts, share)))
-            for k in parts[0][0]}
+        return parts[0]
+    return {k: sum(s[k] for s in parts) for k in parts[0]}
+
+
+SHARES = ("loss", "sel_loss")  # statistics that are a rank's share of the global loss times the world size
+
+
+def rates(rec: dict[str, float]) -> dict[str, float]:
+    """A step's record from its statistics summed over micro-batches and ranks (`block_loss`'s): the counts become the
+    ratios logged, acc (top-1 correct of the labelled slots) and, for DFlash2, sel_cover (labelled slots whose label
+    is among the top-k) and sel_acc (of those, the selector's pick is the label)."""
+    rec = dict(rec)
+    n = rec.pop("labelled", 0.0)
+    if "hits" in rec:
+        rec["acc"] = rec.pop("hits") / max(n, 1.0)
+    if "sel_covered" in rec:
+        covered = rec.pop("sel_covered")
+        rec["sel_cover"], rec["sel_acc"] = covered / max(n, 1.0), rec.pop("sel_hits") / max(covered, 1.0)
+    return rec
 
 
 def read_back(out: dict[str, dict[str, torch.Tensor]], world: int) -> dict[str, dict[str, float]]:
-    """A log step's statistics as numbers, in one copy to the host for every drafter; "loss" becomes the global
-    batch's loss (the sum over ranks of each rank's share, one all-reduce)."""
+    """A log step's statistics as numbers of the global batch, in one all-reduce and one copy to the host for every
+    drafter: each statistic but the gradient norm (the full gradient's already) summed over the ranks, the loss
+    shares (`SHARES`) divided by the world size, then `rates`."""
     names = list(out)
-    losses = all_sum(torch.stack([out[n]["loss"] for n in names])) / world
-    vals = [{**out[n], "loss": x} for n, x in zip(names, losses.unbind())]
-    flat = iter(torch.stack([x.float() for v in vals for x in v.values()]).tolist())
-    return {n: {k: next(flat) for k in v} for n, v in zip(names, vals)}
+    keys = {n: [k for k in out[n] if k != "grad_norm"] for n in names}
+    summed = all_sum(torch.stack([out[n][k].float() for n in names for k in keys[n]]))
+    flat = iter(torch.cat([summed, torch.stack([out[n]["grad_norm"].float() for n in names])]).tolist())
+    recs = {n: {k: next(flat) / (world if k in SHARES else 1) for k in keys[n]} for n in names}
+    return {n: rates({**recs[n], "grad_norm": next(flat)}) for n in names}
 
 
 def micro_batches(target, mtp, ids, lengths, anchors, valid, micro: int, taps, need_g: bool, amp: dict, layouts,
@@ -639,15 +651,12 @@ def micro_batches(target, mtp, ids, lengths, anchors, valid, micro: int, taps, n
     dev, n, T = target.device, ids.shape[0] // micro, ids.shape[1]
     for j in range(n):
         rows = slice(j * micro, (j + 1) * micro)
-        labelled = {} if n == 1 else {
-            lay: float((loss_weights(lay, anchors[rows], valid[rows], lengths[rows], gamma)[1] > 0).sum())
-            for lay in layouts}
         x, ln, a, v = (to_device(t[rows], dev) for t in (ids, lengths, anchors, valid))
         with torch.autocast(**amp):
             feats = extract(target, mtp, x, ln, taps, need_g, keep_hidden)
         masks = {lay: layer_masks(rule, a, lay.slots, T, "flex", lay.offsets[0]) for lay in layouts} \
             if rule is not None else {}
-        yield Micro(feats, a, v, masks, labelled)
+        yield Micro(feats, a, v, masks)
         del feats, masks  # the next micro-batch's features are made once this one's are dropped
 
 
