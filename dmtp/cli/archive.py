@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from dmtp.io import atomic_path, compact, read_json
+from dmtp.io import atomic_dir, atomic_path, compact, read_json
 
 STATUS = "pipeline.json"  # the run's state, inside the packed folder
 
@@ -91,11 +91,8 @@ def land(archive: Path, results: Path, partial: bool = False, report: bool = Tru
         dest = results / dest_name
         if dest.exists():
             raise FileExistsError(f"{dest} exists: a landed run is never overwritten (move it away first)")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staged = dest.parent / f".{dest.name}.landing"
-        shutil.rmtree(staged, ignore_errors=True)
-        shutil.copytree(Path(tmp) / folder, staged)
-        staged.rename(dest)
+        with atomic_dir(dest) as staged:
+            shutil.copytree(Path(tmp) / folder, staged, dirs_exist_ok=True)
     plain = sorted(p for d in ("runs", "curve", "verify") for p in (dest / d).glob("**/*.jsonl"))
     for p in plain:
         compact(p)

@@ -50,7 +50,7 @@ from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
-from dmtp.io import append_jsonl, check_decoded, file_sha256, iter_jsonl, one_writer, read_jsonl, write_meta
+from dmtp.io import append_jsonl, check_decoded, drop_cut_line, file_sha256, iter_jsonl, one_writer, read_jsonl, write_meta
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
@@ -146,9 +146,7 @@ def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, 
     except ValueError as e:
         why = f"its record cannot be read ({e})"
     if why is None:
-        raw = out.read_bytes()
-        if not raw.endswith(b"\n"):  # a line cut by a kill: drop it
-            out.write_bytes(raw[: raw.rfind(b"\n") + 1])
+        drop_cut_line(out)  # a line cut by a kill
         done, line = {}, {}
         try:
             for i, r in iter_jsonl(out):

@@ -63,7 +63,7 @@ from dmtp.cli.stages import record as stage_record
 from dmtp.config import Profile
 from dmtp.data import datasets as D
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import append_jsonl, atomic_path, one_writer, read_json, write_json, write_jsonl, write_meta
+from dmtp.io import append_jsonl, atomic_path, drop_cut_line, one_writer, read_json, write_json, write_jsonl, write_meta
 
 STAGES = ("regen", "train", "eval", "report")
 TRAIN_SET = "openperfectblend"
@@ -355,19 +355,7 @@ def st_regen(c: Ctx) -> dict | None:
     dist.barrier()
     own = shards / f"rank{c.rank}-of-{c.world}.jsonl"
     if own.exists():  # a line cut by a kill: dropped (its batch is decoded again)
-        with open(own, "rb+") as f:
-            f.seek(0, os.SEEK_END)
-            size = pos = f.tell()
-            while pos > 0:  # back to the last newline
-                f.seek(max(0, pos - 65536))
-                chunk = f.read(pos - max(0, pos - 65536))
-                k = chunk.rfind(b"\n")
-                if k >= 0:
-                    pos = max(0, pos - 65536) + k + 1
-                    break
-                pos = max(0, pos - 65536)
-            if pos < size:
-                f.truncate(pos)
+        drop_cut_line(own)
     done = set()
     for f in sorted(shards.glob("rank*.jsonl")):  # every shard, of any earlier number of ranks
         done |= set(shard_index(f))

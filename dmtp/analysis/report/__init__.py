@@ -14,7 +14,7 @@ from dmtp.analysis.ratios import read as read_ratios
 from dmtp.analysis.report import blog_gap, figures, summary, tables
 from dmtp.analysis.report import verify as verify_study
 from dmtp.analysis.report.data import Artifacts, find_results, load
-from dmtp.io import read_json
+from dmtp.io import read_json, write_text
 
 __all__ = ["Artifacts", "find_results", "load", "tables", "figures", "summary", "render_tables", "render_figures",
            "render_report"]
@@ -179,7 +179,6 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
                 "n_requests", "n_zero_round", "n_rounds", "output_tokens"]
         out += ["## Artifacts", "", tables.made_by(art), "", tables.to_markdown(s[cols])]
     path = art.root / "REPORT.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out))
+    write_text(path, "\n".join(out))
     print(f"[report] wrote {path}")
     return path

@@ -19,6 +19,7 @@ from dmtp.analysis import reference as R  # noqa: E402
 from dmtp.analysis.report import tables as T  # noqa: E402
 from dmtp.analysis import stats as S  # noqa: E402
 from dmtp.analysis.report.data import Artifacts, paired_runs, per_unit  # noqa: E402
+from dmtp.io import write_figure  # noqa: E402
 
 # by position in the spec's run order (the Code ablation: ar grey, mtp blue, dflash orange, ...), then the methods
 # it does not name, by name
@@ -35,9 +36,8 @@ def colors(art: Artifacts) -> dict[str, str]:
 
 
 def _save(art: Artifacts, fig: Figure, name: str) -> Path:
-    art.figures.mkdir(parents=True, exist_ok=True)
     path = art.figures / f"{name}.png"
-    fig.savefig(path, dpi=120)
+    write_figure(path, fig, dpi=120)
     return path
 
 
