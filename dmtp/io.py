@@ -359,7 +359,9 @@ def file_sha256(path) -> str:
 def save_state(obj, path):
     """torch.save of resumable state, readable by others (`_readable`); a failed write (disk full, ...) is an
     OSError naming the file and its cause. torch writes through a Python file object here: its own file writer
-    reports a full disk only as "unexpected pos N vs M", a Python write as "No space left on device"."""
+    reports a full disk only as "unexpected pos N vs M", a Python write as "No space left on device". Ctrl-C inside
+    the write stays a KeyboardInterrupt (torch reports it as the writer's failure): the file is half-written, and
+    callers write to a temp file (`atomic_path`), so the previous state stays in place."""
     import torch
 
     try:
@@ -368,6 +370,8 @@ def save_state(obj, path):
     except OSError as e:
         raise write_error(path, e) from None
     except RuntimeError as e:  # the writer's own report; the OSError beneath it, when there is one, names the cause
+        if isinstance(e.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
         inner = e.__context__ if isinstance(e.__context__, OSError) else OSError(None, str(e).splitlines()[0][:200])
         raise write_error(path, inner) from None
     _readable(Path(path))
