@@ -1,7 +1,8 @@
 """Inputs for `dmtp reproduce` without the real weights or data: a random-weight target in the published Qwen3.5/3.6
 layout (with `mtp.*` keys and a tokenizer whose chat template turns thinking off), small local copies of the six
 prompt sets in their published formats, and a public-layout DFlash checkpoint to continue from. Random weights never
-stop by themselves: the runs they make measure time, never acceptance.
+stop by themselves: the runs they make measure time, never acceptance (the target folder holds
+`random_weights.json`, so `dmtp reproduce`'s stages.json and report say so).
 
     python -m experiments.reproduce_standin build --out /tmp/standin            # paper width (qwen3.6-27b), 4 layers
     python -m experiments.reproduce_standin build --out /tmp/tiny --tiny        # CPU toy size (what the test uses)
@@ -120,6 +121,7 @@ def tiny_target(out: Path, arch: str = "qwen3_5_hybrid", seed: int = 0, layout: 
     else:
         raise ValueError(f"layout must be 'text' or 'vl', not {layout!r}")
     save_tokenizer(tok, out)
+    mark_random(out)
     return out
 
 
@@ -139,6 +141,15 @@ def save_vl(text_model, mtp, out: Path, experts: str = "fused") -> None:
     vlm.model.language_model.load_state_dict(text_model.model.state_dict())
     vlm.lm_head.load_state_dict(text_model.lm_head.state_dict())
     save_target_with_mtp(vlm.to(text_model.dtype), mtp, out, experts=experts)
+
+
+def mark_random(out: Path) -> None:
+    """The stand-in's mark (`dmtp.cli.reproduce.RANDOM_WEIGHTS`): its weights are random, never trained."""
+    from dmtp.cli.reproduce import RANDOM_WEIGHTS
+    from dmtp.io import write_json
+
+    write_json(out / RANDOM_WEIGHTS, {"weights": "random (never trained)", "made_by": "experiments.reproduce_standin",
+                                      "acceptance": "not measured on this target: its drafters are accepted at chance"})
 
 
 def save_tokenizer(tok, out: Path) -> None:
@@ -183,6 +194,7 @@ def paper_target(out: Path, profile: str = "qwen3.6-27b", layers: int = 4, devic
                     p.normal_(0, std)
     save_target_with_mtp(model, mtp, out)
     save_tokenizer(tok, out)
+    mark_random(out)
     return out
 
 

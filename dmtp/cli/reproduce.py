@@ -34,7 +34,8 @@ What it writes under --work (the report's layout: runs/<experiment>/<run>/<set>_
     data/shards/rank<r>-of-<w>.jsonl                per-rank shards while regen runs (removed once merged)
     drafters/<run>/{drafter/,history.json,DONE,fingerprint.json}
     runs/<experiment>/<run>/<set>_T0.jsonl (+ .meta.json)   one record per request (MT-Bench: per turn)
-    experiment.json, stages.json                    the resolved profile; each stage's wall time and rates
+    experiment.json, stages.json                    the resolved profile; each stage's wall time and rates, and
+                                                    whether the target's weights are random (`RANDOM_WEIGHTS`)
     tables/, figures/, REPORT.md
 Every output records its configuration (a fingerprint: a finished or half-done output of another configuration is
 refused, naming the fields, unless --force redoes it), the engine settings and the commit (`write_meta`).
@@ -73,6 +74,11 @@ TRAIN_SET = "openperfectblend"
 COLLECTIVE_TIMEOUT_H = 12
 RECORD_FIELDS = ("id", "prompt_ids", "output_ids", "stop_reason")  # a merged training record: no timings, so the
 # file is the same whatever ran it
+
+
+# a target folder holding this file has random weights (`experiments.reproduce_standin` writes it): stages.json says
+# so, and the report says that acceptance is not measured on such a run
+RANDOM_WEIGHTS = "random_weights.json"
 
 
 class Ctx:
@@ -602,6 +608,7 @@ def st_report(c: Ctx) -> dict | None:
             "(or decode into runs/<experiment>/<run>/<set>_T0.jsonl with dmtp generate)")
     if not (c.work / "experiment.json").exists():  # records decoded by hand (dmtp generate): the profile's spec
         write_experiment(c.work / "experiment.json", c.p)
+    record_stage(c)  # the target's kind (random weights?), which the report states first
     path = render_report(c.work.name, c.work.parent, name=c.p.name,
                          command=f"dmtp reproduce --profile {c.p.name} --work {c.work} --stage report")
     c.log(f"report: {path}")
@@ -611,14 +618,18 @@ def st_report(c: Ctx) -> dict | None:
 RUN = {"regen": st_regen, "train": st_train, "eval": st_eval, "report": st_report}
 
 
-def record_stage(c: Ctx, stage: str, wall: float, info: dict) -> None:
-    """stages.json: each stage's wall time and rates (the last run that did work), what the projection reads."""
+def record_stage(c: Ctx, stage: str | None = None, wall: float = 0.0, info: dict | None = None) -> None:
+    """stages.json: each stage's wall time and rates (the last run that did work), what the projection reads, and the
+    run's target, environment, engine and whether the target's weights are random (`RANDOM_WEIGHTS`: the report
+    reads it); stage None: those alone."""
     path = c.work / "stages.json"
     old = read_json(path) if path.exists() else {}
-    old.setdefault("stages", {})[stage] = dict(info, wall_s=round(wall, 3))
+    if stage is not None:
+        old.setdefault("stages", {})[stage] = dict(info, wall_s=round(wall, 3))
     from dmtp.io import environment
 
-    old.update(profile=c.p.name, target=str(c.target), env=environment(), engine=asdict(c.p.engine))
+    old.update(profile=c.p.name, target=str(c.target), env=environment(), engine=asdict(c.p.engine),
+               random_weights=(Path(c.target) / RANDOM_WEIGHTS).exists())
     write_json(path, old)
 
 

@@ -270,8 +270,9 @@ def in_short(art: Artifacts, df: pd.DataFrame | None) -> list[str]:
             f"({r.estimate:+.3f}{' ' + r.unit if r.unit else ''})."
             for r in against.itertuples()], ""]
     agree = ex[ex.verdict.str.contains("consistent")]
-    out += [f"Of {len(ex)} exploratory rows, {len(agree)} point the blog's way and {len(against)} against it; the "
-            "rest are not resolved.", ""]
+    within = C.one(art)  # a single realization (of a smoke run) says so before the count
+    out += [f"{within[:1].upper() + within[1:]}{'o' if within else 'O'}f {len(ex)} exploratory rows, {len(agree)} point "
+            f"the blog's way and {len(against)} against it; the rest are not resolved.", ""]
     tab = T.throughput_table(art)
     if tab is not None and art.spec.main_method:
         t0 = tab[(tab.method == art.spec.main_method) & (tab.temperature == 0) & (tab.realization != "all")]

@@ -121,7 +121,7 @@ def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = ""
          ) -> pd.DataFrame:
     """tables/<name>.csv and .md; the .md opens with which models made it (`made_by`: "runs" or "bench")."""
     write_csv(art.tables / f"{name}.csv", df)
-    head = "\n".join(x for x in (made_by(art, models), note_items(note)) if x)
+    head = "\n".join(x for x in (caveat_line(art), made_by(art, models), note_items(note)) if x)
     write_text(art.tables / f"{name}.md", f"### {title}\n\n" + (f"{head}\n\n" if head else "") + to_markdown(df))
     return df
 
@@ -143,6 +143,11 @@ def note_items(note: str, longest: int = 300) -> str:
         cur += ch
     items.append(cur.strip())
     return "\n".join(f"- {x}" for x in items if x)
+
+
+def caveat_line(art: Artifacts) -> str:
+    """The series' caveat (`Artifacts.caveat`) as the blockquote that opens REPORT.md and every table; "" without."""
+    return f"> {art.caveat}\n" if art.caveat else ""
 
 
 def made_by(art: Artifacts, what: str = "runs") -> str:
