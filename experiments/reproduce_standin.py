@@ -12,7 +12,8 @@ stop by themselves: the runs they make measure time, never acceptance (the targe
 
 `build` writes OUT/target (config.json, safetensors with mtp.*, tokenizer files), OUT/data/<set> (gsm8k parquet
 folder, MATH-500 jsonl, HumanEval jsonl.gz, Alpaca json, MT-Bench question.jsonl, OpenPerfectBlend parquet),
-OUT/dflash (a public-layout DFlash drafter for the target), and prints the `--data-path` flags.
+OUT/dflash (a public-layout DFlash drafter for the target), and prints the `--data-path` flags (also written to
+OUT/data.flags, for a shell's `$(cat OUT/data.flags)`).
 """
 from __future__ import annotations
 
@@ -267,6 +268,9 @@ def main(argv=None):
     p.add_argument("--json", help="also write the projection (rates, counts, hours) to this JSON file")
     a = ap.parse_args(argv)
     if a.cmd == "build":
+        if any(c in a.out for c in " \t\n'\"$`\\;&|<>()*?"):  # the printed flags go into a shell command as they are
+            ap.error(f"--out {a.out!r}: expected a path without spaces, quotes or shell characters (data.flags is "
+                     "pasted into a shell command)")
         out = Path(a.out)
         target = tiny_target(out / "target", a.arch, layout=a.layout, experts=a.experts) if a.tiny else \
             paper_target(out / "target", a.profile, a.layers, a.device)
@@ -277,7 +281,11 @@ def main(argv=None):
             heads=d.heads, kv_heads=d.kv_heads, head_dim=d.head_dim, intermediate=d.intermediate,
             mask_token_id=d.mask_token_id)))
         files = write_sets(out / "data", a.rows, a.train_rows)
-        print(" ".join(data_flags(files)))
+        from dmtp.io import write_text
+
+        flags = " ".join(data_flags(files))  # the paths hold no spaces or quotes: --out is refused otherwise
+        write_text(out / "data.flags", flags + "\n")
+        print(flags)
         return
     from dmtp.analysis.projection import FULL_27B, project, render
 

@@ -434,3 +434,31 @@ def test_dflash2_takes_the_fused_loss_in_the_model():
     fused, plain = plan_training(cfg, spec_of([d2]), **kw), plan_training(cfg, spec_of([capped]), **kw)
     assert fused.setting.ce_chunk == 540 and plain.setting.ce_chunk == 0
     assert plain.terms["logits"] == 512 * 8 * 248320 * 12 and "LM-head loss plain" in plain.line()
+
+
+def test_the_gpu_guide_quotes_what_the_models_compute():
+    """docs/GPU.md's fewest cards are `dmtp dryrun`'s (`fewest_cards`, at the profiles' sequence length) and its
+    `mini` size is what the pipeline builds from the profile's `model.arch` (on the meta device)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from dmtp.cli.dryrun import fewest_cards
+    from dmtp.cli.fit import run_configs
+    from dmtp.training.drafters import spec_of
+    from dmtp.training.pretrain import build_target
+    from experiments.profiles import get_profile
+
+    doc = (Path(__file__).parents[1] / "docs" / "GPU.md").read_text()
+    for name, label in (("qwen3.6-27b", "Qwen3.6-27B"), ("qwen3.6-35b-a3b", "Qwen3.6-35B-A3B")):
+        p = get_profile(name)
+        kw = dict(p.scale.target_config)
+        cfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+        one = spec_of([run_configs(p, cfg, ["dflash"])["dflash"]])
+        fewest = " or ".join(f"{plan.setting.world} × {gb} GB" for gb, plan in
+                             fewest_cards(cfg.to_dict(), one, p.train, p.scale.max_seq_len))
+        assert f"| {label} (`{name}`) | {fewest.replace(' or ', ', or ', 1)} |" in doc, fewest
+    with torch.device("meta"):
+        tgt, mtp = build_target(get_profile("mini").model.arch, get_profile("mini").data.vocab_size, 0)
+    n, m = sum(x.numel() for x in tgt.model.parameters()), sum(x.numel() for x in mtp.parameters())
+    assert f"**{n:,} parameters plus a {m:,}-parameter native MTP head**" in " ".join(doc.split())

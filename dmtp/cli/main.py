@@ -413,7 +413,8 @@ def _train_profile(a):
     return prof
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """Every `dmtp` command's arguments (what `main` parses; README's commands are checked against it)."""
     p = argparse.ArgumentParser(prog="dmtp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("variants", help="list the injection variants").set_defaults(fn=cmd_variants)
@@ -573,8 +574,11 @@ def main(argv=None):
     rp.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
     args.compile_cache_flag(rp)
     rp.set_defaults(fn=reproduce.main)
+    return p
 
-    a = p.parse_args(argv)
+
+def main(argv=None):
+    a = parser().parse_args(argv)
     args.guard(f"dmtp {a.cmd}", _run, a)
 
 
