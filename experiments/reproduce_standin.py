@@ -100,7 +100,8 @@ def write_sets(root: Path, n: int = 8, n_train: int = 16, seed: int = 0) -> dict
     # mlabonne/open-perfectblend: a parquet folder, `conversations` [{from, value}], `source`
     parquet(pd.DataFrame({"conversations": [[{"from": "human", "value": _text(rng, 6 + i % 9) + "?"},
                                              {"from": "gpt", "value": _text(rng, 6)}] for i in range(n_train)],
-                          "source": ["standin"] * n_train}), root / "open-perfectblend/data/train-00000-of-00001.parquet")
+                          "source": ["standin"] * n_train}),
+            root / "open-perfectblend/data/train-00000-of-00001.parquet")
     f["openperfectblend"] = root / "open-perfectblend"
     return f
 

@@ -67,7 +67,7 @@ def test_test_failures_are_written_as_they_happen(tmp_path, monkeypatch):
     assert "assert [1, 2] == [1, 3]" in text and "test_y" not in text
 
 
-# --- README's commands, as a newcomer runs them ------------------------------------------------------------------------
+# --- README's commands, as a newcomer runs them --------------------------------------------------------------------
 # Every command of README's ```bash blocks, in a fresh shell (no variable of this session, `source .venv/bin/activate`
 # as README says), through its own entry point: `make` targets dry-run (`make -n`), `dmtp` / `dmtp-torchrun` commands
 # through their --help there and their whole argument list through the same parsers here, the CPU rehearsal's build

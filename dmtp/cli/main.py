@@ -50,7 +50,8 @@ from dmtp.engine.methods import build_method, method_class, split_drafts
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
-from dmtp.io import append_jsonl, check_decoded, drop_cut_line, file_sha256, iter_jsonl, one_writer, read_jsonl, write_meta
+from dmtp.io import (append_jsonl, check_decoded, drop_cut_line, file_sha256, iter_jsonl, one_writer, read_jsonl,
+                     write_meta)
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead

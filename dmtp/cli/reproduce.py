@@ -4,7 +4,7 @@
         --data-path openperfectblend=/data/open-perfectblend --data-path gsm8k=/data/gsm8k \
         --data-path math500=/data/MATH-500/test.jsonl --data-path humaneval=/data/HumanEval.jsonl.gz \
         --data-path alpaca=/data/alpaca_data.json --data-path mtbench=/data/mt_bench/question.jsonl
-    torchrun --nproc_per_node=8 -m dmtp.cli reproduce ...       # the same, regen / train / eval over 8 GPUs
+    dmtp-torchrun --nproc_per_node=8 -m dmtp.cli reproduce ...  # the same, regen / train / eval over 8 GPUs
     dmtp reproduce --profile open-tiny --target TINY --work /tmp/open --data-path ...   # CPU, toy size (tests)
 
 Stages (`--stage regen,train` runs some; each skips or resumes finished work):
