@@ -248,9 +248,25 @@ except SystemExit as e:
 """
 
 
-def test_ctrl_c_under_torchrun_exits_130_on_every_rank(ckpt, tmp_path):
-    """Ctrl-C at a 2-rank `dmtp.cli.torchrun` training (a terminal's SIGINT reaches the launcher alone; torch's agent
-    passes it on): every rank exits 130, the launcher too, and the whole run prints one line, no traceback."""
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+@pytest.mark.parametrize("who", ["launcher", "ranks"])
+def test_ctrl_c_under_torchrun_exits_130_on_every_rank(ckpt, tmp_path, who):
+    """Ctrl-C at a 2-rank `dmtp.cli.torchrun` training: a terminal's SIGINT reaches the launcher alone (torch's agent
+    passes it on), a scheduler's may reach the ranks themselves. Either way every rank exits 130, the launcher too,
+    and the whole run prints one line, no traceback."""
     import signal
     import time
 
@@ -269,7 +285,8 @@ def test_ctrl_c_under_torchrun_exits_130_on_every_rank(ckpt, tmp_path):
         while not (out / "dflash" / "trainer_state.pt").exists():  # training under way on both ranks
             assert p.poll() is None and time.time() - t0 < 300, p.communicate()[1][-3000:]
             time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
+        for pid in [p.pid] if who == "launcher" else _children(p.pid):
+            os.kill(pid, signal.SIGINT)
         _, err = p.communicate(timeout=120)
     finally:
         p.kill()
@@ -285,7 +302,8 @@ def test_interrupted_launch_statuses():
     from dmtp.cli.torchrun import interrupted_status
 
     assert interrupted_status([130, 130]) == 130 and interrupted_status([130, -2]) == 130
-    assert interrupted_status([-15, 143]) == 143
+    assert interrupted_status([130, -15]) == 130  # the agent's SIGTERM to a rank still running after the first ended
+    assert interrupted_status([-15, 143]) == 143 and interrupted_status([-15]) == 143
     assert interrupted_status([130, 1]) is None and interrupted_status([2]) is None and interrupted_status([]) is None
 
 

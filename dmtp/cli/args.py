@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -103,7 +104,10 @@ def interrupted(e: BaseException) -> bool:
 
 
 def _stop(prog: str):
-    """Ctrl-C: exit 130 with one line (under torchrun every rank exits so, rank 0 alone prints it)."""
+    """Ctrl-C: exit 130 with one line (under torchrun every rank exits so, rank 0 alone prints it). A SIGTERM from
+    here on is ignored: torch's agent sends one to the ranks still running once a rank has ended, and this one is
+    already stopping."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.environ.get("RANK", "0") == "0":  # torchrun's rank of this process (`dmtp.dist`)
         print(f"{prog}: interrupted; the same command resumes from what was saved", file=sys.stderr)
     sys.exit(130)

@@ -16,9 +16,10 @@ import logging
 import signal
 import sys
 
-# torch's agent logs the signal it got and each rank it passes it to: the ranks' one line says it
+# torch's agent logs the signal it got, each rank it passes it to and each rank that ended interrupted: the ranks'
+# one line says it
 _AGENT_LOGS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
-_SIGNAL_WORDS = ("death signal", "closing signal", "via signal")
+_SIGNAL_WORDS = ("death signal", "closing signal", "via signal", "(exitcode: 130)", "(exitcode: -2)", "(exitcode: -15)")
 
 
 def _quiet_signal_logs() -> None:
@@ -28,12 +29,13 @@ def _quiet_signal_logs() -> None:
 
 def interrupted_status(codes) -> int | None:
     """The exit status of a launch whose ranks ended with exit `codes` (a rank killed by a signal: minus its number),
-    when they ended by an interruption: 130 (SIGINT; `args.guard`'s exit) or 143 (SIGTERM); None otherwise."""
-    codes = set(codes)
-    for status, sig in ((130, signal.SIGINT), (143, signal.SIGTERM)):
-        if codes and codes <= {status, -sig}:
-            return status
-    return None
+    when they ended by an interruption: 130 where one was interrupted (SIGINT; `args.guard`'s exit), the others
+    interrupted too or stopped by torch's agent (its SIGTERM to the ranks left once one has ended); 143 where SIGTERM
+    stopped them all; None otherwise."""
+    codes, term = set(codes), {143, -signal.SIGTERM}
+    if codes & {130, -signal.SIGINT} and codes <= {130, -signal.SIGINT} | term:
+        return 130
+    return 143 if codes and codes <= term else None
 
 
 def main(argv=None):
