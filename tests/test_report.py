@@ -330,6 +330,15 @@ def test_a_smoke_series_and_a_random_target_say_so_first(hand):
         lines = md.read_text().splitlines()
         assert lines[2].startswith("> **A smoke run**"), md.name  # under the title, before anything else
     assert claims.one(art) == "within one realization (r0) of a smoke run: "
+    assert art.caveat_short == "a smoke run (tiny): not a finding about the method; random weights: acceptance not " \
+        "measured"
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.suptitle("Verification at T = 1")
+    figures.caveat_title(fig, art.caveat_short)  # what every figure of the series gets before it is written
+    assert fig.get_suptitle() == "A smoke run (tiny): not a finding about the method; random weights: acceptance " \
+        "not measured\nVerification at T = 1"
 
 
 def test_notes_numbers_are_generated_from_the_tables(hand):

@@ -35,8 +35,17 @@ def colors(art: Artifacts) -> dict[str, str]:
     return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(names)}
 
 
+def caveat_title(fig: Figure, caveat: str) -> None:
+    """A series' short caveat (`Artifacts.caveat_short`) first in the figure's title."""
+    if caveat:
+        old = fig.get_suptitle()
+        fig.suptitle(f"{caveat[:1].upper() + caveat[1:]}\n{old}" if old else caveat[:1].upper() + caveat[1:],
+                     **({} if old else {"fontsize": 9}))
+
+
 def _save(art: Artifacts, fig: Figure, name: str) -> Path:
     path = art.figures / f"{name}.png"
+    caveat_title(fig, art.caveat_short)
     write_figure(path, fig, dpi=120)
     return path
 

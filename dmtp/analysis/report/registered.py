@@ -59,9 +59,13 @@ RANDOM_WEIGHTS = ("**Random weights: acceptance is not measured here.** The targ
                   "what such a run measures is time (stages.json)")
 
 
-def caveat(experiment: str, random_weights: bool = False) -> str:
+def caveat(experiment: str, random_weights: bool = False, short: bool = False) -> str:
     """What a reader must know before any number of a series: a smoke run (`SMOKE`), a random-weight target
-    (`RANDOM_WEIGHTS`); "" for a run of the method."""
+    (`RANDOM_WEIGHTS`); "" for a run of the method. short: the few words a figure's title carries."""
+    if short:
+        return "; ".join(x for x, on in ((f"a smoke run ({experiment}): not a finding about the method",
+                                          experiment in SMOKE),
+                                         ("random weights: acceptance not measured", random_weights)) if on)
     out = []
     if experiment in SMOKE:
         out.append(f"**A smoke run** (`{experiment}`, {SMOKE[experiment]}): no number below is a finding about the "

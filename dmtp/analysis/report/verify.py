@@ -22,7 +22,8 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
-from dmtp.analysis.report.data import check_complete, record_files
+from dmtp.analysis.report.data import check_complete, read_caveat, record_files
+from dmtp.analysis.report.figures import caveat_title
 from dmtp.config import VERIFY_MODES
 from dmtp.io import iter_jsonl, read_json, write_csv, write_figure, write_text
 
@@ -239,6 +240,7 @@ def figure(root: Path, s: pd.DataFrame, modes: list[str] = MODES) -> list[Path]:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8,
                    frameon=False)  # below the panels: inside one it hid bars and ceilings
         out = Path(root) / "figures" / f"verify_T{t:g}.png"
+        caveat_title(fig, read_caveat(root, short=True))
         write_figure(out, fig, dpi=120)
         paths.append(out)
     return paths
