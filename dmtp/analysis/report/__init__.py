@@ -184,5 +184,5 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
         out += ["## Artifacts", "", tables.made_by(art), "", tables.to_markdown(s[cols])]
     path = art.root / "REPORT.md"
     write_text(path, "\n".join(out))
-    print(f"[report] wrote {path}")
+    print(f"[report] wrote {path}" + (f" ({art.caveat_short})" if art.caveat_short else ""))
     return path
