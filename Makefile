@@ -64,13 +64,14 @@ ablation-code: $(VENV)/.installed
 	$(PY) -m dmtp.cli.report report --profile $(PROFILE) --results $(RESULTS)
 
 # single stages (each resumes / skips finished work); `make target|data|drafters NGPU=2` runs data-parallel under
-# torchrun, one process per GPU (corpus, tokenizer and eval run in one process)
+# torchrun (`dmtp.cli.torchrun`: Ctrl-C exits 130 in one line), one process per GPU (corpus, tokenizer and eval run
+# in one process)
 NGPU ?= 1
 corpus tokenizer eval: $(VENV)/.installed
 	$(PY) -m dmtp.cli pipeline --profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage $@
 
 target data drafters: $(VENV)/.installed
-	$(if $(filter 1,$(NGPU)),$(PY),$(PY) -m torch.distributed.run --nproc_per_node=$(NGPU)) -m dmtp.cli pipeline \
+	$(if $(filter 1,$(NGPU)),$(PY),$(PY) -m dmtp.cli.torchrun --nproc_per_node=$(NGPU)) -m dmtp.cli pipeline \
 		--profile $(PROFILE) --work $(WORK) --results $(RESULTS) --stage $@
 
 # 1 process vs NGPU (at least 2) processes pretraining the target on TOKENS tokens, with a repeated 1-process run
@@ -95,7 +96,7 @@ dppool: $(VENV)/.installed
 REPRODUCE_WORK ?= runs/$(PROFILE)
 reproduce: $(VENV)/.installed
 	@test -n "$(TARGET)" || { echo "make reproduce: give TARGET=<local target checkpoint folder>" >&2; exit 2; }
-	$(if $(filter 1,$(NGPU)),$(PY),$(PY) -m torch.distributed.run --nproc_per_node=$(NGPU)) -m dmtp.cli reproduce \
+	$(if $(filter 1,$(NGPU)),$(PY),$(PY) -m dmtp.cli.torchrun --nproc_per_node=$(NGPU)) -m dmtp.cli reproduce \
 		--profile $(PROFILE) --target $(TARGET) --work $(REPRODUCE_WORK) $(foreach d,$(DATA),--data-path $(d)) \
 		$(REPRODUCE_ARGS)
 

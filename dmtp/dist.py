@@ -8,8 +8,8 @@ so N ranks follow the 1-rank run at the same global batch. Checkpoints hold full
 (`shard_optimizer_state`), so a run resumes on any number of ranks. Generation deals whole batches of prompts to the
 ranks and gathers the records in prompt order.
 
-    torchrun --nproc_per_node=2 -m dmtp.cli train --target T --data D --variants dflash --out O --batch-size 32
-    torchrun --nproc_per_node=2 -m dmtp.cli pipeline --profile mini --stage target,data,drafters
+    dmtp-torchrun --nproc_per_node=2 -m dmtp.cli train --target T --data D --variants dflash --out O --batch-size 32
+    dmtp-torchrun --nproc_per_node=2 -m dmtp.cli pipeline --profile mini --stage target,data,drafters
 """
 from __future__ import annotations
 

@@ -130,6 +130,17 @@ def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def write_csv(path, df):
+    """A pandas DataFrame as CSV without its index."""
+    write_text(path, df.to_csv(index=False))
+
+
+def write_figure(path, fig, **kw):
+    """A matplotlib figure, in the format its suffix names (`savefig`'s keywords in kw)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip("."), **kw)
+
+
 def write_jsonl(path, rows):
     """One JSON object a line; a path ending in .gz is written gzip-compressed (reproducibly: no name, no time)."""
     text = "".join(json.dumps(r, default=str) + "\n" for r in rows)
@@ -319,6 +330,26 @@ def append_jsonl(path, rows):
         raise write_error(path, e) from None
 
 
+def drop_cut_line(path) -> int:
+    """Truncate a record file that a kill left mid-line back to its last newline (its whole lines are the progress a
+    resumed run keeps; the cut one is decoded again). Read backwards in 64 KiB blocks: a shard may be large. Returns
+    the bytes dropped."""
+    block = 1 << 16
+    with open(path, "rb+") as f:
+        size = pos = f.seek(0, os.SEEK_END)
+        while pos > 0:  # back to the last newline
+            start = max(0, pos - block)
+            f.seek(start)
+            k = f.read(pos - start).rfind(b"\n")
+            if k >= 0:
+                pos = start + k + 1
+                break
+            pos = start
+        if pos < size:
+            f.truncate(pos)
+    return size - pos
+
+
 def file_sha256(path) -> str:
     """The sha256 of a file's bytes (a fingerprint records what an input holds, not where it lies)."""
     h, buf = hashlib.sha256(), bytearray(1 << 16)  # read into one buffer: no new bytes object per block
@@ -332,7 +363,9 @@ def file_sha256(path) -> str:
 def save_state(obj, path):
     """torch.save of resumable state, readable by others (`_readable`); a failed write (disk full, ...) is an
     OSError naming the file and its cause. torch writes through a Python file object here: its own file writer
-    reports a full disk only as "unexpected pos N vs M", a Python write as "No space left on device"."""
+    reports a full disk only as "unexpected pos N vs M", a Python write as "No space left on device". Ctrl-C inside
+    the write stays a KeyboardInterrupt (torch reports it as the writer's failure): the file is half-written, and
+    callers write to a temp file (`atomic_path`), so the previous state stays in place."""
     import torch
 
     try:
@@ -341,6 +374,8 @@ def save_state(obj, path):
     except OSError as e:
         raise write_error(path, e) from None
     except RuntimeError as e:  # the writer's own report; the OSError beneath it, when there is one, names the cause
+        if isinstance(e.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
         inner = e.__context__ if isinstance(e.__context__, OSError) else OSError(None, str(e).splitlines()[0][:200])
         raise write_error(path, inner) from None
     _readable(Path(path))

@@ -12,7 +12,7 @@ N ranks should follow the 1-rank loss curve (same global batch, same data) in le
 Writes into --out, atomically: curves.csv (step, loss, mtp_loss, world: the training history, averaged over ranks),
 summary.json (wall seconds, training tokens/s per world size, speed-up, max and mean |loss difference| between the
 smoothed curves, each run's final held-out loss) and loss_curves.png. Each run is exactly `dmtp pipeline --stage
-target` (1 process, then `python -m torch.distributed.run`), so the check measures what `make target NGPU=N` runs.
+target` (1 process, then `python -m dmtp.cli.torchrun`), so the check measures what `make target NGPU=N` runs.
 
 Noise floor. --control runs the 1-process configuration again (same settings and seed: on GPU this measures
 nondeterminism amplified by training; on CPU it is bit-identical), --control-seed S a 1-process run with
@@ -102,7 +102,7 @@ def run_world(world: int, prof, work: Path, scratch: Path, sets: list[str], labe
         for name in ("tokenizer", "tokens"):  # the shared inputs, read-only
             (wdir / name).symlink_to((work / prof.name / name).resolve(), target_is_directory=True)
     launch = [sys.executable] if world == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+        [sys.executable, "-m", "dmtp.cli.torchrun", "--standalone", f"--nproc_per_node={world}"]
     cmd = launch + ["-m", "dmtp.cli.main", "pipeline", "--profile", prof.name, "--work", str(d / "work"),
                     "--results", str(d / "results"), "--stage", "target"] + [x for s in sets for x in ("--set", s)]
     _log(f"world {label}: {' '.join(cmd)}")

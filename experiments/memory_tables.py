@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dmtp.io import write_text
 from dmtp.memory import drafter_spec, render_tables
 from experiments.profiles import get_profile
 
@@ -47,7 +48,7 @@ def main(argv=None):
     body = tables()
     if a.write:
         path = Path(a.write)
-        path.write_text(splice(path.read_text(), body))
+        write_text(path, splice(path.read_text(), body))
     else:
         print(body)
 

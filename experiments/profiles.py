@@ -70,9 +70,9 @@ def smoke() -> Profile:
 
 
 def mini() -> Profile:
-    """One H100 or H200, end to end in about 25 minutes (`bash experiments/one_gpu.sh`; stage times in
-    results/mini/NOTES.md), in the paper's cost regime:
-    a deep, narrow target (32 layers of width 384, ~55 M parameters + a 1.9 M native MTP head; MobileLLM's
+    """One H100 or H200 (`bash experiments/one_gpu.sh`; its size and cost in one place: docs/GPU.md, "The `mini`
+    run"), in the paper's cost regime:
+    a deep, narrow target (32 layers of width 384, 58.2 M parameters + a 2.0 M native MTP head; MobileLLM's
     deep-and-thin shape) against 2-layer drafters and the 1-layer MTP step, so a round's draft side is a small part of
     verify as for Qwen3.6 (64 layers against 5 + 1); decoded in bf16 as the paper does, with the dense attention kernel
     (at this shape every stage is kernel-latency bound: docs/DESIGN.md, "The mini target"). Drafters: 1,000 steps on

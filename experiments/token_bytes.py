@@ -37,13 +37,13 @@ def main(argv=None):
     import numpy as np
 
     from dmtp.data.tokens import convert
-    from dmtp.io import write_json
+    from dmtp.io import atomic_path, write_json
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     src = out / "data.jsonl"
     rng = np.random.default_rng(0)
-    with open(src, "w") as f:
+    with atomic_path(src) as tmp, open(tmp, "w") as f:
         for _ in range(a.sequences):
             f.write(json.dumps({"ids": rng.integers(0, 248320, a.tokens).tolist()}) + "\n")
     store = convert(src, out / "data.tokens", vocab_size=248320)

@@ -209,25 +209,160 @@ def test_a_full_disk_is_named(full, monkeypatch):
     assert not list(full.parent.glob(".meta.json.*"))  # no temp file left
 
 
-# --- weight files readable by others ---------------------------------------------------------------------------------
+# --- every artifact readable by others ------------------------------------------------------------------------------
 def test_every_weight_writer_leaves_files_readable(models, tmp_path):
-    """save_target_with_mtp on its own, a drafter's save, saved training state: 0644 under umask 022 (the mode a plain
+    """save_target_with_mtp on its own, a target saved without its MTP head, a drafter's save, saved training state,
+    the rehearsal's public-layout DFlash checkpoint, tokenizer and data sets: 0644 under umask 022 (the mode a plain
     open gives), never safetensors' or mkstemp's private 0600."""
     from conftest import make_drafter
 
     from dmtp.io import save_state
     from dmtp.models.mtp import save_target_with_mtp
+    from experiments import reproduce_standin as S
 
     tgt, mtp = models
     mask = os.umask(0)
     os.umask(mask)
     want = 0o666 & ~mask
     save_target_with_mtp(tgt.model, mtp, tmp_path / "t")
+    tiny.save(tgt, mtp, tmp_path / "nomtp", with_mtp=False)
     make_drafter(tgt, "dflash", layers=1).save(tmp_path / "d")
     save_state({"w": torch.zeros(3)}, tmp_path / "s.pt")
-    files = [*(tmp_path / "t").iterdir(), *(tmp_path / "d").iterdir(), tmp_path / "s.pt"]
-    assert any(f.suffix == ".safetensors" for f in files)
+    S.public_dflash(tmp_path / "dflash", tmp_path / "t")
+    S.save_tokenizer(S.tokenizer(), tmp_path / "t")
+    S.write_sets(tmp_path / "data", n=2, n_train=2)
+    files = [f for f in tmp_path.rglob("*") if f.is_file()]
+    assert {"nomtp/model.safetensors", "dflash/model.safetensors", "data/HumanEval.jsonl.gz", "t/tokenizer.json",
+            "s.pt"} <= {f.relative_to(tmp_path).as_posix() for f in files}
     assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: oct(want) for f in files}
+
+
+# Every call in the library and the experiments that writes a file, found by its name: a pandas frame's to_*(path),
+# a Path's write_text / write_bytes / touch, open(..., "w"/"a"/"x"/"+"), torch.save, np.save, savefig,
+# save_pretrained, safetensors' save_file, shutil's copies, json.dump; the suite's own writers (a function of a dmtp
+# or experiments module) are checked where they are defined.
+_WRITE_METHODS = {"write_text", "write_bytes", "touch", "save_file", "savefig", "save_pretrained", "savez",
+                  "savez_compressed", "tofile", "save", "to_csv", "to_json", "to_parquet", "to_pickle"}
+_WRITE_FUNCS = {"save_file", "copyfile", "copy2", "copytree"}
+_MODULE_WRITERS = {("shutil", "copy"), ("shutil", "copy2"), ("shutil", "copyfile"), ("shutil", "copytree"),
+                   ("shutil", "move"), ("json", "dump"), ("pickle", "dump")}
+# writers outside dmtp.io's helpers, each with why its file gets the helpers' modes
+_WRITERS_ELSEWHERE = {
+    ("dmtp/cli/args.py", "out_file"): "a probe: opens an existing output for append and writes nothing",
+    ("dmtp/training/drafters.py", "_train"): "Drafter.save, whose atomic_dir is in dmtp/models/drafter.py",
+}
+
+
+def _file_writes(tree, library: set[str]):
+    """(line, function, call) of each call in `tree` that writes a file outside dmtp.io's helpers: inside no
+    `atomic_path` / `atomic_dir` (a name bound to their temp path, or derived from one, in the function or one around
+    it names its target) and in no function that gives what it wrote the helpers' modes (`make_readable`)."""
+    import ast
+
+    def name(f):
+        return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+    def target(call):  # the expression naming the file a call writes, or None
+        f, args = call.func, call.args
+        first = args[0] if args else next((k.value for k in call.keywords if k.arg in ("path", "path_or_buf",
+                                                                                         "file", "fname")), None)
+        if name(f) == "open":
+            mode = args[1] if len(args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+            writes = isinstance(mode, ast.Constant) and any(c in str(mode.value) for c in "wax+")
+            method = isinstance(f, ast.Attribute) and not (isinstance(f.value, ast.Name) and f.value.id in (
+                "gzip", "tarfile", "bz2", "lzma", "io"))
+            return (f.value if method else first) if writes else None
+        if isinstance(f, ast.Name):
+            return first if f.id in _WRITE_FUNCS else None
+        if not isinstance(f, ast.Attribute):
+            return None
+        root = f.value
+        while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+            root = root.func if isinstance(root, ast.Call) else root.value
+        recv = root.id if isinstance(root, ast.Name) else None
+        if recv in library:  # the suite's own writer, checked where it is defined
+            return None
+        if (recv, f.attr) in _MODULE_WRITERS:
+            return args[1] if len(args) > 1 else first
+        if f.attr in ("write_text", "write_bytes", "touch"):
+            return f.value
+        if f.attr in _WRITE_METHODS:
+            return args[1] if recv == "torch" and len(args) > 1 else first
+        return None
+
+    writes, covered, inner = {}, set(), {}
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    def own(fn):  # the nodes of a scope, without the functions defined inside it
+        todo = list(ast.iter_child_nodes(fn))
+        while todo:
+            n = todo.pop()
+            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                yield n
+                todo.extend(ast.iter_child_nodes(n))
+
+    for fn in [tree, *scopes]:  # outer scopes first: a write's function is the innermost around it
+        body, mine = list(ast.walk(fn)), list(own(fn))
+        readable = any(isinstance(n, ast.Call) and name(n.func) == "make_readable" for n in mine)
+        binds = [(n.value, n.targets) if isinstance(n, ast.Assign) else (n.context_expr, [n.optional_vars])
+                 for n in mine if isinstance(n, (ast.Assign, ast.withitem))]
+        atomic = set()
+        while True:  # names bound to an atomic temp path, or to something derived from one
+            more = {t.id for val, tg in binds for g in tg if g is not None for t in ast.walk(g)
+                    if isinstance(t, ast.Name) and any(isinstance(c, ast.Call) and name(c.func) in (
+                        "atomic_path", "atomic_dir") or isinstance(c, ast.Name) and c.id in atomic
+                        for c in ast.walk(val))}
+            if more <= atomic:
+                break
+            atomic |= more
+        for n in body:
+            what = target(n) if isinstance(n, ast.Call) else None
+            if what is None:
+                continue
+            writes[n], inner[n] = ast.unparse(n)[:80], getattr(fn, "name", "<module>")
+            if readable or any(isinstance(x, ast.Name) and x.id in atomic for x in ast.walk(what)):
+                covered.add(n)
+    return sorted((n.lineno, inner[n], call) for n, call in writes.items() if n not in covered)
+
+
+def test_every_file_writer_goes_through_the_io_helpers():
+    """Every file the library and the experiments write is written through dmtp.io's helpers (atomic, and 0644 under
+    umask 022: `_readable`), or given their modes after an outside writer (`make_readable`); a new writer anywhere is
+    found by name, not only the ones known today. The exceptions are listed with their reason, and each must still
+    exist."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    bad, seen = [], set()
+    for path in sorted(p for d in ("dmtp", "experiments", "ablations") for p in (root / d).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "dmtp/io.py":  # the helpers themselves
+            continue
+        tree = ast.parse(path.read_text())
+        library = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) for a in getattr(n, "names", [])
+                   if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in ("dmtp", "experiments")
+                   or isinstance(n, ast.Import) and a.name.split(".")[0] in ("dmtp", "experiments")}
+        for line, fn, call in _file_writes(tree, library):
+            if (rel, fn) in _WRITERS_ELSEWHERE:
+                seen.add((rel, fn))
+            else:
+                bad.append(f"{rel}:{line} ({fn}): {call}")
+    assert not bad, "file writes outside dmtp.io's helpers:\n" + "\n".join(bad)
+    assert seen == set(_WRITERS_ELSEWHERE), f"listed exceptions no longer found: {set(_WRITERS_ELSEWHERE) - seen}"
+
+
+def test_a_cut_last_line_is_dropped_in_place(tmp_path):
+    """drop_cut_line: a record file cut mid-line by a kill keeps its whole lines (read back in blocks from the end:
+    a cut line longer than a block, a file without any newline, a whole file untouched)."""
+    from dmtp.io import drop_cut_line
+
+    f = tmp_path / "r.jsonl"
+    whole = b'{"id": 1}\n{"id": 2}\n'
+    for cut, dropped in ((b"", 0), (b'{"id": 3', 8), (b"x" * 200_000, 200_000)):
+        f.write_bytes(whole + cut)
+        assert drop_cut_line(f) == dropped and f.read_bytes() == whole
+    f.write_bytes(b"no newline at all")
+    assert drop_cut_line(f) == 17 and f.read_bytes() == b""
 
 
 # --- provenance counts source files only ---------------------------------------------------------------------------

@@ -331,6 +331,23 @@ def test_dryrun_says_whether_training_and_evaluation_fit(capsys):
     assert e.value.code == 1 and "training, one drafter: does NOT fit" in out and "32,768 tokens" in out
 
 
+def test_dryrun_names_the_fewest_cards_that_fit(capsys):
+    """Where a setting does not fit, `dmtp dryrun` names what would: for each card kind the fewest cards that train
+    one drafter (the memory tables' rows: 27B at 2,048 tokens on 2 x 80 GiB or 1 x 141 GiB), and the cards
+    evaluation fits; a setting that fits names nothing more."""
+    from dmtp.cli.dryrun import dryrun, render
+
+    r = dryrun("qwen3.6-27b", backbones=["dflash"], gpus=1, gpu_mem=80)
+    (gb80, p80), (gb141, p141) = r["fit"]["fewest"]
+    assert (gb80, p80.setting.world, p80.setting.micro_batch, p80.accumulation) == (80, 2, 1, 64)
+    assert (gb141, p141.setting.world, p141.setting.micro_batch, p141.accumulation) == (141, 1, 8, 16)
+    assert ("what would fit training one drafter, the fewest cards of each kind: 2 x 80 GiB (micro-batch 1 x 64 "
+            "accumulation, target replicated, activation checkpointing off); 1 x 141 GiB") in render(r)
+    r = dryrun("qwen3.6-35b-a3b", backbones=["dflash"], gpus=1, gpu_mem=80, seq_len=32768)
+    assert "what would fit evaluation at batch 32: a card of 141 GiB" in render(r)
+    assert "what would fit" not in render(dryrun("qwen3.6-27b", backbones=["dflash"], gpus=8, gpu_mem=80))
+
+
 def test_pipeline_drafters_stage_checks_a_paper_profile(tmp_path, monkeypatch):
     """The pipeline's drafters stage on a paper profile (GPUs faked: the check reads the config and the card's size
     only): on one 80 GB card its drafters side by side are refused in one line; on 8 x 80 GB the three fit with the
@@ -417,3 +434,31 @@ def test_dflash2_takes_the_fused_loss_in_the_model():
     fused, plain = plan_training(cfg, spec_of([d2]), **kw), plan_training(cfg, spec_of([capped]), **kw)
     assert fused.setting.ce_chunk == 540 and plain.setting.ce_chunk == 0
     assert plain.terms["logits"] == 512 * 8 * 248320 * 12 and "LM-head loss plain" in plain.line()
+
+
+def test_the_gpu_guide_quotes_what_the_models_compute():
+    """docs/GPU.md's fewest cards are `dmtp dryrun`'s (`fewest_cards`, at the profiles' sequence length) and its
+    `mini` size is what the pipeline builds from the profile's `model.arch` (on the meta device)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from dmtp.cli.dryrun import fewest_cards
+    from dmtp.cli.fit import run_configs
+    from dmtp.training.drafters import spec_of
+    from dmtp.training.pretrain import build_target
+    from experiments.profiles import get_profile
+
+    doc = (Path(__file__).parents[1] / "docs" / "GPU.md").read_text()
+    for name, label in (("qwen3.6-27b", "Qwen3.6-27B"), ("qwen3.6-35b-a3b", "Qwen3.6-35B-A3B")):
+        p = get_profile(name)
+        kw = dict(p.scale.target_config)
+        cfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+        one = spec_of([run_configs(p, cfg, ["dflash"])["dflash"]])
+        fewest = " or ".join(f"{plan.setting.world} × {gb} GB" for gb, plan in
+                             fewest_cards(cfg.to_dict(), one, p.train, p.scale.max_seq_len))
+        assert f"| {label} (`{name}`) | {fewest.replace(' or ', ', or ', 1)} |" in doc, fewest
+    with torch.device("meta"):
+        tgt, mtp = build_target(get_profile("mini").model.arch, get_profile("mini").data.vocab_size, 0)
+    n, m = sum(x.numel() for x in tgt.model.parameters()), sum(x.numel() for x in mtp.parameters())
+    assert f"**{n:,} parameters plus a {m:,}-parameter native MTP head**" in " ".join(doc.split())

@@ -1,5 +1,6 @@
 """Every notebook executes as a user opens it: as shipped (no parameter replaced, no path injected), its kernel
-started in notebooks/, on the results committed for its default profile (a copy: running it renders figures)."""
+started in notebooks/, on the results committed for its default profile (a copy: running it renders figures), and
+says first which profile it shows and what that profile can show."""
 import shutil
 from pathlib import Path
 
@@ -30,6 +31,12 @@ def test_notebook_runs_as_shipped_from_its_folder(name, checkout):
                             resources={"metadata": {"path": str(checkout / "notebooks")}}).execute()
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "the notebook shows the rendered figures"
+    said = [o["data"]["text/markdown"] for c in nb.cells for o in c.get("outputs", []) if "text/markdown" in
+            o.get("data", {})]
+    assert said and said[0].startswith("**A smoke run** (`tiny`"), "the first thing shown: what the profile can show"
+    assert "It opens on `tiny`, the committed CPU **smoke run**" in nb.cells[0].source  # and the introduction
+    if name == "verify":  # the study's models, as REPORT.md names them (in bold when left from earlier models)
+        assert said[1].startswith("Models: the study's runs at ")
     assert not (checkout / "notebooks" / "results").exists()  # nothing written beside the notebooks
 
 

@@ -341,3 +341,58 @@ def test_the_report_says_whether_the_corpus_is_the_pinned_one(tmp_path):
     assert "equal in r1" in text and f"**different** in r2 ({'b' * 16})" in text
     (tmp_path / "experiment.json").write_text(json.dumps({"data": {}}))
     assert "pinned no corpus digest" in " ".join(corpus_lines(art))
+
+
+def test_a_smoke_series_and_a_random_target_say_so_first(hand):
+    """A smoke series (`registered.SMOKE`) says so at the top of REPORT.md and of every table, once each, and words
+    its verdicts within one smoke realization; a run on a random-weight target (stages.json `random_weights`, as
+    `dmtp reproduce` writes it for the stand-in) says that acceptance is not measured there. A run of the method says
+    neither."""
+    from dmtp.analysis.report import claims
+
+    root = hand / "hand"
+    render_report("hand", hand, load("hand", hand, n_boot=50))
+    plain = (root / "REPORT.md").read_text()
+    assert "smoke run" not in plain.lower() and "Random weights" not in plain
+    exp = json.loads((root / "experiment.json").read_text())
+    (root / "experiment.json").write_text(json.dumps(dict(exp, name="tiny")))
+    (root / "stages.json").write_text(json.dumps({"random_weights": True, "stages": {}}))
+    art = load("hand", hand, n_boot=50)
+    text = render_report("hand", hand, art).read_text()
+    top = text.split("\n\n")[2]  # after the heading and the rendering line
+    assert top.startswith("> **A smoke run** (`tiny`, the CPU profile") and text.count("**A smoke run**") == 1
+    assert "Random weights: acceptance is not measured" in top
+    for md in (root / "tables").glob("*.md"):
+        lines = md.read_text().splitlines()
+        assert lines[2].startswith("> **A smoke run**"), md.name  # under the title, before anything else
+    assert claims.one(art) == "within one realization (r0) of a smoke run: "
+    assert art.caveat_short == "a smoke run (tiny): not a finding about the method; random weights: acceptance not " \
+        "measured"
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.suptitle("Verification at T = 1")
+    figures.caveat_title(fig, art.caveat_short)  # what every figure of the series gets before it is written
+    assert fig.get_suptitle() == "A smoke run (tiny): not a finding about the method; random weights: acceptance " \
+        "not measured\nVerification at T = 1"
+
+
+def test_notes_numbers_are_generated_from_the_tables(hand):
+    """NOTES.md's generated block holds what the tables hold: rewritten by every report render, the prose around it
+    untouched; the committed results/tiny/NOTES.md block is what its committed tables give."""
+    from pathlib import Path
+
+    from dmtp.analysis.report import notes
+
+    root = hand / "hand"
+    (root / "NOTES.md").write_text(f"# Notes\n\nProse.\n\n{notes.BEGIN}\nstale 1.194\n{notes.END}\n\nMore prose.\n")
+    render_report("hand", hand, load("hand", hand, n_boot=50))
+    text = (root / "NOTES.md").read_text()
+    assert text.startswith("# Notes\n\nProse.\n\n") and text.endswith("\n\nMore prose.\n") and "1.194" not in text
+    at = csv(hand, "ablation_code").set_index(["method", "temperature"]).acceptance_length
+    assert f"| ablation_code | 0 | {at['dflash', 0]:.3f} | {at['mtp', 0]:.3f} | " in text
+    assert notes.t1_runs(code())[:3] == ["token_only", "t1_residual", "double_anchor_fusion"]
+    assert "dflash" not in notes.t1_runs(code()) and "dflash2" not in notes.t1_runs(code())
+    tiny = Path(__file__).parents[1] / "results" / "tiny"
+    committed = (tiny / "NOTES.md").read_text().split(notes.BEGIN)[1].split(notes.END)[0].strip()
+    assert committed == notes.block(tiny)

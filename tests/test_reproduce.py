@@ -136,6 +136,10 @@ def test_every_stage_writes_the_report_layout(whole, inputs):
     rep = (w / "REPORT.md").read_text()
     for title in ("Open-reproduction layout", "First-token acceptance", "Acceptance per position", "Per turn"):
         assert title in rep
+    # the stand-in's weights are random: stages.json, the report's top and every table say acceptance is not measured
+    assert read_json(w / "stages.json")["random_weights"] is True
+    assert rep.split("\n\n")[2].startswith("> **Random weights: acceptance is not measured here.**")
+    assert "**Random weights: acceptance is not measured here.**" in (w / "tables" / "open_repro.md").read_text()
     o = pd.read_csv(w / "tables" / "open_repro.csv", dtype={"turn": str})
     pooled = o[o.turn == "all"].set_index("dataset")
     assert sorted(pooled.index) == sorted(SETS) and {"mtp", "dflash_lo", "dmtp_d2_hi"} <= set(o.columns)

@@ -174,6 +174,139 @@ def test_generate_resumes_after_a_kill(ckpt, tmp_path, monkeypatch, capsys):
     assert "all 5 prompts already in" in capsys.readouterr().out
 
 
+# --- Ctrl-C: exit 130 in one line, the saved state as it was ----------------------------------------------------
+# a real SIGINT in the middle of writing trainer_state.pt (torch.save writes through a Python file object, so the
+# interrupt arrives inside torch's writer, as a terminal's Ctrl-C during the save would)
+CTRL_C_IN_SAVE = """
+import os, signal, sys
+import dmtp.io
+
+class Interrupted:
+    def __init__(self, f):
+        self.f, self.n = f, 0
+    def write(self, b):
+        self.n += 1
+        if self.n == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.f.write(b)
+    def __getattr__(self, k):
+        return getattr(self.f, k)
+    def __enter__(self):
+        return self
+    def __exit__(self, *e):
+        self.f.close()
+
+def interrupting_open(path, mode="r", *a, **k):
+    f = open(path, mode, *a, **k)
+    return Interrupted(f) if "trainer_state.pt" in str(path) and "w" in mode else f
+
+dmtp.io.open = interrupting_open
+from dmtp.cli.main import main
+main(sys.argv[1:])
+"""
+INTERRUPTED = "interrupted; the same command resumes from what was saved"
+
+
+def _train_cmd(root, out, *extra):
+    return ["train", "--target", str(root / "nomtp"), "--data", str(root / "data.jsonl"), "--out", str(out),
+            "--variants", "dflash", "--batch-size", "2", "--max-len", "16", "--mask-token-id", "2", *extra]
+
+
+def _python(*argv, **kw):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=600, env=env, **kw)
+
+
+def test_ctrl_c_during_a_state_save_leaves_the_state_before_it(ckpt, tmp_path):
+    """Ctrl-C while trainer_state.pt is being written: exit 130 with the one line (not "cannot be written", not a
+    traceback), the state of the save before in place, no temp file left; the same command then finishes."""
+    root, _, _ = ckpt
+    out = tmp_path / "d"
+    assert _python("-m", "dmtp.cli", *_train_cmd(root, out, "--steps", "3", "--stop-after", "1")).returncode == 0
+    state = out / "dflash" / "trainer_state.pt"
+    before = state.read_bytes()
+    r = _python("-c", CTRL_C_IN_SAVE, *_train_cmd(root, out, "--steps", "3"))
+    assert r.returncode == 130, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == f"dmtp train: {INTERRUPTED}"
+    assert "Traceback" not in r.stderr and "cannot be written" not in r.stderr
+    assert state.read_bytes() == before and not list(state.parent.glob(".trainer_state.pt.*"))
+    r = _python("-m", "dmtp.cli", *_train_cmd(root, out, "--steps", "3"))
+    assert r.returncode == 0 and "resumed at step 1" in r.stdout + r.stderr, r.stderr
+    assert "3 steps" in (out / "dflash" / "DONE").read_text()
+
+
+# each rank's exit status, as the rank itself ends (torchrun does not report the statuses of ranks it stopped)
+RANK_EXIT = """
+import os, sys
+from dmtp.cli.main import main
+try:
+    main(sys.argv[2:])
+except SystemExit as e:
+    with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
+        f.write(str(e.code))
+    raise
+"""
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+@pytest.mark.parametrize("who", ["launcher", "ranks"])
+def test_ctrl_c_under_torchrun_exits_130_on_every_rank(ckpt, tmp_path, who):
+    """Ctrl-C at a 2-rank `dmtp.cli.torchrun` training: a terminal's SIGINT reaches the launcher alone (torch's agent
+    passes it on), a scheduler's may reach the ranks themselves. Either way every rank exits 130, the launcher too,
+    and the whole run prints one line, no traceback."""
+    import signal
+    import time
+
+    root, _, _ = ckpt
+    (tmp_path / "rank_exit.py").write_text(RANK_EXIT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "d"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    p = subprocess.Popen([sys.executable, "-m", "dmtp.cli.torchrun", "--nproc_per_node=2", f"--master_port={port}",
+                          str(tmp_path / "rank_exit.py"), str(tmp_path), *_train_cmd(root, out, "--steps", "100000")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        t0 = time.time()
+        while not (out / "dflash" / "trainer_state.pt").exists():  # training under way on both ranks
+            assert p.poll() is None and time.time() - t0 < 300, p.communicate()[1][-3000:]
+            time.sleep(0.5)
+        for pid in [p.pid] if who == "launcher" else _children(p.pid):
+            os.kill(pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err[-3000:]
+    assert {f.name: f.read_text() for f in tmp_path.glob("rank[0-9]")} == {"rank0": "130", "rank1": "130"}
+    assert "Traceback" not in err and [x for x in err.splitlines() if "interrupt" in x.lower()] == [
+        f"dmtp train: {INTERRUPTED}"], err[-3000:]
+
+
+def test_interrupted_launch_statuses():
+    """The launcher's exit status from its ranks' statuses: interrupted ranks (SIGINT's 130 from `args.guard`, or
+    killed by the signal) give the shell's status of an interrupted command; any other failure keeps torch's report."""
+    from dmtp.cli.torchrun import interrupted_status
+
+    assert interrupted_status([130, 130]) == 130 and interrupted_status([130, -2]) == 130
+    assert interrupted_status([130, -15]) == 130  # the agent's SIGTERM to a rank still running after the first ended
+    assert interrupted_status([-15, 143]) == 143 and interrupted_status([-15]) == 143
+    assert interrupted_status([130, 1]) is None and interrupted_status([2]) is None and interrupted_status([]) is None
+
+
 def test_one_writer_per_output(ckpt, tmp_path, capsys):
     """Two writers on one --out: while one holds it (here this process), a `dmtp generate` on it is refused naming
     the holder (pid, host) and writes nothing; a lock file left by a killed writer is free again; a file that holds

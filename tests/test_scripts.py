@@ -108,3 +108,114 @@ def test_test_failures_are_written_as_they_happen(tmp_path, monkeypatch):
     text = log.read_text()
     assert text.count("=== ") == 2 and "test_x[qwen3-ar-2-2] (call)" in text and "t::z (setup)" in text
     assert "assert [1, 2] == [1, 3]" in text and "test_y" not in text
+
+
+# --- README's commands, as a newcomer runs them --------------------------------------------------------------------
+# Every command of README's ```bash blocks, in a fresh shell (no variable of this session, `source .venv/bin/activate`
+# as README says), through its own entry point: `make` targets dry-run (`make -n`), `dmtp` / `dmtp-torchrun` commands
+# through their --help there and their whole argument list through the same parsers here, the CPU rehearsal's build
+# run for real. A command no rule covers fails the test; the commands not run are listed with their reason.
+NOT_RUN = {
+    "pip install -e '.[notebook]' && jupyter lab notebooks/":
+        "installs from a package index, then opens a Jupyter server (the extra is declared: pyproject.toml)",
+}
+REHEARSE = "/tmp/rehearse"  # README's rehearsal folder, moved under the test's tmp_path
+
+
+def _uncommented(line: str) -> str:
+    """A shell line without its comment (a `#` outside quotes, at the start or after a blank)."""
+    quote = None
+    for i, c in enumerate(line):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def readme_commands() -> list[str]:
+    """README's ```bash commands, continuation lines joined, comments dropped."""
+    out, in_bash, pending = [], False, ""
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            in_bash = not in_bash and line.strip() == "```bash"
+            continue
+        if not in_bash:
+            continue
+        line = _uncommented(line)
+        if line.endswith("\\"):
+            pending += line[:-1]
+            continue
+        cmd = " ".join((pending + line).split())
+        pending = ""
+        if cmd:
+            out.append(cmd)
+    return out
+
+
+def _fresh(venv: Path, cmd: str, tmp: Path):
+    """`cmd` in a fresh login-less shell at the repository root, README's environment activated."""
+    env = {"HOME": os.environ.get("HOME", str(tmp)), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+           "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    script = f"set -e; cd {ROOT}; source {venv}/bin/activate; {cmd}"
+    return subprocess.run(["bash", "--noprofile", "--norc", "-c", script], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def _argv(venv: Path, cmd: str, tmp: Path) -> list[str]:
+    """The argument list the shell makes of `cmd` (quotes removed, `$(...)` run)."""
+    r = _fresh(venv, f"printf '%s\\0' {cmd}", tmp)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split("\0")[:-1]
+
+
+def _dmtp_args(argv: list[str]):
+    """`dmtp` arguments parsed by `dmtp`'s own parser (an unknown flag or a bad value fails here, as it would there)."""
+    from dmtp.cli.main import parser
+
+    return parser().parse_args(argv)
+
+
+def test_every_readme_command_runs_as_written(tmp_path):
+    venv = next((v for v in (ROOT / ".venv", Path(sys.prefix)) if (v / "bin" / "activate").exists()), None)
+    if venv is None:
+        pytest.skip("no virtual environment with bin/activate (README's `make venv`) runs these tests")
+    cmds = readme_commands()
+    assert cmds[:2] == ["make venv", "source .venv/bin/activate"]  # the install step, then README's environment
+    seen, helped = set(), set()
+    for raw in cmds[2:]:
+        cmd = raw.replace(REHEARSE, str(tmp_path / "rehearse"))
+        words = cmd.split()
+        if raw in NOT_RUN:
+            seen.add(raw)
+        elif words[0] == "make":  # the target exists and expands; what it runs is checked below where it is a dmtp
+            r = _fresh(venv, f"make -n {cmd[len('make '):]}", tmp_path)
+            assert r.returncode == 0, f"{raw}: {r.stderr}"
+            for line in r.stdout.replace("\\\n", " ").splitlines():  # its recipes' lines, continuations joined
+                if " -m dmtp.cli " in line:
+                    _dmtp_args(_argv(venv, line.split(" -m dmtp.cli ", 1)[1], tmp_path))
+        elif words[0] == "dmtp":
+            a = _dmtp_args(_argv(venv, cmd[len("dmtp "):], tmp_path))
+            helped.add(f"dmtp {a.cmd} --help")
+        elif words[0] == "dmtp-torchrun":
+            from torch.distributed.run import get_args_parser
+
+            t = get_args_parser().parse_args(_argv(venv, cmd[len("dmtp-torchrun "):], tmp_path))
+            assert t.module and t.training_script == "dmtp.cli", raw
+            _dmtp_args(t.training_script_args)
+            helped.add("dmtp-torchrun --help")
+        elif words[:4] == ["python", "-m", "experiments.reproduce_standin", "build"]:  # CPU, seconds: for real
+            r = _fresh(venv, cmd, tmp_path)
+            assert r.returncode == 0 and (tmp_path / "rehearse" / "data.flags").exists(), f"{raw}: {r.stderr[-2000:]}"
+        else:
+            pytest.fail(f"README command without a rule here (run it, or list it in NOT_RUN with why): {raw}")
+    assert seen == set(NOT_RUN), f"NOT_RUN lists commands README no longer has: {set(NOT_RUN) - seen}"
+    for h in sorted(helped):  # each entry point, as installed in README's environment
+        r = _fresh(venv, h, tmp_path)
+        assert r.returncode == 0 and "usage:" in r.stdout, f"{h}: {r.stderr[-2000:]}"
+    import tomllib
+
+    assert "jupyterlab" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "notebook"]

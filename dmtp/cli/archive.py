@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from dmtp.io import atomic_path, compact, read_json
+from dmtp.io import atomic_dir, atomic_path, compact, read_json
 
 STATUS = "pipeline.json"  # the run's state, inside the packed folder
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -90,14 +91,38 @@ def names(s: str) -> list[str]:
     return parts
 
 
+def interrupted(e: BaseException) -> bool:
+    """Whether `e` is Ctrl-C, or an error it caused: a writer that calls back into Python (torch.save through a file
+    object) reports the KeyboardInterrupt raised inside its write as its own failure, the interrupt as its context."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _stop(prog: str):
+    """Ctrl-C: exit 130 with one line (under torchrun every rank exits so, rank 0 alone prints it). A SIGTERM from
+    here on is ignored: torch's agent sends one to the ranks still running once a rank has ended, and this one is
+    already stopping."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.environ.get("RANK", "0") == "0":  # torchrun's rank of this process (`dmtp.dist`)
+        print(f"{prog}: interrupted; the same command resumes from what was saved", file=sys.stderr)
+    sys.exit(130)
+
+
 def guard(prog: str, fn, *args):
-    """Run fn(*args); a user error prints `prog: error: message` (one line) and exits 2; Ctrl-C exits 130."""
+    """Run fn(*args); a user error prints `prog: error: message` (one line) and exits 2; Ctrl-C exits 130 (`_stop`),
+    also where a writer reported it as its own failure (`interrupted`)."""
     try:
         return fn(*args)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; the same command resumes from what was saved", file=sys.stderr)
-        sys.exit(130)
+        _stop(prog)
     except Exception as e:
+        if interrupted(e):
+            _stop(prog)
         oom = getattr(sys.modules.get("torch"), "OutOfMemoryError", ())
         if os.environ.get("DMTP_TRACEBACK") or not isinstance(e, USER_ERRORS + ((oom,) if oom else ())):
             raise

@@ -13,8 +13,6 @@ slot (what an engine would accept position by position if the earlier slots were
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
@@ -23,6 +21,7 @@ from dmtp.config import ENGINES
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.engine.methods import load_method
 from dmtp.engine.runner import run_generate
+from dmtp.io import write_json
 from dmtp.training.drafters import block_inputs, extract
 
 
@@ -135,8 +134,7 @@ def main():
         print(f"{run:<24} teacher-forced slot accuracy at every anchor    {res['teacher_forced_all']}", flush=True)
         report[run] = res
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(report, indent=2))
+        write_json(a.out, report)
 
 
 if __name__ == "__main__":

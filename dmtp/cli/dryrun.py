@@ -11,7 +11,9 @@ the per-GPU micro-batch and the accumulation that reach the global batch `train.
 stage plans for the ablation's drafters side by side (`cli.fit`: the micro-batch chosen, checkpointing as the profile
 sets it) and, where they do not fit together, the drafter groups `dmtp reproduce` trains one after another, and
 whether evaluation fits (target + MTP + drafter in bf16, the caches of the evaluation batch at the prompt + new-token
-length), with the per-GPU numbers.
+length), with the per-GPU numbers. Where training or evaluation does not fit, it names what would: the fewest cards
+of each kind the suite plans for (`CARDS`) that train one drafter, with their setting, and the cards evaluation
+fits.
 """
 from __future__ import annotations
 
@@ -140,6 +142,39 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
             "ok": all(ok for _, ok, _ in checks) and (fit is None or fit["train"].fits)}
 
 
+CARDS = (80, 141)  # the cards the suite plans for, GiB as sold: H100 / A100 80 GB, H200 141 GB
+COUNTS = (1, 2, 4, 8, 16)  # card counts searched for the fewest that fit (one node, then two)
+
+
+def fewest_cards(target_config: dict, one, t, seq_len: int) -> list[tuple[float, object]]:
+    """For each card of `CARDS`: (GiB, the plan on the fewest cards of `COUNTS` that trains one drafter `one` at
+    the global batch `t.batch_size`), the plan None where no count fits."""
+    out = []
+    for gb in CARDS:
+        plan = next((p for n in COUNTS if t.batch_size % n == 0 and (p := plan_training(
+            target_config, one, gpus=n, gpu_gb=gb, global_batch=t.batch_size, seq_len=seq_len,
+            anchors=t.anchors_per_seq, fused_ce=t.fused_ce, ce_chunk=t.ce_chunk)).fits), None)
+        out.append((gb, plan))
+    return out
+
+
+def would_fit(f: dict) -> list[str]:
+    """The lines naming what would fit, for a fit section where training or evaluation does not."""
+    out = []
+    if not f["train"].fits:
+        said = [f"{p.setting.world} x {gb} GiB (micro-batch {p.setting.micro_batch} x {p.accumulation} accumulation, "
+                f"target {'sharded' if p.setting.shard_target else 'replicated'}, activation checkpointing "
+                f"{'on' if p.setting.checkpointing else 'off'})" if p else f"no count up to {COUNTS[-1]} of {gb} GiB"
+                for gb, p in f["fewest"]]
+        out.append("  what would fit training one drafter, the fewest cards of each kind: " + "; ".join(said))
+    if not f["eval_ok"]:
+        fits = [gb for gb, ok in f["eval_cards"] if ok]
+        out.append(f"  what would fit evaluation at batch {f['eval_batch']}: "
+                   + (f"a card of {' or '.join(f'{gb} GiB' for gb in fits)}" if fits else
+                      f"no card of {' or '.join(f'{gb} GiB' for gb in CARDS)} (a smaller batch or shorter sequences)"))
+    return out
+
+
 def fit_section(prof, target, configs, gpus: int, gpu_mem: float, seq_len: int) -> dict:
     """The memory model's answers for this profile on `gpus` cards of `gpu_mem` GiB (target: its HF text config):
     the best training setting for one (dflash-backbone) drafter at the global batch `train.batch_size`
@@ -168,9 +203,13 @@ def fit_section(prof, target, configs, gpus: int, gpu_mem: float, seq_len: int) 
     ok, ev = plan_eval(target_config, one, gpu_gb=gpu_mem, batch=prof.eval.batch, length=length)
     most = next((b for b in range(prof.eval.batch, 0, -1)
                  if plan_eval(target_config, one, gpu_gb=gpu_mem, batch=b, length=length)[0]), 0)
+    fewest = fewest_cards(target_config, one, t, seq_len) if not train.fits else []
+    eval_cards = [(gb, plan_eval(target_config, one, gpu_gb=gb, batch=prof.eval.batch, length=length)[0])
+                  for gb in CARDS] if not ok else []
     return {"gpus": gpus, "gpu_mem": gpu_mem, "seq_len": seq_len, "global_batch": t.batch_size, "train": train,
             "loop": loop, "loop_drafters": len(runs), "groups": groups, "refused": refused, "eval_ok": ok, "eval": ev,
-            "eval_length": length, "eval_batch": prof.eval.batch, "eval_most": most, "capacity": capacity(gpu_mem)}
+            "eval_length": length, "eval_batch": prof.eval.batch, "eval_most": most, "capacity": capacity(gpu_mem),
+            "fewest": fewest, "eval_cards": eval_cards}
 
 
 def render(r: dict) -> str:
@@ -233,6 +272,7 @@ def render(r: dict) -> str:
                      f"GB per GPU (" + ", ".join(f"{k} {gb(v)}" for k, v in ev.items() if k != "total") + "); "
                      + (f"the largest batch that fits: {f['eval_most']}" if f["eval_most"] else
                         "not even one sequence fits"))
+        lines += would_fit(f)
     return "\n".join(lines)
 
 

@@ -50,7 +50,8 @@ from dmtp.engine.methods import build_method, method_class, run_of
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
-from dmtp.io import append_jsonl, check_decoded, file_sha256, iter_jsonl, one_writer, read_jsonl, write_meta
+from dmtp.io import (append_jsonl, check_decoded, drop_cut_line, file_sha256, iter_jsonl, one_writer, read_jsonl,
+                     write_meta)
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
@@ -146,9 +147,7 @@ def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, 
     except ValueError as e:
         why = f"its record cannot be read ({e})"
     if why is None:
-        raw = out.read_bytes()
-        if not raw.endswith(b"\n"):  # a line cut by a kill: drop it
-            out.write_bytes(raw[: raw.rfind(b"\n") + 1])
+        drop_cut_line(out)  # a line cut by a kill
         done, line = {}, {}
         try:
             for i, r in iter_jsonl(out):
@@ -421,7 +420,8 @@ def _train_profile(a):
     return prof
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """Every `dmtp` command's arguments (what `main` parses; README's commands are checked against it)."""
     p = argparse.ArgumentParser(prog="dmtp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("variants", help="list the injection variants").set_defaults(fn=cmd_variants)
@@ -582,8 +582,11 @@ def main(argv=None):
     rp.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
     args.compile_cache_flag(rp)
     rp.set_defaults(fn=reproduce.main)
+    return p
 
-    a = p.parse_args(argv)
+
+def main(argv=None):
+    a = parser().parse_args(argv)
     args.guard(f"dmtp {a.cmd}", _run, a)
 
 

@@ -4,7 +4,7 @@
         --data-path openperfectblend=/data/open-perfectblend --data-path gsm8k=/data/gsm8k \
         --data-path math500=/data/MATH-500/test.jsonl --data-path humaneval=/data/HumanEval.jsonl.gz \
         --data-path alpaca=/data/alpaca_data.json --data-path mtbench=/data/mt_bench/question.jsonl
-    torchrun --nproc_per_node=8 -m dmtp.cli reproduce ...       # the same, regen / train / eval over 8 GPUs
+    dmtp-torchrun --nproc_per_node=8 -m dmtp.cli reproduce ...  # the same, regen / train / eval over 8 GPUs
     dmtp reproduce --profile open-tiny --target TINY --work /tmp/open --data-path ...   # CPU, toy size (tests)
 
 Stages (`--stage regen,train` runs some; each skips or resumes finished work):
@@ -34,7 +34,8 @@ What it writes under --work (the report's layout: runs/<experiment>/<run>/<set>_
     data/shards/rank<r>-of-<w>.jsonl                per-rank shards while regen runs (removed once merged)
     drafters/<run>/{drafter/,history.json,DONE,fingerprint.json}
     runs/<experiment>/<run>/<set>_T0.jsonl (+ .meta.json)   one record per request (MT-Bench: per turn)
-    experiment.json, stages.json                    the resolved profile; each stage's wall time and rates
+    experiment.json, stages.json                    the resolved profile; each stage's wall time and rates, and
+                                                    whether the target's weights are random (`RANDOM_WEIGHTS`)
     tables/, figures/, REPORT.md
 Every output records its configuration (a fingerprint: a finished or half-done output of another configuration is
 refused, naming the fields, unless --force redoes it), the engine settings and the commit (`write_meta`).
@@ -63,7 +64,7 @@ from dmtp.cli.stages import record as stage_record
 from dmtp.config import Profile
 from dmtp.data import datasets as D
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import append_jsonl, atomic_path, one_writer, read_json, write_json, write_jsonl, write_meta
+from dmtp.io import append_jsonl, atomic_path, drop_cut_line, one_writer, read_json, write_json, write_jsonl, write_meta
 
 STAGES = ("regen", "train", "eval", "report")
 TRAIN_SET = "openperfectblend"
@@ -73,6 +74,11 @@ TRAIN_SET = "openperfectblend"
 COLLECTIVE_TIMEOUT_H = 12
 RECORD_FIELDS = ("id", "prompt_ids", "output_ids", "stop_reason")  # a merged training record: no timings, so the
 # file is the same whatever ran it
+
+
+# a target folder holding this file has random weights (`experiments.reproduce_standin` writes it): stages.json says
+# so, and the report says that acceptance is not measured on such a run
+RANDOM_WEIGHTS = "random_weights.json"
 
 
 class Ctx:
@@ -373,19 +379,7 @@ def st_regen(c: Ctx) -> dict | None:
     dist.barrier()
     own = shards / f"rank{c.rank}-of-{c.world}.jsonl"
     if own.exists():  # a line cut by a kill: dropped (its batch is decoded again)
-        with open(own, "rb+") as f:
-            f.seek(0, os.SEEK_END)
-            size = pos = f.tell()
-            while pos > 0:  # back to the last newline
-                f.seek(max(0, pos - 65536))
-                chunk = f.read(pos - max(0, pos - 65536))
-                k = chunk.rfind(b"\n")
-                if k >= 0:
-                    pos = max(0, pos - 65536) + k + 1
-                    break
-                pos = max(0, pos - 65536)
-            if pos < size:
-                f.truncate(pos)
+        drop_cut_line(own)
     done = set()
     for f in sorted(shards.glob("rank*.jsonl")):  # every shard, of any earlier number of ranks
         done |= set(shard_index(f))
@@ -632,6 +626,7 @@ def st_report(c: Ctx) -> dict | None:
             "(or decode into runs/<experiment>/<run>/<set>_T0.jsonl with dmtp generate)")
     if not (c.work / "experiment.json").exists():  # records decoded by hand (dmtp generate): the profile's spec
         write_experiment(c.work / "experiment.json", c.p)
+    record_stage(c)  # the target's kind (random weights?), which the report states first
     path = render_report(c.work.name, c.work.parent, name=c.p.name,
                          command=f"dmtp reproduce --profile {c.p.name} --work {c.work} --stage report")
     c.log(f"report: {path}")
@@ -641,14 +636,18 @@ def st_report(c: Ctx) -> dict | None:
 RUN = {"regen": st_regen, "train": st_train, "eval": st_eval, "report": st_report}
 
 
-def record_stage(c: Ctx, stage: str, wall: float, info: dict) -> None:
-    """stages.json: each stage's wall time and rates (the last run that did work), what the projection reads."""
+def record_stage(c: Ctx, stage: str | None = None, wall: float = 0.0, info: dict | None = None) -> None:
+    """stages.json: each stage's wall time and rates (the last run that did work), what the projection reads, and the
+    run's target, environment, engine and whether the target's weights are random (`RANDOM_WEIGHTS`: the report
+    reads it); stage None: those alone."""
     path = c.work / "stages.json"
     old = read_json(path) if path.exists() else {}
-    old.setdefault("stages", {})[stage] = dict(info, wall_s=round(wall, 3))
+    if stage is not None:
+        old.setdefault("stages", {})[stage] = dict(info, wall_s=round(wall, 3))
     from dmtp.io import environment
 
-    old.update(profile=c.p.name, target=str(c.target), env=environment(), engine=asdict(c.p.engine))
+    old.update(profile=c.p.name, target=str(c.target), env=environment(), engine=asdict(c.p.engine),
+               random_weights=(Path(c.target) / RANDOM_WEIGHTS).exists())
     write_json(path, old)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from dmtp.io import make_readable
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
 from dmtp.models.target import Target
@@ -98,4 +99,5 @@ def save(tgt, mtp, path: str | Path, with_mtp: bool = True, experts: str = "fuse
         save_target_with_mtp(tgt.model, mtp, path, experts=experts)
     else:
         tgt.model.save_pretrained(path)
+        make_readable(path)  # save_pretrained's safetensors are 0600; weights are read by others
     return Path(path)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 
 from dmtp.analysis.ratios import read as read_ratios
-from dmtp.analysis.report import blog_gap, figures, summary, tables
+from dmtp.analysis.report import blog_gap, figures, notes, summary, tables
 from dmtp.analysis.report import verify as verify_study
 from dmtp.analysis.report.data import Artifacts, find_results, load
-from dmtp.io import read_json
+from dmtp.io import read_json, write_text
 
 __all__ = ["Artifacts", "find_results", "load", "tables", "figures", "summary", "render_tables", "render_figures",
            "render_report"]
@@ -62,16 +62,18 @@ def _section(art: Artifacts, title: str, tabs: list[str], figs: list[str]) -> li
     pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"), key=by_temperature)]
     if not mds and not pngs:
         return []
-    return [f"## {title}", "", *[f"![{p.stem}](figures/{p.name})\n" for p in pngs], *[p.read_text() for p in mds]]
+    said = tables.caveat_line(art)  # said once, at the report's top
+    return [f"## {title}", "", *[f"![{p.stem}](figures/{p.name})\n" for p in pngs],
+            *[p.read_text().replace(said + "\n", "") if said else p.read_text() for p in mds]]
 
 
 def scope(art: Artifacts) -> list[str]:
     """The hand-written scope of what the folder holds (the first paragraph of results/<profile>/NOTES.md, headed
     "Scope:"), first: what a reader must know before any number (e.g. a run made with a reduced budget)."""
-    notes = art.root / "NOTES.md"
-    if not notes.exists():
+    path = art.root / "NOTES.md"
+    if not path.exists():
         return []
-    first = notes.read_text().strip().split("\n\n")[0]
+    first = path.read_text().strip().split("\n\n")[0]
     return [f"> {line}" for line in first.splitlines()] + [""] if first.startswith("Scope:") else []
 
 
@@ -127,6 +129,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
     how the runs were made. `name` / `command`: the profile and the command named in its heading when the folder is
     not results/<profile> (default: the folder's name, `python -m dmtp.cli.report report`)."""
     art = render_figures(profile, results, render_tables(profile, results, art))
+    notes.fill(art.root)  # NOTES.md's generated numbers, from the tables just written
     s = art.summary
     reals = ", ".join(r.name for r in art.realizations)
     command = command or f"python -m dmtp.cli.report report --profile {profile}"
@@ -136,6 +139,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
            "95 %: t [t-interval over the top level's units: realizations when there are several, else seeds] first, "
            "bootstrap [hierarchical bootstrap over realizations, drafter seeds and requests] beside it." + (
                f" Left out: {', '.join(n for n, _ in art.left_out)} (see the end)." if art.left_out else ""), ""]
+    out += [tables.caveat_line(art)] if art.caveat else []
     out += scope(art)
     out += summary.findings(art)
     tp = art.tables / "throughput.md"
@@ -181,7 +185,6 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
                 "n_requests", "n_zero_round", "n_rounds", "output_tokens"]
         out += ["## Artifacts", "", tables.made_by(art), "", tables.to_markdown(s[cols])]
     path = art.root / "REPORT.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out))
-    print(f"[report] wrote {path}")
+    write_text(path, "\n".join(out))
+    print(f"[report] wrote {path}" + (f" ({art.caveat_short})" if art.caveat_short else ""))
     return path

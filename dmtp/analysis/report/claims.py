@@ -33,7 +33,7 @@ from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report.data import CONTRAST_BOOT, Artifacts, paired_runs, per_unit
-from dmtp.analysis.report.registered import PRIMARY, Family
+from dmtp.analysis.report.registered import PRIMARY, SMOKE, Family
 
 # "close" = |a - b| below this share of b's acceptance length. The blog states no margin; 2 % is the size of the
 # gaps between neighbouring variants that its Code ablation reports as differences (mask_residual +1.92 %,
@@ -63,11 +63,13 @@ def n_realizations(art: Artifacts) -> int:
 
 
 def one(art: Artifacts) -> str:
-    """'within one realization (r<k>): ' for a one-realization report, else ''."""
+    """'within one realization (r<k>): ' for a one-realization report, else ''; a smoke series (`SMOKE`) says so
+    in either case: its verdicts describe the pipeline's run, never the method."""
+    smoke = series(art)[0] in SMOKE
     if n_realizations(art) > 1:
-        return ""
+        return f"a smoke series ({n_realizations(art)} realizations): " if smoke else ""
     name = art.realizations[0].name if art.realizations else "the flat layout"
-    return f"within one realization ({name}): "
+    return f"within one realization ({name}){' of a smoke run' if smoke else ''}: "
 
 
 def contrast(art: Artifacts, dataset: str, t: float, a: str, b: str, margin: float | None = None) -> dict | None:

@@ -98,6 +98,16 @@ def read_ood(root: Path) -> dict[str, tuple[str, ...]]:
     return {name: tuple(ev.get("ood_runs") or ()) for name in ev.get("ood") or {}}
 
 
+def read_caveat(root: Path, short: bool = False) -> str:
+    """`registered.caveat` of a realization: its experiment.json `name` (a smoke series?) and its stages.json
+    `random_weights` (`dmtp reproduce` on a random-weight stand-in target); short: a figure title's words."""
+    from dmtp.analysis.report.registered import caveat
+
+    exp, stages = Path(root, "experiment.json"), Path(root, "stages.json")
+    name = read_json(exp).get("name", "") if exp.exists() else ""
+    return caveat(str(name), bool(read_json(stages).get("random_weights")) if stages.exists() else False, short)
+
+
 def method_key(spec: AblationSpec, method: str) -> tuple[str, int, str]:
     """Sort key of a method: its run's place in the spec, then the name (methods the spec does not name come last,
     by name). A bench label "<setup>:<run>+<extra>" sorts after the plain labels, by setup, then as its run."""
@@ -137,6 +147,8 @@ class Artifacts:
     realizations: list[Realization] = field(default_factory=list)  # the pooled ones, in order
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (realization, why) of those not pooled
     ood: dict | None = None  # out-of-distribution set -> its runs (experiment.json eval.ood, eval.ood_runs)
+    caveat: str = ""  # what the series cannot show (`registered.caveat`), said at the top of the report and tables
+    caveat_short: str = ""  # the same in a few words, atop every figure
 
     @property
     def tables(self) -> Path:
@@ -573,7 +585,7 @@ def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> A
     return Artifacts(top, spec, runs, summarize(runs, n_boot, spec), _bench(pooled, top, "throughput"),
                      _bench(pooled, top, "overhead"), pd.concat(curves, ignore_index=True) if curves else None,
                      read_oracle_pooled(pooled), read_subsets(newest), [provenance(k, r) for k, r in pooled], left_out,
-                     read_ood(newest))
+                     read_ood(newest), read_caveat(newest), read_caveat(newest, short=True))
 
 
 def group(art: Artifacts, experiment: str, dataset: str, temperature: float, method: str,

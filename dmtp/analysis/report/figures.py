@@ -19,6 +19,7 @@ from dmtp.analysis import reference as R  # noqa: E402
 from dmtp.analysis.report import tables as T  # noqa: E402
 from dmtp.analysis import stats as S  # noqa: E402
 from dmtp.analysis.report.data import Artifacts, paired_runs, per_unit  # noqa: E402
+from dmtp.io import write_figure  # noqa: E402
 
 # by position in the spec's run order (the Code ablation: ar grey, mtp blue, dflash orange, ...), then the methods
 # it does not name, by name
@@ -34,10 +35,18 @@ def colors(art: Artifacts) -> dict[str, str]:
     return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(names)}
 
 
+def caveat_title(fig: Figure, caveat: str) -> None:
+    """A series' short caveat (`Artifacts.caveat_short`) first in the figure's title."""
+    if caveat:
+        old = fig.get_suptitle()
+        fig.suptitle(f"{caveat[:1].upper() + caveat[1:]}\n{old}" if old else caveat[:1].upper() + caveat[1:],
+                     **({} if old else {"fontsize": 9}))
+
+
 def _save(art: Artifacts, fig: Figure, name: str) -> Path:
-    art.figures.mkdir(parents=True, exist_ok=True)
     path = art.figures / f"{name}.png"
-    fig.savefig(path, dpi=120)
+    caveat_title(fig, art.caveat_short)
+    write_figure(path, fig, dpi=120)
     return path
 
 

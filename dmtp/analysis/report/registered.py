@@ -10,6 +10,9 @@ series or `tiny`) the same contrasts are exploratory. Every other comparison a r
 
     from dmtp.analysis.report.registered import PRIMARY
     [c.key for c in PRIMARY.claims]   # ['P1', 'P2', 'P3', 'P4']
+
+Also here, what a series cannot show, said at the top of its REPORT.md and of every table it renders (`caveat`):
+the smoke series (`SMOKE`), and runs on a random-weight target (`RANDOM_WEIGHTS`).
 """
 from __future__ import annotations
 
@@ -40,6 +43,36 @@ class Family:
     def registered_on(self, experiment: str, train_steps) -> bool:
         """Whether a pooled series is the one this family is registered on."""
         return experiment == self.experiment and train_steps == self.train_steps
+
+
+# series that run every stage at a size too small to show the method (experiment.json `name` -> what it is)
+SMOKE = {
+    "tiny": ("the CPU profile: every stage of the pipeline at a size too small to show the method (its drafters' "
+             "own slots are almost never accepted; `mini` on one GPU is the smallest run that shows it)"),
+    "smoke": "the CI profile: every stage in seconds; its numbers test the pipeline and mean nothing else",
+}
+# a run's target with random weights (`dmtp reproduce` on `experiments.reproduce_standin`'s stand-in, stages.json
+# `random_weights`): a drafter trained on its outputs is accepted at chance, so acceptance is not measured there
+RANDOM_WEIGHTS = ("**Random weights: acceptance is not measured here.** The target is a stand-in with random weights "
+                  "(`experiments.reproduce_standin`): its drafters are accepted at chance, so every acceptance below "
+                  "(about 1, beside the blog's numbers where a table sets them) tests the stages, not a method; "
+                  "what such a run measures is time (stages.json)")
+
+
+def caveat(experiment: str, random_weights: bool = False, short: bool = False) -> str:
+    """What a reader must know before any number of a series: a smoke run (`SMOKE`), a random-weight target
+    (`RANDOM_WEIGHTS`); "" for a run of the method. short: the few words a figure's title carries."""
+    if short:
+        return "; ".join(x for x, on in ((f"a smoke run ({experiment}): not a finding about the method",
+                                          experiment in SMOKE),
+                                         ("random weights: acceptance not measured", random_weights)) if on)
+    out = []
+    if experiment in SMOKE:
+        out.append(f"**A smoke run** (`{experiment}`, {SMOKE[experiment]}): no number below is a finding about the "
+                   "method, and no verdict reaches beyond this one realization.")
+    if random_weights:
+        out.append(RANDOM_WEIGHTS + ".")
+    return " ".join(out)
 
 
 MAIN, BLOG = "zero_init_residual", "fusion"  # the main method; the blog's DMTP model, printed beside it

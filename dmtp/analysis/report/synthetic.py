@@ -28,6 +28,7 @@ import numpy as np
 from dmtp.analysis.costmodel import round_time, simulate
 from dmtp.analysis.report.data import DEFAULT_K
 from dmtp.config import AblationSpec
+from dmtp.io import write_text
 
 EOS = 0  # the synthetic end-of-text id
 BUDGETS = (125, 250, 500, 1000, 2000)  # curve snapshots when the spec names none; the final step is 2 x the last
@@ -60,9 +61,9 @@ def request(rng, method: str, i: int, temp: float, p: float, n_rounds: int, mode
 
 def _write(path: Path, rows: list[dict], meta: dict | None = None, env: dict | None = None):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     if meta is not None:  # as dmtp.io.write_meta
-        path.with_suffix(".meta.json").write_text(json.dumps({"config": meta, "env": env or {}}) + "\n")
+        write_text(path.with_suffix(".meta.json"), json.dumps({"config": meta, "env": env or {}}) + "\n")
 
 
 def run_name(ds: str, temp: float, mode: str = "natural", seed: int = 0) -> str:
@@ -91,7 +92,7 @@ def write_synthetic(spec: AblationSpec, results: str | Path = "results", profile
     exp = {"ablation": asdict(spec), "eval": ev, "realization": realization}
     for key, v in (experiment or {}).items():
         exp[key] = {**exp.get(key, {}), **v} if isinstance(v, dict) else v
-    (root / "experiment.json").write_text(json.dumps(exp, indent=2) + "\n")
+    write_text(root / "experiment.json", json.dumps(exp, indent=2) + "\n")
     keep = lambda m: methods is None or m in methods  # noqa: E731
     p = {m: 0.70 + 0.01 * (i % 12) + (offsets or {}).get(m, 0.0) for i, m in enumerate(spec.runs())}
     rounds = {i: int(rng.integers(10, 30)) for i in range(n)}
@@ -133,7 +134,7 @@ def write_synthetic(spec: AblationSpec, results: str | Path = "results", profile
             c = min(0.97, max(p.values()) - 0.05 * t + 0.1)  # above every run's p at T
             cum = [c ** j for j in range(1, 8)]
             (root / "oracle").mkdir(parents=True, exist_ok=True)
-            (root / "oracle" / f"humaneval_T{t:g}.json").write_text(json.dumps(
+            write_text(root / "oracle" / f"humaneval_T{t:g}.json", json.dumps(
                 {"cumulative": cum, "acceptance_length": 1 + sum(cum), "windows": 50 * n, "dataset": "humaneval",
                  "temperature": t}) + "\n")
     if bench:
@@ -166,7 +167,7 @@ def write_bench(root: Path, spec: AblationSpec, written: dict, env: dict, rng, r
                 tp.append(f"{m},{t},{cap},{rep},humaneval,natural,dynamic,{len(part)},{sum(tokens)},{wall:.6f},"
                           f"{sum(tokens) / wall:.3f},{tau:.4f},{len(acc)},{sim['steps']},{sim['groups']},0.0,"
                           "target,compiled,1")
-    (root / "bench" / "throughput.csv").write_text("\n".join(tp) + "\n")
+    write_text(root / "bench" / "throughput.csv", "\n".join(tp) + "\n")
     ov = ["method,stage,ms_per_round,batch,rounds,device,engine"]
     for m in timed:
         for b, v in ms[m].items():
@@ -177,8 +178,8 @@ def write_bench(root: Path, spec: AblationSpec, written: dict, env: dict, rng, r
         ov += ["8b-shape:dflash,round,8.2,8,128,synthetic,compiled",
                f"8b-shape:{spec.main_method},round,8.8,8,128,synthetic,compiled",
                "8b-shape:ar@batch1,round,6.1,1,128,synthetic,compiled"]
-    (root / "bench" / "overhead.csv").write_text("\n".join(ov) + "\n")
-    (root / "bench" / "meta.json").write_text(json.dumps({"config": {}, "env": env}) + "\n")
+    write_text(root / "bench" / "overhead.csv", "\n".join(ov) + "\n")
+    write_text(root / "bench" / "meta.json", json.dumps({"config": {}, "env": env}) + "\n")
 
 
 def write_synthetic_verify(results: str | Path = "results", profile: str = "synthetic", n: int = 12, seed: int = 0,
@@ -195,7 +196,7 @@ def write_synthetic_verify(results: str | Path = "results", profile: str = "synt
     exp = root / "experiment.json"  # the study's order of methods and modes, as the pipeline writes it
     spec = json.loads(exp.read_text()) if exp.exists() else {}
     spec["verify"] = {"methods": list(methods), "modes": list(modes), "temperatures": list(temps)}
-    exp.write_text(json.dumps(spec, indent=2) + "\n")
+    write_text(exp, json.dumps(spec, indent=2) + "\n")
     bonus = {"target": 0.0, "sample": 0.12, "block": 0.16}
     tp = ["method,verify,temperature,batch_cap,repeat,requests,output_tokens,wall_s,tok_per_s,per_verify"]
     for t in temps:
@@ -217,7 +218,7 @@ def write_synthetic_verify(results: str | Path = "results", profile: str = "synt
                 for cap in caps:
                     wall = 1.0 / (cap ** 0.7)
                     tp.append(f"{m},{v},{t},{cap},0,{n},{tok},{wall:.4f},{tok / wall:.2f},{tau:.4f}")
-    (base / "throughput.csv").write_text("\n".join(tp) + "\n")
+    write_text(base / "throughput.csv", "\n".join(tp) + "\n")
     ks = sorted({0 if m == "ar" else DEFAULT_K.get(m, 7) for m in methods} - {0})
     orc = ["temperature,k,position,ceiling"]
     for t in temps:
@@ -225,5 +226,5 @@ def write_synthetic_verify(results: str | Path = "results", profile: str = "synt
             c = [0.9 - 0.2 * t] * k
             cum = [float(np.prod(c[: j + 1])) for j in range(k)]
             orc += [f"{t},{k},0,{1 + sum(cum)}"] + [f"{t},{k},{j + 1},{x}" for j, x in enumerate(cum)]
-    (base / "oracle.csv").write_text("\n".join(orc) + "\n")
+    write_text(base / "oracle.csv", "\n".join(orc) + "\n")
     return root

@@ -27,6 +27,7 @@ from dmtp.analysis.report import bench as B
 from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, cube, group, load, missing_runs, paired_runs,
                                        per_unit, pooled_hist)
 from dmtp.config import GROUPS
+from dmtp.io import write_csv, write_text
 
 OPEN_LABEL = {"mtp": "MTP415", "dflash": "DFlash", "dmtp_d": "DMTP(D)", "dflash2": "DFlash2", "dmtp_d2": "DMTP(D2)"}
 
@@ -119,10 +120,9 @@ def to_markdown(df: pd.DataFrame) -> str:
 def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = "", models: str = "runs"
          ) -> pd.DataFrame:
     """tables/<name>.csv and .md; the .md opens with which models made it (`made_by`: "runs" or "bench")."""
-    art.tables.mkdir(parents=True, exist_ok=True)
-    df.to_csv(art.tables / f"{name}.csv", index=False)
-    head = "\n".join(x for x in (made_by(art, models), note_items(note)) if x)
-    (art.tables / f"{name}.md").write_text(f"### {title}\n\n" + (f"{head}\n\n" if head else "") + to_markdown(df))
+    write_csv(art.tables / f"{name}.csv", df)
+    head = "\n".join(x for x in (caveat_line(art), made_by(art, models), note_items(note)) if x)
+    write_text(art.tables / f"{name}.md", f"### {title}\n\n" + (f"{head}\n\n" if head else "") + to_markdown(df))
     return df
 
 
@@ -143,6 +143,11 @@ def note_items(note: str, longest: int = 300) -> str:
         cur += ch
     items.append(cur.strip())
     return "\n".join(f"- {x}" for x in items if x)
+
+
+def caveat_line(art: Artifacts) -> str:
+    """The series' caveat (`Artifacts.caveat`) as the blockquote that opens REPORT.md and every table; "" without."""
+    return f"> {art.caveat}\n" if art.caveat else ""
 
 
 def made_by(art: Artifacts, what: str = "runs") -> str:
@@ -867,8 +872,7 @@ def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
     z["rank"] = z.method.map(lambda m: art.rank(m))
     z = z.sort_values(["experiment", "dataset", "temperature", "mode", "rank", "realization", "seed", "id"]
                       ).drop(columns="rank")
-    art.tables.mkdir(parents=True, exist_ok=True)
-    z.to_csv(art.tables / "zero_round.csv", index=False)
+    write_csv(art.tables / "zero_round.csv", z)
     return z.reset_index(drop=True)
 
 

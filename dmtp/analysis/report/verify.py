@@ -22,9 +22,10 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
-from dmtp.analysis.report.data import check_complete, record_files
+from dmtp.analysis.report.data import check_complete, read_caveat, record_files
+from dmtp.analysis.report.figures import caveat_title
 from dmtp.config import VERIFY_MODES
-from dmtp.io import iter_jsonl, read_json
+from dmtp.io import iter_jsonl, read_json, write_csv, write_figure, write_text
 
 MODES = list(VERIFY_MODES)  # verify modes in table order when the experiment names none
 HATCH = {"target": "", "sample": "//", "block": "xx"}
@@ -239,8 +240,8 @@ def figure(root: Path, s: pd.DataFrame, modes: list[str] = MODES) -> list[Path]:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=8,
                    frameon=False)  # below the panels: inside one it hid bars and ceilings
         out = Path(root) / "figures" / f"verify_T{t:g}.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
+        caveat_title(fig, read_caveat(root, short=True))
+        write_figure(out, fig, dpi=120)
         paths.append(out)
     return paths
 
@@ -300,16 +301,15 @@ def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
     s = summary(runs, tp, orc, n_boot, methods, modes)
     pt = paired_tests(runs, 2 * n_boot, methods)
     tables = root / "tables"
-    tables.mkdir(parents=True, exist_ok=True)
-    s.to_csv(tables / "verify.csv", index=False)
-    pt.to_csv(tables / "verify_paired.csv", index=False)
+    write_csv(tables / "verify.csv", s)
+    write_csv(tables / "verify_paired.csv", pt)
     show = s.drop(columns=["k"])
     n_rep = (tp.groupby(["method", "verify", "temperature", "batch_cap"]).size() if tp is not None and len(tp)
              else pd.Series(dtype=int))
     lo, hi = (int(n_rep.min()), int(n_rep.max())) if len(n_rep) else (0, 0)
     repeats = f"{lo}–{hi} timed repeats per cap" if lo != hi else f"{hi} timed repeat(s) per cap"
-    (tables / "verify.md").write_text(markdown(show))
-    (tables / "verify_paired.md").write_text(markdown(pt) if len(pt) else "no paired comparisons\n")
+    write_text(tables / "verify.md", markdown(show))
+    write_text(tables / "verify_paired.md", markdown(pt) if len(pt) else "no paired comparisons\n")
     figs = figure(root, s, modes)
     note = ("the column is empty: the study has no `ar` x `target` runs to compute it along (no "
             "verify/oracle.csv)"
