@@ -199,10 +199,10 @@ def gdn_bench(cfg: dict, batch: int, seq_len: int, dev, dtype, repeats: int = 3)
     return out
 
 
-def build(cfg: dict, layers: int, device, dtype, seed: int, experts: str = "eager"):
+def build(cfg: dict, layers: int, device, dtype, seed: int, experts: str = "default"):
     """The random-weight stand-in at `layers` layers and its random MTP head, on `device`; an MoE target's experts
-    through transformers' `experts` implementation ("eager": a loop over the experts hit, as `Target.load` runs them;
-    "grouped_mm", "batched_mm")."""
+    through transformers' `experts` implementation ("default": transformers' choice, as `Target.load` gets it;
+    "eager": a loop over the experts hit; "grouped_mm", "batched_mm")."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -216,7 +216,7 @@ def build(cfg: dict, layers: int, device, dtype, seed: int, experts: str = "eage
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(
             hf, dtype=dtype, attn_implementation="sdpa",
-            **({"experts_implementation": experts} if kw.get("num_experts") and experts != "eager" else {}))
+            **({"experts_implementation": experts} if kw.get("num_experts") and experts != "default" else {}))
     tgt = Target(model)
     return tgt, MTPHead(tgt)
 
@@ -337,9 +337,11 @@ def render(rec: dict) -> str:
         lines += [f"The plan of `dmtp dryrun --gpus 1 --gpu-mem {st['plan']:g}` for the full depth: {p['line']}",
                   f"Run at its micro-batch {p['micro_batch']} with {p['accumulation_run']} of its {p['accumulation']} "
                   "accumulation steps a step (the peak does not depend on their number).", ""]
-    lines += ["| layers | act. ckpt | ran | predicted GB | max allocated GB | max reserved GB | allocated / predicted | "
-              "peak GB: first step / steady / last + checkpoint | step s | tokens/s | first step s | checkpoint s | "
-              "feature pass s |",
+    if rec.get("experts_implementation"):
+        lines += [f"Experts: transformers' {rec['experts_implementation']!r} implementation.", ""]
+    lines += ["| layers | act. ckpt | ran | predicted GB | max allocated GB | max reserved GB | allocated / "
+              "predicted | peak GB: first step / steady / last + checkpoint | step s | tokens/s | first step s | "
+              "checkpoint s | feature pass s |",
               "|---:|:--|:--|---:|---:|---:|---:|:--|---:|---:|---:|---:|---:|"]
     b = rec.get("gdn_bench_s")
     for r in rec["rows"]:
@@ -383,8 +385,9 @@ def main(argv=None):
                     "or the one-process path `dmtp train` takes on one GPU")
     ap.add_argument("--memory-trace", action="store_true", help="CUDA: record every allocation of each row and write "
                     "the allocations live at its peak, by site, to peak_L<layers>_ckpt<0|1>.txt")
-    ap.add_argument("--experts", default="eager", choices=["eager", "grouped_mm", "batched_mm"],
-                    help="an MoE target's expert implementation in transformers (eager: as `Target.load` runs it)")
+    ap.add_argument("--experts", default="default", choices=["default", "eager", "grouped_mm", "batched_mm"],
+                    help="an MoE target's expert implementation in transformers (default: its choice, as "
+                    "`Target.load` gets it; recorded)")
     ap.add_argument("--layers", type=int, default=0, help="stand-in depth; 0: the full 64 where the model says they "
                     "fit the card, else the largest depth that does")
     ap.add_argument("--steps", type=int, default=4, help="training steps per row (the first compiles)")
@@ -454,6 +457,8 @@ def main(argv=None):
         t1 = time.perf_counter()
         tgt, mtp = build(cfg, depth, dev, dtype, a.seed, a.experts)
         rec["build_s"] = time.perf_counter() - t1
+        rec["experts_implementation"] = getattr(tgt.model.config, "_experts_implementation", None) \
+            if cfg.get("num_experts") else None
         g = torch.Generator().manual_seed(a.seed)
         micro = a.micro_batch or a.batch  # the feature pass of one micro-batch, as a step makes it
         ids = torch.randint(0, tgt.vocab_size, (micro, a.seq_len), generator=g).to(dev)

@@ -44,8 +44,10 @@ def test_moe_stand_in_trains_at_tiny_size(tmp_path):
     rec = json.loads((tmp_path / "paper_width.json").read_text())
     cfg = rec["target_config"]
     assert cfg["model_type"] == "qwen3_5_moe_text" and cfg["num_experts"] == 256 and cfg["num_experts_per_tok"] == 8
+    assert rec["experts_implementation"] and "Experts: transformers'" in (tmp_path / "paper_width.md").read_text()
     (row,) = rec["rows"]
-    assert row["ran"] and len(row["losses"]) == 2 and all(0 < x < 13 for x in row["losses"])  # about ln V = 12.4 at random weights
+    assert row["ran"] and len(row["losses"]) == 2
+    assert all(0 < x < 13 for x in row["losses"])  # about ln V = 12.4 at random weights
     assert row["predicted"]["target"] == target_params(cfg)["total"] * 2
     assert rec["drafter"]["hidden_size"] == 64
 
@@ -121,7 +123,8 @@ def test_step_peaks_read_each_step_apart():
 
 def test_peak_report_names_the_allocations_live_at_the_peak():
     """A hand-made allocation trace: the peak is where C joins B (A freed before), 350 bytes above the start; the
-    report lists C's site, then B's, with the baseline added; a free of memory made before the trace is counted apart."""
+    report lists C's site, then B's, with the baseline added; a free of memory made before the trace is counted
+    apart."""
     from experiments.memory_peak import peak_report, peak_state
 
     own = [{"filename": "/src/dmtp/training/drafters.py", "line": 500, "name": "step"}]
