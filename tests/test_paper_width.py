@@ -147,3 +147,34 @@ def test_peak_report_names_the_allocations_live_at_the_peak():
     sites = lines[3:]
     assert "experiments/paper_width.py:42 run_row | torch/_tensor.py:3 clone" in sites[0]
     assert "- | nn/functional.py:10 linear" in sites[1] and len(sites) == 2
+
+
+def test_paper_rates_tiny_writes_a_rates_file_the_projection_reads(tmp_path):
+    """experiments/paper_rates.py at width 64 on the CPU: regeneration, evaluation and training rates of the
+    stand-in, each timed after its warm-up (or first step), written as a rates file that `read_rates` accepts; random
+    weights accept no draft, so evaluation emits about one token a round (the bonus)."""
+    from dmtp.analysis.projection import project_rates, read_rates
+    from experiments import paper_rates
+
+    paper_rates.main(["--tiny", "--out", str(tmp_path)])
+    rec = read_rates(tmp_path / "rates.json")
+    r = rec["rates"]
+    assert set(r) == {"regen", "eval", "train"} and rec["layers"] == rec["full_layers"] == 8
+    assert r["regen"]["method"] == "ar" and r["regen"]["batch"] == 4 and r["regen"]["tokens"] == 4 * 16
+    assert r["regen"]["tok_per_s_per_gpu"] == pytest.approx(64 / r["regen"]["timed_s"])
+    assert r["eval"]["method"] == "zero_init_residual" and r["eval"]["tokens_per_round"] < 1.2
+    assert r["eval"]["rounds_per_s"] == pytest.approx(r["eval"]["rounds"] / r["eval"]["timed_s"])
+    t = r["train"]
+    assert t["tok_per_s_per_gpu"] == pytest.approx(t["micro_batch"] * t["accumulation"] * 64 / t["step_s"])
+    assert t["fsdp"] == "off" and t["steps"] == 2 and all(0 < x < 13 for x in t["losses"])
+    assert project_rates(rec, gpus=8)["hours"]["total_h"] > 0
+    assert "| train |" in (tmp_path / "rates.md").read_text()
+
+
+def test_paper_rates_refuses_an_unknown_stage(tmp_path, capsys):
+    from experiments import paper_rates
+
+    with pytest.raises(SystemExit) as e:
+        paper_rates.main(["--tiny", "--out", str(tmp_path / "o"), "--stages", "regen,decode"])
+    assert e.value.code == 2 and "--stages regen,decode: expected some of regen,eval,train" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -17,6 +17,7 @@
     dmtp land mini.tgz                      # on another machine: the packed results into results/
     dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
     dmtp dryrun --profile qwen3.6-27b --target CKPT --gpus 8 --gpu-mem 80   # its config, and the per-GPU plan
+    dmtp dryrun --profile qwen3.6-27b --gpus 8 --rates results/qwen3.6-27b/rates/h200/rates.json   # + the time
     dmtp reproduce --profile qwen3.6-27b --target CKPT --data-path gsm8k=PATH ...   # the blog's open reproduction
     dmtp reproduce --profile open-tiny --target TINY_CKPT ...   # the same protocol at toy size (a CPU rehearsal)
 
@@ -550,6 +551,9 @@ def main(argv=None):
                     "sold: 80 (H100), 141 (H200) (default with --gpus: 80)")
     dr.add_argument("--seq-len", type=args.at_least(4), help="tokens per training sequence (default: the profile's "
                     "scale.max_seq_len); evaluation adds the profile's new tokens")
+    dr.add_argument("--rates", action="append", default=[], metavar="FILE", help="a rates file measured at the "
+                    "paper's depth (experiments/paper_rates.py; repeatable): the projected wall time of each stage of "
+                    "the open reproduction on --gpus (default 8) cards like the one it was measured on")
     dr.set_defaults(fn=lambda a: sys.exit(dryrun.main(a)))
 
     rp = sub.add_parser("reproduce", help="the blog's open reproduction on a local target: regen -> train -> eval -> "
