@@ -346,3 +346,13 @@ def test_shape_engines_flag_takes_engine_labels_only(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--mini-shape", "--shape-engines", "compiled+fast", "--out", "/nonexistent/x"])
     assert e.value.code == 2 and "unknown option(s) ['fast']" in capsys.readouterr().err
+
+
+def test_shape_methods_are_the_ones_mini_shape_times(tmp_path, capsys):
+    from dmtp.cli.bench import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--mini-shape", "--shape-methods", "zero_init_residual,fusion", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--shape-methods: fusion: --mini-shape times ar, dflash, zero_init_residual" in err
+    assert not (tmp_path / "o").exists()

@@ -141,7 +141,8 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
     own = p.engine.with_(engine="compiled")
     parts = set(a.shape_parts)
     engines = shape_engines(own, getattr(a, "shape_engines", None), "engines" in parts)
-    methods = (AR.name, dflash, dmtp)
+    methods = tuple(n for n in (AR.name, dflash, dmtp) if n in (getattr(a, "shape_methods", None) or (n,)))
+    both = dflash in methods and dmtp in methods  # the round ratios need both
     for tail, eng in engines.items():
         for name in methods:
             m = build_method(name, tgt, drafter=drafters.get(name), mtp=mtp)
@@ -153,9 +154,11 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
     by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
     for tail, eng in engines.items():
         note = "" if not tail else f", {label_of(eng)}"
-        q = by[(f"{setup}:{dmtp}{tail}", "round")] / by[(f"{setup}:{dflash}{tail}", "round")]
-        goal = {"direction": "<=", "goal": round_goal(profile)} if not tail else {}
-        ratios.append(ratio(setup, f"{dmtp} round / {dflash} round{note}", q, **goal, condition=f"batch {a.batch}"))
+        if both:
+            q = by[(f"{setup}:{dmtp}{tail}", "round")] / by[(f"{setup}:{dflash}{tail}", "round")]
+            goal = {"direction": "<=", "goal": round_goal(profile)} if not tail else {}
+            ratios.append(ratio(setup, f"{dmtp} round / {dflash} round{note}", q, **goal,
+                                condition=f"batch {a.batch}"))
         if not tail:
             ratios += draft_side_ratios(by, methods, lambda n: f"{setup}:{n}", setup, a.batch)
         elif getattr(a, "shape_engines", None):  # each method's steady round on this engine against the profile's
@@ -164,8 +167,9 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
                 ratios.append(ratio(setup, f"{name} round, {label_of(eng)} / {label_of(own)}", mine / base,
                                     condition=f"batch {a.batch}", note=f"{mine:.3f} vs {base:.3f} ms per round, "
                                     "the first 16 rounds excluded"))
-    ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
-                              f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
+    if both:
+        ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
+                                  f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
     save(rows, ratios)
     if "admission" in parts:
         adm = admission(tgt, {n: build_method(n, tgt, drafter=drafters.get(n), mtp=mtp) for n in (AR.name, dmtp)},
