@@ -1,8 +1,8 @@
 """Does a second `dmtp generate` on the same machine start in seconds? Two consecutive `dmtp generate` processes
 on a small random target (and a random drafter of the method), a fresh `--compile-cache` directory: the first
 compiles (and autotunes) cold, the second reads the cache. Each run's time to its first record (from the process
-start until the first line of --out exists), its total wall time and its compile lines are written to
-OUT/compile_cache.json and printed.
+start until the first line of --out exists), its total wall time, its phase lines (what `dmtp generate` was doing,
+and when) and its compile lines are written to OUT/compile_cache.json and printed.
 
     python -m experiments.compile_cache_check --out /tmp/cc                       # GPU: ~5 min (the first run cold)
     python -m experiments.compile_cache_check --out /tmp/cc --hidden 64 --layers 4 --prompts 2 --max-new-tokens 4 \
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -65,7 +66,9 @@ def run_once(out: Path, k: int, target: Path, drafter: Path, cache: Path, a) -> 
     if first is None:
         first = wall
     lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.startswith(("compiling ", "compiled "))]
-    return {"run": k, "first_record_s": round(first, 2), "wall_s": round(wall, 2), "compile_lines": lines}
+    phases = re.findall(r"\[dmtp generate +[0-9.]+s\] [^\r\n]*", err)  # what it did before its first record, when
+    return {"run": k, "first_record_s": round(first, 2), "wall_s": round(wall, 2), "compile_lines": lines,
+            "phase_lines": phases}
 
 
 def main(argv=None):
@@ -97,7 +100,7 @@ def main(argv=None):
     write_json(out / "compile_cache.json", res)
     for r in runs:
         print(f"run {r['run']}: first record after {r['first_record_s']:.1f} s, wall {r['wall_s']:.1f} s")
-        for ln in r["compile_lines"]:
+        for ln in r["phase_lines"] + r["compile_lines"]:
             print(f"    {ln}")
     print(f"same outputs: {same}; written {out / 'compile_cache.json'}")
 

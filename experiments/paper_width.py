@@ -1,32 +1,44 @@
-"""The paper-width proof on one GPU: FSDP2 drafter training steps (world size 1, `train.fsdp="on"`) on a random-weight
-stand-in of Qwen3.6-27B, peak GPU memory and step time beside the memory model's prediction (`dmtp.memory`) for
-exactly that setting, with and without activation checkpointing.
+"""The paper-width proof on one GPU: drafter training steps on a random-weight stand-in of a paper target
+(`--profile`: Qwen3.6-27B, or the hybrid MoE Qwen3.6-35B-A3B), peak GPU memory and step time beside the memory model's
+prediction (`dmtp.memory`) for exactly that setting, with and without activation checkpointing.
 
-The stand-in is the `qwen3.6-27b` profile's target_config (hybrid 3 Gated DeltaNet + 1 attention layer pattern, width
-5120, 24/4 heads of 256, GDN 48/16 heads of 128, FFN 17408, vocabulary 248,320) with random weights (bf16) and a
-random native MTP head, its depth cut to `--layers` (the pattern kept); a 5-layer paper drafter (the profile's shape,
-fp32 master weights, bf16 compute) of `--variant`. Token ids only are needed: sequences of random ids over the whole
-vocabulary (no tokenizer). Random weights make acceptance meaningless: the run proves mechanics, memory and time.
+The stand-in is the profile's target_config with random weights (bf16) and a random native MTP head, its depth cut to
+`--layers` (the hybrid pattern kept): for qwen3.6-27b 3 Gated DeltaNet + 1 attention layer, width 5120, 24/4 heads of
+256, GDN 48/16 heads of 128, FFN 17408; for qwen3.6-35b-a3b width 2048, 16/2 heads of 256, GDN 32/16 heads of 128,
+256 experts of 512 (8 routed + a shared one), 40 layers; vocabulary 248,320 for both. A 5-layer paper drafter (the
+profile's shape, fp32 master weights, bf16 compute) of `--variant`. Token ids only are needed: sequences of random
+ids over the whole vocabulary (no tokenizer). Random weights make acceptance meaningless: the run proves mechanics,
+memory and time.
+
+The setting: by default one sequence a step under FSDP2 in a process group of one (`train.fsdp="on"`); `--plan GB`
+takes the one `dmtp dryrun --gpus 1 --gpu-mem GB` plans for the full-depth model on one card of GB GiB (micro-batch,
+FSDP on or off, gradient sync; the profile's global batch), its accumulation cut to `--accumulation` micro-batches a
+step when given (the peak does not depend on their number; the step time scales with it).
 
 Per row (depth x activation checkpointing): `--steps` training steps through `train_drafters` (the compiled path on
 CUDA, the fused chunked LM-head loss as "auto" resolves it, the gathered checkpoint written at the end, its time
-recorded), torch.cuda.max_memory_allocated / max_memory_reserved over the steps, the steady step time (median of the
-steps after the first; the first, with compilation, apart), and the model's terms for the same setting. Depth: the
-full 64 layers where the model says they fit the card (141 GB); else the largest depth that fits (`--layers 0`, the
-default), and the full-depth rows are written as not run, with their prediction. The target's feature pass is timed
-on its own, and which Gated DeltaNet path ran is recorded (flash-linear-attention's kernels when `fla` imports, else
-transformers' torch fallback; causal-conv1d likewise).
+recorded), torch.cuda.max_memory_allocated / max_memory_reserved over the steps and the peak of each step on its own
+(the first compiles; the last includes the checkpoint's gather and write), the steady step time (median of the steps
+after the first) and training tokens/s, and the model's terms for the same setting. `--memory-trace`: the allocations
+live at each row's peak, summed by the code that made them (`experiments/memory_peak.py`), in
+<out>/peak_L<layers>_ckpt<0|1>.txt. Depth: the full depth where the model says it fits the card; else the largest
+depth that fits (`--layers 0`, the default), and the full-depth rows are written as not run, with their prediction.
+The target's feature pass is timed on its own, and which Gated DeltaNet path ran is recorded (flash-linear-attention's
+kernels when `fla` imports, else transformers' torch fallback; causal-conv1d likewise).
 
 Writes <out>/paper_width.json (every setting, device, torch and transformers versions, commit, rows) and
 <out>/paper_width.md (the table).
 
     python -m experiments.paper_width --tiny --out /tmp/pw                   # CPU, tiny width/depth: ~20 s
+    python -m experiments.paper_width --tiny --profile qwen3.6-35b-a3b --out /tmp/pw35   # CPU, the MoE stand-in
     python -m experiments.paper_width --out results/paper_width/h100         # one H100: the largest depth that fits
-    python -m experiments.paper_width --out results/paper_width/h200 --steps 3   # one H200: the full 64 layers
+    python -m experiments.paper_width --out DIR --plan 141 --accumulation 2 --steps 3 --memory-trace  # one H200: the
+                                          # full 64 layers at the one-card plan (micro-batch 8), both rows
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.util
 import json
@@ -40,20 +52,25 @@ from pathlib import Path
 GIB = 2 ** 30
 
 
-def stand_in_config(tiny: bool) -> dict:
-    """The profile's Qwen3.6-27B target config; tiny: the same pattern and vocabulary at width 64."""
+PROFILES = ("qwen3.6-27b", "qwen3.6-35b-a3b")  # the paper targets with a stand-in
+
+
+def stand_in_config(tiny: bool, profile: str = "qwen3.6-27b") -> dict:
+    """The profile's target config; tiny: the same layer pattern, vocabulary and expert count at width 64."""
     from experiments.profiles import get_profile
 
-    cfg = dict(get_profile("qwen3.6-27b").scale.target_config)
+    cfg = dict(get_profile(profile).scale.target_config)
     if tiny:
-        cfg.update(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128,
+        cfg.update(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                    linear_num_value_heads=2, linear_num_key_heads=1, linear_key_head_dim=16,
                    linear_value_head_dim=16, num_hidden_layers=8, layer_types=cfg["layer_types"][:8],
                    rope_parameters={**cfg["rope_parameters"], "mrope_section": [2, 1, 1]})
+        cfg.update(dict(moe_intermediate_size=16, shared_expert_intermediate_size=16) if cfg.get("num_experts")
+                   else dict(intermediate_size=128))
     return cfg
 
 
-def drafter_base(cfg: dict, tiny: bool) -> dict:
+def drafter_base(cfg: dict, tiny: bool, profile: str = "qwen3.6-27b") -> dict:
     """The profile's 5-layer drafter on this target (tiny: width 64, 4/2 heads of 16, FFN 128)."""
     from transformers import AutoConfig
 
@@ -61,7 +78,7 @@ def drafter_base(cfg: dict, tiny: bool) -> dict:
     from experiments.profiles import get_profile
 
     kw = dict(cfg)
-    base = drafter_config(get_profile("qwen3.6-27b"), AutoConfig.for_model(kw.pop("model_type"), **kw))
+    base = drafter_config(get_profile(profile), AutoConfig.for_model(kw.pop("model_type"), **kw))
     if tiny:
         base.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
     return base
@@ -82,7 +99,7 @@ def setting(a, checkpointing: bool, d):
     micro = a.micro_batch or a.batch
     rows = micro * a.anchors * d.slots
     return TrainSetting(world=1, micro_batch=micro, seq_len=a.seq_len, anchors=a.anchors, shard_target=False,
-                        shard_drafters=True, checkpointing=checkpointing,
+                        shard_drafters=a.fsdp == "on", checkpointing=checkpointing,
                         ce_chunk=drafter_ce_chunk("auto", 0, rows, d.vocab), accumulation=a.batch // micro,
                         defer_sync=a.grad_sync == "last")
 
@@ -93,6 +110,27 @@ def predict(cfg: dict, layers: int, d, a, checkpointing: bool) -> dict:
     from dmtp.memory import train_terms, with_layers
 
     return train_terms(with_layers(cfg, layers), d, setting(a, checkpointing, d))
+
+
+def planned(cfg: dict, d, a, gpu_gb: float, global_batch: int):
+    """The training setting `dmtp dryrun --gpus 1 --gpu-mem gpu_gb` plans for the full-depth target on one card
+    (`memory.plan_training`, as `cli.dryrun.fit_section` calls it, for this drafter)."""
+    from dmtp.memory import plan_training
+
+    return plan_training(cfg, d, gpus=1, gpu_gb=gpu_gb, seq_len=a.seq_len, anchors=a.anchors,
+                         global_batch=global_batch)
+
+
+def apply_plan(a, plan) -> dict:
+    """The plan's setting as this script's arguments (micro-batch, batch = micro-batch x accumulation, the latter cut
+    to `--accumulation` when given, FSDP, gradient sync); what was planned and what runs, for the record."""
+    s = plan.setting
+    acc = min(plan.accumulation, a.accumulation or plan.accumulation)
+    a.micro_batch, a.batch = s.micro_batch, s.micro_batch * acc
+    a.fsdp, a.grad_sync = ("on" if s.shard_drafters else "off"), s.grad_sync
+    return {"line": plan.line(), "fits": plan.fits, "micro_batch": s.micro_batch, "accumulation": plan.accumulation,
+            "accumulation_run": acc, "checkpointing": s.checkpointing, "fsdp": a.fsdp, "grad_sync": a.grad_sync,
+            "total": plan.terms["total"]}
 
 
 def largest_depth(cfg: dict, d, a, cap: float) -> int:
@@ -161,8 +199,10 @@ def gdn_bench(cfg: dict, batch: int, seq_len: int, dev, dtype, repeats: int = 3)
     return out
 
 
-def build(cfg: dict, layers: int, device, dtype, seed: int):
-    """The random-weight stand-in at `layers` layers and its random MTP head, on `device`."""
+def build(cfg: dict, layers: int, device, dtype, seed: int, experts: str = "default"):
+    """The random-weight stand-in at `layers` layers and its random MTP head, on `device`; an MoE target's experts
+    through transformers' `experts` implementation ("default": transformers' choice, as `Target.load` gets it;
+    "eager": a loop over the experts hit; "grouped_mm", "batched_mm")."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -174,7 +214,9 @@ def build(cfg: dict, layers: int, device, dtype, seed: int):
     hf = AutoConfig.for_model(kw.pop("model_type"), **kw)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(
+            hf, dtype=dtype, attn_implementation="sdpa",
+            **({"experts_implementation": experts} if kw.get("num_experts") and experts != "default" else {}))
     tgt = Target(model)
     return tgt, MTPHead(tgt)
 
@@ -204,62 +246,122 @@ def time_features(tgt, mtp, ids, taps, dev, amp, repeats: int = 3) -> float:
     return statistics.median(out[1:])
 
 
-def run_row(tgt, mtp, base: dict, a, layers: int, checkpointing: bool, dev, work: Path) -> dict:
+class StepPeaks:
+    """The learning-rate schedule of `train_drafters` (`lr_at`, unchanged), which it calls at the start of every
+    step: each call also reads the device's peak allocated bytes since the previous call and resets the peak, so
+    `peaks[k]` is step k+1's own peak (the last, read by `close`, includes the final checkpoint's gather and write).
+    read / reset: the peak counter (default torch.cuda's, on CUDA; none elsewhere)."""
+
+    def __init__(self, cfg, dev, read=None, reset=None):
+        import torch
+
+        cuda = dev.type == "cuda"
+        self.cfg, self.peaks, self.calls = cfg, [], 0
+        self.read = read or ((lambda: torch.cuda.max_memory_allocated(dev)) if cuda else None)
+        self.reset = reset or ((lambda: torch.cuda.reset_peak_memory_stats(dev)) if cuda else (lambda: None))
+
+    def __call__(self, step: int) -> float:
+        from dmtp.training.drafters import lr_at
+
+        if self.calls and self.read:
+            self.peaks.append(self.read())
+        self.calls += 1
+        self.reset()
+        return lr_at(step, self.cfg)
+
+    def close(self) -> list[int] | None:
+        if self.calls and self.read:
+            self.peaks.append(self.read())
+        return self.peaks if self.read else None
+
+
+def run_row(tgt, mtp, base: dict, a, layers: int, checkpointing: bool, dev, work: Path, out: Path) -> dict:
     import torch
 
     from dmtp.config import TrainConfig
+    from dmtp.io import write_text
     from dmtp.training.drafters import new_drafters, train_drafters
+    from experiments.memory_peak import peak_report, recording
 
     g = torch.Generator().manual_seed(a.seed)
     seqs = [torch.randint(0, tgt.vocab_size, (a.seq_len,), generator=g).tolist() for _ in range(a.batch)]
     b = {**base, "num_target_layers": layers, "target_layer_ids": [], "seed": a.seed}
     drafters = new_drafters(tgt, [a.variant], b)
     cfg = TrainConfig(steps=a.steps, batch_size=a.batch, max_len=a.seq_len, anchors_per_seq=a.anchors,
-                      amp_bf16=dev.type == "cuda", compile=a.compile, fsdp="on", shard_target="off",
+                      amp_bf16=dev.type == "cuda", compile=a.compile, fsdp=a.fsdp, shard_target="off",
                       activation_checkpointing=checkpointing, log_every=1, save_every=a.steps,
                       micro_batch=a.micro_batch, grad_sync=a.grad_sync)
-    out = work / f"L{layers}_ckpt{int(checkpointing)}"
+    name = f"L{layers}_ckpt{int(checkpointing)}"
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
+    peaks = StepPeaks(cfg, dev)
+    trace = recording(dev) if a.memory_trace else contextlib.nullcontext()
     t0 = time.perf_counter()
-    hist = train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=lambda *_: None)[a.variant]
+    with trace as rec:
+        hist = train_drafters(tgt, mtp, drafters, seqs, cfg, work / name, log=lambda *_: None,
+                              schedule=peaks)[a.variant]
     wall = time.perf_counter() - t0
     row = {"layers": layers, "checkpointing": checkpointing, "ran": True, "steps": a.steps, "wall_s": wall,
-           "losses": [h["loss"] for h in hist], "first_step_s": hist[0]["elapsed_s"]}
+           "losses": [h["loss"] for h in hist], "first_step_s": hist[0]["elapsed_s"], "step_peaks": peaks.close()}
+    if rec is not None:
+        row["peak_report"] = f"peak_{name}.txt"
+        write_text(out / row["peak_report"], peak_report(
+            rec.snapshot, rec.baseline, title=f"{layers} layers, activation checkpointing "
+                                              f"{'on' if checkpointing else 'off'}, {a.steps} steps"))
     gaps = [y["elapsed_s"] - x["elapsed_s"] for x, y in zip(hist, hist[1:])]
     row["step_s"] = statistics.median(gaps) if gaps else None
+    row["tokens_per_s"] = a.batch * a.seq_len / row["step_s"] if row["step_s"] else None
     row["checkpoint_s"] = wall - hist[-1]["elapsed_s"]  # the gathered checkpoint of the last step, written
     if dev.type == "cuda":
         row["max_allocated"] = torch.cuda.max_memory_allocated(dev)
         row["max_reserved"] = torch.cuda.max_memory_reserved(dev)
     del drafters
     gc.collect()
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(work / name, ignore_errors=True)
     return row
 
 
 def render(rec: dict) -> str:
     gb = lambda x: "-" if x is None else f"{x / 1e9:.1f}"  # noqa: E731
     s = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    lines = [f"Paper-width stand-in (Qwen3.6-27B config, random weights) on {rec['device']}, "
-             f"{rec['settings']['batch']} x {rec['settings']['seq_len']} tokens, {rec['settings']['anchors']} anchors, "
-             f"drafter {rec['settings']['variant']} (5 layers), FSDP2 world 1; GDN path: "
-             f"{rec['kernels']['gated_delta_rule']}, conv: {rec['kernels']['conv1d']}; commit {rec['commit']}", "",
-             "| layers | act. ckpt | ran | predicted GB | max allocated GB | max reserved GB | allocated / predicted | "
-             "step s | first step s | checkpoint s | feature pass s |",
-             "|---:|:--|:--|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    st = rec["settings"]
+    micro = st["micro_batch"] or st["batch"]
+    lines = [f"Paper-width stand-in ({rec['profile']} config, random weights) on {rec['device']}, "
+             f"{st['batch']} x {st['seq_len']} tokens a step (micro-batch {micro} x {st['batch'] // micro}), "
+             f"{st['anchors']} anchors, drafter {st['variant']} (5 layers), "
+             f"{'FSDP2 world 1' if st['fsdp'] == 'on' else 'one process, no FSDP'}; GDN path: "
+             f"{rec['kernels']['gated_delta_rule']}, conv: {rec['kernels']['conv1d']}; commit {rec['commit']}", ""]
+    if rec.get("plan"):
+        p = rec["plan"]
+        lines += [f"The plan of `dmtp dryrun --gpus 1 --gpu-mem {st['plan']:g}` for the full depth: {p['line']}",
+                  f"Run at its micro-batch {p['micro_batch']} with {p['accumulation_run']} of its {p['accumulation']} "
+                  "accumulation steps a step (the peak does not depend on their number).", ""]
+    if rec.get("experts_implementation"):
+        lines += [f"Experts: transformers' {rec['experts_implementation']!r} implementation.", ""]
+    lines += ["| layers | act. ckpt | ran | predicted GB | max allocated GB | max reserved GB | allocated / "
+              "predicted | peak GB: first step / steady / last + checkpoint | step s | tokens/s | first step s | "
+              "checkpoint s | feature pass s |",
+              "|---:|:--|:--|---:|---:|---:|---:|:--|---:|---:|---:|---:|---:|"]
     b = rec.get("gdn_bench_s")
     for r in rec["rows"]:
         p, m = r["predicted"]["total"], r.get("max_allocated")
+        pk = r.get("step_peaks")
+        peaks = "-" if not pk else (f"{gb(pk[0])} / {gb(max(pk[1:-1])) if len(pk) > 2 else '-'} / "
+                                    f"{gb(pk[-1]) if len(pk) > 1 else '-'}")
+        tps = r.get("tokens_per_s")
         lines.append(f"| {r['layers']} | {'on' if r['checkpointing'] else 'off'} | {'yes' if r['ran'] else 'no'} | "
                      f"{gb(p)} | {gb(m)} | {gb(r.get('max_reserved'))} | "
-                     f"{'-' if m is None else f'{m / p:.2f}'} | {s(r.get('step_s'))} | {s(r.get('first_step_s'))} | "
+                     f"{'-' if m is None else f'{m / p:.2f}'} | {peaks} | {s(r.get('step_s'))} | "
+                     f"{'-' if tps is None else f'{tps:,.0f}'} | {s(r.get('first_step_s'))} | "
                      f"{s(r.get('checkpoint_s'))} | {s(r.get('feature_s'))} |")
     if b:
         lines += ["", f"One Gated DeltaNet layer's chunked delta rule at these shapes ({b['gdn_layers']} such layers "
                       "in the stand-in): " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in b.items()
                                                       if k != "gdn_layers")]
+    traced = [r["peak_report"] for r in rec["rows"] if r.get("peak_report")]
+    if traced:
+        lines += ["", "The allocations live at each row's peak, by the code that made them: " + ", ".join(traced)]
     bad = [r for r in rec["rows"] if r.get("oom")]
     lines += [f"Out of memory: {r['layers']} layers, checkpointing {'on' if r['checkpointing'] else 'off'} "
               f"({r['oom']})" for r in bad]
@@ -271,6 +373,21 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for paper_width.json and paper_width.md")
     ap.add_argument("--tiny", action="store_true", help="width 64, 8 layers (the CPU check of the whole script)")
+    ap.add_argument("--profile", default="qwen3.6-27b", choices=PROFILES, help="the paper target to stand in for")
+    ap.add_argument("--plan", type=float, default=0, metavar="GB", help="run the setting `dmtp dryrun --gpus 1 "
+                    "--gpu-mem GB` plans for the full depth (micro-batch, FSDP, gradient sync; overrides --batch, "
+                    "--micro-batch, --fsdp, --grad-sync)")
+    ap.add_argument("--accumulation", type=int, default=0, help="with --plan: at most this many micro-batches a step "
+                    "(0: the plan's)")
+    ap.add_argument("--global-batch", type=int, default=0, help="with --plan: the global batch planned for (0: the "
+                    "profile's train.batch_size)")
+    ap.add_argument("--fsdp", default="on", choices=["on", "off"], help="train.fsdp: FSDP2 in a process group of one, "
+                    "or the one-process path `dmtp train` takes on one GPU")
+    ap.add_argument("--memory-trace", action="store_true", help="CUDA: record every allocation of each row and write "
+                    "the allocations live at its peak, by site, to peak_L<layers>_ckpt<0|1>.txt")
+    ap.add_argument("--experts", default="default", choices=["default", "eager", "grouped_mm", "batched_mm"],
+                    help="an MoE target's expert implementation in transformers (default: its choice, as "
+                    "`Target.load` gets it; recorded)")
     ap.add_argument("--layers", type=int, default=0, help="stand-in depth; 0: the full 64 where the model says they "
                     "fit the card, else the largest depth that does")
     ap.add_argument("--steps", type=int, default=4, help="training steps per row (the first compiles)")
@@ -289,19 +406,31 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.tiny:
         a.seq_len, a.anchors, a.steps = min(a.seq_len, 64), min(a.anchors, 8), min(a.steps, 2)
+    for flag, v in (("--plan", a.plan), ("--accumulation", a.accumulation), ("--global-batch", a.global_batch)):
+        if v < 0:
+            ap.error(f"{flag} {v:g}: expected a number >= 0")
     import torch
     import transformers
 
     from dmtp.io import git_sha, write_json, write_text
     from dmtp.memory import USABLE, capacity
+    from experiments.profiles import get_profile
 
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cfg = stand_in_config(a.tiny)
-    base = drafter_base(cfg, a.tiny)
+    if a.memory_trace and dev.type != "cuda":
+        ap.error(f"--memory-trace records CUDA allocations; the device is {dev}")
+    cfg = stand_in_config(a.tiny, a.profile)
+    base = drafter_base(cfg, a.tiny, a.profile)
     full = cfg["num_hidden_layers"]
     card = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
     cap = capacity(card / GIB) if card else float("inf")
     d = spec(cfg, base, a.variant)
+    plan = None
+    if a.plan:
+        p = planned(cfg, d, a, a.plan, a.global_batch or get_profile(a.profile).train.batch_size)
+        if not p.fits:
+            ap.error(f"--plan {a.plan:g}: the memory model fits no setting on one card of {a.plan:g} GiB ({p.line()})")
+        plan = apply_plan(a, p)
     depth = a.layers or (full if predict(cfg, full, d, a, False)["total"] <= cap else largest_depth(cfg, d, a, cap))
     if depth < 5:
         raise SystemExit(f"not even a 5-layer stand-in fits {card / 1e9:.1f} GB by the memory model")
@@ -311,7 +440,8 @@ def main(argv=None):
     rec = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "card_bytes": card,
            "planned_bytes": None if card is None else cap, "usable_share": USABLE, "torch": torch.__version__,
            "transformers": transformers.__version__, "commit": git_sha(), "settings": vars(a) | {"depth": depth},
-           "target_config": cfg, "drafter": base, "kernels": kernels(), "rows": []}
+           "profile": a.profile, "plan": plan, "target_config": cfg, "drafter": base, "kernels": kernels(),
+           "rows": []}
     t0 = time.perf_counter()
     out = Path(a.out)
     from dmtp.memory import with_layers
@@ -325,21 +455,24 @@ def main(argv=None):
     tries = 0
     while True:  # the model's depth; where a row runs out of memory, 4 layers less (at most twice), if not --layers
         t1 = time.perf_counter()
-        tgt, mtp = build(cfg, depth, dev, dtype, a.seed)
+        tgt, mtp = build(cfg, depth, dev, dtype, a.seed, a.experts)
         rec["build_s"] = time.perf_counter() - t1
+        rec["experts_implementation"] = getattr(tgt.model.config, "_experts_implementation", None) \
+            if cfg.get("num_experts") else None
         g = torch.Generator().manual_seed(a.seed)
-        ids = torch.randint(0, tgt.vocab_size, (a.batch, a.seq_len), generator=g).to(dev)
+        micro = a.micro_batch or a.batch  # the feature pass of one micro-batch, as a step makes it
+        ids = torch.randint(0, tgt.vocab_size, (micro, a.seq_len), generator=g).to(dev)
         feature_s = time_features(tgt, mtp, ids, default_target_layer_ids(depth, base["num_hidden_layers"]), dev, amp)
         del ids
         try:
-            rec["gdn_bench_s"] = gdn_bench(with_layers(cfg, depth), a.batch, a.seq_len, dev, dtype)
+            rec["gdn_bench_s"] = gdn_bench(with_layers(cfg, depth), micro, a.seq_len, dev, dtype)
         except Exception as e:  # a side measurement: recorded, the proof goes on
             rec["gdn_bench_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         oom = False
         with tempfile.TemporaryDirectory(prefix="paper_width.") as work:
             for ck in ckpts:
                 try:
-                    row = run_row(tgt, mtp, base, a, depth, ck, dev, Path(work))
+                    row = run_row(tgt, mtp, base, a, depth, ck, dev, Path(work), out)
                 except torch.OutOfMemoryError as e:
                     row = {"layers": depth, "checkpointing": ck, "ran": False, "oom": str(e).splitlines()[0],
                            "max_allocated": torch.cuda.max_memory_allocated(dev),

@@ -320,3 +320,39 @@ def test_a_speed_up_over_other_text_than_ars_says_so():
     assert words.startswith(" Outputs: 14 of 16 requests equal to AR's, +26.5 % tokens against AR's. On AR's "
                             "outputs ~2.19x (repeats 2.19–2.19)") and words.endswith("shared with them.")
     assert workload_words(SimpleNamespace(speedup=2.0)) == ""  # a table from before the columns
+
+
+def test_shape_engines_put_the_named_labels_beside_the_profiles_own():
+    """`--mini-shape --shape-engines compiled+tuned`: every method's rounds on the autotuned kernels beside the
+    profile's own (fixed kernels), derived from the profile's engine (its dtype kept); without labels, the compiled
+    defaults and the HF layers as before; without part `engines`, the profile's own alone."""
+    from dmtp.cli.bench.common import label_of
+    from dmtp.cli.bench.shapes import shape_engines
+    from dmtp.config import EngineConfig
+
+    own = EngineConfig(engine="compiled", dtype="bf16")
+    got = shape_engines(own, ["compiled", "compiled+tuned", "compiled+timed"], True)
+    assert list(got) == ["", "@compiled+tuned", "@compiled+timed"]  # "compiled" is the profile's own: once
+    assert got["@compiled+tuned"].tuning == "autotune" and got["@compiled+timed"].tuning == "default"
+    assert {e.dtype for e in got.values()} == {"bf16"} and label_of(got[""]) == "compiled"
+    assert list(shape_engines(own, None, True)) == ["", "@hf"]
+    assert list(shape_engines(own.with_(tuning="autotune"), None, True)) == ["", "@compiled", "@hf"]
+    assert list(shape_engines(own, ["compiled+tuned"], False)) == [""]
+
+
+def test_shape_engines_flag_takes_engine_labels_only(capsys):
+    from dmtp.cli.bench import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--mini-shape", "--shape-engines", "compiled+fast", "--out", "/nonexistent/x"])
+    assert e.value.code == 2 and "unknown option(s) ['fast']" in capsys.readouterr().err
+
+
+def test_shape_methods_are_the_ones_mini_shape_times(tmp_path, capsys):
+    from dmtp.cli.bench import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--mini-shape", "--shape-methods", "zero_init_residual,fusion", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--shape-methods: fusion: --mini-shape times ar, dflash, zero_init_residual" in err
+    assert not (tmp_path / "o").exists()

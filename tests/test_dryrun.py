@@ -123,3 +123,27 @@ def test_train_takes_the_mask_token_of_the_targets_family(tmp_path):
           "--steps", "1", "--batch-size", "2", "--max-len", "24", "--out", str(tmp_path / "d")])
     cfg = json.loads((tmp_path / "d" / "dflash" / "drafter" / "config.json").read_text())
     assert cfg["dflash_config"]["mask_token_id"] == 151669
+
+
+def test_dry_run_prints_the_projection_of_a_rates_file(tmp_path, capsys):
+    """`dmtp dryrun --rates FILE`: the projected time of each stage on --gpus cards, after the plan, labelled a
+    projection; a rates file of another profile, or a broken one, is refused in one line before any work."""
+    from dmtp.cli.main import main
+
+    rec = {"format": "dmtp-rates/1", "profile": "qwen3.6-27b", "layers": 64, "full_layers": 64,
+           "machine": {"device": "Synthetic GPU", "card_gib": 139.8},
+           "rates": {"regen": {"tok_per_s_per_gpu": 1000.0}, "train": {"tok_per_s_per_gpu": 4000.0}}}
+    f = tmp_path / "rates.json"
+    f.write_text(json.dumps(rec))
+    with pytest.raises(SystemExit) as e:
+        main(["dryrun", "--profile", "qwen3.6-27b", "--gpus", "4", "--rates", str(f)])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "PROJECTION (not a measurement) of the full open reproduction on 4 GPU(s)" in out
+    assert out.index("fit on 4 GPU(s)") < out.index("PROJECTION") and "eval: " in out and "-> -" in out
+    for prof, text, why in (("qwen3.6-35b-a3b", json.dumps(rec), "measured on a stand-in of 'qwen3.6-27b'"),
+                            ("qwen3.6-27b", "[]", "format: expected")):
+        f.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            main(["dryrun", "--profile", prof, "--rates", str(f)])
+        err = capsys.readouterr()
+        assert e.value.code == 2 and why in err.err and err.out == ""

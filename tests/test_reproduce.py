@@ -308,6 +308,71 @@ def test_projection_from_measured_rates():
     assert render(p).startswith("PROJECTION (not a measurement)")
 
 
+def rates_file(tmp_path, layers=64, **over):
+    """A synthetic rates file (hand-made numbers, not a measurement) in experiments/paper_rates.py's format."""
+    rec = {"format": "dmtp-rates/1", "profile": "qwen3.6-27b", "weights": "random", "layers": layers,
+           "full_layers": 64, "machine": {"device": "Synthetic GPU", "card_gib": 139.8, "gpus": 1},
+           "rates": {"regen": {"tok_per_s_per_gpu": 1000.0, "prompt_tokens": 512, "new_tokens": 256},
+                     "train": {"tok_per_s_per_gpu": 4000.0},
+                     "eval": {"tok_per_s_per_gpu": 320.0, "rounds_per_s": 10.0, "batch": 32, "prompt_tokens": 512,
+                              "new_tokens": 128}}}
+    rec.update(over)
+    f = tmp_path / f"rates{layers}.json"
+    f.write_text(json.dumps(rec))
+    return f
+
+
+def test_projection_from_a_rates_file(tmp_path):
+    """Hours from per-GPU rates at full depth: regen tokens / (rate x GPUs); training, every drafter run alone;
+    evaluation, per run its tokens / (rounds/s x batch x its acceptance length), over at most one GPU a file."""
+    from dmtp.analysis.projection import project_rates, read_rates, render_rates
+
+    full = FullProtocol(train_prompts=3600, regen_tokens_per_prompt=1000, epochs=2, train_tokens_per_sequence=100,
+                        drafter_runs=3, eval_requests=36, eval_tokens_per_request=100, eval_methods=2)
+    tau = {"mtp": 4.0, "zero_init_residual": 5.0}
+    p = project_rates(read_rates(rates_file(tmp_path)), full, gpus=2, tau=tau)
+    h = p["hours"]
+    assert h["regen_h"] == pytest.approx(3600 * 1000 / (1000 * 2) / 3600)
+    assert h["train_h"] == pytest.approx(2 * 3600 * 100 * 3 / (4000 * 2) / 3600)
+    assert h["eval_h"] == pytest.approx((3600 / (320 * 4) + 3600 / (320 * 5)) / 2 / 3600)  # 320 request-rounds/s
+    assert h["total_h"] == pytest.approx(h["regen_h"] + h["train_h"] + h["eval_h"])
+    text = render_rates(p, source="r.json")
+    assert text.startswith("PROJECTION (not a measurement) of the full open reproduction on 2 GPU(s) like the one "
+                           "measured (Synthetic GPU, 140 GiB; r.json; random-weight stand-in, 64 layers)")
+    assert "mtp 4.00, zero_init_residual 5.00" in text and "measured at 512 prompt + 256 new tokens" in text
+
+
+def test_projection_scales_a_cut_depth_and_takes_the_blogs_acceptance(tmp_path):
+    """Rates measured on 44 of 64 layers are scaled by 44/64 (labelled); the acceptance lengths default to the blog's
+    open-reproduction table, mean of its five sets, zero_init_residual taking fusion's."""
+    from dmtp.analysis.projection import blog_acceptance, project_rates, read_rates, render_rates
+
+    tau = blog_acceptance()
+    assert tau["mtp"] == pytest.approx((4.373 + 4.698 + 4.377 + 3.529 + 3.599) / 5)
+    assert tau["zero_init_residual"] == tau["fusion"] == pytest.approx((5.074 + 6.795 + 4.968 + 3.358 + 3.76) / 5)
+    assert set(tau) == {"mtp", "dflash", "fusion", "zero_init_residual", "dflash2", "dmtp_d2"}
+    cut, whole = (project_rates(read_rates(rates_file(tmp_path, n)), gpus=8) for n in (44, 64))
+    for k in ("regen_h", "train_h", "eval_h"):
+        assert cut["hours"][k] == pytest.approx(whole["hours"][k] * 64 / 44)
+    assert "44 of 64 layers, rates scaled by 0.688" in render_rates(cut)
+
+
+@pytest.mark.parametrize("edit, field", [
+    ({"format": "other"}, "format"), ({"layers": 70}, "layers"), ({"machine": {"card_gib": 80}}, "machine.device"),
+    ({"rates": {"regen": {"tok_per_s_per_gpu": -1.0}}}, "rates.regen.tok_per_s_per_gpu"),
+    ({"rates": {"eval": {"tok_per_s_per_gpu": 1.0, "batch": 32}}}, "rates.eval.rounds_per_s"),
+    ({"rates": {"decode": {"tok_per_s_per_gpu": 1.0}}}, "rates")])
+def test_a_bad_rates_file_is_named_with_its_field(tmp_path, edit, field):
+    from dmtp.analysis.projection import read_rates
+
+    f = rates_file(tmp_path, **edit)
+    with pytest.raises(ValueError, match=rf"^{f}: {field}: expected"):
+        read_rates(f)
+    (tmp_path / "x.json").write_text("{")
+    with pytest.raises(ValueError, match=r"x.json: not JSON"):
+        read_rates(tmp_path / "x.json")
+
+
 def test_training_prompts_from_a_local_file(tmp_path):
     """--prompts: JSONL with `prompt` text (chat template applied) or `prompt_ids` (as given), parquet with
     `messages`; a row with none of them is named."""

@@ -134,6 +134,25 @@ def test_train_refuses_a_finished_drafter_of_another_configuration(ckpt, tmp_pat
 
 
 # --- dmtp generate: append and resume -------------------------------------------------------------------------
+def test_generate_says_what_it_is_doing_before_its_first_record(ckpt, tmp_path, capsys):
+    """While a user waits for the first record, one stderr line per phase, with the seconds since the command
+    started: inputs checked, models loaded (and how long that took), the first batch decoding on which engine, the
+    first records written."""
+    import re
+
+    root, _, _ = ckpt
+    argv = ["generate", "--target", str(root / "target"), "--method", "mtp", "--prompts", str(root / "p.jsonl"),
+            "--max-new-tokens", "4", "--batch-size", "2", "--out", str(tmp_path / "o.jsonl")]
+    dmtp(argv)
+    err = capsys.readouterr().err  # (tqdm's bars redraw with carriage returns and cursor moves around the lines)
+    lines = re.findall(r"\[dmtp generate +[0-9.]+s\] [^\r\n]*", err)
+    assert [re.sub(r"^\[dmtp generate +[0-9.]+s\] ", "", ln).split(":")[0].split(" in ")[0] for ln in lines] == [
+        "inputs checked", "loaded the target and the MTP head", "decoding batch 1 of 3 on the hf engine",
+        f"first 2 records written to {tmp_path / 'o.jsonl'}"]
+    times = [float(re.match(r"\[dmtp generate +([0-9.]+)s\]", ln).group(1)) for ln in lines]
+    assert times == sorted(times) and "5 prompts, 3 batch(es) of at most 2" in lines[0]
+
+
 def test_generate_resumes_after_a_kill(ckpt, tmp_path, monkeypatch, capsys):
     """Killed after the first batch: the records of that batch are on disk; the rerun decodes the rest only and the
     file equals an uninterrupted run's (T > 0: every batch keeps its seed)."""

@@ -339,3 +339,11 @@ def use_compile_cache(path: str | None) -> str | None:
         raise OSError(f"--compile-cache {path}: cannot create it ({e.strerror})") from None
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
     return str(d)
+
+
+def phase(command: str, what: str, out=None) -> None:
+    """One line on stderr saying what a command is doing, with the seconds since it started (`dmtp.cli.STARTED`):
+    a long wait before a command's first output is visible, phase by phase."""
+    from dmtp.cli import STARTED
+
+    print(f"[{command} {time.monotonic() - STARTED:6.1f}s] {what}", file=out or sys.stderr, flush=True)

@@ -4,6 +4,7 @@ and backbone on the meta device (no weights, no memory), check that the pieces f
     dmtp dryrun --profile qwen3.6-27b                       # the profile's config (model card values)
     dmtp dryrun --profile qwen3.6-35b-a3b --target /ckpt    # the checkpoint's own config.json, compared to the profile
     dmtp dryrun --profile qwen3.6-27b --gpus 8 --gpu-mem 80 --seq-len 32768   # + whether training and evaluation fit
+    dmtp dryrun --profile qwen3.6-27b --gpus 8 --rates results/qwen3.6-27b/rates/h200/rates.json   # + the time
 
 With --gpus / --gpu-mem, the memory model (`dmtp.memory`) says, before any weight is loaded, whether training fits
 and with which setting (the target sharded or replicated, activation checkpointing, the LM-head loss fused or not,
@@ -14,6 +15,10 @@ whether evaluation fits (target + MTP + drafter in bf16, the caches of the evalu
 length), with the per-GPU numbers. Where training or evaluation does not fit, it names what would: the fewest cards
 of each kind the suite plans for (`CARDS`) that train one drafter, with their setting, and the cards evaluation
 fits.
+
+With --rates FILE (stage rates measured at the paper's depth on one card, `experiments/paper_rates.py`), the projected
+wall time of each stage of the open reproduction on --gpus cards like that one (`analysis.projection.project_rates`):
+labelled a projection, with the rates, the machine they came from and the acceptance length assumed (the blog's).
 """
 from __future__ import annotations
 
@@ -287,7 +292,32 @@ def _differ(a, b) -> str:
     return f"profile {a} != {b}"
 
 
+def read_rates_files(paths, profile: str) -> list[tuple[str, dict]]:
+    """The --rates files, checked before any work (`projection.read_rates`); one of another profile is refused."""
+    from dmtp.analysis.projection import read_rates
+
+    out = []
+    for p in paths:
+        try:
+            r = read_rates(p)
+        except ValueError as e:
+            raise ValueError(f"--rates {e}") from None
+        if r.get("profile") != profile:
+            raise ValueError(f"--rates {p}: measured on a stand-in of {r.get('profile')!r}, not --profile {profile}")
+        out.append((str(p), r))
+    return out
+
+
+def projections(rates: list[tuple[str, dict]], gpus: int) -> str:
+    from dmtp.analysis.projection import project_rates, render_rates
+
+    return "\n\n".join(render_rates(project_rates(r, gpus=gpus), source=p) for p, r in rates)
+
+
 def main(a) -> int:
+    rates = read_rates_files(getattr(a, "rates", None) or [], a.profile)
     r = dryrun(a.profile, a.target, gpus=a.gpus, gpu_mem=a.gpu_mem, seq_len=a.seq_len)
     print(render(r))
+    if rates:
+        print("\n" + projections(rates, a.gpus or 8))
     return 0 if r["ok"] else 1

@@ -17,6 +17,7 @@
     dmtp land mini.tgz                      # on another machine: the packed results into results/
     dmtp dryrun --profile qwen3.6-27b       # paper scale on the meta device: shapes and parameter counts
     dmtp dryrun --profile qwen3.6-27b --target CKPT --gpus 8 --gpu-mem 80   # its config, and the per-GPU plan
+    dmtp dryrun --profile qwen3.6-27b --gpus 8 --rates results/qwen3.6-27b/rates/h200/rates.json   # + the time
     dmtp reproduce --profile qwen3.6-27b --target CKPT --data-path gsm8k=PATH ...   # the blog's open reproduction
     dmtp reproduce --profile open-tiny --target TINY_CKPT ...   # the same protocol at toy size (a CPU rehearsal)
 
@@ -27,6 +28,7 @@ records batch by batch and a rerun resumes; an output or drafter made with anoth
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -37,16 +39,15 @@ from ablations.code import code
 from dmtp import checks, dist, preflight
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
-from dmtp.cli import archive, args, dryrun, pipeline, reproduce, stages
+from dmtp.cli import args, stages
 from dmtp.cli.args import eos_ids
 from dmtp.cli.args import modified as _modified
-from dmtp.cli.fit import fit_training, modelled
 from dmtp.config import EVAL_MODES, VERIFY_MODES, DrafterShape, EngineConfig, TrainConfig
 from dmtp.config.experiment import DRAFTER_ATTENTION
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
-from dmtp.data.tokens import is_store, open_store, store_of
 from dmtp.engine.methods import build_method, method_class, run_of
+from dmtp.engine.decode import engine_for
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
@@ -58,7 +59,6 @@ from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY, get_variant
 from dmtp.schema import override
-from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 from experiments.profiles import family_mask_token, resolve
 
 
@@ -246,9 +246,19 @@ def generate_into(a, out: Path):
         print(f"{a.method}: all {len(prompts)} prompts already in {out}")
         return
     # --- the work: batch i (prompts i..i+B-1, seeded seed + i) is appended as soon as it is decoded ---
+    say = functools.partial(args.phase, "dmtp generate")
+    say(f"inputs checked: {len(prompts)} prompts, {len(todo)} batch(es) of at most {a.batch_size} to decode; loading "
+        f"the models ({a.dtype}, {dev})")
+    t1 = time.monotonic()
     tgt, mtp, drafter = load_models(a.target, a.drafter, a.method, dev, torch_dtype(a.dtype))
     method = build_method(a.method, tgt, drafter=drafter, mtp=mtp, mtp_steps=a.mtp_steps)
+    say(f"loaded the target{' and the MTP head' if mtp is not None else ''}{' and the drafter' if drafter else ''} "
+        f"in {time.monotonic() - t1:.1f} s")
     write_meta(meta, config, fingerprint=want, finished=False, engine=eng)  # before the first record
+    kind = engine_for(tgt, eng)
+    say(f"decoding batch 1 of {len(todo)} on the {kind} engine" + (
+        ": the first batch compiles each stage (or reads it from the compile cache) and captures it"
+        if kind == "compiled" else ""))
     t0 = time.time()
     bar = tqdm(total=len(prompts), initial=len(prompts) - sum(len(prompts[i: i + a.batch_size]) for i in todo),
                desc=f"generate {a.method}", dynamic_ncols=True)
@@ -263,6 +273,8 @@ def generate_into(a, out: Path):
             for r, p in zip(recs, chunk):  # prompt + output: a training sequence for `dmtp train --data`
                 r.update(prompt_ids=p["prompt_ids"], **({"dataset": p["dataset"]} if dataset else {}))
         append_jsonl(out, [r for r in recs if r["id"] not in done])
+        if i == todo[0]:
+            say(f"first {len(chunk)} records written to {out}")
         bar.update(len(chunk))
     bar.close()
     recs = read_jsonl(out)
@@ -278,6 +290,10 @@ def cmd_train(a):
     from dataclasses import replace
 
     import torch
+
+    from dmtp.cli.fit import fit_training, modelled
+    from dmtp.data.tokens import is_store, store_of
+    from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 
     mask_flag = a.mask_token_id is not None
     prof = _train_profile(a)
@@ -385,6 +401,8 @@ def _train_data(path, vocab_size: int) -> tuple[Path, str]:
     """`dmtp train --data`: (path, the data's sha256) of a token JSONL or a token store (`dmtp.data.tokens`; its
     digest is its source JSONL's, so either names the same data). Checked before any work: a store's ids against
     the target's vocabulary; a JSONL's when it is converted."""
+    from dmtp.data.tokens import is_store, open_store
+
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"--data {p}: no such file")
@@ -418,6 +436,16 @@ def _train_profile(a):
         if getattr(a, k) is None:
             setattr(a, k, v)
     return prof
+
+
+def command(module: str, name: str = "main"):
+    """`dmtp.cli.<module>.<name>`, imported when the subcommand runs: `dmtp generate` does not import the pipeline's
+    report and figures, nor the dry run's training code."""
+    def run(*a, **kw):
+        import importlib
+
+        return getattr(importlib.import_module(f"dmtp.cli.{module}"), name)(*a, **kw)
+    return run
 
 
 def parser() -> argparse.ArgumentParser:
@@ -536,7 +564,7 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--archive", metavar="FILE.tgz", help="pack results/<profile> into this archive after each "
                     "stage (rewritten whole); `dmtp land FILE.tgz` lands it on another machine")
     args.compile_cache_flag(pl)
-    pl.set_defaults(fn=pipeline.main)
+    pl.set_defaults(fn=command("pipeline"))
 
     la = sub.add_parser("land", help="land a packed run (`dmtp pipeline --archive`) into results/")
     la.add_argument("archive", help="the .tgz written by `dmtp pipeline --archive`")
@@ -544,7 +572,8 @@ def parser() -> argparse.ArgumentParser:
     la.add_argument("--partial", action="store_true", help="land an unfinished run apart, as "
                     "<profile>/partial/... (the pooled report never reads it)")
     la.add_argument("--no-report", action="store_true", help="do not render the landed run's REPORT.md")
-    la.set_defaults(fn=lambda a: archive.land(a.archive, a.results, partial=a.partial, report=not a.no_report))
+    la.set_defaults(fn=lambda a: command("archive", "land")(a.archive, a.results, partial=a.partial,
+                                                         report=not a.no_report))
 
     dr = sub.add_parser("dryrun", help="paper-scale profile: target (config only), MTP head and every drafter on the "
                         "meta device; shape checks and a parameter summary, no weights")
@@ -557,7 +586,10 @@ def parser() -> argparse.ArgumentParser:
                     "sold: 80 (H100), 141 (H200) (default with --gpus: 80)")
     dr.add_argument("--seq-len", type=args.at_least(4), help="tokens per training sequence (default: the profile's "
                     "scale.max_seq_len); evaluation adds the profile's new tokens")
-    dr.set_defaults(fn=lambda a: sys.exit(dryrun.main(a)))
+    dr.add_argument("--rates", action="append", default=[], metavar="FILE", help="a rates file measured at the "
+                    "paper's depth (experiments/paper_rates.py; repeatable): the projected wall time of each stage of "
+                    "the open reproduction on --gpus (default 8) cards like the one it was measured on")
+    dr.set_defaults(fn=lambda a: sys.exit(command("dryrun")(a)))
 
     rp = sub.add_parser("reproduce", help="the blog's open reproduction on a local target: regen -> train -> eval -> "
                         "report, each stage resumable (dmtp/cli/reproduce.py)")
@@ -581,7 +613,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available; under torchrun: the rank's)")
     rp.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
     args.compile_cache_flag(rp)
-    rp.set_defaults(fn=reproduce.main)
+    rp.set_defaults(fn=command("reproduce"))
     return p
 
 

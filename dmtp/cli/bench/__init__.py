@@ -3,6 +3,8 @@
     python -m dmtp.cli.bench --target work/mini/target --drafters work/mini/drafters --out results/mini/bench
     python -m dmtp.cli.bench --paper-shape --out results/mini/bench      # random weights, Qwen3-8B shape: timing only
     python -m dmtp.cli.bench --mini-shape --out results/mini/bench       # random weights, mini shape: timing only
+    python -m dmtp.cli.bench --mini-shape --shape-parts engines --shape-engines compiled+dense+gw+tuned \
+        --shape-methods zero_init_residual --out DIR       # mini's fixed kernels beside the autotuned ones, steady
     python -m dmtp.cli.bench --target work/tiny/target --drafters work/tiny/drafters --out /tmp/b \
         --tokens 64 --caps 1,2 --prompts 8 --max-new-tokens 32 --parts overhead,hf   # CPU smoke run, ~1 min
 (`make bench-shapes` runs the random-weight parts; `make test-gpu` the GPU tests.)
@@ -76,6 +78,17 @@ def server_variants(s: str) -> list[str]:
     return out
 
 
+def engine_label(s: str) -> str:
+    """argparse type: an engine label (`bench.common.engine_setting`: "<engine>[+dense][+gw][+tuned|+timed]")."""
+    from dmtp.cli.bench.common import engine_setting
+
+    try:
+        engine_setting(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return s
+
+
 def verify_modes(s: str) -> list[str]:
     """argparse type: comma-separated verify modes (engine/verify.py)."""
     modes = names(s)
@@ -106,6 +119,13 @@ def main(argv=None):
     p.add_argument("--shape-parts", type=listed(str), default=["engines", "admission", "baselines", "regen"],
                    help="--mini-shape: beside the stage times on the profile's engine, any of engines (the same on the "
                         "compiled engine's defaults and the HF layers), admission, baselines, regen (default: all)")
+    p.add_argument("--shape-engines", type=listed(engine_label), default=None, metavar="LABEL,LABEL",
+                   help="--mini-shape, part engines: time every method's steady rounds on these engine labels beside "
+                        "the profile's own instead of the compiled defaults and the HF layers, e.g. compiled+tuned "
+                        "(autotuned kernels against the default fixed ones), compiled+timed")
+    p.add_argument("--shape-methods", type=names, default=None, metavar="NAME,NAME",
+                   help="--mini-shape: time only these of ar, the drafter baseline and the main method (default: all "
+                        "three; the DMTP / DFlash round ratios need both drafters)")
     p.add_argument("--regen-batch", type=at_least(0), default=2048,
                    help="--mini-shape and part `regen`: prompts decoded at once as the data stage does (0: skip)")
     p.add_argument("--kernel-profile", action="store_true",
@@ -169,6 +189,11 @@ def run(p, a):
     profile = a.profile or (above if above in PROFILES else "mini")
     prof = resolve(profile, a.set)
     spec = prof.ablation
+    timed = ("ar", spec.drafter_baseline, spec.main_method)  # the methods --mini-shape times
+    bad = [m for m in a.shape_methods or () if m not in timed]
+    if bad:
+        p.error(f"argument --shape-methods: {','.join(bad)}: --mini-shape times {', '.join(timed)} (profile "
+                f"{profile})")
     out = out_dir(a.out)
     path = out / "ratios.json"
     stored = RT.read(path)

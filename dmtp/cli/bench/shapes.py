@@ -140,12 +140,9 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
     rows, ratios = [], []
     own = p.engine.with_(engine="compiled")
     parts = set(a.shape_parts)
-    engines = {"": own}  # tag suffix -> engine: the profile's own first
-    if "engines" in parts:  # the compiled engine's defaults and the HF layers beside it
-        if label_of(own) != "compiled":
-            engines["@compiled"] = engine_setting("compiled")
-        engines["@hf"] = own.with_(engine="hf")
-    methods = (AR.name, dflash, dmtp)
+    engines = shape_engines(own, getattr(a, "shape_engines", None), "engines" in parts)
+    methods = tuple(n for n in (AR.name, dflash, dmtp) if n in (getattr(a, "shape_methods", None) or (n,)))
+    both = dflash in methods and dmtp in methods  # the round ratios need both
     for tail, eng in engines.items():
         for name in methods:
             m = build_method(name, tgt, drafter=drafters.get(name), mtp=mtp)
@@ -157,13 +154,22 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
     by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows}
     for tail, eng in engines.items():
         note = "" if not tail else f", {label_of(eng)}"
-        q = by[(f"{setup}:{dmtp}{tail}", "round")] / by[(f"{setup}:{dflash}{tail}", "round")]
-        goal = {"direction": "<=", "goal": round_goal(profile)} if not tail else {}
-        ratios.append(ratio(setup, f"{dmtp} round / {dflash} round{note}", q, **goal, condition=f"batch {a.batch}"))
+        if both:
+            q = by[(f"{setup}:{dmtp}{tail}", "round")] / by[(f"{setup}:{dflash}{tail}", "round")]
+            goal = {"direction": "<=", "goal": round_goal(profile)} if not tail else {}
+            ratios.append(ratio(setup, f"{dmtp} round / {dflash} round{note}", q, **goal,
+                                condition=f"batch {a.batch}"))
         if not tail:
             ratios += draft_side_ratios(by, methods, lambda n: f"{setup}:{n}", setup, a.batch)
-    ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
-                              f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
+        elif getattr(a, "shape_engines", None):  # each method's steady round on this engine against the profile's
+            for name in methods:
+                mine, base = by[(f"{setup}:{name}{tail}", "round")], by[(f"{setup}:{name}", "round")]
+                ratios.append(ratio(setup, f"{name} round, {label_of(eng)} / {label_of(own)}", mine / base,
+                                    condition=f"batch {a.batch}", note=f"{mine:.3f} vs {base:.3f} ms per round, "
+                                    "the first 16 rounds excluded"))
+    if both:
+        ratios.append(round_floor(tgt, mtp, by[(f"{setup}:{dflash}", "round")], a.bandwidth, setup,
+                                  f"{dmtp} round / {dflash} round", f"batch {a.batch}"))
     save(rows, ratios)
     if "admission" in parts:
         adm = admission(tgt, {n: build_method(n, tgt, drafter=drafters.get(n), mtp=mtp) for n in (AR.name, dmtp)},
@@ -195,6 +201,26 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
             kernel_profile(tgt, AR(), reqs, 32, Path(a.out) / f"profile_{setup}_regen.txt",
                            d.temperature, engine=own)
     return rows, ratios, b1_rows, regen
+
+
+def shape_engines(own: EngineConfig, labels: list[str] | None, side_by_side: bool) -> dict[str, EngineConfig]:
+    """The engines `mini_shape` times every method on, tag suffix -> config: the profile's own first (""); with part
+    `engines`, beside it the engine labels `labels` (`engine_setting`, derived from the profile's: its dtype kept;
+    e.g. "compiled+tuned": the autotuned kernels against the fixed ones), or by default the compiled engine's defaults
+    (where the profile's differs) and the HF layers."""
+    engines = {"": own}
+    if not side_by_side:
+        return engines
+    if labels:
+        for label in labels:
+            eng = engine_setting(label, own)
+            if label_of(eng) != label_of(own):  # the same settings as the profile's: timed once
+                engines[f"@{label}"] = eng
+        return engines
+    if label_of(own) != "compiled":
+        engines["@compiled"] = engine_setting("compiled")
+    engines["@hf"] = own.with_(engine="hf")
+    return engines
 
 
 def draft_side_ratios(by: dict, methods, tag, setup: str, batch: int, note: str = "") -> list[Ratio]:
