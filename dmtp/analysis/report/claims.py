@@ -524,11 +524,17 @@ def claims_lines(art: Artifacts, df: pd.DataFrame | None = None) -> list[str]:
     out = ["| family | claim | T | ours | by realization | test | verdict |", "|---|---|---|---|---|---|---|"]
     last = None
     for r in df.itertuples():
-        size = f"; {r.magnitude}" if isinstance(getattr(r, "magnitude", ""), str) and r.magnitude else ""
+        size = size_words(r)
         out.append(f"| {r.family} | {r.claim if r.claim != last else '〃'} | {r.temperature:g} | {fmt_estimate(r)} | "
                    f"{r.by_realization or '—'} | {r.test} | **{r.verdict}**{size} |")
         last = r.claim
     return out + ["", *verdict_lines(df)]
+
+
+def size_words(r) -> str:
+    """'; <the row's magnitude sentence>' for a claims row that has one, else ''."""
+    m = getattr(r, "magnitude", "")
+    return f"; {m}" if isinstance(m, str) and m else ""
 
 
 def claim_label(claim: str) -> str:
@@ -562,7 +568,7 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
             label = claim_label(r.claim)
             at = "" if "T = " in label else f" at T = {r.temperature:g}"
             unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
-            size = f"; {r.magnitude}" if isinstance(getattr(r, "magnitude", ""), str) and r.magnitude else ""
+            size = size_words(r)
             groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign}{size})")
         out += [f"{title}:", ""]
         for v, items in groups.items():
