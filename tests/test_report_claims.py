@@ -144,7 +144,8 @@ def test_other_series_are_exploratory(tmp_path):
     assert art.registered == [] and not art.on_registered
     text = "\n".join(summary.in_short(art, df))
     assert f"decided only on {PRIMARY.series}, at 6 realizations: 0 of 6 are here" in text
-    assert "this report pools another series (its experiment differs in train.steps)" in text
+    assert ("this report pools another series (its experiment differs in train.steps; records revision "
+            f"{PRIMARY.records_revision})") in text
     assert "at least two realizations" not in text
 
 
@@ -235,8 +236,8 @@ def test_throughput_is_judged_per_card_kind(monkeypatch, tmp_path):
     # 1.9 / 1.7) that became speed
     g = tab[(tab.realization == "r3") & (tab.method == "zero_init_residual")].iloc[0]
     assert h200["magnitude"] == (f"size: {g.gain_pct:+.1f} % tok/s against the blog's +18.8 %; "
-                                 f"{g.gain_pct / g.per_verify_gain_pct:.0%} of its {g.per_verify_gain_pct:+.1f} % "
-                                 "per-verify gain became speed (the blog's: 100% of +18.8 %)")
+                                 f"{100 * g.gain_pct / g.per_verify_gain_pct:.0f} % of its {g.per_verify_gain_pct:+.1f} "
+                                 "% per-verify gain became speed (the blog's: 100 % of +18.8 %)")
 
 
 def test_the_t1_gap_is_decomposed(tmp_path):
@@ -292,9 +293,10 @@ def test_the_exploratory_rows_read_together_are_read_after_holm(series):
     text = "\n".join(summary.exploratory_lines(df))
     kept = int(((ex.holm_p < 0.05) & ex.verdict.str.contains("consistent")).sum())
     n_p = int(ex.p.notna().sum())
-    assert (f"Of {len(ex)} exploratory rows, {int(ex.verdict.str.contains('consistent').sum())} point the blog's "
-            f"way") in text
-    assert f"Read together (Holm over the {n_p} rows with a p-value), {kept} point the blog's way" in text
+    agree = int(ex.verdict.str.contains("consistent").sum())
+    point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
+    assert f"Of {len(ex)} exploratory rows, {point(agree)} the blog's way" in text
+    assert f"Read together (Holm over the {n_p} rows with a p-value), {point(kept)} the blog's way" in text
 
 
 def test_an_unresolved_family_says_what_resolving_needs():

@@ -152,10 +152,12 @@ def off_series(art: Artifacts, fam: Family | None = None) -> str:
     roots = [r.root for r in art.realizations] or [art.root]
     key, rev = series_key(roots[0]) or ({}, None)
     diff = differences(fam.key, key)
+    if key.get("name") != fam.key.get("name"):  # another profile: its name says more than its fields
+        diff = [f"the profile (`{key.get('name')}`)"]
+    made = f"records revision {rev}" if rev is not None else "records made before revisions were declared"
     what = (f"its experiment differs in {', '.join(diff[:3])}" + (f" (+{len(diff) - 3} more)" if len(diff) > 3
-                                                                  else "") if diff else
-            "the same experiment made by other record-making code "
-            + (f"(records revision {rev})" if rev is not None else "(records made before revisions were declared)"))
+                                                                  else "") + f"; {made}" if diff else
+            f"the same experiment made by other record-making code ({made})")
     seen = [r.name for r in art.realizations if r.name in fam.seen_before and art.root.name == fam.experiment]
     return what + (f"; {', '.join(seen)} {'were' if len(seen) > 1 else 'was'} seen before the family was registered"
                    if seen else "")
@@ -472,8 +474,8 @@ def magnitude(gain: float, per_verify: float, blog: pd.Series, dataset: str) -> 
         b = T.pct(blog[w, "dmtp"], blog[w, "dflash"])
         acc = R.blog_value("main", dataset, "dmtp_vs_dflash_pct")
         out += f" against the blog's {b:+.1f} %"
-        share = f" (the blog's: {b / acc:.0%} of {acc:+.1f} %)" if acc and not pd.isna(acc) else ""
-    return out + f"; {gain / per_verify:.0%} of its {per_verify:+.1f} % per-verify gain became speed{share}"
+        share = f" (the blog's: {100 * b / acc:.0f} % of {acc:+.1f} %)" if acc and not pd.isna(acc) else ""
+    return out + f"; {100 * gain / per_verify:.0f} % of its {per_verify:+.1f} % per-verify gain became speed{share}"
 
 
 def claims(art: Artifacts) -> pd.DataFrame | None:

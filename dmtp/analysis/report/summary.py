@@ -287,6 +287,9 @@ def primary_lines(art: Artifacts, df: pd.DataFrame) -> list[str]:
     return out + ([""] if len(prim) else [])
 
 
+NAMED = 4  # exploratory rows surviving Holm in one direction are named in the summary when at most this many
+
+
 def exploratory_lines(df: pd.DataFrame) -> list[str]:
     """The exploratory rows read together: those against the blog, each with its Holm p over the family, and how
     many point which way before and after Holm over every exploratory row (`claims`' holm_p)."""
@@ -295,7 +298,7 @@ def exploratory_lines(df: pd.DataFrame) -> list[str]:
     label = lambda r: C.claim_label(r.claim) + ("" if "T = " in C.claim_label(r.claim)  # noqa: E731
                                                 else f" at T = {r.temperature:g}")
     unit = lambda r: f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""  # noqa: E731
-    holm = lambda r: (f"; Holm p = {r.holm_p:.2g} over the {len(with_p)} exploratory rows"  # noqa: E731
+    holm = lambda r: (f"; Holm p = {r.holm_p:.3g} over the {len(with_p)} exploratory rows"  # noqa: E731
                       if "holm_p" in ex and not pd.isna(r.holm_p) else "")
     against = ex[ex.verdict.str.contains("contrary")]
     agree = ex[ex.verdict.str.contains("consistent")]
@@ -305,11 +308,13 @@ def exploratory_lines(df: pd.DataFrame) -> list[str]:
                 *[f"- {label(r)} ({r.estimate:+.3f}{unit(r)}{holm(r)})." for r in against.itertuples()], ""]
     kept = {w: ex[ex.verdict.str.contains(w) & (ex.holm_p < S.LEVEL)] if "holm_p" in ex else ex.iloc[:0]
             for w in ("consistent", "contrary")}
-    out += [f"Of {len(ex)} exploratory rows, {len(agree)} point the blog's way and {len(against)} against it, each "
+    point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
+    out += [f"Of {len(ex)} exploratory rows, {point(len(agree))} the blog's way and {len(against)} against it, each "
             "at its own unadjusted 5 % level (correlated tests, several on the same runs); the rest are not "
             f"resolved. Read together (Holm over the {len(with_p)} rows with a p-value), "
-            f"{len(kept['consistent'])} point the blog's way and {len(kept['contrary'])} against it"
-            + "".join(f"; {w}: " + ", ".join(label(r) for r in g.itertuples()) for w, g in kept.items() if len(g))
+            f"{point(len(kept['consistent']))} the blog's way and {len(kept['contrary'])} against it"
+            + "".join(f"; {w}: " + ", ".join(label(r) for r in g.itertuples())
+                      for w, g in kept.items() if 0 < len(g) <= NAMED)
             + ".", ""]
     return out
 
