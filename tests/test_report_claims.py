@@ -3,6 +3,7 @@
 realization decides nothing and says so, every other row is exploratory, throughput is judged per card kind, a
 contrast prints one interval everywhere, tests read unrounded values, and sentences that read a family read it
 after Holm."""
+import dataclasses
 import json
 import shutil
 from types import SimpleNamespace
@@ -78,6 +79,32 @@ def test_the_registered_key_is_the_mini_profile_as_it_stands():
         exp = json.loads(write_experiment(f"{d}/experiment.json", p).read_text())
     assert exp["records_revision"] == RECORDS_REVISION
     assert PRIMARY.registered_on(experiment_key(exp), exp["records_revision"])
+
+
+def test_the_records_revision_travels_with_every_artifact(tmp_path):
+    """experiment.json names it beside the profile (read back as the same profile), every meta.json in its env, and
+    the report's table of realizations prints it ('before revisions' where a realization predates them)."""
+    from dmtp import RECORDS_REVISION
+    from dmtp.analysis.report import how
+    from dmtp.experiment import read_experiment, records_revision, write_experiment
+    from dmtp.io import read_json, write_meta
+    from experiments.profiles import resolve
+
+    p = resolve("smoke")
+    path = write_experiment(tmp_path / "experiment.json", p)
+    assert records_revision(read_json(path)) == RECORDS_REVISION
+    assert read_experiment(path) == dataclasses.replace(p, verify=p.study)  # as written: the study's runs named
+    assert records_revision({"name": "mini"}) is None
+    write_meta(tmp_path / "meta.json", {"x": 1})
+    assert read_json(tmp_path / "meta.json")["env"]["records_revision"] == RECORDS_REVISION
+    exp = {x: v for x, v in SERIES.items() if x != "records_revision"}
+    for name, rev in (("now", RECORDS_REVISION), ("before", None)):
+        write_synthetic(code(), tmp_path, name, n=4, temps=(0,), methods=["ar", "dflash"], curve=False, oracle=False,
+                        bench=False, modes=("natural",), realization=1,
+                        experiment=dict(exp, records_revision=rev) if rev else exp)
+    now, before = ([x for x in how(load(name, tmp_path, n_boot=50)) if x.startswith("| r1 |")][0]
+                   for name in ("now", "before"))
+    assert now.endswith(f"| {RECORDS_REVISION} |") and before.endswith("| before revisions |")
 
 
 @pytest.fixture(scope="module")
