@@ -180,32 +180,32 @@ def test_other_series_are_exploratory(tmp_path):
 def test_a_series_is_one_key_and_one_records_revision(tmp_path):
     """Realizations of one experiment key made at another records revision, or before revisions, are series of
     their own, named with the revision; the registered series is pooled wherever one of its realizations exists,
-    even beside a larger earlier series, and counted as k of 6."""
+    even beside a larger earlier series, and counted as k of 6; realizations seen before registration are named."""
     from dmtp.analysis.report import summary
 
-    for k, rev in ((1, None), (2, None), (3, None), (4, PRIMARY.records_revision), (5, "0")):
+    for k, rev in ((5, None), (6, None), (7, None), (8, PRIMARY.records_revision), (9, "0")):
         exp = {x: v for x, v in SERIES.items() if x != "records_revision"}
         write_synthetic(code(), tmp_path, "mini", n=8, temps=(0,), methods=RUNS, curve=False, oracle=False,
                         bench=False, modes=("natural",), realization=k,
                         experiment=exp if rev is None else dict(exp, records_revision=rev))
     art = load("mini", tmp_path, n_boot=100)
-    assert [r.name for r in art.realizations] == ["r4"] and art.registered == ["r4"] and art.on_registered
+    assert [r.name for r in art.realizations] == ["r8"] and art.registered == ["r8"] and art.on_registered
     assert [r.revision for r in art.realizations] == [PRIMARY.records_revision]
     why = dict(art.left_out)
-    assert set(why) == {"r1", "r2", "r3", "r5"}
-    assert why["r1"].startswith("the same experiment as r4, made by other record-making code (records made before "
-                                "revisions were declared; r4: records revision 1)")
-    assert "(records revision 0; r4: records revision 1)" in why["r5"]
+    assert set(why) == {"r5", "r6", "r7", "r9"}
+    assert why["r5"].startswith("the same experiment as r8, made by other record-making code (records made before "
+                                "revisions were declared; r8: records revision 1)")
+    assert "(records revision 0; r8: records revision 1)" in why["r9"]
     tables.pairwise(art)
     df = C.claims(art)
     text = "\n".join(summary.in_short(art, df))
     assert "one realization of it decides nothing" in text and "1 of 6 are here" in text
-    # without it, the largest group (before revisions) is pooled: another series, and r1 was seen before registration
-    shutil.rmtree(tmp_path / "mini" / "r4")
+    # without it, the largest group (before revisions) is pooled: another series, seen before registration
+    shutil.rmtree(tmp_path / "mini" / "r8")
     art = load("mini", tmp_path, n_boot=100)
-    assert [r.name for r in art.realizations] == ["r1", "r2", "r3"] and not art.on_registered
-    assert C.off_series(art).startswith("the same experiment made by other record-making code (records made before "
-                                        "revisions were declared)")
+    assert [r.name for r in art.realizations] == ["r5", "r6", "r7"] and not art.on_registered
+    assert C.off_series(art) == ("the same experiment made by other record-making code (records made before revisions "
+                                 "were declared); r5, r6, r7 were seen before the family was registered")
 
 
 def test_one_interval_per_contrast(series):

@@ -158,7 +158,7 @@ def off_series(art: Artifacts, fam: Family | None = None) -> str:
     what = (f"its experiment differs in {', '.join(diff[:3])}" + (f" (+{len(diff) - 3} more)" if len(diff) > 3
                                                                   else "") + f"; {made}" if diff else
             f"the same experiment made by other record-making code ({made})")
-    seen = [r.name for r in art.realizations if r.name in fam.seen_before and art.root.name == fam.experiment]
+    seen = [r.name for r in art.realizations if r.name in fam.seen_before and r.root.parent.name == fam.experiment]
     return what + (f"; {', '.join(seen)} {'were' if len(seen) > 1 else 'was'} seen before the family was registered"
                    if seen else "")
 
