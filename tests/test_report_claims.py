@@ -326,6 +326,8 @@ def test_the_exploratory_rows_read_together_are_read_after_holm(series):
     point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
     assert f"Of {len(ex)} exploratory rows, {point(agree)} the blog's way" in text
     assert f"Read together (Holm over the {n_p} rows with a p-value), {point(kept)} the blog's way" in text
+    table = "\n".join(C.claims_lines(art, df))  # each exploratory row with a p prints its Holm p beside it
+    assert table.count("exploratory rows |") == table.count(f"over the {n_p} exploratory rows |") == n_p
 
 
 def test_an_unresolved_family_says_what_resolving_needs():

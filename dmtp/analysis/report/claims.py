@@ -525,10 +525,12 @@ def claims_lines(art: Artifacts, df: pd.DataFrame | None = None) -> list[str]:
         return []
     out = ["| family | claim | T | ours | by realization | test | verdict |", "|---|---|---|---|---|---|---|"]
     last = None
+    m = int(df.holm_p.notna().sum()) if "holm_p" in df else 0
     for r in df.itertuples():
-        size = size_words(r)
+        holm = getattr(r, "holm_p", math.nan)
+        test = r.test + (f"; Holm p = {holm:.3g} over the {m} exploratory rows" if not pd.isna(holm) else "")
         out.append(f"| {r.family} | {r.claim if r.claim != last else '〃'} | {r.temperature:g} | {fmt_estimate(r)} | "
-                   f"{r.by_realization or '—'} | {r.test} | **{r.verdict}**{size} |")
+                   f"{r.by_realization or '—'} | {test} | **{r.verdict}**{size_words(r)} |")
         last = r.claim
     return out + ["", *verdict_lines(df)]
 
@@ -556,7 +558,7 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
     opposite sign, or mixed signs."""
     out = []
     for fam, title in ((PRIMARY_FAMILY, "Primary family (pre-registered, Holm over its claims)"),
-                       (EXPLORATORY, "Exploratory (unadjusted p; no claim is decided)")):
+                       (EXPLORATORY, "Exploratory (each at its unadjusted level; no claim is decided)")):
         g = df[df.family == fam] if "family" in df else df
         if not len(g):
             continue
