@@ -8,8 +8,8 @@ another series its contrasts are exploratory rows that print the same one-sided 
 **exploratory**: its interval, its test with an unadjusted p, and one of "consistent" (both intervals on the claim's
 side of 0 and every realization's own value there too), "contrary" (the same on the other side) or "not resolved",
 each marked "(exploratory)". A sentence that reads the exploratory rows together reads them after Holm over all of
-them (`holm_p`: over each row's p, the larger of its t and bootstrap p where it has both): unadjusted, 23 correlated
-tests would find a direction by chance.
+them (`holm_p`: over each row's p, the larger of its t and bootstrap p where it has both): unadjusted, two dozen
+correlated tests find a direction by chance.
 
 The wording rule, for every kind of claim: a claim resting on one realization reads "within one realization" (its
 intervals cover seeds and requests, not the run-to-run spread of the whole experiment); a verdict across
