@@ -16,6 +16,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from dmtp import RECORDS_REVISION
 from dmtp.checks import require
 from dmtp.config import Profile
 from dmtp.io import read_json, write_text
@@ -26,14 +27,26 @@ from dmtp.schema import from_dict
 def write_experiment(path: str | Path, p: Profile) -> Path:
     """The resolved experiment (profile with every override applied, the verify study's runs named: `Profile.study`)
     as JSON; the report reads it back. The seeds one invocation works on (`ablation.only_seeds`: work split between
-    processes) are not part of it."""
+    processes) are not part of it. Beside the profile: `records_revision`, the revision of the record-making code
+    (`dmtp.RECORDS_REVISION`) that ran it; the report pools a series within one revision."""
     p = replace(p, ablation=replace(p.ablation, only_seeds=()), verify=p.study)
-    write_text(path, json.dumps(asdict(p), indent=2) + "\n")
+    write_text(path, json.dumps(dict(asdict(p), records_revision=RECORDS_REVISION), indent=2) + "\n")
     return Path(path)
 
 
 def read_experiment(path: str | Path) -> Profile:
-    return from_dict(Profile, read_json(path), "experiment")
+    """The profile an experiment.json holds (its `records_revision` aside: `records_revision`)."""
+    exp = read_json(path)
+    if isinstance(exp, dict):
+        exp = {k: v for k, v in exp.items() if k != "records_revision"}
+    return from_dict(Profile, exp, "experiment")
+
+
+def records_revision(exp: dict) -> str | None:
+    """The records revision an experiment.json (as a dict) names; None where it was written before revisions were
+    declared."""
+    v = exp.get("records_revision") if isinstance(exp, dict) else None
+    return None if v is None else str(v)
 
 
 # --- the rules that read the models ----------------------------------------------------------------------------

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dmtp import RECORDS_REVISION
+
 
 def _readable(root: Path) -> None:
     """Give `root` and everything under it the modes a plain open / mkdir gives (0644 files, 0755 folders under the
@@ -496,7 +498,7 @@ def environment() -> dict:
     # threads and the CPU's vector instruction set: the kernels a CPU result was computed with
     env = {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
            "device": "cpu", "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-           "threads": torch.get_num_threads(), "git_sha": git_sha()}
+           "threads": torch.get_num_threads(), "git_sha": git_sha(), "records_revision": RECORDS_REVISION}
     try:
         import transformers
 
@@ -513,8 +515,9 @@ def environment() -> dict:
 
 
 def write_meta(path, config: dict, wall_s: float | None = None, engine=None, **extra):
-    """meta.json beside a result: its configuration, the environment (versions, device, commit) and, for decoded
-    results, `engine`: the `EngineConfig` that decoded it, as it resolved on this machine."""
+    """meta.json beside a result: its configuration, the environment (versions, device, commit, the records
+    revision) and, for decoded results, `engine`: the `EngineConfig` that decoded it, as it resolved on this
+    machine."""
     meta = {"config": config, "env": environment(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if engine is not None:
         import torch

@@ -1,6 +1,10 @@
 """The claims table's families and wording: the pre-registered primary family decides only on its registered series
-with its registered number of realizations (fewer: interim), one realization decides nothing and says so, every other
-row is exploratory, throughput is judged per card kind, and a contrast prints one interval everywhere."""
+(an experiment key and a records revision) with its registered number of realizations (fewer: interim), one
+realization decides nothing and says so, every other row is exploratory, throughput is judged per card kind, a
+contrast prints one interval everywhere, tests read unrounded values, and sentences that read a family read it
+after Holm."""
+import dataclasses
+import json
 import shutil
 from types import SimpleNamespace
 
@@ -12,12 +16,13 @@ from ablations.code import code
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import claims as C
 from dmtp.analysis.report import load, tables
+from dmtp.analysis.report.data import experiment_key, series_key
 from dmtp.analysis.report.registered import PRIMARY
 from dmtp.analysis.report.synthetic import write_synthetic
 
 RUNS = ["ar", "mtp", "dflash", "token_only", "double_anchor_fusion", "fusion", "zero_init_residual",
         "double_anchor_token_only"]
-SERIES = {"name": "mini", "train": {"steps": 1000}}  # the series the primary family is registered on
+SERIES = PRIMARY.as_experiment()  # the series the primary family is registered on: its experiment key and revision
 
 
 def test_one_sided_t_and_rank_agreement_on_hand_made_numbers():
@@ -44,8 +49,63 @@ def test_the_primary_family_is_registered_as_data():
     assert [(c.b, c.temperature) for c in PRIMARY.claims] == [("dflash", 0.0), ("dflash", 1.0), ("mtp", 0.0),
                                                               ("double_anchor_token_only", 0.0)]
     assert (PRIMARY.alpha, PRIMARY.min_realizations, PRIMARY.dataset) == (0.05, 6, "humaneval")
-    assert PRIMARY.registered_on("mini", 1000) and not PRIMARY.registered_on("mini", 4000)
-    assert not PRIMARY.registered_on("tiny", 1000)
+    key = PRIMARY.key
+    assert key["name"] == "mini" and key["train"]["steps"] == 1000
+    assert PRIMARY.registered_on(key, PRIMARY.records_revision)
+    assert not PRIMARY.registered_on(key, None)  # records made before revisions were declared
+    assert not PRIMARY.registered_on(key, PRIMARY.records_revision + "x")  # by other record-making code
+    other = json.loads(json.dumps(key))
+    other["train"]["steps"] = 4000
+    assert not PRIMARY.registered_on(other, PRIMARY.records_revision)
+    # the earlier mini series (r5-r7's experiment) shares the profile's name and step count, not the key
+    r7 = series_key("results/mini/r7")
+    assert r7[0]["name"] == "mini" and r7[0]["train"]["steps"] == 1000 and r7[1] is None
+    assert not PRIMARY.registered_on(*r7)
+
+
+def test_the_registered_key_is_the_mini_profile_as_it_stands():
+    """registered.json is the experiment key `dmtp pipeline --profile mini` writes at this code's revision, whatever
+    `realization` and run control (`ablation.only`) say; a change to the profile or a revision bump fails here
+    (before the series' first realization: `python -m experiments.register_series --write`)."""
+    from dmtp import RECORDS_REVISION
+    from dmtp.experiment import write_experiment
+    from experiments.profiles import resolve
+    from experiments.register_series import changes
+
+    assert changes() == [] and PRIMARY.records_revision == RECORDS_REVISION
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        only = "ablation.only=ar,mtp,dflash,zero_init_residual,double_anchor_token_only"
+        p = resolve("mini", ["realization=4", only])
+        exp = json.loads(write_experiment(f"{d}/experiment.json", p).read_text())
+    assert exp["records_revision"] == RECORDS_REVISION
+    assert PRIMARY.registered_on(experiment_key(exp), exp["records_revision"])
+
+
+def test_the_records_revision_travels_with_every_artifact(tmp_path):
+    """experiment.json names it beside the profile (read back as the same profile), every meta.json in its env, and
+    the report's table of realizations prints it ('before revisions' where a realization predates them)."""
+    from dmtp import RECORDS_REVISION
+    from dmtp.analysis.report import how
+    from dmtp.experiment import read_experiment, records_revision, write_experiment
+    from dmtp.io import read_json, write_meta
+    from experiments.profiles import resolve
+
+    p = resolve("smoke")
+    path = write_experiment(tmp_path / "experiment.json", p)
+    assert records_revision(read_json(path)) == RECORDS_REVISION
+    assert read_experiment(path) == dataclasses.replace(p, verify=p.study)  # as written: the study's runs named
+    assert records_revision({"name": "mini"}) is None
+    write_meta(tmp_path / "meta.json", {"x": 1})
+    assert read_json(tmp_path / "meta.json")["env"]["records_revision"] == RECORDS_REVISION
+    exp = {x: v for x, v in SERIES.items() if x != "records_revision"}
+    for name, rev in (("now", RECORDS_REVISION), ("before", None)):
+        write_synthetic(code(), tmp_path, name, n=4, temps=(0,), methods=["ar", "dflash"], curve=False, oracle=False,
+                        bench=False, modes=("natural",), realization=1,
+                        experiment=dict(exp, records_revision=rev) if rev else exp)
+    now, before = ([x for x in how(load(name, tmp_path, n_boot=50)) if x.startswith("| r1 |")][0]
+                   for name in ("now", "before"))
+    assert now.endswith(f"| {RECORDS_REVISION} |") and before.endswith("| before revisions |")
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +157,55 @@ def test_one_realization_says_so_and_never_holds(series):
 
 
 def test_other_series_are_exploratory(tmp_path):
+    from dmtp.analysis.report import summary
+
+    steps = dict(PRIMARY.key["train"], steps=4000)
     for k in (1, 2):
         write_synthetic(code(), tmp_path, "speed", n=8, temps=(0, 1), methods=RUNS, curve=False, oracle=False,
-                        bench=False, modes=("natural",), realization=k,
-                        experiment={"name": "mini", "train": {"steps": 4000}})
+                        bench=False, modes=("natural",), realization=k, experiment=dict(SERIES, train=steps))
     art = load("speed", tmp_path, n_boot=100)
     tables.pairwise(art)
     df = C.claims(art)
     assert set(df.family) == {"exploratory"} and not df.verdict.str.contains("holds|interim").any()
-    assert df.claim.str.contains("registered on the mini series of 1000 steps; this is mini with 4000 steps").any()
+    p1 = df[df.claim.str.startswith("P1 (")].iloc[0]
+    assert "not the registered series" in p1.claim and "as the registered test reads it (not that test)" in p1.test
+    assert art.registered == [] and not art.on_registered
+    text = "\n".join(summary.in_short(art, df))
+    assert f"decided only on {PRIMARY.series}, at 6 realizations: 0 of 6 are here" in text
+    assert ("this report pools another series (its experiment differs in train.steps; records revision "
+            f"{PRIMARY.records_revision})") in text
+    assert "at least two realizations" not in text
+
+
+def test_a_series_is_one_key_and_one_records_revision(tmp_path):
+    """Realizations of one experiment key made at another records revision, or before revisions, are series of
+    their own, named with the revision; the registered series is pooled wherever one of its realizations exists,
+    even beside a larger earlier series, and counted as k of 6; realizations seen before registration are named."""
+    from dmtp.analysis.report import summary
+
+    for k, rev in ((5, None), (6, None), (7, None), (8, PRIMARY.records_revision), (9, "0")):
+        exp = {x: v for x, v in SERIES.items() if x != "records_revision"}
+        write_synthetic(code(), tmp_path, "mini", n=8, temps=(0,), methods=RUNS, curve=False, oracle=False,
+                        bench=False, modes=("natural",), realization=k,
+                        experiment=exp if rev is None else dict(exp, records_revision=rev))
+    art = load("mini", tmp_path, n_boot=100)
+    assert [r.name for r in art.realizations] == ["r8"] and art.registered == ["r8"] and art.on_registered
+    assert [r.revision for r in art.realizations] == [PRIMARY.records_revision]
+    why = dict(art.left_out)
+    assert set(why) == {"r5", "r6", "r7", "r9"}
+    assert why["r5"].startswith("the same experiment as r8, made by other record-making code (records made before "
+                                "revisions were declared; r8: records revision 1)")
+    assert "(records revision 0; r8: records revision 1)" in why["r9"]
+    tables.pairwise(art)
+    df = C.claims(art)
+    text = "\n".join(summary.in_short(art, df))
+    assert "one realization of it decides nothing" in text and "1 of 6 are here" in text
+    # without it, the largest group (before revisions) is pooled: another series, seen before registration
+    shutil.rmtree(tmp_path / "mini" / "r8")
+    art = load("mini", tmp_path, n_boot=100)
+    assert [r.name for r in art.realizations] == ["r5", "r6", "r7"] and not art.on_registered
+    assert C.off_series(art) == ("the same experiment made by other record-making code (records made before revisions "
+                                 "were declared); r5, r6, r7 were seen before the family was registered")
 
 
 def test_one_interval_per_contrast(series):
@@ -129,7 +229,13 @@ def test_the_added_claims_are_tested(series):
     ft = df[df.kind == "range"].iloc[0]
     assert ft.unit == "pts" and ft.temperature == 1.0 and "+5.43 to +12.46 points" in ft.claim
     blog = df[df.claim.str.startswith("DFlash > MTP415")]
-    assert blog.claim.str.contains("27B HumanEval").all() and blog.claim.str.contains("3.239 < 3.496").all()
+    assert list(blog.temperature) == [0.0] and blog.claim.str.contains("27B HumanEval: 6.424 > 4.698").all()
+    # at T = 1 the blog's only row of the pair (35B Code) has MTP415 ahead: the row reads that direction
+    t1 = df[df.claim.str.startswith("MTP415 > DFlash")].iloc[0]
+    assert t1.temperature == 1.0 and "3.496 > 3.239" in t1.claim and t1.claim.endswith("`mtp` − `dflash`")
+    # an order is said to agree, never to be the blog's, and whether the orders are the same is said
+    assert rank.claim.str.startswith("the ablation's order agrees with the blog's").all()
+    assert rank.claim.str.contains("the orders differ|the same order").all()
 
 
 def test_throughput_is_judged_per_card_kind(monkeypatch, tmp_path):
@@ -154,6 +260,13 @@ def test_throughput_is_judged_per_card_kind(monkeypatch, tmp_path):
     assert h100["by_realization"] == "r1 +11.0 / r2 +12.0"
     assert h200["verdict"] == "within one realization (r3): consistent (exploratory; 3 repeats)"
     assert h200["by_realization"].startswith("r3 repeats: +13.0") and np.isnan(h200["estimate_lo"])
+    # the size beside the direction: against the blog's +18.8 % (Code), and the share of the per-verify gain (+11.8 %:
+    # 1.9 / 1.7) that became speed
+    g = tab[(tab.realization == "r3") & (tab.method == "zero_init_residual")].iloc[0]
+    share = 100 * g.gain_pct / g.per_verify_gain_pct
+    assert h200["magnitude"] == (f"size: {g.gain_pct:+.1f} % tok/s against the blog's +18.8 %; {share:.0f} % of its "
+                                 f"{g.per_verify_gain_pct:+.1f} % per-verify gain became speed (the blog's: 100 % of "
+                                 "+18.8 %)")
 
 
 def test_the_t1_gap_is_decomposed(tmp_path):
@@ -176,3 +289,56 @@ def test_the_t1_gap_is_decomposed(tmp_path):
     assert blog.round_ratio == pytest.approx(9.318 / 8.915)
     text = "\n".join(blog_gap.lines(art))
     assert "## The T = 1 end-to-end gap to the blog" in text and "points are the smaller per-verify gain" in text
+
+
+def test_every_test_over_realizations_reads_unrounded_values(series):
+    """The pairwise CSV prints each realization's difference to 3 decimals and keeps it unrounded beside
+    (realization_diffs); the primary family's one-sided t reads the unrounded values."""
+    from dmtp.analysis.report.data import group, per_unit
+
+    art, df = series["six"]
+    pw = pd.read_csv(art.tables / "pairwise_T0.csv", dtype=str)
+    header = next(x for x in (art.tables / "pairwise_T0.md").read_text().splitlines() if x.startswith("| dataset"))
+    assert "realization_diffs" in pw and "realization_diffs" not in header
+    r = tables.pair_row(art, "zero_init_residual", "double_anchor_token_only", 0.0)
+    cubes = S.matrices({m: per_unit(group(art, "ablation", "humaneval", 0.0, m))
+                        for m in ("zero_init_residual", "double_anchor_token_only")})[0]
+    own = np.nanmean(cubes["zero_init_residual"] - cubes["double_anchor_token_only"], axis=(1, 2))
+    assert r["signs"] == pytest.approx(list(own), abs=1e-12) and r["signs"] != [round(x, 3) for x in own]
+    p4 = df[df.claim.str.startswith("P4:")].iloc[0]
+    assert f"p = {S.t_one_sided(own):.3g};" in p4.test
+    assert p4.p == pytest.approx(S.t_one_sided(own), rel=1e-9)
+
+
+def test_the_exploratory_rows_read_together_are_read_after_holm(series):
+    from dmtp.analysis.report import summary
+
+    art, df = series["three"]
+    ex = df[df.family == "exploratory"]
+    assert list(ex.holm_p.dropna()) == pytest.approx([x for x in S.holm(list(ex.p)) if not np.isnan(x)])
+    assert df[df.family == "primary"].holm_p.isna().all()
+    rank = ex[ex.kind == "rank"].iloc[0]
+    assert rank.p == pytest.approx(float(rank.test.split("permutation p = ")[1].split(" ")[0]), rel=1e-2)
+    text = "\n".join(summary.exploratory_lines(df))
+    kept = int(((ex.holm_p < 0.05) & ex.verdict.str.contains("consistent")).sum())
+    n_p = int(ex.p.notna().sum())
+    agree = int(ex.verdict.str.contains("consistent").sum())
+    point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
+    assert f"Of {len(ex)} exploratory rows, {point(agree)} the blog's way" in text
+    assert f"Read together (Holm over the {n_p} rows with a p-value), {point(kept)} the blog's way" in text
+    table = "\n".join(C.claims_lines(art, df))  # each exploratory row with a p prints its Holm p beside it
+    assert table.count("exploratory rows |") == table.count(f"over the {n_p} exploratory rows |") == n_p
+
+
+def test_an_unresolved_family_says_what_resolving_needs():
+    """The |t| Holm's first step needs, computed from the family size and the units: 3 realizations (2 degrees of
+    freedom) and 56 tests need |t| > 33.4 (the two-sided 5 % / 56 quantile), one test alone 4.30."""
+    from scipy import stats as st
+
+    from dmtp.analysis.report import summary
+
+    text = summary.holm_threshold(3, 56)
+    need = st.t.ppf(1 - 0.05 / 112, 2)
+    assert f"|t| > {need:.1f}" in text and need == pytest.approx(33.4, abs=0.05)
+    assert "at 2 degrees of freedom Holm over the 56 tests" in text and "one test alone: 4.30" in text
+    assert summary.holm_threshold(1, 56) == "" and summary.holm_threshold(3, 1) == ""

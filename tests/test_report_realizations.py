@@ -50,7 +50,9 @@ def test_matching_realizations_are_pooled_the_others_named(pooled):
     assert s.loc[("humaneval", 0.0, "dflash"), ["n_realizations", "n_seeds", "t_level", "n_units"]].tolist() == [
         3, 3, "realization", 3]
     assert s.loc[("humaneval", 0.0, "mtp"), "n_seeds"] == 1
-    assert "**3 realizations (r1, r2, r3), pooled**" in text and "4.30 standard errors" in text
+    assert "**3 realizations (r1, r2, r3), pooled**" in text
+    # the thresholds of both kinds of test the report makes: two-sided (pairwise, exploratory) and one-sided (primary)
+    assert "rejects only beyond 4.30 standard errors" in text and "one-sided test beyond 2.92" in text
     assert "- r4: experiment differs from r3 in eval.new_tokens" in text
     assert [r.corpus for r in art.realizations] == ["aaaa", "aaaa", "bbbb"]
     assert "The pooled realizations' corpora differ** (aaaa, bbbb)" in text
@@ -428,29 +430,33 @@ def test_the_decode_only_gain_ratio_is_the_round_ratios_bound():
     assert decode_only_ratio(1.5, 1.5) == pytest.approx(0.0) and math.isnan(decode_only_ratio(1.0, 1.05))
 
 
-def test_mini_with_the_unlikelihood_step_is_a_new_series(tmp_path):
-    """`mini` now ends its target stage with the unlikelihood step (loop negatives): its realizations are another
-    experiment than the committed r2-r4, which the report pools apart; they differ in the unlikelihood settings, the
-    corpus (its pinned sources and digest), the data prompts (20,000 answered twice) and the fixed kernel choices
-    alone."""
+def test_mini_as_it_stands_is_a_new_series(tmp_path):
+    """`mini` as it stands (the unlikelihood step, the pinned pure-Python corpus, prompts answered twice, fixed kernel
+    choices) is another experiment than the committed r2-r4 and r5-r7, which the report pools apart, and made at a
+    declared records revision, which theirs predate; they differ in those fields alone."""
     import json
     from pathlib import Path
 
+    from dmtp import RECORDS_REVISION
     from dmtp.analysis.report.data import differences, experiment_key
     from dmtp.experiment import write_experiment
     from experiments.profiles import get_profile
 
-    committed = Path(__file__).resolve().parent.parent / "results" / "mini" / "r4" / "experiment.json"
-    if not committed.exists():
+    results = Path(__file__).resolve().parent.parent / "results" / "mini"
+    if not (results / "r4" / "experiment.json").exists():
         pytest.skip("no committed r4")
     p = get_profile("mini")
     assert (p.pretrain.unloop_steps, p.pretrain.unloop_alpha, p.pretrain.unloop_negatives) == (300, 1.0, "loop")
     assert p.engine.tuning == "fixed"
     now = json.loads(write_experiment(tmp_path / "experiment.json", dataclasses.replace(p, realization=5)).read_text())
-    diff = differences(experiment_key(json.loads(committed.read_text())), experiment_key(now))
-    assert any(d.startswith("pretrain.unloop_") for d in diff), diff
-    assert all(d.startswith(("pretrain.unloop_", "data.corpus_sources", "data.corpus_digest", "data.prompts",
-                             "data.samples", "engine.tuning")) for d in diff), diff
+    assert now["records_revision"] == RECORDS_REVISION
+    new = ("data.corpus_sources", "data.corpus_digest", "data.prompts", "data.samples", "engine.tuning")
+    for k, extra in ((4, ("pretrain.unloop_",)), (7, ())):
+        old = json.loads((results / f"r{k}" / "experiment.json").read_text())
+        assert "records_revision" not in old
+        diff = differences(experiment_key(old), experiment_key(now))
+        assert all(d.startswith(new + extra) for d in diff), diff
+        assert "data.corpus_sources" in diff and "engine.tuning" in diff
 
 
 def test_costmodel_check_predicts_one_realization_from_another_realizations_round_times(pooled, tmp_path):

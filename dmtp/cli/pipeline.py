@@ -512,8 +512,9 @@ def stop_strings(p: Profile, mode: str) -> tuple[str, ...]:
 def experiment_settings(experiment: dict) -> dict:
     """What an experiment.json says the runs were made with: without run control, the runs and seeds one invocation
     works on (processes that share a GPU each evaluate a part: `experiments/profiles.py` parts) and the verify study
-    (its own stage), as `fingerprint` writes it."""
-    return {k: v for k, v in fingerprint(experiment, RUN_CONTROL + ("only", "only_seeds")).items() if k != "verify"}
+    (its own stage), as `fingerprint` writes it; the records revision beside the profile is not a setting."""
+    return {k: v for k, v in fingerprint(experiment, RUN_CONTROL + ("only", "only_seeds")).items()
+            if k not in ("verify", "records_revision")}
 
 
 def record_experiment(c: Ctx, verify_only: bool = False):

@@ -96,13 +96,15 @@ def corpus_lines(art: Artifacts) -> list[str]:
 
 
 def how(art: Artifacts) -> list[str]:
-    """The short 'how the runs were made': the realizations pooled (folder, commits, devices, dates), those left
-    out, and where the history is."""
-    rows = ["| realization | folder | commits (meta files) | devices | written | corpus |", "|---|---|---|---|---|---|"]
+    """The short 'how the runs were made': the realizations pooled (folder, commits, devices, dates, corpus, records
+    revision), those left out, and where the history is."""
+    rows = ["| realization | folder | commits (meta files) | devices | written | corpus | records revision |",
+            "|---|---|---|---|---|---|---|"]
     for r in art.realizations:
         commits = ", ".join(f"{c} ({n})" for c, n in r.commits) or "—"
         rows.append(f"| {r.name} | `{r.root}` | {commits} | {', '.join(r.devices) or '—'} | "
-                    f"{' … '.join(x for x in r.written if x) or '—'} | {r.corpus or '—'} |")
+                    f"{' … '.join(x for x in r.written if x) or '—'} | {r.corpus or '—'} | "
+                    f"{r.revision if r.revision is not None else 'before revisions'} |")
     corpora = {r.corpus for r in art.realizations if r.corpus}
     rows += corpus_lines(art)
     if len(corpora) > 1:  # another Python installation: other files, so other targets and other `pytests` prompts

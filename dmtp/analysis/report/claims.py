@@ -2,11 +2,14 @@
 no stronger than its test.
 
 Two families, named in every row. The **primary family** (`registered.PRIMARY`: P1-P4) is decided only on the series
-it is registered on: a one-sided paired t-test over realizations, Holm over the four, "holds" only with the
-registered number of realizations (fewer: "interim (k of n realizations)"). Every other row is **exploratory**: its
-interval, its test with an unadjusted p, and one of "consistent" (both intervals on the claim's side of 0 and every
-realization's own value there too), "contrary" (the same on the other side) or "not resolved", each marked
-"(exploratory)".
+it is registered on (an experiment key and a records revision): a one-sided paired t-test over realizations, Holm
+over the four, "holds" only with the registered number of realizations (fewer: "interim (k of n realizations)"). On
+another series its contrasts are exploratory rows that print the same one-sided test as a reading. Every other row is
+**exploratory**: its interval, its test with an unadjusted p, and one of "consistent" (both intervals on the claim's
+side of 0 and every realization's own value there too), "contrary" (the same on the other side) or "not resolved",
+each marked "(exploratory)". A sentence that reads the exploratory rows together reads them after Holm over all of
+them (`holm_p`: over each row's p, the larger of its t and bootstrap p where it has both): unadjusted, two dozen
+correlated tests find a direction by chance.
 
 The wording rule, for every kind of claim: a claim resting on one realization reads "within one realization" (its
 intervals cover seeds and requests, not the run-to-run spread of the whole experiment); a verdict across
@@ -32,7 +35,8 @@ from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
-from dmtp.analysis.report.data import CONTRAST_BOOT, Artifacts, paired_runs, per_unit
+from dmtp.analysis.report import registered as REG
+from dmtp.analysis.report.data import CONTRAST_BOOT, Artifacts, differences, paired_runs, per_unit, series_key
 from dmtp.analysis.report.registered import PRIMARY, SMOKE, Family
 
 # "close" = |a - b| below this share of b's acceptance length. The blog states no margin; 2 % is the size of the
@@ -108,18 +112,28 @@ def explored(art: Artifacts, d: int) -> str:
 
 
 def _row(family: str, claim: str, t, r: dict, test: str, verdict: str, kind: str = "direction",
-         unit: str = "") -> dict:
+         unit: str = "", p: float | None = None, magnitude: str = "") -> dict:
     """A claims-table row. `kind`: "direction" (a > b: positive = the claim's sign), "closeness" (TOST), "range" (the
-    estimate inside the blog's range), "rank" (a rank correlation); `unit`: "", "%" or "pts";
-    n_realizations_claim_sign / n_realizations_opposite_sign: how many realizations' own values (`signs`) have the
-    claim's sign and the opposite one."""
+    estimate inside the blog's range), "rank" (a rank correlation); `unit`: "", "%" or "pts"; `p`: the row's own
+    p-value (default: the larger of its two-sided t and bootstrap p, `row_p`; nan: no single test), which the
+    exploratory rows' Holm reads (`holm_p`, set by `claims`); `magnitude`: a sentence on the size against the
+    blog's, printed beside the verdict; n_realizations_claim_sign / n_realizations_opposite_sign: how many
+    realizations' own values (`signs`) have the claim's sign and the opposite one."""
     signs = [float(x) for x in r.get("signs", []) if not pd.isna(x)]
     return {"family": family, "claim": claim, "temperature": t, "estimate": r["diff"],
             "estimate_tlo": r.get("diff_tlo", math.nan), "estimate_thi": r.get("diff_thi", math.nan),
             "estimate_lo": r.get("diff_lo", math.nan), "estimate_hi": r.get("diff_hi", math.nan),
             "by_realization": r.get("by", T.signs_text(signs)), "test": test, "verdict": verdict, "kind": kind,
             "unit": unit, "n_realizations_claim_sign": sum(x > 0 for x in signs),
-            "n_realizations_opposite_sign": sum(x < 0 for x in signs)}
+            "n_realizations_opposite_sign": sum(x < 0 for x in signs), "p": row_p(r) if p is None else p,
+            "magnitude": magnitude}
+
+
+def row_p(r: dict) -> float:
+    """A contrast's p for a family of rows: the larger of its two-sided t p and bootstrap p (its verdict needs both
+    intervals off 0), the one it has when it has one, nan with none."""
+    ps = [float(r[k]) for k in ("t_p", "p") if r.get(k) is not None and not pd.isna(r.get(k))]
+    return max(ps) if ps else math.nan
 
 
 def _p(r: dict) -> str:
@@ -130,19 +144,43 @@ def _p(r: dict) -> str:
 
 
 # --- the primary family ---------------------------------------------------------------------------------------------
-def primary_rows(art: Artifacts, fam: Family = PRIMARY) -> list[dict]:
+def off_series(art: Artifacts, fam: Family | None = None) -> str:
+    """Why the pooled realizations are not the registered series, in words ('' when they are): what differs from the
+    registered experiment key, or the records revision, and which of them were seen before the family was
+    written."""
+    fam = fam or REG.PRIMARY
+    if art.on_registered:
+        return ""
+    roots = [r.root for r in art.realizations] or [art.root]
+    key, rev = series_key(roots[0]) or ({}, None)
+    diff = differences(fam.key, key)
+    if key.get("name") != fam.key.get("name"):  # another profile: its name says more than its fields
+        diff = [f"the profile (`{key.get('name')}`)"]
+    made = f"records revision {rev}" if rev is not None else "records made before revisions were declared"
+    what = (f"its experiment differs in {', '.join(diff[:3])}" + (f" (+{len(diff) - 3} more)" if len(diff) > 3
+                                                                  else "") + f"; {made}" if diff else
+            f"the same experiment made by other record-making code ({made})")
+    seen = [r.name for r in art.realizations if r.name in fam.seen_before and r.root.parent.name == fam.experiment]
+    return what + (f"; {', '.join(seen)} {'were' if len(seen) > 1 else 'was'} seen before the family was registered"
+                   if seen else "")
+
+
+def primary_rows(art: Artifacts, fam: Family | None = None) -> list[dict]:
     """The registered claims: on their series a one-sided paired t over realizations, Holm over the family; on any
-    other series the same contrasts as exploratory rows. The blog's own DMTP model (`beside`) follows each claim on
-    the same contrast, exploratory."""
-    exp, steps = series(art)
-    registered = fam.registered_on(exp, steps) and n_realizations(art) > 1
+    other series the same contrasts as exploratory rows, the same one-sided test printed beside as a reading (not
+    the registered test). The blog's own DMTP model (`beside`) follows each claim on the same contrast,
+    exploratory."""
+    fam = fam or REG.PRIMARY
+    n = n_realizations(art)
+    registered = art.on_registered and n > 1
     got = [(c, r) for c in fam.claims if (r := contrast(art, fam.dataset, c.temperature, c.a, c.b))]
     p1 = [S.t_one_sided(r["signs"]) if len(r["signs"]) > 1 else math.nan for _, r in got]
     adj = S.holm(p1)
-    n = n_realizations(art)
     out = []
     for (c, r), p, q in zip(got, p1, adj):
         pair = f"`{c.a}` − `{c.b}`"
+        one_sided = (f"one-sided paired t over {len(r['signs'])} realizations, p = {p:.3g}; Holm p = {q:.3g} over the "
+                     f"{len(got)} claims of the primary family")
         if registered:
             ok = q < fam.alpha
             if n >= fam.min_realizations:
@@ -150,15 +188,15 @@ def primary_rows(art: Artifacts, fam: Family = PRIMARY) -> list[dict]:
             else:
                 v = (f"interim ({n} of {fam.min_realizations} realizations): "
                      + ("rejects at 0.05 after Holm" if ok else "not resolved"))
-            out.append(_row(PRIMARY_FAMILY, f"{c.key}: {c.text}: {pair}", c.temperature, r,
-                            f"one-sided paired t over {len(r['signs'])} realizations, p = {p:.3g}; Holm p = {q:.3g} "
-                            f"over the {len(got)} claims of the primary family", v))
+            out.append(_row(PRIMARY_FAMILY, f"{c.key}: {c.text}: {pair}", c.temperature, r, one_sided, v, p=p))
         else:
-            why = (f"registered on the {fam.experiment} series of {fam.train_steps} steps; this is "
-                   f"{exp or 'another'} with {steps} steps" if not fam.registered_on(exp, steps)
+            why = ("not the registered series" if not art.on_registered
                    else "registered across realizations; one realization decides nothing")
-            out.append(_row(EXPLORATORY, f"{c.key} ({why}): {c.text}: {pair}", c.temperature, r, _p(r),
+            test = _p(r) + (f"; as the registered test reads it (not that test): {one_sided}" if not pd.isna(p) else "")
+            out.append(_row(EXPLORATORY, f"{c.key} ({why}): {c.text}: {pair}", c.temperature, r, test,
                             explored(art, direction_word(r, n))))
+            out[-1]["reading"] = (f"read as the registered test would (not that test): one-sided p = {p:.3g}, Holm "
+                                  f"p = {q:.3g} over the four" if not pd.isna(p) else "")
         if c.beside and (rb := contrast(art, fam.dataset, c.temperature, c.beside, c.b)):
             out.append(_row(EXPLORATORY, f"{c.key} with the blog's DMTP model: `{c.beside}` − `{c.b}`",
                             c.temperature, rb, _p(rb), explored(art, direction_word(rb, n))))
@@ -176,13 +214,14 @@ def blog_pairs(art: Artifacts) -> list[tuple[str, str, str, tuple]]:
     rows = [
         (main, "mtp", f"DMTP > MTP415 (open reproduction 27B HumanEval, T = 0: {he.dmtp:.3f} vs {he.mtp:.3f}; 35B "
                       f"Code, T = 1: {code.dmtp:.3f} vs {code.mtp:.3f})", (1.0,)),
-        (dflash, "mtp", f"DFlash > MTP415 on code (open reproduction 27B HumanEval, T = 0: {he.dflash:.3f} > "
-                        f"{he.mtp:.3f}; but the blog's own 35B Code row, T = 1, has DFlash below the native MTP: "
-                        f"{code.dflash:.3f} < {code.mtp:.3f})", (0.0, 1.0)),
+        (dflash, "mtp", f"DFlash > MTP415 on code at T = 0 (open reproduction 27B HumanEval: {he.dflash:.3f} > "
+                        f"{he.mtp:.3f})", (0.0,)),
+        ("mtp", dflash, f"MTP415 > DFlash on code at T = 1 (the blog's only T = 1 row of the pair, 35B Code: "
+                        f"{code.mtp:.3f} > {code.dflash:.3f})", (1.0,)),
         (dmtp, ref, f"{dmtp} > {ref} (blog Code ablation +{R.ablation_value(dmtp, f'rel_to_{ref}_pct'):.2f} %)",
          (0.0, 1.0)),
     ]
-    registered = {(c.a, c.b, c.temperature) for c in PRIMARY.claims}
+    registered = {(c.a, c.b, c.temperature) for c in REG.PRIMARY.claims}
     for c in sp.controls:  # the main method against each control, at every temperature the primary family leaves
         if sp.main_method and c != sp.main_method:
             ts = tuple(t for t in (0.0, 1.0) if (sp.main_method, c, t) not in registered)
@@ -235,13 +274,13 @@ def close_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
                 continue
             p = max(r["tost_p"], r["tost_t_p"]) if not pd.isna(r["tost_t_p"]) else r["tost_p"]
             got.append((t, m, r, p))
-        for (t, m, r, _), q in zip(got, S.holm([p for *_, p in got])):
+        for (t, m, r, p), q in zip(got, S.holm([p for *_, p in got])):
             far = all(lo > m or hi < -m for lo, hi in ((r["diff_lo"], r["diff_hi"]), (r["diff_tlo"], r["diff_thi"]))
                       if not pd.isna(hi))
             d = 1 if q < S.LEVEL else -1 if far else 0
             out.append(_row(EXPLORATORY, f"{text}: `{a}` − `{b}`", t, r,
                             f"TOST within ±{m:.3f} ({CLOSE_MARGIN_PCT:g} % of `{b}`), Holm p = {q:.3g} over "
-                            f"{len(got)} temperatures", explored(art, d), kind="closeness"))
+                            f"{len(got)} temperatures", explored(art, d), kind="closeness", p=p))
     return out
 
 
@@ -284,14 +323,15 @@ def first_token_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
                  f"{lo:+.2f} to {hi:+.2f} points): `{sp.main_method}` − `{sp.drafter_baseline}`, first-token "
                  "acceptance per request, points", 1.0, r,
                  f"both intervals inside [{lo:+.2f}, {hi:+.2f}]; " + _p(r), explored(art, d), kind="range",
-                 unit="pts")]
+                 unit="pts", p=math.nan)]
 
 
 def rank_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
     """The ablation's order against the blog's Code ablation: Spearman's rho between our acceptance and the blog's
     over the variants both have, one-sided permutation test (`stats.rank_agreement`), each realization's own rho
     and the t-interval over them: consistent where the permutation test rejects and every realization's rho is
-    positive (exploratory). One test in place of the 28 pairwise ones an order would need."""
+    positive (exploratory). One test in place of the 28 pairwise ones an order would need. A correlation is worded
+    as agreement, never as the same order: the row says whether the pooled orders are the same (rho = 1)."""
     blog = R.table("ablation").set_index("method").acceptance_length
     s = art.natural
     out = []
@@ -311,11 +351,13 @@ def rank_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
         r = {"diff": ra["rho"], "diff_tlo": tt["lo"], "diff_thi": tt["hi"], "signs": rhos,
              "by": " / ".join(f"{x:+.3f}" for x in rhos)}
         d = 1 if ra["p"] < S.LEVEL and all(x > 0 for x in rhos) else 0
-        out.append(_row(EXPLORATORY, f"the ablation's order is the blog's (Code ablation, {len(ms)} variants: "
-                        + ", ".join(ms) + "): Spearman's rho of ours against the blog's", t, r,
+        same = "the same order" if ra["rho"] > 1 - 1e-9 else "the orders differ"
+        out.append(_row(EXPLORATORY, f"the ablation's order agrees with the blog's (Code ablation, {len(ms)} "
+                        "variants: " + ", ".join(ms) + f"; a rank correlation, {same}): Spearman's rho of ours "
+                        "against the blog's", t, r,
                         f"one-sided permutation p = {ra['p']:.3g} ({'every' if ra['exact'] else 'random'} order of "
                         f"the {len(ms)} variants); t-interval over the realizations' own rho", explored(art, d),
-                        kind="rank"))
+                        kind="rank", p=ra["p"]))
     return out
 
 
@@ -405,7 +447,9 @@ def throughput_rows(art: Artifacts) -> list[dict]:
                                                              for x in g.itertuples())}
             out.append(_row(EXPLORATORY, claim, 1.0, r, f"t over {len(g)} realizations' median gains (each over its "
                             f"own timing repeats), p = {tt['p']:.3g} (two-sided, unadjusted)",
-                            explored(art, direction_word(r, len(g))), unit="%"))
+                            explored(art, direction_word(r, len(g))), unit="%", p=tt["p"],
+                            magnitude=magnitude(float(np.mean(g.gain_pct)), float(np.mean(g.per_verify_gain_pct)),
+                                                blog, ds)))
             continue
         x = g.iloc[0]
         k = int(T.realization_number(x.realization) or 0)
@@ -418,8 +462,22 @@ def throughput_rows(art: Artifacts) -> list[dict]:
                         f"median of {len(gains)} timing repeat{'s' * (len(gains) != 1)} of one trained pair (timer "
                         f"and run-to-run noise, not model variation); read only with at least {MIN_REPEATS} repeats",
                         f"within one realization ({x.realization}): {WORDS[d]} (exploratory; {len(gains)} repeats)",
-                        unit="%"))
+                        unit="%", p=math.nan, magnitude=magnitude(x.gain_pct, x.per_verify_gain_pct, blog, ds)))
     return out
+
+
+def magnitude(gain: float, per_verify: float, blog: pd.Series, dataset: str) -> str:
+    """The size of a tok/s gain beside its direction: against the blog's gain on the dataset's workload, and the
+    share of the per-verify (acceptance) gain that became speed, ours and the blog's ('' without the numbers)."""
+    if pd.isna(gain) or pd.isna(per_verify) or per_verify == 0:
+        return ""
+    out, share, w = f"size: {gain:+.1f} % tok/s", "", R.workload(dataset)
+    if (w, "dmtp") in blog.index:
+        b = T.pct(blog[w, "dmtp"], blog[w, "dflash"])
+        acc = R.blog_value("main", dataset, "dmtp_vs_dflash_pct")
+        out += f" against the blog's {b:+.1f} %"
+        share = f" (the blog's: {100 * b / acc:.0f} % of {acc:+.1f} %)" if acc and not pd.isna(acc) else ""
+    return out + f"; {100 * gain / per_verify:.0f} % of its {per_verify:+.1f} % per-verify gain became speed{share}"
 
 
 def claims(art: Artifacts) -> pd.DataFrame | None:
@@ -435,9 +493,15 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
     if not rows:
         return None
     n = n_realizations(art)
-    return T.save(art, "claims", pd.DataFrame(rows), "The blog's claims: the primary family, then exploratory",
-                  f"family: primary = {PRIMARY.name}; exploratory = every other row (unadjusted p, verdict "
-                  "consistent / contrary / not resolved). estimate = our value (acceptance length on "
+    df = pd.DataFrame(rows)
+    ex = df.family == EXPLORATORY
+    df["holm_p"] = math.nan
+    df.loc[ex, "holm_p"] = S.holm(list(df.p[ex]))
+    return T.save(art, "claims", df, "The blog's claims: the primary family, then exploratory",
+                  f"family: primary = {REG.PRIMARY.name}; exploratory = every other row (unadjusted p, verdict "
+                  "consistent / contrary / not resolved; p = the row's own p, the larger of its t and bootstrap p "
+                  "where it has both; holm_p = p adjusted by Holm over every exploratory row with a p, what a "
+                  "sentence reading them together uses). estimate = our value (acceptance length on "
                   f"{ds} unless the claim says otherwise); t [estimate_tlo, estimate_thi] = 95% t-interval over the "
                   "top level's units (realizations when there are several, else seeds); [estimate_lo, estimate_hi] = "
                   "hierarchical bootstrap 95% CI — the same interval the acceptance and pairwise tables print for the "
@@ -463,11 +527,20 @@ def claims_lines(art: Artifacts, df: pd.DataFrame | None = None) -> list[str]:
         return []
     out = ["| family | claim | T | ours | by realization | test | verdict |", "|---|---|---|---|---|---|---|"]
     last = None
+    m = int(df.holm_p.notna().sum()) if "holm_p" in df else 0
     for r in df.itertuples():
+        holm = getattr(r, "holm_p", math.nan)
+        test = r.test + (f"; Holm p = {holm:.3g} over the {m} exploratory rows" if not pd.isna(holm) else "")
         out.append(f"| {r.family} | {r.claim if r.claim != last else '〃'} | {r.temperature:g} | {fmt_estimate(r)} | "
-                   f"{r.by_realization or '—'} | {r.test} | **{r.verdict}** |")
+                   f"{r.by_realization or '—'} | {test} | **{r.verdict}**{size_words(r)} |")
         last = r.claim
     return out + ["", *verdict_lines(df)]
+
+
+def size_words(r) -> str:
+    """'; <the row's magnitude sentence>' for a claims row that has one, else ''."""
+    m = getattr(r, "magnitude", "")
+    return f"; {m}" if isinstance(m, str) and m else ""
 
 
 def claim_label(claim: str) -> str:
@@ -487,7 +560,7 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
     opposite sign, or mixed signs."""
     out = []
     for fam, title in ((PRIMARY_FAMILY, "Primary family (pre-registered, Holm over its claims)"),
-                       (EXPLORATORY, "Exploratory (unadjusted p; no claim is decided)")):
+                       (EXPLORATORY, "Exploratory (each at its unadjusted level; no claim is decided)")):
         g = df[df.family == fam] if "family" in df else df
         if not len(g):
             continue
@@ -501,7 +574,8 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
             label = claim_label(r.claim)
             at = "" if "T = " in label else f" at T = {r.temperature:g}"
             unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
-            groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign})")
+            size = size_words(r)
+            groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign}{size})")
         out += [f"{title}:", ""]
         for v, items in groups.items():
             out += [f"- **{v}**:", *[f"  - {x}" for x in items]]

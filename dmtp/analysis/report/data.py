@@ -6,8 +6,11 @@ its own target, on-policy data and drafter seeds: `Profile.realization`):
     results/<profile>/r<k>/                  realization k >= 1: a complete results folder (the layout below)
     results/<profile>/                       with runs/ of its own: realization 0 (the flat layout, e.g. tiny)
 
-Realizations are pooled only when their experiments match (experiment.json without `realization` and run control:
-`experiment_key`); the largest matching group is pooled (ties: the one holding the newest realization), the others
+Realizations are pooled only when they are one series: their experiments match (experiment.json without
+`realization` and run control: `experiment_key`) and so does the revision of the code that made their records
+(experiment.json `records_revision`, `dmtp.RECORDS_REVISION`; realizations written before revisions were declared
+are a group of their own). The pre-registered primary family's series (`registered.PRIMARY`) is pooled wherever a
+realization of it exists; otherwise the largest series (ties: the one holding the newest realization). The others
 are left out by name with the fields that differ (`Artifacts.left_out`). Tables, figures and REPORT.md go to
 results/<profile>/. Inside each realization:
 
@@ -53,6 +56,7 @@ from dmtp.config.engine import records_key_of
 from dmtp.config.experiment import drafter_key
 from dmtp.config.training import pretrain_key
 from dmtp.engine.stops import cut_rounds
+from dmtp.experiment import records_revision
 from dmtp.io import RECORDS, check_finished, iter_jsonl, read_json, record_meta, record_stem
 from dmtp.schema import from_dict
 
@@ -127,6 +131,7 @@ class Realization:
     corpus: str = ""  # the digest of the target's pretraining documents (target/meta.json corpus.train_digest)
     bench_device: str = ""  # the device bench/meta.json records ("": no bench, or none recorded): timings compare
     # only between realizations whose bench ran on the same kind of device
+    revision: str | None = None  # the records revision experiment.json names (None: written before revisions)
 
     @property
     def name(self) -> str:
@@ -149,6 +154,13 @@ class Artifacts:
     ood: dict | None = None  # out-of-distribution set -> its runs (experiment.json eval.ood, eval.ood_runs)
     caveat: str = ""  # what the series cannot show (`registered.caveat`), said at the top of the report and tables
     caveat_short: str = ""  # the same in a few words, atop every figure
+    registered: list[str] = field(default_factory=list)  # realizations found of the primary family's registered
+    # series (`registered.PRIMARY`), pooled or not
+
+    @property
+    def on_registered(self) -> bool:
+        """Whether the pooled realizations are the registered series."""
+        return bool(self.realizations) and [r.name for r in self.realizations] == self.registered
 
     @property
     def tables(self) -> Path:
@@ -378,13 +390,14 @@ def require_artifacts(top: Path, hint: str = "") -> list[tuple[int, Path]]:
 
 
 def experiment_key(exp: dict) -> dict:
-    """What makes two realizations the same experiment: experiment.json without `realization` and run control
-    (RUN_CONTROL, at any depth), the engine as its records depend on it (`EngineConfig.records_key`)."""
+    """What makes two realizations the same experiment: experiment.json without `realization`, the records revision
+    (`series_key` adds it) and run control (RUN_CONTROL, at any depth), the engine as its records depend on it
+    (`EngineConfig.records_key`)."""
     def drop(v):
         if isinstance(v, dict):
             return {k: drop(x) for k, x in v.items() if k not in RUN_CONTROL}
         return [drop(x) for x in v] if isinstance(v, list) else v
-    key = {k: v for k, v in exp.items() if k != "realization"}
+    key = {k: v for k, v in exp.items() if k not in ("realization", "records_revision")}
     if isinstance(key.get("engine"), dict):  # a server-only setting: the records are the same (records_key_of)
         key["engine"] = records_key_of(key["engine"])
     if isinstance(key.get("pretrain"), dict):  # no unlikelihood step: its settings are no part of the experiment
@@ -402,17 +415,41 @@ def differences(a, b, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix or "value"]
 
 
+def series_key(root: Path) -> tuple[dict, str | None] | None:
+    """(experiment key, records revision) of a realization folder: the series it belongs to; None without
+    experiment.json."""
+    path = Path(root, "experiment.json")
+    if not path.exists():
+        return None
+    exp = read_json(path)
+    return experiment_key(exp), records_revision(exp)
+
+
+def registered_of(found: list[tuple[int, Path]]) -> list[int]:
+    """The realizations of `found` that are of the primary family's registered series."""
+    from dmtp.analysis.report import registered
+
+    return [k for k, p in found if (s := series_key(p)) and registered.PRIMARY.registered_on(*s)]
+
+
+def _revision_words(r: str | None) -> str:
+    return f"records revision {r}" if r is not None else "records made before revisions were declared"
+
+
 def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[tuple[str, str]]]:
-    """(pooled, left out with why): the largest group of realizations with one experiment key (ties: the group
-    holding the newest realization, by the date its target was written, then by number); a folder without
-    experiment.json (only the flat layout can lack one) counts as an experiment of its own."""
-    keys = {k: experiment_key(read_json(p / "experiment.json")) if (p / "experiment.json").exists()
-            else None for k, p in found}
+    """(pooled, left out with why): the realizations of one series (one experiment key and one records revision: the
+    same experiment made by the same record-making code). The primary family's registered series where any
+    realization of it is found; else the largest series (ties: the one holding the newest realization, by the date
+    its target was written, then by number). A folder without experiment.json (only the flat layout can lack one)
+    counts as a series of its own. The others are named with what differs: the experiment's fields, or the
+    revision (records made by other code are never pooled)."""
+    keys = {k: series_key(p) for k, p in found}
     groups: dict[str, list[int]] = {}
     for k in sorted(keys):
         groups.setdefault(json.dumps(keys[k], sort_keys=True), []).append(k)
     paths = dict(found)
-    best = max(groups.values(), key=lambda ks: (len(ks), max(_written(paths[k]) for k in ks), max(ks)))
+    reg = registered_of(found)
+    best = reg or max(groups.values(), key=lambda ks: (len(ks), max(_written(paths[k]) for k in ks), max(ks)))
     pooled = [(k, p) for k, p in found if k in best]
     name = lambda k: f"r{k}" if k else "r0 (the flat layout)"  # noqa: E731
     out = []
@@ -422,9 +459,15 @@ def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[t
         if keys[k] is None:
             out.append((name(k), "no experiment.json"))
             continue
-        diff = differences(keys[best[-1]], keys[k])
-        out.append((name(k), f"experiment differs from {name(best[-1])} in {', '.join(diff[:4])}"
-                    + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")))
+        (key, rev), (top, top_rev) = keys[k], keys[best[-1]]
+        diff = differences(top, key)
+        if diff:
+            out.append((name(k), f"experiment differs from {name(best[-1])} in {', '.join(diff[:4])}"
+                        + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")))
+        else:
+            out.append((name(k), f"the same experiment as {name(best[-1])}, made by other record-making code "
+                        f"({_revision_words(rev)}; {name(best[-1])}: {_revision_words(top_rev)}): a series of its "
+                        "own (docs/DESIGN.md, \"The records revision\")"))
     return pooled, out
 
 
@@ -517,8 +560,10 @@ def provenance(k: int, root: Path) -> Realization:
     benv = (read_json(bench).get("env") or {}) if bench.exists() else {}
     sha = benv.get("git_sha", "unknown") if bench.exists() else ""
     corpus = (read_json(target).get("corpus") or {}).get("train_digest", "") if target.exists() else ""
+    s = series_key(root)
     return Realization(k, root, tuple(commits.most_common()), tuple(sorted(devices)),
-                       (min(stamps), max(stamps)) if stamps else ("", ""), sha, corpus, str(benv.get("device") or ""))
+                       (min(stamps), max(stamps)) if stamps else ("", ""), sha, corpus, str(benv.get("device") or ""),
+                       s[1] if s else None)
 
 
 def read_oracle_pooled(roots: list[tuple[int, Path]]) -> dict:
@@ -585,7 +630,8 @@ def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> A
     return Artifacts(top, spec, runs, summarize(runs, n_boot, spec), _bench(pooled, top, "throughput"),
                      _bench(pooled, top, "overhead"), pd.concat(curves, ignore_index=True) if curves else None,
                      read_oracle_pooled(pooled), read_subsets(newest), [provenance(k, r) for k, r in pooled], left_out,
-                     read_ood(newest), read_caveat(newest), read_caveat(newest, short=True))
+                     read_ood(newest), read_caveat(newest), read_caveat(newest, short=True),
+                     [f"r{k}" for k in registered_of(found)])
 
 
 def group(art: Artifacts, experiment: str, dataset: str, temperature: float, method: str,

@@ -26,6 +26,7 @@ from dmtp.analysis import stats as S
 from dmtp.analysis.ratios import speedup_goal
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import claims as C
+from dmtp.analysis.report import registered as REG
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report.data import Artifacts, summarize
 from dmtp.config.engine import describe_variant
@@ -68,8 +69,26 @@ def acceptance_table(art: Artifacts, dataset: str) -> list[str]:
     return out
 
 
+def family_size(art: Artifacts, dataset: str) -> int:
+    """Tests in the pairwise family of a dataset: its pairs at every temperature (the rows of tables/pairwise_T*)."""
+    return sum(int((pd.read_csv(p).dataset == dataset).sum()) for p in art.tables.glob("pairwise_T*.csv"))
+
+
+def holm_threshold(n_units: int, m: int, level: float = S.LEVEL) -> str:
+    """What resolving any pair of a family of m two-sided t-tests over n units needs, in words: Holm's first step
+    tests the smallest p at level / m, so |t| must exceed the t quantile at 1 - level / (2 m) with n - 1 degrees of
+    freedom ('' below 2 units or with one test)."""
+    if n_units < 2 or m < 2:
+        return ""
+    return (f"at {n_units - 1} degree{'s' * (n_units != 2)} of freedom Holm over the {m} tests of the family needs "
+            f"|t| > {S.t_quantile(n_units, level / m):.1f} for its first rejection (one test alone: "
+            f"{S.t_quantile(n_units, level):.2f})")
+
+
 def rankings(art: Artifacts, t: float, dataset: str) -> str:
-    """The resolved orderings at T (the pairwise verdicts) and how many pairs are not resolved."""
+    """The resolved orderings at T (the pairwise verdicts) and how many pairs are not resolved; where none is, the
+    |t| Holm's first step needs at this family size and number of units (`holm_threshold`): a pair not resolved is
+    not shown equal."""
     path = art.tables / f"pairwise_T{t:g}.csv"
     if not path.exists():
         return ""
@@ -85,7 +104,10 @@ def rankings(art: Artifacts, t: float, dataset: str) -> str:
     won = [f"{m} > " + ", ".join(sorted(above[m], key=art.rank)) for m in sorted(above, key=art.rank)]
     rest = f"the other {n} of {len(df)} pairs are not resolved" if n else "every pair resolved"
     if not won:
-        return f"- T={t:g}: no pair is resolved ({len(df)} pairs)."
+        units = int(df.n_units.max()) if "n_units" in df and len(df) else 0
+        need = holm_threshold(units, family_size(art, dataset))
+        return (f"- T={t:g}: no pair is resolved ({len(df)} pairs)" + (f": {need}" if need else "")
+                + "; not resolved is not equal.")
     return f"- T={t:g}: {rest}; resolved:" + "".join(f"\n  - {w}" for w in won)
 
 
@@ -104,10 +126,11 @@ def scope(art: Artifacts) -> str:
                 "bootstrap over seeds and requests.")
     return (f"**{n} realizations ({names}), pooled**: a ranking is worded only where it holds across realizations. "
             f"The realization-level paired t-test (Holm) and the hierarchical bootstrap must both reject, and every "
-            f"realization's own difference must have the same sign. With {n} realizations the t-test has {n - 1} "
-            f"degree(s) of freedom. A difference is resolved only when it exceeds {S.t_quantile(n):.2f} standard "
-            "errors of the realization means (more after Holm's correction). A difference of the size of the spread "
-            "between realizations cannot be resolved, whatever the seeds and requests show.")
+            f"realization's own difference must have the same sign. With {n} realizations the t-tests have {n - 1} "
+            f"degree(s) of freedom: a two-sided test at 5 % (the pairwise tables, the exploratory rows) rejects "
+            f"only beyond {S.t_quantile(n):.2f} standard errors of the realization means, the primary family's "
+            f"one-sided test beyond {S.t_quantile(n, 2 * S.LEVEL):.2f}; more after Holm's correction. A difference of "
+            "the size of the spread between realizations cannot be resolved, whatever the seeds and requests show.")
 
 
 def who(art: Artifacts) -> str:
@@ -239,6 +262,66 @@ def gap_lines(art: Artifacts) -> list[str]:
     return out
 
 
+def primary_lines(art: Artifacts, df: pd.DataFrame) -> list[str]:
+    """The primary family in plain sentences: on its registered series how many of the realizations it needs are
+    here and each claim's verdict; on any other series that none of this is the registered test, why (`off_series`),
+    and the same contrasts as exploratory readings."""
+    fam, n = REG.PRIMARY, C.n_realizations(art)
+    head = f"The pre-registered primary family (P1-P4, on `{fam.claims[0].a}`) is decided only on {fam.series}"
+    prim = df[df.family == C.PRIMARY_FAMILY]
+    if len(prim):
+        out = [f"{head}, at {fam.min_realizations} realizations: {n} of {fam.min_realizations} are here"
+               + (", so each verdict is an interim reading." if n < fam.min_realizations else "."), ""]
+    else:
+        why = ("one realization of it decides nothing" if art.on_registered else
+               f"this report pools another series ({C.off_series(art)})")
+        out = [f"{head}, at {fam.min_realizations} realizations: {len(art.registered)} of {fam.min_realizations} are "
+               f"here. Nothing below is the registered test: {why}. Its P1-P4 rows are the same contrasts, "
+               "exploratory" + (", with the one-sided test printed as a reading." if n > 1 else "."), ""]
+        prim = df[df.claim.str.match(r"P[1-4] \(")]
+    for r in prim.itertuples():
+        reading = getattr(r, "reading", "")
+        out.append(f"- {C.claim_label(r.claim)}: {r.estimate:+.3f} acceptance length, t [{r.estimate_tlo:+.3f}, "
+                   f"{r.estimate_thi:+.3f}]: {r.verdict}" + (f"; {reading}" if isinstance(reading, str) and reading
+                                                            else "") + ".")
+    return out + ([""] if len(prim) else [])
+
+
+NAMED = 4  # exploratory rows surviving Holm in one direction are named in the summary when at most this many
+
+
+def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[str]:
+    """The exploratory rows read together: those against the blog, each with its Holm p over the family, and how
+    many point which way before and after Holm over every exploratory row (`claims`' holm_p); a single realization
+    (of a smoke run) says so before the count (`claims.one`)."""
+    ex = df[df.family == C.EXPLORATORY]
+    with_p = ex[ex.holm_p.notna()] if "holm_p" in ex else ex.iloc[:0]
+    label = lambda r: C.claim_label(r.claim) + ("" if "T = " in C.claim_label(r.claim)  # noqa: E731
+                                                else f" at T = {r.temperature:g}")
+    unit = lambda r: f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""  # noqa: E731
+    holm = lambda r: (f"; Holm p = {r.holm_p:.3g} over the {len(with_p)} exploratory rows"  # noqa: E731
+                      if "holm_p" in ex and not pd.isna(r.holm_p) else "")
+    against = ex[ex.verdict.str.contains("contrary")]
+    agree = ex[ex.verdict.str.contains("consistent")]
+    out = []
+    if len(against):
+        out += ["Against the blog (exploratory):", "",
+                *[f"- {label(r)} ({r.estimate:+.3f}{unit(r)}{holm(r)})." for r in against.itertuples()], ""]
+    kept = {w: ex[ex.verdict.str.contains(w) & (ex.holm_p < S.LEVEL)] if "holm_p" in ex else ex.iloc[:0]
+            for w in ("consistent", "contrary")}
+    point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
+    said = (f"{C.one(art) if art is not None else ''}of {len(ex)} exploratory rows, {point(len(agree))} the blog's "
+            f"way and {len(against)} against it, each "
+            "at its own unadjusted 5 % level (correlated tests, several on the same runs); the rest are not "
+            f"resolved. Read together (Holm over the {len(with_p)} rows with a p-value), "
+            f"{point(len(kept['consistent']))} the blog's way and {len(kept['contrary'])} against it"
+            + "".join(f"; {w}: " + ", ".join(label(r) for r in g.itertuples())
+                      for w, g in kept.items() if 0 < len(g) <= NAMED)
+            + ".")
+    out += [said[:1].upper() + said[1:], ""]
+    return out
+
+
 def in_short(art: Artifacts, df: pd.DataFrame | None) -> list[str]:
     """REPORT.md's opening: the claims in plain sentences (the primary family, what runs against the blog, the
     throughput each realization timed), each sentence short, each resting on realizations this report holds."""
@@ -247,33 +330,9 @@ def in_short(art: Artifacts, df: pd.DataFrame | None) -> list[str]:
     n = C.n_realizations(art)
     names = ", ".join(r.name for r in art.realizations) or "one realization"
     exp, steps = C.series(art)
-    out = ["## In short", "", f"This report rests on {n} realization{'s' * (n != 1)} ({names}) of the {exp or 'this'} "
-           f"series of {steps} training steps; every number below comes from them.", ""]
-    prim = df[df.family == C.PRIMARY_FAMILY]
-    if len(prim):
-        out += [f"The pre-registered primary family (P1-P4, on `{C.PRIMARY.claims[0].a}`) needs "
-                f"{C.PRIMARY.min_realizations} realizations; with {n}"
-                + (", each verdict is an interim reading." if n < C.PRIMARY.min_realizations else ":"), ""]
-        for r in prim.itertuples():
-            out.append(f"- {C.claim_label(r.claim)}: {r.estimate:+.3f} acceptance length, t [{r.estimate_tlo:+.3f}, "
-                       f"{r.estimate_thi:+.3f}]: {r.verdict}.")
-        out.append("")
-    else:
-        out += [f"The primary family is registered on the {C.PRIMARY.experiment} series of "
-                f"{C.PRIMARY.train_steps} steps with at least two realizations; nothing here is confirmatory, "
-                "every claim below is exploratory.", ""]
-    ex = df[df.family == C.EXPLORATORY]
-    against = ex[ex.verdict.str.contains("contrary")]
-    if len(against):
-        out += ["Against the blog (exploratory):", "", *[
-            f"- {C.claim_label(r.claim)}{'' if 'T = ' in C.claim_label(r.claim) else f' at T = {r.temperature:g}'} "
-            f"({r.estimate:+.3f}{' ' + r.unit if r.unit else ''})."
-            for r in against.itertuples()], ""]
-    agree = ex[ex.verdict.str.contains("consistent")]
-    within = C.one(art)  # a single realization (of a smoke run) says so before the count
-    said = (f"{within}of {len(ex)} exploratory rows, {len(agree)} point the blog's way and {len(against)} against it; "
-            "the rest are not resolved.")
-    out += [said[:1].upper() + said[1:], ""]
+    out = ["## In short", "", f"This report rests on {n} realization{'s' * (n != 1)} ({names}) of `{exp or 'this'}` "
+           f"at {steps} drafter training steps; every number below comes from them.", ""]
+    out += primary_lines(art, df) + exploratory_lines(df, art)
     tab = T.throughput_table(art)
     if tab is not None and art.spec.main_method:
         t0 = tab[(tab.method == art.spec.main_method) & (tab.temperature == 0) & (tab.realization != "all")]

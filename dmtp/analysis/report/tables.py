@@ -117,12 +117,15 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = "", models: str = "runs"
-         ) -> pd.DataFrame:
-    """tables/<name>.csv and .md; the .md opens with which models made it (`made_by`: "runs" or "bench")."""
+def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = "", models: str = "runs",
+         csv_only: tuple[str, ...] = ()) -> pd.DataFrame:
+    """tables/<name>.csv and .md; the .md opens with what the series cannot show (`caveat_line`) and which models
+    made it (`made_by`: "runs" or "bench"), and leaves out the `csv_only` columns (values for the code that reads the
+    CSV, printed rounded in another column)."""
     write_csv(art.tables / f"{name}.csv", df)
     head = "\n".join(x for x in (caveat_line(art), made_by(art, models), note_items(note)) if x)
-    write_text(art.tables / f"{name}.md", f"### {title}\n\n" + (f"{head}\n\n" if head else "") + to_markdown(df))
+    write_text(art.tables / f"{name}.md", f"### {title}\n\n" + (f"{head}\n\n" if head else "")
+               + to_markdown(df.drop(columns=[c for c in csv_only if c in df])))
     return df
 
 
@@ -631,6 +634,17 @@ def signs_text(signs) -> str:
     return " / ".join(f"{x:+.3f}" for x in signs)
 
 
+def exact_text(signs) -> str:
+    """Each realization's mean difference unrounded (Python's shortest round-trip form), ' / '-separated: what a
+    test over realizations reads back (`read_exact`)."""
+    return " / ".join(repr(float(x)) for x in signs)
+
+
+def read_exact(text) -> list[float]:
+    """The values `exact_text` wrote."""
+    return [float(v) for v in str(text).split(" / ") if v not in ("", "nan")]
+
+
 def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] | None:
     """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired over
     realizations, seeds and requests (stats.matrices: the units and requests every row has; a baseline without a
@@ -662,7 +676,7 @@ def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] 
             "holm_t_p": r["t_p_holm"], "t_level": r["t_level"], "n_units": r["n_units"],
             "n_realizations": len(r["signs"]), "sign_agree": sum(S.agree([x], r["diff"]) for x in r["signs"]),
             "by_realization": signs_text(r["signs"]), "verdict": r["verdict"], "n_seeds": r["n_seeds"],
-            "n_requests": r["n_requests"]} for r in mine])
+            "n_requests": r["n_requests"], "realization_diffs": exact_text(r["signs"])} for r in mine])
         n = len(rows)
         out.append(save(art, f"pairwise_T{t:g}", df, f"Pairwise tests at T={t:g} (natural mode)",
                         "diff = a - b of per-request acceptance length, paired by realization, seed and request "
@@ -673,16 +687,20 @@ def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] 
                         f"the family of all {n} pairs x temperatures of the table's dataset; by_realization = each "
                         "realization's own difference, sign_agree = how many have the pooled sign. verdict: '>' / "
                         "'<' only where holm_p and holm_t_p are both < 0.05 and every realization agrees in sign; "
-                        "otherwise 'not resolved' (no claim of closeness: that needs an equivalence test)."))
+                        "otherwise 'not resolved' (no claim of closeness: that needs an equivalence test); "
+                        "realization_diffs (CSV only) = by_realization unrounded, what every test over realizations "
+                        "reads.", csv_only=("realization_diffs",)))
     return out or skip("pairwise tables (fewer than two compared rows)")
 
 
 def pair_row(art: Artifacts, a: str, b: str, t: float, dataset: str | None = None) -> dict | None:
-    """The pairwise-table row of a vs b at T (either order; signs flipped to read a - b), or None."""
+    """The pairwise-table row of a vs b at T (either order; signs flipped to read a - b: each realization's own
+    difference unrounded, from `realization_diffs`), or None."""
     path = art.tables / f"pairwise_T{t:g}.csv"
     if not path.exists():
         return None
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"by_realization": str})
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"by_realization": str,
+                                                                         "realization_diffs": str})
     df = df[df.dataset == (dataset or primary(art)[0])] if len(df) else df
     for flip, (x, y) in ((1, (a, b)), (-1, (b, a))):
         r = df[(df.a == x) & (df.b == y)]
@@ -690,7 +708,8 @@ def pair_row(art: Artifacts, a: str, b: str, t: float, dataset: str | None = Non
             r = r.iloc[0].to_dict()
             lo, hi = sorted((flip * r["diff_lo"], flip * r["diff_hi"]))
             tlo, thi = sorted((flip * r["diff_tlo"], flip * r["diff_thi"]))
-            signs = [flip * float(v) for v in str(r["by_realization"]).split(" / ") if v not in ("", "nan")]
+            exact = r.get("realization_diffs")  # unrounded (a table of before the column: the rounded values)
+            signs = [flip * v for v in read_exact(exact if isinstance(exact, str) else r["by_realization"])]
             both = max(r["holm_p"], r["holm_t_p"]) if not pd.isna(r["holm_t_p"]) else r["holm_p"]
             return dict(r, a=a, b=b, diff=flip * r["diff"], diff_lo=lo, diff_hi=hi, diff_tlo=tlo, diff_thi=thi,
                         a_value=r["a_value" if flip > 0 else "b_value"], signs=signs,
