@@ -206,6 +206,22 @@ class TestCase{i}:
 '''
 
 
+def test_prompt_workers_stop_even_where_the_parent_ignores_sigterm(corpus, tok, tmp_path):
+    """A process that ignores SIGTERM (a test runner after an in-process Ctrl-C, a job wrapper) passes that on to the
+    workers it spawns; `code_prompts` stops its pool early once it has its prompts (`Pool.terminate`: SIGTERM), so its
+    workers restore the default first and the call returns."""
+    import subprocess
+
+    tok.save_pretrained(tmp_path / "tok")
+    code = ("import faulthandler, signal, sys; faulthandler.dump_traceback_later(60, exit=True)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "from dmtp.data import code_prompts, load_tokenizer\n"
+            f"r = code_prompts({str(corpus['train'])!r}, load_tokenizer({str(tmp_path / 'tok')!r}), 3, "
+            "max_prompt_tokens=48, seed=0, workers=2)\nprint(len(r))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0 and p.stdout.split()[-1] == "3", p.stderr[-2000:]
+
+
 def test_test_files_are_kept_apart(tok, tmp_path):
     """Test modules never give the drafters' prompts; `tests=True` cuts prompts from them alone, at module-level
     test* functions: the context above, the signature, the docstring."""

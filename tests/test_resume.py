@@ -572,3 +572,28 @@ def test_a_crafted_state_file_runs_nothing(ckpt, tmp_path):
     with pytest.raises(ValueError, match=r"pretrain_state.pt: cannot be read as saved training state"):
         pretrain(t2, m2, torch.randint(2, 100, (4000,)).numpy(), pcfg, tmp_path, log=lambda m: None)
     assert not marker.exists()
+
+
+def test_ctrl_c_in_process_leaves_sigterm_as_it_was(monkeypatch):
+    """Outside torchrun, `guard`'s Ctrl-C path exits 130 without touching SIGTERM's disposition (a process that
+    catches the exit would otherwise pass an ignored SIGTERM to every child it starts); a torchrun rank ignores it."""
+    import signal
+
+    from dmtp.cli.args import guard
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as e:
+        guard("dmtp test", interrupted)
+    assert e.value.code == 130 and signal.getsignal(signal.SIGTERM) == before
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    try:
+        with pytest.raises(SystemExit):
+            guard("dmtp test", interrupted)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

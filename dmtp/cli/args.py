@@ -104,10 +104,12 @@ def interrupted(e: BaseException) -> bool:
 
 
 def _stop(prog: str):
-    """Ctrl-C: exit 130 with one line (under torchrun every rank exits so, rank 0 alone prints it). A SIGTERM from
-    here on is ignored: torch's agent sends one to the ranks still running once a rank has ended, and this one is
-    already stopping."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Ctrl-C: exit 130 with one line (under torchrun every rank exits so, rank 0 alone prints it). Under torchrun a
+    SIGTERM from here on is ignored: torch's agent sends one to the ranks still running once a rank has ended, and
+    this one is already stopping (elsewhere the disposition is left alone: a process that catches the exit, a test
+    runner, would pass an ignored SIGTERM on to every child it starts, and could no longer stop them)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank of torchrun's (a process others call in keeps it)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.environ.get("RANK", "0") == "0":  # torchrun's rank of this process (`dmtp.dist`)
         print(f"{prog}: interrupted; the same command resumes from what was saved", file=sys.stderr)
     sys.exit(130)

@@ -15,9 +15,11 @@ at the function's end as they do for HumanEval (docs/DESIGN.md, "Out-of-distribu
 from __future__ import annotations
 
 import ast
+import contextlib
 import multiprocessing
 import os
 import random
+import signal
 import warnings
 from pathlib import Path
 
@@ -112,6 +114,23 @@ def _init_worker(tok_json: str, args: tuple):
     _WORKER["tok"], _WORKER["args"] = Tokenizer.from_str(tok_json), args
 
 
+@contextlib.contextmanager
+def _sigterm_default():
+    """SIGTERM's default action while worker processes start: a parent that ignores it (a job wrapper, a test runner
+    after an in-process Ctrl-C) would pass that on to them, and `Pool.terminate` could then never stop them."""
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        if before == signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, before)
+
+
 def _work(d: dict) -> list[dict]:
     return _doc_candidates(d, _WORKER["tok"], *_WORKER["args"])
 
@@ -139,7 +158,8 @@ def code_prompts(corpus_jsonl, tok, n, max_prompt_tokens=128, seed=0, per_doc: i
     pool = None
     if workers > 1:
         ctx = multiprocessing.get_context("spawn")  # no fork: the caller may hold CUDA or NCCL state
-        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(backend(tok).to_str(), args))
+        with _sigterm_default():  # the workers start stoppable: `pool.terminate` below sends SIGTERM
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(backend(tok).to_str(), args))
         found = pool.imap(_work, docs, chunksize=16)
     else:
         found = (_doc_candidates(d, tok, *args) for d in docs)
