@@ -16,7 +16,6 @@ compiles the later chains read from the cache; its outputs are compared as well.
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import re
@@ -27,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from dmtp.io import environment, iter_jsonl, write_json
+from dmtp.io import environment, iter_jsonl, write_json, write_text
 
 SLICE = {  # a reduced chain of the profile: every stage, each a minute or less on one GPU
     "mini": ["pretrain.tokens=4000000", "pretrain.unloop_steps=20", "data.prompts=2048", "data.samples=1",
@@ -75,15 +74,15 @@ def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> li
         for name in ("corpus", "tokenizer", "tokens", "preflight.json"):
             src = base / sub / name
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, d / "work" / sub / name)
-        log = open(d / "log.txt", "w")
         cmd = pipeline(a.profile, d / "work", d / "results", ",".join(STAGES), sets)
-        procs.append((i, d, log, time.perf_counter(), subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+        procs.append((i, d, time.perf_counter(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                                  text=True)))
     out = []
-    for i, d, log, t0, p in procs:
-        rc = p.wait()
+    for i, d, t0, p in procs:
+        text = p.communicate()[0]
+        rc = p.returncode
         wall = time.perf_counter() - t0
-        log.close()
-        text = (d / "log.txt").read_text()
+        write_text(d / "log.txt", text)
         if rc:
             raise SystemExit(f"K={k} chain {i} failed (exit {rc}):\n{text[-3000:]}")
         times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stage (\w+) done in ([\d.]+)s", text)}
@@ -134,13 +133,10 @@ def main(argv=None):
                                               "environment": environment(), "summary": summary,
                                               "chains": [{k: v for k, v in r.items() if k != "digests"} | {
                                                   "outputs": len(r["digests"])} for r in rows]})
-    with open(Path(a.out) / "chains.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["k", "chain", "stage", "seconds"])
-        for r in rows:
-            for s, t in r["stages"].items():
-                w.writerow([r["k"], r["chain"], s, t])
-            w.writerow([r["k"], r["chain"], "wall", r["wall_s"]])
+    table = [["k", "chain", "stage", "seconds"]]
+    for r in rows:
+        table += [[r["k"], r["chain"], s, t] for s, t in r["stages"].items()] + [[r["k"], r["chain"], "wall", r["wall_s"]]]
+    write_text(Path(a.out) / "chains.csv", "".join(",".join(map(str, x)) + "\n" for x in table))
     print(f"{'K':>2} {'wall':>7} " + " ".join(f"{s:>9}" for s in STAGES) + "  through.  differ")
     for row in summary:
         print(f"{row['k']:>2} {row['wall_s']:7.0f} " + " ".join(f"{row[s]:9.1f}" for s in STAGES)

@@ -406,6 +406,10 @@ def test_dmtp_train_refuses_before_loading_weights(tmp_path, monkeypatch, capsys
     (tmp_path / "d.jsonl").write_text('{"ids": [1, 2, 3, 4, 5, 6]}\n')
     monkeypatch.setattr(cli_args, "device", lambda name: "cuda")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=80 * M.GIB))
+    from dmtp.cli import main as cli_main
+
+    # the weights' headers are checked against the config first (tests/test_bad_inputs.py); this empty file has none
+    monkeypatch.setattr(cli_main, "target_checks", lambda *a, **k: [])
     with pytest.raises(SystemExit) as e:
         main(["train", "--profile", "qwen3.6-27b", "--target", str(tmp_path / "target"), "--data",
               str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "out"), "--variants", "dflash,zero_init_residual",

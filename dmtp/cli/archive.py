@@ -112,19 +112,18 @@ def land(archive: Path, results: Path, partial: bool = False, report: bool = Tru
             profile, _, rest = folder.partition("/")
             dest_name = f"{profile}/partial/{rest or 'r0'}"
         dest = _destination(results, dest_name, Path(tmp) / folder)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staged = dest.parent / f".{dest.name}.landing"
-        shutil.rmtree(staged, ignore_errors=True)
-        try:
-            shutil.copytree(Path(tmp) / folder, staged)
-            if dest.is_dir():  # the folder of this run's earlier partial landings: the run lands beside them
-                for entry in sorted(staged.iterdir()):
-                    entry.rename(dest / entry.name)
-                staged.rmdir()
-            else:
-                staged.rename(dest)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
+        src = Path(tmp) / folder
+        if dest.is_dir():  # the folder of this run's earlier partial landings: the run lands beside them
+            for entry in sorted(src.iterdir()):
+                if entry.is_dir():
+                    with atomic_dir(dest / entry.name) as staged:
+                        shutil.copytree(entry, staged, dirs_exist_ok=True)
+                else:
+                    with atomic_path(dest / entry.name) as staged:
+                        shutil.copy2(entry, staged)
+        else:
+            with atomic_dir(dest) as staged:
+                shutil.copytree(src, staged, dirs_exist_ok=True)
     plain = sorted(p for d in ("runs", "curve", "verify") for p in (dest / d).glob("**/*.jsonl"))
     for p in plain:
         compact(p)

@@ -46,7 +46,7 @@ from dmtp.config import EVAL_MODES, VERIFY_MODES, DrafterShape, EngineConfig, Tr
 from dmtp.config.experiment import DRAFTER_ATTENTION
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
-from dmtp.engine.methods import build_method, method_class, run_of
+from dmtp.engine.methods import build_method, method_class, run_of, split_drafts
 from dmtp.engine.decode import engine_for
 from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.engine.stops import HUMANEVAL_STOPS
