@@ -1,4 +1,5 @@
-"""The Code ablation (SPEC §8): which runs are trained and evaluated, how the rows are grouped, the reference row.
+"""The Code ablation (docs/METHOD.md, "The blog's numbers"): which runs are trained and evaluated, how the rows are
+grouped, the reference row.
 
     from ablations.code import code
     code().runs()      # ar, mtp, the main variants, the continued run, the supplementary variants, the backbones
@@ -15,7 +16,8 @@ def code(**over) -> AblationSpec:
         # zero_init_residual as initialised: [A, E(T1), MASK x6] without the MTP hidden (isolates what the hidden adds)
         controls=("double_anchor_token_only",),
         continued={"zero_init_residual_from_dflash": ("zero_init_residual", "dflash")},
-        # the DFlash2 axis (SPEC §9): trained from scratch beside the variants, evaluated with the main table
+        # the DFlash2 axis (docs/METHOD.md, "The injection variants"): trained from scratch beside the variants,
+        # evaluated with the main table
         backbones={"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")},
         reference="token_only",  # the blog's ablation reports every row relative to this one
         main_method="zero_init_residual",  # DMTP (Nov 9 main method)

@@ -1,6 +1,6 @@
-"""DFlash2 backbone (SPEC §9) in the public DFlash2 layout: identity init, block-local convolution, the path selector,
-training, checkpoints both ways with parity against the public reference arithmetic, DMTP(D2) from a public DFlash2
-drafter, losslessness of decoding with a dflash2 drafter, and the pipeline hook (DFlash2 / DMTP(D2))."""
+"""DFlash2 backbone (docs/METHOD.md) in the public DFlash2 layout: identity init, block-local convolution, the path
+selector, training, checkpoints both ways with parity against the public reference arithmetic, DMTP(D2) from a public
+DFlash2 drafter, losslessness of decoding with a dflash2 drafter, and the pipeline hook (DFlash2 / DMTP(D2))."""
 import json
 
 import pytest

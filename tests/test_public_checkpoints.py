@@ -78,7 +78,7 @@ def test_sliding_window_binds_beyond_it_only(tmp_path):
 
 
 def test_anchor_window_travels_and_public_readers_refuse_it(tmp_path):
-    """Our anchor window (SPEC §3.3: the same rows for every slot) is not the reference's per-query window, and no
+    """Our anchor window (METHOD.md: the same rows for every slot) is not the reference's per-query window, and no
     public field expresses it: the checkpoint names it in `layer_types`, which transformers' config validation (so
     the reference and the engines that read configs through it) refuses; we read it back unchanged."""
     torch.manual_seed(0)

@@ -506,8 +506,8 @@ def parser() -> argparse.ArgumentParser:
                    "global batch (default 8)")
     t.add_argument("--max-len", type=args.at_least(4), help="sequences cut to this many tokens (default 512)")
     t.add_argument("--layers", type=args.at_least(1), help="drafter layers (default 1)")
-    t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone, SPEC §9 (default: dflash)")
-    t.add_argument("--attention", choices=list(DRAFTER_ATTENTION), help="drafter attention: anchor = SPEC 3.3's "
+    t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone (default: dflash)")
+    t.add_argument("--attention", choices=list(DRAFTER_ATTENTION), help="drafter attention: anchor = the method's "
                    "anchor window (the suite's; public readers refuse it), public = the public Qwen3.6 DFlash "
                    "drafters' rule (sliding layers, then one full-attention layer), which the public reference and "
                    "the serving engines compute (default: the profile's, else anchor)")

@@ -1,4 +1,4 @@
-"""`dmtp reproduce`: the blog's open reproduction (SPEC §8) on a local target checkpoint, as resumable stages.
+"""`dmtp reproduce`: the blog's open reproduction on a local target checkpoint, as resumable stages.
 
     dmtp reproduce --profile qwen3.6-27b --target /models/Qwen3.6-27B --work runs/qwen3.6-27b \
         --data-path openperfectblend=/data/open-perfectblend --data-path gsm8k=/data/gsm8k \

@@ -76,8 +76,8 @@ class DrafterShape:
     intermediate: int = 384  # FFN width
     head_dim: int = 0  # attention head size; 0: the target's
     block_size: int = 8  # DFlash block: 7 candidates + the anchor
-    window: int = 4096  # context positions visible before the anchor (SPEC 3.3), under attention "anchor"
-    # the drafter's attention: "anchor" (SPEC 3.3: every layer sees the `window` positions before the anchor, the
+    window: int = 4096  # context positions visible before the anchor (METHOD.md, "One round"), under attention "anchor"
+    # the drafter's attention: "anchor" (the method's: every layer sees the `window` positions before the anchor, the
     # same rows for every slot; saved as `anchor_window_attention`, which public readers refuse) | "public" (the rule
     # of z-lab's Qwen3.6 DFlash drafters, which the public reference and the serving engines compute: every layer but
     # the last `sliding_attention` over the `sliding_window` positions before each slot's own position with a causal

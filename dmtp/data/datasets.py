@@ -1,4 +1,4 @@
-"""Prompt sets of the open reproduction (SPEC §8) in their real formats: OpenPerfectBlend (drafter training prompts),
+"""Prompt sets of the open reproduction in their real formats: OpenPerfectBlend (drafter training prompts),
 GSM8K, MATH500, HumanEval, Alpaca, MT-Bench (two turns).
 
     from dmtp.data.datasets import load_prompts

@@ -1,7 +1,8 @@
 """One decode loop for every method: `ar`, `mtp` (chained native MTP, k steps), `dflash` and each DMTP variant
 (the methods, built by name: dmtp/engine/methods/).
 
-A round (SPEC §6), for a batch of requests each at its own anchor position a (A = last committed token, not yet fed):
+A round (docs/METHOD.md, "One round"), for a batch of requests each at its own anchor position a (A = last committed
+token, not yet fed):
     cands = method.propose()                       # [B, k] draft tokens T1..Tk (k = 0 for ar)
     y     = target([A, T1..Tk] at a..a+k)          # the target's own token at every position (argmax or sample)
     n     = longest prefix with T_j == y_{j-1}     # accepted drafts
