@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import compiled_graphs, make_drafter
 
-from ablations.code import code
+from dmtp.config.ablation import code
 from dmtp.config import EngineConfig as LibraryEngine
 from dmtp.engine import decode, server
 from dmtp.engine.decode import Batch, capacity_for

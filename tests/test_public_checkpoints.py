@@ -286,7 +286,7 @@ def test_public_rule_trains_as_the_reference_computes(tmp_path):
     of 6 and beyond it; a public checkpoint of that layout reads back to the same rules; the anchor rule keeps its
     fields (the embedded profiles' drafters do not change)."""
     from dmtp.config import DrafterShape
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     shape = DrafterShape(layers=3, attention="public", sliding_window=6)
     fields = shape.attention_fields()

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pandas as pd
 import pytest
 
-from ablations.code import code
+from dmtp.config.ablation import code
 from dmtp.analysis import reference as R
 from dmtp.analysis.report import figures, load, render_report, tables
 from dmtp.analysis.report.synthetic import write_synthetic

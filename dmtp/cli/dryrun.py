@@ -38,7 +38,7 @@ from dmtp.models.mtp import MTPHead, mtp_num_layers
 from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY
 from dmtp.training.drafters import spec_of
-from experiments.profiles import resolve
+from dmtp.profiles import resolve
 
 
 def _text_config(path: str | None, prof, flag: str = "--target"):

@@ -35,7 +35,6 @@ import sys
 import time
 from pathlib import Path
 
-from ablations.code import code
 from dmtp import checks, dist, preflight
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
@@ -43,6 +42,7 @@ from dmtp.cli import args, stages
 from dmtp.cli.args import eos_ids
 from dmtp.cli.args import modified as _modified
 from dmtp.config import EVAL_MODES, VERIFY_MODES, DrafterShape, EngineConfig, TrainConfig
+from dmtp.config.ablation import code
 from dmtp.config.experiment import DRAFTER_ATTENTION
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
@@ -58,8 +58,8 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY, get_variant
+from dmtp.profiles import family_mask_token, resolve
 from dmtp.schema import override
-from experiments.profiles import family_mask_token, resolve
 
 
 def cmd_variants(a):

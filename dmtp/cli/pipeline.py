@@ -72,7 +72,7 @@ from dmtp.preflight import run as run_checks
 from dmtp.training.drafters import branch_dir, load_sequences, new_drafters, train_branch, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
 from dmtp.training.unloop import loop_check, unloop
-from experiments.profiles import resolve
+from dmtp.profiles import resolve
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
 OPTIONAL = ["verify"]  # run only when named (`--stage verify`): verification modes at T > 0, results/<p>/verify
@@ -511,7 +511,7 @@ def stop_strings(p: Profile, mode: str) -> tuple[str, ...]:
 
 def experiment_settings(experiment: dict) -> dict:
     """What an experiment.json says the runs were made with: without run control, the runs and seeds one invocation
-    works on (processes that share a GPU each evaluate a part: `experiments/profiles.py` parts) and the verify study
+    works on (processes that share a GPU each evaluate a part: `dmtp/profiles.py` parts) and the verify study
     (its own stage), as `fingerprint` writes it; the records revision beside the profile is not a setting."""
     return {k: v for k, v in fingerprint(experiment, RUN_CONTROL + ("only", "only_seeds")).items()
             if k not in ("verify", "records_revision")}

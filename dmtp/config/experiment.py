@@ -1,7 +1,7 @@
 """The experiment's schema (torch-free): a `Profile` nests the data / model / pretrain / drafter / train / eval
 sections, the verification-mode study, the engine, the paper-scale extras and the `AblationSpec` it runs. Every
 field has a comment; each section checks its own fields, `check_profile` the rules across sections. Named profiles
-are functions deriving from a base in `experiments/profiles.py`; `dmtp/experiment.py` writes and reads a profile as
+are functions deriving from a base in `dmtp/profiles.py`; `dmtp/experiment.py` writes and reads a profile as
 `experiment.json`.
 
     Profile(name="x", ablation=AblationSpec(baselines=("ar",), main=("dflash",)))

@@ -64,7 +64,7 @@ from dmtp.config import VERIFY_MODES
 from dmtp.config.engine import server_variant
 from dmtp.engine.methods import method_class, run_of
 from dmtp.io import write_meta
-from experiments.profiles import PROFILES, resolve
+from dmtp.profiles import PROFILES, resolve
 
 
 def server_variants(s: str) -> list[str]:

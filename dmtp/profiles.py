@@ -5,16 +5,15 @@ into the base's section, unknown keys fail). The schema, with a comment per fiel
     dmtp pipeline --profile mini     # one H100/H200 (`bash experiments/one_gpu.sh`: its parts share the GPU)
     dmtp pipeline --profile smoke    # CI: the same stages, seconds
     dmtp dryrun --profile qwen3.6-27b  # paper scale: target (config only), MTP head, every drafter on the meta device
-    python -m experiments.profiles mini folder realization=3   # what experiments/one_gpu.sh asks (`ANSWERS`)
+    python -m dmtp.profiles mini folder realization=3   # what experiments/one_gpu.sh asks (`ANSWERS`)
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
 
-from ablations.code import code
-from ablations.open import open_reproduction
 from dmtp.config import PaperScale, PretrainConfig, Profile, TargetArch, TrainConfig
+from dmtp.config.ablation import code, open_reproduction
 from dmtp.experiment import check_models
 from dmtp.schema import derive, override
 
@@ -284,9 +283,9 @@ ANSWERS = {
 
 
 def main(argv=None):
-    """python -m experiments.profiles mini folder realization=K   # mini/r<K>: the answer for the profile with the
+    """python -m dmtp.profiles mini folder realization=K   # mini/r<K>: the answer for the profile with the
     --set assignments that follow"""
-    ap = argparse.ArgumentParser(prog="python -m experiments.profiles", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m dmtp.profiles", description=main.__doc__)
     ap.add_argument("profile", choices=list(PROFILES))
     ap.add_argument("what", choices=list(ANSWERS))
     ap.add_argument("sets", nargs="*", metavar="KEY=VALUE", help="--set assignments, as the pipeline takes them")
