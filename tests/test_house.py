@@ -143,7 +143,7 @@ def test_method_references_name_sections_of_method_md():
     assert {"One round", "The injection variants", "Training", "Metrics", "The blog's numbers"} <= sections
     bad = []
     for path in _tracked("*.py", "*.md", "*.json", "*.sh", "Makefile"):
-        if not path.is_file():
+        if not path.is_file() or path == Path(__file__):  # (this file names the patterns it looks for)
             continue
         for i, line in enumerate(path.read_text().splitlines(), 1):
             where = f"{path.relative_to(ROOT)}:{i}"
