@@ -1,5 +1,5 @@
 # DMTP suite. `make ablation-code` runs the embedded default end to end; `make test` runs the quick tests.
-# PROFILE defaults to mini on a CUDA machine, tiny otherwise (see experiments/profiles.py).
+# PROFILE defaults to mini on a CUDA machine, tiny otherwise (see dmtp/profiles.py).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -35,7 +35,7 @@ venv: $(VENV)/.installed
 DMTP_WHEELS ?= $(HOME)/.cache/dmtp/wheels
 wheels: $(VENV)/.installed
 	$(PY) -m pip download -q --no-deps --only-binary=:all: -d $(DMTP_WHEELS) \
-		$$($(PY) -m experiments.profiles $(PROFILE) wheels)
+		$$($(PY) -m dmtp.profiles $(PROFILE) wheels)
 
 # requirements/cpu.lock from the CPU venv as it is now (after adding a package to pyproject.toml and installing it)
 lock:

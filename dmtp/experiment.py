@@ -1,11 +1,11 @@
 """The experiment as one typed object: a `Profile` (dmtp/config: data / model / pretrain / drafter / train / eval /
 verify / engine / scale sections and the `AblationSpec` it runs), written to and read back from `experiment.json`,
 the settings derived from it (`drafter_config`) and the rules that need the models (`check_models`). Named profiles
-are functions deriving from a base in `experiments/profiles.py`; the Code ablation is built by `ablations/code.py`.
+are functions deriving from a base in `dmtp/profiles.py`; the Code ablation is `dmtp/config/ablation.py`'s `code()`.
 Unknown keys are an error everywhere: in `derive`, in `--set` overrides and in `experiment.json`. No torch at
 import: the report reads the experiment back.
 
-    from experiments.profiles import resolve              # (orchestration code; the library never imports it)
+    from dmtp.profiles import resolve              # (above the library: the library never imports it)
     p = resolve("tiny", ["train.steps=10", "ablation.only=ar,dflash"])   # overrides applied, checked (`check_models`)
     write_experiment("results/tiny/experiment.json", p)      # the pipeline writes the resolved experiment ...
     read_experiment("results/tiny/experiment.json").ablation  # ... the report reads its ablation spec back
@@ -54,7 +54,7 @@ def check_models(p: Profile) -> Profile:
     """`p` checked against the models' registries (dmtp/models, torch; a variant registered from another module
     counts once that module is imported): every variant the ablation trains exists and takes the settings
     `drafter.variants` gives it, every backbone exists, and the embedded target has the layers the drafter taps.
-    Whatever runs a profile checks it here (`experiments.profiles.resolve`); `Profile` itself checks the rules that
+    Whatever runs a profile checks it here (`dmtp.profiles.resolve`); `Profile` itself checks the rules that
     need no torch, so the report reads an experiment back without it. Returns `p`."""
     from dmtp.models import drafter, variants
 

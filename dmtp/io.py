@@ -435,7 +435,7 @@ def make_readable(root: str | Path) -> None:
     _readable(Path(root))
 
 
-SOURCE_DIRS = ("dmtp", "experiments", "ablations")  # the code a result depends on
+SOURCE_DIRS = ("dmtp", "experiments")  # the code a result depends on
 
 
 def source_digest(root: Path | None = None) -> str:

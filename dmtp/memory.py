@@ -41,7 +41,7 @@ block x V x 4) and a prefill's largest transient (`prefill` sequences at a time,
 Sizes are in GB = 1e9 bytes. A card's capacity is given as sold ("80", "141": GiB), of which USABLE is planned on
 (the CUDA context, NCCL's buffers and the caching allocator's fragmentation take the rest).
 
-    >>> from experiments.profiles import get_profile
+    >>> from dmtp.profiles import get_profile
     >>> p = get_profile("qwen3.6-27b")
     >>> plan = plan_training(p.scale.target_config, drafter_spec(p.scale.target_config, layers=5, heads=32,
     ...     kv_heads=8, head_dim=128, intermediate=17408, block_size=8), gpus=8, gpu_gb=80, seq_len=2048,

@@ -45,7 +45,7 @@ def pipeline(profile: str, work: Path, results: Path, stages: str, sets: list[st
 
 
 def folder(profile: str, sets: list[str]) -> str:
-    out = subprocess.run([sys.executable, "-m", "experiments.profiles", profile, "folder", *sets], check=True,
+    out = subprocess.run([sys.executable, "-m", "dmtp.profiles", profile, "folder", *sets], check=True,
                          capture_output=True, text=True)
     return out.stdout.strip()
 

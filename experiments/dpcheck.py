@@ -55,7 +55,7 @@ from pathlib import Path
 
 from dmtp.io import atomic_path, environment, write_json, write_text
 from dmtp.schema import override
-from experiments.profiles import get_profile
+from dmtp.profiles import get_profile
 
 
 def _log(msg):

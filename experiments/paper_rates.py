@@ -188,7 +188,7 @@ def main(argv=None):
     import transformers
 
     from dmtp.io import git_sha, write_json, write_text
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     prof = get_profile(a.profile)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

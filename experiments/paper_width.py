@@ -57,7 +57,7 @@ PROFILES = ("qwen3.6-27b", "qwen3.6-35b-a3b")  # the paper targets with a stand-
 
 def stand_in_config(tiny: bool, profile: str = "qwen3.6-27b") -> dict:
     """The profile's target config; tiny: the same layer pattern, vocabulary and expert count at width 64."""
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     cfg = dict(get_profile(profile).scale.target_config)
     if tiny:
@@ -75,7 +75,7 @@ def drafter_base(cfg: dict, tiny: bool, profile: str = "qwen3.6-27b") -> dict:
     from transformers import AutoConfig
 
     from dmtp.experiment import drafter_config
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     kw = dict(cfg)
     base = drafter_config(get_profile(profile), AutoConfig.for_model(kw.pop("model_type"), **kw))
@@ -414,7 +414,7 @@ def main(argv=None):
 
     from dmtp.io import git_sha, write_json, write_text
     from dmtp.memory import USABLE, capacity
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if a.memory_trace and dev.type != "cuda":

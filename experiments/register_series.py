@@ -21,7 +21,7 @@ from dmtp.analysis.report.data import differences, experiment_key
 from dmtp.analysis.report.registered import KEY_FILE, read_key
 from dmtp.experiment import write_experiment
 from dmtp.io import read_json, write_text
-from experiments.profiles import resolve
+from dmtp.profiles import resolve
 
 PROFILE = "mini"
 

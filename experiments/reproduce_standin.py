@@ -175,7 +175,7 @@ def paper_target(out: Path, profile: str = "qwen3.6-27b", layers: int = 4, devic
 
     from dmtp.models.mtp import MTPHead, save_target_with_mtp
     from dmtp.models.target import Target
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     kw = dict(get_profile(profile).scale.target_config)
     kw.update(num_hidden_layers=layers, layer_types=kw["layer_types"][:layers])
@@ -275,7 +275,7 @@ def main(argv=None):
         out = Path(a.out)
         target = tiny_target(out / "target", a.arch, layout=a.layout, experts=a.experts) if a.tiny else \
             paper_target(out / "target", a.profile, a.layers, a.device)
-        from experiments.profiles import get_profile
+        from dmtp.profiles import get_profile
 
         d = get_profile(a.profile).drafter  # the paper drafter's shape (z-lab's Qwen3.6 drafters), one layer
         public_dflash(out / "dflash", target, **({} if a.tiny else dict(

@@ -2,7 +2,7 @@
 # `dmtp reproduce` on the paper-width stand-in, one GPU: qwen3.6-27b's target config cut to 4 layers with random
 # weights (bf16, mtp.* keys, tokenizer padded to 248,320 with a chat template), 8 prompts of each evaluation set and
 # 64 OpenPerfectBlend-format prompts (local copies in their published formats), 128 new tokens, 1-layer drafters
-# (the five runs of ablations/open.py, zero_init_residual continued from a public-layout DFlash checkpoint) trained
+# (the five runs of dmtp/config/ablation.py, zero_init_residual continued from a public-layout DFlash checkpoint) trained
 # 3 epochs at global batch 8, eager. Random weights never stop by themselves: the run measures each stage's wall time
 # and the regeneration's tok/s per GPU (stages.json), never acceptance; the projection of the full protocol's time
 # from them is written beside (labelled a projection).

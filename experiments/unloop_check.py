@@ -31,7 +31,7 @@ from dmtp.models.target import Target
 from dmtp.training.common import compiled
 from dmtp.training.pretrain import compile_layers, evaluate
 from dmtp.training.unloop import loop_check, unloop
-from experiments.profiles import PROFILES
+from dmtp.profiles import PROFILES
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--work", help="a profile's work folder (target/ and tokens/ in it)")

@@ -156,7 +156,7 @@ def w(tmp_path_factory):
     (root / "pw_corrupt" / "smoke" / "target" / "DONE").write_text("ok\n")
     (root / "pw_corrupt" / "smoke" / "target" / "fingerprint.json").write_text('{"fingerprint": {"data.cor')
     from dmtp.experiment import write_experiment
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     write_experiment(root / "pr_made" / "smoke" / "experiment.json", get_profile("smoke"))
     lines = {"prompts": [{"id": "a", "prompt_ids": [3, 4, 5]}, {"id": "b", "prompt_ids": [6, 7]}],

@@ -288,7 +288,7 @@ def test_a_speed_up_over_other_text_than_ars_says_so():
 
     import pandas as pd
 
-    from ablations.code import code
+    from dmtp.config.ablation import code
     from dmtp.analysis.report.bench import throughput
     from dmtp.analysis.report.summary import workload_words
     from dmtp.cli.bench.trained import throughput_ratios

@@ -14,7 +14,7 @@ import torch
 from conftest import compiled_graphs, make_drafter, token_seqs
 
 from dmtp.cli.bench_train import bench_train, steady_rate
-from experiments.profiles import get_profile
+from dmtp.profiles import get_profile
 from dmtp.models import tiny
 from dmtp.models.attention import flex_mask
 from dmtp.training import drafters as train_mod

@@ -10,7 +10,7 @@ import dmtp.config as C
 
 def test_the_experiment_imports_no_torch(tmp_path):
     """Describing an experiment, writing it and reading it back (what the report does) import no torch."""
-    code = ("import sys, dmtp.experiment as E, dmtp.config, experiments.profiles as P; "
+    code = ("import sys, dmtp.experiment as E, dmtp.config, dmtp.profiles as P; "
             f"E.write_experiment({str(tmp_path / 'e.json')!r}, P.get_profile('mini')); "
             f"E.read_experiment({str(tmp_path / 'e.json')!r}); "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]")
@@ -29,7 +29,7 @@ def test_the_experiment_imports_no_torch(tmp_path):
 def test_a_command_checks_its_profile_against_the_models(sets, msg):
     """`resolve` (what every command runs) checks what needs the models' registries; the profile itself, torch-free,
     does not (the report must read back an experiment whatever variants this process knows)."""
-    from experiments.profiles import get_profile, resolve
+    from dmtp.profiles import get_profile, resolve
     from dmtp.schema import override
 
     p = override(get_profile("smoke"), sets)  # a description: not checked against the models
@@ -54,7 +54,7 @@ def test_the_mini_servers_and_the_variant_timed_beside_them_differ():
     the server variant the benchmark times beside them (admit_beside 0, in_flight 2) differs from them, so its rows
     are never a copy of the plain ones, and the summary says in words what the variant changes."""
     from dmtp.config.engine import describe_variant, server_variant
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     eng = get_profile("mini").engine
     assert (eng.admit_beside, eng.in_flight) == (2, 1)

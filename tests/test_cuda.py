@@ -14,10 +14,11 @@ import pytest
 import torch
 from conftest import compiled_graphs, make_drafter
 
-from ablations.code import code
+from dmtp.config.ablation import code
 from dmtp.config import EngineConfig as LibraryEngine
 from dmtp.engine import decode, server
-from dmtp.engine.decode import Batch, capacity_for
+from dmtp.engine.decode import Batch
+from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import build_method, method_class
 from dmtp.models import fast, tiny
 from dmtp.models.attention import flex_mask

@@ -445,7 +445,7 @@ def test_tiny_corpus_is_the_pinned_standard_library():
     import json
     import platform
 
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     d = get_profile("tiny").data
     assert d.corpus_sources == ("stdlib==3.11.7",)
@@ -470,7 +470,7 @@ def test_mini_starts_a_new_series_apart_from_the_committed_realizations():
     from dataclasses import asdict
 
     from dmtp.analysis.report.data import differences, experiment_key
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     p = get_profile("mini")
     assert p.data.corpus_sources == ("transformers==5.17.0", "sympy==1.14.0", "networkx==3.6.1", "mpmath==1.3.0")
@@ -497,7 +497,7 @@ def test_mini_corpus_is_its_pinned_digest_and_holds_the_pytests_set(tmp_path):
     environment.yml) gives the pinned digest, and the `pytests` set (164 module-level test functions, cut as the
     evaluation cuts it) comes whole out of it with a margin: the corpus stage and the set a GPU run needs, on a CPU."""
     from dmtp.data import code_prompts, load_tokenizer, train_tokenizer
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     d, ev = get_profile("mini").data, get_profile("mini").eval
     if not _pinned_here(d.corpus_sources):

@@ -483,7 +483,7 @@ def test_a_batch_of_a_servers_shapes_compiles_nothing_the_server_needs(models):
     from torch._dynamo.utils import counters
 
     from dmtp.config import EngineConfig
-    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.slots import capacity_for
     from dmtp.engine.server import Server
 
     tgt, mtp = models
@@ -508,7 +508,7 @@ def test_stage_timing_after_a_server_compiles_nothing_new(models):
     (`stage_times`, a StageTimer on the method, `generate(capacity=...)` at the server's shapes) replay its graphs."""
     from dmtp.cli.bench.common import stage_times
     from dmtp.config import EngineConfig
-    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.slots import capacity_for
     from dmtp.engine.runner import compiled_graphs
     from dmtp.engine.server import Server
 

@@ -1,6 +1,6 @@
-"""DFlash2 backbone (SPEC §9) in the public DFlash2 layout: identity init, block-local convolution, the path selector,
-training, checkpoints both ways with parity against the public reference arithmetic, DMTP(D2) from a public DFlash2
-drafter, losslessness of decoding with a dflash2 drafter, and the pipeline hook (DFlash2 / DMTP(D2))."""
+"""DFlash2 backbone (docs/METHOD.md) in the public DFlash2 layout: identity init, block-local convolution, the path
+selector, training, checkpoints both ways with parity against the public reference arithmetic, DMTP(D2) from a public
+DFlash2 drafter, losslessness of decoding with a dflash2 drafter, and the pipeline hook (DFlash2 / DMTP(D2))."""
 import json
 
 import pytest
@@ -398,10 +398,10 @@ def test_lossless_greedy_with_dflash2(models, variant):
 
 
 def test_pipeline_trains_and_evaluates_the_backbone_methods():
-    from ablations.code import code
+    from dmtp.config.ablation import code
     from dmtp.cli.pipeline import eval_plan
     from dmtp.schema import derive
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     assert code().backbones == {"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")}
     for prof in ("smoke", "mini"):

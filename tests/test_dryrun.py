@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dmtp.cli.dryrun import dryrun, render
-from experiments.profiles import MASK_TOKENS, PaperScale, get_profile
+from dmtp.profiles import MASK_TOKENS, PaperScale, get_profile
 
 
 @pytest.mark.parametrize("name,billions,mtp_b", [("qwen3.6-27b", (26.5, 27.5), (0.3, 0.6)),
@@ -112,7 +112,7 @@ def test_train_takes_the_mask_token_of_the_targets_family(tmp_path):
     from dmtp.cli.main import main as dmtp
     from dmtp.io import write_jsonl
     from dmtp.models import tiny
-    from experiments.profiles import family_mask_token
+    from dmtp.profiles import family_mask_token
 
     assert family_mask_token("qwen3_5_moe_text", 248320) == 248070 == family_mask_token("qwen3_5", 248320)
     assert family_mask_token("qwen3_5_text", 96) is None and family_mask_token("llama", 10**6) is None

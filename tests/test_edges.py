@@ -334,7 +334,7 @@ def test_every_file_writer_goes_through_the_io_helpers():
 
     root = Path(__file__).resolve().parent.parent
     bad, seen = [], set()
-    for path in sorted(p for d in ("dmtp", "experiments", "ablations") for p in (root / d).rglob("*.py")):
+    for path in sorted(p for d in ("dmtp", "experiments") for p in (root / d).rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         if rel == "dmtp/io.py":  # the helpers themselves
             continue
@@ -397,7 +397,7 @@ def test_a_run_rewriting_tracked_results_is_not_dirty(tmp_path):
 def test_set_assignments_valid_together_in_any_order(sets):
     """Assignments valid only together pass whatever their order (each alone would break a rule across fields)."""
     from dmtp.schema import override
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     base = get_profile("smoke")
     for order in (sets, sets[::-1]):
@@ -415,7 +415,7 @@ SMALL = ["ar", "dflash", "zero_init_residual"]
 
 
 def _realizations(res, ks):
-    from ablations.code import code
+    from dmtp.config.ablation import code
     from dmtp.analysis.report.synthetic import write_synthetic
 
     for k in ks:
@@ -547,7 +547,7 @@ def test_a_training_continued_from_a_repointed_symlink_is_another_configuration(
 def test_every_report_reader_refuses_a_half_written_run(tmp_path):
     """The verification study's and the learning curve's readers refuse a run file whose meta says finished: false,
     as the runs' reader does (one rule, io.check_finished)."""
-    from ablations.code import code
+    from dmtp.config.ablation import code
     from dmtp.analysis.report import verify
     from dmtp.analysis.report.data import read_curve
     from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify

@@ -7,7 +7,8 @@ import torch
 from conftest import Oracle, hf_greedy, make_drafter
 
 from dmtp.config import EngineConfig
-from dmtp.engine.decode import Batch, engine_for, generate
+from dmtp.engine.decode import Batch, generate
+from dmtp.engine.slots import engine_for
 from dmtp.engine.methods import build_method, method_class
 from dmtp.models import fast, tiny
 from dmtp.models.cache import KVCache
@@ -251,7 +252,7 @@ def test_prefill_on_fast_layers_and_grouped_admission_are_lossless(qwen35, name)
     """The prompt pass through fast.py's layers (`EngineConfig.prefill = "compiled"`: the dense kernel, right-padded
     prompts of any lengths) leaves the caches the HF pass leaves: the same greedy outputs and accept counts as the HF
     prefill, through `generate` and a `Server` admitting newcomers in groups of two (`admit`)."""
-    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.slots import capacity_for
     from dmtp.engine.server import Server
 
     tgt, mtp = qwen35
@@ -299,7 +300,7 @@ def test_graphed_prompt_pass_is_lossless(qwen35, name):
     """`EngineConfig.prefill = "graphed"` (`prompts.py`): the newcomers' prompt pass padded to its (group, length)
     bucket gives the unpadded pass's logits, hidden states, taps and cache rows for the real requests, and a `Server`
     admitting through it (groups of one to three, uncaptured here: CPU) decodes every request as HF greedy does."""
-    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.slots import capacity_for
     from dmtp.engine.prompts import PromptPass
     from dmtp.engine.server import Server
 
@@ -343,7 +344,7 @@ def test_a_failed_capture_falls_back_uncaptured(qwen35, fails, monkeypatch):
     """A capture that fails (a stand-in graph store raising on its first capture) warns, is recorded, and the pass
     runs uncaptured from then on: the method's prefill alone when its graph failed, everything when the prompt pass's
     did; the server decodes as HF greedy does either way."""
-    from dmtp.engine.decode import capacity_for
+    from dmtp.engine.slots import capacity_for
     from dmtp.engine.server import Server
 
     class Failing:

@@ -101,7 +101,7 @@ def test_fixed_kernels_give_the_same_bits_under_load():
 def _drafter_weights(tmp, kernels: str, device: str = "cuda", compile: str = "on") -> dict[str, torch.Tensor]:
     """Four drafter-training steps (the tiny target, two variants; compiled by default) with `kernels`; the trained
     weights."""
-    from ablations.code import code
+    from dmtp.config.ablation import code
     from dmtp.models import tiny
     from dmtp.training.drafters import new_drafters, train_drafters
 

@@ -117,7 +117,7 @@ def test_without_an_fp32_copy_the_rule_alone_judges_and_says_so(monkeypatch):
 
 
 def test_the_fp32_copy_of_a_hybrid_target_runs_its_own_linear_attention():
-    """A hybrid target's Gated DeltaNet layers carry an instance-level wrapper (`target._segmented`) whose closure holds
+    """A hybrid target's Gated DeltaNet layers carry an instance-level wrapper (`target.segmented`) whose closure holds
     the layer's own forward: copied as is, the fp32 copy's layers would call the bf16 original's (a dtype error). The
     copy re-wraps its own layers, so its margins are fp32's and the flip is measured."""
     from dmtp.analysis.lossless import _upcast

@@ -40,7 +40,7 @@ def test_param_counts_equal_the_built_models(profile):
     from dmtp.models.drafter import Drafter, DrafterConfig
     from dmtp.models.mtp import MTPHead
     from dmtp.models.target import Target
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     p = get_profile(profile)
     cfg = M.with_layers(p.scale.target_config, 4)
@@ -61,7 +61,7 @@ def test_param_counts_equal_the_built_models(profile):
 def test_paper_target_sizes():
     """Qwen3.6-27B: 26.90 B parameters + a 0.42 B MTP head, 54.6 GB in bf16 (the issue's 53.8 GB leaves the head
     out); its 5-layer drafter 1.78 B, 28.5 GB of fp32 weights, gradients and AdamW moments."""
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     cfg = get_profile("qwen3.6-27b").scale.target_config
     P = target_params(cfg)
@@ -154,7 +154,7 @@ def test_accumulation_terms_and_sync_order():
 def test_paper_plain_logits_are_tens_of_gb():
     """At the paper profile (16 sequences per rank on 8 GPUs, 512 anchors, 8 slots, vocabulary 248,320) the plain
     loss's logits alone are ~195 GB per rank; "auto" fuses them, the tiny and mini shapes stay plain."""
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     cfg = get_profile("qwen3.6-27b").scale.target_config
     d = drafter_spec(cfg, 5, 32, 8, 128, 17408, 8)
@@ -177,7 +177,7 @@ def test_eval_terms_by_hand():
 
 
 def test_tables_render_every_row():
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     p = get_profile("qwen3.6-27b")
     cfg, dr = p.scale.target_config, p.drafter
@@ -267,7 +267,7 @@ def _paper(profile="qwen3.6-27b", variants=("dflash", "zero_init_residual")):
 
     from dmtp.experiment import drafter_config
     from dmtp.models.drafter import DrafterConfig
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     p = get_profile(profile)
     kw = dict(p.scale.target_config)
@@ -358,7 +358,7 @@ def test_pipeline_drafters_stage_checks_a_paper_profile(tmp_path, monkeypatch):
     from transformers import AutoConfig
 
     from dmtp.cli import pipeline
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     p = get_profile("qwen3.6-27b")
     kw = dict(p.scale.target_config)
@@ -398,7 +398,7 @@ def test_dmtp_train_refuses_before_loading_weights(tmp_path, monkeypatch, capsys
 
     from dmtp.cli import args as cli_args
     from dmtp.cli.main import main
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     kw = dict(get_profile("qwen3.6-27b").scale.target_config)
     AutoConfig.for_model(kw.pop("model_type"), **kw).save_pretrained(tmp_path / "target")
@@ -441,8 +441,9 @@ def test_dflash2_takes_the_fused_loss_in_the_model():
 
 
 def test_the_gpu_guide_quotes_what_the_models_compute():
-    """docs/GPU.md's fewest cards are `dmtp dryrun`'s (`fewest_cards`, at the profiles' sequence length) and its
-    `mini` size is what the pipeline builds from the profile's `model.arch` (on the meta device)."""
+    """docs/GPU.md's fewest cards are `dmtp dryrun`'s (`fewest_cards`, at the profiles' sequence length), and the
+    `mini` size that results/mini/NOTES.md gives (README rounds it) is what the pipeline builds from the profile's
+    `model.arch` (on the meta device)."""
     from pathlib import Path
 
     from transformers import AutoConfig
@@ -451,7 +452,7 @@ def test_the_gpu_guide_quotes_what_the_models_compute():
     from dmtp.cli.fit import run_configs
     from dmtp.training.drafters import spec_of
     from dmtp.training.pretrain import build_target
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     doc = (Path(__file__).parents[1] / "docs" / "GPU.md").read_text()
     for name, label in (("qwen3.6-27b", "Qwen3.6-27B"), ("qwen3.6-35b-a3b", "Qwen3.6-35B-A3B")):
@@ -465,4 +466,8 @@ def test_the_gpu_guide_quotes_what_the_models_compute():
     with torch.device("meta"):
         tgt, mtp = build_target(get_profile("mini").model.arch, get_profile("mini").data.vocab_size, 0)
     n, m = sum(x.numel() for x in tgt.model.parameters()), sum(x.numel() for x in mtp.parameters())
-    assert f"**{n:,} parameters plus a {m:,}-parameter native MTP head**" in " ".join(doc.split())
+    root = Path(__file__).parents[1]
+    notes = " ".join((root / "results" / "mini" / "NOTES.md").read_text().split())  # the one place of mini's size
+    assert f"{n:,} parameters ({n / 1e6:.1f} M) plus a native MTP head of {m:,} ({m / 1e6:.1f} M)" in notes
+    readme = " ".join((root / "README.md").read_text().split())  # quoted the same, rounded
+    assert f"({n / 1e6:.1f} M parameters + a {m / 1e6:.1f} M native MTP head)" in readme

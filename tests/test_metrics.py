@@ -1,4 +1,4 @@
-"""Metrics on hand-made counts with answers worked out by hand (SPEC §7)."""
+"""Metrics on hand-made counts with answers worked out by hand (docs/METHOD.md, "Metrics")."""
 import math
 
 import numpy as np

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from ablations.code import code
+from dmtp.config.ablation import code
 from dmtp.analysis.lossless import compare_runs
 from dmtp.analysis.report import load, tables
 from dmtp.engine.methods import build_method, load_method
@@ -20,7 +20,7 @@ from dmtp.io import write_jsonl
 from dmtp.models.variants import NAMES, REGISTRY
 from dmtp.schema import override
 from dmtp.training.drafters import TrainConfig, new_drafters, train_drafters
-from experiments.profiles import get_profile
+from dmtp.profiles import get_profile
 
 NAME = "gated_t1_test"
 VARIANT_FILE = '''

@@ -28,7 +28,7 @@ def test_every_stage_writes_its_artifacts(run):
     res = root / "results" / "smoke"
     ev = json.loads((res / "target" / "heldout.json").read_text())
     assert ev["target_loss"] > 0 and 0 <= ev["mtp_top1"] <= 1
-    from ablations.code import code
+    from dmtp.config.ablation import code
 
     for m in code().runs():
         for t in ("T0", "T1"):
@@ -320,7 +320,7 @@ def test_one_failing_run_does_not_cost_the_others(run, tmp_path):
 
 
 def test_drafter_parts_add_up_in_the_drafters_record(run, tmp_path):
-    """Processes that share a GPU train parts of the runs (`experiments/profiles.py` parts): each adds its runs to
+    """Processes that share a GPU train parts of the runs (`dmtp/profiles.py` parts): each adds its runs to
     drafters/meta.json's `trained`, none overwrites another's."""
     root, cmd, _ = run
     src, work = root / "work" / "smoke", tmp_path / "work" / "smoke"

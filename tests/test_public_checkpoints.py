@@ -78,7 +78,7 @@ def test_sliding_window_binds_beyond_it_only(tmp_path):
 
 
 def test_anchor_window_travels_and_public_readers_refuse_it(tmp_path):
-    """Our anchor window (SPEC §3.3: the same rows for every slot) is not the reference's per-query window, and no
+    """Our anchor window (METHOD.md: the same rows for every slot) is not the reference's per-query window, and no
     public field expresses it: the checkpoint names it in `layer_types`, which transformers' config validation (so
     the reference and the engines that read configs through it) refuses; we read it back unchanged."""
     torch.manual_seed(0)
@@ -286,7 +286,7 @@ def test_public_rule_trains_as_the_reference_computes(tmp_path):
     of 6 and beyond it; a public checkpoint of that layout reads back to the same rules; the anchor rule keeps its
     fields (the embedded profiles' drafters do not change)."""
     from dmtp.config import DrafterShape
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     shape = DrafterShape(layers=3, attention="public", sliding_window=6)
     fields = shape.attention_fields()

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pandas as pd
 import pytest
 
-from ablations.code import code
+from dmtp.config.ablation import code
 from dmtp.analysis import reference as R
 from dmtp.analysis.report import figures, load, render_report, tables
 from dmtp.analysis.report.synthetic import write_synthetic
@@ -396,3 +396,32 @@ def test_notes_numbers_are_generated_from_the_tables(hand):
     tiny = Path(__file__).parents[1] / "results" / "tiny"
     committed = (tiny / "NOTES.md").read_text().split(notes.BEGIN)[1].split(notes.END)[0].strip()
     assert committed == notes.block(tiny)
+
+
+@pytest.mark.parametrize("profile", ["tiny", "mini", "mini/r7"])
+def test_the_committed_tables_are_what_the_report_renders_from_the_committed_records(tmp_path, monkeypatch,
+                                                                                      profile):
+    """The report rendered again over a copy of results/<profile> rewrites its tables (the ablation tables and the
+    claims among them) with the committed bytes: every committed CSV and REPORT.md is what the report code makes of
+    the committed records (so a rewrite of the report code is held to the committed results)."""
+    import os
+    import shutil
+    import time
+    from pathlib import Path
+
+    src = Path(__file__).parents[1] / "results" / profile
+    if not (src / "tables").is_dir():
+        pytest.skip(f"no committed results/{profile}/tables")
+    dst = tmp_path / "results" / profile
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("figures"))
+    old = time.time() - 3600
+    for f in (dst / "tables").iterdir():
+        os.utime(f, (old, old))
+    monkeypatch.chdir(tmp_path)  # the report names its folder as given: results/<profile>
+    render_report(profile, "results")
+    rewritten = {f.name for f in (dst / "tables").glob("*.csv") if f.stat().st_mtime > old + 60}
+    assert {"claims.csv"} | {f.name for f in (src / "tables").glob("ablation_*.csv")} <= rewritten
+    names = lambda root: sorted(f.name for f in (root / "tables").glob("*.csv"))  # noqa: E731
+    assert names(dst) == names(src)
+    for name in sorted(rewritten) + ["../REPORT.md"]:
+        assert (dst / "tables" / name).read_text() == (src / "tables" / name).read_text(), name

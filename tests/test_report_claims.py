@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ablations.code import code
+from dmtp.config.ablation import code
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import claims as C
 from dmtp.analysis.report import load, tables
@@ -69,7 +69,7 @@ def test_the_registered_key_is_the_mini_profile_as_it_stands():
     (before the series' first realization: `python -m experiments.register_series --write`)."""
     from dmtp import RECORDS_REVISION
     from dmtp.experiment import write_experiment
-    from experiments.profiles import resolve
+    from dmtp.profiles import resolve
     from experiments.register_series import changes
 
     assert changes() == [] and PRIMARY.records_revision == RECORDS_REVISION
@@ -89,7 +89,7 @@ def test_the_records_revision_travels_with_every_artifact(tmp_path):
     from dmtp.analysis.report import how
     from dmtp.experiment import read_experiment, records_revision, write_experiment
     from dmtp.io import read_json, write_meta
-    from experiments.profiles import resolve
+    from dmtp.profiles import resolve
 
     p = resolve("smoke")
     path = write_experiment(tmp_path / "experiment.json", p)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ablations.code import code
+from dmtp.config.ablation import code
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import figures, load, render_report, summary, tables

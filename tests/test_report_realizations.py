@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ablations.code import code
+from dmtp.config.ablation import code
 from dmtp.analysis.report import load, render_report, tables
 from dmtp.analysis.report.synthetic import write_synthetic
 from dmtp.cli.report import main as cli
@@ -403,7 +403,7 @@ def test_a_server_only_prompt_pass_is_the_same_experiment():
     from dmtp.analysis.report.data import experiment_key
     from dmtp.cli.pipeline import fingerprints
     from dmtp.config import EngineConfig
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     exp = {"name": "mini", "engine": {"prefill": "compiled", "admit": 8}, "realization": 3}
     assert experiment_key(exp) == experiment_key(dict(exp, engine={"prefill": "graphed", "admit": 8}, realization=4))
@@ -440,7 +440,7 @@ def test_mini_as_it_stands_is_a_new_series(tmp_path):
     from dmtp import RECORDS_REVISION
     from dmtp.analysis.report.data import differences, experiment_key
     from dmtp.experiment import write_experiment
-    from experiments.profiles import get_profile
+    from dmtp.profiles import get_profile
 
     results = Path(__file__).resolve().parent.parent / "results" / "mini"
     if not (results / "r4" / "experiment.json").exists():

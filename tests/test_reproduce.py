@@ -21,7 +21,7 @@ from dmtp.analysis.projection import FullProtocol, project, render
 from dmtp.cli.main import main as dmtp
 from dmtp.io import file_sha256, read_json, read_jsonl
 from experiments import reproduce_standin as S
-from experiments.profiles import get_profile
+from dmtp.profiles import get_profile
 
 RUNS = ["mtp", "dflash", "fusion", "zero_init_residual", "dflash2", "dmtp_d2"]
 SETS = ["gsm8k", "math500", "humaneval", "alpaca", "mtbench"]

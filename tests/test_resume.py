@@ -21,7 +21,7 @@ from dmtp.schema import override
 from dmtp.training import drafters as train_mod
 from dmtp.training.drafters import TrainConfig, new_drafters, train_drafters
 from dmtp.training.pretrain import PretrainConfig, TargetArch, build_target, pretrain
-from experiments.profiles import get_profile
+from dmtp.profiles import get_profile
 
 
 @pytest.fixture(scope="module")

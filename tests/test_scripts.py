@@ -13,13 +13,13 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 def test_one_gpu_runs_the_stages_then_one_process_per_part_then_the_tables(tmp_path):
-    """With a stand-in interpreter that logs the pipeline commands (and answers experiments.profiles for real):
+    """With a stand-in interpreter that logs the pipeline commands (and answers dmtp.profiles for real):
     the stages up to the data in one command, the drafters + evaluation + curve once per part of the profile (its
     --set assignments before the part's own), then the tables; a failing part fails the script, naming its log."""
     log = tmp_path / "calls.txt"
     stub = tmp_path / "py"
     stub.write_text(f"#!/usr/bin/env bash\n"
-                    f"if [ \"$2\" = experiments.profiles ]; then exec {sys.executable} \"$@\"; fi\n"
+                    f"if [ \"$2\" = dmtp.profiles ]; then exec {sys.executable} \"$@\"; fi\n"
                     f"echo \"$*\" >> {log}\n"
                     f"[ -n \"${{FAIL:-}}\" ] && [[ \"$*\" == *only_seeds=1* ]] && exit 1\nexit 0\n")
     stub.chmod(0o755)
@@ -29,7 +29,7 @@ def test_one_gpu_runs_the_stages_then_one_process_per_part_then_the_tables(tmp_p
                        text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     calls = log.read_text().splitlines()
-    from experiments.profiles import get_profile, parts
+    from dmtp.profiles import get_profile, parts
 
     n = len(parts(get_profile("smoke")).splitlines())
     assert n == 4 and len(calls) == n + 2
@@ -48,7 +48,7 @@ def test_one_gpu_runs_the_stages_then_one_process_per_part_then_the_tables(tmp_p
 def _stub(tmp_path):
     log, stub = tmp_path / "calls.txt", tmp_path / "py"
     stub.write_text(f"#!/usr/bin/env bash\n"
-                    f"if [ \"$2\" = experiments.profiles ]; then exec {sys.executable} \"$@\"; fi\n"
+                    f"if [ \"$2\" = dmtp.profiles ]; then exec {sys.executable} \"$@\"; fi\n"
                     f"echo \"$*\" >> {log}\n"
                     f"[ -n \"${{FAIL:-}}\" ] && [[ \"$*\" == *only_seeds=1* ]] && exit 1\nexit 0\n")
     stub.chmod(0o755)

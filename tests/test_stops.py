@@ -4,7 +4,7 @@ batching), `natural` vs `fixed` records identical across methods."""
 import pytest
 from conftest import hf_greedy, make_drafter
 
-from dmtp.engine import decode
+from dmtp.engine import decode, slots
 from dmtp.engine.decode import generate
 from dmtp.engine.methods import build_method, method_class
 from dmtp.engine.server import serve
@@ -99,7 +99,7 @@ def lagging(monkeypatch, seen):
             seen.append(self)
         orig(self, ring)
 
-    monkeypatch.setattr(decode._Arrived, "query", lambda self: False)  # a CUDA event that has not completed yet
+    monkeypatch.setattr(slots._Arrived, "query", lambda self: False)  # a CUDA event that has not completed yet
     monkeypatch.setattr(decode.Batch, "_publish", publish)
 
 

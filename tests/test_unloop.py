@@ -75,7 +75,7 @@ def test_unlikelihood_settings_key_the_experiment_only_when_they_run():
     from dmtp.analysis.report.data import experiment_key
     from dmtp.cli.pipeline import fingerprints
     from dmtp.cli.stages import fingerprint
-    from experiments.profiles import PROFILES
+    from dmtp.profiles import PROFILES
 
     off, on = PROFILES["smoke"](), PROFILES["smoke"]()
     on.pretrain = PretrainConfig(**dict(asdict(on.pretrain), unloop_steps=10))

@@ -16,7 +16,7 @@ BEYOND = ["given", "zero_init_residual_joint"]  # the blog's closing directions:
 
 
 def test_registry_has_exactly_the_nine_variants_and_the_control():
-    """Every file of dmtp/models/variants/ is found (there is no import list); the nine of SPEC §4 + the control, and
+    """Every file of dmtp/models/variants/ is found (there is no import list); the nine of METHOD.md + the control, and
     the blog's next direction (`given`)."""
     assert sorted(NAMES) == sorted(NINE + CONTROLS + BEYOND)
     assert all(REGISTRY[n].description for n in NAMES)
@@ -133,7 +133,7 @@ def test_given_block_holds_the_first_g_chain_tokens_then_masks(models):
 
 
 def reference_mask(ctx_end, slots, ctx_len, window):
-    """SPEC §5 by loops: block query sees context kv < a within `window` of a, and its own block, nothing else."""
+    """The window by loops: block query sees context kv < a within `window` of a, and its own block, nothing else."""
     B, N = ctx_end.shape
     m = torch.zeros(B, N * slots, ctx_len + N * slots, dtype=torch.bool)
     for b in range(B):

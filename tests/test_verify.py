@@ -14,7 +14,8 @@ from conftest import hf_greedy, make_drafter
 
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
-from dmtp.engine.decode import Batch, capacity_for, generate
+from dmtp.engine.decode import Batch, generate
+from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import build_method, method_class, split_drafts, split_rule
 from dmtp.engine.runner import run_generate
 from dmtp.engine.server import Server, serve

@@ -15,7 +15,7 @@ from dmtp.experiment import write_experiment
 from dmtp.io import read_jsonl
 from dmtp.models import tiny
 from dmtp.schema import override
-from experiments.profiles import get_profile
+from dmtp.profiles import get_profile
 
 
 @pytest.fixture(scope="module")

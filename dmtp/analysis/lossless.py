@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from dmtp.models.target import _segmented
+from dmtp.models.target import segmented
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -108,10 +108,10 @@ def _upcast(target):
     if target.device.type == "cuda" and need > torch.cuda.mem_get_info(target.device)[0] // 2:
         raise MemoryError(f"an fp32 copy needs {need / 2**30:.1f} GiB, more than half the free device memory")
     wide = copy.deepcopy(target)
-    for m in wide.model.modules():  # a copied wrapper (`target._segmented`) still calls the original's forward
+    for m in wide.model.modules():  # a copied wrapper (`target.segmented`) still calls the original's forward
         if getattr(m, "_dmtp_segmented", False):
             del m.forward, m._dmtp_segmented
-            _segmented(m)
+            segmented(m)
     wide.model.float()
     if wide.dtype != torch.float32:
         raise RuntimeError(f"an fp32 copy of the target is still {wide.dtype}")

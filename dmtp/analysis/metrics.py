@@ -1,4 +1,4 @@
-"""Acceptance metrics as pure functions over raw counts (SPEC §7). No torch; numpy only.
+"""Acceptance metrics as pure functions over raw counts (docs/METHOD.md, "Metrics"). No torch; numpy only.
 
 A verify round accepts L in 0..K draft candidates (K = 7 for DFlash/DMTP, 4 for MTP415, 0 for AR) and always
 commits one more token of the target's own (correction, or bonus when L = K). Everything derives from

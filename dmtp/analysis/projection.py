@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class FullProtocol:
-    """The full run's counts (SPEC §8 and the qwen3.6-27b profile)."""
+    """The full run's counts (the qwen3.6-27b profile; docs/METHOD.md, "The blog's numbers")."""
     train_prompts: int = 1_420_909  # OpenPerfectBlend conversations regenerated
     regen_tokens_per_prompt: float = 2048.0  # generated tokens per prompt (the cap: an upper bound)
     epochs: int = 3  # passes over the regenerated sequences

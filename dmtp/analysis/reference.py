@@ -1,4 +1,5 @@
-"""The blog's reference numbers (SPEC §8, stored in reference.json beside this file) as pandas DataFrames.
+"""The blog's reference numbers (docs/METHOD.md, "The blog's numbers"), stored in reference.json beside this file,
+as pandas DataFrames.
 
     from dmtp.analysis import reference
     reference.table("main")          # workload, dflash, mtp, dmtp, dmtp_vs_dflash_pct

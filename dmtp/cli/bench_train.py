@@ -46,7 +46,7 @@ from dmtp.io import write_json, write_meta, write_text
 from dmtp.training.common import peak_flops
 from dmtp.training.drafters import new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
-from experiments.profiles import resolve
+from dmtp.profiles import resolve
 
 # the paths: (pretraining config settings, drafter-training config settings); None: the part has no such path.
 # "compiled" is the default of both (the fused LM-head loss, one compiled region for all drafters)

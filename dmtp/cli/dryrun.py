@@ -38,7 +38,7 @@ from dmtp.models.mtp import MTPHead, mtp_num_layers
 from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY
 from dmtp.training.drafters import spec_of
-from experiments.profiles import resolve
+from dmtp.profiles import resolve
 
 
 def _text_config(path: str | None, prof, flag: str = "--target"):
@@ -109,25 +109,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
     mask = prof.drafter.mask_token_id
     check("mask token inside the vocabulary", 0 <= mask < tgt.vocab_size, str(mask))
 
-    drafters = {}
-    base = drafter_config(prof, tgt.config)
-    for bb in backbones or BACKBONES:
-        for v in sorted(REGISTRY):
-            c = DrafterConfig(**base, variant=v, backbone=bb,
-                              variant_config=prof.drafter.variants.get(v, {}))
-            with torch.device("meta"):
-                d = Drafter(c).to(dtype)
-            name = f"{bb}/{v}"
-            drafters[name] = d
-            K = len(c.target_layer_ids)
-            try:
-                check_compatible(d, tgt)
-                check(f"{name}: drafter hidden == target hidden", d.config.hidden_size == H)
-            except ValueError as e:
-                check(f"{name}: compatible with the target", False, str(e))
-            check(f"{name}: taps < L-1", all(0 <= t < L - 1 for t in c.target_layer_ids), str(c.target_layer_ids))
-            check(f"{name}: fc in = K*H", tuple(d.fc.weight.shape) == (H, K * H), f"{tuple(d.fc.weight.shape)}, K={K}")
-            check(f"{name}: layers", len(d.layers) == prof.drafter.layers, str(len(d.layers)))
+    drafters = _drafter_checks(prof, tgt, backbones or BACKBONES, dtype, check)
     body = tgt.body
     params = {
         "target": _n(model), "target_embedding": body.embed_tokens.weight.numel(),
@@ -145,6 +127,32 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
     return {"profile": prof, "source": source, "target_path": target, "config": cfg, "checks": checks,
             "params": params, "taps": next(iter(drafters.values())).config.target_layer_ids, "fit": fit,
             "ok": all(ok for _, ok, _ in checks) and (fit is None or fit["train"].fits)}
+
+
+def _drafter_checks(prof, tgt, backbones, dtype, check) -> dict:
+    """Every variant on every backbone built on the meta device against `tgt` ("backbone/variant" -> drafter), its
+    shape checks passed to `check`."""
+    H, L = tgt.hidden_size, tgt.num_layers
+    drafters = {}
+    base = drafter_config(prof, tgt.config)
+    for bb in backbones:
+        for v in sorted(REGISTRY):
+            c = DrafterConfig(**base, variant=v, backbone=bb,
+                              variant_config=prof.drafter.variants.get(v, {}))
+            with torch.device("meta"):
+                d = Drafter(c).to(dtype)
+            name = f"{bb}/{v}"
+            drafters[name] = d
+            K = len(c.target_layer_ids)
+            try:
+                check_compatible(d, tgt)
+                check(f"{name}: drafter hidden == target hidden", d.config.hidden_size == H)
+            except ValueError as e:
+                check(f"{name}: compatible with the target", False, str(e))
+            check(f"{name}: taps < L-1", all(0 <= t < L - 1 for t in c.target_layer_ids), str(c.target_layer_ids))
+            check(f"{name}: fc in = K*H", tuple(d.fc.weight.shape) == (H, K * H), f"{tuple(d.fc.weight.shape)}, K={K}")
+            check(f"{name}: layers", len(d.layers) == prof.drafter.layers, str(len(d.layers)))
+    return drafters
 
 
 CARDS = (80, 141)  # the cards the suite plans for, GiB as sold: H100 / A100 80 GB, H200 141 GB

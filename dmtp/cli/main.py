@@ -33,9 +33,9 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from ablations.code import code
 from dmtp import checks, dist, preflight
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.checks import MIN_TEMPERATURE, require
@@ -43,12 +43,13 @@ from dmtp.cli import args, stages
 from dmtp.cli.args import eos_ids
 from dmtp.cli.args import modified as _modified
 from dmtp.config import EVAL_MODES, VERIFY_MODES, DrafterShape, EngineConfig, TrainConfig
+from dmtp.config.ablation import code
 from dmtp.config.experiment import DRAFTER_ATTENTION
 from dmtp.data.datasets import encode, load_prompts, spec
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.methods import build_method, method_class, run_of, split_drafts
-from dmtp.engine.decode import engine_for
 from dmtp.engine.runner import mtbench_generate, run_generate
+from dmtp.engine.slots import engine_for
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config
 from dmtp.io import (append_jsonl, check_decoded, drop_cut_line, file_sha256, iter_jsonl, one_writer, read_jsonl,
@@ -58,8 +59,8 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY, get_variant
+from dmtp.profiles import family_mask_token, resolve
 from dmtp.schema import override
-from experiments.profiles import family_mask_token, resolve
 
 
 def cmd_variants(a):
@@ -176,55 +177,21 @@ def cmd_generate(a):
 
 def generate_into(a, out: Path):
     import torch
-    from tqdm import tqdm
 
     # --- everything checked before any model is loaded ---
     meta = Path(str(out) + ".meta.json")
     dev = args.device(a.device)
     args.checkpoint(a.target, "--target", "target checkpoint")
     cls = method_class(a.method)
-    if not cls.needs_drafter and a.drafter:
-        raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
-    if cls.needs_drafter:
-        base = run_of(a.method)
-        if base in code().backbones:  # a run name of the ablation (dmtp_d2: a variant on another backbone)
-            variant, backbone = code().backbones[base]
-            raise ValueError(f"--method {a.method}: a run of the ablation ({variant} on the {backbone} backbone), not "
-                             f"a method: give --method {variant + a.method[len(base):]} and that run's drafter (its "
-                             "checkpoint holds the backbone)")
-        get_variant(base)  # an unknown name fails with the known ones ("-k<n>": a limit; "-p<t>", "-g<n>": a rule)
-        if not a.drafter:
-            raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
-        args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")
+    _check_drafter(a, cls)
     dataset = spec(a.dataset)[0] if a.dataset else None
     cfg = read_config(a.target)
     needs_mtp = get_variant(split_drafts(a.method)[0]).needs_mtp if cls.needs_drafter else cls.needs_mtp()
     preflight.run(target_checks(a.target, mtp=needs_mtp))  # the weights against config.json, before any is loaded
     tok = find_tokenizer(a.target)
     eos = eos_ids(a.eos, cfg, tok, cfg.vocab_size, a.target)
-    stops = [s for x in a.stop or [] for s in (HUMANEVAL_STOPS if x == "humaneval" else [x])]
-    if stops and a.mode == "fixed":
-        raise ValueError("--stop takes --mode natural (--mode fixed decodes exactly --max-new-tokens)")
-    if stops and tok is None:
-        raise ValueError(f"--stop needs the target's tokenizer files beside {a.target}/config.json")
-    if stops and dataset == "mtbench":
-        raise ValueError("--stop is not supported with --dataset mtbench (two turns)")
-    if "" in stops:
-        raise ValueError("--stop '': a stop string must not be empty")
-    for x in stops:
-        checks.text(x, f"--stop {x!r}")
-    if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
-        if tok is None:
-            raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
-        prompts = load_prompts(dataset, tok, a.n, a.data_path)
-    else:
-        prompts = read_prompts(args.in_file(a.prompts, "--prompts"), tok, cfg.vocab_size)[: a.n]
-    limit = cfg.max_position_embeddings
-    for p in prompts:
-        if len(p["prompt_ids"]) + a.max_new_tokens > limit:
-            where = f"{a.prompts}:{p['line']}" if "line" in p else f"{dataset} prompt {p['id']}"
-            raise ValueError(f"{where}: {len(p['prompt_ids'])} prompt tokens + --max-new-tokens {a.max_new_tokens} "
-                             f"exceed the target's {limit} positions (max_position_embeddings)")
+    stops = _stop_strings(a, tok, dataset)
+    prompts = _generate_prompts(a, cfg, tok, dataset)
     eng = override(EngineConfig(dtype=a.dtype), a.engine, "--engine")  # every setting checked before a model loads
     want = stages.fingerprint(dict(
         target=str(Path(a.target).resolve()), target_modified=_modified(a.target), method=a.method,
@@ -255,28 +222,9 @@ def generate_into(a, out: Path):
     say(f"loaded the target{' and the MTP head' if mtp is not None else ''}{' and the drafter' if drafter else ''} "
         f"in {time.monotonic() - t1:.1f} s")
     write_meta(meta, config, fingerprint=want, finished=False, engine=eng)  # before the first record
-    kind = engine_for(tgt, eng)
-    say(f"decoding batch 1 of {len(todo)} on the {kind} engine" + (
-        ": the first batch compiles each stage (or reads it from the compile cache) and captures it"
-        if kind == "compiled" else ""))
     t0 = time.time()
-    bar = tqdm(total=len(prompts), initial=len(prompts) - sum(len(prompts[i: i + a.batch_size]) for i in todo),
-               desc=f"generate {a.method}", dynamic_ncols=True)
-    for i in todo:
-        chunk = prompts[i: i + a.batch_size]
-        if mtbench:
-            recs = mtbench_generate(tgt, method, tok, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size,
-                                    a.seed + i, mode=a.mode, verify=a.verify, engine=eng)
-        else:
-            recs = run_generate(tgt, method, chunk, a.temperature, a.max_new_tokens, eos, a.batch_size, a.seed + i,
-                                tok, mode=a.mode, stop_strings=stops, verify=a.verify, engine=eng)
-            for r, p in zip(recs, chunk):  # prompt + output: a training sequence for `dmtp train --data`
-                r.update(prompt_ids=p["prompt_ids"], **({"dataset": p["dataset"]} if dataset else {}))
-        append_jsonl(out, [r for r in recs if r["id"] not in done])
-        if i == todo[0]:
-            say(f"first {len(chunk)} records written to {out}")
-        bar.update(len(chunk))
-    bar.close()
+    _decode_batches(a, out, tgt, method, tok, prompts, todo, done, dict(eos=eos, stops=stops, dataset=dataset,
+                                                                         engine=eng), say)
     recs = read_jsonl(out)
     write_meta(meta, config, wall_s=time.time() - t0, fingerprint=want, finished=True, records=len(recs), engine=eng)
     acc = [x for r in recs for x in r["accepted"]]
@@ -285,9 +233,89 @@ def generate_into(a, out: Path):
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
+def _check_drafter(a, cls) -> None:
+    """`--method` and `--drafter` together: a drafter for the methods that need one (a trained checkpoint folder),
+    none for the others; a run name of the ablation is named with the method it trains."""
+    if not cls.needs_drafter and a.drafter:
+        raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
+    if not cls.needs_drafter:
+        return
+    base = run_of(a.method)
+    if base in code().backbones:  # a run name of the ablation (dmtp_d2: a variant on another backbone)
+        variant, backbone = code().backbones[base]
+        raise ValueError(f"--method {a.method}: a run of the ablation ({variant} on the {backbone} backbone), not "
+                         f"a method: give --method {variant + a.method[len(base):]} and that run's drafter (its "
+                         "checkpoint holds the backbone)")
+    get_variant(base)  # an unknown name fails with the known ones ("-k<n>": a limit; "-p<t>", "-g<n>": a rule)
+    if not a.drafter:
+        raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
+    args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")
+
+
+def _stop_strings(a, tok, dataset) -> list[str]:
+    """`--stop`'s strings ('humaneval': the standard HumanEval set), checked against the other flags."""
+    stops = [s for x in a.stop or [] for s in (HUMANEVAL_STOPS if x == "humaneval" else [x])]
+    if stops and a.mode == "fixed":
+        raise ValueError("--stop takes --mode natural (--mode fixed decodes exactly --max-new-tokens)")
+    if stops and tok is None:
+        raise ValueError(f"--stop needs the target's tokenizer files beside {a.target}/config.json")
+    if stops and dataset == "mtbench":
+        raise ValueError("--stop is not supported with --dataset mtbench (two turns)")
+    if "" in stops:
+        raise ValueError("--stop '': a stop string must not be empty")
+    for x in stops:
+        checks.text(x, f"--stop {x!r}")
+    return stops
+
+
+def _generate_prompts(a, cfg, tok, dataset) -> list[dict]:
+    """The prompts of `--prompts` or `--dataset` (the first `--n`), each short enough for the target's positions."""
+    if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
+        if tok is None:
+            raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
+        prompts = load_prompts(dataset, tok, a.n, a.data_path)
+    else:
+        prompts = read_prompts(args.in_file(a.prompts, "--prompts"), tok, cfg.vocab_size)[: a.n]
+    limit = cfg.max_position_embeddings
+    for p in prompts:
+        if len(p["prompt_ids"]) + a.max_new_tokens > limit:
+            where = f"{a.prompts}:{p['line']}" if "line" in p else f"{dataset} prompt {p['id']}"
+            raise ValueError(f"{where}: {len(p['prompt_ids'])} prompt tokens + --max-new-tokens {a.max_new_tokens} "
+                             f"exceed the target's {limit} positions (max_position_embeddings)")
+    return prompts
+
+
+def _decode_batches(a, out: Path, tgt, method, tok, prompts, todo, done, run: dict, say) -> None:
+    """Decode the batches `todo` (prompt offsets) and append each one's records to `out` as soon as it is done
+    (`run`: eos, stops, dataset, engine)."""
+    from tqdm import tqdm
+
+    kind = engine_for(tgt, run["engine"])
+    say(f"decoding batch 1 of {len(todo)} on the {kind} engine" + (
+        ": the first batch compiles each stage (or reads it from the compile cache) and captures it"
+        if kind == "compiled" else ""))
+    bar = tqdm(total=len(prompts), initial=len(prompts) - sum(len(prompts[i: i + a.batch_size]) for i in todo),
+               desc=f"generate {a.method}", dynamic_ncols=True)
+    for i in todo:
+        chunk = prompts[i: i + a.batch_size]
+        if run["dataset"] == "mtbench":
+            recs = mtbench_generate(tgt, method, tok, chunk, a.temperature, a.max_new_tokens, run["eos"],
+                                    a.batch_size, a.seed + i, mode=a.mode, verify=a.verify, engine=run["engine"])
+        else:
+            recs = run_generate(tgt, method, chunk, a.temperature, a.max_new_tokens, run["eos"], a.batch_size,
+                                a.seed + i, tok, mode=a.mode, stop_strings=run["stops"], verify=a.verify,
+                                engine=run["engine"])
+            for r, p in zip(recs, chunk):  # prompt + output: a training sequence for `dmtp train --data`
+                r.update(prompt_ids=p["prompt_ids"], **({"dataset": p["dataset"]} if run["dataset"] else {}))
+        append_jsonl(out, [r for r in recs if r["id"] not in done])
+        if i == todo[0]:
+            say(f"first {len(chunk)} records written to {out}")
+        bar.update(len(chunk))
+    bar.close()
+
+
 def cmd_train(a):
     import contextlib
-    from dataclasses import replace
 
     import torch
 
@@ -298,40 +326,15 @@ def cmd_train(a):
     mask_flag = a.mask_token_id is not None
     prof = _train_profile(a)
     variants = a.variants  # variant names, or the ablation's backbone runs (dflash2, dmtp_d2: a variant on a backbone)
-    runs = {r: tuple(vb) for r, vb in (prof.ablation if prof else code()).backbones.items()}
-    backbones = {r: vb for r, vb in runs.items() if r in variants}
-    for v in variants:
-        require(v in REGISTRY or v in backbones, f"--variants: unknown variant or run {v!r}; variants: "
-                f"{', '.join(sorted(REGISTRY))}; runs on another backbone: "
-                + ", ".join(f"{r} ({vb[0]} on {vb[1]})" for r, vb in runs.items()))
-        if v in backbones and a.backbone not in (None, backbones[v][1]):
-            raise ValueError(f"--backbone {a.backbone}: run {v!r} is {backbones[v][0]} on the {backbones[v][1]} "
-                             "backbone")
+    backbones = _backbone_runs(a, prof)
     run_variant = lambda r: backbones.get(r, (r,))[0]  # noqa: E731
     # --- everything checked before the target is loaded ---
     args.checkpoint(a.target, "--target", "target checkpoint")
     cfg_t = read_config(a.target)
     preflight.run(target_checks(a.target, mtp=any(get_variant(run_variant(v)).needs_mtp for v in variants)))
     out = args.out_dir(a.out)
-    if not mask_flag and not (prof is not None and prof.drafter.mask_token_id >= 0):
-        a.mask_token_id = family_mask_token(cfg_t.model_type, cfg_t.vocab_size) or a.mask_token_id
-    widths = lambda c: {k: getattr(c, k) for k in ("hidden_size", "vocab_size")}  # noqa: E731
-    if prof is not None and prof.scale.target_config:  # a paper-scale recipe is made for its own target
-        made_for = {k: prof.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
-        require(made_for == widths(cfg_t), f"--profile {a.profile} is made for a target of {made_for} (its config); "
-                f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without "
-                "--profile")
-    init = {}
-    for item in [x for flag in a.init_from or [] for x in flag.split(",")]:
-        v, eq, path = item.partition("=")
-        if not eq or v not in variants:
-            raise ValueError(f"--init-from {item!r}: expected NAME=PATH with NAME one of --variants "
-                             f"({','.join(variants)})")
-        where = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
-        require(init.get(v, where) == where, f"--init-from: run {v!r} given twice ({init.get(v)}, {where}); give "
-                "each run one checkpoint")
-        init[v] = where
-        args.drafter_of(path, f"--init-from {v}=", cfg_t)
+    _check_shape(a, prof, cfg_t, mask_flag)
+    init = _init_from(a, cfg_t)
     where = "--mask-token-id" if mask_flag else f"profile {a.profile}'s drafter.mask_token_id" if a.profile and \
         prof.drafter.mask_token_id >= 0 else "the default --mask-token-id"
     require(0 <= a.mask_token_id < cfg_t.vocab_size, f"{where} {a.mask_token_id}: expected a token id in "
@@ -341,28 +344,7 @@ def cmd_train(a):
     cfg = replace(cfg, **{k: getattr(a, k) for k in ("fsdp", "shard_target", "activation_checkpointing", "micro_batch",
                                                      "grad_sync") if getattr(a, k) is not None})
     data_path, data_sha = _train_data(a.data, cfg_t.vocab_size)
-    # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
-    base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
-        dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers)
-    shape = replace(prof.drafter if prof is not None else DrafterShape(), layers=a.layers, attention=a.attention,
-                    sliding_window=a.sliding_window)  # the attention rule (a one-line error for a bad window)
-    base.update(num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed, **shape.attention_fields(),
-                **({"backbone": a.backbone} if a.backbone else {}))
-    settings = prof.drafter.variants if prof is not None else {}
-    data = {"sha256": data_sha}  # what the data holds, not where it lies (a store: its JSONL's digest)
-    units, configs = [], {}
-    for v in variants:
-        over = dict(variant=run_variant(v), variant_config=settings.get(run_variant(v), {}),
-                    **({"backbone": backbones[v][1]} if v in backbones else {}))
-        configs[v] = dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__
-                                           and k not in over}, **over)
-        require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
-                f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
-        init_id = {"init_modified": _modified(init[v])} if v in init else {}  # the file it names, as it is now
-        want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), **init_id, dtype=a.dtype,
-                                       data=data, target=str(Path(a.target).resolve()),
-                                       target_modified=_modified(a.target)))
-        units.append(stages.Unit(str(out / v), want, out / v / "fingerprint.json", [out / v]))
+    base, configs, units = _drafter_units(a, prof, cfg_t, backbones, init, cfg, data_sha, out)
     if not a.force:
         stages.preflight(units)  # a finished or half-trained drafter of another configuration: refused, all at once
     _, _, rank_dev = dist.init()  # torchrun: one process per GPU, data-parallel over the global batch
@@ -393,8 +375,81 @@ def cmd_train(a):
         need_mtp = any(get_variant(run_variant(v)).needs_mtp for v in todo)  # dflash alone needs no MTP head
         mtp = MTPHead.load(tgt, a.target) if need_mtp else None
         drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo}, backbones=backbones,
-                                variant_configs=settings)
+                                variant_configs=prof.drafter.variants if prof is not None else {})
         train_drafters(tgt, mtp, drafters, seqs, cfg, out)
+
+
+def _backbone_runs(a, prof) -> dict[str, tuple[str, str]]:
+    """`--variants`' runs on another backbone (run -> (variant, backbone)), each name checked: a variant or a
+    backbone run of the ablation, on the backbone `--backbone` names if any."""
+    runs = {r: tuple(vb) for r, vb in (prof.ablation if prof else code()).backbones.items()}
+    backbones = {r: vb for r, vb in runs.items() if r in a.variants}
+    for v in a.variants:
+        require(v in REGISTRY or v in backbones, f"--variants: unknown variant or run {v!r}; variants: "
+                f"{', '.join(sorted(REGISTRY))}; runs on another backbone: "
+                + ", ".join(f"{r} ({vb[0]} on {vb[1]})" for r, vb in runs.items()))
+        if v in backbones and a.backbone not in (None, backbones[v][1]):
+            raise ValueError(f"--backbone {a.backbone}: run {v!r} is {backbones[v][0]} on the {backbones[v][1]} "
+                             "backbone")
+    return backbones
+
+
+def _check_shape(a, prof, cfg_t, mask_flag: bool) -> None:
+    """The MASK token where neither the flag nor the profile gives one: the target family's (else 1); a paper-scale
+    profile's recipe only for the target it is made for."""
+    if not mask_flag and not (prof is not None and prof.drafter.mask_token_id >= 0):
+        a.mask_token_id = family_mask_token(cfg_t.model_type, cfg_t.vocab_size) or a.mask_token_id
+    widths = lambda c: {k: getattr(c, k) for k in ("hidden_size", "vocab_size")}  # noqa: E731
+    if prof is not None and prof.scale.target_config:  # a paper-scale recipe is made for its own target
+        made_for = {k: prof.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
+        require(made_for == widths(cfg_t), f"--profile {a.profile} is made for a target of {made_for} (its config); "
+                f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without "
+                "--profile")
+
+
+def _init_from(a, cfg_t) -> dict[str, str]:
+    """`--init-from NAME=PATH,...`: run -> the DFlash-format checkpoint it continues from (resolved), each checked."""
+    init = {}
+    for item in [x for flag in a.init_from or [] for x in flag.split(",")]:
+        v, eq, path = item.partition("=")
+        if not eq or v not in a.variants:
+            raise ValueError(f"--init-from {item!r}: expected NAME=PATH with NAME one of --variants "
+                             f"({','.join(a.variants)})")
+        where = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
+        require(init.get(v, where) == where, f"--init-from: run {v!r} given twice ({init.get(v)}, {where}); give "
+                "each run one checkpoint")
+        init[v] = where
+        args.drafter_of(path, f"--init-from {v}=", cfg_t)
+    return init
+
+
+def _drafter_units(a, prof, cfg_t, backbones, init, cfg, data_sha: str, out: Path):
+    """The drafter settings every run shares (`base`), each run's `DrafterConfig`, and each run's stage unit (its
+    fingerprint: recipe, drafter, start, dtype, data and target)."""
+    # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
+    base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
+        dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers)
+    shape = replace(prof.drafter if prof is not None else DrafterShape(), layers=a.layers, attention=a.attention,
+                    sliding_window=a.sliding_window)  # the attention rule (a one-line error for a bad window)
+    base.update(num_hidden_layers=a.layers, mask_token_id=a.mask_token_id, seed=a.seed, **shape.attention_fields(),
+                **({"backbone": a.backbone} if a.backbone else {}))
+    settings = prof.drafter.variants if prof is not None else {}
+    data = {"sha256": data_sha}  # what the data holds, not where it lies (a store: its JSONL's digest)
+    units, configs = [], {}
+    for v in a.variants:
+        variant = backbones.get(v, (v,))[0]
+        over = dict(variant=variant, variant_config=settings.get(variant, {}),
+                    **({"backbone": backbones[v][1]} if v in backbones else {}))
+        configs[v] = dc = DrafterConfig(**{k: x for k, x in base.items() if k in DrafterConfig.__dataclass_fields__
+                                           and k not in over}, **over)
+        require(max(dc.target_layer_ids) < cfg_t.num_hidden_layers - 1, f"--layers {a.layers}: the drafter taps "
+                f"target layers {dc.target_layer_ids}, the target has {cfg_t.num_hidden_layers}")
+        init_id = {"init_modified": _modified(init[v])} if v in init else {}  # the file it names, as it is now
+        want = stages.fingerprint(dict(train=cfg, drafter=dc, init_from=init.get(v), **init_id, dtype=a.dtype,
+                                       data=data, target=str(Path(a.target).resolve()),
+                                       target_modified=_modified(a.target)))
+        units.append(stages.Unit(str(out / v), want, out / v / "fingerprint.json", [out / v]))
+    return base, configs, units
 
 
 def _train_data(path, vocab_size: int) -> tuple[Path, str]:
@@ -448,172 +503,196 @@ def command(module: str, name: str = "main"):
     return run
 
 
-def parser() -> argparse.ArgumentParser:
-    """Every `dmtp` command's arguments (what `main` parses; README's commands are checked against it)."""
-    p = argparse.ArgumentParser(prog="dmtp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("variants", help="list the injection variants").set_defaults(fn=cmd_variants)
-
-    g = sub.add_parser("generate", help="decode prompts with one method through the single decode loop")
-    g.add_argument("--target", required=True)
-    g.add_argument("--drafter")
-    g.add_argument("--method", required=True, help="ar | mtp | a variant name (see `dmtp variants`)")
-    g.add_argument("--prompts", help="JSONL with `id` and `prompt` (text) or `prompt_ids`")
-    g.add_argument("--dataset", help="instead of --prompts: gsm8k | math500 | humaneval | alpaca | mtbench (two turns) "
+def generate_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--drafter")
+    s.add_argument("--method", required=True, help="ar | mtp | a variant name (see `dmtp variants`)")
+    s.add_argument("--prompts", help="JSONL with `id` and `prompt` (text) or `prompt_ids`")
+    s.add_argument("--dataset", help="instead of --prompts: gsm8k | math500 | humaneval | alpaca | mtbench (two turns) "
                    "| openperfectblend, chat template applied (dmtp/data/datasets.py)")
-    g.add_argument("--data-path", help="local copy of --dataset (.json/.jsonl/.parquet or a folder); default "
+    s.add_argument("--data-path", help="local copy of --dataset (.json/.jsonl/.parquet or a folder); default "
                    "$DMTP_DATA_<NAME>, else the HF cache (offline)")
-    g.add_argument("--n", type=args.at_least(1), help="only the first N prompts")
-    g.add_argument("--temperature", type=args.temperature, default=0.0,
+    s.add_argument("--n", type=args.at_least(1), help="only the first N prompts")
+    s.add_argument("--temperature", type=args.temperature, default=0.0,
                    help=f"0: greedy; >= {MIN_TEMPERATURE:g}: sampling")
-    g.add_argument("--verify", default="target", choices=list(VERIFY_MODES),
+    s.add_argument("--verify", default="target", choices=list(VERIFY_MODES),
                    help="target: argmax drafts, the target samples its own tokens (default); sample: drafts sampled, "
                    "token-wise speculative sampling; block: drafts sampled, block verification (equal at T = 0)")
-    g.add_argument("--max-new-tokens", type=args.at_least(1), default=128)
-    g.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
-    g.add_argument("--batch-size", type=args.at_least(1), default=16)
-    g.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: every id the target's config.json, "
+    s.add_argument("--max-new-tokens", type=args.at_least(1), default=128)
+    s.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
+    s.add_argument("--batch-size", type=args.at_least(1), default=16)
+    s.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: every id the target's config.json, "
                    "generation_config.json and tokenizer name)")
-    g.add_argument("--mode", default="natural", choices=EVAL_MODES, help="natural: stop at EOS / --stop strings / "
+    s.add_argument("--mode", default="natural", choices=EVAL_MODES, help="natural: stop at EOS / --stop strings / "
                    "length; fixed: ignore EOS, decode exactly --max-new-tokens")
-    g.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable (a newline from bash: "
+    s.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable (a newline from bash: "
                    "$'\\ndef'); 'humaneval' = the standard HumanEval stop sequences (natural mode)")
-    g.add_argument("--seed", type=args.SEED, default=0)
-    g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    g.add_argument("--engine", action="append", metavar="KEY=VALUE", default=[],
+    s.add_argument("--seed", type=args.SEED, default=0)
+    s.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    s.add_argument("--engine", action="append", metavar="KEY=VALUE", default=[],
                    help="a decode-engine setting (dmtp/config/engine.py EngineConfig), repeatable: "
                    "engine=hf|fast-eager|compiled, attention=flex|dense, cache_write=auto|graph|eager, "
                    "tuning=fixed|default|autotune (fixed: identical records run to run), drafter=compiled|hf, graphs=true|false")
-    g.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
-    g.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
-    g.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "
+    s.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
+    s.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
+    s.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "
                    "configuration")
-    args.compile_cache_flag(g)
-    g.set_defaults(fn=cmd_generate)
+    args.compile_cache_flag(s)
 
-    t = sub.add_parser("train", help="train drafters (several variants on identical batches)")
-    t.add_argument("--target", required=True)
-    t.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`; converted "
+
+def train_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`; converted "
                    "once into a token store in --out) or a token store (`python -m dmtp.data.tokens`)")
-    t.add_argument("--variants", type=args.names, default=["dflash"], help="comma-separated (see `dmtp variants`), or "
+    s.add_argument("--variants", type=args.names, default=["dflash"], help="comma-separated (see `dmtp variants`), or "
                    "the ablation's runs on another backbone: dflash2 (dflash on dflash2), dmtp_d2 (zero_init_residual "
                    "on dflash2), each trained into --out/<name>")
-    t.add_argument("--out", required=True)
-    t.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
+    s.add_argument("--out", required=True)
+    s.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
                    "explicit flags override it")
-    t.add_argument("--steps", type=args.at_least(1), help="optimizer steps (default 200)")
-    t.add_argument("--batch-size", type=args.at_least(1), help="sequences per optimizer step over all GPUs: the "
+    s.add_argument("--steps", type=args.at_least(1), help="optimizer steps (default 200)")
+    s.add_argument("--batch-size", type=args.at_least(1), help="sequences per optimizer step over all GPUs: the "
                    "global batch (default 8)")
-    t.add_argument("--max-len", type=args.at_least(4), help="sequences cut to this many tokens (default 512)")
-    t.add_argument("--layers", type=args.at_least(1), help="drafter layers (default 1)")
-    t.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone, SPEC §9 (default: dflash)")
-    t.add_argument("--attention", choices=list(DRAFTER_ATTENTION), help="drafter attention: anchor = SPEC 3.3's "
+    s.add_argument("--max-len", type=args.at_least(4), help="sequences cut to this many tokens (default 512)")
+    s.add_argument("--layers", type=args.at_least(1), help="drafter layers (default 1)")
+    s.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone (default: dflash)")
+    s.add_argument("--attention", choices=list(DRAFTER_ATTENTION), help="drafter attention: anchor = the method's "
                    "anchor window (the suite's; public readers refuse it), public = the public Qwen3.6 DFlash "
                    "drafters' rule (sliding layers, then one full-attention layer), which the public reference and "
                    "the serving engines compute (default: the profile's, else anchor)")
-    t.add_argument("--sliding-window", type=args.at_least(1), help="window of the sliding layers under --attention "
+    s.add_argument("--sliding-window", type=args.at_least(1), help="window of the sliding layers under --attention "
                    "public (default: the profile's, else 2048)")
-    t.add_argument("--lr", type=args.number(0, open_lo=True), help="peak learning rate (default 6e-4)")
-    t.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
-    t.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default: the profile's, else the "
+    s.add_argument("--lr", type=args.number(0, open_lo=True), help="peak learning rate (default 6e-4)")
+    s.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
+    s.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default: the profile's, else the "
                    "id the public DFlash drafters of the target's family use: Qwen3.5/3.6 248070, Qwen3 151669; else 1)")
-    t.add_argument("--init-from", action="append", help="NAME=PATH,... continue a --variants entry from a "
+    s.add_argument("--init-from", action="append", help="NAME=PATH,... continue a --variants entry from a "
                    "DFlash-format checkpoint (e.g. dmtp_d2=PATH: DMTP(D2) from a public DFlash2 drafter); it keeps the "
                    "checkpoint's attention; repeatable, one checkpoint a run")
-    t.add_argument("--seed", type=args.SEED, default=0)
-    t.add_argument("--stop-after", type=args.at_least(0), default=0,
+    s.add_argument("--seed", type=args.SEED, default=0)
+    s.add_argument("--stop-after", type=args.at_least(0), default=0,
                    help="checkpoint and stop after this step (resume later)")
-    t.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
+    s.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
                    help="compiled training path: auto = on CUDA only (default), on, off = eager")
-    t.add_argument("--fsdp", choices=["auto", "on", "off"], help="FSDP2 sharding of the drafters: auto = under "
+    s.add_argument("--fsdp", choices=["auto", "on", "off"], help="FSDP2 sharding of the drafters: auto = under "
                    "torchrun with more than one rank (default), on = also on one process, off")
-    t.add_argument("--shard-target", choices=["auto", "on", "off"], help="under FSDP2, shard the frozen target's "
+    s.add_argument("--shard-target", choices=["auto", "on", "off"], help="under FSDP2, shard the frozen target's "
                    "layers too (on) or replicate it (off; auto, the default: as the memory model decides)")
-    t.add_argument("--activation-checkpointing", action="store_true", default=None,
+    s.add_argument("--activation-checkpointing", action="store_true", default=None,
                    help="recompute each drafter layer in the backward pass (less memory, more time)")
-    t.add_argument("--micro-batch", type=args.at_least(1), help="sequences per GPU per forward/backward: the "
+    s.add_argument("--micro-batch", type=args.at_least(1), help="sequences per GPU per forward/backward: the "
                    "global --batch-size reached by gradient accumulation (default: the memory model's choice on "
                    "CUDA, else each GPU's whole share at once)")
-    t.add_argument("--grad-sync", choices=["auto", "last", "every"], help="under FSDP2 with accumulation, reduce the "
+    s.add_argument("--grad-sync", choices=["auto", "last", "every"], help="under FSDP2 with accumulation, reduce the "
                    "gradients after the last micro-batch (last) or after every one (every: less memory); auto, the "
                    "default: as the memory model decides")
-    t.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
-    t.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
-    t.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "
+    s.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
+    s.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
+    s.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "
                    "with another configuration")
-    args.compile_cache_flag(t)
-    t.set_defaults(fn=cmd_train)
+    args.compile_cache_flag(s)
 
-    pl = sub.add_parser("pipeline", help="embedded default end to end (corpus -> target -> drafters -> tables)")
-    pl.add_argument("--profile", default=None, help="tiny | mini (default: mini with CUDA, else tiny)")
-    pl.add_argument("--stage", default="all")
-    pl.add_argument("--work", default="work", help="where checkpoints and intermediate data go")
-    pl.add_argument("--results", default="results")
-    pl.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override a profile field, e.g. pretrain.tokens=20000000 or data.batch=512 (repeatable)")
-    pl.add_argument("--force", action="store_true", help="redo finished or started stages whose recorded "
-                    "configuration differs from the requested one (default: refuse, naming the fields)")
-    pl.add_argument("--deadline", type=args.number(0, open_lo=True), metavar="SECONDS",
-                    help="finish within SECONDS of wall time (a job limit): optional stages (curve, verify) that "
-                         "would not finish are left out, the running stage stops at the deadline less --reserve, "
-                         "and the same command resumes (exit 3 when it stopped)")
-    pl.add_argument("--reserve", type=args.number(0), default=30.0, metavar="SECONDS",
-                    help="with --deadline: seconds kept for packing the results (default 30)")
-    pl.add_argument("--costs", metavar="FILE", help="with --deadline: JSON stage -> seconds, the stages' declared "
-                    "costs (default: the times measured in work/<profile>/stage_times.json)")
-    pl.add_argument("--archive", metavar="FILE.tgz", help="pack results/<profile> into this archive after each "
-                    "stage (rewritten whole); `dmtp land FILE.tgz` lands it on another machine")
-    args.compile_cache_flag(pl)
-    pl.set_defaults(fn=command("pipeline"))
 
-    la = sub.add_parser("land", help="land a packed run (`dmtp pipeline --archive`) into results/")
-    la.add_argument("archive", help="the .tgz written by `dmtp pipeline --archive`")
-    la.add_argument("--results", default="results")
-    la.add_argument("--partial", action="store_true", help="land an unfinished run apart, as "
-                    "<profile>/partial/... (the pooled report never reads it)")
-    la.add_argument("--no-report", action="store_true", help="do not render the landed run's REPORT.md")
-    la.set_defaults(fn=lambda a: command("archive", "land")(a.archive, a.results, partial=a.partial,
-                                                         report=not a.no_report))
+def pipeline_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--profile", default=None, help="tiny | mini (default: mini with CUDA, else tiny)")
+    s.add_argument("--stage", default="all")
+    s.add_argument("--work", default="work", help="where checkpoints and intermediate data go")
+    s.add_argument("--results", default="results")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a profile field, e.g. pretrain.tokens=20000000 or data.batch=512 (repeatable)")
+    s.add_argument("--force", action="store_true", help="redo finished or started stages whose recorded "
+                   "configuration differs from the requested one (default: refuse, naming the fields)")
+    s.add_argument("--deadline", type=args.number(0, open_lo=True), metavar="SECONDS",
+                   help="finish within SECONDS of wall time (a job limit): optional stages (curve, verify) that "
+                        "would not finish are left out, the running stage stops at the deadline less --reserve, "
+                        "and the same command resumes (exit 3 when it stopped)")
+    s.add_argument("--reserve", type=args.number(0), default=30.0, metavar="SECONDS",
+                   help="with --deadline: seconds kept for packing the results (default 30)")
+    s.add_argument("--costs", metavar="FILE", help="with --deadline: JSON stage -> seconds, the stages' declared "
+                   "costs (default: the times measured in work/<profile>/stage_times.json)")
+    s.add_argument("--archive", metavar="FILE.tgz", help="pack results/<profile> into this archive after each "
+                   "stage (rewritten whole); `dmtp land FILE.tgz` lands it on another machine")
+    args.compile_cache_flag(s)
 
-    dr = sub.add_parser("dryrun", help="paper-scale profile: target (config only), MTP head and every drafter on the "
-                        "meta device; shape checks and a parameter summary, no weights")
-    dr.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b")
-    dr.add_argument("--target", help="checkpoint whose config.json to check (default: the profile's env var, else "
-                    "the profile's config)")
-    dr.add_argument("--gpus", type=args.at_least(1), help="GPUs to train on: say whether training and evaluation fit "
-                    "(the memory model, dmtp/memory.py) and with which setting (default with --gpu-mem: 1)")
-    dr.add_argument("--gpu-mem", type=args.number(0, open_lo=True), help="memory per GPU in GiB, as the card is "
-                    "sold: 80 (H100), 141 (H200) (default with --gpus: 80)")
-    dr.add_argument("--seq-len", type=args.at_least(4), help="tokens per training sequence (default: the profile's "
-                    "scale.max_seq_len); evaluation adds the profile's new tokens")
-    dr.add_argument("--rates", action="append", default=[], metavar="FILE", help="a rates file measured at the "
-                    "paper's depth (experiments/paper_rates.py; repeatable): the projected wall time of each stage of "
-                    "the open reproduction on --gpus (default 8) cards like the one it was measured on")
-    dr.set_defaults(fn=lambda a: sys.exit(command("dryrun")(a)))
 
-    rp = sub.add_parser("reproduce", help="the blog's open reproduction on a local target: regen -> train -> eval -> "
-                        "report, each stage resumable (dmtp/cli/reproduce.py)")
-    rp.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b | open-tiny (CPU, toy size)")
-    rp.add_argument("--target", required=True, help="local target checkpoint (HF layout with its mtp.* weights and "
-                    "tokenizer)")
-    rp.add_argument("--work", help="where everything goes (default runs/<profile>)")
-    rp.add_argument("--data-path", action="append", metavar="SET=PATH", default=[],
-                    help="local copy of a set in its published format, repeatable: openperfectblend, gsm8k, math500, "
-                    "humaneval, alpaca, mtbench")
-    rp.add_argument("--prompts", help="training prompts instead of OpenPerfectBlend: .jsonl / .parquet with "
-                    "`conversations`, `messages`, `prompt` or `prompt_ids`")
-    rp.add_argument("--init-from", action="append", metavar="[RUN=]PATH", default=[],
-                    help="continue a drafter run from a public DFlash checkpoint (bare PATH: zero_init_residual)")
-    rp.add_argument("--train-group", type=args.at_least(0), default=0, help="drafters trained side by side per "
-                    "pass over the data (default 0: on GPUs the largest groups the memory model fits, else all; 1: one at a "
-                    "time, the least memory; the weights are the same)")
-    rp.add_argument("--stage", default="all", help="regen,train,eval,report or all (default)")
-    rp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")
-    rp.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available; under torchrun: the rank's)")
-    rp.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
-    args.compile_cache_flag(rp)
-    rp.set_defaults(fn=command("reproduce"))
+def land_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("archive", help="the .tgz written by `dmtp pipeline --archive`")
+    s.add_argument("--results", default="results")
+    s.add_argument("--partial", action="store_true", help="land an unfinished run apart, as "
+                   "<profile>/partial/... (the pooled report never reads it)")
+    s.add_argument("--no-report", action="store_true", help="do not render the landed run's REPORT.md")
+
+
+def dryrun_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b")
+    s.add_argument("--target", help="checkpoint whose config.json to check (default: the profile's env var, else "
+                   "the profile's config)")
+    s.add_argument("--gpus", type=args.at_least(1), help="GPUs to train on: say whether training and evaluation fit "
+                   "(the memory model, dmtp/memory.py) and with which setting (default with --gpu-mem: 1)")
+    s.add_argument("--gpu-mem", type=args.number(0, open_lo=True), help="memory per GPU in GiB, as the card is "
+                   "sold: 80 (H100), 141 (H200) (default with --gpus: 80)")
+    s.add_argument("--seq-len", type=args.at_least(4), help="tokens per training sequence (default: the profile's "
+                   "scale.max_seq_len); evaluation adds the profile's new tokens")
+    s.add_argument("--rates", action="append", default=[], metavar="FILE", help="a rates file measured at the "
+                   "paper's depth (experiments/paper_rates.py; repeatable): the projected wall time of each stage of "
+                   "the open reproduction on --gpus (default 8) cards like the one it was measured on")
+
+
+def reproduce_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b | open-tiny (CPU, toy size)")
+    s.add_argument("--target", required=True, help="local target checkpoint (HF layout with its mtp.* weights and "
+                   "tokenizer)")
+    s.add_argument("--work", help="where everything goes (default runs/<profile>)")
+    s.add_argument("--data-path", action="append", metavar="SET=PATH", default=[],
+                   help="local copy of a set in its published format, repeatable: openperfectblend, gsm8k, math500, "
+                   "humaneval, alpaca, mtbench")
+    s.add_argument("--prompts", help="training prompts instead of OpenPerfectBlend: .jsonl / .parquet with "
+                   "`conversations`, `messages`, `prompt` or `prompt_ids`")
+    s.add_argument("--init-from", action="append", metavar="[RUN=]PATH", default=[],
+                   help="continue a drafter run from a public DFlash checkpoint (bare PATH: zero_init_residual)")
+    s.add_argument("--train-group", type=args.at_least(0), default=0, help="drafters trained side by side per "
+                   "pass over the data (default 0: on GPUs the largest groups the memory model fits, else all; 1: one at a "
+                   "time, the least memory; the weights are the same)")
+    s.add_argument("--stage", default="all", help="regen,train,eval,report or all (default)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")
+    s.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available; under torchrun: the rank's)")
+    s.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
+    args.compile_cache_flag(s)
+
+
+def _land(a):
+    return command("archive", "land")(a.archive, a.results, partial=a.partial, report=not a.no_report)
+
+
+def _dryrun(a):
+    sys.exit(command("dryrun")(a))
+
+
+COMMANDS = {  # `dmtp NAME`: (help, the arguments it takes, what it runs)
+    "variants": ("list the injection variants", None, cmd_variants),
+    "generate": ("decode prompts with one method through the single decode loop", generate_arguments, cmd_generate),
+    "train": ("train drafters (several variants on identical batches)", train_arguments, cmd_train),
+    "pipeline": ("embedded default end to end (corpus -> target -> drafters -> tables)", pipeline_arguments,
+                 command("pipeline")),
+    "land": ("land a packed run (`dmtp pipeline --archive`) into results/", land_arguments, _land),
+    "dryrun": ("paper-scale profile: target (config only), MTP head and every drafter on the meta device; shape "
+               "checks and a parameter summary, no weights", dryrun_arguments, _dryrun),
+    "reproduce": ("the blog's open reproduction on a local target: regen -> train -> eval -> report, each stage "
+                  "resumable (dmtp/cli/reproduce.py)", reproduce_arguments, command("reproduce")),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """Every `dmtp` command's arguments (what `main` parses; README's commands are checked against it): one
+    subcommand a row of `COMMANDS`."""
+    p = argparse.ArgumentParser(prog="dmtp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, (help_, arguments, run) in COMMANDS.items():
+        s = sub.add_parser(name, help=help_)
+        if arguments is not None:
+            arguments(s)
+        s.set_defaults(fn=run)
     return p
 
 

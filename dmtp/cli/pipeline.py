@@ -72,7 +72,7 @@ from dmtp.preflight import run as run_checks
 from dmtp.training.drafters import branch_dir, load_sequences, new_drafters, train_branch, train_drafters
 from dmtp.training.pretrain import build_target, evaluate, pretrain
 from dmtp.training.unloop import loop_check, unloop
-from experiments.profiles import resolve
+from dmtp.profiles import resolve
 
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
 OPTIONAL = ["verify"]  # run only when named (`--stage verify`): verification modes at T > 0, results/<p>/verify
@@ -232,30 +232,37 @@ def st_target(c: Ctx):
                   train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall, world=info["world"],
                   tokens_per_s=info["tokens_trained"] / info["train_s"] if info["train_s"] > 0 else None)
         c.log(f"target held-out: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()})}")
-        tgt.model.to(torch_dtype(c.p.model.checkpoint_dtype))
-        mtp.to(torch_dtype(c.p.model.checkpoint_dtype))
-        with atomic_dir(out) as tmp:
-            save_target_with_mtp(tgt.model, mtp, tmp)
-            tok.save_pretrained(tmp)
-            if u.record.exists():
-                shutil.copy(u.record, tmp / u.record.name)
-            (tmp / "DONE").write_text("ok\n")
-        write_json(c.res / "target" / "pretrain_history.json", hist)
-        if ul_hist is not None:
-            write_json(c.res / "target" / "unloop_history.json", ul_hist)
-        write_json(c.res / "target" / "heldout.json", ev)
-        write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.model.arch), "pretrain": asdict(c.p.pretrain)},
-                   wall_s=wall, world=info["world"], resumed_at_step=info["start_step"], fingerprint=u.want,
-                   corpus=corpus_summary(c.work / "corpus"))
+        _save_target(c, u, (tgt, mtp, tok), (hist, ul_hist, ev), info, wall)
         shutil.rmtree(state, ignore_errors=True)  # only now: a kill before the save resumes from the final state
     barrier()  # the next stage reads the checkpoint
+
+
+def _save_target(c: Ctx, u: Unit, models, records, info: dict, wall: float) -> None:
+    """The trained target + MTP head (in the checkpoint dtype) with its tokenizer and stage record into
+    work/target, and its histories, held-out evaluation and meta into results/<profile>/target."""
+    (tgt, mtp, tok), (hist, ul_hist, ev) = models, records
+    tgt.model.to(torch_dtype(c.p.model.checkpoint_dtype))
+    mtp.to(torch_dtype(c.p.model.checkpoint_dtype))
+    with atomic_dir(c.work / "target") as tmp:
+        save_target_with_mtp(tgt.model, mtp, tmp)
+        tok.save_pretrained(tmp)
+        if u.record.exists():
+            shutil.copy(u.record, tmp / u.record.name)
+        (tmp / "DONE").write_text("ok\n")
+    write_json(c.res / "target" / "pretrain_history.json", hist)
+    if ul_hist is not None:
+        write_json(c.res / "target" / "unloop_history.json", ul_hist)
+    write_json(c.res / "target" / "heldout.json", ev)
+    write_meta(c.res / "target" / "meta.json", {"arch": asdict(c.p.model.arch), "pretrain": asdict(c.p.pretrain)},
+               wall_s=wall, world=info["world"], resumed_at_step=info["start_step"], fingerprint=u.want,
+               corpus=corpus_summary(c.work / "corpus"))
 
 
 def st_data(c: Ctx):
     """On-policy data: the target answers the corpus prompts. Under torchrun whole generation batches (of
     `data.batch` prompts, each seeded by its offset) are dealt to the ranks, so every prompt is decoded in the same
     batch with the same seed as on one process: the file is the same for any number of ranks, at any temperature
-    (up to the kernels' determinism). On CUDA the batches decode on the compiled engine (`decode.engine_for`'s
+    (up to the kernels' determinism). On CUDA the batches decode on the compiled engine (`slots.engine_for`'s
     default; `bench --mini-shape` / part `regen` time this decode at the profile's batch)."""
     out = c.work / "data" / "train.jsonl"
     u, = units(c, "data")
@@ -511,7 +518,7 @@ def stop_strings(p: Profile, mode: str) -> tuple[str, ...]:
 
 def experiment_settings(experiment: dict) -> dict:
     """What an experiment.json says the runs were made with: without run control, the runs and seeds one invocation
-    works on (processes that share a GPU each evaluate a part: `experiments/profiles.py` parts) and the verify study
+    works on (processes that share a GPU each evaluate a part: `dmtp/profiles.py` parts) and the verify study
     (its own stage), as `fingerprint` writes it; the records revision beside the profile is not a setting."""
     return {k: v for k, v in fingerprint(experiment, RUN_CONTROL + ("only", "only_seeds")).items()
             if k not in ("verify", "records_revision")}
@@ -910,21 +917,9 @@ RUN = {"corpus": st_corpus, "tokenizer": st_tokenizer, "target": st_target, "dat
 
 def main(a):
     stages = STAGES if a.stage == "all" else a.stage.split(",")
-    for s in stages:
-        if s not in RUN:
-            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES + OPTIONAL)}")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not set(stages) <= set(PARALLEL):
-        raise ValueError(f"under torchrun only the stages {','.join(PARALLEL)} run (data-parallel); run "
-                         f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")
-    limit = getattr(a, "deadline", None)
+    _check_flags(a, stages)
     archive = getattr(a, "archive", None)
-    if (limit is not None or archive) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--deadline and --archive run in one process (no torchrun)")
-    clock = Deadline(limit, getattr(a, "reserve", 30.0))
-    if archive:  # checked before any work: a run of hours must not fail at its first pack
-        from dmtp.cli.args import out_file
-
-        out_file(archive, "--archive")
+    clock = Deadline(getattr(a, "deadline", None), getattr(a, "reserve", 30.0))
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
     from dmtp.cli.args import out_dir
@@ -991,6 +986,24 @@ def main(a):
     dist.destroy()
     if cut:
         raise SystemExit(3)  # the deadline cut the run: not an error of the input, not a finished run
+
+
+def _check_flags(a, stages: list[str]) -> None:
+    """The stages named, the ones torchrun runs, and --deadline / --archive (one process; the archive's path checked
+    before any work: a run of hours must not fail at its first pack)."""
+    for s in stages:
+        if s not in RUN:
+            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES + OPTIONAL)}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not set(stages) <= set(PARALLEL):
+        raise ValueError(f"under torchrun only the stages {','.join(PARALLEL)} run (data-parallel); run "
+                         f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")
+    archive = getattr(a, "archive", None)
+    if (getattr(a, "deadline", None) is not None or archive) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--deadline and --archive run in one process (no torchrun)")
+    if archive:
+        from dmtp.cli.args import out_file
+
+        out_file(archive, "--archive")
 
 
 def _cpu_s() -> float:

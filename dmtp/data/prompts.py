@@ -26,7 +26,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
-from dmtp.data.corpus import _banned, corpus_summary, iter_documents
+from dmtp.data.corpus import banned, corpus_summary, iter_documents
 from dmtp.data.tokenizer import SPECIAL, backend, encode_text
 
 PROMPT_CUT = 2  # version of the cut (the data and eval stages' fingerprints hold it); 2: test files kept apart
@@ -101,7 +101,7 @@ def _doc_candidates(d: dict, tok, max_prompt_tokens: int, per_doc: int, seed: in
         while start < def_line and len(encode_text(tok, ["".join(lines[start:end])])[0]) > max_prompt_tokens:
             start += 1  # not additive (another tokenizer): shrink until it fits
         prompt = "".join(lines[start:end])
-        if _banned(prompt) or any(t in prompt for t in SPECIAL):
+        if banned(prompt) or any(t in prompt for t in SPECIAL):
             continue
         out.append({"id": f"{d['sha256'][:12]}:L{def_line + 1}", "prompt": prompt})
     return out
@@ -148,7 +148,7 @@ def code_prompts(corpus_jsonl, tok, n, max_prompt_tokens=128, seed=0, per_doc: i
     """
     rng = random.Random(seed)
     roots = corpus_summary(Path(corpus_jsonl).parent).get("roots", [])
-    docs = [d for d in iter_documents(corpus_jsonl) if not _banned(d["path"]) and not _banned(d["text"])
+    docs = [d for d in iter_documents(corpus_jsonl) if not banned(d["path"]) and not banned(d["text"])
             and is_test_file(d["path"], roots) == tests]
     rng.shuffle(docs)
     workers = min(workers or os.cpu_count() or 1, 32)

@@ -19,8 +19,8 @@ import torch
 from dmtp.compiling import announce
 from dmtp.config import EngineConfig
 from dmtp.engine import verify as V
-from dmtp.engine.decode import (Batch, Harvest, Result, capacity_for, check_token_ids, collect, engine_for,
-                                method_engine, use_graphs)
+from dmtp.engine.decode import Batch, collect
+from dmtp.engine.slots import Harvest, Result, capacity_for, check_token_ids, engine_for, method_engine, use_graphs
 from dmtp.engine.graphs import capture_stream, distinct_stream
 from dmtp.engine.methods import Method, State
 from dmtp.engine.prompts import PromptPass

@@ -6,7 +6,7 @@ Notation for one round (a request at anchor A, drafts x_1..x_k, k = the method's
 The loop emits x_1..x_n and one more token y (correction, or bonus when n = k); `accepted` records n.
 
     target   drafts are argmaxes; the target samples y_i ~ p_i at every position, n = the longest prefix with
-             x_{i+1} = y_i (SPEC §6). Exact for any drafts; accepts x_{i+1} with probability p_i(x_{i+1}).
+             x_{i+1} = y_i (METHOD.md). Exact for any drafts; accepts x_{i+1} with probability p_i(x_{i+1}).
     sample   token-wise speculative sampling (Leviathan et al. 2023, Chen et al. 2023): x_{i+1} ~ q_i; accept it
              with probability min(1, p_i(x)/q_i(x)) until the first rejection; at the rejected position draw y from
              the residual (p_i - q_i)+ / sum (p_i - q_i)+, after k acceptances the bonus y ~ p_k. Acceptance

@@ -4,7 +4,7 @@ Keys are laid out as [context rows (one per absolute position 0..C-1) ; block ro
 position a = ctx_end[b] and S slots at positions a+first .. a+first+S-1 (`first`: 0 when slot 0 is the anchor A,
 1 for single-anchor layouts that start at T1). Slot j of block b, at position p = a + first + j, sees
     context row k   iff  k < a                          (strictly before the anchor: the target has processed them)
-                    and  k >= a - window                (`Rule.window`, the suite's anchor window, SPEC §3.3: the same
+                    and  k >= a - window                (`Rule.window`, the suite's anchor window, METHOD.md: the same
                                                          rows for every slot of the block; 0: no limit)
                     and  p - k < sliding                (`Rule.sliding`, the public DFlash `sliding_attention` window:
                                                          measured from each slot's own position; 0: no limit)

@@ -1,4 +1,4 @@
-"""DFlash2 backbone (SPEC §9) in the public DFlash2 layout: block-internal dynamic convolutions around every
+"""DFlash2 backbone (docs/METHOD.md) in the public DFlash2 layout: block-internal dynamic convolutions around every
 sublayer and a top-k candidate selector, orthogonal to the injection variants.
 
 `DrafterConfig.backbone = "dflash2"` adds to a plain DFlash drafter (any injection variant; zero_init_residual x

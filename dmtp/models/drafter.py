@@ -31,7 +31,7 @@ from dmtp.models.mtp import MTP_PREFIX
 from dmtp.models.variants import get_variant
 from dmtp.models.weights import check_finite, check_fits
 
-# per-layer attention (`layer_types`): the public kinds, and ours (SPEC §3.3), which the public code cannot compute
+# per-layer attention (`layer_types`): the public kinds, and the method's (METHOD.md), which public code cannot compute
 FULL, SLIDING, ANCHOR = "full_attention", "sliding_attention", "anchor_window_attention"
 LAYER_TYPES = (FULL, SLIDING, ANCHOR)
 # `architectures` per backbone: the public names (z-lab's reference, SGLang and vLLM register them) for drafters those
@@ -66,7 +66,7 @@ class DrafterConfig:
     mask_token_id: int = 0  # token whose (frozen) target embedding fills MASK slots
     block_size: int = 8  # slots of a DFlash block: 7 candidates + the anchor
     window: int = 4096  # context positions visible before the anchor, measured from the anchor, the same rows for
-    # every slot (SPEC §3.3), in "anchor_window_attention" layers; 0: every earlier position
+    # every slot (METHOD.md), in "anchor_window_attention" layers; 0: every earlier position
     layer_types: list[str] = field(default_factory=list)  # per layer: "full_attention" (every context position
     # before the anchor), "sliding_attention" (public DFlash: the `sliding_window` positions before each slot's own
     # position) or "anchor_window_attention" (the `window` above); empty: every layer "anchor_window_attention"
@@ -80,7 +80,7 @@ class DrafterConfig:
     variant_config: dict = field(default_factory=dict)  # the variant's own settings (fields of its Config; defaults
     # for those absent)
     attn_backend: str = "sdpa"  # "sdpa" (dense boolean mask, CPU/GPU) or "flex" (flex-attention block mask, CUDA)
-    backbone: str = "dflash"  # "dflash" | "dflash2" (block conv + path selector, SPEC §9); orthogonal to `variant`
+    backbone: str = "dflash"  # "dflash" | "dflash2" (block conv + path selector, METHOD.md); orthogonal to `variant`
     conv_kernel_size: int = 2  # dflash2: taps of the dynamic block conv (public `conv_kernel_size`)
     conv_group_size: int = 16  # dflash2: channels per group sharing a predicted tap (public `conv_group_size`)
     selector_topk: int = 16  # dflash2: candidates per slot that the path selector rescores (`selector_top_k`)

@@ -223,7 +223,7 @@ class Target(nn.Module):
         self.hybrid = "linear_attention" in self.layer_types
         for layer, t in zip(self.body.layers, self.layer_types):
             if t == "linear_attention":
-                _segmented(layer.linear_attn)
+                segmented(layer.linear_attn)
 
     # --- loading -----------------------------------------------------------------------------------------------
     @classmethod
@@ -344,7 +344,7 @@ class Target(nn.Module):
         return self._run(ids, pos, None if self.mask_free else causal_mask(pos, T), None, taps, logits=logits)
 
 
-def _segmented(gdn: nn.Module):
+def segmented(gdn: nn.Module):
     """Wrap a Gated DeltaNet layer (instance-level, weights and state_dict untouched): with a cache that sets `cuts`,
     run rows [0, c1), [c1, c2), ... through HF's own forward and report the state after each cut (`KVCache.cut`).
     Every other caller (HF `generate`, uncached feature passes) gets the original forward."""

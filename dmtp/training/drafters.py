@@ -1,4 +1,5 @@
-"""Drafter training (SPEC §5): frozen target + MTP features, anchor blocks per variant, position-decayed CE.
+"""Drafter training (docs/METHOD.md, "Training"): frozen target + MTP features, anchor blocks per variant,
+position-decayed CE.
 
 Several variants train side by side on the SAME batches, anchors and seed (one target/MTP pass per step feeds all of
 them), which is what "identical data, hyper-parameters and budget" means for the ablation.

@@ -121,7 +121,8 @@ def compile_layers(tgt, mtp) -> None:
         layer.compile(dynamic=False)
 
 
-def _windows(tokens: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator, rank: int = 0, world: int = 1):
+def window_batches(tokens: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator, rank: int = 0,
+                   world: int = 1):
     """Endless [batch / world, seq_len] batches: every rank draws the starts of the whole global batch from the same
     RNG stream (so the stream does not depend on the world size) and keeps rows rank::world."""
     n = len(tokens) - seq_len - 1
@@ -216,7 +217,7 @@ def _pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str 
         if main:
             log(f"[pretrain] resumed at step {start}/{steps} (state written by {s.get('world', 1)} rank(s), "
                 f"now {world})")
-    it = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng, rank, world)
+    it = window_batches(train_tokens, cfg.seq_len, cfg.batch_size, rng, rank, world)
     t_tgt.model.train()
     t_mtp.train()
     fast = compiled(cfg.compile, dev)

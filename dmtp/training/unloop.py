@@ -148,7 +148,7 @@ def _unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, 
     constant after a warm-up of a tenth of the steps) plus `unloop_alpha` x the unlikelihood loss of `unloop_batch`
     continuations from the current pool. One process (under torchrun: rank 0 alone). Returns the history (loss, ul,
     the candidates' share of the pool's continuation tokens: the repetition of the model's greedy decoding)."""
-    from dmtp.training.pretrain import NO_MASK, _windows, joint_terms
+    from dmtp.training.pretrain import NO_MASK, joint_terms, window_batches
 
     dev = tgt.device
     params = list({id(p): p for p in list(tgt.model.parameters()) + list(mtp.parameters())}.values())
@@ -163,7 +163,7 @@ def _unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, 
     if len(train_tokens) < max(P, cfg.seq_len) + 2:
         raise ValueError(f"unloop: {len(train_tokens)} training tokens, fewer than a prompt of "
                          f"pretrain.unloop_prompt_len={P} or a sequence of seq_len={cfg.seq_len} needs")
-    windows = _windows(train_tokens, cfg.seq_len, cfg.batch_size, rng)  # the corpus batches, from the same stream
+    windows = window_batches(train_tokens, cfg.seq_len, cfg.batch_size, rng)  # the corpus batches, from the same stream
     hist, pool, cand = [], None, None
     fused = compiled(cfg.fused_ce, dev)  # the fused loss where pretraining uses it
     t0 = time.time()

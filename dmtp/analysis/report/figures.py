@@ -483,25 +483,12 @@ def learning_curve(art: Artifacts) -> list[Path]:
     return [_save(art, fig, "learning_curve")]
 
 
-def direction_runs(art: Artifacts) -> tuple[list[str], list[str]]:
-    """(the runs of the blog's closing directions present: `given` and its count rules, `zero_init_residual_joint`,
-    MTP415 on its tuned head `mtp.<run>`; the references beside them: MTP415, the drafter baseline, the main
-    method). Both empty when no direction run exists."""
-    have = set(art.natural.method) if len(art.natural) else set()
-    mine = sorted((m for m in have if m.split("-")[0] in DIRECTIONS or m.startswith("mtp.")), key=art.rank)
-    refs = [m for m in ("mtp", art.spec.drafter_baseline, art.spec.main_method) if m and m in have]
-    return (mine, refs) if mine else ([], [])
-
-
-DIRECTIONS = ("given", "zero_init_residual_joint")  # variants of the blog's closing directions (docs/DESIGN.md)
-
-
 def directions(art: Artifacts) -> list[Path]:
     """The closing directions at a glance, one figure per temperature: per dataset, the cumulative acceptance
     P(L >= k) by position k (top) and the share of rounds accepting exactly k drafts (bottom, the histogram behind the
     acceptance length), the direction runs (solid) beside MTP415, DFlash and the main method (dashed), pooled over
     realizations (exploratory: no test)."""
-    mine, refs = direction_runs(art)
+    mine, refs = T.direction_runs(art)
     if not mine:
         return []
     s = art.natural[art.natural.method.isin(mine + refs)]

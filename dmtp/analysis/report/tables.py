@@ -298,13 +298,24 @@ def first_token(art: Artifacts) -> pd.DataFrame | None:
                 "95% CI over realizations, seeds and requests.")
 
 
+def direction_runs(art: Artifacts) -> tuple[list[str], list[str]]:
+    """(the runs of the blog's closing directions present: `given` and its count rules, `zero_init_residual_joint`,
+    MTP415 on its tuned head `mtp.<run>`; the references beside them: MTP415, the drafter baseline, the main
+    method). Both empty when no direction run exists."""
+    have = set(art.natural.method) if len(art.natural) else set()
+    mine = sorted((m for m in have if m.split("-")[0] in DIRECTIONS or m.startswith("mtp.")), key=art.rank)
+    refs = [m for m in ("mtp", art.spec.drafter_baseline, art.spec.main_method) if m and m in have]
+    return (mine, refs) if mine else ([], [])
+
+
+DIRECTIONS = ("given", "zero_init_residual_joint")  # variants of the blog's closing directions (docs/DESIGN.md)
+
+
 def directions(art: Artifacts) -> pd.DataFrame | None:
-    """The blog's closing directions (`figures.direction_runs`: `given` and its count rules, the joint run, MTP415 on
+    """The blog's closing directions (`direction_runs`: `given` and its count rules, the joint run, MTP415 on
     its tuned head) per dataset and temperature: acceptance length and first-token acceptance with their intervals,
     and the paired difference from each reference (MTP415, the drafter baseline, the main method; the joint run's
     MTP415 control from MTP415 on the target's head). Exploratory rows: intervals, no test decides them."""
-    from dmtp.analysis.report.figures import direction_runs
-
     mine, refs = direction_runs(art)
     if not mine:
         return skip("directions table (no run of given / zero_init_residual_joint)")

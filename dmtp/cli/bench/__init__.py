@@ -64,7 +64,7 @@ from dmtp.config import VERIFY_MODES
 from dmtp.config.engine import server_variant
 from dmtp.engine.methods import method_class, run_of
 from dmtp.io import write_meta
-from experiments.profiles import PROFILES, resolve
+from dmtp.profiles import PROFILES, resolve
 
 
 def server_variants(s: str) -> list[str]:
@@ -99,6 +99,21 @@ def verify_modes(s: str) -> list[str]:
 
 
 def main(argv=None):
+    p = parser()
+    a = p.parse_args(argv)
+    parts = set(a.parts.split(","))
+    if not (parts <= set(PARTS) or parts == {"ratios"}):
+        p.error(f"argument --parts: expected {','.join(PARTS)} (any of them) or ratios, got {a.parts!r}")
+    raw = sys.stdout
+    sys.stdout = raw if isinstance(raw, Stamped) else Stamped(raw)  # each "[bench]" line with its time since the start
+    try:
+        guard("python -m dmtp.cli.bench", run, p, a)
+    finally:
+        sys.stdout = raw
+
+
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's arguments."""
     p = argparse.ArgumentParser(prog="python -m dmtp.cli.bench", description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--target", help="target checkpoint with the native MTP head (not needed with --paper-shape)")
@@ -171,16 +186,7 @@ def main(argv=None):
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16"],
                    help="precision of the models (default: the profile's engine.dtype)")
     compile_cache_flag(p)
-    a = p.parse_args(argv)
-    parts = set(a.parts.split(","))
-    if not (parts <= set(PARTS) or parts == {"ratios"}):
-        p.error(f"argument --parts: expected {','.join(PARTS)} (any of them) or ratios, got {a.parts!r}")
-    raw = sys.stdout
-    sys.stdout = raw if isinstance(raw, Stamped) else Stamped(raw)  # each "[bench]" line with its time since the start
-    try:
-        guard("python -m dmtp.cli.bench", run, p, a)
-    finally:
-        sys.stdout = raw
+    return p
 
 
 def run(p, a):

@@ -21,7 +21,8 @@ from dmtp.cli.bench.common import (
     timed,
 )
 from dmtp.config import EngineConfig
-from dmtp.engine.decode import Batch, capacity_for, generate
+from dmtp.engine.decode import Batch, generate
+from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import AR
 from dmtp.engine.server import Server
 

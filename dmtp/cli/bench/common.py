@@ -121,7 +121,7 @@ def device_name(dev) -> str:
 
 def stage_times(tgt, m, prompts, tokens, skip=16, engine=None, capacity=None):
     """ms per round by stage over `tokens` generated tokens (EOS ignored), first `skip` rounds excluded; `engine`:
-    `decode.engine_for` (default: compiled on CUDA); `capacity`: as `generate`'s."""
+    `slots.engine_for` (default: compiled on CUDA); `capacity`: as `generate`'s."""
     m.timer = StageTimer(tgt.device.type == "cuda")
     res = generate(tgt, m, prompts, 0.0, tokens, eos_ids=(), seed=0, engine=engine, capacity=capacity)
     ms = m.timer.ms_per_round(skip)

@@ -27,7 +27,7 @@ from dmtp.cli.bench.common import (
 )
 from dmtp.cli.bench.profiling import kernel_profile
 from dmtp.config import AblationSpec, EngineConfig
-from dmtp.engine.decode import capacity_for
+from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import AR, build_method
 from dmtp.engine.server import Server
 from dmtp.experiment import drafter_config
@@ -124,16 +124,7 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
     profile = p.name
     spec, d, setup = p.ablation, p.data, f"{profile}-shape"
     dflash, dmtp = spec.drafter_baseline, spec.main_method
-    dtype = torch_dtype(a.dtype or p.engine.dtype)
-    torch.manual_seed(0)
-    with torch.device(dev):
-        tgt, mtp = build_target(p.model.arch, d.vocab_size, eos_id=1, dtype=dtype)
-    tgt.model.eval().requires_grad_(False)
-    tgt.model.generation_config.eos_token_id = None  # random weights: every system decodes all `--tokens`
-    mtp = mtp.eval().requires_grad_(False)
-    base = drafter_config(p, tgt.config, mask_token_id=d.vocab_size - 1)
-    drafters = {v: Drafter(DrafterConfig(**base, variant=v, variant_config=p.drafter.variants.get(v, {})))
-                .to(device=dev, dtype=dtype).eval() for v in (dflash, dmtp)}
+    tgt, mtp, drafters = _shape_models(p, dev, torch_dtype(a.dtype or p.engine.dtype), (dflash, dmtp))
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, d.vocab_size - 1, (max(a.batch, a.regen_batch), d.prompt_tokens), generator=g)
     prompts = prompts.tolist()
@@ -201,6 +192,22 @@ def mini_shape(a, dev, p, save=lambda *parts: None) -> tuple[list, list[Ratio], 
             kernel_profile(tgt, AR(), reqs, 32, Path(a.out) / f"profile_{setup}_regen.txt",
                            d.temperature, engine=own)
     return rows, ratios, b1_rows, regen
+
+
+def _shape_models(p, dev, dtype, variants) -> tuple:
+    """Random weights (seed 0) at the profile's shape: the target (decoding every token: no end-of-text), its MTP
+    head and a drafter of each of `variants`."""
+    d = p.data
+    torch.manual_seed(0)
+    with torch.device(dev):
+        tgt, mtp = build_target(p.model.arch, d.vocab_size, eos_id=1, dtype=dtype)
+    tgt.model.eval().requires_grad_(False)
+    tgt.model.generation_config.eos_token_id = None  # random weights: every system decodes all `--tokens`
+    mtp = mtp.eval().requires_grad_(False)
+    base = drafter_config(p, tgt.config, mask_token_id=d.vocab_size - 1)
+    drafters = {v: Drafter(DrafterConfig(**base, variant=v, variant_config=p.drafter.variants.get(v, {})))
+                .to(device=dev, dtype=dtype).eval() for v in variants}
+    return tgt, mtp, drafters
 
 
 def shape_engines(own: EngineConfig, labels: list[str] | None, side_by_side: bool) -> dict[str, EngineConfig]:

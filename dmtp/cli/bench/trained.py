@@ -34,7 +34,8 @@ from dmtp.config import AblationSpec, DataConfig, EngineConfig
 from dmtp.config.engine import describe_variant, server_variant
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
-from dmtp.engine.decode import capacity_for, generate
+from dmtp.engine.decode import generate
+from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import AR, Method, load_method, split_drafts
 from dmtp.engine.runner import compiled_graphs, stop_spec
 from dmtp.engine.server import Server

@@ -32,7 +32,7 @@ class State:
     anchor: torch.Tensor  # [B] A, the last committed token
     done: torch.Tensor  # [B] bool
     capacity: int = 0  # cache rows per request
-    engine: str = "hf"  # where the method's own caches run (`decode.engine_for`): "hf", "fast-eager" or "compiled"
+    engine: str = "hf"  # where the method's own caches run (`slots.engine_for`): "hf", "fast-eager" or "compiled"
     eng: EngineConfig = field(default_factory=EngineConfig)  # the batch's engine settings
 
 

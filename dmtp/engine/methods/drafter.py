@@ -7,20 +7,11 @@ from pathlib import Path
 import torch
 
 from dmtp.engine.methods.base import Method
-from dmtp.engine.methods.mtp import MTPState
+from dmtp.engine.methods.mtp import MTPState, tuned_head
 from dmtp.models import fast
 from dmtp.models.cache import KVCache
 from dmtp.models.drafter import Drafter, check_compatible
-from dmtp.models.mtp import MTPHead
 from dmtp.models.variants import get_variant
-
-
-def tuned_head(target, path: Path):
-    """The MTP head trained with a drafter (`Variant.trains_mtp`), from its checkpoint folder's mtp.safetensors."""
-    if not (path / "mtp.safetensors").exists():
-        raise FileNotFoundError(f"drafter checkpoint {path}: no mtp.safetensors (its variant trains the MTP head and "
-                                "saves it there)")
-    return MTPHead.load(target, path)
 
 
 class DrafterMethod(Method):

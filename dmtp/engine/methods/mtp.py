@@ -11,7 +11,16 @@ from dmtp.engine import verify as V
 from dmtp.engine.methods.base import Method, register_method
 from dmtp.models import fast
 from dmtp.models.cache import KVCache
+from dmtp.models.mtp import MTPHead
 
+
+
+def tuned_head(target, path: Path):
+    """The MTP head trained with a drafter (`Variant.trains_mtp`), from its checkpoint folder's mtp.safetensors."""
+    if not (path / "mtp.safetensors").exists():
+        raise FileNotFoundError(f"drafter checkpoint {path}: no mtp.safetensors (its variant trains the MTP head and "
+                                "saves it there)")
+    return MTPHead.load(target, path)
 
 class MTPState:
     """Private MTP KV cache and h = the MTP hidden g at position a-1 (the one that predicts the next T1), kept in
@@ -118,7 +127,6 @@ class MTPMethod(Method):
         if own:
             if drafters is None:
                 raise ValueError(f"method {run!r} needs a drafters folder (<drafters>/{own}/drafter)")
-            from dmtp.engine.methods.drafter import tuned_head  # (drafter.py imports this module)
             mtp = tuned_head(target, Path(drafters) / own / "drafter")
         return cls.build(run, target, mtp=mtp, mtp_steps=mtp_steps, screen=screen, label=label or run)
 

@@ -1,4 +1,4 @@
-"""The one interface every injection variant implements (SPEC §4).
+"""The one interface every injection variant implements (docs/METHOD.md, "The injection variants").
 
 A variant is an `nn.Module` stored as `drafter.injection` (its weights save under `injection.*`) and overrides at most
 three hooks: `t1_embed` (what goes into the T1 slot), `mask_embed` (what goes into MASK slots) and `context` (the

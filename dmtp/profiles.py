@@ -5,16 +5,15 @@ into the base's section, unknown keys fail). The schema, with a comment per fiel
     dmtp pipeline --profile mini     # one H100/H200 (`bash experiments/one_gpu.sh`: its parts share the GPU)
     dmtp pipeline --profile smoke    # CI: the same stages, seconds
     dmtp dryrun --profile qwen3.6-27b  # paper scale: target (config only), MTP head, every drafter on the meta device
-    python -m experiments.profiles mini folder realization=3   # what experiments/one_gpu.sh asks (`ANSWERS`)
+    python -m dmtp.profiles mini folder realization=3   # what experiments/one_gpu.sh asks (`ANSWERS`)
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
 
-from ablations.code import code
-from ablations.open import open_reproduction
 from dmtp.config import PaperScale, PretrainConfig, Profile, TargetArch, TrainConfig
+from dmtp.config.ablation import code, open_reproduction
 from dmtp.experiment import check_models
 from dmtp.schema import derive, override
 
@@ -44,9 +43,9 @@ def tiny() -> Profile:
         # library's corpus holds no pytest-style test module to cut out-of-distribution prompts from; mini's has)
         verify=dict(caps=(1, 8), prompts=24, small_cap_prompts=4, repeats=1, max_new_tokens=64),
         # Inductor's default kernels (the library's default is autotuned): a CPU ignores the setting, and for `mini`
-        # (derived from here) autotuning every method's compile at each batch shape across ~15 server start-ups and
-        # 4 evaluation processes would cost minutes of a run of ~25 (an autotuned lossless test took 25-75 s of
-        # compilation on the tiny test models)
+        # (derived from here) autotuning every method's compile at each batch shape across ~15 server start-ups and 4
+        # evaluation processes would add minutes to every run (an autotuned lossless test took 25-75 s of compilation on
+        # the tiny test models)
         engine=dict(tuning="default"),
     )
 
@@ -70,16 +69,15 @@ def smoke() -> Profile:
 
 
 def mini() -> Profile:
-    """One H100 or H200 (`bash experiments/one_gpu.sh`; its size and cost in one place: docs/GPU.md, "The `mini`
-    run"), in the paper's cost regime:
-    a deep, narrow target (32 layers of width 384, 58.2 M parameters + a 2.0 M native MTP head; MobileLLM's
-    deep-and-thin shape) against 2-layer drafters and the 1-layer MTP step, so a round's draft side is a small part of
-    verify as for Qwen3.6 (64 layers against 5 + 1); decoded in bf16 as the paper does, with the dense attention kernel
-    (at this shape every stage is kernel-latency bound: docs/DESIGN.md, "The mini target"). Drafters: 1,000 steps on
-    ~10 M on-policy tokens, 2 drafter seeds of the main and control rows; T = 0 and 1, natural mode (HumanEval's stop
-    strings). The target ends with the unlikelihood step against its greedy loops (AR's loop_frac on HumanEval
-    0.73-0.84 without it, 0.26 with it in the loop study). Independent repeats are realizations (`--set
-    realization=k`, results/mini/r<k>); the report pools those of one experiment."""
+    """One H100 or H200 (`bash experiments/one_gpu.sh`; its size and cost in one place: results/mini/NOTES.md, "The
+    `mini` run: its size and cost"), in the paper's cost regime: a deep, narrow target (32 layers of width 384 and a
+    native MTP head; MobileLLM's deep-and-thin shape) against 2-layer drafters and the 1-layer MTP step, so a round's
+    draft side is a small part of verify as for Qwen3.6 (64 layers against 5 + 1); decoded in bf16 as the paper does,
+    with the dense attention kernel (at this shape every stage is kernel-latency bound: docs/DESIGN.md, "The mini
+    target"). Drafters: 1,000 steps on ~10 M on-policy tokens, 2 drafter seeds of the main and control rows; T = 0 and
+    1, natural mode (HumanEval's stop strings). The target ends with the unlikelihood step against its greedy loops
+    (AR's loop_frac on HumanEval 0.73-0.84 without it, 0.26 with it in the loop study). Independent repeats are
+    realizations (`--set realization=k`, results/mini/r<k>); the report pools those of one experiment."""
     return derive(
         tiny(), "mini",
         # the corpus: four pure-Python distributions at pinned versions (transformers and torch's own dependencies:
@@ -93,10 +91,9 @@ def mini() -> Profile:
         model=dict(arch=TargetArch(hidden_size=384, num_hidden_layers=32, num_attention_heads=6, num_key_value_heads=2,
                                    head_dim=64, intermediate_size=1024),
                    checkpoint_dtype="bf16"),
-        # 100 M tokens: 130 M took 377 s on an H200 (held-out top-1 67.8 %); the 30 M fewer save ~85 s.
-        # Then 300 steps of sequence-level unlikelihood on the trailing loops of the target's own greedy
+        # 100 M tokens, then 300 steps of sequence-level unlikelihood on the trailing loops of the target's own greedy
         # continuations (alpha 1, "loop" negatives: the loop study's arm that met both loop goals with the least
-        # loss of top-1, docs/DESIGN.md "Loops and the unlikelihood step"; ~150 s)
+        # loss of top-1, docs/DESIGN.md "Loops and the unlikelihood step")
         pretrain=PretrainConfig(tokens=100_000_000, seq_len=512, batch_size=96, lr=2e-3,
                                 unloop_steps=300, unloop_alpha=1.0, unloop_negatives="loop"),
         drafter=dict(layers=2, heads=6, kv_heads=2, intermediate=1024),
@@ -109,8 +106,7 @@ def mini() -> Profile:
         # the servers (bench's throughput; no record of the data stage or the evaluation depends on these two): the next
         # group of newcomers prefilled beside the decode, one round copy in flight. Timed side by side with the
         # servers that wait for the newcomers' prompt pass with two round copies in flight (admit_beside 0,
-        # in_flight 2): zero_init_residual +5.7 % at B1 on an H200, +7.7 % at B1 and +8.0 % at B32 on an H100, AR
-        # +1.8 to +2.8 %, the same outputs
+        # in_flight 2), faster at the same outputs (measured: results/mini/NOTES.md, "The `mini` run")
         # kernels: the fixed choices (records independent of what else runs on the card: realizations may share one)
         engine=dict(dtype="bf16", attention="dense", prefill="graphed", admit=8, admit_beside=2, in_flight=1,
                     tuning="fixed"),
@@ -134,7 +130,7 @@ def resolve(name: str, sets=()) -> Profile:
     return check_models(override(get_profile(name), list(sets)))
 
 
-# --- paper scale (SPEC 8, open reproduction) -----------------------------------------------------------------------
+# --- paper scale (open reproduction) -------------------------------------------------------------------------------
 # MASK token per model family: the id the public DFlash drafters of that family use. Qwen3.5/3.6 (vocab 248320,
 # padded): 248070, as in z-lab's Qwen3.6 DFlash drafters' `dflash_config.mask_token_id`; Qwen3 (vocab 151936):
 # 151669, the `<|MASK|>` token DFlash adds to the tokenizer. Both ids lie inside the target's embedding matrix.
@@ -153,8 +149,8 @@ def family_mask_token(model_type: str, vocab_size: int) -> int | None:
 OPEN_PERFECTBLEND_ROWS = 1_420_909
 
 
-# The blog's open-reproduction protocol (SPEC 8): the first 80 prompts of each set, chat template with thinking off,
-# T = 0, natural end-of-text stop (no stop strings), at most 1,024 new tokens a turn, MT-Bench's second turn on the
+# The blog's open-reproduction protocol (docs/METHOD.md): the first 80 prompts of each set, chat template with thinking
+# off, T = 0, natural end-of-text stop (no stop strings), at most 1,024 new tokens a turn, MT-Bench's second turn on the
 # model's own first answer, batch cap 32, MTP415 beside the drafters
 OPEN_PROTOCOL = dict(sets={"gsm8k": 80, "math500": 80, "humaneval": 80, "alpaca": 80, "mtbench": 80},
                      all_methods_on=("gsm8k", "math500", "humaneval", "alpaca", "mtbench"), subsets={},
@@ -199,7 +195,7 @@ def qwen3_6_27b() -> Profile:
         # at scale.max_seq_len); the blog states neither the temperature nor the length: 0.8 as the embedded default
         data=dict(prompts=OPEN_PERFECTBLEND_ROWS, prompt_tokens=2048, new_tokens=2048, temperature=0.8, batch=64),
         # attention: z-lab's Qwen3.6 drafters' rule (4 causal sliding layers of window 2048, then a bidirectional
-        # full-attention layer), which the public reference and the serving engines compute, instead of SPEC 3.3's
+        # full-attention layer), which the public reference and the serving engines compute, instead of the method's
         # anchor window (`window`, unused under it), which they refuse to load
         drafter=dict(layers=5, heads=32, kv_heads=8, intermediate=17408, head_dim=128, block_size=8, window=4096,
                      attention="public", sliding_window=2048, rope_theta=0.0, mask_token_id=MASK_TOKENS["qwen3_5"]),
@@ -287,9 +283,9 @@ ANSWERS = {
 
 
 def main(argv=None):
-    """python -m experiments.profiles mini folder realization=K   # mini/r<K>: the answer for the profile with the
+    """python -m dmtp.profiles mini folder realization=K   # mini/r<K>: the answer for the profile with the
     --set assignments that follow"""
-    ap = argparse.ArgumentParser(prog="python -m experiments.profiles", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m dmtp.profiles", description=main.__doc__)
     ap.add_argument("profile", choices=list(PROFILES))
     ap.add_argument("what", choices=list(ANSWERS))
     ap.add_argument("sets", nargs="*", metavar="KEY=VALUE", help="--set assignments, as the pipeline takes them")
