@@ -71,21 +71,24 @@ def run_once(out: Path, k: int, target: Path, drafter: Path, cache: Path, a) -> 
             "phase_lines": phases}
 
 
+SHAPE = {"prompts": 12, "prompt-len": 128, "max-new-tokens": 64, "vocab": 32000, "hidden": 1024, "layers": 8,
+         "heads": 16, "kv-heads": 4}  # the random-weight target and the decode (`build`, `run_once`)
+
+
+def shape_arguments(ap: argparse.ArgumentParser) -> None:
+    """The flags `build` and `run_once` read (this check's and `determinism_check`'s)."""
+    ap.add_argument("--method", default="zero_init_residual", help="ar | mtp | a variant (default: the main one)")
+    for flag, default in SHAPE.items():
+        ap.add_argument(f"--{flag}", type=int, default=default)
+    ap.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32")
+    ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE", help="passed to dmtp generate")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for the checkpoints, records and compile_cache.json")
     ap.add_argument("--cache", help="the --compile-cache directory (default OUT/cache), emptied first")
-    ap.add_argument("--method", default="zero_init_residual", help="ar | mtp | a variant (default: the main one)")
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32")
-    ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE", help="passed to dmtp generate")
+    shape_arguments(ap)
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

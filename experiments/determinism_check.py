@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from dmtp.io import environment, read_jsonl, write_json
-from experiments.compile_cache_check import build, run_once
+from experiments.compile_cache_check import build, run_once, shape_arguments
 
 LOAD = """
 import torch
@@ -78,18 +78,8 @@ def compare(a: dict, b: dict) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--method", default="zero_init_residual")
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32")
+    shape_arguments(ap)
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled (the seed fixed), as the data stage")
-    ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE", help="passed to dmtp generate")
     ap.add_argument("--no-load", action="store_true", help="the fresh run without a busy card (CPU, or no spare memory)")
     a = ap.parse_args(argv)
     out = Path(a.out)
