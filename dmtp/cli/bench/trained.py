@@ -171,26 +171,7 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
             runs = [(n, v, "") for n in methods for v in a.verify]  # (method, verify mode, server variant)
             if temp == a.temperatures[0]:
                 runs += [(n, "target", x) for x in a.server_variants for n in variant_methods]
-            servers = {}
-            for name, v, x in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
-                m = b.method(name)
-                run = (name if v == "target" else f"{name}+{v}") + (f"@{x}" if x else "")
-                servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
-                                            a.max_new_tokens, b.eos, seed=0,
-                                            engine=b.eng.with_(**server_variant(x)) if x else b.eng, stop=stop,
-                                            verify=v)
-                try:
-                    n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
-                    if n:
-                        print(f"[bench] {run} B{cap}: {n} prompt-pass graphs captured at start-up")
-                    srv.run(reqs)
-                except Exception as e:  # noqa: BLE001 - a variant beside the measurement must not end it
-                    if not x:
-                        raise
-                    print(f"[bench] {run} B{cap}: left out, its start-up failed: "
-                          + f"{type(e).__name__}: {e}".splitlines()[0])
-                    srv.close()
-                    del servers[run]
+            servers = start_servers(b, runs, reqs, cap, temp, stop)
             order, outs, accs, first = list(servers), {}, {}, len(rows)
             for rep in range(a.repeats):
                 for run in order[rep % len(order):] + order[: rep % len(order)]:
@@ -215,17 +196,8 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
                     write_text(path, pd.DataFrame(prior + rows).to_csv(index=False))  # so far
-            if (AR.name, 0) in outs:  # T = 0: requests whose output equals AR's (bf16: the rest at measured ties),
-                ref = outs[AR.name, 0]  # and the per-verify tau on AR's own text (`per_verify_shared`)
-                for r in rows[first:]:
-                    got = outs[r["method"], r["repeat"]]
-                    r["equal_ar"] = sum(x == y for x, y in zip(got, ref))
-                    r["ar_output_tokens"] = sum(len(x) for x in ref)
-                    r["per_verify_shared"] = per_verify_shared(accs[r["method"], r["repeat"]], got, ref)
-                print(f"[bench] T=0 B{cap}: requests equal to {AR.name}'s output, output tokens and tau on the "
-                      f"prefixes shared with it, per run: " + ", ".join(
-                          f"{r['method']} #{r['repeat']} {r['equal_ar']}/{r['requests']} {r['output_tokens']}/"
-                          f"{r['ar_output_tokens']} {r['per_verify_shared']:.2f}" for r in rows[first:]))
+            if (AR.name, 0) in outs:
+                equal_ar(rows[first:], outs, accs, cap)
                 write_text(path, pd.DataFrame(prior + rows).to_csv(index=False))
             if a.kernel_profile and temp == a.temperatures[0]:  # where an admission's host time goes
                 for run in (AR.name, b.spec.main_method):
@@ -237,6 +209,49 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
             for srv in servers.values():  # their slots (caches, graphs) go before the next cap
                 srv.close()
     return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup) + admission_ratios(admissions, b.setup)
+
+
+def start_servers(b: Bench, runs: list[tuple[str, str, str]], reqs: list[list[int]], cap: int, temp: float,
+                  stop) -> dict:
+    """Run name -> a started server per (method, verify mode, server variant) of `throughput`: its graphed prompt
+    pass captured for every bucket and one untimed run of the whole request group; a server variant whose start-up
+    fails is left out (it is beside the measurement)."""
+    a, servers = b.a, {}
+    for name, v, x in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
+        m = b.method(name)
+        run = (name if v == "target" else f"{name}+{v}") + (f"@{x}" if x else "")
+        servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
+                                    a.max_new_tokens, b.eos, seed=0,
+                                    engine=b.eng.with_(**server_variant(x)) if x else b.eng, stop=stop,
+                                    verify=v)
+        try:
+            n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
+            if n:
+                print(f"[bench] {run} B{cap}: {n} prompt-pass graphs captured at start-up")
+            srv.run(reqs)
+        except Exception as e:  # noqa: BLE001 - a variant beside the measurement must not end it
+            if not x:
+                raise
+            print(f"[bench] {run} B{cap}: left out, its start-up failed: "
+                  + f"{type(e).__name__}: {e}".splitlines()[0])
+            srv.close()
+            del servers[run]
+    return servers
+
+
+def equal_ar(rows: list[dict], outs: dict, accs: dict, cap: int) -> None:
+    """T = 0: per row, the requests whose output equals AR's (bf16: the rest at measured ties), and the per-verify tau
+    on AR's own text (`per_verify_shared`)."""
+    ref = outs[AR.name, 0]
+    for r in rows:
+        got = outs[r["method"], r["repeat"]]
+        r["equal_ar"] = sum(x == y for x, y in zip(got, ref))
+        r["ar_output_tokens"] = sum(len(x) for x in ref)
+        r["per_verify_shared"] = per_verify_shared(accs[r["method"], r["repeat"]], got, ref)
+    print(f"[bench] T=0 B{cap}: requests equal to {AR.name}'s output, output tokens and tau on the prefixes shared "
+          f"with it, per run: " + ", ".join(f"{r['method']} #{r['repeat']} {r['equal_ar']}/{r['requests']} "
+                                            f"{r['output_tokens']}/{r['ar_output_tokens']} {r['per_verify_shared']:.2f}"
+                                            for r in rows))
 
 
 def admission_ratios(admissions: list[dict], setup: str) -> list[Ratio]:
