@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,7 +23,7 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
-from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, cube, group, load, missing_runs, paired_runs,
+from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, cube, group, missing_runs, paired_runs,
                                        per_unit, pooled_hist)
 from dmtp.config import GROUPS
 from dmtp.io import write_csv, write_text
@@ -933,10 +932,3 @@ def render(art: Artifacts) -> None:
     for exp, ds, t, m in missing(art):
         print(f"[report] missing runs: {exp}/{m}/{ds}_T{t:g}.jsonl (no rows for {m} in that table)")
 
-
-def render_all(root: str | Path) -> Artifacts:
-    """Every table of the profile folder results/<profile> (the pipeline's `tables` stage calls this)."""
-    root = Path(root)
-    art = load(root.name, root.parent)
-    render(art)
-    return art
