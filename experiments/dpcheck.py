@@ -53,6 +53,7 @@ import sys
 import time
 from pathlib import Path
 
+from dmtp.checks import require
 from dmtp.io import atomic_path, environment, write_json, write_text
 from dmtp.schema import override
 from dmtp.profiles import get_profile
@@ -151,8 +152,7 @@ def pair_diff(ref: list[dict], other: list[dict], window: int) -> dict:
 
     r = {h["step"]: h["loss"] for h in ref}
     steps = [h["step"] for h in other if h["step"] in r]
-    if not steps:
-        raise ValueError("two curves without a common step")
+    require(steps, "two curves without a common step")
     a = smooth([r[s] for s in steps], window)
     b = smooth([h["loss"] for h in other if h["step"] in r], window)
     diff = b - a
@@ -347,11 +347,9 @@ def pool_groups(files: list[Path]) -> tuple[dict, int]:
             group = "1" if kind in ("1", "repeat") else "seed " + arg if kind == "seed" else arg
             runs[label] = {"group": group, "kind": kind, "history": r["history"]}
     ones = [k for k, r in runs.items() if r["group"] == "1"]
-    if len(ns) != 1:
-        raise ValueError(f"--pool needs runs of exactly one N > 1 process count, found {sorted(ns) or 'none'}")
-    if len(ones) < 2:
-        raise ValueError(f"--pool needs at least two same-seed 1-process runs (the nondeterminism floor), found "
-                         f"{ones}: pool two dpcheck runs, or one run with --control")
+    require(len(ns) == 1, f"--pool needs runs of exactly one N > 1 process count, found {sorted(ns) or 'none'}")
+    require(len(ones) >= 2, f"--pool needs at least two same-seed 1-process runs (the nondeterminism floor), found "
+                            f"{ones}: pool two dpcheck runs, or one run with --control")
     return runs, ns.pop()
 
 
@@ -473,8 +471,7 @@ def run(a):
     import torch
 
     prof = get_profile(a.profile)
-    if a.tokens is None:
-        raise ValueError("--tokens is required (unless --replot)")
+    require(a.tokens is not None, "--tokens is required (unless --replot)")
     work = Path(a.work)
     need = [work / prof.name / "tokenizer" / "tokenizer.json", work / prof.name / "tokens" / "train.npy",
             work / prof.name / "tokens" / "heldout.npy"]
@@ -483,15 +480,12 @@ def run(a):
                                 f"{work} --stage corpus,tokenizer` first")
     gpus = torch.cuda.device_count()
     n = a.nproc or (gpus if gpus > 1 else 2)
-    if n < 2:
-        raise ValueError(f"--nproc {n}: the data-parallel run needs at least 2 processes")
-    if gpus and n > gpus:
-        raise ValueError(f"--nproc {n} but only {gpus} GPU(s) are visible")
+    require(n >= 2, f"--nproc {n}: the data-parallel run needs at least 2 processes")
+    require(not (gpus and n > gpus), f"--nproc {n} but only {gpus} GPU(s) are visible")
     step_tokens = prof.pretrain.seq_len * prof.pretrain.batch_size
     steps = a.tokens // step_tokens
-    if steps < 2:
-        raise ValueError(f"--tokens {a.tokens}: less than two steps of {step_tokens} tokens "
-                         f"({prof.pretrain.batch_size} x {prof.pretrain.seq_len})")
+    require(steps >= 2, f"--tokens {a.tokens}: less than two steps of {step_tokens} tokens "
+                        f"({prof.pretrain.batch_size} x {prof.pretrain.seq_len})")
     if a.split is not None and not 0 < a.split < steps:
         raise ValueError(f"--split {a.split}: the switch step must lie inside the run's {steps} steps")
     if prof.pretrain.batch_size % n:

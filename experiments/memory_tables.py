@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dmtp.checks import require
 from dmtp.io import write_text
 from dmtp.memory import drafter_spec, render_tables
 from dmtp.profiles import get_profile
@@ -34,8 +35,7 @@ def tables() -> str:
 
 def splice(text: str, body: str) -> str:
     """`text` with what lies between BEGIN and END replaced by `body`."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"expected the markers {BEGIN!r} and {END!r}")
+    require(BEGIN in text and END in text, f"expected the markers {BEGIN!r} and {END!r}")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{BEGIN}\n{body}\n{END}{tail}"

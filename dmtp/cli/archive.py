@@ -20,6 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from dmtp.checks import require
 from dmtp.io import atomic_dir, atomic_path, compact, read_json
 
 STATUS = "pipeline.json"  # the run's state, inside the packed folder
@@ -51,9 +52,8 @@ def _safe_members(t: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
 def _status_folder(root: Path, archive: Path) -> tuple[str, dict]:
     """(folder, state) of the one packed run under `root` (its `pipeline.json`)."""
     found = sorted(root.rglob(STATUS))
-    if len(found) != 1:
-        raise ValueError(f"{archive}: holds {len(found)} {STATUS} files; expected one (an archive written by "
-                         "`dmtp pipeline --archive`)")
+    require(len(found) == 1, f"{archive}: holds {len(found)} {STATUS} files; expected one (an archive written by "
+                             "`dmtp pipeline --archive`)")
     inside = found[0].relative_to(root).as_posix()
     folder = found[0].parent.relative_to(root).as_posix()
     if not re.fullmatch(r"[^/]+(/r\d+)?", folder) or folder.split("/")[0] in (".", "partial"):
@@ -79,8 +79,7 @@ def _destination(results: Path, name: str, run: Path) -> Path:
         if q.is_symlink() and not q.exists():
             raise ValueError(f"{q}: a symlink to {os.readlink(q)}, which does not exist: remove it, or make it the "
                              "folder it names, before landing there")
-        if q.exists() and not q.is_dir():
-            raise ValueError(f"{q}: is a file; expected a folder to land the run in")
+        require(not q.exists() or q.is_dir(), f"{q}: is a file; expected a folder to land the run in")
     if dest.exists():
         held = {p.name for p in dest.iterdir() if not p.name.startswith(".")}
         if not held <= {"partial"} or (run / "partial").exists():
@@ -106,9 +105,8 @@ def land(archive: Path, results: Path, partial: bool = False, report: bool = Tru
         dest_name = folder
         if not state.get("finished"):
             missing = ", ".join(state.get("missing", [])) or "unknown"
-            if not partial:
-                raise ValueError(f"{archive}: its run had not finished (stages left: {missing}); rerun the pipeline "
-                                 "to finish it, or land it apart with --partial")
+            require(partial, f"{archive}: its run had not finished (stages left: {missing}); rerun the pipeline "
+                             "to finish it, or land it apart with --partial")
             profile, _, rest = folder.partition("/")
             dest_name = f"{profile}/partial/{rest or 'r0'}"
         dest = _destination(results, dest_name, Path(tmp) / folder)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from dmtp import checks
+from dmtp.checks import require
 
 USER_ERRORS = (ValueError, KeyError, OSError, NotImplementedError, ImportError)  # ImportError: an optional package
 
@@ -149,8 +150,7 @@ def _cause(p: Path, e: OSError) -> str:
 def out_file(path, flag: str = "--out") -> Path:
     """An output file path checked before any work: not a folder, its folder creatable and writable."""
     p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{flag} {p}: is a folder; expected a file path")
+    require(not p.is_dir(), f"{flag} {p}: is a folder; expected a file path")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=p.parent).close()
@@ -166,15 +166,12 @@ def out_dir(path, flag: str = "--out", create: bool = True) -> Path:
     making it (a run that may end with nothing to do leaves no folder): no file where it or a parent folder should
     be, and its nearest existing folder writable."""
     p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"{flag} {p}: is a file; expected a folder")
+    require(not p.exists() or p.is_dir(), f"{flag} {p}: is a file; expected a folder")
     if not create:
         blocker = _file_in_the_way(p)
-        if blocker is not None:
-            raise ValueError(f"{flag} {p}: cannot write there ({blocker} is a file, not a folder)")
+        require(blocker is None, f"{flag} {p}: cannot write there ({blocker} is a file, not a folder)")
         base = next(q for q in (p, *p.parents) if q.exists())
-        if not os.access(base, os.W_OK | os.X_OK):
-            raise ValueError(f"{flag} {p}: cannot write there (Permission denied: {base})")
+        require(os.access(base, os.W_OK | os.X_OK), f"{flag} {p}: cannot write there (Permission denied: {base})")
         return p
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -188,8 +185,7 @@ def in_file(path, flag: str) -> Path:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{flag} {p}: no such file")
-    if p.is_dir():
-        raise ValueError(f"{flag} {p}: is a folder; expected a file")
+    require(not p.is_dir(), f"{flag} {p}: is a folder; expected a file")
     return p
 
 
@@ -206,8 +202,7 @@ def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True)
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise FileNotFoundError(f"{flag} {p}: no weights (*.safetensors or *.bin) beside config.json")
     why = unfinished_training(p) if finished else None
-    if why:
-        raise ValueError(f"{flag} {p}: {why}")
+    require(not why, f"{flag} {p}: {why}")
     return p
 
 
@@ -223,8 +218,7 @@ def drafter_of(path, flag: str, target_cfg) -> None:
     except (ValueError, TypeError) as e:  # not JSON, a field out of range
         raise ValueError(f"{flag}{path}: config.json: {e}") from None
     got, want = ({k: getattr(c, k) for k in keys} for c in (d, target_cfg))
-    if got != want:
-        raise ValueError(f"{flag}{path}: a drafter for a target of {got}, --target has {want}")
+    require(got == want, f"{flag}{path}: a drafter for a target of {got}, --target has {want}")
     layers = target_cfg.num_hidden_layers  # the taps read layers 0..L-2 (the last one's output is post-norm)
     if max(d.target_layer_ids) >= layers - 1:
         raise ValueError(f"{flag}{path}: a drafter for a deeper target (it reads layers {d.target_layer_ids}), "
@@ -298,9 +292,8 @@ def eos_ids(flag, cfg, tok, vocab_size, target, remedy: str = EOS_REMEDY) -> lis
         ids = ([e] if isinstance(e, int) else list(e or [])) + _generation_eos(target)
         if tok is not None and tok.eos_token_id is not None:
             ids.append(tok.eos_token_id)
-        if not ids:
-            raise ValueError(f"no end-of-text id: {target}/config.json and generation_config.json set no eos_token_id "
-                             f"and the folder's tokenizer names none; {remedy}")
+        require(ids, f"no end-of-text id: {target}/config.json and generation_config.json set no eos_token_id "
+                     f"and the folder's tokenizer names none; {remedy}")
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
         where = "--eos" if flag else f"{target}: config.json, generation_config.json or the tokenizer"

@@ -40,6 +40,7 @@ import torch
 
 from dmtp.analysis.kernels import summary as kernel_summary
 from dmtp.analysis.ratios import Ratio, merge, read, write
+from dmtp.checks import require
 from dmtp.cli.args import compile_cache_flag, use_compile_cache
 from dmtp.experiment import drafter_config
 from dmtp.io import write_json, write_meta, write_text
@@ -62,8 +63,7 @@ BEFORE = {"mini": {"pretrain": "0.56 M tok/s", "drafters": "~5 steps/s"}}
 def steady_rate(hist: list[dict], warm: int, count: str) -> tuple[float, int]:
     """(units of `count` per second, steps timed) between the first record at or after step `warm` and the last."""
     recs = [h for h in hist if h["step"] >= warm]
-    if len(recs) < 2:
-        raise ValueError(f"need two history records from step {warm} on, got {len(recs)}: raise --steps")
+    require(len(recs) >= 2, f"need two history records from step {warm} on, got {len(recs)}: raise --steps")
     a, b = recs[0], recs[-1]
     return (b[count] - a[count]) / (b["elapsed_s"] - a["elapsed_s"]), b["step"] - a["step"]
 

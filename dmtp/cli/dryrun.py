@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from dmtp import preflight
-from dmtp.checks import gist
+from dmtp.checks import gist, require
 from dmtp.cli.fit import fit_groups, plan_for, run_configs
 from dmtp.experiment import drafter_config
 from dmtp.memory import GIB, capacity, plan_eval, plan_training
@@ -73,17 +73,15 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
 
     prof = resolve(profile)
     sc = prof.scale
-    if not sc.target_config:
-        raise ValueError(f"profile {profile!r} has no paper-scale target config (dry runs are for paper-scale "
-                         "profiles)")
+    require(sc.target_config, f"profile {profile!r} has no paper-scale target config (dry runs are for paper-scale "
+                              "profiles)")
     flag = "--target" if target else f"${sc.target_env}"
     target = target or (os.environ.get(sc.target_env) if sc.target_env else None)
     cfg, source, mismatch = _text_config(target, prof, flag)
     widths = {k: mismatch[k] for k in ("hidden_size", "vocab_size") if k in mismatch}
-    if widths:  # the profile's drafters (their mask token, their width) cannot be built for this target at all
-        raise ValueError(f"--profile {profile} is made for a target of "
-                         f"{ {k: a for k, (a, _) in widths.items()} } (its config); {flag} {target} has "
-                         f"{ {k: b for k, (_, b) in widths.items()} }")
+    require(not widths, f"--profile {profile} is made for a target of "
+                        f"{ {k: a for k, (a, _) in widths.items()} } (its config); {flag} {target} has "
+                        f"{ {k: b for k, (_, b) in widths.items()} }")
     dtype = torch_dtype(prof.engine.dtype)
     checks = []
 

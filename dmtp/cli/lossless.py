@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from dmtp.analysis.lossless import add_top2_gaps, compare
+from dmtp.checks import require
 from dmtp.cli.args import at_least, checkpoint, guard, names, out_dir
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
@@ -51,20 +52,16 @@ def run(a):
     checkpoint(a.target, "--target", "target checkpoint")
     for m in methods:
         if method_class(m).needs_drafter:
-            if not a.drafters:
-                raise ValueError(f"--methods {m}: a drafter method needs --drafters DIR (holding {m}/drafter)")
+            require(a.drafters, f"--methods {m}: a drafter method needs --drafters DIR (holding {m}/drafter)")
             checkpoint(Path(a.drafters) / m / "drafter", f"--methods {m}:", "drafter checkpoint")
     tok = find_tokenizer(a.target)
-    if tok is None:
-        raise ValueError(f"--target {a.target}: no tokenizer files beside config.json (the HumanEval prompts are "
-                         "text)")
+    require(tok is not None, f"--target {a.target}: no tokenizer files beside config.json (the HumanEval prompts are "
+                             "text)")
     eos = tok.eos_token_id if tok.eos_token_id is not None else read_config(a.target).eos_token_id
-    if eos is None:
-        raise ValueError(f"--target {a.target}: neither the tokenizer nor config.json names an end-of-text token")
+    require(eos is not None, f"--target {a.target}: neither the tokenizer nor config.json names an end-of-text token")
     eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
     hp = humaneval_prompts(n=a.n)
-    if len(hp) < a.n:
-        raise ValueError(f"--n {a.n}: HumanEval has {len(hp)} problems")
+    require(len(hp) >= a.n, f"--n {a.n}: HumanEval has {len(hp)} problems")
     # --- the work ---
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)

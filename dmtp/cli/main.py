@@ -110,20 +110,16 @@ def read_prompts(path, tok=None, vocab_size=None):
             if bad:
                 raise ValueError(f"{path}:{i}: token id {bad[0]} outside the target's vocabulary [0, {vocab_size})")
         elif "prompt" in r:
-            if not isinstance(r["prompt"], str):
-                raise ValueError(f"{path}:{i}: `prompt` must be a string")
+            require(isinstance(r["prompt"], str), f"{path}:{i}: `prompt` must be a string")
             checks.text(r["prompt"], f"{path}:{i}: `prompt`")
-            if tok is None:
-                raise ValueError(f"{path}:{i}: a text prompt, but the target has no tokenizer files (give "
-                                 "`prompt_ids`)")
+            require(tok is not None, f"{path}:{i}: a text prompt, but the target has no tokenizer files (give "
+                                     "`prompt_ids`)")
             ids = encode(tok, r["prompt"])
         else:
             raise ValueError(f"{path}:{i}: needs `prompt` (text) or `prompt_ids`")
-        if not ids:
-            raise ValueError(f"{path}:{i}: empty prompt (every prompt needs at least one token)")
+        require(ids, f"{path}:{i}: empty prompt (every prompt needs at least one token)")
         out.append({"id": rid, "prompt_ids": list(ids), "line": i})
-    if not out:
-        raise ValueError(f"{path} holds no prompts")
+    require(out, f"{path} holds no prompts")
     return out
 
 
@@ -166,8 +162,7 @@ def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, 
 
 
 def cmd_generate(a):
-    if bool(a.prompts) == bool(a.dataset):
-        raise ValueError("give exactly one of --prompts FILE and --dataset NAME")
+    require(bool(a.prompts) != bool(a.dataset), "give exactly one of --prompts FILE and --dataset NAME")
     out = args.out_file(a.out).resolve()  # the file itself: its meta beside it, whatever path reaches it
     if a.prompts and Path(a.prompts).resolve() == out:
         raise ValueError(f"--out {a.out}: is the --prompts file ({a.prompts}); choose another --out")
@@ -236,8 +231,7 @@ def generate_into(a, out: Path):
 def _check_drafter(a, cls) -> None:
     """`--method` and `--drafter` together: a drafter for the methods that need one (a trained checkpoint folder),
     none for the others; a run name of the ablation is named with the method it trains."""
-    if not cls.needs_drafter and a.drafter:
-        raise ValueError(f"--method {a.method} uses no drafter; drop --drafter")
+    require(cls.needs_drafter or not a.drafter, f"--method {a.method} uses no drafter; drop --drafter")
     if not cls.needs_drafter:
         return
     base = run_of(a.method)
@@ -247,8 +241,7 @@ def _check_drafter(a, cls) -> None:
                          f"a method: give --method {variant + a.method[len(base):]} and that run's drafter (its "
                          "checkpoint holds the backbone)")
     get_variant(base)  # an unknown name fails with the known ones ("-k<n>": a limit; "-p<t>", "-g<n>": a rule)
-    if not a.drafter:
-        raise ValueError(f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
+    require(a.drafter, f"--method {a.method} needs --drafter (a trained drafter checkpoint folder)")
     args.checkpoint(a.drafter, "--drafter", "drafter checkpoint")
 
 
@@ -257,12 +250,9 @@ def _stop_strings(a, tok, dataset) -> list[str]:
     stops = [s for x in a.stop or [] for s in (HUMANEVAL_STOPS if x == "humaneval" else [x])]
     if stops and a.mode == "fixed":
         raise ValueError("--stop takes --mode natural (--mode fixed decodes exactly --max-new-tokens)")
-    if stops and tok is None:
-        raise ValueError(f"--stop needs the target's tokenizer files beside {a.target}/config.json")
-    if stops and dataset == "mtbench":
-        raise ValueError("--stop is not supported with --dataset mtbench (two turns)")
-    if "" in stops:
-        raise ValueError("--stop '': a stop string must not be empty")
+    require(not (stops and tok is None), f"--stop needs the target's tokenizer files beside {a.target}/config.json")
+    require(not (stops and dataset == "mtbench"), "--stop is not supported with --dataset mtbench (two turns)")
+    require("" not in stops, "--stop '': a stop string must not be empty")
     for x in stops:
         checks.text(x, f"--stop {x!r}")
     return stops
@@ -271,8 +261,7 @@ def _stop_strings(a, tok, dataset) -> list[str]:
 def _generate_prompts(a, cfg, tok, dataset) -> list[dict]:
     """The prompts of `--prompts` or `--dataset` (the first `--n`), each short enough for the target's positions."""
     if dataset:  # a benchmark / training prompt set in its own format, chat template applied (data/datasets.py)
-        if tok is None:
-            raise ValueError(f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
+        require(tok is not None, f"--dataset needs the target's tokenizer files beside {a.target}/config.json")
         prompts = load_prompts(dataset, tok, a.n, a.data_path)
     else:
         prompts = read_prompts(args.in_file(a.prompts, "--prompts"), tok, cfg.vocab_size)[: a.n]
@@ -463,9 +452,8 @@ def _train_data(path, vocab_size: int) -> tuple[Path, str]:
         raise FileNotFoundError(f"--data {p}: no such file")
     if is_store(p):
         return p, open_store(p, vocab_size).meta["source"]["sha256"]
-    if p.is_dir():
-        raise ValueError(f"--data {p}: a folder that is not a token store (no store.json); expected a token JSONL "
-                         "or a store made by `python -m dmtp.data.tokens`")
+    require(not p.is_dir(), f"--data {p}: a folder that is not a token store (no store.json); expected a token JSONL "
+                            "or a store made by `python -m dmtp.data.tokens`")
     check_decoded(p)
     return p, file_sha256(p)
 

@@ -627,9 +627,8 @@ def st_curve(c: Ctx):
     todo = []
     for (m, seed, k), u in zip(curve_plan(c.p), units(c, "curve")):
         src = branches(c, m, seed).get(k) or drafters_dir(c, seed) / m / (f"step{k}" if k < c.p.train.steps else "")
-        if not (src / "DONE").exists():
-            raise ValueError(f"learning curve: {src} is not there (train with ablation.budgets = "
-                             f"{list(spec.budgets)}: the drafters stage)")
+        require((src / "DONE").exists(), f"learning curve: {src} is not there (train with ablation.budgets = "
+                                         f"{list(spec.budgets)}: the drafters stage)")
         if not (c.check(u) and fresh(u.outputs[0], src / "DONE")):
             todo.append((m, seed, k, src, u))
     if not todo:

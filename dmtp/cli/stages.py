@@ -21,6 +21,7 @@ import shutil
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 
+from dmtp.checks import require
 from dmtp.dist import barrier, is_main
 from dmtp.io import read_json, write_json
 
@@ -94,8 +95,7 @@ def recorded(u: Unit):
     if not u.record.exists():
         return None
     rec = read_json(u.record)
-    if not isinstance(rec, dict):
-        raise ValueError(f"{u.record}: expected a JSON object with `fingerprint`, got {type(rec).__name__}")
+    require(isinstance(rec, dict), f"{u.record}: expected a JSON object with `fingerprint`, got {type(rec).__name__}")
     return rec.get("fingerprint")
 
 

@@ -55,6 +55,7 @@ import pandas as pd
 import torch
 
 from dmtp.analysis import ratios as RT
+from dmtp.checks import require
 from dmtp.cli.args import (at_least, checkpoint, compile_cache_flag, guard, listed, names, number, out_dir, temperature,
                            use_compile_cache)
 from dmtp.cli.bench.common import Stamped, merge_overhead, merge_rows
@@ -242,8 +243,7 @@ def run(p, a):
     for name in methods:
         base = run_of(name.partition("+")[0])
         if method_class(base).needs_drafter:
-            if not a.drafters:
-                raise ValueError(f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")
+            require(a.drafters, f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")
             checkpoint(Path(a.drafters) / base / "drafter", f"--methods {name}:", "drafter checkpoint")
     b = Bench.load(a, spec, profile, prof.data, prof.engine)
     new, done, t0 = [], [], time.time()

@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from dmtp.analysis.ratios import Ratio
+from dmtp.checks import require
 from dmtp.config import EngineConfig
 from dmtp.engine.decode import generate
 from dmtp.engine.methods import no_timer
@@ -188,8 +189,7 @@ def engine_setting(label: str, base: EngineConfig | None = None) -> EngineConfig
     launch settings are timed on the device)."""
     engine, *opts = label.split("+")
     unknown = set(opts) - set(LABEL_OPTIONS)
-    if unknown:
-        raise ValueError(f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw, tuned)")
+    require(not unknown, f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw, tuned)")
     write = "graph" if "gw" in opts else "eager" if engine != "hf" else "auto"
     return (base or EngineConfig()).with_(engine=engine, attention="dense" if "dense" in opts else "flex",
                                           cache_write=write,
