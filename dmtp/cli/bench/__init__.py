@@ -217,14 +217,9 @@ def run(p, a):
 
         def save_shape(rows, new, base=(), regen=(), kernels=(), admission=()):  # after each part
             merge_overhead(out / "overhead.csv", rows)
-            if admission:
-                merge_rows(out / "admission.csv", admission)
-            if base:
-                merge_rows(out / "baselines.csv", base)
-            if regen:
-                merge_rows(out / "regen.csv", regen)
-            if kernels:
-                merge_rows(out / "kernels.csv", kernels)
+            for name, part in (("admission", admission), ("baselines", base), ("regen", regen), ("kernels", kernels)):
+                if part:
+                    merge_rows(out / f"{name}.csv", part)
             save(new)
             write_meta(out / f"meta_{'paper' if a.paper_shape else 'mini'}_shape.json", vars(a))
 
