@@ -197,7 +197,7 @@ def test_generate_resumes_after_a_kill(ckpt, tmp_path, monkeypatch, capsys):
 # a real SIGINT in the middle of writing trainer_state.pt (torch.save writes through a Python file object, so the
 # interrupt arrives inside torch's writer, as a terminal's Ctrl-C during the save would)
 CTRL_C_IN_SAVE = """
-import os, signal, sys
+import sys
 import dmtp.io
 
 class Interrupted:
@@ -205,8 +205,8 @@ class Interrupted:
         self.f, self.n = f, 0
     def write(self, b):
         self.n += 1
-        if self.n == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+        if self.n == 2:  # what Python's SIGINT handler raises when Ctrl-C lands in this write; os.kill would let
+            raise KeyboardInterrupt  # the kernel pick the thread, and the main thread then notices it later
         return self.f.write(b)
     def __getattr__(self, k):
         return getattr(self.f, k)
