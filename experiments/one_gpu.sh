@@ -11,17 +11,20 @@
 set -euo pipefail
 PY=${PY:-python}; PROFILE=${PROFILE:-mini}; WORK=${WORK:-work}; RESULTS=${RESULTS:-results}
 SETS=(); for s in "$@"; do SETS+=(--set "$s"); done
-P() { $PY -m dmtp.cli pipeline --profile "$PROFILE" --work "$WORK" --results "$RESULTS" ${SETS[@]+"${SETS[@]}"} "$@"; }
+P() { $PY -m dmtp.cli pipeline --profile "$PROFILE" --work "$WORK" --results "$RESULTS" "$@"; }
 FOLDER=$($PY -m dmtp.profiles "$PROFILE" folder "$@")
 LOGS=$RESULTS/$FOLDER/logs; mkdir -p "$LOGS"
-P --stage corpus,tokenizer,target,data ${ARCHIVE:+--archive "$ARCHIVE"}
+P ${SETS[@]+"${SETS[@]}"} --stage corpus,tokenizer,target,data ${ARCHIVE:+--archive "$ARCHIVE"}
 i=0; pids=()
 while read -r line; do
-  part=(); for s in $line; do part+=(--set "$s"); done
-  P --stage drafters,eval,curve "${part[@]}" > "$LOGS/part$i.txt" 2>&1 & pids+=($!); i=$((i + 1))
+  part=(); keys=" "; for s in $line; do part+=(--set "$s"); keys+="${s%%=*} "; done
+  # a key the part sets (its runs: the given selection's share) replaces the same key given on the command line
+  outer=(); for s in "$@"; do [[ $keys == *" ${s%%=*} "* ]] || outer+=(--set "$s"); done
+  P ${outer[@]+"${outer[@]}"} --stage drafters,eval,curve "${part[@]}" > "$LOGS/part$i.txt" 2>&1 & pids+=($!)
+  i=$((i + 1))
 done < <($PY -m dmtp.profiles "$PROFILE" parts "$@")
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
 [ $rc -eq 0 ] || echo "[one_gpu] a part failed: see $LOGS/part*.txt" >&2
 [ $rc -eq 0 ] || [ -n "${ARCHIVE:-}" ] || exit 1
-P --stage tables ${ARCHIVE:+--archive "$ARCHIVE"}
+P ${SETS[@]+"${SETS[@]}"} --stage tables ${ARCHIVE:+--archive "$ARCHIVE"}
 exit $rc

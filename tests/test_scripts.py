@@ -16,15 +16,7 @@ def test_one_gpu_runs_the_stages_then_one_process_per_part_then_the_tables(tmp_p
     """With a stand-in interpreter that logs the pipeline commands (and answers dmtp.profiles for real):
     the stages up to the data in one command, the drafters + evaluation + curve once per part of the profile (its
     --set assignments before the part's own), then the tables; a failing part fails the script, naming its log."""
-    log = tmp_path / "calls.txt"
-    stub = tmp_path / "py"
-    stub.write_text(f"#!/usr/bin/env bash\n"
-                    f"if [ \"$2\" = dmtp.profiles ]; then exec {sys.executable} \"$@\"; fi\n"
-                    f"echo \"$*\" >> {log}\n"
-                    f"[ -n \"${{FAIL:-}}\" ] && [[ \"$*\" == *only_seeds=1* ]] && exit 1\nexit 0\n")
-    stub.chmod(0o755)
-    env = dict(os.environ, PY=str(stub), PROFILE="smoke", WORK=str(tmp_path / "w"), RESULTS=str(tmp_path / "r"),
-               PYTHONPATH=str(ROOT))
+    log, env = _stub(tmp_path)
     r = subprocess.run(["bash", str(ROOT / "experiments" / "one_gpu.sh"), "eval.new_tokens=8"], capture_output=True,
                        text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -45,10 +37,28 @@ def test_one_gpu_runs_the_stages_then_one_process_per_part_then_the_tables(tmp_p
     assert r.returncode == 1 and "a part failed" in r.stderr and "--stage tables" not in log.read_text()
 
 
+# the pipeline's own reading of a command's --set assignments (a key given twice with two values is refused)
+SETS_CHECK = """
+import sys
+from dmtp.profiles import get_profile
+from dmtp.schema import override
+a = sys.argv[1:]
+sets = [a[i + 1] for i, x in enumerate(a) if x == "--set"]
+try:
+    override(get_profile(a[a.index("--profile") + 1]), sets)
+except ValueError as e:
+    sys.exit(f"dmtp pipeline: error: {e}")
+"""
+
+
 def _stub(tmp_path):
+    """A stand-in interpreter: answers dmtp.profiles for real, reads each pipeline command's --set assignments as the
+    pipeline does (exit 2 on a refusal), and logs the command."""
     log, stub = tmp_path / "calls.txt", tmp_path / "py"
+    (tmp_path / "sets_check.py").write_text(SETS_CHECK)
     stub.write_text(f"#!/usr/bin/env bash\n"
                     f"if [ \"$2\" = dmtp.profiles ]; then exec {sys.executable} \"$@\"; fi\n"
+                    f"{sys.executable} {tmp_path / 'sets_check.py'} \"$@\" || exit 2\n"
                     f"echo \"$*\" >> {log}\n"
                     f"[ -n \"${{FAIL:-}}\" ] && [[ \"$*\" == *only_seeds=1* ]] && exit 1\nexit 0\n")
     stub.chmod(0o755)
@@ -79,13 +89,37 @@ def test_series_runs_realizations_side_by_side_each_packed(tmp_path):
     calls = log.read_text().splitlines()
     for k in (3, 4):
         mine = [c for c in calls if f"realization={k} " in c]
-        assert mine and all("ablation.only=ar,mtp,dflash,zero_init_residual,double_anchor_token_only" in c
-                            for c in mine)
+        parts = [c for c in mine if "--stage drafters" in c]
+        assert len(mine) == len(parts) + 2 and parts  # corpus..data, each part, tables: each accepted by the pipeline
+        assert all("ablation.only=ar,mtp,dflash,zero_init_residual,double_anchor_token_only" in c
+                   for c in mine if c not in parts)
+        assert sorted(c.split("ablation.only=")[1].split()[0] for c in parts) == [  # the profile's parts' shares
+            "ar,mtp", "dflash,zero_init_residual,double_anchor_token_only",
+            "dflash,zero_init_residual,double_anchor_token_only"]
         assert any(c.endswith(f"--stage tables --archive {arch}/r{k}.tgz") for c in mine)
         assert (arch / f"r{k}.rc").read_text().strip() == "0"
     r = subprocess.run(["bash", str(ROOT / "experiments" / "series.sh"), "x"], capture_output=True, text=True,
                        env=dict(env, ARCHIVES=str(arch)), cwd=ROOT, timeout=60)
     assert r.returncode == 2 and "not a number" in r.stderr
+
+
+def test_a_series_realization_runs_for_real_and_lands(tmp_path):
+    """series.sh for real on the smoke profile: every registered run trained and evaluated, the archive complete,
+    and `dmtp land` puts it beside the others with each run's records (what a GPU job of the mini series does)."""
+    env = dict(os.environ, PY=sys.executable, PROFILE="smoke", WORK=str(tmp_path / "w"), RESULTS=str(tmp_path / "r"),
+               ARCHIVES=str(tmp_path / "a"), PYTHONPATH=str(ROOT))
+    r = subprocess.run(["bash", str(ROOT / "experiments" / "series.sh"), "5"], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr + (tmp_path / "a" / "r5.log").read_text()[-3000:]
+    assert "[series] r5 exit 0" in r.stdout
+    landed = tmp_path / "landed"
+    r = subprocess.run([sys.executable, "-m", "dmtp.cli", "land", str(tmp_path / "a" / "r5.tgz"), "--results",
+                        str(landed), "--no-report"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    runs = landed / "smoke" / "r5" / "runs" / "ablation"
+    registered = {"ar", "mtp", "dflash", "zero_init_residual", "double_anchor_token_only"}
+    assert {d.name for d in runs.iterdir()} == registered
+    assert all(list((runs / n).glob("humaneval_T0.jsonl*")) for n in registered)
 
 
 def test_test_failures_are_written_as_they_happen(tmp_path, monkeypatch):
