@@ -498,7 +498,8 @@ def environment() -> dict:
     # threads and the CPU's vector instruction set: the kernels a CPU result was computed with
     env = {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
            "device": "cpu", "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-           "threads": torch.get_num_threads(), "git_sha": git_sha(), "records_revision": RECORDS_REVISION}
+           "threads": torch.get_num_threads(), "git_sha": git_sha(), "source_digest": source_digest(),
+           "records_revision": RECORDS_REVISION}
     try:
         import transformers
 
@@ -515,8 +516,8 @@ def environment() -> dict:
 
 
 def write_meta(path, config: dict, wall_s: float | None = None, engine=None, **extra):
-    """meta.json beside a result: its configuration, the environment (versions, device, commit, the records
-    revision) and, for decoded results, `engine`: the `EngineConfig` that decoded it, as it resolved on this
+    """meta.json beside a result: its configuration, the environment (versions, device, commit and the digest of the
+    code that ran (`source_digest`: exact also where a copy's commit is not), the records revision) and, for decoded results, `engine`: the `EngineConfig` that decoded it, as it resolved on this
     machine."""
     meta = {"config": config, "env": environment(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if engine is not None:

@@ -469,7 +469,7 @@ def test_copied_target_is_not_the_same_weights(ckpt, tmp_path):
 
 def test_meta_records_the_engine_that_decoded(tmp_path, monkeypatch):
     """A decoded result's meta file holds the engine configuration as it ran on the machine ("auto" resolved) and the
-    commit; no environment variable steers or labels it (a copy of the tree without .git: its REVISION file)."""
+    commit with the code's digest; no environment variable steers or labels it (a copy of the tree without .git: its REVISION file)."""
     from dmtp import io
     from dmtp.config import EngineConfig
 
@@ -479,6 +479,7 @@ def test_meta_records_the_engine_that_decoded(tmp_path, monkeypatch):
     assert meta["engine"]["engine"] == "hf" and meta["engine"]["attention"] == "dense"  # on this CPU machine
     assert meta["engine"]["cache_write"] == "graph" and "switches" not in meta["env"]
     assert meta["env"]["git_sha"] == io.git_sha() != ""
+    assert meta["env"]["source_digest"] == io.source_digest()  # the code that ran, also where a copy's .git is older
     io.write_meta(tmp_path / "b.json", {})
     assert "engine" not in json.loads((tmp_path / "b.json").read_text())
 
