@@ -301,6 +301,25 @@ def test_synthetic_demo(tmp_path):
     assert png.name == "open_repro_T0.png" and png.stat().st_size > 1000
 
 
+def test_a_table_the_records_no_longer_support_is_gone_after_the_next_report(tmp_path):
+    """The report clears its earlier tables and figures first: a table its records no longer give (here the bench's,
+    once bench/ is gone; as when a folder's pooled realizations change) is not left behind to be read as current;
+    the pipeline's lossless tables stay."""
+    write_synthetic(code(), tmp_path, "demo", n=4, temps=(0,), curve=False, methods=["mtp", "dflash"])
+    root = tmp_path / "demo"
+    render_report("demo", tmp_path, load("demo", tmp_path, n_boot=50))
+    assert (root / "tables" / "throughput.csv").exists() and list((root / "figures").glob("*.png"))
+    (root / "tables" / "lossless_T0.csv").write_text("method,identical\ndflash,1\n")
+    (root / "figures" / "from_an_older_run.png").write_bytes(b"x")
+    import shutil
+
+    shutil.rmtree(root / "bench")
+    text = render_report("demo", tmp_path, load("demo", tmp_path, n_boot=50)).read_text()
+    assert not (root / "tables" / "throughput.csv").exists() and "## Throughput" not in text
+    assert not (root / "figures" / "from_an_older_run.png").exists()
+    assert (root / "tables" / "lossless_T0.csv").exists() and (root / "tables" / "main_acceptance.csv").exists()
+
+
 def test_reference_transcription_is_self_consistent():
     m = R.table("main")
     assert len(m) == 6 and m.set_index("workload").loc["Agent", "dmtp"] == 5.369

@@ -124,12 +124,22 @@ def how(art: Artifacts) -> list[str]:
     return out
 
 
+def _clear_rendered(art: Artifacts) -> None:
+    """Remove what an earlier rendering of this folder wrote (its tables and figures; the pipeline's own
+    `lossless_*.csv` stay), so a table or figure the data no longer supports is gone rather than left stale."""
+    for p in [*art.tables.glob("*.csv"), *art.tables.glob("*.md"), *art.figures.glob("*.png")]:
+        if not p.name.startswith("lossless_"):
+            p.unlink()
+
+
 def render_report(profile: str, results: str | Path = "results", art: Artifacts | None = None,
                   name: str | None = None, command: str | None = None) -> Path:
     """Render every table and figure, then write results/<profile>/REPORT.md: what was found (the claims table, the
     headline figure, the acceptance tables and rankings), throughput, the cost model, the detailed tables, and last
     how the runs were made. `name` / `command`: the profile and the command named in its heading when the folder is
     not results/<profile> (default: the folder's name, `python -m dmtp.cli.report report`)."""
+    art = art or load(profile, results)
+    _clear_rendered(art)
     art = render_figures(profile, results, render_tables(profile, results, art))
     notes.fill(art.root)  # NOTES.md's generated numbers, from the tables just written
     s = art.summary

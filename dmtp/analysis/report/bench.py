@@ -119,7 +119,9 @@ def throughput(tp: pd.DataFrame, main: str = "", base: str = "", commits: dict |
                 row.update(**_triple("gain_pct", gain), per_verify_gain_pct=tau[0],
                            gain_over_per_verify=gain[0] / tau[0] if tau[0] else math.nan)
             rows.append(row)
-    return pd.DataFrame(rows)
+    gains = ["gain_pct", "gain_pct_lo", "gain_pct_hi", "per_verify_gain_pct", "gain_over_per_verify"]
+    df = pd.DataFrame(rows)
+    return df.assign(**{c: math.nan for c in gains if c not in df})  # the main method or its baseline untimed
 
 
 _OVERHEAD_LINE = re.compile(r"\[bench\] overhead (\S+) batch (\d+): (.+)$")
