@@ -481,7 +481,7 @@ def costmodel_lines(art: Artifacts) -> list[str]:
     if "round_timed_at_cap" not in m:
         m = m.assign(round_timed_at_cap=True)
     hid = m.beside_ms.fillna(0) > 0 if "beside_ms" in m else pd.Series(False, index=m.index)
-    not_ar = m.method.str.partition("@")[0] != "ar"  # AR's own rows (plain or a server variant's) are 1 by definition
+    not_ar = m.method.astype(str).str.split("@").str[0] != "ar"  # AR's own rows (plain or a server variant's) are 1 by definition
     for cap, g in m[not_ar].groupby("batch_cap"):
         ok = g[g.round_timed_at_cap.astype(bool)]
         err = ok.error_pct.abs()
