@@ -274,8 +274,25 @@ def parts(p: Profile) -> str:
     return "\n".join(out)
 
 
+def directions(p: Profile) -> str:
+    """The --set assignments of the exploratory study of the blog's closing directions (docs/DESIGN.md, "The blog's
+    closing directions"), run on a finished realization's target and data into a results folder of its own: `given`
+    and `zero_init_residual_joint` trained beside the registered drafters they reuse (the same fingerprints), the
+    fixed counts `given-g<n>` and MTP415 on the tuned head as baselines, drafter seed 0."""
+    fixed = [f"given-g{g}" for g in range(4)]  # the chain's default max_given is 3
+    return " ".join([
+        "ablation.supplementary=given,zero_init_residual_joint",
+        "ablation.baselines=" + ",".join(["ar", "mtp", "mtp.zero_init_residual_joint", *fixed]),
+        "ablation.only=" + ",".join(["ar", "mtp", "mtp.zero_init_residual_joint", *fixed, p.ablation.drafter_baseline,
+                                     p.ablation.main_method, "given", "zero_init_residual_joint"]),
+        "ablation.only_seeds=0",
+        "eval.ood_runs=" + ",".join(["mtp", p.ablation.drafter_baseline, p.ablation.main_method, "given",
+                                     "zero_init_residual_joint", "mtp.zero_init_residual_joint"])])
+
+
 ANSWERS = {
     "parts": parts,
+    "directions": directions,
     "wheels": lambda p: " ".join(x for x in p.data.corpus_sources if "==" in x and not x.startswith("stdlib")),  # what
     # `make wheels` downloads: the pinned distributions of the corpus
     "folder": lambda p: p.folder,  # where its realization lives under work/ and results/: <name> or <name>/r<k>

@@ -105,9 +105,12 @@ def test_series_runs_realizations_side_by_side_each_packed(tmp_path):
 
 def test_a_series_realization_runs_for_real_and_lands(tmp_path):
     """series.sh for real on the smoke profile: every registered run trained and evaluated, the archive complete,
-    and `dmtp land` puts it beside the others with each run's records (what a GPU job of the mini series does)."""
+    and `dmtp land` puts it beside the others with each run's records (what a GPU job of the mini series does);
+    with DIRECTIONS=1 the closing directions' study follows on the same target and data, trains only its two new
+    drafters (the registered ones reused) and lands into a results folder of its own."""
     env = dict(os.environ, PY=sys.executable, PROFILE="smoke", WORK=str(tmp_path / "w"), RESULTS=str(tmp_path / "r"),
-               ARCHIVES=str(tmp_path / "a"), PYTHONPATH=str(ROOT))
+               ARCHIVES=str(tmp_path / "a"), PYTHONPATH=str(ROOT), DIRECTIONS="1",
+               DIRECTIONS_RESULTS=str(tmp_path / "dirs"))
     r = subprocess.run(["bash", str(ROOT / "experiments" / "series.sh"), "5"], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr + (tmp_path / "a" / "r5.log").read_text()[-3000:]
@@ -120,6 +123,16 @@ def test_a_series_realization_runs_for_real_and_lands(tmp_path):
     registered = {"ar", "mtp", "dflash", "zero_init_residual", "double_anchor_token_only"}
     assert {d.name for d in runs.iterdir()} == registered
     assert all(list((runs / n).glob("humaneval_T0.jsonl*")) for n in registered)
+    assert (tmp_path / "a" / "r5-directions.rc").read_text().strip() == "0"
+    study = (tmp_path / "a" / "r5-directions.log").read_text()
+    assert "drafters, seed 0: given, zero_init_residual_joint\n" in study
+    r = subprocess.run([sys.executable, "-m", "dmtp.cli", "land", str(tmp_path / "a" / "r5-directions.tgz"),
+                        "--results", str(tmp_path / "landed-dirs"), "--no-report"], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    extra = {d.name for d in (tmp_path / "landed-dirs" / "smoke" / "r5" / "runs" / "ablation").iterdir()}
+    assert {"given", "given-g0", "given-g3", "zero_init_residual_joint", "mtp.zero_init_residual_joint"} <= extra
+    assert (tmp_path / "landed-dirs" / "smoke" / "r5" / "tables" / "directions.csv").exists()
 
 
 def test_test_failures_are_written_as_they_happen(tmp_path, monkeypatch):

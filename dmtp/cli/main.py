@@ -358,6 +358,7 @@ def cmd_train(a):
         todo = [v for v in variants if not (out / v / "DONE").exists()]
         if not todo:
             print(f"nothing to train: {', '.join(variants)} already finished in {out} with this configuration")
+            dist.destroy()
             return
         # --- the work ---
         tgt = Target.load(a.target, dtype=torch_dtype(a.dtype), device=dev)
@@ -366,6 +367,7 @@ def cmd_train(a):
         drafters = new_drafters(tgt, todo, base, {v: p for v, p in init.items() if v in todo}, backbones=backbones,
                                 variant_configs=prof.drafter.variants if prof is not None else {})
         train_drafters(tgt, mtp, drafters, seqs, cfg, out)
+    dist.destroy()  # every rank closes its group together (left to interpreter exit, gloo can abort a rank)
 
 
 def _backbone_runs(a, prof) -> dict[str, tuple[str, str]]:
