@@ -332,3 +332,15 @@ def test_cli_under_torchrun(tmp_path):
         assert "2 steps" in (out / v / "DONE").read_text() and "2 rank(s)" in (out / v / "DONE").read_text()
         assert sorted(x.name for x in (out / v / "drafter").iterdir()) == ["config.json", "model.safetensors"]
         assert json.loads((out / v / "drafter" / "config.json").read_text())["dmtp_config"]["variant"] == v
+
+
+def test_a_rank_leaves_with_the_commands_status_and_all_its_output(tmp_path):
+    """Under torchrun (WORLD_SIZE > 1) `python -m dmtp.cli` leaves without the interpreter's teardown (where gloo can
+    abort a finished rank): the command's exit status and everything it printed still come out."""
+    env = dict(os.environ, WORLD_SIZE="2")
+    ok = subprocess.run([sys.executable, "-m", "dmtp.cli", "land", "--help"], capture_output=True, text=True, env=env,
+                        timeout=120)
+    assert ok.returncode == 0 and "--partial" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "dmtp.cli.main", "land", str(tmp_path / "none.tgz")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("dmtp land: error:")

@@ -1,4 +1,4 @@
 """`python -m dmtp.cli ...`: the `dmtp` command line."""
-from dmtp.cli.main import main
+from dmtp.cli.main import run_as_command
 
-main()
+run_as_command()

@@ -697,5 +697,29 @@ def _run(a):
     return a.fn(a)
 
 
+def run_as_command() -> None:
+    """`main()` as `python -m dmtp.cli[.main]` runs it. In a rank of a torchrun launch (WORLD_SIZE > 1) the process
+    leaves without the interpreter's finalization once the command has ended (its outputs written and closed, the
+    group destroyed, stdout and stderr flushed), with the command's exit status: gloo's worker threads can still hold
+    finished collectives' work objects then, and freeing them while the interpreter is torn down aborts the rank
+    ("terminate called without an active exception", SIGABRT) after it has done its work. An uncaught exception
+    still ends the usual way, with its traceback."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        main()
+        return
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    run_as_command()
