@@ -162,6 +162,24 @@ def _paper_steps(epochs: int, n: int, global_batch: int) -> int:
     return -(-epochs * n // global_batch)
 
 
+def _qwen3_6_text(model_type: str, **own) -> dict:
+    """A Qwen3.6 text config: what the 27B and 35B-A3B cards share (vocabulary, a full-attention layer after every
+    three GDN layers, head widths, context, rotary settings, one MTP layer) with the model's `own` sizes."""
+    size = {k: own.pop(k) for k in ("hidden_size", "num_hidden_layers")}  # in the cards' order (dryrun reports in it)
+    attention = {k: own.pop(k) for k in ("num_attention_heads", "num_key_value_heads")}
+    gdn_v = own.pop("linear_num_value_heads")
+    return dict(
+        model_type=model_type, vocab_size=248320, **size,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                     for i in range(size["num_hidden_layers"])],
+        **attention, head_dim=256, **own,  # the feed-forward: dense or the experts'
+        linear_num_value_heads=gdn_v, linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        mtp_num_hidden_layers=1)
+
+
 def qwen3_6_27b() -> Profile:
     """Qwen3.6-27B target (dense hybrid: 48 Gated DeltaNet + 16 full-attention layers), 5-layer drafters.
 
@@ -174,15 +192,9 @@ def qwen3_6_27b() -> Profile:
     accumulation on 8 x 80 GB), `train.micro_batch` overrides it."""
     scale = PaperScale(
         target_env="DMTP_TARGET_QWEN3_6_27B",
-        target_config=dict(
-            model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, num_hidden_layers=64,
-            layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)],
-            num_attention_heads=24, num_key_value_heads=4, head_dim=256, intermediate_size=17408,
-            linear_num_value_heads=48, linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
-            linear_conv_kernel_dim=4, max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                             "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-            mtp_num_hidden_layers=1),
+        target_config=_qwen3_6_text(
+            "qwen3_5_text", hidden_size=5120, num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4,
+            intermediate_size=17408, linear_num_value_heads=48),
         assumptions=("linear_conv_kernel_dim=4 (transformers' Qwen3.5 default)", "rms_norm_eps=1e-6",
                      "mrope_section=[11, 11, 10] (Qwen3.5 release configs)",
                      "mtp_num_hidden_layers=1 (card: 'MTP: trained with multi-steps')"),
@@ -217,16 +229,10 @@ def qwen3_6_35b_a3b() -> Profile:
     p27 = qwen3_6_27b()
     scale = replace(
         p27.scale, target_env="DMTP_TARGET_QWEN3_6_35B_A3B",
-        target_config=dict(
-            model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
-            layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)],
-            num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        target_config=_qwen3_6_text(
+            "qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
             num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
-            linear_num_value_heads=32, linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
-            linear_conv_kernel_dim=4, max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                             "mrope_section": [11, 11, 10], "mrope_interleaved": True},
-            mtp_num_hidden_layers=1),
+            linear_num_value_heads=32),
         assumptions=p27.scale.assumptions + ("rope_theta=1e7 (as Qwen3.6-27B)",))
     return derive(p27, "qwen3.6-35b-a3b", drafter=dict(heads=32, kv_heads=4, intermediate=6144), scale=scale)
 
