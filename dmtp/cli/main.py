@@ -709,13 +709,14 @@ def run_as_command() -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         main()
         return
+    code = 0
     try:
         main()
-        code = 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-        if not isinstance(e.code, (int, type(None))):
-            print(e.code, file=sys.stderr)
+        code = e.code or 0
+    if not isinstance(code, int):  # SystemExit("message"): Python prints it and exits 1
+        print(code, file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
