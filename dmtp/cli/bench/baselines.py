@@ -6,20 +6,8 @@ from __future__ import annotations
 import torch
 
 from dmtp.analysis.ratios import Ratio
-from dmtp.cli.bench.common import (
-    B1_ENGINES,
-    KINDS,
-    StageTimer,
-    device_name,
-    engine_setting,
-    label_of,
-    label_words,
-    median,
-    ratio,
-    read_bytes_per_token,
-    spread,
-    timed,
-)
+from dmtp.cli.bench.common import (B1_ENGINES, KINDS, StageTimer, device_name, engine_setting, label_of, label_words,
+                                   median, ratio, read_bytes_per_token, spread, timed)
 from dmtp.config import EngineConfig
 from dmtp.engine.decode import Batch, generate
 from dmtp.engine.slots import capacity_for

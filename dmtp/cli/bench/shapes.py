@@ -9,22 +9,9 @@ import torch
 
 from dmtp.analysis.ratios import Ratio
 from dmtp.cli.bench.baselines import batch1_baselines, kernel_sweep, regeneration, regeneration_ratio
-from dmtp.cli.bench.common import (
-    DRAFT_SHARE_GOAL,
-    DRAFT_STAGES,
-    KINDS,
-    ROUND_AR_GOAL,
-    b1_engines,
-    device_name,
-    engine_setting,
-    label_of,
-    label_words,
-    ratio,
-    round_floor,
-    round_goal,
-    stage_times,
-    timed,
-)
+from dmtp.cli.bench.common import (DRAFT_SHARE_GOAL, DRAFT_STAGES, KINDS, ROUND_AR_GOAL, b1_engines, device_name,
+                                   engine_setting, label_of, label_words, ratio, round_floor, round_goal, stage_times,
+                                   timed)
 from dmtp.cli.bench.profiling import kernel_profile
 from dmtp.config import AblationSpec, EngineConfig
 from dmtp.engine.slots import capacity_for

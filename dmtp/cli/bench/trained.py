@@ -15,19 +15,8 @@ from dmtp.analysis.metrics import (acceptance_length, first_token, histogram, pe
                                    speedup_on_ar_outputs)
 from dmtp.analysis.ratios import Ratio, speedup_goal
 from dmtp.cli.bench.baselines import hf_static_generate, regeneration, regeneration_ratio
-from dmtp.cli.bench.common import (
-    device_name,
-    label_of,
-    median,
-    merge_overhead,
-    merge_rows,
-    ratio,
-    read_bytes_per_token,
-    round_goal,
-    spread,
-    stage_times,
-    timed,
-)
+from dmtp.cli.bench.common import (device_name, label_of, median, merge_overhead, merge_rows, ratio,
+                                   read_bytes_per_token, round_goal, spread, stage_times, timed)
 from dmtp.cli.bench.profiling import admission_profile, kernel_profile
 from dmtp.cli.bench.shapes import draft_side_ratios
 from dmtp.config import AblationSpec, DataConfig, EngineConfig
@@ -398,8 +387,7 @@ def hf(b: Bench, methods: list[str]) -> list[Ratio]:
                             "batch 1", f"{ours:.0f} vs {tps:.0f} tok/s (first prompt; natural EOS for ours)"))
         ar = mean.loc[AR.name, "ours_tok_per_s"]
         ratios.append(ratio(b.setup, "AR tok/s / HBM bound", ar / bound, condition="batch 1",
-                            note=f"{ar:.0f} tok/s vs {bound:.0f} "
-                                                      "tok/s"))
+                            note=f"{ar:.0f} tok/s vs {bound:.0f} tok/s"))
     if dmtp in mean.index:
         ratios.append(ratio(b.setup, f"engine {dmtp} / HF AR loop", mean.loc[dmtp, "speedup_vs_hf_ar"], ">=", 15,
                             "batch 1"))
