@@ -29,6 +29,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+import pandas as pd
+
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.cli.bench.common import timed
@@ -120,7 +122,7 @@ def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out:
     if any((out / "runs").glob("*/*/*.meta.json")):
         gather(out)
     if todo or not (out / "oracle.csv").exists():
-        ceilings(tgt, out, prompts, log)
+        ceilings(tgt, out, prompts)
     if failed:
         raise RuntimeError(f"{len(failed)} verify-study group(s) failed (the others were written):\n  "
                            + "\n  ".join(failed))
@@ -128,20 +130,15 @@ def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out:
 
 def gather(out: Path) -> Path:
     """throughput.csv from every group's meta file."""
-    import pandas as pd
-
     rows = [r for p in sorted((out / "runs").glob("*/*/*.meta.json")) for r in json.loads(p.read_text())["throughput"]]
     path = out / "throughput.csv"
     write_text(path, pd.DataFrame(rows).to_csv(index=False))
     return path
 
 
-def ceilings(tgt, out: Path, prompts: list[dict], log=print):
+def ceilings(tgt, out: Path, prompts: list[dict]):
     """oracle.csv: the target-only ceiling at every temperature whose ar x target records exist (the trajectory),
     for every number of candidates the methods under `out` draft (7, MTP415's 4)."""
-    if oracle_ceiling is None:
-        log("verify: dmtp.analysis.oracle is not available: no oracle.csv (the report's ceiling column stays empty)")
-        return
     ks = sorted({read_jsonl(p)[0]["n_candidates"] for p in (out / "runs").glob("*/*/*.jsonl") if p.stat().st_size}
                 - {0})
     ids = {p["id"]: p["prompt_ids"] for p in prompts}
@@ -157,8 +154,6 @@ def ceilings(tgt, out: Path, prompts: list[dict], log=print):
                      for j, v in enumerate(c["cumulative"])]
             rows.append({"temperature": temp, "k": k, "position": 0, "ceiling": c["acceptance_length"]})
     if rows:
-        import pandas as pd
-
         write_text(out / "oracle.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
