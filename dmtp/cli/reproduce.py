@@ -43,6 +43,7 @@ refused, naming the fields, unless --force redoes it), the engine settings and t
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import math
@@ -54,17 +55,35 @@ from array import array
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import torch
+import torch.distributed as tdist
+
 from dmtp import checks, dist
+from dmtp.analysis.report import render_report
 from dmtp.checks import gist, require
 from dmtp.cli import args
 from dmtp.cli.args import eos_ids
+from dmtp.cli.fit import fit_groups, modelled, run_configs
 from dmtp.cli.stages import Unit, fingerprint, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
 from dmtp.config import Profile
 from dmtp.data import datasets as D
+from dmtp.data.tokenizer import find_tokenizer
+from dmtp.data.tokens import store_of
+from dmtp.engine.methods import AR, load_method, method_class
+from dmtp.engine.runner import mtbench_generate, run_generate
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import append_jsonl, atomic_path, drop_cut_line, one_writer, read_json, write_json, write_jsonl, write_meta
+from dmtp.io import (append_jsonl, atomic_path, drop_cut_line, environment, file_sha256, one_writer, read_json,
+                     write_json, write_jsonl, write_meta)
+from dmtp.models import torch_dtype
+from dmtp.models.mtp import MTPHead
+from dmtp.models.target import Target, read_config, target_checks
+from dmtp.models.variants import get_variant
+from dmtp.preflight import Check
+from dmtp.preflight import run as run_checks
+from dmtp.profiles import resolve
+from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 
 STAGES = ("regen", "train", "eval", "report")
 TRAIN_SET = "openperfectblend"
@@ -89,11 +108,6 @@ class Ctx:
         self.p, self.target, self.work = p, target, work
         self.data_paths, self.prompts, self.init_from, self.force = data_paths, prompts, init_from, force
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun (as dist.init reads it)
-            import datetime
-
-            import torch
-            import torch.distributed as tdist
-
             if not tdist.is_initialized():
                 tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
                                          timeout=datetime.timedelta(hours=COLLECTIVE_TIMEOUT_H))
@@ -110,8 +124,6 @@ class Ctx:
 
     @property
     def tok(self):
-        from dmtp.data.tokenizer import find_tokenizer
-
         if self._tok is None:
             self._tok = find_tokenizer(self.target)
             require(self._tok is not None, f"--target {self.target}: no tokenizer files beside config.json (the "
@@ -126,13 +138,9 @@ class Ctx:
         return self.p.ablation
 
     def dtype(self):
-        from dmtp.models import torch_dtype
-
         return torch_dtype(self.p.engine.dtype)
 
     def eos(self) -> list[int]:
-        from dmtp.models.target import read_config
-
         cfg = read_config(self.target)
         return eos_ids(None, cfg, self.tok, cfg.vocab_size, self.target, remedy="set eos_token_id in its config.json "
                        "or generation_config.json (the protocol ends every turn at the target's end of text)")
@@ -358,12 +366,6 @@ def merge_shards(shards: Path, prompts: list[dict], out: Path) -> dict:
 
 def st_regen(c: Ctx) -> dict | None:
     """On-policy regeneration (module docstring). Returns the stage's numbers (rank 0), None when it was done."""
-    import torch
-
-    from dmtp.engine.methods import AR
-    from dmtp.engine.runner import run_generate
-    from dmtp.models.target import Target
-
     d = c.p.data
     folder = c.work / "data"
     out, shards = folder / "train.jsonl", folder / "shards"
@@ -436,16 +438,10 @@ def st_regen(c: Ctx) -> dict | None:
 
 
 def st_train(c: Ctx) -> dict | None:
-    from dmtp.data.tokens import store_of
-    from dmtp.models.mtp import MTPHead
-    from dmtp.models.target import Target, read_config
-    from dmtp.models.variants import get_variant
-    from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
-
     data = c.work / "data" / "train.jsonl"
     require(data.exists(), f"{data} is not there: run the regen stage first (--stage regen)")
     meta = read_json(data.with_suffix(".meta.json"))
-    sha = _sha(data)
+    sha = file_sha256(data)
     data_key = {"data": meta.get("fingerprint"), "data_sha256": sha}
     cfg_t = read_config(c.target)
     # the merged sequences as a token store (data/train.tokens, memory-mapped: each rank reads its rows of every
@@ -510,21 +506,11 @@ def train_groups(c: Ctx, cfg_t, cfg, todo: list[str]) -> list[tuple[list[str], o
     groups of `--train-group` or the largest that fit, the micro-batch, target sharding and gradient reduction
     chosen where the profile leaves them (refused in one line where even one run alone cannot fit); elsewhere
     `--train-group` runs a group (default all), the profile's settings as they are."""
-    import torch
-
-    from dmtp.cli.fit import fit_groups, modelled, run_configs
-
     if modelled(cfg_t) and str(c.dev).startswith("cuda"):
         gpu = torch.cuda.get_device_properties(torch.device(c.dev)).total_memory
         return fit_groups(cfg_t.to_dict(), run_configs(c.p, cfg_t, todo), cfg, c.world, gpu, size=c.train_group)
     k = c.train_group or len(todo)
     return [(todo[i: i + k], cfg, None) for i in range(0, len(todo), k)]
-
-
-def _sha(path: Path) -> str:
-    from dmtp.io import file_sha256
-
-    return file_sha256(path)
 
 
 def run_file(c: Ctx, run: str, ds: str, temp: float) -> Path:
@@ -533,8 +519,6 @@ def run_file(c: Ctx, run: str, ds: str, temp: float) -> Path:
 
 
 def eval_units(c: Ctx) -> tuple[list[Unit], dict[str, list[dict]]]:
-    from dmtp.engine.methods import method_class
-
     ev, a = c.p.eval, c.spec
     prompts = {ds: eval_prompts(c, ds, n) for ds, n in ev.sets.items()}
     out = []
@@ -560,13 +544,6 @@ def eval_units(c: Ctx) -> tuple[list[Unit], dict[str, list[dict]]]:
 
 
 def st_eval(c: Ctx) -> dict | None:
-    import torch
-
-    from dmtp.engine.methods import load_method
-    from dmtp.engine.runner import mtbench_generate, run_generate
-    from dmtp.models.mtp import MTPHead
-    from dmtp.models.target import Target
-
     ev, a = c.p.eval, c.spec
     for r in a.selected(a.runs()):
         require(r in a.baselines or (c.work / "drafters" / r / "DONE").exists(),
@@ -620,8 +597,6 @@ def st_eval(c: Ctx) -> dict | None:
 def st_report(c: Ctx) -> dict | None:
     if not c.main:
         return None
-    from dmtp.analysis.report import render_report
-
     require(any((c.work / "runs").glob("*/*/*.jsonl")), f"{c.work}/runs holds no records: run the eval stage first "
             "(or decode into runs/<experiment>/<run>/<set>_T0.jsonl with dmtp generate)")
     if not (c.work / "experiment.json").exists():  # records decoded by hand (dmtp generate): the profile's spec
@@ -644,8 +619,6 @@ def record_stage(c: Ctx, stage: str | None = None, wall: float = 0.0, info: dict
     old = read_json(path) if path.exists() else {}
     if stage is not None:
         old.setdefault("stages", {})[stage] = dict(info, wall_s=round(wall, 3))
-    from dmtp.io import environment
-
     old.update(profile=c.p.name, target=str(c.target), env=environment(), engine=asdict(c.p.engine),
                random_weights=(Path(c.target) / RANDOM_WEIGHTS).exists())
     write_json(path, old)
@@ -657,10 +630,6 @@ def early_checks(c: Ctx, cfg, stages: list[str]) -> list:
     stage reads it (eval: the MTP baseline; train: the DMTP runs); the tokenizer's chat template and end-of-text ids
     (regen, eval); the regeneration's prompt and new-token budget within the target's positions; each evaluation
     set, there and within the positions. (The training prompts are read first thing in regen, the first stage.)"""
-    from dmtp.models.target import target_checks
-    from dmtp.models.variants import get_variant
-    from dmtp.preflight import Check
-
     a = c.spec
     mtp = "eval" in stages or ("train" in stages and any(get_variant(a.backbones.get(r, (r,))[0]).needs_mtp
                                                           for r in c.runs()))
@@ -699,16 +668,12 @@ def eval_positions(c: Ctx, cfg, ds: str, n: int) -> str:
 
 
 def main(a) -> None:
-    from dmtp.profiles import resolve
-
     stages = list(STAGES) if a.stage == "all" else [s.strip() for s in a.stage.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]
     if bad or not stages:
         raise ValueError(f"--stage {a.stage}: unknown stage {(bad or [''])[0]!r}; stages: {', '.join(STAGES)} (or all)")
     p = resolve(a.profile, a.set or [])
     target = args.checkpoint(a.target, "--target", "target checkpoint")
-    from dmtp.models.target import read_config
-
     cfg = read_config(target)
     if p.scale.target_config:  # a paper profile's drafter shape is made for its own target's widths
         made = {k: p.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
@@ -725,8 +690,6 @@ def main(a) -> None:
             data_paths(a.data_path), prompts, {}, a.force, a.device)
     c.init_from = init_paths(a.init_from, c.runs(), cfg)
     c.train_group = a.train_group
-    from dmtp.preflight import run as run_checks
-
     run_checks(early_checks(c, cfg, stages), log=c.log)  # nothing written before every check passed
     c.work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as held:
