@@ -29,11 +29,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 
 from dmtp import dist
@@ -44,7 +47,9 @@ from dmtp.analysis.report import render_tables
 from dmtp.checks import require
 from dmtp.cli import verify as verify_study
 from dmtp.cli.archive import STATUS, pack
+from dmtp.cli.args import out_dir, out_file
 from dmtp.cli.clock import OPTIONAL_UNDER_DEADLINE, Deadline, DeadlineReached, read_costs, record_cost
+from dmtp.cli.fit import fit_training, run_configs
 from dmtp.cli.stages import RUN_CONTROL, StageMismatch, Unit, differences, fingerprint, mismatch, preflight
 from dmtp.cli.stages import check as stage_check
 from dmtp.cli.stages import record as stage_record
@@ -66,7 +71,7 @@ from dmtp.io import (atomic_dir, merging, one_writer, read_json, read_jsonl, wri
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
-from dmtp.models.target import Target
+from dmtp.models.target import Target, read_config
 from dmtp.preflight import Check
 from dmtp.preflight import run as run_checks
 from dmtp.training.drafters import branch_dir, load_sequences, new_drafters, train_branch, train_drafters
@@ -171,8 +176,6 @@ def st_tokenizer(c: Ctx):
 def st_target(c: Ctx):
     """Pretrain target + MTP (data-parallel under torchrun); rank 0 evaluates and writes the checkpoint. Returns
     False when `pretrain.stop_after` stopped it (resumable, on any number of ranks)."""
-    import numpy as np
-
     out, state = c.work / "target", c.work / "target_state"
     u, = units(c, "target")
     there = c.check(u)
@@ -290,21 +293,10 @@ def st_data(c: Ctx):
     barrier()
 
 
-def token_store(c: Ctx, vocab_size: int) -> Path:
-    """The data stage's on-policy tokens as a token store (work/data/train.tokens, memory-mapped: each rank reads its
-    rows of every batch), converted from train.jsonl by rank 0 when missing or made from another train.jsonl."""
-    return store_of(c.work / "data" / "train.jsonl", c.work / "data" / "train.tokens", vocab_size)
-
-
 def _fit_check(c: Ctx, todo: dict[int, list[str]]) -> dict[int, dict]:
     """A paper profile's drafters stage on GPUs: per seed, the memory model's check of its fresh runs trained side by
     side (`cli.fit.fit_training`: refused in one line where they cannot fit) before the target's weights load;
     returns seed -> the settings the plan resolved (`train.micro_batch`, `shard_target`, `grad_sync`)."""
-    import torch
-
-    from dmtp.cli.fit import fit_training, run_configs
-    from dmtp.models.target import read_config
-
     spec = c.p.ablation
     cfg_t = read_config(c.work / "target")
     out = {}
@@ -346,12 +338,15 @@ def st_drafters(c: Ctx):
     c.need("data")
     fit = _fit_check(c, todo) if c.p.scale.target_config and c.dev == "cuda" else {}  # before any weight loads
     tgt, mtp = c.target()
-    tok = c.tok
-    seqs = load_sequences(token_store(c, tgt.vocab_size), c.p.train.max_len, vocab_size=tgt.vocab_size)
+    shape = drafter_config(c.p, tgt.config, c.tok.convert_tokens_to_ids("<|mask|>"))
+    # the on-policy tokens as a token store (memory-mapped: each rank reads its rows of every batch), converted by
+    # rank 0 when missing or made from another train.jsonl
+    store = store_of(c.work / "data" / "train.jsonl", c.work / "data" / "train.tokens", tgt.vocab_size)
+    seqs = load_sequences(store, c.p.train.max_len, vocab_size=tgt.vocab_size)
     t0 = time.time()
     for seed in sorted(todo):
         out, runs = drafters_dir(c, seed), todo[seed]
-        base = dict(drafter_config(c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), seed=c.p.stream(seed))
+        base = dict(shape, seed=c.p.stream(seed))
         curve = [r for r in runs if snapshots(c.p, r)]
         budgets = snapshots(c.p, curve[0]) if curve and spec.anneal else ()  # annealed points: every curve run's
         cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=c.p.stream(seed),
@@ -384,9 +379,8 @@ def st_drafters(c: Ctx):
         if old.get("fingerprint") == json.loads(json.dumps(want)):  # as JSON reads it back (tuples: lists)
             for s, r in old.get("trained", {}).items():
                 trained[s] = list(dict.fromkeys(r + trained.get(s, [])))
-        write_meta(meta, {"train": asdict(c.p.train), "drafter": drafter_config(
-            c.p, tgt.config, tok.convert_tokens_to_ids("<|mask|>")), "continue_steps": spec.continue_steps,
-            "seeds": list(spec.seeds), "budgets": list(spec.budgets)}, wall_s=time.time() - t0,
+        write_meta(meta, {"train": asdict(c.p.train), "drafter": shape, "continue_steps": spec.continue_steps,
+                          "seeds": list(spec.seeds), "budgets": list(spec.budgets)}, wall_s=time.time() - t0,
             trained=dict(sorted(trained.items())), fingerprint=want)
         hist = {}
         for seed in spec.seeds:
@@ -539,10 +533,8 @@ def st_eval(c: Ctx):
     ev = c.p.eval
     cache, todo = {}, []
     for (ds, n, temp, mode, m, seed), u in zip(eval_plan(c.p), units(c, "eval")):
-        path = u.outputs[0]
-        dep = (c.work / "target" / "DONE") if m in c.p.ablation.baselines else (drafters_dir(c, seed) / m / "DONE")
         # done with this configuration, after the model it measures (a checked-out result of another run is redone)
-        if not (c.check(u) and fresh(path, dep)):
+        if not (c.check(u) and fresh(u.outputs[0], model_done(c, m, seed))):
             todo.append((ds, n, temp, mode, m, seed, u))
     if todo:
         c.need("drafters", {(m, seed) for _, _, _, _, m, seed, _ in todo})
@@ -696,8 +688,6 @@ def lossless_check(c: Ctx):
             r, f = compare_runs(refs[ds, mode], found, ds)
             rows += [dict(x, mode=mode) for x in r]
             flips += [dict(x, mode=mode) for x in f]
-    import pandas as pd
-
     write_text(c.res / "tables" / "lossless_T0.csv",
                pd.DataFrame(rows, columns=["method", "dataset", "mode", "n", "identical", "divergent"])
                .to_csv(index=False))
@@ -726,27 +716,25 @@ def st_verify(c: Ctx):
     temperature group not already made with the same settings after the model it measures, in the study's evaluation
     mode `verify.eval_mode` (natural: end-of-text or the eval stage's stop strings `eval.stops`; fixed: exactly
     `verify.max_new_tokens`)."""
-    v, out = c.p.study, c.res / "verify"
+    v, out, seed = c.p.study, c.res / "verify", c.p.ablation.seeds[0]
     plan = list(zip(verify_study.groups(v), units(c, "verify")))
-    todo = [g for g, u in plan if not (c.check(u) and fresh(u.outputs[0], _model_done(c, g[0])))]
+    todo = [g for g, u in plan if not (c.check(u) and fresh(u.outputs[0], model_done(c, g[0], seed)))]
     if not todo and (out / "throughput.csv").exists() and (out / "oracle.csv").exists():
         return
-    c.need("drafters", {(m, c.p.ablation.seeds[0]) for m, _, _ in todo})
+    c.need("drafters", {(m, seed) for m, _, _ in todo})
     record_experiment(c, verify_only=True)  # the report orders the study's rows by it
     tgt, mtp = c.target()
     tok = c.tok
     want = {g: u.want for g, u in plan}
-    verify_study.study(tgt, mtp, drafters_dir(c, c.p.ablation.seeds[0]), verify_study.humaneval_ids(tok, v.prompts),
+    verify_study.study(tgt, mtp, drafters_dir(c, seed), verify_study.humaneval_ids(tok, v.prompts),
                        v, out, [tok.eos_token_id], c.p.eval.mtp_steps,
                        stop=stop_spec(tgt, tok, v.eval_mode, stop_strings(c.p, v.eval_mode)),
                        todo=todo, want=lambda *g: want[g], log=c.log, engine=c.eng)
 
 
-def _model_done(c: Ctx, run: str) -> Path:
-    """The checkpoint a verify-study run is measured on (the first drafter seed's; results older than it are
-    redone)."""
-    a = c.p.ablation
-    return c.work / "target" / "DONE" if run in a.baselines else drafters_dir(c, a.seeds[0]) / run / "DONE"
+def model_done(c: Ctx, run: str, seed: int) -> Path:
+    """The DONE marker of the checkpoint a run is measured on (results older than it are redone)."""
+    return c.work / "target" / "DONE" if run in c.p.ablation.baselines else drafters_dir(c, seed) / run / "DONE"
 
 
 def st_tables(c: Ctx):
@@ -841,45 +829,36 @@ def units(c: Ctx, stage: str) -> list[Unit]:
                                 run={"run": r, "seed": seed}))
         return out
     ev = c.p.eval
+    decode = {"engine": fingerprint(c.p.engine.records_key()), "eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch}
+    natural = {"eval.stops": list(stop_strings(c.p, "natural"))}
+
+    def model(m: str, seed: int) -> dict:
+        return f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
+
+    def file_unit(path: Path, want: dict) -> Unit:  # a run file, its record beside it
+        return Unit(str(path), want, path.with_suffix(".meta.json"), [path])
+
+    def steps(m: str) -> dict:
+        return {"eval.mtp_steps": ev.mtp_steps} if method_class(m).uses_mtp_steps else {}
+
     if stage == "eval":
-        out = []
-        for ds, n, temp, mode, m, seed in eval_plan(c.p):
-            path = run_file(c.res, ds, temp, mode, m, seed)
-            model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
-            steps = {"eval.mtp_steps": ev.mtp_steps} if method_class(m).uses_mtp_steps else {}
-            want = dict(model, **{"engine": fingerprint(c.p.engine.records_key()), "eval.new_tokens": ev.new_tokens,
-                                  "eval.batch": ev.batch}, **steps,
-                        **({"eval.stops": list(stop_strings(c.p, mode))} if mode == "natural" else {}),
-                        **({"prompt_cut": PROMPT_CUT, "data.prompt_tokens": c.p.data.prompt_tokens}
-                           if ds in ev.ood else {}),
-                        run={"dataset": ds, "prompts": n, "temperature": temp, "method": m, "mode": mode,
-                             "seed": seed})
-            out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
-        return out
+        return [file_unit(run_file(c.res, ds, temp, mode, m, seed), dict(
+            model(m, seed), **decode, **steps(m), **(natural if mode == "natural" else {}),
+            **({"prompt_cut": PROMPT_CUT, "data.prompt_tokens": c.p.data.prompt_tokens} if ds in ev.ood else {}),
+            run={"dataset": ds, "prompts": n, "temperature": temp, "method": m, "mode": mode, "seed": seed}))
+            for ds, n, temp, mode, m, seed in eval_plan(c.p)]
     if stage == "curve":
-        out = []
-        for m, seed, k in curve_plan(c.p):
-            path = c.res / "curve" / m / f"humaneval_T0_s{seed}_step{k}.jsonl"
-            want = dict(drafter_fingerprint(c.p, m, f, seed), **{
-                "engine": fingerprint(c.p.engine.records_key()), "eval.new_tokens": ev.new_tokens,
-                "eval.batch": ev.batch,
-                "eval.stops": list(stop_strings(c.p, "natural"))},
-                run={"dataset": "humaneval", "prompts": ev.sets.get("humaneval", 0), "method": m, "seed": seed,
-                     "step": k})
-            out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
-        return out
+        return [file_unit(c.res / "curve" / m / f"humaneval_T0_s{seed}_step{k}.jsonl", dict(
+            model(m, seed), **decode, **natural, run={"dataset": "humaneval", "prompts": ev.sets.get("humaneval", 0),
+                                                      "method": m, "seed": seed, "step": k}))
+            for m, seed, k in curve_plan(c.p)]
     if stage == "verify":  # one unit per (method, verify mode, temperature) group of the study, first drafter seed
-        out, v, seed = [], c.p.study, a.seeds[0]
+        v = c.p.study
         study = fingerprint(verify_study.group_settings(v))  # `verify.*` minus which groups run
-        for m, mode, t in verify_study.groups(v):
-            path = verify_study.group_path(c.res / "verify", m, mode, t)
-            model = f["target"] if m in a.baselines else drafter_fingerprint(c.p, m, f, seed)
-            want = dict(model, **{"engine": fingerprint(c.p.engine), "verify": study},
-                        **({"eval.mtp_steps": c.p.eval.mtp_steps} if method_class(m).uses_mtp_steps else {}),
-                        **({"eval.stops": list(stop_strings(c.p, "natural"))} if v.eval_mode == "natural" else {}),
-                        run={"method": m, "verify": mode, "temperature": t})
-            out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path]))
-        return out
+        return [file_unit(verify_study.group_path(c.res / "verify", m, mode, t), dict(
+            model(m, a.seeds[0]), **{"engine": fingerprint(c.p.engine), "verify": study}, **steps(m),
+            **(natural if v.eval_mode == "natural" else {}), run={"method": m, "verify": mode, "temperature": t}))
+            for m, mode, t in verify_study.groups(v)]
     return []
 
 
@@ -921,8 +900,6 @@ def main(a):
     clock = Deadline(getattr(a, "deadline", None), getattr(a, "reserve", 30.0))
     rank, world, rank_dev = dist.init()
     c = Ctx(a)
-    from dmtp.cli.args import out_dir
-
     runnable(c.p, stages)
     costs = read_costs(c.work, getattr(a, "costs", None))
     if not c.force:  # every finished or half-done output with another configuration, refused before any work
@@ -1000,15 +977,11 @@ def _check_flags(a, stages: list[str]) -> None:
     if (getattr(a, "deadline", None) is not None or archive) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("--deadline and --archive run in one process (no torchrun)")
     if archive:
-        from dmtp.cli.args import out_file
-
         out_file(archive, "--archive")
 
 
 def _cpu_s() -> float:
     """CPU seconds of this process and its finished children (the corpus encoding's workers)."""
-    import resource
-
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
