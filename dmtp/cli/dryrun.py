@@ -23,11 +23,14 @@ labelled a projection, with the rates, the machine they came from and the accept
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from dmtp import preflight
+from dmtp.analysis.projection import project_rates, read_rates, render_rates
 from dmtp.checks import gist, require
 from dmtp.cli.fit import fit_groups, plan_for, run_configs
 from dmtp.experiment import drafter_config
@@ -44,8 +47,6 @@ from dmtp.profiles import resolve
 def _text_config(path: str | None, prof, flag: str = "--target"):
     """(HF text config, source, mismatches vs the profile). A checkpoint's config.json wins over the profile's dict;
     a checkpoint named (`flag`) without one is an error, never replaced by the profile's."""
-    from transformers import AutoConfig
-
     want = dict(prof.scale.target_config)
     if path:
         if not (Path(path) / "config.json").exists():
@@ -69,8 +70,6 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
     """Returns {"checks": [(name, ok, detail)], "params": {...}, "fit": {...} or None, ...}; raises nothing on a
     failed check. gpus / gpu_mem (GiB per card): the fit section (`fit`), at seq_len tokens per training sequence
     (default: the profile's max_seq_len)."""
-    from transformers import AutoModelForCausalLM
-
     prof = resolve(profile)
     sc = prof.scale
     require(sc.target_config, f"profile {profile!r} has no paper-scale target config (dry runs are for paper-scale "
@@ -96,7 +95,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
     except Exception as e:  # a config its model class cannot build: named, not a traceback
         raise ValueError(f"{source}: the target and its MTP head cannot be built from it ({type(e).__name__}: "
                          f"{gist(e)})") from None
-    H, L = tgt.hidden_size, tgt.num_layers
+    H = tgt.hidden_size
     check("config matches profile", not mismatch, ", ".join(f"{k}: {_differ(a, b)}" for k, (a, b) in
                                                               mismatch.items()))
     check("layer types known", set(tgt.layer_types) <= {"full_attention", "linear_attention"},
@@ -193,8 +192,6 @@ def fit_section(prof, target, configs, gpus: int, gpu_mem: float, seq_len: int) 
     the micro-batch chosen, the rest as the profile sets it) and, where they do not fit together, the groups
     `dmtp reproduce` would train (`cli.fit.fit_groups`), and evaluation at the evaluation batch over seq_len + new
     tokens. configs: every drafter built (the largest counted where the plan covers them all)."""
-    from dataclasses import replace
-
     t, target_config = replace(prof.train, max_len=seq_len), target.to_dict()
     one = spec_of([c for c in configs if c.backbone == "dflash"] or configs)  # the paper's drafter
     kw = dict(gpus=gpus, gpu_gb=gpu_mem, seq_len=seq_len, anchors=t.anchors_per_seq, fused_ce=t.fused_ce,
@@ -300,8 +297,6 @@ def _differ(a, b) -> str:
 
 def read_rates_files(paths, profile: str) -> list[tuple[str, dict]]:
     """The --rates files, checked before any work (`projection.read_rates`); one of another profile is refused."""
-    from dmtp.analysis.projection import read_rates
-
     out = []
     for p in paths:
         try:
@@ -315,8 +310,6 @@ def read_rates_files(paths, profile: str) -> list[tuple[str, dict]]:
 
 
 def projections(rates: list[tuple[str, dict]], gpus: int) -> str:
-    from dmtp.analysis.projection import project_rates, render_rates
-
     return "\n\n".join(render_rates(project_rates(r, gpus=gpus), source=p) for p, r in rates)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from dmtp.analysis.lossless import add_top2_gaps, compare
@@ -44,8 +45,6 @@ def main(argv=None):
 
 
 def run(a):
-    import pandas as pd
-
     methods = [AR.name] + [m for m in a.methods if m != AR.name]  # the reference first
     # --- checked before any model is loaded ---
     out = out_dir(a.out)

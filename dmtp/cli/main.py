@@ -28,13 +28,19 @@ records batch by batch and a rerun resumes; an output or drafter made with anoth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
+import importlib
 import json
+import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+import torch
+from tqdm import tqdm
 
 from dmtp import checks, dist, preflight
 from dmtp.analysis.metrics import acceptance_length
@@ -171,8 +177,6 @@ def cmd_generate(a):
 
 
 def generate_into(a, out: Path):
-    import torch
-
     # --- everything checked before any model is loaded ---
     meta = Path(str(out) + ".meta.json")
     dev = args.device(a.device)
@@ -277,8 +281,6 @@ def _generate_prompts(a, cfg, tok, dataset) -> list[dict]:
 def _decode_batches(a, out: Path, tgt, method, tok, prompts, todo, done, run: dict, say) -> None:
     """Decode the batches `todo` (prompt offsets) and append each one's records to `out` as soon as it is done
     (`run`: eos, stops, dataset, engine)."""
-    from tqdm import tqdm
-
     kind = engine_for(tgt, run["engine"])
     say(f"decoding batch 1 of {len(todo)} on the {kind} engine" + (
         ": the first batch compiles each stage (or reads it from the compile cache) and captures it"
@@ -304,10 +306,6 @@ def _decode_batches(a, out: Path, tgt, method, tok, prompts, todo, done, run: di
 
 
 def cmd_train(a):
-    import contextlib
-
-    import torch
-
     from dmtp.cli.fit import fit_training, modelled
     from dmtp.data.tokens import is_store, store_of
     from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
@@ -469,7 +467,6 @@ def _train_profile(a):
     prof = None
     d = dict(_TRAIN_DEFAULTS)
     if a.profile:
-
         prof = resolve(a.profile)
         t = prof.train
         d.update(steps=t.steps, batch_size=t.batch_size, max_len=t.max_len, layers=prof.drafter.layers, lr=t.lr,
@@ -487,8 +484,6 @@ def command(module: str, name: str = "main"):
     """`dmtp.cli.<module>.<name>`, imported when the subcommand runs: `dmtp generate` does not import the pipeline's
     report and figures, nor the dry run's training code."""
     def run(*a, **kw):
-        import importlib
-
         return getattr(importlib.import_module(f"dmtp.cli.{module}"), name)(*a, **kw)
     return run
 
@@ -704,8 +699,6 @@ def run_as_command() -> None:
     finished collectives' work objects then, and freeing them while the interpreter is torn down aborts the rank
     ("terminate called without an active exception", SIGABRT) after it has done its work. An uncaught exception
     still ends the usual way, with its traceback."""
-    import os
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         main()
         return

@@ -58,7 +58,7 @@ from dmtp.analysis import ratios as RT
 from dmtp.checks import require
 from dmtp.cli.args import (at_least, checkpoint, compile_cache_flag, guard, listed, names, number, out_dir, temperature,
                            use_compile_cache)
-from dmtp.cli.bench.common import Stamped, merge_overhead, merge_rows
+from dmtp.cli.bench.common import Stamped, engine_setting, merge_overhead, merge_rows
 from dmtp.cli.bench.shapes import mini_shape, paper_shape
 from dmtp.cli.bench.trained import PARTS, Bench, throughput_ratios
 from dmtp.config import VERIFY_MODES
@@ -81,8 +81,6 @@ def server_variants(s: str) -> list[str]:
 
 def engine_label(s: str) -> str:
     """argparse type: an engine label (`bench.common.engine_setting`: "<engine>[+dense][+gw][+tuned|+timed]")."""
-    from dmtp.cli.bench.common import engine_setting
-
     try:
         engine_setting(s)
     except ValueError as e:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from torch.profiler import ProfilerActivity, profile
+
 from dmtp.analysis.kernels import device_times, summary as kernel_summary
 from dmtp.cli.bench.common import sync, timed
 from dmtp.config import EngineConfig
@@ -18,8 +20,6 @@ def kernel_profile(tgt, m, prompts, tokens, path: Path, temperature: float = 0.0
     over a `tokens`-token decode at `temperature` (CUDA graphs off, so every kernel is seen by name; the compiled
     engine launches the same kernels either way). `tokens` and `capacity` as when timed: the same shapes, the
     compiled code reused."""
-    from torch.profiler import ProfilerActivity, profile
-
     eng = EngineConfig.of(engine).with_(graphs=False)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         generate(tgt, m, prompts, temperature, tokens, seed=0, engine=eng, capacity=capacity)
@@ -41,8 +41,6 @@ def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> 
     its time by kind of kernel (`dmtp.analysis.kernels`), and the profiler's table sorted by host time (`path`);
     returns {group, host_ms, device_ms} (+ compiled_host_ms, first_tokens_equal with a graphed pass): a host time
     far above the device time is host-bound work (guards, wrappers, launches)."""
-    from torch.profiler import ProfilerActivity, profile
-
     dev = srv.target.device
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     g = max(1, min(srv.eng.admit, srv.cap, len(srv.batch.wall)))
