@@ -45,6 +45,9 @@ verdict only, no timings) from an existing curves.csv with the same code, withou
 from __future__ import annotations
 
 import argparse
+import csv
+import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -52,6 +55,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
 
 from dmtp.checks import require
 from dmtp.io import atomic_path, environment, write_json, write_text
@@ -132,14 +139,10 @@ def steady_tokens_per_s(history: list[dict]) -> float | None:
 
 def smooth(y, window: int):
     """Centred moving average over `window` history points (shorter at the ends)."""
-    import pandas as pd
-
     return pd.Series(y, dtype=float).rolling(window, center=True, min_periods=1).mean().to_numpy()
 
 
 def _stats(diff, steps) -> dict:
-    import numpy as np
-
     a = np.abs(diff)
     return {"steps": [int(steps[0]), int(steps[-1])], "max_abs": float(a.max()), "mean_abs": float(a.mean()),
             "mean_signed": float(diff.mean())}
@@ -148,8 +151,6 @@ def _stats(diff, steps) -> dict:
 def pair_diff(ref: list[dict], other: list[dict], window: int) -> dict:
     """|loss difference| of `other` against `ref` (two histories) after smoothing, at their common steps: whole run
     and per quarter of the common steps; signed = other - ref."""
-    import numpy as np
-
     r = {h["step"]: h["loss"] for h in ref}
     steps = [h["step"] for h in other if h["step"] in r]
     require(steps, "two curves without a common step")
@@ -278,8 +279,6 @@ def _title(prof, runs: dict, n, diff: dict, head: str, speed: str = "") -> str:
 def read_curves(path: Path, strict: bool = True) -> dict:
     """curves.csv back into {world: {"history": [...]}} (world an int, or a control's label); strict: exactly the
     curves of world 1 and one N > 1 (and any controls)."""
-    import csv
-
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows or not {"step", "loss", "mtp_loss", "world"} <= set(rows[0]):
@@ -296,8 +295,6 @@ def read_curves(path: Path, strict: bool = True) -> dict:
 
 
 def replot(a):
-    import hashlib
-
     prof = get_profile(a.profile)
     override(prof, a.set)
     src = Path(a.replot)
@@ -356,8 +353,6 @@ def pool_groups(files: list[Path]) -> tuple[dict, int]:
 def pool_compare(runs: dict, n: int, window: int) -> dict:
     """Pairwise smoothed loss differences, by kind of pair: "1 vs 1" (same-seed 1-process repeats: the noise floor),
     "N vs 1", "N vs N", "seed S vs 1"; per kind the pairs and the mean, min and max of their max and mean |diff|."""
-    import itertools
-
     kinds = {}
     for (ka, a), (kb, b) in itertools.combinations(runs.items(), 2):
         ga, gb = a["group"], b["group"]
@@ -392,8 +387,6 @@ def plot_pool(runs: dict, res: dict, window: int, path: Path, title: str):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-
     fig, ax = plt.subplot_mosaic([["c", "p"], ["d", "p"]], figsize=(11, 6.5),
                                  gridspec_kw={"width_ratios": [2.2, 1], "height_ratios": [3, 1.3]})
     ones = [r for r in runs.values() if r["group"] == "1"]
@@ -439,8 +432,6 @@ def plot_pool(runs: dict, res: dict, window: int, path: Path, title: str):
 
 
 def pool(a):
-    import hashlib
-
     prof = get_profile(a.profile)
     override(prof, a.set)
     files = [Path(f) for f in a.pool]
@@ -468,8 +459,6 @@ def pool(a):
 
 
 def run(a):
-    import torch
-
     prof = get_profile(a.profile)
     require(a.tokens is not None, "--tokens is required (unless --replot)")
     work = Path(a.work)

@@ -31,6 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+import transformers
+
+from dmtp.engine.methods import AR, build_method
+from dmtp.engine.runner import run_generate
+from dmtp.io import git_sha, write_json, write_text
+from dmtp.memory import plan_training, with_layers
+from dmtp.profiles import get_profile
+from dmtp.training.drafters import new_drafters
 from experiments import paper_width as pw
 
 STAGES = ("regen", "eval", "train")  # in the order they run (training, the largest in memory, last)
@@ -38,8 +47,6 @@ STAGES = ("regen", "eval", "train")  # in the order they run (training, the larg
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[dict]:
     """n prompts of `length` random token ids (a fixed seed)."""
-    import torch
-
     g = torch.Generator().manual_seed(seed)
     return [{"id": str(i), "prompt_ids": torch.randint(0, vocab, (length,), generator=g).tolist()} for i in range(n)]
 
@@ -47,8 +54,6 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[dict]:
 def timed_decode(tgt, method, rows, temperature: float, new: int, warmup_new: int, engine, dev) -> dict:
     """A warm-up batch of `warmup_new` tokens, then the timed batch of exactly `new` tokens a request (mode fixed):
     wall seconds, tokens, rounds (the batch's verify rounds: its longest request's) and the rates."""
-    from dmtp.engine.runner import run_generate
-
     def once(n):
         pw.sync(dev)
         t0 = time.perf_counter()
@@ -66,8 +71,6 @@ def timed_decode(tgt, method, rows, temperature: float, new: int, warmup_new: in
 
 
 def stage_regen(tgt, a, prof, dev) -> dict:
-    from dmtp.engine.methods import AR
-
     d = prof.data
     rows = prompts(a.regen_batch or d.batch, a.regen_prompt, tgt.vocab_size, a.seed)
     out = timed_decode(tgt, AR(), rows, d.temperature, a.regen_new, a.warmup_new, prof.engine, dev)
@@ -75,9 +78,6 @@ def stage_regen(tgt, a, prof, dev) -> dict:
 
 
 def stage_eval(tgt, mtp, base, a, prof, layers: int, dev, dtype) -> dict:
-    from dmtp.engine.methods import build_method
-    from dmtp.training.drafters import new_drafters
-
     b = {**base, "num_target_layers": layers, "target_layer_ids": [], "seed": a.seed}
     drafter = new_drafters(tgt, [a.eval_method], b)[a.eval_method].to(dtype).eval()
     method = build_method(a.eval_method, tgt, drafter=drafter, mtp=mtp)
@@ -90,8 +90,6 @@ def stage_eval(tgt, mtp, base, a, prof, layers: int, dev, dtype) -> dict:
 
 def stage_train(tgt, mtp, base, a, cfg, layers: int, dev, card_gib: float | None, global_batch: int) -> dict:
     """One drafter's steps at the plan for this depth on this card (paper_width's row), its rate and peak."""
-    from dmtp.memory import plan_training, with_layers
-
     t = argparse.Namespace(seq_len=a.seq_len, anchors=a.anchors, variant=a.eval_method, steps=a.train_steps,
                            compile=a.compile, seed=a.seed, memory_trace=False, accumulation=a.accumulation,
                            micro_batch=0, batch=1, fsdp="off", grad_sync="last")
@@ -111,8 +109,6 @@ def stage_train(tgt, mtp, base, a, cfg, layers: int, dev, card_gib: float | None
 
 def depth_for(cfg: dict, d, a, card_gib: float | None, global_batch: int) -> int:
     """The full depth where the memory model's one-card training plan fits the card, else the largest that does."""
-    from dmtp.memory import plan_training, with_layers
-
     if a.layers:
         return a.layers
     for n in range(cfg["num_hidden_layers"], 4, -1):
@@ -184,12 +180,6 @@ def main(argv=None):
             a.regen_prompt, a.regen_new, a.eval_prompt, a.eval_new))
         a.warmup_new, a.regen_batch, a.eval_batch = min(a.warmup_new, 2), a.regen_batch or 4, a.eval_batch or 4
         a.train_steps = min(a.train_steps, 2)
-    import torch
-    import transformers
-
-    from dmtp.io import git_sha, write_json, write_text
-    from dmtp.profiles import get_profile
-
     prof = get_profile(a.profile)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     card = torch.cuda.get_device_properties(dev).total_memory / pw.GIB if dev.type == "cuda" else None

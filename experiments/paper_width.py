@@ -49,6 +49,21 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from dmtp.config import TrainConfig
+from dmtp.experiment import drafter_config
+from dmtp.io import git_sha, write_json, write_text
+from dmtp.memory import USABLE, TrainSetting, capacity, drafter_ce_chunk, plan_training, train_terms, with_layers
+from dmtp.models.drafter import DrafterConfig, default_target_layer_ids
+from dmtp.models.mtp import MTPHead
+from dmtp.models.target import Target
+from dmtp.profiles import get_profile
+from dmtp.training.drafters import extract, lr_at, new_drafters, spec_of, train_drafters
+from experiments.memory_peak import peak_report, recording
+
 GIB = 2 ** 30
 
 
@@ -57,8 +72,6 @@ PROFILES = ("qwen3.6-27b", "qwen3.6-35b-a3b")  # the paper targets with a stand-
 
 def stand_in_config(tiny: bool, profile: str = "qwen3.6-27b") -> dict:
     """The profile's target config; tiny: the same layer pattern, vocabulary and expert count at width 64."""
-    from dmtp.profiles import get_profile
-
     cfg = dict(get_profile(profile).scale.target_config)
     if tiny:
         cfg.update(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
@@ -72,11 +85,6 @@ def stand_in_config(tiny: bool, profile: str = "qwen3.6-27b") -> dict:
 
 def drafter_base(cfg: dict, tiny: bool, profile: str = "qwen3.6-27b") -> dict:
     """The profile's 5-layer drafter on this target (tiny: width 64, 4/2 heads of 16, FFN 128)."""
-    from transformers import AutoConfig
-
-    from dmtp.experiment import drafter_config
-    from dmtp.profiles import get_profile
-
     kw = dict(cfg)
     base = drafter_config(get_profile(profile), AutoConfig.for_model(kw.pop("model_type"), **kw))
     if tiny:
@@ -86,16 +94,11 @@ def drafter_base(cfg: dict, tiny: bool, profile: str = "qwen3.6-27b") -> dict:
 
 def spec(cfg: dict, base: dict, variant: str):
     """The memory model's view of the drafter (built on the meta device: exact counts, the variant's slots)."""
-    from dmtp.models.drafter import DrafterConfig
-    from dmtp.training.drafters import spec_of
-
     return spec_of([DrafterConfig(**{k: v for k, v in base.items() if k in DrafterConfig.__dataclass_fields__},
                                   variant=variant)])
 
 
 def setting(a, checkpointing: bool, d):
-    from dmtp.memory import TrainSetting, drafter_ce_chunk
-
     micro = a.micro_batch or a.batch
     rows = micro * a.anchors * d.slots
     return TrainSetting(world=1, micro_batch=micro, seq_len=a.seq_len, anchors=a.anchors, shard_target=False,
@@ -107,16 +110,12 @@ def setting(a, checkpointing: bool, d):
 def predict(cfg: dict, layers: int, d, a, checkpointing: bool) -> dict:
     """The model's terms for the stand-in at `layers` layers and drafter spec d (its shape does not depend on the
     depth: K = 5 taps wherever they are)."""
-    from dmtp.memory import train_terms, with_layers
-
     return train_terms(with_layers(cfg, layers), d, setting(a, checkpointing, d))
 
 
 def planned(cfg: dict, d, a, gpu_gb: float, global_batch: int):
     """The training setting `dmtp dryrun --gpus 1 --gpu-mem gpu_gb` plans for the full-depth target on one card
     (`memory.plan_training`, as `cli.dryrun.fit_section` calls it, for this drafter)."""
-    from dmtp.memory import plan_training
-
     return plan_training(cfg, d, gpus=1, gpu_gb=gpu_gb, seq_len=a.seq_len, anchors=a.anchors,
                          global_batch=global_batch)
 
@@ -167,7 +166,6 @@ def gdn_bench(cfg: dict, batch: int, seq_len: int, dev, dtype, repeats: int = 3)
     imports; times the number of GDN layers gives a feature pass's share."""
     import inspect
 
-    import torch
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
     nv, dk, dv = cfg["linear_num_value_heads"], cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
@@ -203,13 +201,6 @@ def build(cfg: dict, layers: int, device, dtype, seed: int, experts: str = "defa
     """The random-weight stand-in at `layers` layers and its random MTP head, on `device`; an MoE target's experts
     through transformers' `experts` implementation ("default": transformers' choice, as `Target.load` gets it;
     "eager": a loop over the experts hit; "grouped_mm", "batched_mm")."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from dmtp.memory import with_layers
-    from dmtp.models.mtp import MTPHead
-    from dmtp.models.target import Target
-
     kw = with_layers(cfg, layers)
     hf = AutoConfig.for_model(kw.pop("model_type"), **kw)
     torch.manual_seed(seed)
@@ -222,18 +213,12 @@ def build(cfg: dict, layers: int, device, dtype, seed: int, experts: str = "defa
 
 
 def sync(dev):
-    import torch
-
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
 
 def time_features(tgt, mtp, ids, taps, dev, amp, repeats: int = 3) -> float:
     """Median seconds of the target's feature pass (taps and hidden states, no logits) plus the MTP head's."""
-    import torch
-
-    from dmtp.training.drafters import extract
-
     lengths = torch.full((ids.shape[0],), ids.shape[1])
     out = []
     for _ in range(repeats + 1):  # the first warms up (kernels, autotuning)
@@ -253,16 +238,12 @@ class StepPeaks:
     read / reset: the peak counter (default torch.cuda's, on CUDA; none elsewhere)."""
 
     def __init__(self, cfg, dev, read=None, reset=None):
-        import torch
-
         cuda = dev.type == "cuda"
         self.cfg, self.peaks, self.calls = cfg, [], 0
         self.read = read or ((lambda: torch.cuda.max_memory_allocated(dev)) if cuda else None)
         self.reset = reset or ((lambda: torch.cuda.reset_peak_memory_stats(dev)) if cuda else (lambda: None))
 
     def __call__(self, step: int) -> float:
-        from dmtp.training.drafters import lr_at
-
         if self.calls and self.read:
             self.peaks.append(self.read())
         self.calls += 1
@@ -276,13 +257,6 @@ class StepPeaks:
 
 
 def run_row(tgt, mtp, base: dict, a, layers: int, checkpointing: bool, dev, work: Path, out: Path) -> dict:
-    import torch
-
-    from dmtp.config import TrainConfig
-    from dmtp.io import write_text
-    from dmtp.training.drafters import new_drafters, train_drafters
-    from experiments.memory_peak import peak_report, recording
-
     g = torch.Generator().manual_seed(a.seed)
     seqs = [torch.randint(0, tgt.vocab_size, (a.seq_len,), generator=g).tolist() for _ in range(a.batch)]
     b = {**base, "num_target_layers": layers, "target_layer_ids": [], "seed": a.seed}
@@ -409,13 +383,6 @@ def main(argv=None):
     for flag, v in (("--plan", a.plan), ("--accumulation", a.accumulation), ("--global-batch", a.global_batch)):
         if v < 0:
             ap.error(f"{flag} {v:g}: expected a number >= 0")
-    import torch
-    import transformers
-
-    from dmtp.io import git_sha, write_json, write_text
-    from dmtp.memory import USABLE, capacity
-    from dmtp.profiles import get_profile
-
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if a.memory_trace and dev.type != "cuda":
         ap.error(f"--memory-trace records CUDA allocations; the device is {dev}")
@@ -444,8 +411,6 @@ def main(argv=None):
            "rows": []}
     t0 = time.perf_counter()
     out = Path(a.out)
-    from dmtp.memory import with_layers
-    from dmtp.models.drafter import default_target_layer_ids
 
     def save():
         rec["wall_s"] = time.perf_counter() - t0

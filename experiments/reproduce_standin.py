@@ -23,6 +23,21 @@ import json
 import random
 from pathlib import Path
 
+import pandas as pd
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from dmtp.analysis.projection import FULL_27B, project, render
+from dmtp.cli.reproduce import RANDOM_WEIGHTS
+from dmtp.io import atomic_dir, atomic_path, make_readable, save_safetensors, write_json, write_text
+from dmtp.models import tiny
+from dmtp.models.drafter import default_target_layer_ids
+from dmtp.models.mtp import MTPHead, save_target_with_mtp
+from dmtp.models.target import Target, read_config
+from dmtp.profiles import get_profile
+
 # a Qwen-style chat template: user / assistant turns, and an empty think block when thinking is off
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -35,9 +50,6 @@ WORDS = ("the a number of apples box train code list value sum prime river poem 
 def tokenizer(vocab_size: int | None = None):
     """A byte-level tokenizer (256 byte tokens, then <|im_end|> (end of text) and <|im_start|>) with the chat
     template; `vocab_size`: padded with filler tokens to that many ids, so every id a random target emits decodes."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {c: i for i, c in enumerate(alphabet)}
     fill = max(0, (vocab_size or 0) - len(vocab) - 2)
@@ -61,10 +73,6 @@ def _text(rng: random.Random, n: int) -> str:
 
 def write_sets(root: Path, n: int = 8, n_train: int = 16, seed: int = 0) -> dict[str, Path]:
     """n rows of each evaluation set and n_train OpenPerfectBlend conversations, in their published formats."""
-    import pandas as pd
-
-    from dmtp.io import atomic_path, write_text
-
     def parquet(df, path):
         with atomic_path(path) as tmp:
             df.to_parquet(tmp)
@@ -112,8 +120,6 @@ def tiny_target(out: Path, arch: str = "qwen3_5_hybrid", seed: int = 0, layout: 
     above (vocabulary 260: the tokenizer's 258 ids and two spare). layout "vl": the same weights as Qwen3.5/3.6 ship
     them (`Qwen3_5[Moe]ForConditionalGeneration`: nested text_config, a small vision tower, `model.language_model.*`
     keys); experts (MoE): "fused" or "per_expert" (one tensor per expert, as the Qwen3.6-35B-A3B checkpoint)."""
-    from dmtp.models import tiny
-
     tok = tokenizer()
     tgt, mtp = tiny.build(arch, seed=seed, vocab=len(tok) + 2, eos=tok.eos_token_id)
     if layout == "vl":
@@ -130,10 +136,6 @@ def tiny_target(out: Path, arch: str = "qwen3_5_hybrid", seed: int = 0, layout: 
 def save_vl(text_model, mtp, out: Path, experts: str = "fused") -> None:
     """`text_model`'s weights (a Qwen3.5 / Qwen3.5-MoE causal LM) inside the vision-language class the Qwen3.5/3.6
     releases use, with a one-block vision tower, saved with its MTP head."""
-    import transformers
-
-    from dmtp.models.mtp import save_target_with_mtp
-
     moe = text_model.config.model_type == "qwen3_5_moe_text"
     Config = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
     VLM = transformers.Qwen3_5MoeForConditionalGeneration if moe else transformers.Qwen3_5ForConditionalGeneration
@@ -147,17 +149,12 @@ def save_vl(text_model, mtp, out: Path, experts: str = "fused") -> None:
 
 def mark_random(out: Path) -> None:
     """The stand-in's mark (`dmtp.cli.reproduce.RANDOM_WEIGHTS`): its weights are random, never trained."""
-    from dmtp.cli.reproduce import RANDOM_WEIGHTS
-    from dmtp.io import write_json
-
     write_json(out / RANDOM_WEIGHTS, {"weights": "random (never trained)", "made_by": "experiments.reproduce_standin",
                                       "acceptance": "not measured on this target: its drafters are accepted at chance"})
 
 
 def save_tokenizer(tok, out: Path) -> None:
     """The tokenizer files, its chat template inside tokenizer_config.json (as Qwen's releases ship it)."""
-    from dmtp.io import make_readable, write_json
-
     tok.save_pretrained(out)
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     cfg["chat_template"] = TEMPLATE
@@ -170,13 +167,6 @@ def paper_target(out: Path, profile: str = "qwen3.6-27b", layers: int = 4, devic
                  std: float = 0.02) -> Path:
     """The profile's target config with its depth cut to `layers` (3 Gated DeltaNet : 1 attention, as the model),
     random weights in bf16, the native MTP head, and a tokenizer padded to the config's vocabulary."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from dmtp.models.mtp import MTPHead, save_target_with_mtp
-    from dmtp.models.target import Target
-    from dmtp.profiles import get_profile
-
     kw = dict(get_profile(profile).scale.target_config)
     kw.update(num_hidden_layers=layers, layer_types=kw["layer_types"][:layers])
     tok = tokenizer(kw["vocab_size"])
@@ -204,12 +194,6 @@ def public_dflash(out: Path, target: Path, layers: int = 1, heads: int = 4, kv_h
                   intermediate: int = 128, mask_token_id: int = 2, seed: int = 0) -> Path:
     """A random DFlash drafter for `target` written in the public layout (config `dflash_config`, `layers.N.*`, `fc`,
     `hidden_norm`, `norm`; no embedding or head), as z-lab's drafters ship: what `--init-from` continues."""
-    import torch
-
-    from dmtp.io import atomic_dir, save_safetensors, write_json
-    from dmtp.models.drafter import default_target_layer_ids
-    from dmtp.models.target import read_config
-
     t = read_config(target)
     H, taps = t.hidden_size, default_target_layer_ids(t.num_hidden_layers, layers)
     g = torch.Generator().manual_seed(seed)
@@ -275,26 +259,18 @@ def main(argv=None):
         out = Path(a.out)
         target = tiny_target(out / "target", a.arch, layout=a.layout, experts=a.experts) if a.tiny else \
             paper_target(out / "target", a.profile, a.layers, a.device)
-        from dmtp.profiles import get_profile
-
         d = get_profile(a.profile).drafter  # the paper drafter's shape (z-lab's Qwen3.6 drafters), one layer
         public_dflash(out / "dflash", target, **({} if a.tiny else dict(
             heads=d.heads, kv_heads=d.kv_heads, head_dim=d.head_dim, intermediate=d.intermediate,
             mask_token_id=d.mask_token_id)))
         files = write_sets(out / "data", a.rows, a.train_rows)
-        from dmtp.io import write_text
-
         flags = " ".join(data_flags(files))  # the paths hold no spaces or quotes: --out is refused otherwise
         write_text(out / "data.flags", flags + "\n")
         print(flags)
         return
-    from dmtp.analysis.projection import FULL_27B, project, render
-
     stages = json.loads(Path(a.stages).read_text())
     proj = project(stages, FULL_27B, gpus=a.gpus)
     if a.json:
-        from dmtp.io import write_json
-
         write_json(a.json, dict(proj, source=str(a.stages)))
     print(render(proj))
 

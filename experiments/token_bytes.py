@@ -13,6 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from dmtp.data.tokens import convert
+from dmtp.io import atomic_path, write_json
+
 PROBE = """
 import sys, tracemalloc
 from dmtp.training.drafters import batches, load_sequences
@@ -34,11 +39,6 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=1000, help="tokens per sequence")
     ap.add_argument("--out", required=True, help="folder for the JSONL and its store")
     a = ap.parse_args(argv)
-    import numpy as np
-
-    from dmtp.data.tokens import convert
-    from dmtp.io import atomic_path, write_json
-
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     src = out / "data.jsonl"
