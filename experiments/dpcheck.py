@@ -75,14 +75,6 @@ NOISE_ATOL = 1e-3  # ... plus this (nats) and still be "within noise"
 REPEAT = "1-control"  # curves.csv / summary labels of the control runs
 
 
-def seed_label(seed: int) -> str:
-    return f"{REPEAT}-seed{seed}"
-
-
-def split_label(n: int, k: int) -> str:
-    return f"{n}to1@{k}"
-
-
 def run_kind(w) -> tuple[str, str | None]:
     """What a run label (curves.csv `world`) names: ("1", None), ("N", "<n>"), ("repeat", None), ("seed", "<S>") or
     ("split", "<n>to1@<K>")."""
@@ -490,12 +482,12 @@ def run(a):
     if a.control:
         plan.append((REPEAT, 1, sets))
     if a.control_seed is not None:
-        plan.append((seed_label(a.control_seed), 1, sets + [f"pretrain.seed={a.control_seed}"]))
+        plan.append((f"{REPEAT}-seed{a.control_seed}", 1, sets + [f"pretrain.seed={a.control_seed}"]))
     _log(f"{prof.name}: {a.tokens:,} tokens = {steps} steps of {step_tokens:,} tokens, 1 vs {n} processes "
          f"({'nccl, ' + str(gpus) + ' GPU(s)' if gpus else 'gloo, CPU'})"
          + (f", controls {', '.join(str(w) for w, _, _ in plan[2:])}" if plan[2:] else "") + f"; scratch {scratch}")
     runs = {w: run_world(world, prof, work, scratch, s, label=w) for w, world, s in plan}
-    split = split_label(n, a.split) if a.split else None
+    split = f"{n}to1@{a.split}" if a.split else None
     if split:  # n processes to step K (resumable state), then 1 process resumes to the end
         run_world(n, prof, work, scratch, sets + [f"pretrain.stop_after={a.split}"], label=split, collect=False)
         runs[split] = run_world(1, prof, work, scratch, sets, label=split, fresh=False)
