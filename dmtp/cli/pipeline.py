@@ -726,7 +726,7 @@ def st_verify(c: Ctx):
     tgt, mtp = c.target()
     tok = c.tok
     want = {g: u.want for g, u in plan}
-    verify_study.study(tgt, mtp, drafters_dir(c, seed), verify_study.humaneval_ids(tok, v.prompts),
+    verify_study.study(tgt, mtp, drafters_dir(c, seed), encode_prompts(tok, humaneval_prompts(v.prompts)),
                        v, out, [tok.eos_token_id], c.p.eval.mtp_steps,
                        stop=stop_spec(tgt, tok, v.eval_mode, stop_strings(c.p, v.eval_mode)),
                        todo=todo, want=lambda *g: want[g], log=c.log, engine=c.eng)
@@ -854,7 +854,8 @@ def units(c: Ctx, stage: str) -> list[Unit]:
             for m, seed, k in curve_plan(c.p)]
     if stage == "verify":  # one unit per (method, verify mode, temperature) group of the study, first drafter seed
         v = c.p.study
-        study = fingerprint(verify_study.group_settings(v))  # `verify.*` minus which groups run
+        # what makes a group's records beside its method, mode and temperature: `verify.*` minus which groups run
+        study = fingerprint({k: x for k, x in vars(v).items() if k not in ("methods", "modes", "temperatures")})
         return [file_unit(verify_study.group_path(c.res / "verify", m, mode, t), dict(
             model(m, a.seeds[0]), **{"engine": fingerprint(c.p.engine), "verify": study}, **steps(m),
             **(natural if v.eval_mode == "natural" else {}), run={"method": m, "verify": mode, "temperature": t}))

@@ -35,7 +35,6 @@ from dmtp.analysis.metrics import acceptance_length
 from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.cli.bench.common import timed
 from dmtp.config import VerifyConfig
-from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import AR, load_method
 from dmtp.engine.server import Server
@@ -50,11 +49,6 @@ def groups(cfg: VerifyConfig) -> list[tuple[str, str, float]]:
 
 def group_path(out: Path, method: str, verify: str, temperature: float, dataset: str = "humaneval") -> Path:
     return out / "runs" / method / verify / f"{dataset}_T{temperature:g}.jsonl"
-
-
-def group_settings(cfg: VerifyConfig) -> dict:
-    """What makes a group's records, beside its method, mode and temperature (not which groups run)."""
-    return {k: v for k, v in vars(cfg).items() if k not in ("methods", "modes", "temperatures")}
 
 
 def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg: VerifyConfig, eos,
@@ -155,8 +149,3 @@ def ceilings(tgt, out: Path, prompts: list[dict]):
             rows.append({"temperature": temp, "k": k, "position": 0, "ceiling": c["acceptance_length"]})
     if rows:
         write_text(out / "oracle.csv", pd.DataFrame(rows).to_csv(index=False))
-
-
-def humaneval_ids(tok, n: int) -> list[dict]:
-    """The first n HumanEval prompts as the eval stage encodes them (`datasets.encode_prompts`)."""
-    return encode_prompts(tok, humaneval_prompts(n))
