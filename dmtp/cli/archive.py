@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from dmtp.checks import require
+from dmtp.cli.args import out_dir
 from dmtp.io import atomic_dir, atomic_path, compact, read_json
 
 STATUS = "pipeline.json"  # the run's state, inside the packed folder
@@ -92,8 +93,6 @@ def land(archive: Path, results: Path, partial: bool = False, report: bool = Tru
     archive, results = Path(archive), Path(results)
     if not archive.is_file():
         raise FileNotFoundError(f"{archive}: no such archive")
-    from dmtp.cli.args import out_dir
-
     out_dir(results, "--results")  # a file there, or no right to write: named before anything is unpacked
     with tempfile.TemporaryDirectory(dir=results.parent if results.parent.exists() else None) as tmp:
         try:
