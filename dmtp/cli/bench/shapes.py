@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
 
 from dmtp.analysis.ratios import Ratio
 from dmtp.cli.bench.baselines import batch1_baselines, kernel_sweep, regeneration, regeneration_ratio
@@ -37,8 +38,6 @@ def paper_shape(a, dev, spec: AblationSpec, save=lambda *parts: None) -> tuple[l
     what matters is the time per stage —, with both attention kernels of the compiled engine (`KINDS`). Then the
     batch-1 baselines (`batch1_baselines`) and verify of `--batch` x 8 rows against an AR step. Returns overhead rows,
     ratios and baseline rows, also handed to `save` after each part (a run cut short keeps what it measured)."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
