@@ -5,13 +5,16 @@ the target's weights, the data, the drafters' weights, the evaluation records â€
 
     python -m experiments.chains_check --work /tmp/cw --out /tmp/chains                     # K = 1, 2, 3 (one GPU)
     python -m experiments.chains_check --work /tmp/cw --out /tmp/chains --k 1,2 --profile smoke   # CPU, a minute
+    python -m experiments.chains_check --work /tmp/cw --out /tmp/t --k 1 --stages target   # two lone pretrainings
 
 The corpus and tokenizer are built once in --work (`dmtp pipeline --stage corpus,tokenizer`) and copied into each
 chain's own work folder; each chain then runs `--stage target,data,drafters,eval` with the slice's settings (--set,
-repeatable, after the defaults below). Writes OUT/chains.json and OUT/chains.csv (K, chain, stage, seconds) and prints
-a table: per K the median stage time over its chains, the throughput gain K x t1 / tK, and the chains whose outputs
-differ from the lone chain's. An untimed lone chain runs first (`--no-warm-up`: none), so K = 1 is not charged the
-compiles the later chains read from the cache; its outputs are compared as well.
+repeatable: each replaces the same key of the slice below). Writes OUT/chains.json and OUT/chains.csv (K, chain,
+stage, seconds) and prints a table: per K the median stage time over its chains, the throughput gain K x t1 / tK, and
+the chains whose outputs differ from the lone chain's. An untimed lone chain runs first (`--no-warm-up`: none), so K =
+1 is not charged the compiles the later chains read from the cache; its outputs are compared as well. A chain that
+fails (e.g. K chains that do not fit the card's memory) is recorded with its error line and the other counts still
+run. Exit status 0 only when every chain finished with the lone chain's outputs.
 """
 from __future__ import annotations
 
@@ -74,7 +77,7 @@ def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> li
         for name in ("corpus", "tokenizer", "tokens", "preflight.json"):
             src = base / sub / name
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, d / "work" / sub / name)
-        cmd = pipeline(a.profile, d / "work", d / "results", ",".join(STAGES), sets)
+        cmd = pipeline(a.profile, d / "work", d / "results", a.stages, sets)
         procs.append((i, d, time.perf_counter(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                                   text=True)))
     out = []
@@ -83,8 +86,12 @@ def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> li
         rc = p.returncode
         wall = time.perf_counter() - t0
         write_text(d / "log.txt", text)
-        if rc:
-            raise SystemExit(f"K={k} chain {i} failed (exit {rc}):\n{text[-3000:]}")
+        if rc:  # recorded, and the other counts still run: e.g. K chains that do not fit the card's memory
+            err = next((x for x in reversed(text.splitlines()) if "error" in x), f"exit {rc}")
+            print(f"{tag or f'K={k}'} chain {i} failed (exit {rc}): {err[:300]}", flush=True)
+            out.append({"k": k, "chain": i, "wall_s": round(wall, 1), "stages": {}, **({"tag": tag} if tag else {}),
+                        "failed": err[:300], "digests": {}})
+            continue
         times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stage (\w+) done in ([\d.]+)s", text)}
         out.append({"k": k, "chain": i, "wall_s": round(wall, 1), "stages": times, **({"tag": tag} if tag else {}),
                     "digests": digests(d / "work", d / "results")})
@@ -98,14 +105,18 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="chains' folders, chains.json, chains.csv")
     ap.add_argument("--profile", default="mini")
     ap.add_argument("--k", default="1,2,3", help="chain counts, in order (the first is the reference: 1)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="after the slice's settings")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="replaces the same key of the slice")
+    ap.add_argument("--stages", default=",".join(STAGES), help="the stages each chain runs, from the target "
+                    f"on (default {','.join(STAGES)}; target alone: do two processes pretrain the same target?)")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="no untimed lone chain first (its "
                     "compiles fill the cache, so K = 1 is timed as warm as the chains after it)")
     a = ap.parse_args(argv)
     ks = [int(x) for x in a.k.split(",")]
     if ks[0] != 1:
         raise SystemExit("--k: the first count is the lone chain, 1")
-    sets = SLICE.get(a.profile, []) + a.set
+    mine = {x.split("=", 1)[0] for x in a.set}  # a key given here replaces the slice's
+    sets = [x for x in SLICE.get(a.profile, []) if x.split("=", 1)[0] not in mine] + a.set
     base = Path(a.work)
     sub = folder(a.profile, sets)
     t0 = time.perf_counter()
@@ -115,18 +126,23 @@ def main(argv=None):
     # starts as warm as the chains after it; its outputs are compared too (a cold compile against a cached one)
     rows = [r for k in ks for r in run_k(k, a, base, sub, sets)]
     ref = rows[0]
+    if "failed" in ref:
+        raise SystemExit(f"the lone chain failed: {ref['failed']}")
     rows = warm + rows
     for r in rows:
-        r["differs"] = sorted(x for x in set(ref["digests"]) | set(r["digests"])
+        r["differs"] = [] if "failed" in r else sorted(x for x in set(ref["digests"]) | set(r["digests"])
                               if ref["digests"].get(x) != r["digests"].get(x))
     summary = []
     for k in ks:
         mine = [r for r in rows if r["k"] == k and "tag" not in r]
-        row = {"k": k, "wall_s": statistics.median(r["wall_s"] for r in mine),
-               "chains_differing": [r["chain"] for r in mine if r["differs"]]}
+        ok = [r for r in mine if "failed" not in r]
+        row = {"k": k, "wall_s": statistics.median(r["wall_s"] for r in ok) if ok else float("nan"),
+               "chains_differing": [r["chain"] for r in mine if r["differs"]],
+               "chains_failed": [r["chain"] for r in mine if "failed" in r]}
         for s in STAGES:
-            row[s] = statistics.median(r["stages"].get(s, float("nan")) for r in mine)
-        row["throughput_x"] = round(k * ref["wall_s"] / row["wall_s"], 2)
+            row[s] = statistics.median(r["stages"].get(s, float("nan")) for r in ok) if ok else float("nan")
+        row["throughput_x"] = round(k * ref["wall_s"] / row["wall_s"], 2) if ok and not row["chains_failed"] \
+            else float("nan")  # a count with a failed chain did not deliver K chains' outputs
         summary.append(row)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     write_json(Path(a.out) / "chains.json", {"profile": a.profile, "sets": sets, "prepare_s": round(prep, 1),
@@ -140,12 +156,17 @@ def main(argv=None):
     print(f"{'K':>2} {'wall':>7} " + " ".join(f"{s:>9}" for s in STAGES) + "  through.  differ")
     for row in summary:
         print(f"{row['k']:>2} {row['wall_s']:7.0f} " + " ".join(f"{row[s]:9.1f}" for s in STAGES)
-              + f"  {row['throughput_x']:6.2f}x  {row['chains_differing'] or 'none'}")
+              + f"  {row['throughput_x']:6.2f}x  {row['chains_differing'] or 'none'}"
+              + (f"  failed: {row['chains_failed']}" if row["chains_failed"] else ""))
     n = len(ref["digests"])
     print(f"outputs compared per chain: {n}; differing: "
           + ("; ".join(f"{r.get('tag') or 'K=%d' % r['k']} c{r['chain']}: {len(r['differs'])} ({r['differs'][:3]})"
                        for r in rows if r["differs"]) or "none"))
+    return {"summary": summary, "differing": {f"{r.get('tag') or 'K=%d' % r['k']} c{r['chain']}": r["differs"]
+                                              for r in rows if r["differs"]},
+            "failed": {f"K={r['k']} c{r['chain']}": r["failed"] for r in rows if "failed" in r}}
 
 
 if __name__ == "__main__":
-    main()
+    res = main()
+    raise SystemExit(1 if res["differing"] or res["failed"] else 0)  # a check: 0 only when every chain agreed

@@ -5,7 +5,7 @@ reduction-heavy step, a few compiled drafter-training steps, a few pretraining s
 and sampled; cold, warm and fresh compile caches; in one process twice) give the same bits alone and while another
 process keeps the card busy — the tests that say whether two realizations' chains may share one GPU.
 
-    python -m pytest -q tests/test_load_independence.py        # on one H100/H200: about 8 min
+    python -m pytest -q tests/test_load_independence.py        # on one H100/H200: about 10 min
 """
 import subprocess
 import sys
@@ -50,6 +50,42 @@ def test_fixed_kernels_are_a_typed_setting_applied_on_cuda_only():
         assert torch._inductor.config.deterministic == before and not torch.are_deterministic_algorithms_enabled()
     assert torch._inductor.config.deterministic == before and not torch.are_deterministic_algorithms_enabled()
     assert "kernels" in RUN_CONTROL  # how a run executes, not what it is: a realization with fixed kernels pools
+
+
+def test_a_backward_pass_under_fixed_kernels_is_strictly_deterministic():
+    """Warn-only deterministic mode leaves flash and memory-efficient attention's backward on atomic adds; the training
+    loops' `backward` makes the backward pass strict (their deterministic algorithms) and restores warn-only after,
+    also when the backward raises; outside deterministic mode it is a plain backward."""
+    from dmtp.training.common import backward
+
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append((torch.are_deterministic_algorithms_enabled(),
+                         torch.is_deterministic_algorithms_warn_only_enabled()))
+            if len(seen) == 3:
+                raise RuntimeError("probe")
+            return g * 2
+
+    x = torch.ones(3, requires_grad=True)
+    backward(Probe.apply(x).sum())
+    assert seen == [(False, False)] and torch.equal(x.grad, torch.full((3,), 2.0))
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # what kernel_choices("fixed") sets on CUDA
+    try:
+        backward(Probe.apply(x).sum())
+        assert seen[1] == (True, False) and torch.is_deterministic_algorithms_warn_only_enabled()
+        with pytest.raises(RuntimeError, match="probe"):
+            backward(Probe.apply(x).sum())
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _step(x, w):
@@ -146,6 +182,20 @@ def test_drafter_training_with_fixed_kernels_is_the_same_alone_and_under_load(tm
 
 
 @cuda
+@cuda
+def test_two_processes_pretrain_the_same_target(tmp_path):
+    """`dmtp pipeline --stage target` twice on the same corpus and tokenizer, each in a process of its own, the first
+    compiling into an empty cache and the second reading it (`experiments/chains_check.py --k 1 --stages target`, a
+    reduced `mini`: 2 M tokens, 10 unlikelihood steps): the target's and MTP head's weights are the same bits."""
+    from experiments import chains_check
+
+    res = chains_check.main(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--k", "1",
+                             "--stages", "target", "--set", "pretrain.tokens=2000000",
+                             "--set", "pretrain.unloop_steps=10"])
+    assert not res["failed"], res["failed"]
+    assert not res["differing"], res["differing"]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_identical_generate_commands_give_identical_records(tmp_path, temperature):
     """The compile-cache check's shape (random 8-layer 1024-wide target, a random drafter, 12 prompts, bf16), decoded
@@ -159,13 +209,15 @@ def test_identical_generate_commands_give_identical_records(tmp_path, temperatur
 
 
 def _pretrain_weights(tmp, load: bool = False) -> dict[str, torch.Tensor]:
-    """Eight compiled pretraining steps of a 4-layer target of `mini`'s width with fixed kernels: its weights."""
+    """Eight compiled pretraining steps of a 4-layer target of `mini`'s width and window (512 tokens: attention's
+    backward sums a query block's gradient over four key blocks, where 256 tokens' two sum alike in either order) with
+    fixed kernels: its weights."""
     from dmtp.config.training import TargetArch
     from dmtp.training.pretrain import build_target, pretrain
 
     arch = TargetArch(hidden_size=384, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
-                      intermediate_size=1024, max_position_embeddings=512)
-    cfg = PretrainConfig(tokens=8 * 8 * 256, seq_len=256, batch_size=8, eval_tokens=256, log_every=4,
+                      intermediate_size=1024, max_position_embeddings=1024)
+    cfg = PretrainConfig(tokens=8 * 8 * 512, seq_len=512, batch_size=8, eval_tokens=512, log_every=4,
                          kernels="fixed")
     toks = torch.randint(2, 4000, (200_000,), generator=torch.Generator().manual_seed(0)).numpy()
     torch.manual_seed(0)

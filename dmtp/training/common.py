@@ -35,8 +35,8 @@ def kernel_choices(flag: str, device):
     CUDA: Inductor's deterministic mode (no on-device timing of a choice that can change numerics: a reduction's
     launch settings, a matmul's padding) and PyTorch's deterministic algorithms (no atomic adds in a backward pass:
     an embedding's or a scatter's gradient summed in a fixed order), so a run's weights are a function of its inputs
-    alone, whatever else runs on the card; an op without a deterministic form warns. "default" (and any CPU run)
-    changes nothing."""
+    alone, whatever else runs on the card. In the forward passes an op without a deterministic form warns; the
+    backward passes (`backward`) are strict. "default" (and any CPU run) changes nothing."""
     if flag not in KERNEL_CHOICES:
         raise ValueError(f"kernels={flag!r}: expected one of {', '.join(KERNEL_CHOICES)}")
     if flag != "fixed" or torch.device(device).type != "cuda":
@@ -54,6 +54,23 @@ def _deterministic():
             yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def backward(loss: torch.Tensor) -> None:
+    """`loss.backward()`, strictly deterministic inside the fixed kernel choices (`kernel_choices`). PyTorch's
+    warn-only mode leaves flash and memory-efficient attention's backward on their atomic-add algorithms, which sum a
+    query block's gradient over its key blocks in arrival order: with three or more key blocks (`mini`'s 512-token
+    windows) two identical processes trained different targets. Strict mode gives both their deterministic algorithm;
+    an op of a backward pass without one raises, naming itself, rather than training unreproducibly. Elsewhere (no
+    deterministic mode, or it is already strict) a plain backward."""
+    if not (torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()):
+        loss.backward()
+        return
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    try:
+        loss.backward()
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def to_device(x: torch.Tensor, device) -> torch.Tensor:

@@ -51,8 +51,8 @@ from dmtp.models.attention import layer_masks
 from dmtp.models.dflash2 import selector_loss
 from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.variants.base import given_counts
-from dmtp.training.common import (check_finite_loss, checkpoint_layers, compile_forwards, compiled, kernel_choices,
-                                  to_device, watch_finite)
+from dmtp.training.common import (backward, check_finite_loss, checkpoint_layers, compile_forwards, compiled,
+                                  kernel_choices, to_device, watch_finite)
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -495,7 +495,7 @@ class _PerDrafter:
                     loss, stats = self.nets[name](drafter_features(mb.feats, taps, d), mb.anchors, mb.valid,
                                                   cfg.gamma, norms[d.layout], mb.masks.get(d.layout), self.ce_chunk,
                                                   norms.get(HEAD_NORM))
-                loss.backward()
+                backward(loss)
                 got[name].append(stats)
                 del loss
             del mb
@@ -583,7 +583,7 @@ class _OneRegion:
                 loss, stats = self.net(mb.feats, taps, mb.anchors, mb.valid, cfg.gamma,
                                        tuple(norms[lay] for lay in lays), tuple(mb.masks.get(lay) for lay in lays),
                                        self.ce_chunk, norms.get(HEAD_NORM))
-            loss.backward()  # each drafter's own gradient (see drafters_loss)
+            backward(loss)  # each drafter's own gradient (see drafters_loss)
             for n in names:
                 got[n].append(stats[n])
             del loss, mb

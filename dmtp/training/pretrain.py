@@ -31,8 +31,8 @@ from dmtp.dist import (all_sum, barrier, clip_sharded_, full_optimizer_state, fu
 from dmtp.io import atomic_path, load_state, save_state
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target
-from dmtp.training.common import (check_finite_loss, compile_forwards, compiled, kernel_choices, to_device,
-                                  watch_finite)
+from dmtp.training.common import (backward, check_finite_loss, compile_forwards, compiled, kernel_choices,
+                                  to_device, watch_finite)
 from dmtp.training.losses import linear_cross_entropy
 
 
@@ -245,7 +245,7 @@ def _pretrain(tgt, mtp, train_tokens: np.ndarray, cfg: PretrainConfig, out: str 
                 ce, ce_m, acc, acc_m = step_terms(x)
                 loss = ce + lam * ce_m
             opt.zero_grad(set_to_none=True)
-            loss.backward()  # FSDP2 averages the gradients over ranks here
+            backward(loss)  # FSDP2 averages the gradients over ranks here
             if sharded:  # after the average: the global norm, over every rank's shards
                 clip_sharded_([params], cfg.clip)
             else:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dmtp.analysis.metrics import loop_span, loop_summary, trailing_loop
-from dmtp.training.common import check_finite_loss, compiled, kernel_choices, to_device, watch_finite
+from dmtp.training.common import backward, check_finite_loss, compiled, kernel_choices, to_device, watch_finite
 
 
 def repeat_candidates(ids: torch.Tensor, start: int, n: int = 4) -> torch.Tensor:
@@ -192,7 +192,7 @@ def _unloop(tgt, mtp, train_tokens: np.ndarray, cfg, eos_id: int | None = None, 
             ul = unlikelihood(logits, u, c)
             loss = ce + cfg.mtp_lambda_late * ce_m + cfg.unloop_alpha * ul
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        backward(loss)
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
         bad = watch_finite(bad, ce, ce_m, ul)  # read back with the next log step's values
