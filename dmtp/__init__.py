@@ -7,4 +7,4 @@ admission rule), and by no other change (docs/DESIGN.md, "The records revision")
 experiment.json and every meta.json; the report pools a series only within one experiment key and one revision.
 """
 
-RECORDS_REVISION = "1"
+RECORDS_REVISION = "2"
