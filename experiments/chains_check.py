@@ -86,15 +86,14 @@ def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> li
         rc = p.returncode
         wall = time.perf_counter() - t0
         write_text(d / "log.txt", text)
+        row = {"k": k, "chain": i, "wall_s": round(wall, 1), **({"tag": tag} if tag else {})}
         if rc:  # recorded, and the other counts still run: e.g. K chains that do not fit the card's memory
-            err = next((x for x in reversed(text.splitlines()) if "error" in x), f"exit {rc}")
-            print(f"{tag or f'K={k}'} chain {i} failed (exit {rc}): {err[:300]}", flush=True)
-            out.append({"k": k, "chain": i, "wall_s": round(wall, 1), "stages": {}, **({"tag": tag} if tag else {}),
-                        "failed": err[:300], "digests": {}})
+            err = next((x for x in reversed(text.splitlines()) if "error" in x), f"exit {rc}")[:300]
+            print(f"{tag or f'K={k}'} chain {i} failed (exit {rc}): {err}", flush=True)
+            out.append(dict(row, stages={}, failed=err, digests={}))
             continue
         times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stage (\w+) done in ([\d.]+)s", text)}
-        out.append({"k": k, "chain": i, "wall_s": round(wall, 1), "stages": times, **({"tag": tag} if tag else {}),
-                    "digests": digests(d / "work", d / "results")})
+        out.append(dict(row, stages=times, digests=digests(d / "work", d / "results")))
         print(f"{tag or f'K={k}'} chain {i}: {wall:.0f} s ({', '.join(f'{s} {t:.0f}' for s, t in times.items())})", flush=True)
     return out
 
@@ -115,8 +114,8 @@ def main(argv=None):
     ks = [int(x) for x in a.k.split(",")]
     if ks[0] != 1:
         raise SystemExit("--k: the first count is the lone chain, 1")
-    mine = {x.split("=", 1)[0] for x in a.set}  # a key given here replaces the slice's
-    sets = [x for x in SLICE.get(a.profile, []) if x.split("=", 1)[0] not in mine] + a.set
+    given = {x.split("=", 1)[0] for x in a.set}  # a key given here replaces the slice's
+    sets = [x for x in SLICE.get(a.profile, []) if x.split("=", 1)[0] not in given] + a.set
     base = Path(a.work)
     sub = folder(a.profile, sets)
     t0 = time.perf_counter()
@@ -160,11 +159,15 @@ def main(argv=None):
               + (f"  failed: {row['chains_failed']}" if row["chains_failed"] else ""))
     n = len(ref["digests"])
     print(f"outputs compared per chain: {n}; differing: "
-          + ("; ".join(f"{r.get('tag') or 'K=%d' % r['k']} c{r['chain']}: {len(r['differs'])} ({r['differs'][:3]})"
+          + ("; ".join(f"{label(r)}: {len(r['differs'])} ({r['differs'][:3]})"
                        for r in rows if r["differs"]) or "none"))
-    return {"summary": summary, "differing": {f"{r.get('tag') or 'K=%d' % r['k']} c{r['chain']}": r["differs"]
-                                              for r in rows if r["differs"]},
-            "failed": {f"K={r['k']} c{r['chain']}": r["failed"] for r in rows if "failed" in r}}
+    return {"summary": summary, "differing": {label(r): r["differs"] for r in rows if r["differs"]},
+            "failed": {label(r): r["failed"] for r in rows if "failed" in r}}
+
+
+def label(r: dict) -> str:
+    """A chain's name in the printed lines and the result: "warm-up c1", "K=2 c1"."""
+    return f"{r.get('tag') or 'K=%d' % r['k']} c{r['chain']}"
 
 
 if __name__ == "__main__":
