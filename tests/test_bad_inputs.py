@@ -348,7 +348,7 @@ CASES = [  # (name, argv builder, what the error line must say)
     ("train token out of range", lambda w: TR(w, data="data_oov"), "data_oov.jsonl:1: token id 400 outside"),
     ("train data keys", lambda w: TR(w, data="data_keys"), "data_keys.jsonl:1: expected `ids`, or `prompt_ids`"),
     ("train mask id", lambda w: TR(w)[:-2] + ["--mask-token-id", "500"], "--mask-token-id 500: expected a token id"),
-    ("train init-from", lambda w: TR(w, "--init-from", "x"), "--init-from 'x': expected NAME=PATH"),
+    ("train init-from", lambda w: TR(w, "--init-from", "x"), "--init-from 'x': expected RUN=PATH"),
     ("train DMTP variant, no MTP head", lambda w: ["train", "--target", str(w / "nomtp")] + TR(w, "--variants",
      "zero_init_residual", "--steps", "1")[3:], "has no `mtp.*` weights: the target ships no native MTP head"),
     ("train profile", lambda w: TR(w, "--profile", "bogus"), "unknown profile 'bogus'"),

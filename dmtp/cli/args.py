@@ -225,6 +225,22 @@ def drafter_of(path, flag: str, target_cfg) -> None:
                          f"--target has {layers} layers")
 
 
+def init_from(items, runs, target_cfg, bare: str | None = None) -> dict[str, str]:
+    """`--init-from RUN=PATH[,RUN=PATH]` -> {run: resolved checkpoint}; with `bare`, a PATH alone continues that run.
+    Each is a finished drafter checkpoint made for the target's widths, one per run; else refused in one line."""
+    out = {}
+    for item in [x for flag in items or [] for x in flag.split(",")]:
+        run, eq, path = item.partition("=") if "=" in item or not bare else (bare, "=", item)
+        require(eq and run in runs, f"--init-from {item!r}: expected RUN=PATH with RUN one of {', '.join(runs)}")
+        checkpoint(path, f"--init-from {run}=", "drafter checkpoint")
+        drafter_of(path, f"--init-from {run}=", target_cfg)
+        where = str(Path(path).resolve())
+        require(out.get(run, where) == where, f"--init-from: run {run!r} given twice ({out.get(run)}, {where}); "
+                "give each run one checkpoint")
+        out[run] = where
+    return out
+
+
 def unfinished_training(p: Path) -> str | None:
     """Why checkpoint folder `p` is a training's intermediate save, or None: `dmtp train` (and the pipeline's drafters
     stage) save <run>/drafter every `save_every` steps and write <run>/DONE after the last; a <run> with its

@@ -321,7 +321,7 @@ def cmd_train(a):
     preflight.run(target_checks(a.target, mtp=any(get_variant(run_variant(v)).needs_mtp for v in variants)))
     out = args.out_dir(a.out)
     _check_shape(a, prof, cfg_t, mask_flag)
-    init = _init_from(a, cfg_t)
+    init = args.init_from(a.init_from, a.variants, cfg_t)
     where = "--mask-token-id" if mask_flag else f"profile {a.profile}'s drafter.mask_token_id" if a.profile and \
         prof.drafter.mask_token_id >= 0 else "the default --mask-token-id"
     require(0 <= a.mask_token_id < cfg_t.vocab_size, f"{where} {a.mask_token_id}: expected a token id in "
@@ -394,22 +394,6 @@ def _check_shape(a, prof, cfg_t, mask_flag: bool) -> None:
         require(made_for == widths(cfg_t), f"--profile {a.profile} is made for a target of {made_for} (its config); "
                 f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without "
                 "--profile")
-
-
-def _init_from(a, cfg_t) -> dict[str, str]:
-    """`--init-from NAME=PATH,...`: run -> the DFlash-format checkpoint it continues from (resolved), each checked."""
-    init = {}
-    for item in [x for flag in a.init_from or [] for x in flag.split(",")]:
-        v, eq, path = item.partition("=")
-        if not eq or v not in a.variants:
-            raise ValueError(f"--init-from {item!r}: expected NAME=PATH with NAME one of --variants "
-                             f"({','.join(a.variants)})")
-        where = str(args.checkpoint(path, f"--init-from {v}=", "drafter checkpoint", finished=False).resolve())
-        require(init.get(v, where) == where, f"--init-from: run {v!r} given twice ({init.get(v)}, {where}); give "
-                "each run one checkpoint")
-        init[v] = where
-        args.drafter_of(path, f"--init-from {v}=", cfg_t)
-    return init
 
 
 def _drafter_units(a, prof, cfg_t, backbones, init, cfg, data_sha: str, out: Path):

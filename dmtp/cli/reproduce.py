@@ -171,23 +171,6 @@ def data_paths(items: list[str]) -> dict[str, str]:
     return out
 
 
-def init_paths(items: list[str], runs: list[str], target_cfg) -> dict[str, str]:
-    """`--init-from [RUN=]PATH` -> {run: path}; a bare PATH continues zero_init_residual (the Nov 9 main method, made
-    to continue from DFlash weights). Each checkpoint must be a drafter for the target's widths."""
-    out = {}
-    for item in items or []:
-        run, eq, path = item.partition("=") if "=" in item else ("zero_init_residual", "=", item)
-        require(run in runs, f"--init-from {item!r}: {run!r} is not a drafter run of this profile "
-                f"({', '.join(runs)})")
-        args.checkpoint(path, "--init-from", "drafter checkpoint")
-        args.drafter_of(path, f"--init-from {item.partition('=')[0] + '=' if '=' in item else ''}", target_cfg)
-        where = str(Path(path).resolve())
-        require(out.get(run, where) == where, f"--init-from: run {run!r} given twice ({out.get(run)}, {where}); "
-                "give each run one checkpoint")
-        out[run] = where
-    return out
-
-
 def read_prompt_file(path: Path, tok) -> list[dict]:
     """Training prompts from a local .jsonl / .json / .parquet: per row `conversations` or `messages` (the first
     user turn), `prompt` (text) or `prompt_ids` (token ids, used as given); ids from `id` or the row number. A row
@@ -688,7 +671,7 @@ def main(a) -> None:
         raise FileNotFoundError(f"--prompts {prompts}: no such file or folder")
     c = Ctx(p, Path(target), args.out_dir(a.work or f"runs/{p.folder}", "--work", create=False),
             data_paths(a.data_path), prompts, {}, a.force, a.device)
-    c.init_from = init_paths(a.init_from, c.runs(), cfg)
+    c.init_from = args.init_from(a.init_from, c.runs(), cfg, bare="zero_init_residual")
     c.train_group = a.train_group
     run_checks(early_checks(c, cfg, stages), log=c.log)  # nothing written before every check passed
     c.work.mkdir(parents=True, exist_ok=True)
