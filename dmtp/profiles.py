@@ -144,6 +144,18 @@ def family_mask_token(model_type: str, vocab_size: int) -> int | None:
     mask = MASK_TOKENS.get(family)
     return mask if mask is not None and mask < vocab_size else None
 
+
+def check_made_for(p: Profile, cfg, target: str, hint: str = "") -> None:
+    """A paper-scale profile's drafter shape is made for its own target's widths (hidden, vocabulary): `cfg`, the
+    config of checkpoint `target` (a flag and its value), must have them; else one line naming both."""
+    if not p.scale.target_config:
+        return
+    made = {k: p.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
+    got = {k: getattr(cfg, k, None) for k in made}
+    if made != got:
+        raise ValueError(f"--profile {p.name} is made for a target of {made} (its config); {target} has {got}{hint}")
+
+
 # OpenPerfectBlend (mlabonne/open-perfectblend) conversations: the training prompt count used to size `train.steps`
 # (assumption: ~1.42 M rows; re-derive from the real count with `PaperScale.train_prompts`).
 OPEN_PERFECTBLEND_ROWS = 1_420_909

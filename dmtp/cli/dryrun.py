@@ -41,7 +41,7 @@ from dmtp.models.mtp import MTPHead, mtp_num_layers
 from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY
 from dmtp.training.drafters import spec_of
-from dmtp.profiles import resolve
+from dmtp.profiles import check_made_for, resolve
 
 
 def _text_config(path: str | None, prof, flag: str = "--target"):
@@ -77,10 +77,7 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
     flag = "--target" if target else f"${sc.target_env}"
     target = target or (os.environ.get(sc.target_env) if sc.target_env else None)
     cfg, source, mismatch = _text_config(target, prof, flag)
-    widths = {k: mismatch[k] for k in ("hidden_size", "vocab_size") if k in mismatch}
-    require(not widths, f"--profile {profile} is made for a target of "
-                        f"{ {k: a for k, (a, _) in widths.items()} } (its config); {flag} {target} has "
-                        f"{ {k: b for k, (_, b) in widths.items()} }")
+    check_made_for(prof, cfg, f"{flag} {target}")
     dtype = torch_dtype(prof.engine.dtype)
     checks = []
 

@@ -65,7 +65,7 @@ from dmtp.models.drafter import Drafter, DrafterConfig
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import REGISTRY, get_variant
-from dmtp.profiles import family_mask_token, resolve
+from dmtp.profiles import check_made_for, family_mask_token, resolve
 from dmtp.schema import override
 
 
@@ -388,12 +388,9 @@ def _check_shape(a, prof, cfg_t, mask_flag: bool) -> None:
     profile's recipe only for the target it is made for."""
     if not mask_flag and not (prof is not None and prof.drafter.mask_token_id >= 0):
         a.mask_token_id = family_mask_token(cfg_t.model_type, cfg_t.vocab_size) or a.mask_token_id
-    widths = lambda c: {k: getattr(c, k) for k in ("hidden_size", "vocab_size")}  # noqa: E731
-    if prof is not None and prof.scale.target_config:  # a paper-scale recipe is made for its own target
-        made_for = {k: prof.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
-        require(made_for == widths(cfg_t), f"--profile {a.profile} is made for a target of {made_for} (its config); "
-                f"--target {a.target} has {widths(cfg_t)}: give this target's drafter shape by flags, without "
-                "--profile")
+    if prof is not None:
+        check_made_for(prof, cfg_t, f"--target {a.target}", ": give this target's drafter shape by flags, without "
+                       "--profile")
 
 
 def _drafter_units(a, prof, cfg_t, backbones, init, cfg, data_sha: str, out: Path):

@@ -82,7 +82,7 @@ from dmtp.models.target import Target, read_config, target_checks
 from dmtp.models.variants import get_variant
 from dmtp.preflight import Check
 from dmtp.preflight import run as run_checks
-from dmtp.profiles import resolve
+from dmtp.profiles import check_made_for, resolve
 from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 
 STAGES = ("regen", "train", "eval", "report")
@@ -658,10 +658,7 @@ def main(a) -> None:
     p = resolve(a.profile, a.set or [])
     target = args.checkpoint(a.target, "--target", "target checkpoint")
     cfg = read_config(target)
-    if p.scale.target_config:  # a paper profile's drafter shape is made for its own target's widths
-        made = {k: p.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
-        got = {k: getattr(cfg, k) for k in made}
-        require(made == got, f"--profile {p.name} is made for a target of {made}; --target {target} has {got}")
+    check_made_for(p, cfg, f"--target {target}")
     sp = p.ablation
     require(not sp.continued and len(sp.seeds) == 1, f"--profile {p.name}: its ablation {sp.name!r} has "
             f"{'continued runs' if sp.continued else 'several drafter seeds'}; dmtp reproduce trains each run once "
