@@ -88,6 +88,40 @@ def test_a_backward_pass_under_fixed_kernels_is_strictly_deterministic():
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def test_the_strict_backward_keeps_a_compiled_step_to_one_graph():
+    """The mode switch around the backward pass is invisible to torch.compile's guards (the forward always runs in
+    warn-only mode): three compiled attention steps make one graph, each gradient equal to the eager step's."""
+    from torch._dynamo.utils import counters
+
+    from dmtp.training.common import backward
+
+    torch._dynamo.reset()
+    counters.clear()
+    lin = torch.nn.Linear(16, 8)
+
+    def step(x):
+        q = lin(x)
+        return torch.nn.functional.scaled_dot_product_attention(q, q.flip(-1), q, is_causal=True).square().mean()
+
+    compiled = torch.compile(step)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        for i in range(3):
+            x = torch.randn(2, 4, 32, 16, generator=torch.Generator().manual_seed(i))
+            grads = []
+            for fn in (compiled, step):
+                lin.zero_grad()
+                backward(fn(x))
+                grads.append(lin.weight.grad.clone())
+                assert torch.is_deterministic_algorithms_warn_only_enabled()
+            torch.testing.assert_close(grads[0], grads[1])
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch._dynamo.reset()
+
+
 def _step(x, w):
     """A reduction-heavy step of the mini drafter's widths: RMS norm, a projection, log-softmax, a row sum."""
     h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
