@@ -53,6 +53,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from dmtp.cli.args import failure
 from dmtp.config import TrainConfig
 from dmtp.experiment import drafter_config
 from dmtp.io import git_sha, write_json, write_text
@@ -432,7 +433,7 @@ def main(argv=None):
         try:
             rec["gdn_bench_s"] = gdn_bench(with_layers(cfg, depth), micro, a.seq_len, dev, dtype)
         except Exception as e:  # a side measurement: recorded, the proof goes on
-            rec["gdn_bench_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            rec["gdn_bench_error"] = failure(e)
         oom = False
         with tempfile.TemporaryDirectory(prefix="paper_width.") as work:
             for ck in ckpts:

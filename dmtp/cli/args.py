@@ -92,6 +92,11 @@ def names(s: str) -> list[str]:
     return parts
 
 
+def failure(e: BaseException) -> str:
+    """An error that one piece of a run reports while the others go on: its type and its first line (200 chars)."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
 def interrupted(e: BaseException) -> bool:
     """Whether `e` is Ctrl-C, or an error it caused: a writer that calls back into Python (torch.save through a file
     object) reports the KeyboardInterrupt raised inside its write as its own failure, the interrupt as its context."""
@@ -204,6 +209,19 @@ def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True)
     why = unfinished_training(p) if finished else None
     require(not why, f"{flag} {p}: {why}")
     return p
+
+
+def method_checkpoints(target, methods, drafters) -> None:
+    """`--target`, and the drafter checkpoint `--drafters DIR/<run>/drafter` of each of `methods` that drafts (a name
+    with a "+option" or a draft limit is its run's), checked before any model loads."""
+    from dmtp.engine.methods import method_class, run_of
+
+    checkpoint(target, "--target", "target checkpoint")
+    for name in methods:
+        base = run_of(name.partition("+")[0])
+        if method_class(base).needs_drafter:
+            require(drafters, f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")
+            checkpoint(Path(drafters) / base / "drafter", f"--methods {name}:", "drafter checkpoint")
 
 
 def drafter_of(path, flag: str, target_cfg) -> None:
