@@ -185,15 +185,8 @@ def gdn_bench(cfg: dict, batch: int, seq_len: int, dev, dtype, repeats: int = 3)
         pass
     out = {}
     for name, fn in impls.items():
-        times = []
-        for _ in range(repeats + 1):
-            sync(dev)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
-            sync(dev)
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times[1:])
+        with torch.no_grad():
+            out[name] = median_s(lambda: fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True), dev, repeats)
     out["gdn_layers"] = sum(t == "linear_attention" for t in cfg["layer_types"])
     return out
 
@@ -218,18 +211,23 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def time_features(tgt, mtp, ids, taps, dev, amp, repeats: int = 3) -> float:
-    """Median seconds of the target's feature pass (taps and hidden states, no logits) plus the MTP head's."""
-    lengths = torch.full((ids.shape[0],), ids.shape[1])
+def median_s(fn, dev, repeats: int = 3) -> float:
+    """Median seconds of `repeats` calls of fn() after a first one that warms up (kernels, autotuning)."""
     out = []
-    for _ in range(repeats + 1):  # the first warms up (kernels, autotuning)
+    for _ in range(repeats + 1):
         sync(dev)
         t0 = time.perf_counter()
-        with torch.autocast(**amp):
-            extract(tgt, mtp, ids, lengths, taps, True)
+        fn()
         sync(dev)
         out.append(time.perf_counter() - t0)
     return statistics.median(out[1:])
+
+
+def time_features(tgt, mtp, ids, taps, dev, amp, repeats: int = 3) -> float:
+    """Median seconds of the target's feature pass (taps and hidden states, no logits) plus the MTP head's."""
+    lengths = torch.full((ids.shape[0],), ids.shape[1])
+    with torch.autocast(**amp):
+        return median_s(lambda: extract(tgt, mtp, ids, lengths, taps, True), dev, repeats)
 
 
 class StepPeaks:

@@ -24,15 +24,20 @@ from dmtp.checks import require
 USER_ERRORS = (ValueError, KeyError, OSError, NotImplementedError, ImportError)  # ImportError: an optional package
 
 
+def _converted(conv, s: str, want: str):
+    """conv(s), or the argparse error naming what was expected."""
+    try:
+        return conv(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+
+
 def at_least(lo: int, hi: int | None = None):
     """argparse type: an integer >= lo (and <= hi; at most `checks.MAX_INT` in any case: a larger count is a typo)."""
     want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
 
     def parse(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+        v = _converted(int, s, want)
         if v < lo or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
         if v > checks.MAX_INT:
@@ -47,10 +52,7 @@ SEED = at_least(0, 2**32 - 1)  # argparse type of a seed (torch and numpy genera
 def temperature(s):
     """argparse type: 0 (greedy) or a sampling temperature >= checks.MIN_TEMPERATURE."""
     ok, want = checks.temperature
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+    v = _converted(float, s, want)
     if not ok(v):
         raise argparse.ArgumentTypeError(f"expected {want}, got {s}")
     return v
@@ -61,10 +63,7 @@ def number(lo: float | None = None, open_lo: bool = False):
     want = "a finite number" + ("" if lo is None else f" {'>' if open_lo else '>='} {lo:g}")
 
     def parse(s):
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+        v = _converted(float, s, want)
         if not math.isfinite(v) or (lo is not None and (v <= lo if open_lo else v < lo)):
             raise argparse.ArgumentTypeError(f"expected {want}, got {s}")
         return v
@@ -146,24 +145,26 @@ def _file_in_the_way(p: Path) -> Path | None:
     return next((q for q in p.parents if q.exists() and not q.is_dir()), None)
 
 
-def _cause(p: Path, e: OSError) -> str:
-    """Why a folder could not be made at `p`: a file where a parent folder should be, or the system's reason."""
-    blocker = _file_in_the_way(p)
-    return f"{blocker} is a file, not a folder" if blocker else (e.strerror or str(e))
+def _writable(p: Path, flag: str, folder: Path, touch: bool = False) -> Path:
+    """`folder` made and a file written in it (and `p` opened for appending where `touch` and it exists), or one line
+    saying why not: a file where a parent folder should be, or the system's reason."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+        if touch and p.exists():
+            open(p, "a").close()
+    except OSError as e:
+        blocker = _file_in_the_way(p)
+        raise ValueError(f"{flag} {p}: cannot write there "
+                         f"({f'{blocker} is a file, not a folder' if blocker else (e.strerror or str(e))})") from None
+    return p
 
 
 def out_file(path, flag: str = "--out") -> Path:
     """An output file path checked before any work: not a folder, its folder creatable and writable."""
     p = Path(path)
     require(not p.is_dir(), f"{flag} {p}: is a folder; expected a file path")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=p.parent).close()
-        if p.exists():
-            open(p, "a").close()
-    except OSError as e:
-        raise ValueError(f"{flag} {p}: cannot write there ({_cause(p, e)})") from None
-    return p
+    return _writable(p, flag, p.parent, touch=True)
 
 
 def out_dir(path, flag: str = "--out", create: bool = True) -> Path:
@@ -178,12 +179,7 @@ def out_dir(path, flag: str = "--out", create: bool = True) -> Path:
         base = next(q for q in (p, *p.parents) if q.exists())
         require(os.access(base, os.W_OK | os.X_OK), f"{flag} {p}: cannot write there (Permission denied: {base})")
         return p
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=p).close()
-    except OSError as e:
-        raise ValueError(f"{flag} {p}: cannot write there ({_cause(p, e)})") from None
-    return p
+    return _writable(p, flag, p)
 
 
 def in_file(path, flag: str) -> Path:

@@ -543,7 +543,6 @@ def st_eval(c: Ctx):
     record_experiment(c)  # the runs' experiment: the report takes its rows from it
     failed, prompts = [], {}
     for ds, n, temp, mode, m, seed, u in todo:
-        path = u.outputs[0]
         t0 = time.time()
         try:  # one run failing does not cost the others: they go on, and the stage fails at the end naming it
             if (m, seed) not in cache:  # a method object is reusable: each decode batch works on a copy
@@ -559,12 +558,9 @@ def st_eval(c: Ctx):
             c.log(f"eval FAILED {failed[-1]}")
             continue
         wall = time.time() - t0
-        write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "mode": mode, "seed": seed,
-                              "max_new_tokens": ev.new_tokens, "batch": ev.batch, "stops": list(stop_strings(c.p, mode)),
-                              "target_dtype": c.p.engine.dtype}, wall_s=wall, engine=c.eng,
-                   fingerprint=u.want)  # before the records: a run file never exists without its record
-        write_jsonl(path, recs)
-        acc = [x for r in recs for x in r["accepted"]]
+        acc = write_run(c, u, recs, wall, {"method": m, "dataset": ds, "temperature": temp, "mode": mode, "seed": seed,
+                                           "max_new_tokens": ev.new_tokens, "batch": ev.batch,
+                                           "stops": list(stop_strings(c.p, mode)), "target_dtype": c.p.engine.dtype})
         c.log(f"eval {m:<28} s{seed} {ds:<10} T={temp:g} {mode:<7} per-verify tau {acceptance_length(acc):.3f}  "
               f"({len(acc)} rounds, {wall:.1f}s, {compiled_graphs()} graphs compiled in this process)")
     write_subsets(c)
@@ -572,6 +568,13 @@ def st_eval(c: Ctx):
     if failed:
         raise RuntimeError(f"{len(failed)} evaluation run(s) failed (the others were written):\n  "
                            + "\n  ".join(failed))
+
+
+def write_run(c: Ctx, u: Unit, recs: list[dict], wall: float, config: dict) -> list[int]:
+    """A run file's record, then the run file (it never exists without its record); returns its accepted counts."""
+    write_meta(u.record, config, wall_s=wall, engine=c.eng, fingerprint=u.want)
+    write_jsonl(u.outputs[0], recs)
+    return [x for r in recs for x in r["accepted"]]
 
 
 def oracle_ceilings(c: Ctx):
@@ -642,11 +645,8 @@ def st_curve(c: Ctx):
                             desc=f"curve {m} s{seed} step {k}", extra={"dataset": "humaneval", "seed": seed,
                                                                        "step": k},
                             stop_strings=stop_strings(c.p, "natural"), engine=c.eng)
-        write_meta(u.record, {"method": m, "seed": seed, "step": k, "train_tokens": tokens, "dataset": "humaneval",
-                              "temperature": 0.0, "mode": "natural"}, wall_s=time.time() - t0, fingerprint=u.want,
-                   engine=c.eng)
-        write_jsonl(u.outputs[0], recs)
-        acc = [x for r in recs for x in r["accepted"]]
+        acc = write_run(c, u, recs, time.time() - t0, {"method": m, "seed": seed, "step": k, "train_tokens": tokens,
+                                                       "dataset": "humaneval", "temperature": 0.0, "mode": "natural"})
         c.log(f"curve {m:<20} s{seed} step {k:>6} ({tokens / 1e6:.2f} M tokens): per-verify tau "
               f"{acceptance_length(acc):.3f}")
 
