@@ -145,26 +145,24 @@ def _file_in_the_way(p: Path) -> Path | None:
     return next((q for q in p.parents if q.exists() and not q.is_dir()), None)
 
 
-def _writable(p: Path, flag: str, folder: Path, touch: bool = False) -> Path:
-    """`folder` made and a file written in it (and `p` opened for appending where `touch` and it exists), or one line
-    saying why not: a file where a parent folder should be, or the system's reason."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-        if touch and p.exists():
-            open(p, "a").close()
-    except OSError as e:
-        blocker = _file_in_the_way(p)
-        raise ValueError(f"{flag} {p}: cannot write there "
-                         f"({f'{blocker} is a file, not a folder' if blocker else (e.strerror or str(e))})") from None
-    return p
+def _cause(p: Path, e: OSError) -> str:
+    """Why a folder could not be made at `p`: a file where a parent folder should be, or the system's reason."""
+    blocker = _file_in_the_way(p)
+    return f"{blocker} is a file, not a folder" if blocker else (e.strerror or str(e))
 
 
 def out_file(path, flag: str = "--out") -> Path:
     """An output file path checked before any work: not a folder, its folder creatable and writable."""
     p = Path(path)
     require(not p.is_dir(), f"{flag} {p}: is a folder; expected a file path")
-    return _writable(p, flag, p.parent, touch=True)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=p.parent).close()
+        if p.exists():
+            open(p, "a").close()
+    except OSError as e:
+        raise ValueError(f"{flag} {p}: cannot write there ({_cause(p, e)})") from None
+    return p
 
 
 def out_dir(path, flag: str = "--out", create: bool = True) -> Path:
@@ -179,7 +177,12 @@ def out_dir(path, flag: str = "--out", create: bool = True) -> Path:
         base = next(q for q in (p, *p.parents) if q.exists())
         require(os.access(base, os.W_OK | os.X_OK), f"{flag} {p}: cannot write there (Permission denied: {base})")
         return p
-    return _writable(p, flag, p)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=p).close()
+    except OSError as e:
+        raise ValueError(f"{flag} {p}: cannot write there ({_cause(p, e)})") from None
+    return p
 
 
 def in_file(path, flag: str) -> Path:
@@ -246,8 +249,9 @@ def init_from(items, runs, target_cfg, bare: str | None = None) -> dict[str, str
     for item in [x for flag in items or [] for x in flag.split(",")]:
         run, eq, path = item.partition("=") if "=" in item or not bare else (bare, "=", item)
         require(eq and run in runs, f"--init-from {item!r}: expected RUN=PATH with RUN one of {', '.join(runs)}")
-        checkpoint(path, f"--init-from {run}=", "drafter checkpoint")
-        drafter_of(path, f"--init-from {run}=", target_cfg)
+        flag = f"--init-from {item[: len(item) - len(path)]}"  # as given: RUN=PATH, or PATH alone
+        checkpoint(path, flag.rstrip(), "drafter checkpoint")
+        drafter_of(path, flag, target_cfg)
         where = str(Path(path).resolve())
         require(out.get(run, where) == where, f"--init-from: run {run!r} given twice ({out.get(run)}, {where}); "
                 "give each run one checkpoint")
