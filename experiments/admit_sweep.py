@@ -16,7 +16,7 @@ import pandas as pd
 from dmtp.analysis.costmodel import round_time, simulate
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report.data import read_runs
-from dmtp.io import write_text
+from dmtp.io import write_csv
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--records", required=True, help="the realization whose records give each request's rounds")
@@ -72,4 +72,4 @@ df = df.assign(records=root.name, round_times_from=Path(a.times).name)
 print(df.pivot_table(index=["lag", "admission", "admit"], columns="method", values=["tok_per_s", "speedup"])
       .to_string(float_format=lambda x: f"{x:.3f}" if x < 100 else f"{x:.0f}"))
 if a.out:
-    write_text(Path(a.out), df.to_csv(index=False))
+    write_csv(Path(a.out), df)

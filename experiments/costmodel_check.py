@@ -15,7 +15,7 @@ import pandas as pd
 
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report.data import read_runs
-from dmtp.io import write_text
+from dmtp.io import write_csv
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--records", required=True, help="the realization whose throughput is predicted (runs/, bench/)")
@@ -41,4 +41,4 @@ print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 worst = df[df.method != "ar"].error_pct.abs().max()
 print(f"largest |error| over the drafting methods: {worst:.1f} % (goal 10 %)")
 if a.out:
-    write_text(Path(a.out), df.to_csv(index=False))
+    write_csv(Path(a.out), df)

@@ -61,7 +61,7 @@ import pandas as pd
 import torch
 
 from dmtp.checks import require
-from dmtp.io import atomic_path, environment, write_json, write_text
+from dmtp.io import environment, write_figure, write_json, write_text
 from dmtp.schema import override
 from dmtp.profiles import get_profile
 
@@ -194,12 +194,23 @@ def legend(w) -> str:
     return f"{w} process{'es' if w != 1 else ''}"
 
 
-def plot(runs: dict, window: int, path: Path, title: str):
+def pyplot():
+    """matplotlib's pyplot on the file-only backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def save_figure(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    write_figure(path, fig, dpi=120)
+    plt.close(fig)
+
+
+def plot(runs: dict, window: int, path: Path, title: str):
+    plt = pyplot()
     fig, (ax, dx) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ref = {h["step"]: h["loss"] for h in runs[1]["history"]}
     for w, r in runs.items():
@@ -219,10 +230,7 @@ def plot(runs: dict, window: int, path: Path, title: str):
     dx.axhline(0, color="k", lw=0.5)
     dx.set_xlabel("step (same global batch)")
     dx.set_ylabel("run - 1 process\n(smoothed)")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def main(argv=None):
@@ -375,10 +383,7 @@ def pool_compare(runs: dict, n: int, window: int) -> dict:
 
 
 def plot_pool(runs: dict, res: dict, window: int, path: Path, title: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplot_mosaic([["c", "p"], ["d", "p"]], figsize=(11, 6.5),
                                  gridspec_kw={"width_ratios": [2.2, 1], "height_ratios": [3, 1.3]})
     ones = [r for r in runs.values() if r["group"] == "1"]
@@ -417,10 +422,7 @@ def plot_pool(runs: dict, res: dict, window: int, path: Path, title: str):
     ax["p"].set_ylabel("smoothed loss difference (nats)")
     ax["p"].set_title(f"pairs of runs: {res['verdict']}", fontsize=9)
     ax["p"].legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def pool(a):

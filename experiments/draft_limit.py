@@ -16,7 +16,7 @@ import pandas as pd
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis.report.data import pooled_hist, read_runs
-from dmtp.io import write_text
+from dmtp.io import write_csv
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--records", required=True, help="a realization (results/<profile>/r<k>: its runs/)")
@@ -62,4 +62,4 @@ if not rows:
 df = pd.DataFrame(rows)
 print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 if a.out:
-    write_text(Path(a.out), df.to_csv(index=False))
+    write_csv(Path(a.out), df)

@@ -53,6 +53,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from dmtp.cli.args import failure
 from dmtp.config import TrainConfig
 from dmtp.experiment import drafter_config
 from dmtp.io import git_sha, write_json, write_text
@@ -184,15 +185,8 @@ def gdn_bench(cfg: dict, batch: int, seq_len: int, dev, dtype, repeats: int = 3)
         pass
     out = {}
     for name, fn in impls.items():
-        times = []
-        for _ in range(repeats + 1):
-            sync(dev)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
-            sync(dev)
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times[1:])
+        with torch.no_grad():
+            out[name] = median_s(lambda: fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True), dev, repeats)
     out["gdn_layers"] = sum(t == "linear_attention" for t in cfg["layer_types"])
     return out
 
@@ -217,18 +211,23 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def time_features(tgt, mtp, ids, taps, dev, amp, repeats: int = 3) -> float:
-    """Median seconds of the target's feature pass (taps and hidden states, no logits) plus the MTP head's."""
-    lengths = torch.full((ids.shape[0],), ids.shape[1])
+def median_s(fn, dev, repeats: int = 3) -> float:
+    """Median seconds of `repeats` calls of fn() after a first one that warms up (kernels, autotuning)."""
     out = []
-    for _ in range(repeats + 1):  # the first warms up (kernels, autotuning)
+    for _ in range(repeats + 1):
         sync(dev)
         t0 = time.perf_counter()
-        with torch.autocast(**amp):
-            extract(tgt, mtp, ids, lengths, taps, True)
+        fn()
         sync(dev)
         out.append(time.perf_counter() - t0)
     return statistics.median(out[1:])
+
+
+def time_features(tgt, mtp, ids, taps, dev, amp, repeats: int = 3) -> float:
+    """Median seconds of the target's feature pass (taps and hidden states, no logits) plus the MTP head's."""
+    lengths = torch.full((ids.shape[0],), ids.shape[1])
+    with torch.autocast(**amp):
+        return median_s(lambda: extract(tgt, mtp, ids, lengths, taps, True), dev, repeats)
 
 
 class StepPeaks:
@@ -432,7 +431,7 @@ def main(argv=None):
         try:
             rec["gdn_bench_s"] = gdn_bench(with_layers(cfg, depth), micro, a.seq_len, dev, dtype)
         except Exception as e:  # a side measurement: recorded, the proof goes on
-            rec["gdn_bench_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            rec["gdn_bench_error"] = failure(e)
         oom = False
         with tempfile.TemporaryDirectory(prefix="paper_width.") as work:
             for ck in ckpts:

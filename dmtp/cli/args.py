@@ -24,15 +24,20 @@ from dmtp.checks import require
 USER_ERRORS = (ValueError, KeyError, OSError, NotImplementedError, ImportError)  # ImportError: an optional package
 
 
+def _converted(conv, s: str, want: str):
+    """conv(s), or the argparse error naming what was expected."""
+    try:
+        return conv(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+
+
 def at_least(lo: int, hi: int | None = None):
     """argparse type: an integer >= lo (and <= hi; at most `checks.MAX_INT` in any case: a larger count is a typo)."""
     want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
 
     def parse(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+        v = _converted(int, s, want)
         if v < lo or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
         if v > checks.MAX_INT:
@@ -47,10 +52,7 @@ SEED = at_least(0, 2**32 - 1)  # argparse type of a seed (torch and numpy genera
 def temperature(s):
     """argparse type: 0 (greedy) or a sampling temperature >= checks.MIN_TEMPERATURE."""
     ok, want = checks.temperature
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+    v = _converted(float, s, want)
     if not ok(v):
         raise argparse.ArgumentTypeError(f"expected {want}, got {s}")
     return v
@@ -61,10 +63,7 @@ def number(lo: float | None = None, open_lo: bool = False):
     want = "a finite number" + ("" if lo is None else f" {'>' if open_lo else '>='} {lo:g}")
 
     def parse(s):
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+        v = _converted(float, s, want)
         if not math.isfinite(v) or (lo is not None and (v <= lo if open_lo else v < lo)):
             raise argparse.ArgumentTypeError(f"expected {want}, got {s}")
         return v
@@ -90,6 +89,11 @@ def names(s: str) -> list[str]:
     if dup:
         raise argparse.ArgumentTypeError(f"{', '.join(dup)} given twice")
     return parts
+
+
+def failure(e: BaseException) -> str:
+    """An error that one piece of a run reports while the others go on: its type and its first line (200 chars)."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
 def interrupted(e: BaseException) -> bool:
@@ -206,6 +210,19 @@ def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True)
     return p
 
 
+def method_checkpoints(target, methods, drafters) -> None:
+    """`--target`, and the drafter checkpoint `--drafters DIR/<run>/drafter` of each of `methods` that drafts (a name
+    with a "+option" or a draft limit is its run's), checked before any model loads."""
+    from dmtp.engine.methods import method_class, run_of
+
+    checkpoint(target, "--target", "target checkpoint")
+    for name in methods:
+        base = run_of(name.partition("+")[0])
+        if method_class(base).needs_drafter:
+            require(drafters, f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")
+            checkpoint(Path(drafters) / base / "drafter", f"--methods {name}:", "drafter checkpoint")
+
+
 def drafter_of(path, flag: str, target_cfg) -> None:
     """A drafter checkpoint to continue is made for a target of `target_cfg`'s widths (hidden, vocabulary) and
     reads layers it has; else refused in one line naming both, before any work."""
@@ -232,8 +249,9 @@ def init_from(items, runs, target_cfg, bare: str | None = None) -> dict[str, str
     for item in [x for flag in items or [] for x in flag.split(",")]:
         run, eq, path = item.partition("=") if "=" in item or not bare else (bare, "=", item)
         require(eq and run in runs, f"--init-from {item!r}: expected RUN=PATH with RUN one of {', '.join(runs)}")
-        checkpoint(path, f"--init-from {run}=", "drafter checkpoint")
-        drafter_of(path, f"--init-from {run}=", target_cfg)
+        flag = f"--init-from {item[: len(item) - len(path)]}"  # as given: RUN=PATH, or PATH alone
+        checkpoint(path, flag.rstrip(), "drafter checkpoint")
+        drafter_of(path, flag, target_cfg)
         where = str(Path(path).resolve())
         require(out.get(run, where) == where, f"--init-from: run {run!r} given twice ({out.get(run)}, {where}); "
                 "give each run one checkpoint")

@@ -16,6 +16,7 @@ import argparse
 
 import torch
 
+from dmtp.cli.args import failure
 from dmtp.cli.pipeline import Ctx, drafters_dir
 from dmtp.config import ENGINES
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
@@ -106,7 +107,7 @@ def main():
             try:
                 recs = run_generate(tgt, m, rows, 0.0, a.new_tokens, [], len(rows), desc=f"{run} {eng}", engine=cfg)
             except Exception as e:  # noqa: BLE001 - one engine failing must not hide the others' numbers
-                res[eng] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+                res[eng] = {"error": failure(e)}
                 print(f"{run:<24} {eng:<13} FAILED {res[eng]['error']}", flush=True)
                 continue
             acc = [n for r in recs for n in r["accepted"]]

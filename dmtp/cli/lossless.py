@@ -11,19 +11,18 @@ from an uncached pass over the shared prefix) says how near.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pandas as pd
 import torch
 
 from dmtp.analysis.lossless import add_top2_gaps, compare
 from dmtp.checks import require
-from dmtp.cli.args import at_least, checkpoint, guard, names, out_dir
+from dmtp.cli.args import at_least, guard, method_checkpoints, names, out_dir
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
 from dmtp.data.tokenizer import find_tokenizer
 from dmtp.engine.methods import AR, load_method, method_class
 from dmtp.engine.runner import run_generate
-from dmtp.io import write_meta, write_text
+from dmtp.io import write_csv, write_meta
 from dmtp.models import torch_dtype
 from dmtp.models.mtp import MTPHead
 from dmtp.models.target import Target, read_config
@@ -48,11 +47,7 @@ def run(a):
     methods = [AR.name] + [m for m in a.methods if m != AR.name]  # the reference first
     # --- checked before any model is loaded ---
     out = out_dir(a.out)
-    checkpoint(a.target, "--target", "target checkpoint")
-    for m in methods:
-        if method_class(m).needs_drafter:
-            require(a.drafters, f"--methods {m}: a drafter method needs --drafters DIR (holding {m}/drafter)")
-            checkpoint(Path(a.drafters) / m / "drafter", f"--methods {m}:", "drafter checkpoint")
+    method_checkpoints(a.target, methods, a.drafters)
     tok = find_tokenizer(a.target)
     require(tok is not None, f"--target {a.target}: no tokenizer files beside config.json (the HumanEval prompts are "
                              "text)")
@@ -78,10 +73,10 @@ def run(a):
         flips += f
         print(f"[lossless] {a.dtype} {name}: {row['identical']}/{row['n']} identical to {AR.name}")
     add_top2_gaps(tgt, flips, {x["id"]: x["prompt_ids"] for x in prompts}, {"humaneval": ref})
-    write_text(out / "lossless.csv", pd.DataFrame(rows).to_csv(index=False))
+    write_csv(out / "lossless.csv", pd.DataFrame(rows))
     cols = ["method", "dataset", "id", "position", "ar_token", "token", "top2_gap", "top1_logit", "tie_rule",
             "fp32_margin", "bf16_error", "tie_measured", "tie"]
-    write_text(out / "divergences.csv", pd.DataFrame(flips, columns=cols).to_csv(index=False))
+    write_csv(out / "divergences.csv", pd.DataFrame(flips, columns=cols))
     write_meta(out / "meta.json", vars(a))
     if flips:
         print(pd.DataFrame(flips).to_string(index=False))

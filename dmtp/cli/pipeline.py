@@ -47,7 +47,7 @@ from dmtp.analysis.report import render_tables
 from dmtp.checks import require
 from dmtp.cli import verify as verify_study
 from dmtp.cli.archive import STATUS, pack
-from dmtp.cli.args import out_dir, out_file
+from dmtp.cli.args import failure, out_dir, out_file
 from dmtp.cli.clock import OPTIONAL_UNDER_DEADLINE, Deadline, DeadlineReached, read_costs, record_cost
 from dmtp.cli.fit import fit_training, run_configs
 from dmtp.cli.stages import RUN_CONTROL, StageMismatch, Unit, differences, fingerprint, mismatch, preflight
@@ -66,8 +66,8 @@ from dmtp.engine.methods import AR, build_method, load_method, method_class
 from dmtp.engine.runner import compiled_graphs, run_generate, stop_spec
 from dmtp.engine.stops import HUMANEVAL_STOPS
 from dmtp.experiment import drafter_config, write_experiment
-from dmtp.io import (atomic_dir, merging, one_writer, read_json, read_jsonl, write_json, write_jsonl, write_meta,
-                     write_text)
+from dmtp.io import (atomic_dir, merging, one_writer, read_json, read_jsonl, write_csv, write_json, write_jsonl,
+                     write_meta)
 from dmtp.models import torch_dtype
 from dmtp.models.drafter import Drafter
 from dmtp.models.mtp import MTPHead, save_target_with_mtp
@@ -543,7 +543,6 @@ def st_eval(c: Ctx):
     record_experiment(c)  # the runs' experiment: the report takes its rows from it
     failed, prompts = [], {}
     for ds, n, temp, mode, m, seed, u in todo:
-        path = u.outputs[0]
         t0 = time.time()
         try:  # one run failing does not cost the others: they go on, and the stage fails at the end naming it
             if (m, seed) not in cache:  # a method object is reusable: each decode batch works on a copy
@@ -555,17 +554,13 @@ def st_eval(c: Ctx):
                                 desc=f"{m} s{seed} {ds} T{temp:g} {mode}", extra={"dataset": ds, "seed": seed},
                                 mode=mode, stop_strings=stop_strings(c.p, mode), engine=c.eng)
         except Exception as e:  # noqa: BLE001 - reported below, then raised
-            why = str(e).splitlines()[0][:200] if str(e) else ""
-            failed.append(f"{m} s{seed} {ds} T={temp:g} {mode}: {type(e).__name__}: {why}")
+            failed.append(f"{m} s{seed} {ds} T={temp:g} {mode}: {failure(e)}")
             c.log(f"eval FAILED {failed[-1]}")
             continue
         wall = time.time() - t0
-        write_meta(u.record, {"method": m, "dataset": ds, "temperature": temp, "mode": mode, "seed": seed,
-                              "max_new_tokens": ev.new_tokens, "batch": ev.batch, "stops": list(stop_strings(c.p, mode)),
-                              "target_dtype": c.p.engine.dtype}, wall_s=wall, engine=c.eng,
-                   fingerprint=u.want)  # before the records: a run file never exists without its record
-        write_jsonl(path, recs)
-        acc = [x for r in recs for x in r["accepted"]]
+        acc = write_run(c, u, recs, wall, {"method": m, "dataset": ds, "temperature": temp, "mode": mode, "seed": seed,
+                                           "max_new_tokens": ev.new_tokens, "batch": ev.batch,
+                                           "stops": list(stop_strings(c.p, mode)), "target_dtype": c.p.engine.dtype})
         c.log(f"eval {m:<28} s{seed} {ds:<10} T={temp:g} {mode:<7} per-verify tau {acceptance_length(acc):.3f}  "
               f"({len(acc)} rounds, {wall:.1f}s, {compiled_graphs()} graphs compiled in this process)")
     write_subsets(c)
@@ -573,6 +568,13 @@ def st_eval(c: Ctx):
     if failed:
         raise RuntimeError(f"{len(failed)} evaluation run(s) failed (the others were written):\n  "
                            + "\n  ".join(failed))
+
+
+def write_run(c: Ctx, u: Unit, recs: list[dict], wall: float, config: dict) -> list[int]:
+    """A run file's record, then the run file (it never exists without its record); returns its accepted counts."""
+    write_meta(u.record, config, wall_s=wall, engine=c.eng, fingerprint=u.want)
+    write_jsonl(u.outputs[0], recs)
+    return [x for r in recs for x in r["accepted"]]
 
 
 def oracle_ceilings(c: Ctx):
@@ -643,11 +645,8 @@ def st_curve(c: Ctx):
                             desc=f"curve {m} s{seed} step {k}", extra={"dataset": "humaneval", "seed": seed,
                                                                        "step": k},
                             stop_strings=stop_strings(c.p, "natural"), engine=c.eng)
-        write_meta(u.record, {"method": m, "seed": seed, "step": k, "train_tokens": tokens, "dataset": "humaneval",
-                              "temperature": 0.0, "mode": "natural"}, wall_s=time.time() - t0, fingerprint=u.want,
-                   engine=c.eng)
-        write_jsonl(u.outputs[0], recs)
-        acc = [x for r in recs for x in r["accepted"]]
+        acc = write_run(c, u, recs, time.time() - t0, {"method": m, "seed": seed, "step": k, "train_tokens": tokens,
+                                                       "dataset": "humaneval", "temperature": 0.0, "mode": "natural"})
         c.log(f"curve {m:<20} s{seed} step {k:>6} ({tokens / 1e6:.2f} M tokens): per-verify tau "
               f"{acceptance_length(acc):.3f}")
 
@@ -688,9 +687,8 @@ def lossless_check(c: Ctx):
             r, f = compare_runs(refs[ds, mode], found, ds)
             rows += [dict(x, mode=mode) for x in r]
             flips += [dict(x, mode=mode) for x in f]
-    write_text(c.res / "tables" / "lossless_T0.csv",
-               pd.DataFrame(rows, columns=["method", "dataset", "mode", "n", "identical", "divergent"])
-               .to_csv(index=False))
+    write_csv(c.res / "tables" / "lossless_T0.csv",
+              pd.DataFrame(rows, columns=["method", "dataset", "mode", "n", "identical", "divergent"]))
     if flips:  # how near a tie each flip was
         tgt, _ = c.target()
         prompts = {p["id"]: p["prompt_ids"] for ds, n in {**c.p.eval.sets, **c.p.eval.ood}.items()
@@ -699,7 +697,7 @@ def lossless_check(c: Ctx):
             mine = [x for x in flips if x["mode"] == mode]
             if mine:
                 add_top2_gaps(tgt, mine, prompts, {ds: v for (ds, md), v in refs.items() if md == mode})
-        write_text(c.res / "tables" / "lossless_divergences.csv", pd.DataFrame(flips).to_csv(index=False))
+        write_csv(c.res / "tables" / "lossless_divergences.csv", pd.DataFrame(flips))
     bad = [r for r in rows if r["identical"] != r["n"]]
     untied = [f for f in flips if not f.get("tie")]
     c.log(f"lossless at T=0: {len(rows) - len(bad)}/{len(rows)} method x dataset x mode runs identical to ar"

@@ -32,7 +32,7 @@ from dmtp.analysis.report import verify as verify_study  # noqa: E402
 from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify  # noqa: E402
 from dmtp.cli.args import guard  # noqa: E402
 from dmtp.analysis.report.bench import overhead_from_log  # noqa: E402
-from dmtp.io import compact, write_text  # noqa: E402
+from dmtp.io import compact, write_csv  # noqa: E402
 
 
 def main(argv=None):
@@ -63,7 +63,7 @@ def run(a):
         with open(log, errors="replace") as f:
             rows = overhead_from_log(f)
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_text(out, pd.DataFrame(rows).assign(source="logs/bench.txt").to_csv(index=False))
+        write_csv(out, pd.DataFrame(rows).assign(source="logs/bench.txt"))
         print(f"[report] {out}: {len(rows)} stage times of {len({(r['method'], r['batch']) for r in rows})} "
               f"(method, batch) pairs, read from {log}")
         return

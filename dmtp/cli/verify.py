@@ -26,20 +26,20 @@ from __future__ import annotations
 
 import json
 import time
-from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.analysis.oracle import oracle_ceiling
+from dmtp.cli.args import failure
 from dmtp.cli.bench.common import timed
 from dmtp.config import VerifyConfig
 from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import AR, load_method
 from dmtp.engine.server import Server
 from dmtp.engine.stops import StopStrings
-from dmtp.io import read_jsonl, write_jsonl, write_meta, write_text
+from dmtp.io import read_jsonl, write_csv, write_jsonl, write_meta
 
 
 def groups(cfg: VerifyConfig) -> list[tuple[str, str, float]]:
@@ -68,7 +68,7 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
                      seed=cfg.seed, stop=stop, verify=verify, engine=engine)
         srv.run(ids[:cap])  # warm-up: graph capture, as at server start-up
         for rep in range(cfg.repeats):
-            res, wall = timed(dev, partial(srv.run, ids))
+            res, wall = timed(dev, srv.run, ids)
             n_out = sum(len(r.output_ids) for r in res)
             tau = acceptance_length([a for r in res for a in r.accepted])
             rows.append({"method": m.name, "verify": verify, "temperature": temperature, "batch_cap": cap,
@@ -104,8 +104,7 @@ def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out:
                 cache[name] = load_method(name, tgt, mtp, drafters, mtp_steps)
             recs, rows = run_group(tgt, cache[name], prompts, temp, v, cfg, eos, stop, log, engine)
         except Exception as e:  # noqa: BLE001 - the other groups still run; reported and raised below
-            why = str(e).splitlines()[0][:200] if str(e) else ""
-            failed.append(f"{name} {v} T={temp:g}: {type(e).__name__}: {why}")
+            failed.append(f"{name} {v} T={temp:g}: {failure(e)}")
             log(f"verify FAILED {failed[-1]}")
             continue
         fp = {} if want is None else {"fingerprint": want(name, v, temp)}
@@ -126,7 +125,7 @@ def gather(out: Path) -> Path:
     """throughput.csv from every group's meta file."""
     rows = [r for p in sorted((out / "runs").glob("*/*/*.meta.json")) for r in json.loads(p.read_text())["throughput"]]
     path = out / "throughput.csv"
-    write_text(path, pd.DataFrame(rows).to_csv(index=False))
+    write_csv(path, pd.DataFrame(rows))
     return path
 
 
@@ -148,4 +147,4 @@ def ceilings(tgt, out: Path, prompts: list[dict]):
                      for j, v in enumerate(c["cumulative"])]
             rows.append({"temperature": temp, "k": k, "position": 0, "ceiling": c["acceptance_length"]})
     if rows:
-        write_text(out / "oracle.csv", pd.DataFrame(rows).to_csv(index=False))
+        write_csv(out / "oracle.csv", pd.DataFrame(rows))

@@ -55,15 +55,13 @@ import pandas as pd
 import torch
 
 from dmtp.analysis import ratios as RT
-from dmtp.checks import require
-from dmtp.cli.args import (at_least, checkpoint, compile_cache_flag, guard, listed, names, number, out_dir, temperature,
-                           use_compile_cache)
+from dmtp.cli.args import (at_least, compile_cache_flag, guard, listed, method_checkpoints, names, number, out_dir,
+                           temperature, use_compile_cache)
 from dmtp.cli.bench.common import Stamped, engine_setting, merge_overhead, merge_rows
 from dmtp.cli.bench.shapes import mini_shape, paper_shape
 from dmtp.cli.bench.trained import PARTS, Bench, throughput_ratios
 from dmtp.config import VERIFY_MODES
 from dmtp.config.engine import server_variant
-from dmtp.engine.methods import method_class, run_of
 from dmtp.io import write_meta
 from dmtp.profiles import PROFILES, resolve
 
@@ -232,12 +230,7 @@ def run(p, a):
     if not a.target:
         p.error("--target is required (or --paper-shape / --mini-shape)")
     methods = a.methods or list(spec.bench)
-    checkpoint(a.target, "--target", "target checkpoint")
-    for name in methods:
-        base = run_of(name.partition("+")[0])
-        if method_class(base).needs_drafter:
-            require(a.drafters, f"--methods {name}: a drafter method needs --drafters DIR (holding {base}/drafter)")
-            checkpoint(Path(a.drafters) / base / "drafter", f"--methods {name}:", "drafter checkpoint")
+    method_checkpoints(a.target, methods, a.drafters)
     b = Bench.load(a, spec, profile, prof.data, prof.engine)
     new, done, t0 = [], [], time.time()
 

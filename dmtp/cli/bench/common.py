@@ -17,7 +17,7 @@ from dmtp.checks import require
 from dmtp.config import EngineConfig
 from dmtp.engine.decode import generate
 from dmtp.engine.methods import no_timer
-from dmtp.io import write_text
+from dmtp.io import write_csv
 
 
 class Stamped:
@@ -225,11 +225,11 @@ def merge_overhead(path: Path, rows: list[dict]):
     new = pd.DataFrame(rows)
     old = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=new.columns)
     old = old[~old.method.map(setup).isin(set(new.method.map(setup)))]
-    write_text(path, pd.concat([new, old] if (new.method.map(setup) == "").any() else [old, new]).to_csv(index=False))
+    write_csv(path, pd.concat([new, old] if (new.method.map(setup) == "").any() else [old, new]))
 
 
 def merge_rows(path: Path, rows: list[dict]):
     """Write `rows` (each with a `setup`) over the stored rows of the same setups, keeping the others."""
     new = pd.DataFrame(rows)
     old = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=new.columns)
-    write_text(path, pd.concat([old[~old.setup.isin(set(new.setup))], new]).to_csv(index=False))
+    write_csv(path, pd.concat([old[~old.setup.isin(set(new.setup))], new]))

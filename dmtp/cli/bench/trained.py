@@ -29,7 +29,7 @@ from dmtp.engine.methods import AR, Method, load_method, split_drafts
 from dmtp.engine.runner import compiled_graphs, stop_spec
 from dmtp.engine.server import Server
 from dmtp.engine.stops import HUMANEVAL_STOPS
-from dmtp.io import write_text
+from dmtp.io import write_csv
 from dmtp.models import torch_dtype
 from dmtp.models.mtp import MTPHead
 from dmtp.models.screen import T1Screen
@@ -184,17 +184,17 @@ def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
                     print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
                           f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
                           f"{rows[-1]['admit_s']:.2f}s)")
-                    write_text(path, pd.DataFrame(prior + rows).to_csv(index=False))  # so far
+                    write_csv(path, pd.DataFrame(prior + rows))  # so far
             if (AR.name, 0) in outs:
                 equal_ar(rows[first:], outs, accs, cap)
-                write_text(path, pd.DataFrame(prior + rows).to_csv(index=False))
+                write_csv(path, pd.DataFrame(prior + rows))
             if a.kernel_profile and temp == a.temperatures[0]:  # where an admission's host time goes
                 for run in (AR.name, b.spec.main_method):
                     if run in servers:
                         adm = admission_profile(servers[run], reqs, Path(a.out) / f"profile_admission_{b.setup}_{run}"
                                                 f"_b{cap}.txt")
                         admissions.append({"method": run, "batch_cap": cap, "prefill": b.eng.prefill, **adm})
-                        write_text(Path(a.out) / "admission_profile.csv", pd.DataFrame(admissions).to_csv(index=False))
+                        write_csv(Path(a.out) / "admission_profile.csv", pd.DataFrame(admissions))
             for srv in servers.values():  # their slots (caches, graphs) go before the next cap
                 srv.close()
     return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup) + admission_ratios(admissions, b.setup)
@@ -371,7 +371,7 @@ def hf(b: Bench, methods: list[str]) -> list[Ratio]:
                          "speedup_vs_hf_ar": (len(res.output_ids) / t) / (len(ref) / t_hf),
                          "identical": res.output_ids == ref, "ar_hbm_bound_tok_per_s": bound})
     df = pd.DataFrame(rows)
-    write_text(Path(a.out) / "hf.csv", df.to_csv(index=False))
+    write_csv(Path(a.out) / "hf.csv", df)
     mean = df.groupby("method")[["ours_tok_per_s", "hf_ar_tok_per_s", "speedup_vs_hf_ar", "identical"]].mean()
     print(mean)
     ratios = []
@@ -424,7 +424,7 @@ def screen(b: Bench, methods: list[str]) -> list[Ratio]:
         agree = float((b.screen(g) == b.tgt.lm_head(g).argmax(-1)).float().mean())
     for r in rows:
         r["t1_agreement"] = agree if "+screen" in r["method"] else 1.0
-    write_text(Path(a.out) / "screen.csv", pd.DataFrame(rows).to_csv(index=False))
+    write_csv(Path(a.out) / "screen.csv", pd.DataFrame(rows))
     print(pd.DataFrame(rows))
     return []
 
