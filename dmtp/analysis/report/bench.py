@@ -26,6 +26,7 @@ import pandas as pd
 
 from dmtp.analysis.costmodel import predict
 from dmtp.analysis.metrics import speedup_on_ar_outputs
+from dmtp.analysis.report.data import select
 
 KEY = ["dataset", "temperature", "batch_cap"]
 # the setups projected to (random weights: timing only) -> the runs whose timing there has another label than
@@ -161,11 +162,10 @@ def round_times(ov: pd.DataFrame) -> dict[str, dict[int, float]]:
     return {m: {int(b): float(v) for b, v in zip(batch[g.index], g.ms_per_round)} for m, g in ov.groupby("method")}
 
 
-def timed_records(runs: pd.DataFrame) -> pd.DataFrame:
-    """The eval records the cost model reads (`predicted_vs_measured`'s `runs`): the ablation's HumanEval, T = 0,
-    natural mode, drafter seed 0 — the workload the throughput runs time."""
-    return runs[(runs.experiment == "ablation") & (runs.dataset == "humaneval") & (runs.temperature == 0)
-                & (runs["mode"] == "natural") & (runs.seed == 0)]
+def timed_records(runs: pd.DataFrame, temperature: float = 0.0) -> pd.DataFrame:
+    """The eval records the cost model reads (`predicted_vs_measured`'s `runs`): the ablation's HumanEval at T (0
+    unless told), natural mode, drafter seed 0 — the workload the throughput runs time."""
+    return select(runs, experiment="ablation", dataset="humaneval", temperature=temperature, mode="natural", seed=0)
 
 
 def _records(runs: pd.DataFrame) -> dict[str, list[dict]]:

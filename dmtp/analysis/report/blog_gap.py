@@ -23,14 +23,7 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
-from dmtp.analysis.report.data import Artifacts, pooled_hist
-
-
-def _t1_records(art: Artifacts, k: int) -> pd.DataFrame:
-    """HumanEval, T = 1, natural, seed 0 records of realization k (the workload the T = 1 throughput runs time)."""
-    r = art.runs
-    return r[(r.realization == k) & (r.experiment == "ablation") & (r.dataset == "humaneval") & (r.temperature == 1)
-             & (r["mode"] == "natural") & (r.seed == 0)]
+from dmtp.analysis.report.data import Artifacts, pooled_hist, select
 
 
 def _eval_tau_gain(recs: pd.DataFrame, main: str, base: str) -> float:
@@ -65,7 +58,7 @@ def table(art: Artifacts) -> pd.DataFrame | None:
             if len(mine) else pd.Series(dtype=float)
         rr = float(rt[main] / rt[base]) if main in rt and base in rt else math.nan
         dec = 100 * ((1 + r.per_verify_gain_pct / 100) / rr - 1) if not math.isnan(rr) else math.nan
-        recs = _t1_records(art, k)
+        recs = B.timed_records(select(art.runs, realization=k), 1.0)
         trained = B.predicted(recs, mine, caps=(cap,)) if len(mine) and len(recs) else []
         shape = ov[ov.method.astype(str).str.startswith(B.SHAPE + ":")]
         proj = B.projection(recs, shape, caps=(cap,)) if len(shape) and len(recs) else []

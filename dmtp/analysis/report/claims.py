@@ -36,7 +36,8 @@ from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report import registered as REG
-from dmtp.analysis.report.data import CONTRAST_BOOT, Artifacts, differences, paired_runs, per_unit, series_key
+from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, differences, paired_runs, per_unit, select,
+                                       series_key)
 from dmtp.analysis.report.registered import PRIMARY, SMOKE, Family
 
 # "close" = |a - b| below this share of b's acceptance length. The blog states no margin; 2 % is the size of the
@@ -289,12 +290,9 @@ def first_rate(g: pd.DataFrame) -> pd.DataFrame:
     return g.assign(first_rate=g.first_hits / g.n_rounds.where(g.n_rounds > 0))
 
 
-def first_gap(art: Artifacts, dataset: str, t: float, a: str, b: str, seed0: bool = False) -> dict | None:
+def first_gap(art: Artifacts, dataset: str, t: float, a: str, b: str) -> dict | None:
     """Paired a - b of per-request first-token acceptance (rate) at (dataset, T), `stats.paired` fields."""
-    r = first_rate(art.runs)
-    r = r[(r.experiment == "ablation") & (r.temperature == t) & (r["mode"] == "natural") & (r.dataset == dataset)]
-    if seed0:
-        r = r[r.seed == 0]
+    r = select(first_rate(art.runs), experiment="ablation", temperature=t, mode="natural", dataset=dataset)
     units = {m: per_unit(r[r.method == m], "first_rate") for m in (a, b)}
     if not all(units.values()):
         return None
@@ -333,17 +331,14 @@ def rank_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
     positive (exploratory). One test in place of the 28 pairwise ones an order would need. A correlation is worded
     as agreement, never as the same order: the row says whether the pooled orders are the same (rho = 1)."""
     blog = R.table("ablation").set_index("method").acceptance_length
-    s = art.natural
     out = []
     for t in temps:
-        g = s[(s.experiment == "ablation") & (s.dataset == dataset) & (s.temperature == t)].set_index("method")
+        g = art.ablation(dataset, t).set_index("method")
         ms = [m for m in blog.index if m in g.index]
         if len(ms) < 3:
             continue
         ra = S.rank_agreement(g.loc[ms, "acceptance_length"].to_numpy(float), blog[ms].to_numpy(float))
-        runs = art.runs
-        runs = runs[(runs.experiment == "ablation") & (runs.dataset == dataset) & (runs.temperature == t)
-                    & (runs["mode"] == "natural") & runs.method.isin(ms)]
+        runs = select(art.runs, experiment="ablation", dataset=dataset, temperature=t, mode="natural", method=ms)
         per = runs.groupby(["realization", "method"]).acceptance_length.mean().unstack()
         rhos = [S.spearman(per.loc[k, ms].to_numpy(float), blog[ms].to_numpy(float)) for k in per.index
                 if per.loc[k, ms].notna().all()]
@@ -366,8 +361,7 @@ def ood_gaps(art: Artifacts, a: str = "mtp", b: str | None = None, n_boot: int =
     gap a - b of per-request first-token acceptance, and the difference in differences (ood minus HumanEval) over
     the realizations both sets have (stats.did). None without an ood set holding both runs."""
     b = b or art.spec.drafter_baseline
-    r = first_rate(art.runs)
-    r = r[(r.experiment == "ablation") & (r.temperature == 0) & (r["mode"] == "natural") & (r.seed == 0)]
+    r = select(first_rate(art.runs), experiment="ablation", temperature=0, mode="natural", seed=0)
     for ood in art.ood or {}:
         per = {}  # dataset -> ({realization: row of the cubes}, cubes)
         for ds in ("humaneval", ood):
@@ -486,8 +480,7 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
     if not prim:
         return None
     ds = prim[0]
-    s = art.natural
-    temps = sorted(set(s[(s.experiment == "ablation") & (s.dataset == ds)].temperature))
+    temps = sorted(set(art.ablation(ds).temperature))
     rows = (primary_rows(art) + blog_rows(art, ds, temps) + close_rows(art, ds, temps)
             + first_token_rows(art, ds, temps) + rank_rows(art, ds, temps) + ood_rows(art) + throughput_rows(art))
     if not rows:

@@ -18,7 +18,7 @@ from dmtp.analysis import metrics as M  # noqa: E402
 from dmtp.analysis import reference as R  # noqa: E402
 from dmtp.analysis.report import tables as T  # noqa: E402
 from dmtp.analysis import stats as S  # noqa: E402
-from dmtp.analysis.report.data import Artifacts, paired_runs, per_unit  # noqa: E402
+from dmtp.analysis.report.data import Artifacts, group, paired_runs, per_unit, select  # noqa: E402
 from dmtp.io import write_figure  # noqa: E402
 
 # by position in the spec's run order (the Code ablation: ar grey, mtp blue, dflash orange, ...), then the methods
@@ -192,8 +192,7 @@ def open_repro(art: Artifacts) -> list[Path]:
 def first_token(art: Artifacts) -> list[Path]:
     """First-token acceptance (%) per dataset and method with bootstrap CI; blog values as black diamonds. The main
     rows (`main_methods`) in first_token_T<t>.png, the other variants in first_token_supplementary_T<t>.png."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
         print("[report] skip first-token figure: no data")
         return []
@@ -234,8 +233,7 @@ MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
 def _position_ci(art: Artifacts, e: str, d: str, t: float, m: str, kind: str, K: int = 7, n_boot: int = 1000):
     """[(lo, hi)] per position k = 1..K (percent): hierarchical bootstrap of the pooled ratio (rounds with L >= k
     over rounds; conditional: over rounds with L >= k - 1)."""
-    g = art.runs
-    g = g[(g.experiment == e) & (g.dataset == d) & (g.temperature == t) & (g["mode"] == "natural") & (g.method == m)]
+    g = group(art, e, d, t, m)
     h = np.array([(list(x) + [0] * (K + 1))[:K + 1] for x in g["hist"]], float)  # [requests x units, K + 1]
     tail = np.cumsum(h[:, ::-1], 1)[:, ::-1]  # tail[:, j] = rounds accepting >= j
     out = []
@@ -254,8 +252,7 @@ def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
     P(L>=k | L>=k-1). The main rows (`main_methods`) each in its own colour and marker with the hierarchical
     bootstrap band; the other variants in `<kind>_supplementary_T<t>.png`. Blog curves (dashed, 35B T=1) are derived
     from its conditional rows where they exist."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
         print(f"[report] skip {kind} figure: no data")
         return []
@@ -427,7 +424,6 @@ def overhead(art: Artifacts) -> list[Path]:
 def ceiling(art: Artifacts) -> list[Path]:
     """Per T > 0: measured P(L>=j) per draft position for each run (seeds pooled) and the oracle ceiling C_j along
     the `ar` trajectory (black, dashed), one panel per dataset with a ceiling file."""
-    s = art.natural
     paths = []
     for t in sorted({t for _, t in (art.oracle or {}) if t > 0}):
         recs = sorted((ds, r) for (ds, tt), r in art.oracle.items() if tt == t)
@@ -435,7 +431,7 @@ def ceiling(art: Artifacts) -> list[Path]:
         fig = Figure(figsize=(4.2 * len(recs) + 1.8, 3.4), layout="constrained")
         axes = fig.subplots(1, len(recs), squeeze=False).ravel()
         for ax, (ds, rec) in zip(axes, recs):
-            g = s[(s.experiment == "ablation") & (s.dataset == ds) & (s.temperature == t) & (s.k > 0)]
+            g = select(art.drafting, experiment="ablation", dataset=ds, temperature=t)
             for r in sorted(g.itertuples(), key=lambda r: art.rank(r.method)):
                 y = 100 * np.array(M.cumulative(r.hist))
                 ax.plot(range(1, len(y) + 1), y, "o-", ms=3, color=color[r.method], label=r.method)

@@ -28,7 +28,7 @@ from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import claims as C
 from dmtp.analysis.report import registered as REG
 from dmtp.analysis.report import tables as T
-from dmtp.analysis.report.data import Artifacts, summarize
+from dmtp.analysis.report.data import Artifacts, select, summarize
 from dmtp.config.engine import describe_variant
 
 
@@ -47,8 +47,7 @@ def direction(verdict: str) -> int:
 
 def acceptance_table(art: Artifacts, dataset: str) -> list[str]:
     """Compared rows x temperatures: acceptance length t [95% t-interval]; bootstrap [95% CI], units."""
-    s = art.natural
-    s = s[(s.experiment == "ablation") & (s.dataset == dataset)]
+    s = art.ablation(dataset)
     temps = sorted(set(s.temperature))
     rows = [m for m in art.spec.runs() if m in set(s.method)] + sorted(set(s.method) - set(art.spec.runs()))
     out = ["| method | group | realizations x seeds | " + " | ".join(f"T={t:g}" for t in temps) + " |",
@@ -158,9 +157,8 @@ def control_pairs(art: Artifacts) -> list[tuple[str, str, str]]:
 def ood_lines(art: Artifacts) -> list[str]:
     """Acceptance and first-token acceptance in and out of distribution (tables/ood.csv) and the gaps."""
     ood = art.ood or {}
-    r = art.runs
-    r = r[(r.experiment == "ablation") & (r.temperature == 0) & (r["mode"] == "natural") & (r.seed == 0)
-          & r.dataset.isin(["humaneval", *ood]) & r.method.isin({m for runs in ood.values() for m in runs})]
+    r = select(art.runs, experiment="ablation", temperature=0, mode="natural", seed=0, dataset=["humaneval", *ood],
+               method={m for runs in ood.values() for m in runs})
     if r.empty or not set(ood) & set(r.dataset):
         return []
     s = summarize(r, spec=art.spec)
@@ -358,8 +356,7 @@ def findings(art: Artifacts) -> list[str]:
     if heads:
         out += [f"![{heads[0].stem}](figures/{heads[0].name})", ""]
     for ds in prim:
-        s = art.natural
-        temps = sorted(set(s[(s.experiment == "ablation") & (s.dataset == ds)].temperature))
+        temps = sorted(set(art.ablation(ds).temperature))
         out += [f"### Acceptance length on `{ds}`", "", "Mode natural; incl. bonus; realizations and seeds pooled; "
                 "t [95% t-interval over the top level's units]; bootstrap [95% hierarchical bootstrap CI over "
                 "realizations, seeds and requests]:", "", *acceptance_table(art, ds), "",

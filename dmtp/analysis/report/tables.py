@@ -24,7 +24,7 @@ from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, cube, group, missing_runs, paired_runs,
-                                       per_unit, pooled_hist)
+                                       per_unit, pooled_hist, select)
 from dmtp.config import GROUPS
 from dmtp.io import write_csv, write_text
 
@@ -282,8 +282,7 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
 
 def first_token(art: Artifacts) -> pd.DataFrame | None:
     """First-token acceptance 1 - h[0]/sum h (percent) per dataset and method, hierarchical bootstrap CI."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
         return skip("first-token table")
     df = s[["experiment", "dataset", "temperature", "method"]].copy()
@@ -342,8 +341,7 @@ def directions(art: Artifacts) -> pd.DataFrame | None:
 def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """Cumulative P(L>=k) and conditional P(L>=k | L>=k-1), k = 1..7, in percent; the conditional table also
     carries the blog's rows (source = blog) for the workloads our datasets map to."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
         return skip("per-position tables")
     base = s[["experiment", "dataset", "temperature", "method", "n_rounds"]].reset_index(drop=True)
@@ -366,8 +364,7 @@ def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
 
 def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
     """Per-request mean acceptance length vs per-verify tau (pooled over all rounds), blog values beside."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
         return skip("per-request vs per-verify table")
     df = s[["experiment", "dataset", "temperature", "method", "n_requests", "n_rounds"]].copy()
@@ -577,8 +574,7 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
 def _turn_rows(art: Artifacts, key: tuple, cols: dict[str, str]) -> list[dict]:
     """Rows of the open-reproduction layout for each turn of a multi-turn set (record ids "<question>:t<turn>"),
     each turn's requests alone; none for a single-turn set."""
-    g = art.runs
-    g = g[(g.experiment == key[0]) & (g.dataset == key[1]) & (g.temperature == key[2]) & (g["mode"] == "natural")]
+    g = select(art.runs, experiment=key[0], dataset=key[1], temperature=key[2], mode="natural")
     turn = g.id.astype(str).str.extract(TURN, expand=False)
     if turn.isna().any() or turn.nunique() < 2:
         return []
@@ -634,8 +630,7 @@ def primary(art: Artifacts) -> list[str]:
 
 def compared(art: Artifacts, dataset: str, temperature: float) -> list[str]:
     """The pairwise-test rows present at (dataset, T): the spec's drafting baselines, main and control runs."""
-    s = art.natural
-    have = set(s[(s.experiment == "ablation") & (s.dataset == dataset) & (s.temperature == temperature)].method)
+    have = set(art.ablation(dataset, temperature).method)
     return [m for m in art.spec.compared if m in have]
 
 
@@ -734,7 +729,6 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
     tau beside 1 + sum_j C_j; of_ceiling_pct = (tau - 1) / sum_j C_j in percent."""
     if not art.oracle:
         return skip("ceiling tables (no oracle/*.json)")
-    s = art.natural
     out = []
     for t in sorted({t for _, t in art.oracle if t > 0}):
         rows = []
@@ -743,7 +737,7 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
                 continue
             C = [float(c) for c in rec["cumulative"]]
             K = len(C)
-            g = s[(s.experiment == "ablation") & (s.dataset == ds) & (s.temperature == t) & (s.k > 0)]
+            g = select(art.drafting, experiment="ablation", dataset=ds, temperature=t)
             for r in g.itertuples():
                 cum = (list(100 * np.array(M.cumulative(r.hist))) + [math.nan] * K)[:K]
                 rows.append({"dataset": ds, "temperature": t, "source": "measured", "method": r.method,
