@@ -13,8 +13,8 @@ import pandas as pd
 from dmtp.analysis.ratios import read as read_ratios
 from dmtp.analysis.report import blog_gap, figures, notes, summary, tables
 from dmtp.analysis.report import verify as verify_study
-from dmtp.analysis.report.data import Artifacts, find_results, load
-from dmtp.io import read_json, write_text
+from dmtp.analysis.report.data import Artifacts, find_results, load, read_optional
+from dmtp.io import write_text
 
 __all__ = ["Artifacts", "find_results", "load", "tables", "figures", "summary", "render_tables", "render_figures",
            "render_report"]
@@ -80,8 +80,7 @@ def scope(art: Artifacts) -> list[str]:
 def corpus_lines(art: Artifacts) -> list[str]:
     """Whether each realization's corpus is the one its profile pins (`data.corpus_digest` in experiment.json: the
     digest of the committed runs' corpus where the profile pins one)."""
-    exp = art.root / "experiment.json"
-    pinned = ((read_json(exp).get("data") or {}).get("corpus_digest") or "") if exp.exists() else ""
+    pinned = (read_optional(art.root, "experiment.json").get("data") or {}).get("corpus_digest") or ""
     have = [r for r in art.realizations if r.corpus]
     if not have:
         return []

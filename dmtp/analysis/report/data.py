@@ -554,13 +554,11 @@ def _written(root: Path) -> str:
     return str(read_optional(root, "target", "meta.json").get("written", ""))
 
 
-def provenance(k: int, root: Path) -> Realization:
-    """A realization with the commits, devices and dates its meta files record (runs/, bench/, target/,
-    drafters/; the flat layout: its own folders, never another realization's)."""
+def read_metas(paths) -> tuple[Counter, set[str], list[str]]:
+    """(commit -> meta files written at it, the devices they name, their `written` stamps) of the meta files at
+    `paths` (one that cannot be read is skipped)."""
     commits, devices, stamps = Counter(), set(), []
-    metas = [m for d in ("runs", "curve") for m in Path(root, d).glob("**/*.meta.json")]
-    metas += [m for d in ("bench", "target", "drafters") for m in Path(root, d).glob("meta*.json")]
-    for m in metas:
+    for m in paths:
         try:
             meta = read_json(m)
         except (OSError, ValueError):
@@ -571,6 +569,15 @@ def provenance(k: int, root: Path) -> Realization:
             devices.add(str(env["device"]))
         if meta.get("written"):
             stamps.append(str(meta["written"]))
+    return commits, devices, stamps
+
+
+def provenance(k: int, root: Path) -> Realization:
+    """A realization with the commits, devices and dates its meta files record (runs/, bench/, target/,
+    drafters/; the flat layout: its own folders, never another realization's)."""
+    commits, devices, stamps = read_metas(
+        [m for d in ("runs", "curve") for m in Path(root, d).glob("**/*.meta.json")]
+        + [m for d in ("bench", "target", "drafters") for m in Path(root, d).glob("meta*.json")])
     bench = Path(root, "bench", "meta.json")
     benv = read_optional(bench).get("env") or {}
     sha = benv.get("git_sha", "unknown") if bench.exists() else ""

@@ -94,17 +94,17 @@ def fmt(v, col: str) -> str:
     return f"{v:{'+' if signed else ''}.{2 if 'pct' in col or col.startswith('rel') else 3}f}"
 
 
-def to_markdown(df: pd.DataFrame) -> str:
-    """Markdown table; a column c with c_lo and c_hi beside it is printed as one cell "c [lo, hi]", and with c_tlo
-    and c_thi (its t-interval) as "c t [tlo, thi]; bootstrap [lo, hi]" (the t-interval first, as every report
-    prints a contrast)."""
+def to_markdown(df: pd.DataFrame, fmt=fmt, open_interval: bool = True) -> str:
+    """Markdown table, cells written by `fmt`; a column c with c_lo and c_hi beside it is printed as one cell
+    "c [lo, hi]" (open_interval False: "c" alone where lo is nan), and with c_tlo and c_thi (its t-interval) as
+    "c t [tlo, thi]; bootstrap [lo, hi]" (the t-interval first, as every report prints a contrast)."""
     cols = [c for c in df.columns if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)
             and not (c.endswith(("_tlo", "_thi")) and c[:-4] in df.columns)]
     ci = {c for c in cols if c + "_lo" in df.columns and c + "_hi" in df.columns}
     tci = {c for c in cols if c + "_tlo" in df.columns and c + "_thi" in df.columns}
 
     def cell(row, c):
-        if pd.isna(row[c]) or c not in ci:
+        if pd.isna(row[c]) or c not in ci or not (open_interval or not pd.isna(row[c + "_lo"])):
             return fmt(row[c], c)
         boot = f"[{fmt(row[c + '_lo'], c)}, {fmt(row[c + '_hi'], c)}]"
         if c in tci and not pd.isna(row[c + "_tlo"]):
