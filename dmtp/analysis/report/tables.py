@@ -161,8 +161,10 @@ def made_by(art: Artifacts, what: str = "runs") -> str:
     return "Models: " + "; ".join(one(r) for r in art.realizations) + "." if art.realizations else ""
 
 
-def skip(what: str):
-    print(f"[report] skip {what}: no data")
+def skip(what: str, why: str = "no data", empty=None):
+    """Say that a table or figure is not rendered, and why; returns `empty` (what its renderer returns then)."""
+    print(f"[report] skip {what}: {why}")
+    return empty
 
 
 def _ci(row, col: str, name: str | None = None) -> dict:
