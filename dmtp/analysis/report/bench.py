@@ -253,17 +253,22 @@ def predicted(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]:
     throughput was not: the cost model's speed-up over AR at each cap on all its T = 0 records, decode only (no
     admission cost): a prediction, not a measurement."""
     times = round_times(ov[~ov.method.str.contains(":")])
-    recs = _records(runs)
+    return _predicted_rows(_records(runs), times, caps, "predicted, trained models' stage times (decode only)",
+                        lambda m: {f"round_ms_b{b}": v for b, v in sorted(times[m].items())})
+
+
+def _predicted_rows(recs: dict, times: dict, caps, kind: str, extra) -> list[dict]:
+    """The cost model's rows of kind `kind` at each cap, decode only (no admission cost), for every method with
+    records and round times, beside AR (none without AR's); `extra(method)`: the row's own columns."""
     have = [m for m in recs if m in times]
     if "ar" not in have:
         return []
     rows = []
     for cap in caps:
         pred = predict({m: recs[m] for m in have}, times, cap)
-        rows += [{"kind": "predicted, trained models' stage times (decode only)", "method": m, "batch_cap": cap,
-                  "n_requests": len(recs[m]), "predicted_speedup": pred[m]["speedup"],
-                  "predicted_tok_per_s": pred[m]["tok_per_s"], "admit_ms": 0.0,
-                  **{f"round_ms_b{b}": v for b, v in sorted(times[m].items())}} for m in have]
+        rows += [{"kind": kind, "method": m, "batch_cap": cap, "n_requests": len(recs[m]),
+                  "predicted_speedup": pred[m]["speedup"], "predicted_tok_per_s": pred[m]["tok_per_s"],
+                  "admit_ms": 0.0, **extra(m)} for m in have]
     return rows
 
 
@@ -277,13 +282,5 @@ def projection(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32), shape_name: s
     # batch 8's round time (AR at the 8B shape: its batch-1 step), used at every batch
     shape = {m: {SHAPE_BATCH: times[lab].get(SHAPE_BATCH, next(iter(times[lab].values())))}
              for m, lab in label.items() if lab in times}
-    if "ar" not in shape:
-        return []
-    rows = []
-    for cap in caps:
-        pred = predict({m: recs[m] for m in shape}, shape, cap)
-        rows += [{"kind": f"projection {shape_name}", "method": m, "batch_cap": cap, "n_requests": len(recs[m]),
-                  "predicted_speedup": pred[m]["speedup"], "predicted_tok_per_s": pred[m]["tok_per_s"],
-                  "admit_ms": 0.0, f"round_ms_b{SHAPE_BATCH}": shape[m][SHAPE_BATCH], "timing": label[m]}
-                 for m in shape]
-    return rows
+    return _predicted_rows(recs, shape, caps, f"projection {shape_name}",
+                        lambda m: {f"round_ms_b{SHAPE_BATCH}": shape[m][SHAPE_BATCH], "timing": label[m]})

@@ -40,12 +40,9 @@ def _gain(rows: list[dict], cap: int, main: str, base: str) -> float:
 
 def table(art: Artifacts) -> pd.DataFrame | None:
     """One row per realization with a T = 1 throughput row of the main method at its largest cap, then the blog's."""
-    tab = T.throughput_table(art)
-    sp = art.spec
-    if tab is None or not sp.main_method or not sp.drafter_baseline:
+    df, main, base = T.main_gains(art, 1.0), art.spec.main_method, art.spec.drafter_baseline
+    if df is None:
         return None
-    main, base = sp.main_method, sp.drafter_baseline
-    df = tab[(tab.method == main) & (tab.temperature == 1) & tab.gain_pct.notna() & (tab.realization != "all")]
     ov = art.overhead if art.overhead is not None else pd.DataFrame(columns=["realization", "method", "stage"])
     rows = []
     for r in df.itertuples():

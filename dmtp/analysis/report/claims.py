@@ -399,13 +399,8 @@ def throughput_rows(art: Artifacts) -> list[dict]:
     the t-test over their median gains (exploratory verdict). One: within one realization, the median of its timing
     repeats with each repeat listed: consistent / contrary when every one of at least MIN_REPEATS repeats has that
     sign, else not resolved — the repeats measure timer noise of one trained pair, not model or seed variation."""
-    tab = T.throughput_table(art)
-    sp = art.spec
-    if tab is None or not sp.main_method:
-        return []
-    df = tab[(tab.method == sp.main_method) & (tab.temperature == 1) & tab.gain_pct.notna()
-             & (tab.realization != "all")]
-    if not len(df):
+    sp, df = art.spec, T.main_gains(art, 1.0)
+    if df is None or not len(df):
         return []
     reps = B.per_repeat(art.throughput, sp.main_method, sp.drafter_baseline)
     reps = reps[(reps.method == sp.main_method) & (reps.temperature == 1) & reps.gain.notna()]

@@ -343,17 +343,20 @@ STAGE_COLORS = {"verify": "#7f7f7f", "drafter": "#ff7f0e", "drafter_ctx": "#bcbd
                 "blog_rest": "#c7c7c7"}
 
 
-def _stack(ax, rows: list[str], parts: dict[str, dict[str, float]], scale: float, total: dict[str, float]):
-    """Horizontal stacked bars: parts[method][segment] / scale, each segment in its colour and named."""
+def _stack(ax, df: pd.DataFrame, rows: list[str], stages, rest: str, scale: float, prefix: str = ""):
+    """Horizontal stacked bars, one per method of `rows` (ms per round by stage: `df`, columns `stages` and "round"):
+    its stages and the rest of its round (segment `rest`), each / scale in its colour and named, the round's total
+    written at its end."""
     for i, m in enumerate(rows):
+        timed = {st: float(df.loc[m].get(st, math.nan)) for st in stages}
         left = 0.0
-        for st, v in parts[m].items():
+        for st, v in {**timed, rest: float(df.loc[m, "round"]) - np.nansum(list(timed.values()))}.items():
             if not np.isfinite(v) or v <= 0:
                 continue
             ax.barh(i, v / scale, left=left, color=STAGE_COLORS[st], label=STAGE_NAMES[st])
             left += v / scale
-        ax.text(left, i, f" {total[m] / scale:.3f}", va="center", fontsize=7)
-    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.text(left, i, f" {float(df.loc[m, 'round']) / scale:.3f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), [prefix + m for m in rows], fontsize=8)
     ax.invert_yaxis()
     ax.margins(x=0.18)
 
@@ -381,25 +384,12 @@ def overhead(art: Artifacts) -> list[Path]:
     fig = Figure(figsize=(4.0 * n, 3.2), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False).ravel()
     for ax, (title, df, ar_ms) in zip(axes, panels):
-        rows = sorted(df.index, key=art.rank)
-        parts, total = {}, {}
-        for m in rows:
-            timed = {st: float(df.loc[m].get(st, math.nan)) for st in OVERHEAD_STAGES}
-            parts[m] = {**timed, "unattributed": float(df.loc[m, "round"]) - np.nansum(list(timed.values()))}
-            total[m] = float(df.loc[m, "round"])
-        _stack(ax, rows, parts, ar_ms, total)
+        _stack(ax, df, sorted(df.index, key=art.rank), OVERHEAD_STAGES, "unattributed", ar_ms)
         ax.axvline(1, color="k", ls="--", lw=0.8)
         ax.set(title=title, xlabel=f"AR steps per round (1 = {ar_ms:.2f} ms)")
-    ax = axes[-1]
-    rows = [m for m in ("dflash", "dmtp") if m in blog.index]
-    parts = {m: {"drafter": blog.loc[m].get("drafter", math.nan), "mtp": blog.loc[m].get("mtp", math.nan),
-                 "t1_prep": blog.loc[m].get("t1_prep", math.nan),
-                 "blog_rest": blog.loc[m, "round"] - np.nansum([blog.loc[m].get(x, math.nan)
-                                                                for x in ("drafter", "mtp", "t1_prep")])}
-             for m in rows}
-    _stack(ax, [f"blog {m}" for m in rows], {f"blog {m}": parts[m] for m in rows}, 1.0,
-           {f"blog {m}": float(blog.loc[m, "round"]) for m in rows})
-    ax.set(title="blog Code, batch 8 (35B, 4xH200)", xlabel="ms per round (no AR step published)")
+    _stack(axes[-1], blog, [m for m in ("dflash", "dmtp") if m in blog.index], ("drafter", "mtp", "t1_prep"),
+           "blog_rest", 1.0, "blog ")
+    axes[-1].set(title="blog Code, batch 8 (35B, 4xH200)", xlabel="ms per round (no AR step published)")
     _legend(fig, *axes, loc="outside lower center", ncol=4)
     fig.suptitle("Per-round time by stage against an AR step (trained models, median over realizations per card)",
                  fontsize=9)

@@ -176,13 +176,20 @@ def _ci(row, col: str, name: str | None = None) -> dict:
     return out
 
 
+PAIRED = {"": "diff", "_lo": "lo", "_hi": "hi", "_tlo": "t_lo", "_thi": "t_hi", "_p": "p"}  # column suffix -> field
+BOOT = ("", "_lo", "_hi", "_p")  # the columns of a contrast read by its bootstrap alone
+
+
+def prefixed(r: dict, prefix: str, suffixes=tuple(PAIRED)) -> dict:
+    """`stats.paired` fields as table columns: prefix (the difference), _lo, _hi (bootstrap), _tlo, _thi (t at the
+    top level), _p (bootstrap), those of `suffixes`; nan where r lacks one."""
+    return {prefix + s: r.get(PAIRED[s], math.nan) for s in suffixes}
+
+
 def _paired(art, key, a: str, b: str, prefix: str) -> dict:
     """Paired difference a - b of per-request acceptance length over the realizations, seeds and requests both runs
-    have (data.paired_runs): prefix, _lo, _hi (bootstrap), _tlo, _thi (t at the top level), _p (bootstrap)."""
-    r = paired_runs(art, key, a, b) if a != b else {}
-    return {prefix: r.get("diff", math.nan), f"{prefix}_lo": r.get("lo", math.nan),
-            f"{prefix}_hi": r.get("hi", math.nan), f"{prefix}_tlo": r.get("t_lo", math.nan),
-            f"{prefix}_thi": r.get("t_hi", math.nan), f"{prefix}_p": r.get("p", math.nan)}
+    have (data.paired_runs), as the columns `prefixed` names."""
+    return prefixed(paired_runs(art, key, a, b) if a != b else {}, prefix)
 
 
 # --- tables ------------------------------------------------------------------------------------------------------
@@ -420,6 +427,16 @@ def throughput_table(art: Artifacts) -> pd.DataFrame | None:
     df = df.iloc[np.lexsort((df.method.map(order), df.batch_cap, df.temperature, df.dataset,
                              df.realization == "all"))]
     return df.reset_index(drop=True)
+
+
+def main_gains(art: Artifacts, temperature: float | None = None) -> pd.DataFrame | None:
+    """Each realization's own rows of `throughput_table` (not the pooled "all") where the main method has a gain over
+    the drafter baseline, at T when given; None without a bench or a main method."""
+    tab = throughput_table(art)
+    if tab is None or not art.spec.main_method:
+        return None
+    df = tab[(tab.method == art.spec.main_method) & tab.gain_pct.notna() & (tab.realization != "all")]
+    return df if temperature is None else df[df.temperature == temperature]
 
 
 def throughput(art: Artifacts) -> pd.DataFrame | None:
@@ -678,8 +695,7 @@ def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] 
             continue
         df = pd.DataFrame([{
             "dataset": r["dataset"], "temperature": t, "a": r["a"], "b": r["b"], "a_value": r["a_value"],
-            "b_value": r["b_value"], "diff": r["diff"], "diff_lo": r["lo"], "diff_hi": r["hi"], "diff_tlo": r["t_lo"],
-            "diff_thi": r["t_hi"], "diff_p": r["p"], "t_p": r["t_p"], "holm_p": r["p_holm"],
+            "b_value": r["b_value"], **prefixed(r, "diff"), "t_p": r["t_p"], "holm_p": r["p_holm"],
             "holm_t_p": r["t_p_holm"], "t_level": r["t_level"], "n_units": r["n_units"],
             "n_realizations": len(r["signs"]), "sign_agree": sum(S.agree([x], r["diff"]) for x in r["signs"]),
             "by_realization": signs_text(r["signs"]), "verdict": r["verdict"], "n_seeds": r["n_seeds"],
@@ -815,25 +831,22 @@ def curve_gaps(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
         for k in have:
             g, b = cv[(cv.method == m) & (cv.step == k)], cv[(cv.method == base) & (cv.step == k)]
             units = {"m": per_unit(g), "b": per_unit(b), **({"mtp": per_unit(ref)} if len(ref) else {})}
-            mats = S.matrices(units)[0]
-            cells[k] = mats
+            cells[k] = mats = S.matrices(units)[0]
             row = {"method": m, "step": k, "train_tokens": g.train_tokens.mean(),
                    "acceptance_length": float(np.nanmean(mats["m"]))}
             if m != base:
                 r = S.paired(mats["m"], mats["b"], n_boot=n_boot)
-                row.update(vs_base=r["diff"], vs_base_lo=r["lo"], vs_base_hi=r["hi"], vs_base_p=r["p"],
-                           vs_base_pct=float(pct(np.nanmean(mats["m"]), np.nanmean(mats["b"]))))
+                row.update(prefixed(r, "vs_base", BOOT), vs_base_pct=float(pct(np.nanmean(mats["m"]),
+                                                                               np.nanmean(mats["b"]))))
             if "mtp" in mats:
-                r = S.paired(mats["m"], mats["mtp"], n_boot=n_boot)
-                row.update(vs_mtp=r["diff"], vs_mtp_lo=r["lo"], vs_mtp_hi=r["hi"], vs_mtp_p=r["p"])
+                row.update(prefixed(S.paired(mats["m"], mats["mtp"], n_boot=n_boot), "vs_mtp", BOOT))
             rows.append(row)
         if m != base and len(have) >= 2:
             a, b = cells[have[0]], cells[have[-1]]
             if a["m"].shape == b["m"].shape:  # the same cells at both budgets
                 r = S.paired(b["m"] - b["b"], a["m"] - a["b"], n_boot=n_boot)
                 change.append({"method": m, "step": "change", "from_step": have[0], "to_step": have[-1],
-                               "vs_base": r["diff"], "vs_base_lo": r["lo"], "vs_base_hi": r["hi"],
-                               "vs_base_p": r["p"], "t_p": r["t_p"], "t_level": r["t_level"]})
+                               **prefixed(r, "vs_base", BOOT), "t_p": r["t_p"], "t_level": r["t_level"]})
     if change:
         for key in ("vs_base_p", "t_p"):
             holm = S.holm(np.array([c[key] for c in change]))
