@@ -195,6 +195,10 @@ class Artifacts:
         """Sort key of a method (`method_key`)."""
         return method_key(self.spec, method)
 
+    def order(self, methods: pd.Series) -> pd.Series:
+        """Each method's place in report order (`rank`): a sort key for table rows."""
+        return methods.map({m: i for i, m in enumerate(sorted(set(methods), key=self.rank))})
+
     @property
     def methods(self) -> list[str]:
         """Every method with runs, in report order."""

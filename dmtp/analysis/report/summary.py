@@ -88,10 +88,9 @@ def rankings(art: Artifacts, t: float, dataset: str) -> str:
     """The resolved orderings at T (the pairwise verdicts) and how many pairs are not resolved; where none is, the
     |t| Holm's first step needs at this family size and number of units (`holm_threshold`): a pair not resolved is
     not shown equal."""
-    path = art.tables / f"pairwise_T{t:g}.csv"
-    if not path.exists():
+    df = T.read_table(art, f"pairwise_T{t:g}")
+    if df is None:
         return ""
-    df = pd.read_csv(path)
     df = df[df.dataset == dataset]
     above: dict[str, list[str]] = {}  # winner -> the rows it is resolved above
     for r in df.itertuples():
@@ -202,10 +201,9 @@ def ceiling_lines(art: Artifacts) -> list[str]:
 
 
 def curve_lines(art: Artifacts) -> list[str]:
-    p = art.tables / "learning_curve.csv"
-    if not p.exists():
+    df = T.read_table(art, "learning_curve", dtype={"seed": str})
+    if df is None:
         return []
-    df = pd.read_csv(p, dtype={"seed": str})
     pooled = df[(df.seed == "all") & (df.method != "mtp")]
     out = []
     for m in sorted(set(pooled.method), key=art.rank):
@@ -214,8 +212,8 @@ def curve_lines(art: Artifacts) -> list[str]:
         out.append(f"- `{m}`: {ci(a.acceptance_length, a.lo, a.hi)} at {a.train_tokens / 1e6:.2f} M tokens → "
                    f"{ci(b.acceptance_length, b.lo, b.hi)} at {b.train_tokens / 1e6:.2f} M tokens "
                    f"({len(g)} budgets).")
-    inc = art.tables / "curve_increments.csv"
-    for r in (pd.read_csv(inc).itertuples() if inc.exists() else ()):
+    inc = T.read_table(art, "curve_increments")
+    for r in (inc.itertuples() if inc is not None else ()):
         resolved = r.p_holm < S.LEVEL and r.t_p_holm < S.LEVEL
         out.append(f"- `{r.method}`, the last increment (step {r.from_step} → {r.to_step}): "
                    f"{ci(r.diff, r.lo, r.hi, signed=True)} (bootstrap Holm p = {r.p_holm:.3g}, t over "
@@ -232,10 +230,9 @@ def curve_lines(art: Artifacts) -> list[str]:
 def gap_lines(art: Artifacts) -> list[str]:
     """The curve's two questions: does the gain over the drafter baseline shrink as the drafters mature, and where
     does the baseline meet the native MTP head (tables/curve_gaps.csv)."""
-    p = art.tables / "curve_gaps.csv"
-    if not p.exists():
+    df = T.read_table(art, "curve_gaps", dtype={"step": str})
+    if df is None:
         return []
-    df = pd.read_csv(p, dtype={"step": str})
     base, out = art.spec.drafter_baseline, []
     per = df[df.step != "change"].copy()
     per["k"] = per.step.astype(float)
@@ -469,10 +466,9 @@ def _other_device(r) -> str:
 
 
 def costmodel_lines(art: Artifacts) -> list[str]:
-    p = art.tables / "costmodel.csv"
-    if not p.exists():
+    df = T.read_table(art, "costmodel")
+    if df is None:
         return []
-    df = pd.read_csv(p)
     out = []
     m = df[df.kind == "predicted vs measured"]
     if "round_timed_at_cap" not in m:

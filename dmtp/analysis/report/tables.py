@@ -128,6 +128,12 @@ def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = ""
     return df
 
 
+def read_table(art: Artifacts, name: str, **kw) -> pd.DataFrame | None:
+    """tables/<name>.csv as rendered (`kw`: pandas.read_csv's), None when absent: what the report's text reads."""
+    path = art.tables / f"{name}.csv"
+    return pd.read_csv(path, **kw) if path.exists() else None
+
+
 def note_items(note: str, longest: int = 300) -> str:
     """A table's note as it reads: as it stands when short, else its sentences and '; '-separated definitions
     (outside brackets) as a bullet list, one an item, so no item runs on for hundreds of characters."""
@@ -226,8 +232,7 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
                              **_paired(art, key, r.method, ref_m, f"vs_{ref_m}"),
                              **_paired(art, key, r.method, base_m, f"vs_{base_m}")})
         df = pd.DataFrame(rows)
-        order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
-        df = df.iloc[np.lexsort((df.temperature, df.method.map(order), df.table.map(GROUPS.index)))]
+        df = df.iloc[np.lexsort((df.temperature, art.order(df.method), df.table.map(GROUPS.index)))]
         note = ("Mode natural (stop at end-of-text or a HumanEval stop string): the acceptance table. "
                 if mode == "natural" else "MODE FIXED (end-of-text ignored, fixed length: the blog's throughput "
                 "setting; outputs may run into loops): not the acceptance table. ")
@@ -423,8 +428,7 @@ def throughput_table(art: Artifacts) -> pd.DataFrame | None:
     df["blog_gain_pct"] = pct(df.blog_dmtp_tok_per_s, df.blog_dflash_tok_per_s)
     df["blog_per_verify_gain_pct"] = [R.blog_value("main", d, "dmtp_vs_dflash_pct") if a and not math.isnan(g)
                                       else math.nan for d, a, g in zip(df.dataset, at, df.blog_gain_pct)]
-    order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
-    df = df.iloc[np.lexsort((df.method.map(order), df.batch_cap, df.temperature, df.dataset,
+    df = df.iloc[np.lexsort((art.order(df.method), df.batch_cap, df.temperature, df.dataset,
                              df.realization == "all"))]
     return df.reset_index(drop=True)
 
@@ -719,11 +723,10 @@ def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] 
 def pair_row(art: Artifacts, a: str, b: str, t: float, dataset: str | None = None) -> dict | None:
     """The pairwise-table row of a vs b at T (either order; signs flipped to read a - b: each realization's own
     difference unrounded, from `realization_diffs`), or None."""
-    path = art.tables / f"pairwise_T{t:g}.csv"
-    if not path.exists():
+    df = read_table(art, f"pairwise_T{t:g}", keep_default_na=False, na_values=[""],
+                    dtype={"by_realization": str, "realization_diffs": str})
+    if df is None:
         return None
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"by_realization": str,
-                                                                         "realization_diffs": str})
     df = df[df.dataset == (dataset or primary(art)[0])] if len(df) else df
     for flip, (x, y) in ((1, (a, b)), (-1, (b, a))):
         r = df[(df.a == x) & (df.b == y)]
@@ -889,8 +892,7 @@ def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
                          **dict(zip(["acceptance_length", "lo", "hi"], est)),
                          "n_requests": int((ref.n_rounds > 0).sum())})
     df = pd.DataFrame(rows)
-    order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
-    df = df.iloc[np.lexsort((df.seed == "all", df.train_tokens.fillna(-1), df.method.map(order)))]
+    df = df.iloc[np.lexsort((df.seed == "all", df.train_tokens.fillna(-1), art.order(df.method)))]
     return save(art, "learning_curve", df.reset_index(drop=True), "Learning curve (HumanEval, T=0, natural mode)",
                 "acceptance_length [lo, hi]: per-request mean incl. bonus; per seed (r<k>:<seed> with several "
                 "realizations) a bootstrap 95% CI over requests, seed 'all' the hierarchical CI over realizations, "
