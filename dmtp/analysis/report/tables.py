@@ -173,13 +173,10 @@ def skip(what: str, why: str = "no data", empty=None):
     return empty
 
 
-def _ci(row, col: str, name: str | None = None) -> dict:
-    """{name: row[col], name_lo, name_hi} (and name_tlo, name_thi where row has the t-interval)."""
-    name = name or col
-    out = {name: row[col], f"{name}_lo": row[f"{col}_lo"], f"{name}_hi": row[f"{col}_hi"]}
-    if f"{col}_tlo" in row:
-        out.update({f"{name}_tlo": row[f"{col}_tlo"], f"{name}_thi": row[f"{col}_thi"]})
-    return out
+def _ci(row, col: str, name: str | None = None, scale: float = 1) -> dict:
+    """{name: row[col], name_lo, name_hi} (and name_tlo, name_thi where row has the t-interval), each x `scale`."""
+    return {f"{name or col}{s}": scale * row[f"{col}{s}"] for s in ("", "_lo", "_hi", "_tlo", "_thi")
+            if s in ("", "_lo", "_hi") or f"{col}_tlo" in row}
 
 
 PAIRED = {"": "diff", "_lo": "lo", "_hi": "hi", "_tlo": "t_lo", "_thi": "t_hi", "_p": "p"}  # column suffix -> field
@@ -299,10 +296,8 @@ def first_token(art: Artifacts) -> pd.DataFrame | None:
     s = art.drafting
     if s.empty:
         return skip("first-token table")
-    df = s[["experiment", "dataset", "temperature", "method"]].copy()
-    for c in ("first_token", "first_token_lo", "first_token_hi"):
-        df[c.replace("first_token", "first_token_pct")] = 100 * s[c]
-    df["n_rounds"] = s.n_rounds
+    df = s[["experiment", "dataset", "temperature", "method"]].assign(**_ci(s, "first_token", "first_token_pct", 100),
+                                                                      n_rounds=s.n_rounds)
     df["blog_pct"] = [blog_first_token(d, t, blog_name(art, m)) for d, t, m in zip(s.dataset, s.temperature,
                                                                                    s.method)]
     return save(art, "first_token", df.reset_index(drop=True), "First-token acceptance (%)",
@@ -337,8 +332,7 @@ def directions(art: Artifacts) -> pd.DataFrame | None:
         for m in (m for m in mine if m in by.index):
             row = dict(zip(["experiment", "dataset", "temperature"], key), method=m, k=by.loc[m, "k"])
             row.update(_ci(by.loc[m], "acceptance_length"))
-            row.update({c.replace("first_token", "first_token_pct"): 100 * by.loc[m, c]
-                        for c in ("first_token", "first_token_lo", "first_token_hi")})
+            row.update(_ci(by.loc[m], "first_token", "first_token_pct", 100))
             for ref in (r for r in refs if r in by.index):
                 row.update(_paired(art, key, m, ref, f"vs_{ref}"))
             rows.append(row)
