@@ -50,6 +50,13 @@ def _save(art: Artifacts, fig: Figure, name: str) -> Path:
     return path
 
 
+def links(art: Artifacts, *patterns: str) -> list[str]:
+    """REPORT.md's lines showing figures/<pattern>.png, each pattern's in temperature order, each image followed by
+    an empty line."""
+    return [x for pat in patterns for p in sorted(art.figures.glob(f"{pat}.png"), key=T.by_temperature)
+            for x in (f"![{p.stem}](figures/{p.name})", "")]
+
+
 def _per_temp(s):
     """Yield (temperature, summary rows, panels): {(experiment, dataset): its label} in the rows' order, the
     experiment named only where several share the figure."""

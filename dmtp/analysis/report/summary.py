@@ -26,6 +26,7 @@ from dmtp.analysis import stats as S
 from dmtp.analysis.ratios import speedup_goal
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import claims as C
+from dmtp.analysis.report import figures
 from dmtp.analysis.report import registered as REG
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report.data import Artifacts, select, summarize
@@ -349,9 +350,7 @@ def findings(art: Artifacts) -> list[str]:
     out = [*in_short(art, df), "## What was found", "", T.made_by(art), "", scope(art), "",
            "### The blog's claims and the control (tables/claims.csv)", "", who(art), "", *C.claims_lines(art, df),
            *[f"- {text}." for _, _, text in control_pairs(art)], ""]
-    heads = sorted(art.figures.glob("main_acceptance_T*.png"), key=lambda p: float(p.stem.rpartition("_T")[2]))
-    if heads:
-        out += [f"![{heads[0].stem}](figures/{heads[0].name})", ""]
+    out += figures.links(art, "main_acceptance_T*")[:2]  # the headline figure: the lowest temperature's
     for ds in prim:
         temps = sorted(set(art.ablation(ds).temperature))
         out += [f"### Acceptance length on `{ds}`", "", "Mode natural; incl. bonus; realizations and seeds pooled; "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -126,6 +127,13 @@ def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = ""
     write_text(art.tables / f"{name}.md", f"### {title}\n\n" + (f"{head}\n\n" if head else "")
                + to_markdown(df.drop(columns=[c for c in csv_only if c in df])))
     return df
+
+
+def by_temperature(path: Path) -> tuple:
+    """Sort key of a table / figure file: its name with the temperature after _T read as a number (T0 < T0.6 < T1)."""
+    stem, _, rest = path.stem.partition("_T")
+    num = re.match(r"[0-9.]*[0-9]", rest)
+    return stem, float(num.group()) if num else -1.0, rest
 
 
 def read_table(art: Artifacts, name: str, **kw) -> pd.DataFrame | None:
