@@ -205,12 +205,12 @@ class Artifacts:
         return sorted(set(self.runs.method), key=self.rank)
 
 
-def _request_row(path: Path, line: int, r: dict, method: str, k_default: int) -> dict:
+def _request_row(path: Path, line: int, r: dict, method: str) -> dict:
     """One record's row: acceptance counts checked, its loop statistics (metrics.loop_stats) computed."""
     acc = r.get("accepted", [])
     if "id" not in r or not isinstance(acc, list) or not all(isinstance(a, int) and a >= 0 for a in acc):
         raise ValueError(f"{path}:{line}: expected a record with `id` and `accepted` (a list of counts >= 0)")
-    k = int(r.get("n_candidates") or k_default)
+    k = int(r.get("n_candidates") or DEFAULT_K.get(method, 7))
     if acc and max(acc) > k:
         raise ValueError(f"{path}:{line}: accepted count {max(acc)} exceeds the {k} candidates of a round")
     out = r.get("output_ids", [])
@@ -256,7 +256,7 @@ def read_runs(root: Path) -> pd.DataFrame:
         check_complete(path)
         mode, seed = ("fixed" if m["fixed"] else "natural"), int(m["seed"] or 0)
         for line, r in iter_jsonl(path):
-            row = _request_row(path, line, r, method, DEFAULT_K.get(method, 7))
+            row = _request_row(path, line, r, method)
             row.update(experiment=experiment, dataset=r.get("dataset", m["dataset"]),
                        temperature=float(r.get("temperature", m["temp"])), mode=r.get("mode") or mode,
                        seed=int(r.get("seed", seed) or 0))
@@ -287,7 +287,7 @@ def read_curve(root: Path) -> pd.DataFrame | None:
         check_complete(path)
         method = path.parent.name
         for line, r in iter_jsonl(path):
-            row = _request_row(path, line, r, method, DEFAULT_K.get(method, 7))
+            row = _request_row(path, line, r, method)
             row.update(dataset=m["dataset"], temperature=float(m["temp"]), seed=int(meta.get("seed", m["seed"])),
                        step=int(meta.get("step", m["step"])), train_tokens=float(meta["train_tokens"]))
             rows.append(row)

@@ -575,15 +575,10 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
     rows = []
     for key, g in _groups(art, cols.values()):
         by = g.set_index("method")
-        row = dict(zip(["experiment", "dataset", "temperature"], key))
-        for c, m in cols.items():  # the value and its hierarchical bootstrap interval (printed "v [lo, hi]")
-            for suffix in ("", "_lo", "_hi"):
-                row[c + suffix] = by["acceptance_length" + suffix].get(m, math.nan)
-        row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
-        row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
-        for c in cols:  # the blog's table is at T=0
-            row[f"blog_{c}"] = R.blog_value("open_repro", key[1], blog_col.get(c, c)) if key[2] == 0 else math.nan
-        rows.append(row)
+        rows.append(_open_row(key, {c: [by["acceptance_length" + s].get(m, math.nan) for s in ("", "_lo", "_hi")]
+                                    for c, m in cols.items()},  # the blog's table is at T=0
+                              **{f"blog_{c}": R.blog_value("open_repro", key[1], blog_col.get(c, c)) if key[2] == 0
+                                 else math.nan for c in cols}))
         rows += _turn_rows(art, key, cols)
     if not rows:
         return skip("open-reproduction table")
@@ -605,15 +600,20 @@ def _turn_rows(art: Artifacts, key: tuple, cols: dict[str, str]) -> list[dict]:
         return []
     out = []
     for t in sorted(turn.unique(), key=int):
-        row = dict(zip(["experiment", "dataset", "temperature"], key), turn=int(t))
-        for c, m in cols.items():
-            sub = g[(turn == t) & (g.method == m)]
-            ci = S.seed_request_ci(cube(sub), n_boot=2000) if len(sub) else (math.nan,) * 3
-            row.update(zip([c, c + "_lo", c + "_hi"], ci))
-        row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
-        row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
-        out.append(row)
+        subs = {c: g[(turn == t) & (g.method == m)] for c, m in cols.items()}
+        out.append(_open_row(key, {c: S.seed_request_ci(cube(x), n_boot=2000) if len(x) else (math.nan,) * 3
+                                   for c, x in subs.items()}, turn=int(t)))
     return out
+
+
+def _open_row(key: tuple, ci: dict[str, tuple], **extra) -> dict:
+    """A row of the open-reproduction layout: each column's value, lo, hi (`ci`), DMTP's gain on either backbone,
+    then `extra`."""
+    row = dict(zip(["experiment", "dataset", "temperature"], key))
+    for c, v in ci.items():  # the value and its hierarchical bootstrap interval (printed "v [lo, hi]")
+        row.update(zip([c, c + "_lo", c + "_hi"], v))
+    return dict(row, dmtp_d_vs_dflash_pct=pct(row["dmtp_d"], row["dflash"]),
+                dmtp_d2_vs_dflash2_pct=pct(row["dmtp_d2"], row["dflash2"]), **extra)
 
 
 TURN = r":t(\d+)$"  # MT-Bench record ids "<question_id>:t<turn>" (engine.runner.mtbench_generate)
