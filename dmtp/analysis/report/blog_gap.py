@@ -104,9 +104,9 @@ def lines(art: Artifacts) -> list[str]:
     out += [f"The blog gains {blog.gain_pct:+.2f} % tok/s at B32, T = 1 for {blog.per_verify_gain_pct:+.2f} % "
             f"acceptance; its DMTP round costs x{blog.round_ratio:.3f} DFlash's at batch 8.", ""]
     for r in df.iloc[:-1].itertuples():
-        on = f", {r.device}" if isinstance(r.device, str) and r.device else ""
-        s = (f"- {r.realization}{on}, B{r.batch_cap}: {r.gain_pct:+.1f} % tok/s (median of {int(r.n_repeats)} timing "
-             f"repeat{'s' * (r.n_repeats != 1)}) for {r.per_verify_gain_pct:+.1f} % per-verify tau.")
+        s = (f"- {r.realization}{T.text_cell(r.device, ', ')}, B{r.batch_cap}: {r.gain_pct:+.1f} % tok/s (median of "
+             f"{int(r.n_repeats)} timing repeat{'s' * (r.n_repeats != 1)}) for {r.per_verify_gain_pct:+.1f} % "
+             "per-verify tau.")
         gap, tau = blog.gain_pct - r.gain_pct, blog.per_verify_gain_pct - r.per_verify_gain_pct
         s += (f" Of its {gap:.1f}-point gap to the blog, {tau:.1f} points are the smaller per-verify gain and "
               f"{gap - tau:.1f} the cost side.")

@@ -487,8 +487,7 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
 
 def fmt_estimate(r) -> str:
     """'+0.659 t [+0.324, +0.994]; bootstrap [+0.540, +0.810]' (the t-interval first), in the row's unit."""
-    unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
-    out = f"{r.estimate:+.3f}{unit}"
+    out = f"{r.estimate:+.3f}{T.text_cell(r.unit, ' ')}"
     if not pd.isna(r.estimate_tlo):
         out += f" t [{r.estimate_tlo:+.3f}, {r.estimate_thi:+.3f}]"
     if not pd.isna(r.estimate_lo):
@@ -515,8 +514,7 @@ def claims_lines(art: Artifacts, df: pd.DataFrame | None = None) -> list[str]:
 
 def size_words(r) -> str:
     """'; <the row's magnitude sentence>' for a claims row that has one, else ''."""
-    m = getattr(r, "magnitude", "")
-    return f"; {m}" if isinstance(m, str) and m else ""
+    return T.text_cell(getattr(r, "magnitude", ""), "; ")
 
 
 def claim_label(claim: str) -> str:
@@ -528,6 +526,12 @@ def claim_label(claim: str) -> str:
     while re.search(r"\([^()]*\)", head):
         head = re.sub(r"\s*\([^()]*\)", "", head)
     return head.strip()
+
+
+def label_at(r) -> str:
+    """A claims row's claim in a few words (`claim_label`) at its temperature, unless the words name one."""
+    label = claim_label(r.claim)
+    return label if "T = " in label else f"{label} at T = {r.temperature:g}"
 
 
 def verdict_lines(df: pd.DataFrame) -> list[str]:
@@ -547,11 +551,8 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
             if "not resolved" in r.verdict and r.kind == "direction" and pos + neg > 1:
                 sign = ("; the claim's sign in every realization" if neg == 0 else
                         "; the opposite sign in every realization" if pos == 0 else "; the realizations differ in sign")
-            label = claim_label(r.claim)
-            at = "" if "T = " in label else f" at T = {r.temperature:g}"
-            unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
-            size = size_words(r)
-            groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign}{size})")
+            groups.setdefault(r.verdict, []).append(f"{label_at(r)} ({r.estimate:+.3f}{T.text_cell(r.unit, ' ')}{sign}"
+                                                    f"{size_words(r)})")
         out += [f"{title}:", ""]
         for v, items in groups.items():
             out += [f"- **{v}**:", *[f"  - {x}" for x in items]]

@@ -276,10 +276,8 @@ def primary_lines(art: Artifacts, df: pd.DataFrame) -> list[str]:
                "exploratory" + (", with the one-sided test printed as a reading." if n > 1 else "."), ""]
         prim = df[df.claim.str.match(r"P[1-4] \(")]
     for r in prim.itertuples():
-        reading = getattr(r, "reading", "")
         out.append(f"- {C.claim_label(r.claim)}: {r.estimate:+.3f} acceptance length, t [{r.estimate_tlo:+.3f}, "
-                   f"{r.estimate_thi:+.3f}]: {r.verdict}" + (f"; {reading}" if isinstance(reading, str) and reading
-                                                            else "") + ".")
+                   f"{r.estimate_thi:+.3f}]: {r.verdict}{T.text_cell(getattr(r, 'reading', ''), '; ')}.")
     return out + ([""] if len(prim) else [])
 
 
@@ -292,9 +290,6 @@ def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[st
     (of a smoke run) says so before the count (`claims.one`)."""
     ex = df[df.family == C.EXPLORATORY]
     with_p = ex[ex.holm_p.notna()] if "holm_p" in ex else ex.iloc[:0]
-    label = lambda r: C.claim_label(r.claim) + ("" if "T = " in C.claim_label(r.claim)  # noqa: E731
-                                                else f" at T = {r.temperature:g}")
-    unit = lambda r: f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""  # noqa: E731
     holm = lambda r: (f"; Holm p = {r.holm_p:.3g} over the {len(with_p)} exploratory rows"  # noqa: E731
                       if "holm_p" in ex and not pd.isna(r.holm_p) else "")
     against = ex[ex.verdict.str.contains("contrary")]
@@ -302,7 +297,8 @@ def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[st
     out = []
     if len(against):
         out += ["Against the blog (exploratory):", "",
-                *[f"- {label(r)} ({r.estimate:+.3f}{unit(r)}{holm(r)})." for r in against.itertuples()], ""]
+                *[f"- {C.label_at(r)} ({r.estimate:+.3f}{T.text_cell(r.unit, ' ')}{holm(r)})."
+                  for r in against.itertuples()], ""]
     kept = {w: ex[ex.verdict.str.contains(w) & (ex.holm_p < S.LEVEL)] if "holm_p" in ex else ex.iloc[:0]
             for w in ("consistent", "contrary")}
     point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
@@ -311,7 +307,7 @@ def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[st
             "at its own unadjusted 5 % level (correlated tests, several on the same runs); the rest are not "
             f"resolved. Read together (Holm over the {len(with_p)} rows with a p-value), "
             f"{point(len(kept['consistent']))} the blog's way and {len(kept['contrary'])} against it"
-            + "".join(f"; {w}: " + ", ".join(label(r) for r in g.itertuples())
+            + "".join(f"; {w}: " + ", ".join(C.label_at(r) for r in g.itertuples())
                       for w, g in kept.items() if 0 < len(g) <= NAMED)
             + ".")
     out += [said[:1].upper() + said[1:], ""]
@@ -387,8 +383,7 @@ def throughput_lines(art: Artifacts) -> list[str]:
     for r in own[(own.method == sp.main_method) & own.gain_pct.notna()].itertuples():
         bound = _decode_only(art, r.realization, r.batch_cap, sp.main_method, sp.drafter_baseline,
                              1 + r.per_verify_gain_pct / 100)
-        dev = getattr(r, "device", "")
-        on = f", {dev}" if isinstance(dev, str) and dev else ""
+        on = T.text_cell(getattr(r, "device", ""), ", ")
         out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} timing repeat"
                    f"{'s' * (r.n_repeats != 1)} of one trained pair): `{sp.main_method}` {r.tok_per_s:.0f} tok/s, "
                    f"{r.speedup:.2f}x AR (repeats {r.speedup_lo:.2f}–{r.speedup_hi:.2f})." + workload_words(r)

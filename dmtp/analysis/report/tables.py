@@ -95,6 +95,11 @@ def fmt(v, col: str) -> str:
     return f"{v:{'+' if signed else ''}.{2 if 'pct' in col or col.startswith('rel') else 3}f}"
 
 
+def text_cell(v, prefix: str = "") -> str:
+    """prefix + v for a non-empty text cell (empty text reads back from a CSV as nan), else ''."""
+    return f"{prefix}{v}" if isinstance(v, str) and v else ""
+
+
 def to_markdown(df: pd.DataFrame, fmt=fmt, open_interval: bool = True) -> str:
     """Markdown table, cells written by `fmt`; a column c with c_lo and c_hi beside it is printed as one cell
     "c [lo, hi]" (open_interval False: "c" alone where lo is nan), and with c_tlo and c_thi (its t-interval) as
