@@ -24,7 +24,7 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
 from dmtp.analysis.report.data import check_complete, read_caveat, read_metas, read_optional, record_files
 from dmtp.analysis.report.figures import caveat_title
-from dmtp.analysis.report.tables import to_markdown
+from dmtp.analysis.report.tables import skip, to_markdown
 from dmtp.config import VERIFY_MODES
 from dmtp.io import iter_jsonl, write_csv, write_figure, write_text
 
@@ -277,27 +277,25 @@ def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
     root = Path(root)
     runs, tp, orc = read(root)
     if runs.empty:
-        print("[report] skip verification study: no results/<profile>/verify runs")
-        return []
+        return skip("verification study", "no results/<profile>/verify runs", [])
     methods, modes = order(root)
     s = summary(runs, tp, orc, n_boot, methods, modes)
     pt = paired_tests(runs, 2 * n_boot, methods)
     tables = root / "tables"
     write_csv(tables / "verify.csv", s)
     write_csv(tables / "verify_paired.csv", pt)
-    show = s.drop(columns=["k"])
+    show, paired = markdown(s.drop(columns=["k"])), markdown(pt) if len(pt) else "no paired comparisons\n"
     n_rep = (tp.groupby(["method", "verify", "temperature", "batch_cap"]).size() if tp is not None and len(tp)
              else pd.Series(dtype=int))
     lo, hi = (int(n_rep.min()), int(n_rep.max())) if len(n_rep) else (0, 0)
     repeats = f"{lo}–{hi} timed repeats per cap" if lo != hi else f"{hi} timed repeat(s) per cap"
-    write_text(tables / "verify.md", markdown(show))
-    write_text(tables / "verify_paired.md", markdown(pt) if len(pt) else "no paired comparisons\n")
+    write_text(tables / "verify.md", show)
+    write_text(tables / "verify_paired.md", paired)
     figs = figure(root, s, modes)
-    note = ("the column is empty: the study has no `ar` x `target` runs to compute it along (no "
-            "verify/oracle.csv)"
-            if orc is None else ("ceiling: acceptance length of an idealised greedy drafter accepted at the "
-                                 "target's top-1 probability along the ar trajectory "
-                                 "(`dmtp.analysis.oracle.oracle_ceiling`), for target-only verification with k drafts"))
+    note = ("the column is empty: the study has no `ar` x `target` runs to compute it along (no verify/oracle.csv)"
+            if orc is None else "acceptance length of an idealised greedy drafter accepted at the target's top-1 "
+            "probability along the ar trajectory (`dmtp.analysis.oracle.oracle_ceiling`), for target-only "
+            "verification with k drafts")
     models = made_by(root)
     out = ["## Verification at T > 0: target-only vs speculative sampling vs block verification", "",
            *([models, ""] if models else []),
@@ -306,11 +304,10 @@ def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
             "`block`: the same drafts, block verification (Sun et al., ICLR 2025). All three emit the target's law "
             "(docs/DESIGN.md, tests/test_verify.py). Acceptance length and first-token acceptance with 95% request-"
             f"bootstrap intervals. Throughput: mean [min, max] over timed repeats (one repeat: its value alone; "
-            f"{repeats}). Ceiling: {note.removeprefix('ceiling: ')}."), ""]
+            f"{repeats}). Ceiling: {note}."), ""]
     out += findings(s, pt, runs)
     out += [f"![{p.stem}]({href}/{p.name})\n" for p in figs]
-    out += ["### Acceptance and throughput", "", markdown(show),
-            "### Paired tests (per request; Holm-adjusted per metric)", "",
-            markdown(pt) if len(pt) else "no paired comparisons\n"]
+    out += ["### Acceptance and throughput", "", show, "### Paired tests (per request; Holm-adjusted per metric)", "",
+            paired]
     print(f"[report] verification study: {len(s)} groups, {len(figs)} figures")
     return out
