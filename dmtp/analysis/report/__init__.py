@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -13,8 +12,8 @@ import pandas as pd
 from dmtp.analysis.ratios import read as read_ratios
 from dmtp.analysis.report import blog_gap, figures, notes, summary, tables
 from dmtp.analysis.report import verify as verify_study
-from dmtp.analysis.report.data import Artifacts, find_results, load
-from dmtp.io import read_json, write_text
+from dmtp.analysis.report.data import Artifacts, find_results, load, read_optional
+from dmtp.io import write_text
 
 __all__ = ["Artifacts", "find_results", "load", "tables", "figures", "summary", "render_tables", "render_figures",
            "render_report"]
@@ -38,13 +37,6 @@ SECTIONS = [
 ]
 
 
-def by_temperature(path: Path) -> tuple:
-    """Sort key of a table / figure file: its name with the temperature after _T read as a number (T0 < T0.6 < T1)."""
-    stem, _, rest = path.stem.partition("_T")
-    num = re.match(r"[0-9.]*[0-9]", rest)
-    return stem, float(num.group()) if num else -1.0, rest
-
-
 def render_tables(profile: str, results: str | Path = "results", art: Artifacts | None = None) -> Artifacts:
     art = art or load(profile, results)
     tables.render(art)
@@ -58,13 +50,12 @@ def render_figures(profile: str, results: str | Path = "results", art: Artifacts
 
 
 def _section(art: Artifacts, title: str, tabs: list[str], figs: list[str]) -> list[str]:
-    mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"), key=by_temperature)]
-    pngs = [p for pat in figs for p in sorted(art.figures.glob(f"{pat}.png"), key=by_temperature)]
+    mds = [p for pat in tabs for p in sorted(art.tables.glob(f"{pat}.md"), key=tables.by_temperature)]
+    pngs = figures.links(art, *figs)
     if not mds and not pngs:
         return []
     said = tables.caveat_line(art)  # said once, at the report's top
-    return [f"## {title}", "", *[f"![{p.stem}](figures/{p.name})\n" for p in pngs],
-            *[p.read_text().replace(said + "\n", "") if said else p.read_text() for p in mds]]
+    return [f"## {title}", "", *pngs, *[p.read_text().replace(said + "\n", "") if said else p.read_text() for p in mds]]
 
 
 def scope(art: Artifacts) -> list[str]:
@@ -80,8 +71,7 @@ def scope(art: Artifacts) -> list[str]:
 def corpus_lines(art: Artifacts) -> list[str]:
     """Whether each realization's corpus is the one its profile pins (`data.corpus_digest` in experiment.json: the
     digest of the committed runs' corpus where the profile pins one)."""
-    exp = art.root / "experiment.json"
-    pinned = ((read_json(exp).get("data") or {}).get("corpus_digest") or "") if exp.exists() else ""
+    pinned = (read_optional(art.root, "experiment.json").get("data") or {}).get("corpus_digest") or ""
     have = [r for r in art.realizations if r.corpus]
     if not have:
         return []
@@ -157,8 +147,7 @@ def render_report(profile: str, results: str | Path = "results", art: Artifacts 
     tp = art.tables / "throughput.md"
     if tp.exists():
         out += ["## Throughput", "", *summary.throughput_lines(art), "",
-                *[f"![{p.stem}](figures/{p.name})\n" for p in sorted(art.figures.glob("throughput_T*.png"),
-                                                                     key=by_temperature)], tp.read_text()]
+                *figures.links(art, "throughput_T*"), tp.read_text()]
     out += blog_gap.lines(art)
     cm = art.tables / "costmodel.md"
     if cm.exists():

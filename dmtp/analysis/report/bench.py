@@ -26,6 +26,7 @@ import pandas as pd
 
 from dmtp.analysis.costmodel import predict
 from dmtp.analysis.metrics import speedup_on_ar_outputs
+from dmtp.analysis.report.data import select
 
 KEY = ["dataset", "temperature", "batch_cap"]
 # the setups projected to (random weights: timing only) -> the runs whose timing there has another label than
@@ -161,11 +162,10 @@ def round_times(ov: pd.DataFrame) -> dict[str, dict[int, float]]:
     return {m: {int(b): float(v) for b, v in zip(batch[g.index], g.ms_per_round)} for m, g in ov.groupby("method")}
 
 
-def timed_records(runs: pd.DataFrame) -> pd.DataFrame:
-    """The eval records the cost model reads (`predicted_vs_measured`'s `runs`): the ablation's HumanEval, T = 0,
-    natural mode, drafter seed 0 — the workload the throughput runs time."""
-    return runs[(runs.experiment == "ablation") & (runs.dataset == "humaneval") & (runs.temperature == 0)
-                & (runs["mode"] == "natural") & (runs.seed == 0)]
+def timed_records(runs: pd.DataFrame, temperature: float = 0.0) -> pd.DataFrame:
+    """The eval records the cost model reads (`predicted_vs_measured`'s `runs`): the ablation's HumanEval at T (0
+    unless told), natural mode, drafter seed 0 — the workload the throughput runs time."""
+    return select(runs, experiment="ablation", dataset="humaneval", temperature=temperature, mode="natural", seed=0)
 
 
 def _records(runs: pd.DataFrame) -> dict[str, list[dict]]:
@@ -253,17 +253,22 @@ def predicted(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32)) -> list[dict]:
     throughput was not: the cost model's speed-up over AR at each cap on all its T = 0 records, decode only (no
     admission cost): a prediction, not a measurement."""
     times = round_times(ov[~ov.method.str.contains(":")])
-    recs = _records(runs)
+    return _predicted_rows(_records(runs), times, caps, "predicted, trained models' stage times (decode only)",
+                        lambda m: {f"round_ms_b{b}": v for b, v in sorted(times[m].items())})
+
+
+def _predicted_rows(recs: dict, times: dict, caps, kind: str, extra) -> list[dict]:
+    """The cost model's rows of kind `kind` at each cap, decode only (no admission cost), for every method with
+    records and round times, beside AR (none without AR's); `extra(method)`: the row's own columns."""
     have = [m for m in recs if m in times]
     if "ar" not in have:
         return []
     rows = []
     for cap in caps:
         pred = predict({m: recs[m] for m in have}, times, cap)
-        rows += [{"kind": "predicted, trained models' stage times (decode only)", "method": m, "batch_cap": cap,
-                  "n_requests": len(recs[m]), "predicted_speedup": pred[m]["speedup"],
-                  "predicted_tok_per_s": pred[m]["tok_per_s"], "admit_ms": 0.0,
-                  **{f"round_ms_b{b}": v for b, v in sorted(times[m].items())}} for m in have]
+        rows += [{"kind": kind, "method": m, "batch_cap": cap, "n_requests": len(recs[m]),
+                  "predicted_speedup": pred[m]["speedup"], "predicted_tok_per_s": pred[m]["tok_per_s"],
+                  "admit_ms": 0.0, **extra(m)} for m in have]
     return rows
 
 
@@ -277,13 +282,5 @@ def projection(runs: pd.DataFrame, ov: pd.DataFrame, caps=(1, 32), shape_name: s
     # batch 8's round time (AR at the 8B shape: its batch-1 step), used at every batch
     shape = {m: {SHAPE_BATCH: times[lab].get(SHAPE_BATCH, next(iter(times[lab].values())))}
              for m, lab in label.items() if lab in times}
-    if "ar" not in shape:
-        return []
-    rows = []
-    for cap in caps:
-        pred = predict({m: recs[m] for m in shape}, shape, cap)
-        rows += [{"kind": f"projection {shape_name}", "method": m, "batch_cap": cap, "n_requests": len(recs[m]),
-                  "predicted_speedup": pred[m]["speedup"], "predicted_tok_per_s": pred[m]["tok_per_s"],
-                  "admit_ms": 0.0, f"round_ms_b{SHAPE_BATCH}": shape[m][SHAPE_BATCH], "timing": label[m]}
-                 for m in shape]
-    return rows
+    return _predicted_rows(recs, shape, caps, f"projection {shape_name}",
+                        lambda m: {f"round_ms_b{SHAPE_BATCH}": shape[m][SHAPE_BATCH], "timing": label[m]})

@@ -23,14 +23,7 @@ from dmtp.analysis import metrics as M
 from dmtp.analysis import reference as R
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
-from dmtp.analysis.report.data import Artifacts, pooled_hist
-
-
-def _t1_records(art: Artifacts, k: int) -> pd.DataFrame:
-    """HumanEval, T = 1, natural, seed 0 records of realization k (the workload the T = 1 throughput runs time)."""
-    r = art.runs
-    return r[(r.realization == k) & (r.experiment == "ablation") & (r.dataset == "humaneval") & (r.temperature == 1)
-             & (r["mode"] == "natural") & (r.seed == 0)]
+from dmtp.analysis.report.data import Artifacts, pooled_hist, select
 
 
 def _eval_tau_gain(recs: pd.DataFrame, main: str, base: str) -> float:
@@ -47,12 +40,9 @@ def _gain(rows: list[dict], cap: int, main: str, base: str) -> float:
 
 def table(art: Artifacts) -> pd.DataFrame | None:
     """One row per realization with a T = 1 throughput row of the main method at its largest cap, then the blog's."""
-    tab = T.throughput_table(art)
-    sp = art.spec
-    if tab is None or not sp.main_method or not sp.drafter_baseline:
+    df, main, base = T.main_gains(art, 1.0), art.spec.main_method, art.spec.drafter_baseline
+    if df is None:
         return None
-    main, base = sp.main_method, sp.drafter_baseline
-    df = tab[(tab.method == main) & (tab.temperature == 1) & tab.gain_pct.notna() & (tab.realization != "all")]
     ov = art.overhead if art.overhead is not None else pd.DataFrame(columns=["realization", "method", "stage"])
     rows = []
     for r in df.itertuples():
@@ -65,7 +55,7 @@ def table(art: Artifacts) -> pd.DataFrame | None:
             if len(mine) else pd.Series(dtype=float)
         rr = float(rt[main] / rt[base]) if main in rt and base in rt else math.nan
         dec = 100 * ((1 + r.per_verify_gain_pct / 100) / rr - 1) if not math.isnan(rr) else math.nan
-        recs = _t1_records(art, k)
+        recs = B.timed_records(select(art.runs, realization=k), 1.0)
         trained = B.predicted(recs, mine, caps=(cap,)) if len(mine) and len(recs) else []
         shape = ov[ov.method.astype(str).str.startswith(B.SHAPE + ":")]
         proj = B.projection(recs, shape, caps=(cap,)) if len(shape) and len(recs) else []
@@ -114,9 +104,9 @@ def lines(art: Artifacts) -> list[str]:
     out += [f"The blog gains {blog.gain_pct:+.2f} % tok/s at B32, T = 1 for {blog.per_verify_gain_pct:+.2f} % "
             f"acceptance; its DMTP round costs x{blog.round_ratio:.3f} DFlash's at batch 8.", ""]
     for r in df.iloc[:-1].itertuples():
-        on = f", {r.device}" if isinstance(r.device, str) and r.device else ""
-        s = (f"- {r.realization}{on}, B{r.batch_cap}: {r.gain_pct:+.1f} % tok/s (median of {int(r.n_repeats)} timing "
-             f"repeat{'s' * (r.n_repeats != 1)}) for {r.per_verify_gain_pct:+.1f} % per-verify tau.")
+        s = (f"- {r.realization}{T.text_cell(r.device, ', ')}, B{r.batch_cap}: {r.gain_pct:+.1f} % tok/s (median of "
+             f"{int(r.n_repeats)} timing repeat{'s' * (r.n_repeats != 1)}) for {r.per_verify_gain_pct:+.1f} % "
+             "per-verify tau.")
         gap, tau = blog.gain_pct - r.gain_pct, blog.per_verify_gain_pct - r.per_verify_gain_pct
         s += (f" Of its {gap:.1f}-point gap to the blog, {tau:.1f} points are the smaller per-verify gain and "
               f"{gap - tau:.1f} the cost side.")

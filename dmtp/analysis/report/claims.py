@@ -24,7 +24,6 @@ the top level's units first, the hierarchical bootstrap beside it.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 
@@ -36,8 +35,9 @@ from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report import registered as REG
-from dmtp.analysis.report.data import CONTRAST_BOOT, Artifacts, differences, paired_runs, per_unit, series_key
-from dmtp.analysis.report.registered import PRIMARY, SMOKE, Family
+from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, differences, paired_runs, per_unit,
+                                       read_optional, select, series_key)
+from dmtp.analysis.report.registered import SMOKE, Family
 
 # "close" = |a - b| below this share of b's acceptance length. The blog states no margin; 2 % is the size of the
 # gaps between neighbouring variants that its Code ablation reports as differences (mask_residual +1.92 %,
@@ -52,13 +52,8 @@ WORDS = {1: "consistent", -1: "contrary", 0: "not resolved"}
 # --- the series, its realizations and one interval per contrast -----------------------------------------------------
 def series(art: Artifacts) -> tuple[str, int | None]:
     """(experiment name, train.steps) of the pooled series (every pooled realization shares its experiment)."""
-    for r in art.realizations or ():
-        p = r.root / "experiment.json"
-        if p.exists():
-            e = json.loads(p.read_text())
-            return str(e.get("name", "")), e.get("train", {}).get("steps")
-    p = art.root / "experiment.json"
-    e = json.loads(p.read_text()) if p.exists() else {}
+    root = next((r.root for r in art.realizations if (r.root / "experiment.json").exists()), art.root)
+    e = read_optional(root, "experiment.json")
     return str(e.get("name", "")), e.get("train", {}).get("steps")
 
 
@@ -87,9 +82,14 @@ def contrast(art: Artifacts, dataset: str, t: float, a: str, b: str, margin: flo
                 "diff_thi": r["diff_thi"], "p": r["diff_p"], "t_p": r["t_p"], "t_level": r["t_level"],
                 "n_units": r["n_units"], "signs": r["signs"]}
     q = paired_runs(art, ("ablation", dataset, t), a, b, n_boot=CONTRAST_BOOT, margin=margin)
-    if pd.isna(q["diff"]):
-        return None
-    return dict(q, diff_lo=q["lo"], diff_hi=q["hi"], diff_tlo=q["t_lo"], diff_thi=q["t_hi"])
+    return None if pd.isna(q["diff"]) else as_contrast(q)
+
+
+def as_contrast(r: dict, scale: float = 1.0) -> dict:
+    """`stats.paired` fields as a claims row reads them (diff, diff_lo, diff_hi, diff_tlo, diff_thi, signs), each
+    times `scale` (100: a rate in points)."""
+    return dict(r, diff=scale * r["diff"], diff_lo=scale * r["lo"], diff_hi=scale * r["hi"],
+                diff_tlo=scale * r["t_lo"], diff_thi=scale * r["t_hi"], signs=[scale * x for x in r.get("signs", [])])
 
 
 def direction_word(r: dict, n: int) -> int:
@@ -107,8 +107,11 @@ def direction_word(r: dict, n: int) -> int:
     return 0
 
 
-def explored(art: Artifacts, d: int) -> str:
-    return f"{one(art)}{WORDS[d]} (exploratory)"
+def explored(art: Artifacts, claim: str, t, r: dict, test: str | None = None, d: int | None = None, **kw) -> dict:
+    """An exploratory row (`_row`, its keywords): the verdict word of `d` (default: `direction_word` of r over the
+    report's realizations), said within one realization where the report has one; `test` default: `_p(r)`."""
+    d = direction_word(r, n_realizations(art)) if d is None else d
+    return _row(EXPLORATORY, claim, t, r, _p(r) if test is None else test, f"{one(art)}{WORDS[d]} (exploratory)", **kw)
 
 
 def _row(family: str, claim: str, t, r: dict, test: str, verdict: str, kind: str = "direction",
@@ -193,13 +196,12 @@ def primary_rows(art: Artifacts, fam: Family | None = None) -> list[dict]:
             why = ("not the registered series" if not art.on_registered
                    else "registered across realizations; one realization decides nothing")
             test = _p(r) + (f"; as the registered test reads it (not that test): {one_sided}" if not pd.isna(p) else "")
-            out.append(_row(EXPLORATORY, f"{c.key} ({why}): {c.text}: {pair}", c.temperature, r, test,
-                            explored(art, direction_word(r, n))))
+            out.append(explored(art, f"{c.key} ({why}): {c.text}: {pair}", c.temperature, r, test))
             out[-1]["reading"] = (f"read as the registered test would (not that test): one-sided p = {p:.3g}, Holm "
                                   f"p = {q:.3g} over the four" if not pd.isna(p) else "")
         if c.beside and (rb := contrast(art, fam.dataset, c.temperature, c.beside, c.b)):
-            out.append(_row(EXPLORATORY, f"{c.key} with the blog's DMTP model: `{c.beside}` − `{c.b}`",
-                            c.temperature, rb, _p(rb), explored(art, direction_word(rb, n))))
+            out.append(explored(art, f"{c.key} with the blog's DMTP model: `{c.beside}` − `{c.b}`", c.temperature,
+                                rb))
     return out
 
 
@@ -234,14 +236,8 @@ def blog_pairs(art: Artifacts) -> list[tuple[str, str, str, tuple]]:
 
 
 def blog_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
-    n, out = n_realizations(art), []
-    for a, b, text, ts in blog_pairs(art):
-        for t in (x for x in ts if x in temps):
-            r = contrast(art, dataset, t, a, b)
-            if r:
-                out.append(_row(EXPLORATORY, f"{text}: `{a}` − `{b}`", t, r, _p(r),
-                                explored(art, direction_word(r, n))))
-    return out
+    return [explored(art, f"{text}: `{a}` − `{b}`", t, r) for a, b, text, ts in blog_pairs(art)
+            for t in ts if t in temps and (r := contrast(art, dataset, t, a, b))]
 
 
 def close_pairs(art: Artifacts) -> list[tuple[str, str, str]]:
@@ -278,9 +274,8 @@ def close_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
             far = all(lo > m or hi < -m for lo, hi in ((r["diff_lo"], r["diff_hi"]), (r["diff_tlo"], r["diff_thi"]))
                       if not pd.isna(hi))
             d = 1 if q < S.LEVEL else -1 if far else 0
-            out.append(_row(EXPLORATORY, f"{text}: `{a}` − `{b}`", t, r,
-                            f"TOST within ±{m:.3f} ({CLOSE_MARGIN_PCT:g} % of `{b}`), Holm p = {q:.3g} over "
-                            f"{len(got)} temperatures", explored(art, d), kind="closeness", p=p))
+            out.append(explored(art, f"{text}: `{a}` − `{b}`", t, r, f"TOST within ±{m:.3f} ({CLOSE_MARGIN_PCT:g} % "
+                                f"of `{b}`), Holm p = {q:.3g} over {len(got)} temperatures", d, kind="closeness", p=p))
     return out
 
 
@@ -289,12 +284,9 @@ def first_rate(g: pd.DataFrame) -> pd.DataFrame:
     return g.assign(first_rate=g.first_hits / g.n_rounds.where(g.n_rounds > 0))
 
 
-def first_gap(art: Artifacts, dataset: str, t: float, a: str, b: str, seed0: bool = False) -> dict | None:
+def first_gap(art: Artifacts, dataset: str, t: float, a: str, b: str) -> dict | None:
     """Paired a - b of per-request first-token acceptance (rate) at (dataset, T), `stats.paired` fields."""
-    r = first_rate(art.runs)
-    r = r[(r.experiment == "ablation") & (r.temperature == t) & (r["mode"] == "natural") & (r.dataset == dataset)]
-    if seed0:
-        r = r[r.seed == 0]
+    r = select(first_rate(art.runs), experiment="ablation", temperature=t, mode="natural", dataset=dataset)
     units = {m: per_unit(r[r.method == m], "first_rate") for m in (a, b)}
     if not all(units.values()):
         return None
@@ -315,15 +307,13 @@ def first_token_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
     r = first_gap(art, dataset, 1.0, sp.main_method, sp.drafter_baseline)
     if r is None:
         return []
-    r = dict(r, signs=[100 * x for x in r["signs"]], diff=100 * r["diff"], diff_lo=100 * r["lo"],
-             diff_hi=100 * r["hi"], diff_tlo=100 * r["t_lo"], diff_thi=100 * r["t_hi"])  # points
+    r = as_contrast(r, 100)  # points
     ints = [(a, b) for a, b in ((r["diff_tlo"], r["diff_thi"]), (r["diff_lo"], r["diff_hi"])) if not pd.isna(a)]
     d = 1 if all(lo <= a and b <= hi for a, b in ints) else -1 if all(b < lo or a > hi for a, b in ints) else 0
-    return [_row(EXPLORATORY, f"the first-token gap at T = 1 lies in the blog's range (35B, T = 1, six workloads: "
-                 f"{lo:+.2f} to {hi:+.2f} points): `{sp.main_method}` − `{sp.drafter_baseline}`, first-token "
-                 "acceptance per request, points", 1.0, r,
-                 f"both intervals inside [{lo:+.2f}, {hi:+.2f}]; " + _p(r), explored(art, d), kind="range",
-                 unit="pts", p=math.nan)]
+    return [explored(art, f"the first-token gap at T = 1 lies in the blog's range (35B, T = 1, six workloads: "
+                     f"{lo:+.2f} to {hi:+.2f} points): `{sp.main_method}` − `{sp.drafter_baseline}`, first-token "
+                     "acceptance per request, points", 1.0, r, f"both intervals inside [{lo:+.2f}, {hi:+.2f}]; "
+                     + _p(r), d, kind="range", unit="pts", p=math.nan)]
 
 
 def rank_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
@@ -333,17 +323,14 @@ def rank_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
     positive (exploratory). One test in place of the 28 pairwise ones an order would need. A correlation is worded
     as agreement, never as the same order: the row says whether the pooled orders are the same (rho = 1)."""
     blog = R.table("ablation").set_index("method").acceptance_length
-    s = art.natural
     out = []
     for t in temps:
-        g = s[(s.experiment == "ablation") & (s.dataset == dataset) & (s.temperature == t)].set_index("method")
+        g = art.ablation(dataset, t).set_index("method")
         ms = [m for m in blog.index if m in g.index]
         if len(ms) < 3:
             continue
         ra = S.rank_agreement(g.loc[ms, "acceptance_length"].to_numpy(float), blog[ms].to_numpy(float))
-        runs = art.runs
-        runs = runs[(runs.experiment == "ablation") & (runs.dataset == dataset) & (runs.temperature == t)
-                    & (runs["mode"] == "natural") & runs.method.isin(ms)]
+        runs = select(art.runs, experiment="ablation", dataset=dataset, temperature=t, mode="natural", method=ms)
         per = runs.groupby(["realization", "method"]).acceptance_length.mean().unstack()
         rhos = [S.spearman(per.loc[k, ms].to_numpy(float), blog[ms].to_numpy(float)) for k in per.index
                 if per.loc[k, ms].notna().all()]
@@ -352,12 +339,11 @@ def rank_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
              "by": " / ".join(f"{x:+.3f}" for x in rhos)}
         d = 1 if ra["p"] < S.LEVEL and all(x > 0 for x in rhos) else 0
         same = "the same order" if ra["rho"] > 1 - 1e-9 else "the orders differ"
-        out.append(_row(EXPLORATORY, f"the ablation's order agrees with the blog's (Code ablation, {len(ms)} "
-                        "variants: " + ", ".join(ms) + f"; a rank correlation, {same}): Spearman's rho of ours "
-                        "against the blog's", t, r,
-                        f"one-sided permutation p = {ra['p']:.3g} ({'every' if ra['exact'] else 'random'} order of "
-                        f"the {len(ms)} variants); t-interval over the realizations' own rho", explored(art, d),
-                        kind="rank", p=ra["p"]))
+        out.append(explored(art, f"the ablation's order agrees with the blog's (Code ablation, {len(ms)} "
+                            "variants: " + ", ".join(ms) + f"; a rank correlation, {same}): Spearman's rho of ours "
+                            "against the blog's", t, r, f"one-sided permutation p = {ra['p']:.3g} "
+                            f"({'every' if ra['exact'] else 'random'} order of the {len(ms)} variants); t-interval "
+                            "over the realizations' own rho", d, kind="rank", p=ra["p"]))
     return out
 
 
@@ -366,8 +352,7 @@ def ood_gaps(art: Artifacts, a: str = "mtp", b: str | None = None, n_boot: int =
     gap a - b of per-request first-token acceptance, and the difference in differences (ood minus HumanEval) over
     the realizations both sets have (stats.did). None without an ood set holding both runs."""
     b = b or art.spec.drafter_baseline
-    r = first_rate(art.runs)
-    r = r[(r.experiment == "ablation") & (r.temperature == 0) & (r["mode"] == "natural") & (r.seed == 0)]
+    r = select(first_rate(art.runs), experiment="ablation", temperature=0, mode="natural", seed=0)
     for ood in art.ood or {}:
         per = {}  # dataset -> ({realization: row of the cubes}, cubes)
         for ds in ("humaneval", ood):
@@ -387,24 +372,21 @@ def ood_gaps(art: Artifacts, a: str = "mtp", b: str | None = None, n_boot: int =
 def ood_rows(art: Artifacts) -> list[dict]:
     """Out of distribution: DMTP against MTP415 on each ood set (the blog's DMTP > MTP415, where the suite finds it
     reversed), and the native head's first-token advantage in and out of distribution (difference in differences)."""
-    n, out = n_realizations(art), []
-    sp = art.spec
+    sp, out = art.spec, []
     for ood, runs in (art.ood or {}).items():
         for a in dict.fromkeys(x for x in (sp.main_method, sp.blog_run) if x in runs and "mtp" in runs):
             r = contrast(art, ood, 0.0, a, "mtp")
             if r:
                 who = "DMTP" if a == sp.main_method else "the blog's DMTP model"
-                out.append(_row(EXPLORATORY, f"{who} > MTP415 out of distribution ({ood}: test functions the target "
-                                f"pretrained on, never in the drafters' data): `{a}` − `mtp`", 0.0, r, _p(r),
-                                explored(art, direction_word(r, n))))
+                out.append(explored(art, f"{who} > MTP415 out of distribution ({ood}: test functions the target "
+                                    f"pretrained on, never in the drafters' data): `{a}` − `mtp`", 0.0, r))
     g = ood_gaps(art)
     if g is not None:
-        r = g["did"]
-        r = dict(r, diff_lo=r["lo"], diff_hi=r["hi"], diff_tlo=r["t_lo"], diff_thi=r["t_hi"])
-        out.append(_row(EXPLORATORY, f"the native MTP head's first-token advantage is largest outside the drafter's "
-                        f"training distribution: (`{g['a']}` − `{g['b']}`) on {g['ood']} minus on humaneval "
-                        "(first-token acceptance, per request, seed 0)", 0.0, r,
-                        f"difference in differences; {_p(r)}", explored(art, direction_word(r, n))))
+        r = as_contrast(g["did"])
+        out.append(explored(art, f"the native MTP head's first-token advantage is largest outside the drafter's "
+                            f"training distribution: (`{g['a']}` − `{g['b']}`) on {g['ood']} minus on humaneval "
+                            "(first-token acceptance, per request, seed 0)", 0.0, r,
+                            f"difference in differences; {_p(r)}"))
     return out
 
 
@@ -417,13 +399,8 @@ def throughput_rows(art: Artifacts) -> list[dict]:
     the t-test over their median gains (exploratory verdict). One: within one realization, the median of its timing
     repeats with each repeat listed: consistent / contrary when every one of at least MIN_REPEATS repeats has that
     sign, else not resolved — the repeats measure timer noise of one trained pair, not model or seed variation."""
-    tab = T.throughput_table(art)
-    sp = art.spec
-    if tab is None or not sp.main_method:
-        return []
-    df = tab[(tab.method == sp.main_method) & (tab.temperature == 1) & tab.gain_pct.notna()
-             & (tab.realization != "all")]
-    if not len(df):
+    sp, df = art.spec, T.main_gains(art, 1.0)
+    if df is None or not len(df):
         return []
     reps = B.per_repeat(art.throughput, sp.main_method, sp.drafter_baseline)
     reps = reps[(reps.method == sp.main_method) & (reps.temperature == 1) & reps.gain.notna()]
@@ -445,9 +422,9 @@ def throughput_rows(art: Artifacts) -> list[dict]:
             r = {"diff": float(np.mean(g.gain_pct)), "diff_tlo": tt["lo"], "diff_thi": tt["hi"],
                  "signs": list(g.gain_pct), "by": " / ".join(f"{x.realization} {x.gain_pct:+.1f}"
                                                              for x in g.itertuples())}
-            out.append(_row(EXPLORATORY, claim, 1.0, r, f"t over {len(g)} realizations' median gains (each over its "
-                            f"own timing repeats), p = {tt['p']:.3g} (two-sided, unadjusted)",
-                            explored(art, direction_word(r, len(g))), unit="%", p=tt["p"],
+            out.append(explored(art, claim, 1.0, r, f"t over {len(g)} realizations' median gains (each over its "
+                                f"own timing repeats), p = {tt['p']:.3g} (two-sided, unadjusted)",
+                                direction_word(r, len(g)), unit="%", p=tt["p"],
                             magnitude=magnitude(float(np.mean(g.gain_pct)), float(np.mean(g.per_verify_gain_pct)),
                                                 blog, ds)))
             continue
@@ -486,8 +463,7 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
     if not prim:
         return None
     ds = prim[0]
-    s = art.natural
-    temps = sorted(set(s[(s.experiment == "ablation") & (s.dataset == ds)].temperature))
+    temps = sorted(set(art.ablation(ds).temperature))
     rows = (primary_rows(art) + blog_rows(art, ds, temps) + close_rows(art, ds, temps)
             + first_token_rows(art, ds, temps) + rank_rows(art, ds, temps) + ood_rows(art) + throughput_rows(art))
     if not rows:
@@ -511,8 +487,7 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
 
 def fmt_estimate(r) -> str:
     """'+0.659 t [+0.324, +0.994]; bootstrap [+0.540, +0.810]' (the t-interval first), in the row's unit."""
-    unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
-    out = f"{r.estimate:+.3f}{unit}"
+    out = f"{r.estimate:+.3f}{T.text_cell(r.unit, ' ')}"
     if not pd.isna(r.estimate_tlo):
         out += f" t [{r.estimate_tlo:+.3f}, {r.estimate_thi:+.3f}]"
     if not pd.isna(r.estimate_lo):
@@ -539,8 +514,7 @@ def claims_lines(art: Artifacts, df: pd.DataFrame | None = None) -> list[str]:
 
 def size_words(r) -> str:
     """'; <the row's magnitude sentence>' for a claims row that has one, else ''."""
-    m = getattr(r, "magnitude", "")
-    return f"; {m}" if isinstance(m, str) and m else ""
+    return T.text_cell(getattr(r, "magnitude", ""), "; ")
 
 
 def claim_label(claim: str) -> str:
@@ -552,6 +526,12 @@ def claim_label(claim: str) -> str:
     while re.search(r"\([^()]*\)", head):
         head = re.sub(r"\s*\([^()]*\)", "", head)
     return head.strip()
+
+
+def label_at(r) -> str:
+    """A claims row's claim in a few words (`claim_label`) at its temperature, unless the words name one."""
+    label = claim_label(r.claim)
+    return label if "T = " in label else f"{label} at T = {r.temperature:g}"
 
 
 def verdict_lines(df: pd.DataFrame) -> list[str]:
@@ -571,11 +551,8 @@ def verdict_lines(df: pd.DataFrame) -> list[str]:
             if "not resolved" in r.verdict and r.kind == "direction" and pos + neg > 1:
                 sign = ("; the claim's sign in every realization" if neg == 0 else
                         "; the opposite sign in every realization" if pos == 0 else "; the realizations differ in sign")
-            label = claim_label(r.claim)
-            at = "" if "T = " in label else f" at T = {r.temperature:g}"
-            unit = f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""
-            size = size_words(r)
-            groups.setdefault(r.verdict, []).append(f"{label}{at} ({r.estimate:+.3f}{unit}{sign}{size})")
+            groups.setdefault(r.verdict, []).append(f"{label_at(r)} ({r.estimate:+.3f}{T.text_cell(r.unit, ' ')}{sign}"
+                                                    f"{size_words(r)})")
         out += [f"{title}:", ""]
         for v, items in groups.items():
             out += [f"- **{v}**:", *[f"  - {x}" for x in items]]

@@ -88,17 +88,21 @@ def read_spec(root: Path) -> AblationSpec:
     return from_dict(AblationSpec, exp["ablation"], "experiment.ablation")
 
 
+def read_optional(*parts) -> dict:
+    """The JSON object at Path(*parts) ({} when the file is absent): experiment.json, stages.json, a meta file."""
+    path = Path(*parts)
+    return read_json(path) if path.exists() else {}
+
+
 def read_subsets(root: Path) -> dict[str, str]:
     """Derived datasets of experiment.json's eval.subsets: name -> the dataset it is the first records of."""
-    path = Path(root, "experiment.json")
-    ev = read_json(path).get("eval", {}) if path.exists() else {}
+    ev = read_optional(root, "experiment.json").get("eval", {})
     return {name: src for name, (src, _) in (ev.get("subsets") or {}).items()}
 
 
 def read_ood(root: Path) -> dict[str, tuple[str, ...]]:
     """Out-of-distribution sets of experiment.json's eval.ood -> the runs decoded on them (eval.ood_runs)."""
-    path = Path(root, "experiment.json")
-    ev = read_json(path).get("eval", {}) if path.exists() else {}
+    ev = read_optional(root, "experiment.json").get("eval", {})
     return {name: tuple(ev.get("ood_runs") or ()) for name in ev.get("ood") or {}}
 
 
@@ -107,9 +111,8 @@ def read_caveat(root: Path, short: bool = False) -> str:
     `random_weights` (`dmtp reproduce` on a random-weight stand-in target); short: a figure title's words."""
     from dmtp.analysis.report.registered import caveat
 
-    exp, stages = Path(root, "experiment.json"), Path(root, "stages.json")
-    name = read_json(exp).get("name", "") if exp.exists() else ""
-    return caveat(str(name), bool(read_json(stages).get("random_weights")) if stages.exists() else False, short)
+    return caveat(str(read_optional(root, "experiment.json").get("name", "")),
+                  bool(read_optional(root, "stages.json").get("random_weights")), short)
 
 
 def method_key(spec: AblationSpec, method: str) -> tuple[str, int, str]:
@@ -176,9 +179,25 @@ class Artifacts:
         s = self.summary
         return s[s["mode"] == "natural"].reset_index(drop=True) if len(s) else s
 
+    @property
+    def drafting(self) -> pd.DataFrame:
+        """The natural-mode summary rows of the runs that draft (k > 0): the first-token and per-position views."""
+        s = self.natural
+        return s[s.k > 0] if len(s) else s
+
+    def ablation(self, dataset: str, temperature: float | None = None) -> pd.DataFrame:
+        """The natural-mode summary rows of the ablation on one dataset (at one temperature when given)."""
+        s = self.natural
+        s = s[(s.experiment == "ablation") & (s.dataset == dataset)]
+        return s if temperature is None else s[s.temperature == temperature]
+
     def rank(self, method: str) -> tuple[str, int, str]:
         """Sort key of a method (`method_key`)."""
         return method_key(self.spec, method)
+
+    def order(self, methods: pd.Series) -> pd.Series:
+        """Each method's place in report order (`rank`): a sort key for table rows."""
+        return methods.map({m: i for i, m in enumerate(sorted(set(methods), key=self.rank))})
 
     @property
     def methods(self) -> list[str]:
@@ -186,12 +205,12 @@ class Artifacts:
         return sorted(set(self.runs.method), key=self.rank)
 
 
-def _request_row(path: Path, line: int, r: dict, method: str, k_default: int) -> dict:
+def _request_row(path: Path, line: int, r: dict, method: str) -> dict:
     """One record's row: acceptance counts checked, its loop statistics (metrics.loop_stats) computed."""
     acc = r.get("accepted", [])
     if "id" not in r or not isinstance(acc, list) or not all(isinstance(a, int) and a >= 0 for a in acc):
         raise ValueError(f"{path}:{line}: expected a record with `id` and `accepted` (a list of counts >= 0)")
-    k = int(r.get("n_candidates") or k_default)
+    k = int(r.get("n_candidates") or DEFAULT_K.get(method, 7))
     if acc and max(acc) > k:
         raise ValueError(f"{path}:{line}: accepted count {max(acc)} exceeds the {k} candidates of a round")
     out = r.get("output_ids", [])
@@ -237,7 +256,7 @@ def read_runs(root: Path) -> pd.DataFrame:
         check_complete(path)
         mode, seed = ("fixed" if m["fixed"] else "natural"), int(m["seed"] or 0)
         for line, r in iter_jsonl(path):
-            row = _request_row(path, line, r, method, DEFAULT_K.get(method, 7))
+            row = _request_row(path, line, r, method)
             row.update(experiment=experiment, dataset=r.get("dataset", m["dataset"]),
                        temperature=float(r.get("temperature", m["temp"])), mode=r.get("mode") or mode,
                        seed=int(r.get("seed", seed) or 0))
@@ -268,7 +287,7 @@ def read_curve(root: Path) -> pd.DataFrame | None:
         check_complete(path)
         method = path.parent.name
         for line, r in iter_jsonl(path):
-            row = _request_row(path, line, r, method, DEFAULT_K.get(method, 7))
+            row = _request_row(path, line, r, method)
             row.update(dataset=m["dataset"], temperature=float(m["temp"]), seed=int(meta.get("seed", m["seed"])),
                        step=int(meta.get("step", m["step"])), train_tokens=float(meta["train_tokens"]))
             rows.append(row)
@@ -375,8 +394,7 @@ def discover(top: Path) -> list[tuple[int, Path]]:
     out = [(int(m["k"]), p) for p in sorted(top.iterdir()) if p.is_dir() and (m := REALIZATION.match(p.name))
            and (p / "experiment.json").exists()] if top.is_dir() else []
     if (top / "runs").is_dir() or not out:
-        exp = top / "experiment.json"
-        out.append((int(read_json(exp).get("realization") or 0) if exp.exists() else 0, top))
+        out.append((int(read_optional(top, "experiment.json").get("realization") or 0), top))
     return sorted(out)
 
 
@@ -432,6 +450,11 @@ def registered_of(found: list[tuple[int, Path]]) -> list[int]:
     return [k for k, p in found if (s := series_key(p)) and registered.PRIMARY.registered_on(*s)]
 
 
+def _name(k: int) -> str:
+    """How a realization found on disk is named where it is left out."""
+    return f"r{k}" if k else "r0 (the flat layout)"
+
+
 def _revision_words(r: str | None) -> str:
     return f"records revision {r}" if r is not None else "records made before revisions were declared"
 
@@ -451,22 +474,21 @@ def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[t
     reg = registered_of(found)
     best = reg or max(groups.values(), key=lambda ks: (len(ks), max(_written(paths[k]) for k in ks), max(ks)))
     pooled = [(k, p) for k, p in found if k in best]
-    name = lambda k: f"r{k}" if k else "r0 (the flat layout)"  # noqa: E731
     out = []
     for k, p in found:
         if k in best:
             continue
         if keys[k] is None:
-            out.append((name(k), "no experiment.json"))
+            out.append((_name(k), "no experiment.json"))
             continue
         (key, rev), (top, top_rev) = keys[k], keys[best[-1]]
         diff = differences(top, key)
         if diff:
-            out.append((name(k), f"experiment differs from {name(best[-1])} in {', '.join(diff[:4])}"
+            out.append((_name(k), f"experiment differs from {_name(best[-1])} in {', '.join(diff[:4])}"
                         + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")))
         else:
-            out.append((name(k), f"the same experiment as {name(best[-1])}, made by other record-making code "
-                        f"({_revision_words(rev)}; {name(best[-1])}: {_revision_words(top_rev)}): a series of its "
+            out.append((_name(k), f"the same experiment as {_name(best[-1])}, made by other record-making code "
+                        f"({_revision_words(rev)}; {_name(best[-1])}: {_revision_words(top_rev)}): a series of its "
                         "own (docs/DESIGN.md, \"The records revision\")"))
     return pooled, out
 
@@ -490,10 +512,9 @@ def without_runs(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]],
     have = [(k, p) for k, p in found if finished_runs(p)]
     if not have:
         return found, []
-    name = lambda k: f"r{k}" if k else "r0 (the flat layout)"  # noqa: E731
     why = ("no finished run (runs/ holds no complete record file: an evaluation stopped before its first run "
            "finished); not counted as a realization")
-    return have, [(name(k), why) for k, p in found if (k, p) not in have]
+    return have, [(_name(k), why) for k, p in found if (k, p) not in have]
 
 
 def record_digest(root: Path) -> str:
@@ -517,8 +538,7 @@ def refuse_copies(pooled: list[tuple[int, Path]]) -> None:
     seen_digest: dict[str, Path] = {}
     seen_seeds: dict[int, Path] = {}
     for k, p in pooled:
-        exp = p / "experiment.json"
-        named = read_json(exp).get("realization") if exp.exists() else None
+        named = read_optional(p, "experiment.json").get("realization")
         rec = k if named is None else int(named)
         d = record_digest(p) if record_files(Path(p, "runs"), "*/*/") else None
         if d is not None and d in seen_digest:
@@ -535,17 +555,14 @@ def refuse_copies(pooled: list[tuple[int, Path]]) -> None:
 
 def _written(root: Path) -> str:
     """When a realization's target was written (ISO time, sortable as text; "" when it has none)."""
-    meta = Path(root, "target", "meta.json")
-    return str(read_json(meta).get("written", "")) if meta.exists() else ""
+    return str(read_optional(root, "target", "meta.json").get("written", ""))
 
 
-def provenance(k: int, root: Path) -> Realization:
-    """A realization with the commits, devices and dates its meta files record (runs/, bench/, target/,
-    drafters/; the flat layout: its own folders, never another realization's)."""
+def read_metas(paths) -> tuple[Counter, set[str], list[str]]:
+    """(commit -> meta files written at it, the devices they name, their `written` stamps) of the meta files at
+    `paths` (one that cannot be read is skipped)."""
     commits, devices, stamps = Counter(), set(), []
-    metas = [m for d in ("runs", "curve") for m in Path(root, d).glob("**/*.meta.json")]
-    metas += [m for d in ("bench", "target", "drafters") for m in Path(root, d).glob("meta*.json")]
-    for m in metas:
+    for m in paths:
         try:
             meta = read_json(m)
         except (OSError, ValueError):
@@ -556,10 +573,19 @@ def provenance(k: int, root: Path) -> Realization:
             devices.add(str(env["device"]))
         if meta.get("written"):
             stamps.append(str(meta["written"]))
-    bench, target = Path(root, "bench", "meta.json"), Path(root, "target", "meta.json")
-    benv = (read_json(bench).get("env") or {}) if bench.exists() else {}
+    return commits, devices, stamps
+
+
+def provenance(k: int, root: Path) -> Realization:
+    """A realization with the commits, devices and dates its meta files record (runs/, bench/, target/,
+    drafters/; the flat layout: its own folders, never another realization's)."""
+    commits, devices, stamps = read_metas(
+        [m for d in ("runs", "curve") for m in Path(root, d).glob("**/*.meta.json")]
+        + [m for d in ("bench", "target", "drafters") for m in Path(root, d).glob("meta*.json")])
+    bench = Path(root, "bench", "meta.json")
+    benv = read_optional(bench).get("env") or {}
     sha = benv.get("git_sha", "unknown") if bench.exists() else ""
-    corpus = (read_json(target).get("corpus") or {}).get("train_digest", "") if target.exists() else ""
+    corpus = (read_optional(root, "target", "meta.json").get("corpus") or {}).get("train_digest", "")
     s = series_key(root)
     return Realization(k, root, tuple(commits.most_common()), tuple(sorted(devices)),
                        (min(stamps), max(stamps)) if stamps else ("", ""), sha, corpus, str(benv.get("device") or ""),
@@ -600,7 +626,7 @@ def _with_prompt_pass(df: pd.DataFrame, meta: Path) -> pd.DataFrame:
     where a bench of before the column lacks it ("" when unknown)."""
     if "prefill" in df:
         return df
-    engine = (read_json(meta).get("engine") or {}) if meta.exists() else {}
+    engine = read_optional(meta).get("engine") or {}
     return df.assign(prefill=engine.get("prefill", ""))
 
 
@@ -634,18 +660,18 @@ def load(profile: str, results: str | Path = "results", n_boot: int = 2000) -> A
                      [f"r{k}" for k in registered_of(found)])
 
 
+def select(df: pd.DataFrame, **eq) -> pd.DataFrame:
+    """The rows of `df` whose columns hold the given values (a list, tuple or set: any of its values)."""
+    keep = np.ones(len(df), bool)
+    for col, v in eq.items():
+        keep &= (df[col].isin(v) if isinstance(v, (list, tuple, set)) else df[col] == v).to_numpy()
+    return df[keep]
+
+
 def group(art: Artifacts, experiment: str, dataset: str, temperature: float, method: str,
           mode: str = "natural") -> pd.DataFrame:
     """The request rows of one run (every seed)."""
-    r = art.runs
-    return r[(r.experiment == experiment) & (r.dataset == dataset) & (r.temperature == temperature)
-             & (r["mode"] == mode) & (r.method == method)]
-
-
-def records(art: Artifacts, experiment: str, dataset: str, temperature: float, method: str,
-            mode: str = "natural") -> list[dict]:
-    """The per-request records of one run (every seed), as dicts."""
-    return group(art, experiment, dataset, temperature, method, mode).to_dict("records")
+    return select(art.runs, experiment=experiment, dataset=dataset, temperature=temperature, mode=mode, method=method)
 
 
 def paired_runs(art: Artifacts, key: tuple, a: str, b: str, n_boot: int = CONTRAST_BOOT,

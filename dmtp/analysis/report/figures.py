@@ -18,7 +18,7 @@ from dmtp.analysis import metrics as M  # noqa: E402
 from dmtp.analysis import reference as R  # noqa: E402
 from dmtp.analysis.report import tables as T  # noqa: E402
 from dmtp.analysis import stats as S  # noqa: E402
-from dmtp.analysis.report.data import Artifacts, paired_runs, per_unit  # noqa: E402
+from dmtp.analysis.report.data import Artifacts, group, paired_runs, per_unit, select  # noqa: E402
 from dmtp.io import write_figure  # noqa: E402
 
 # by position in the spec's run order (the Code ablation: ar grey, mtp blue, dflash orange, ...), then the methods
@@ -50,14 +50,35 @@ def _save(art: Artifacts, fig: Figure, name: str) -> Path:
     return path
 
 
-def _label(exp: str, ds: str, multi: bool) -> str:
-    return f"{exp}/{ds}" if multi else ds
+def links(art: Artifacts, *patterns: str) -> list[str]:
+    """REPORT.md's lines showing figures/<pattern>.png, each pattern's in temperature order, each image followed by
+    an empty line."""
+    return [x for pat in patterns for p in sorted(art.figures.glob(f"{pat}.png"), key=T.by_temperature)
+            for x in (f"![{p.stem}](figures/{p.name})", "")]
 
 
 def _per_temp(s):
-    """Yield (temperature, summary rows, whether several experiments share the figure)."""
+    """Yield (temperature, summary rows, panels): {(experiment, dataset): its label} in the rows' order, the
+    experiment named only where several share the figure."""
     for t, g in s.groupby("temperature"):
-        yield t, g, g.experiment.nunique() > 1
+        multi = g.experiment.nunique() > 1
+        yield t, g, {(e, d): f"{e}/{d}" if multi else d for e, d in zip(g.experiment, g.dataset)}
+
+
+def _bars(g: pd.DataFrame, panels: dict, value) -> dict:
+    """{(panel label, method): value(row)} over the summary rows g (`grouped_bars`' values)."""
+    return {(panels[r.experiment, r.dataset], r.method): value(r) for r in g.itertuples()}
+
+
+def _ranked(art: Artifacts, g: pd.DataFrame) -> list:
+    """The rows of g (as tuples) in report order of their methods."""
+    return sorted(g.itertuples(), key=lambda r: art.rank(r.method))
+
+
+def _main_and_rest(art: Artifacts, s: pd.DataFrame):
+    """("", the main rows (`main_methods`)), ("_supplementary", the other variants): a figure's two parts."""
+    main = s.method.isin(main_methods(art))
+    return ("", s[main]), ("_supplementary", s[~main])
 
 
 def grouped_bars(ax, groups: list[str], methods: list[str], ours: dict, color: dict, blog: dict | None = None,
@@ -90,23 +111,22 @@ def grouped_bars(ax, groups: list[str], methods: list[str], ours: dict, color: d
     return xs
 
 
-def _legend(fig: Figure, ax):
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=7)
+def _legend(fig: Figure, *axes, loc: str = "outside right upper", **kw):
+    """One figure legend of the labelled artists of `axes` (a label once, with its last panel's handle)."""
+    handles = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels())}
+    fig.legend(list(handles.values()), list(handles.keys()), loc=loc, fontsize=7, **kw)
 
 
 def _bar_figure(art, s, methods, name, title, blog_fn, ylabel, labels=None) -> list[Path]:
     paths = []
-    for t, g, multi in _per_temp(s[s.method.isin(methods)]):
-        groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
-        present = [m for m in methods if m in set(g.method)]
-        ours = {(_label(r.experiment, r.dataset, multi), r.method):
-                (r.acceptance_length, r.acceptance_length_lo, r.acceptance_length_hi) for r in g.itertuples()}
-        blog = {(_label(r.experiment, r.dataset, multi), r.method): blog_fn(r.dataset, t, r.method)
-                for r in g.itertuples()}
-        blog = {k: v for k, v in blog.items() if not math.isnan(v)}
-        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(blog) + len(groups))), 3.6), layout="constrained")
+    for t, g, panels in _per_temp(s[s.method.isin(methods)]):
+        ours = _bars(g, panels, lambda r: (r.acceptance_length, r.acceptance_length_lo, r.acceptance_length_hi))
+        blog = {k: v for k, v in _bars(g, panels, lambda r: blog_fn(r.dataset, t, r.method)).items()
+                if not math.isnan(v)}
+        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(blog) + len(panels))), 3.6), layout="constrained")
         ax = fig.subplots()
-        grouped_bars(ax, groups, present, ours, colors(art), blog, labels)
+        grouped_bars(ax, list(panels.values()), [m for m in methods if m in set(g.method)], ours, colors(art), blog,
+                     labels)
         _legend(fig, ax)
         ax.set(ylabel=ylabel, title=f"{title} (T={t:g})")
         paths.append(_save(art, fig, f"{name}_T{t:g}"))
@@ -129,49 +149,36 @@ def main_acceptance(art: Artifacts) -> list[Path]:
     the blog's larger models do not share an axis of absolute lengths with ours."""
     s, cols = art.natural, T.main_columns(art)
     if s.empty or "dmtp" not in cols or not s.method.isin(cols.values()).any():
-        print("[report] skip main acceptance figure: no data")
-        return []
+        return T.skip("main acceptance figure", empty=[])
     base, dmtp = cols["dflash"], cols["dmtp"]
     labels = {dmtp: f"{dmtp} (blog's DMTP model)", **({cols["main"]: f"{cols['main']} (main method)"}
                                                       if "main" in cols else {})}
     methods, color, paths = list(cols.values()), colors(art), []
-    for t, g, multi in _per_temp(s[s.method.isin(methods)]):
-        groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
-        present = [m for m in methods if m in set(g.method)]
-        kinds, ours, gain, blog = set(), {}, {}, {}
-        for r in g.itertuples():
-            key = (_label(r.experiment, r.dataset, multi), r.method)
-            v, lo, hi, kind = _interval(r, "acceptance_length")
-            ours[key] = (v, lo, hi)
-            kinds.add(kind)
+    for t, g, panels in _per_temp(s[s.method.isin(methods)]):
+        groups, present = list(panels.values()), [m for m in methods if m in set(g.method)]
+        ours = _bars(g, panels, lambda r: _interval(r, "acceptance_length"))
+        kinds, gain, blog = {v[3] for v in ours.values()}, {}, {}
         for (e, d), gd in g.groupby(["experiment", "dataset"], sort=False):
             by = gd.set_index("method").acceptance_length
-            if base not in by:
-                continue
-            for m in present:
-                if m == base or m not in by:
-                    continue
+            for m in (m for m in present if base in by and m != base and m in by):
                 q = paired_runs(art, (e, d, t), m, base)
-                several = q.get("t_level") == "realization"
-                lo, hi = (q["t_lo"], q["t_hi"]) if several else (q["lo"], q["hi"])
-                gain[(_label(e, d, multi), m)] = tuple(100 * x / by[base] for x in (q["diff"], lo, hi))
+                lo, hi = (q["t_lo"], q["t_hi"]) if q.get("t_level") == "realization" else (q["lo"], q["hi"])
+                gain[(panels[e, d], m)] = tuple(100 * x / by[base] for x in (q["diff"], lo, hi))
                 col = T.blog_name(art, m) if m != cols.get("main") else ""
                 b = T.pct(T.blog_acceptance(d, t, col), T.blog_acceptance(d, t, "dflash")) if col else math.nan
                 if not math.isnan(b):
-                    blog[(_label(e, d, multi), m)] = b
+                    blog[(panels[e, d], m)] = b
         fig = Figure(figsize=(max(10.5, 0.3 * (len(ours) + len(gain) + len(blog) + 2 * len(groups)) + 3), 3.8),
                      layout="constrained")
         left, right = fig.subplots(1, 2)
-        grouped_bars(left, groups, present, ours, color, labels=labels)
+        grouped_bars(left, groups, present, {k: v[:3] for k, v in ours.items()}, color, labels=labels)
         left.set(ylabel="acceptance length (incl. bonus)", title=f"Ours (T={t:g}): " + ", ".join(sorted(kinds)))
         grouped_bars(right, groups, [m for m in present if m != base], gain, color, blog, labels)
         right.axhline(0, color="k", lw=0.8)
         right.set(ylabel=f"gain over {base} (%)", title="Gain over DFlash; the blog's hatched")
-        handles = {}
         for ax in (left, right):
             ax.tick_params(axis="x", labelsize=7)
-            handles.update({lab: h for h, lab in zip(*ax.get_legend_handles_labels())})
-        fig.legend(list(handles.values()), list(handles.keys()), loc="outside right upper", fontsize=7)
+        _legend(fig, left, right)
         paths.append(_save(art, fig, f"main_acceptance_T{t:g}"))
     return paths
 
@@ -180,8 +187,7 @@ def open_repro(art: Artifacts) -> list[Path]:
     """Blog figure 8 layout: MTP415, DFlash, DMTP(D), DFlash2, DMTP(D2) per dataset."""
     s, cols = art.natural, T.open_columns(art)
     if s.empty or not s.method.isin([cols.get("dflash2"), cols.get("dmtp_d2")]).any():
-        print("[report] skip open-reproduction figure: no DFlash2 runs of the drafter baseline or main method")
-        return []
+        return T.skip("open-reproduction figure", "no DFlash2 runs of the drafter baseline or main method", [])
     labels = {m: T.OPEN_LABEL[c] for c, m in cols.items()}
     blog_col = {m: ("dmtp" if c == "dmtp_d" else c) for c, m in cols.items()}
     blog = lambda d, t, m: R.blog_value("open_repro", d, blog_col[m]) if t == 0 else math.nan  # noqa: E731 (T=0)
@@ -192,23 +198,17 @@ def open_repro(art: Artifacts) -> list[Path]:
 def first_token(art: Artifacts) -> list[Path]:
     """First-token acceptance (%) per dataset and method with bootstrap CI; blog values as black diamonds. The main
     rows (`main_methods`) in first_token_T<t>.png, the other variants in first_token_supplementary_T<t>.png."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
-        print("[report] skip first-token figure: no data")
-        return []
-    main, color, paths = main_methods(art), colors(art), []
-    color = {**color, **{c: CONTROL_COLOR for c in art.spec.controls}}
-    for part, pick in (("", lambda m: m in main), ("_supplementary", lambda m: m not in main)):
-        for t, g, multi in _per_temp(s[s.method.map(pick)]):
-            groups = list(dict.fromkeys(_label(e, d, multi) for e, d in zip(g.experiment, g.dataset)))
-            methods = sorted(set(g.method), key=art.rank)
-            ours = {(_label(r.experiment, r.dataset, multi), r.method):
-                    (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi) for r in g.itertuples()}
-            fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(groups)) + 2), 3.6), layout="constrained")
+        return T.skip("first-token figure", empty=[])
+    color, paths = {**colors(art), **{c: CONTROL_COLOR for c in art.spec.controls}}, []
+    for part, rows in _main_and_rest(art, s):
+        for t, g, panels in _per_temp(rows):
+            ours = _bars(g, panels, lambda r: (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi))
+            fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(panels)) + 2), 3.6), layout="constrained")
             ax = fig.subplots()
-            xs = grouped_bars(ax, groups, methods, ours, color)
-            blog = [(xs[(_label(r.experiment, r.dataset, multi), r.method)],
+            xs = grouped_bars(ax, list(panels.values()), sorted(set(g.method), key=art.rank), ours, color)
+            blog = [(xs[panels[r.experiment, r.dataset], r.method],
                      T.blog_first_token(r.dataset, t, T.blog_name(art, r.method))) for r in g.itertuples()]
             blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
             if len(blog):
@@ -234,8 +234,7 @@ MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
 def _position_ci(art: Artifacts, e: str, d: str, t: float, m: str, kind: str, K: int = 7, n_boot: int = 1000):
     """[(lo, hi)] per position k = 1..K (percent): hierarchical bootstrap of the pooled ratio (rounds with L >= k
     over rounds; conditional: over rounds with L >= k - 1)."""
-    g = art.runs
-    g = g[(g.experiment == e) & (g.dataset == d) & (g.temperature == t) & (g["mode"] == "natural") & (g.method == m)]
+    g = group(art, e, d, t, m)
     h = np.array([(list(x) + [0] * (K + 1))[:K + 1] for x in g["hist"]], float)  # [requests x units, K + 1]
     tail = np.cumsum(h[:, ::-1], 1)[:, ::-1]  # tail[:, j] = rounds accepting >= j
     out = []
@@ -254,26 +253,20 @@ def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
     P(L>=k | L>=k-1). The main rows (`main_methods`) each in its own colour and marker with the hierarchical
     bootstrap band; the other variants in `<kind>_supplementary_T<t>.png`. Blog curves (dashed, 35B T=1) are derived
     from its conditional rows where they exist."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
-        print(f"[report] skip {kind} figure: no data")
-        return []
+        return T.skip(f"{kind} figure", empty=[])
     fn = M.cumulative if kind == "cumulative" else M.conditional
     color = colors(art)
-    main = main_methods(art)
     blog_methods = [m for m in (art.spec.drafter_baseline, art.spec.blog_run) if m]
     paths = []
-    for part, pick in (("", lambda m: m in main), ("_supplementary", lambda m: m not in main)):
-        for t, g, multi in _per_temp(s[s.method.map(pick)]):
-            panels = list(dict.fromkeys(zip(g.experiment, g.dataset)))
+    for part, rows in _main_and_rest(art, s):
+        for t, g, panels in _per_temp(rows):
             ncol, nrow = min(3, len(panels)), math.ceil(len(panels) / 3)
             fig = Figure(figsize=(3.6 * ncol + 2.2, 3.1 * nrow + 0.5), layout="constrained")
             axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
-            legend = {}
-            for ax, (e, d) in zip(axes, panels):
-                rows = sorted(g[(g.experiment == e) & (g.dataset == d)].itertuples(), key=lambda r: art.rank(r.method))
-                for i, r in enumerate(rows):
+            for ax, ((e, d), label) in zip(axes, panels.items()):
+                for i, r in enumerate(_ranked(art, g[(g.experiment == e) & (g.dataset == d)])):
                     y = 100 * np.array(fn(r.hist))
                     x = np.arange(1, len(y) + 1)
                     c = CONTROL_COLOR if r.method in art.spec.controls and not part else color[r.method]
@@ -288,13 +281,12 @@ def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
                         y = 100 * (np.cumprod(c) if kind == "cumulative" else c)
                         ax.plot(range(1, 8), y, "--", color=color[m], alpha=0.6,
                                 label=f"blog {T.blog_name(art, m)} (35B, T=1)")
-                ax.set(title=f"{_label(e, d, multi)} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
-                legend.update(zip(*ax.get_legend_handles_labels()[::-1]))
+                ax.set(title=f"{label} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
             for ax in axes[len(panels):]:
                 ax.set_visible(False)
             for ax in axes[::ncol]:
                 ax.set_ylabel("cumulative P(L>=k) (%)" if kind == "cumulative" else "conditional P(L>=k | L>=k-1) (%)")
-            fig.legend(legend.values(), legend.keys(), loc="outside right upper", fontsize=7)
+            _legend(fig, *axes)
             fig.suptitle(("Main rows, bands: hierarchical bootstrap 95% CI" if not part else
                           "Supplementary: the other variants (main rows in the figure without this suffix)"),
                          fontsize=9)
@@ -314,8 +306,7 @@ def throughput(art: Artifacts) -> list[Path]:
     card. Server variants (`@`) are left to the table."""
     tp = T.throughput_table(art)
     if tp is None:
-        print("[report] skip throughput figure: no bench/throughput.csv")
-        return []
+        return T.skip("throughput figure", "no bench/throughput.csv", [])
     tp = tp[(tp.realization != "all") & ~tp.method.astype(str).str.contains("[@:+-]", regex=True)
             & (tp.method != "ar")]
     color, main = colors(art), art.spec.main_method
@@ -359,17 +350,20 @@ STAGE_COLORS = {"verify": "#7f7f7f", "drafter": "#ff7f0e", "drafter_ctx": "#bcbd
                 "blog_rest": "#c7c7c7"}
 
 
-def _stack(ax, rows: list[str], parts: dict[str, dict[str, float]], scale: float, total: dict[str, float]):
-    """Horizontal stacked bars: parts[method][segment] / scale, each segment in its colour and named."""
+def _stack(ax, df: pd.DataFrame, rows: list[str], stages, rest: str, scale: float, prefix: str = ""):
+    """Horizontal stacked bars, one per method of `rows` (ms per round by stage: `df`, columns `stages` and "round"):
+    its stages and the rest of its round (segment `rest`), each / scale in its colour and named, the round's total
+    written at its end."""
     for i, m in enumerate(rows):
+        timed = {st: float(df.loc[m].get(st, math.nan)) for st in stages}
         left = 0.0
-        for st, v in parts[m].items():
+        for st, v in {**timed, rest: float(df.loc[m, "round"]) - np.nansum(list(timed.values()))}.items():
             if not np.isfinite(v) or v <= 0:
                 continue
             ax.barh(i, v / scale, left=left, color=STAGE_COLORS[st], label=STAGE_NAMES[st])
             left += v / scale
-        ax.text(left, i, f" {total[m] / scale:.3f}", va="center", fontsize=7)
-    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.text(left, i, f" {float(df.loc[m, 'round']) / scale:.3f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), [prefix + m for m in rows], fontsize=8)
     ax.invert_yaxis()
     ax.margins(x=0.18)
 
@@ -381,8 +375,7 @@ def overhead(art: Artifacts) -> list[Path]:
     published) in ms in the last panel."""
     ov = art.overhead
     if ov is None or ov.empty:
-        print("[report] skip overhead figure: no bench/overhead.csv")
-        return []
+        return T.skip("overhead figure", "no bench/overhead.csv", [])
     trained = ov[(ov.realization >= 0) & ov.method.isin(art.spec.runs())] if "realization" in ov else ov.iloc[:0]
     dev = trained.device.fillna("") if "device" in trained else pd.Series("", index=trained.index)
     panels = []
@@ -398,27 +391,13 @@ def overhead(art: Artifacts) -> list[Path]:
     fig = Figure(figsize=(4.0 * n, 3.2), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False).ravel()
     for ax, (title, df, ar_ms) in zip(axes, panels):
-        rows = sorted(df.index, key=art.rank)
-        parts, total = {}, {}
-        for m in rows:
-            timed = {st: float(df.loc[m].get(st, math.nan)) for st in OVERHEAD_STAGES}
-            parts[m] = {**timed, "unattributed": float(df.loc[m, "round"]) - np.nansum(list(timed.values()))}
-            total[m] = float(df.loc[m, "round"])
-        _stack(ax, rows, parts, ar_ms, total)
+        _stack(ax, df, sorted(df.index, key=art.rank), OVERHEAD_STAGES, "unattributed", ar_ms)
         ax.axvline(1, color="k", ls="--", lw=0.8)
         ax.set(title=title, xlabel=f"AR steps per round (1 = {ar_ms:.2f} ms)")
-    ax = axes[-1]
-    rows = [m for m in ("dflash", "dmtp") if m in blog.index]
-    parts = {m: {"drafter": blog.loc[m].get("drafter", math.nan), "mtp": blog.loc[m].get("mtp", math.nan),
-                 "t1_prep": blog.loc[m].get("t1_prep", math.nan),
-                 "blog_rest": blog.loc[m, "round"] - np.nansum([blog.loc[m].get(x, math.nan)
-                                                                for x in ("drafter", "mtp", "t1_prep")])}
-             for m in rows}
-    _stack(ax, [f"blog {m}" for m in rows], {f"blog {m}": parts[m] for m in rows}, 1.0,
-           {f"blog {m}": float(blog.loc[m, "round"]) for m in rows})
-    ax.set(title="blog Code, batch 8 (35B, 4xH200)", xlabel="ms per round (no AR step published)")
-    handles = {h.get_label(): h for a in axes for h in a.get_legend_handles_labels()[0]}
-    fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", ncol=4, fontsize=7)
+    _stack(axes[-1], blog, [m for m in ("dflash", "dmtp") if m in blog.index], ("drafter", "mtp", "t1_prep"),
+           "blog_rest", 1.0, "blog ")
+    axes[-1].set(title="blog Code, batch 8 (35B, 4xH200)", xlabel="ms per round (no AR step published)")
+    _legend(fig, *axes, loc="outside lower center", ncol=4)
     fig.suptitle("Per-round time by stage against an AR step (trained models, median over realizations per card)",
                  fontsize=9)
     return [_save(art, fig, "overhead")]
@@ -427,7 +406,6 @@ def overhead(art: Artifacts) -> list[Path]:
 def ceiling(art: Artifacts) -> list[Path]:
     """Per T > 0: measured P(L>=j) per draft position for each run (seeds pooled) and the oracle ceiling C_j along
     the `ar` trajectory (black, dashed), one panel per dataset with a ceiling file."""
-    s = art.natural
     paths = []
     for t in sorted({t for _, t in (art.oracle or {}) if t > 0}):
         recs = sorted((ds, r) for (ds, tt), r in art.oracle.items() if tt == t)
@@ -435,8 +413,8 @@ def ceiling(art: Artifacts) -> list[Path]:
         fig = Figure(figsize=(4.2 * len(recs) + 1.8, 3.4), layout="constrained")
         axes = fig.subplots(1, len(recs), squeeze=False).ravel()
         for ax, (ds, rec) in zip(axes, recs):
-            g = s[(s.experiment == "ablation") & (s.dataset == ds) & (s.temperature == t) & (s.k > 0)]
-            for r in sorted(g.itertuples(), key=lambda r: art.rank(r.method)):
+            g = select(art.drafting, experiment="ablation", dataset=ds, temperature=t)
+            for r in _ranked(art, g):
                 y = 100 * np.array(M.cumulative(r.hist))
                 ax.plot(range(1, len(y) + 1), y, "o-", ms=3, color=color[r.method], label=r.method)
             C = 100 * np.array(rec["cumulative"], float)
@@ -446,9 +424,7 @@ def ceiling(art: Artifacts) -> list[Path]:
                    xticks=range(1, len(C) + 1))
         _legend(fig, axes[0])
         paths.append(_save(art, fig, f"ceiling_T{t:g}"))
-    if not paths:
-        print("[report] skip ceiling figure: no oracle file at T > 0")
-    return paths
+    return paths or T.skip("ceiling figure", "no oracle file at T > 0", [])
 
 
 def learning_curve(art: Artifacts) -> list[Path]:
@@ -456,8 +432,7 @@ def learning_curve(art: Artifacts) -> list[Path]:
     points with the seed x request 95% band, seeds as faint dots, native MTP as a horizontal line with its CI."""
     path = art.tables / "learning_curve.csv"
     if not path.exists() and T.learning_curve(art) is None:
-        print("[report] skip learning-curve figure: no curve/")
-        return []
+        return T.skip("learning-curve figure", "no curve/", [])
     df = pd.read_csv(path, dtype={"seed": str})
     color = colors(art)
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
@@ -493,26 +468,22 @@ def directions(art: Artifacts) -> list[Path]:
         return []
     s = art.natural[art.natural.method.isin(mine + refs)]
     color, paths = colors(art), []
-    for t, g, multi in _per_temp(s):
-        panels = list(dict.fromkeys(zip(g.experiment, g.dataset)))
+    for t, g, panels in _per_temp(s):
         fig = Figure(figsize=(3.8 * len(panels) + 2.4, 6.0), layout="constrained")
         axes = fig.subplots(2, len(panels), squeeze=False)
-        legend = {}
-        for j, (e, d) in enumerate(panels):
-            rows = sorted(g[(g.experiment == e) & (g.dataset == d)].itertuples(), key=lambda r: art.rank(r.method))
-            for i, r in enumerate(rows):
+        for j, ((e, d), label) in enumerate(panels.items()):
+            for i, r in enumerate(_ranked(art, g[(g.experiment == e) & (g.dataset == d)])):
                 h = np.asarray(r.hist, float)
                 style = dict(marker=MARKERS[i % len(MARKERS)], ms=3.5, lw=1.2, color=color[r.method],
                              ls="--" if r.method in refs else "-", label=r.method)
                 y = 100 * np.array(M.cumulative(list(r.hist)))
                 axes[0, j].plot(np.arange(1, len(y) + 1), y, **style)
                 axes[1, j].plot(np.arange(len(h)), 100 * h / max(h.sum(), 1), **style)
-            axes[0, j].set(title=f"{_label(e, d, multi)} (T={t:g})", xlabel="position k", ylim=(0, 100))
+            axes[0, j].set(title=f"{label} (T={t:g})", xlabel="position k", ylim=(0, 100))
             axes[1, j].set(xlabel="drafts accepted in a round (k)", ylim=(0, None))
-            legend.update(zip(*axes[0, j].get_legend_handles_labels()[::-1]))
         axes[0, 0].set_ylabel("cumulative P(L>=k) (%)")
         axes[1, 0].set_ylabel("rounds accepting exactly k (%)")
-        fig.legend(legend.values(), legend.keys(), loc="outside right upper", fontsize=7)
+        _legend(fig, *axes[0])
         fig.suptitle("The blog's closing directions (solid) beside MTP415, DFlash and DMTP (dashed); exploratory",
                      fontsize=9)
         paths.append(_save(art, fig, f"directions_T{t:g}"))

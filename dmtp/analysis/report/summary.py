@@ -26,9 +26,10 @@ from dmtp.analysis import stats as S
 from dmtp.analysis.ratios import speedup_goal
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import claims as C
+from dmtp.analysis.report import figures
 from dmtp.analysis.report import registered as REG
 from dmtp.analysis.report import tables as T
-from dmtp.analysis.report.data import Artifacts, summarize
+from dmtp.analysis.report.data import Artifacts, select, summarize
 from dmtp.config.engine import describe_variant
 
 
@@ -47,8 +48,7 @@ def direction(verdict: str) -> int:
 
 def acceptance_table(art: Artifacts, dataset: str) -> list[str]:
     """Compared rows x temperatures: acceptance length t [95% t-interval]; bootstrap [95% CI], units."""
-    s = art.natural
-    s = s[(s.experiment == "ablation") & (s.dataset == dataset)]
+    s = art.ablation(dataset)
     temps = sorted(set(s.temperature))
     rows = [m for m in art.spec.runs() if m in set(s.method)] + sorted(set(s.method) - set(art.spec.runs()))
     out = ["| method | group | realizations x seeds | " + " | ".join(f"T={t:g}" for t in temps) + " |",
@@ -89,10 +89,9 @@ def rankings(art: Artifacts, t: float, dataset: str) -> str:
     """The resolved orderings at T (the pairwise verdicts) and how many pairs are not resolved; where none is, the
     |t| Holm's first step needs at this family size and number of units (`holm_threshold`): a pair not resolved is
     not shown equal."""
-    path = art.tables / f"pairwise_T{t:g}.csv"
-    if not path.exists():
+    df = T.read_table(art, f"pairwise_T{t:g}")
+    if df is None:
         return ""
-    df = pd.read_csv(path)
     df = df[df.dataset == dataset]
     above: dict[str, list[str]] = {}  # winner -> the rows it is resolved above
     for r in df.itertuples():
@@ -158,9 +157,8 @@ def control_pairs(art: Artifacts) -> list[tuple[str, str, str]]:
 def ood_lines(art: Artifacts) -> list[str]:
     """Acceptance and first-token acceptance in and out of distribution (tables/ood.csv) and the gaps."""
     ood = art.ood or {}
-    r = art.runs
-    r = r[(r.experiment == "ablation") & (r.temperature == 0) & (r["mode"] == "natural") & (r.seed == 0)
-          & r.dataset.isin(["humaneval", *ood]) & r.method.isin({m for runs in ood.values() for m in runs})]
+    r = select(art.runs, experiment="ablation", temperature=0, mode="natural", seed=0, dataset=["humaneval", *ood],
+               method={m for runs in ood.values() for m in runs})
     if r.empty or not set(ood) & set(r.dataset):
         return []
     s = summarize(r, spec=art.spec)
@@ -204,10 +202,9 @@ def ceiling_lines(art: Artifacts) -> list[str]:
 
 
 def curve_lines(art: Artifacts) -> list[str]:
-    p = art.tables / "learning_curve.csv"
-    if not p.exists():
+    df = T.read_table(art, "learning_curve", dtype={"seed": str})
+    if df is None:
         return []
-    df = pd.read_csv(p, dtype={"seed": str})
     pooled = df[(df.seed == "all") & (df.method != "mtp")]
     out = []
     for m in sorted(set(pooled.method), key=art.rank):
@@ -216,8 +213,8 @@ def curve_lines(art: Artifacts) -> list[str]:
         out.append(f"- `{m}`: {ci(a.acceptance_length, a.lo, a.hi)} at {a.train_tokens / 1e6:.2f} M tokens → "
                    f"{ci(b.acceptance_length, b.lo, b.hi)} at {b.train_tokens / 1e6:.2f} M tokens "
                    f"({len(g)} budgets).")
-    inc = art.tables / "curve_increments.csv"
-    for r in (pd.read_csv(inc).itertuples() if inc.exists() else ()):
+    inc = T.read_table(art, "curve_increments")
+    for r in (inc.itertuples() if inc is not None else ()):
         resolved = r.p_holm < S.LEVEL and r.t_p_holm < S.LEVEL
         out.append(f"- `{r.method}`, the last increment (step {r.from_step} → {r.to_step}): "
                    f"{ci(r.diff, r.lo, r.hi, signed=True)} (bootstrap Holm p = {r.p_holm:.3g}, t over "
@@ -234,10 +231,9 @@ def curve_lines(art: Artifacts) -> list[str]:
 def gap_lines(art: Artifacts) -> list[str]:
     """The curve's two questions: does the gain over the drafter baseline shrink as the drafters mature, and where
     does the baseline meet the native MTP head (tables/curve_gaps.csv)."""
-    p = art.tables / "curve_gaps.csv"
-    if not p.exists():
+    df = T.read_table(art, "curve_gaps", dtype={"step": str})
+    if df is None:
         return []
-    df = pd.read_csv(p, dtype={"step": str})
     base, out = art.spec.drafter_baseline, []
     per = df[df.step != "change"].copy()
     per["k"] = per.step.astype(float)
@@ -280,10 +276,8 @@ def primary_lines(art: Artifacts, df: pd.DataFrame) -> list[str]:
                "exploratory" + (", with the one-sided test printed as a reading." if n > 1 else "."), ""]
         prim = df[df.claim.str.match(r"P[1-4] \(")]
     for r in prim.itertuples():
-        reading = getattr(r, "reading", "")
         out.append(f"- {C.claim_label(r.claim)}: {r.estimate:+.3f} acceptance length, t [{r.estimate_tlo:+.3f}, "
-                   f"{r.estimate_thi:+.3f}]: {r.verdict}" + (f"; {reading}" if isinstance(reading, str) and reading
-                                                            else "") + ".")
+                   f"{r.estimate_thi:+.3f}]: {r.verdict}{T.text_cell(getattr(r, 'reading', ''), '; ')}.")
     return out + ([""] if len(prim) else [])
 
 
@@ -296,9 +290,6 @@ def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[st
     (of a smoke run) says so before the count (`claims.one`)."""
     ex = df[df.family == C.EXPLORATORY]
     with_p = ex[ex.holm_p.notna()] if "holm_p" in ex else ex.iloc[:0]
-    label = lambda r: C.claim_label(r.claim) + ("" if "T = " in C.claim_label(r.claim)  # noqa: E731
-                                                else f" at T = {r.temperature:g}")
-    unit = lambda r: f" {r.unit}" if isinstance(r.unit, str) and r.unit else ""  # noqa: E731
     holm = lambda r: (f"; Holm p = {r.holm_p:.3g} over the {len(with_p)} exploratory rows"  # noqa: E731
                       if "holm_p" in ex and not pd.isna(r.holm_p) else "")
     against = ex[ex.verdict.str.contains("contrary")]
@@ -306,7 +297,8 @@ def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[st
     out = []
     if len(against):
         out += ["Against the blog (exploratory):", "",
-                *[f"- {label(r)} ({r.estimate:+.3f}{unit(r)}{holm(r)})." for r in against.itertuples()], ""]
+                *[f"- {C.label_at(r)} ({r.estimate:+.3f}{T.text_cell(r.unit, ' ')}{holm(r)})."
+                  for r in against.itertuples()], ""]
     kept = {w: ex[ex.verdict.str.contains(w) & (ex.holm_p < S.LEVEL)] if "holm_p" in ex else ex.iloc[:0]
             for w in ("consistent", "contrary")}
     point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
@@ -315,7 +307,7 @@ def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[st
             "at its own unadjusted 5 % level (correlated tests, several on the same runs); the rest are not "
             f"resolved. Read together (Holm over the {len(with_p)} rows with a p-value), "
             f"{point(len(kept['consistent']))} the blog's way and {len(kept['contrary'])} against it"
-            + "".join(f"; {w}: " + ", ".join(label(r) for r in g.itertuples())
+            + "".join(f"; {w}: " + ", ".join(C.label_at(r) for r in g.itertuples())
                       for w, g in kept.items() if 0 < len(g) <= NAMED)
             + ".")
     out += [said[:1].upper() + said[1:], ""]
@@ -354,12 +346,9 @@ def findings(art: Artifacts) -> list[str]:
     out = [*in_short(art, df), "## What was found", "", T.made_by(art), "", scope(art), "",
            "### The blog's claims and the control (tables/claims.csv)", "", who(art), "", *C.claims_lines(art, df),
            *[f"- {text}." for _, _, text in control_pairs(art)], ""]
-    heads = sorted(art.figures.glob("main_acceptance_T*.png"), key=lambda p: float(p.stem.rpartition("_T")[2]))
-    if heads:
-        out += [f"![{heads[0].stem}](figures/{heads[0].name})", ""]
+    out += figures.links(art, "main_acceptance_T*")[:2]  # the headline figure: the lowest temperature's
     for ds in prim:
-        s = art.natural
-        temps = sorted(set(s[(s.experiment == "ablation") & (s.dataset == ds)].temperature))
+        temps = sorted(set(art.ablation(ds).temperature))
         out += [f"### Acceptance length on `{ds}`", "", "Mode natural; incl. bonus; realizations and seeds pooled; "
                 "t [95% t-interval over the top level's units]; bootstrap [95% hierarchical bootstrap CI over "
                 "realizations, seeds and requests]:", "", *acceptance_table(art, ds), "",
@@ -394,8 +383,7 @@ def throughput_lines(art: Artifacts) -> list[str]:
     for r in own[(own.method == sp.main_method) & own.gain_pct.notna()].itertuples():
         bound = _decode_only(art, r.realization, r.batch_cap, sp.main_method, sp.drafter_baseline,
                              1 + r.per_verify_gain_pct / 100)
-        dev = getattr(r, "device", "")
-        on = f", {dev}" if isinstance(dev, str) and dev else ""
+        on = T.text_cell(getattr(r, "device", ""), ", ")
         out.append(f"- T={r.temperature:g}, B{r.batch_cap} ({r.realization}{on}, {r.n_repeats} timing repeat"
                    f"{'s' * (r.n_repeats != 1)} of one trained pair): `{sp.main_method}` {r.tok_per_s:.0f} tok/s, "
                    f"{r.speedup:.2f}x AR (repeats {r.speedup_lo:.2f}–{r.speedup_hi:.2f})." + workload_words(r)
@@ -472,10 +460,9 @@ def _other_device(r) -> str:
 
 
 def costmodel_lines(art: Artifacts) -> list[str]:
-    p = art.tables / "costmodel.csv"
-    if not p.exists():
+    df = T.read_table(art, "costmodel")
+    if df is None:
         return []
-    df = pd.read_csv(p)
     out = []
     m = df[df.kind == "predicted vs measured"]
     if "round_timed_at_cap" not in m:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,7 @@ from dmtp.analysis import reference as R
 from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, cube, group, missing_runs, paired_runs,
-                                       per_unit, pooled_hist)
+                                       per_unit, pooled_hist, select)
 from dmtp.config import GROUPS
 from dmtp.io import write_csv, write_text
 
@@ -94,17 +95,22 @@ def fmt(v, col: str) -> str:
     return f"{v:{'+' if signed else ''}.{2 if 'pct' in col or col.startswith('rel') else 3}f}"
 
 
-def to_markdown(df: pd.DataFrame) -> str:
-    """Markdown table; a column c with c_lo and c_hi beside it is printed as one cell "c [lo, hi]", and with c_tlo
-    and c_thi (its t-interval) as "c t [tlo, thi]; bootstrap [lo, hi]" (the t-interval first, as every report
-    prints a contrast)."""
+def text_cell(v, prefix: str = "") -> str:
+    """prefix + v for a non-empty text cell (empty text reads back from a CSV as nan), else ''."""
+    return f"{prefix}{v}" if isinstance(v, str) and v else ""
+
+
+def to_markdown(df: pd.DataFrame, fmt=fmt, open_interval: bool = True) -> str:
+    """Markdown table, cells written by `fmt`; a column c with c_lo and c_hi beside it is printed as one cell
+    "c [lo, hi]" (open_interval False: "c" alone where lo is nan), and with c_tlo and c_thi (its t-interval) as
+    "c t [tlo, thi]; bootstrap [lo, hi]" (the t-interval first, as every report prints a contrast)."""
     cols = [c for c in df.columns if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)
             and not (c.endswith(("_tlo", "_thi")) and c[:-4] in df.columns)]
     ci = {c for c in cols if c + "_lo" in df.columns and c + "_hi" in df.columns}
     tci = {c for c in cols if c + "_tlo" in df.columns and c + "_thi" in df.columns}
 
     def cell(row, c):
-        if pd.isna(row[c]) or c not in ci:
+        if pd.isna(row[c]) or c not in ci or not (open_interval or not pd.isna(row[c + "_lo"])):
             return fmt(row[c], c)
         boot = f"[{fmt(row[c + '_lo'], c)}, {fmt(row[c + '_hi'], c)}]"
         if c in tci and not pd.isna(row[c + "_tlo"]):
@@ -126,6 +132,19 @@ def save(art: Artifacts, name: str, df: pd.DataFrame, title: str, note: str = ""
     write_text(art.tables / f"{name}.md", f"### {title}\n\n" + (f"{head}\n\n" if head else "")
                + to_markdown(df.drop(columns=[c for c in csv_only if c in df])))
     return df
+
+
+def by_temperature(path: Path) -> tuple:
+    """Sort key of a table / figure file: its name with the temperature after _T read as a number (T0 < T0.6 < T1)."""
+    stem, _, rest = path.stem.partition("_T")
+    num = re.match(r"[0-9.]*[0-9]", rest)
+    return stem, float(num.group()) if num else -1.0, rest
+
+
+def read_table(art: Artifacts, name: str, **kw) -> pd.DataFrame | None:
+    """tables/<name>.csv as rendered (`kw`: pandas.read_csv's), None when absent: what the report's text reads."""
+    path = art.tables / f"{name}.csv"
+    return pd.read_csv(path, **kw) if path.exists() else None
 
 
 def note_items(note: str, longest: int = 300) -> str:
@@ -161,26 +180,32 @@ def made_by(art: Artifacts, what: str = "runs") -> str:
     return "Models: " + "; ".join(one(r) for r in art.realizations) + "." if art.realizations else ""
 
 
-def skip(what: str):
-    print(f"[report] skip {what}: no data")
+def skip(what: str, why: str = "no data", empty=None):
+    """Say that a table or figure is not rendered, and why; returns `empty` (what its renderer returns then)."""
+    print(f"[report] skip {what}: {why}")
+    return empty
 
 
-def _ci(row, col: str, name: str | None = None) -> dict:
-    """{name: row[col], name_lo, name_hi} (and name_tlo, name_thi where row has the t-interval)."""
-    name = name or col
-    out = {name: row[col], f"{name}_lo": row[f"{col}_lo"], f"{name}_hi": row[f"{col}_hi"]}
-    if f"{col}_tlo" in row:
-        out.update({f"{name}_tlo": row[f"{col}_tlo"], f"{name}_thi": row[f"{col}_thi"]})
-    return out
+def _ci(row, col: str, name: str | None = None, scale: float = 1) -> dict:
+    """{name: row[col], name_lo, name_hi} (and name_tlo, name_thi where row has the t-interval), each x `scale`."""
+    return {f"{name or col}{s}": scale * row[f"{col}{s}"] for s in ("", "_lo", "_hi", "_tlo", "_thi")
+            if s in ("", "_lo", "_hi") or f"{col}_tlo" in row}
+
+
+PAIRED = {"": "diff", "_lo": "lo", "_hi": "hi", "_tlo": "t_lo", "_thi": "t_hi", "_p": "p"}  # column suffix -> field
+BOOT = ("", "_lo", "_hi", "_p")  # the columns of a contrast read by its bootstrap alone
+
+
+def prefixed(r: dict, prefix: str, suffixes=tuple(PAIRED)) -> dict:
+    """`stats.paired` fields as table columns: prefix (the difference), _lo, _hi (bootstrap), _tlo, _thi (t at the
+    top level), _p (bootstrap), those of `suffixes`; nan where r lacks one."""
+    return {prefix + s: r.get(PAIRED[s], math.nan) for s in suffixes}
 
 
 def _paired(art, key, a: str, b: str, prefix: str) -> dict:
     """Paired difference a - b of per-request acceptance length over the realizations, seeds and requests both runs
-    have (data.paired_runs): prefix, _lo, _hi (bootstrap), _tlo, _thi (t at the top level), _p (bootstrap)."""
-    r = paired_runs(art, key, a, b) if a != b else {}
-    return {prefix: r.get("diff", math.nan), f"{prefix}_lo": r.get("lo", math.nan),
-            f"{prefix}_hi": r.get("hi", math.nan), f"{prefix}_tlo": r.get("t_lo", math.nan),
-            f"{prefix}_thi": r.get("t_hi", math.nan), f"{prefix}_p": r.get("p", math.nan)}
+    have (data.paired_runs), as the columns `prefixed` names."""
+    return prefixed(paired_runs(art, key, a, b) if a != b else {}, prefix)
 
 
 # --- tables ------------------------------------------------------------------------------------------------------
@@ -217,8 +242,7 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
                              **_paired(art, key, r.method, ref_m, f"vs_{ref_m}"),
                              **_paired(art, key, r.method, base_m, f"vs_{base_m}")})
         df = pd.DataFrame(rows)
-        order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
-        df = df.iloc[np.lexsort((df.temperature, df.method.map(order), df.table.map(GROUPS.index)))]
+        df = df.iloc[np.lexsort((df.temperature, art.order(df.method), df.table.map(GROUPS.index)))]
         note = ("Mode natural (stop at end-of-text or a HumanEval stop string): the acceptance table. "
                 if mode == "natural" else "MODE FIXED (end-of-text ignored, fixed length: the blog's throughput "
                 "setting; outputs may run into loops): not the acceptance table. ")
@@ -282,14 +306,11 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
 
 def first_token(art: Artifacts) -> pd.DataFrame | None:
     """First-token acceptance 1 - h[0]/sum h (percent) per dataset and method, hierarchical bootstrap CI."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
         return skip("first-token table")
-    df = s[["experiment", "dataset", "temperature", "method"]].copy()
-    for c in ("first_token", "first_token_lo", "first_token_hi"):
-        df[c.replace("first_token", "first_token_pct")] = 100 * s[c]
-    df["n_rounds"] = s.n_rounds
+    df = s[["experiment", "dataset", "temperature", "method"]].assign(**_ci(s, "first_token", "first_token_pct", 100),
+                                                                      n_rounds=s.n_rounds)
     df["blog_pct"] = [blog_first_token(d, t, blog_name(art, m)) for d, t, m in zip(s.dataset, s.temperature,
                                                                                    s.method)]
     return save(art, "first_token", df.reset_index(drop=True), "First-token acceptance (%)",
@@ -324,8 +345,7 @@ def directions(art: Artifacts) -> pd.DataFrame | None:
         for m in (m for m in mine if m in by.index):
             row = dict(zip(["experiment", "dataset", "temperature"], key), method=m, k=by.loc[m, "k"])
             row.update(_ci(by.loc[m], "acceptance_length"))
-            row.update({c.replace("first_token", "first_token_pct"): 100 * by.loc[m, c]
-                        for c in ("first_token", "first_token_lo", "first_token_hi")})
+            row.update(_ci(by.loc[m], "first_token", "first_token_pct", 100))
             for ref in (r for r in refs if r in by.index):
                 row.update(_paired(art, key, m, ref, f"vs_{ref}"))
             rows.append(row)
@@ -342,8 +362,7 @@ def directions(art: Artifacts) -> pd.DataFrame | None:
 def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """Cumulative P(L>=k) and conditional P(L>=k | L>=k-1), k = 1..7, in percent; the conditional table also
     carries the blog's rows (source = blog) for the workloads our datasets map to."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
         return skip("per-position tables")
     base = s[["experiment", "dataset", "temperature", "method", "n_rounds"]].reset_index(drop=True)
@@ -366,8 +385,7 @@ def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
 
 def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
     """Per-request mean acceptance length vs per-verify tau (pooled over all rounds), blog values beside."""
-    s = art.natural
-    s = s[s.k > 0] if len(s) else s
+    s = art.drafting
     if s.empty:
         return skip("per-request vs per-verify table")
     df = s[["experiment", "dataset", "temperature", "method", "n_requests", "n_rounds"]].copy()
@@ -417,10 +435,19 @@ def throughput_table(art: Artifacts) -> pd.DataFrame | None:
     df["blog_gain_pct"] = pct(df.blog_dmtp_tok_per_s, df.blog_dflash_tok_per_s)
     df["blog_per_verify_gain_pct"] = [R.blog_value("main", d, "dmtp_vs_dflash_pct") if a and not math.isnan(g)
                                       else math.nan for d, a, g in zip(df.dataset, at, df.blog_gain_pct)]
-    order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
-    df = df.iloc[np.lexsort((df.method.map(order), df.batch_cap, df.temperature, df.dataset,
+    df = df.iloc[np.lexsort((art.order(df.method), df.batch_cap, df.temperature, df.dataset,
                              df.realization == "all"))]
     return df.reset_index(drop=True)
+
+
+def main_gains(art: Artifacts, temperature: float | None = None) -> pd.DataFrame | None:
+    """Each realization's own rows of `throughput_table` (not the pooled "all") where the main method has a gain over
+    the drafter baseline, at T when given; None without a bench or a main method."""
+    tab = throughput_table(art)
+    if tab is None or not art.spec.main_method:
+        return None
+    df = tab[(tab.method == art.spec.main_method) & tab.gain_pct.notna() & (tab.realization != "all")]
+    return df if temperature is None else df[df.temperature == temperature]
 
 
 def throughput(art: Artifacts) -> pd.DataFrame | None:
@@ -553,15 +580,10 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
     rows = []
     for key, g in _groups(art, cols.values()):
         by = g.set_index("method")
-        row = dict(zip(["experiment", "dataset", "temperature"], key))
-        for c, m in cols.items():  # the value and its hierarchical bootstrap interval (printed "v [lo, hi]")
-            for suffix in ("", "_lo", "_hi"):
-                row[c + suffix] = by["acceptance_length" + suffix].get(m, math.nan)
-        row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
-        row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
-        for c in cols:  # the blog's table is at T=0
-            row[f"blog_{c}"] = R.blog_value("open_repro", key[1], blog_col.get(c, c)) if key[2] == 0 else math.nan
-        rows.append(row)
+        rows.append(_open_row(key, {c: [by["acceptance_length" + s].get(m, math.nan) for s in ("", "_lo", "_hi")]
+                                    for c, m in cols.items()},  # the blog's table is at T=0
+                              **{f"blog_{c}": R.blog_value("open_repro", key[1], blog_col.get(c, c)) if key[2] == 0
+                                 else math.nan for c in cols}))
         rows += _turn_rows(art, key, cols)
     if not rows:
         return skip("open-reproduction table")
@@ -577,22 +599,26 @@ def open_repro(art: Artifacts) -> pd.DataFrame | None:
 def _turn_rows(art: Artifacts, key: tuple, cols: dict[str, str]) -> list[dict]:
     """Rows of the open-reproduction layout for each turn of a multi-turn set (record ids "<question>:t<turn>"),
     each turn's requests alone; none for a single-turn set."""
-    g = art.runs
-    g = g[(g.experiment == key[0]) & (g.dataset == key[1]) & (g.temperature == key[2]) & (g["mode"] == "natural")]
+    g = select(art.runs, experiment=key[0], dataset=key[1], temperature=key[2], mode="natural")
     turn = g.id.astype(str).str.extract(TURN, expand=False)
     if turn.isna().any() or turn.nunique() < 2:
         return []
     out = []
     for t in sorted(turn.unique(), key=int):
-        row = dict(zip(["experiment", "dataset", "temperature"], key), turn=int(t))
-        for c, m in cols.items():
-            sub = g[(turn == t) & (g.method == m)]
-            ci = S.seed_request_ci(cube(sub), n_boot=2000) if len(sub) else (math.nan,) * 3
-            row.update(zip([c, c + "_lo", c + "_hi"], ci))
-        row["dmtp_d_vs_dflash_pct"] = pct(row["dmtp_d"], row["dflash"])
-        row["dmtp_d2_vs_dflash2_pct"] = pct(row["dmtp_d2"], row["dflash2"])
-        out.append(row)
+        subs = {c: g[(turn == t) & (g.method == m)] for c, m in cols.items()}
+        out.append(_open_row(key, {c: S.seed_request_ci(cube(x), n_boot=2000) if len(x) else (math.nan,) * 3
+                                   for c, x in subs.items()}, turn=int(t)))
     return out
+
+
+def _open_row(key: tuple, ci: dict[str, tuple], **extra) -> dict:
+    """A row of the open-reproduction layout: each column's value, lo, hi (`ci`), DMTP's gain on either backbone,
+    then `extra`."""
+    row = dict(zip(["experiment", "dataset", "temperature"], key))
+    for c, v in ci.items():  # the value and its hierarchical bootstrap interval (printed "v [lo, hi]")
+        row.update(zip([c, c + "_lo", c + "_hi"], v))
+    return dict(row, dmtp_d_vs_dflash_pct=pct(row["dmtp_d"], row["dflash"]),
+                dmtp_d2_vs_dflash2_pct=pct(row["dmtp_d2"], row["dflash2"]), **extra)
 
 
 TURN = r":t(\d+)$"  # MT-Bench record ids "<question_id>:t<turn>" (engine.runner.mtbench_generate)
@@ -634,8 +660,7 @@ def primary(art: Artifacts) -> list[str]:
 
 def compared(art: Artifacts, dataset: str, temperature: float) -> list[str]:
     """The pairwise-test rows present at (dataset, T): the spec's drafting baselines, main and control runs."""
-    s = art.natural
-    have = set(s[(s.experiment == "ablation") & (s.dataset == dataset) & (s.temperature == temperature)].method)
+    have = set(art.ablation(dataset, temperature).method)
     return [m for m in art.spec.compared if m in have]
 
 
@@ -681,8 +706,7 @@ def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] 
             continue
         df = pd.DataFrame([{
             "dataset": r["dataset"], "temperature": t, "a": r["a"], "b": r["b"], "a_value": r["a_value"],
-            "b_value": r["b_value"], "diff": r["diff"], "diff_lo": r["lo"], "diff_hi": r["hi"], "diff_tlo": r["t_lo"],
-            "diff_thi": r["t_hi"], "diff_p": r["p"], "t_p": r["t_p"], "holm_p": r["p_holm"],
+            "b_value": r["b_value"], **prefixed(r, "diff"), "t_p": r["t_p"], "holm_p": r["p_holm"],
             "holm_t_p": r["t_p_holm"], "t_level": r["t_level"], "n_units": r["n_units"],
             "n_realizations": len(r["signs"]), "sign_agree": sum(S.agree([x], r["diff"]) for x in r["signs"]),
             "by_realization": signs_text(r["signs"]), "verdict": r["verdict"], "n_seeds": r["n_seeds"],
@@ -706,11 +730,10 @@ def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] 
 def pair_row(art: Artifacts, a: str, b: str, t: float, dataset: str | None = None) -> dict | None:
     """The pairwise-table row of a vs b at T (either order; signs flipped to read a - b: each realization's own
     difference unrounded, from `realization_diffs`), or None."""
-    path = art.tables / f"pairwise_T{t:g}.csv"
-    if not path.exists():
+    df = read_table(art, f"pairwise_T{t:g}", keep_default_na=False, na_values=[""],
+                    dtype={"by_realization": str, "realization_diffs": str})
+    if df is None:
         return None
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"by_realization": str,
-                                                                         "realization_diffs": str})
     df = df[df.dataset == (dataset or primary(art)[0])] if len(df) else df
     for flip, (x, y) in ((1, (a, b)), (-1, (b, a))):
         r = df[(df.a == x) & (df.b == y)]
@@ -734,7 +757,6 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
     tau beside 1 + sum_j C_j; of_ceiling_pct = (tau - 1) / sum_j C_j in percent."""
     if not art.oracle:
         return skip("ceiling tables (no oracle/*.json)")
-    s = art.natural
     out = []
     for t in sorted({t for _, t in art.oracle if t > 0}):
         rows = []
@@ -743,7 +765,7 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
                 continue
             C = [float(c) for c in rec["cumulative"]]
             K = len(C)
-            g = s[(s.experiment == "ablation") & (s.dataset == ds) & (s.temperature == t) & (s.k > 0)]
+            g = select(art.drafting, experiment="ablation", dataset=ds, temperature=t)
             for r in g.itertuples():
                 cum = (list(100 * np.array(M.cumulative(r.hist))) + [math.nan] * K)[:K]
                 rows.append({"dataset": ds, "temperature": t, "source": "measured", "method": r.method,
@@ -819,25 +841,22 @@ def curve_gaps(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
         for k in have:
             g, b = cv[(cv.method == m) & (cv.step == k)], cv[(cv.method == base) & (cv.step == k)]
             units = {"m": per_unit(g), "b": per_unit(b), **({"mtp": per_unit(ref)} if len(ref) else {})}
-            mats = S.matrices(units)[0]
-            cells[k] = mats
+            cells[k] = mats = S.matrices(units)[0]
             row = {"method": m, "step": k, "train_tokens": g.train_tokens.mean(),
                    "acceptance_length": float(np.nanmean(mats["m"]))}
             if m != base:
                 r = S.paired(mats["m"], mats["b"], n_boot=n_boot)
-                row.update(vs_base=r["diff"], vs_base_lo=r["lo"], vs_base_hi=r["hi"], vs_base_p=r["p"],
-                           vs_base_pct=float(pct(np.nanmean(mats["m"]), np.nanmean(mats["b"]))))
+                row.update(prefixed(r, "vs_base", BOOT), vs_base_pct=float(pct(np.nanmean(mats["m"]),
+                                                                               np.nanmean(mats["b"]))))
             if "mtp" in mats:
-                r = S.paired(mats["m"], mats["mtp"], n_boot=n_boot)
-                row.update(vs_mtp=r["diff"], vs_mtp_lo=r["lo"], vs_mtp_hi=r["hi"], vs_mtp_p=r["p"])
+                row.update(prefixed(S.paired(mats["m"], mats["mtp"], n_boot=n_boot), "vs_mtp", BOOT))
             rows.append(row)
         if m != base and len(have) >= 2:
             a, b = cells[have[0]], cells[have[-1]]
             if a["m"].shape == b["m"].shape:  # the same cells at both budgets
                 r = S.paired(b["m"] - b["b"], a["m"] - a["b"], n_boot=n_boot)
                 change.append({"method": m, "step": "change", "from_step": have[0], "to_step": have[-1],
-                               "vs_base": r["diff"], "vs_base_lo": r["lo"], "vs_base_hi": r["hi"],
-                               "vs_base_p": r["p"], "t_p": r["t_p"], "t_level": r["t_level"]})
+                               **prefixed(r, "vs_base", BOOT), "t_p": r["t_p"], "t_level": r["t_level"]})
     if change:
         for key in ("vs_base_p", "t_p"):
             holm = S.holm(np.array([c[key] for c in change]))
@@ -880,8 +899,7 @@ def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
                          **dict(zip(["acceptance_length", "lo", "hi"], est)),
                          "n_requests": int((ref.n_rounds > 0).sum())})
     df = pd.DataFrame(rows)
-    order = {m: i for i, m in enumerate(sorted(set(df.method), key=art.rank))}
-    df = df.iloc[np.lexsort((df.seed == "all", df.train_tokens.fillna(-1), df.method.map(order)))]
+    df = df.iloc[np.lexsort((df.seed == "all", df.train_tokens.fillna(-1), art.order(df.method)))]
     return save(art, "learning_curve", df.reset_index(drop=True), "Learning curve (HumanEval, T=0, natural mode)",
                 "acceptance_length [lo, hi]: per-request mean incl. bonus; per seed (r<k>:<seed> with several "
                 "realizations) a bootstrap 95% CI over requests, seed 'all' the hierarchical CI over realizations, "

@@ -22,10 +22,11 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no display ba
 
 from dmtp.analysis import metrics as M
 from dmtp.analysis import stats
-from dmtp.analysis.report.data import check_complete, read_caveat, record_files
+from dmtp.analysis.report.data import check_complete, read_caveat, read_metas, read_optional, record_files
 from dmtp.analysis.report.figures import caveat_title
+from dmtp.analysis.report.tables import skip, to_markdown
 from dmtp.config import VERIFY_MODES
-from dmtp.io import iter_jsonl, read_json, write_csv, write_figure, write_text
+from dmtp.io import iter_jsonl, write_csv, write_figure, write_text
 
 MODES = list(VERIFY_MODES)  # verify modes in table order when the experiment names none
 HATCH = {"target": "", "sample": "//", "block": "xx"}
@@ -36,8 +37,7 @@ PAIRS = [("sample", "target"), ("block", "target"), ("block", "sample")]
 def order(root: Path) -> tuple[list[str], list[str]]:
     """(methods, verify modes) in the study's own order: the `verify` section of results/<profile>/experiment.json
     (the resolved profile the pipeline wrote); without one, no method order (by name) and MODES."""
-    path = Path(root) / "experiment.json"
-    v = read_json(path).get("verify", {}) if path.exists() else {}
+    v = read_optional(root, "experiment.json").get("verify", {})
     return list(v.get("methods", [])), list(v.get("modes", MODES))
 
 
@@ -193,16 +193,8 @@ def fmt(v, col: str) -> str:
 
 
 def markdown(df: pd.DataFrame) -> str:
-    """A column c with c_lo, c_hi beside it prints as "c [lo, hi]" (as "c" where the row has no interval)."""
-    cols = [c for c in df.columns if not (c.endswith(("_lo", "_hi")) and c[:-3] in df.columns)]
-    ci = {c for c in cols if f"{c}_lo" in df.columns}
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        cells = [fmt(r[c], c) + (f" [{fmt(r[c + '_lo'], c)}, {fmt(r[c + '_hi'], c)}]"
-                                 if c in ci and not pd.isna(r[c]) and not pd.isna(r[c + "_lo"]) else "")
-                 for c in cols]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """`tables.to_markdown` in this study's formats: "c [lo, hi]", "c" alone where the row has no interval."""
+    return to_markdown(df, fmt, open_interval=False)
 
 
 def figure(root: Path, s: pd.DataFrame, modes: list[str] = MODES) -> list[Path]:
@@ -261,25 +253,15 @@ def made_by(root: Path) -> str:
     """Which models and commit the study comes from: the commits its run meta files record and when they were
     written; said in bold when the runs are older than the realization's target or drafters (meta.json `written`):
     a study left from earlier models, which the pipeline's verify stage redoes."""
-    commits, stamps = {}, []
-    for m in sorted(Path(root, "verify", "runs").glob("*/*/*.meta.json")):
-        try:
-            meta = read_json(m)
-        except (OSError, ValueError):
-            continue
-        sha = str((meta.get("env") or {}).get("git_sha", "unknown"))
-        commits[sha] = commits.get(sha, 0) + 1
-        if meta.get("written"):
-            stamps.append(str(meta["written"]))
+    commits, _, stamps = read_metas(sorted(Path(root, "verify", "runs").glob("*/*/*.meta.json")))
     if not commits:
         return "Models: no recorded commit (the study's runs have no meta files beside them)."
-    shas = ", ".join(sorted(commits, key=lambda s: -commits[s]))
+    shas = ", ".join(c for c, _ in commits.most_common())
     when = f", written {min(stamps, key=_when)} to {max(stamps, key=_when)}" if stamps else ""
     line = f"Models: the study's runs at {shas}{when}."
     newer = []
     for what in ("target", "drafters"):
-        meta = Path(root, what, "meta.json")
-        w = str(read_json(meta).get("written", "")) if meta.exists() else ""
+        w = str(read_optional(root, what, "meta.json").get("written", ""))
         if w and stamps and _when(min(stamps, key=_when)) < _when(w):
             newer.append(f"its {what} (written {w})")
     if newer:
@@ -295,27 +277,25 @@ def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
     root = Path(root)
     runs, tp, orc = read(root)
     if runs.empty:
-        print("[report] skip verification study: no results/<profile>/verify runs")
-        return []
+        return skip("verification study", "no results/<profile>/verify runs", [])
     methods, modes = order(root)
     s = summary(runs, tp, orc, n_boot, methods, modes)
     pt = paired_tests(runs, 2 * n_boot, methods)
     tables = root / "tables"
     write_csv(tables / "verify.csv", s)
     write_csv(tables / "verify_paired.csv", pt)
-    show = s.drop(columns=["k"])
+    show, paired = markdown(s.drop(columns=["k"])), markdown(pt) if len(pt) else "no paired comparisons\n"
     n_rep = (tp.groupby(["method", "verify", "temperature", "batch_cap"]).size() if tp is not None and len(tp)
              else pd.Series(dtype=int))
     lo, hi = (int(n_rep.min()), int(n_rep.max())) if len(n_rep) else (0, 0)
     repeats = f"{lo}–{hi} timed repeats per cap" if lo != hi else f"{hi} timed repeat(s) per cap"
-    write_text(tables / "verify.md", markdown(show))
-    write_text(tables / "verify_paired.md", markdown(pt) if len(pt) else "no paired comparisons\n")
+    write_text(tables / "verify.md", show)
+    write_text(tables / "verify_paired.md", paired)
     figs = figure(root, s, modes)
-    note = ("the column is empty: the study has no `ar` x `target` runs to compute it along (no "
-            "verify/oracle.csv)"
-            if orc is None else ("ceiling: acceptance length of an idealised greedy drafter accepted at the "
-                                 "target's top-1 probability along the ar trajectory "
-                                 "(`dmtp.analysis.oracle.oracle_ceiling`), for target-only verification with k drafts"))
+    note = ("the column is empty: the study has no `ar` x `target` runs to compute it along (no verify/oracle.csv)"
+            if orc is None else "acceptance length of an idealised greedy drafter accepted at the target's top-1 "
+            "probability along the ar trajectory (`dmtp.analysis.oracle.oracle_ceiling`), for target-only "
+            "verification with k drafts")
     models = made_by(root)
     out = ["## Verification at T > 0: target-only vs speculative sampling vs block verification", "",
            *([models, ""] if models else []),
@@ -324,11 +304,10 @@ def render(root: Path, n_boot: int = 2000, href: str = "figures") -> list[str]:
             "`block`: the same drafts, block verification (Sun et al., ICLR 2025). All three emit the target's law "
             "(docs/DESIGN.md, tests/test_verify.py). Acceptance length and first-token acceptance with 95% request-"
             f"bootstrap intervals. Throughput: mean [min, max] over timed repeats (one repeat: its value alone; "
-            f"{repeats}). Ceiling: {note.removeprefix('ceiling: ')}."), ""]
+            f"{repeats}). Ceiling: {note}."), ""]
     out += findings(s, pt, runs)
     out += [f"![{p.stem}]({href}/{p.name})\n" for p in figs]
-    out += ["### Acceptance and throughput", "", markdown(show),
-            "### Paired tests (per request; Holm-adjusted per metric)", "",
-            markdown(pt) if len(pt) else "no paired comparisons\n"]
+    out += ["### Acceptance and throughput", "", show, "### Paired tests (per request; Holm-adjusted per metric)", "",
+            paired]
     print(f"[report] verification study: {len(s)} groups, {len(figs)} figures")
     return out
