@@ -67,6 +67,29 @@ def digests(work: Path, results: Path) -> dict[str, str]:
     return out
 
 
+def first_difference(a: Path, b: Path) -> str | None:
+    """Where two chains' targets part (`a`, `b`: their results/<profile>/<realization>/target folders): the first
+    logged step of pretraining, then of the unlikelihood step, whose values differ (`elapsed_s` aside), else the
+    held-out evaluation; None when every logged value agrees. A first difference at step 0 points at the forward
+    pass or the data, a later one at the backward pass or the optimizer."""
+    def read(d: Path, name: str):
+        return json.loads((d / name).read_text()) if (d / name).exists() else None
+
+    for name in ("pretrain_history.json", "unloop_history.json"):
+        for ra, rb in zip(read(a, name) or [], read(b, name) or []):
+            diff = [f"{k} {v!r} vs {rb.get(k)!r}" for k, v in ra.items() if k != "elapsed_s" and rb.get(k) != v]
+            if diff:
+                return f"{name.split('_')[0]} step {ra.get('step')}: {', '.join(diff)}"
+    ha, hb = read(a, "heldout.json") or {}, read(b, "heldout.json") or {}
+    for part in ("before_unloop", None):
+        xa, xb = (ha.get(part, {}), hb.get(part, {})) if part else (ha, hb)
+        diff = [f"{k} {v!r} vs {xb.get(k)!r}" for k, v in xa.items() if isinstance(v, float) and "_s" not in k
+                and xb.get(k) != v]
+        if diff:
+            return f"held-out evaluation{' before the unlikelihood step' if part else ''}: {', '.join(diff)}"
+    return None
+
+
 def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> list[dict]:
     """K chains at once; per chain its stage times, wall time and output digests."""
     procs = []
@@ -86,7 +109,8 @@ def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> li
         rc = p.returncode
         wall = time.perf_counter() - t0
         write_text(d / "log.txt", text)
-        row = {"k": k, "chain": i, "wall_s": round(wall, 1), **({"tag": tag} if tag else {})}
+        row = {"k": k, "chain": i, "wall_s": round(wall, 1), "target": str(d / "results" / sub / "target"),
+               **({"tag": tag} if tag else {})}
         if rc:  # recorded, and the other counts still run: e.g. K chains that do not fit the card's memory
             err = next((x for x in reversed(text.splitlines()) if "error" in x), f"exit {rc}")[:300]
             print(f"{tag or f'K={k}'} chain {i} failed (exit {rc}): {err}", flush=True)
@@ -131,6 +155,8 @@ def main(argv=None):
     for r in rows:
         r["differs"] = [] if "failed" in r else sorted(x for x in set(ref["digests"]) | set(r["digests"])
                               if ref["digests"].get(x) != r["digests"].get(x))
+        if r["differs"]:
+            r["first_difference"] = first_difference(Path(ref["target"]), Path(r["target"]))
     summary = []
     for k in ks:
         mine = [r for r in rows if r["k"] == k and "tag" not in r]
@@ -161,8 +187,12 @@ def main(argv=None):
     print(f"outputs compared per chain: {n}; differing: "
           + ("; ".join(f"{label(r)}: {len(r['differs'])} ({r['differs'][:3]})"
                        for r in rows if r["differs"]) or "none"))
+    for r in rows:
+        if r.get("first_difference"):
+            print(f"{label(r)} parts from the lone chain at the {r['first_difference']}")
     return {"summary": summary, "differing": {label(r): r["differs"] for r in rows if r["differs"]},
-            "failed": {label(r): r["failed"] for r in rows if "failed" in r}}
+            "failed": {label(r): r["failed"] for r in rows if "failed" in r},
+            "first_difference": {label(r): r["first_difference"] for r in rows if r.get("first_difference")}}
 
 
 def label(r: dict) -> str:

@@ -7,6 +7,7 @@ process keeps the card busy — the tests that say whether two realizations' cha
 
     python -m pytest -q tests/test_load_independence.py        # on one H100/H200: about 10 min
 """
+import json
 import subprocess
 import sys
 import time
@@ -193,6 +194,29 @@ def _drafter_weights(tmp, kernels: str, device: str = "cuda", compile: str = "on
             for k, v in d.state_dict().items()}
 
 
+def test_chains_check_names_the_first_logged_step_where_two_targets_part(tmp_path):
+    """Two chains' target folders: the first pretraining (then unlikelihood) step whose logged values differ, timings
+    aside; else the held-out evaluation; None when all agree."""
+    from experiments.chains_check import first_difference
+
+    def chain(name, losses, ul=(0.5,), heldout=1.25):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "pretrain_history.json").write_text(json.dumps(
+            [{"step": i, "loss": x, "elapsed_s": 1.0 + i + len(name)} for i, x in enumerate(losses)]))
+        (d / "unloop_history.json").write_text(json.dumps([{"step": i, "ul": x} for i, x in enumerate(ul)]))
+        (d / "heldout.json").write_text(json.dumps({"target_loss": heldout, "unloop_s": 9.0 + len(name),
+                                                     "before_unloop": {"target_loss": 2.0}}))
+        return d
+
+    a = chain("a", [9.0, 5.0, 4.0])
+    assert first_difference(a, chain("same", [9.0, 5.0, 4.0])) is None
+    assert first_difference(a, chain("b", [9.0, 5.5, 4.5])) == "pretrain step 1: loss 5.0 vs 5.5"
+    assert first_difference(a, chain("c", [9.0, 5.0, 4.0], ul=(0.25,))) == "unloop step 0: ul 0.5 vs 0.25"
+    assert first_difference(a, chain("d", [9.0, 5.0, 4.0], heldout=1.5)) == \
+        "held-out evaluation: target_loss 1.25 vs 1.5"
+
+
 def test_the_training_helper_runs_and_is_bit_reproducible_on_cpu(tmp_path):
     """The GPU test's helper end to end on CPU (eager: Inductor's CPU compile is minutes here): two runs, equal bits."""
     a = _drafter_weights(tmp_path / "a", "fixed", "cpu", "off")
@@ -225,9 +249,9 @@ def test_two_processes_pretrain_the_same_target(tmp_path):
 
     res = chains_check.main(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--k", "1",
                              "--stages", "target", "--set", "pretrain.tokens=2000000",
-                             "--set", "pretrain.unloop_steps=10"])
+                             "--set", "pretrain.unloop_steps=10", "--set", "pretrain.log_every=1"])
     assert not res["failed"], res["failed"]
-    assert not res["differing"], res["differing"]
+    assert not res["differing"], (res["first_difference"], res["differing"])
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
