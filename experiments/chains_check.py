@@ -14,7 +14,10 @@ stage, seconds) and prints a table: per K the median stage time over its chains,
 the chains whose outputs differ from the lone chain's. An untimed lone chain runs first (`--no-warm-up`: none), so K =
 1 is not charged the compiles the later chains read from the cache; its outputs are compared as well. A chain that
 fails (e.g. K chains that do not fit the card's memory) is recorded with its error line and the other counts still
-run. Exit status 0 only when every chain finished with the lone chain's outputs.
+run. A chain whose outputs differ is told where its target parted from the lone chain's (the first logged training
+step whose values differ: `--set pretrain.log_every=1` for every step), and every op PyTorch's warn-only mode reported
+as without a deterministic algorithm is printed. Exit status 0 only when every chain finished with the lone chain's
+outputs.
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ SLICE = {  # a reduced chain of the profile: every stage, each a minute or less 
               "eval.subsets={}"],
 }
 STAGES = ("target", "data", "drafters", "eval")
+NONDETERMINISTIC = re.compile(r"[^\n]*(does not have a deterministic implementation|defaults to a non-deterministic"
+                              r" algorithm)[^\n]*")  # PyTorch's warnings in warn-only deterministic mode
 RECORD_KEYS = ("id", "output_ids", "accepted", "stop_reason")  # what a record says was decoded (no timings)
 
 
@@ -117,6 +122,9 @@ def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> li
             out.append(dict(row, stages={}, failed=err, digests={}))
             continue
         times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stage (\w+) done in ([\d.]+)s", text)}
+        row["nondeterministic"] = sorted({m.group(0).strip()[:200] for m in NONDETERMINISTIC.finditer(text)})
+        for line in row["nondeterministic"]:  # PyTorch's warn-only mode names each op it could not make deterministic
+            print(f"{tag or f'K={k}'} chain {i} warned: {line}", flush=True)
         out.append(dict(row, stages=times, digests=digests(d / "work", d / "results")))
         print(f"{tag or f'K={k}'} chain {i}: {wall:.0f} s ({', '.join(f'{s} {t:.0f}' for s, t in times.items())})", flush=True)
     return out
@@ -192,7 +200,8 @@ def main(argv=None):
             print(f"{label(r)} parts from the lone chain at the {r['first_difference']}")
     return {"summary": summary, "differing": {label(r): r["differs"] for r in rows if r["differs"]},
             "failed": {label(r): r["failed"] for r in rows if "failed" in r},
-            "first_difference": {label(r): r["first_difference"] for r in rows if r.get("first_difference")}}
+            "first_difference": {label(r): r["first_difference"] for r in rows if r.get("first_difference")},
+            "warned": {label(r): r["nondeterministic"] for r in rows if r.get("nondeterministic")}}
 
 
 def label(r: dict) -> str:

@@ -251,7 +251,7 @@ def test_two_processes_pretrain_the_same_target(tmp_path):
                              "--stages", "target", "--set", "pretrain.tokens=2000000",
                              "--set", "pretrain.unloop_steps=10", "--set", "pretrain.log_every=1"])
     assert not res["failed"], res["failed"]
-    assert not res["differing"], (res["first_difference"], res["differing"])
+    assert not res["differing"], (res["first_difference"], res["warned"], res["differing"])
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
