@@ -240,14 +240,15 @@ def test_drafter_training_with_fixed_kernels_is_the_same_alone_and_under_load(tm
 
 
 @cuda
-@cuda
 def test_two_processes_pretrain_the_same_target(tmp_path):
-    """`dmtp pipeline --stage target` twice on the same corpus and tokenizer, each in a process of its own, the first
-    compiling into an empty cache and the second reading it (`experiments/chains_check.py --k 1 --stages target`, a
-    reduced `mini`: 2 M tokens, 10 unlikelihood steps): the target's and MTP head's weights are the same bits."""
+    """`dmtp pipeline --stage target` on the same corpus and tokenizer in processes of their own: the first compiling
+    into an empty cache, the second reading it alone, then two at once (`experiments/chains_check.py --k 1,2 --stages
+    target`, a reduced `mini`: 2 M tokens, 10 unlikelihood steps, every step logged): the target's and MTP head's
+    weights are the same bits in all four. A failure names which chains differ (the cold one alone: the compiler; all:
+    the kernels), the first logged step where each parted and the ops PyTorch warned about."""
     from experiments import chains_check
 
-    res = chains_check.main(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--k", "1",
+    res = chains_check.main(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--k", "1,2",
                              "--stages", "target", "--set", "pretrain.tokens=2000000",
                              "--set", "pretrain.unloop_steps=10", "--set", "pretrain.log_every=1"])
     assert not res["failed"], res["failed"]
