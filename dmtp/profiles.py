@@ -13,6 +13,7 @@ import argparse
 from dataclasses import replace
 
 from dmtp.config import PaperScale, PretrainConfig, Profile, TargetArch, TrainConfig
+from dmtp.checks import require
 from dmtp.config.ablation import code, open_reproduction
 from dmtp.experiment import check_models
 from dmtp.schema import derive, override
@@ -152,8 +153,7 @@ def check_made_for(p: Profile, cfg, target: str, hint: str = "") -> None:
         return
     made = {k: p.scale.target_config[k] for k in ("hidden_size", "vocab_size")}
     got = {k: getattr(cfg, k, None) for k in made}
-    if made != got:
-        raise ValueError(f"--profile {p.name} is made for a target of {made} (its config); {target} has {got}{hint}")
+    require(made == got, f"--profile {p.name} is made for a target of {made} (its config); {target} has {got}{hint}")
 
 
 # OpenPerfectBlend (mlabonne/open-perfectblend) conversations: the training prompt count used to size `train.steps`

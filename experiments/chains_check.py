@@ -74,7 +74,7 @@ def digests(work: Path, results: Path) -> dict[str, str]:
 
 def first_difference(a: Path, b: Path) -> str | None:
     """Where two chains' targets part (`a`, `b`: their results/<profile>/<realization>/target folders): the first
-    logged step of pretraining, then of the unlikelihood step, whose values differ (`elapsed_s` aside), else the
+    logged step of pretraining, then of the unlikelihood step, whose values differ (timings, `*_s`, aside), else the
     held-out evaluation; None when every logged value agrees. A first difference at step 0 points at the forward
     pass or the data, a later one at the backward pass or the optimizer."""
     def read(d: Path, name: str):
@@ -82,13 +82,13 @@ def first_difference(a: Path, b: Path) -> str | None:
 
     for name in ("pretrain_history.json", "unloop_history.json"):
         for ra, rb in zip(read(a, name) or [], read(b, name) or []):
-            diff = [f"{k} {v!r} vs {rb.get(k)!r}" for k, v in ra.items() if k != "elapsed_s" and rb.get(k) != v]
+            diff = [f"{k} {v!r} vs {rb.get(k)!r}" for k, v in ra.items() if not k.endswith("_s") and rb.get(k) != v]
             if diff:
                 return f"{name.split('_')[0]} step {ra.get('step')}: {', '.join(diff)}"
     ha, hb = read(a, "heldout.json") or {}, read(b, "heldout.json") or {}
     for part in ("before_unloop", None):
         xa, xb = (ha.get(part, {}), hb.get(part, {})) if part else (ha, hb)
-        diff = [f"{k} {v!r} vs {xb.get(k)!r}" for k, v in xa.items() if isinstance(v, float) and "_s" not in k
+        diff = [f"{k} {v!r} vs {xb.get(k)!r}" for k, v in xa.items() if isinstance(v, float) and not k.endswith("_s")
                 and xb.get(k) != v]
         if diff:
             return f"held-out evaluation{' before the unlikelihood step' if part else ''}: {', '.join(diff)}"
@@ -114,19 +114,20 @@ def run_k(k: int, a, base: Path, sub: str, sets: list[str], tag: str = "") -> li
         rc = p.returncode
         wall = time.perf_counter() - t0
         write_text(d / "log.txt", text)
+        name = f"{tag or f'K={k}'} chain {i}"
         row = {"k": k, "chain": i, "wall_s": round(wall, 1), "target": str(d / "results" / sub / "target"),
                **({"tag": tag} if tag else {})}
         if rc:  # recorded, and the other counts still run: e.g. K chains that do not fit the card's memory
             err = next((x for x in reversed(text.splitlines()) if "error" in x), f"exit {rc}")[:300]
-            print(f"{tag or f'K={k}'} chain {i} failed (exit {rc}): {err}", flush=True)
+            print(f"{name} failed (exit {rc}): {err}", flush=True)
             out.append(dict(row, stages={}, failed=err, digests={}))
             continue
         times = {m.group(1): float(m.group(2)) for m in re.finditer(r"stage (\w+) done in ([\d.]+)s", text)}
         row["nondeterministic"] = sorted({m.group(0).strip()[:200] for m in NONDETERMINISTIC.finditer(text)})
         for line in row["nondeterministic"]:  # PyTorch's warn-only mode names each op it could not make deterministic
-            print(f"{tag or f'K={k}'} chain {i} warned: {line}", flush=True)
+            print(f"{name} warned: {line}", flush=True)
         out.append(dict(row, stages=times, digests=digests(d / "work", d / "results")))
-        print(f"{tag or f'K={k}'} chain {i}: {wall:.0f} s ({', '.join(f'{s} {t:.0f}' for s, t in times.items())})", flush=True)
+        print(f"{name}: {wall:.0f} s ({', '.join(f'{s} {t:.0f}' for s, t in times.items())})", flush=True)
     return out
 
 
