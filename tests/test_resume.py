@@ -254,16 +254,19 @@ def test_ctrl_c_during_a_state_save_leaves_the_state_before_it(ckpt, tmp_path):
     assert "3 steps" in (out / "dflash" / "DONE").read_text()
 
 
-# each rank's exit status, as the rank itself ends (torchrun does not report the statuses of ranks it stopped)
+# each rank's exit status, as the rank itself ends (torchrun does not report the statuses of ranks it stopped), through
+# the command's own way out of a rank (`run_as_command`: os._exit once the command has ended)
 RANK_EXIT = """
 import os, sys
-from dmtp.cli.main import main
-try:
-    main(sys.argv[2:])
-except SystemExit as e:
-    with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
-        f.write(str(e.code))
-    raise
+from dmtp.cli import main as cli
+
+_exit, here = os._exit, sys.argv.pop(1)
+def exit_noting(code):
+    with open(os.path.join(here, "rank" + os.environ["RANK"]), "w") as f:
+        f.write(str(code))
+    _exit(code)
+os._exit = exit_noting
+cli.run_as_command()
 """
 
 
