@@ -47,6 +47,8 @@ def test_fixed_kernels_are_a_typed_setting_applied_on_cuda_only():
     with kernel_choices("fixed", torch.device("cuda")):  # the settings themselves need no device
         assert torch._inductor.config.deterministic is True and torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()  # its backward is not checked (`kernel_choices`)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
     with kernel_choices("default", torch.device("cuda")):
         assert torch._inductor.config.deterministic == before and not torch.are_deterministic_algorithms_enabled()
     assert torch._inductor.config.deterministic == before and not torch.are_deterministic_algorithms_enabled()
@@ -167,6 +169,34 @@ def test_fixed_kernels_give_the_same_bits_under_load():
         loaded = _compiled_out("fixed", SHAPES)
     for a, b, s in zip(alone, loaded, SHAPES):
         assert torch.equal(a, b), f"fixed kernels differ under load at shape {s}"
+
+
+@cuda
+@pytest.mark.parametrize("shape", [(16, 4, 256, 32), (8, 6, 512, 64)])  # mini's target; a wider one, 4 key blocks
+def test_attention_under_fixed_kernels_leaves_cudnn_and_repeats_its_gradients(shape):
+    """Scaled-dot-product attention chooses its kernel in the forward pass: under the fixed kernel choices not cuDNN's
+    (whose backward is not checked), and three forward-backward passes give the same gradients, bit for bit. The
+    choice made outside them is printed (cuDNN where this build prefers it)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    from dmtp.training.common import backward
+
+    B, H, S, D = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+
+    def grads():
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        backward(F.scaled_dot_product_attention(*x, is_causal=True).float().square().sum())
+        return [t.grad for t in x]
+
+    print(f"attention {shape}: {SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True)).name} by default")
+    with kernel_choices("fixed", "cuda"):
+        assert SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True)) != SDPBackend.CUDNN_ATTENTION
+        first, *again = [grads() for _ in range(3)]
+    for other in again:
+        assert all(torch.equal(a, b) for a, b in zip(first, other)), f"attention's gradients differ at {shape}"
 
 
 def _drafter_weights(tmp, kernels: str, device: str = "cuda", compile: str = "on") -> dict[str, torch.Tensor]:

@@ -36,7 +36,10 @@ def kernel_choices(flag: str, device):
     launch settings, a matmul's padding) and PyTorch's deterministic algorithms (no atomic adds in a backward pass:
     an embedding's or a scatter's gradient summed in a fixed order), so a run's weights are a function of its inputs
     alone, whatever else runs on the card. In the forward passes an op without a deterministic form warns; the
-    backward passes (`backward`) are strict. "default" (and any CPU run) changes nothing."""
+    backward passes (`backward`) are strict. cuDNN attention is off: scaled-dot-product attention chooses its kernel
+    in the forward pass, and warn-only mode lets it choose cuDNN's (its first choice on sm90/sm100 with cuDNN 9.15.1
+    or later), whose backward sums in arrival order and is not checked when the backward runs; strict mode excludes it
+    at that choice alone. "default" (and any CPU run) changes nothing."""
     if flag not in KERNEL_CHOICES:
         raise ValueError(f"kernels={flag!r}: expected one of {', '.join(KERNEL_CHOICES)}")
     if flag != "fixed" or torch.device(device).type != "cuda":
@@ -48,12 +51,15 @@ def kernel_choices(flag: str, device):
 def _deterministic():
     deterministic_cublas()
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         with torch._inductor.config.patch(deterministic=True):
             yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
 
 
 def backward(loss: torch.Tensor) -> None:
