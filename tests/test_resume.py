@@ -287,8 +287,10 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.parametrize("who", ["launcher", "ranks"])
 def test_ctrl_c_under_torchrun_exits_130_on_every_rank(ckpt, tmp_path, who):
     """Ctrl-C at a 2-rank `dmtp.cli.torchrun` training: a terminal's SIGINT reaches the launcher alone (torch's agent
-    passes it on), a scheduler's may reach the ranks themselves. Either way every rank exits 130, the launcher too,
-    and the whole run prints one line, no traceback."""
+    passes it on), a scheduler's may reach the ranks themselves. Either way the launcher exits 130 and the whole run
+    prints one line, no traceback. Every rank that ends by itself exits 130; a rank still inside a collective when the
+    other has ended may instead be stopped by the agent's SIGTERM, which the launcher counts as interrupted
+    (`interrupted_status`)."""
     import signal
     import time
 
@@ -313,7 +315,8 @@ def test_ctrl_c_under_torchrun_exits_130_on_every_rank(ckpt, tmp_path, who):
     finally:
         p.kill()
     assert p.returncode == 130, err[-3000:]
-    assert {f.name: f.read_text() for f in tmp_path.glob("rank[0-9]")} == {"rank0": "130", "rank1": "130"}
+    ended = {f.name: f.read_text() for f in tmp_path.glob("rank[0-9]")}
+    assert ended and set(ended) <= {"rank0", "rank1"} and set(ended.values()) == {"130"}, ended
     assert "Traceback" not in err and [x for x in err.splitlines() if "interrupt" in x.lower()] == [
         f"dmtp train: {INTERRUPTED}"], err[-3000:]
 
