@@ -4,12 +4,10 @@
     dmtp land /shared/mini.tgz [--results results] [--partial]               # here: the archive into results/
 
 The archive is a gzipped tar of `results/<folder>` (`<profile>` or `<profile>/r<k>`) holding `pipeline.json`, the
-state of the run that packed it (stages done, skipped or stopped; `finished`). It is rewritten whole, through a
-temporary file, after every stage, so a job killed at its time limit leaves the archive of its last finished stage.
-`land` copies the folder into `results/` where no folder of that name exists (a finished realization is never
-overwritten; a run packed as `<profile>` lands beside its own earlier partial landings, `<profile>/partial/`), gzips its records (`.jsonl.gz`, as committed realizations are kept) and renders its REPORT.md. An archive
-of a run that had not finished is refused unless `--partial`, which lands it apart, as `<profile>/partial/...`, where
-the pooled report never reads it.
+state of the run that packed it. It is rewritten whole after every stage, so a job killed at its time limit leaves
+the archive of its last finished stage. `land` copies the folder into `results/` where no folder of that name exists
+(a landed run is never overwritten), gzips its records and renders its REPORT.md. An unfinished run is refused
+unless `--partial`, which lands it as `<profile>/partial/...`, where the pooled report never reads it.
 """
 from __future__ import annotations
 
@@ -72,9 +70,8 @@ def _status_folder(root: Path, archive: Path) -> tuple[str, dict]:
 
 
 def _destination(results: Path, name: str, run: Path) -> Path:
-    """results/<name>, where the run may land: every folder on the way a folder (a symlink to one is followed; a
-    dangling symlink or a file is named), and the destination new, or the folder of this run's partial landings
-    alone (`<profile>/partial/`, which a run packed as `<profile>` lands beside)."""
+    """results/<name>, where the run may land: every folder on the way a folder (or a symlink to one), and the
+    destination new, or holding only `partial/` (a run packed as `<profile>` lands beside its partial landings)."""
     dest = results / name
     for q in [results / Path(*Path(name).parts[:i]) for i in range(1, len(Path(name).parts) + 1)]:
         if q.is_symlink() and not q.exists():
@@ -108,19 +105,16 @@ def land(archive: Path, results: Path, partial: bool = False, report: bool = Tru
                              "to finish it, or land it apart with --partial")
             profile, _, rest = folder.partition("/")
             dest_name = f"{profile}/partial/{rest or 'r0'}"
-        dest = _destination(results, dest_name, Path(tmp) / folder)
         src = Path(tmp) / folder
-        if dest.is_dir():  # the folder of this run's earlier partial landings: the run lands beside them
-            for entry in sorted(src.iterdir()):
-                if entry.is_dir():
-                    with atomic_dir(dest / entry.name) as staged:
-                        shutil.copytree(entry, staged, dirs_exist_ok=True)
-                else:
-                    with atomic_path(dest / entry.name) as staged:
-                        shutil.copy2(entry, staged)
-        else:
-            with atomic_dir(dest) as staged:
-                shutil.copytree(src, staged, dirs_exist_ok=True)
+        dest = _destination(results, dest_name, src)
+        # into the folder of this run's earlier partial landings: beside them, entry by entry
+        for entry, to in [(e, dest / e.name) for e in sorted(src.iterdir())] if dest.is_dir() else [(src, dest)]:
+            if entry.is_dir():
+                with atomic_dir(to) as staged:
+                    shutil.copytree(entry, staged, dirs_exist_ok=True)
+            else:
+                with atomic_path(to) as staged:
+                    shutil.copy2(entry, staged)
     plain = sorted(p for d in ("runs", "curve", "verify") for p in (dest / d).glob("**/*.jsonl"))
     for p in plain:
         compact(p)

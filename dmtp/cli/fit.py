@@ -1,9 +1,8 @@
-"""The fit check of the training stage (`dmtp train`, the pipeline's drafters stage, `dmtp reproduce`): before any
-weight is loaded, the memory model (`dmtp.memory`) on the target's config and the drafters' shapes (built on the meta
-device) plans the loop's setting on the GPUs: it chooses what the configuration leaves to it (`TrainConfig.micro_batch`
-0: the per-GPU micro-batch, hence the accumulation that reaches the global batch; `shard_target`, `grad_sync`
-"auto"; the drafter groups of `dmtp reproduce`), and refuses a setting that cannot fit in one line with the numbers
-and what would fit."""
+"""The fit check of drafter training (`dmtp train`, the pipeline's drafters stage, `dmtp reproduce`): before any
+weight loads, the memory model (`dmtp.memory`) plans the training on the GPUs from the target's config and the
+drafters' shapes. It chooses what the configuration leaves to it (`micro_batch` 0, `shard_target` and `grad_sync`
+"auto", the drafter groups of `dmtp reproduce`) and refuses, in one line with the numbers and what would fit, a
+setting that cannot fit."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -23,19 +22,14 @@ def modelled(target_config) -> bool:
 def fit_training(target_config: dict, configs: list[DrafterConfig], cfg: TrainConfig, world: int,
                  gpu_bytes: int) -> tuple[TrainConfig, str]:
     """(cfg resolved, the plan's line) for training `configs` side by side on `world` GPUs of `gpu_bytes` each: what
-    the user left to the model is chosen (`micro_batch` 0: the largest micro-batch that fits, so the global
-    `batch_size` is reached by accumulation; `shard_target` and `grad_sync` "auto"), what they set is kept; a
-    ValueError in one line (the numbers, and the setting the model says would fit) where that cannot fit. The one
-    fit check of `dmtp train`, the pipeline's drafters stage and `dmtp reproduce`."""
+    the user left to the model is chosen (`micro_batch` 0: the largest that fits, the rest by accumulation), what
+    they set is kept; a ValueError in one line naming what would fit where that cannot fit."""
     plan = plan_for(target_config, configs, cfg, world, gpu_bytes)
     if plan.fits:
         s = plan.setting
-        out = replace(cfg, micro_batch=s.micro_batch)
-        if cfg.shard_target == "auto":
-            out = replace(out, shard_target="on" if s.shard_target else "off")
-        if cfg.grad_sync == "auto":
-            out = replace(out, grad_sync=s.grad_sync)
-        return out, plan.line()
+        chosen = {"shard_target": "on" if s.shard_target else "off", "grad_sync": s.grad_sync}
+        auto = {k: v for k, v in chosen.items() if getattr(cfg, k) == "auto"}
+        return replace(cfg, micro_batch=s.micro_batch, **auto), plan.line()
     d, gb = spec_of(configs), gpu_bytes / GIB
     best = plan_training(target_config, d, gpus=world, gpu_gb=gb, global_batch=cfg.batch_size, drafters=len(configs),
                          seq_len=cfg.max_len, anchors=cfg.anchors_per_seq, fused_ce=cfg.fused_ce,
@@ -53,8 +47,7 @@ def fit_training(target_config: dict, configs: list[DrafterConfig], cfg: TrainCo
 
 
 def plan_for(target_config: dict, configs: list[DrafterConfig], cfg: TrainConfig, world: int, gpu_bytes: int):
-    """The memory model's plan (`memory.Plan`) for `cfg` as set: checkpointing as given, `micro_batch`,
-    `shard_target`, `grad_sync` searched where left to it."""
+    """The memory model's plan (`memory.Plan`) for `cfg` as set; what it leaves to the model is searched."""
     return check_training(target_config, spec_of(configs), world=world, gpu_gb=gpu_bytes / GIB,
                           batch_size=cfg.batch_size, seq_len=cfg.max_len, anchors=cfg.anchors_per_seq, fsdp=cfg.fsdp,
                           shard_target=cfg.shard_target, checkpointing=cfg.activation_checkpointing,
@@ -65,9 +58,8 @@ def plan_for(target_config: dict, configs: list[DrafterConfig], cfg: TrainConfig
 def fit_groups(target_config: dict, configs: dict[str, DrafterConfig], cfg: TrainConfig, world: int,
                gpu_bytes: int, size: int = 0) -> list[tuple[list[str], TrainConfig, str]]:
     """The runs `configs` (name -> config, in training order) in groups trained side by side, each with its
-    resolved config and plan line (`fit_training`): `size` runs a group where given, else the largest group size
-    at which every group fits (all side by side first: the target's features computed once for all of them). A
-    ValueError in one line where even one run alone cannot fit."""
+    resolved config and plan line (`fit_training`): `size` runs a group, else the largest size at which every group
+    fits (all at once first: the target's features computed once). A ValueError where one run alone cannot fit."""
     names = list(configs)
     sizes = [size] if size else range(len(names), 0, -1)
     err = None
@@ -81,9 +73,8 @@ def fit_groups(target_config: dict, configs: dict[str, DrafterConfig], cfg: Trai
 
 
 def run_configs(p: Profile, target_config, runs) -> dict[str, DrafterConfig]:
-    """The DrafterConfig of each drafter run of profile `p`'s ablation on a target (its HF text config), as trained:
-    a backbone run's variant and backbone from `ablation.backbones`, a continued run's shape its source's, the
-    others the variant of their name on the profile's backbone."""
+    """The DrafterConfig of each run of `p`'s ablation on a target (its HF text config), as trained: a backbone
+    run's from `ablation.backbones`, a continued run's its source's, the others their name's variant."""
     spec = p.ablation
     base = {k: v for k, v in drafter_config(p, target_config, 0).items() if k in DrafterConfig.__dataclass_fields__}
     out = {}

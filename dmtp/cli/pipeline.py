@@ -6,23 +6,19 @@
     dmtp pipeline --profile mini --stage verify   # opt-in: verification modes at T > 0 (dmtp/cli/verify.py)
     dmtp pipeline --profile mini --deadline 3300 --archive mini.tgz   # a job limit; `dmtp land mini.tgz` elsewhere
 
-Every stage writes into `work/<profile>/<stage>` (checkpoints, data) or `results/<profile>/` (artifacts) atomically
-and is skipped when its output exists (evaluation runs: and is newer than the checkpoint they measure, so results
-checked out from another run are redone), so a re-run resumes where a killed one stopped. Each output records the
-configuration it was made with (`stages.py`); a finished or half-done stage whose configuration differs from the
-requested one is refused before any work, naming the fields, unless `--force` redoes it.
+Each stage writes `work/<profile>/<stage>` or `results/<profile>/` atomically and is skipped when its output exists
+(evaluation runs: and is newer than the checkpoint they measure), so a re-run resumes. Each output records the
+configuration it was made with (`stages.py`); one made with another configuration is refused before any work,
+naming the fields, unless `--force` redoes it.
 
-Under a wall-clock limit (`--deadline SECONDS`, `dmtp/cli/clock.py`) the optional stages that would not finish are
-left out, the running stage is interrupted at the deadline (less `--reserve`), and the same command resumes;
-`--archive FILE.tgz` packs results/<profile> after every stage (`dmtp/cli/archive.py`). The pipeline ends by
-printing each stage's state and the CPU time it used.
+`--deadline SECONDS` (`clock.py`) leaves out the optional stages that would not finish and interrupts the running one
+at the deadline (less `--reserve`); `--archive FILE.tgz` packs results/<profile> after every stage (`archive.py`).
+Under torchrun the stages target, data and drafters run data-parallel; rank 0 alone writes.
+`--set pretrain.tokens=20000000` (repeatable) overrides a profile field.
 
-Under torchrun (`make target|data|drafters NGPU=2`) the stages target, data and drafters run data-parallel, one
-process per GPU; rank 0 alone writes. `--set pretrain.tokens=20000000` (repeatable) overrides a profile field.
-
-The experiment (profile + ablation spec, `dmtp/experiment.py`) is the only input: the runs trained and evaluated are
-`ablation.runs()`, restricted to a subset by `--set ablation.only=dflash,zero_init_residual`; the eval and tables
-stages write the resolved experiment to `results/<profile>/experiment.json`, from which the report takes its rows.
+The runs trained and evaluated are the experiment's `ablation.runs()` (`dmtp/experiment.py`), a subset with
+`--set ablation.only=dflash,zero_init_residual`; the eval and tables stages write the resolved experiment to
+`results/<profile>/experiment.json`, from which the report takes its rows.
 """
 from __future__ import annotations
 
@@ -33,6 +29,7 @@ import resource
 import shutil
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +41,7 @@ from dmtp.analysis.lossless import add_top2_gaps, compare_runs
 from dmtp.analysis.metrics import acceptance_length
 from dmtp.analysis.oracle import oracle_ceiling
 from dmtp.analysis.report import render_tables
+from dmtp.analysis.report.synthetic import run_name
 from dmtp.checks import require
 from dmtp.cli import verify as verify_study
 from dmtp.cli.archive import STATUS, pack
@@ -82,8 +80,7 @@ from dmtp.profiles import resolve
 STAGES = ["corpus", "tokenizer", "target", "data", "drafters", "eval", "curve", "tables"]
 OPTIONAL = ["verify"]  # run only when named (`--stage verify`): verification modes at T > 0, results/<p>/verify
 PARALLEL = ["target", "data", "drafters"]  # the stages that run under torchrun (the others: one process)
-NEEDS_INPUTS = ["target", "data", "drafters", "eval", "curve"]  # stages after which an input shortfall would cost
-# finished work: `check_inputs` runs before the first of them (and after the tokenizer stage)
+NEEDS_INPUTS = ["target", "data", "drafters", "eval", "curve"]  # `check_inputs` runs before the first of them
 
 
 class Ctx:
@@ -93,7 +90,6 @@ class Ctx:
         self.work = Path(a.work) / self.p.folder  # <name>, or <name>/r<k> for realization k
         self.res = Path(a.results) / self.p.folder
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.dtype = torch_dtype(self.p.engine.dtype)
         self.eng = self.p.engine  # how every decode of the pipeline runs (recorded in each output's meta file)
         self.force = bool(getattr(a, "force", False))  # redo finished stages made with another configuration
 
@@ -102,14 +98,21 @@ class Ctx:
             print(f"[{self.p.name}] {msg}", flush=True)
 
     def check(self, u: Unit) -> bool:
-        """True: `u` exists with the requested configuration (skip or resume); False: make it (after --force
-        removed a mismatch); a mismatch without --force raises."""
+        """`stages.check` under this run's --force: True: `u` is there with the requested configuration."""
         return stage_check(u, self.force, self.log)
 
+    def start(self, stage: str) -> tuple[Unit, bool]:
+        """A one-unit stage's unit and whether it is there; a new one is recorded before the work, so a half-done
+        output is checked like a finished one (recomputed after the check: --force may have removed it)."""
+        there = self.check(units(self, stage)[0])
+        u, = units(self, stage)
+        if not there:
+            stage_record(u)
+        return u, there
+
     def need(self, stage: str, runs=None) -> None:
-        """Refuse to read the output of an earlier stage that is missing, unfinished or made with another
-        configuration than the one requested now, naming the stage that makes it (--force redoes the stages run,
-        never their inputs); `runs`: only these (run, seed) drafters."""
+        """Refuse to read an earlier stage's output that is missing, unfinished or of another configuration, naming
+        the stage that makes it (--force never redoes inputs); `runs`: only these (run, seed) drafters."""
         for u in units(self, stage):
             if runs is not None and (u.run["run"], u.run["seed"]) not in runs:
                 continue
@@ -128,14 +131,12 @@ class Ctx:
     def target(self):
         self.need("target")
         load_tokenizer(self.work / "target")  # a target trained on an old tokenizer is an error (StaleTokenizer)
-        t = Target.load(self.work / "target", dtype=self.dtype, device=self.dev)
+        t = Target.load(self.work / "target", dtype=torch_dtype(self.eng.dtype), device=self.dev)
         return t, MTPHead.load(t, self.work / "target")
 
 
 def st_corpus(c: Ctx):
-    u, = units(c, "corpus")
-    if not c.check(u):
-        stage_record(u)  # tagged before the work: a half-built corpus is checked like a finished one
+    c.start("corpus")
     d = c.p.data
     info = build_corpus(c.work / "corpus", max_bytes=d.corpus_bytes, max_repeat=d.corpus_max_repeat,
                         sources=d.corpus_sources, expect_digest=d.corpus_digest)
@@ -145,19 +146,16 @@ def st_corpus(c: Ctx):
 
 
 def encode_workers(cores: int | None = None) -> int:
-    """Processes for the corpus encoding: one per core (at most 32) on a machine of 8 cores or more, else 1 (in
-    process). On 2 cores the spawned workers were slower (0.87x one process, `experiments/encode_check.py`); on a
-    16-core GPU host the tokenizer stage of `mini` took 19.8 s with 16 workers against 40.9 s in one process."""
+    """Processes for the corpus encoding: one per core (at most 32) on 8 cores or more, else 1 (in process: on few
+    cores spawned workers are slower, `experiments/encode_check.py`)."""
     cores = (os.cpu_count() or 1) if cores is None else cores
     return min(32, cores) if cores >= 8 else 1
 
 
 def st_tokenizer(c: Ctx):
     out = c.work / "tokenizer"
-    u, = units(c, "tokenizer")
-    if not c.check(u):
-        stage_record(u)
-    elif tokenizer_version(out) not in (None, PRETOKENIZER_VERSION):  # made before fingerprints, by an old version
+    u, there = c.start("tokenizer")
+    if there and tokenizer_version(out) not in (None, PRETOKENIZER_VERSION):  # made before fingerprints
         c.log(f"tokenizer: {out} has an old pre-tokenizer; rebuilding it and the token streams")
         shutil.rmtree(out)
         shutil.rmtree(c.work / "tokens", ignore_errors=True)
@@ -177,62 +175,45 @@ def st_target(c: Ctx):
     """Pretrain target + MTP (data-parallel under torchrun); rank 0 evaluates and writes the checkpoint. Returns
     False when `pretrain.stop_after` stopped it (resumable, on any number of ranks)."""
     out, state = c.work / "target", c.work / "target_state"
-    u, = units(c, "target")
-    there = c.check(u)
+    u, there = c.start("target")  # the record goes into the resumable state until the target is saved
     if there and (out / "DONE").exists():
         if (out / "tokenizer.json").exists():  # StaleTokenizer when trained on an old one (made before fingerprints)
             load_tokenizer(out)
         if state.exists() and is_main():  # a kill after the target was saved left the training state
             shutil.rmtree(state, ignore_errors=True)
         return
-    if not there:  # the record goes into the resumable state: a half-trained target is checked like a finished one
-        u, = units(c, "target")  # (recomputed: --force may just have removed a finished target)
-        stage_record(u)
     c.need("tokenizer")
-    tok = c.tok
+    tok, pcfg = c.tok, c.p.pretrain
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    torch.manual_seed(c.p.stream(c.p.pretrain.seed))  # the same initial weights on every rank
+    torch.manual_seed(c.p.stream(pcfg.seed))  # the same initial weights on every rank
     tgt, mtp = build_target(c.p.model.arch, len(tok), eos)
     tgt.model.to(c.dev)
     mtp.to(c.dev)
-    n_params = sum(p.numel() for p in tgt.model.parameters())
-    c.log(f"target: {n_params / 1e6:.1f} M parameters (+ MTP {sum(p.numel() for p in mtp.parameters()) / 1e6:.1f} M)")
+    n_params, n_mtp = (sum(p.numel() for p in m.parameters()) for m in (tgt.model, mtp))
+    c.log(f"target: {n_params / 1e6:.1f} M parameters (+ MTP {n_mtp / 1e6:.1f} M)")
     train = np.load(c.work / "tokens" / "train.npy", mmap_mode="r", allow_pickle=False)
     held = np.load(c.work / "tokens" / "heldout.npy", mmap_mode="r", allow_pickle=False)
-    for name, toks, need in (("train", train, c.p.pretrain.seq_len + 2), ("heldout", held, c.p.pretrain.seq_len + 1)):
+    for name, toks, need in (("train", train, pcfg.seq_len + 2), ("heldout", held, pcfg.seq_len + 1)):
         require(len(toks) >= need, f"{c.work / 'tokens' / name}.npy holds {len(toks)} tokens, fewer than "
-                f"pretrain.seq_len={c.p.pretrain.seq_len} needs ({need}); raise corpus_bytes or lower the seq_len")
+                f"pretrain.seq_len={pcfg.seq_len} needs ({need}); raise corpus_bytes or lower the seq_len")
     t0 = time.time()
-    hist, info = pretrain(tgt, mtp, train, replace(c.p.pretrain, seed=c.p.stream(c.p.pretrain.seed)), state, log=c.log)
+    hist, info = pretrain(tgt, mtp, train, replace(pcfg, seed=c.p.stream(pcfg.seed)), state, log=c.log)
     if not info["finished"]:
         return False
-    wall = time.time() - t0
     if is_main():
-        pcfg = c.p.pretrain
-        ul_hist, before = None, None
-        if pcfg.unloop_steps:  # sequence-level unlikelihood (training/unloop.py), rank 0 alone; a kill in it redoes it
-            before = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
-            c.log(f"target held-out before unlikelihood: loss {before['target_loss']:.4f}, top-1 "
-                  f"{before['target_top1']:.4f}, MTP top-1 {before['mtp_top1']:.4f}")
-            n_he = c.p.eval.sets.get("humaneval")  # AR's loops on HumanEval before and after, here: a run cut
-            rows = encode_prompts(tok, humaneval_prompts()[:n_he]) if n_he else []  # short still has them
-            if rows:
-                before["loops"] = loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)
-            t1 = time.time()
-            ul_hist = unloop(tgt, mtp, train, replace(pcfg, seed=c.p.stream(pcfg.seed)), eos_id=eos, log=c.log)
-            c.log(f"unlikelihood: {pcfg.unloop_steps} steps in {time.time() - t1:.1f}s")
-            wall = time.time() - t0
+        ul_hist, before, rows = _unloop(c, (tgt, mtp, tok), train, held) if pcfg.unloop_steps else (None, None, [])
+        wall = time.time() - t0
         ev = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
         if before is not None:
             ev["before_unloop"] = before
             ev["unloop_s"] = ul_hist[-1]["elapsed_s"] if ul_hist else 0.0
-            if rows:
-                ev["loops"] = loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)
-                c.log("loop check (AR, T=0, HumanEval natural, fp32 weights): " + "; ".join(
-                    f"{k} loop_frac {v['loop_frac']:.3f}, {v['ended']}/{v['n']} ended"
-                    for k, v in (("before", before["loops"]), ("after", ev["loops"]))))
-        ev.update(parameters=n_params, mtp_parameters=sum(p.numel() for p in mtp.parameters()),
-                  train_tokens=hist[-1]["tokens"] if hist else 0, wall_s=wall, world=info["world"],
+        if rows:
+            ev["loops"] = loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)
+            c.log("loop check (AR, T=0, HumanEval natural, fp32 weights): " + "; ".join(
+                f"{k} loop_frac {v['loop_frac']:.3f}, {v['ended']}/{v['n']} ended"
+                for k, v in (("before", before["loops"]), ("after", ev["loops"]))))
+        ev.update(parameters=n_params, mtp_parameters=n_mtp, train_tokens=hist[-1]["tokens"] if hist else 0,
+                  wall_s=wall, world=info["world"],
                   tokens_per_s=info["tokens_trained"] / info["train_s"] if info["train_s"] > 0 else None)
         c.log(f"target held-out: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in ev.items()})}")
         _save_target(c, u, (tgt, mtp, tok), (hist, ul_hist, ev), info, wall)
@@ -240,9 +221,27 @@ def st_target(c: Ctx):
     barrier()  # the next stage reads the checkpoint
 
 
+def _unloop(c: Ctx, models, train, held):
+    """Sequence-level unlikelihood after pretraining (`training/unloop.py`; rank 0 alone, a kill in it redoes it):
+    (its history, the held-out evaluation before it, the HumanEval prompts AR's loops are counted on)."""
+    (tgt, mtp, tok), pcfg = models, c.p.pretrain
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    before = evaluate(tgt, mtp, np.asarray(held), pcfg.seq_len, pcfg.eval_tokens)
+    c.log(f"target held-out before unlikelihood: loss {before['target_loss']:.4f}, top-1 "
+          f"{before['target_top1']:.4f}, MTP top-1 {before['mtp_top1']:.4f}")
+    n_he = c.p.eval.sets.get("humaneval")  # here: a run cut short still has AR's loops before and after
+    rows = encode_prompts(tok, humaneval_prompts()[:n_he]) if n_he else []
+    if rows:
+        before["loops"] = loop_check(tgt, rows, c.p.eval.new_tokens, eos, tok)
+    t1 = time.time()
+    hist = unloop(tgt, mtp, train, replace(pcfg, seed=c.p.stream(pcfg.seed)), eos_id=eos, log=c.log)
+    c.log(f"unlikelihood: {pcfg.unloop_steps} steps in {time.time() - t1:.1f}s")
+    return hist, before, rows
+
+
 def _save_target(c: Ctx, u: Unit, models, records, info: dict, wall: float) -> None:
-    """The trained target + MTP head (in the checkpoint dtype) with its tokenizer and stage record into
-    work/target, and its histories, held-out evaluation and meta into results/<profile>/target."""
+    """The target + MTP head (checkpoint dtype), tokenizer and record into work/target; histories, held-out
+    evaluation and meta into results/<profile>/target."""
     (tgt, mtp, tok), (hist, ul_hist, ev) = models, records
     tgt.model.to(torch_dtype(c.p.model.checkpoint_dtype))
     mtp.to(torch_dtype(c.p.model.checkpoint_dtype))
@@ -262,18 +261,14 @@ def _save_target(c: Ctx, u: Unit, models, records, info: dict, wall: float) -> N
 
 
 def st_data(c: Ctx):
-    """On-policy data: the target answers the corpus prompts. Under torchrun whole generation batches (of
-    `data.batch` prompts, each seeded by its offset) are dealt to the ranks, so every prompt is decoded in the same
-    batch with the same seed as on one process: the file is the same for any number of ranks, at any temperature
-    (up to the kernels' determinism). On CUDA the batches decode on the compiled engine (`slots.engine_for`'s
-    default; `bench --mini-shape` / part `regen` time this decode at the profile's batch)."""
+    """On-policy data: the target answers the corpus prompts. Under torchrun whole batches (each seeded by its
+    offset) are dealt to the ranks: the file is the same for any number of ranks, at any temperature."""
     out = c.work / "data" / "train.jsonl"
     u, = units(c, "data")
     if c.check(u):
         return
     tgt, _ = c.target()
-    tok = c.tok
-    d = c.p.data
+    tok, d = c.tok, c.p.data
     rows = [r for r in encode_prompts(tok, data_prompts(c)) if r["prompt_ids"]]
     if d.samples > 1:  # each prompt answered `samples` times, the j-th answers of all prompts after the (j-1)-th
         rows = [dict(r, id=f"{r['id']}#{j}") for j in range(d.samples) for r in rows]
@@ -284,9 +279,9 @@ def st_data(c: Ctx):
     if is_main():
         for r, p in zip(recs, rows):
             r["prompt_ids"] = p["prompt_ids"]
-        write_meta(u.record, {"n": len(recs), "temperature": d.temperature, "batch": d.batch,
-                              "seed": f"{c.p.stream(1)} + the batch's offset"}, wall_s=time.time() - t0, world=world, engine=c.eng,
-                   fingerprint=u.want)  # before the data: the file never exists without its record
+        write_meta(u.record, {"n": len(recs), "temperature": d.temperature, "batch": d.batch, "seed":
+                              f"{c.p.stream(1)} + the batch's offset"}, wall_s=time.time() - t0, world=world,
+                   engine=c.eng, fingerprint=u.want)  # before the data: the file never exists without its record
         write_jsonl(out, recs)
         c.log(f"data: {len(recs)} sequences, {sum(len(r['output_ids']) for r in recs)} generated tokens "
               f"({world} rank(s); {compiled_graphs()} graphs compiled)")
@@ -294,12 +289,9 @@ def st_data(c: Ctx):
 
 
 def _fit_check(c: Ctx, todo: dict[int, list[str]]) -> dict[int, dict]:
-    """A paper profile's drafters stage on GPUs: per seed, the memory model's check of its fresh runs trained side by
-    side (`cli.fit.fit_training`: refused in one line where they cannot fit) before the target's weights load;
-    returns seed -> the settings the plan resolved (`train.micro_batch`, `shard_target`, `grad_sync`)."""
-    spec = c.p.ablation
-    cfg_t = read_config(c.work / "target")
-    out = {}
+    """A paper profile on GPUs: per seed, the memory model's check of its fresh runs side by side (`fit_training`),
+    before the target loads; seed -> the settings the plan resolved (micro_batch, shard_target, grad_sync)."""
+    spec, cfg_t, out = c.p.ablation, read_config(c.work / "target"), {}
     for seed, runs in todo.items():
         names = [r for r in spec.variants + tuple(spec.backbones) if r in runs] or runs[:1]
         configs = list(run_configs(c.p, cfg_t, names).values())
@@ -316,9 +308,8 @@ def drafters_dir(c: Ctx, seed: int) -> Path:
 
 
 def st_drafters(c: Ctx):
-    """Every drafter run of the ablation (or of `ablation.only` / `ablation.only_seeds`), seed by seed: the variants
-    and backbone runs from scratch on the same batches (the seed sets initialisation, data order and anchors), then
-    each continued run from its source's drafter. The `ablation.curve` runs keep snapshots after each budget."""
+    """Every selected drafter run, seed by seed: the variants and backbone runs from scratch on the same batches,
+    then each continued run from its source's drafter; the `ablation.curve` runs keep snapshots (or branches)."""
     spec = c.p.ablation
     todo: dict[int, list[str]] = {}
     for u in units(c, "drafters"):
@@ -339,8 +330,7 @@ def st_drafters(c: Ctx):
     fit = _fit_check(c, todo) if c.p.scale.target_config and c.dev == "cuda" else {}  # before any weight loads
     tgt, mtp = c.target()
     shape = drafter_config(c.p, tgt.config, c.tok.convert_tokens_to_ids("<|mask|>"))
-    # the on-policy tokens as a token store (memory-mapped: each rank reads its rows of every batch), converted by
-    # rank 0 when missing or made from another train.jsonl
+    make = partial(new_drafters, tgt, variant_configs=c.p.drafter.variants)
     store = store_of(c.work / "data" / "train.jsonl", c.work / "data" / "train.tokens", tgt.vocab_size)
     seqs = load_sequences(store, c.p.train.max_len, vocab_size=tgt.vocab_size)
     t0 = time.time()
@@ -350,26 +340,21 @@ def st_drafters(c: Ctx):
         curve = [r for r in runs if snapshots(c.p, r)]
         budgets = snapshots(c.p, curve[0]) if curve and spec.anneal else ()  # annealed points: every curve run's
         cfg = replace(c.p.train, amp_bf16=c.dev == "cuda", seed=c.p.stream(seed),
-                      snapshots=tuple(spec.budgets) if curve and not spec.anneal else (),
-                      **fit.get(seed, {}))
+                      snapshots=tuple(spec.budgets) if curve and not spec.anneal else (), **fit.get(seed, {}))
         fresh_todo = [r for r in spec.variants + tuple(spec.backbones) if r in runs]
         if fresh_todo:
             c.log(f"drafters, seed {seed}: {', '.join(fresh_todo)}")
-            drafters = new_drafters(tgt, fresh_todo, base, backbones=spec.backbones,
-                                    variant_configs=c.p.drafter.variants)
-            train_drafters(tgt, mtp, drafters, seqs, cfg, out, log=c.log, snapshot_runs=set(curve),
-                           branches={k: spec.branch_step(k) for k in budgets} if budgets else None)
+            train_drafters(tgt, mtp, make(fresh_todo, base, backbones=spec.backbones), seqs, cfg, out, log=c.log,
+                           snapshot_runs=set(curve), branches={k: spec.branch_step(k) for k in budgets} or None)
         for k in budgets:  # the annealed curve points: a short branch each, the curve runs' side by side
             c.log(f"drafters, seed {seed}: {', '.join(curve)} annealed from step {spec.branch_step(k)} to {k}")
-            d = new_drafters(tgt, curve, base, backbones=spec.backbones, variant_configs=c.p.drafter.variants)
+            d = make(curve, base, backbones=spec.backbones)
             train_branch(tgt, mtp, d, seqs, cfg, out, k, spec.branch_step(k), log=c.log)
         for run, (variant, src) in spec.continued.items():
             if run in runs:
-                d = new_drafters(tgt, [variant], base, {variant: out / src / "drafter"},
-                                 variant_configs=c.p.drafter.variants)
+                d = make([variant], base, {variant: out / src / "drafter"})
                 ccfg = replace(cfg, steps=spec.continue_steps, seed=c.p.stream(seed) + 1, snapshots=())
                 train_drafters(tgt, mtp, {run: d[variant]}, seqs, ccfg, out, log=c.log)
-
     if not is_main():
         return
     meta, want = c.res / "drafters" / "meta.json", fingerprints(c.p)["drafters"]
@@ -382,25 +367,18 @@ def st_drafters(c: Ctx):
         write_meta(meta, {"train": asdict(c.p.train), "drafter": shape, "continue_steps": spec.continue_steps,
                           "seeds": list(spec.seeds), "budgets": list(spec.budgets)}, wall_s=time.time() - t0,
             trained=dict(sorted(trained.items())), fingerprint=want)
-        hist = {}
-        for seed in spec.seeds:
-            d = drafters_dir(c, seed)
-            if d.exists():
-                hist.update({(n.name if seed == 0 else f"{n.name}@s{seed}"): read_json(n / "history.json", list)
-                             for n in sorted(d.iterdir()) if (n / "history.json").exists()})
+        hist = {(h.parent.name if seed == 0 else f"{h.parent.name}@s{seed}"): read_json(h, list) for seed in spec.seeds
+                for h in sorted(drafters_dir(c, seed).glob("*/history.json"), key=lambda h: h.parent)}
         write_json(c.res / "drafters" / "train_history.json", hist)
 
 
 def branches(c: Ctx, run: str, seed: int) -> dict[int, Path]:
     """budget -> the folder of a curve run's annealed point (`ablation.anneal`; none without it)."""
-    if not c.p.ablation.anneal:
-        return {}
-    return {k: branch_dir(drafters_dir(c, seed), k) / run for k in snapshots(c.p, run)}
+    return {k: branch_dir(drafters_dir(c, seed), k) / run for k in snapshots(c.p, run) if c.p.ablation.anneal}
 
 
 def snapshots(p: Profile, run: str) -> tuple[int, ...]:
-    """The learning-curve budgets a drafter run keeps snapshots after (below its final step; the final drafter is
-    the last point)."""
+    """The learning-curve budgets a drafter run keeps snapshots after (below its final step, the last point)."""
     return tuple(k for k in p.ablation.budgets if k < p.train.steps) if run in p.ablation.curve else ()
 
 
@@ -410,17 +388,14 @@ def fresh(path: Path, dep: Path) -> bool:
 
 
 def eval_plan(p: Profile):
-    """(dataset, #prompts, temperature, mode, run, seed): in mode natural every run on `eval.all_methods_on` (every
-    seed of its own), the main-table and backbone runs on the other sets; in mode fixed the main-table runs, first
-    seed; on the out-of-distribution sets (`eval.ood`) the `eval.ood_runs` at T = 0, natural mode, first seed; only
-    the selected runs and seeds (`ablation.only`, `ablation.only_seeds`)."""
+    """(dataset, #prompts, temperature, mode, run, seed) of the selected runs and seeds: natural mode: every run on
+    `eval.all_methods_on` (each seed), the main-table and backbone runs elsewhere; fixed mode: the main-table runs,
+    first seed; the `eval.ood` sets: the `eval.ood_runs` at T = 0, natural mode, first seed."""
     spec = p.ablation
     for mode in p.eval.modes:
         for ds, n in p.eval.sets.items():
-            if mode == "fixed":
-                runs = spec.main_table
-            else:
-                runs = spec.runs() if ds in p.eval.all_methods_on else spec.main_table + tuple(spec.backbones)
+            natural = spec.runs() if ds in p.eval.all_methods_on else spec.main_table + tuple(spec.backbones)
+            runs = spec.main_table if mode == "fixed" else natural
             for temp in p.eval.temperatures:
                 for m in spec.selected(runs):
                     for seed in (spec.seeds_of(m) if mode == "natural" else spec.seeds_of(m)[:1]):
@@ -432,14 +407,14 @@ def eval_plan(p: Profile):
 
 
 def eval_prompts(c: Ctx, ds: str, n: int) -> list[dict]:
-    """The first n prompts of an evaluation set, encoded: HumanEval's, or those of an out-of-distribution set (the
-    corpus's test functions, cut as the drafters' prompts are, with their token budget; the same seed in every
-    realization: the same prompts)."""
+    """The first n prompts of an evaluation set, encoded: HumanEval's, or an out-of-distribution set's (the corpus's
+    test functions, cut as the data prompts are; seed 0: the same prompts in every realization)."""
     if ds in c.p.eval.ood:
         rows = code_prompts(c.work / "corpus" / "train.jsonl", c.tok, n, seed=0, per_doc=1,
                             max_prompt_tokens=c.p.data.prompt_tokens, tests=True)
         require(rows, f"eval.ood[{ds!r}]: the corpus {c.work / 'corpus'} holds no test function to cut a prompt from "
-                "(test modules under a test/tests folder or named test_*.py): a larger data.corpus_bytes, or no eval.ood")
+                "(test modules under a test/tests folder or named test_*.py): a larger data.corpus_bytes, or no "
+                "eval.ood")
         return encode_prompts(c.tok, rows)
     return encode_prompts(c.tok, humaneval_prompts()[:n])
 
@@ -448,16 +423,15 @@ MIN_PROMPT_FRAC = 0.95  # the data stage needs at least this share of the `data.
 
 
 def data_prompts(c: Ctx) -> list[dict]:
-    """The on-policy data's prompts, cut from the corpus's train split (the same for the preflight and the data
-    stage: a pure function of the corpus, tokenizer and settings)."""
+    """The on-policy data's prompts, cut from the corpus's train split (for the preflight and the data stage)."""
     d = c.p.data
     return code_prompts(c.work / "corpus" / "train.jsonl", c.tok, d.prompts, max_prompt_tokens=d.prompt_tokens,
                         seed=c.p.stream(0), per_doc=d.prompts_per_doc)
 
 
 def input_checks(c: Ctx) -> list[Check]:
-    """What the later stages read, checked once the corpus and tokenizer exist (before the target trains): the
-    HumanEval problems asked for, each out-of-distribution set cut whole from the corpus, and enough data prompts."""
+    """What later stages read, checked once the corpus and tokenizer exist: the HumanEval problems asked for, each
+    out-of-distribution set cut whole from the corpus, and enough data prompts."""
     p, d, out = c.p, c.p.data, []
 
     def count(what: str, have: int, want: int, fix: str) -> str:
@@ -481,11 +455,10 @@ def input_checks(c: Ctx) -> list[Check]:
 
 
 def check_inputs(c: Ctx) -> None:
-    """`input_checks` through the preflight (every shortfall in one line, exit 2), once per configuration: the notes
-    are kept in work/<profile>/preflight.json under the settings they were made with. Without a finished corpus and
-    tokenizer there is nothing to check from (a stage that reads them names what is missing)."""
+    """`input_checks` through the preflight (every shortfall in one line), once per configuration (kept in
+    work/<profile>/preflight.json). Without a finished corpus and tokenizer there is nothing to check from yet."""
     if not all(finished(s, u) for s in ("corpus", "tokenizer") for u in units(c, s)):
-        return  # nothing to check from yet: the stage that needs them names the missing one
+        return
     want = fingerprint({"data": fingerprints(c.p)["data"], "eval.sets": c.p.eval.sets, "eval.ood": c.p.eval.ood,
                         "min_prompt_frac": MIN_PROMPT_FRAC})
     path = c.work / "preflight.json"
@@ -497,31 +470,25 @@ def check_inputs(c: Ctx) -> None:
 
 
 def run_file(res: Path, ds: str, temp: float, mode: str, run: str, seed: int) -> Path:
-    """results/<profile>/runs/ablation/<run>/<dataset>_T<temp>[_fixed][_s<seed>].jsonl (natural, seed 0: no
-    suffix)."""
-    return res / "runs" / "ablation" / run / (f"{ds}_T{temp:g}" + ("_fixed" if mode == "fixed" else "")
-                                             + (f"_s{seed}" if seed else "") + ".jsonl")
+    """results/<profile>/runs/ablation/<run>/<dataset>_T<temp>[_fixed][_s<seed>].jsonl."""
+    return res / "runs" / "ablation" / run / run_name(ds, temp, mode, seed)
 
 
 def stop_strings(p: Profile, mode: str) -> tuple[str, ...]:
     """The stop strings of natural mode ("humaneval": the standard five); none in fixed mode."""
-    if mode != "natural":
-        return ()
-    return tuple(x for s in p.eval.stops for x in (HUMANEVAL_STOPS if s == "humaneval" else (s,)))
+    return tuple(x for s in p.eval.stops if mode == "natural" for x in (HUMANEVAL_STOPS if s == "humaneval" else (s,)))
 
 
 def experiment_settings(experiment: dict) -> dict:
     """What an experiment.json says the runs were made with: without run control, the runs and seeds one invocation
-    works on (processes that share a GPU each evaluate a part: `dmtp/profiles.py` parts) and the verify study
-    (its own stage), as `fingerprint` writes it; the records revision beside the profile is not a setting."""
+    works on (`dmtp/profiles.py` parts), the verify study (its own stage) and the records revision."""
     return {k: v for k, v in fingerprint(experiment, RUN_CONTROL + ("only", "only_seeds")).items()
             if k not in ("verify", "records_revision")}
 
 
 def record_experiment(c: Ctx, verify_only: bool = False):
-    """results/<profile>/experiment.json: the requested experiment (the eval stage), or only its `verify` section (the
-    study's settings, its runs named) written into the one recorded (the verify stage: the other sections stay what
-    the eval runs were made with)."""
+    """results/<profile>/experiment.json: the requested experiment (the eval stage), or only its `verify` section
+    written into the recorded one (the verify stage: the rest stays what the eval runs were made with)."""
     path = c.res / "experiment.json"
     if not verify_only or not path.exists():
         write_experiment(path, c.p)
@@ -530,16 +497,13 @@ def record_experiment(c: Ctx, verify_only: bool = False):
 
 
 def st_eval(c: Ctx):
-    ev = c.p.eval
-    cache, todo = {}, []
-    for (ds, n, temp, mode, m, seed), u in zip(eval_plan(c.p), units(c, "eval")):
-        # done with this configuration, after the model it measures (a checked-out result of another run is redone)
-        if not (c.check(u) and fresh(u.outputs[0], model_done(c, m, seed))):
-            todo.append((ds, n, temp, mode, m, seed, u))
+    ev, cache = c.p.eval, {}
+    # kept: done with this configuration after the model it measures (a checked-out result of another run is redone)
+    todo = [(*x, u) for x, u in zip(eval_plan(c.p), units(c, "eval"))
+            if not (c.check(u) and fresh(u.outputs[0], model_done(c, *x[4:])))]
     if todo:
         c.need("drafters", {(m, seed) for _, _, _, _, m, seed, _ in todo})
-        tgt, mtp = c.target()
-        tok = c.tok
+        (tgt, mtp), tok = c.target(), c.tok
     record_experiment(c)  # the runs' experiment: the report takes its rows from it
     failed, prompts = [], {}
     for ds, n, temp, mode, m, seed, u in todo:
@@ -578,8 +542,8 @@ def write_run(c: Ctx, u: Unit, recs: list[dict], wall: float, config: dict) -> l
 
 
 def oracle_ceilings(c: Ctx):
-    """At each T > 0 the acceptance ceiling of target-only verification along the `ar` run (dmtp.analysis.oracle):
-    results/<profile>/oracle/<dataset>_T<temp>.json, redone when the ar run is newer."""
+    """At each T > 0 the ceiling of target-only verification along the `ar` run: results/<profile>/oracle/
+    <dataset>_T<temp>.json, redone when the ar run is newer."""
     todo = []
     for ds in c.p.eval.sets:
         for temp in c.p.eval.temperatures:
@@ -601,8 +565,8 @@ def oracle_ceilings(c: Ctx):
 
 
 def curve_plan(p: Profile):
-    """(run, seed, step) of every learning-curve point: the `ablation.curve` runs x their seeds x the budgets below
-    the final step, then the final step (the trained drafter itself)."""
+    """(run, seed, step) of every learning-curve point: the `ablation.curve` runs x their seeds x their budgets and
+    final step."""
     spec = p.ablation
     for m in spec.selected(spec.curve):
         for seed in spec.seeds_of(m):
@@ -611,8 +575,8 @@ def curve_plan(p: Profile):
 
 
 def st_curve(c: Ctx):
-    """Learning curves: each snapshot of the `ablation.curve` runs on HumanEval at T = 0, natural mode, written to
-    results/<profile>/curve/<run>/humaneval_T0_s<seed>_step<k>.jsonl with the training tokens in its meta.json."""
+    """Learning curves: each snapshot of the `ablation.curve` runs on HumanEval at T = 0, natural mode, into
+    results/<profile>/curve/<run>/humaneval_T0_s<seed>_step<k>.jsonl (the training tokens in its meta.json)."""
     spec, ev = c.p.ablation, c.p.eval
     if not spec.curve:
         return
@@ -628,8 +592,7 @@ def st_curve(c: Ctx):
     if not todo:
         return
     c.need("drafters", {(m, seed) for m, seed, *_ in todo})
-    tgt, mtp = c.target()
-    tok = c.tok
+    (tgt, mtp), tok = c.target(), c.tok
     rows = encode_prompts(tok, humaneval_prompts()[:n])
     for m, seed, k, src, u in todo:
         d = Drafter.load(src / "drafter", device=tgt.device, dtype=tgt.dtype).eval()
@@ -658,32 +621,25 @@ def write_subsets(c: Ctx):
         for mdir in sorted(p for p in runs.iterdir() if p.is_dir()):
             for f in sorted(mdir.glob(f"{src}_T*.jsonl")):
                 out = mdir / f.name.replace(src, name, 1)
-                if fresh(out, f):
-                    continue
-                recs = [dict(r, dataset=name) for r in read_jsonl(f)[:n]]
-                write_jsonl(out, recs)
-                meta = read_json(f.with_suffix(".meta.json"))
-                meta["derived_from"] = {"file": f.name, "first": n}
-                write_json(out.with_suffix(".meta.json"), meta)
+                if not fresh(out, f):
+                    write_jsonl(out, [dict(r, dataset=name) for r in read_jsonl(f)[:n]])
+                    write_json(out.with_suffix(".meta.json"), dict(read_json(f.with_suffix(".meta.json")),
+                                                                   derived_from={"file": f.name, "first": n}))
 
 
 def lossless_check(c: Ctx):
     """At T = 0 every method's output (each seed, each mode) must equal `ar`'s in the same mode; report divergences
     with the target's top-2 gap."""
-    rows, flips, refs = [], [], {}
-    runs = c.res / "runs" / "ablation"
+    rows, flips, refs, runs = [], [], {}, c.res / "runs" / "ablation"
     for ds in list(c.p.eval.sets) + list(c.p.eval.ood):
         for mode in c.p.eval.modes:
             ref_path = run_file(c.res, ds, 0.0, mode, AR.name, 0)
             if not ref_path.exists():
                 continue
             refs[ds, mode] = {r["id"]: r["output_ids"] for r in read_jsonl(ref_path)}
-            found = {}
-            for m in sorted(p for p in runs.iterdir() if p.is_dir() and p.name != AR.name):
-                for seed in c.p.ablation.seeds:
-                    f = run_file(c.res, ds, 0.0, mode, m.name, seed)
-                    if f.exists():
-                        found[m.name + (f"@s{seed}" if seed else "")] = read_jsonl(f)
+            found = {m.name + (f"@s{seed}" if seed else ""): read_jsonl(f)
+                     for m in sorted(p for p in runs.iterdir() if p.is_dir() and p.name != AR.name)
+                     for seed in c.p.ablation.seeds if (f := run_file(c.res, ds, 0.0, mode, m.name, seed)).exists()}
             r, f = compare_runs(refs[ds, mode], found, ds)
             rows += [dict(x, mode=mode) for x in r]
             flips += [dict(x, mode=mode) for x in f]
@@ -710,10 +666,8 @@ def lossless_check(c: Ctx):
 
 
 def st_verify(c: Ctx):
-    """The profile's verification-mode study (`dmtp.cli.verify`, settings `verify.*`): every method x verify mode x
-    temperature group not already made with the same settings after the model it measures, in the study's evaluation
-    mode `verify.eval_mode` (natural: end-of-text or the eval stage's stop strings `eval.stops`; fixed: exactly
-    `verify.max_new_tokens`)."""
+    """The verification-mode study (`dmtp.cli.verify`, settings `verify.*`): every group not already made with the
+    same settings after the model it measures, in the study's evaluation mode (natural: the eval stage's stops)."""
     v, out, seed = c.p.study, c.res / "verify", c.p.ablation.seeds[0]
     plan = list(zip(verify_study.groups(v), units(c, "verify")))
     todo = [g for g, u in plan if not (c.check(u) and fresh(u.outputs[0], model_done(c, g[0], seed)))]
@@ -722,8 +676,7 @@ def st_verify(c: Ctx):
     c.need("drafters", {(m, seed) for m, _, _ in todo})
     record_experiment(c, verify_only=True)  # the report orders the study's rows by it
     tgt, mtp = c.target()
-    tok = c.tok
-    want = {g: u.want for g, u in plan}
+    tok, want = c.tok, {g: u.want for g, u in plan}
     verify_study.study(tgt, mtp, drafters_dir(c, seed), encode_prompts(tok, humaneval_prompts(v.prompts)),
                        v, out, [tok.eos_token_id], c.p.eval.mtp_steps,
                        stop=stop_spec(tgt, tok, v.eval_mode, stop_strings(c.p, v.eval_mode)),
@@ -736,8 +689,8 @@ def model_done(c: Ctx, run: str, seed: int) -> Path:
 
 
 def st_tables(c: Ctx):
-    """Tables of the runs there are: the experiment they were made with is the one the eval stage recorded, and a
-    request for another (`--set eval.new_tokens=13`) is refused rather than written over it."""
+    """Tables of the runs there are; a request for another experiment than the one the eval stage recorded is
+    refused rather than written over it."""
     path = c.res / "experiment.json"
     if path.exists():
         d = differences(experiment_settings(read_json(path)), experiment_settings(asdict(c.p)))
@@ -909,7 +862,7 @@ def main(a):
         c.dev = rank_dev
     if world > 1:
         c.log(f"{world} data-parallel ranks ({'nccl' if rank_dev.startswith('cuda') else 'gloo'})")
-    state, cut, inputs_checked = {s: "todo" for s in stages}, False, False
+    state, cut, checked = {s: "todo" for s in stages}, False, False
     cpu0 = _cpu_s()
     with contextlib.ExitStack() as held:
         if is_main():  # one writer per output: a second pipeline on any of them is refused, naming this one
@@ -924,14 +877,14 @@ def main(a):
             t0 = time.time()
             try:
                 clock.arm()
-                if s in NEEDS_INPUTS and not inputs_checked:  # before the first minute of a stage that reads them
+                if s in NEEDS_INPUTS and not checked:  # before the first minute of a stage that reads them
                     check_inputs(c)
-                    inputs_checked = True
+                    checked = True
                 c.log(f"stage {s} ...")
                 done = RUN[s](c) is not False
-                if done and s == "tokenizer" and not inputs_checked:  # right after it: what later stages will read
+                if done and s == "tokenizer" and not checked:  # right after it: what later stages will read
                     check_inputs(c)
-                    inputs_checked = True
+                    checked = True
             except DeadlineReached:
                 state[s], cut = "stopped", True
                 c.log(f"stage {s} stopped at the deadline after {time.time() - t0:.0f}s (resumable: the same command "
@@ -939,9 +892,8 @@ def main(a):
                 break
             except BaseException:  # an error, Ctrl-C: what the finished stages wrote still goes into the archive
                 state[s] = "failed"
-                if archive and is_main():
-                    with contextlib.suppress(Exception):
-                        _pack(c, state, archive)
+                with contextlib.suppress(Exception):
+                    _pack(c, state, archive)
                 raise
             finally:
                 clock.disarm()
@@ -952,9 +904,8 @@ def main(a):
             state[s] = "done"
             record_cost(c.work, s, time.time() - t0)
             c.log(f"stage {s} done in {time.time() - t0:.1f}s")
-            if archive and is_main():
-                _pack(c, state, archive)
-    if archive and is_main() and state[s] != "done":  # the last stage was left out or stopped: its state too
+            _pack(c, state, archive)
+    if state[s] != "done":  # the last stage was left out or stopped: its state too
         _pack(c, state, archive)
     c.log(f"pipeline: {', '.join(f'{s} {v}' for s, v in state.items())}; CPU time {_cpu_s() - cpu0:.0f}s "
           "(this process and its children)")
@@ -966,14 +917,13 @@ def main(a):
 def _check_flags(a, stages: list[str]) -> None:
     """The stages named, the ones torchrun runs, and --deadline / --archive (one process; the archive's path checked
     before any work: a run of hours must not fail at its first pack)."""
-    for s in stages:
-        if s not in RUN:
-            raise KeyError(f"unknown stage {s!r}; stages: {', '.join(STAGES + OPTIONAL)}")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not set(stages) <= set(PARALLEL):
+    if bad := [s for s in stages if s not in RUN]:
+        raise KeyError(f"unknown stage {bad[0]!r}; stages: {', '.join(STAGES + OPTIONAL)}")
+    archive, torchrun = getattr(a, "archive", None), int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if torchrun and not set(stages) <= set(PARALLEL):
         raise ValueError(f"under torchrun only the stages {','.join(PARALLEL)} run (data-parallel); run "
                          f"{','.join(s for s in stages if s not in PARALLEL)} in one process (no torchrun)")
-    archive = getattr(a, "archive", None)
-    if (getattr(a, "deadline", None) is not None or archive) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if torchrun and (getattr(a, "deadline", None) is not None or archive):
         raise ValueError("--deadline and --archive run in one process (no torchrun)")
     if archive:
         out_file(archive, "--archive")
@@ -985,16 +935,15 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def unfinished(c: Ctx) -> list[str]:
-    """The stages of the whole run (`STAGES`, the runs `ablation.only` selects) whose outputs are not all there:
-    what this invocation did not run counts too (a run split into processes, one of which failed)."""
-    return [s for s in STAGES if any(not finished(s, u) for u in units(c, s))]
-
-
 def _pack(c: Ctx, state: dict, archive) -> None:
-    """results/<folder>/pipeline.json (the run's state) and the archive of results/<folder> (`dmtp land` lands it)."""
+    """results/<folder>/pipeline.json (the run's state) and the archive of results/<folder> (`dmtp land` lands it),
+    by rank 0 where --archive was given."""
+    if not archive or not is_main():
+        return
     missing = [s for s, v in state.items() if v in ("todo", "stopped", "failed")]
-    missing += [s for s in unfinished(c) if s not in missing and state.get(s) != "skipped" and s != "tables"]
+    # and every stage of the whole run whose outputs are not all there (one this invocation did not run too)
+    missing += [s for s in STAGES if s not in missing and state.get(s) != "skipped" and s != "tables"
+                and any(not finished(s, u) for u in units(c, s))]
     write_meta(c.res / STATUS, {"profile": c.p.name, "stages": state}, folder=c.p.folder, finished=not missing,
                missing=missing, skipped=[s for s, v in state.items() if v == "skipped"])
     t0 = time.time()

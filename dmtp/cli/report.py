@@ -10,29 +10,23 @@
     python -m dmtp.cli.report recover-overhead --profile mini --realization 2   # bench/overhead.csv from its bench log
 
 The rows' order and groups come from results/<profile>/experiment.json (written by the pipeline); `demo` writes
-synthetic runs of the Code ablation (dmtp/config/ablation.py) and of the verification-mode study. `compact` gzips the
-record files of a finished realization (the report reads both forms; the pipeline writes and resumes plain ones), so
-that committed realizations stay small. `recover-overhead` writes bench/overhead.csv of a realization whose bench
-was killed before that part wrote it, from the stage times its log printed (logs/bench.txt; column source names it);
-it never replaces a measured overhead.csv.
+synthetic runs of the Code ablation and of the verification-mode study. `compact` gzips a finished realization's
+records (the report reads both forms). `recover-overhead` writes bench/overhead.csv of a realization whose bench
+was killed before writing it, from the stage times in logs/bench.txt; it never replaces a measured one.
 """
 import argparse
 from pathlib import Path
 
 import pandas as pd
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-from dmtp.config.ablation import code  # noqa: E402
-from dmtp.analysis.report import render_figures, render_report, render_tables  # noqa: E402
-from dmtp.analysis.report.data import require_artifacts  # noqa: E402
-from dmtp.analysis.report import verify as verify_study  # noqa: E402
-from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify  # noqa: E402
-from dmtp.cli.args import guard  # noqa: E402
-from dmtp.analysis.report.bench import overhead_from_log  # noqa: E402
-from dmtp.io import compact, write_csv  # noqa: E402
+from dmtp.analysis.report import render_figures, render_report, render_tables  # sets matplotlib's Agg backend
+from dmtp.analysis.report import verify as verify_study
+from dmtp.analysis.report.bench import overhead_from_log
+from dmtp.analysis.report.data import require_artifacts
+from dmtp.analysis.report.synthetic import write_synthetic, write_synthetic_verify
+from dmtp.cli.args import guard
+from dmtp.config.ablation import code
+from dmtp.io import compact, write_csv
 
 
 def main(argv=None):
@@ -62,29 +56,26 @@ def run(a):
             raise FileNotFoundError(f"{log}: no bench log to read the stage times from")
         with open(log, errors="replace") as f:
             rows = overhead_from_log(f)
-        out.parent.mkdir(parents=True, exist_ok=True)
         write_csv(out, pd.DataFrame(rows).assign(source="logs/bench.txt"))
         print(f"[report] {out}: {len(rows)} stage times of {len({(r['method'], r['batch']) for r in rows})} "
               f"(method, batch) pairs, read from {log}")
-        return
-    if a.what == "compact":
+    elif a.what == "compact":
         plain = sorted(p for d in ("runs", "curve", "verify") for p in (folder / d).glob("**/*.jsonl"))
         before = sum(p.stat().st_size for p in plain)
         after = sum(compact(p).stat().st_size for p in plain)
         print(f"[report] compacted {len(plain)} record files of {folder}: {before / 1e6:.1f} -> {after / 1e6:.1f} MB")
-        return
-    if a.what == "demo":
-        write_synthetic(code(), a.results, a.profile, temps=(0, 0.6, 1), ood=True)
-        write_synthetic_verify(a.results, a.profile)  # and a verification-mode study
-    elif a.what == "verify":  # the verification-mode study alone (results/<profile>/verify)
+    elif a.what == "verify":
         if not (root / "verify" / "runs").is_dir():
             raise FileNotFoundError(f"{root / 'verify'} holds no verify-study runs: run `dmtp pipeline --profile "
                                     f"{a.profile} --stage verify` first")
         verify_study.render(root)
-        return
     else:
-        require_artifacts(root, f": check --profile {a.profile} and --results {a.results}")
-    {"tables": render_tables, "figures": render_figures}.get(a.what, render_report)(a.profile, a.results)
+        if a.what == "demo":  # synthetic runs, and a verification-mode study
+            write_synthetic(code(), a.results, a.profile, temps=(0, 0.6, 1), ood=True)
+            write_synthetic_verify(a.results, a.profile)
+        else:
+            require_artifacts(root, f": check --profile {a.profile} and --results {a.results}")
+        {"tables": render_tables, "figures": render_figures}.get(a.what, render_report)(a.profile, a.results)
 
 
 if __name__ == "__main__":

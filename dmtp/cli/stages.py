@@ -1,18 +1,16 @@
 """Stage fingerprints: every stage output records the configuration that produced it, and finished (or half-done)
 work is reused only for the same configuration.
 
-A fingerprint is the JSON form of the settings that determine an output (a stage's own and those of the stages it
-reads), without run control (where to stop, how often to save or log). It is recorded in a JSON object under the
-key "fingerprint": `<folder>/fingerprint.json` for a folder output, the `.meta.json` beside a file output (written
-before the file, so a file never exists without it).
+A fingerprint is the JSON form of the settings that determine an output (its stage's and those of the stages it
+reads), without run control. It is recorded under the key "fingerprint" in `<folder>/fingerprint.json` for a folder
+output, in the `.meta.json` beside a file output (written before the file).
 
     u = Unit("work/smoke/target", want, record=Path("work/smoke/target/fingerprint.json"), outputs=[...])
     check(u, force)     # False: nothing there; True: there, same configuration (skip / resume);
                         # differs: StageMismatch naming the fields, or with force the outputs are removed (False)
     record(u)           # before the work starts (a half-done output is tagged too)
 
-An output made before fingerprints existed has none: it is kept, with a note. A record that cannot be read (not
-JSON, not an object) is an error naming it; `--force` redoes the output.
+An output without a fingerprint (made before them) is kept, with a note; an unreadable record is an error.
 """
 from __future__ import annotations
 
@@ -25,11 +23,8 @@ from dmtp.checks import require
 from dmtp.dist import barrier, is_main
 from dmtp.io import read_json, write_json
 
-# how a run is cut into pieces, logged and executed (compile: eager or compiled; fused_ce, ce_chunk: the LM-head loss
-# fused and chunked or not; one_region: the drafters' compiled step in one region or one each; fsdp, shard_target,
-# activation_checkpointing: sharded or not, recomputed or not; micro_batch, grad_sync: the global batch taken in
-# micro-batches, its gradients reduced once or per micro-batch; kernels: the compiled steps' launch settings timed on
-# the device or fixed per shape; the same math), not what it makes
+# how a run is cut into pieces, logged and executed (compiled, fused, sharded, recomputed, micro-batched: the same
+# math), not what it makes
 RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "fused_ce", "ce_chunk", "one_region", "fsdp",
                "shard_target", "activation_checkpointing", "micro_batch", "grad_sync", "kernels")
 
@@ -39,43 +34,37 @@ class StageMismatch(ValueError):
 
 
 def fingerprint(obj, drop=RUN_CONTROL):
-    """JSON-normal form of a config: dataclasses and dicts -> dicts (minus `drop` keys), tuples -> lists."""
+    """JSON-normal form of a config: dataclasses and dicts -> dicts (minus `drop` keys), tuples -> lists, other
+    objects (paths) -> str."""
     if is_dataclass(obj):
         obj = asdict(obj)
     if isinstance(obj, dict):
         return {str(k): fingerprint(v, drop) for k, v in obj.items() if k not in drop}
     if isinstance(obj, (list, tuple)):
         return [fingerprint(v, drop) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
     return obj if obj is None or isinstance(obj, (bool, int, float, str)) else str(obj)
 
 
 def differences(old, new, prefix: str = "") -> list[str]:
-    """`key: old -> new` for every leaf that differs (dotted keys)."""
+    """`key: old -> new` for every leaf that differs (dotted keys; a key on one side only: `(none)` on the other)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in list(old) + [k for k in new if k not in old]:
-            key = f"{prefix}.{k}" if prefix else k
-            if k not in new:
-                out.append(f"{key}: {_short(old[k])} -> (none)")
-            elif k not in old:
-                out.append(f"{key}: (none) -> {_short(new[k])}")
-            else:
-                out += differences(old[k], new[k], key)
-        return out
+        return [d for k in list(old) + [k for k in new if k not in old]
+                for d in differences(old.get(k, _NONE), new.get(k, _NONE), f"{prefix}.{k}" if prefix else k)]
     return [] if old == new else [f"{prefix or 'value'}: {_short(old)} -> {_short(new)}"]
 
 
+_NONE = object()  # a key missing on one side
+
+
 def _short(v) -> str:
-    s = json.dumps(v)
+    s = "(none)" if v is _NONE else json.dumps(v)
     return s if len(s) <= 60 else s[:57] + "..."
 
 
 @dataclass
 class Unit:
-    """One piece of resumable work: what it is called, the configuration requested, where its record lives and the
-    paths it writes (removed together by --force)."""
+    """One piece of resumable work: its name, the configuration requested, its record and the paths it writes
+    (removed together by --force)."""
     what: str
     want: dict
     record: Path
@@ -90,8 +79,8 @@ CORRUPT = "(record unreadable)"  # mismatch() of an output whose record cannot b
 
 
 def recorded(u: Unit):
-    """The recorded fingerprint, or None when the output predates fingerprints (no record, or one without the key).
-    A record that is not a JSON object raises ValueError naming it."""
+    """The recorded fingerprint, or None when the output predates fingerprints; a record that is not a JSON object
+    raises ValueError naming it."""
     if not u.record.exists():
         return None
     rec = read_json(u.record)
@@ -100,8 +89,8 @@ def recorded(u: Unit):
 
 
 def mismatch(u: Unit) -> list[str]:
-    """The differing fields of existing work (empty when there is none, it matches, or it has no record); an
-    unreadable record: [CORRUPT + the reason]."""
+    """The differing fields of existing work (none when it is not there, matches or has no record); an unreadable
+    record: [CORRUPT + the reason]."""
     if not u.there():
         return []
     try:
@@ -127,8 +116,7 @@ def describe(bad: list[tuple[Unit, list[str]]], limit: int = 6) -> str:
 
 def preflight(units: list[Unit]) -> None:
     """Refuse, before any work, every unit whose existing output has another configuration (one message)."""
-    bad = [(u, d) for u in units if (d := mismatch(u))]
-    if bad:
+    if bad := [(u, d) for u in units if (d := mismatch(u))]:
         raise StageMismatch(describe(bad))
 
 
@@ -141,8 +129,8 @@ def remove(u: Unit) -> None:
 
 
 def check(u: Unit, force: bool = False, log=print) -> bool:
-    """True when `u`'s outputs exist and may be used (same configuration, or made before fingerprints); False when
-    there is nothing (or force removed a mismatch). A mismatch without force raises StageMismatch."""
+    """True when `u`'s outputs exist and may be used; False when there is nothing (or force removed a mismatch). A
+    mismatch without force raises StageMismatch."""
     if not u.there():
         return False
     d = mismatch(u)

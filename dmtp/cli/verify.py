@@ -1,30 +1,23 @@
 """The verification-mode study: every method x verify mode x temperature of a profile's `verify` settings
-(`dmtp.experiment.VerifyConfig`), decoded with dynamic batching at each batch cap (acceptance from the records,
-throughput from the wall time) in the study's evaluation mode (natural: a request ends at end-of-text or at one of
-HumanEval's stop strings; fixed: exactly `max_new_tokens`), beside the target-only ceiling. Run as a pipeline stage
-(opt-in, not part of `--stage all`); rendered by `dmtp.analysis.report.verify`.
+(`VerifyConfig`), decoded with dynamic batching at each batch cap in the study's evaluation mode (natural or fixed),
+beside the target-only ceiling. An opt-in pipeline stage; rendered by `dmtp.analysis.report.verify`.
 
     dmtp pipeline --profile mini --stage verify                    # one H200, ~14 min (two temperatures)
     dmtp pipeline --profile mini --stage verify --set verify.temperatures=0.6   # one temperature; reruns resume
     dmtp pipeline --profile mini --stage verify --set verify.eval_mode=fixed   # fixed length (redoes every group)
     make verify PROFILE=mini                                        # the stage, then the report
-    dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r --stage verify   # CPU, after the smoke pipeline, ~3 min
+    dmtp pipeline --profile smoke --work /tmp/w --results /tmp/r --stage verify   # CPU, after the smoke pipeline
 
 results/<profile>/verify/
-  runs/<method>/<verify>/humaneval_T<t>.jsonl   one record per request and timed repeat at the largest cap (the
-                      `dmtp generate` schema with verify, mode, stop_reason, batch_cap, repeat; output_ids cut at the
-                      stop string as `run_generate` cuts them); .meta.json beside it: the group's
-                      fingerprint (the settings that made it), its throughput rows (every cap and repeat)
-  throughput.csv      method, verify, temperature, batch_cap, repeat, requests, output_tokens, wall_s, tok_per_s,
-                      per_verify (gathered from the groups' meta files)
+  runs/<method>/<verify>/humaneval_T<t>.jsonl   a record per request and timed repeat at the largest cap (the
+                      `dmtp generate` schema with verify, mode, stop_reason, batch_cap, repeat); its .meta.json:
+                      the group's fingerprint and throughput rows (every cap and repeat)
+  throughput.csv      those rows, gathered
   oracle.csv          temperature, k, position, ceiling: the target-only ceiling along the ar trajectory
-                      (`dmtp.analysis.oracle.oracle_ceiling`; position 0 holds the acceptance-length ceiling)
-A group is kept when its records were made with the same settings after the models they measure, so a run cut
-short resumes.
+                      (position 0: the acceptance-length ceiling)
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -39,7 +32,7 @@ from dmtp.engine.slots import capacity_for
 from dmtp.engine.methods import AR, load_method
 from dmtp.engine.server import Server
 from dmtp.engine.stops import StopStrings
-from dmtp.io import read_jsonl, write_csv, write_jsonl, write_meta
+from dmtp.io import read_json, read_jsonl, write_csv, write_jsonl, write_meta
 
 
 def groups(cfg: VerifyConfig) -> list[tuple[str, str, float]]:
@@ -53,14 +46,11 @@ def group_path(out: Path, method: str, verify: str, temperature: float, dataset:
 
 def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg: VerifyConfig, eos,
               stop: StopStrings | None = None, log=print, engine=None):
-    """One (method, verify, temperature): a Server per cap, its graphs captured on a first group of `cap` requests,
-    then `cfg.repeats` timed runs (the server's generator continues: every repeat draws fresh samples). `eos`, `stop`:
-    what ends a request (the pipeline passes the evaluation mode's: `runner.stop_spec`; fixed mode: neither). Returns
-    (records of the largest cap, throughput rows of every cap)."""
-    dev = tgt.device
+    """One (method, verify, temperature): a Server per cap, warmed on `cap` requests, then `cfg.repeats` timed runs
+    (each draws fresh samples). `eos`, `stop`: what ends a request in natural mode. Returns (records of the largest
+    cap, throughput rows of every cap)."""
     eos = eos if cfg.eval_mode == "natural" else []
-    recs, rows = [], []
-    top = max(cfg.caps)
+    recs, rows, top = [], [], max(cfg.caps)
     for cap in cfg.caps:
         reqs = prompts[: cfg.prompts if cap == top else cfg.small_cap_prompts]
         ids = [p["prompt_ids"] for p in reqs]
@@ -68,14 +58,14 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
                      seed=cfg.seed, stop=stop, verify=verify, engine=engine)
         srv.run(ids[:cap])  # warm-up: graph capture, as at server start-up
         for rep in range(cfg.repeats):
-            res, wall = timed(dev, srv.run, ids)
+            res, wall = timed(tgt.device, srv.run, ids)
             n_out = sum(len(r.output_ids) for r in res)
             tau = acceptance_length([a for r in res for a in r.accepted])
             rows.append({"method": m.name, "verify": verify, "temperature": temperature, "batch_cap": cap,
                          "repeat": rep, "requests": len(ids), "output_tokens": n_out, "wall_s": wall,
                          "tok_per_s": n_out / wall, "per_verify": tau})
             log(f"verify {m.name:<20} {verify:<6} T={temperature:g} B{cap} #{rep}: {n_out / wall:8.1f} tok/s, "
-                f"per-verify tau {rows[-1]['per_verify']:.3f}")
+                f"per-verify tau {tau:.3f}")
             if cap == top:
                 recs += [{"id": p["id"], "method": m.name, "temperature": temperature, "verify": verify,
                           "prompt_tokens": len(p["prompt_ids"]), "output_ids": r.output_ids, "accepted": r.accepted,
@@ -89,10 +79,9 @@ def run_group(tgt, m, prompts: list[dict], temperature: float, verify: str, cfg:
 def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out: Path, eos, mtp_steps: int = 4,
           stop: StopStrings | None = None, todo: list[tuple[str, str, float]] | None = None, want=None, log=print,
           engine=None):
-    """Decode the groups `todo` (default: every group of `cfg` without records under `out`), then write
-    throughput.csv and oracle.csv. A group that fails is reported and the others still run; the study then raises,
-    naming every failed group. `stop`: the natural mode's stop strings for the decode loop (None: none).
-    `want(method, verify, temperature)`: the fingerprint recorded in a group's meta (the pipeline's; None: none)."""
+    """Decode the groups `todo` (default: those without records under `out`), then write throughput.csv and
+    oracle.csv. A failed group is reported, the others still run, then the study raises naming every failure.
+    `want(method, verify, temperature)`: the fingerprint recorded in a group's meta (None: none)."""
     if todo is None:
         todo = [g for g in groups(cfg) if not group_path(out, *g).exists()]
     cache, failed = {}, []
@@ -110,10 +99,10 @@ def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out:
         fp = {} if want is None else {"fingerprint": want(name, v, temp)}
         write_meta(path.with_suffix(".meta.json"), {"method": name, "verify": v, "temperature": temp,
                                                      "study": vars(cfg)},
-                   wall_s=time.time() - t0, throughput=rows, engine=engine, **fp)  # before the records, as every run file
+                   wall_s=time.time() - t0, throughput=rows, engine=engine, **fp)  # before the records
         write_jsonl(path, recs)
-    if any((out / "runs").glob("*/*/*.meta.json")):
-        gather(out)
+    if metas := sorted((out / "runs").glob("*/*/*.meta.json")):  # throughput.csv from every group's meta file
+        write_csv(out / "throughput.csv", pd.DataFrame([r for p in metas for r in read_json(p)["throughput"]]))
     if todo or not (out / "oracle.csv").exists():
         ceilings(tgt, out, prompts)
     if failed:
@@ -121,17 +110,9 @@ def study(tgt, mtp, drafters: Path, prompts: list[dict], cfg: VerifyConfig, out:
                            + "\n  ".join(failed))
 
 
-def gather(out: Path) -> Path:
-    """throughput.csv from every group's meta file."""
-    rows = [r for p in sorted((out / "runs").glob("*/*/*.meta.json")) for r in json.loads(p.read_text())["throughput"]]
-    path = out / "throughput.csv"
-    write_csv(path, pd.DataFrame(rows))
-    return path
-
-
 def ceilings(tgt, out: Path, prompts: list[dict]):
-    """oracle.csv: the target-only ceiling at every temperature whose ar x target records exist (the trajectory),
-    for every number of candidates the methods under `out` draft (7, MTP415's 4)."""
+    """oracle.csv: the target-only ceiling at every temperature with ar x target records (the trajectory), for every
+    number of candidates the methods under `out` draft."""
     ks = sorted({read_jsonl(p)[0]["n_candidates"] for p in (out / "runs").glob("*/*/*.jsonl") if p.stat().st_size}
                 - {0})
     ids = {p["id"]: p["prompt_ids"] for p in prompts}
