@@ -1,11 +1,9 @@
 """Command-line inputs checked before any work, and one error line instead of a traceback for a user error.
 
     p.add_argument("--temperature", type=temperature, default=0.0)  # nan, -1, 1e-320 -> "argument --temperature: ..."
-    p.add_argument("--batch-size", type=at_least(1), default=16)
     guard("dmtp generate", cmd_generate, a)    # ValueError / KeyError / OSError -> "dmtp generate: error: ...", exit 2
 
-`DMTP_TRACEBACK=1` re-raises instead (for debugging the suite itself). An exception outside those classes is a bug
-of the suite and keeps its traceback.
+`DMTP_TRACEBACK=1` re-raises instead. An exception outside those classes is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ def _converted(conv, s: str, want: str):
 
 
 def at_least(lo: int, hi: int | None = None):
-    """argparse type: an integer >= lo (and <= hi; at most `checks.MAX_INT` in any case: a larger count is a typo)."""
+    """argparse type: an integer >= lo (and <= hi; at most `checks.MAX_INT`: a larger count is a typo)."""
     want = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
 
     def parse(s):
@@ -97,8 +95,8 @@ def failure(e: BaseException) -> str:
 
 
 def interrupted(e: BaseException) -> bool:
-    """Whether `e` is Ctrl-C, or an error it caused: a writer that calls back into Python (torch.save through a file
-    object) reports the KeyboardInterrupt raised inside its write as its own failure, the interrupt as its context."""
+    """Whether `e` is Ctrl-C, or an error it caused (torch.save through a file object reports a KeyboardInterrupt
+    raised inside its write as its own failure, the interrupt as its context)."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, KeyboardInterrupt):
@@ -109,20 +107,18 @@ def interrupted(e: BaseException) -> bool:
 
 
 def _stop(prog: str):
-    """Ctrl-C: exit 130 with one line (under torchrun every rank exits so, rank 0 alone prints it). Under torchrun a
-    SIGTERM from here on is ignored: torch's agent sends one to the ranks still running once a rank has ended, and
-    this one is already stopping (elsewhere the disposition is left alone: a process that catches the exit, a test
-    runner, would pass an ignored SIGTERM on to every child it starts, and could no longer stop them)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank of torchrun's (a process others call in keeps it)
+    """Ctrl-C: exit 130 with one line (under torchrun every rank exits so, rank 0 alone prints it). A rank of
+    torchrun's ignores SIGTERM from here on: torch's agent sends one once a rank has ended, and this one is already
+    stopping. (Elsewhere it is left alone: an ignored SIGTERM is inherited by every child a test runner starts.)"""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if os.environ.get("RANK", "0") == "0":  # torchrun's rank of this process (`dmtp.dist`)
+    if os.environ.get("RANK", "0") == "0":
         print(f"{prog}: interrupted; the same command resumes from what was saved", file=sys.stderr)
     sys.exit(130)
 
 
 def guard(prog: str, fn, *args):
-    """Run fn(*args); a user error prints `prog: error: message` (one line) and exits 2; Ctrl-C exits 130 (`_stop`),
-    also where a writer reported it as its own failure (`interrupted`)."""
+    """Run fn(*args); a user error prints `prog: error: message` (one line) and exits 2; Ctrl-C exits 130."""
     try:
         return fn(*args)
     except KeyboardInterrupt:
@@ -167,8 +163,7 @@ def out_file(path, flag: str = "--out") -> Path:
 
 def out_dir(path, flag: str = "--out", create: bool = True) -> Path:
     """An output folder checked before any work: not a file, creatable and writable. create=False: checked without
-    making it (a run that may end with nothing to do leaves no folder): no file where it or a parent folder should
-    be, and its nearest existing folder writable."""
+    making it (a run with nothing to do leaves no folder)."""
     p = Path(path)
     require(not p.exists() or p.is_dir(), f"{flag} {p}: is a file; expected a folder")
     if not create:
@@ -194,8 +189,7 @@ def in_file(path, flag: str) -> Path:
 
 
 def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True) -> Path:
-    """A checkpoint folder: exists, holds config.json and weights; with `finished`, not the checkpoint of a drafter
-    training still under way (`unfinished_training`)."""
+    """A checkpoint folder: exists, holds config.json and weights; with `finished`, not of a training under way."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"{flag} {p}: no such folder (expected a {what} folder with config.json)")
@@ -211,8 +205,7 @@ def checkpoint(path, flag: str, what: str = "checkpoint", finished: bool = True)
 
 
 def method_checkpoints(target, methods, drafters) -> None:
-    """`--target`, and the drafter checkpoint `--drafters DIR/<run>/drafter` of each of `methods` that drafts (a name
-    with a "+option" or a draft limit is its run's), checked before any model loads."""
+    """`--target`, and the drafter checkpoint `--drafters DIR/<run>/drafter` of each of `methods` that drafts."""
     from dmtp.engine.methods import method_class, run_of
 
     checkpoint(target, "--target", "target checkpoint")
@@ -224,8 +217,7 @@ def method_checkpoints(target, methods, drafters) -> None:
 
 
 def drafter_of(path, flag: str, target_cfg) -> None:
-    """A drafter checkpoint to continue is made for a target of `target_cfg`'s widths (hidden, vocabulary) and
-    reads layers it has; else refused in one line naming both, before any work."""
+    """A drafter checkpoint to continue: made for a target of `target_cfg`'s widths, reading layers it has."""
     from dmtp.io import read_json
     from dmtp.models.drafter import DrafterConfig
 
@@ -243,8 +235,8 @@ def drafter_of(path, flag: str, target_cfg) -> None:
 
 
 def init_from(items, runs, target_cfg, bare: str | None = None) -> dict[str, str]:
-    """`--init-from RUN=PATH[,RUN=PATH]` -> {run: resolved checkpoint}; with `bare`, a PATH alone continues that run.
-    Each is a finished drafter checkpoint made for the target's widths, one per run; else refused in one line."""
+    """`--init-from RUN=PATH[,RUN=PATH]` -> {run: resolved checkpoint}, one per run, each checked (`drafter_of`);
+    with `bare`, a PATH alone continues that run."""
     out = {}
     for item in [x for flag in items or [] for x in flag.split(",")]:
         run, eq, path = item.partition("=") if "=" in item or not bare else (bare, "=", item)
@@ -260,9 +252,8 @@ def init_from(items, runs, target_cfg, bare: str | None = None) -> dict[str, str
 
 
 def unfinished_training(p: Path) -> str | None:
-    """Why checkpoint folder `p` is a training's intermediate save, or None: `dmtp train` (and the pipeline's drafters
-    stage) save <run>/drafter every `save_every` steps and write <run>/DONE after the last; a <run> with its
-    training state or record and no DONE is still training, or was stopped."""
+    """Why checkpoint folder `p` is a training's intermediate save, or None: a <run>/drafter whose <run> holds a
+    training state or record but no DONE (written after the last step)."""
     run = p.resolve().parent
     if p.resolve().name == "drafter" and not (run / "DONE").exists() and any(
             (run / f).exists() for f in ("trainer_state.pt", "fingerprint.json")):
@@ -280,21 +271,18 @@ def device(name: str | None) -> str:
     try:
         d = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N") from None
+        d = None
+    require(d is not None and d.type in ("cpu", "cuda"), f"--device {name!r}: expected cpu, cuda or cuda:N")
     if d.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: CUDA is not available here (torch {torch.__version__}); use --device "
-                             "cpu")
-        if d.index is not None and d.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)")
-    elif d.type != "cpu":
-        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N")
+        require(torch.cuda.is_available(), f"--device {name}: CUDA is not available here (torch "
+                f"{torch.__version__}); use --device cpu")
+        require(d.index is None or d.index < torch.cuda.device_count(),
+                f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)")
     return name
 
 
 def _generation_eos(target) -> list[int]:
-    """The end-of-text ids of `target`/generation_config.json (where releases list every id the model ends a turn
-    with, e.g. Qwen's `<|im_end|>` and `<|endoftext|>`; serving engines stop at each), or none."""
+    """The end-of-text ids of `target`/generation_config.json (releases list every id a turn ends with there)."""
     from dmtp.io import read_json
 
     path = Path(target) / "generation_config.json"
@@ -311,9 +299,8 @@ EOS_REMEDY = "pass --eos ID[,ID] (or --eos none to always decode --max-new-token
 
 
 def eos_ids(flag, cfg, tok, vocab_size, target, remedy: str = EOS_REMEDY) -> list[int]:
-    """End-of-text ids: --eos (ids, or `none`), else the config's eos_token_id, generation_config.json's and the
-    tokenizer's (all of them: a turn ends at any); never invented. `remedy`: what the error tells a user without any
-    to do (a command without --eos names its own)."""
+    """End-of-text ids: --eos (ids, or `none`), else every id of the config, generation_config.json and tokenizer;
+    never invented. `remedy`: what the error without any tells the user to do."""
     if flag is not None:
         if flag.strip().lower() == "none":
             return []
@@ -339,22 +326,21 @@ def modified(path) -> str:
     """When a checkpoint's weights were last written (part of a run's fingerprint: retrained in place = changed)."""
     files = sorted(Path(path).glob("*.safetensors"))
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(max(f.stat().st_mtime for f in files))) if files else ""
+
+
 COMPILE_CACHE = "~/.cache/dmtp/inductor"  # where the commands keep torch.compile's caches unless told otherwise
 
 
 def compile_cache_flag(parser: argparse.ArgumentParser):
     """`--compile-cache DIR` on a command that may compile (`use_compile_cache` applies it)."""
     parser.add_argument("--compile-cache", default=COMPILE_CACHE, metavar="DIR",
-                        help="where torch.compile's caches persist across processes (compiled graphs, autotuning "
-                        "results, Triton kernels): a second run on the same machine starts in seconds; 'none': "
-                        f"torch's own default, a temporary directory (default {COMPILE_CACHE})")
+                        help="where torch.compile's caches persist across processes; 'none': torch's own default, "
+                        f"a temporary directory (default {COMPILE_CACHE})")
 
 
 def use_compile_cache(path: str | None) -> str | None:
-    """Point torch's compile caches at `path`, before anything compiles: Inductor's own variable,
-    `TORCHINDUCTOR_CACHE_DIR`, set here at the entry point from the command's flag (Inductor keeps its compiled-graph,
-    AOT-autograd and autotuning caches there and, unless `TRITON_CACHE_DIR` says otherwise, Triton's kernels; every
-    meta.json records the directory in effect, `io.environment`). None or 'none': torch's own default. Returns the
+    """Point torch's compile caches at `path` (`TORCHINDUCTOR_CACHE_DIR`, which also holds Triton's kernels unless
+    `TRITON_CACHE_DIR` says otherwise), before anything compiles. None or 'none': torch's own default. Returns the
     directory."""
     from dmtp.training.common import deterministic_cublas
 
@@ -371,8 +357,7 @@ def use_compile_cache(path: str | None) -> str | None:
 
 
 def phase(command: str, what: str, out=None) -> None:
-    """One line on stderr saying what a command is doing, with the seconds since it started (`dmtp.cli.STARTED`):
-    a long wait before a command's first output is visible, phase by phase."""
+    """One line on stderr saying what a command is doing, with the seconds since it started (`dmtp.cli.STARTED`)."""
     from dmtp.cli import STARTED
 
     print(f"[{command} {time.monotonic() - STARTED:6.1f}s] {what}", file=out or sys.stderr, flush=True)

@@ -1,12 +1,9 @@
 """Training vs decoding consistency of trained drafters: does the drafter propose at decode time what it predicts
 teacher-forced on the same trajectory?
 
-At T = 0 decoding is lossless, so every method walks the target's greedy trajectory. Along it, the drafter's first
-predicting slot at anchor a (position-1 candidate) is accepted iff its argmax equals the trajectory's token: the
-teacher-forced accuracy of slot 1 over the anchors a decode visits must equal the decoded first-token acceptance.
-This script measures both, for every decode engine available (`hf`: the HF modules with dense masks; `fast-eager`:
-`fast.py` uncompiled; `compiled`: `fast.py` compiled under CUDA graphs), plus the teacher-forced accuracy of every
-slot (what an engine would accept position by position if the earlier slots were right).
+At T = 0 every method walks the target's greedy trajectory, so the teacher-forced accuracy of the first predicting
+slot over the anchors a decode visits must equal the decoded first-token acceptance. This measures both for each
+decode engine (`hf`, `fast-eager`, `compiled`), plus the teacher-forced accuracy of every slot.
 
     python -m dmtp.cli.diag --profile mini --work work --runs dflash,zero_init_residual --prompts 32
 """
@@ -28,8 +25,8 @@ from dmtp.training.drafters import block_inputs, extract
 
 @torch.no_grad()
 def teacher_forced(tgt, mtp, d, seqs, anchors_of):
-    """Drafter d's argmax at each predicting slot (the training forward, dense mask) for the given anchors of each
-    sequence (anchors_of[i]: positions a whose A = seq[a]). Returns per sequence {anchor: (hit [P], has_label [P])}."""
+    """Drafter d's argmax at each predicting slot (the training forward) at the anchors `anchors_of[i]` of each
+    sequence. Returns per sequence {anchor: (hit [P], has_label [P])}."""
     var = d.injection
     lay = var.layout(d.config.num_candidates)
     predict = list(lay.predict)
@@ -63,8 +60,7 @@ def slot_accuracy(per_seq, anchors_of=None) -> list[float]:
 
 
 def visited_anchors(rec, plen):
-    """Anchor positions a decode visited: the first output token sits at plen; each round of n accepted drafts
-    moves the anchor by n + 1."""
+    """Anchor positions a decode visited: the first at plen; each round of n accepted drafts moves it by n + 1."""
     a, out = plen, []
     for n in rec["accepted"]:
         out.append(a)
@@ -74,16 +70,12 @@ def visited_anchors(rec, plen):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--profile", default="mini")
-    ap.add_argument("--work", default="work")
-    ap.add_argument("--results", default="results")
-    ap.add_argument("--runs", default="dflash,zero_init_residual")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=128)
+    for flag, default in (("--profile", "mini"), ("--work", "work"), ("--results", "results"),
+                          ("--runs", "dflash,zero_init_residual"), ("--seed", 0), ("--prompts", 32),
+                          ("--new-tokens", 128)):
+        ap.add_argument(flag, default=default, type=type(default))
     ap.add_argument("--engines", default=None, help="decode engines to compare (default: hf,fast-eager on CPU; "
-                    "hf,compiled,compiled+fast on CUDA: `compiled` keeps the drafter on the HF drafter path, `+fast` "
-                    "is the compiled drafter), each on the profile's other engine settings")
+                    "hf,compiled,compiled+fast on CUDA; `+fast`: the compiled drafter)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     a.set, a.force = [], False
@@ -99,7 +91,7 @@ def main():
     if bad:
         raise SystemExit(f"unknown engine(s) {bad}; known: {', '.join(ENGINES)} (+fast: the compiled drafter)")
     for run in a.runs.split(","):
-        res = {}
+        report[run] = res = {}
         traj = None
         for eng in engines:
             cfg = c.eng.with_(engine=eng.removesuffix("+fast"), drafter="compiled" if eng.endswith("+fast") else "hf")
@@ -122,7 +114,6 @@ def main():
             print(f"{run:<24} {eng:<13} first-token {first:.3f}  per-verify {tau:.3f}  ({len(acc)} rounds)",
                   flush=True)
         if traj is None:  # every engine failed: nothing to compare against
-            report[run] = res
             continue
         d = m.drafter  # the same weights whichever engine's method loaded them
         seqs = [list(r_["prompt_ids"]) + list(t["output_ids"]) for r_, t in zip(rows, traj)]
@@ -133,7 +124,6 @@ def main():
         res["teacher_forced_all"] = slot_accuracy(per_seq)
         print(f"{run:<24} teacher-forced slot accuracy at visited anchors {res['teacher_forced_visited']}")
         print(f"{run:<24} teacher-forced slot accuracy at every anchor    {res['teacher_forced_all']}", flush=True)
-        report[run] = res
     if a.out:
         write_json(a.out, report)
 

@@ -1,24 +1,16 @@
-"""Paper-scale dry run: build the target (from its config only), the native MTP head and a drafter of every variant
-and backbone on the meta device (no weights, no memory), check that the pieces fit, print a parameter summary.
+"""Paper-scale dry run: the target (from its config only), the native MTP head and a drafter of every variant and
+backbone built on the meta device (no weights, no memory); shape checks and a parameter summary.
 
     dmtp dryrun --profile qwen3.6-27b                       # the profile's config (model card values)
     dmtp dryrun --profile qwen3.6-35b-a3b --target /ckpt    # the checkpoint's own config.json, compared to the profile
     dmtp dryrun --profile qwen3.6-27b --gpus 8 --gpu-mem 80 --seq-len 32768   # + whether training and evaluation fit
     dmtp dryrun --profile qwen3.6-27b --gpus 8 --rates results/qwen3.6-27b/rates/h200/rates.json   # + the time
 
-With --gpus / --gpu-mem, the memory model (`dmtp.memory`) says, before any weight is loaded, whether training fits
-and with which setting (the target sharded or replicated, activation checkpointing, the LM-head loss fused or not,
-the per-GPU micro-batch and the accumulation that reach the global batch `train.batch_size`), what the training
-stage plans for the ablation's drafters side by side (`cli.fit`: the micro-batch chosen, checkpointing as the profile
-sets it) and, where they do not fit together, the drafter groups `dmtp reproduce` trains one after another, and
-whether evaluation fits (target + MTP + drafter in bf16, the caches of the evaluation batch at the prompt + new-token
-length), with the per-GPU numbers. Where training or evaluation does not fit, it names what would: the fewest cards
-of each kind the suite plans for (`CARDS`) that train one drafter, with their setting, and the cards evaluation
-fits.
-
-With --rates FILE (stage rates measured at the paper's depth on one card, `experiments/paper_rates.py`), the projected
-wall time of each stage of the open reproduction on --gpus cards like that one (`analysis.projection.project_rates`):
-labelled a projection, with the rates, the machine they came from and the acceptance length assumed (the blog's).
+With --gpus / --gpu-mem, the memory model (`dmtp.memory`) says whether training one drafter fits and with which
+setting, how the training stage would train the ablation's drafters (side by side, or the groups `dmtp reproduce`
+trains one after another), and whether evaluation fits; where one does not, what would (the fewest `CARDS`).
+With --rates FILE (rates measured at the paper's depth, `experiments/paper_rates.py`), the projected wall time of
+each stage on --gpus such cards (`analysis.projection.project_rates`), labelled a projection.
 """
 from __future__ import annotations
 
@@ -45,8 +37,8 @@ from dmtp.profiles import check_made_for, resolve
 
 
 def _text_config(path: str | None, prof, flag: str = "--target"):
-    """(HF text config, source, mismatches vs the profile). A checkpoint's config.json wins over the profile's dict;
-    a checkpoint named (`flag`) without one is an error, never replaced by the profile's."""
+    """(HF text config, source, mismatches vs the profile). A checkpoint's config.json wins over the profile's; a
+    checkpoint named without one is an error."""
     want = dict(prof.scale.target_config)
     if path:
         if not (Path(path) / "config.json").exists():
@@ -67,9 +59,8 @@ def _n(module) -> int:
 
 def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | None = None,
            gpu_mem: float | None = None, seq_len: int | None = None) -> dict:
-    """Returns {"checks": [(name, ok, detail)], "params": {...}, "fit": {...} or None, ...}; raises nothing on a
-    failed check. gpus / gpu_mem (GiB per card): the fit section (`fit`), at seq_len tokens per training sequence
-    (default: the profile's max_seq_len)."""
+    """{"checks": [(name, ok, detail)], "params": {...}, "fit": {...} or None, ...}; a failed check raises nothing.
+    gpus / gpu_mem (GiB per card): the fit section, at seq_len tokens per sequence (default: the profile's)."""
     prof = resolve(profile)
     sc = prof.scale
     require(sc.target_config, f"profile {profile!r} has no paper-scale target config (dry runs are for paper-scale "
@@ -105,34 +96,28 @@ def dryrun(profile: str, target: str | None = None, backbones=None, gpus: int | 
 
     drafters = _drafter_checks(prof, tgt, backbones or BACKBONES, dtype, check)
     body = tgt.body
-    params = {
-        "target": _n(model), "target_embedding": body.embed_tokens.weight.numel(),
-        "target_lm_head": model.lm_head.weight.numel(),
-        "target_linear_attention_layers": sum(_n(la) for la, t in zip(body.layers, tgt.layer_types)
-                                              if t == "linear_attention"),
-        "target_full_attention_layers": sum(_n(la) for la, t in zip(body.layers, tgt.layer_types)
-                                            if t == "full_attention"),
-        "mtp": _n(mtp), "drafters": {k: _n(d) for k, d in drafters.items()},
-    }
-    fit = None
-    if gpus is not None or gpu_mem is not None:
-        fit = fit_section(prof, cfg, [d.config for d in drafters.values()], gpus or 1, gpu_mem or 80,
-                          seq_len or sc.max_seq_len)
+    layers = lambda kind: sum(_n(la) for la, t in zip(body.layers, tgt.layer_types) if t == kind)  # noqa: E731
+    params = {"target": _n(model), "target_embedding": body.embed_tokens.weight.numel(),
+              "target_lm_head": model.lm_head.weight.numel(),
+              "target_linear_attention_layers": layers("linear_attention"),
+              "target_full_attention_layers": layers("full_attention"),
+              "mtp": _n(mtp), "drafters": {k: _n(d) for k, d in drafters.items()}}
+    fit = fit_section(prof, cfg, [d.config for d in drafters.values()], gpus or 1, gpu_mem or 80,
+                      seq_len or sc.max_seq_len) if gpus is not None or gpu_mem is not None else None
     return {"profile": prof, "source": source, "target_path": target, "config": cfg, "checks": checks,
             "params": params, "taps": next(iter(drafters.values())).config.target_layer_ids, "fit": fit,
             "ok": all(ok for _, ok, _ in checks) and (fit is None or fit["train"].fits)}
 
 
 def _drafter_checks(prof, tgt, backbones, dtype, check) -> dict:
-    """Every variant on every backbone built on the meta device against `tgt` ("backbone/variant" -> drafter), its
-    shape checks passed to `check`."""
+    """Every variant on every backbone built on the meta device ("backbone/variant" -> drafter), checked against
+    `tgt` through `check`."""
     H, L = tgt.hidden_size, tgt.num_layers
     drafters = {}
     base = drafter_config(prof, tgt.config)
     for bb in backbones:
         for v in sorted(REGISTRY):
-            c = DrafterConfig(**base, variant=v, backbone=bb,
-                              variant_config=prof.drafter.variants.get(v, {}))
+            c = DrafterConfig(**base, variant=v, backbone=bb, variant_config=prof.drafter.variants.get(v, {}))
             with torch.device("meta"):
                 d = Drafter(c).to(dtype)
             name = f"{bb}/{v}"
@@ -154,8 +139,8 @@ COUNTS = (1, 2, 4, 8, 16)  # card counts searched for the fewest that fit (one n
 
 
 def fewest_cards(target_config: dict, one, t, seq_len: int) -> list[tuple[float, object]]:
-    """For each card of `CARDS`: (GiB, the plan on the fewest cards of `COUNTS` that trains one drafter `one` at
-    the global batch `t.batch_size`), the plan None where no count fits."""
+    """For each card of `CARDS`: (GiB, the plan on the fewest cards of `COUNTS` that trains the drafter `one`, or
+    None)."""
     out = []
     for gb in CARDS:
         plan = next((p for n in COUNTS if t.batch_size % n == 0 and (p := plan_training(
@@ -183,12 +168,10 @@ def would_fit(f: dict) -> list[str]:
 
 
 def fit_section(prof, target, configs, gpus: int, gpu_mem: float, seq_len: int) -> dict:
-    """The memory model's answers for this profile on `gpus` cards of `gpu_mem` GiB (target: its HF text config):
-    the best training setting for one (dflash-backbone) drafter at the global batch `train.batch_size`
-    (`plan_training`), the training stage's plan for the ablation's fresh runs side by side (`cli.fit.plan_for`:
-    the micro-batch chosen, the rest as the profile sets it) and, where they do not fit together, the groups
-    `dmtp reproduce` would train (`cli.fit.fit_groups`), and evaluation at the evaluation batch over seq_len + new
-    tokens. configs: every drafter built (the largest counted where the plan covers them all)."""
+    """The memory model's answers on `gpus` cards of `gpu_mem` GiB: the best training setting for one dflash drafter
+    (`plan_training`), the training stage's plan for the ablation's runs side by side (`cli.fit.plan_for`) or, where
+    they do not fit, its groups (`cli.fit.fit_groups`), and evaluation over seq_len + new tokens. configs: every
+    drafter built."""
     t, target_config = replace(prof.train, max_len=seq_len), target.to_dict()
     one = spec_of([c for c in configs if c.backbone == "dflash"] or configs)  # the paper's drafter
     kw = dict(gpus=gpus, gpu_gb=gpu_mem, seq_len=seq_len, anchors=t.anchors_per_seq, fused_ce=t.fused_ce,
@@ -242,8 +225,7 @@ def render(r: dict) -> str:
     t = p.train
     lines += ["", f"training: {sc.train_set}, {sc.epochs} epochs x {sc.train_prompts} prompts / global batch "
                   f"{sc.global_batch} = {t.steps} steps; sequences <= {sc.max_seq_len}; {p.engine.dtype}; "
-                  f"AdamW lr {t.lr}, "
-                  f"warmup {t.warmup_frac:.0%}, cosine, clip {t.clip}; gamma {t.gamma}",
+                  f"AdamW lr {t.lr}, warmup {t.warmup_frac:.0%}, cosine, clip {t.clip}; gamma {t.gamma}",
               f"evaluation: {', '.join(f'{k} ({n})' for k, n in p.eval.sets.items())}; T = "
               f"{', '.join(map(str, p.eval.temperatures))}; {p.eval.new_tokens} new tokens", ""]
     bad = [c for c in r["checks"] if not c[1]]
@@ -282,8 +264,7 @@ def render(r: dict) -> str:
 
 
 def _differ(a, b) -> str:
-    """A profile value against the checkpoint's, in words; a long list (layer_types) by its length or its first
-    differing entry, not printed whole."""
+    """A profile value against the checkpoint's, in words; a long list by its length or first differing entry."""
     if isinstance(a, list) and isinstance(b, list) and max(len(a), len(b)) > 8:
         if len(a) != len(b):
             return f"profile {len(a)} entries != {len(b)}"

@@ -88,9 +88,8 @@ def load_models(target_path, drafter_path, method, device, dtype):
 
 
 def read_prompts(path, tok=None, vocab_size=None):
-    """Prompt dicts {id, prompt_ids} from a JSONL file of `id` + `prompt` (text) or `prompt_ids`. Every line is
-    checked (ids unique, token ids in [0, vocab_size), non-empty); an error names the file and line. Without any `id`
-    the line order numbers them (0, 1, ...)."""
+    """Prompt dicts {id, prompt_ids} from a JSONL of `id` + `prompt` (text) or `prompt_ids`, every line checked (an
+    error names the file and line). Without any `id` the line order numbers them."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"prompt file {path} does not exist")
@@ -130,16 +129,14 @@ def read_prompts(path, tok=None, vocab_size=None):
 
 
 def prompts_digest(prompts: list[dict]) -> str:
-    """sha256 of the prompts decoded (ids and token ids, or turns): an output's fingerprint holds what its prompts
-    were, so an edited prompt file is another configuration."""
+    """sha256 of the prompts as decoded: in an output's fingerprint, an edited prompt file is another configuration."""
     body = [{k: v for k, v in p.items() if k != "line"} for p in prompts]
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def resume_records(out: Path, meta: Path, want: dict, force: bool) -> dict[str, dict]:
-    """Records already in `out` by id, when its meta says they come from the requested configuration. A line cut by
-    a kill (the last one, unterminated) is dropped. Another configuration, an unreadable record or an id written
-    twice: refused, or with force started afresh."""
+    """Records already in `out` by id, when its meta says they come from the requested configuration (a line cut by
+    a kill dropped). Another configuration, an unreadable record or a repeated id: refused, or with force afresh."""
     if not out.exists() or out.stat().st_size == 0:
         return {}
     try:
@@ -233,8 +230,7 @@ def generate_into(a, out: Path):
 
 
 def _check_drafter(a, cls) -> None:
-    """`--method` and `--drafter` together: a drafter for the methods that need one (a trained checkpoint folder),
-    none for the others; a run name of the ablation is named with the method it trains."""
+    """`--method` and `--drafter` together: a drafter checkpoint for the methods that need one, none for others."""
     require(cls.needs_drafter or not a.drafter, f"--method {a.method} uses no drafter; drop --drafter")
     if not cls.needs_drafter:
         return
@@ -279,8 +275,8 @@ def _generate_prompts(a, cfg, tok, dataset) -> list[dict]:
 
 
 def _decode_batches(a, out: Path, tgt, method, tok, prompts, todo, done, run: dict, say) -> None:
-    """Decode the batches `todo` (prompt offsets) and append each one's records to `out` as soon as it is done
-    (`run`: eos, stops, dataset, engine)."""
+    """Decode the batches `todo` (prompt offsets), appending each one's records to `out` (`run`: eos, stops, dataset,
+    engine)."""
     kind = engine_for(tgt, run["engine"])
     say(f"decoding batch 1 of {len(todo)} on the {kind} engine" + (
         ": the first batch compiles each stage (or reads it from the compile cache) and captures it"
@@ -369,8 +365,7 @@ def cmd_train(a):
 
 
 def _backbone_runs(a, prof) -> dict[str, tuple[str, str]]:
-    """`--variants`' runs on another backbone (run -> (variant, backbone)), each name checked: a variant or a
-    backbone run of the ablation, on the backbone `--backbone` names if any."""
+    """`--variants`' runs on another backbone (run -> (variant, backbone)), each name checked against `--backbone`."""
     runs = {r: tuple(vb) for r, vb in (prof.ablation if prof else code()).backbones.items()}
     backbones = {r: vb for r, vb in runs.items() if r in a.variants}
     for v in a.variants:
@@ -384,8 +379,8 @@ def _backbone_runs(a, prof) -> dict[str, tuple[str, str]]:
 
 
 def _check_shape(a, prof, cfg_t, mask_flag: bool) -> None:
-    """The MASK token where neither the flag nor the profile gives one: the target family's (else 1); a paper-scale
-    profile's recipe only for the target it is made for."""
+    """The MASK token where neither flag nor profile gives one: the target family's (else 1); a profile's recipe only
+    for the target it is made for."""
     if not mask_flag and not (prof is not None and prof.drafter.mask_token_id >= 0):
         a.mask_token_id = family_mask_token(cfg_t.model_type, cfg_t.vocab_size) or a.mask_token_id
     if prof is not None:
@@ -394,9 +389,7 @@ def _check_shape(a, prof, cfg_t, mask_flag: bool) -> None:
 
 
 def _drafter_units(a, prof, cfg_t, backbones, init, cfg, data_sha: str, out: Path):
-    """The drafter settings every run shares (`base`), each run's `DrafterConfig`, and each run's stage unit (its
-    fingerprint: recipe, drafter, start, dtype, data and target)."""
-    # the profile's drafter shape (paper scale: 5 layers at the target's width, block 8, ...), else the target's widths
+    """The drafter settings every run shares (`base`), each run's `DrafterConfig`, and each run's stage unit."""
     base = drafter_config(prof, cfg_t, a.mask_token_id) if prof is not None else \
         dict(hidden_size=cfg_t.hidden_size, vocab_size=cfg_t.vocab_size, num_target_layers=cfg_t.num_hidden_layers)
     shape = replace(prof.drafter if prof is not None else DrafterShape(), layers=a.layers, attention=a.attention,
@@ -423,9 +416,8 @@ def _drafter_units(a, prof, cfg_t, backbones, init, cfg, data_sha: str, out: Pat
 
 
 def _train_data(path, vocab_size: int) -> tuple[Path, str]:
-    """`dmtp train --data`: (path, the data's sha256) of a token JSONL or a token store (`dmtp.data.tokens`; its
-    digest is its source JSONL's, so either names the same data). Checked before any work: a store's ids against
-    the target's vocabulary; a JSONL's when it is converted."""
+    """`dmtp train --data`: (path, sha256 of the data) of a token JSONL or a token store (whose digest is its source
+    JSONL's, so either names the same data)."""
     from dmtp.data.tokens import is_store, open_store
 
     p = Path(path)
@@ -462,8 +454,7 @@ def _train_profile(a):
 
 
 def command(module: str, name: str = "main"):
-    """`dmtp.cli.<module>.<name>`, imported when the subcommand runs: `dmtp generate` does not import the pipeline's
-    report and figures, nor the dry run's training code."""
+    """`dmtp.cli.<module>.<name>`, imported only when the subcommand runs."""
     def run(*a, **kw):
         return getattr(importlib.import_module(f"dmtp.cli.{module}"), name)(*a, **kw)
     return run
@@ -475,87 +466,79 @@ def generate_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--method", required=True, help="ar | mtp | a variant name (see `dmtp variants`)")
     s.add_argument("--prompts", help="JSONL with `id` and `prompt` (text) or `prompt_ids`")
     s.add_argument("--dataset", help="instead of --prompts: gsm8k | math500 | humaneval | alpaca | mtbench (two turns) "
-                   "| openperfectblend, chat template applied (dmtp/data/datasets.py)")
-    s.add_argument("--data-path", help="local copy of --dataset (.json/.jsonl/.parquet or a folder); default "
-                   "$DMTP_DATA_<NAME>, else the HF cache (offline)")
+                   "| openperfectblend, chat template applied")
+    s.add_argument("--data-path", help="local copy of --dataset (default $DMTP_DATA_<NAME>, else the HF cache)")
     s.add_argument("--n", type=args.at_least(1), help="only the first N prompts")
     s.add_argument("--temperature", type=args.temperature, default=0.0,
                    help=f"0: greedy; >= {MIN_TEMPERATURE:g}: sampling")
-    s.add_argument("--verify", default="target", choices=list(VERIFY_MODES),
-                   help="target: argmax drafts, the target samples its own tokens (default); sample: drafts sampled, "
-                   "token-wise speculative sampling; block: drafts sampled, block verification (equal at T = 0)")
+    s.add_argument("--verify", default="target", choices=list(VERIFY_MODES), help="target: argmax drafts "
+                   "(default); sample: token-wise speculative sampling; block: block verification")
     s.add_argument("--max-new-tokens", type=args.at_least(1), default=128)
-    s.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp (MTP415: 4)")
+    s.add_argument("--mtp-steps", type=args.at_least(1), default=4, help="chained MTP steps for method mtp")
     s.add_argument("--batch-size", type=args.at_least(1), default=16)
-    s.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: every id the target's config.json, "
-                   "generation_config.json and tokenizer name)")
-    s.add_argument("--mode", default="natural", choices=EVAL_MODES, help="natural: stop at EOS / --stop strings / "
-                   "length; fixed: ignore EOS, decode exactly --max-new-tokens")
-    s.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable (a newline from bash: "
-                   "$'\\ndef'); 'humaneval' = the standard HumanEval stop sequences (natural mode)")
+    s.add_argument("--eos", help="comma-separated EOS ids, or `none` (default: the target's config, generation "
+                   "config and tokenizer ids)")
+    s.add_argument("--mode", default="natural", choices=EVAL_MODES, help="natural: stop at EOS / --stop / length; "
+                   "fixed: decode exactly --max-new-tokens")
+    s.add_argument("--stop", action="append", metavar="TEXT", help="stop string, repeatable; 'humaneval' = the "
+                   "standard HumanEval stop sequences")
     s.add_argument("--seed", type=args.SEED, default=0)
     s.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     s.add_argument("--engine", action="append", metavar="KEY=VALUE", default=[],
-                   help="a decode-engine setting (dmtp/config/engine.py EngineConfig), repeatable: "
+                   help="a decode-engine setting (EngineConfig, dmtp/config/engine.py), repeatable: "
                    "engine=hf|fast-eager|compiled, attention=flex|dense, cache_write=auto|graph|eager, "
-                   "tuning=fixed|default|autotune (fixed: identical records run to run), drafter=compiled|hf, graphs=true|false")
-    s.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
+                   "tuning=fixed|default|autotune, drafter=compiled|hf, graphs=true|false")
+    s.add_argument("--device", help=DEVICE_HELP)
     s.add_argument("--out", required=True, help="records JSONL, appended batch by batch: a rerun resumes it")
-    s.add_argument("--force", action="store_true", help="start --out afresh when it holds records of another "
-                   "configuration")
+    s.add_argument("--force", action="store_true", help="start --out afresh if made with another configuration")
     args.compile_cache_flag(s)
+
+
+DEVICE_HELP = "cpu, cuda, cuda:N (default: cuda when available)"
+AUTO_ON_OFF = ["auto", "on", "off"]
 
 
 def train_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--target", required=True)
-    s.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`; converted "
-                   "once into a token store in --out) or a token store (`python -m dmtp.data.tokens`)")
-    s.add_argument("--variants", type=args.names, default=["dflash"], help="comma-separated (see `dmtp variants`), or "
-                   "the ablation's runs on another backbone: dflash2 (dflash on dflash2), dmtp_d2 (zero_init_residual "
-                   "on dflash2), each trained into --out/<name>")
+    s.add_argument("--data", required=True, help="token JSONL (`dmtp generate` output or lines with `ids`) or a "
+                   "token store (`python -m dmtp.data.tokens`)")
+    s.add_argument("--variants", type=args.names, default=["dflash"], help="comma-separated (see `dmtp variants`), "
+                   "or the ablation's runs on another backbone (dflash2, dmtp_d2); each trained into --out/<name>")
     s.add_argument("--out", required=True)
-    s.add_argument("--profile", help="take the drafter shape and training recipe from a profile (e.g. qwen3.6-27b); "
-                   "explicit flags override it")
+    s.add_argument("--profile", help="drafter shape and training recipe of a profile; explicit flags override it")
     s.add_argument("--steps", type=args.at_least(1), help="optimizer steps (default 200)")
-    s.add_argument("--batch-size", type=args.at_least(1), help="sequences per optimizer step over all GPUs: the "
-                   "global batch (default 8)")
+    s.add_argument("--batch-size", type=args.at_least(1), help="global batch over all GPUs (default 8)")
     s.add_argument("--max-len", type=args.at_least(4), help="sequences cut to this many tokens (default 512)")
     s.add_argument("--layers", type=args.at_least(1), help="drafter layers (default 1)")
     s.add_argument("--backbone", choices=["dflash", "dflash2"], help="drafter backbone (default: dflash)")
-    s.add_argument("--attention", choices=list(DRAFTER_ATTENTION), help="drafter attention: anchor = the method's "
-                   "anchor window (the suite's; public readers refuse it), public = the public Qwen3.6 DFlash "
-                   "drafters' rule (sliding layers, then one full-attention layer), which the public reference and "
-                   "the serving engines compute (default: the profile's, else anchor)")
-    s.add_argument("--sliding-window", type=args.at_least(1), help="window of the sliding layers under --attention "
-                   "public (default: the profile's, else 2048)")
+    s.add_argument("--attention", choices=list(DRAFTER_ATTENTION), help="anchor: the method's anchor window; public: "
+                   "the public Qwen3.6 DFlash drafters' sliding + full layers (default: the profile's, else anchor)")
+    s.add_argument("--sliding-window", type=args.at_least(1), help="sliding window under --attention public "
+                   "(default: the profile's, else 2048)")
     s.add_argument("--lr", type=args.number(0, open_lo=True), help="peak learning rate (default 6e-4)")
     s.add_argument("--gamma", type=args.number(0, open_lo=True), help="loss decay over candidates (default 4)")
-    s.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default: the profile's, else the "
-                   "id the public DFlash drafters of the target's family use: Qwen3.5/3.6 248070, Qwen3 151669; else 1)")
+    s.add_argument("--mask-token-id", type=args.at_least(0), help="MASK slot token (default: the profile's, else "
+                   "the target family's public DFlash id, else 1)")
     s.add_argument("--init-from", action="append", help="NAME=PATH,... continue a --variants entry from a "
-                   "DFlash-format checkpoint (e.g. dmtp_d2=PATH: DMTP(D2) from a public DFlash2 drafter); it keeps the "
-                   "checkpoint's attention; repeatable, one checkpoint a run")
+                   "DFlash-format checkpoint (keeps its attention); repeatable")
     s.add_argument("--seed", type=args.SEED, default=0)
     s.add_argument("--stop-after", type=args.at_least(0), default=0,
                    help="checkpoint and stop after this step (resume later)")
-    s.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
-                   help="compiled training path: auto = on CUDA only (default), on, off = eager")
-    s.add_argument("--fsdp", choices=["auto", "on", "off"], help="FSDP2 sharding of the drafters: auto = under "
-                   "torchrun with more than one rank (default), on = also on one process, off")
-    s.add_argument("--shard-target", choices=["auto", "on", "off"], help="under FSDP2, shard the frozen target's "
-                   "layers too (on) or replicate it (off; auto, the default: as the memory model decides)")
+    s.add_argument("--compile", choices=AUTO_ON_OFF, default="auto", help="compiled training (auto: on CUDA only)")
+    s.add_argument("--fsdp", choices=AUTO_ON_OFF, help="FSDP2 sharding of the drafters (auto: under torchrun with "
+                   "more than one rank)")
+    s.add_argument("--shard-target", choices=AUTO_ON_OFF, help="under FSDP2, shard the frozen target too (auto: as "
+                   "the memory model decides)")
     s.add_argument("--activation-checkpointing", action="store_true", default=None,
                    help="recompute each drafter layer in the backward pass (less memory, more time)")
-    s.add_argument("--micro-batch", type=args.at_least(1), help="sequences per GPU per forward/backward: the "
-                   "global --batch-size reached by gradient accumulation (default: the memory model's choice on "
-                   "CUDA, else each GPU's whole share at once)")
-    s.add_argument("--grad-sync", choices=["auto", "last", "every"], help="under FSDP2 with accumulation, reduce the "
-                   "gradients after the last micro-batch (last) or after every one (every: less memory); auto, the "
-                   "default: as the memory model decides")
+    s.add_argument("--micro-batch", type=args.at_least(1), help="sequences per GPU per forward/backward; gradient "
+                   "accumulation reaches --batch-size (default: the memory model's choice on CUDA)")
+    s.add_argument("--grad-sync", choices=["auto", "last", "every"], help="under FSDP2 with accumulation, reduce "
+                   "after the last micro-batch or every one (less memory) (auto: as the memory model decides)")
     s.add_argument("--dtype", choices=["fp32", "bf16"], help="target precision (default fp32)")
-    s.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
-    s.add_argument("--force", action="store_true", help="retrain drafters in --out that were trained (or started) "
-                   "with another configuration")
+    s.add_argument("--device", help=DEVICE_HELP)
+    s.add_argument("--force", action="store_true", help="retrain drafters in --out started with another "
+                   "configuration")
     args.compile_cache_flag(s)
 
 
@@ -565,19 +548,18 @@ def pipeline_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--work", default="work", help="where checkpoints and intermediate data go")
     s.add_argument("--results", default="results")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a profile field, e.g. pretrain.tokens=20000000 or data.batch=512 (repeatable)")
-    s.add_argument("--force", action="store_true", help="redo finished or started stages whose recorded "
-                   "configuration differs from the requested one (default: refuse, naming the fields)")
+                   help="override a profile field, e.g. pretrain.tokens=20000000 (repeatable)")
+    s.add_argument("--force", action="store_true", help="redo stages recorded with another configuration "
+                   "(default: refuse, naming the fields)")
     s.add_argument("--deadline", type=args.number(0, open_lo=True), metavar="SECONDS",
-                   help="finish within SECONDS of wall time (a job limit): optional stages (curve, verify) that "
-                        "would not finish are left out, the running stage stops at the deadline less --reserve, "
-                        "and the same command resumes (exit 3 when it stopped)")
+                   help="finish within SECONDS of wall time: optional stages that would not finish are left out, "
+                        "the running one stops at the deadline less --reserve; rerun to resume (exit 3)")
     s.add_argument("--reserve", type=args.number(0), default=30.0, metavar="SECONDS",
                    help="with --deadline: seconds kept for packing the results (default 30)")
-    s.add_argument("--costs", metavar="FILE", help="with --deadline: JSON stage -> seconds, the stages' declared "
-                   "costs (default: the times measured in work/<profile>/stage_times.json)")
+    s.add_argument("--costs", metavar="FILE", help="with --deadline: JSON stage -> seconds (default: the times "
+                   "measured in work/<profile>/stage_times.json)")
     s.add_argument("--archive", metavar="FILE.tgz", help="pack results/<profile> into this archive after each "
-                   "stage (rewritten whole); `dmtp land FILE.tgz` lands it on another machine")
+                   "stage; `dmtp land FILE.tgz` lands it elsewhere")
     args.compile_cache_flag(s)
 
 
@@ -592,37 +574,32 @@ def land_arguments(s: argparse.ArgumentParser) -> None:
 def dryrun_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b")
     s.add_argument("--target", help="checkpoint whose config.json to check (default: the profile's env var, else "
-                   "the profile's config)")
-    s.add_argument("--gpus", type=args.at_least(1), help="GPUs to train on: say whether training and evaluation fit "
-                   "(the memory model, dmtp/memory.py) and with which setting (default with --gpu-mem: 1)")
-    s.add_argument("--gpu-mem", type=args.number(0, open_lo=True), help="memory per GPU in GiB, as the card is "
-                   "sold: 80 (H100), 141 (H200) (default with --gpus: 80)")
+                   "its config)")
+    s.add_argument("--gpus", type=args.at_least(1), help="GPUs to train on: whether training and evaluation fit "
+                   "(dmtp/memory.py) (default with --gpu-mem: 1)")
+    s.add_argument("--gpu-mem", type=args.number(0, open_lo=True), help="GiB per GPU as sold: 80 (H100), 141 "
+                   "(H200) (default with --gpus: 80)")
     s.add_argument("--seq-len", type=args.at_least(4), help="tokens per training sequence (default: the profile's "
-                   "scale.max_seq_len); evaluation adds the profile's new tokens")
-    s.add_argument("--rates", action="append", default=[], metavar="FILE", help="a rates file measured at the "
-                   "paper's depth (experiments/paper_rates.py; repeatable): the projected wall time of each stage of "
-                   "the open reproduction on --gpus (default 8) cards like the one it was measured on")
+                   "scale.max_seq_len)")
+    s.add_argument("--rates", action="append", default=[], metavar="FILE", help="a rates file "
+                   "(experiments/paper_rates.py; repeatable): each stage's projected wall time on --gpus (default 8)")
 
 
 def reproduce_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--profile", required=True, help="qwen3.6-27b | qwen3.6-35b-a3b | open-tiny (CPU, toy size)")
-    s.add_argument("--target", required=True, help="local target checkpoint (HF layout with its mtp.* weights and "
-                   "tokenizer)")
+    s.add_argument("--target", required=True, help="local target checkpoint (HF layout, mtp.* weights, tokenizer)")
     s.add_argument("--work", help="where everything goes (default runs/<profile>)")
-    s.add_argument("--data-path", action="append", metavar="SET=PATH", default=[],
-                   help="local copy of a set in its published format, repeatable: openperfectblend, gsm8k, math500, "
-                   "humaneval, alpaca, mtbench")
-    s.add_argument("--prompts", help="training prompts instead of OpenPerfectBlend: .jsonl / .parquet with "
-                   "`conversations`, `messages`, `prompt` or `prompt_ids`")
+    s.add_argument("--data-path", action="append", metavar="SET=PATH", default=[], help="local copy of a set, "
+                   "repeatable: openperfectblend, gsm8k, math500, humaneval, alpaca, mtbench")
+    s.add_argument("--prompts", help="training prompts instead of OpenPerfectBlend (.jsonl / .parquet)")
     s.add_argument("--init-from", action="append", metavar="[RUN=]PATH", default=[],
                    help="continue a drafter run from a public DFlash checkpoint (bare PATH: zero_init_residual)")
-    s.add_argument("--train-group", type=args.at_least(0), default=0, help="drafters trained side by side per "
-                   "pass over the data (default 0: on GPUs the largest groups the memory model fits, else all; 1: one at a "
-                   "time, the least memory; the weights are the same)")
+    s.add_argument("--train-group", type=args.at_least(0), default=0, help="drafters trained side by side per pass "
+                   "(default 0: on GPUs the largest groups that fit, else all; 1: least memory)")
     s.add_argument("--stage", default="all", help="regen,train,eval,report or all (default)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a profile field, e.g. data.prompts=10000 or eval.new_tokens=128 (repeatable)")
-    s.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available; under torchrun: the rank's)")
+                   help="override a profile field, e.g. eval.new_tokens=128 (repeatable)")
+    s.add_argument("--device", help=DEVICE_HELP + "; under torchrun: the rank's")
     s.add_argument("--force", action="store_true", help="redo outputs made with another configuration")
     args.compile_cache_flag(s)
 
@@ -642,16 +619,16 @@ COMMANDS = {  # `dmtp NAME`: (help, the arguments it takes, what it runs)
     "pipeline": ("embedded default end to end (corpus -> target -> drafters -> tables)", pipeline_arguments,
                  command("pipeline")),
     "land": ("land a packed run (`dmtp pipeline --archive`) into results/", land_arguments, _land),
-    "dryrun": ("paper-scale profile: target (config only), MTP head and every drafter on the meta device; shape "
-               "checks and a parameter summary, no weights", dryrun_arguments, _dryrun),
-    "reproduce": ("the blog's open reproduction on a local target: regen -> train -> eval -> report, each stage "
-                  "resumable (dmtp/cli/reproduce.py)", reproduce_arguments, command("reproduce")),
+    "dryrun": ("paper-scale profile on the meta device: shape checks and a parameter summary, no weights",
+               dryrun_arguments, _dryrun),
+    "reproduce": ("the blog's open reproduction on a local target: regen -> train -> eval -> report, resumable",
+                  reproduce_arguments, command("reproduce")),
 }
 
 
 def parser() -> argparse.ArgumentParser:
-    """Every `dmtp` command's arguments (what `main` parses; README's commands are checked against it): one
-    subcommand a row of `COMMANDS`."""
+    """Every `dmtp` command's arguments: one subcommand a row of `COMMANDS` (README's commands are checked against
+    it)."""
     p = argparse.ArgumentParser(prog="dmtp", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, (help_, arguments, run) in COMMANDS.items():
@@ -674,12 +651,9 @@ def _run(a):
 
 
 def run_as_command() -> None:
-    """`main()` as `python -m dmtp.cli[.main]` runs it. In a rank of a torchrun launch (WORLD_SIZE > 1) the process
-    leaves without the interpreter's finalization once the command has ended (its outputs written and closed, the
-    group destroyed, stdout and stderr flushed), with the command's exit status: gloo's worker threads can still hold
-    finished collectives' work objects then, and freeing them while the interpreter is torn down aborts the rank
-    ("terminate called without an active exception", SIGABRT) after it has done its work. An uncaught exception
-    still ends the usual way, with its traceback."""
+    """`main()` as `python -m dmtp.cli[.main]` runs it. A rank of a torchrun launch (WORLD_SIZE > 1) leaves with the
+    command's exit status but without the interpreter's finalization: freeing gloo's finished work objects then aborts
+    the rank (SIGABRT) after its work is done. An uncaught exception still ends with its traceback."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         main()
         return

@@ -8,43 +8,36 @@
     dmtp reproduce --profile open-tiny --target TINY --work /tmp/open --data-path ...   # CPU, toy size (tests)
 
 Stages (`--stage regen,train` runs some; each skips or resumes finished work):
-  regen   on-policy training data: the target answers the training prompts (OpenPerfectBlend, or `--prompts FILE`,
-          chat template with thinking off) at the profile's `data.*` temperature and length. Whole batches are dealt
-          to the ranks; each rank appends its batches to its own shard as they finish (a kill loses at most the
-          batches in flight), and the shards merge atomically into data/train.jsonl in prompt order. Each batch is
-          seeded by its offset, so the merged file is the same on any number of ranks (at T = 0 byte for byte).
-  train   every drafter run of the profile's ablation spec on the same batches (`train_drafters`; data-parallel
-          under torchrun), `scale.epochs` passes over the regenerated sequences at the global batch
-          `train.batch_size`; `--init-from [RUN=]PATH` continues a run (default zero_init_residual) from a public
-          DFlash checkpoint; `--train-group N` trains N drafters at a time (each drafter sees the same batches and
-          anchors either way: less memory, the target's features computed once per group; default on GPUs: the
-          largest groups the memory model fits, else all). The sequences are read from a token store converted once
-          (data/train.tokens); on GPUs the fit check of `dmtp train` runs before any weight loads (the per-GPU
-          micro-batch, hence the gradient accumulation to `train.batch_size`, chosen where `train.micro_batch` is
-          0); FSDP2 under torchrun. Checkpoints every `train.save_every` steps: a killed run resumes.
-  eval    the blog's protocol (`eval.*`): the first n prompts of each set, chat template with thinking off, T = 0,
-          natural end-of-text stop, `eval.new_tokens` a turn, MT-Bench's second turn on the model's own first
-          answer, `eval.batch` requests a batch; every run of the spec, the baselines (MTP415) included. One file a
-          (run, set), dealt to the ranks under torchrun.
+  regen   on-policy training data: the target answers the training prompts (OpenPerfectBlend or `--prompts FILE`,
+          thinking off) at the profile's `data.*` settings. Whole batches are dealt to the ranks, each appending to
+          its own shard; the shards merge into data/train.jsonl in prompt order. Each batch is seeded by its offset,
+          so the merged file does not depend on the number of ranks.
+  train   every drafter run of the profile's ablation spec on the same batches, `scale.epochs` passes at the global
+          batch `train.batch_size` (FSDP2 under torchrun); `--init-from [RUN=]PATH` continues a run from a public
+          DFlash checkpoint; `--train-group N` trains N drafters at a time (the same batches either way). On GPUs
+          the fit check of `dmtp train` runs first. Checkpoints every `train.save_every` steps: a killed run resumes.
+  eval    the blog's protocol (`eval.*`): the first n prompts of each set, thinking off, T = 0, natural stop,
+          `eval.new_tokens` a turn (MT-Bench's second turn on the model's own answer); every run of the spec,
+          baselines included. One file a (run, set), dealt to the ranks.
   report  tables, figures and REPORT.md from the records (`dmtp.analysis.report`), beside the blog's numbers.
 
-What it writes under --work (the report's layout: runs/<experiment>/<run>/<set>_T<t>.jsonl beside experiment.json):
+What it writes under --work (the report's layout):
     data/train.jsonl (+ .meta.json)                 merged on-policy sequences: id, prompt_ids, output_ids, stop_reason
     data/train.tokens/                              the same as a token store (what training reads)
     data/shards/rank<r>-of-<w>.jsonl                per-rank shards while regen runs (removed once merged)
     drafters/<run>/{drafter/,history.json,DONE,fingerprint.json}
     runs/<experiment>/<run>/<set>_T0.jsonl (+ .meta.json)   one record per request (MT-Bench: per turn)
-    experiment.json, stages.json                    the resolved profile; each stage's wall time and rates, and
-                                                    whether the target's weights are random (`RANDOM_WEIGHTS`)
+    experiment.json, stages.json                    the resolved profile; each stage's wall time and rates
     tables/, figures/, REPORT.md
-Every output records its configuration (a fingerprint: a finished or half-done output of another configuration is
-refused, naming the fields, unless --force redoes it), the engine settings and the commit (`write_meta`).
+Every output records its configuration (a fingerprint: an output of another configuration is refused, naming the
+fields, unless --force redoes it), the engine settings and the commit.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -87,16 +80,12 @@ from dmtp.training.drafters import load_sequences, new_drafters, train_drafters
 
 STAGES = ("regen", "train", "eval", "report")
 TRAIN_SET = "openperfectblend"
-# how long a rank waits at a collective for the others: regeneration and evaluation deal whole batches / files, so the
-# ranks finish minutes to hours apart at full size (torch's default of 10 minutes would end a healthy run); torchrun
-# stops every rank when one fails, so a long wait never outlives a crash
+# a rank's wait at a collective: ranks dealt whole batches / files finish hours apart at full size (torch's default,
+# 10 minutes, would end a healthy run); torchrun stops every rank when one fails
 COLLECTIVE_TIMEOUT_H = 12
-RECORD_FIELDS = ("id", "prompt_ids", "output_ids", "stop_reason")  # a merged training record: no timings, so the
-# file is the same whatever ran it
-
-
-# a target folder holding this file has random weights (`experiments.reproduce_standin` writes it): stages.json says
-# so, and the report says that acceptance is not measured on such a run
+RECORD_FIELDS = ("id", "prompt_ids", "output_ids", "stop_reason")  # no timings: the same file whatever ran it
+# a target folder holding this file has random weights (`experiments.reproduce_standin`); stages.json and the report
+# say so
 RANDOM_WEIGHTS = "random_weights.json"
 
 
@@ -107,16 +96,14 @@ class Ctx:
                  init_from: dict[str, str], force: bool, device: str | None):
         self.p, self.target, self.work = p, target, work
         self.data_paths, self.prompts, self.init_from, self.force = data_paths, prompts, init_from, force
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun (as dist.init reads it)
-            if not tdist.is_initialized():
-                tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
-                                         timeout=datetime.timedelta(hours=COLLECTIVE_TIMEOUT_H))
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not tdist.is_initialized():  # launched by torchrun
+            tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                     timeout=datetime.timedelta(hours=COLLECTIVE_TIMEOUT_H))
         self.rank, self.world, rank_dev = dist.init()
         self.dev = rank_dev or args.device(device)
         self.main = self.rank == 0
         self._tok = None
-        self.train_group = 0  # drafters trained side by side per pass over the data (0: as the fit check finds on
-        # GPUs, else all of them)
+        self.train_group = 0  # drafters trained side by side (0: as the fit check finds on GPUs, else all)
 
     def log(self, msg: str) -> None:
         if self.main:
@@ -137,8 +124,8 @@ class Ctx:
     def spec(self):
         return self.p.ablation
 
-    def dtype(self):
-        return torch_dtype(self.p.engine.dtype)
+    def load_target(self) -> Target:
+        return Target.load(self.target, dtype=torch_dtype(self.p.engine.dtype), device=self.dev)
 
     def eos(self) -> list[int]:
         cfg = read_config(self.target)
@@ -149,6 +136,13 @@ class Ctx:
         """The drafter runs trained: the spec's variants and backbone runs (selected by `ablation.only`)."""
         a = self.spec
         return a.selected(a.variants + tuple(a.backbones))
+
+    def variant(self, run: str) -> str:
+        """The variant a drafter run trains (a backbone run's, or the run itself)."""
+        return self.spec.backbones.get(run, (run,))[0]
+
+    def needs_mtp(self, runs) -> bool:
+        return any(get_variant(self.variant(r)).needs_mtp for r in runs)
 
 
 # --- inputs -------------------------------------------------------------------------------------------------------
@@ -173,8 +167,8 @@ def data_paths(items: list[str]) -> dict[str, str]:
 
 def read_prompt_file(path: Path, tok) -> list[dict]:
     """Training prompts from a local .jsonl / .json / .parquet: per row `conversations` or `messages` (the first
-    user turn), `prompt` (text) or `prompt_ids` (token ids, used as given); ids from `id` or the row number. A row
-    that is none of these, an empty prompt, or text that cannot be encoded is an error naming the file and row."""
+    user turn), `prompt` (text) or `prompt_ids` (used as given); ids from `id` or the row number. A bad row is an
+    error naming the file and row."""
     rows = D.read_file(path) if path.is_file() else D.read_local(path, "train")
     out = []
     for i, r in enumerate(rows):
@@ -183,32 +177,30 @@ def read_prompt_file(path: Path, tok) -> list[dict]:
             ids = r["prompt_ids"]
             require(isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids),
                     f"{where}: `prompt_ids` must be a non-empty list of token ids")
-            out.append({"id": rid, "prompt_ids": list(ids)})
-            continue
-        if "conversations" in r or "messages" in r:
-            turns = user_turn(r, D.first_user, where)
+        elif "conversations" in r or "messages" in r:
+            ids = chat_ids(tok, r, D.first_user, where)
         else:
             require("prompt" in r, f"{where}: expected `conversations`, `messages`, `prompt` (text) or "
                     "`prompt_ids`")
-            turns = user_turn(r, lambda r: [D.field_text(r, "prompt")], where)
-        if turns:
-            out.append({"id": rid, "prompt_ids": D.encode(tok, D.chat_text(tok, [{"role": "user",
-                                                                                   "content": turns[0]}]))})
+            ids = chat_ids(tok, r, lambda r: [D.field_text(r, "prompt")], where)
+        if ids is not None:
+            out.append({"id": rid, "prompt_ids": list(ids)})
     return out
 
 
-def user_turn(row: dict, turns, where: str) -> list[str]:
-    """`turns(row)` (a set's user turns, [] for a row without one), checked as a prompt's text: an error in the row's
-    format or text that cannot be encoded (a lone surrogate) is one line naming `where`."""
+def chat_ids(tok, row: dict, turns, where: str) -> list[int] | None:
+    """The token ids of `turns(row)[0]` (a set's first user turn) through the chat template; None for a row without
+    one. A row not in the set's format, or text that cannot be encoded, is one line naming `where`."""
     try:
         got = turns(row)
     except ValueError as e:
         raise ValueError(f"{where}: {gist(e)}") from None
     except (TypeError, KeyError, AttributeError) as e:  # a field of another type where the format has text
         raise ValueError(f"{where}: not the set's format ({type(e).__name__}: {gist(e)})") from None
-    for t in got[:1]:
-        checks.text(t, where)
-    return got
+    if not got:
+        return None
+    checks.text(got[0], where)
+    return D.encode(tok, D.chat_text(tok, [{"role": "user", "content": got[0]}]))
 
 
 def training_prompts(c: Ctx) -> list[dict]:
@@ -227,11 +219,10 @@ def training_prompts(c: Ctx) -> list[dict]:
                                        f"or --prompts FILE (.jsonl / .parquet of prompts) "
                                        f"({str(e).split(': ', 1)[-1].split('. Point')[0]})") from None
         for i, r in enumerate(raw):
-            turns = user_turn(r, s.turns, f"{c.data_paths.get(key) or key}: row {i + 1}")
-            if turns:
-                rows.append({"id": s.id(r, i), "prompt_ids": D.encode(c.tok, D.chat_text(
-                    c.tok, [{"role": "user", "content": turns[0]}]))})
-    # token ids as compact arrays (the full set: ~1.4 M prompts; Python lists of ints would take ~8x the memory)
+            ids = chat_ids(c.tok, r, s.turns, f"{c.data_paths.get(key) or key}: row {i + 1}")
+            if ids is not None:
+                rows.append({"id": s.id(r, i), "prompt_ids": ids})
+    # token ids as compact arrays (the full set: ~1.4 M prompts; lists of ints would take ~8x the memory)
     kept = [dict(r, prompt_ids=array("i", r["prompt_ids"])) for r in rows
             if 0 < len(r["prompt_ids"]) <= d.prompt_tokens][: d.prompts]
     require(kept, f"no training prompt of 1 to {d.prompt_tokens} tokens (data.prompt_tokens) in "
@@ -286,12 +277,11 @@ def train_config(c: Ctx, n_sequences: int):
 
 
 def drafter_key(c: Ctx, run: str, data_key: dict, cfg) -> dict:
-    a = c.spec
-    variant = a.backbones.get(run, (run,))[0]
+    bb = c.spec.backbones
     return dict(data_key, train=fingerprint(cfg), drafter={k: v for k, v in fingerprint(c.p.drafter).items()
                                                            if k != "variants"},
-                variant_settings=c.p.drafter.variants.get(variant, {}), init_from=c.init_from.get(run),
-                **({"backbone": list(a.backbones[run])} if run in a.backbones else {}))
+                variant_settings=c.p.drafter.variants.get(c.variant(run), {}), init_from=c.init_from.get(run),
+                **({"backbone": list(bb[run])} if run in bb else {}))
 
 
 # --- stages -------------------------------------------------------------------------------------------------------
@@ -299,8 +289,8 @@ ID_AT_START = re.compile(rb'^\{"id": ("(?:[^"\\]|\\.)*")')  # a shard line opens
 
 
 def shard_index(path: Path) -> dict[str, int]:
-    """id -> byte offset of its line in one shard, read without parsing the token lists (a shard of the full set
-    holds gigabytes); a last line cut by a kill is left out (its batch is decoded again)."""
+    """id -> byte offset of its line in one shard, read without parsing the token lists (a shard can hold
+    gigabytes); a last line cut by a kill is left out."""
     out, pos = {}, 0
     if not path.exists():
         return out
@@ -316,8 +306,8 @@ def shard_index(path: Path) -> dict[str, int]:
 
 
 def merge_shards(shards: Path, prompts: list[dict], out: Path) -> dict:
-    """data/train.jsonl from the shards, in prompt order, each record cut to RECORD_FIELDS, written atomically
-    (streamed: one record in memory at a time). Returns the counts."""
+    """data/train.jsonl from the shards in prompt order, each record cut to RECORD_FIELDS, streamed and written
+    atomically. Returns the counts."""
     where = {}
     for f in sorted(shards.glob("rank*.jsonl")):  # shards of any numbers of ranks: an id's first record wins
         for rid, pos in shard_index(f).items():
@@ -350,8 +340,7 @@ def merge_shards(shards: Path, prompts: list[dict], out: Path) -> dict:
 def st_regen(c: Ctx) -> dict | None:
     """On-policy regeneration (module docstring). Returns the stage's numbers (rank 0), None when it was done."""
     d = c.p.data
-    folder = c.work / "data"
-    out, shards = folder / "train.jsonl", folder / "shards"
+    out, shards = c.work / "data" / "train.jsonl", c.work / "data" / "shards"
     prompts = training_prompts(c)
     want = regen_key(c, digest(prompts))
     merged = Unit(str(out), want, out.with_suffix(".meta.json"), [out])
@@ -365,9 +354,7 @@ def st_regen(c: Ctx) -> dict | None:
     own = shards / f"rank{c.rank}-of-{c.world}.jsonl"
     if own.exists():  # a line cut by a kill: dropped (its batch is decoded again)
         drop_cut_line(own)
-    done = set()
-    for f in sorted(shards.glob("rank*.jsonl")):  # every shard, of any earlier number of ranks
-        done |= set(shard_index(f))
+    done = {i for f in sorted(shards.glob("rank*.jsonl")) for i in shard_index(f)}  # shards of any number of ranks
     B = d.batch
     todo = [i for i in range(0, len(prompts), B) if any(p["id"] not in done for p in prompts[i: i + B])]
     dist.barrier()  # every rank has read the shards before any appends: one `todo`, dealt the same everywhere
@@ -376,7 +363,7 @@ def st_regen(c: Ctx) -> dict | None:
           f"decoded, {len(todo)} batches to go over {c.world} rank(s)")
     tokens, wall, first = 0, 0.0, None  # first: (tokens, seconds) of this rank's first batch, which compiles
     if mine:
-        tgt = Target.load(c.target, dtype=c.dtype(), device=c.dev)
+        tgt = c.load_target()
         eos, seed = c.eos(), c.p.stream(1)
         for i in mine:  # batch i keeps its prompts and its seed on any number of ranks
             chunk = [dict(p, prompt_ids=list(p["prompt_ids"])) for p in prompts[i: i + B]]
@@ -400,14 +387,11 @@ def st_regen(c: Ctx) -> dict | None:
     dist.barrier()
     if not c.main:
         return None
-    # tok/s per GPU over every batch, and past each rank's first batch (its graphs compiled and tuned: the steady
-    # rate a long regeneration runs at; None where a rank decoded one batch)
-    info = dict(world=c.world, ranks=rates, tok_per_s_per_gpu=[round(r["tokens"] / r["decode_s"], 1)
-                                                                if r["decode_s"] else None for r in rates],
-                steady_tok_per_s_per_gpu=[round(r["steady_tokens"] / r["steady_s"], 1) if r["steady_s"] else None
-                                          for r in rates])
-    # the record first, then the file (it never exists without it): the counts are the merge's, so it goes
-    # into a temporary name until both are written
+    rate = lambda n, s: round(n / s, 1) if s else None  # noqa: E731
+    # tok/s per GPU over every batch, and past each rank's first batch (which compiles): the steady rate
+    info = dict(world=c.world, ranks=rates, tok_per_s_per_gpu=[rate(r["tokens"], r["decode_s"]) for r in rates],
+                steady_tok_per_s_per_gpu=[rate(r["steady_tokens"], r["steady_s"]) for r in rates])
+    # the record first, then the file (it never exists without it): the merge goes to a temporary name till then
     tmp = out.with_name(f".{out.name}.merging")
     info.update(merge_shards(shards, prompts, tmp))
     write_meta(merged.record, {"data": asdict(d), "prompts": str(c.prompts or c.data_paths.get(TRAIN_SET) or
@@ -427,8 +411,7 @@ def st_train(c: Ctx) -> dict | None:
     sha = file_sha256(data)
     data_key = {"data": meta.get("fingerprint"), "data_sha256": sha}
     cfg_t = read_config(c.target)
-    # the merged sequences as a token store (data/train.tokens, memory-mapped: each rank reads its rows of every
-    # batch), converted once by rank 0 and reused while train.jsonl is the same file
+    # the merged sequences as a memory-mapped token store, converted once and reused while train.jsonl is the same
     seqs = load_sequences(store_of(data, c.work / "data" / "train.tokens", cfg_t.vocab_size, sha256=sha),
                           c.p.train.max_len, vocab_size=cfg_t.vocab_size)
     cfg = train_config(c, len(seqs))
@@ -452,10 +435,9 @@ def st_train(c: Ctx) -> dict | None:
     c.log(f"train: {', '.join(todo)} for {cfg.steps} steps ({c.p.scale.epochs} epochs of {len(seqs)} sequences at "
           f"global batch {cfg.batch_size}){' from ' + str(c.init_from) if c.init_from else ''}")
     t0 = time.time()
-    tgt = Target.load(c.target, dtype=c.dtype(), device=c.dev)
+    tgt = c.load_target()
     a = c.spec
-    need_mtp = any(get_variant(a.backbones.get(r, (r,))[0]).needs_mtp for r in todo)
-    mtp = MTPHead.load(tgt, c.target) if need_mtp else None
+    mtp = MTPHead.load(tgt, c.target) if c.needs_mtp(todo) else None
     # runs continuing a killed run's checkpoint: their steps before it are not in this stage's time
     resumed = [r for r in todo if (out / r / "trainer_state.pt").exists()]
     train_s = 0.0
@@ -484,11 +466,9 @@ def st_train(c: Ctx) -> dict | None:
 
 
 def train_groups(c: Ctx, cfg_t, cfg, todo: list[str]) -> list[tuple[list[str], object, str | None]]:
-    """The runs `todo` in the groups trained one after another, each with its TrainConfig and the memory model's
-    line: on CUDA (a target the model describes) the fit check of `dmtp train` per group (`cli.fit.fit_groups`), the
-    groups of `--train-group` or the largest that fit, the micro-batch, target sharding and gradient reduction
-    chosen where the profile leaves them (refused in one line where even one run alone cannot fit); elsewhere
-    `--train-group` runs a group (default all), the profile's settings as they are."""
+    """The runs `todo` in groups trained one after another, each with its TrainConfig and the memory model's line:
+    on CUDA the fit check per group (`cli.fit.fit_groups`: `--train-group` or the largest groups that fit);
+    elsewhere `--train-group` runs a group (default all), with the profile's settings."""
     if modelled(cfg_t) and str(c.dev).startswith("cuda"):
         gpu = torch.cuda.get_device_properties(torch.device(c.dev)).total_memory
         return fit_groups(cfg_t.to_dict(), run_configs(c.p, cfg_t, todo), cfg, c.world, gpu, size=c.train_group)
@@ -505,24 +485,19 @@ def eval_units(c: Ctx) -> tuple[list[Unit], dict[str, list[dict]]]:
     ev, a = c.p.eval, c.spec
     prompts = {ds: eval_prompts(c, ds, n) for ds, n in ev.sets.items()}
     out = []
-    drafters = c.work / "drafters"
-    for run in a.selected(a.runs()):  # run by run: one drafter in memory at a time
-        for ds, n in ev.sets.items():
-            for temp in ev.temperatures:
-                path = run_file(c, run, ds, temp)
-                if run in a.baselines:
-                    model = target_key(c)
-                else:
-                    rec = drafters / run / "fingerprint.json"
-                    model = {"drafter": read_json(rec).get("fingerprint") if rec.exists() else None,
-                             "drafter_done": (drafters / run / "DONE").exists()}
-                want = dict(model, engine=fingerprint(c.p.engine.records_key()),
-                            **{"eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch, "eval.stops": list(ev.stops)},
-                            **({"eval.mtp_steps": ev.mtp_steps} if method_class(run).uses_mtp_steps else {}),
-                            run={"dataset": ds, "prompts": n, "temperature": temp, "method": run,
-                                 "prompts_sha256": digest(prompts[ds])})
-                out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path],
-                                run={"run": run, "dataset": ds, "temperature": temp}))
+    # run by run: one drafter in memory at a time
+    for run, (ds, n), temp in itertools.product(a.selected(a.runs()), ev.sets.items(), ev.temperatures):
+        path, rec = run_file(c, run, ds, temp), c.work / "drafters" / run / "fingerprint.json"
+        model = target_key(c) if run in a.baselines else {
+            "drafter": read_json(rec).get("fingerprint") if rec.exists() else None,
+            "drafter_done": (rec.parent / "DONE").exists()}
+        want = dict(model, engine=fingerprint(c.p.engine.records_key()),
+                    **{"eval.new_tokens": ev.new_tokens, "eval.batch": ev.batch, "eval.stops": list(ev.stops)},
+                    **({"eval.mtp_steps": ev.mtp_steps} if method_class(run).uses_mtp_steps else {}),
+                    run={"dataset": ds, "prompts": n, "temperature": temp, "method": run,
+                         "prompts_sha256": digest(prompts[ds])})
+        out.append(Unit(str(path), want, path.with_suffix(".meta.json"), [path],
+                        run={"run": run, "dataset": ds, "temperature": temp}))
     return out, prompts
 
 
@@ -542,7 +517,7 @@ def st_eval(c: Ctx) -> dict | None:
     c.log(f"eval: {len(units) - len(todo)} of {len(units)} (run, set) files done; {len(todo)} to decode")
     stats = []
     if mine:
-        tgt = Target.load(c.target, dtype=c.dtype(), device=c.dev)
+        tgt = c.load_target()
         mtp = MTPHead.load(tgt, c.target)
         tok, eos, methods = c.tok, c.eos(), {}
         for u in mine:
@@ -595,9 +570,8 @@ RUN = {"regen": st_regen, "train": st_train, "eval": st_eval, "report": st_repor
 
 
 def record_stage(c: Ctx, stage: str | None = None, wall: float = 0.0, info: dict | None = None) -> None:
-    """stages.json: each stage's wall time and rates (the last run that did work), what the projection reads, and the
-    run's target, environment, engine and whether the target's weights are random (`RANDOM_WEIGHTS`: the report
-    reads it); stage None: those alone."""
+    """stages.json: each stage's wall time and rates (what the projection reads), the target, environment, engine
+    and whether the target's weights are random (`RANDOM_WEIGHTS`); stage None: those alone."""
     path = c.work / "stages.json"
     old = read_json(path) if path.exists() else {}
     if stage is not None:
@@ -608,14 +582,10 @@ def record_stage(c: Ctx, stage: str | None = None, wall: float = 0.0, info: dict
 
 
 def early_checks(c: Ctx, cfg, stages: list[str]) -> list:
-    """What the requested stages need, checked before any work (`dmtp.preflight`: every shortfall in one line): the
-    target's weights against its config.json built on the meta device, and its native MTP head's layers where a
-    stage reads it (eval: the MTP baseline; train: the DMTP runs); the tokenizer's chat template and end-of-text ids
-    (regen, eval); the regeneration's prompt and new-token budget within the target's positions; each evaluation
-    set, there and within the positions. (The training prompts are read first thing in regen, the first stage.)"""
-    a = c.spec
-    mtp = "eval" in stages or ("train" in stages and any(get_variant(a.backbones.get(r, (r,))[0]).needs_mtp
-                                                          for r in c.runs()))
+    """What the requested stages need, checked before any work (`dmtp.preflight`): the target's weights against its
+    config (and its MTP head where a stage reads it), the tokenizer (regen, eval), and the regeneration's and each
+    evaluation set's lengths within the target's positions."""
+    mtp = "eval" in stages or ("train" in stages and c.needs_mtp(c.runs()))
     checks = target_checks(c.target, mtp=mtp)
     if {"regen", "eval"} & set(stages):
         checks.append(Check("--target tokenizer", lambda: f"end-of-text ids {c.eos()}"))
@@ -636,8 +606,8 @@ def regen_positions(c: Ctx, cfg) -> str:
 
 
 def eval_positions(c: Ctx, cfg, ds: str, n: int) -> str:
-    """An evaluation set's first n prompts (`eval_prompts`), each with its turns' eval.new_tokens within the target's
-    positions (a multi-turn prompt counts its first turn and every turn's new tokens: at least what it takes)."""
+    """An evaluation set's first n prompts, each with eval.new_tokens a turn within the target's positions (a
+    multi-turn prompt counts its first turn and every turn's new tokens: at least what it takes)."""
     try:
         c.tok
     except ValueError:

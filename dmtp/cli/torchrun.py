@@ -1,14 +1,11 @@
-"""torchrun, with an interruption told in one line: the same arguments as `torchrun` (it runs torch's own launcher,
-`torch.distributed.run`), and on Ctrl-C (SIGINT) or SIGTERM the exit status a shell gives a killed command, 130 /
-143, instead of torch's traceback.
+"""torchrun (torch's `torch.distributed.run`, the same arguments), with an interruption told in one line: on Ctrl-C
+or SIGTERM, exit 130 / 143 instead of torch's traceback.
 
     python -m dmtp.cli.torchrun --nproc_per_node=2 -m dmtp.cli train --profile smoke --target T --data D --out O
     dmtp-torchrun --nproc_per_node=8 -m dmtp.cli reproduce ...        # the same, as the installed command
 
-torchrun starts each rank in a session of its own, so a terminal's Ctrl-C reaches the launcher alone; torch's agent
-passes the signal on to every rank and waits for them. Each rank stops where it is (`args.guard`: exit 130; rank 0
-prints the one line, `interrupted; the same command resumes from what was saved`), then the launcher exits 130 without
-adding a line of its own. A rank that fails any other way keeps torch's report of it.
+torch's agent passes the signal on to every rank; each stops (`args.guard`: exit 130, rank 0 prints the line), then
+the launcher exits without a line of its own. A rank that fails any other way keeps torch's report.
 """
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ import logging
 import signal
 import sys
 
-# torch's agent logs the signal it got, each rank it passes it to and each rank that ended interrupted: the ranks'
-# one line says it
+# torch's agent logs the signal, each rank it passes it to and each that ended interrupted: the ranks' line says it
 _AGENT_LOGS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
 _SIGNAL_WORDS = ("death signal", "closing signal", "via signal", "(exitcode: 130)", "(exitcode: -2)", "(exitcode: -15)")
 
@@ -28,10 +24,9 @@ def _quiet_signal_logs() -> None:
 
 
 def interrupted_status(codes) -> int | None:
-    """The exit status of a launch whose ranks ended with exit `codes` (a rank killed by a signal: minus its number),
-    when they ended by an interruption: 130 where one was interrupted (SIGINT; `args.guard`'s exit), the others
-    interrupted too or stopped by torch's agent (its SIGTERM to the ranks left once one has ended); 143 where SIGTERM
-    stopped them all; None otherwise."""
+    """The exit status of a launch whose ranks ended with `codes` (minus a signal's number) by an interruption: 130
+    where one was interrupted and the others too or by torch's agent's SIGTERM; 143 where SIGTERM stopped them all;
+    None otherwise."""
     codes, term = set(codes), {143, -signal.SIGTERM}
     if codes & {130, -signal.SIGINT} and codes <= {130, -signal.SIGINT} | term:
         return 130
