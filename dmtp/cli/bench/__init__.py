@@ -211,11 +211,10 @@ def run(p, a):
                              "CPU)")
         dev = "cuda"
 
-        def save_shape(rows, new, base=(), regen=(), kernels=(), admission=()):  # after each part
+        def save_shape(rows, new, **parts):  # after each part: overhead.csv, <part>.csv, ratios.json, meta
             merge_overhead(out / "overhead.csv", rows)
-            for name, part in (("admission", admission), ("baselines", base), ("regen", regen), ("kernels", kernels)):
-                if part:
-                    merge_rows(out / f"{name}.csv", part)
+            for name, part in parts.items():
+                merge_rows(out / f"{name}.csv", part)
             save(new)
             write_meta(out / f"meta_{'paper' if a.paper_shape else 'mini'}_shape.json", vars(a))
 

@@ -14,7 +14,7 @@ import torch
 from dmtp.analysis.metrics import (acceptance_length, first_token, histogram, per_verify_shared,
                                    speedup_on_ar_outputs)
 from dmtp.analysis.ratios import Ratio, speedup_goal
-from dmtp.cli.bench.baselines import hf_static_generate, regeneration, regeneration_ratio
+from dmtp.cli.bench.baselines import hf_generate, regeneration, regeneration_ratio
 from dmtp.cli.bench.common import (device_name, label_of, median, merge_overhead, merge_rows, ratio,
                                    read_bytes_per_token, round_goal, spread, stage_times, timed)
 from dmtp.cli.bench.profiling import admission_profile, kernel_profile
@@ -378,7 +378,7 @@ def hf(b: Bench, methods: list[str]) -> list[Ratio]:
     if AR.name in mean.index:
         ratios.append(ratio(b.setup, "engine AR / HF AR loop", mean.loc[AR.name, "speedup_vs_hf_ar"], ">=", 15,
                             "batch 1"))
-        static = hf_static_generate(b.tgt, hf_prompts[0], a.max_new_tokens)
+        static = hf_generate(b.tgt, hf_prompts[0], a.max_new_tokens)
         static()  # compiles
         out, wall = static()
         tps = len(out) / wall
