@@ -91,12 +91,10 @@ def bench_pretrain(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     (hist, info), wall = quietly(pretrain, tgt, mtp, tokens, cfg)
     mem = torch.cuda.max_memory_allocated() / 2 ** 30 if dev == "cuda" else None
     rate, timed = steady_rate(hist, warm, "tokens")
-    flops = train_flops_per_token(tgt, mtp, p.seq_len)
-    peak = peak_flops(dev)
+    flops, peak = train_flops_per_token(tgt, mtp, p.seq_len), peak_flops(dev)
     return {"tokens_per_s": rate, "steps_timed": timed, "wall_s": wall, "compiled": info["compiled"],
-            "fused_ce": info["fused_ce"], "peak_gib": mem,
-            "flops_per_token": flops, "peak_flops": peak, "mfu": rate * flops / peak if peak else None,
-            "batch": p.batch_size, "seq_len": p.seq_len}
+            "fused_ce": info["fused_ce"], "peak_gib": mem, "flops_per_token": flops, "peak_flops": peak,
+            "mfu": rate * flops / peak if peak else None, "batch": p.batch_size, "seq_len": p.seq_len}
 
 
 def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
@@ -107,8 +105,7 @@ def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     seqs = [[rng.randrange(prof.data.vocab_size) for _ in range(rng.randrange(t.max_len // 2, t.max_len + 1))]
             for _ in range(4 * t.batch_size)]
     variants = list(prof.ablation.variants)
-    base = dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed)
-    drafters = new_drafters(tgt, variants, base)
+    drafters = new_drafters(tgt, variants, dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed))
     cfg = replace(t, steps=steps, log_every=warm, save_every=10 ** 9, stop_after=0, amp_bf16=dev == "cuda",
                   **PATHS[path][1])
     hist, wall = quietly(train_drafters, tgt, mtp, drafters, seqs, cfg)

@@ -28,9 +28,7 @@ kernels.csv     --kernel-sweep L1,L2,..: AR at batch 1 with each attention kerne
 ratios.json     the targets, each measured side by side in one run (typed records, `dmtp.analysis.ratios`)
 
 Which runs are timed and which are "DMTP" and "DFlash" comes from the profile's ablation spec (`--profile`, default:
-the folder above --target): `ablation.bench`, `main_method`, `drafter_baseline`. Modules: `trained` (the parts on a
-trained target), `shapes` (`--paper-shape`, `--mini-shape`), `baselines` (batch 1 beside HF's loops, the kernel
-sweep, regeneration), `profiling` (kernel profiles), `common` (timer, ratios, engine labels).
+the folder above --target): `ablation.bench`, `main_method`, `drafter_baseline`.
 """
 from __future__ import annotations
 

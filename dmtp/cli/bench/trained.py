@@ -18,7 +18,7 @@ from dmtp.cli.bench.baselines import hf_generate, regeneration, regeneration_rat
 from dmtp.cli.bench.common import (device_name, label_of, median, merge_overhead, merge_rows, ratio,
                                    read_bytes_per_token, round_goal, spread, stage_times, timed)
 from dmtp.cli.bench.profiling import admission_profile, kernel_profile
-from dmtp.cli.bench.shapes import draft_side_ratios
+from dmtp.cli.bench.shapes import by_stage, draft_side_ratios
 from dmtp.config import AblationSpec, DataConfig, EngineConfig
 from dmtp.config.engine import describe_variant, server_variant
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
@@ -100,9 +100,9 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
             ms, res = stage_times(b.tgt, m, prompts, tokens, engine=b.eng, capacity=capacity)
             rows += [{"method": name, "stage": s, "ms_per_round": v, "batch": batch, "rounds": len(res[0].accepted),
                       "device": device_name(b.dev), "engine": label_of(b.eng)} for s, v in ms.items()]
-            print(f"[bench] overhead {name} batch {batch}: " + (", ".join(f"{s} {v:.3f}" for s, v in ms.items())
-                                                                 or f"no stage times (at most 16 rounds: {tokens} "
-                                                                    "tokens)"))
+            times = ", ".join(f"{s} {v:.3f}" for s, v in ms.items())
+            print(f"[bench] overhead {name} batch {batch}: " + (times or f"no stage times (at most 16 rounds: {tokens} "
+                                                                         "tokens)"))
             if rows:  # so far: a run cut short keeps what it timed
                 merge_overhead(Path(a.out) / "overhead.csv", rows)
             if a.kernel_profile and batch == a.batch and name in (AR.name, dflash, dmtp):  # where the rounds go
@@ -110,7 +110,7 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
                                  capacity))
     for m, prompts, tokens, path, capacity in profiles:  # after every stage time
         kernel_profile(b.tgt, m, prompts, tokens, path, engine=b.eng, capacity=capacity)
-    by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows if r["batch"] == a.batch}
+    by = by_stage([r for r in rows if r["batch"] == a.batch])
     if (dflash, "round") in by and (dmtp, "round") in by:
         ratios.append(ratio(b.setup, f"{dmtp} round / {dflash} round", by[(dmtp, "round")] / by[(dflash, "round")],
                             "<=", round_goal(b.setup), f"batch {a.batch}"))
@@ -328,10 +328,8 @@ def on_ar_outputs(m: pd.DataFrame, ar: pd.DataFrame) -> list[float]:
 def hf(b: Bench, methods: list[str]) -> list[Ratio]:
     """The engine vs a plain HF `generate` loop, batch 1, T = 0, and AR against the HBM bound."""
     a, dev, eos, dmtp = b.a, b.dev, b.eos, b.spec.main_method
-    rows = []
     bound = a.bandwidth / read_bytes_per_token(b.tgt)
-    hf_prompts = b.prompts[: a.hf_prompts]
-    servers = {}
+    hf_prompts, rows, servers = b.prompts[: a.hf_prompts], [], {}
     for name in methods:  # batch-1 servers, graphs captured on a warm-up request
         m = b.method(name)
         servers[name] = Server(b.tgt, m, 1, capacity_for(hf_prompts, a.max_new_tokens, m.k), 0.0, a.max_new_tokens,
@@ -343,9 +341,9 @@ def hf(b: Bench, methods: list[str]) -> list[Ratio]:
         ref = out[0, len(pr):].tolist()
         for name, srv in servers.items():
             (res,), t = timed(dev, srv.run, [pr])
-            rows.append({"prompt": i, "method": name, "tokens": len(res.output_ids),
-                         "ours_tok_per_s": len(res.output_ids) / t, "hf_ar_tok_per_s": len(ref) / t_hf,
-                         "speedup_vs_hf_ar": (len(res.output_ids) / t) / (len(ref) / t_hf),
+            ours, theirs = len(res.output_ids) / t, len(ref) / t_hf
+            rows.append({"prompt": i, "method": name, "tokens": len(res.output_ids), "ours_tok_per_s": ours,
+                         "hf_ar_tok_per_s": theirs, "speedup_vs_hf_ar": ours / theirs,
                          "identical": res.output_ids == ref, "ar_hbm_bound_tok_per_s": bound})
     df = pd.DataFrame(rows)
     write_csv(Path(a.out) / "hf.csv", df)
@@ -358,11 +356,10 @@ def hf(b: Bench, methods: list[str]) -> list[Ratio]:
         static = hf_generate(b.tgt, hf_prompts[0], a.max_new_tokens)
         static()  # compiles
         out, wall = static()
-        tps = len(out) / wall
+        tps, ar = len(out) / wall, mean.loc[AR.name, "ours_tok_per_s"]
         ours = df[(df.method == AR.name) & (df.prompt == 0)].ours_tok_per_s.iloc[0]
         ratios.append(ratio(b.setup, "engine AR / HF static-cache compiled generate", ours / tps, ">=", 1.6,
                             "batch 1", f"{ours:.0f} vs {tps:.0f} tok/s (first prompt; natural EOS for ours)"))
-        ar = mean.loc[AR.name, "ours_tok_per_s"]
         ratios.append(ratio(b.setup, "AR tok/s / HBM bound", ar / bound, condition="batch 1",
                             note=f"{ar:.0f} tok/s vs {bound:.0f} tok/s"))
     if dmtp in mean.index:
