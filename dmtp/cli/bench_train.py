@@ -1,29 +1,22 @@
 """Training throughput, the eager and the compiled path side by side in one run (`make bench-train`): target
 pretraining (tokens/s, MFU) and drafter training (steps/s, every variant of the ablation side by side), each through
-the real training loop (`pretrain.pretrain`, `drafters.train_drafters`) with `compile="off"` and then `"auto"`.
-Pretraining runs a third path between them, compiled with the LM-head loss on materialised fp32 logits
-(`fused_ce="off"`), so the fused chunked loss (`losses.linear_cross_entropy`, the compiled default on CUDA) is
-measured against it in the same run; the drafters run the compiled path's former structure between them
-(`per_drafter`: a compiled region, an AdamW and a clip per drafter, `TrainConfig.one_region = False`), so the gain of
-the one-region step is measured in the same run too.
+the real training loop with `compile="off"` and then `"auto"`. Between them pretraining runs the compiled path with
+the plain LM-head loss (`fused_ce="off"`) and the drafters the compiled path's former structure (`per_drafter`: one
+compiled region per drafter), so the fused loss and the one-region step are measured against them in the same run.
 
     python -m dmtp.cli.bench_train --profile mini --out results/mini/bench          # H200: a few minutes
     python -m dmtp.cli.bench_train --profile smoke --out /tmp/bt --steps 8 --warm 2  # CPU smoke, ~1 min (all eager)
 
-Only the architecture is needed: the target has the profile's shape and random weights, the tokens are random (the
-speed of a step does not depend on the values). Rates are steady-state: from the history record at step `--warm`
-(compile and warm-up behind it) to the last one; every record is taken after its values were read back, so the GPU
-has caught up. MFU = tokens/s x training FLOPs per token (`pretrain.train_flops_per_token`: 6 N + causal
-attention; the fused loss runs the LM-head GEMMs the plain one does, so both count the same) / the device's dense
-bf16 peak (`common.PEAK_BF16`, H100/H200 989.4 TFLOP/s).
+The target has the profile's shape and random weights, the tokens are random (a step's speed does not depend on
+them). Rates are steady-state: from the history record at step `--warm` to the last one (each record is taken after
+its values were read back, so the GPU has caught up). MFU = tokens/s x training FLOPs per token
+(`pretrain.train_flops_per_token`) / the device's dense bf16 peak (`training.common.peak_flops`).
 
 train.json    per path: steps timed, steady rate, wall time of the whole call (compile included), MFU; pretraining
               also the peak of allocated GPU memory (`peak_gib`)
-ratios.json   records {target, value, goal, met, note} merged by target name with what `dmtp.cli.bench` wrote:
-              pretraining compiled / eager, fused / plain loss and MFU; drafters compiled / eager (goal 4) and
-              compiled / per_drafter
-profile_train_<part>.txt   --kernel-profile N: device time by kind of kernel (GEMM, attention, optimizer, ...) and
-              the profiler's table over --warm + N steps of the part's last path: where a missed goal's time goes
+ratios.json   the ratio records, merged by target name with what `dmtp.cli.bench` wrote
+profile_train_<part>.txt   --kernel-profile N: device time by kind of kernel and the profiler's table over --warm + N
+              steps of the part's last path
 """
 from __future__ import annotations
 
@@ -49,8 +42,7 @@ from dmtp.training.drafters import new_drafters, train_drafters
 from dmtp.training.pretrain import build_target, pretrain, train_flops_per_token
 from dmtp.profiles import resolve
 
-# the paths: (pretraining config settings, drafter-training config settings); None: the part has no such path.
-# "compiled" is the default of both (the fused LM-head loss, one compiled region for all drafters)
+# the paths: (pretraining config settings, drafter-training config settings); None: the part has no such path
 PATHS = {"eager": (dict(compile="off", fused_ce="off"), dict(compile="off")),
          "compiled_plain_ce": (dict(compile="auto", fused_ce="off"), None),
          "per_drafter": (None, dict(compile="auto", one_region=False)),
@@ -68,55 +60,55 @@ def steady_rate(hist: list[dict], warm: int, count: str) -> tuple[float, int]:
     return (b[count] - a[count]) / (b["elapsed_s"] - a["elapsed_s"]), b["step"] - a["step"]
 
 
+def random_target(prof, dev: str, frozen: bool = False):
+    """The profile's target and MTP head with random weights (seed 0) on `dev`; `frozen`: in eval mode, no grads."""
+    torch.manual_seed(0)
+    tgt, mtp = build_target(prof.model.arch, prof.data.vocab_size, eos_id=0)
+    for m in (tgt.model, mtp):
+        m.to(dev)
+        if frozen:
+            m.eval().requires_grad_(False)
+    return tgt, mtp
+
+
+def quietly(train, *args):
+    """(train(*args, a temporary folder, log=nothing), wall seconds)."""
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = train(*args, tmp, log=lambda *_: None)
+    return out, time.time() - t0
+
+
 def bench_pretrain(prof, dev: str, path: str, steps: int, warm: int) -> dict:
     """`steps` pretraining steps of the profile's target (random weights and tokens) on one process."""
-    torch.manual_seed(0)
-    vocab = prof.data.vocab_size
-    tgt, mtp = build_target(prof.model.arch, vocab, eos_id=0)
-    tgt.model.to(dev)
-    mtp.to(dev)
+    tgt, mtp = random_target(prof, dev)
     p = prof.pretrain
-    tokens = np.random.default_rng(0).integers(0, vocab, 4_000_000).astype(np.int32)
+    tokens = np.random.default_rng(0).integers(0, prof.data.vocab_size, 4_000_000).astype(np.int32)
     cfg = replace(p, tokens=steps * p.batch_size * p.seq_len, log_every=warm, save_every=10 ** 9, stop_after=0,
                   **PATHS[path][0])
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        hist, info = pretrain(tgt, mtp, tokens, cfg, tmp, log=lambda *_: None)
-    wall = time.time() - t0
+    (hist, info), wall = quietly(pretrain, tgt, mtp, tokens, cfg)
     mem = torch.cuda.max_memory_allocated() / 2 ** 30 if dev == "cuda" else None
     rate, timed = steady_rate(hist, warm, "tokens")
-    flops = train_flops_per_token(tgt, mtp, p.seq_len)
-    peak = peak_flops(dev)
+    flops, peak = train_flops_per_token(tgt, mtp, p.seq_len), peak_flops(dev)
     return {"tokens_per_s": rate, "steps_timed": timed, "wall_s": wall, "compiled": info["compiled"],
-            "fused_ce": info["fused_ce"], "peak_gib": mem,
-            "flops_per_token": flops, "peak_flops": peak, "mfu": rate * flops / peak if peak else None,
-            "batch": p.batch_size, "seq_len": p.seq_len}
+            "fused_ce": info["fused_ce"], "peak_gib": mem, "flops_per_token": flops, "peak_flops": peak,
+            "mfu": rate * flops / peak if peak else None, "batch": p.batch_size, "seq_len": p.seq_len}
 
 
 def bench_drafters(prof, dev: str, path: str, steps: int, warm: int) -> dict:
-    """`steps` drafter-training steps of every variant of the ablation side by side (the pipeline's drafters stage:
-    the profile's drafter shape and recipe, bf16 autocast on GPU), on a random-weight target of the profile's shape
-    and random sequences of max_len / 2 .. max_len tokens."""
-    torch.manual_seed(0)
-    vocab = prof.data.vocab_size
-    tgt, mtp = build_target(prof.model.arch, vocab, eos_id=0)
-    tgt.model.to(dev).eval().requires_grad_(False)
-    mtp.to(dev).eval().requires_grad_(False)
-    t = prof.train
-    rng = random.Random(0)
-    seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(t.max_len // 2, t.max_len + 1))]
+    """`steps` drafter-training steps of every variant of the ablation side by side (the profile's drafter shape and
+    recipe, bf16 autocast on GPU), on a random-weight target and random sequences of max_len / 2 .. max_len tokens."""
+    tgt, mtp = random_target(prof, dev, frozen=True)
+    t, rng = prof.train, random.Random(0)
+    seqs = [[rng.randrange(prof.data.vocab_size) for _ in range(rng.randrange(t.max_len // 2, t.max_len + 1))]
             for _ in range(4 * t.batch_size)]
     variants = list(prof.ablation.variants)
-    base = dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed)
-    drafters = new_drafters(tgt, variants, base)
+    drafters = new_drafters(tgt, variants, dict(drafter_config(prof, tgt.config, mask_token_id=1), seed=t.seed))
     cfg = replace(t, steps=steps, log_every=warm, save_every=10 ** 9, stop_after=0, amp_bf16=dev == "cuda",
                   **PATHS[path][1])
-    t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        hist = train_drafters(tgt, mtp, drafters, seqs, cfg, tmp, log=lambda *_: None)
-    wall = time.time() - t0
+    hist, wall = quietly(train_drafters, tgt, mtp, drafters, seqs, cfg)
     rate, timed = steady_rate(hist[variants[-1]], warm, "step")  # the last drafter's record closes its step
     return {"steps_per_s": rate, "steps_timed": timed, "wall_s": wall, "drafters": len(drafters),
             "batch": t.batch_size, "max_len": t.max_len, "anchors_per_seq": t.anchors_per_seq}
@@ -133,9 +125,7 @@ def record(setup: str, name: str, value: float, direction: str = "report", goal:
 
 def ratio_records(label: str, res: dict) -> list[Ratio]:
     """The ratio records of a run's results (paths that failed left out)."""
-    out = []
-    before = BEFORE.get(label, {})
-    pre = res.get("pretrain", {})
+    out, before, pre, dr = [], BEFORE.get(label, {}), res.get("pretrain", {}), res.get("drafters", {})
     if "eager" in pre and "compiled" in pre:
         e, c = pre["eager"], pre["compiled"]
         out.append(record(label, "pretraining tok/s, compiled / eager", c["tokens_per_s"] / e["tokens_per_s"],
@@ -152,7 +142,6 @@ def ratio_records(label: str, res: dict) -> list[Ratio]:
         out.append(record(label, "pretraining tok/s, fused / plain LM-head loss (compiled)",
                           c["tokens_per_s"] / pl["tokens_per_s"],
                           note=f"{c['tokens_per_s'] / 1e6:.3f} M vs {pl['tokens_per_s'] / 1e6:.3f} M tok/s{mfu}{off}"))
-    dr = res.get("drafters", {})
     if "eager" in dr and "compiled" in dr:
         e, c = dr["eager"], dr["compiled"]
         out.append(record(label, f"drafter training steps/s, {c['drafters']} drafters side by side, compiled / eager",
@@ -168,9 +157,8 @@ def ratio_records(label: str, res: dict) -> list[Ratio]:
 
 
 def profile_part(fn, prof, dev: str, path: str, steps: int, warm: int, file: Path) -> None:
-    """Where a training step's time goes: `fn` (bench_pretrain or bench_drafters) run for `steps` steps under torch
-    profiler, device time by kind of kernel (`dmtp.analysis.kernels`) and the profiler's table written to `file`.
-    The window covers the whole call, so the first steps (compilation launches no kernels) count with the rest."""
+    """Where a training step's time goes: `fn` (bench_pretrain or bench_drafters) for `steps` steps under torch
+    profiler; device time by kind of kernel and the profiler's table written to `file`."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
@@ -182,10 +170,9 @@ def profile_part(fn, prof, dev: str, path: str, steps: int, warm: int, file: Pat
 
 def bench_train(profile: str, out: str | Path, steps: int = 40, warm: int = 10, parts=("pretrain", "drafters"),
                 paths=tuple(PATHS), drafter_steps: int | None = None, kernel_profile: int = 0) -> list[Ratio]:
-    """Run the benchmark, write train.json (+ meta) and merge the ratio records into ratios.json; returns them.
-    Each (part, path) runs in a try: a failing path is recorded with its error, the others still run.
-    A part runs the `paths` it has (`PATHS`), in the order given. `kernel_profile` > 0: then
-    each part's last path again for that many steps under the profiler (profile_train_<part>.txt)."""
+    """Run the benchmark, write train.json (+ meta) and merge the ratio records into ratios.json; returns them. A part
+    runs the `paths` it has (`PATHS`), in the order given; a failing path is recorded with its error. `kernel_profile`
+    > 0: then each part's last path again for that many steps under the profiler (profile_train_<part>.txt)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     prof = resolve(profile)
     out = Path(out)

@@ -1,13 +1,10 @@
 """A wall-clock limit for the pipeline (`dmtp pipeline --deadline SECONDS`): a scheduler's job limit, a spot
 instance's notice.
 
-Optional stages (`OPTIONAL_UNDER_DEADLINE`: the learning curve, the verification-mode study) start only when their
-cost fits in the time left; their cost is the longest measured run of the stage in this work folder
-(`work/<folder>/stage_times.json`, written as stages finish) or a declared one (`--costs FILE`, a JSON object
-stage -> seconds, e.g. that file from another machine). A stage of unknown cost is started. The stages the results
-need always start; at the deadline less `reserve` seconds the running stage is interrupted (every artifact is written
-atomically and every stage resumes, so nothing half-written is left), the results are packed (`--archive`), and the
-same command, rerun, resumes where it stopped.
+Optional stages (`OPTIONAL_UNDER_DEADLINE`) start only when their cost fits in the time left: the longest measured run
+of the stage in this work folder (`TIMES`) or a declared one (`--costs FILE`, a JSON object stage -> seconds); a stage
+of unknown cost is started. At the deadline less `reserve` seconds the running stage is interrupted (artifacts are
+written atomically and stages resume), the results are packed (`--archive`), and the same command resumes.
 """
 from __future__ import annotations
 
@@ -72,8 +69,7 @@ class Deadline:
 
 
 def read_costs(work: Path, declared: str | Path | None = None) -> dict[str, float]:
-    """Stage -> seconds: the measured times of `work` (TIMES), overridden by a declared file (`--costs`); either
-    holding anything but an object of finite seconds >= 0 is one line naming the file and the stage."""
+    """Stage -> seconds: the measured times of `work` (TIMES), overridden by a declared file (`--costs`)."""
     path = Path(work) / TIMES
     costs = _seconds(read_json(path), f"{path}", "remove it (the stages write it again as they finish)") \
         if path.exists() else {}
@@ -98,8 +94,7 @@ def _seconds(d, where: str, remedy: str) -> dict[str, float]:
 
 
 def record_cost(work: Path, stage: str, seconds: float) -> None:
-    """Keep the longest measured wall time of `stage` in `work`/TIMES (a rerun that only skips finished work is
-    quick: the longest run is the conservative estimate of what the stage costs)."""
+    """Keep the longest measured wall time of `stage` in `work`/TIMES (a rerun that skips finished work is quick)."""
     path = Path(work) / TIMES
     times = read_costs(work)
     if seconds > times.get(stage, -1.0):

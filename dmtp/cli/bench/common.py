@@ -1,6 +1,5 @@
 """What every part of bench shares: the stage timer, timed calls, ratio records, medians of repeats, the weight bytes
-a round reads, the speed goals, and the engine labels (`"compiled+dense+gw"`: named `EngineConfig`s derived from the
-default) with the CSV merges that keep the rows of the setups a run does not measure again."""
+a round reads, the speed goals, the engine labels (`"compiled+dense+gw"`: named `EngineConfig`s) and the CSV merges."""
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +21,7 @@ from dmtp.io import write_csv
 
 class Stamped:
     """A text stream whose "[bench]" lines carry the seconds since `t0`: "[+123s] [bench] ..." (a log that a time
-    limit cuts shows what took the time; the report's parsers search for "[bench] ..." anywhere in a line). Everything
-    but `write` is the wrapped stream's."""
+    limit cuts shows what took the time). Everything but `write` is the wrapped stream's."""
 
     def __init__(self, raw, t0: float | None = None):
         self.raw, self.t0, self._bol = raw, time.perf_counter() if t0 is None else t0, True
@@ -43,8 +41,8 @@ class Stamped:
 
 
 class StageTimer:
-    """Times named stages of every decode round (CUDA events on GPU — recorded without waiting —, perf_counter on
-    CPU). Stages outside a round (prefill) are not timed."""
+    """Times named stages of every decode round (CUDA events on GPU, perf_counter on CPU); stages outside a round
+    (prefill) are not timed."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -77,8 +75,7 @@ class StageTimer:
 
     def ms_per_round(self, skip: int = 16) -> dict[str, float]:
         """Median ms per round of each stage over the rounds that ran it (a stage run twice in a round counts both),
-        the first `skip` rounds excluded. The median, not the mean: a few stalled rounds can move a mean "round" 40 %
-        above the sum of its stages, where the medians add up."""
+        the first `skip` rounds excluded. The median: a few stalled rounds move a mean far above the sum of stages."""
         if self.cuda:
             torch.cuda.synchronize()
         per = defaultdict(list)
@@ -130,38 +127,38 @@ def stage_times(tgt, m, prompts, tokens, skip=16, engine=None, capacity=None):
     return ms, res
 
 
+def nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def read_bytes_per_token(target) -> int:
     """Weight bytes a decode step reads: every parameter except an untied input embedding (only rows are read)."""
     emb = target.body.embed_tokens.weight
     tied = emb.data_ptr() == target.model.lm_head.weight.data_ptr()
-    return sum(p.numel() * p.element_size() for p in target.model.parameters()) - (0 if tied else emb.numel()
-                                                                                    * emb.element_size())
+    return nbytes(*target.model.parameters()) - (0 if tied else nbytes(emb))
 
 
 def t1_bytes_per_round(target, mtp) -> int:
-    """Weight bytes DMTP reads each round beyond DFlash's: the MTP head (its layer, fc, norms) and the exact T1 head
-    (the target's LM head, read once more: T1 comes from the MTP hidden state after verify, so it cannot share
-    verify's read of the same weights). Per round, not per row: at small batches these reads bound the extra time."""
-    head = target.model.lm_head.weight
-    return sum(p.numel() * p.element_size() for p in mtp.parameters()) + head.numel() * head.element_size()
+    """Weight bytes DMTP reads each round beyond DFlash's: the MTP head and the exact T1 head (the target's LM head,
+    read once more: T1 comes from the MTP hidden state after verify, so it cannot share verify's read)."""
+    return nbytes(*mtp.parameters(), target.model.lm_head.weight)
 
 
 def round_floor(target, mtp, dflash_round_ms: float, bandwidth: float, setup: str, name: str, condition: str,
                 ) -> Ratio:
     """The lowest DMTP round / DFlash round the weights allow: DFlash's measured round plus the extra weight bytes
-    (`t1_bytes_per_round`) read at `bandwidth`. A goal below it cannot be met by the engine at this shape and batch."""
-    nbytes = t1_bytes_per_round(target, mtp)
-    extra = nbytes / bandwidth * 1e3
+    (`t1_bytes_per_round`) read at `bandwidth`."""
+    extra_bytes = t1_bytes_per_round(target, mtp)
+    extra = extra_bytes / bandwidth * 1e3
     return ratio(setup, f"{name}, weight-read floor", 1 + extra / dflash_round_ms, condition=condition,
-                 note=f"{dflash_round_ms:.3f} ms DFlash round + {nbytes / 1e9:.3f} GB (MTP head + T1 LM head) at "
+                 note=f"{dflash_round_ms:.3f} ms DFlash round + {extra_bytes / 1e9:.3f} GB (MTP head + T1 LM head) at "
                       f"{bandwidth / 1e12:.1f} TB/s = {extra:.3f} ms")
 
 
 ROUND_GOAL = {"mini": 1.10}  # DMTP round / DFlash round at a small target's shape (latency-bound stages)
 ROUND_AR_GOAL = 1.5  # DMTP round / AR step at batch 8: speculation pays only when a round costs few AR steps
 DRAFT_SHARE_GOAL = 0.15  # draft side / verify at batch 8: the paper's cost regime (5 + 1 layers against 64)
-DRAFT_STAGES = ("mtp_chain", "t1_prep", "drafter", "mtp", "drafter_ctx")  # a round's draft side (verify excluded;
-# mtp_chain: `given`'s chained MTP steps)
+DRAFT_STAGES = ("mtp_chain", "t1_prep", "drafter", "mtp", "drafter_ctx")  # a round's draft side (mtp_chain: `given`'s)
 
 
 def round_goal(profile: str) -> float:
@@ -175,25 +172,23 @@ LABEL_OPTIONS = {"dense": "dense attention", "gw": "K/V write in the graph", "tu
 
 
 def label_words(label: str) -> str:
-    """The suffix a record of engine label `label` carries in its name, e.g. ", dense attention, K/V write in the
-    graph" for "compiled+dense+gw" ("" for a plain engine)."""
+    """The suffix of a record's name for engine label `label`: ", dense attention, K/V write in the graph" for
+    "compiled+dense+gw", "" for a plain engine."""
     opts = label.split("+")[1:]
     return "".join(f", {words}" for opt, words in LABEL_OPTIONS.items() if opt in opts)
 
 
 def engine_setting(label: str, base: EngineConfig | None = None) -> EngineConfig:
-    """An engine label — "<engine>[+dense][+gw][+tuned|+timed]" — as the named `EngineConfig` it stands for, derived
-    from `base` (default: the default config): flex attention with its K/V write outside the graphs on CUDA and fixed
-    kernel choices unless "+dense" (dense attention, the write outside the graphs) / "+gw" (the write inside the
-    compiled graphs) / "+tuned" (Inductor's autotuned kernels) / "+timed" (Inductor's default heuristics, whose
-    launch settings are timed on the device)."""
+    """An engine label "<engine>[+dense][+gw][+tuned|+timed]" as the `EngineConfig` it names, derived from `base`
+    (default: the default config): flex attention, the K/V write outside the graphs, fixed kernel choices, unless an
+    option (`LABEL_OPTIONS`) says otherwise."""
     engine, *opts = label.split("+")
     unknown = set(opts) - set(LABEL_OPTIONS)
     require(not unknown, f"engine label {label!r}: unknown option(s) {sorted(unknown)} (known: dense, gw, tuned)")
     write = "graph" if "gw" in opts else "eager" if engine != "hf" else "auto"
+    tuning = "autotune" if "tuned" in opts else "default" if "timed" in opts else "fixed"
     return (base or EngineConfig()).with_(engine=engine, attention="dense" if "dense" in opts else "flex",
-                                          cache_write=write,
-                                          tuning="autotune" if "tuned" in opts else "default" if "timed" in opts else "fixed")
+                                          cache_write=write, tuning=tuning)
 
 
 def label_of(eng: EngineConfig) -> str:
@@ -204,14 +199,13 @@ def label_of(eng: EngineConfig) -> str:
         + "+tuned" * (eng.tuning == "autotune") + "+timed" * (eng.tuning == "default")
 
 
-# the batch-1 engines: the library's default (fixed kernel choices, flex attention) first, then the autotuned kernels,
-# each attention kernel and cache write, then the HF layers
+# the batch-1 engines: the library's default first, then autotuned kernels, each attention kernel and write, HF layers
 B1_ENGINES = ("compiled", "compiled+tuned", "compiled+dense", "compiled+dense+gw", "hf")
 
 
 def b1_engines(base: EngineConfig | None = None) -> tuple[str, ...]:
-    """The batch-1 engine labels of a run: the run's own engine first (`base`: a profile's; default the library's
-    default `EngineConfig()`), then the others of `B1_ENGINES`."""
+    """The batch-1 engine labels of a run: its own engine (`base`, default `EngineConfig()`) first, then the others of
+    `B1_ENGINES`."""
     first = label_of(base if base is not None else EngineConfig())
     return (first,) + tuple(x for x in B1_ENGINES if x != first)
 

@@ -16,10 +16,9 @@ from dmtp.io import write_text
 
 def kernel_profile(tgt, m, prompts, tokens, path: Path, temperature: float = 0.0, engine: EngineConfig | None = None,
                    capacity: int | None = None):
-    """Where a round's time goes: device time by kind of kernel (`dmtp.analysis.kernels`) and torch profiler's table
-    over a `tokens`-token decode at `temperature` (CUDA graphs off, so every kernel is seen by name; the compiled
-    engine launches the same kernels either way). `tokens` and `capacity` as when timed: the same shapes, the
-    compiled code reused."""
+    """Where a round's time goes: device time by kind of kernel and torch profiler's table over a `tokens`-token decode
+    (CUDA graphs off, so every kernel is seen by name). `tokens` and `capacity` as when timed: the compiled code
+    reused."""
     eng = EngineConfig.of(engine).with_(graphs=False)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         generate(tgt, m, prompts, temperature, tokens, seed=0, engine=eng, capacity=capacity)
@@ -30,17 +29,12 @@ def kernel_profile(tgt, m, prompts, tokens, path: Path, temperature: float = 0.0
 
 
 def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> dict:
-    """Where an admission's time goes (`Server.admit_s`: the newcomers' prompt pass, the method's own prefill, the move
-    into the slots), on a server that has served `prompts` (its shapes compiled): `n` admissions of a group of the
-    size the server admits (`engine.admit`, at most its cap) into its first slots, timed on the host (device
-    synchronised around each) after one untimed round of the same admissions (a bucket of a graphed pass that the
-    server never met is captured there; timed, such a capture would be measured as an admission), then one
-    under torch profiler. With a graphed prompt pass (`EngineConfig.prefill = "graphed"`) the same admissions also
-    run through the compiled pass, side by side (one untimed first, which may compile its shape), and the first
-    tokens of the newcomers are compared between the two. Writes the host times, the profiler's device time, on a GPU
-    its time by kind of kernel (`dmtp.analysis.kernels`), and the profiler's table sorted by host time (`path`);
-    returns {group, host_ms, device_ms} (+ compiled_host_ms, first_tokens_equal with a graphed pass): a host time
-    far above the device time is host-bound work (guards, wrappers, launches)."""
+    """Where an admission's time goes (`Server.admit_s`), on a server that has served `prompts`: `n` admissions of a
+    group of the size the server admits into its first slots, timed on the host after one untimed round of the same
+    admissions (buckets captured), then one under torch profiler. With a graphed prompt pass the same admissions also
+    run through the compiled pass, and the newcomers' first tokens are compared. Writes host and device time, on a
+    GPU the time by kind of kernel, and the profiler's table by host time to `path`; returns {group, host_ms,
+    device_ms} (+ compiled_host_ms, first_tokens_equal with a graphed pass)."""
     dev = srv.target.device
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     g = max(1, min(srv.eng.admit, srv.cap, len(srv.batch.wall)))
@@ -73,7 +67,6 @@ def admission_profile(srv, prompts: list[list[int]], path: Path, n: int = 4) -> 
     avg = prof.key_averages()
     res["device_ms"] = sum(t for _, t in device_times(avg)) / 1e3 if dev.type == "cuda" else float("nan")
     head += f" (median of {n}), device {res['device_ms']:.2f} ms (kernels under the profiler)\n\n"
-    # where the device time goes (a graphed pass's kernels are seen by name too), then where the host's goes
     body = kernel_summary(avg, "device time by kind of kernel:", row_limit=25) if dev.type == "cuda" else ""
     write_text(path, head + body + "\nhost time, by operator:\n" + avg.table(sort_by="cpu_time_total", row_limit=40))
     print(f"[bench] {head.strip()} -> {path}")

@@ -14,11 +14,11 @@ import torch
 from dmtp.analysis.metrics import (acceptance_length, first_token, histogram, per_verify_shared,
                                    speedup_on_ar_outputs)
 from dmtp.analysis.ratios import Ratio, speedup_goal
-from dmtp.cli.bench.baselines import hf_static_generate, regeneration, regeneration_ratio
+from dmtp.cli.bench.baselines import hf_generate, regeneration, regeneration_ratio
 from dmtp.cli.bench.common import (device_name, label_of, median, merge_overhead, merge_rows, ratio,
                                    read_bytes_per_token, round_goal, spread, stage_times, timed)
 from dmtp.cli.bench.profiling import admission_profile, kernel_profile
-from dmtp.cli.bench.shapes import draft_side_ratios
+from dmtp.cli.bench.shapes import by_stage, draft_side_ratios
 from dmtp.config import AblationSpec, DataConfig, EngineConfig
 from dmtp.config.engine import describe_variant, server_variant
 from dmtp.data.datasets import encode_prompts, humaneval_prompts
@@ -36,7 +36,6 @@ from dmtp.models.screen import T1Screen
 from dmtp.models.target import Target
 
 
-# --- the parts on a trained target ---------------------------------------------------------------------------------
 @dataclass
 class Bench:
     """What every part measures with: the profile's target, MTP head, trained drafters and HumanEval prompts."""
@@ -84,13 +83,10 @@ def cap_requests(b: Bench, cap: int) -> list[list[int]]:
 
 
 def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
-    """Per-round stage times of `ar` and every method at batch `--batch` and at each batch cap (the cost model's round
-    times, `dmtp.analysis.costmodel`), EOS ignored, the first 16 rounds excluded; at `--batch` the round ratios: DMTP
-    / DFlash, each method / AR step, the draft side / verify. At a batch cap the batch has the throughput part's
-    shapes (cache rows for its requests and `--max-new-tokens`, as many tokens generated), so a benchmark of both
-    parts compiles each method once per cap, not twice; at another `--batch`, `--tokens` tokens. The largest batch
-    first, and every stage time before the kernel profiles (`--kernel-profile`: at `--batch`, AR, DFlash and DMTP):
-    a limit that cuts the part short keeps the cost model's inputs (the largest batch's rounds first)."""
+    """Per-round stage times of `ar` and every method at batch `--batch` and at each batch cap (the cost model's
+    inputs), EOS ignored, the first 16 rounds excluded; the round ratios at `--batch`. At a batch cap the throughput
+    part's shapes (its requests, `--max-new-tokens`), so each method compiles once per cap; else `--tokens` tokens.
+    The largest batch first, the kernel profiles last: a run cut short keeps the cost model's inputs."""
     a, dmtp, dflash = b.a, b.spec.main_method, b.spec.drafter_baseline
     names = [AR.name] + [m for m in methods if m != AR.name]  # the reference first
     rows, ratios, profiles = [], [], []
@@ -104,9 +100,9 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
             ms, res = stage_times(b.tgt, m, prompts, tokens, engine=b.eng, capacity=capacity)
             rows += [{"method": name, "stage": s, "ms_per_round": v, "batch": batch, "rounds": len(res[0].accepted),
                       "device": device_name(b.dev), "engine": label_of(b.eng)} for s, v in ms.items()]
-            print(f"[bench] overhead {name} batch {batch}: " + (", ".join(f"{s} {v:.3f}" for s, v in ms.items())
-                                                                 or f"no stage times (at most 16 rounds: {tokens} "
-                                                                    "tokens)"))
+            times = ", ".join(f"{s} {v:.3f}" for s, v in ms.items())
+            print(f"[bench] overhead {name} batch {batch}: " + (times or f"no stage times (at most 16 rounds: {tokens} "
+                                                                         "tokens)"))
             if rows:  # so far: a run cut short keeps what it timed
                 merge_overhead(Path(a.out) / "overhead.csv", rows)
             if a.kernel_profile and batch == a.batch and name in (AR.name, dflash, dmtp):  # where the rounds go
@@ -114,7 +110,7 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
                                  capacity))
     for m, prompts, tokens, path, capacity in profiles:  # after every stage time
         kernel_profile(b.tgt, m, prompts, tokens, path, engine=b.eng, capacity=capacity)
-    by = {(r["method"], r["stage"]): r["ms_per_round"] for r in rows if r["batch"] == a.batch}
+    by = by_stage([r for r in rows if r["batch"] == a.batch])
     if (dflash, "round") in by and (dmtp, "round") in by:
         ratios.append(ratio(b.setup, f"{dmtp} round / {dflash} round", by[(dmtp, "round")] / by[(dflash, "round")],
                             "<=", round_goal(b.setup), f"batch {a.batch}"))
@@ -124,94 +120,86 @@ def overhead(b: Bench, methods: list[str]) -> list[Ratio]:
 
 def throughput(b: Bench, methods: list[str], late: bool = False) -> list[Ratio]:
     """End-to-end throughput, the way a user serves: HumanEval prompts in natural mode (end-of-text and HumanEval's
-    stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process.
-
-    Per (temperature, cap) a server per method is started as a serving engine starts: its graphed prompt pass
-    captured for every bucket (`Server.prepare`: otherwise the timed runs would capture buckets), then one
-    untimed run of the whole request group (graph capture for every batch the timed runs meet: a first group alone
-    left the first timed repeat compiling, 10-60 % slower, on the trained mini). Then `--repeats` timed
-    runs of the whole request group, interleaved (every method once per repeat, the order rotated by one each
-    repeat), so a drift of the machine reaches all alike. The largest cap decodes `--prompts` prompts at every
-    temperature, the others the first `--small-cap-prompts` at the temperatures of `--small-cap-temperatures`
-    (default: all).
-
-    throughput.csv: one row per run (tok/s, per-verify tau, server rounds, admitted groups and the host time admitting
-    them, graphs compiled and prompt-pass graphs captured during the run: 0 when the start-up met every shape; at
-    T = 0 the requests equal to AR's output, `equal_ar`). With `--kernel-profile`, at the first temperature and each
-    cap, where an admission's time goes for AR and the main method (`profile_admission_*.txt`: host against device
-    time, and with a graphed prompt pass the compiled pass's beside it: admission_profile.csv). Ratios: each method /
-    AR as the median of the per-repeat ratios with their range, and DMTP's tok/s gain over DFlash against its
-    per-verify gain. The temperatures of `--late-temperatures` are left to the part `throughput-late` (`late`), which
-    appends its rows: `--parts throughput,overhead,throughput-late` times the stage times, on the shapes the first
-    part compiled, before a limit can take them."""
-    a = b.a
+    stop strings), dynamic batching (`Server`) at each batch cap, every method side by side in one process: servers
+    started as a serving engine starts (`start_servers`), then `--repeats` timed runs of the whole request group,
+    interleaved (`serve_repeats`). The largest cap decodes `--prompts` prompts at every temperature, the others the
+    first `--small-cap-prompts` at `--small-cap-temperatures`. `--kernel-profile`: at the first temperature, where an
+    admission's time goes (`admission_profile`, admission_profile.csv). The temperatures of `--late-temperatures` are
+    left to the part `throughput-late` (`late`), which appends its rows to throughput.csv."""
+    a, out = b.a, Path(b.a.out)
     stop = stop_spec(b.tgt, b.tok, "natural", HUMANEVAL_STOPS) if b.tok is not None else None
-    path = Path(a.out) / "throughput.csv"
+    path = out / "throughput.csv"
     prior = pd.read_csv(path).to_dict("records") if late and path.exists() else []  # the first part's rows
     rows, admissions, top = [], [], max(a.caps)
-    temps = [t for t in a.temperatures if (t in a.late_temperatures) == late]
     variant_methods = [m for m in (a.variant_methods or [AR.name, b.spec.main_method]) if m in methods]
     small = a.temperatures if a.small_cap_temperatures is None else a.small_cap_temperatures
-    for temp in temps:
-        for cap in a.caps:
-            if cap != top and temp not in small:
-                continue
+
+    def save():  # so far: a run cut short keeps what it timed
+        write_csv(path, pd.DataFrame(prior + rows))
+
+    for temp in [t for t in a.temperatures if (t in a.late_temperatures) == late]:
+        for cap in [c for c in a.caps if c == top or temp in small]:
             reqs = cap_requests(b, cap)
             runs = [(n, v, "") for n in methods for v in a.verify]  # (method, verify mode, server variant)
             if temp == a.temperatures[0]:
                 runs += [(n, "target", x) for x in a.server_variants for n in variant_methods]
             servers = start_servers(b, runs, reqs, cap, temp, stop)
-            order, outs, accs, first = list(servers), {}, {}, len(rows)
-            for rep in range(a.repeats):
-                for run in order[rep % len(order):] + order[: rep % len(order)]:
-                    srv = servers[run]
-                    before = counters(srv)
-                    res, wall = timed(b.dev, srv.run, reqs)
-                    n_out = sum(len(r.output_ids) for r in res)
-                    spent = {k: v - before[k] for k, v in counters(srv).items()}
-                    if temp == 0:
-                        outs[run, rep] = [r.output_ids for r in res]
-                        accs[run, rep] = [r.accepted for r in res]
-                    acc = [x for r in res for x in r.accepted]
-                    rows.append({"method": run, "temperature": temp, "batch_cap": cap, "repeat": rep,
-                                 "dataset": "humaneval", "mode": "natural", "batching": "dynamic",
-                                 "requests": len(reqs), "output_tokens": n_out, "wall_s": wall,
-                                 "tok_per_s": n_out / wall, "per_verify": acceptance_length(acc),
-                                 "verify_rounds": len(acc), **spent,
-                                 "verify": run.partition("@")[0].partition("+")[2] or "target",
-                                 "engine": label_of(b.eng), "admit": b.eng.admit, "prefill": b.eng.prefill,
-                                 "admit_beside": srv.eng.admit_beside, "in_flight": srv.eng.in_flight})
-                    print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s "
-                          f"(tau/verify {rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in "
-                          f"{rows[-1]['admit_s']:.2f}s)")
-                    write_csv(path, pd.DataFrame(prior + rows))  # so far
+            first = len(rows)
+            outs, accs = serve_repeats(b, servers, reqs, temp, cap, rows, save)
             if (AR.name, 0) in outs:
                 equal_ar(rows[first:], outs, accs, cap)
-                write_csv(path, pd.DataFrame(prior + rows))
+                save()
             if a.kernel_profile and temp == a.temperatures[0]:  # where an admission's host time goes
-                for run in (AR.name, b.spec.main_method):
-                    if run in servers:
-                        adm = admission_profile(servers[run], reqs, Path(a.out) / f"profile_admission_{b.setup}_{run}"
-                                                f"_b{cap}.txt")
-                        admissions.append({"method": run, "batch_cap": cap, "prefill": b.eng.prefill, **adm})
-                        write_csv(Path(a.out) / "admission_profile.csv", pd.DataFrame(admissions))
+                for run in (r for r in (AR.name, b.spec.main_method) if r in servers):
+                    adm = admission_profile(servers[run], reqs, out / f"profile_admission_{b.setup}_{run}_b{cap}.txt")
+                    admissions.append({"method": run, "batch_cap": cap, "prefill": b.eng.prefill, **adm})
+                    write_csv(out / "admission_profile.csv", pd.DataFrame(admissions))
             for srv in servers.values():  # their slots (caches, graphs) go before the next cap
                 srv.close()
     return throughput_ratios(pd.DataFrame(rows), b.spec, b.setup) + admission_ratios(admissions, b.setup)
 
 
+def serve_repeats(b: Bench, servers: dict, reqs: list[list[int]], temp: float, cap: int, rows: list[dict],
+                  save) -> tuple[dict, dict]:
+    """`--repeats` timed runs of the whole request group on every server, interleaved (every run once per repeat, the
+    order rotated by one each repeat) so that a drift of the machine reaches all alike: a throughput.csv row per run
+    appended to `rows` (then `save()`), with what the server spent on it (`counters`). Returns the T = 0 outputs and
+    accepted counts by (run, repeat)."""
+    order, outs, accs = list(servers), {}, {}
+    for rep in range(b.a.repeats):
+        for run in order[rep % len(order):] + order[: rep % len(order)]:
+            srv = servers[run]
+            before = counters(srv)
+            res, wall = timed(b.dev, srv.run, reqs)
+            n_out = sum(len(r.output_ids) for r in res)
+            spent = {k: v - before[k] for k, v in counters(srv).items()}
+            if temp == 0:
+                outs[run, rep] = [r.output_ids for r in res]
+                accs[run, rep] = [r.accepted for r in res]
+            acc = [x for r in res for x in r.accepted]
+            rows.append({"method": run, "temperature": temp, "batch_cap": cap, "repeat": rep, "dataset": "humaneval",
+                         "mode": "natural", "batching": "dynamic", "requests": len(reqs), "output_tokens": n_out,
+                         "wall_s": wall, "tok_per_s": n_out / wall, "per_verify": acceptance_length(acc),
+                         "verify_rounds": len(acc), **spent, "verify": run.partition("@")[0].partition("+")[2]
+                         or "target", "engine": label_of(b.eng), "admit": b.eng.admit, "prefill": b.eng.prefill,
+                         "admit_beside": srv.eng.admit_beside, "in_flight": srv.eng.in_flight})
+            print(f"[bench] throughput {run} T={temp:g} B{cap} #{rep}: {n_out / wall:.1f} tok/s (tau/verify "
+                  f"{rows[-1]['per_verify']:.2f}, {rows[-1]['groups']} groups admitted in {rows[-1]['admit_s']:.2f}s)")
+            save()
+    return outs, accs
+
+
 def start_servers(b: Bench, runs: list[tuple[str, str, str]], reqs: list[list[int]], cap: int, temp: float,
                   stop) -> dict:
-    """Run name -> a started server per (method, verify mode, server variant) of `throughput`: its graphed prompt
-    pass captured for every bucket and one untimed run of the whole request group; a server variant whose start-up
-    fails is left out (it is beside the measurement)."""
+    """Run name -> a server per (method, verify mode, server variant), started as a serving engine starts: its graphed
+    prompt pass captured for every bucket (else the timed runs would capture them), then one untimed run of the whole
+    request group (graphs for every batch the timed runs meet). A server variant whose start-up fails is left out."""
     a, servers = b.a, {}
-    for name, v, x in runs:  # start-up: one server per method, graphs captured on the whole group, untimed
+    for name, v, x in runs:
         m = b.method(name)
         run = (name if v == "target" else f"{name}+{v}") + (f"@{x}" if x else "")
-        servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp,
-                                    a.max_new_tokens, b.eos, seed=0,
-                                    engine=b.eng.with_(**server_variant(x)) if x else b.eng, stop=stop,
+        servers[run] = srv = Server(b.tgt, m, cap, capacity_for(reqs, a.max_new_tokens, m.k), temp, a.max_new_tokens,
+                                    b.eos, seed=0, engine=b.eng.with_(**server_variant(x)) if x else b.eng, stop=stop,
                                     verify=v)
         try:
             n = srv.prepare(max(len(r) for r in reqs))  # a graphed prompt pass: every bucket captured now
@@ -221,16 +209,14 @@ def start_servers(b: Bench, runs: list[tuple[str, str, str]], reqs: list[list[in
         except Exception as e:  # noqa: BLE001 - a variant beside the measurement must not end it
             if not x:
                 raise
-            print(f"[bench] {run} B{cap}: left out, its start-up failed: "
-                  + f"{type(e).__name__}: {e}".splitlines()[0])
+            print(f"[bench] {run} B{cap}: left out, its start-up failed: " + f"{type(e).__name__}: {e}".splitlines()[0])
             srv.close()
             del servers[run]
     return servers
 
 
 def equal_ar(rows: list[dict], outs: dict, accs: dict, cap: int) -> None:
-    """T = 0: per row, the requests whose output equals AR's (bf16: the rest at measured ties), and the per-verify tau
-    on AR's own text (`per_verify_shared`)."""
+    """T = 0: per row, the requests whose output equals AR's, and the per-verify tau on AR's own text."""
     ref = outs[AR.name, 0]
     for r in rows:
         got = outs[r["method"], r["repeat"]]
@@ -244,9 +230,9 @@ def equal_ar(rows: list[dict], outs: dict, accs: dict, cap: int) -> None:
 
 
 def admission_ratios(admissions: list[dict], setup: str) -> list[Ratio]:
-    """A graphed prompt pass's admission against the compiled pass's, measured side by side on the same server
-    (`admission_profile`), per method and cap."""
-    return [ratio(setup, f"{r['method']} admission, graphed / compiled prompt pass", r["host_ms"] / r["compiled_host_ms"],
+    """A graphed prompt pass's admission against the compiled pass's on the same server, per method and cap."""
+    return [ratio(setup, f"{r['method']} admission, graphed / compiled prompt pass",
+                  r["host_ms"] / r["compiled_host_ms"],
                   condition=f"batch cap {r['batch_cap']}, groups of {r.get('group', 1)}",
                   note=f"{r['host_ms']:.2f} vs {r['compiled_host_ms']:.2f} ms host; first tokens equal in "
                        f"{r['first_tokens_equal']}")
@@ -255,24 +241,17 @@ def admission_ratios(admissions: list[dict], setup: str) -> list[Ratio]:
 
 def counters(srv: Server) -> dict:
     """What a server has spent so far (a timed run's row takes the difference): rounds stepped, groups admitted and
-    their time (`Server.admit_s`, `admit_host_s`, `beside_s`), graphs compiled, prompt-pass graphs captured."""
+    their time, graphs compiled, prompt-pass graphs captured (a timed run should capture none)."""
     return {"server_rounds": srv.rounds, "groups": srv.groups, "admit_s": srv.admit_s,
             "admit_host_s": srv.admit_host_s, "beside_s": srv.beside_s, "graphs": compiled_graphs(),
-            "captures": captures(srv)}
-
-
-def captures(srv: Server) -> int:
-    """Prompt-pass graphs a server has captured (0 without a graphed pass): a timed run should capture none."""
-    return srv.prompt_pass.captured if srv.prompt_pass is not None else 0
+            "captures": srv.prompt_pass.captured if srv.prompt_pass is not None else 0}
 
 
 def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[Ratio]:
-    """From throughput.csv's runs: every method / AR at each (temperature, cap), the median of the per-repeat ratios
-    (runs of the same repeat index side by side) with their range (the main method at T = 0 against
-    `ratios.SPEEDUP_GOALS`); and DMTP's throughput gain over DFlash / its per-verify gain at every cap (goal >= 0.95
-    at the largest cap). At T = 0 a method whose outputs left AR's (bf16 ties) has its workload in the note
-    (`workload_note`) and, where the bench kept per_verify_shared, a second line: the speed-up on AR's own text,
-    estimated (`on_ar_outputs`), against the same goal."""
+    """From throughput.csv's runs, per (temperature, cap): every method / AR as the median of the per-repeat ratios
+    with their range (the main method against `speedup_goal`), a run beside its plain run (a server variant, its first
+    drafts only), DMTP's throughput gain over DFlash / its per-verify gain (goal >= 0.95 at the largest cap). At T = 0
+    a method whose outputs left AR's has its workload in the note and an estimate on AR's text (`on_ar_outputs`)."""
     dmtp, dflash = spec.main_method, spec.drafter_baseline
     out = []
     if "repeat" not in tp:
@@ -325,9 +304,8 @@ def throughput_ratios(tp: pd.DataFrame, spec: AblationSpec, setup: str) -> list[
 
 def workload_note(m: pd.DataFrame, ar: pd.DataFrame) -> str:
     """'' when a method's T = 0 runs decoded AR's workload (every request equal to AR's output), else what differs:
-    requests equal to AR's and output tokens against AR's. In bf16 a method's output leaves AR's at a top-2 tie and
-    its tok/s is then over other text (a mini B1 benchmark: 911 tokens against AR's 720, 14 of 16 requests equal), so its
-    speed-up is not over AR's workload alone. Rows of one (temperature, cap), indexed by repeat."""
+    requests equal to AR's and output tokens against AR's (in bf16 an output leaves AR's at a top-2 tie). Rows of one
+    (temperature, cap), indexed by repeat."""
     if "equal_ar" not in m or m.equal_ar.isna().all():
         return ""
     eq, req = int(m.equal_ar.min()), int(m.requests.max())
@@ -340,8 +318,7 @@ def workload_note(m: pd.DataFrame, ar: pd.DataFrame) -> str:
 
 def on_ar_outputs(m: pd.DataFrame, ar: pd.DataFrame) -> list[float]:
     """Per repeat, the tok/s speed-up over AR scaled by per_verify_shared / per_verify: the speed-up on AR's own text
-    (a first-order estimate: a round costs the same whatever it accepts, so tok/s goes with tau); [] without
-    per_verify_shared (a bench written before it)."""
+    (first order: a round costs the same whatever it accepts); [] without per_verify_shared."""
     if "per_verify_shared" not in m or m.per_verify_shared.isna().all():
         return []
     q = speedup_on_ar_outputs(m.tok_per_s / ar.tok_per_s, m.per_verify_shared, m.per_verify)
@@ -351,10 +328,8 @@ def on_ar_outputs(m: pd.DataFrame, ar: pd.DataFrame) -> list[float]:
 def hf(b: Bench, methods: list[str]) -> list[Ratio]:
     """The engine vs a plain HF `generate` loop, batch 1, T = 0, and AR against the HBM bound."""
     a, dev, eos, dmtp = b.a, b.dev, b.eos, b.spec.main_method
-    rows = []
     bound = a.bandwidth / read_bytes_per_token(b.tgt)
-    hf_prompts = b.prompts[: a.hf_prompts]
-    servers = {}
+    hf_prompts, rows, servers = b.prompts[: a.hf_prompts], [], {}
     for name in methods:  # batch-1 servers, graphs captured on a warm-up request
         m = b.method(name)
         servers[name] = Server(b.tgt, m, 1, capacity_for(hf_prompts, a.max_new_tokens, m.k), 0.0, a.max_new_tokens,
@@ -366,9 +341,9 @@ def hf(b: Bench, methods: list[str]) -> list[Ratio]:
         ref = out[0, len(pr):].tolist()
         for name, srv in servers.items():
             (res,), t = timed(dev, srv.run, [pr])
-            rows.append({"prompt": i, "method": name, "tokens": len(res.output_ids),
-                         "ours_tok_per_s": len(res.output_ids) / t, "hf_ar_tok_per_s": len(ref) / t_hf,
-                         "speedup_vs_hf_ar": (len(res.output_ids) / t) / (len(ref) / t_hf),
+            ours, theirs = len(res.output_ids) / t, len(ref) / t_hf
+            rows.append({"prompt": i, "method": name, "tokens": len(res.output_ids), "ours_tok_per_s": ours,
+                         "hf_ar_tok_per_s": theirs, "speedup_vs_hf_ar": ours / theirs,
                          "identical": res.output_ids == ref, "ar_hbm_bound_tok_per_s": bound})
     df = pd.DataFrame(rows)
     write_csv(Path(a.out) / "hf.csv", df)
@@ -378,14 +353,13 @@ def hf(b: Bench, methods: list[str]) -> list[Ratio]:
     if AR.name in mean.index:
         ratios.append(ratio(b.setup, "engine AR / HF AR loop", mean.loc[AR.name, "speedup_vs_hf_ar"], ">=", 15,
                             "batch 1"))
-        static = hf_static_generate(b.tgt, hf_prompts[0], a.max_new_tokens)
+        static = hf_generate(b.tgt, hf_prompts[0], a.max_new_tokens)
         static()  # compiles
         out, wall = static()
-        tps = len(out) / wall
+        tps, ar = len(out) / wall, mean.loc[AR.name, "ours_tok_per_s"]
         ours = df[(df.method == AR.name) & (df.prompt == 0)].ours_tok_per_s.iloc[0]
         ratios.append(ratio(b.setup, "engine AR / HF static-cache compiled generate", ours / tps, ">=", 1.6,
                             "batch 1", f"{ours:.0f} vs {tps:.0f} tok/s (first prompt; natural EOS for ours)"))
-        ar = mean.loc[AR.name, "ours_tok_per_s"]
         ratios.append(ratio(b.setup, "AR tok/s / HBM bound", ar / bound, condition="batch 1",
                             note=f"{ar:.0f} tok/s vs {bound:.0f} tok/s"))
     if dmtp in mean.index:
