@@ -1,10 +1,8 @@
-"""What the admission group size (`engine.admit`) buys at a batch cap, by the cost model (a prediction, not a
-measurement): one realization's HumanEval T = 0 records (drafter seed 0, the workload the throughput bench times),
-another realization's trained-model round times (overhead.csv, as `costmodel_check`), and an admission cost per group
-fitted to the measured admission profiles (admission_profile.csv: device time of a group of 1 at B1 and of a group of
-8 at B32, per method -> a fixed cost + a cost per newcomer). Each group size is predicted with admission on the
-decode (that fitted cost) and hidden beside it (`engine.admit_beside`: `--beside-ms` per group, the rows moved into
-their slots), each with the rounds a finished request rides along (`--lags`: `engine.in_flight`).
+"""What the admission group size (`engine.admit`) buys at a batch cap, by the cost model (a prediction): one
+realization's HumanEval T = 0 records (drafter seed 0), another's round times (overhead.csv, as `costmodel_check`),
+and an admission cost per group (fixed + per newcomer) fitted to admission_profile.csv. Each group size is predicted
+with admission on the decode (that cost) and beside it (`engine.admit_beside`: `--beside-ms` per group), for each
+number of rounds a finished request rides along (`--lags`: `engine.in_flight`).
 
     python -m experiments.admit_sweep --records results/mini/r<j> --times results/mini/r<k> --cap 32
 """

@@ -1,23 +1,20 @@
-"""Can several realizations' chains share one GPU? K copies of a reduced `mini` chain (the target pretrained on a few
-million tokens, the on-policy data, two drafters, HumanEval at T = 0) run at once as K processes on one card, for
-each K given: the wall time of each stage per chain (side by side with K = 1), and whether every chain's outputs —
-the target's weights, the data, the drafters' weights, the evaluation records — equal the lone chain's bit for bit.
+"""Can several realizations' chains share one GPU? K copies of a reduced `mini` chain (target, on-policy data, two
+drafters, HumanEval at T = 0) run at once as K processes on one card, for each K given: each stage's wall time per
+chain, and whether every chain's outputs (target and drafter weights, data, evaluation records) equal the lone
+chain's bit for bit.
 
     python -m experiments.chains_check --work /tmp/cw --out /tmp/chains                     # K = 1, 2, 3 (one GPU)
     python -m experiments.chains_check --work /tmp/cw --out /tmp/chains --k 1,2 --profile smoke   # CPU, a minute
     python -m experiments.chains_check --work /tmp/cw --out /tmp/t --k 1 --stages target   # two lone pretrainings
 
-The corpus and tokenizer are built once in --work (`dmtp pipeline --stage corpus,tokenizer`) and copied into each
-chain's own work folder; each chain then runs `--stage target,data,drafters,eval` with the slice's settings (--set,
-repeatable: each replaces the same key of the slice below). Writes OUT/chains.json and OUT/chains.csv (K, chain,
-stage, seconds) and prints a table: per K the median stage time over its chains, the throughput gain K x t1 / tK, and
-the chains whose outputs differ from the lone chain's. An untimed lone chain runs first (`--no-warm-up`: none), so K =
-1 is not charged the compiles the later chains read from the cache; its outputs are compared as well. A chain that
-fails (e.g. K chains that do not fit the card's memory) is recorded with its error line and the other counts still
-run. A chain whose outputs differ is told where its target parted from the lone chain's (the first logged training
-step whose values differ: `--set pretrain.log_every=1` for every step), and every op PyTorch's warn-only mode reported
-as without a deterministic algorithm is printed. Exit status 0 only when every chain finished with the lone chain's
-outputs.
+The corpus and tokenizer are built once in --work and copied into each chain's work folder; each chain runs `--stage
+target,data,drafters,eval` with the slice's settings (--set replaces the same key). Writes OUT/chains.json and
+OUT/chains.csv (K, chain, stage, seconds) and prints per K the median stage times, the throughput gain K x t1 / tK
+and the chains whose outputs differ. An untimed lone chain runs first (unless `--no-warm-up`) so K = 1 is not charged
+the compiles; its outputs are compared too. A failed chain is recorded with its error line. For a differing chain,
+where its target parted from the lone chain's is printed (`--set pretrain.log_every=1` for every step), and so is
+every op PyTorch's warn-only mode reported as nondeterministic. Exit status 0 only when every chain finished with the
+lone chain's outputs.
 """
 from __future__ import annotations
 
@@ -170,11 +167,11 @@ def main(argv=None):
     for k in ks:
         mine = [r for r in rows if r["k"] == k and "tag" not in r]
         ok = [r for r in mine if "failed" not in r]
-        row = {"k": k, "wall_s": statistics.median(r["wall_s"] for r in ok) if ok else float("nan"),
+        med = lambda f: statistics.median(map(f, ok)) if ok else float("nan")  # noqa: E731
+        row = {"k": k, "wall_s": med(lambda r: r["wall_s"]),
                "chains_differing": [r["chain"] for r in mine if r["differs"]],
                "chains_failed": [r["chain"] for r in mine if "failed" in r]}
-        for s in STAGES:
-            row[s] = statistics.median(r["stages"].get(s, float("nan")) for r in ok) if ok else float("nan")
+        row |= {s: med(lambda r: r["stages"].get(s, float("nan"))) for s in STAGES}
         row["throughput_x"] = round(k * ref["wall_s"] / row["wall_s"], 2) if ok and not row["chains_failed"] \
             else float("nan")  # a count with a failed chain did not deliver K chains' outputs
         summary.append(row)
@@ -185,7 +182,7 @@ def main(argv=None):
                                                   "outputs": len(r["digests"])} for r in rows]})
     table = [["k", "chain", "stage", "seconds"]]
     for r in rows:
-        table += [[r["k"], r["chain"], s, t] for s, t in r["stages"].items()] + [[r["k"], r["chain"], "wall", r["wall_s"]]]
+        table += [[r["k"], r["chain"], s, t] for s, t in [*r["stages"].items(), ("wall", r["wall_s"])]]
     write_text(Path(a.out) / "chains.csv", "".join(",".join(map(str, x)) + "\n" for x in table))
     print(f"{'K':>2} {'wall':>7} " + " ".join(f"{s:>9}" for s in STAGES) + "  through.  differ")
     for row in summary:

@@ -1,8 +1,7 @@
-"""Does a second `dmtp generate` on the same machine start in seconds? Two consecutive `dmtp generate` processes
-on a small random target (and a random drafter of the method), a fresh `--compile-cache` directory: the first
-compiles (and autotunes) cold, the second reads the cache. Each run's time to its first record (from the process
-start until the first line of --out exists), its total wall time, its phase lines (what `dmtp generate` was doing,
-and when) and its compile lines are written to OUT/compile_cache.json and printed.
+"""Does a second `dmtp generate` on the same machine start in seconds? Two consecutive `dmtp generate` processes on a
+small random target (and a random drafter of the method) with a fresh `--compile-cache`: the first compiles cold, the
+second reads the cache. Each run's time to its first record, wall time, phase lines and compile lines are written to
+OUT/compile_cache.json and printed.
 
     python -m experiments.compile_cache_check --out /tmp/cc                       # GPU: ~5 min (the first run cold)
     python -m experiments.compile_cache_check --out /tmp/cc --hidden 64 --layers 4 --prompts 2 --max-new-tokens 4 \

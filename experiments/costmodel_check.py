@@ -1,9 +1,6 @@
-"""The cost model out of sample: one realization's measured speed-ups (its eval records' acceptance and its
-throughput runs' admission cost) predicted from ANOTHER realization's trained-model round times (overhead.csv) of the
-same shape and engine. A round's time depends on the shapes, not on the weights, so a realization whose benchmark ran
-out of time before its stage timing still gets a check; the report borrows round times only inside one pooled
-experiment, this compares across series (e.g. a target with the unlikelihood step against the stage times of one
-without it). Prints and writes (--out, CSV) the rows of `dmtp.analysis.report.bench.predicted_vs_measured`.
+"""The cost model out of sample: one realization's measured speed-ups predicted from ANOTHER realization's round times
+(overhead.csv) of the same shape and engine; a round's time depends on the shapes, not the weights. Prints and
+writes (--out, CSV) the rows of `dmtp.analysis.report.bench.predicted_vs_measured`.
 
     python -m experiments.costmodel_check --records results/mini/r<j> --times results/mini/r<k> \
         --out results/mini/r<j>/bench/costmodel_with_r<k>_times.csv

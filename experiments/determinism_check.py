@@ -1,12 +1,10 @@
-"""Do identical `dmtp generate` commands give identical records on one GPU? The compile-cache check's shape (a
-random 8-layer Qwen3 target, a random drafter of the method, 12 prompts, bf16), decoded five ways and compared token
-for token with the first:
+"""Do identical `dmtp generate` commands give identical records on one GPU? The compile-cache check's shape, decoded
+five ways and compared token for token with the first:
 
     cold     a process with an empty compile cache (compiles, and under "autotune" times kernels)
     warm     a second process reading that cache
-    fresh    a third process with another empty cache, while another process keeps the card busy (timed choices
-             made under load)
-    inproc   one process decoding the batch twice (no compilation between the two: runtime nondeterminism alone)
+    fresh    a third process with another empty cache, while another process keeps the card busy
+    inproc   one process decoding the batch twice (runtime nondeterminism alone)
 
     python -m experiments.determinism_check --out /tmp/det                            # the engine's default tuning
     python -m experiments.determinism_check --out /tmp/det2 --engine tuning=autotune  # another setting
@@ -14,8 +12,8 @@ for token with the first:
     python -m experiments.determinism_check --out /tmp/det --hidden 64 --layers 2 --prompts 2 --max-new-tokens 4 \
         --engine engine=fast-eager                                                    # CPU smoke (seconds)
 
-Writes OUT/determinism.json (each run's first-record and wall time, and per comparison the prompts whose tokens
-differ and their first differing position) and prints a table.
+Writes OUT/determinism.json (each run's times; per comparison the prompts whose tokens differ and where) and prints a
+table.
 """
 from __future__ import annotations
 
@@ -80,7 +78,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     shape_arguments(ap)
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled (the seed fixed), as the data stage")
-    ap.add_argument("--no-load", action="store_true", help="the fresh run without a busy card (CPU, or no spare memory)")
+    ap.add_argument("--no-load", action="store_true", help="the fresh run without a busy card")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,44 +9,36 @@ N ranks should follow the 1-rank loss curve (same global batch, same data) in le
     python -m experiments.dpcheck --profile mini --replot results/mini/multigpu/curves.csv --out results/mini/multigpu
     python -m experiments.dpcheck --profile mini --pool run1/curves.csv run2/curves.csv --out results/mini/multigpu
 
-Writes into --out, atomically: curves.csv (step, loss, mtp_loss, world: the training history, averaged over ranks),
-summary.json (wall seconds, training tokens/s per world size, speed-up, max and mean |loss difference| between the
-smoothed curves, each run's final held-out loss) and loss_curves.png. Each run is exactly `dmtp pipeline --stage
-target` (1 process, then `python -m dmtp.cli.torchrun`), so the check measures what `make target NGPU=N` runs.
+Writes into --out: curves.csv (step, loss, mtp_loss, world: the history, averaged over ranks), summary.json (wall
+seconds, training tokens/s per world size, speed-up, max and mean |difference| between the smoothed curves, held-out
+losses) and loss_curves.png. Each run is exactly `dmtp pipeline --stage target` (1 process, then `python -m
+dmtp.cli.torchrun`): what `make target NGPU=N` runs.
 
-Noise floor. --control runs the 1-process configuration again (same settings and seed: on GPU this measures
-nondeterminism amplified by training; on CPU it is bit-identical), --control-seed S a 1-process run with
-pretrain.seed=S (another initialisation and data order: the seed-to-seed spread, the honest noise floor); either or
-both. Their curves are compared with the first 1-process run exactly as the N-process curve is (curves.csv world
-"1-control" and "1-control-seed<S>"; dashed in the figure) and summary.json gets a verdict: "within noise" when the
-N-vs-1 max and mean |smoothed loss difference| are both <= NOISE_FACTOR (1.5) x the control's plus NOISE_ATOL (1e-3,
-float rounding: 2 CPU ranks differ from 1 by ~1e-7), else "outside noise". The reference control is the seed
-control when there is one, else the repeat; every control's own verdict is listed too. "Within noise" means the
-N-process curve is no further from the 1-process one than a control run is; it cannot exclude a smaller bias (the
-signed mean difference, per quarter of the run, shows whether a difference keeps one sign).
+Noise floor. --control repeats the 1-process run (same seed: GPU nondeterminism amplified by training; bit-identical
+on CPU); --control-seed S runs it with pretrain.seed=S (the seed-to-seed spread, the honest floor). Each control is
+compared with the 1-process run as the N-process run is (curves.csv world "1-control", "1-control-seed<S>"; dashed).
+Verdict: "within noise" when the N-vs-1 max and mean |smoothed difference| are both <= NOISE_FACTOR x the control's
++ NOISE_ATOL (float rounding), else "outside noise"; the reference is the seed control when there is one. It cannot
+exclude a smaller bias: the signed mean difference per quarter of the run shows whether a difference keeps one sign.
 
-Resume. --split K adds a run of N processes stopped after step K (the resumable state) and finished by 1 process
-(world "Nto1@K"): a checkpoint resumed on another world size. Its curve is compared with the 1-process one like a
-control's (summary.json "split"); on CPU it equals the 1-process curve, on GPU it should sit inside the noise floor.
+Resume. --split K adds N processes stopped after step K, finished by 1 process (world "Nto1@K"), compared like a
+control (summary.json "split").
 
-Speed. The headline speed-up is the steady training rate (tokens/s from 10 % of the run to its end): the whole-run
-rate includes start-up, and the first run of a fresh machine starts slower (on 2xH200 its pretraining took 14.5 s where
-the same run repeated took 11.3 s, at the same steady rate).
+Speed. The headline speed-up is the steady rate (tokens/s from 10 % of the run to its end): the whole-run rate
+includes start-up, which is slower on a fresh machine.
 
---pool A/curves.csv B/curves.csv ... pools several dpcheck runs of one configuration (folders name the runs): every
-pair of runs is compared as above, grouped into same-seed 1-process repeats ("1 vs 1": the nondeterminism floor), "N vs
-1", "N vs N" and "seed S vs 1"; pool.json and pool.png, verdict "within noise" when the mean over the N-vs-1 pairs of
-max and mean |smoothed difference| are both <= NOISE_FACTOR x the 1-vs-1 means + NOISE_ATOL. One repeat is a thin
-floor; pooling runs from separate invocations (another machine start, same code) thickens it.
+--pool A/curves.csv B/curves.csv ... compares every pair of runs of several dpcheck runs of one configuration
+(folders name the runs), grouped into "1 vs 1" (same-seed repeats: the nondeterminism floor), "N vs 1", "N vs N" and
+"seed S vs 1"; writes pool.json and pool.png, "within noise" when the means over the N-vs-1 pairs are both <=
+NOISE_FACTOR x the 1-vs-1 means + NOISE_ATOL.
 
---replot CURVES_CSV rebuilds loss_curves.png and summary_from_curves.json (the loss-difference statistics and the
-verdict only, no timings) from an existing curves.csv with the same code, without training or a work folder.
+--replot CURVES_CSV rebuilds loss_curves.png and summary_from_curves.json (difference statistics and verdict, no
+timings) from a curves.csv, without training.
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import itertools
 import json
 import os
@@ -59,9 +51,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from matplotlib import colormaps
+from matplotlib.figure import Figure
 
 from dmtp.checks import require
-from dmtp.io import environment, write_figure, write_json, write_text
+from dmtp.io import environment, file_sha256, write_figure, write_json, write_text
 from dmtp.schema import override
 from dmtp.profiles import get_profile
 
@@ -160,6 +154,10 @@ def compare(runs: dict, window: int) -> dict:
     return {str(w): pair_diff(runs[1]["history"], r["history"], window) for w, r in runs.items() if w != 1}
 
 
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
 def verdict(diff: dict, n) -> dict | None:
     """N-vs-1 against the control runs in `diff` (see the module doc for the rule); None without a control."""
     controls = [k for k in diff if k.startswith(REPEAT)]
@@ -170,8 +168,7 @@ def verdict(diff: dict, n) -> dict | None:
     for c in controls:
         lim = {k: NOISE_FACTOR * diff[c][k] + NOISE_ATOL for k in ("max_abs", "mean_abs")}
         per[c] = {"max_abs": diff[c]["max_abs"], "mean_abs": diff[c]["mean_abs"],
-                  "ratio_max": d["max_abs"] / diff[c]["max_abs"] if diff[c]["max_abs"] else None,
-                  "ratio_mean": d["mean_abs"] / diff[c]["mean_abs"] if diff[c]["mean_abs"] else None,
+                  **{f"ratio_{k}": ratio(d[f"{k}_abs"], diff[c][f"{k}_abs"]) for k in ("max", "mean")},
                   "verdict": "within noise" if all(d[k] <= lim[k] for k in lim) else "outside noise"}
     ref = next((c for c in controls if c != REPEAT), REPEAT)
     return {"verdict": per[ref]["verdict"], "reference": ref,
@@ -194,24 +191,9 @@ def legend(w) -> str:
     return f"{w} process{'es' if w != 1 else ''}"
 
 
-def pyplot():
-    """matplotlib's pyplot on the file-only backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def save_figure(plt, fig, path: Path) -> None:
-    fig.tight_layout()
-    write_figure(path, fig, dpi=120)
-    plt.close(fig)
-
-
 def plot(runs: dict, window: int, path: Path, title: str):
-    plt = pyplot()
-    fig, (ax, dx) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig = Figure(figsize=(7, 6.5))
+    ax, dx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ref = {h["step"]: h["loss"] for h in runs[1]["history"]}
     for w, r in runs.items():
         steps = [h["step"] for h in r["history"]]
@@ -230,7 +212,8 @@ def plot(runs: dict, window: int, path: Path, title: str):
     dx.axhline(0, color="k", lw=0.5)
     dx.set_xlabel("step (same global batch)")
     dx.set_ylabel("run - 1 process\n(smoothed)")
-    save_figure(plt, fig, path)
+    fig.tight_layout()
+    write_figure(path, fig, dpi=120)
 
 
 def main(argv=None):
@@ -245,18 +228,12 @@ def main(argv=None):
     ap.add_argument("--points", type=int, default=100, help="history points per run (sets pretrain.log_every)")
     ap.add_argument("--smooth", type=int, default=0, help="moving-average window in history points (0: points/20)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="profile override for all runs")
-    ap.add_argument("--control", action="store_true",
-                    help=f"also repeat the 1-process run (same seed): world {REPEAT!r}, the nondeterminism floor")
-    ap.add_argument("--control-seed", type=int, metavar="S",
-                    help=f"also a 1-process run with pretrain.seed=S: world '{REPEAT}-seedS', the seed-to-seed spread")
-    ap.add_argument("--split", type=int, metavar="K",
-                    help="also N processes to step K, then 1 process resuming to the end: world 'Nto1@K' (a "
-                         "checkpoint resumed on another world size)")
-    ap.add_argument("--replot", metavar="CURVES_CSV", help="no training: loss_curves.png and summary_from_curves.json "
-                                                           "into --out from this curves.csv")
-    ap.add_argument("--pool", nargs="+", metavar="CURVES_CSV",
-                    help="no training: pool the curves of several dpcheck runs (same profile, budget and seed) into "
-                         "--out/pool.json and pool.png, with the same-seed 1-process repeats as the noise floor")
+    ap.add_argument("--control", action="store_true", help=f"also repeat the 1-process run: world {REPEAT!r}")
+    ap.add_argument("--control-seed", type=int, metavar="S", help=f"also a 1-process run with pretrain.seed=S: world "
+                    f"'{REPEAT}-seedS'")
+    ap.add_argument("--split", type=int, metavar="K", help="also N processes to step K, then 1 to the end: 'Nto1@K'")
+    ap.add_argument("--replot", metavar="CURVES_CSV", help="no training: replot this curves.csv into --out")
+    ap.add_argument("--pool", nargs="+", metavar="CURVES_CSV", help="no training: pool several dpcheck runs' curves")
     a = ap.parse_args(argv)
     try:
         pool(a) if a.pool else replot(a) if a.replot else run(a)
@@ -279,6 +256,8 @@ def _title(prof, runs: dict, n, diff: dict, head: str, speed: str = "") -> str:
 def read_curves(path: Path, strict: bool = True) -> dict:
     """curves.csv back into {world: {"history": [...]}} (world an int, or a control's label); strict: exactly the
     curves of world 1 and one N > 1 (and any controls)."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path}: no such curves.csv")
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows or not {"step", "loss", "mtp_loss", "world"} <= set(rows[0]):
@@ -298,8 +277,6 @@ def replot(a):
     prof = get_profile(a.profile)
     override(prof, a.set)
     src = Path(a.replot)
-    if not src.exists():
-        raise FileNotFoundError(f"{src}: no such curves.csv")
     runs = read_curves(src)
     n = next(w for w in runs if isinstance(w, int) and w > 1)
     window = a.smooth or max(1, len(runs[1]["history"]) // 20)
@@ -308,7 +285,7 @@ def replot(a):
     out = Path(a.out)
     summary = {"source": f"recomputed from {src.name} (no training): loss-difference statistics only; the timings, "
                          "speed-ups and held-out losses are not in curves.csv",
-               "curves_csv": str(src), "curves_csv_sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+               "curves_csv": str(src), "curves_csv_sha256": file_sha256(src),
                "profile": prof.name, "nproc": n, "history_points": steps, "last_step": runs[1]["history"][-1]["step"],
                "global_batch": prof.pretrain.batch_size, "seq_len": prof.pretrain.seq_len,
                "smooth_window_points": window, "loss_difference": diff[str(n)],
@@ -331,9 +308,6 @@ def pool_groups(files: list[Path]) -> tuple[dict, int]:
     S" (seed controls) and "<N>to1@<K>" (split runs); and N."""
     runs, ns = {}, set()
     for f in files:
-        f = Path(f)
-        if not f.exists():
-            raise FileNotFoundError(f"{f}: no such curves.csv")
         for w, r in read_curves(f, strict=False).items():
             label = f"{f.parent.name}:{w}"
             if label in runs:
@@ -378,20 +352,18 @@ def pool_compare(runs: dict, n: int, window: int) -> dict:
     return {"nproc": n, "kinds": out, "verdict": v,
             "rule": f"within noise iff the mean over the {n}-vs-1 pairs of max and of mean |smoothed loss diff| are "
                     f"both <= {NOISE_FACTOR} x the same means over the same-seed 1-vs-1 pairs + {NOISE_ATOL}",
-            "ratio_max": test["mean_max_abs"] / floor["mean_max_abs"] if floor["mean_max_abs"] else None,
-            "ratio_mean": test["mean_mean_abs"] / floor["mean_mean_abs"] if floor["mean_mean_abs"] else None}
+            **{f"ratio_{k}": ratio(test[f"mean_{k}_abs"], floor[f"mean_{k}_abs"]) for k in ("max", "mean")}}
 
 
 def plot_pool(runs: dict, res: dict, window: int, path: Path, title: str):
-    plt = pyplot()
-    fig, ax = plt.subplot_mosaic([["c", "p"], ["d", "p"]], figsize=(11, 6.5),
-                                 gridspec_kw={"width_ratios": [2.2, 1], "height_ratios": [3, 1.3]})
+    fig = Figure(figsize=(11, 6.5))
+    ax = fig.subplot_mosaic([["c", "p"], ["d", "p"]], gridspec_kw={"width_ratios": [2.2, 1], "height_ratios": [3, 1.3]})
     ones = [r for r in runs.values() if r["group"] == "1"]
     common = sorted(set.intersection(*[{h["step"] for h in r["history"]} for r in ones]))
     mean1 = np.mean([smooth([dict((h["step"], h["loss"]) for h in r["history"])[s] for s in common], window)
                      for r in ones], axis=0)
     ref = dict(zip(common, mean1))
-    colour = {"1": plt.cm.Blues, str(res["nproc"]): plt.cm.Oranges}
+    colour = {"1": colormaps["Blues"], str(res["nproc"]): colormaps["Oranges"]}
     seen = {}
     for label, r in runs.items():
         g = r["group"]
@@ -422,7 +394,8 @@ def plot_pool(runs: dict, res: dict, window: int, path: Path, title: str):
     ax["p"].set_ylabel("smoothed loss difference (nats)")
     ax["p"].set_title(f"pairs of runs: {res['verdict']}", fontsize=9)
     ax["p"].legend(fontsize=7)
-    save_figure(plt, fig, path)
+    fig.tight_layout()
+    write_figure(path, fig, dpi=120)
 
 
 def pool(a):
@@ -435,7 +408,7 @@ def pool(a):
     res = pool_compare(runs, n, window)
     out = Path(a.out)
     summary = {"source": "pooled from the curves.csv files below (no training)", "profile": prof.name,
-               "curves_csv": {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files},
+               "curves_csv": {str(f): file_sha256(f) for f in files},
                "runs": {k: r["group"] for k, r in runs.items()}, "smooth_window_points": window, **res}
     write_json(out / "pool.json", summary)
     k1, kn = res["kinds"]["1 vs 1"], res["kinds"][f"{n} vs 1"]
@@ -456,8 +429,7 @@ def run(a):
     prof = get_profile(a.profile)
     require(a.tokens is not None, "--tokens is required (unless --replot)")
     work = Path(a.work)
-    need = [work / prof.name / "tokenizer" / "tokenizer.json", work / prof.name / "tokens" / "train.npy",
-            work / prof.name / "tokens" / "heldout.npy"]
+    need = [work / prof.name / f for f in ("tokenizer/tokenizer.json", "tokens/train.npy", "tokens/heldout.npy")]
     if missing := [str(p) for p in need if not p.exists()]:
         raise FileNotFoundError(f"missing {', '.join(missing)}: run `dmtp pipeline --profile {prof.name} --work "
                                 f"{work} --stage corpus,tokenizer` first")
@@ -509,8 +481,7 @@ def run(a):
         per[split].update(tokens_per_s=None, steady_tokens_per_s=None, first_world=n, switch_step=a.split,
                           then_world=1)
     for w, _, _ in plan[2:]:
-        per[w].update(control="repeat" if w == REPEAT else "seed",
-                      seed=seed if w == REPEAT else a.control_seed)
+        per[w].update(control="repeat" if w == REPEAT else "seed", seed=seed if w == REPEAT else a.control_seed)
     noise = verdict(diff, n)
     summary = {"profile": prof.name, "tokens": a.tokens, "steps": steps, "global_batch": prof.pretrain.batch_size,
                "seq_len": prof.pretrain.seq_len, "nproc": n, "backend": "nccl" if gpus else "gloo", "seed": seed,

@@ -1,9 +1,7 @@
 """What a draft limit (`<run>-k<n>`: verify only a run's first n drafts per round) would keep of each run's
-acceptance, estimated from a realization's evaluation records: each round's accepted count cut at n
-(`metrics.capped_per_verify`). An estimate, not a measurement: a limited run's rounds after the first cut start at
-other positions. `bench --methods <run>,<run>-k<n>` measures the real thing, tok/s beside tok/s. Prints and writes
-(--out, CSV) one row per run and limit: per-verify tau, tau with the counts cut at n, the change, and the share of
-rounds that accepted more than n drafts.
+acceptance, estimated from a realization's records by cutting each round's accepted count at n
+(`metrics.capped_per_verify`); `bench --methods <run>,<run>-k<n>` measures the real thing. Prints and writes (--out,
+CSV) per run and limit: tau, tau capped at n, the change, and the share of rounds that accepted more than n.
 
     python -m experiments.draft_limit --records results/mini/r<k> --limits 4,5
     python -m experiments.draft_limit --records results/mini/r<k> --runs zero_init_residual --temperature 1

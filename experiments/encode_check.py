@@ -37,7 +37,7 @@ def main():
                 t0 = time.perf_counter()
                 encode_corpus(a.corpus, tok, out, progress=False, workers=w)
                 times[w].append(time.perf_counter() - t0)
-        one, many = np.load(Path(d, "w1_0.npy"), allow_pickle=False), np.load(Path(d, f"w{a.workers}_0.npy"), allow_pickle=False)
+        one, many = (np.load(Path(d, f"w{w}_0.npy"), allow_pickle=False) for w in times)
     for w, t in times.items():
         print(f"workers {w}: " + ", ".join(f"{x:.2f}" for x in t) + " s")
     ratio = statistics.median(times[1]) / statistics.median(times[a.workers])

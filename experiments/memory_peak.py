@@ -1,12 +1,10 @@
 """Where a CUDA memory peak lies: the allocations live at the highest point of a recorded allocation trace, grouped by
-the code that made them, as a short text file (the full snapshot of a paper-width step is far too large to keep).
+the code that made them, as a short text file (a full snapshot is far too large to keep).
 
-torch's allocator records every allocation and free with its Python stack while `_record_memory_history` is on
-(`recording`); `peak_report` replays the trace of `torch.cuda.memory._snapshot()`: allocated bytes rise at each
-"alloc" and fall at each "free_requested" (the moment torch's allocated-bytes counter falls), and at the highest point
-the live allocations are summed by site. A site is the innermost frame of the suite's code (dmtp/, experiments/) in
-the allocation's stack, beside the innermost frame of any code (a torch or transformers line, a compiled graph's
-file). Memory allocated before the recording began is the `baseline` (weights, optimizer state made earlier).
+`recording` turns torch's allocation history (with Python stacks) on; `peak_report` replays the snapshot's trace
+(allocated bytes rise at "alloc", fall at "free_requested") and sums the allocations live at the peak by site: the
+innermost frame of the suite's code (dmtp/, experiments/) beside the innermost frame of any code. Memory allocated
+before the recording began is the `baseline`.
 
     with recording(torch.device("cuda")) as rec:
         train_step()

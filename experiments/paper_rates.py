@@ -2,20 +2,16 @@
 evaluation tokens/s on a random-weight stand-in of the profile's target (the `experiments/paper_width.py` stand-in),
 each in steady state, written as a rates file that `dmtp dryrun --rates` turns into the protocol's projected time.
 
-    regen  the data stage's decode: AR at the profile's data batch (64) and temperature (0.8), `--regen-prompt`
-           random prompt tokens, exactly `--regen-new` new tokens (random weights never stop); one warm-up batch of
-           `--warmup-new` tokens first (kernels built, Triton's autotuning done), then the timed batch
-    eval   the evaluation's decode: `--eval-method` (a random drafter of it beside the random MTP head) at the
-           protocol's batch cap (32), T = 0, warm-up then a timed batch; random weights accept no draft, so the rate
-           measured is the round rate (one token a round); the projection multiplies it by the blog's acceptance
-           length
-    train  `--train-steps` drafter training steps of one drafter at the setting the memory model plans for the
-           stand-in on this card (`memory.plan_training`: its micro-batch, its accumulation cut to `--accumulation`),
-           the compiled path; tokens/s from the median step after the first (which compiles); its peak memory
+    regen  the data stage's decode: AR at the profile's data batch and temperature, `--regen-prompt` random prompt
+           tokens, exactly `--regen-new` new tokens; a warm-up batch of `--warmup-new` tokens first, then the timed one
+    eval   the evaluation's decode of `--eval-method` (a random drafter beside the random MTP head) at the protocol's
+           batch cap, T = 0, warm-up then timed; random weights accept no draft, so this is the round rate, which the
+           projection multiplies by the blog's acceptance length
+    train  `--train-steps` steps of one drafter at the setting the memory model plans for the stand-in on this card
+           (its accumulation cut to `--accumulation`), compiled; tokens/s from the median step after the first
 
-Depth: the full depth where the planned training fits the card (64 layers of Qwen3.6-27B on a 141 GB H200), else the
-largest that does (44 on an 80 GB H100), labelled as such in the file. The decode stages run on the engine the
-profile's target decodes on (a hybrid target: the HF layers, no compilation: `EngineConfig`).
+Depth: the full depth where the planned training fits the card, else the largest that does, labelled as such. The
+decode stages run on the engine the profile's target decodes on (`EngineConfig`).
 
 Writes <out>/rates.json (the rates file: `dmtp.analysis.projection.read_rates` reads it) and <out>/rates.md.
 
@@ -36,8 +32,8 @@ import transformers
 
 from dmtp.engine.methods import AR, build_method
 from dmtp.engine.runner import run_generate
+from dmtp.cli.args import at_least
 from dmtp.io import git_sha, write_json, write_text
-from dmtp.memory import plan_training, with_layers
 from dmtp.profiles import get_profile
 from dmtp.training.drafters import new_drafters
 from experiments import paper_width as pw
@@ -55,11 +51,8 @@ def timed_decode(tgt, method, rows, temperature: float, new: int, warmup_new: in
     """A warm-up batch of `warmup_new` tokens, then the timed batch of exactly `new` tokens a request (mode fixed):
     wall seconds, tokens, rounds (the batch's verify rounds: its longest request's) and the rates."""
     def once(n):
-        pw.sync(dev)
-        t0 = time.perf_counter()
-        recs = run_generate(tgt, method, rows, temperature, n, [], len(rows), seed=0, mode="fixed", engine=engine)
-        pw.sync(dev)
-        return recs, time.perf_counter() - t0
+        return pw.timed(lambda: run_generate(tgt, method, rows, temperature, n, [], len(rows), seed=0, mode="fixed",
+                                             engine=engine), dev)
 
     _, warm_s = once(warmup_new)
     recs, wall = once(new)
@@ -94,8 +87,7 @@ def stage_train(tgt, mtp, base, a, cfg, layers: int, dev, card_gib: float | None
                            compile=a.compile, seed=a.seed, memory_trace=False, accumulation=a.accumulation,
                            micro_batch=0, batch=1, fsdp="off", grad_sync="last")
     d = pw.spec(cfg, base, t.variant)
-    plan = plan_training(with_layers(cfg, layers), d, gpus=1, gpu_gb=card_gib or 1e6, seq_len=t.seq_len,
-                         anchors=t.anchors, global_batch=global_batch)
+    plan = pw.planned(cfg, d, t, card_gib or 1e6, global_batch, layers)
     info = pw.apply_plan(t, plan)
     with tempfile.TemporaryDirectory(prefix="paper_rates.") as work:
         row = pw.run_row(tgt, mtp, base, t, layers, plan.setting.checkpointing, dev, Path(work), Path(work))
@@ -105,17 +97,6 @@ def stage_train(tgt, mtp, base, a, cfg, layers: int, dev, card_gib: float | None
             "checkpointing": plan.setting.checkpointing, "fsdp": t.fsdp, "plan": info["line"],
             "predicted_bytes": plan.terms["total"], "max_allocated": row.get("max_allocated"),
             "steady": row["step_s"] is not None, "losses": row["losses"]}
-
-
-def depth_for(cfg: dict, d, a, card_gib: float | None, global_batch: int) -> int:
-    """The full depth where the memory model's one-card training plan fits the card, else the largest that does."""
-    if a.layers:
-        return a.layers
-    for n in range(cfg["num_hidden_layers"], 4, -1):
-        if card_gib is None or plan_training(with_layers(cfg, n), d, gpus=1, gpu_gb=card_gib, seq_len=a.seq_len,
-                                             anchors=a.anchors, global_batch=global_batch).fits:
-            return n
-    return 0
 
 
 def render(rec: dict) -> str:
@@ -152,17 +133,15 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=0, help="stand-in depth (0: the full depth where training fits the "
                     "card, else the largest that does)")
     ap.add_argument("--regen-batch", type=int, default=0, help="0: the profile's data.batch")
-    ap.add_argument("--regen-prompt", type=int, default=512, help="prompt tokens of each regeneration request")
-    ap.add_argument("--regen-new", type=int, default=256, help="new tokens a regeneration request (timed batch)")
     ap.add_argument("--eval-batch", type=int, default=0, help="0: the profile's eval.batch (the protocol's cap, 32)")
-    ap.add_argument("--eval-prompt", type=int, default=512)
-    ap.add_argument("--eval-new", type=int, default=128)
     ap.add_argument("--eval-method", default="zero_init_residual", help="the drafter decoded (and trained)")
-    ap.add_argument("--warmup-new", type=int, default=16, help="new tokens of each decode stage's warm-up batch")
-    ap.add_argument("--train-steps", type=int, default=3)
-    ap.add_argument("--accumulation", type=int, default=2, help="at most this many micro-batches a training step")
-    ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--anchors", type=int, default=512)
+    for flag, default, what in (("regen-prompt", 512, "prompt tokens of a regeneration request"),
+                                ("regen-new", 256, "new tokens of a regeneration request (timed batch)"),
+                                ("eval-prompt", 512, None), ("eval-new", 128, None),
+                                ("warmup-new", 16, "new tokens of each decode stage's warm-up batch"),
+                                ("train-steps", 3, None), ("accumulation", 2, "at most this many micro-batches a step"),
+                                ("seq-len", 2048, None), ("anchors", 512, None)):
+        ap.add_argument(f"--{flag}", type=at_least(1), default=default, help=what)
     ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
@@ -170,10 +149,6 @@ def main(argv=None):
     bad = [s for s in stages if s not in STAGES]
     if bad or not stages:
         ap.error(f"--stages {a.stages}: expected some of {','.join(STAGES)}")
-    for flag in ("regen_prompt", "regen_new", "eval_prompt", "eval_new", "warmup_new", "train_steps", "accumulation",
-                 "seq_len", "anchors"):
-        if getattr(a, flag) < 1:
-            ap.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: expected at least 1")
     if a.tiny:
         a.seq_len, a.anchors = min(a.seq_len, 64), min(a.anchors, 8)
         a.regen_prompt, a.regen_new, a.eval_prompt, a.eval_new = (min(x, 16) for x in (
@@ -186,7 +161,8 @@ def main(argv=None):
     cfg = pw.stand_in_config(a.tiny, a.profile)
     base = pw.drafter_base(cfg, a.tiny, a.profile)
     global_batch = 2 if a.tiny else prof.train.batch_size
-    layers = depth_for(cfg, pw.spec(cfg, base, a.eval_method), a, card, global_batch)
+    d = pw.spec(cfg, base, a.eval_method)  # the full depth where the one-card training plan fits, else the largest
+    layers = a.layers or pw.largest_depth(cfg, lambda n: not card or pw.planned(cfg, d, a, card, global_batch, n).fits)
     if layers < 5:
         ap.error(f"not even a 5-layer {a.profile} stand-in trains on this card by the memory model")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -200,9 +176,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     tgt, mtp = pw.build(cfg, layers, dev, dtype, a.seed)
     rec["build_s"] = time.perf_counter() - t0
-    for s in STAGES:
-        if s not in stages:
-            continue
+    for s in (s for s in STAGES if s in stages):
         t1 = time.perf_counter()
         if s == "regen":
             rec["rates"][s] = stage_regen(tgt, a, prof, dev)

@@ -2,32 +2,24 @@
 (`--profile`: Qwen3.6-27B, or the hybrid MoE Qwen3.6-35B-A3B), peak GPU memory and step time beside the memory model's
 prediction (`dmtp.memory`) for exactly that setting, with and without activation checkpointing.
 
-The stand-in is the profile's target_config with random weights (bf16) and a random native MTP head, its depth cut to
-`--layers` (the hybrid pattern kept): for qwen3.6-27b 3 Gated DeltaNet + 1 attention layer, width 5120, 24/4 heads of
-256, GDN 48/16 heads of 128, FFN 17408; for qwen3.6-35b-a3b width 2048, 16/2 heads of 256, GDN 32/16 heads of 128,
-256 experts of 512 (8 routed + a shared one), 40 layers; vocabulary 248,320 for both. A 5-layer paper drafter (the
-profile's shape, fp32 master weights, bf16 compute) of `--variant`. Token ids only are needed: sequences of random
-ids over the whole vocabulary (no tokenizer). Random weights make acceptance meaningless: the run proves mechanics,
+The stand-in is the profile's target_config with random bf16 weights and a random native MTP head, its depth cut to
+`--layers` (the hybrid pattern kept); the drafter is the profile's 5-layer paper drafter of `--variant`. Inputs are
+random token ids over the whole vocabulary. Random weights make acceptance meaningless: the run proves mechanics,
 memory and time.
 
-The setting: by default one sequence a step under FSDP2 in a process group of one (`train.fsdp="on"`); `--plan GB`
-takes the one `dmtp dryrun --gpus 1 --gpu-mem GB` plans for the full-depth model on one card of GB GiB (micro-batch,
-FSDP on or off, gradient sync; the profile's global batch), its accumulation cut to `--accumulation` micro-batches a
-step when given (the peak does not depend on their number; the step time scales with it).
+The setting: by default one sequence a step under FSDP2 in a process group of one; `--plan GB` takes the one `dmtp
+dryrun --gpus 1 --gpu-mem GB` plans for the full depth on one card (its accumulation cut to `--accumulation`: the
+peak does not depend on it, the step time scales with it).
 
-Per row (depth x activation checkpointing): `--steps` training steps through `train_drafters` (the compiled path on
-CUDA, the fused chunked LM-head loss as "auto" resolves it, the gathered checkpoint written at the end, its time
-recorded), torch.cuda.max_memory_allocated / max_memory_reserved over the steps and the peak of each step on its own
-(the first compiles; the last includes the checkpoint's gather and write), the steady step time (median of the steps
-after the first) and training tokens/s, and the model's terms for the same setting. `--memory-trace`: the allocations
-live at each row's peak, summed by the code that made them (`experiments/memory_peak.py`), in
-<out>/peak_L<layers>_ckpt<0|1>.txt. Depth: the full depth where the model says it fits the card; else the largest
-depth that fits (`--layers 0`, the default), and the full-depth rows are written as not run, with their prediction.
-The target's feature pass is timed on its own, and which Gated DeltaNet path ran is recorded (flash-linear-attention's
-kernels when `fla` imports, else transformers' torch fallback; causal-conv1d likewise).
+Per row (depth x activation checkpointing): `--steps` steps through `train_drafters` (the final gathered checkpoint
+timed), the peak allocated and reserved memory over the steps and of each step, the steady step time (median after
+the first) and tokens/s, and the model's terms. `--memory-trace` writes the allocations live at each row's peak, by
+site (`experiments/memory_peak.py`), to <out>/peak_L<layers>_ckpt<0|1>.txt. Depth: the full depth where the model
+says it fits the card, else the largest that does (`--layers 0`); the full-depth rows are then recorded as not run,
+with their prediction. Also timed: the target's feature pass; recorded: which Gated DeltaNet path ran (`fla`
+kernels, or transformers' torch fallback; causal-conv1d likewise).
 
-Writes <out>/paper_width.json (every setting, device, torch and transformers versions, commit, rows) and
-<out>/paper_width.md (the table).
+Writes <out>/paper_width.json (settings, device, versions, commit, rows) and <out>/paper_width.md (the table).
 
     python -m experiments.paper_width --tiny --out /tmp/pw                   # CPU, tiny width/depth: ~20 s
     python -m experiments.paper_width --tiny --profile qwen3.6-35b-a3b --out /tmp/pw35   # CPU, the MoE stand-in
@@ -53,7 +45,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from dmtp.cli.args import failure
+from dmtp.cli.args import at_least, failure, number
 from dmtp.config import TrainConfig
 from dmtp.experiment import drafter_config
 from dmtp.io import git_sha, write_json, write_text
@@ -114,11 +106,11 @@ def predict(cfg: dict, layers: int, d, a, checkpointing: bool) -> dict:
     return train_terms(with_layers(cfg, layers), d, setting(a, checkpointing, d))
 
 
-def planned(cfg: dict, d, a, gpu_gb: float, global_batch: int):
-    """The training setting `dmtp dryrun --gpus 1 --gpu-mem gpu_gb` plans for the full-depth target on one card
-    (`memory.plan_training`, as `cli.dryrun.fit_section` calls it, for this drafter)."""
-    return plan_training(cfg, d, gpus=1, gpu_gb=gpu_gb, seq_len=a.seq_len, anchors=a.anchors,
-                         global_batch=global_batch)
+def planned(cfg: dict, d, a, gpu_gb: float, global_batch: int, layers: int | None = None):
+    """The setting `dmtp dryrun --gpus 1 --gpu-mem gpu_gb` plans for the stand-in (full depth unless `layers`) on one
+    card (`memory.plan_training`, as `cli.dryrun.fit_section` calls it, for this drafter)."""
+    return plan_training(with_layers(cfg, layers or cfg["num_hidden_layers"]), d, gpus=1, gpu_gb=gpu_gb,
+                         seq_len=a.seq_len, anchors=a.anchors, global_batch=global_batch)
 
 
 def apply_plan(a, plan) -> dict:
@@ -133,32 +125,22 @@ def apply_plan(a, plan) -> dict:
             "total": plan.terms["total"]}
 
 
-def largest_depth(cfg: dict, d, a, cap: float) -> int:
-    """The most layers (of the full depth) whose stand-in the model says trains within `cap` bytes, without
-    checkpointing (the larger of the two rows); 0 when not even 5 fit."""
-    for n in range(cfg["num_hidden_layers"], 4, -1):
-        if predict(cfg, n, d, a, False)["total"] <= cap:
-            return n
-    return 0
+def largest_depth(cfg: dict, fits) -> int:
+    """The most layers (of the full depth) n for which fits(n); 0 when not even 5 do."""
+    return next((n for n in range(cfg["num_hidden_layers"], 4, -1) if fits(n)), 0)
 
 
 def kernels() -> dict:
     """Which Gated DeltaNet path transformers takes: its fallback decorators import these packages when present."""
     out = {}
     for pkg in ("fla", "causal_conv1d"):
-        spec_ = importlib.util.find_spec(pkg)
-        ver = None
-        if spec_ is not None:
-            try:
-                mod = importlib.import_module(pkg)
-                ver = getattr(mod, "__version__", "present")
-            except Exception as e:  # importable in name, broken at import: transformers falls back too
-                ver = f"import failed: {type(e).__name__}"
-        out[pkg] = ver
-    ok = lambda v: v is not None and not str(v).startswith("import failed")  # noqa: E731
-    out["gated_delta_rule"] = "fla" if ok(out["fla"]) else "torch fallback"
-    out["conv1d"] = "causal_conv1d" if ok(out["causal_conv1d"]) else "torch fallback"
-    return out
+        try:
+            out[pkg] = importlib.util.find_spec(pkg) and getattr(importlib.import_module(pkg), "__version__", "present")
+        except Exception as e:  # importable in name, broken at import: transformers falls back too
+            out[pkg] = f"import failed: {type(e).__name__}"
+    ok = {k: v is not None and not str(v).startswith("import failed") for k, v in out.items()}
+    return out | {"gated_delta_rule": "fla" if ok["fla"] else "torch fallback",
+                  "conv1d": "causal_conv1d" if ok["causal_conv1d"] else "torch fallback"}
 
 
 def gdn_bench(cfg: dict, batch: int, seq_len: int, dev, dtype, repeats: int = 3) -> dict:
@@ -176,17 +158,13 @@ def gdn_bench(cfg: dict, batch: int, seq_len: int, dev, dtype, repeats: int = 3)
     decay = -torch.rand(batch, seq_len, nv, device=dev, generator=g).float()
     beta = torch.rand(batch, seq_len, nv, device=dev, dtype=dtype, generator=g)
     impls = {"torch": inspect.unwrap(m.torch_chunk_gated_delta_rule)}
-    try:
+    with contextlib.suppress(Exception):  # not installed, or broken: the torch path is what runs
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-        if dev.type == "cuda":
-            impls["fla"] = chunk_gated_delta_rule
-    except Exception:  # not installed, or broken: the torch path is what runs
-        pass
-    out = {}
-    for name, fn in impls.items():
-        with torch.no_grad():
-            out[name] = median_s(lambda: fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True), dev, repeats)
+        impls |= {"fla": chunk_gated_delta_rule} if dev.type == "cuda" else {}
+    with torch.no_grad():
+        out = {name: median_s(lambda: fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True), dev, repeats)
+               for name, fn in impls.items()}
     out["gdn_layers"] = sum(t == "linear_attention" for t in cfg["layer_types"])
     return out
 
@@ -206,28 +184,19 @@ def build(cfg: dict, layers: int, device, dtype, seed: int, experts: str = "defa
     return tgt, MTPHead(tgt)
 
 
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+def timed(fn, dev):
+    """fn()'s result and its seconds, the device synchronized before and after."""
+    sync = torch.cuda.synchronize if dev.type == "cuda" else lambda _: None
+    sync(dev)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(dev)
+    return out, time.perf_counter() - t0
 
 
 def median_s(fn, dev, repeats: int = 3) -> float:
     """Median seconds of `repeats` calls of fn() after a first one that warms up (kernels, autotuning)."""
-    out = []
-    for _ in range(repeats + 1):
-        sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        sync(dev)
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out[1:])
-
-
-def time_features(tgt, mtp, ids, taps, dev, amp, repeats: int = 3) -> float:
-    """Median seconds of the target's feature pass (taps and hidden states, no logits) plus the MTP head's."""
-    lengths = torch.full((ids.shape[0],), ids.shape[1])
-    with torch.autocast(**amp):
-        return median_s(lambda: extract(tgt, mtp, ids, lengths, taps, True), dev, repeats)
+    return statistics.median([timed(fn, dev)[1] for _ in range(repeats + 1)][1:])
 
 
 class StepPeaks:
@@ -347,28 +316,22 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="folder for paper_width.json and paper_width.md")
     ap.add_argument("--tiny", action="store_true", help="width 64, 8 layers (the CPU check of the whole script)")
     ap.add_argument("--profile", default="qwen3.6-27b", choices=PROFILES, help="the paper target to stand in for")
-    ap.add_argument("--plan", type=float, default=0, metavar="GB", help="run the setting `dmtp dryrun --gpus 1 "
-                    "--gpu-mem GB` plans for the full depth (micro-batch, FSDP, gradient sync; overrides --batch, "
-                    "--micro-batch, --fsdp, --grad-sync)")
-    ap.add_argument("--accumulation", type=int, default=0, help="with --plan: at most this many micro-batches a step "
-                    "(0: the plan's)")
-    ap.add_argument("--global-batch", type=int, default=0, help="with --plan: the global batch planned for (0: the "
-                    "profile's train.batch_size)")
-    ap.add_argument("--fsdp", default="on", choices=["on", "off"], help="train.fsdp: FSDP2 in a process group of one, "
-                    "or the one-process path `dmtp train` takes on one GPU")
-    ap.add_argument("--memory-trace", action="store_true", help="CUDA: record every allocation of each row and write "
-                    "the allocations live at its peak, by site, to peak_L<layers>_ckpt<0|1>.txt")
+    ap.add_argument("--plan", type=number(0), default=0, metavar="GB", help="run what `dmtp dryrun --gpus 1 "
+                    "--gpu-mem GB` plans for the full depth (overrides --batch, --micro-batch, --fsdp, --grad-sync)")
+    ap.add_argument("--accumulation", type=at_least(0), default=0, help="with --plan: at most this many micro-batches")
+    ap.add_argument("--global-batch", type=at_least(0), default=0, help="with --plan: the global batch (0: the "
+                    "profile's)")
+    ap.add_argument("--fsdp", default="on", choices=["on", "off"], help="train.fsdp (off: `dmtp train` on one GPU)")
+    ap.add_argument("--memory-trace", action="store_true", help="CUDA: the allocations live at each row's peak")
     ap.add_argument("--experts", default="default", choices=["default", "eager", "grouped_mm", "batched_mm"],
-                    help="an MoE target's expert implementation in transformers (default: its choice, as "
-                    "`Target.load` gets it; recorded)")
-    ap.add_argument("--layers", type=int, default=0, help="stand-in depth; 0: the full 64 where the model says they "
-                    "fit the card, else the largest depth that does")
+                    help="an MoE target's experts implementation in transformers (default: its choice)")
+    ap.add_argument("--layers", type=int, default=0, help="stand-in depth (0: the full depth if it fits, else the "
+                    "largest that does)")
     ap.add_argument("--steps", type=int, default=4, help="training steps per row (the first compiles)")
     ap.add_argument("--batch", type=int, default=1, help="sequences per step")
-    ap.add_argument("--micro-batch", type=int, default=0, help="sequences per forward/backward (gradient "
-                    "accumulation over batch / micro-batch; 0: the whole batch at once)")
+    ap.add_argument("--micro-batch", type=int, default=0, help="sequences per forward/backward (0: the whole batch)")
     ap.add_argument("--grad-sync", default="last", choices=["last", "every"], help="with accumulation: FSDP2's "
-                    "reduce-scatter after the last micro-batch (the full fp32 gradient held between them) or every one")
+                    "reduce-scatter after the last micro-batch or after every one")
     ap.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
     ap.add_argument("--anchors", type=int, default=512, help="anchors per sequence (the profile's)")
     ap.add_argument("--variant", default="zero_init_residual", help="the drafter's variant (needs the MTP head)")
@@ -379,9 +342,6 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.tiny:
         a.seq_len, a.anchors, a.steps = min(a.seq_len, 64), min(a.anchors, 8), min(a.steps, 2)
-    for flag, v in (("--plan", a.plan), ("--accumulation", a.accumulation), ("--global-batch", a.global_batch)):
-        if v < 0:
-            ap.error(f"{flag} {v:g}: expected a number >= 0")
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if a.memory_trace and dev.type != "cuda":
         ap.error(f"--memory-trace records CUDA allocations; the device is {dev}")
@@ -397,12 +357,12 @@ def main(argv=None):
         if not p.fits:
             ap.error(f"--plan {a.plan:g}: the memory model fits no setting on one card of {a.plan:g} GiB ({p.line()})")
         plan = apply_plan(a, p)
-    depth = a.layers or (full if predict(cfg, full, d, a, False)["total"] <= cap else largest_depth(cfg, d, a, cap))
+    # without checkpointing: the larger of the two rows
+    depth = a.layers or largest_depth(cfg, lambda n: predict(cfg, n, d, a, False)["total"] <= cap)
     if depth < 5:
         raise SystemExit(f"not even a 5-layer stand-in fits {card / 1e9:.1f} GB by the memory model")
     ckpts = {"both": (False, True), "off": (False,), "on": (True,)}[a.checkpointing]
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    amp = dict(device_type="cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
     rec = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "card_bytes": card,
            "planned_bytes": None if card is None else cap, "usable_share": USABLE, "torch": torch.__version__,
            "transformers": transformers.__version__, "commit": git_sha(), "settings": vars(a) | {"depth": depth},
@@ -426,7 +386,9 @@ def main(argv=None):
         g = torch.Generator().manual_seed(a.seed)
         micro = a.micro_batch or a.batch  # the feature pass of one micro-batch, as a step makes it
         ids = torch.randint(0, tgt.vocab_size, (micro, a.seq_len), generator=g).to(dev)
-        feature_s = time_features(tgt, mtp, ids, default_target_layer_ids(depth, base["num_hidden_layers"]), dev, amp)
+        taps, lengths = default_target_layer_ids(depth, base["num_hidden_layers"]), torch.full((micro,), a.seq_len)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):  # features, no logits
+            feature_s = median_s(lambda: extract(tgt, mtp, ids, lengths, taps, True), dev)
         del ids
         try:
             rec["gdn_bench_s"] = gdn_bench(with_layers(cfg, depth), micro, a.seq_len, dev, dtype)

@@ -1,12 +1,11 @@
 """The primary family's registered series (dmtp/analysis/report/registered.json) against the `mini` profile as it
-stands: the experiment key the pipeline's experiment.json gives (`data.experiment_key`; `realization` and run control
-such as `ablation.only` are outside it) and the records revision of this code (`dmtp.RECORDS_REVISION`).
+stands: its experiment key (`data.experiment_key`) and this code's records revision (`dmtp.RECORDS_REVISION`).
 
     python -m experiments.register_series           # what differs (exit 1 when anything does; CPU, seconds)
     python -m experiments.register_series --write   # register the profile as it stands
 
-Write only before the series' first realization exists: a realization made at another key or revision is another
-series, which the report pools apart (docs/DESIGN.md, "The pre-registered primary family").
+Write only before the series' first realization exists: a realization at another key or revision is another series
+(docs/DESIGN.md, "The pre-registered primary family").
 """
 from __future__ import annotations
 

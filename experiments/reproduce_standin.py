@@ -1,8 +1,8 @@
 """Inputs for `dmtp reproduce` without the real weights or data: a random-weight target in the published Qwen3.5/3.6
 layout (with `mtp.*` keys and a tokenizer whose chat template turns thinking off), small local copies of the six
 prompt sets in their published formats, and a public-layout DFlash checkpoint to continue from. Random weights never
-stop by themselves: the runs they make measure time, never acceptance (the target folder holds
-`random_weights.json`, so `dmtp reproduce`'s stages.json and report say so).
+stop by themselves: runs on them measure time, never acceptance (the target folder holds `random_weights.json`, so
+`dmtp reproduce`'s stages.json and report say so).
 
     python -m experiments.reproduce_standin build --out /tmp/standin            # paper width (qwen3.6-27b), 4 layers
     python -m experiments.reproduce_standin build --out /tmp/tiny --tiny        # CPU toy size (what the test uses)
@@ -10,10 +10,8 @@ stop by themselves: the runs they make measure time, never acceptance (the targe
         --experts per_expert                                                   # the 35B-A3B's released layout
     python -m experiments.reproduce_standin project runs/standin/stages.json    # the full protocol's time, projected
 
-`build` writes OUT/target (config.json, safetensors with mtp.*, tokenizer files), OUT/data/<set> (gsm8k parquet
-folder, MATH-500 jsonl, HumanEval jsonl.gz, Alpaca json, MT-Bench question.jsonl, OpenPerfectBlend parquet),
-OUT/dflash (a public-layout DFlash drafter for the target), and prints the `--data-path` flags (also written to
-OUT/data.flags, for a shell's `$(cat OUT/data.flags)`).
+`build` writes OUT/target, OUT/data/<set> (each set in its published format), OUT/dflash, and prints the
+`--data-path` flags (also written to OUT/data.flags, for a shell's `$(cat OUT/data.flags)`).
 """
 from __future__ import annotations
 
@@ -58,7 +56,7 @@ def tokenizer(vocab_size: int | None = None):
         if len(vocab) - 256 >= fill:
             break
         vocab[s] = len(vocab) + 2
-    tk = Tokenizer(models.BPE(vocab=dict(vocab, **{}), merges=[]))
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tk.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk)
@@ -171,19 +169,17 @@ def paper_target(out: Path, profile: str = "qwen3.6-27b", layers: int = 4, devic
     kw.update(num_hidden_layers=layers, layer_types=kw["layer_types"][:layers])
     tok = tokenizer(kw["vocab_size"])
     cfg = AutoConfig.for_model(kw.pop("model_type"), **kw, eos_token_id=tok.eos_token_id, pad_token_id=0)
+    def normal(module):
+        with torch.no_grad():
+            for p in [p for p in module.parameters() if p.dim() >= 2]:
+                p.normal_(0, std)
+
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() >= 2:
-                    p.normal_(0, std)
-        tgt = Target(model)
-        mtp = MTPHead(tgt).to(device=device, dtype=torch.bfloat16)
-        with torch.no_grad():
-            for p in mtp.parameters():
-                if p.dim() >= 2:
-                    p.normal_(0, std)
+        normal(model)
+        mtp = MTPHead(Target(model)).to(device=device, dtype=torch.bfloat16)
+        normal(mtp)
     save_target_with_mtp(model, mtp, out)
     save_tokenizer(tok, out)
     mark_random(out)
@@ -199,17 +195,16 @@ def public_dflash(out: Path, target: Path, layers: int = 1, heads: int = 4, kv_h
     g = torch.Generator().manual_seed(seed)
     rand = lambda *s, scale=0.02: torch.randn(*s, generator=g) * scale  # noqa: E731
     sd = {"fc.weight": rand(H, len(taps) * H), "hidden_norm.weight": torch.ones(H), "norm.weight": torch.ones(H)}
+    q, kv = heads * head_dim, kv_heads * head_dim
     for i in range(layers):
         p = f"layers.{i}."
-        sd.update({p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
-                   p + "self_attn.q_proj.weight": rand(heads * head_dim, H),
-                   p + "self_attn.k_proj.weight": rand(kv_heads * head_dim, H),
-                   p + "self_attn.v_proj.weight": rand(kv_heads * head_dim, H),
-                   p + "self_attn.o_proj.weight": rand(H, heads * head_dim),
-                   p + "self_attn.q_norm.weight": torch.ones(head_dim),
-                   p + "self_attn.k_norm.weight": torch.ones(head_dim),
-                   p + "mlp.gate_proj.weight": rand(intermediate, H), p + "mlp.up_proj.weight": rand(intermediate, H),
-                   p + "mlp.down_proj.weight": rand(H, intermediate)})
+        sd |= {p + f"{n}.weight": torch.ones(d) for n, d in (
+            ("input_layernorm", H), ("post_attention_layernorm", H), ("self_attn.q_norm", head_dim),
+            ("self_attn.k_norm", head_dim))}
+        sd |= {p + f"{n}.weight": rand(*shape) for n, shape in (
+            ("self_attn.q_proj", (q, H)), ("self_attn.k_proj", (kv, H)), ("self_attn.v_proj", (kv, H)),
+            ("self_attn.o_proj", (H, q)), ("mlp.gate_proj", (intermediate, H)), ("mlp.up_proj", (intermediate, H)),
+            ("mlp.down_proj", (H, intermediate)))}
     cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H,
            "vocab_size": t.vocab_size, "num_hidden_layers": layers, "num_attention_heads": heads,
            "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": intermediate,
@@ -228,7 +223,6 @@ def data_flags(files: dict[str, Path]) -> list[str]:
     return [x for k, v in files.items() for x in ("--data-path", f"{k}={v}")]
 
 
-# --- the projection ---------------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m experiments.reproduce_standin", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,7 +1,6 @@
-"""Bytes of RAM per training token: the JSONL read into Python lists (`load_sequences` on a JSONL) against the token
-store (`dmtp.data.tokens`, memory-mapped), on random ids over Qwen3.6's 248,320-token vocabulary. Each side runs in
-its own process; tracemalloc's count after loading (Python objects and numpy arrays; the map's pages are the page
-cache's, not the process's). Prints one JSON line.
+"""Bytes of RAM per training token: JSONL read into Python lists (`load_sequences`) against the memory-mapped token
+store (`dmtp.data.tokens`), on random ids over Qwen3.6's 248,320-token vocabulary, each side in its own process,
+measured by tracemalloc after loading. Prints one JSON line.
 
     python -m experiments.token_bytes --sequences 2000 --tokens 1000 --out /tmp/token_bytes   # CPU, ~30 s
 """

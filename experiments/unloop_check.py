@@ -1,7 +1,6 @@
 """Sequence-level unlikelihood on a trained target, against a control of the same steps without it: AR's loops on
-HumanEval (T = 0, natural mode, HumanEval's stops) and held-out quality before and after `dmtp.training.unloop`.
-The rows of docs/DESIGN.md ("Loops and the unlikelihood step") come from it. Settings not given are the profile's
-(`pretrain.unloop_*`, lr 0.1 x the pretraining peak, HumanEval's `eval.new_tokens`).
+HumanEval (T = 0, natural mode) and held-out quality before and after `dmtp.training.unloop` (the rows of
+docs/DESIGN.md, "Loops and the unlikelihood step"). Settings not given are the profile's.
 
     dmtp pipeline --profile tiny --stage corpus,tokenizer,target --work work     # the target (CPU, ~5 min)
     python -m experiments.unloop_check --work work/tiny --profile tiny --alpha 0 \
@@ -11,7 +10,7 @@ The rows of docs/DESIGN.md ("Loops and the unlikelihood step") come from it. Set
     python -m experiments.unloop_check --table results/mini/r<k>/unloop/*.json    # the arms as one markdown table
 
 On one GPU: `dmtp pipeline --profile mini --stage corpus,tokenizer,target --set pretrain.unloop_steps=0`, then the
-arms side by side on that target (`--work work/mini`), each writing its own JSON.
+arms on that target (`--work work/mini`), each writing its own JSON.
 """
 import argparse
 import json
