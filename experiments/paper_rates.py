@@ -33,6 +33,7 @@ import transformers
 from dmtp.engine.methods import AR, build_method
 from dmtp.engine.runner import run_generate
 from dmtp.cli.args import at_least
+from dmtp.cli.bench.common import timed
 from dmtp.io import git_sha, write_json, write_text
 from dmtp.profiles import get_profile
 from dmtp.training.drafters import new_drafters
@@ -51,8 +52,8 @@ def timed_decode(tgt, method, rows, temperature: float, new: int, warmup_new: in
     """A warm-up batch of `warmup_new` tokens, then the timed batch of exactly `new` tokens a request (mode fixed):
     wall seconds, tokens, rounds (the batch's verify rounds: its longest request's) and the rates."""
     def once(n):
-        return pw.timed(lambda: run_generate(tgt, method, rows, temperature, n, [], len(rows), seed=0, mode="fixed",
-                                             engine=engine), dev)
+        return timed(dev, lambda: run_generate(tgt, method, rows, temperature, n, [], len(rows), seed=0, mode="fixed",
+                                               engine=engine))
 
     _, warm_s = once(warmup_new)
     recs, wall = once(new)

@@ -46,6 +46,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from dmtp.cli.args import at_least, failure, number
+from dmtp.cli.bench.common import timed
 from dmtp.config import TrainConfig
 from dmtp.experiment import drafter_config
 from dmtp.io import git_sha, write_json, write_text
@@ -184,19 +185,9 @@ def build(cfg: dict, layers: int, device, dtype, seed: int, experts: str = "defa
     return tgt, MTPHead(tgt)
 
 
-def timed(fn, dev):
-    """fn()'s result and its seconds, the device synchronized before and after."""
-    sync = torch.cuda.synchronize if dev.type == "cuda" else lambda _: None
-    sync(dev)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(dev)
-    return out, time.perf_counter() - t0
-
-
 def median_s(fn, dev, repeats: int = 3) -> float:
     """Median seconds of `repeats` calls of fn() after a first one that warms up (kernels, autotuning)."""
-    return statistics.median([timed(fn, dev)[1] for _ in range(repeats + 1)][1:])
+    return statistics.median([timed(dev, fn)[1] for _ in range(repeats + 1)][1:])
 
 
 class StepPeaks:
