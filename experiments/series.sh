@@ -2,9 +2,9 @@
 # Realizations of the registered `mini` series, several at once on one GPU: each is `experiments/one_gpu.sh` with its
 # own realization number and the registered runs (`ablation.only` is outside the experiment key, so they pool with
 # full realizations), packed into $ARCHIVES/r<k>.tgz for `dmtp land` when it ends, finished or not. Fixed kernel
-# choices are meant to make every chain's records independent of the others on the card (decoding's are; training's
-# await `tests/test_load_independence.py` on a GPU); two chains at once gave 1.41x the throughput of one, and three do
-# not fit an 80 GB card (`experiments/chains_check.py`, LOG.md 2026-12-07).
+# choices make every chain's records independent of the others on the card (`tests/test_load_independence.py`); two
+# chains at once gave 1.41x the throughput of one, and three do not fit an 80 GB card (`experiments/chains_check.py`,
+# LOG.md 2026-12-07).
 #   bash experiments/series.sh 1 2                      # r1 and r2 side by side; logs and archives in archives/
 #   RUNS=ar,dflash ARCHIVES=/shared bash experiments/series.sh 3
 #   DIRECTIONS=1 bash experiments/series.sh 3           # then the closing directions' study on r3's target and data
