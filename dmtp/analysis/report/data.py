@@ -29,9 +29,6 @@ results/<profile>/. Inside each realization:
                                              32; "<setup>:<method>" rows: random-weight shape timings)
     bench/meta.json, bench/ratios.json       the bench's settings and commit; its typed ratio records
 
-Shape timings ("<setup>:<method>" rows) of results/<profile>/bench/overhead.csv are read too when that folder is not
-itself a pooled realization (they measure random weights: no realization of their own).
-
 Every method found in runs/ is reported, named by the spec or not (then in row group "other", after the others).
 Realizations, seeds and requests are pooled: a run's acceptance length is the mean over its realization x seed x
 request cube, with a hierarchical bootstrap interval and a t-interval at the top level (dmtp.analysis.stats);
@@ -43,6 +40,7 @@ import hashlib
 import json
 import re
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,14 +68,12 @@ REALIZATION = re.compile(r"^r(?P<k>[0-9]+)$")  # results/<profile>/r<k>
 # subset a command selected)
 RUN_CONTROL = ("stop_after", "save_every", "log_every", "compile", "fused_ce", "ce_chunk", "fsdp", "shard_target",
                "activation_checkpointing", "micro_batch", "grad_sync", "only", "only_seeds", "kernels")
-# <dataset>_T<temp>[_fixed][_s<seed>]
 RUN_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)(?P<fixed>_fixed)?(?:_s(?P<seed>[0-9]+))?$")
 CURVE_NAME = re.compile(r"^(?P<dataset>.+?)_T(?P<temp>[0-9]+(?:\.[0-9]+)?)_s(?P<seed>[0-9]+)_step(?P<step>[0-9]+)$")
 
 
 def read_spec(root: Path) -> AblationSpec:
-    """The ablation spec of results/<profile>/experiment.json; without the file an empty spec (every method in row
-    group "other", in name order; no reference row, no main method: the tables that need one are skipped)."""
+    """The ablation spec of results/<profile>/experiment.json; without the file an empty spec (rows ungrouped)."""
     path = Path(root, "experiment.json")
     if not path.exists():
         print(f"[report] {path} absent (written by `dmtp pipeline`): rows ungrouped, no reference row")
@@ -132,8 +128,7 @@ class Realization:
     written: tuple[str, str] = ("", "")  # first and last `written` stamp of its meta files
     bench_commit: str = ""  # the commit bench/meta.json records ("": no bench)
     corpus: str = ""  # the digest of the target's pretraining documents (target/meta.json corpus.train_digest)
-    bench_device: str = ""  # the device bench/meta.json records ("": no bench, or none recorded): timings compare
-    # only between realizations whose bench ran on the same kind of device
+    bench_device: str = ""  # the device bench/meta.json records ("": no bench, or none recorded)
     revision: str | None = None  # the records revision experiment.json names (None: written before revisions)
 
     @property
@@ -157,8 +152,7 @@ class Artifacts:
     ood: dict | None = None  # out-of-distribution set -> its runs (experiment.json eval.ood, eval.ood_runs)
     caveat: str = ""  # what the series cannot show (`registered.caveat`), said at the top of the report and tables
     caveat_short: str = ""  # the same in a few words, atop every figure
-    registered: list[str] = field(default_factory=list)  # realizations found of the primary family's registered
-    # series (`registered.PRIMARY`), pooled or not
+    registered: list[str] = field(default_factory=list)  # realizations found of `registered.PRIMARY`'s series
 
     @property
     def on_registered(self) -> bool:
@@ -192,7 +186,6 @@ class Artifacts:
         return s if temperature is None else s[s.temperature == temperature]
 
     def rank(self, method: str) -> tuple[str, int, str]:
-        """Sort key of a method (`method_key`)."""
         return method_key(self.spec, method)
 
     def order(self, methods: pd.Series) -> pd.Series:
@@ -244,9 +237,7 @@ def check_complete(path: Path) -> None:
 
 def read_runs(root: Path) -> pd.DataFrame:
     """Every record under root/runs (file names `RUN_NAME`: mode and seed from the suffixes unless the record says);
-    a malformed file (bad name, not JSON, no `id`, `accepted` not a list of counts, a temperature the name does not
-    carry), a half-written or empty one, and a request of one run met twice (the same id in one seed, in one file or
-    two) are errors naming the file and line."""
+    a malformed, half-written or empty file and a request of one run met twice are errors naming the file and line."""
     rows, seen = [], {}
     for path in record_files(Path(root, "runs"), "*/*/"):
         experiment, method = path.parent.parent.name, path.parent.name
@@ -344,13 +335,9 @@ def summarize(runs: pd.DataFrame, n_boot: int = 2000, spec: AblationSpec | None 
     """One row per (experiment, dataset, temperature, mode, method), the method's realizations and seeds pooled:
     acceptance_length = mean of the realization x seed x request cube of per-request acceptance lengths (requests
     present in every unit; requests without rounds skipped; every realization weighs the same) with its hierarchical
-    bootstrap 95% CI (stats.seed_request_ci) and the t-interval at the top level (_tlo, _thi; t_level: realization,
-    seed or request; n_units); per-verify tau from the pooled histogram `hist`; first-token acceptance = rounds
-    accepting >= 1 draft / rounds (stats.ratio_ci over the same cube); n_realizations, n_seeds (the most seeds of
-    one realization), seeds, n_requests (ids with >= 1 round), n_zero_round (records without a verify round) and
-    their ids `zero_round_ids`; the loop columns (as metrics.loop_summary over all the run's records): repeat_rate,
-    loop_frac, acceptance_length_loopfree, n_loops; length_frac (records stopped by the length cap; nan without stop
-    reasons); n_rounds, output_tokens. Rows in (experiment, dataset, temperature, mode, the spec's method order)."""
+    bootstrap 95% CI and the t-interval at the top level (_tlo, _thi); per-verify tau from the pooled histogram;
+    first-token acceptance = rounds accepting >= 1 draft / rounds over the same cube; the loop columns as
+    metrics.loop_summary; length_frac: records stopped by the length cap. Rows in KEYS order, methods the spec's."""
     out = []
     for key, g in runs.groupby(KEYS, sort=True):
         K, hist = pooled_hist(g)
@@ -407,21 +394,22 @@ def require_artifacts(top: Path, hint: str = "") -> list[tuple[int, Path]]:
     return found
 
 
+# experiment.json sections -> their part that is the experiment
+SECTION_KEYS = {"engine": records_key_of,  # a server-only setting: the records are the same
+                "pretrain": pretrain_key,  # no unlikelihood step: its settings are no part of the experiment
+                "drafter": drafter_key}  # the anchor rule: the attention settings are no part of it either
+
+
 def experiment_key(exp: dict) -> dict:
     """What makes two realizations the same experiment: experiment.json without `realization`, the records revision
-    (`series_key` adds it) and run control (RUN_CONTROL, at any depth), the engine as its records depend on it
-    (`EngineConfig.records_key`)."""
+    (`series_key` adds it) and run control (RUN_CONTROL, at any depth), each section as far as it is the experiment
+    (SECTION_KEYS)."""
     def drop(v):
         if isinstance(v, dict):
             return {k: drop(x) for k, x in v.items() if k not in RUN_CONTROL}
         return [drop(x) for x in v] if isinstance(v, list) else v
     key = {k: v for k, v in exp.items() if k not in ("realization", "records_revision")}
-    if isinstance(key.get("engine"), dict):  # a server-only setting: the records are the same (records_key_of)
-        key["engine"] = records_key_of(key["engine"])
-    if isinstance(key.get("pretrain"), dict):  # no unlikelihood step: its settings are no part of the experiment
-        key["pretrain"] = pretrain_key(key["pretrain"])
-    if isinstance(key.get("drafter"), dict):  # the anchor rule: the attention settings are no part of it either
-        key["drafter"] = drafter_key(key["drafter"])
+    key.update({k: fn(key[k]) for k, fn in SECTION_KEYS.items() if isinstance(key.get(k), dict)})
     return drop(key)
 
 
@@ -455,17 +443,18 @@ def _name(k: int) -> str:
     return f"r{k}" if k else "r0 (the flat layout)"
 
 
-def _revision_words(r: str | None) -> str:
+def revision_words(r: str | None) -> str:
     return f"records revision {r}" if r is not None else "records made before revisions were declared"
 
 
+def first_of(names: list[str], n: int) -> str:
+    """The first n of `names`, comma-separated, with how many more there are."""
+    return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
+
+
 def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[tuple[str, str]]]:
-    """(pooled, left out with why): the realizations of one series (one experiment key and one records revision: the
-    same experiment made by the same record-making code). The primary family's registered series where any
-    realization of it is found; else the largest series (ties: the one holding the newest realization, by the date
-    its target was written, then by number). A folder without experiment.json (only the flat layout can lack one)
-    counts as a series of its own. The others are named with what differs: the experiment's fields, or the
-    revision (records made by other code are never pooled)."""
+    """(pooled, left out with why): the realizations of one series (module docstring; ties: the newest target, then
+    the highest number). A folder without experiment.json counts as a series of its own."""
     keys = {k: series_key(p) for k, p in found}
     groups: dict[str, list[int]] = {}
     for k in sorted(keys):
@@ -473,35 +462,27 @@ def match(found: list[tuple[int, Path]]) -> tuple[list[tuple[int, Path]], list[t
     paths = dict(found)
     reg = registered_of(found)
     best = reg or max(groups.values(), key=lambda ks: (len(ks), max(_written(paths[k]) for k in ks), max(ks)))
-    pooled = [(k, p) for k, p in found if k in best]
-    out = []
-    for k, p in found:
-        if k in best:
-            continue
+    top, out = best[-1], []
+    for k in (k for k, _ in found if k not in best):
         if keys[k] is None:
-            out.append((_name(k), "no experiment.json"))
-            continue
-        (key, rev), (top, top_rev) = keys[k], keys[best[-1]]
-        diff = differences(top, key)
-        if diff:
-            out.append((_name(k), f"experiment differs from {_name(best[-1])} in {', '.join(diff[:4])}"
-                        + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")))
+            why = "no experiment.json"
+        elif diff := differences(keys[top][0], keys[k][0]):
+            why = f"experiment differs from {_name(top)} in {first_of(diff, 4)}"
         else:
-            out.append((_name(k), f"the same experiment as {_name(best[-1])}, made by other record-making code "
-                        f"({_revision_words(rev)}; {_name(best[-1])}: {_revision_words(top_rev)}): a series of its "
-                        "own (docs/DESIGN.md, \"The records revision\")"))
-    return pooled, out
+            why = (f"the same experiment as {_name(top)}, made by other record-making code "
+                   f"({revision_words(keys[k][1])}; {_name(top)}: {revision_words(keys[top][1])}): a series of its "
+                   "own (docs/DESIGN.md, \"The records revision\")")
+        out.append((_name(k), why))
+    return [(k, p) for k, p in found if k in best], out
 
 
 def finished_runs(root: Path) -> list[Path]:
     """The run files of a realization that its stage finished (records present; no meta saying `finished: false`)."""
     out = []
     for path in record_files(Path(root, "runs"), "*/*/"):
-        try:
+        with suppress(ValueError):
             check_complete(path)
-        except ValueError:
-            continue
-        out.append(path)
+            out.append(path)
     return out
 
 
@@ -530,11 +511,8 @@ def record_digest(root: Path) -> str:
 
 
 def refuse_copies(pooled: list[tuple[int, Path]]) -> None:
-    """Two realizations pooled as independent must be: folders holding the same records (one realization copied
-    into another r<k>/), or recording the same seeds (experiment.json `realization`: every seed derives from it),
-    are refused, naming both (pooled, a copy would count twice and narrow the interval to nothing). A folder without
-    record files (bench only) has no records to compare; one whose experiment.json names no realization, its
-    folder's number."""
+    """Refuses two pooled realizations holding the same records (a copy) or recording the same seeds (experiment.json
+    `realization`, else the folder's number), naming both: a copy would count twice."""
     seen_digest: dict[str, Path] = {}
     seen_seeds: dict[int, Path] = {}
     for k, p in pooled:
@@ -610,7 +588,7 @@ def read_oracle_pooled(roots: list[tuple[int, Path]]) -> dict:
 
 
 def _bench(roots: list[tuple[int, Path]], top: Path, name: str) -> pd.DataFrame | None:
-    """bench/<name>.csv of every pooled realization (+ realization); overhead: also the shape timings
+    """bench/<name>.csv of every pooled realization (+ realization); overhead: also the random-weight shape timings
     ("<setup>:<method>" rows, realization -1) of results/<profile>/bench when that is no pooled realization."""
     parts = [_with_prompt_pass(pd.read_csv(p), r / "bench" / "meta.json").assign(realization=k)
              for k, r in roots if (p := r / "bench" / f"{name}.csv").exists()]
@@ -680,9 +658,9 @@ def paired_runs(art: Artifacts, key: tuple, a: str, b: str, n_boot: int = CONTRA
     stats.paired over the realizations and seeds both runs have and the requests both ran (a run with a single seed
     in a realization, e.g. a baseline without a drafter, is set beside every seed of the other); `stats.paired`'s
     fields (nan when either run is absent)."""
-    ga, gb = (group(art, *key, m) if len(key) == 3 else group(art, *key[:3], m, key[3]) for m in (a, b))
+    ga, gb = (group(art, *key[:3], m, *key[3:]) for m in (a, b))
     if ga.empty or gb.empty or a == b:
-        return {"diff": np.nan, "lo": np.nan, "hi": np.nan, "p": np.nan, "t_lo": np.nan, "t_hi": np.nan,
-                "t_p": np.nan, "signs": [], "n_seeds": 0, "n_requests": 0}
+        return {**dict.fromkeys(("diff", "lo", "hi", "p", "t_lo", "t_hi", "t_p"), np.nan), "signs": [], "n_seeds": 0,
+                "n_requests": 0}
     mats = S.matrices({a: per_unit(ga), b: per_unit(gb)})[0]
     return S.paired(mats[a], mats[b], n_boot=n_boot, margin=margin)
