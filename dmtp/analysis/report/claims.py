@@ -35,15 +35,11 @@ from dmtp.analysis import stats as S
 from dmtp.analysis.report import bench as B
 from dmtp.analysis.report import tables as T
 from dmtp.analysis.report import registered as REG
-from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, differences, paired_runs, per_unit,
-                                       read_optional, select, series_key)
+from dmtp.analysis.report.data import (CONTRAST_BOOT, Artifacts, differences, first_of, paired_runs, per_unit,
+                                       read_optional, revision_words, select, series_key)
 from dmtp.analysis.report.registered import SMOKE, Family
 
-# "close" = |a - b| below this share of b's acceptance length. The blog states no margin; 2 % is the size of the
-# gaps between neighbouring variants that its Code ablation reports as differences (mask_residual +1.92 %,
-# t1_residual +2.48 % over token_only): a margin as wide as those would call different variants "close". It is
-# about a tenth of DMTP's gain over DFlash there (+17.9 %), and at mini's acceptance (~2.9 at T = 0, ~1.9 at T = 1)
-# it is 0.04-0.06 tokens per request.
+# "close" = |a - b| below this share of b's acceptance length (the blog states no margin: docs/DESIGN.md, "Equivalence")
 CLOSE_MARGIN_PCT = 2.0
 PRIMARY_FAMILY, EXPLORATORY = "primary", "exploratory"
 WORDS = {1: "consistent", -1: "contrary", 0: "not resolved"}
@@ -78,9 +74,8 @@ def contrast(art: Artifacts, dataset: str, t: float, a: str, b: str, margin: flo
     signs (each realization's own difference); with `margin`, tost_p and tost_t_p."""
     r = T.pair_row(art, a, b, t, dataset) if margin is None and dataset in T.primary(art) else None
     if r is not None:
-        return {"diff": r["diff"], "diff_lo": r["diff_lo"], "diff_hi": r["diff_hi"], "diff_tlo": r["diff_tlo"],
-                "diff_thi": r["diff_thi"], "p": r["diff_p"], "t_p": r["t_p"], "t_level": r["t_level"],
-                "n_units": r["n_units"], "signs": r["signs"]}
+        keys = ("diff", "diff_lo", "diff_hi", "diff_tlo", "diff_thi", "t_p", "t_level", "n_units", "signs")
+        return {"p": r["diff_p"], **{k: r[k] for k in keys}}
     q = paired_runs(art, ("ablation", dataset, t), a, b, n_boot=CONTRAST_BOOT, margin=margin)
     return None if pd.isna(q["diff"]) else as_contrast(q)
 
@@ -159,9 +154,8 @@ def off_series(art: Artifacts, fam: Family | None = None) -> str:
     diff = differences(fam.key, key)
     if key.get("name") != fam.key.get("name"):  # another profile: its name says more than its fields
         diff = [f"the profile (`{key.get('name')}`)"]
-    made = f"records revision {rev}" if rev is not None else "records made before revisions were declared"
-    what = (f"its experiment differs in {', '.join(diff[:3])}" + (f" (+{len(diff) - 3} more)" if len(diff) > 3
-                                                                  else "") + f"; {made}" if diff else
+    made = revision_words(rev)
+    what = (f"its experiment differs in {first_of(diff, 3)}; {made}" if diff else
             f"the same experiment made by other record-making code ({made})")
     seen = [r.name for r in art.realizations if r.name in fam.seen_before and r.root.parent.name == fam.experiment]
     return what + (f"; {', '.join(seen)} {'were' if len(seen) > 1 else 'was'} seen before the family was registered"
@@ -178,19 +172,16 @@ def primary_rows(art: Artifacts, fam: Family | None = None) -> list[dict]:
     registered = art.on_registered and n > 1
     got = [(c, r) for c in fam.claims if (r := contrast(art, fam.dataset, c.temperature, c.a, c.b))]
     p1 = [S.t_one_sided(r["signs"]) if len(r["signs"]) > 1 else math.nan for _, r in got]
-    adj = S.holm(p1)
     out = []
-    for (c, r), p, q in zip(got, p1, adj):
+    for (c, r), p, q in zip(got, p1, S.holm(p1)):
         pair = f"`{c.a}` − `{c.b}`"
         one_sided = (f"one-sided paired t over {len(r['signs'])} realizations, p = {p:.3g}; Holm p = {q:.3g} over the "
                      f"{len(got)} claims of the primary family")
         if registered:
             ok = q < fam.alpha
-            if n >= fam.min_realizations:
-                v = "holds" if ok else "not resolved"
-            else:
-                v = (f"interim ({n} of {fam.min_realizations} realizations): "
-                     + ("rejects at 0.05 after Holm" if ok else "not resolved"))
+            v = "holds" if ok else "not resolved"
+            if n < fam.min_realizations:
+                v = f"interim ({n} of {fam.min_realizations} realizations): {'rejects at 0.05 after Holm' if ok else v}"
             out.append(_row(PRIMARY_FAMILY, f"{c.key}: {c.text}: {pair}", c.temperature, r, one_sided, v, p=p))
         else:
             why = ("not the registered series" if not art.on_registered
@@ -257,14 +248,14 @@ def close_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
     """Each closeness claim at each T: TOST against ±CLOSE_MARGIN_PCT % of b (the bootstrap's and the top-level t's
     one-sided tests, the larger p, Holm over the claim's temperatures): consistent when it rejects; contrary when
     both 95 % intervals lie outside the margin; else not resolved (exploratory)."""
-    s = art.natural.set_index(["experiment", "dataset", "temperature", "method"])
+    s = art.ablation(dataset).set_index(["temperature", "method"])
     out = []
     for a, b, text in close_pairs(art):
         got = []
         for t in temps:
-            if ("ablation", dataset, t, b) not in s.index or ("ablation", dataset, t, a) not in s.index:
+            if (t, b) not in s.index or (t, a) not in s.index:
                 continue
-            m = CLOSE_MARGIN_PCT / 100 * s.loc[("ablation", dataset, t, b), "acceptance_length"]
+            m = CLOSE_MARGIN_PCT / 100 * s.loc[(t, b), "acceptance_length"]
             r = contrast(art, dataset, t, a, b, margin=m)
             if r is None:
                 continue
@@ -284,14 +275,12 @@ def first_rate(g: pd.DataFrame) -> pd.DataFrame:
     return g.assign(first_rate=g.first_hits / g.n_rounds.where(g.n_rounds > 0))
 
 
-def first_gap(art: Artifacts, dataset: str, t: float, a: str, b: str) -> dict | None:
-    """Paired a - b of per-request first-token acceptance (rate) at (dataset, T), `stats.paired` fields."""
-    r = select(first_rate(art.runs), experiment="ablation", temperature=t, mode="natural", dataset=dataset)
+def first_cubes(art: Artifacts, t: float, a: str, b: str, **eq) -> tuple | None:
+    """`stats.matrices` of the per-request first-token acceptance of ablation runs a and b at T (natural mode, the
+    rows `eq` selects); None unless both have requests."""
+    r = select(first_rate(art.runs), experiment="ablation", temperature=t, mode="natural", **eq)
     units = {m: per_unit(r[r.method == m], "first_rate") for m in (a, b)}
-    if not all(units.values()):
-        return None
-    cubes = S.matrices(units)[0]
-    return S.paired(cubes[a], cubes[b], n_boot=CONTRAST_BOOT)
+    return S.matrices(units) if all(units.values()) else None
 
 
 def first_token_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
@@ -304,10 +293,10 @@ def first_token_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
     c = R.table("conditional").set_index(["workload", "method"]).c1.unstack()
     gaps = (c["dmtp"] - c["dflash"]).dropna()
     lo, hi = float(gaps.min()), float(gaps.max())
-    r = first_gap(art, dataset, 1.0, sp.main_method, sp.drafter_baseline)
-    if r is None:
+    got = first_cubes(art, 1.0, sp.main_method, sp.drafter_baseline, dataset=dataset)
+    if got is None:
         return []
-    r = as_contrast(r, 100)  # points
+    r = as_contrast(S.paired(got[0][sp.main_method], got[0][sp.drafter_baseline], n_boot=CONTRAST_BOOT), 100)  # points
     ints = [(a, b) for a, b in ((r["diff_tlo"], r["diff_thi"]), (r["diff_lo"], r["diff_hi"])) if not pd.isna(a)]
     d = 1 if all(lo <= a and b <= hi for a, b in ints) else -1 if all(b < lo or a > hi for a, b in ints) else 0
     return [explored(art, f"the first-token gap at T = 1 lies in the blog's range (35B, T = 1, six workloads: "
@@ -352,14 +341,11 @@ def ood_gaps(art: Artifacts, a: str = "mtp", b: str | None = None, n_boot: int =
     gap a - b of per-request first-token acceptance, and the difference in differences (ood minus HumanEval) over
     the realizations both sets have (stats.did). None without an ood set holding both runs."""
     b = b or art.spec.drafter_baseline
-    r = select(first_rate(art.runs), experiment="ablation", temperature=0, mode="natural", seed=0)
     for ood in art.ood or {}:
         per = {}  # dataset -> ({realization: row of the cubes}, cubes)
         for ds in ("humaneval", ood):
-            units = {m: per_unit(r[(r.dataset == ds) & (r.method == m)], "first_rate") for m in (a, b)}
-            if all(units.values()):
-                cubes, layout, _ = S.matrices(units)
-                per[ds] = ({k: i for i, (k, _) in enumerate(layout)}, cubes)
+            if (got := first_cubes(art, 0, a, b, dataset=ds, seed=0)) is not None:
+                per[ds] = ({k: i for i, (k, _) in enumerate(got[1])}, got[0])
         if len(per) < 2:
             continue
         common = sorted(set(per["humaneval"][0]) & set(per[ood][0]))
@@ -418,15 +404,13 @@ def throughput_rows(art: Artifacts) -> list[dict]:
         where = f"{dev or 'card not recorded'}, {exp or 'this'} series of {steps} steps"
         claim = f"{text}, on {where}: `{sp.main_method}` vs `{sp.drafter_baseline}` tok/s (%)"
         if len(g) > 1:
-            tt = S.t_test(list(g.gain_pct))
-            r = {"diff": float(np.mean(g.gain_pct)), "diff_tlo": tt["lo"], "diff_thi": tt["hi"],
-                 "signs": list(g.gain_pct), "by": " / ".join(f"{x.realization} {x.gain_pct:+.1f}"
-                                                             for x in g.itertuples())}
+            gain, tt = float(np.mean(g.gain_pct)), S.t_test(list(g.gain_pct))
+            r = {"diff": gain, "diff_tlo": tt["lo"], "diff_thi": tt["hi"], "signs": list(g.gain_pct),
+                 "by": " / ".join(f"{x.realization} {x.gain_pct:+.1f}" for x in g.itertuples())}
             out.append(explored(art, claim, 1.0, r, f"t over {len(g)} realizations' median gains (each over its "
                                 f"own timing repeats), p = {tt['p']:.3g} (two-sided, unadjusted)",
                                 direction_word(r, len(g)), unit="%", p=tt["p"],
-                            magnitude=magnitude(float(np.mean(g.gain_pct)), float(np.mean(g.per_verify_gain_pct)),
-                                                blog, ds)))
+                                magnitude=magnitude(gain, float(np.mean(g.per_verify_gain_pct)), blog, ds)))
             continue
         x = g.iloc[0]
         k = int(T.realization_number(x.realization) or 0)
@@ -468,7 +452,6 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
             + first_token_rows(art, ds, temps) + rank_rows(art, ds, temps) + ood_rows(art) + throughput_rows(art))
     if not rows:
         return None
-    n = n_realizations(art)
     df = pd.DataFrame(rows)
     ex = df.family == EXPLORATORY
     df["holm_p"] = math.nan
@@ -482,7 +465,7 @@ def claims(art: Artifacts) -> pd.DataFrame | None:
                   "top level's units (realizations when there are several, else seeds); [estimate_lo, estimate_hi] = "
                   "hierarchical bootstrap 95% CI — the same interval the acceptance and pairwise tables print for the "
                   "same contrast; by_realization = each realization's own value (throughput: its timing repeats)."
-                  + (" One realization: every verdict is within it." if n == 1 else ""))
+                  + (" One realization: every verdict is within it." if n_realizations(art) == 1 else ""))
 
 
 def fmt_estimate(r) -> str:
