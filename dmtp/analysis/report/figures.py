@@ -18,7 +18,7 @@ from dmtp.analysis import metrics as M  # noqa: E402
 from dmtp.analysis import reference as R  # noqa: E402
 from dmtp.analysis.report import tables as T  # noqa: E402
 from dmtp.analysis import stats as S  # noqa: E402
-from dmtp.analysis.report.data import Artifacts, group, paired_runs, per_unit, select  # noqa: E402
+from dmtp.analysis.report.data import Artifacts, cube, group, paired_runs, select  # noqa: E402
 from dmtp.io import write_figure  # noqa: E402
 
 # by position in the spec's run order (the Code ablation: ar grey, mtp blue, dflash orange, ...), then the methods
@@ -76,9 +76,11 @@ def _ranked(art: Artifacts, g: pd.DataFrame) -> list:
 
 
 def _main_and_rest(art: Artifacts, s: pd.DataFrame):
-    """("", the main rows (`main_methods`)), ("_supplementary", the other variants): a figure's two parts."""
+    """Yield (part, temperature, rows, panels) (`_per_temp`) of a figure's two parts: "" the main rows
+    (`main_methods`), "_supplementary" the other variants."""
     main = s.method.isin(main_methods(art))
-    return ("", s[main]), ("_supplementary", s[~main])
+    for part, rows in (("", s[main]), ("_supplementary", s[~main])):
+        yield from ((part, *x) for x in _per_temp(rows))
 
 
 def grouped_bars(ax, groups: list[str], methods: list[str], ours: dict, color: dict, blog: dict | None = None,
@@ -115,22 +117,6 @@ def _legend(fig: Figure, *axes, loc: str = "outside right upper", **kw):
     """One figure legend of the labelled artists of `axes` (a label once, with its last panel's handle)."""
     handles = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels())}
     fig.legend(list(handles.values()), list(handles.keys()), loc=loc, fontsize=7, **kw)
-
-
-def _bar_figure(art, s, methods, name, title, blog_fn, ylabel, labels=None) -> list[Path]:
-    paths = []
-    for t, g, panels in _per_temp(s[s.method.isin(methods)]):
-        ours = _bars(g, panels, lambda r: (r.acceptance_length, r.acceptance_length_lo, r.acceptance_length_hi))
-        blog = {k: v for k, v in _bars(g, panels, lambda r: blog_fn(r.dataset, t, r.method)).items()
-                if not math.isnan(v)}
-        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(blog) + len(panels))), 3.6), layout="constrained")
-        ax = fig.subplots()
-        grouped_bars(ax, list(panels.values()), [m for m in methods if m in set(g.method)], ours, colors(art), blog,
-                     labels)
-        _legend(fig, ax)
-        ax.set(ylabel=ylabel, title=f"{title} (T={t:g})")
-        paths.append(_save(art, fig, f"{name}_T{t:g}"))
-    return paths
 
 
 def _interval(r, col: str) -> tuple[float, float, float, str]:
@@ -190,9 +176,19 @@ def open_repro(art: Artifacts) -> list[Path]:
         return T.skip("open-reproduction figure", "no DFlash2 runs of the drafter baseline or main method", [])
     labels = {m: T.OPEN_LABEL[c] for c, m in cols.items()}
     blog_col = {m: ("dmtp" if c == "dmtp_d" else c) for c, m in cols.items()}
-    blog = lambda d, t, m: R.blog_value("open_repro", d, blog_col[m]) if t == 0 else math.nan  # noqa: E731 (T=0)
-    return _bar_figure(art, s, list(cols.values()), "open_repro", "Open-reproduction layout", blog,
-                       "per-request acceptance length", labels)
+    methods, paths = list(cols.values()), []
+    for t, g, panels in _per_temp(s[s.method.isin(methods)]):
+        ours = _bars(g, panels, lambda r: (r.acceptance_length, r.acceptance_length_lo, r.acceptance_length_hi))
+        blog = _bars(g, panels, lambda r: R.blog_value("open_repro", r.dataset, blog_col[r.method])) if t == 0 else {}
+        blog = {k: v for k, v in blog.items() if not math.isnan(v)}  # the blog's layout is at T = 0
+        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(blog) + len(panels))), 3.6), layout="constrained")
+        ax = fig.subplots()
+        present = [m for m in methods if m in set(g.method)]
+        grouped_bars(ax, list(panels.values()), present, ours, colors(art), blog, labels)
+        _legend(fig, ax)
+        ax.set(ylabel="per-request acceptance length", title=f"Open-reproduction layout (T={t:g})")
+        paths.append(_save(art, fig, f"open_repro_T{t:g}"))
+    return paths
 
 
 def first_token(art: Artifacts) -> list[Path]:
@@ -202,21 +198,20 @@ def first_token(art: Artifacts) -> list[Path]:
     if s.empty:
         return T.skip("first-token figure", empty=[])
     color, paths = {**colors(art), **{c: CONTROL_COLOR for c in art.spec.controls}}, []
-    for part, rows in _main_and_rest(art, s):
-        for t, g, panels in _per_temp(rows):
-            ours = _bars(g, panels, lambda r: (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi))
-            fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(panels)) + 2), 3.6), layout="constrained")
-            ax = fig.subplots()
-            xs = grouped_bars(ax, list(panels.values()), sorted(set(g.method), key=art.rank), ours, color)
-            blog = [(xs[panels[r.experiment, r.dataset], r.method],
-                     T.blog_first_token(r.dataset, t, T.blog_name(art, r.method))) for r in g.itertuples()]
-            blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
-            if len(blog):
-                ax.plot(blog[:, 0], blog[:, 1], "kD", ms=4, label="blog (27B at T=0, 35B at T=1)")
-            _legend(fig, ax)
-            ax.set(ylabel="first-token acceptance (%)", ylim=(0, 105),
-                   title=f"P(L>=1) per verify round (T={t:g})" + (": other variants" if part else ""))
-            paths.append(_save(art, fig, f"first_token{part}_T{t:g}"))
+    for part, t, g, panels in _main_and_rest(art, s):
+        ours = _bars(g, panels, lambda r: (100 * r.first_token, 100 * r.first_token_lo, 100 * r.first_token_hi))
+        fig = Figure(figsize=(max(5, 0.35 * (len(ours) + len(panels)) + 2), 3.6), layout="constrained")
+        ax = fig.subplots()
+        xs = grouped_bars(ax, list(panels.values()), sorted(set(g.method), key=art.rank), ours, color)
+        blog = [(xs[panels[r.experiment, r.dataset], r.method],
+                 T.blog_first_token(r.dataset, t, T.blog_name(art, r.method))) for r in g.itertuples()]
+        blog = np.array([b for b in blog if not math.isnan(b[1])]).reshape(-1, 2)
+        if len(blog):
+            ax.plot(blog[:, 0], blog[:, 1], "kD", ms=4, label="blog (27B at T=0, 35B at T=1)")
+        _legend(fig, ax)
+        ax.set(ylabel="first-token acceptance (%)", ylim=(0, 105),
+               title=f"P(L>=1) per verify round (T={t:g})" + (": other variants" if part else ""))
+        paths.append(_save(art, fig, f"first_token{part}_T{t:g}"))
     return paths
 
 
@@ -239,11 +234,8 @@ def _position_ci(art: Artifacts, e: str, d: str, t: float, m: str, kind: str, K:
     tail = np.cumsum(h[:, ::-1], 1)[:, ::-1]  # tail[:, j] = rounds accepting >= j
     out = []
     for k in range(1, K + 1):
-        num = g.assign(_n=tail[:, k])
-        den = g.assign(_d=tail[:, 0] if kind == "cumulative" else tail[:, k - 1])
-        n = S.matrices({"x": per_unit(num, "_n")})[0]["x"]
-        dd = S.matrices({"x": per_unit(den, "_d")})[0]["x"]
-        _, lo, hi = S.ratio_ci(n, np.where(dd > 0, dd, np.nan), n_boot=n_boot)
+        num, den = (cube(g.assign(_x=x), "_x") for x in (tail[:, k], tail[:, 0 if kind == "cumulative" else k - 1]))
+        _, lo, hi = S.ratio_ci(num, np.where(den > 0, den, np.nan), n_boot=n_boot)
         out.append((100 * lo, 100 * hi))
     return out
 
@@ -257,40 +249,37 @@ def position(art: Artifacts, kind: str = "cumulative") -> list[Path]:
     if s.empty:
         return T.skip(f"{kind} figure", empty=[])
     fn = M.cumulative if kind == "cumulative" else M.conditional
-    color = colors(art)
+    color, paths = colors(art), []
     blog_methods = [m for m in (art.spec.drafter_baseline, art.spec.blog_run) if m]
-    paths = []
-    for part, rows in _main_and_rest(art, s):
-        for t, g, panels in _per_temp(rows):
-            ncol, nrow = min(3, len(panels)), math.ceil(len(panels) / 3)
-            fig = Figure(figsize=(3.6 * ncol + 2.2, 3.1 * nrow + 0.5), layout="constrained")
-            axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
-            for ax, ((e, d), label) in zip(axes, panels.items()):
-                for i, r in enumerate(_ranked(art, g[(g.experiment == e) & (g.dataset == d)])):
-                    y = 100 * np.array(fn(r.hist))
-                    x = np.arange(1, len(y) + 1)
-                    c = CONTROL_COLOR if r.method in art.spec.controls and not part else color[r.method]
-                    ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ms=3.5, lw=1.2, color=c, label=r.method)
-                    if not part:
-                        band = np.array(_position_ci(art, e, d, t, r.method, kind, len(y)))
-                        ax.fill_between(x, band[:, 0], band[:, 1], color=c, alpha=0.18, lw=0)
-                for m in blog_methods if not part and t == 1 else ():  # the blog's rows are T = 1
-                    row = R.conditional_row(d, T.blog_name(art, m))
-                    if row:
-                        c = np.array(row[0]) / 100
-                        y = 100 * (np.cumprod(c) if kind == "cumulative" else c)
-                        ax.plot(range(1, 8), y, "--", color=color[m], alpha=0.6,
-                                label=f"blog {T.blog_name(art, m)} (35B, T=1)")
-                ax.set(title=f"{label} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
-            for ax in axes[len(panels):]:
-                ax.set_visible(False)
-            for ax in axes[::ncol]:
-                ax.set_ylabel("cumulative P(L>=k) (%)" if kind == "cumulative" else "conditional P(L>=k | L>=k-1) (%)")
-            _legend(fig, *axes)
-            fig.suptitle(("Main rows, bands: hierarchical bootstrap 95% CI" if not part else
-                          "Supplementary: the other variants (main rows in the figure without this suffix)"),
-                         fontsize=9)
-            paths.append(_save(art, fig, f"{kind}{part}_T{t:g}"))
+    for part, t, g, panels in _main_and_rest(art, s):
+        ncol, nrow = min(3, len(panels)), math.ceil(len(panels) / 3)
+        fig = Figure(figsize=(3.6 * ncol + 2.2, 3.1 * nrow + 0.5), layout="constrained")
+        axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
+        for ax, ((e, d), label) in zip(axes, panels.items()):
+            for i, r in enumerate(_ranked(art, select(g, experiment=e, dataset=d))):
+                y = 100 * np.array(fn(r.hist))
+                x = np.arange(1, len(y) + 1)
+                c = CONTROL_COLOR if r.method in art.spec.controls and not part else color[r.method]
+                ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], ms=3.5, lw=1.2, color=c, label=r.method)
+                if not part:
+                    band = np.array(_position_ci(art, e, d, t, r.method, kind, len(y)))
+                    ax.fill_between(x, band[:, 0], band[:, 1], color=c, alpha=0.18, lw=0)
+            for m in blog_methods if not part and t == 1 else ():  # the blog's rows are T = 1
+                row = R.conditional_row(d, T.blog_name(art, m))
+                if row:
+                    c = np.array(row[0]) / 100
+                    y = 100 * (np.cumprod(c) if kind == "cumulative" else c)
+                    ax.plot(range(1, 8), y, "--", color=color[m], alpha=0.6,
+                            label=f"blog {T.blog_name(art, m)} (35B, T=1)")
+            ax.set(title=f"{label} (T={t:g})", xlabel="k", ylim=(0, 100), xticks=range(1, 8))
+        for ax in axes[len(panels):]:
+            ax.set_visible(False)
+        for ax in axes[::ncol]:
+            ax.set_ylabel("cumulative P(L>=k) (%)" if kind == "cumulative" else "conditional P(L>=k | L>=k-1) (%)")
+        _legend(fig, *axes)
+        fig.suptitle("Supplementary: the other variants (main rows in the figure without this suffix)" if part
+                     else "Main rows, bands: hierarchical bootstrap 95% CI", fontsize=9)
+        paths.append(_save(art, fig, f"{kind}{part}_T{t:g}"))
     return paths
 
 
@@ -309,8 +298,7 @@ def throughput(art: Artifacts) -> list[Path]:
         return T.skip("throughput figure", "no bench/throughput.csv", [])
     tp = tp[(tp.realization != "all") & ~tp.method.astype(str).str.contains("[@:+-]", regex=True)
             & (tp.method != "ar")]
-    color, main = colors(art), art.spec.main_method
-    paths = []
+    color, main, paths = colors(art), art.spec.main_method, []
     for t, g in tp.groupby("temperature"):
         caps = sorted(set(g.batch_cap))
         reals = sorted(set(g.realization), key=lambda r: T.realization_number(r) or 0)
@@ -341,13 +329,12 @@ def throughput(art: Artifacts) -> list[Path]:
 OVERHEAD_STAGES = ["verify", "drafter", "drafter_ctx", "mtp", "mtp_chain", "t1_prep", "accept", "advance"]
 STAGE_NAMES = {"verify": "target verify pass", "drafter": "drafter forward", "drafter_ctx": "drafter context update",
                "mtp": "MTP head (T1)", "mtp_chain": "MTP chain (given T1..Tg)", "t1_prep": "T1 embedding prep",
-               "accept": "acceptance", "advance":
-               "cache advance", "unattributed": "round - timed stages (host, launches)",
+               "accept": "acceptance", "advance": "cache advance",
+               "unattributed": "round - timed stages (host, launches)",
                "blog_rest": "verify and the rest (the blog does not break it out)"}
 STAGE_COLORS = {"verify": "#7f7f7f", "drafter": "#ff7f0e", "drafter_ctx": "#bcbd22", "mtp": "#1f77b4",
-                "mtp_chain": "#17becf",
-                "t1_prep": "#d62728", "accept": "#9467bd", "advance": "#8c564b", "unattributed": "#dddddd",
-                "blog_rest": "#c7c7c7"}
+                "mtp_chain": "#17becf", "t1_prep": "#d62728", "accept": "#9467bd", "advance": "#8c564b",
+                "unattributed": "#dddddd", "blog_rest": "#c7c7c7"}
 
 
 def _stack(ax, df: pd.DataFrame, rows: list[str], stages, rest: str, scale: float, prefix: str = ""):
@@ -472,7 +459,7 @@ def directions(art: Artifacts) -> list[Path]:
         fig = Figure(figsize=(3.8 * len(panels) + 2.4, 6.0), layout="constrained")
         axes = fig.subplots(2, len(panels), squeeze=False)
         for j, ((e, d), label) in enumerate(panels.items()):
-            for i, r in enumerate(_ranked(art, g[(g.experiment == e) & (g.dataset == d)])):
+            for i, r in enumerate(_ranked(art, select(g, experiment=e, dataset=d))):
                 h = np.asarray(r.hist, float)
                 style = dict(marker=MARKERS[i % len(MARKERS)], ms=3.5, lw=1.2, color=color[r.method],
                              ls="--" if r.method in refs else "-", label=r.method)
