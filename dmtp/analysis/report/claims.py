@@ -144,8 +144,7 @@ def _p(r: dict) -> str:
 # --- the primary family ---------------------------------------------------------------------------------------------
 def off_series(art: Artifacts, fam: Family | None = None) -> str:
     """Why the pooled realizations are not the registered series, in words ('' when they are): what differs from the
-    registered experiment key, or the records revision, and which of them were seen before the family was
-    written."""
+    registered series, and which of them were seen before the family was written."""
     fam = fam or REG.PRIMARY
     if art.on_registered:
         return ""
@@ -256,11 +255,8 @@ def close_rows(art: Artifacts, dataset: str, temps) -> list[dict]:
             if (t, b) not in s.index or (t, a) not in s.index:
                 continue
             m = CLOSE_MARGIN_PCT / 100 * s.loc[(t, b), "acceptance_length"]
-            r = contrast(art, dataset, t, a, b, margin=m)
-            if r is None:
-                continue
-            p = max(r["tost_p"], r["tost_t_p"]) if not pd.isna(r["tost_t_p"]) else r["tost_p"]
-            got.append((t, m, r, p))
+            if r := contrast(art, dataset, t, a, b, margin=m):
+                got.append((t, m, r, max(r["tost_p"], r["tost_t_p"]) if not pd.isna(r["tost_t_p"]) else r["tost_p"]))
         for (t, m, r, p), q in zip(got, S.holm([p for *_, p in got])):
             far = all(lo > m or hi < -m for lo, hi in ((r["diff_lo"], r["diff_hi"]), (r["diff_tlo"], r["diff_thi"]))
                       if not pd.isna(hi))
@@ -381,10 +377,8 @@ MIN_REPEATS = 3  # timing repeats a one-realization throughput row needs before 
 
 def throughput_rows(art: Artifacts) -> list[dict]:
     """The blog's B32 claim (DMTP's tok/s gain over DFlash, T = 1) per kind of card, at the largest batch cap timed at
-    T = 1, from every pooled realization that timed it (the report's series). Several realizations on a card kind:
-    the t-test over their median gains (exploratory verdict). One: within one realization, the median of its timing
-    repeats with each repeat listed: consistent / contrary when every one of at least MIN_REPEATS repeats has that
-    sign, else not resolved — the repeats measure timer noise of one trained pair, not model or seed variation."""
+    T = 1 (the module docstring's rules); one realization: consistent / contrary when every one of at least
+    MIN_REPEATS repeats has that sign."""
     sp, df = art.spec, T.main_gains(art, 1.0)
     if df is None or not len(df):
         return []

@@ -212,10 +212,9 @@ def _request_row(path: Path, line: int, r: dict, method: str) -> dict:
     lp = M.loop_stats({"output_ids": out, "accepted": acc})
     return {"method": method, "id": r["id"], "k": k, "accepted": acc, "hist": M.histogram(acc, k),
             "n_rounds": len(acc), "first_hits": sum(a > 0 for a in acc), "acceptance_length": M.acceptance_length(acc),
-            "output_tokens": len(out),
-            "wall_s": float(r.get("wall_s", np.nan)), "stop_reason": r.get("stop_reason") or "",
-            "repeat_rate": lp["repeat_rate"], "loop_tokens": lp["loop_tokens"],
-            "acceptance_length_loopfree": lp["acceptance_length_loopfree"]}
+            "output_tokens": len(out), "wall_s": float(r.get("wall_s", np.nan)),
+            "stop_reason": r.get("stop_reason") or "",
+            **{c: lp[c] for c in ("repeat_rate", "loop_tokens", "acceptance_length_loopfree")}}
 
 
 RUN_COLS = KEYS + ["seed", "id", "k", "accepted", "hist", "n_rounds", "first_hits", "acceptance_length",
@@ -276,9 +275,8 @@ def read_curve(root: Path) -> pd.DataFrame | None:
         if meta.get("train_tokens") is None:
             raise ValueError(f"{meta_path}: expected `train_tokens` (drafter training tokens up to the snapshot)")
         check_complete(path)
-        method = path.parent.name
         for line, r in iter_jsonl(path):
-            row = _request_row(path, line, r, method)
+            row = _request_row(path, line, r, path.parent.name)
             row.update(dataset=m["dataset"], temperature=float(m["temp"]), seed=int(meta.get("seed", m["seed"])),
                        step=int(meta.get("step", m["step"])), train_tokens=float(meta["train_tokens"]))
             rows.append(row)

@@ -310,10 +310,9 @@ def throughput(art: Artifacts) -> list[Path]:
             ours = {(r.realization, r.method): (r.speedup, r.speedup_lo, r.speedup_hi)
                     for r in g[g.batch_cap == cap].itertuples()}
             xs = grouped_bars(ax, reals, methods, ours, color)
-            for (real, m), x in xs.items():
-                if m == main:
-                    ax.text(x, ours[(real, m)][2], f"{ours[(real, m)][0]:.2f}x", ha="center", va="bottom",
-                            fontsize=7)
+            for key, x in xs.items():
+                if key[1] == main:
+                    ax.text(x, ours[key][2], f"{ours[key][0]:.2f}x", ha="center", va="bottom", fontsize=7)
             ax.axhline(1, color="k", lw=0.8, ls="--")
             ax.set(title=f"B{int(cap)}", ylim=(0, None))
         axes[0].set_ylabel("speed-up over AR (x)")
@@ -393,10 +392,9 @@ def overhead(art: Artifacts) -> list[Path]:
 def ceiling(art: Artifacts) -> list[Path]:
     """Per T > 0: measured P(L>=j) per draft position for each run (seeds pooled) and the oracle ceiling C_j along
     the `ar` trajectory (black, dashed), one panel per dataset with a ceiling file."""
-    paths = []
+    color, paths = colors(art), []
     for t in sorted({t for _, t in (art.oracle or {}) if t > 0}):
         recs = sorted((ds, r) for (ds, tt), r in art.oracle.items() if tt == t)
-        color = colors(art)
         fig = Figure(figsize=(4.2 * len(recs) + 1.8, 3.4), layout="constrained")
         axes = fig.subplots(1, len(recs), squeeze=False).ravel()
         for ax, (ds, rec) in zip(axes, recs):
