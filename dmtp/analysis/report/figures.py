@@ -38,9 +38,8 @@ def colors(art: Artifacts) -> dict[str, str]:
 def caveat_title(fig: Figure, caveat: str) -> None:
     """A series' short caveat (`Artifacts.caveat_short`) first in the figure's title."""
     if caveat:
-        old = fig.get_suptitle()
-        fig.suptitle(f"{caveat[:1].upper() + caveat[1:]}\n{old}" if old else caveat[:1].upper() + caveat[1:],
-                     **({} if old else {"fontsize": 9}))
+        old, cap = fig.get_suptitle(), caveat[:1].upper() + caveat[1:]
+        fig.suptitle(f"{cap}\n{old}" if old else cap, **({} if old else {"fontsize": 9}))
 
 
 def _save(art: Artifacts, fig: Figure, name: str) -> Path:
