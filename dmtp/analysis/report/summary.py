@@ -211,8 +211,7 @@ def curve_lines(art: Artifacts) -> list[str]:
         g = pooled[pooled.method == m].sort_values("train_tokens")
         a, b = g.iloc[0], g.iloc[-1]
         out.append(f"- `{m}`: {ci(a.acceptance_length, a.lo, a.hi)} at {a.train_tokens / 1e6:.2f} M tokens → "
-                   f"{ci(b.acceptance_length, b.lo, b.hi)} at {b.train_tokens / 1e6:.2f} M tokens "
-                   f"({len(g)} budgets).")
+                   f"{ci(b.acceptance_length, b.lo, b.hi)} at {b.train_tokens / 1e6:.2f} M tokens ({len(g)} budgets).")
     inc = T.read_table(art, "curve_increments")
     for r in (inc.itertuples() if inc is not None else ()):
         resolved = r.p_holm < S.LEVEL and r.t_p_holm < S.LEVEL
@@ -302,10 +301,9 @@ def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[st
     kept = {w: ex[ex.verdict.str.contains(w) & (ex.holm_p < S.LEVEL)] if "holm_p" in ex else ex.iloc[:0]
             for w in ("consistent", "contrary")}
     point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
-    said = (f"{C.one(art) if art is not None else ''}of {len(ex)} exploratory rows, {point(len(agree))} the blog's "
-            f"way and {len(against)} against it, each "
-            "at its own unadjusted 5 % level (correlated tests, several on the same runs); the rest are not "
-            f"resolved. Read together (Holm over the {len(with_p)} rows with a p-value), "
+    said = (f"{C.one(art) if art is not None else ''}of {len(ex)} exploratory rows, {point(len(agree))} the blog's way "
+            f"and {len(against)} against it, each at its own unadjusted 5 % level (correlated tests, several on the "
+            f"same runs); the rest are not resolved. Read together (Holm over the {len(with_p)} rows with a p-value), "
             f"{point(len(kept['consistent']))} the blog's way and {len(kept['contrary'])} against it"
             + "".join(f"; {w}: " + ", ".join(C.label_at(r) for r in g.itertuples())
                       for w, g in kept.items() if 0 < len(g) <= NAMED)

@@ -210,6 +210,21 @@ def _paired(art, key, a: str, b: str, prefix: str) -> dict:
 
 # --- tables ------------------------------------------------------------------------------------------------------
 LOOP_COLS = ["repeat_rate", "loop_frac", "acceptance_length_loopfree", "n_loops", "length_frac"]
+ABLATION_COUNTS = ["n_realizations", "n_seeds", "n_requests", "n_zero_round", "n_rounds"]
+ABLATION_MODE = {"natural": "Mode natural (stop at end-of-text or a HumanEval stop string): the acceptance table. ",
+                 "fixed": "MODE FIXED (end-of-text ignored, fixed length: the blog's throughput setting; outputs may "
+                          "run into loops): not the acceptance table. "}
+ABLATION_NOTE = ("acceptance_length = per-request mean incl. bonus, pooled over n_realizations realizations x n_seeds "
+                 "drafter seeds; [lo, hi] = hierarchical bootstrap 95% CI over realizations, seeds and requests; "
+                 "t [lo, hi] = 95% t-interval over the top level's units (realizations when there are several, else "
+                 "seeds); first_token: rounds accepting >= 1 draft / rounds, the same bootstrap; rel_to_{ref} in "
+                 "percent; vs_* = paired (by realization, seed and request) mean difference of per-request acceptance "
+                 "length with both intervals and the two-sided bootstrap p (vs_*_p, not multiplicity-corrected: see "
+                 "the pairwise tables). repeat_rate = mean 8-gram repeat rate; loop_frac = share of emitted tokens "
+                 "inside a trailing exact loop; acceptance_length_loopfree = the same mean over rounds before any "
+                 "loop; length_frac = share of requests stopped by the length cap; n_zero_round = requests (x seeds) "
+                 "without a verify round (listed in REPORT.md). blog_value: the blog's Code ablation (8 inputs), "
+                 "relative to token_only.")
 
 
 def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
@@ -232,10 +247,8 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
             for _, r in gt.iterrows():
                 rows.append({"method": r.method, "temperature": t, **_ci(r, "acceptance_length"),
                              "per_verify": r.per_verify, **_ci(r, "first_token"),
-                             f"rel_to_{ref_m}": pct(r.acceptance_length, ref), "n_realizations": r.n_realizations,
-                             "n_seeds": r.n_seeds,
-                             "n_requests": r.n_requests, "n_zero_round": r.n_zero_round, "n_rounds": r.n_rounds,
-                             **{c: r[c] for c in LOOP_COLS},
+                             f"rel_to_{ref_m}": pct(r.acceptance_length, ref),
+                             **{c: r[c] for c in ABLATION_COUNTS + LOOP_COLS},
                              "blog_value": R.ablation_value(r.method),
                              "blog_rel_pct": R.ablation_value(r.method, "rel_to_token_only_pct"),
                              "table": art.spec.group(r.method),
@@ -243,20 +256,7 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
                              **_paired(art, key, r.method, base_m, f"vs_{base_m}")})
         df = pd.DataFrame(rows)
         df = df.iloc[np.lexsort((df.temperature, art.order(df.method), df.table.map(GROUPS.index)))]
-        note = ("Mode natural (stop at end-of-text or a HumanEval stop string): the acceptance table. "
-                if mode == "natural" else "MODE FIXED (end-of-text ignored, fixed length: the blog's throughput "
-                "setting; outputs may run into loops): not the acceptance table. ")
-        note += ("acceptance_length = per-request mean incl. bonus, pooled over n_realizations realizations x "
-                 "n_seeds drafter seeds; [lo, hi] = hierarchical bootstrap 95% CI over realizations, seeds and "
-                 "requests; t [lo, hi] = 95% t-interval over the top level's units (realizations when there are "
-                 "several, else seeds); first_token: rounds accepting >= 1 draft / rounds, the same bootstrap; "
-                 f"rel_to_{ref_m} in percent; vs_* = paired (by realization, seed and request) mean difference of "
-                 "per-request acceptance length with both intervals and the two-sided bootstrap p (vs_*_p, not "
-                 "multiplicity-corrected: see the pairwise tables). repeat_rate = mean 8-gram repeat rate; "
-                 "loop_frac = share of emitted tokens inside a trailing exact loop; acceptance_length_loopfree = the same mean over rounds "
-                 "before any loop; length_frac = share of requests stopped by the length cap; n_zero_round = "
-                 "requests (x seeds) without a verify round (listed in REPORT.md). "
-                 "blog_value: the blog's Code ablation (8 inputs), relative to token_only.")
+        note = ABLATION_MODE["natural" if mode == "natural" else "fixed"] + ABLATION_NOTE.format(ref=ref_m)
         # the blog's Code ablation used 8 code inputs: our `humaneval8` view is *the* ablation_code table
         name = ("ablation_code" if ds == "humaneval8" else f"ablation_{ds}") + ("_fixed" if mode == "fixed" else "")
         title = f"Code ablation — {ds}" + (" — fixed-length mode" if mode == "fixed" else "")
@@ -297,11 +297,10 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
     main = (f"; main = {cols['main']} (the current main method, no blog number of its own: the blog says it is "
             "'close to fusion')") if "main" in cols else ""
     return save(art, "main_acceptance", df, "Acceptance length: DFlash vs native MTP vs DMTP",
-                f"Mode natural. Per-request mean incl. bonus, realizations and seeds pooled, hierarchical bootstrap "
-                f"95% CI over realizations, seeds and requests (t: t-interval over the top level's units); "
-                f"dmtp = {cols['dmtp']} (the model behind every DMTP number of the blog){main}; dflash = "
-                f"{cols['dflash']}. *_vs_* = paired differences. blog_*: open reproduction at T=0, internal 35B "
-                "table otherwise.")
+                "Mode natural. Per-request mean incl. bonus, realizations and seeds pooled, hierarchical bootstrap 95% "
+                "CI over realizations, seeds and requests (t: t-interval over the top level's units); dmtp = "
+                f"{cols['dmtp']} (the model behind every DMTP number of the blog){main}; dflash = {cols['dflash']}. "
+                "*_vs_* = paired differences. blog_*: open reproduction at T=0, internal 35B table otherwise.")
 
 
 def first_token(art: Artifacts) -> pd.DataFrame | None:
@@ -366,12 +365,11 @@ def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     if s.empty:
         return skip("per-position tables")
     base = s[["experiment", "dataset", "temperature", "method", "n_rounds"]].reset_index(drop=True)
-    K = 7
-    pad = lambda v: (list(v) + [math.nan] * K)[:K]
-    cum = pd.concat([base, pd.DataFrame([pad(100 * np.array(M.cumulative(h))) for h in s["hist"]],
-                                        columns=[f"k{k}" for k in range(1, K + 1)])], axis=1)
-    cond = pd.concat([base, pd.DataFrame([pad(100 * np.array(M.conditional(h))) for h in s["hist"]],
-                                         columns=[f"c{k}" for k in range(1, K + 1)])], axis=1)
+
+    def per_k(fn, col, K=7):
+        pct = [(list(100 * np.array(fn(h))) + [math.nan] * K)[:K] for h in s["hist"]]
+        return pd.concat([base, pd.DataFrame(pct, columns=[f"{col}{k}" for k in range(1, K + 1)])], axis=1)
+    cum, cond = per_k(M.cumulative, "k"), per_k(M.conditional, "c")
     cond.insert(0, "source", "ours")
     blog = R.table("conditional")
     wl = {R.workload(d) for d in s.dataset} - {None}
@@ -459,20 +457,19 @@ def throughput(art: Artifacts) -> pd.DataFrame | None:
         return skip("throughput table (bench/throughput.csv)")
     sp = art.spec
     return save(art, "throughput", df.dropna(axis=1, how="all"), "End-to-end throughput (tok/s)",
-                "Each row: the timed runs of one (realization, temperature, batch cap, "
-                "method): the whole request group served with dynamic batching (natural mode, HumanEval's stop "
-                "strings), repeats interleaved side by side; tok_per_s = median [min, max] over repeats; speedup = "
-                "median [min, max] of the per-repeat tok/s ratios to AR; per_verify = median tau per verify round; "
-                "at T = 0 equal_ar = the fewest requests whose output equals AR's in any repeat (bf16: the rest leave "
-                "it at top-2 ties) of requests; tokens_vs_ar_pct = their output tokens against AR's (another "
-                "workload than AR's when not 0); speedup_on_ar_outputs = the speed-up x its tau on the prefixes "
-                "shared with AR's outputs / its tau (an estimate of the speed-up on AR's own text; benches from "
-                "2026-12-06 on); "
-                f"on the {sp.main_method} rows gain_pct = its tok/s over {sp.drafter_baseline}'s (median [min, max] of "
-                "per-repeat ratios), per_verify_gain_pct the same for per-verify tau, gain_over_per_verify their "
-                "ratio. realization 'all': every repeat of every realization pooled. blog_*: Qwen3.6-35B-A3B on "
-                "4xH200, TP4, SGLang, B32, T = 1 (Code) — another model and serving regime: compare directions and "
-                "the gain against the per-verify gain, not tok/s.", models="bench")
+                "Each row: the timed runs of one (realization, temperature, batch cap, method): the whole request "
+                "group served with dynamic batching (natural mode, HumanEval's stop strings), repeats interleaved side "
+                "by side; tok_per_s = median [min, max] over repeats; speedup = median [min, max] of the per-repeat "
+                "tok/s ratios to AR; per_verify = median tau per verify round; at T = 0 equal_ar = the fewest requests "
+                "whose output equals AR's in any repeat (bf16: the rest leave it at top-2 ties) of requests; "
+                "tokens_vs_ar_pct = their output tokens against AR's (another workload than AR's when not 0); "
+                "speedup_on_ar_outputs = the speed-up x its tau on the prefixes shared with AR's outputs / its tau (an "
+                f"estimate of the speed-up on AR's own text; benches from 2026-12-06 on); on the {sp.main_method} rows "
+                f"gain_pct = its tok/s over {sp.drafter_baseline}'s (median [min, max] of per-repeat ratios), "
+                "per_verify_gain_pct the same for per-verify tau, gain_over_per_verify their ratio. realization 'all': "
+                "every repeat of every realization pooled. blog_*: Qwen3.6-35B-A3B on 4xH200, TP4, SGLang, B32, T = 1 "
+                "(Code) — another model and serving regime: compare directions and the gain against the per-verify "
+                "gain, not tok/s.", models="bench")
 
 
 def overhead(art: Artifacts) -> pd.DataFrame | None:
@@ -547,28 +544,24 @@ def costmodel(art: Artifacts) -> pd.DataFrame | None:
     if df is None:
         return skip("cost-model table (bench/throughput.csv, bench/overhead.csv and T = 0 eval records)")
     return save(art, "costmodel", df, "Cost model: predicted vs measured speed-up over AR (T = 0)",
-                "predicted vs measured: dmtp.analysis.costmodel.predict on the "
-                "realization's eval records (HumanEval, T = 0, natural, seed 0; the first n_requests, as the bench "
-                "timed at that cap), its trained models' round time per batch and the admission cost the throughput "
-                "runs measured; round_ms_b*: the round times (overhead.csv); "
-                "round_times_from: the realization whose trained models were timed (another pooled one of the same "
-                "shapes where this one has throughput but no stage times, on the same kind of device where one has "
-                "them); "
-                "device / round_times_device: the devices the throughput and the stage times ran on (a ratio of "
-                "speed-ups read across two devices is an approximation); round_timed_at_cap false: that batch's "
-                "round was not timed, the nearest timed batch's stands in (an extrapolation); "
-                "admit_ms = median over repeats of admit_s / groups: what admission "
-                "held the decode; "
-                "beside_ms = the same of beside_s, the device time of the prompt passes run beside the decode, "
-                "charged in full; predicted_speedup_hidden: with them wholly hidden, the other bound; "
-                "rows <method>@<variant>: a server variant timed beside the plain servers, against its own AR; "
-                "measured_speedup = "
-                "median [min, max] of the per-repeat ratios; error_pct = 100 (predicted / measured - 1). "
-                "predicted, trained models' stage times: the same model where the throughput was not measured, "
-                "all T = 0 records, decode only (no admission cost): a prediction, not a measurement. "
-                "projection 8b-shape: the same records x the 8B-shape round times at batch 8 (random weights, "
-                "flex attention; AR's step: 8b-shape:ar@batch1), decode only (no admission cost), the one round "
-                "time used at every batch: a projection, not a measurement.", models="bench")
+                "predicted vs measured: dmtp.analysis.costmodel.predict on the realization's eval records (HumanEval, "
+                "T = 0, natural, seed 0; the first n_requests, as the bench timed at that cap), its trained models' "
+                "round time per batch and the admission cost the throughput runs measured; round_ms_b*: the round "
+                "times (overhead.csv); round_times_from: the realization whose trained models were timed (another "
+                "pooled one of the same shapes where this one has throughput but no stage times, on the same kind of "
+                "device where one has them); device / round_times_device: the devices the throughput and the stage "
+                "times ran on (a ratio of speed-ups read across two devices is an approximation); round_timed_at_cap "
+                "false: that batch's round was not timed, the nearest timed batch's stands in (an extrapolation); "
+                "admit_ms = median over repeats of admit_s / groups: what admission held the decode; beside_ms = the "
+                "same of beside_s, the device time of the prompt passes run beside the decode, charged in full; "
+                "predicted_speedup_hidden: with them wholly hidden, the other bound; rows <method>@<variant>: a server "
+                "variant timed beside the plain servers, against its own AR; measured_speedup = median [min, max] of "
+                "the per-repeat ratios; error_pct = 100 (predicted / measured - 1). predicted, trained models' stage "
+                "times: the same model where the throughput was not measured, all T = 0 records, decode only (no "
+                "admission cost): a prediction, not a measurement. projection 8b-shape: the same records x the "
+                "8B-shape round times at batch 8 (random weights, flex attention; AR's step: 8b-shape:ar@batch1), "
+                "decode only (no admission cost), the one round time used at every batch: a projection, not a "
+                "measurement.", models="bench")
 
 
 def open_repro(art: Artifacts) -> pd.DataFrame | None:
@@ -778,13 +771,12 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
                          "of_ceiling_pct": 100.0})
         if rows:
             out.append(save(art, f"ceiling_T{t:g}", pd.DataFrame(rows), f"Acceptance vs its ceiling at T={t:g}",
-                            "P_j = P(L >= j) per verify round (%), mode natural, seeds pooled. Ceiling row: C_j = "
-                            "mean over windows of the product of the target's top-1 probabilities at T along the "
-                            "`ar` output (dmtp.analysis.oracle): C_1 bounds first-token acceptance of any greedy "
-                            "draft under target-only verification; for j >= 2 the product runs along the target's "
-                            "sampled path, not the draft path, so it is a reference profile rather than a strict "
-                            "bound (docs/DESIGN.md). per_verify = 1 + sum_j C_j; of_ceiling_pct = (tau - 1) / "
-                            "sum_j C_j."))
+                            "P_j = P(L >= j) per verify round (%), mode natural, seeds pooled. Ceiling row: C_j = mean "
+                            "over windows of the product of the target's top-1 probabilities at T along the `ar` "
+                            "output (dmtp.analysis.oracle): C_1 bounds first-token acceptance of any greedy draft "
+                            "under target-only verification; for j >= 2 the product runs along the target's sampled "
+                            "path, not the draft path, so it is a reference profile rather than a strict bound "
+                            "(docs/DESIGN.md). per_verify = 1 + sum_j C_j; of_ceiling_pct = (tau - 1) / sum_j C_j."))
     return out or skip("ceiling tables (no oracle file at T > 0)")
 
 
@@ -880,24 +872,22 @@ def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
         return skip("learning curve (no curve/)")
     rows = []
     multi = cv.realization.nunique() > 1
-    unit = lambda r, seed: f"r{r}:{seed}" if multi else str(seed)  # noqa: E731
+
+    def row(m, seed, step, tokens, est, n_requests):
+        return {"method": m, "seed": seed, "step": step, "train_tokens": tokens,
+                **dict(zip(["acceptance_length", "lo", "hi"], est)), "n_requests": int(n_requests)}
     for (m, step), g in cv.groupby(["method", "step"], sort=True):
         for (r, seed), gs in g.groupby(["realization", "seed"], sort=True):
-            est = M.bootstrap_ci(gs.acceptance_length.dropna().to_numpy(), n_boot=n_boot)
-            rows.append({"method": m, "seed": unit(r, seed), "step": step, "train_tokens": gs.train_tokens.iloc[0],
-                         **dict(zip(["acceptance_length", "lo", "hi"], est)),
-                         "n_requests": int((gs.n_rounds > 0).sum())})
-        est = S.seed_request_ci(cube(g), n_boot=n_boot)
-        rows.append({"method": m, "seed": "all", "step": step, "train_tokens": g.groupby(["realization", "seed"])
-                     .train_tokens.first().mean(), **dict(zip(["acceptance_length", "lo", "hi"], est)),
-                     "n_requests": int(g.id[g.n_rounds > 0].nunique())})
+            rows.append(row(m, f"r{r}:{seed}" if multi else str(seed), step, gs.train_tokens.iloc[0],
+                            M.bootstrap_ci(gs.acceptance_length.dropna().to_numpy(), n_boot=n_boot),
+                            (gs.n_rounds > 0).sum()))
+        rows.append(row(m, "all", step, g.groupby(["realization", "seed"]).train_tokens.first().mean(),
+                        S.seed_request_ci(cube(g), n_boot=n_boot), g.id[g.n_rounds > 0].nunique()))
     for ds in sorted(set(cv.dataset)):
         ref = group(art, "ablation", ds, 0.0, "mtp")
         if len(ref):
-            est = S.seed_request_ci(cube(ref), n_boot=n_boot)
-            rows.append({"method": "mtp", "seed": "all", "step": math.nan, "train_tokens": math.nan,
-                         **dict(zip(["acceptance_length", "lo", "hi"], est)),
-                         "n_requests": int((ref.n_rounds > 0).sum())})
+            rows.append(row("mtp", "all", math.nan, math.nan, S.seed_request_ci(cube(ref), n_boot=n_boot),
+                            (ref.n_rounds > 0).sum()))
     df = pd.DataFrame(rows)
     df = df.iloc[np.lexsort((df.seed == "all", df.train_tokens.fillna(-1), art.order(df.method)))]
     return save(art, "learning_curve", df.reset_index(drop=True), "Learning curve (HumanEval, T=0, natural mode)",
@@ -905,6 +895,9 @@ def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
                 "realizations) a bootstrap 95% CI over requests, seed 'all' the hierarchical CI over realizations, "
                 "seeds and requests (train_tokens: the seeds' mean). mtp: the native MTP head (no drafter budget), "
                 "the reference line.")
+
+
+KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realization", "seed", "id"]
 
 
 def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
@@ -916,19 +909,15 @@ def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
     if z.empty:
         return None
     z = z[KEYS_ZERO].copy()
-    z["rank"] = z.method.map(lambda m: art.rank(m))
+    z["rank"] = z.method.map(art.rank)
     z = z.sort_values(["experiment", "dataset", "temperature", "mode", "rank", "realization", "seed", "id"]
                       ).drop(columns="rank")
     write_csv(art.tables / "zero_round.csv", z)
     return z.reset_index(drop=True)
 
 
-KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realization", "seed", "id"]
-
-
 ALL = [ablation, main_acceptance, first_token, directions, position, per_request_vs_verify, throughput, overhead,
-       costmodel,
-       open_repro, turns, pairwise, ceiling, learning_curve, curve_increments, curve_gaps, zero_rounds]
+       costmodel, open_repro, turns, pairwise, ceiling, learning_curve, curve_increments, curve_gaps, zero_rounds]
 
 
 def missing(art: Artifacts) -> list[tuple]:
