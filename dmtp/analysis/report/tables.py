@@ -154,8 +154,7 @@ def note_items(note: str, longest: int = 300) -> str:
         return note
     items, depth, cur = [], 0, ""
     for i, ch in enumerate(note):
-        depth += ch in "([" and 1 or 0
-        depth -= ch in ")]" and 1 or 0
+        depth += (ch in "([") - (ch in ")]")
         cut = ch == ";" or (ch == "." and not re.search(r"(\be\.g|\bi\.e|\bvs|\d)$", cur))
         if cut and depth == 0 and note[i + 1:i + 2] == " ":
             items.append(cur.strip() + ("." if ch == "." else ""))
@@ -211,9 +210,6 @@ def _paired(art, key, a: str, b: str, prefix: str) -> dict:
 # --- tables ------------------------------------------------------------------------------------------------------
 LOOP_COLS = ["repeat_rate", "loop_frac", "acceptance_length_loopfree", "n_loops", "length_frac"]
 ABLATION_COUNTS = ["n_realizations", "n_seeds", "n_requests", "n_zero_round", "n_rounds"]
-ABLATION_MODE = {"natural": "Mode natural (stop at end-of-text or a HumanEval stop string): the acceptance table. ",
-                 "fixed": "MODE FIXED (end-of-text ignored, fixed length: the blog's throughput setting; outputs may "
-                          "run into loops): not the acceptance table. "}
 ABLATION_NOTE = ("acceptance_length = per-request mean incl. bonus, pooled over n_realizations realizations x n_seeds "
                  "drafter seeds; [lo, hi] = hierarchical bootstrap 95% CI over realizations, seeds and requests; "
                  "t [lo, hi] = 95% t-interval over the top level's units (realizations when there are several, else "
@@ -230,9 +226,7 @@ ABLATION_NOTE = ("acceptance_length = per-request mean incl. bonus, pooled over 
 def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
     """The ablation (experiment `ablation`), one table per dataset and mode (natural: `ablation_<name>`, fixed:
     `ablation_<name>_fixed`): a row per method and temperature, in the spec's row groups (`table`; a method the
-    spec does not name: "other"), seeds pooled (n_seeds) with intervals over seeds and requests, relative to the
-    spec's reference row (percent), paired differences vs the reference and vs the drafter baseline, the loop
-    columns and the requests without a verify round (n_zero_round; listed by id in REPORT.md)."""
+    spec does not name: "other"); its columns: ABLATION_NOTE."""
     s = art.summary
     s = s[s.experiment == "ablation"] if len(s) else s
     if s.empty:
@@ -256,7 +250,9 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
                              **_paired(art, key, r.method, base_m, f"vs_{base_m}")})
         df = pd.DataFrame(rows)
         df = df.iloc[np.lexsort((df.temperature, art.order(df.method), df.table.map(GROUPS.index)))]
-        note = ABLATION_MODE["natural" if mode == "natural" else "fixed"] + ABLATION_NOTE.format(ref=ref_m)
+        note = ("Mode natural (stop at end-of-text or a HumanEval stop string): the acceptance table. "
+                if mode == "natural" else "MODE FIXED (end-of-text ignored, fixed length: the blog's throughput "
+                "setting; outputs may run into loops): not the acceptance table. ") + ABLATION_NOTE.format(ref=ref_m)
         # the blog's Code ablation used 8 code inputs: our `humaneval8` view is *the* ablation_code table
         name = ("ablation_code" if ds == "humaneval8" else f"ablation_{ds}") + ("_fixed" if mode == "fixed" else "")
         title = f"Code ablation — {ds}" + (" — fixed-length mode" if mode == "fixed" else "")
@@ -264,10 +260,13 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
     return out
 
 
+KEY = ["experiment", "dataset", "temperature"]  # a natural-mode table's row key (`_groups`)
+
+
 def _groups(art: Artifacts, methods) -> list[tuple[tuple, pd.DataFrame]]:
     s = art.natural
     s = s[s.method.isin(methods)] if len(s) else s
-    return list(s.groupby(["experiment", "dataset", "temperature"], sort=True)) if len(s) else []
+    return list(s.groupby(KEY, sort=True)) if len(s) else []
 
 
 def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
@@ -279,7 +278,7 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
     rows = []
     for key, g in _groups(art, cols.values()):
         by = g.set_index("method")
-        row = dict(zip(["experiment", "dataset", "temperature"], key))
+        row = dict(zip(KEY, key))
         for col, m in cols.items():
             row.update(_ci(by.loc[m], "acceptance_length", col) if m in by.index else {col: math.nan})
         row["gain_pct"] = pct(row["dmtp"], row["dflash"])
@@ -308,10 +307,8 @@ def first_token(art: Artifacts) -> pd.DataFrame | None:
     s = art.drafting
     if s.empty:
         return skip("first-token table")
-    df = s[["experiment", "dataset", "temperature", "method"]].assign(**_ci(s, "first_token", "first_token_pct", 100),
-                                                                      n_rounds=s.n_rounds)
-    df["blog_pct"] = [blog_first_token(d, t, blog_name(art, m)) for d, t, m in zip(s.dataset, s.temperature,
-                                                                                   s.method)]
+    df = s[[*KEY, "method"]].assign(**_ci(s, "first_token", "first_token_pct", 100), n_rounds=s.n_rounds)
+    df["blog_pct"] = [blog_first_token(d, t, blog_name(art, m)) for d, t, m in zip(s.dataset, s.temperature, s.method)]
     return save(art, "first_token", df.reset_index(drop=True), "First-token acceptance (%)",
                 "P(L>=1) over verify rounds (bonus excluded), realizations and seeds pooled; hierarchical bootstrap "
                 "95% CI over realizations, seeds and requests.")
@@ -331,10 +328,8 @@ DIRECTIONS = ("given", "zero_init_residual_joint")  # variants of the blog's clo
 
 
 def directions(art: Artifacts) -> pd.DataFrame | None:
-    """The blog's closing directions (`direction_runs`: `given` and its count rules, the joint run, MTP415 on
-    its tuned head) per dataset and temperature: acceptance length and first-token acceptance with their intervals,
-    and the paired difference from each reference (MTP415, the drafter baseline, the main method; the joint run's
-    MTP415 control from MTP415 on the target's head). Exploratory rows: intervals, no test decides them."""
+    """The blog's closing directions (`direction_runs`) per dataset and temperature: acceptance length and
+    first-token acceptance with their intervals, and the paired difference from each reference. Exploratory."""
     mine, refs = direction_runs(art)
     if not mine:
         return skip("directions table (no run of given / zero_init_residual_joint)")
@@ -342,9 +337,8 @@ def directions(art: Artifacts) -> pd.DataFrame | None:
     for key, g in _groups(art, mine + refs):
         by = g.set_index("method")
         for m in (m for m in mine if m in by.index):
-            row = dict(zip(["experiment", "dataset", "temperature"], key), method=m, k=by.loc[m, "k"])
-            row.update(_ci(by.loc[m], "acceptance_length"))
-            row.update(_ci(by.loc[m], "first_token", "first_token_pct", 100))
+            row = dict(zip(KEY, key), method=m, k=by.loc[m, "k"], **_ci(by.loc[m], "acceptance_length"),
+                       **_ci(by.loc[m], "first_token", "first_token_pct", 100))
             for ref in (r for r in refs if r in by.index):
                 row.update(_paired(art, key, m, ref, f"vs_{ref}"))
             rows.append(row)
@@ -364,7 +358,7 @@ def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     s = art.drafting
     if s.empty:
         return skip("per-position tables")
-    base = s[["experiment", "dataset", "temperature", "method", "n_rounds"]].reset_index(drop=True)
+    base = s[[*KEY, "method", "n_rounds"]].reset_index(drop=True)
 
     def per_k(fn, col, K=7):
         pct = [(list(100 * np.array(fn(h))) + [math.nan] * K)[:K] for h in s["hist"]]
@@ -386,7 +380,7 @@ def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
     s = art.drafting
     if s.empty:
         return skip("per-request vs per-verify table")
-    df = s[["experiment", "dataset", "temperature", "method", "n_requests", "n_rounds"]].copy()
+    df = s[[*KEY, "method", "n_requests", "n_rounds"]].copy()
     df["per_request"], df["per_verify"] = s.acceptance_length, s.per_verify
     df["diff"] = df.per_request - df.per_verify
     blog = R.table("per_request_vs_verify")
@@ -449,9 +443,7 @@ def main_gains(art: Artifacts, temperature: float | None = None) -> pd.DataFrame
 
 
 def throughput(art: Artifacts) -> pd.DataFrame | None:
-    """tables/throughput: per realization (and pooled), dataset, temperature, batch cap and method the median tok/s
-    [min, max] over the timed repeats, the speed-up over AR (median of per-repeat ratios [min, max]), per-verify
-    tau, and the main method's tok/s gain over the drafter baseline against its per-verify gain; blog B32 beside."""
+    """tables/throughput: `throughput_table`, its columns as the note reads them."""
     df = throughput_table(art)
     if df is None:
         return skip("throughput table (bench/throughput.csv)")
@@ -518,9 +510,8 @@ def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
         mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]
         timed = real  # the realization whose trained models' stage times are used
         if not mine_tp.empty and mine_ov.empty:  # throughput without stage times: another pooled realization's
-            # (the same experiment key, so the same shapes and engine; a round's time does not depend on the weights)
             other = [x for x in art.realizations if x.k != real.k and not ov[ov.realization == x.k].empty]
-            if other:  # the same kind of device first (a round's time depends on it), then the nearest number
+            if other:  # the same kind of device first, then the nearest number
                 timed = min(other, key=lambda x: (x.bench_device != real.bench_device, abs(x.k - real.k)))
                 mine_ov = ov[ov.realization == timed.k]
         out = B.predicted_vs_measured(recs, mine_tp, mine_ov) if not (mine_tp.empty or mine_ov.empty) else []
@@ -607,7 +598,7 @@ def _turn_rows(art: Artifacts, key: tuple, cols: dict[str, str]) -> list[dict]:
 def _open_row(key: tuple, ci: dict[str, tuple], **extra) -> dict:
     """A row of the open-reproduction layout: each column's value, lo, hi (`ci`), DMTP's gain on either backbone,
     then `extra`."""
-    row = dict(zip(["experiment", "dataset", "temperature"], key))
+    row = dict(zip(KEY, key))
     for c, v in ci.items():  # the value and its hierarchical bootstrap interval (printed "v [lo, hi]")
         row.update(zip([c, c + "_lo", c + "_hi"], v))
     return dict(row, dmtp_d_vs_dflash_pct=pct(row["dmtp_d"], row["dflash"]),
@@ -674,11 +665,8 @@ def read_exact(text) -> list[float]:
 
 
 def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] | None:
-    """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired over
-    realizations, seeds and requests (stats.matrices: the units and requests every row has; a baseline without a
-    drafter set beside every seed of its realization): the hierarchical bootstrap and the t-test at the top level,
-    each Holm-corrected over the dataset's whole family (every pair at every temperature: what the summary reads),
-    worded by stats.holm_family (a direction only where both reject and every realization agrees in sign)."""
+    """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired
+    (stats.matrices), Holm-corrected over the dataset's whole family and worded by stats.holm_family."""
     temps = sorted(set(art.natural.temperature)) if len(art.natural) else []
     rows = []
     for ds in primary(art):
@@ -693,17 +681,15 @@ def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] 
                        for r in S.pairwise(mats, n_boot=n_boot)]
         rows += S.holm_family(family)
     out = []
-    for t in temps:
-        mine = [r for r in rows if r["temperature"] == t]
-        if not mine:
-            continue
+    for t in sorted({r["temperature"] for r in rows}):
         df = pd.DataFrame([{
             "dataset": r["dataset"], "temperature": t, "a": r["a"], "b": r["b"], "a_value": r["a_value"],
             "b_value": r["b_value"], **prefixed(r, "diff"), "t_p": r["t_p"], "holm_p": r["p_holm"],
             "holm_t_p": r["t_p_holm"], "t_level": r["t_level"], "n_units": r["n_units"],
             "n_realizations": len(r["signs"]), "sign_agree": sum(S.agree([x], r["diff"]) for x in r["signs"]),
             "by_realization": signs_text(r["signs"]), "verdict": r["verdict"], "n_seeds": r["n_seeds"],
-            "n_requests": r["n_requests"], "realization_diffs": exact_text(r["signs"])} for r in mine])
+            "n_requests": r["n_requests"], "realization_diffs": exact_text(r["signs"])}
+            for r in rows if r["temperature"] == t])
         n = len(rows)
         out.append(save(art, f"pairwise_T{t:g}", df, f"Pairwise tests at T={t:g} (natural mode)",
                         "diff = a - b of per-request acceptance length, paired by realization, seed and request "
@@ -753,9 +739,7 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
     out = []
     for t in sorted({t for _, t in art.oracle if t > 0}):
         rows = []
-        for (ds, tt), rec in sorted(art.oracle.items()):
-            if tt != t:
-                continue
+        for (ds, _), rec in sorted(x for x in art.oracle.items() if x[0][1] == t):
             C = [float(c) for c in rec["cumulative"]]
             K = len(C)
             g = select(art.drafting, experiment="ablation", dataset=ds, temperature=t)
@@ -782,9 +766,7 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
 
 def curve_increments(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
     """tables/curve_increments: per learning-curve run, the last increment (the last budget minus the one before,
-    HumanEval T = 0): paired over the realizations, seeds and requests both points have (the same prompts), with the
-    hierarchical bootstrap interval and p and the t-test at the top level; Holm over the runs (one family: the
-    sentence "the curves have (not) flattened" reads them all)."""
+    HumanEval T = 0), paired; Holm over the runs (one family: the sentence "the curves have (not) flattened")."""
     cv = art.curve
     if cv is None or cv.empty:
         return skip("curve increments (no curve/)")
@@ -815,11 +797,9 @@ def curve_increments(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
 
 
 def curve_gaps(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
-    """tables/curve_gaps: at every learning-curve budget, each curve run's gain over the drafter baseline (paired over
-    realizations, seeds and requests: diff [lo, hi], p, and in % of the baseline's mean) and each run against the
-    native MTP head (its HumanEval T = 0 records, the same prompts: where DFlash meets MTP415). Rows with step "change":
-    the gain at the last budget minus the gain at the first (paired over the same cells), Holm over the runs: the
-    test of "DMTP's gain over DFlash shrinks as the drafters mature"."""
+    """tables/curve_gaps: at every learning-curve budget, each curve run's paired gain over the drafter baseline and
+    against the native MTP head (where DFlash meets MTP415); rows with step "change": the test of "DMTP's gain over
+    DFlash shrinks as the drafters mature"."""
     cv, base = art.curve, art.spec.drafter_baseline
     if cv is None or cv.empty or base not in set(cv.method):
         return skip("curve gaps (no learning curve of the drafter baseline)")
@@ -849,11 +829,9 @@ def curve_gaps(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
                 r = S.paired(b["m"] - b["b"], a["m"] - a["b"], n_boot=n_boot)
                 change.append({"method": m, "step": "change", "from_step": have[0], "to_step": have[-1],
                                **prefixed(r, "vs_base", BOOT), "t_p": r["t_p"], "t_level": r["t_level"]})
-    if change:
-        for key in ("vs_base_p", "t_p"):
-            holm = S.holm(np.array([c[key] for c in change]))
-            for c, h in zip(change, holm):
-                c[key + "_holm"] = float(h)
+    for key in ("vs_base_p", "t_p") if change else ():
+        for c, h in zip(change, S.holm(np.array([c[key] for c in change]))):
+            c[key + "_holm"] = float(h)
     df = pd.DataFrame(rows + change)
     return save(art, "curve_gaps", df, f"Learning curve: gains per budget ({ds}, T=0, natural mode)",
                 f"vs_base [lo, hi], p: a run's paired acceptance length minus the drafter baseline's ({base}) at the "
@@ -908,10 +886,7 @@ def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
     z = r[(r.n_rounds == 0) & ~r.dataset.isin(list(art.subsets or {}))] if len(r) else r
     if z.empty:
         return None
-    z = z[KEYS_ZERO].copy()
-    z["rank"] = z.method.map(art.rank)
-    z = z.sort_values(["experiment", "dataset", "temperature", "mode", "rank", "realization", "seed", "id"]
-                      ).drop(columns="rank")
+    z = z[KEYS_ZERO].sort_values(KEYS_ZERO, key=lambda c: c.map(art.rank) if c.name == "method" else c)
     write_csv(art.tables / "zero_round.csv", z)
     return z.reset_index(drop=True)
 
