@@ -286,8 +286,7 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
         if "main" in cols:  # the current main method against the blog's DMTP model and against DFlash
             row["main_gain_pct"] = pct(row["main"], row["dflash"])
             row.update(_paired(art, key, cols["main"], cols["dmtp"], "main_vs_dmtp"))
-        for col in cols:
-            row[f"blog_{col}"] = blog_acceptance(key[1], key[2], col)
+        row.update({f"blog_{col}": blog_acceptance(key[1], key[2], col) for col in cols})
         row["blog_gain_pct"] = blog_acceptance(key[1], key[2], "dmtp_vs_dflash_pct")  # as the blog prints it
         rows.append(row)
     if not rows:
