@@ -59,11 +59,9 @@ def acceptance_table(art: Artifacts, dataset: str) -> list[str]:
         def cell(t):
             if t not in g.index:
                 return "—"
-            r = g.loc[t]
-            tci = f" t [{r.acceptance_length_tlo:.3f}, {r.acceptance_length_thi:.3f}];" \
-                if not pd.isna(r.acceptance_length_tlo) else ""
-            return f"{r.acceptance_length:.3f}{tci} bootstrap [{r.acceptance_length_lo:.3f}, " \
-                   f"{r.acceptance_length_hi:.3f}]"
+            v, lo, hi, tlo, thi = (g.loc[t, f"acceptance_length{x}"] for x in ("", "_lo", "_hi", "_tlo", "_thi"))
+            tci = "" if pd.isna(tlo) else f" t [{tlo:.3f}, {thi:.3f}];"
+            return f"{v:.3f}{tci} bootstrap [{lo:.3f}, {hi:.3f}]"
         out.append(f"| {m} | {art.spec.group(m)} | {int(g.n_realizations.max())} x {int(g.n_seeds.max())} | "
                    + " | ".join(cell(t) for t in temps) + " |")
     return out
@@ -211,8 +209,7 @@ def curve_lines(art: Artifacts) -> list[str]:
         g = pooled[pooled.method == m].sort_values("train_tokens")
         a, b = g.iloc[0], g.iloc[-1]
         out.append(f"- `{m}`: {ci(a.acceptance_length, a.lo, a.hi)} at {a.train_tokens / 1e6:.2f} M tokens → "
-                   f"{ci(b.acceptance_length, b.lo, b.hi)} at {b.train_tokens / 1e6:.2f} M tokens "
-                   f"({len(g)} budgets).")
+                   f"{ci(b.acceptance_length, b.lo, b.hi)} at {b.train_tokens / 1e6:.2f} M tokens ({len(g)} budgets).")
     inc = T.read_table(art, "curve_increments")
     for r in (inc.itertuples() if inc is not None else ()):
         resolved = r.p_holm < S.LEVEL and r.t_p_holm < S.LEVEL
@@ -302,10 +299,9 @@ def exploratory_lines(df: pd.DataFrame, art: Artifacts | None = None) -> list[st
     kept = {w: ex[ex.verdict.str.contains(w) & (ex.holm_p < S.LEVEL)] if "holm_p" in ex else ex.iloc[:0]
             for w in ("consistent", "contrary")}
     point = lambda k: f"{k} point{'s' * (k == 1)}"  # noqa: E731
-    said = (f"{C.one(art) if art is not None else ''}of {len(ex)} exploratory rows, {point(len(agree))} the blog's "
-            f"way and {len(against)} against it, each "
-            "at its own unadjusted 5 % level (correlated tests, several on the same runs); the rest are not "
-            f"resolved. Read together (Holm over the {len(with_p)} rows with a p-value), "
+    said = (f"{C.one(art) if art is not None else ''}of {len(ex)} exploratory rows, {point(len(agree))} the blog's way "
+            f"and {len(against)} against it, each at its own unadjusted 5 % level (correlated tests, several on the "
+            f"same runs); the rest are not resolved. Read together (Holm over the {len(with_p)} rows with a p-value), "
             f"{point(len(kept['consistent']))} the blog's way and {len(kept['contrary'])} against it"
             + "".join(f"; {w}: " + ", ".join(C.label_at(r) for r in g.itertuples())
                       for w, g in kept.items() if 0 < len(g) <= NAMED)
@@ -370,10 +366,8 @@ def findings(art: Artifacts) -> list[str]:
 
 
 def throughput_lines(art: Artifacts) -> list[str]:
-    """The throughput section's sentences, one item per realization that timed it (its own bench, on its own card;
-    never pooled across realizations), per (T, cap): the main method's speed-up over AR with its timing repeats' range,
-    its tok/s gain over the drafter baseline against its per-verify gain, and the decode-only bound and the tau a
-    speed-up goal needs; then each server variant timed beside. The table (tables/throughput.md) follows them."""
+    """The throughput section's sentences, one item per realization that timed it (never pooled across
+    realizations) and (T, cap); then each server variant timed beside."""
     df = T.throughput_table(art)
     sp = art.spec
     if df is None:
@@ -426,9 +420,7 @@ def workload_words(r) -> str:
 
 def need_line(r, pooled: pd.DataFrame) -> str:
     """' Its cost per verify round, end to end, is ... AR steps (tau / speed-up), so the ...x goal would need tau
-    >= ....' for a main-method row with a speed-up goal (`ratios.speedup_goal`), or ''. The cost is per-verify tau /
-    speed-up (AR emits one token a step), admissions and ride-along rounds included; holding it fixed while tau
-    changes is a first-order reading."""
+    >= ....' for a main-method row with a speed-up goal (`ratios.speedup_goal`), or ''."""
     caps = pooled[pooled.realization == r.realization].batch_cap
     goal = speedup_goal(int(r.batch_cap), int(caps.max()), float(r.temperature)) if len(caps) else None
     if goal is None or not r.speedup > 0 or not r.per_verify > 0:
@@ -468,7 +460,7 @@ def costmodel_lines(art: Artifacts) -> list[str]:
     if "round_timed_at_cap" not in m:
         m = m.assign(round_timed_at_cap=True)
     hid = m.beside_ms.fillna(0) > 0 if "beside_ms" in m else pd.Series(False, index=m.index)
-    not_ar = m.method.astype(str).str.split("@").str[0] != "ar"  # AR's own rows (plain or a server variant's) are 1 by definition
+    not_ar = m.method.astype(str).str.split("@").str[0] != "ar"  # AR's own rows (any server variant's): 1
     for cap, g in m[not_ar].groupby("batch_cap"):
         ok = g[g.round_timed_at_cap.astype(bool)]
         err = ok.error_pct.abs()
@@ -513,8 +505,7 @@ def zero_round_lines(art: Artifacts) -> list[str]:
     for (exp, ds, t, mode), g in z.groupby(["experiment", "dataset", "temperature", "mode"], sort=True):
         by_ids: dict[tuple, list[str]] = {}
         for (m, r, seed), gs in g.groupby(["method", "realization", "seed"], sort=False):
-            by_ids.setdefault(tuple(sorted(map(str, gs.id))), []).append(f"{m}@" + (f"r{r}" if multi else "")
-                                                                         + f"s{seed}")
+            by_ids.setdefault(tuple(sorted(map(str, gs.id))), []).append(f"{m}@{f'r{r}' if multi else ''}s{seed}")
         for ids, runs in by_ids.items():
             out.append(f"- {exp}/{ds} T={t:g} {mode}: {', '.join(f'`{i}`' for i in ids)} — in {', '.join(runs)}")
     return out + [""]

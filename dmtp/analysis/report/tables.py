@@ -154,8 +154,7 @@ def note_items(note: str, longest: int = 300) -> str:
         return note
     items, depth, cur = [], 0, ""
     for i, ch in enumerate(note):
-        depth += ch in "([" and 1 or 0
-        depth -= ch in ")]" and 1 or 0
+        depth += (ch in "([") - (ch in ")]")
         cut = ch == ";" or (ch == "." and not re.search(r"(\be\.g|\bi\.e|\bvs|\d)$", cur))
         if cut and depth == 0 and note[i + 1:i + 2] == " ":
             items.append(cur.strip() + ("." if ch == "." else ""))
@@ -210,14 +209,24 @@ def _paired(art, key, a: str, b: str, prefix: str) -> dict:
 
 # --- tables ------------------------------------------------------------------------------------------------------
 LOOP_COLS = ["repeat_rate", "loop_frac", "acceptance_length_loopfree", "n_loops", "length_frac"]
+ABLATION_COUNTS = ["n_realizations", "n_seeds", "n_requests", "n_zero_round", "n_rounds"]
+ABLATION_NOTE = ("acceptance_length = per-request mean incl. bonus, pooled over n_realizations realizations x n_seeds "
+                 "drafter seeds; [lo, hi] = hierarchical bootstrap 95% CI over realizations, seeds and requests; "
+                 "t [lo, hi] = 95% t-interval over the top level's units (realizations when there are several, else "
+                 "seeds); first_token: rounds accepting >= 1 draft / rounds, the same bootstrap; rel_to_{ref} in "
+                 "percent; vs_* = paired (by realization, seed and request) mean difference of per-request acceptance "
+                 "length with both intervals and the two-sided bootstrap p (vs_*_p, not multiplicity-corrected: see "
+                 "the pairwise tables). repeat_rate = mean 8-gram repeat rate; loop_frac = share of emitted tokens "
+                 "inside a trailing exact loop; acceptance_length_loopfree = the same mean over rounds before any "
+                 "loop; length_frac = share of requests stopped by the length cap; n_zero_round = requests (x seeds) "
+                 "without a verify round (listed in REPORT.md). blog_value: the blog's Code ablation (8 inputs), "
+                 "relative to token_only.")
 
 
 def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
     """The ablation (experiment `ablation`), one table per dataset and mode (natural: `ablation_<name>`, fixed:
     `ablation_<name>_fixed`): a row per method and temperature, in the spec's row groups (`table`; a method the
-    spec does not name: "other"), seeds pooled (n_seeds) with intervals over seeds and requests, relative to the
-    spec's reference row (percent), paired differences vs the reference and vs the drafter baseline, the loop
-    columns and the requests without a verify round (n_zero_round; listed by id in REPORT.md)."""
+    spec does not name: "other"); its columns: ABLATION_NOTE."""
     s = art.summary
     s = s[s.experiment == "ablation"] if len(s) else s
     if s.empty:
@@ -232,10 +241,8 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
             for _, r in gt.iterrows():
                 rows.append({"method": r.method, "temperature": t, **_ci(r, "acceptance_length"),
                              "per_verify": r.per_verify, **_ci(r, "first_token"),
-                             f"rel_to_{ref_m}": pct(r.acceptance_length, ref), "n_realizations": r.n_realizations,
-                             "n_seeds": r.n_seeds,
-                             "n_requests": r.n_requests, "n_zero_round": r.n_zero_round, "n_rounds": r.n_rounds,
-                             **{c: r[c] for c in LOOP_COLS},
+                             f"rel_to_{ref_m}": pct(r.acceptance_length, ref),
+                             **{c: r[c] for c in ABLATION_COUNTS + LOOP_COLS},
                              "blog_value": R.ablation_value(r.method),
                              "blog_rel_pct": R.ablation_value(r.method, "rel_to_token_only_pct"),
                              "table": art.spec.group(r.method),
@@ -245,18 +252,7 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
         df = df.iloc[np.lexsort((df.temperature, art.order(df.method), df.table.map(GROUPS.index)))]
         note = ("Mode natural (stop at end-of-text or a HumanEval stop string): the acceptance table. "
                 if mode == "natural" else "MODE FIXED (end-of-text ignored, fixed length: the blog's throughput "
-                "setting; outputs may run into loops): not the acceptance table. ")
-        note += ("acceptance_length = per-request mean incl. bonus, pooled over n_realizations realizations x "
-                 "n_seeds drafter seeds; [lo, hi] = hierarchical bootstrap 95% CI over realizations, seeds and "
-                 "requests; t [lo, hi] = 95% t-interval over the top level's units (realizations when there are "
-                 "several, else seeds); first_token: rounds accepting >= 1 draft / rounds, the same bootstrap; "
-                 f"rel_to_{ref_m} in percent; vs_* = paired (by realization, seed and request) mean difference of "
-                 "per-request acceptance length with both intervals and the two-sided bootstrap p (vs_*_p, not "
-                 "multiplicity-corrected: see the pairwise tables). repeat_rate = mean 8-gram repeat rate; "
-                 "loop_frac = share of emitted tokens inside a trailing exact loop; acceptance_length_loopfree = the same mean over rounds "
-                 "before any loop; length_frac = share of requests stopped by the length cap; n_zero_round = "
-                 "requests (x seeds) without a verify round (listed in REPORT.md). "
-                 "blog_value: the blog's Code ablation (8 inputs), relative to token_only.")
+                "setting; outputs may run into loops): not the acceptance table. ") + ABLATION_NOTE.format(ref=ref_m)
         # the blog's Code ablation used 8 code inputs: our `humaneval8` view is *the* ablation_code table
         name = ("ablation_code" if ds == "humaneval8" else f"ablation_{ds}") + ("_fixed" if mode == "fixed" else "")
         title = f"Code ablation — {ds}" + (" — fixed-length mode" if mode == "fixed" else "")
@@ -264,10 +260,13 @@ def ablation(art: Artifacts) -> list[pd.DataFrame] | None:
     return out
 
 
+KEY = ["experiment", "dataset", "temperature"]  # a natural-mode table's row key (`_groups`)
+
+
 def _groups(art: Artifacts, methods) -> list[tuple[tuple, pd.DataFrame]]:
     s = art.natural
     s = s[s.method.isin(methods)] if len(s) else s
-    return list(s.groupby(["experiment", "dataset", "temperature"], sort=True)) if len(s) else []
+    return list(s.groupby(KEY, sort=True)) if len(s) else []
 
 
 def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
@@ -279,7 +278,7 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
     rows = []
     for key, g in _groups(art, cols.values()):
         by = g.set_index("method")
-        row = dict(zip(["experiment", "dataset", "temperature"], key))
+        row = dict(zip(KEY, key))
         for col, m in cols.items():
             row.update(_ci(by.loc[m], "acceptance_length", col) if m in by.index else {col: math.nan})
         row["gain_pct"] = pct(row["dmtp"], row["dflash"])
@@ -287,8 +286,7 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
         if "main" in cols:  # the current main method against the blog's DMTP model and against DFlash
             row["main_gain_pct"] = pct(row["main"], row["dflash"])
             row.update(_paired(art, key, cols["main"], cols["dmtp"], "main_vs_dmtp"))
-        for col in cols:
-            row[f"blog_{col}"] = blog_acceptance(key[1], key[2], col)
+        row.update({f"blog_{col}": blog_acceptance(key[1], key[2], col) for col in cols})
         row["blog_gain_pct"] = blog_acceptance(key[1], key[2], "dmtp_vs_dflash_pct")  # as the blog prints it
         rows.append(row)
     if not rows:
@@ -297,11 +295,10 @@ def main_acceptance(art: Artifacts) -> pd.DataFrame | None:
     main = (f"; main = {cols['main']} (the current main method, no blog number of its own: the blog says it is "
             "'close to fusion')") if "main" in cols else ""
     return save(art, "main_acceptance", df, "Acceptance length: DFlash vs native MTP vs DMTP",
-                f"Mode natural. Per-request mean incl. bonus, realizations and seeds pooled, hierarchical bootstrap "
-                f"95% CI over realizations, seeds and requests (t: t-interval over the top level's units); "
-                f"dmtp = {cols['dmtp']} (the model behind every DMTP number of the blog){main}; dflash = "
-                f"{cols['dflash']}. *_vs_* = paired differences. blog_*: open reproduction at T=0, internal 35B "
-                "table otherwise.")
+                "Mode natural. Per-request mean incl. bonus, realizations and seeds pooled, hierarchical bootstrap 95% "
+                "CI over realizations, seeds and requests (t: t-interval over the top level's units); dmtp = "
+                f"{cols['dmtp']} (the model behind every DMTP number of the blog){main}; dflash = {cols['dflash']}. "
+                "*_vs_* = paired differences. blog_*: open reproduction at T=0, internal 35B table otherwise.")
 
 
 def first_token(art: Artifacts) -> pd.DataFrame | None:
@@ -309,10 +306,8 @@ def first_token(art: Artifacts) -> pd.DataFrame | None:
     s = art.drafting
     if s.empty:
         return skip("first-token table")
-    df = s[["experiment", "dataset", "temperature", "method"]].assign(**_ci(s, "first_token", "first_token_pct", 100),
-                                                                      n_rounds=s.n_rounds)
-    df["blog_pct"] = [blog_first_token(d, t, blog_name(art, m)) for d, t, m in zip(s.dataset, s.temperature,
-                                                                                   s.method)]
+    df = s[[*KEY, "method"]].assign(**_ci(s, "first_token", "first_token_pct", 100), n_rounds=s.n_rounds)
+    df["blog_pct"] = [blog_first_token(d, t, blog_name(art, m)) for d, t, m in zip(s.dataset, s.temperature, s.method)]
     return save(art, "first_token", df.reset_index(drop=True), "First-token acceptance (%)",
                 "P(L>=1) over verify rounds (bonus excluded), realizations and seeds pooled; hierarchical bootstrap "
                 "95% CI over realizations, seeds and requests.")
@@ -332,10 +327,8 @@ DIRECTIONS = ("given", "zero_init_residual_joint")  # variants of the blog's clo
 
 
 def directions(art: Artifacts) -> pd.DataFrame | None:
-    """The blog's closing directions (`direction_runs`: `given` and its count rules, the joint run, MTP415 on
-    its tuned head) per dataset and temperature: acceptance length and first-token acceptance with their intervals,
-    and the paired difference from each reference (MTP415, the drafter baseline, the main method; the joint run's
-    MTP415 control from MTP415 on the target's head). Exploratory rows: intervals, no test decides them."""
+    """The blog's closing directions (`direction_runs`) per dataset and temperature: acceptance length and
+    first-token acceptance with their intervals, and the paired difference from each reference. Exploratory."""
     mine, refs = direction_runs(art)
     if not mine:
         return skip("directions table (no run of given / zero_init_residual_joint)")
@@ -343,9 +336,8 @@ def directions(art: Artifacts) -> pd.DataFrame | None:
     for key, g in _groups(art, mine + refs):
         by = g.set_index("method")
         for m in (m for m in mine if m in by.index):
-            row = dict(zip(["experiment", "dataset", "temperature"], key), method=m, k=by.loc[m, "k"])
-            row.update(_ci(by.loc[m], "acceptance_length"))
-            row.update(_ci(by.loc[m], "first_token", "first_token_pct", 100))
+            row = dict(zip(KEY, key), method=m, k=by.loc[m, "k"], **_ci(by.loc[m], "acceptance_length"),
+                       **_ci(by.loc[m], "first_token", "first_token_pct", 100))
             for ref in (r for r in refs if r in by.index):
                 row.update(_paired(art, key, m, ref, f"vs_{ref}"))
             rows.append(row)
@@ -365,13 +357,12 @@ def position(art: Artifacts) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     s = art.drafting
     if s.empty:
         return skip("per-position tables")
-    base = s[["experiment", "dataset", "temperature", "method", "n_rounds"]].reset_index(drop=True)
-    K = 7
-    pad = lambda v: (list(v) + [math.nan] * K)[:K]
-    cum = pd.concat([base, pd.DataFrame([pad(100 * np.array(M.cumulative(h))) for h in s["hist"]],
-                                        columns=[f"k{k}" for k in range(1, K + 1)])], axis=1)
-    cond = pd.concat([base, pd.DataFrame([pad(100 * np.array(M.conditional(h))) for h in s["hist"]],
-                                         columns=[f"c{k}" for k in range(1, K + 1)])], axis=1)
+    base = s[[*KEY, "method", "n_rounds"]].reset_index(drop=True)
+
+    def per_k(fn, col, K=7):
+        pct = [(list(100 * np.array(fn(h))) + [math.nan] * K)[:K] for h in s["hist"]]
+        return pd.concat([base, pd.DataFrame(pct, columns=[f"{col}{k}" for k in range(1, K + 1)])], axis=1)
+    cum, cond = per_k(M.cumulative, "k"), per_k(M.conditional, "c")
     cond.insert(0, "source", "ours")
     blog = R.table("conditional")
     wl = {R.workload(d) for d in s.dataset} - {None}
@@ -388,7 +379,7 @@ def per_request_vs_verify(art: Artifacts) -> pd.DataFrame | None:
     s = art.drafting
     if s.empty:
         return skip("per-request vs per-verify table")
-    df = s[["experiment", "dataset", "temperature", "method", "n_requests", "n_rounds"]].copy()
+    df = s[[*KEY, "method", "n_requests", "n_rounds"]].copy()
     df["per_request"], df["per_verify"] = s.acceptance_length, s.per_verify
     df["diff"] = df.per_request - df.per_verify
     blog = R.table("per_request_vs_verify")
@@ -451,28 +442,25 @@ def main_gains(art: Artifacts, temperature: float | None = None) -> pd.DataFrame
 
 
 def throughput(art: Artifacts) -> pd.DataFrame | None:
-    """tables/throughput: per realization (and pooled), dataset, temperature, batch cap and method the median tok/s
-    [min, max] over the timed repeats, the speed-up over AR (median of per-repeat ratios [min, max]), per-verify
-    tau, and the main method's tok/s gain over the drafter baseline against its per-verify gain; blog B32 beside."""
+    """tables/throughput: `throughput_table`, its columns as the note reads them."""
     df = throughput_table(art)
     if df is None:
         return skip("throughput table (bench/throughput.csv)")
     sp = art.spec
     return save(art, "throughput", df.dropna(axis=1, how="all"), "End-to-end throughput (tok/s)",
-                "Each row: the timed runs of one (realization, temperature, batch cap, "
-                "method): the whole request group served with dynamic batching (natural mode, HumanEval's stop "
-                "strings), repeats interleaved side by side; tok_per_s = median [min, max] over repeats; speedup = "
-                "median [min, max] of the per-repeat tok/s ratios to AR; per_verify = median tau per verify round; "
-                "at T = 0 equal_ar = the fewest requests whose output equals AR's in any repeat (bf16: the rest leave "
-                "it at top-2 ties) of requests; tokens_vs_ar_pct = their output tokens against AR's (another "
-                "workload than AR's when not 0); speedup_on_ar_outputs = the speed-up x its tau on the prefixes "
-                "shared with AR's outputs / its tau (an estimate of the speed-up on AR's own text; benches from "
-                "2026-12-06 on); "
-                f"on the {sp.main_method} rows gain_pct = its tok/s over {sp.drafter_baseline}'s (median [min, max] of "
-                "per-repeat ratios), per_verify_gain_pct the same for per-verify tau, gain_over_per_verify their "
-                "ratio. realization 'all': every repeat of every realization pooled. blog_*: Qwen3.6-35B-A3B on "
-                "4xH200, TP4, SGLang, B32, T = 1 (Code) — another model and serving regime: compare directions and "
-                "the gain against the per-verify gain, not tok/s.", models="bench")
+                "Each row: the timed runs of one (realization, temperature, batch cap, method): the whole request "
+                "group served with dynamic batching (natural mode, HumanEval's stop strings), repeats interleaved side "
+                "by side; tok_per_s = median [min, max] over repeats; speedup = median [min, max] of the per-repeat "
+                "tok/s ratios to AR; per_verify = median tau per verify round; at T = 0 equal_ar = the fewest requests "
+                "whose output equals AR's in any repeat (bf16: the rest leave it at top-2 ties) of requests; "
+                "tokens_vs_ar_pct = their output tokens against AR's (another workload than AR's when not 0); "
+                "speedup_on_ar_outputs = the speed-up x its tau on the prefixes shared with AR's outputs / its tau (an "
+                f"estimate of the speed-up on AR's own text; benches from 2026-12-06 on); on the {sp.main_method} rows "
+                f"gain_pct = its tok/s over {sp.drafter_baseline}'s (median [min, max] of per-repeat ratios), "
+                "per_verify_gain_pct the same for per-verify tau, gain_over_per_verify their ratio. realization 'all': "
+                "every repeat of every realization pooled. blog_*: Qwen3.6-35B-A3B on 4xH200, TP4, SGLang, B32, T = 1 "
+                "(Code) — another model and serving regime: compare directions and the gain against the per-verify "
+                "gain, not tok/s.", models="bench")
 
 
 def overhead(art: Artifacts) -> pd.DataFrame | None:
@@ -521,9 +509,8 @@ def costmodel_rows(art: Artifacts) -> pd.DataFrame | None:
         mine_tp, mine_ov = tp[tp.realization == real.k], ov[ov.realization == real.k]
         timed = real  # the realization whose trained models' stage times are used
         if not mine_tp.empty and mine_ov.empty:  # throughput without stage times: another pooled realization's
-            # (the same experiment key, so the same shapes and engine; a round's time does not depend on the weights)
             other = [x for x in art.realizations if x.k != real.k and not ov[ov.realization == x.k].empty]
-            if other:  # the same kind of device first (a round's time depends on it), then the nearest number
+            if other:  # the same kind of device first, then the nearest number
                 timed = min(other, key=lambda x: (x.bench_device != real.bench_device, abs(x.k - real.k)))
                 mine_ov = ov[ov.realization == timed.k]
         out = B.predicted_vs_measured(recs, mine_tp, mine_ov) if not (mine_tp.empty or mine_ov.empty) else []
@@ -547,28 +534,24 @@ def costmodel(art: Artifacts) -> pd.DataFrame | None:
     if df is None:
         return skip("cost-model table (bench/throughput.csv, bench/overhead.csv and T = 0 eval records)")
     return save(art, "costmodel", df, "Cost model: predicted vs measured speed-up over AR (T = 0)",
-                "predicted vs measured: dmtp.analysis.costmodel.predict on the "
-                "realization's eval records (HumanEval, T = 0, natural, seed 0; the first n_requests, as the bench "
-                "timed at that cap), its trained models' round time per batch and the admission cost the throughput "
-                "runs measured; round_ms_b*: the round times (overhead.csv); "
-                "round_times_from: the realization whose trained models were timed (another pooled one of the same "
-                "shapes where this one has throughput but no stage times, on the same kind of device where one has "
-                "them); "
-                "device / round_times_device: the devices the throughput and the stage times ran on (a ratio of "
-                "speed-ups read across two devices is an approximation); round_timed_at_cap false: that batch's "
-                "round was not timed, the nearest timed batch's stands in (an extrapolation); "
-                "admit_ms = median over repeats of admit_s / groups: what admission "
-                "held the decode; "
-                "beside_ms = the same of beside_s, the device time of the prompt passes run beside the decode, "
-                "charged in full; predicted_speedup_hidden: with them wholly hidden, the other bound; "
-                "rows <method>@<variant>: a server variant timed beside the plain servers, against its own AR; "
-                "measured_speedup = "
-                "median [min, max] of the per-repeat ratios; error_pct = 100 (predicted / measured - 1). "
-                "predicted, trained models' stage times: the same model where the throughput was not measured, "
-                "all T = 0 records, decode only (no admission cost): a prediction, not a measurement. "
-                "projection 8b-shape: the same records x the 8B-shape round times at batch 8 (random weights, "
-                "flex attention; AR's step: 8b-shape:ar@batch1), decode only (no admission cost), the one round "
-                "time used at every batch: a projection, not a measurement.", models="bench")
+                "predicted vs measured: dmtp.analysis.costmodel.predict on the realization's eval records (HumanEval, "
+                "T = 0, natural, seed 0; the first n_requests, as the bench timed at that cap), its trained models' "
+                "round time per batch and the admission cost the throughput runs measured; round_ms_b*: the round "
+                "times (overhead.csv); round_times_from: the realization whose trained models were timed (another "
+                "pooled one of the same shapes where this one has throughput but no stage times, on the same kind of "
+                "device where one has them); device / round_times_device: the devices the throughput and the stage "
+                "times ran on (a ratio of speed-ups read across two devices is an approximation); round_timed_at_cap "
+                "false: that batch's round was not timed, the nearest timed batch's stands in (an extrapolation); "
+                "admit_ms = median over repeats of admit_s / groups: what admission held the decode; beside_ms = the "
+                "same of beside_s, the device time of the prompt passes run beside the decode, charged in full; "
+                "predicted_speedup_hidden: with them wholly hidden, the other bound; rows <method>@<variant>: a server "
+                "variant timed beside the plain servers, against its own AR; measured_speedup = median [min, max] of "
+                "the per-repeat ratios; error_pct = 100 (predicted / measured - 1). predicted, trained models' stage "
+                "times: the same model where the throughput was not measured, all T = 0 records, decode only (no "
+                "admission cost): a prediction, not a measurement. projection 8b-shape: the same records x the "
+                "8B-shape round times at batch 8 (random weights, flex attention; AR's step: 8b-shape:ar@batch1), "
+                "decode only (no admission cost), the one round time used at every batch: a projection, not a "
+                "measurement.", models="bench")
 
 
 def open_repro(art: Artifacts) -> pd.DataFrame | None:
@@ -614,7 +597,7 @@ def _turn_rows(art: Artifacts, key: tuple, cols: dict[str, str]) -> list[dict]:
 def _open_row(key: tuple, ci: dict[str, tuple], **extra) -> dict:
     """A row of the open-reproduction layout: each column's value, lo, hi (`ci`), DMTP's gain on either backbone,
     then `extra`."""
-    row = dict(zip(["experiment", "dataset", "temperature"], key))
+    row = dict(zip(KEY, key))
     for c, v in ci.items():  # the value and its hierarchical bootstrap interval (printed "v [lo, hi]")
         row.update(zip([c, c + "_lo", c + "_hi"], v))
     return dict(row, dmtp_d_vs_dflash_pct=pct(row["dmtp_d"], row["dflash"]),
@@ -681,11 +664,8 @@ def read_exact(text) -> list[float]:
 
 
 def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] | None:
-    """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired over
-    realizations, seeds and requests (stats.matrices: the units and requests every row has; a baseline without a
-    drafter set beside every seed of its realization): the hierarchical bootstrap and the t-test at the top level,
-    each Holm-corrected over the dataset's whole family (every pair at every temperature: what the summary reads),
-    worded by stats.holm_family (a direction only where both reject and every realization agrees in sign)."""
+    """tables/pairwise_T<t>: every pair of the compared rows (`compared`) on each primary dataset, paired
+    (stats.matrices), Holm-corrected over the dataset's whole family and worded by stats.holm_family."""
     temps = sorted(set(art.natural.temperature)) if len(art.natural) else []
     rows = []
     for ds in primary(art):
@@ -700,17 +680,15 @@ def pairwise(art: Artifacts, n_boot: int = CONTRAST_BOOT) -> list[pd.DataFrame] 
                        for r in S.pairwise(mats, n_boot=n_boot)]
         rows += S.holm_family(family)
     out = []
-    for t in temps:
-        mine = [r for r in rows if r["temperature"] == t]
-        if not mine:
-            continue
+    for t in sorted({r["temperature"] for r in rows}):
         df = pd.DataFrame([{
             "dataset": r["dataset"], "temperature": t, "a": r["a"], "b": r["b"], "a_value": r["a_value"],
             "b_value": r["b_value"], **prefixed(r, "diff"), "t_p": r["t_p"], "holm_p": r["p_holm"],
             "holm_t_p": r["t_p_holm"], "t_level": r["t_level"], "n_units": r["n_units"],
             "n_realizations": len(r["signs"]), "sign_agree": sum(S.agree([x], r["diff"]) for x in r["signs"]),
             "by_realization": signs_text(r["signs"]), "verdict": r["verdict"], "n_seeds": r["n_seeds"],
-            "n_requests": r["n_requests"], "realization_diffs": exact_text(r["signs"])} for r in mine])
+            "n_requests": r["n_requests"], "realization_diffs": exact_text(r["signs"])}
+            for r in rows if r["temperature"] == t])
         n = len(rows)
         out.append(save(art, f"pairwise_T{t:g}", df, f"Pairwise tests at T={t:g} (natural mode)",
                         "diff = a - b of per-request acceptance length, paired by realization, seed and request "
@@ -760,9 +738,7 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
     out = []
     for t in sorted({t for _, t in art.oracle if t > 0}):
         rows = []
-        for (ds, tt), rec in sorted(art.oracle.items()):
-            if tt != t:
-                continue
+        for (ds, _), rec in sorted(x for x in art.oracle.items() if x[0][1] == t):
             C = [float(c) for c in rec["cumulative"]]
             K = len(C)
             g = select(art.drafting, experiment="ablation", dataset=ds, temperature=t)
@@ -778,21 +754,18 @@ def ceiling(art: Artifacts) -> list[pd.DataFrame] | None:
                          "of_ceiling_pct": 100.0})
         if rows:
             out.append(save(art, f"ceiling_T{t:g}", pd.DataFrame(rows), f"Acceptance vs its ceiling at T={t:g}",
-                            "P_j = P(L >= j) per verify round (%), mode natural, seeds pooled. Ceiling row: C_j = "
-                            "mean over windows of the product of the target's top-1 probabilities at T along the "
-                            "`ar` output (dmtp.analysis.oracle): C_1 bounds first-token acceptance of any greedy "
-                            "draft under target-only verification; for j >= 2 the product runs along the target's "
-                            "sampled path, not the draft path, so it is a reference profile rather than a strict "
-                            "bound (docs/DESIGN.md). per_verify = 1 + sum_j C_j; of_ceiling_pct = (tau - 1) / "
-                            "sum_j C_j."))
+                            "P_j = P(L >= j) per verify round (%), mode natural, seeds pooled. Ceiling row: C_j = mean "
+                            "over windows of the product of the target's top-1 probabilities at T along the `ar` "
+                            "output (dmtp.analysis.oracle): C_1 bounds first-token acceptance of any greedy draft "
+                            "under target-only verification; for j >= 2 the product runs along the target's sampled "
+                            "path, not the draft path, so it is a reference profile rather than a strict bound "
+                            "(docs/DESIGN.md). per_verify = 1 + sum_j C_j; of_ceiling_pct = (tau - 1) / sum_j C_j."))
     return out or skip("ceiling tables (no oracle file at T > 0)")
 
 
 def curve_increments(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
     """tables/curve_increments: per learning-curve run, the last increment (the last budget minus the one before,
-    HumanEval T = 0): paired over the realizations, seeds and requests both points have (the same prompts), with the
-    hierarchical bootstrap interval and p and the t-test at the top level; Holm over the runs (one family: the
-    sentence "the curves have (not) flattened" reads them all)."""
+    HumanEval T = 0), paired; Holm over the runs (one family: the sentence "the curves have (not) flattened")."""
     cv = art.curve
     if cv is None or cv.empty:
         return skip("curve increments (no curve/)")
@@ -823,11 +796,9 @@ def curve_increments(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
 
 
 def curve_gaps(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
-    """tables/curve_gaps: at every learning-curve budget, each curve run's gain over the drafter baseline (paired over
-    realizations, seeds and requests: diff [lo, hi], p, and in % of the baseline's mean) and each run against the
-    native MTP head (its HumanEval T = 0 records, the same prompts: where DFlash meets MTP415). Rows with step "change":
-    the gain at the last budget minus the gain at the first (paired over the same cells), Holm over the runs: the
-    test of "DMTP's gain over DFlash shrinks as the drafters mature"."""
+    """tables/curve_gaps: at every learning-curve budget, each curve run's paired gain over the drafter baseline and
+    against the native MTP head (where DFlash meets MTP415); rows with step "change": the test of "DMTP's gain over
+    DFlash shrinks as the drafters mature"."""
     cv, base = art.curve, art.spec.drafter_baseline
     if cv is None or cv.empty or base not in set(cv.method):
         return skip("curve gaps (no learning curve of the drafter baseline)")
@@ -857,11 +828,9 @@ def curve_gaps(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
                 r = S.paired(b["m"] - b["b"], a["m"] - a["b"], n_boot=n_boot)
                 change.append({"method": m, "step": "change", "from_step": have[0], "to_step": have[-1],
                                **prefixed(r, "vs_base", BOOT), "t_p": r["t_p"], "t_level": r["t_level"]})
-    if change:
-        for key in ("vs_base_p", "t_p"):
-            holm = S.holm(np.array([c[key] for c in change]))
-            for c, h in zip(change, holm):
-                c[key + "_holm"] = float(h)
+    for key in ("vs_base_p", "t_p") if change else ():
+        for c, h in zip(change, S.holm(np.array([c[key] for c in change]))):
+            c[key + "_holm"] = float(h)
     df = pd.DataFrame(rows + change)
     return save(art, "curve_gaps", df, f"Learning curve: gains per budget ({ds}, T=0, natural mode)",
                 f"vs_base [lo, hi], p: a run's paired acceptance length minus the drafter baseline's ({base}) at the "
@@ -880,24 +849,22 @@ def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
         return skip("learning curve (no curve/)")
     rows = []
     multi = cv.realization.nunique() > 1
-    unit = lambda r, seed: f"r{r}:{seed}" if multi else str(seed)  # noqa: E731
+
+    def row(m, seed, step, tokens, est, n_requests):
+        return {"method": m, "seed": seed, "step": step, "train_tokens": tokens,
+                **dict(zip(["acceptance_length", "lo", "hi"], est)), "n_requests": int(n_requests)}
     for (m, step), g in cv.groupby(["method", "step"], sort=True):
         for (r, seed), gs in g.groupby(["realization", "seed"], sort=True):
-            est = M.bootstrap_ci(gs.acceptance_length.dropna().to_numpy(), n_boot=n_boot)
-            rows.append({"method": m, "seed": unit(r, seed), "step": step, "train_tokens": gs.train_tokens.iloc[0],
-                         **dict(zip(["acceptance_length", "lo", "hi"], est)),
-                         "n_requests": int((gs.n_rounds > 0).sum())})
-        est = S.seed_request_ci(cube(g), n_boot=n_boot)
-        rows.append({"method": m, "seed": "all", "step": step, "train_tokens": g.groupby(["realization", "seed"])
-                     .train_tokens.first().mean(), **dict(zip(["acceptance_length", "lo", "hi"], est)),
-                     "n_requests": int(g.id[g.n_rounds > 0].nunique())})
+            rows.append(row(m, f"r{r}:{seed}" if multi else str(seed), step, gs.train_tokens.iloc[0],
+                            M.bootstrap_ci(gs.acceptance_length.dropna().to_numpy(), n_boot=n_boot),
+                            (gs.n_rounds > 0).sum()))
+        rows.append(row(m, "all", step, g.groupby(["realization", "seed"]).train_tokens.first().mean(),
+                        S.seed_request_ci(cube(g), n_boot=n_boot), g.id[g.n_rounds > 0].nunique()))
     for ds in sorted(set(cv.dataset)):
         ref = group(art, "ablation", ds, 0.0, "mtp")
         if len(ref):
-            est = S.seed_request_ci(cube(ref), n_boot=n_boot)
-            rows.append({"method": "mtp", "seed": "all", "step": math.nan, "train_tokens": math.nan,
-                         **dict(zip(["acceptance_length", "lo", "hi"], est)),
-                         "n_requests": int((ref.n_rounds > 0).sum())})
+            rows.append(row("mtp", "all", math.nan, math.nan, S.seed_request_ci(cube(ref), n_boot=n_boot),
+                            (ref.n_rounds > 0).sum()))
     df = pd.DataFrame(rows)
     df = df.iloc[np.lexsort((df.seed == "all", df.train_tokens.fillna(-1), art.order(df.method)))]
     return save(art, "learning_curve", df.reset_index(drop=True), "Learning curve (HumanEval, T=0, natural mode)",
@@ -905,6 +872,9 @@ def learning_curve(art: Artifacts, n_boot: int = 2000) -> pd.DataFrame | None:
                 "realizations) a bootstrap 95% CI over requests, seed 'all' the hierarchical CI over realizations, "
                 "seeds and requests (train_tokens: the seeds' mean). mtp: the native MTP head (no drafter budget), "
                 "the reference line.")
+
+
+KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realization", "seed", "id"]
 
 
 def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
@@ -915,20 +885,13 @@ def zero_rounds(art: Artifacts) -> pd.DataFrame | None:
     z = r[(r.n_rounds == 0) & ~r.dataset.isin(list(art.subsets or {}))] if len(r) else r
     if z.empty:
         return None
-    z = z[KEYS_ZERO].copy()
-    z["rank"] = z.method.map(lambda m: art.rank(m))
-    z = z.sort_values(["experiment", "dataset", "temperature", "mode", "rank", "realization", "seed", "id"]
-                      ).drop(columns="rank")
+    z = z[KEYS_ZERO].sort_values(KEYS_ZERO, key=lambda c: c.map(art.rank) if c.name == "method" else c)
     write_csv(art.tables / "zero_round.csv", z)
     return z.reset_index(drop=True)
 
 
-KEYS_ZERO = ["experiment", "dataset", "temperature", "mode", "method", "realization", "seed", "id"]
-
-
 ALL = [ablation, main_acceptance, first_token, directions, position, per_request_vs_verify, throughput, overhead,
-       costmodel,
-       open_repro, turns, pairwise, ceiling, learning_curve, curve_increments, curve_gaps, zero_rounds]
+       costmodel, open_repro, turns, pairwise, ceiling, learning_curve, curve_increments, curve_gaps, zero_rounds]
 
 
 def missing(art: Artifacts) -> list[tuple]:
