@@ -118,7 +118,8 @@ def test_a_second_run_under_load_reproduces_every_artifact(run, tmp_path):
     for part in ("work", "results"):
         first, second = artifacts(root / part), artifacts(tmp_path / part)
         assert sorted(first) == sorted(second)
-        assert [f for f in first if first[f] != second[f]] == []
+        differ = [f for f in first if first[f] != second[f]]
+        assert not differ, f"{len(differ)} of {len(first)} {part} files differ: {differ[:12]}"
 
 
 def test_a_tokenizer_cut_between_its_files_is_rebuilt(run, tmp_path):
